@@ -1,0 +1,91 @@
+#include "worker/checksum.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+std::vector<unsigned char> RandomBytes(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(gen());
+  return v;
+}
+
+uint64_t HashOfHashes(const std::vector<uint64_t>& hashes) {
+  std::vector<unsigned char> le;
+  for (uint64_t h : hashes) {
+    for (int b = 0; b < 8; ++b) le.push_back(static_cast<unsigned char>(h >> (8 * b)));
+  }
+  return XXH64(le.data(), le.size(), 0);
+}
+
+TEST(ChunkChecksumTest, EmptyIsHashOfEmptyArray) {
+  EXPECT_EQ(ChunkChecksum(nullptr, 0), XXH64(nullptr, 0, 0));
+  EXPECT_EQ(ChunkChecksum(nullptr, 0), 0xEF46DB3751D8E999ull);
+}
+
+TEST(ChunkChecksumTest, SingleBlockIsHashOfOneHash) {
+  auto data = RandomBytes(1000, 1);
+  EXPECT_EQ(ChunkChecksum(data.data(), 1000), HashOfHashes({XXH64(data.data(), 1000, 0)}));
+  // Differs from plain XXH64: the definition always hashes the block hashes.
+  EXPECT_NE(ChunkChecksum(data.data(), 1000), XXH64(data.data(), 1000, 0));
+}
+
+TEST(ChunkChecksumTest, BlockBoundaries) {
+  const int64_t b = kChecksumBlockBytes;
+  auto data = RandomBytes(2 * b + 17, 2);
+  for (int64_t n : {b - 1, b, b + 1, 2 * b, 2 * b + 17}) {
+    std::vector<uint64_t> hashes;
+    for (int64_t off = 0; off < n; off += b) {
+      hashes.push_back(XXH64(data.data() + off, std::min(b, n - off), 0));
+    }
+    EXPECT_EQ(ChunkChecksum(data.data(), n), HashOfHashes(hashes)) << "n=" << n;
+  }
+  EXPECT_EQ(HashOfHashes({XXH64(data.data(), b, 0)}), ChunkChecksum(data.data(), b));
+}
+
+TEST(ChunkChecksumTest, EqualDataEqualChecksum) {
+  auto a = RandomBytes(3 * kChecksumBlockBytes + 5, 3);
+  auto b = a;  // A different buffer with the same bytes.
+  EXPECT_EQ(ChunkChecksum(a.data(), a.size()), ChunkChecksum(b.data(), b.size()));
+}
+
+TEST(ChunkChecksumTest, OneFlippedByteChangesIt) {
+  auto data = RandomBytes(3 * kChecksumBlockBytes + 5, 4);
+  const uint64_t base = ChunkChecksum(data.data(), data.size());
+  for (int64_t pos : {int64_t{0}, kChecksumBlockBytes - 1, kChecksumBlockBytes,
+                      2 * kChecksumBlockBytes + 3, static_cast<int64_t>(data.size()) - 1}) {
+    data[pos] ^= 0x01;
+    EXPECT_NE(ChunkChecksum(data.data(), data.size()), base) << "pos=" << pos;
+    data[pos] ^= 0x01;
+  }
+  EXPECT_EQ(ChunkChecksum(data.data(), data.size()), base);
+}
+
+TEST(ChunkChecksumTest, SwappedBlocksChangeIt) {
+  // Block order matters: swapping two equal-size blocks changes the value.
+  const int64_t b = kChecksumBlockBytes;
+  auto data = RandomBytes(2 * b, 5);
+  const uint64_t base = ChunkChecksum(data.data(), data.size());
+  std::vector<unsigned char> swapped(2 * b);
+  std::memcpy(swapped.data(), data.data() + b, b);
+  std::memcpy(swapped.data() + b, data.data(), b);
+  EXPECT_NE(ChunkChecksum(swapped.data(), swapped.size()), base);
+}
+
+TEST(ChunkChecksumTest, LengthMatters) {
+  std::vector<unsigned char> zeros(kChecksumBlockBytes + 1, 0);
+  EXPECT_NE(ChunkChecksum(zeros.data(), kChecksumBlockBytes),
+            ChunkChecksum(zeros.data(), kChecksumBlockBytes + 1));
+}
+
+}  // namespace
+}  // namespace shardcoord
