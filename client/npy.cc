@@ -1,0 +1,388 @@
+#include "client/npy.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicSize = 6;
+// The header dict is padded so that the data starts at a multiple of this.
+constexpr size_t kAlignment = 64;
+
+absl::Status Invalid(absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("malformed .npy: ", what));
+}
+
+// Shown in errors: the header as text, shortened, control characters escaped.
+std::string Excerpt(absl::string_view text) {
+  constexpr size_t kMax = 80;
+  std::string out;
+  for (char c : text.substr(0, kMax)) {
+    if (absl::ascii_isprint(static_cast<unsigned char>(c))) {
+      out += c;
+    } else {
+      out += '?';
+    }
+  }
+  if (text.size() > kMax) out += "...";
+  return out;
+}
+
+// A recursive-descent reader for the Python dict literal numpy writes, e.g.
+// {'descr': '<f4', 'fortran_order': False, 'shape': (64, 48), }
+// It accepts exactly what the dict can hold: strings, True/False, tuples of non-negative ints.
+class HeaderParser {
+ public:
+  explicit HeaderParser(absl::string_view text) : text_(text) {}
+
+  struct Value {
+    enum class Kind { kString, kBool, kTuple } kind = Kind::kString;
+    std::string str;
+    bool boolean = false;
+    std::vector<int64_t> ints;
+  };
+
+  // Parses the whole dict; calls `on_item` for each key/value in order.
+  template <typename F>
+  absl::Status ParseDict(F on_item) {
+    SkipSpace();
+    if (!Consume('{')) return Error("the header does not start with '{'");
+    SkipSpace();
+    while (!Consume('}')) {
+      std::string key;
+      if (absl::Status s = ParseString(&key); !s.ok()) return s;
+      SkipSpace();
+      if (!Consume(':')) return Error(absl::StrCat("expected ':' after key '", key, "'"));
+      SkipSpace();
+      Value value;
+      if (absl::Status s = ParseValue(&value); !s.ok()) return s;
+      if (absl::Status s = on_item(key, value); !s.ok()) return s;
+      SkipSpace();
+      if (Consume(',')) {
+        SkipSpace();
+      } else if (Peek() != '}') {
+        return Error(absl::StrCat("expected ',' or '}' after the value of '", key, "'"));
+      }
+    }
+    SkipSpace();
+    if (pos_ != text_.size()) return Error("unexpected text after the closing '}'");
+    return absl::OkStatus();
+  }
+
+ private:
+  char Peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  bool Consume(char c) {
+    if (Peek() != c || pos_ >= text_.size()) return false;
+    ++pos_;
+    return true;
+  }
+  void SkipSpace() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  absl::Status Error(absl::string_view what) const {
+    return Invalid(absl::StrCat("header dict: ", what, " at character ", pos_, " of '",
+                                Excerpt(text_), "'"));
+  }
+
+  absl::Status ParseString(std::string* out) {
+    const char quote = Peek();
+    if (quote != '\'' && quote != '"') return Error("expected a quoted string");
+    ++pos_;
+    const size_t end = text_.find(quote, pos_);
+    if (end == absl::string_view::npos) return Error("unterminated string");
+    const absl::string_view body = text_.substr(pos_, end - pos_);
+    // numpy never writes escapes; a backslash means this is not a header numpy wrote.
+    if (body.find('\\') != absl::string_view::npos) return Error("escapes are not supported");
+    *out = std::string(body);
+    pos_ = end + 1;
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseInt(int64_t* out) {
+    const size_t start = pos_;
+    while (pos_ < text_.size() && absl::ascii_isdigit(static_cast<unsigned char>(text_[pos_]))) {
+      ++pos_;
+    }
+    // Python 2 era files may carry a long suffix.
+    const absl::string_view digits = text_.substr(start, pos_ - start);
+    if (Peek() == 'L') ++pos_;
+    if (digits.empty()) return Error("expected a non-negative integer");
+    if (!absl::SimpleAtoi(digits, out)) return Error(absl::StrCat("integer ", digits, " is too large"));
+    return absl::OkStatus();
+  }
+
+  absl::Status ParseValue(Value* value) {
+    const char c = Peek();
+    if (c == '\'' || c == '"') {
+      value->kind = Value::Kind::kString;
+      return ParseString(&value->str);
+    }
+    if (text_.substr(pos_, 4) == "True") {
+      value->kind = Value::Kind::kBool;
+      value->boolean = true;
+      pos_ += 4;
+      return absl::OkStatus();
+    }
+    if (text_.substr(pos_, 5) == "False") {
+      value->kind = Value::Kind::kBool;
+      value->boolean = false;
+      pos_ += 5;
+      return absl::OkStatus();
+    }
+    if (c == '(') {
+      ++pos_;
+      value->kind = Value::Kind::kTuple;
+      SkipSpace();
+      bool trailing_comma = false;
+      while (!Consume(')')) {
+        int64_t v;
+        if (absl::Status s = ParseInt(&v); !s.ok()) return s;
+        value->ints.push_back(v);
+        SkipSpace();
+        trailing_comma = Consume(',');
+        if (!trailing_comma && Peek() != ')') return Error("expected ',' or ')' in a tuple");
+        SkipSpace();
+      }
+      // In Python "(5)" is the int 5, not a tuple.
+      if (value->ints.size() == 1 && !trailing_comma) {
+        return Error("a one-element shape must be written '(n,)'");
+      }
+      return absl::OkStatus();
+    }
+    return Error("expected a string, True, False or a tuple");
+  }
+
+  absl::string_view text_;
+  size_t pos_ = 0;
+};
+
+struct DescrInfo {
+  DType dtype;
+  const char* descr;
+};
+
+constexpr DescrInfo kDescrs[] = {
+    {DType::kF32, "<f4"}, {DType::kF64, "<f8"}, {DType::kF16, "<f2"}, {DType::kI32, "<i4"},
+    {DType::kI64, "<i8"}, {DType::kI8, "|i1"},  {DType::kU8, "|u1"},  {DType::kBF16, "<u2"},
+};
+
+absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr, const NpyReadOptions& options) {
+  // Byte order does not apply to one-byte types; numpy writes '|' but accepts the others.
+  std::string normalized(descr);
+  if (normalized.size() == 3 && normalized[2] == '1' &&
+      (normalized[0] == '<' || normalized[0] == '>' || normalized[0] == '=')) {
+    normalized[0] = '|';
+  }
+  for (const DescrInfo& d : kDescrs) {
+    if (normalized != d.descr) continue;
+    if (d.dtype == DType::kBF16 && !options.u2_as_bf16) break;
+    return d.dtype;
+  }
+  if (!descr.empty() && descr[0] == '>') {
+    return Invalid(absl::StrCat("dtype '", descr,
+                                "' is big-endian; only little-endian arrays are supported "
+                                "(convert with a.astype('<", descr.substr(1), "'))"));
+  }
+  std::string hint;
+  if (descr == "<u2") hint = " ('<u2' holds bf16 bits only when read as bf16)";
+  return Invalid(absl::StrCat("dtype '", descr, "' is not supported", hint,
+                              "; supported: <f4 <f8 <f2 <i4 <i8 |i1 |u1"));
+}
+
+uint32_t ReadLittleEndian(absl::string_view bytes) {
+  uint32_t v = 0;
+  for (size_t i = bytes.size(); i-- > 0;) v = (v << 8) | static_cast<unsigned char>(bytes[i]);
+  return v;
+}
+
+std::string ShapeTuple(const Shape& shape) {
+  if (shape.size() == 1) return absl::StrCat("(", shape[0], ",)");
+  return absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
+}
+
+// Called after NpyHeader validated the shape, so the byte count cannot overflow.
+absl::Status CheckDataSize(DType dtype, const Shape& shape, size_t size) {
+  const int64_t expected = *CheckedBytes(shape, ElementSize(dtype));
+  if (static_cast<uint64_t>(expected) == size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("data is ", size, " bytes, but shape ",
+                                                 ShapeToString(shape), " of ", DTypeName(dtype),
+                                                 " needs ", expected));
+}
+
+absl::Status IoError(const std::string& path, absl::string_view action, int err) {
+  const std::string message = absl::StrCat("cannot ", action, " '", path, "': ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(message);
+  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
+  return absl::InternalError(message);
+}
+
+}  // namespace
+
+std::string NpyDescr(DType dtype) {
+  for (const DescrInfo& d : kDescrs) {
+    if (d.dtype == dtype) return d.descr;
+  }
+  return "";
+}
+
+absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& options) {
+  if (file.size() < kMagicSize || file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
+    return Invalid("bad magic: the file does not start with \\x93NUMPY");
+  }
+  if (file.size() < kMagicSize + 2) return Invalid("truncated before the version bytes");
+  const int major = static_cast<unsigned char>(file[kMagicSize]);
+  const int minor = static_cast<unsigned char>(file[kMagicSize + 1]);
+  size_t length_bytes;
+  if (major == 1 && minor == 0) {
+    length_bytes = 2;
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    length_bytes = 4;
+  } else {
+    return Invalid(absl::StrCat("format version ", major, ".", minor,
+                                " is not supported (1.0, 2.0, 3.0 are)"));
+  }
+  const size_t prefix = kMagicSize + 2 + length_bytes;
+  if (file.size() < prefix) return Invalid("truncated inside the header length");
+  const uint64_t header_len = ReadLittleEndian(file.substr(kMagicSize + 2, length_bytes));
+  if (file.size() - prefix < header_len) {
+    return Invalid(absl::StrCat("truncated header: it declares ", header_len,
+                                " bytes, the file has ", file.size() - prefix, " after the prefix"));
+  }
+  const absl::string_view header = file.substr(prefix, header_len);
+  if (header.find('\0') != absl::string_view::npos) return Invalid("header contains a NUL byte");
+
+  std::optional<std::string> descr;
+  std::optional<bool> fortran_order;
+  std::optional<Shape> shape;
+  HeaderParser parser(header);
+  absl::Status parsed = parser.ParseDict(
+      [&](const std::string& key, const HeaderParser::Value& value) -> absl::Status {
+        using Kind = HeaderParser::Value::Kind;
+        if (key == "descr") {
+          if (descr) return Invalid("header dict: key 'descr' appears twice");
+          if (value.kind != Kind::kString) {
+            return Invalid("header dict: 'descr' must be a string (structured dtypes are not supported)");
+          }
+          descr = value.str;
+        } else if (key == "fortran_order") {
+          if (fortran_order) return Invalid("header dict: key 'fortran_order' appears twice");
+          if (value.kind != Kind::kBool) return Invalid("header dict: 'fortran_order' must be True or False");
+          fortran_order = value.boolean;
+        } else if (key == "shape") {
+          if (shape) return Invalid("header dict: key 'shape' appears twice");
+          if (value.kind != Kind::kTuple) return Invalid("header dict: 'shape' must be a tuple of ints");
+          shape = value.ints;
+        } else {
+          return Invalid(absl::StrCat("header dict: unexpected key '", key,
+                                      "' (want descr, fortran_order, shape)"));
+        }
+        return absl::OkStatus();
+      });
+  if (!parsed.ok()) return parsed;
+  if (!descr) return Invalid("header dict: missing key 'descr'");
+  if (!fortran_order) return Invalid("header dict: missing key 'fortran_order'");
+  if (!shape) return Invalid("header dict: missing key 'shape'");
+  if (*fortran_order) {
+    return Invalid("fortran_order is True; only C-order arrays are supported "
+                   "(save np.ascontiguousarray(a) instead)");
+  }
+  absl::StatusOr<DType> dtype = DTypeFromDescr(*descr, options);
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<int64_t> expected = CheckedBytes(*shape, ElementSize(*dtype));
+  if (!expected.ok()) {
+    return Invalid(absl::StrCat("shape ", ShapeToString(*shape), " is too large: ",
+                                expected.status().message()));
+  }
+  const absl::string_view data = file.substr(prefix + header_len);
+  if (static_cast<uint64_t>(*expected) != data.size()) {
+    return Invalid(absl::StrCat("data is ", data.size(), " bytes, but shape ",
+                                ShapeToString(*shape), " of '", *descr, "' needs ", *expected,
+                                data.size() < static_cast<uint64_t>(*expected) ? " (truncated)" : ""));
+  }
+  NpyArray array;
+  array.dtype = *dtype;
+  array.shape = *std::move(shape);
+  array.data = std::string(data);
+  return array;
+}
+
+absl::StatusOr<std::string> NpyHeader(DType dtype, const Shape& shape) {
+  absl::StatusOr<int64_t> bytes = CheckedBytes(shape, ElementSize(dtype));
+  if (!bytes.ok()) return bytes.status();
+  const std::string descr = NpyDescr(dtype);
+  if (descr.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype ", static_cast<int>(dtype),
+                                                   " has no .npy equivalent"));
+  }
+  std::string dict = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ",
+                                  ShapeTuple(shape), ", }");
+  // Pad with spaces and end with '\n' so the data is aligned, as numpy does.
+  auto build = [&](int major, size_t length_bytes) -> std::string {
+    const size_t unpadded = kMagicSize + 2 + length_bytes + dict.size() + 1;
+    const size_t padding = (kAlignment - unpadded % kAlignment) % kAlignment;
+    const size_t header_len = dict.size() + padding + 1;
+    std::string out(kMagic, kMagicSize);
+    out += static_cast<char>(major);
+    out += '\0';
+    for (size_t i = 0; i < length_bytes; ++i) out += static_cast<char>((header_len >> (8 * i)) & 0xff);
+    out += dict;
+    out.append(padding, ' ');
+    out += '\n';
+    return out;
+  };
+  std::string v1 = build(1, 2);
+  if (v1.size() - (kMagicSize + 4) <= 0xffff) return v1;
+  return build(2, 4);
+}
+
+absl::StatusOr<std::string> SerializeNpy(DType dtype, const Shape& shape, absl::string_view data) {
+  absl::StatusOr<std::string> header = NpyHeader(dtype, shape);
+  if (!header.ok()) return header.status();
+  if (absl::Status s = CheckDataSize(dtype, shape, data.size()); !s.ok()) return s;
+  std::string out = *std::move(header);
+  out.append(data.data(), data.size());
+  return out;
+}
+
+absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path, const NpyReadOptions& options) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(path, "open", errno);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return IoError(path, "read", errno);
+  absl::StatusOr<NpyArray> array = ParseNpy(buffer.str(), options);
+  if (!array.ok()) {
+    return absl::Status(array.status().code(), absl::StrCat(path, ": ", array.status().message()));
+  }
+  return array;
+}
+
+absl::Status WriteNpyFile(const std::string& path, DType dtype, const Shape& shape,
+                          absl::string_view data) {
+  absl::StatusOr<std::string> header = NpyHeader(dtype, shape);
+  if (!header.ok()) return header.status();
+  if (absl::Status s = CheckDataSize(dtype, shape, data.size()); !s.ok()) return s;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return IoError(path, "create", errno);
+  out.write(header->data(), header->size());
+  out.write(data.data(), data.size());
+  out.close();
+  if (!out) return IoError(path, "write", errno);
+  return absl::OkStatus();
+}
+
+}  // namespace shardcoord
