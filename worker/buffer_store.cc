@@ -1,0 +1,144 @@
+#include "worker/buffer_store.h"
+
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "sharding/box.h"
+#include "worker/checksum.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr std::align_val_t kAlignment{64};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, RankChunks chunks) {
+  const int64_t element_size = ElementSize(dtype);
+  if (chunks.local_elements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_elements ", chunks.local_elements, " is negative"));
+  }
+  for (size_t i = 0; i < chunks.chunks.size(); ++i) {
+    const Chunk& c = chunks.chunks[i];
+    absl::StatusOr<int64_t> volume = CheckedProduct(c.box.shape());
+    if (!volume.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, " box ", c.box.ToString(), ": ", volume.status().message()));
+    }
+    if (c.local_offset < 0 || c.local_offset > chunks.local_elements - *volume) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", i, " box ", c.box.ToString(), " at local_offset ", c.local_offset,
+          " does not fit in a local buffer of ", chunks.local_elements, " elements"));
+    }
+  }
+  absl::StatusOr<int64_t> bytes = CheckedMul(chunks.local_elements, element_size);
+  if (!bytes.ok()) return bytes.status();
+  // Round up so vectorised code may touch whole cache lines; never allocate 0 bytes.
+  const int64_t alloc = ((*bytes + 63) / 64) * 64 + 64;
+  void* data = ::operator new(static_cast<size_t>(alloc), kAlignment, std::nothrow);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", *bytes, " bytes of host memory"));
+  }
+  return std::shared_ptr<HostBuffer>(
+      new HostBuffer(dtype, std::move(chunks), *bytes, static_cast<char*>(data)));
+}
+
+HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data)
+    : dtype_(dtype),
+      element_size_(ElementSize(dtype)),
+      chunks_(std::move(chunks)),
+      bytes_(bytes),
+      data_(data) {}
+
+HostBuffer::~HostBuffer() { ::operator delete(data_, kAlignment); }
+
+std::vector<uint64_t> HostBuffer::Checksums() const {
+  std::vector<uint64_t> out;
+  out.reserve(chunks_.chunks.size());
+  for (size_t i = 0; i < chunks_.chunks.size(); ++i) {
+    out.push_back(ChunkChecksum(chunk_data(i), chunk_bytes(i)));
+  }
+  return out;
+}
+
+absl::Status BufferStore::Insert(absl::string_view tensor, int64_t version,
+                                 std::shared_ptr<HostBuffer> buffer) {
+  absl::MutexLock lock(&mu_);
+  auto& versions = buffers_[std::string(tensor)];
+  if (!versions.emplace(version, std::move(buffer)).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("tensor '", tensor, "' version ", version, " already has a buffer"));
+  }
+  return absl::OkStatus();
+}
+
+void BufferStore::Put(absl::string_view tensor, int64_t version,
+                      std::shared_ptr<HostBuffer> buffer) {
+  absl::MutexLock lock(&mu_);
+  buffers_[std::string(tensor)][version] = std::move(buffer);
+}
+
+std::shared_ptr<HostBuffer> BufferStore::Find(absl::string_view tensor, int64_t version) const {
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(tensor);
+  if (it == buffers_.end()) return nullptr;
+  auto v = it->second.find(version);
+  return v == it->second.end() ? nullptr : v->second;
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> BufferStore::Get(absl::string_view tensor,
+                                                             int64_t version) const {
+  std::shared_ptr<HostBuffer> buffer = Find(tensor, version);
+  if (buffer == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no buffer for tensor '", tensor, "' version ", version));
+  }
+  return buffer;
+}
+
+bool BufferStore::Drop(absl::string_view tensor, int64_t version) {
+  std::shared_ptr<HostBuffer> dropped;  // Freed after the lock is released.
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(tensor);
+  if (it == buffers_.end()) return false;
+  auto v = it->second.find(version);
+  if (v == it->second.end()) return false;
+  dropped = std::move(v->second);
+  it->second.erase(v);
+  if (it->second.empty()) buffers_.erase(it);
+  return true;
+}
+
+int BufferStore::DropTensor(absl::string_view tensor) {
+  std::map<int64_t, std::shared_ptr<HostBuffer>> dropped;
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(tensor);
+  if (it == buffers_.end()) return 0;
+  dropped = std::move(it->second);
+  buffers_.erase(it);
+  return static_cast<int>(dropped.size());
+}
+
+std::vector<BufferStore::Entry> BufferStore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry> out;
+  for (const auto& [tensor, versions] : buffers_) {
+    for (const auto& [version, buffer] : versions) {
+      out.push_back(Entry{tensor, version, buffer->bytes()});
+    }
+  }
+  return out;
+}
+
+int64_t BufferStore::TotalBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [tensor, versions] : buffers_) {
+    for (const auto& [version, buffer] : versions) total += buffer->bytes();
+  }
+  return total;
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,126 @@
+#include "worker/buffer_store.h"
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "worker/checksum.h"
+
+namespace shardcoord {
+namespace {
+
+RankChunks TwoChunks() {
+  RankChunks rc;
+  rc.rank = 3;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {2, 3}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({4, 0}, {1, 3}), 6, 0});
+  rc.local_elements = 9;
+  return rc;
+}
+
+TEST(HostBufferTest, LayoutAndAlignment) {
+  auto buffer = HostBuffer::Create(DType::kF32, TwoChunks());
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  HostBuffer& b = **buffer;
+  EXPECT_EQ(b.bytes(), 36);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  EXPECT_EQ(b.chunk_data(1) - b.data(), 24);
+  EXPECT_EQ(b.chunk_bytes(0), 24);
+  EXPECT_EQ(b.chunk_bytes(1), 12);
+  std::memset(b.data(), 7, b.bytes());
+  auto sums = b.Checksums();
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_EQ(sums[0], ChunkChecksum(b.data(), 24));
+  EXPECT_EQ(sums[1], ChunkChecksum(b.data() + 24, 12));
+  EXPECT_NE(sums[0], sums[1]);
+}
+
+TEST(HostBufferTest, RejectsChunkOutsideBuffer) {
+  RankChunks rc = TwoChunks();
+  rc.chunks[1].local_offset = 7;  // 7 + 3 > 9.
+  auto buffer = HostBuffer::Create(DType::kF32, rc);
+  EXPECT_EQ(buffer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(buffer.status().message().find("[4:5, 0:3]"), std::string::npos)
+      << buffer.status();
+  rc.chunks[1].local_offset = -1;
+  EXPECT_EQ(HostBuffer::Create(DType::kF32, rc).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostBufferTest, EmptyBuffer) {
+  RankChunks rc;
+  auto buffer = HostBuffer::Create(DType::kF64, rc);
+  ASSERT_TRUE(buffer.ok());
+  EXPECT_EQ((*buffer)->bytes(), 0);
+  EXPECT_NE((*buffer)->data(), nullptr);
+}
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SHARDCOORD_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SHARDCOORD_ASAN 1
+#endif
+
+TEST(HostBufferTest, HugeAllocationIsResourceExhausted) {
+#ifdef SHARDCOORD_ASAN
+  GTEST_SKIP() << "ASan aborts on impossible allocations instead of returning null";
+#endif
+  RankChunks rc;
+  rc.local_elements = int64_t{1} << 58;  // 2^60 bytes of f32.
+  EXPECT_EQ(HostBuffer::Create(DType::kF32, rc).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST(BufferStoreTest, InsertGetDrop) {
+  BufferStore store;
+  auto a = *HostBuffer::Create(DType::kF32, TwoChunks());
+  auto b = *HostBuffer::Create(DType::kF32, TwoChunks());
+  ASSERT_TRUE(store.Insert("t", 1, a).ok());
+  EXPECT_EQ(store.Insert("t", 1, b).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(store.Insert("t", 2, b).ok());
+  EXPECT_EQ(*store.Get("t", 1), a);
+  EXPECT_EQ(store.Find("t", 2), b);
+  EXPECT_EQ(store.Find("u", 1), nullptr);
+  auto missing = store.Get("t", 3);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("'t' version 3"), std::string::npos);
+  EXPECT_EQ(store.TotalBytes(), 72);
+  EXPECT_EQ(store.List().size(), 2u);
+
+  EXPECT_TRUE(store.Drop("t", 1));
+  EXPECT_FALSE(store.Drop("t", 1));
+  EXPECT_EQ(store.Find("t", 1), nullptr);
+  EXPECT_EQ(store.DropTensor("t"), 1);
+  EXPECT_EQ(store.DropTensor("t"), 0);
+  EXPECT_EQ(store.TotalBytes(), 0);
+}
+
+TEST(BufferStoreTest, HandleOutlivesDrop) {
+  BufferStore store;
+  {
+    auto a = *HostBuffer::Create(DType::kI64, TwoChunks());
+    ASSERT_TRUE(store.Insert("t", 1, a).ok());
+  }
+  std::shared_ptr<HostBuffer> held = store.Find("t", 1);
+  ASSERT_NE(held, nullptr);
+  store.DropTensor("t");
+  // The executor's handle still owns the memory.
+  std::memset(held->data(), 1, held->bytes());
+  EXPECT_EQ(held.use_count(), 1);
+}
+
+TEST(BufferStoreTest, PutReplaces) {
+  BufferStore store;
+  auto a = *HostBuffer::Create(DType::kF32, TwoChunks());
+  auto b = *HostBuffer::Create(DType::kF32, TwoChunks());
+  store.Put("t", 1, a);
+  store.Put("t", 1, b);
+  EXPECT_EQ(store.Find("t", 1), b);
+}
+
+}  // namespace
+}  // namespace shardcoord
