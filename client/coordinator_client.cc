@@ -1,0 +1,252 @@
+#include "client/coordinator_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardcoord {
+namespace {
+
+// Plans of big meshes and tensor layouts with many chunks exceed gRPC's 4 MiB default.
+constexpr int kMaxReceiveMessageBytes = 1 << 30;
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+std::string DefaultCoordinatorAddress() {
+  const char* env = std::getenv("SHARDCOORD_ADDR");
+  if (env != nullptr && env[0] != '\0') return env;
+  return "127.0.0.1:7400";
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  const int code = static_cast<int>(status.error_code());
+  // grpc::StatusCode and absl::StatusCode share their numbering (both are the canonical
+  // codes); anything outside it is UNKNOWN, as gRPC itself treats it.
+  const absl::StatusCode absl_code =
+      code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+  return absl::Status(absl_code, status.error_message());
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& address, CoordinatorClientOptions options)
+    : CoordinatorClient(MakeChannel(address), address, options) {}
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel,
+                                     std::string address, CoordinatorClientOptions options)
+    : address_(std::move(address)),
+      options_(options),
+      stub_(v1::Coordinator::NewStub(std::move(channel))) {
+  options_.upload_chunk_bytes =
+      std::clamp<size_t>(options_.upload_chunk_bytes, 1, kMaxDataMessageBytes);
+}
+
+void CoordinatorClient::SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> CoordinatorClient::Unary(
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+    const Request& request, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  Response response;
+  const grpc::Status status = ((*stub_).*method)(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
+  absl::StatusOr<v1::ListWorkersResponse> r =
+      Unary(&Stub::ListWorkers, v1::ListWorkersRequest(), options_.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::WorkerInfo>(r->workers().begin(), r->workers().end());
+}
+
+absl::StatusOr<v1::MeshInfo> CoordinatorClient::CreateMesh(const v1::CreateMeshRequest& request) {
+  return Unary(&Stub::CreateMesh, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::MeshInfo> CoordinatorClient::GetMesh(const std::string& name) {
+  v1::GetMeshRequest request;
+  request.set_name(name);
+  return Unary(&Stub::GetMesh, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<std::vector<v1::MeshInfo>> CoordinatorClient::ListMeshes() {
+  absl::StatusOr<v1::ListMeshesResponse> r =
+      Unary(&Stub::ListMeshes, v1::ListMeshesRequest(), options_.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::MeshInfo>(r->meshes().begin(), r->meshes().end());
+}
+
+absl::Status CoordinatorClient::DeleteMesh(const std::string& name) {
+  v1::DeleteMeshRequest request;
+  request.set_name(name);
+  return Unary(&Stub::DeleteMesh, request, options_.rpc_timeout).status();
+}
+
+absl::StatusOr<v1::TensorInfo> CoordinatorClient::CreateTensor(
+    const v1::CreateTensorRequest& request) {
+  return Unary(&Stub::CreateTensor, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::TensorInfo> CoordinatorClient::GetTensor(const std::string& name) {
+  v1::GetTensorRequest request;
+  request.set_name(name);
+  return Unary(&Stub::GetTensor, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<std::vector<v1::TensorInfo>> CoordinatorClient::ListTensors() {
+  absl::StatusOr<v1::ListTensorsResponse> r =
+      Unary(&Stub::ListTensors, v1::ListTensorsRequest(), options_.rpc_timeout);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::TensorInfo>(r->tensors().begin(), r->tensors().end());
+}
+
+absl::Status CoordinatorClient::DeleteTensor(const std::string& name) {
+  v1::DeleteTensorRequest request;
+  request.set_name(name);
+  return Unary(&Stub::DeleteTensor, request, options_.rpc_timeout).status();
+}
+
+absl::StatusOr<v1::RedistributeResponse> CoordinatorClient::Redistribute(
+    const v1::RedistributeRequest& request) {
+  return Unary(&Stub::Redistribute, request,
+               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::RedistributeResponse> CoordinatorClient::Gather(
+    const v1::GatherRequest& request) {
+  return Unary(&Stub::Gather, request,
+               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::Plan> CoordinatorClient::PlanRedistribute(const v1::PlanRequest& request) {
+  return Unary(&Stub::PlanRedistribute, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
+    const std::string& plan_id, const std::function<void(const v1::PlanProgress&)>& on_progress) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.data_timeout);
+  v1::WatchPlanRequest request;
+  request.set_plan_id(plan_id);
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader = stub_->WatchPlan(&context, request);
+  v1::PlanProgress last;
+  bool any = false;
+  v1::PlanProgress progress;
+  while (reader->Read(&progress)) {
+    if (on_progress) on_progress(progress);
+    last = progress;
+    any = true;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (!any) {
+    return absl::InternalError(absl::StrCat("WatchPlan '", plan_id, "' ended without progress"));
+  }
+  return last;
+}
+
+absl::StatusOr<v1::TensorInfo> CoordinatorClient::Upload(const v1::TensorHeader& header,
+                                                         absl::string_view data,
+                                                         const ProgressCallback& progress) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.data_timeout);
+  v1::UploadResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = stub_->Upload(&context, &response);
+  const int64_t total = static_cast<int64_t>(data.size());
+
+  // The header travels alone so that the server can reject it before any data arrives.
+  v1::TensorData message;
+  *message.mutable_header() = header;
+  if (message.header().total_bytes() == 0) message.mutable_header()->set_total_bytes(total);
+  bool open = writer->Write(message);
+  message.clear_header();
+  size_t sent = 0;
+  while (open && sent < data.size()) {
+    const size_t n = std::min(options_.upload_chunk_bytes, data.size() - sent);
+    message.set_data(data.data() + sent, n);
+    open = writer->Write(message);
+    if (!open) break;  // The server ended the call; Finish says why.
+    sent += n;
+    if (progress) progress(static_cast<int64_t>(sent), total);
+  }
+  if (open) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (sent != data.size()) {
+    return absl::InternalError(absl::StrCat("upload of '", header.name(), "': the server accepted ",
+                                            sent, " of ", data.size(), " bytes and returned OK"));
+  }
+  return response.tensor();
+}
+
+absl::StatusOr<v1::TensorHeader> CoordinatorClient::Download(const std::string& name,
+                                                             std::string* data,
+                                                             const ProgressCallback& progress) {
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.data_timeout);
+  v1::DownloadRequest request;
+  request.set_name(name);
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = stub_->Download(&context, request);
+  data->clear();
+  v1::TensorHeader header;
+  bool have_header = false;
+  absl::Status error;
+  v1::TensorData message;
+  while (reader->Read(&message)) {
+    if (!have_header) {
+      if (!message.has_header()) {
+        error = absl::InternalError(
+            absl::StrCat("download of '", name, "': the first message carries no header"));
+        break;
+      }
+      header = message.header();
+      have_header = true;
+      if (header.total_bytes() < 0) {
+        error = absl::InternalError(absl::StrCat("download of '", name, "': total_bytes is ",
+                                                 header.total_bytes()));
+        break;
+      }
+      // Reserve up front, but never trust a huge number before the data shows up.
+      data->reserve(std::min<int64_t>(header.total_bytes(), int64_t{1} << 32));
+    }
+    if (static_cast<int64_t>(data->size() + message.data().size()) > header.total_bytes()) {
+      error = absl::DataLossError(absl::StrCat("download of '", name, "': more than the ",
+                                               header.total_bytes(), " bytes announced"));
+      break;
+    }
+    data->append(message.data());
+    if (progress && !message.data().empty()) {
+      progress(static_cast<int64_t>(data->size()), header.total_bytes());
+    }
+  }
+  if (!error.ok()) {
+    context.TryCancel();
+    reader->Finish();
+    return error;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (!have_header) {
+    return absl::InternalError(absl::StrCat("download of '", name, "': the stream was empty"));
+  }
+  if (static_cast<int64_t>(data->size()) != header.total_bytes()) {
+    return absl::DataLossError(absl::StrCat("download of '", name, "': got ", data->size(),
+                                            " of ", header.total_bytes(), " bytes"));
+  }
+  return header;
+}
+
+}  // namespace shardcoord

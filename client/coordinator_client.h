@@ -1,0 +1,112 @@
+#ifndef SHARDCOORD_CLIENT_COORDINATOR_CLIENT_H_
+#define SHARDCOORD_CLIENT_COORDINATOR_CLIENT_H_
+
+// The C++ client of shardcoord.v1.Coordinator: one method per RPC, each with a deadline,
+// returning absl::Status with the server's code and message. Thread-compatible: a client may
+// be used from several threads at once (gRPC stubs are thread-safe), but its options are fixed
+// at construction.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/shardcoord.grpc.pb.h"
+#include "proto/shardcoord.pb.h"
+
+namespace shardcoord {
+
+// $SHARDCOORD_ADDR when set and non-empty, else "127.0.0.1:7400".
+std::string DefaultCoordinatorAddress();
+
+// The gRPC status as an absl::Status: same code (the numbering is shared), same message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Protocol limit on the data carried by one TensorData message.
+inline constexpr size_t kMaxDataMessageBytes = size_t{1} << 20;
+
+struct CoordinatorClientOptions {
+  // Deadline of metadata RPCs (lists, gets, creates, deletes, plans, a Redistribute or
+  // Gather that only starts the plan).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of RPCs that move data or wait for a plan: Upload, Download, WatchPlan, and
+  // Redistribute / Gather with wait set.
+  absl::Duration data_timeout = absl::Minutes(30);
+  // Data bytes per Upload message; clamped to [1, kMaxDataMessageBytes].
+  size_t upload_chunk_bytes = kMaxDataMessageBytes;
+};
+
+// Called after each data message with the bytes done so far and the total.
+using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
+
+class CoordinatorClient {
+ public:
+  // Connects (lazily, on the first RPC) to `address` ("host:port") without TLS.
+  explicit CoordinatorClient(const std::string& address, CoordinatorClientOptions options = {});
+  // Uses an existing channel (tests use a server's in-process channel).
+  CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel, std::string address,
+                    CoordinatorClientOptions options = {});
+
+  const std::string& address() const { return address_; }
+  const CoordinatorClientOptions& options() const { return options_; }
+
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+
+  absl::StatusOr<v1::MeshInfo> CreateMesh(const v1::CreateMeshRequest& request);
+  absl::StatusOr<v1::MeshInfo> GetMesh(const std::string& name);
+  absl::StatusOr<std::vector<v1::MeshInfo>> ListMeshes();
+  absl::Status DeleteMesh(const std::string& name);
+
+  absl::StatusOr<v1::TensorInfo> CreateTensor(const v1::CreateTensorRequest& request);
+  absl::StatusOr<v1::TensorInfo> GetTensor(const std::string& name);
+  absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors();
+  absl::Status DeleteTensor(const std::string& name);
+
+  // With request.wait(), returns when the plan has ended (data deadline); otherwise when it
+  // has started, with progress.plan_id to watch.
+  absl::StatusOr<v1::RedistributeResponse> Redistribute(const v1::RedistributeRequest& request);
+  absl::StatusOr<v1::RedistributeResponse> Gather(const v1::GatherRequest& request);
+  // Dry run: the plan Redistribute would execute.
+  absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
+
+  // Calls `on_progress` for every progress message until the plan ends, and returns the last
+  // one. A plan that ended ABORTED is still OK here: the caller reads state and error.
+  absl::StatusOr<v1::PlanProgress> WatchPlan(
+      const std::string& plan_id, const std::function<void(const v1::PlanProgress&)>& on_progress);
+
+  // Streams `data` after `header` (header.total_bytes is set to data.size() when 0) in
+  // messages of at most upload_chunk_bytes. `progress` (may be empty) runs after each one.
+  absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorHeader& header, absl::string_view data,
+                                        const ProgressCallback& progress = nullptr);
+
+  // Replaces `*data` with the tensor's bytes (row-major) and returns its header. DATA_LOSS if
+  // the stream does not carry exactly header.total_bytes.
+  absl::StatusOr<v1::TensorHeader> Download(const std::string& name, std::string* data,
+                                            const ProgressCallback& progress = nullptr);
+
+ private:
+  using Stub = v1::Coordinator::Stub;
+
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Unary(
+      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+      const Request& request, absl::Duration timeout);
+
+  // A context whose deadline is `timeout` from now.
+  static void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
+
+  std::string address_;
+  CoordinatorClientOptions options_;
+  std::unique_ptr<Stub> stub_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_CLIENT_COORDINATOR_CLIENT_H_
