@@ -1,0 +1,175 @@
+#ifndef SHARDCOORD_WORKER_COMMUNICATOR_H_
+#define SHARDCOORD_WORKER_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "sharding/dtype.h"
+#include "sharding/placement.h"
+
+namespace shardcoord {
+
+// Per-operation options.
+struct CommOptions {
+  // Keeps apart operations that run at the same time on one communicator (two plans on
+  // different tensors over the same process group). Every member passes the same tag for
+  // the same operation; operations in flight together must have different tags.
+  // The executor derives it from (plan id, step index).
+  uint32_t tag = 0;
+  // Bound on the whole operation; zero = the communicator's default timeout.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+// One point-to-point message of a grouped exchange. `peer` is a group rank.
+struct SendOp {
+  int peer = 0;
+  const void* data = nullptr;
+  int64_t bytes = 0;
+};
+struct RecvOp {
+  int peer = 0;
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// A communicator over one process group: the collective operations a plan step may lower to,
+// on raw host (or, for NCCL, device) byte buffers. Every backend implements exactly this
+// interface (Gloo now, NCCL later); each op maps to one library call or one grouped call:
+//
+//   op              Gloo                          NCCL
+//   AllGatherV      gloo::allgatherv              ncclGroup of ncclBroadcast (or AllGather
+//                                                 when counts are equal)
+//   AllToAllV       gloo::alltoallv               ncclGroup of ncclSend/ncclRecv
+//   ReduceScatterV  gloo::alltoallv + local       ncclReduceScatter (equal counts) or
+//                   reduce in group-rank order    ncclGroup of ncclReduce
+//   AllReduce       gloo::allreduce (ring)        ncclAllReduce
+//   Broadcast       gloo::broadcast               ncclBroadcast
+//   SendRecv        unbound-buffer send/recv      ncclGroupStart; ncclSend/ncclRecv...; End
+//
+// Ranks are positions in the group, [0, size()). Every member calls the same op with
+// matching sizes. Ops block until done or the timeout. Errors: INVALID_ARGUMENT for
+// inconsistent arguments (checked locally), DEADLINE_EXCEEDED when the op ran out of time,
+// ABORTED when a peer failed or a connection broke. After any error other than
+// INVALID_ARGUMENT the communicator is broken(): in-flight state with the peers is unknown,
+// so it must not be used again (CommunicatorCache rebuilds it).
+//
+// Reductions take a DType and kSum, kMin or kMax (kAvg is kSum followed by a division that
+// the caller does). Reduced results are bitwise identical on every member that receives
+// them.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool broken() const = 0;
+
+  // `send` (send_bytes) from every rank, concatenated in rank order into `recv`;
+  // recv_bytes[r] is rank r's contribution and recv_bytes[rank()] == send_bytes.
+  virtual absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                                  absl::Span<const int64_t> recv_bytes,
+                                  const CommOptions& options) = 0;
+
+  // `send` holds the pieces for ranks 0..size-1 concatenated (send_bytes[r] each); `recv`
+  // receives the pieces from ranks 0..size-1 concatenated (recv_bytes[r] each). The piece
+  // rank a sends to b has send_bytes[b] at a == recv_bytes[a] at b.
+  virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
+                                 void* recv, absl::Span<const int64_t> recv_bytes,
+                                 const CommOptions& options) = 0;
+
+  // `send` holds sum(recv_elements) elements on every rank, slice r being recv_elements[r]
+  // elements for rank r; `recv` gets the reduction over all ranks of this rank's slice.
+  virtual absl::Status ReduceScatterV(const void* send, void* recv,
+                                      absl::Span<const int64_t> recv_elements, DType dtype,
+                                      ReduceOp op, const CommOptions& options) = 0;
+
+  // recv = reduction over all ranks of send, `elements` each. send == recv is allowed.
+  virtual absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
+                                 ReduceOp op, const CommOptions& options) = 0;
+
+  // `bytes` of `data` from group rank `root` into `data` on every other rank.
+  virtual absl::Status Broadcast(void* data, int64_t bytes, int root,
+                                 const CommOptions& options) = 0;
+
+  // One grouped exchange: posts every send and receive, then waits for all of them, so any
+  // pattern (cycles included) completes. The k-th send from a to b matches the k-th receive
+  // from a at b, with equal byte counts. No send or receive to oneself.
+  virtual absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                                const CommOptions& options) = 0;
+};
+
+// What a communicator is built for.
+struct CommunicatorSpec {
+  std::vector<int64_t> ranks;         // Global ranks of the group, in group-rank order.
+  std::vector<int64_t> incarnations;  // incarnations[i] of ranks[i].
+  int64_t my_rank = 0;                // This process's global rank; must be in `ranks`.
+  // Rendezvous key prefix. Builds of the same (prefix, ranks, incarnations) on different
+  // members meet under the same keys, so a prefix must never be reused for a second build
+  // of the same group (see CommunicatorCache).
+  std::string key_prefix;
+  absl::Duration timeout = absl::Seconds(60);  // Rendezvous and default op timeout.
+};
+
+// INVALID_ARGUMENT naming the field: empty or duplicate ranks, incarnation count mismatch,
+// my_rank not a member, non-positive timeout.
+absl::Status ValidateCommunicatorSpec(const CommunicatorSpec& spec);
+// Group rank of spec.my_rank.
+int GroupRankOf(const CommunicatorSpec& spec);
+
+// Builds one communicator (blocking rendezvous with the other members). Implemented by
+// each backend.
+class CommunicatorFactory {
+ public:
+  virtual ~CommunicatorFactory() = default;
+  virtual absl::StatusOr<std::shared_ptr<Communicator>> Create(
+      const CommunicatorSpec& spec) = 0;
+};
+
+// Communicators by (key prefix, group ranks, member incarnations). Thread-safe; builds for
+// different groups run concurrently (so two plans building different groups in different
+// orders on different workers cannot deadlock); concurrent Gets of one key share one build.
+//
+// Contract with the coordinator: communicator_prefix is unique per plan. All steps of a plan
+// over one group share one communicator; FinishPlan releases the plan's prefix. A member
+// that restarted has a new incarnation and so a new key on every member. A broken
+// communicator is dropped and rebuilt on the next Get of its key; the rebuild only meets its
+// peers if they rebuild too, which the plan abort that follows every failure ensures: the
+// next plan has a new prefix.
+class CommunicatorCache {
+ public:
+  explicit CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory);
+
+  absl::StatusOr<std::shared_ptr<Communicator>> Get(const CommunicatorSpec& spec);
+
+  // Drops every communicator built under `key_prefix` (users keep theirs alive).
+  int ReleasePrefix(absl::string_view key_prefix);
+  int size() const;
+
+ private:
+  using Key = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>>;
+  struct Entry {
+    bool building = true;
+    bool released = false;  // ReleasePrefix ran during the build: drop it when done.
+    absl::Status status;  // Of a finished build that failed.
+    std::shared_ptr<Communicator> comm;
+  };
+
+  std::shared_ptr<CommunicatorFactory> factory_;
+  mutable absl::Mutex mu_;
+  std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_COMMUNICATOR_H_
