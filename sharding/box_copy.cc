@@ -1,0 +1,423 @@
+#include "sharding/box_copy.h"
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace shardcoord {
+namespace {
+
+// How to walk a region: `run_bytes`-long contiguous runs, one per point of the outer dims
+// (outermost first, dims of extent 1 dropped), at byte offsets advanced by the strides.
+struct RunPlan {
+  bool empty = false;
+  int64_t run_elems = 0;
+  int64_t run_bytes = 0;
+  int64_t src_start = 0;
+  int64_t dst_start = 0;
+  std::vector<int64_t> count;
+  std::vector<int64_t> src_stride;
+  std::vector<int64_t> dst_stride;
+};
+
+absl::Status CheckBox(const Box& box, const char* what) {
+  for (int d = 0; d < box.ndim(); ++d) {
+    if (box.shape(d) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", box.ToString(), " has a negative extent in dim ", d));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunPlan> MakePlan(const Box& region, const Box& src_box, const Box& dst_box,
+                                 int64_t element_size) {
+  if (element_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("element size ", element_size, " <= 0"));
+  }
+  if (region.ndim() != src_box.ndim() || region.ndim() != dst_box.ndim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region ", region.ToString(), ", source box ", src_box.ToString(),
+        " and destination box ", dst_box.ToString(), " differ in rank"));
+  }
+  if (absl::Status s = CheckBox(region, "region"); !s.ok()) return s;
+  if (absl::Status s = CheckBox(src_box, "source box"); !s.ok()) return s;
+  if (absl::Status s = CheckBox(dst_box, "destination box"); !s.ok()) return s;
+  // Buffers whose byte size overflows cannot exist; checking here keeps all offsets in range.
+  if (absl::Status s = CheckedBytes(src_box.shape(), element_size).status(); !s.ok()) return s;
+  if (absl::Status s = CheckedBytes(dst_box.shape(), element_size).status(); !s.ok()) return s;
+  RunPlan plan;
+  if (region.Empty()) {
+    plan.empty = true;
+    return plan;
+  }
+  if (!src_box.Contains(region)) {
+    return absl::InvalidArgumentError(absl::StrCat("region ", region.ToString(),
+                                                   " is not inside source box ",
+                                                   src_box.ToString()));
+  }
+  if (!dst_box.Contains(region)) {
+    return absl::InvalidArgumentError(absl::StrCat("region ", region.ToString(),
+                                                   " is not inside destination box ",
+                                                   dst_box.ToString()));
+  }
+  const int nd = region.ndim();
+  // Dims [inner, nd) form one contiguous run: every dim after `inner` is spanned fully in
+  // both boxes, so consecutive rows of it are adjacent in both buffers.
+  int inner = nd - 1;
+  while (inner > 0 && region.shape(inner) == src_box.shape(inner) &&
+         region.shape(inner) == dst_box.shape(inner)) {
+    --inner;
+  }
+  plan.run_elems = 1;
+  for (int d = inner < 0 ? 0 : inner; d < nd; ++d) plan.run_elems *= region.shape(d);
+  plan.run_bytes = plan.run_elems * element_size;
+  const Shape src_strides = RowMajorStrides(src_box.shape());
+  const Shape dst_strides = RowMajorStrides(dst_box.shape());
+  for (int d = 0; d < nd; ++d) {
+    plan.src_start += (region.offset(d) - src_box.offset(d)) * src_strides[d] * element_size;
+    plan.dst_start += (region.offset(d) - dst_box.offset(d)) * dst_strides[d] * element_size;
+  }
+  for (int d = 0; d < inner; ++d) {
+    if (region.shape(d) == 1) continue;
+    plan.count.push_back(region.shape(d));
+    plan.src_stride.push_back(src_strides[d] * element_size);
+    plan.dst_stride.push_back(dst_strides[d] * element_size);
+  }
+  return plan;
+}
+
+// Calls fn(src_run, dst_run) for every run: a tight loop over the innermost outer dim and an
+// odometer over the rest.
+template <typename Fn>
+void ForEachRun(const RunPlan& p, const char* src, char* dst, Fn fn) {
+  src += p.src_start;
+  dst += p.dst_start;
+  const int n = static_cast<int>(p.count.size());
+  if (n == 0) {
+    fn(src, dst);
+    return;
+  }
+  const int last = n - 1;
+  const int64_t rows = p.count[last];
+  const int64_t ss = p.src_stride[last], ds = p.dst_stride[last];
+  std::vector<int64_t> idx(last, 0);
+  while (true) {
+    const char* s = src;
+    char* d = dst;
+    for (int64_t i = 0; i < rows; ++i, s += ss, d += ds) fn(s, d);
+    int k = last - 1;
+    for (; k >= 0; --k) {
+      src += p.src_stride[k];
+      dst += p.dst_stride[k];
+      if (++idx[k] < p.count[k]) break;
+      idx[k] = 0;
+      src -= p.count[k] * p.src_stride[k];
+      dst -= p.count[k] * p.dst_stride[k];
+    }
+    if (k < 0) return;
+  }
+}
+
+// A compile-time run length lets the compiler turn memcpy into plain loads and stores,
+// which matters when the run is a single small element.
+template <int64_t kBytes>
+void CopyFixed(const RunPlan& p, const char* src, char* dst) {
+  ForEachRun(p, src, dst, [](const char* s, char* d) { std::memcpy(d, s, kBytes); });
+}
+
+struct SumOp {
+  template <typename T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>) {
+      // Unsigned arithmetic wraps instead of overflowing (UB for signed).
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
+    }
+  }
+};
+
+struct MinOp {
+  template <typename T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a)) return a;
+      if (std::isnan(b)) return b;
+    }
+    return b < a ? b : a;
+  }
+};
+
+struct MaxOp {
+  template <typename T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a)) return a;
+      if (std::isnan(b)) return b;
+    }
+    return a < b ? b : a;
+  }
+};
+
+// Element loads go through memcpy: local buffers carry no alignment promise.
+template <typename T, typename Op>
+void CombineRun(char* dst, const char* src, int64_t n, Op op) {
+  for (int64_t i = 0; i < n; ++i) {
+    T a, b;
+    std::memcpy(&a, dst + i * sizeof(T), sizeof(T));
+    std::memcpy(&b, src + i * sizeof(T), sizeof(T));
+    a = op(a, b);
+    std::memcpy(dst + i * sizeof(T), &a, sizeof(T));
+  }
+}
+
+template <float (*kToFloat)(uint16_t), uint16_t (*kFromFloat)(float), typename Op>
+void CombineRun16(char* dst, const char* src, int64_t n, Op op) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t a, b;
+    std::memcpy(&a, dst + i * 2, 2);
+    std::memcpy(&b, src + i * 2, 2);
+    a = kFromFloat(op(kToFloat(a), kToFloat(b)));
+    std::memcpy(dst + i * 2, &a, 2);
+  }
+}
+
+template <typename Op>
+void ReduceWith(const RunPlan& p, const char* src, char* dst, DType dtype, Op op) {
+  const int64_t n = p.run_elems;
+  auto run = [&](auto combine) { ForEachRun(p, src, dst, combine); };
+  switch (dtype) {
+    case DType::kF32:
+      run([&](const char* s, char* d) { CombineRun<float>(d, s, n, op); });
+      break;
+    case DType::kF64:
+      run([&](const char* s, char* d) { CombineRun<double>(d, s, n, op); });
+      break;
+    case DType::kI8:
+      run([&](const char* s, char* d) { CombineRun<int8_t>(d, s, n, op); });
+      break;
+    case DType::kU8:
+      run([&](const char* s, char* d) { CombineRun<uint8_t>(d, s, n, op); });
+      break;
+    case DType::kI32:
+      run([&](const char* s, char* d) { CombineRun<int32_t>(d, s, n, op); });
+      break;
+    case DType::kI64:
+      run([&](const char* s, char* d) { CombineRun<int64_t>(d, s, n, op); });
+      break;
+    case DType::kF16:
+      run([&](const char* s, char* d) { CombineRun16<HalfToFloat, FloatToHalf>(d, s, n, op); });
+      break;
+    case DType::kBF16:
+      run([&](const char* s, char* d) {
+        CombineRun16<BFloat16ToFloat, FloatToBFloat16>(d, s, n, op);
+      });
+      break;
+  }
+}
+
+template <typename T>
+void DivideInts(char* data, int64_t count, int64_t divisor) {
+  for (int64_t i = 0; i < count; ++i) {
+    T v;
+    std::memcpy(&v, data + i * sizeof(T), sizeof(T));
+    // In int64 so a divisor beyond T's range (e.g. 300 for i8) still divides correctly.
+    v = static_cast<T>(static_cast<int64_t>(v) / divisor);
+    std::memcpy(data + i * sizeof(T), &v, sizeof(T));
+  }
+}
+
+template <typename T>
+void DivideFloats(char* data, int64_t count, int64_t divisor) {
+  const T div = static_cast<T>(divisor);
+  for (int64_t i = 0; i < count; ++i) {
+    T v;
+    std::memcpy(&v, data + i * sizeof(T), sizeof(T));
+    v /= div;
+    std::memcpy(data + i * sizeof(T), &v, sizeof(T));
+  }
+}
+
+template <float (*kToFloat)(uint16_t), uint16_t (*kFromFloat)(float)>
+void Divide16(char* data, int64_t count, int64_t divisor) {
+  const float div = static_cast<float>(divisor);
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t v;
+    std::memcpy(&v, data + i * 2, 2);
+    v = kFromFloat(kToFloat(v) / div);
+    std::memcpy(data + i * 2, &v, 2);
+  }
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+
+float BitsFloat(uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+}  // namespace
+
+absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                     const Box& dst_box, int64_t element_size) {
+  absl::StatusOr<RunPlan> plan = MakePlan(region, src_box, dst_box, element_size);
+  if (!plan.ok()) return plan.status();
+  if (plan->empty) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null buffer for a copy of region ", region.ToString()));
+  }
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  switch (plan->run_bytes) {
+    case 1: CopyFixed<1>(*plan, s, d); break;
+    case 2: CopyFixed<2>(*plan, s, d); break;
+    case 4: CopyFixed<4>(*plan, s, d); break;
+    case 8: CopyFixed<8>(*plan, s, d); break;
+    case 16: CopyFixed<16>(*plan, s, d); break;
+    default: {
+      const size_t bytes = static_cast<size_t>(plan->run_bytes);
+      ForEachRun(*plan, s, d, [bytes](const char* from, char* to) {
+        std::memcpy(to, from, bytes);
+      });
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
+                     int64_t element_size) {
+  return CopyBox(region, chunk, chunk_box, packed, region, element_size);
+}
+
+absl::Status UnpackBox(const Box& region, const void* packed, void* chunk, const Box& chunk_box,
+                       int64_t element_size) {
+  return CopyBox(region, packed, region, chunk, chunk_box, element_size);
+}
+
+absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                           const Box& dst_box, DType dtype, ReduceOp op) {
+  const int64_t element_size = ElementSize(dtype);
+  if (element_size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce op ", ReduceOpName(op),
+                     " is not element-wise; reduce with sum and then DivideBox"));
+  }
+  absl::StatusOr<RunPlan> plan = MakePlan(region, src_box, dst_box, element_size);
+  if (!plan.ok()) return plan.status();
+  if (plan->empty) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null buffer for a reduction of region ", region.ToString()));
+  }
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  switch (op) {
+    case ReduceOp::kSum: ReduceWith(*plan, s, d, dtype, SumOp()); break;
+    case ReduceOp::kMin: ReduceWith(*plan, s, d, dtype, MinOp()); break;
+    case ReduceOp::kMax: ReduceWith(*plan, s, d, dtype, MaxOp()); break;
+    case ReduceOp::kAvg: break;  // Rejected above.
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) {
+  if (ElementSize(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a division"));
+  }
+  if (divisor <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("divisor ", divisor, " <= 0"));
+  }
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("element count ", count, " < 0"));
+  if (count == 0) return absl::OkStatus();
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("null buffer for ", count, " elements"));
+  }
+  char* p = static_cast<char*>(data);
+  switch (dtype) {
+    case DType::kF32: DivideFloats<float>(p, count, divisor); break;
+    case DType::kF64: DivideFloats<double>(p, count, divisor); break;
+    case DType::kF16: Divide16<HalfToFloat, FloatToHalf>(p, count, divisor); break;
+    case DType::kBF16: Divide16<BFloat16ToFloat, FloatToBFloat16>(p, count, divisor); break;
+    case DType::kI8: DivideInts<int8_t>(p, count, divisor); break;
+    case DType::kU8: DivideInts<uint8_t>(p, count, divisor); break;
+    case DType::kI32: DivideInts<int32_t>(p, count, divisor); break;
+    case DType::kI64: DivideInts<int64_t>(p, count, divisor); break;
+  }
+  return absl::OkStatus();
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  if (exp == 0x1F) return BitsFloat(sign | 0x7F800000 | (mant << 13));  // Inf or NaN.
+  if (exp == 0) {
+    if (mant == 0) return BitsFloat(sign);
+    // Subnormal: normalise mant * 2^-24 into float's exponent range.
+    uint32_t e = 113;  // Float bias 127 - half's subnormal exponent 14.
+    while ((mant & 0x400) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    return BitsFloat(sign | (e << 23) | ((mant & 0x3FF) << 13));
+  }
+  return BitsFloat(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t x = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t absx = x & 0x7FFFFFFF;
+  if (absx >= 0x7F800000) {  // Inf or NaN; NaN keeps its top payload bits and is quieted.
+    if (absx == 0x7F800000) return sign | 0x7C00;
+    return static_cast<uint16_t>(sign | 0x7E00 | ((absx >> 13) & 0x3FF));
+  }
+  // 65520 is halfway between the largest half (65504) and 65536; the tie goes to even, which
+  // is the infinity encoding.
+  if (absx >= 0x477FF000) return sign | 0x7C00;
+  if (absx < 0x38800000) {  // Below the smallest normal half, 2^-14.
+    // Values up to 2^-25 (half the smallest subnormal) round to zero, the tie included.
+    if (absx <= 0x33000000) return sign;
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7FFFFF) | 0x800000;
+    const uint32_t shift = 126 - e;  // Value in units of 2^-24 is m >> shift.
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) ++r;  // May carry into the smallest normal.
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = ((absx >> 23) - 112) << 10 | ((absx >> 13) & 0x3FF);
+  const uint32_t rem = absx & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) ++r;  // A carry bumps the exponent.
+  return static_cast<uint16_t>(sign | r);
+}
+
+float BFloat16ToFloat(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }
+
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t x = FloatBits(f);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN.
+  // Round to nearest even: add just under half an ulp, plus one if the kept part is odd.
+  const uint32_t rounded = x + 0x7FFF + ((x >> 16) & 1);
+  return static_cast<uint16_t>(rounded >> 16);
+}
+
+}  // namespace shardcoord

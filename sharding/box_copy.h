@@ -1,0 +1,55 @@
+#ifndef SHARDCOORD_SHARDING_BOX_COPY_H_
+#define SHARDCOORD_SHARDING_BOX_COPY_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "sharding/box.h"
+#include "sharding/dtype.h"
+#include "sharding/placement.h"
+
+namespace shardcoord {
+
+// Strided copies between n-d boxes on host memory. A buffer "for box B" holds the elements
+// of B row-major and contiguously; boxes are in global tensor coordinates.
+//
+// Every function checks that the boxes have the same rank, non-negative shapes, and that
+// `region` lies inside both buffers' boxes (INVALID_ARGUMENT naming the boxes otherwise).
+// An empty region copies nothing and may take null pointers. Source and destination memory
+// must not overlap.
+
+// Copies the elements of `region` from `src` (a buffer for `src_box`) to `dst` (a buffer for
+// `dst_box`). Trailing dims that `region` spans fully in both boxes merge into one
+// contiguous run, so a row-major-contiguous region is a single memcpy.
+absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                     const Box& dst_box, int64_t element_size);
+
+// `region` of a chunk (a buffer for `chunk_box`) into a dense buffer for `region`.
+absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
+                     int64_t element_size);
+
+// A dense buffer for `region` into `region` of a chunk (a buffer for `chunk_box`).
+absl::Status UnpackBox(const Box& region, const void* packed, void* chunk, const Box& chunk_box,
+                       int64_t element_size);
+
+// As CopyBox, but combines: dst = op(dst, src) element-wise. Supports f32, f64, f16, bf16
+// (computed in float, rounded back to nearest even), i8, u8, i32, i64 (sum wraps around as
+// in two's complement) with kSum, kMin, kMax; float min/max propagate NaN. kAvg is rejected:
+// callers reduce with kSum and then DivideBox by the number of contributions.
+absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                           const Box& dst_box, DType dtype, ReduceOp op);
+
+// data[i] /= divisor for `count` contiguous elements (integers truncate toward zero, as C++
+// and torch's trunc division do). `divisor` must be positive.
+absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor);
+
+// IEEE binary16 and bfloat16 conversions. Float to 16-bit rounds to nearest even; overflow
+// gives infinity; NaN stays NaN (quieted).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_SHARDING_BOX_COPY_H_
