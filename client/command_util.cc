@@ -1,0 +1,129 @@
+#include "client/command_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "client/coordinator_client.h"
+
+namespace shardcoord {
+
+void AddConnectionFlags(CLI::App* cmd, ConnectionFlags* flags) {
+  cmd->add_option("--coordinator", flags->coordinator,
+                  "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
+                  "127.0.0.1:7400)")
+      ->type_name("HOST:PORT");
+  cmd->add_flag("--json", flags->json, "Print one JSON object instead of a table");
+}
+
+std::string CoordinatorAddress(const ConnectionFlags& flags) {
+  return flags.coordinator.empty() ? DefaultCoordinatorAddress() : flags.coordinator;
+}
+
+std::string StatusLine(const absl::Status& status, absl::string_view address) {
+  std::string line =
+      absl::StrCat("shardctl: ", absl::StatusCodeToString(status.code()), ": ",
+                   absl::StrReplaceAll(status.message(), {{"\r\n", " "}, {"\n", " "}}));
+  if (!address.empty() && (status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kDeadlineExceeded)) {
+    absl::StrAppend(&line, " (coordinator ", address, ")");
+  }
+  return line;
+}
+
+int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address) {
+  err << StatusLine(status, address) << "\n";
+  return kExitServerError;
+}
+
+int ReportFlagError(std::ostream& err, absl::string_view command, absl::string_view message) {
+  err << "shardctl " << command << ": " << absl::StrReplaceAll(message, {{"\n", " "}}) << "\n";
+  return kExitBadFlags;
+}
+
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows,
+                        const std::vector<int>& right_aligned) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (row.size() > width.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i > 0) line += "  ";
+      const std::string pad(width[i] - row[i].size(), ' ');
+      const bool right = std::find(right_aligned.begin(), right_aligned.end(),
+                                   static_cast<int>(i)) != right_aligned.end();
+      line += right ? pad + row[i] : row[i] + pad;
+    }
+    absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
+  }
+  return out;
+}
+
+std::string HumanBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat(u >= 1 && v < 10 ? "%.2f %s" : "%.1f %s", v, units[u]);
+}
+
+std::string BracketList(const std::vector<int64_t>& values) {
+  return absl::StrCat("[", absl::StrJoin(values, ", "), "]");
+}
+
+std::string ProgressLine(absl::string_view label, int64_t done, int64_t total, int width) {
+  width = std::max(width, 1);
+  int filled = 0;
+  std::string percent = "   ";
+  if (total > 0) {
+    const double fraction = std::clamp(static_cast<double>(done) / total, 0.0, 1.0);
+    filled = static_cast<int>(fraction * width);
+    percent = absl::StrFormat("%3d", static_cast<int>(fraction * 100));
+  }
+  std::string amount = HumanBytes(done);
+  if (total > 0) amount = absl::StrCat(amount, " / ", HumanBytes(total));
+  return absl::StrCat(label, " [", std::string(filled, '#'), std::string(width - filled, '.'),
+                      "] ", percent, "%  ", amount);
+}
+
+ProgressBar::ProgressBar(std::ostream& out, bool enabled, std::string label)
+    : out_(out), enabled_(enabled), label_(std::move(label)) {}
+
+ProgressBar::~ProgressBar() { Finish(); }
+
+void ProgressBar::Update(int64_t done, int64_t total) {
+  if (!enabled_ || finished_) return;
+  std::string line = ProgressLine(label_, done, total);
+  if (line == last_) return;
+  // Pad over a longer previous line.
+  std::string padded = line;
+  if (last_.size() > line.size()) padded.append(last_.size() - line.size(), ' ');
+  out_ << "\r" << padded << std::flush;
+  last_ = std::move(line);
+  drawn_ = true;
+}
+
+void ProgressBar::Finish() {
+  if (finished_) return;
+  finished_ = true;
+  if (enabled_ && drawn_) out_ << "\n" << std::flush;
+}
+
+bool ProgressBar::StderrIsTerminal() { return isatty(STDERR_FILENO) == 1; }
+
+}  // namespace shardcoord

@@ -1,0 +1,90 @@
+#ifndef SHARDCOORD_CLIENT_COMMAND_UTIL_H_
+#define SHARDCOORD_CLIENT_COMMAND_UTIL_H_
+
+// Pieces shared by the shardctl subcommands that talk to a coordinator: the --coordinator
+// and --json flags, one-line error reporting with the exit codes the CLI promises, text
+// tables and a progress bar. Formatting is free of I/O decisions so it is unit-tested.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace shardcoord {
+
+// Exit statuses of shardctl: 1 when the coordinator (or the local file system) refused,
+// 2 for bad flags.
+inline constexpr int kExitServerError = 1;
+inline constexpr int kExitBadFlags = 2;
+
+// Flags every online subcommand takes.
+struct ConnectionFlags {
+  std::string coordinator;  // host:port; empty = DefaultCoordinatorAddress().
+  bool json = false;
+};
+
+// Adds --coordinator and --json to `cmd`, writing into `flags` (which must outlive the app).
+void AddConnectionFlags(CLI::App* cmd, ConnectionFlags* flags);
+
+// The address to dial: the flag, else $SHARDCOORD_ADDR, else 127.0.0.1:7400.
+std::string CoordinatorAddress(const ConnectionFlags& flags);
+
+// "shardctl: NOT_FOUND: tensor 'x' does not exist" on one line (newlines in the message
+// become spaces); for UNAVAILABLE and DEADLINE_EXCEEDED the address is appended, since the
+// usual cause is a coordinator that is not running there. Returns kExitServerError.
+int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address = "");
+// "shardctl <command>: <message>" for a flag problem. Returns kExitBadFlags.
+int ReportFlagError(std::ostream& err, absl::string_view command, absl::string_view message);
+
+// The one-line form ReportStatus prints (without the trailing newline).
+std::string StatusLine(const absl::Status& status, absl::string_view address = "");
+
+// Columns padded to their widest cell, two spaces apart, trailing spaces trimmed. Columns
+// whose index is in `right_aligned` are right-aligned (numbers).
+std::string FormatTable(const std::vector<std::vector<std::string>>& rows,
+                        const std::vector<int>& right_aligned = {});
+
+// "512 B", "1.5 KiB", "4.0 MiB", "2.00 GiB".
+std::string HumanBytes(int64_t bytes);
+
+// "[0, 4]" for lists of ints.
+std::string BracketList(const std::vector<int64_t>& values);
+
+// One progress line: "label [#########...........]  45%  1.8/4.0 MiB". `width` is the bar's
+// width in characters. total <= 0 shows an empty bar and the bytes done.
+std::string ProgressLine(absl::string_view label, int64_t done, int64_t total, int width = 30);
+
+// Draws ProgressLine on a terminal, redrawing in place with '\r'; does nothing when disabled
+// (stderr is not a terminal), so scripts and logs get no control characters.
+class ProgressBar {
+ public:
+  ProgressBar(std::ostream& out, bool enabled, std::string label);
+  ~ProgressBar();  // Finish().
+
+  void Update(int64_t done, int64_t total);
+  // Ends the line (once), leaving the last state visible.
+  void Finish();
+
+  // True when stderr is a terminal.
+  static bool StderrIsTerminal();
+
+ private:
+  std::ostream& out_;
+  bool enabled_;
+  std::string label_;
+  std::string last_;  // Identical redraws are skipped.
+  bool drawn_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_CLIENT_COMMAND_UTIL_H_

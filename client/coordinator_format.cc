@@ -1,0 +1,349 @@
+#include "client/coordinator_format.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/command_util.h"
+#include "client/json_writer.h"
+#include "client/layout_format.h"
+#include "proto/convert.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+#include "sharding/plan.h"
+
+namespace shardcoord {
+namespace {
+
+std::vector<int64_t> Ints(const google::protobuf::RepeatedField<int64_t>& values) {
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
+void StringArray(JsonWriter& w, const google::protobuf::RepeatedPtrField<std::string>& values) {
+  w.BeginArray();
+  for (const std::string& v : values) w.String(v);
+  w.EndArray();
+}
+
+std::string Or(const std::string& value, absl::string_view fallback) {
+  return value.empty() ? std::string(fallback) : value;
+}
+
+std::string StepOpText(v1::StepOp op) {
+  absl::StatusOr<StepOp> parsed = StepOpFromProto(op, "op");
+  return parsed.ok() ? StepOpName(*parsed) : v1::StepOp_Name(op);
+}
+
+std::string Checksum(uint64_t checksum) {
+  return checksum == 0 ? "-" : absl::StrFormat("%016x", checksum);
+}
+
+std::string AgeText(int64_t now_ms, int64_t then_ms) {
+  if (then_ms <= 0) return "never";
+  const int64_t age = now_ms - then_ms;
+  if (age < 0) return "just now";
+  if (age < 60'000) return absl::StrFormat("%.1f s ago", age / 1000.0);
+  if (age < 3'600'000) return absl::StrFormat("%d min ago", age / 60'000);
+  return absl::StrFormat("%d h ago", age / 3'600'000);
+}
+
+void MeshObject(JsonWriter& w, const v1::MeshInfo& mesh) {
+  w.BeginObject();
+  w.Key("name").String(mesh.name());
+  w.Key("shape").IntArray(Ints(mesh.shape()));
+  w.Key("dim_names");
+  StringArray(w, mesh.dim_names());
+  w.Key("ranks").IntArray(Ints(mesh.ranks()));
+  w.Key("workers");
+  StringArray(w, mesh.workers());
+  w.EndObject();
+}
+
+std::string MeshShapeText(const v1::MeshInfo& mesh) {
+  std::string shape = absl::StrJoin(mesh.shape(), "x");
+  if (mesh.dim_names_size() > 0) absl::StrAppend(&shape, " (", absl::StrJoin(mesh.dim_names(), ", "), ")");
+  return shape;
+}
+
+}  // namespace
+
+std::string DTypeText(v1::DType dtype) {
+  absl::StatusOr<DType> d = DTypeFromProto(dtype);
+  return d.ok() ? DTypeName(*d) : v1::DType_Name(dtype);
+}
+
+std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers, int64_t now_unix_ms) {
+  if (workers.empty()) return "no workers registered\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"rank", "name", "host", "device", "backend", "address", "state", "incarnation",
+       "heartbeat"}};
+  int alive = 0;
+  for (const v1::WorkerInfo& w : workers) {
+    if (w.state() == v1::ALIVE) ++alive;
+    rows.push_back({absl::StrCat(w.rank()), w.name(), Or(w.host(), "-"), Or(w.device(), "-"),
+                    Or(w.backend(), "-"), Or(w.address(), "-"), v1::WorkerState_Name(w.state()),
+                    absl::StrCat(w.incarnation()),
+                    AgeText(now_unix_ms, w.last_heartbeat_unix_ms())});
+  }
+  return absl::StrCat(FormatTable(rows, {0, 7}), "\n", workers.size(), " workers, ", alive,
+                      " alive\n");
+}
+
+std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers) {
+  JsonWriter w;
+  w.BeginObject().Key("workers").BeginArray();
+  for (const v1::WorkerInfo& info : workers) {
+    w.BeginObject();
+    w.Key("name").String(info.name());
+    w.Key("rank").Int(info.rank());
+    w.Key("host").String(info.host());
+    w.Key("device").String(info.device());
+    w.Key("address").String(info.address());
+    w.Key("backend").String(info.backend());
+    w.Key("state").String(v1::WorkerState_Name(info.state()));
+    w.Key("incarnation").Int(info.incarnation());
+    w.Key("last_heartbeat_unix_ms").Int(info.last_heartbeat_unix_ms());
+    w.EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+std::string MeshesTable(const std::vector<v1::MeshInfo>& meshes) {
+  if (meshes.empty()) return "no meshes\n";
+  std::vector<std::vector<std::string>> rows = {{"name", "shape", "ranks", "workers"}};
+  for (const v1::MeshInfo& m : meshes) {
+    rows.push_back({m.name(), MeshShapeText(m), BracketList(Ints(m.ranks())),
+                    absl::StrJoin(m.workers(), ",")});
+  }
+  return FormatTable(rows);
+}
+
+std::string MeshesJson(const std::vector<v1::MeshInfo>& meshes) {
+  JsonWriter w;
+  w.BeginObject().Key("meshes").BeginArray();
+  for (const v1::MeshInfo& m : meshes) MeshObject(w, m);
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+std::string MeshJson(const v1::MeshInfo& mesh) {
+  JsonWriter w;
+  MeshObject(w, mesh);
+  return w.str();
+}
+
+std::string MeshText(const v1::MeshInfo& mesh) {
+  std::string out = absl::StrCat("mesh ", mesh.name(), "  ", MeshShapeText(mesh), "  ",
+                                 mesh.ranks_size(), " ranks\n");
+  const int ndim = mesh.shape_size();
+  if ((ndim != 1 && ndim != 2) || mesh.ranks_size() == 0) return out;
+  const int64_t rows = ndim == 2 ? mesh.shape(0) : 1;
+  const int64_t cols = mesh.shape(ndim - 1);
+  if (rows * cols != mesh.ranks_size()) return out;  // Malformed; the line above suffices.
+  std::vector<std::vector<std::string>> grid;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<std::string> row;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      const std::string worker = i < mesh.workers_size() ? mesh.workers(i) : "";
+      row.push_back(worker.empty() ? absl::StrCat("rank ", mesh.ranks(i))
+                                   : absl::StrCat(worker, " (", mesh.ranks(i), ")"));
+    }
+    grid.push_back(std::move(row));
+  }
+  std::string table = FormatTable(grid);
+  // Indent the grid under the summary.
+  for (absl::string_view line : absl::StrSplit(table, '\n', absl::SkipEmpty())) {
+    absl::StrAppend(&out, "  ", line, "\n");
+  }
+  return out;
+}
+
+std::string TensorsTable(const std::vector<v1::TensorInfo>& tensors) {
+  if (tensors.empty()) return "no tensors\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"name", "shape", "dtype", "mesh", "spec", "bytes", "version", "plan"}};
+  for (const v1::TensorInfo& t : tensors) {
+    rows.push_back({t.name(), BracketList(Ints(t.shape())), DTypeText(t.dtype()), t.mesh(),
+                    t.spec(), HumanBytes(t.bytes()), absl::StrCat(t.version()),
+                    Or(t.busy_plan(), "-")});
+  }
+  return FormatTable(rows, {5, 6});
+}
+
+std::string TensorsJson(const std::vector<v1::TensorInfo>& tensors) {
+  JsonWriter w;
+  w.BeginObject().Key("tensors").BeginArray();
+  for (const v1::TensorInfo& t : tensors) {
+    w.BeginObject();
+    w.Key("name").String(t.name());
+    w.Key("shape").IntArray(Ints(t.shape()));
+    w.Key("dtype").String(DTypeText(t.dtype()));
+    w.Key("mesh").String(t.mesh());
+    w.Key("spec").String(t.spec());
+    w.Key("bytes").Int(t.bytes());
+    w.Key("version").Int(t.version());
+    w.Key("busy_plan").String(t.busy_plan());
+    w.EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+std::string TensorLine(const v1::TensorInfo& t) {
+  return absl::StrCat(t.name(), "  ", BracketList(Ints(t.shape())), " ", DTypeText(t.dtype()),
+                      "  ", t.spec(), " on mesh ", t.mesh(), "  ", HumanBytes(t.bytes()),
+                      "  version ", t.version());
+}
+
+std::string TensorText(const v1::TensorInfo& t) {
+  std::string out = absl::StrCat("tensor ", TensorLine(t), "\n");
+  if (!t.busy_plan().empty()) absl::StrAppend(&out, "plan ", t.busy_plan(), " is running on it\n");
+  if (t.lost_chunks_size() > 0) {
+    absl::StrAppend(&out, "LOST (no live replica): ", absl::StrJoin(t.lost_chunks(), "; "), "\n");
+  }
+  const int64_t element_size = [&] {
+    absl::StatusOr<DType> d = DTypeFromProto(t.dtype());
+    return d.ok() ? ElementSize(*d) : int64_t{0};
+  }();
+  const v1::Layout& layout = t.layout();
+  bool partial = layout.num_partials() > 1, local = false;
+  for (const v1::RankChunks& rc : layout.ranks()) {
+    for (const v1::Chunk& c : rc.chunks()) local |= c.local_offset() != 0;
+  }
+  std::vector<std::string> header = {"rank", "coord", "offset", "shape", "bytes"};
+  if (local) header.push_back("local offset");
+  if (partial) header.push_back("partial");
+  header.push_back("checksum");
+  std::vector<std::vector<std::string>> rows = {header};
+  for (const v1::RankChunks& rc : layout.ranks()) {
+    const std::string coord = rc.coord_size() == 0 ? "-" : BracketList(Ints(rc.coord()));
+    if (rc.chunks_size() == 0) {
+      std::vector<std::string> row = {absl::StrCat(rc.rank()), coord, "-", "-", "0"};
+      if (local) row.push_back("-");
+      if (partial) row.push_back("-");
+      row.push_back("-");
+      rows.push_back(std::move(row));
+    }
+    for (const v1::Chunk& c : rc.chunks()) {
+      int64_t volume = 1;
+      for (int64_t d : c.box().shape()) volume *= d;
+      std::vector<std::string> row = {absl::StrCat(rc.rank()), coord,
+                                      BracketList(Ints(c.box().offset())),
+                                      BracketList(Ints(c.box().shape())),
+                                      absl::StrCat(volume * element_size)};
+      if (local) row.push_back(absl::StrCat(c.local_offset()));
+      if (partial) row.push_back(absl::StrCat(c.partial_index()));
+      row.push_back(Checksum(c.checksum()));
+      rows.push_back(std::move(row));
+    }
+  }
+  absl::StrAppend(&out, "\n", FormatTable(rows, {0, 4}));
+  absl::StatusOr<Layout> parsed = LayoutFromProto(layout, "layout");
+  if (parsed.ok()) {
+    const std::string picture = LayoutPicture(*parsed);
+    if (!picture.empty()) absl::StrAppend(&out, "\n", picture);
+  } else {
+    // Show what arrived even when it does not validate; say why there is no picture.
+    absl::StrAppend(&out, "\nno picture: ", parsed.status().message(), "\n");
+  }
+  return out;
+}
+
+std::string TensorJson(const v1::TensorInfo& t) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("name").String(t.name());
+  w.Key("shape").IntArray(Ints(t.shape()));
+  w.Key("dtype").String(DTypeText(t.dtype()));
+  w.Key("mesh").String(t.mesh());
+  w.Key("spec").String(t.spec());
+  w.Key("version").Int(t.version());
+  w.Key("bytes").Int(t.bytes());
+  w.Key("busy_plan").String(t.busy_plan());
+  w.Key("lost_chunks");
+  StringArray(w, t.lost_chunks());
+  w.Key("chunks").BeginArray();
+  for (const v1::RankChunks& rc : t.layout().ranks()) {
+    for (const v1::Chunk& c : rc.chunks()) {
+      w.BeginObject();
+      w.Key("rank").Int(rc.rank());
+      w.Key("coord").IntArray(Ints(rc.coord()));
+      w.Key("offset").IntArray(Ints(c.box().offset()));
+      w.Key("shape").IntArray(Ints(c.box().shape()));
+      w.Key("local_offset").Int(c.local_offset());
+      w.Key("partial_index").Int(c.partial_index());
+      w.Key("checksum").String(absl::StrFormat("%016x", c.checksum()));
+      w.EndObject();
+    }
+  }
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+std::string PlanOutcomeText(absl::string_view verb, const v1::RedistributeResponse& response) {
+  const v1::PlanProgress& p = response.progress();
+  const v1::Plan& plan = response.plan();
+  std::string out = absl::StrCat(verb, " '", Or(p.tensor(), plan.tensor()), "': plan ",
+                                 Or(p.plan_id(), plan.id()), " ", v1::PlanState_Name(p.state()));
+  if (p.seconds() > 0) absl::StrAppend(&out, absl::StrFormat(" in %.3f s", p.seconds()));
+  absl::StrAppend(&out, "\n");
+  // Count steps by op, in order of first appearance.
+  std::vector<std::pair<std::string, int>> ops;
+  for (const v1::Step& s : plan.steps()) {
+    const std::string name = StepOpText(s.op());
+    auto it = std::find_if(ops.begin(), ops.end(), [&](const auto& e) { return e.first == name; });
+    if (it == ops.end()) {
+      ops.emplace_back(name, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::vector<std::string> op_text;
+  for (const auto& [name, n] : ops) op_text.push_back(n == 1 ? name : absl::StrCat(name, " x", n));
+  absl::StrAppend(&out, "  ", HumanBytes(plan.bytes_moved()), " moved (lower bound ",
+                  HumanBytes(plan.lower_bound_bytes()), "), ", plan.steps_size(),
+                  plan.steps_size() == 1 ? " step" : " steps",
+                  op_text.empty() ? "" : ": ", absl::StrJoin(op_text, ", "), "\n");
+  if (plan.has_target() && plan.target().ranks_size() > 0) {
+    absl::StrAppend(&out, "  now on ranks ");
+    std::vector<int64_t> ranks;
+    for (const v1::RankChunks& rc : plan.target().ranks()) ranks.push_back(rc.rank());
+    absl::StrAppend(&out, BracketList(ranks), "\n");
+  }
+  if (!p.error().empty()) absl::StrAppend(&out, "  error: ", p.error(), "\n");
+  return out;
+}
+
+std::string PlanOutcomeJson(const v1::RedistributeResponse& response) {
+  const v1::PlanProgress& p = response.progress();
+  const v1::Plan& plan = response.plan();
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("plan_id").String(Or(p.plan_id(), plan.id()));
+  w.Key("tensor").String(Or(p.tensor(), plan.tensor()));
+  w.Key("state").String(v1::PlanState_Name(p.state()));
+  w.Key("seconds").Double(p.seconds());
+  w.Key("bytes_done").Int(p.bytes_done());
+  w.Key("bytes_total").Int(p.bytes_total());
+  w.Key("bytes_moved").Int(plan.bytes_moved());
+  w.Key("lower_bound_bytes").Int(plan.lower_bound_bytes());
+  w.Key("steps").BeginArray();
+  for (const v1::Step& s : plan.steps()) {
+    w.BeginObject();
+    w.Key("op").String(StepOpText(s.op()));
+    w.Key("ranks").IntArray(Ints(s.ranks()));
+    w.Key("bytes").Int(s.bytes());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("error").String(p.error());
+  w.EndObject();
+  return w.str();
+}
+
+}  // namespace shardcoord

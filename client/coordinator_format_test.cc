@@ -1,0 +1,167 @@
+#include "client/coordinator_format.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::vector<v1::WorkerInfo> TwoWorkers() {
+  std::vector<v1::WorkerInfo> out(2);
+  out[0].set_name("w0");
+  out[0].set_rank(0);
+  out[0].set_host("h0");
+  out[0].set_device("cpu");
+  out[0].set_address("127.0.0.1:7501");
+  out[0].set_backend("gloo");
+  out[0].set_incarnation(3);
+  out[0].set_state(v1::ALIVE);
+  out[0].set_last_heartbeat_unix_ms(1'000'000);
+  out[1] = out[0];
+  out[1].set_name("w1");
+  out[1].set_rank(1);
+  out[1].set_state(v1::DEAD);
+  out[1].set_last_heartbeat_unix_ms(1'000'000 - 120'000);
+  return out;
+}
+
+TEST(WorkersFormatTest, TableAndJson) {
+  const std::string table = WorkersTable(TwoWorkers(), 1'001'500);
+  EXPECT_THAT(table, HasSubstr("rank  name  host  device  backend  address         state  incarnation  heartbeat\n"));
+  EXPECT_THAT(table, HasSubstr("   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago\n"));
+  EXPECT_THAT(table, HasSubstr("DEAD             3  2 min ago\n"));
+  EXPECT_THAT(table, HasSubstr("2 workers, 1 alive"));
+  EXPECT_EQ(WorkersTable({}, 0), "no workers registered\n");
+  EXPECT_EQ(WorkersJson({TwoWorkers()[0]}),
+            "{\"workers\": [{\"name\": \"w0\", \"rank\": 0, \"host\": \"h0\", \"device\": \"cpu\", "
+            "\"address\": \"127.0.0.1:7501\", \"backend\": \"gloo\", \"state\": \"ALIVE\", "
+            "\"incarnation\": 3, \"last_heartbeat_unix_ms\": 1000000}]}");
+}
+
+v1::MeshInfo Mesh2x2() {
+  v1::MeshInfo m;
+  m.set_name("m");
+  m.add_shape(2);
+  m.add_shape(2);
+  m.add_dim_names("dp");
+  m.add_dim_names("tp");
+  for (int i = 0; i < 4; ++i) {
+    m.add_ranks(i);
+    m.add_workers("w" + std::to_string(i));
+  }
+  return m;
+}
+
+TEST(MeshFormatTest, TableTextAndJson) {
+  EXPECT_EQ(MeshesTable({Mesh2x2()}),
+            "name  shape         ranks         workers\n"
+            "m     2x2 (dp, tp)  [0, 1, 2, 3]  w0,w1,w2,w3\n");
+  EXPECT_EQ(MeshText(Mesh2x2()),
+            "mesh m  2x2 (dp, tp)  4 ranks\n"
+            "  w0 (0)  w1 (1)\n"
+            "  w2 (2)  w3 (3)\n");
+  EXPECT_EQ(MeshJson(Mesh2x2()),
+            "{\"name\": \"m\", \"shape\": [2, 2], \"dim_names\": [\"dp\", \"tp\"], \"ranks\": "
+            "[0, 1, 2, 3], \"workers\": [\"w0\", \"w1\", \"w2\", \"w3\"]}");
+  EXPECT_EQ(MeshesJson({}), "{\"meshes\": []}");
+  EXPECT_EQ(MeshesTable({}), "no meshes\n");
+}
+
+// A 4x2 f32 tensor, S(0) over ranks 0 and 1, with a checksum on rank 0 only.
+v1::TensorInfo Tensor() {
+  v1::TensorInfo t;
+  t.set_name("t");
+  t.add_shape(4);
+  t.add_shape(2);
+  t.set_dtype(v1::F32);
+  t.set_mesh("m1");
+  t.set_spec("S(0)");
+  t.set_version(2);
+  t.set_bytes(32);
+  v1::Layout* layout = t.mutable_layout();
+  layout->add_global_shape(4);
+  layout->add_global_shape(2);
+  for (int r = 0; r < 2; ++r) {
+    v1::RankChunks* rc = layout->add_ranks();
+    rc->set_rank(r);
+    rc->add_coord(r);
+    rc->set_local_elements(4);
+    v1::Chunk* c = rc->add_chunks();
+    c->mutable_box()->add_offset(2 * r);
+    c->mutable_box()->add_offset(0);
+    c->mutable_box()->add_shape(2);
+    c->mutable_box()->add_shape(2);
+    if (r == 0) c->set_checksum(0xabcdef0123456789ull);
+  }
+  return t;
+}
+
+TEST(TensorFormatTest, ShowHasChunksChecksumsAndPicture) {
+  const std::string text = TensorText(Tensor());
+  EXPECT_THAT(text, HasSubstr("tensor t  [4, 2] f32  S(0) on mesh m1  32 B  version 2\n"));
+  EXPECT_THAT(text, HasSubstr("rank  coord  offset  shape   bytes  checksum\n"));
+  EXPECT_THAT(text, HasSubstr("   0  [0]    [0, 0]  [2, 2]     16  abcdef0123456789\n"));
+  EXPECT_THAT(text, HasSubstr("   1  [1]    [2, 0]  [2, 2]     16  -\n"));
+  EXPECT_THAT(text, HasSubstr("picture: rows are dim 0"));
+  EXPECT_THAT(text, Not(HasSubstr("LOST")));
+
+  v1::TensorInfo lost = Tensor();
+  lost.add_lost_chunks("rank 1 [2:4, 0:2]");
+  lost.set_busy_plan("p9");
+  lost.mutable_layout()->mutable_ranks(1)->clear_chunks();  // No longer covers the tensor.
+  const std::string lost_text = TensorText(lost);
+  EXPECT_THAT(lost_text, HasSubstr("plan p9 is running on it\n"));
+  EXPECT_THAT(lost_text, HasSubstr("LOST (no live replica): rank 1 [2:4, 0:2]\n"));
+  EXPECT_THAT(lost_text, HasSubstr("   1  [1]    -       -           0  -\n"));
+  EXPECT_THAT(lost_text, HasSubstr("no picture: "));
+}
+
+TEST(TensorFormatTest, Json) {
+  EXPECT_EQ(TensorJson(Tensor()),
+            "{\"name\": \"t\", \"shape\": [4, 2], \"dtype\": \"f32\", \"mesh\": \"m1\", \"spec\": "
+            "\"S(0)\", \"version\": 2, \"bytes\": 32, \"busy_plan\": \"\", \"lost_chunks\": [], "
+            "\"chunks\": [{\"rank\": 0, \"coord\": [0], \"offset\": [0, 0], \"shape\": [2, 2], "
+            "\"local_offset\": 0, \"partial_index\": 0, \"checksum\": \"abcdef0123456789\"}, "
+            "{\"rank\": 1, \"coord\": [1], \"offset\": [2, 0], \"shape\": [2, 2], "
+            "\"local_offset\": 0, \"partial_index\": 0, \"checksum\": \"0000000000000000\"}]}");
+  EXPECT_EQ(TensorsJson({}), "{\"tensors\": []}");
+  EXPECT_THAT(TensorsTable({Tensor()}),
+              HasSubstr("t     [4, 2]  f32    m1    S(0)   32 B        2  -\n"));
+}
+
+TEST(PlanOutcomeFormatTest, TextAndJson) {
+  v1::RedistributeResponse r;
+  r.mutable_progress()->set_plan_id("p1");
+  r.mutable_progress()->set_tensor("t");
+  r.mutable_progress()->set_state(v1::COMMITTED);
+  r.mutable_progress()->set_seconds(0.25);
+  r.mutable_progress()->set_bytes_done(64);
+  r.mutable_progress()->set_bytes_total(64);
+  r.mutable_plan()->set_bytes_moved(64);
+  r.mutable_plan()->set_lower_bound_bytes(64);
+  for (int i = 0; i < 2; ++i) {
+    v1::Step* s = r.mutable_plan()->add_steps();
+    s->set_op(v1::ALL_TO_ALL);
+    s->add_ranks(2 * i);
+    s->add_ranks(2 * i + 1);
+    s->set_bytes(32);
+  }
+  EXPECT_EQ(PlanOutcomeText("redistributed", r),
+            "redistributed 't': plan p1 COMMITTED in 0.250 s\n"
+            "  64 B moved (lower bound 64 B), 2 steps: all_to_all x2\n");
+  EXPECT_EQ(PlanOutcomeJson(r),
+            "{\"plan_id\": \"p1\", \"tensor\": \"t\", \"state\": \"COMMITTED\", \"seconds\": 0.25, "
+            "\"bytes_done\": 64, \"bytes_total\": 64, \"bytes_moved\": 64, \"lower_bound_bytes\": "
+            "64, \"steps\": [{\"op\": \"all_to_all\", \"ranks\": [0, 1], \"bytes\": 32}, {\"op\": "
+            "\"all_to_all\", \"ranks\": [2, 3], \"bytes\": 32}], \"error\": \"\"}");
+  r.mutable_progress()->set_state(v1::ABORTED);
+  r.mutable_progress()->set_error("rank 3 died");
+  EXPECT_THAT(PlanOutcomeText("redistributed", r), HasSubstr("ABORTED"));
+  EXPECT_THAT(PlanOutcomeText("redistributed", r), HasSubstr("  error: rank 3 died\n"));
+}
+
+}  // namespace
+}  // namespace shardcoord
