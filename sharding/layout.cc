@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -14,6 +18,34 @@ struct RankedBox {
   Box box;
   int64_t rank;
 };
+
+// Box::InBounds and Box::ToString compute offset + shape, which can overflow int64 for
+// unchecked chunk metadata (e.g. reported by a worker); these never do.
+bool InBoundsNoOverflow(const Box& b, absl::Span<const int64_t> shape) {
+  if (static_cast<size_t>(b.ndim()) != shape.size()) return false;
+  for (int d = 0; d < b.ndim(); ++d) {
+    // shape[d] >= 0 and 0 <= offset <= shape[d], so shape[d] - offset cannot overflow.
+    if (b.offset(d) < 0 || b.shape(d) < 0 || b.offset(d) > shape[d] ||
+        b.shape(d) > shape[d] - b.offset(d)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string UncheckedBoxString(const Box& b) {
+  std::string s = "[";
+  for (int d = 0; d < b.ndim(); ++d) {
+    if (d) s += ", ";
+    int64_t end;
+    if (__builtin_add_overflow(b.offset(d), b.shape(d), &end)) {
+      absl::StrAppend(&s, b.offset(d), ":", b.offset(d), "+", b.shape(d));
+    } else {
+      absl::StrAppend(&s, b.offset(d), ":", end);
+    }
+  }
+  return s + "]";
+}
 
 // Finds a pair of overlapping boxes among `boxes` (no two identical). Sweeps along the dim
 // with the most distinct offsets so regular grids keep a small active set.
@@ -73,6 +105,10 @@ std::vector<Box> FlatRangeToBoxes(const Shape& shape, int64_t start, int64_t end
   std::vector<Box> out;
   const int ndim = static_cast<int>(shape.size());
   if (start >= end) return out;
+  // Outside the tensor there is nothing to split (and a zero dim would divide by zero);
+  // FromFlat rejects such ranges before calling this.
+  absl::StatusOr<int64_t> numel = CheckedProduct(shape);
+  if (start < 0 || !numel.ok() || end > *numel) return out;
   if (ndim == 0) {
     out.emplace_back(Shape{}, Shape{});
     return out;
@@ -123,18 +159,25 @@ absl::Status ValidateLayout(const Shape& global_shape, absl::Span<const RankChun
   }
   const int ndim = static_cast<int>(global_shape.size());
   const int64_t total = Box::Whole(global_shape).Volume();
-  std::vector<std::vector<RankedBox>> per_partial(num_partials);
+  // Keyed by partial index, not a vector of num_partials: that count comes from the caller
+  // and may be huge.
+  absl::flat_hash_map<int64_t, std::vector<RankedBox>> per_partial;
   absl::flat_hash_map<int64_t, bool> seen_rank;
   for (const RankChunks& rc : ranks) {
     if (rc.rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " < 0"));
     if (!seen_rank.emplace(rc.rank, true).second) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " is listed twice"));
     }
+    if (rc.local_elements < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " local buffer of ",
+                                                     rc.local_elements,
+                                                     " elements is negative"));
+    }
     std::vector<std::pair<int64_t, int64_t>> local;  // [begin, end) in the local buffer.
     for (const Chunk& c : rc.chunks) {
-      if (c.box.ndim() != ndim || !c.box.InBounds(global_shape)) {
+      if (!InBoundsNoOverflow(c.box, global_shape)) {
         return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " chunk ",
-                                                       c.box.ToString(),
+                                                       UncheckedBoxString(c.box),
                                                        " is out of bounds of tensor ",
                                                        ShapeToString(global_shape)));
       }
@@ -162,8 +205,17 @@ absl::Status ValidateLayout(const Shape& global_shape, absl::Span<const RankChun
       }
     }
   }
-  for (int64_t p = 0; p < num_partials; ++p) {
-    std::vector<RankedBox>& boxes = per_partial[p];
+  // A non-empty in-bounds box implies total > 0, so with total == 0 there is nothing to
+  // check; otherwise the loop ends at the first partial index without chunks, so it runs at
+  // most per_partial.size() + 1 times whatever num_partials is.
+  for (int64_t p = 0; p < num_partials && total > 0; ++p) {
+    auto it = per_partial.find(p);
+    if (it == per_partial.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunks cover 0 of the ", total, " elements of tensor ", ShapeToString(global_shape),
+          num_partials > 1 ? absl::StrCat(" (partial contribution ", p, ")") : ""));
+    }
+    std::vector<RankedBox>& boxes = it->second;
     std::sort(boxes.begin(), boxes.end(), [](const RankedBox& a, const RankedBox& b) {
       if (a.box != b.box) return a.box < b.box;
       return a.rank < b.rank;
@@ -258,11 +310,21 @@ absl::StatusOr<Layout> Layout::FromPlacements(const DeviceMesh& mesh, const Shap
       if (p.sizes.empty()) {
         std::tie(start, size) = ChunkPiece(n, k, j);
       } else {
+        // Sizes may come from a caller that built the Placement directly: reject negative
+        // values and sum with overflow checks.
         int64_t sum = 0;
-        for (int64_t s : p.sizes) sum += s;  // Each <= n after the check, so no overflow.
-        if (sum != n || *std::max_element(p.sizes.begin(), p.sizes.end()) > n) {
+        bool overflow = false;
+        for (int64_t s : p.sizes) {
+          if (s < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "placement ", p.ToString(), " at mesh dim ", i, ": size ", s, " is negative"));
+          }
+          if (!overflow) overflow = __builtin_add_overflow(sum, s, &sum);
+        }
+        if (overflow || sum != n) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "placement ", p.ToString(), " at mesh dim ", i, ": sizes sum to ", sum,
+              "placement ", p.ToString(), " at mesh dim ", i, ": sizes sum to ",
+              overflow ? std::string("more than int64 max") : absl::StrCat(sum),
               " but the extent of tensor dim ", d, " there is ", n));
         }
         start = std::accumulate(p.sizes.begin(), p.sizes.begin() + j, int64_t{0});
