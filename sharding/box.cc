@@ -131,7 +131,11 @@ Box Box::Intersect(const Box& o) const {
 bool Box::InBounds(absl::Span<const int64_t> shape) const {
   if (shape.size() != shape_.size()) return false;
   for (int d = 0; d < ndim(); ++d) {
-    if (offset_[d] < 0 || shape_[d] < 0 || offset_[d] + shape_[d] > shape[d]) return false;
+    // Written so that unvalidated offsets near INT64_MAX cannot overflow.
+    if (offset_[d] < 0 || shape_[d] < 0 || offset_[d] > shape[d] ||
+        shape_[d] > shape[d] - offset_[d]) {
+      return false;
+    }
   }
   return true;
 }
