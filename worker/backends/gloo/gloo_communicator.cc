@@ -1,0 +1,398 @@
+#include "worker/backends/gloo/gloo_communicator.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "sharding/box.h"
+#include "sharding/box_copy.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr uint64_t kP2PSlotPrefix = 0x40;
+constexpr int64_t kMaxMessagesPerPeer = int64_t{1} << 24;
+
+// Gloo asserts non-null data even for empty buffers.
+char kEmpty[64];
+
+void* NonNull(const void* p) { return p == nullptr ? kEmpty : const_cast<void*>(p); }
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// out[i] = op(a[i], b[i]) for `n` elements; out may alias a or b.
+absl::Status ReduceElements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
+                            int64_t n) {
+  const Box region({0}, {n});
+  if (out == a) return ReduceIntoBox(region, b, region, out, region, dtype, op);
+  // The ops are commutative (NaN propagates either way), so b == out reduces a into it.
+  if (out == b) return ReduceIntoBox(region, a, region, out, region, dtype, op);
+  std::memcpy(out, a, static_cast<size_t>(n * ElementSize(dtype)));
+  return ReduceIntoBox(region, b, region, out, region, dtype, op);
+}
+
+absl::Status CheckReduceOp(ReduceOp op) {
+  if (op == ReduceOp::kAvg) {
+    return absl::InvalidArgumentError(
+        "reduce op avg is not a communicator op: reduce with sum and divide");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCounts(absl::Span<const int64_t> counts, int size, const char* name) {
+  if (static_cast<int>(counts.size()) != size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " has ", counts.size(), " entries for a group of ", size));
+  }
+  for (int64_t c : counts) {
+    if (c < 0) return absl::InvalidArgumentError(absl::StrCat(name, " has negative count ", c));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void RunAllreduce(const std::shared_ptr<gloo::Context>& context, const void* send, void* recv,
+                  int64_t elements, gloo::AllreduceOptions::Func fn, uint32_t tag,
+                  std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions opts(context);
+  if (send != recv) opts.setInput(static_cast<T*>(NonNull(send)), elements);
+  opts.setOutput(static_cast<T*>(NonNull(recv)), elements);
+  opts.setReduceFunction(std::move(fn));
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// KvGlooStore
+
+KvGlooStore::KvGlooStore(KvStore* kv, std::string prefix, absl::Duration timeout)
+    : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+void KvGlooStore::set(const std::string& key, const std::vector<char>& data) {
+  absl::Status s = kv_->Set(prefix_ + key, absl::string_view(data.data(), data.size()));
+  if (!s.ok()) GLOO_THROW_IO_EXCEPTION("rendezvous set '", prefix_, key, "': ", s.ToString());
+}
+
+std::vector<char> KvGlooStore::get(const std::string& key) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = fetched_.find(key);
+    if (it != fetched_.end()) return it->second;
+  }
+  absl::StatusOr<std::string> v = kv_->Get(prefix_ + key, timeout_);
+  if (!v.ok()) {
+    GLOO_THROW_IO_EXCEPTION("rendezvous get '", prefix_, key, "': ", v.status().ToString());
+  }
+  return std::vector<char>(v->begin(), v->end());
+}
+
+void KvGlooStore::wait(const std::vector<std::string>& keys) {
+  wait(keys, ToMillis(timeout_));
+}
+
+void KvGlooStore::wait(const std::vector<std::string>& keys,
+                       const std::chrono::milliseconds& timeout) {
+  const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
+  for (const std::string& key : keys) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (fetched_.contains(key)) continue;
+    }
+    absl::StatusOr<std::string> v =
+        kv_->Get(prefix_ + key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!v.ok()) {
+      GLOO_THROW_IO_EXCEPTION("Wait timeout for key '", prefix_, key, "': ",
+                              v.status().ToString());
+    }
+    absl::MutexLock lock(&mu_);
+    fetched_[key] = std::vector<char>(v->begin(), v->end());
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GlooCommunicator
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
+                                   absl::Duration timeout)
+    : context_(std::move(context)), timeout_(timeout) {}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+int GlooCommunicator::rank() const { return context_->rank; }
+int GlooCommunicator::size() const { return context_->size; }
+
+std::chrono::milliseconds GlooCommunicator::TimeoutFor(const CommOptions& options) const {
+  return ToMillis(options.timeout > absl::ZeroDuration() ? options.timeout : timeout_);
+}
+
+template <typename F>
+absl::Status GlooCommunicator::Guard(const char* what, F&& op) {
+  if (broken_.load()) {
+    return absl::AbortedError(
+        absl::StrCat(what, ": communicator is broken by an earlier failure"));
+  }
+  try {
+    return op();
+  } catch (const gloo::IoException& e) {
+    broken_ = true;
+    const std::string msg = e.what();
+    if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timeout")) {
+      return absl::DeadlineExceededError(absl::StrCat(what, " on group rank ", rank(), "/",
+                                                      size(), " timed out: ", msg));
+    }
+    return absl::AbortedError(
+        absl::StrCat(what, " on group rank ", rank(), "/", size(), " failed: ", msg));
+  } catch (const std::exception& e) {
+    broken_ = true;
+    return absl::InternalError(absl::StrCat(what, " on group rank ", rank(), "/", size(),
+                                            " failed in Gloo: ", e.what()));
+  }
+}
+
+absl::Status GlooCommunicator::AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                                          absl::Span<const int64_t> recv_bytes,
+                                          const CommOptions& options) {
+  if (absl::Status s = CheckCounts(recv_bytes, size(), "recv_bytes"); !s.ok()) return s;
+  if (recv_bytes[rank()] != send_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes ", send_bytes,
+                                                   " != recv_bytes[", rank(), "] ",
+                                                   recv_bytes[rank()]));
+  }
+  return Guard("allgatherv", [&] {
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(static_cast<char*>(NonNull(send)), static_cast<size_t>(send_bytes));
+    opts.setOutput(static_cast<char*>(NonNull(recv)),
+                   std::vector<size_t>(recv_bytes.begin(), recv_bytes.end()));
+    opts.setTag(options.tag);
+    opts.setTimeout(TimeoutFor(options));
+    gloo::allgatherv(opts);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlooCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
+                                         void* recv, absl::Span<const int64_t> recv_bytes,
+                                         const CommOptions& options) {
+  if (absl::Status s = CheckCounts(send_bytes, size(), "send_bytes"); !s.ok()) return s;
+  if (absl::Status s = CheckCounts(recv_bytes, size(), "recv_bytes"); !s.ok()) return s;
+  if (send_bytes[rank()] != recv_bytes[rank()]) {
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes[", rank(), "] ",
+                                                   send_bytes[rank()], " != recv_bytes[",
+                                                   rank(), "] ", recv_bytes[rank()]));
+  }
+  return Guard("alltoallv", [&] {
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(static_cast<char*>(NonNull(send)),
+                  std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
+    opts.setOutput(static_cast<char*>(NonNull(recv)),
+                   std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
+    opts.setTag(options.tag);
+    opts.setTimeout(TimeoutFor(options));
+    gloo::alltoallv(opts);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlooCommunicator::ReduceScatterV(const void* send, void* recv,
+                                              absl::Span<const int64_t> recv_elements,
+                                              DType dtype, ReduceOp op,
+                                              const CommOptions& options) {
+  if (absl::Status s = CheckReduceOp(op); !s.ok()) return s;
+  if (absl::Status s = CheckCounts(recv_elements, size(), "recv_elements"); !s.ok()) return s;
+  const int64_t es = ElementSize(dtype);
+  const int n = size();
+  const int64_t mine = recv_elements[rank()];
+  std::vector<int64_t> send_bytes(n), recv_bytes(n, mine * es);
+  for (int r = 0; r < n; ++r) send_bytes[r] = recv_elements[r] * es;
+  // Every rank's copy of my slice, in group-rank order.
+  std::vector<char> gathered(static_cast<size_t>(n * mine * es));
+  absl::Status s = AllToAllV(send, send_bytes, gathered.data(), recv_bytes, options);
+  if (!s.ok()) return s;
+  if (mine == 0) return absl::OkStatus();
+  std::memcpy(recv, gathered.data(), static_cast<size_t>(mine * es));
+  const Box region({0}, {mine});
+  for (int r = 1; r < n; ++r) {
+    s = ReduceIntoBox(region, gathered.data() + r * mine * es, region, recv, region, dtype, op);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::AllReduce(const void* send, void* recv, int64_t elements,
+                                         DType dtype, ReduceOp op,
+                                         const CommOptions& options) {
+  if (absl::Status s = CheckReduceOp(op); !s.ok()) return s;
+  if (elements < 0) return absl::InvalidArgumentError(absl::StrCat("elements ", elements));
+  if (elements == 0) return absl::OkStatus();  // Same count everywhere: all skip.
+  // The reduce function cannot return a status; the dtype and op are checked here, so a
+  // failure inside it is a broken invariant.
+  gloo::AllreduceOptions::Func fn = [dtype, op](void* out, const void* a, const void* b,
+                                                size_t n) {
+    absl::Status s = ReduceElements(dtype, op, out, a, b, static_cast<int64_t>(n));
+    if (!s.ok()) GLOO_THROW("reduction failed: ", s.ToString());
+  };
+  return Guard("allreduce", [&] {
+    const auto timeout = TimeoutFor(options);
+    switch (ElementSize(dtype)) {
+      case 1: RunAllreduce<uint8_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
+      case 2: RunAllreduce<uint16_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
+      case 4: RunAllreduce<uint32_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
+      case 8: RunAllreduce<uint64_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
+      default: return absl::InvalidArgumentError("unsupported element size");
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlooCommunicator::Broadcast(void* data, int64_t bytes, int root,
+                                         const CommOptions& options) {
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not in a group of ", size()));
+  }
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes ", bytes));
+  if (bytes == 0) return absl::OkStatus();
+  return Guard("broadcast", [&] {
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<char*>(NonNull(data)), static_cast<size_t>(bytes));
+    opts.setRoot(root);
+    opts.setTag(options.tag);
+    opts.setTimeout(TimeoutFor(options));
+    gloo::broadcast(opts);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
+                                        absl::Span<const RecvOp> recvs,
+                                        const CommOptions& options) {
+  std::vector<int64_t> per_peer(size(), 0);
+  for (const SendOp& op : sends) {
+    if (op.peer < 0 || op.peer >= size() || op.peer == rank() || op.bytes < 0 ||
+        ++per_peer[op.peer] > kMaxMessagesPerPeer) {
+      return absl::InvalidArgumentError(absl::StrCat("send to peer ", op.peer, " of ",
+                                                     op.bytes, " bytes from group rank ",
+                                                     rank(), "/", size()));
+    }
+  }
+  std::fill(per_peer.begin(), per_peer.end(), 0);
+  for (const RecvOp& op : recvs) {
+    if (op.peer < 0 || op.peer >= size() || op.peer == rank() || op.bytes < 0 ||
+        ++per_peer[op.peer] > kMaxMessagesPerPeer) {
+      return absl::InvalidArgumentError(absl::StrCat("recv from peer ", op.peer, " of ",
+                                                     op.bytes, " bytes at group rank ",
+                                                     rank(), "/", size()));
+    }
+  }
+  const uint64_t base = (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
+  return Guard("send/recv", [&] {
+    const auto timeout = TimeoutFor(options);
+    std::vector<int64_t> sent(size(), 0), received(size(), 0);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs, recv_bufs;
+    // Post every receive first so no peer's send waits on us, then every send.
+    for (const RecvOp& op : recvs) {
+      const int64_t k = received[op.peer]++;
+      if (op.bytes == 0) continue;  // Both sides skip empty messages.
+      auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
+      buf->recv(op.peer, base | static_cast<uint64_t>(k));
+      recv_bufs.push_back(std::move(buf));
+    }
+    for (const SendOp& op : sends) {
+      const int64_t k = sent[op.peer]++;
+      if (op.bytes == 0) continue;
+      auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
+                                               static_cast<size_t>(op.bytes));
+      buf->send(op.peer, base | static_cast<uint64_t>(k));
+      send_bufs.push_back(std::move(buf));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto remaining = [&] {
+      return std::max(std::chrono::milliseconds(1),
+                      std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()));
+    };
+    for (auto& buf : recv_bufs) {
+      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv aborted");
+    }
+    for (auto& buf : send_bufs) {
+      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send aborted");
+    }
+    return absl::OkStatus();
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// GlooCommunicatorFactory
+
+absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory::Create(
+    KvStore* kv, GlooOptions options) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    return std::shared_ptr<GlooCommunicatorFactory>(
+        new GlooCommunicatorFactory(kv, std::move(device)));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot create a Gloo TCP device on '",
+                                               options.hostname, "': ", e.what()));
+  }
+}
+
+GlooCommunicatorFactory::GlooCommunicatorFactory(
+    KvStore* kv, std::shared_ptr<gloo::transport::Device> device)
+    : kv_(kv), device_(std::move(device)) {}
+
+std::string GlooCommunicatorFactory::RendezvousPrefix(const CommunicatorSpec& spec) {
+  return absl::StrCat(spec.key_prefix, "gloo/", absl::StrJoin(spec.ranks, ","), "/",
+                      absl::StrJoin(spec.incarnations, ","), "/");
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicatorFactory::Create(
+    const CommunicatorSpec& spec) {
+  if (absl::Status s = ValidateCommunicatorSpec(spec); !s.ok()) return s;
+  const int rank = GroupRankOf(spec);
+  const int size = static_cast<int>(spec.ranks.size());
+  const std::string prefix = RendezvousPrefix(spec);
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(ToMillis(spec.timeout));
+    KvGlooStore store(kv_, prefix, spec.timeout);
+    context->connectFullMesh(store, device_);
+    return std::shared_ptr<Communicator>(
+        std::make_shared<GlooCommunicator>(std::move(context), spec.timeout));
+  } catch (const gloo::IoException& e) {
+    const std::string msg = e.what();
+    const std::string what = absl::StrCat("Gloo rendezvous '", prefix, "' as group rank ",
+                                          rank, "/", size, ": ", msg);
+    if (absl::StrContains(msg, "timeout") || absl::StrContains(msg, "Timed out") ||
+        absl::StrContains(msg, "DEADLINE_EXCEEDED")) {
+      return absl::DeadlineExceededError(what);
+    }
+    return absl::UnavailableError(what);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("Gloo rendezvous '", prefix, "' failed: ", e.what()));
+  }
+}
+
+}  // namespace shardcoord

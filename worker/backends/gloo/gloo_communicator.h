@@ -1,0 +1,122 @@
+#ifndef SHARDCOORD_WORKER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
+#define SHARDCOORD_WORKER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
+
+#include <gloo/rendezvous/store.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/communicator.h"
+#include "worker/kv_client.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}  // namespace transport
+}  // namespace gloo
+
+namespace shardcoord {
+
+// gloo::rendezvous::Store over a KvStore, every key under `prefix`. Gloo reports failures by
+// exception, so errors from the KvStore are thrown as gloo::IoException (a timeout's message
+// starts with "Wait timeout"). Values fetched by wait() are kept for the get() that follows.
+class KvGlooStore : public gloo::rendezvous::Store {
+ public:
+  KvGlooStore(KvStore* kv, std::string prefix, absl::Duration timeout);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
+
+ private:
+  KvStore* const kv_;
+  const std::string prefix_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::vector<char>> fetched_ ABSL_GUARDED_BY(mu_);
+};
+
+struct GlooOptions {
+  // Address the TCP transport binds and advertises to peers: an IP or a resolvable host name
+  // of an interface the other workers can reach ("127.0.0.1" for loopback clusters).
+  std::string hostname = "127.0.0.1";
+};
+
+// Communicator over a connected gloo::rendezvous::Context (TCP transport).
+//
+// ReduceScatterV: Gloo's reduce_scatter is a legacy typed algorithm with bound buffers and
+// equal-ish blocks, so it runs as alltoallv (each rank receives every rank's copy of its
+// slice: the same (n-1)/n bytes per rank as a ring reduce-scatter) followed by a local
+// reduction in group-rank order. AllReduce is gloo::allreduce (ring), so every rank holds
+// bitwise identical results. SendRecv posts unbound-buffer sends and receives on slots
+// (0x40 << 56) | (tag << 24) | k, k counting messages per (peer, direction), then waits.
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout);
+  ~GlooCommunicator() override;
+
+  int rank() const override;
+  int size() const override;
+  bool broken() const override { return broken_.load(); }
+
+  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                          absl::Span<const int64_t> recv_bytes,
+                          const CommOptions& options) override;
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                         absl::Span<const int64_t> recv_bytes,
+                         const CommOptions& options) override;
+  absl::Status ReduceScatterV(const void* send, void* recv,
+                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
+                              const CommOptions& options) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
+                         ReduceOp op, const CommOptions& options) override;
+  absl::Status Broadcast(void* data, int64_t bytes, int root,
+                         const CommOptions& options) override;
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                        const CommOptions& options) override;
+
+ private:
+  std::chrono::milliseconds TimeoutFor(const CommOptions& options) const;
+  // Runs `op`, turning Gloo's exceptions into a status and marking the communicator broken.
+  template <typename F>
+  absl::Status Guard(const char* what, F&& op);
+
+  std::shared_ptr<gloo::Context> context_;
+  const absl::Duration timeout_;
+  std::atomic<bool> broken_{false};
+};
+
+// Builds GlooCommunicators: one TCP device for the process, one rendezvous per communicator
+// under "<key_prefix>gloo/<ranks>/<incarnations>/" in the KvStore.
+class GlooCommunicatorFactory : public CommunicatorFactory {
+ public:
+  // `kv` must outlive the factory and every communicator it builds.
+  static absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> Create(KvStore* kv,
+                                                                         GlooOptions options);
+
+  absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override;
+
+  // The rendezvous key prefix of a spec (exposed for tests and logs).
+  static std::string RendezvousPrefix(const CommunicatorSpec& spec);
+
+ private:
+  GlooCommunicatorFactory(KvStore* kv, std::shared_ptr<gloo::transport::Device> device);
+
+  KvStore* const kv_;
+  std::shared_ptr<gloo::transport::Device> device_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
