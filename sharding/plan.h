@@ -31,8 +31,8 @@ namespace shardcoord {
 //   exactly once.
 // - Afterwards, if divide_by > 1 (avg sources), divide every element of every target chunk
 //   that needs a value by divide_by.
-// - A target equal to a Partial source is a no-op: plain local copies of each contribution
-//   (reduce false), no communication.
+// - A target equal to a Partial source is a no-op: plain local copies (reduce false) of each
+//   contribution into the target chunk with the same partial_index, no communication.
 
 // One piece of element movement: the elements of `box` (global coordinates) go from rank
 // `src`'s source chunks to rank `dst`'s target chunks. Never src == dst (local copies are

@@ -428,7 +428,8 @@ class Planner {
       std::vector<int64_t> loads;
       for (size_t h = 0; h < nh; ++h) loads.push_back(load_[holders[h]]);
       for (size_t k = start[s]; k < start[s + 1]; ++k) total += demands[order[k]].bytes;
-      const double limit = WaterLevel(std::move(loads), total) * kBalanceSlack;
+      const double level = WaterLevel(std::move(loads), total);
+      const double limit = level * kBalanceSlack;
       std::stable_sort(order.begin() + start[s], order.begin() + start[s + 1],
                        [&](size_t a, size_t b) { return demands[a].bytes > demands[b].bytes; });
       for (size_t k = start[s]; k < start[s + 1]; ++k) {
@@ -449,7 +450,7 @@ class Planner {
           emit(best, d, std::move(d.box), d.bytes);
           continue;
         }
-        // Split along the longest dim into slabs sized to the holders' remaining room.
+        // Split along the longest dim into slabs that fill holders up to the level.
         int dim = 0;
         for (int e = 1; e < d.box.ndim(); ++e) {
           if (d.box.shape(e) > d.box.shape(dim)) dim = e;
@@ -459,14 +460,14 @@ class Planner {
         int64_t lo = 0;
         while (lo < rows) {
           int pick = holders[0];
-          auto pick_key = key(pick, load_[pick] < limit);
+          auto pick_key = key(pick, load_[pick] < level);
           for (size_t h = 1; h < nh; ++h) {
-            auto k2 = key(holders[h], load_[holders[h]] < limit);
+            auto k2 = key(holders[h], load_[holders[h]] < level);
             if (k2 > pick_key) pick = holders[h], pick_key = k2;
           }
           int64_t take = rows - lo;
           if (std::get<0>(pick_key)) {
-            const double room = limit - static_cast<double>(load_[pick]);
+            const double room = level - static_cast<double>(load_[pick]);
             take = std::clamp<int64_t>(static_cast<int64_t>(room / row_bytes), 1, rows - lo);
           }
           if (take == rows) {
