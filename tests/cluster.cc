@@ -1,0 +1,174 @@
+#include "tests/cluster.h"
+
+#include <csignal>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr char kCoordinatorBinary[] = "coordinator/coordinator";
+constexpr char kWorkerBinary[] = "worker/worker";
+constexpr absl::Duration kRegistrationPoll = absl::Milliseconds(20);
+
+std::string StateName(v1::WorkerState state) { return v1::WorkerState_Name(state); }
+
+}  // namespace
+
+absl::StatusOr<std::string> AddressAfter(const std::string& line, const std::string& marker) {
+  const size_t at = line.find(marker);
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line '", line, "' does not contain '", marker, "'"));
+  }
+  size_t begin = at + marker.size();
+  while (begin < line.size() && line[begin] == ' ') ++begin;
+  size_t end = begin;
+  while (end < line.size() && line[end] != ' ' && line[end] != '\t' && line[end] != '\r') ++end;
+  if (end == begin) {
+    return absl::InvalidArgumentError(absl::StrCat("no address after '", marker, "' in '", line,
+                                                   "'"));
+  }
+  return line.substr(begin, end - begin);
+}
+
+std::string Cluster::WorkerName(int index) { return absl::StrCat("w", index); }
+
+std::vector<std::string> Cluster::WorkerNames() const {
+  std::vector<std::string> names;
+  for (int i = 0; i < num_workers(); ++i) names.push_back(WorkerName(i));
+  return names;
+}
+
+int Cluster::WorkerIndexOfRank(int64_t rank) const {
+  for (int i = 0; i < static_cast<int>(infos_.size()); ++i) {
+    if (infos_[i].rank() == rank) return i;
+  }
+  return -1;
+}
+
+int Cluster::WorkerIndexOfName(const std::string& name) const {
+  for (int i = 0; i < num_workers(); ++i) {
+    if (WorkerName(i) == name) return i;
+  }
+  return -1;
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) {
+  absl::StatusOr<std::string> coordinator_bin = RunfilePath(kCoordinatorBinary);
+  if (!coordinator_bin.ok()) return coordinator_bin.status();
+  absl::StatusOr<std::string> worker_bin = RunfilePath(kWorkerBinary);
+  if (!worker_bin.ok()) return worker_bin.status();
+
+  std::unique_ptr<Cluster> cluster(new Cluster());
+  cluster->options_ = options;
+  auto process_options = [&](const std::string& name) {
+    ProcessOptions po;
+    po.name = name;
+    po.echo_stdout = options.echo_stdout;
+    if (!options.log_dir.empty()) po.stderr_path = absl::StrCat(options.log_dir, "/", name, ".log");
+    return po;
+  };
+
+  std::vector<std::string> argv = {*coordinator_bin, "--listen=127.0.0.1:0"};
+  argv.insert(argv.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  absl::StatusOr<std::unique_ptr<Process>> coordinator =
+      Process::Start(argv, process_options("coordinator"));
+  if (!coordinator.ok()) return coordinator.status();
+  cluster->coordinator_ = *std::move(coordinator);
+  const std::string marker = "coordinator listening on ";
+  absl::StatusOr<std::string> line =
+      cluster->coordinator_->WaitForLine(marker, options.start_timeout);
+  if (!line.ok()) return line.status();
+  absl::StatusOr<std::string> address = AddressAfter(*line, marker);
+  if (!address.ok()) return address.status();
+  cluster->coordinator_address_ = *address;
+  cluster->client_ =
+      std::make_unique<CoordinatorClient>(cluster->coordinator_address_, options.client_options);
+
+  // All workers start at once; each one's line is awaited afterwards.
+  for (int i = 0; i < options.num_workers; ++i) {
+    const std::string name = WorkerName(i);
+    std::vector<std::string> wargv = {*worker_bin,
+                                      absl::StrCat("--coordinator=", cluster->coordinator_address_),
+                                      "--listen=127.0.0.1:0", absl::StrCat("--name=", name),
+                                      "--backend=gloo"};
+    wargv.insert(wargv.end(), options.worker_flags.begin(), options.worker_flags.end());
+    absl::StatusOr<std::unique_ptr<Process>> worker =
+        Process::Start(wargv, process_options(name));
+    if (!worker.ok()) return worker.status();
+    cluster->workers_.push_back(*std::move(worker));
+  }
+  for (int i = 0; i < options.num_workers; ++i) {
+    absl::StatusOr<std::string> wline = cluster->workers_[i]->WaitForLine(
+        absl::StrCat("worker ", WorkerName(i), " listening on "), options.start_timeout);
+    if (!wline.ok()) return wline.status();
+  }
+
+  const std::vector<std::string> names = cluster->WorkerNames();
+  if (absl::Status s = cluster->WaitForWorkers(names, v1::ALIVE, options.start_timeout); !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = cluster->client_->ListWorkers();
+  if (!workers.ok()) return workers.status();
+  absl::flat_hash_map<std::string, v1::WorkerInfo> by_name;
+  for (const v1::WorkerInfo& w : *workers) by_name[w.name()] = w;
+  for (const std::string& name : names) cluster->infos_.push_back(by_name.at(name));
+  return cluster;
+}
+
+absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names,
+                                     v1::WorkerState state, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no answer";
+  while (true) {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers();
+    if (workers.ok()) {
+      absl::flat_hash_map<std::string, v1::WorkerState> states;
+      for (const v1::WorkerInfo& w : *workers) states[w.name()] = w.state();
+      bool all = true;
+      std::vector<std::string> seen;
+      for (const std::string& name : names) {
+        auto it = states.find(name);
+        if (it == states.end() || it->second != state) all = false;
+        seen.push_back(absl::StrCat(name, "=",
+                                    it == states.end() ? "unregistered" : StateName(it->second)));
+      }
+      if (all) return absl::OkStatus();
+      last = absl::StrJoin(seen, ", ");
+    } else {
+      last = workers.status().ToString();
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("workers not ", StateName(state),
+                                                      " within ", absl::FormatDuration(timeout),
+                                                      ": ", last));
+    }
+    // Registration has no push notification for clients: poll the condition.
+    absl::SleepFor(kRegistrationPoll);
+  }
+}
+
+absl::Status Cluster::KillWorker(int index) {
+  if (index < 0 || index >= num_workers() || workers_[index] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no running worker ", index));
+  }
+  absl::Status s = workers_[index]->Kill();
+  workers_[index].reset();
+  return s;
+}
+
+Cluster::~Cluster() {
+  // Workers first, so none of them sees its coordinator vanish mid-run and retries.
+  for (auto& w : workers_) {
+    if (w != nullptr) w->Signal(SIGTERM).IgnoreError();
+  }
+  workers_.clear();
+  client_.reset();
+  coordinator_.reset();
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,84 @@
+#ifndef SHARDCOORD_TESTS_CLUSTER_H_
+#define SHARDCOORD_TESTS_CLUSTER_H_
+
+// A real shardcoord cluster on loopback: one coordinator and N CPU (Gloo) workers, each a
+// process started from the binaries in this target's runfiles, on free ports. Start returns
+// once every worker is registered and ALIVE; the destructor stops everything.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "proto/shardcoord.pb.h"
+#include "tests/process.h"
+
+namespace shardcoord {
+
+struct ClusterOptions {
+  int num_workers = 4;
+  // Extra flags of the coordinator and of every worker ("--heartbeat-timeout=2s").
+  std::vector<std::string> coordinator_flags;
+  std::vector<std::string> worker_flags;
+  // Bound on startup: each "listening on" line, then all workers ALIVE.
+  absl::Duration start_timeout = absl::Seconds(60);
+  // Copy daemons' stdout into our stderr (the test log); stderr is inherited unless
+  // `log_dir` is set, in which case each daemon writes <log_dir>/<name>.log.
+  bool echo_stdout = true;
+  std::string log_dir;
+  CoordinatorClientOptions client_options;
+};
+
+class Cluster {
+ public:
+  // Workers are named w0..w{N-1}.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(ClusterOptions options = {});
+
+  // Stops the workers, then the coordinator (SIGTERM, SIGKILL after a grace period).
+  ~Cluster();
+
+  CoordinatorClient& client() { return *client_; }
+  const std::string& coordinator_address() const { return coordinator_address_; }
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  static std::string WorkerName(int index);
+  // Names of workers [0, n) in index order: the `workers` of a CreateMeshRequest.
+  std::vector<std::string> WorkerNames() const;
+  // The coordinator's view of worker `index` at startup (rank, address, incarnation).
+  const v1::WorkerInfo& worker_info(int index) const { return infos_[index]; }
+  // Index of the worker with global `rank`, or -1.
+  int WorkerIndexOfRank(int64_t rank) const;
+  // Index of the worker named `name`, or -1.
+  int WorkerIndexOfName(const std::string& name) const;
+
+  // SIGKILL worker `index` and reap it: no goodbye, as a crashed host.
+  absl::Status KillWorker(int index);
+  bool worker_running(int index) const { return workers_[index] != nullptr; }
+
+  // Polls ListWorkers until every worker in `names` has `state`, or `timeout` passes
+  // (DEADLINE_EXCEEDED listing what the coordinator reports).
+  absl::Status WaitForWorkers(const std::vector<std::string>& names, v1::WorkerState state,
+                              absl::Duration timeout);
+
+ private:
+  Cluster() = default;
+
+  ClusterOptions options_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  std::vector<v1::WorkerInfo> infos_;
+  std::string coordinator_address_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+// The text after `marker` in `line` up to the next whitespace: the address in
+// "coordinator listening on 127.0.0.1:4711". INVALID_ARGUMENT if absent.
+absl::StatusOr<std::string> AddressAfter(const std::string& line, const std::string& marker);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_TESTS_CLUSTER_H_
