@@ -1,0 +1,678 @@
+#include "proto/convert.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace shardcoord {
+namespace {
+
+template <typename... Args>
+absl::Status Bad(absl::string_view field, const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", args...));
+}
+
+// Keeps the code, puts the field in front of the message.
+absl::Status Prefixed(absl::string_view field, const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+}
+
+std::string Sub(absl::string_view field, absl::string_view member) {
+  return absl::StrCat(field, ".", member);
+}
+std::string Index(absl::string_view field, int64_t i) { return absl::StrCat(field, "[", i, "]"); }
+
+absl::Status NonNegative(absl::string_view field, int64_t value) {
+  if (value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, " must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<T>& r) {
+  return std::vector<int64_t>(r.begin(), r.end());
+}
+
+}  // namespace
+
+// ---- Scalars ---------------------------------------------------------------------------
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
+  switch (dtype) {
+    case v1::F32: return DType::kF32;
+    case v1::F64: return DType::kF64;
+    case v1::F16: return DType::kF16;
+    case v1::BF16: return DType::kBF16;
+    case v1::I8: return DType::kI8;
+    case v1::U8: return DType::kU8;
+    case v1::I32: return DType::kI32;
+    case v1::I64: return DType::kI64;
+    case v1::DTYPE_UNSPECIFIED: return Bad(field, "unspecified");
+    default: break;
+  }
+  return Bad(field, "unknown value ", static_cast<int>(dtype));
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  // The enums share their values by design (sharding/dtype.h).
+  return static_cast<v1::DType>(static_cast<int>(dtype));
+}
+
+absl::StatusOr<ReduceOp> ReduceOpFromProto(v1::ReduceOp op, absl::string_view field) {
+  switch (op) {
+    case v1::REDUCE_OP_UNSPECIFIED:
+    case v1::SUM: return ReduceOp::kSum;
+    case v1::AVG: return ReduceOp::kAvg;
+    case v1::MIN: return ReduceOp::kMin;
+    case v1::MAX: return ReduceOp::kMax;
+    default: break;
+  }
+  return Bad(field, "unknown reduce op ", static_cast<int>(op));
+}
+
+v1::ReduceOp ReduceOpToProto(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return v1::SUM;
+    case ReduceOp::kAvg: return v1::AVG;
+    case ReduceOp::kMin: return v1::MIN;
+    case ReduceOp::kMax: return v1::MAX;
+  }
+  return v1::REDUCE_OP_UNSPECIFIED;
+}
+
+absl::StatusOr<StepOp> StepOpFromProto(v1::StepOp op, absl::string_view field) {
+  switch (op) {
+    case v1::ALL_GATHER: return StepOp::kAllGather;
+    case v1::REDUCE_SCATTER: return StepOp::kReduceScatter;
+    case v1::ALL_REDUCE: return StepOp::kAllReduce;
+    case v1::ALL_TO_ALL: return StepOp::kAllToAll;
+    case v1::BROADCAST: return StepOp::kBroadcast;
+    case v1::POINT_TO_POINT: return StepOp::kPointToPoint;
+    case v1::STEP_OP_UNSPECIFIED: return Bad(field, "unspecified");
+    default: break;
+  }
+  return Bad(field, "unknown step op ", static_cast<int>(op));
+}
+
+v1::StepOp StepOpToProto(StepOp op) {
+  switch (op) {
+    case StepOp::kAllGather: return v1::ALL_GATHER;
+    case StepOp::kReduceScatter: return v1::REDUCE_SCATTER;
+    case StepOp::kAllReduce: return v1::ALL_REDUCE;
+    case StepOp::kAllToAll: return v1::ALL_TO_ALL;
+    case StepOp::kBroadcast: return v1::BROADCAST;
+    case StepOp::kPointToPoint: return v1::POINT_TO_POINT;
+  }
+  return v1::STEP_OP_UNSPECIFIED;
+}
+
+absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field) {
+  Shape shape = ToVector(dims);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (absl::Status s = NonNegative(Index(field, i), shape[i]); !s.ok()) return s;
+  }
+  if (absl::Status s = ValidateShape(shape); !s.ok()) return Prefixed(field, s);
+  return shape;
+}
+
+void ShapeToProto(absl::Span<const int64_t> shape, Int64List* out) {
+  out->Clear();
+  out->Add(shape.begin(), shape.end());
+}
+
+absl::StatusOr<Box> BoxFromProto(const v1::Box& box, absl::string_view field) {
+  if (box.offset_size() != box.shape_size()) {
+    return Bad(field, "offset has ", box.offset_size(), " dims but shape has ", box.shape_size());
+  }
+  for (int i = 0; i < box.offset_size(); ++i) {
+    if (absl::Status s = NonNegative(Index(Sub(field, "offset"), i), box.offset(i)); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = NonNegative(Index(Sub(field, "shape"), i), box.shape(i)); !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<Box> b = Box::Create(ToVector(box.offset()), ToVector(box.shape()));
+  if (!b.ok()) return Prefixed(field, b.status());
+  return b;
+}
+
+v1::Box BoxToProto(const Box& box) {
+  v1::Box out;
+  ShapeToProto(box.offset(), out.mutable_offset());
+  ShapeToProto(box.shape(), out.mutable_shape());
+  return out;
+}
+
+// ---- Placements and specs ----------------------------------------------------------------
+
+absl::StatusOr<Placement> PlacementFromProto(const v1::Placement& p, absl::string_view field) {
+  switch (p.kind_case()) {
+    case v1::Placement::kShard: {
+      std::vector<int64_t> sizes = ToVector(p.shard().sizes());
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        if (absl::Status s = NonNegative(Index(Sub(field, "shard.sizes"), i), sizes[i]);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return Placement::Shard(p.shard().dim(), std::move(sizes));
+    }
+    case v1::Placement::kReplicate:
+      return Placement::Replicate();
+    case v1::Placement::kPartial: {
+      absl::StatusOr<ReduceOp> op = ReduceOpFromProto(p.partial().op(), Sub(field, "partial.op"));
+      if (!op.ok()) return op.status();
+      return Placement::Partial(*op);
+    }
+    case v1::Placement::KIND_NOT_SET:
+      break;
+  }
+  return Bad(field, "no kind set (want shard, replicate or partial)");
+}
+
+v1::Placement PlacementToProto(const Placement& p) {
+  v1::Placement out;
+  switch (p.kind) {
+    case Placement::Kind::kShard:
+      out.mutable_shard()->set_dim(p.dim);
+      out.mutable_shard()->mutable_sizes()->Add(p.sizes.begin(), p.sizes.end());
+      break;
+    case Placement::Kind::kReplicate:
+      out.mutable_replicate();
+      break;
+    case Placement::Kind::kPartial:
+      out.mutable_partial()->set_op(ReduceOpToProto(p.op));
+      break;
+  }
+  return out;
+}
+
+absl::Status CheckPlacements(absl::Span<const Placement> placements, const Shape& tensor_shape,
+                             const DeviceMesh& mesh, absl::string_view field) {
+  if (static_cast<int>(placements.size()) != mesh.ndim()) {
+    return Bad(field, "'", PlacementsToString(placements), "' has ", placements.size(),
+               " items but mesh ", mesh.ShapeString(), " has ", mesh.ndim(), " dims");
+  }
+  const int ndim = static_cast<int>(tensor_shape.size());
+  const Placement* first_partial = nullptr;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const Placement& p = placements[i];
+    const std::string item = Index(field, i);
+    if (p.is_shard()) {
+      if (p.dim < -ndim || p.dim >= ndim) {
+        return Bad(item, p.ToString(), " on a ", ndim, "-d tensor");
+      }
+      if (!p.sizes.empty() && static_cast<int64_t>(p.sizes.size()) != mesh.shape(i)) {
+        return Bad(item, p.ToString(), " has ", p.sizes.size(), " sizes but mesh dim ", i,
+                   " has ", mesh.shape(i), " positions");
+      }
+      for (size_t j = 0; j < p.sizes.size(); ++j) {
+        if (p.sizes[j] < 0) return Bad(item, p.ToString(), ": size ", p.sizes[j], " < 0");
+      }
+    } else if (p.is_partial()) {
+      if (first_partial != nullptr && first_partial->op != p.op) {
+        return Bad(item, p.ToString(), " after ", first_partial->ToString(),
+                   ": all Partial dims must use one reduce op");
+      }
+      if (first_partial == nullptr) first_partial = &p;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FlatSpec> FlatSpecFromProto(
+    const google::protobuf::RepeatedPtrField<v1::RankRanges>& ranks, absl::string_view field) {
+  FlatSpec spec;
+  spec.reserve(ranks.size());
+  for (int i = 0; i < ranks.size(); ++i) {
+    std::vector<FlatRange>& out = spec.emplace_back();
+    for (int j = 0; j < ranks[i].ranges_size(); ++j) {
+      const v1::FlatRange& r = ranks[i].ranges(j);
+      const std::string item = Index(Sub(Index(field, i), "ranges"), j);
+      if (r.start() < 0 || r.end() < r.start()) {
+        return Bad(item, r.start(), ":", r.end(), " must have 0 <= start <= end");
+      }
+      out.push_back(FlatRange{r.start(), r.end()});
+    }
+  }
+  return spec;
+}
+
+void FlatSpecToProto(const FlatSpec& spec,
+                     google::protobuf::RepeatedPtrField<v1::RankRanges>* out) {
+  out->Clear();
+  for (const std::vector<FlatRange>& ranges : spec) {
+    v1::RankRanges* rr = out->Add();
+    for (const FlatRange& r : ranges) {
+      v1::FlatRange* fr = rr->add_ranges();
+      fr->set_start(r.start);
+      fr->set_end(r.end);
+    }
+  }
+}
+
+std::string Spec::ToString() const {
+  if (is_flat) return absl::StrCat("flat ", FlatSpecToString(flat));
+  return PlacementsToString(placements);
+}
+
+absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec, absl::string_view field) {
+  std::vector<std::string> given;
+  if (spec.placements_size() > 0) given.push_back("placements");
+  if (spec.flat_size() > 0) given.push_back("flat");
+  if (!spec.placements_text().empty()) given.push_back("placements_text");
+  if (!spec.flat_text().empty()) given.push_back("flat_text");
+  if (given.empty()) return Bad(field, "no placements or flat ranges given");
+  if (given.size() > 1) {
+    return Bad(field, "give exactly one of placements, flat, placements_text, flat_text (got ",
+               absl::StrJoin(given, " and "), ")");
+  }
+  Spec out;
+  out.mesh = spec.mesh();
+  if (spec.placements_size() > 0) {
+    for (int i = 0; i < spec.placements_size(); ++i) {
+      absl::StatusOr<Placement> p =
+          PlacementFromProto(spec.placements(i), Index(Sub(field, "placements"), i));
+      if (!p.ok()) return p.status();
+      out.placements.push_back(*std::move(p));
+    }
+  } else if (spec.flat_size() > 0) {
+    absl::StatusOr<FlatSpec> flat = FlatSpecFromProto(spec.flat(), Sub(field, "flat"));
+    if (!flat.ok()) return flat.status();
+    out.is_flat = true;
+    out.flat = *std::move(flat);
+  } else if (!spec.placements_text().empty()) {
+    absl::StatusOr<std::vector<Placement>> p = ParsePlacements(spec.placements_text());
+    if (!p.ok()) return Prefixed(Sub(field, "placements_text"), p.status());
+    out.placements = *std::move(p);
+  } else {
+    absl::StatusOr<FlatSpec> flat = ParseFlatSpec(spec.flat_text());
+    if (!flat.ok()) return Prefixed(Sub(field, "flat_text"), flat.status());
+    out.is_flat = true;
+    out.flat = *std::move(flat);
+  }
+  return out;
+}
+
+v1::ShardingSpec SpecToProto(const Spec& spec) {
+  v1::ShardingSpec out;
+  out.set_mesh(spec.mesh);
+  if (spec.is_flat) {
+    FlatSpecToProto(spec.flat, out.mutable_flat());
+    out.set_flat_text(FlatSpecToString(spec.flat));
+  } else {
+    for (const Placement& p : spec.placements) *out.add_placements() = PlacementToProto(p);
+    out.set_placements_text(PlacementsToString(spec.placements));
+  }
+  return out;
+}
+
+absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh,
+                                     const Shape& shape, absl::string_view field) {
+  if (spec.is_flat) {
+    const std::string f = Sub(field, "flat");
+    if (static_cast<int64_t>(spec.flat.size()) != mesh.size()) {
+      return Bad(f, spec.flat.size(), " ranks given for mesh ", mesh.ShapeString(), " of ",
+                 mesh.size(), " ranks");
+    }
+    absl::StatusOr<Layout> layout = Layout::FromFlat(mesh, shape, spec.flat);
+    if (!layout.ok()) return Prefixed(f, layout.status());
+    return layout;
+  }
+  const std::string f = Sub(field, "placements");
+  if (absl::Status s = CheckPlacements(spec.placements, shape, mesh, f); !s.ok()) return s;
+  absl::StatusOr<Layout> layout = Layout::FromPlacements(mesh, shape, spec.placements);
+  if (!layout.ok()) return Prefixed(f, layout.status());
+  return layout;
+}
+
+// ---- Chunks and layouts ------------------------------------------------------------------
+
+absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view field,
+                                     uint64_t* checksum) {
+  absl::StatusOr<Box> box = BoxFromProto(chunk.box(), Sub(field, "box"));
+  if (!box.ok()) return box.status();
+  if (absl::Status s = NonNegative(Sub(field, "local_offset"), chunk.local_offset()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = NonNegative(Sub(field, "partial_index"), chunk.partial_index());
+      !s.ok()) {
+    return s;
+  }
+  if (checksum != nullptr) *checksum = chunk.checksum();
+  return Chunk{*std::move(box), chunk.local_offset(), chunk.partial_index()};
+}
+
+v1::Chunk ChunkToProto(const Chunk& chunk, uint64_t checksum) {
+  v1::Chunk out;
+  *out.mutable_box() = BoxToProto(chunk.box);
+  out.set_local_offset(chunk.local_offset);
+  out.set_partial_index(chunk.partial_index);
+  out.set_checksum(checksum);
+  return out;
+}
+
+absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc,
+                                               absl::string_view field,
+                                               ChunkChecksums* checksums) {
+  RankChunks out;
+  if (absl::Status s = NonNegative(Sub(field, "rank"), rc.rank()); !s.ok()) return s;
+  if (absl::Status s = NonNegative(Sub(field, "local_elements"), rc.local_elements()); !s.ok()) {
+    return s;
+  }
+  for (int i = 0; i < rc.coord_size(); ++i) {
+    if (absl::Status s = NonNegative(Index(Sub(field, "coord"), i), rc.coord(i)); !s.ok()) {
+      return s;
+    }
+  }
+  out.rank = rc.rank();
+  out.coord = ToVector(rc.coord());
+  out.local_elements = rc.local_elements();
+  if (checksums != nullptr) checksums->clear();
+  for (int i = 0; i < rc.chunks_size(); ++i) {
+    uint64_t sum = 0;
+    absl::StatusOr<Chunk> c = ChunkFromProto(rc.chunks(i), Index(Sub(field, "chunks"), i), &sum);
+    if (!c.ok()) return c.status();
+    out.chunks.push_back(*std::move(c));
+    if (checksums != nullptr) checksums->push_back(sum);
+  }
+  return out;
+}
+
+v1::RankChunks RankChunksToProto(const RankChunks& rc, absl::Span<const uint64_t> checksums) {
+  v1::RankChunks out;
+  out.set_rank(rc.rank);
+  ShapeToProto(rc.coord, out.mutable_coord());
+  out.set_local_elements(rc.local_elements);
+  for (size_t i = 0; i < rc.chunks.size(); ++i) {
+    *out.add_chunks() = ChunkToProto(rc.chunks[i], i < checksums.size() ? checksums[i] : 0);
+  }
+  return out;
+}
+
+absl::StatusOr<Layout> LayoutFromProto(const v1::Layout& layout, absl::string_view field,
+                                       LayoutChecksums* checksums) {
+  absl::StatusOr<Shape> shape = ShapeFromProto(layout.global_shape(), Sub(field, "global_shape"));
+  if (!shape.ok()) return shape.status();
+  const int64_t num_partials = layout.num_partials() == 0 ? 1 : layout.num_partials();
+  if (num_partials < 1) return Bad(Sub(field, "num_partials"), num_partials, " < 1");
+  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(layout.partial_op(), Sub(field, "partial_op"));
+  if (!op.ok()) return op.status();
+  std::vector<RankChunks> ranks;
+  LayoutChecksums sums;
+  for (int i = 0; i < layout.ranks_size(); ++i) {
+    absl::StatusOr<RankChunks> rc = RankChunksFromProto(
+        layout.ranks(i), Index(Sub(field, "ranks"), i), &sums.emplace_back());
+    if (!rc.ok()) return rc.status();
+    ranks.push_back(*std::move(rc));
+  }
+  absl::StatusOr<Layout> out = Layout::FromChunks(*shape, std::move(ranks), num_partials, *op);
+  if (!out.ok()) return Prefixed(field, out.status());
+  if (checksums != nullptr) *checksums = std::move(sums);
+  return out;
+}
+
+v1::Layout LayoutToProto(const Layout& layout, const LayoutChecksums* checksums) {
+  v1::Layout out;
+  ShapeToProto(layout.global_shape(), out.mutable_global_shape());
+  for (size_t i = 0; i < layout.ranks().size(); ++i) {
+    absl::Span<const uint64_t> sums;
+    if (checksums != nullptr && i < checksums->size()) sums = (*checksums)[i];
+    *out.add_ranks() = RankChunksToProto(layout.ranks()[i], sums);
+  }
+  out.set_num_partials(layout.num_partials());
+  out.set_partial_op(ReduceOpToProto(layout.partial_op()));
+  return out;
+}
+
+// ---- Plans -------------------------------------------------------------------------------
+
+v1::Transfer TransferToProto(const Transfer& t) {
+  v1::Transfer out;
+  out.set_src(t.src);
+  out.set_dst(t.dst);
+  *out.mutable_box() = BoxToProto(t.box);
+  out.set_bytes(t.bytes);
+  out.set_reduce(t.reduce);
+  out.set_partial_index(t.partial_index);
+  return out;
+}
+
+absl::StatusOr<Transfer> TransferFromProto(const v1::Transfer& t, absl::string_view field) {
+  Transfer out;
+  if (absl::Status s = NonNegative(Sub(field, "src"), t.src()); !s.ok()) return s;
+  if (absl::Status s = NonNegative(Sub(field, "dst"), t.dst()); !s.ok()) return s;
+  if (t.src() == t.dst()) return Bad(field, "src = dst = ", t.src(), " (a local copy)");
+  absl::StatusOr<Box> box = BoxFromProto(t.box(), Sub(field, "box"));
+  if (!box.ok()) return box.status();
+  if (absl::Status s = NonNegative(Sub(field, "bytes"), t.bytes()); !s.ok()) return s;
+  if (absl::Status s = NonNegative(Sub(field, "partial_index"), t.partial_index()); !s.ok()) {
+    return s;
+  }
+  out.src = t.src();
+  out.dst = t.dst();
+  out.box = *std::move(box);
+  out.bytes = t.bytes();
+  out.reduce = t.reduce();
+  out.partial_index = t.partial_index();
+  return out;
+}
+
+v1::LocalCopy LocalCopyToProto(const LocalCopy& c) {
+  v1::LocalCopy out;
+  out.set_rank(c.rank);
+  *out.mutable_box() = BoxToProto(c.box);
+  out.set_reduce(c.reduce);
+  out.set_partial_index(c.partial_index);
+  return out;
+}
+
+absl::StatusOr<LocalCopy> LocalCopyFromProto(const v1::LocalCopy& c, absl::string_view field) {
+  if (absl::Status s = NonNegative(Sub(field, "rank"), c.rank()); !s.ok()) return s;
+  absl::StatusOr<Box> box = BoxFromProto(c.box(), Sub(field, "box"));
+  if (!box.ok()) return box.status();
+  if (absl::Status s = NonNegative(Sub(field, "partial_index"), c.partial_index()); !s.ok()) {
+    return s;
+  }
+  LocalCopy out;
+  out.rank = c.rank();
+  out.box = *std::move(box);
+  out.reduce = c.reduce();
+  out.partial_index = c.partial_index();
+  return out;
+}
+
+v1::Step StepToProto(const Step& step, int index) {
+  v1::Step out;
+  out.set_index(index);
+  out.set_op(StepOpToProto(step.op));
+  out.mutable_ranks()->Add(step.ranks.begin(), step.ranks.end());
+  out.set_root(step.root);
+  out.set_reduce_op(ReduceOpToProto(step.reduce_op));
+  for (const Transfer& t : step.transfers) *out.add_transfers() = TransferToProto(t);
+  out.set_bytes(step.bytes);
+  out.set_estimated_seconds(step.estimated_seconds);
+  return out;
+}
+
+absl::StatusOr<Step> StepFromProto(const v1::Step& step, absl::string_view field) {
+  Step out;
+  absl::StatusOr<StepOp> op = StepOpFromProto(step.op(), Sub(field, "op"));
+  if (!op.ok()) return op.status();
+  out.op = *op;
+  absl::flat_hash_set<int64_t> members;
+  for (int i = 0; i < step.ranks_size(); ++i) {
+    const std::string item = Index(Sub(field, "ranks"), i);
+    if (absl::Status s = NonNegative(item, step.ranks(i)); !s.ok()) return s;
+    if (!members.insert(step.ranks(i)).second) return Bad(item, "rank ", step.ranks(i), " twice");
+    out.ranks.push_back(step.ranks(i));
+  }
+  if (out.op == StepOp::kBroadcast && !members.contains(step.root())) {
+    return Bad(Sub(field, "root"), step.root(), " is not a member of the step");
+  }
+  out.root = step.root();
+  absl::StatusOr<ReduceOp> rop = ReduceOpFromProto(step.reduce_op(), Sub(field, "reduce_op"));
+  if (!rop.ok()) return rop.status();
+  out.reduce_op = *rop;
+  for (int i = 0; i < step.transfers_size(); ++i) {
+    const std::string item = Index(Sub(field, "transfers"), i);
+    absl::StatusOr<Transfer> t = TransferFromProto(step.transfers(i), item);
+    if (!t.ok()) return t.status();
+    if (!members.contains(t->src) || !members.contains(t->dst)) {
+      return Bad(item, t->src, " -> ", t->dst, " leaves the step's group [",
+                 absl::StrJoin(out.ranks, ","), "]");
+    }
+    out.transfers.push_back(*std::move(t));
+  }
+  if (absl::Status s = NonNegative(Sub(field, "bytes"), step.bytes()); !s.ok()) return s;
+  out.bytes = step.bytes();
+  out.estimated_seconds = step.estimated_seconds();
+  return out;
+}
+
+v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view tensor) {
+  v1::Plan out;
+  out.set_id(std::string(id));
+  out.set_tensor(std::string(tensor));
+  out.set_dtype(DTypeToProto(plan.dtype));
+  *out.mutable_source() = LayoutToProto(plan.source);
+  *out.mutable_target() = LayoutToProto(plan.target);
+  for (const LocalCopy& c : plan.local_copies) *out.add_local_copies() = LocalCopyToProto(c);
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    *out.add_steps() = StepToProto(plan.steps[i], static_cast<int>(i));
+  }
+  out.mutable_zero_fill_ranks()->Add(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end());
+  out.set_divide_by(plan.divide_by);
+  for (const RankTraffic& t : plan.traffic) {
+    v1::RankTraffic* rt = out.add_traffic();
+    rt->set_rank(t.rank);
+    rt->set_bytes_sent(t.bytes_sent);
+    rt->set_bytes_received(t.bytes_received);
+  }
+  out.set_bytes_moved(plan.bytes_moved);
+  out.set_lower_bound_bytes(plan.lower_bound_bytes);
+  out.set_estimated_seconds(plan.estimated_seconds);
+  return out;
+}
+
+std::vector<int64_t> PlanParticipants(const Plan& plan) {
+  std::set<int64_t> ranks;
+  for (const RankChunks& rc : plan.source.ranks()) ranks.insert(rc.rank);
+  for (const RankChunks& rc : plan.target.ranks()) ranks.insert(rc.rank);
+  for (const Step& s : plan.steps) ranks.insert(s.ranks.begin(), s.ranks.end());
+  for (const LocalCopy& c : plan.local_copies) ranks.insert(c.rank);
+  ranks.insert(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end());
+  return std::vector<int64_t>(ranks.begin(), ranks.end());
+}
+
+v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options) {
+  v1::PlanFragment out;
+  out.set_plan_id(options.plan_id);
+  out.set_tensor(options.tensor);
+  out.set_dtype(DTypeToProto(plan.dtype));
+  out.set_rank(rank);
+  out.set_source_version(options.source_version);
+  out.set_target_version(options.target_version);
+  auto own = [rank](const Layout& layout) {
+    if (const RankChunks* rc = layout.Find(rank)) return RankChunksToProto(*rc);
+    v1::RankChunks empty;
+    empty.set_rank(rank);
+    return empty;
+  };
+  *out.mutable_source() = own(plan.source);
+  *out.mutable_target() = own(plan.target);
+  for (const LocalCopy& c : plan.local_copies) {
+    if (c.rank == rank) *out.add_local_copies() = LocalCopyToProto(c);
+  }
+  std::set<int64_t> members = {rank};
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
+    *out.add_steps() = StepToProto(s, static_cast<int>(i));
+    members.insert(s.ranks.begin(), s.ranks.end());
+  }
+  out.set_zero_fill(std::find(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end(), rank) !=
+                    plan.zero_fill_ranks.end());
+  out.set_divide_by(plan.divide_by);
+  out.set_reduce_op(ReduceOpToProto(plan.source.partial_op()));
+  out.set_num_partials(plan.source.num_partials());
+  for (int64_t m : members) {
+    out.add_member_ranks(m);
+    auto it = options.incarnations.find(m);
+    out.add_member_incarnations(it == options.incarnations.end() ? 0 : it->second);
+  }
+  out.set_step_timeout_ms(options.step_timeout_ms);
+  out.set_communicator_prefix(options.communicator_prefix);
+  return out;
+}
+
+absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
+  Fragment out;
+  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+  if (f.tensor().empty()) return Bad("tensor", "empty");
+  out.plan_id = f.plan_id();
+  out.tensor = f.tensor();
+  absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), "dtype");
+  if (!dtype.ok()) return dtype.status();
+  out.dtype = *dtype;
+  if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
+  out.rank = f.rank();
+  out.source_version = f.source_version();
+  out.target_version = f.target_version();
+  for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out.source),
+                               std::make_tuple("target", &f.target(), &out.target)}) {
+    absl::StatusOr<RankChunks> parsed = RankChunksFromProto(*rc, name);
+    if (!parsed.ok()) return parsed.status();
+    if (!parsed->chunks.empty() && parsed->rank != f.rank()) {
+      return Bad(absl::StrCat(name, ".rank"), parsed->rank, " but the fragment is for rank ",
+                 f.rank());
+    }
+    parsed->rank = f.rank();
+    *dst = *std::move(parsed);
+  }
+  for (int i = 0; i < f.local_copies_size(); ++i) {
+    const std::string item = Index("local_copies", i);
+    absl::StatusOr<LocalCopy> c = LocalCopyFromProto(f.local_copies(i), item);
+    if (!c.ok()) return c.status();
+    if (c->rank != f.rank()) return Bad(item, "rank ", c->rank, " in a fragment for ", f.rank());
+    out.local_copies.push_back(*std::move(c));
+  }
+  for (int i = 0; i < f.steps_size(); ++i) {
+    const std::string item = Index("steps", i);
+    absl::StatusOr<Step> s = StepFromProto(f.steps(i), item);
+    if (!s.ok()) return s.status();
+    if (std::find(s->ranks.begin(), s->ranks.end(), f.rank()) == s->ranks.end()) {
+      return Bad(item, "rank ", f.rank(), " is not in the step's group");
+    }
+    out.steps.push_back(*std::move(s));
+    out.step_indices.push_back(f.steps(i).index());
+  }
+  out.zero_fill = f.zero_fill();
+  out.divide_by = f.divide_by() == 0 ? 1 : f.divide_by();
+  if (out.divide_by < 0) return Bad("divide_by", out.divide_by, " < 0");
+  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(f.reduce_op(), "reduce_op");
+  if (!op.ok()) return op.status();
+  out.reduce_op = *op;
+  out.num_partials = f.num_partials() == 0 ? 1 : f.num_partials();
+  if (out.num_partials < 1) return Bad("num_partials", out.num_partials, " < 1");
+  if (f.member_ranks_size() != f.member_incarnations_size()) {
+    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
+               f.member_ranks_size(), " member_ranks");
+  }
+  for (int i = 0; i < f.member_ranks_size(); ++i) {
+    out.member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
+  }
+  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
+  out.step_timeout_ms = f.step_timeout_ms();
+  out.communicator_prefix = f.communicator_prefix();
+  return out;
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,175 @@
+#ifndef SHARDCOORD_PROTO_CONVERT_H_
+#define SHARDCOORD_PROTO_CONVERT_H_
+
+// The one place that converts shardcoord.v1 wire messages to sharding/ value types and back.
+// Everything that comes from the wire is validated here: a bad value is INVALID_ARGUMENT
+// whose message starts with the field path the caller passes in ("spec.placements[1]: S(3)
+// on a 2-d tensor", "shape[0] = -1 must be >= 0", "dtype: unspecified"), so services can
+// return the status as is.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/shardcoord.pb.h"
+#include "sharding/box.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+#include "sharding/mesh.h"
+#include "sharding/placement.h"
+#include "sharding/plan.h"
+
+namespace shardcoord {
+
+using Int64List = google::protobuf::RepeatedField<int64_t>;
+
+// ---- Scalars ---------------------------------------------------------------------------
+
+// Unspecified and out-of-range values are rejected: a tensor always has a concrete dtype.
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field = "dtype");
+v1::DType DTypeToProto(DType dtype);
+
+// Unspecified means SUM (the proto's documented default).
+absl::StatusOr<ReduceOp> ReduceOpFromProto(v1::ReduceOp op, absl::string_view field);
+v1::ReduceOp ReduceOpToProto(ReduceOp op);
+
+absl::StatusOr<StepOp> StepOpFromProto(v1::StepOp op, absl::string_view field);
+v1::StepOp StepOpToProto(StepOp op);
+
+// A tensor shape: every dim >= 0 and the element count fits in int64.
+absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field = "shape");
+void ShapeToProto(absl::Span<const int64_t> shape, Int64List* out);
+
+absl::StatusOr<Box> BoxFromProto(const v1::Box& box, absl::string_view field);
+v1::Box BoxToProto(const Box& box);
+
+// ---- Placements and specs ----------------------------------------------------------------
+
+absl::StatusOr<Placement> PlacementFromProto(const v1::Placement& p, absl::string_view field);
+v1::Placement PlacementToProto(const Placement& p);
+
+// Checks placements against a tensor and a mesh before Layout::FromPlacements, so the error
+// names the item: one placement per mesh dim, shard dims inside the tensor's rank, explicit
+// sizes one per mesh position and non-negative, one reduce op for all Partial dims.
+absl::Status CheckPlacements(absl::Span<const Placement> placements, const Shape& tensor_shape,
+                             const DeviceMesh& mesh, absl::string_view field);
+
+absl::StatusOr<FlatSpec> FlatSpecFromProto(
+    const google::protobuf::RepeatedPtrField<v1::RankRanges>& ranks, absl::string_view field);
+void FlatSpecToProto(const FlatSpec& spec,
+                     google::protobuf::RepeatedPtrField<v1::RankRanges>* out);
+
+// A parsed ShardingSpec: placements (one per mesh dim) or a flat spec (one entry per mesh
+// position), and the mesh name it refers to (empty = the caller's default mesh).
+struct Spec {
+  std::string mesh;
+  bool is_flat = false;
+  std::vector<Placement> placements;  // When !is_flat.
+  FlatSpec flat;                      // When is_flat.
+
+  // "S(0),R" or "flat 0:4;4:8": what TensorInfo.spec shows.
+  std::string ToString() const;
+};
+
+// Exactly one of placements, flat, placements_text, flat_text must be given.
+absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec,
+                                   absl::string_view field = "spec");
+// Fills placements or flat and the matching text field.
+v1::ShardingSpec SpecToProto(const Spec& spec);
+
+// The layout of a tensor of `shape` on `mesh` under `spec` (spec.mesh is not looked at).
+// Errors are INVALID_ARGUMENT prefixed with `field`.
+absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh,
+                                     const Shape& shape, absl::string_view field = "spec");
+
+// ---- Chunks and layouts ------------------------------------------------------------------
+// sharding/ types carry no checksums; they travel next to them, index for index.
+
+using ChunkChecksums = std::vector<uint64_t>;        // One per chunk of a RankChunks.
+using LayoutChecksums = std::vector<ChunkChecksums>;  // One per rank, in Layout::ranks() order.
+
+absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view field,
+                                     uint64_t* checksum = nullptr);
+v1::Chunk ChunkToProto(const Chunk& chunk, uint64_t checksum = 0);
+
+// Checks each chunk on its own (box, offsets); ValidateLayout checks them together.
+absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc,
+                                               absl::string_view field,
+                                               ChunkChecksums* checksums = nullptr);
+// `checksums` empty = all unknown (0); otherwise one per chunk.
+v1::RankChunks RankChunksToProto(const RankChunks& rc, absl::Span<const uint64_t> checksums = {});
+
+// Through Layout::FromChunks (so it is validated); the mesh and placements a layout was
+// built from do not travel.
+absl::StatusOr<Layout> LayoutFromProto(const v1::Layout& layout, absl::string_view field,
+                                       LayoutChecksums* checksums = nullptr);
+// `checksums` null = all unknown; otherwise shaped as the layout's chunks.
+v1::Layout LayoutToProto(const Layout& layout, const LayoutChecksums* checksums = nullptr);
+
+// ---- Plans -------------------------------------------------------------------------------
+
+v1::Transfer TransferToProto(const Transfer& t);
+absl::StatusOr<Transfer> TransferFromProto(const v1::Transfer& t, absl::string_view field);
+v1::LocalCopy LocalCopyToProto(const LocalCopy& c);
+absl::StatusOr<LocalCopy> LocalCopyFromProto(const v1::LocalCopy& c, absl::string_view field);
+// `index` is the step's position in its plan (kept in fragments, which hold a subset).
+v1::Step StepToProto(const Step& step, int index);
+absl::StatusOr<Step> StepFromProto(const v1::Step& step, absl::string_view field);
+
+// Without `explain` (the planner's text, if any, is the caller's to add).
+v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view tensor);
+
+// Every rank that takes part in a plan, sorted: holders of source or target chunks, members
+// of any step, ranks with local copies or zero fills.
+std::vector<int64_t> PlanParticipants(const Plan& plan);
+
+struct FragmentOptions {
+  std::string plan_id;
+  std::string tensor;
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  // Current incarnation of every rank in the plan; missing ranks get 0.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+};
+
+// What `rank` does in `plan`: its source and target chunks, its local copies, and only the
+// steps whose process group contains it (with their plan-wide index).
+v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options);
+
+// A fragment as sharding types, for workers.
+struct Fragment {
+  std::string plan_id;
+  std::string tensor;
+  DType dtype = DType::kF32;
+  int64_t rank = 0;
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  RankChunks source;  // chunks empty when the rank holds no source.
+  RankChunks target;
+  std::vector<LocalCopy> local_copies;
+  std::vector<Step> steps;
+  std::vector<int> step_indices;  // Plan-wide index of steps[i].
+  bool zero_fill = false;
+  int64_t divide_by = 1;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int64_t num_partials = 1;
+  absl::flat_hash_map<int64_t, int64_t> member_incarnations;
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+};
+
+// Validates that the fragment is self-consistent for its rank: every step contains the rank,
+// every transfer's ends are members of its step, local copies
+// belong to the rank, member lists have equal lengths.
+absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& fragment);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_PROTO_CONVERT_H_

@@ -1,0 +1,336 @@
+#include "proto/convert.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+template <typename T>
+std::string ErrorOf(const absl::StatusOr<T>& s) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  return std::string(s.status().message());
+}
+
+DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {}) {
+  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks));
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+TEST(ConvertTest, DTypeRoundTripsAndRejectsUnspecified) {
+  for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
+                  DType::kI32, DType::kI64}) {
+    absl::StatusOr<DType> back = DTypeFromProto(DTypeToProto(d));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, d);
+  }
+  EXPECT_EQ(DTypeToProto(DType::kBF16), v1::BF16);
+  EXPECT_EQ(ErrorOf(DTypeFromProto(v1::DTYPE_UNSPECIFIED)), "dtype: unspecified");
+  EXPECT_EQ(ErrorOf(DTypeFromProto(static_cast<v1::DType>(42), "header.dtype")),
+            "header.dtype: unknown value 42");
+}
+
+TEST(ConvertTest, ReduceOpUnspecifiedIsSum) {
+  EXPECT_EQ(*ReduceOpFromProto(v1::REDUCE_OP_UNSPECIFIED, "op"), ReduceOp::kSum);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+    EXPECT_EQ(*ReduceOpFromProto(ReduceOpToProto(op), "op"), op);
+  }
+  EXPECT_THAT(ErrorOf(ReduceOpFromProto(static_cast<v1::ReduceOp>(9), "p.op")),
+              HasSubstr("p.op: unknown reduce op 9"));
+}
+
+TEST(ConvertTest, ShapeNamesTheNegativeDim) {
+  v1::CreateTensorRequest req;
+  req.add_shape(4);
+  req.add_shape(-1);
+  EXPECT_EQ(ErrorOf(ShapeFromProto(req.shape())), "shape[1] = -1 must be >= 0");
+  req.set_shape(1, int64_t{1} << 40);
+  req.add_shape(int64_t{1} << 40);
+  EXPECT_THAT(ErrorOf(ShapeFromProto(req.shape())), HasSubstr("shape: "));
+  req.clear_shape();
+  req.add_shape(3);
+  req.add_shape(0);
+  EXPECT_THAT(*ShapeFromProto(req.shape()), ElementsAre(3, 0));
+}
+
+TEST(ConvertTest, BoxRoundTripAndErrors) {
+  Box box({1, 2}, {3, 4});
+  absl::StatusOr<Box> back = BoxFromProto(BoxToProto(box), "box");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, box);
+
+  v1::Box bad;
+  bad.add_offset(0);
+  EXPECT_EQ(ErrorOf(BoxFromProto(bad, "chunks[0].box")),
+            "chunks[0].box: offset has 1 dims but shape has 0");
+  bad.add_shape(-5);
+  EXPECT_EQ(ErrorOf(BoxFromProto(bad, "b")), "b.shape[0] = -5 must be >= 0");
+}
+
+TEST(ConvertTest, PlacementRoundTrip) {
+  for (const Placement& p : {Placement::Shard(1), Placement::Shard(0, {3, 5}),
+                             Placement::Replicate(), Placement::Partial(ReduceOp::kMax)}) {
+    absl::StatusOr<Placement> back = PlacementFromProto(PlacementToProto(p), "p");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, p) << p.ToString();
+  }
+  EXPECT_EQ(ErrorOf(PlacementFromProto(v1::Placement(), "spec.placements[0]")),
+            "spec.placements[0]: no kind set (want shard, replicate or partial)");
+  v1::Placement neg;
+  neg.mutable_shard()->add_sizes(2);
+  neg.mutable_shard()->add_sizes(-1);
+  EXPECT_EQ(ErrorOf(PlacementFromProto(neg, "p")), "p.shard.sizes[1] = -1 must be >= 0");
+}
+
+TEST(ConvertTest, SpecFromTextAndStructured) {
+  v1::ShardingSpec text;
+  text.set_mesh("m");
+  text.set_placements_text("S(0),R");
+  absl::StatusOr<Spec> spec = SpecFromProto(text);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->mesh, "m");
+  EXPECT_FALSE(spec->is_flat);
+  EXPECT_THAT(spec->placements, ElementsAre(Placement::Shard(0), Placement::Replicate()));
+  EXPECT_EQ(spec->ToString(), "S(0),R");
+
+  // Back to proto and in again: the structured form gives the same spec.
+  v1::ShardingSpec structured = SpecToProto(*spec);
+  structured.clear_placements_text();
+  absl::StatusOr<Spec> again = SpecFromProto(structured);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->placements, spec->placements);
+
+  v1::ShardingSpec flat;
+  flat.set_flat_text("0:4;4:8");
+  absl::StatusOr<Spec> f = SpecFromProto(flat);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->is_flat);
+  ASSERT_EQ(f->flat.size(), 2u);
+  EXPECT_EQ(f->flat[1][0], (FlatRange{4, 8}));
+  EXPECT_EQ(f->ToString(), "flat 0:4;4:8");
+  v1::ShardingSpec flat2 = SpecToProto(*f);
+  flat2.clear_flat_text();
+  absl::StatusOr<Spec> f2 = SpecFromProto(flat2);
+  ASSERT_TRUE(f2.ok());
+  EXPECT_EQ(f2->flat, f->flat);
+}
+
+TEST(ConvertTest, SpecErrorsNameTheField) {
+  EXPECT_EQ(ErrorOf(SpecFromProto(v1::ShardingSpec())),
+            "spec: no placements or flat ranges given");
+  v1::ShardingSpec both;
+  both.set_placements_text("R");
+  both.set_flat_text("0:4");
+  EXPECT_THAT(ErrorOf(SpecFromProto(both, "target")),
+              HasSubstr("target: give exactly one of placements, flat, placements_text, "
+                        "flat_text (got placements_text and flat_text)"));
+  v1::ShardingSpec garbage;
+  garbage.set_placements_text("S(0),Q");
+  EXPECT_THAT(ErrorOf(SpecFromProto(garbage)), HasSubstr("spec.placements_text: "));
+  v1::ShardingSpec bad_range;
+  v1::FlatRange* r = bad_range.add_flat()->add_ranges();
+  r->set_start(5);
+  r->set_end(3);
+  EXPECT_EQ(ErrorOf(SpecFromProto(bad_range)),
+            "spec.flat[0].ranges[0]: 5:3 must have 0 <= start <= end");
+}
+
+TEST(ConvertTest, LayoutForSpecChecksPlacementsAgainstTensorAndMesh) {
+  const DeviceMesh mesh = Mesh({2, 2});
+  Spec spec;
+  spec.placements = {Placement::Replicate(), Placement::Shard(3)};
+  EXPECT_EQ(ErrorOf(LayoutForSpec(spec, mesh, {8, 4})), "spec.placements[1]: S(3) on a 2-d tensor");
+
+  spec.placements = {Placement::Shard(0)};
+  EXPECT_EQ(ErrorOf(LayoutForSpec(spec, mesh, {8, 4})),
+            "spec.placements: 'S(0)' has 1 items but mesh 2x2 has 2 dims");
+
+  spec.placements = {Placement::Shard(0, {1, 2, 5}), Placement::Replicate()};
+  EXPECT_EQ(ErrorOf(LayoutForSpec(spec, mesh, {8, 4})),
+            "spec.placements[0]: S(0,[1,2,5]) has 3 sizes but mesh dim 0 has 2 positions");
+
+  spec.placements = {Placement::Shard(0, {1, 2}), Placement::Replicate()};
+  EXPECT_THAT(ErrorOf(LayoutForSpec(spec, mesh, {8, 4})),
+              HasSubstr("spec.placements: placement S(0,[1,2]) at mesh dim 0: sizes sum to 3"));
+
+  spec.placements = {Placement::Partial(ReduceOp::kSum), Placement::Partial(ReduceOp::kMax)};
+  EXPECT_EQ(ErrorOf(LayoutForSpec(spec, mesh, {8, 4})),
+            "spec.placements[1]: P(max) after P(sum): all Partial dims must use one reduce op");
+
+  spec.placements = {Placement::Shard(-1), Placement::Shard(0)};
+  absl::StatusOr<Layout> layout = LayoutForSpec(spec, mesh, {8, 4});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(*layout, *Layout::FromPlacements(mesh, {8, 4}, spec.placements));
+
+  Spec flat;
+  flat.is_flat = true;
+  flat.flat = {{{0, 16}}, {{16, 32}}};
+  EXPECT_EQ(ErrorOf(LayoutForSpec(flat, mesh, {8, 4}, "target")),
+            "target.flat: 2 ranks given for mesh 2x2 of 4 ranks");
+  flat.flat = {{{0, 8}}, {{8, 16}}, {{16, 24}}, {{24, 40}}};
+  EXPECT_THAT(ErrorOf(LayoutForSpec(flat, mesh, {8, 4})), HasSubstr("spec.flat: "));
+}
+
+TEST(ConvertTest, LayoutRoundTripCarriesChecksums) {
+  const DeviceMesh mesh = Mesh({2, 2}, {7, 5, 3, 1});
+  absl::StatusOr<Layout> layout = Layout::FromPlacements(
+      mesh, {6, 4}, {Placement::Shard(0), Placement::Partial(ReduceOp::kAvg)});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  LayoutChecksums sums = {{11}, {22}, {33}, {44}};
+  v1::Layout proto = LayoutToProto(*layout, &sums);
+  EXPECT_EQ(proto.ranks(2).rank(), 3);
+  EXPECT_EQ(proto.ranks(2).chunks(0).checksum(), 33u);
+  EXPECT_EQ(proto.num_partials(), 2);
+  EXPECT_EQ(proto.partial_op(), v1::AVG);
+
+  LayoutChecksums back_sums;
+  absl::StatusOr<Layout> back = LayoutFromProto(proto, "layout", &back_sums);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *layout);
+  EXPECT_EQ(back_sums, sums);
+  EXPECT_EQ(back->partial_op(), ReduceOp::kAvg);
+
+  // Without checksums every chunk says 0 (unknown).
+  EXPECT_EQ(LayoutToProto(*layout).ranks(0).chunks(0).checksum(), 0u);
+}
+
+TEST(ConvertTest, LayoutFromProtoValidates) {
+  v1::Layout proto;
+  proto.add_global_shape(4);
+  for (int r = 0; r < 2; ++r) {
+    v1::RankChunks* rc = proto.add_ranks();
+    rc->set_rank(r);
+    rc->set_local_elements(3);
+    *rc->add_chunks() = ChunkToProto(Chunk{Box({r == 0 ? 0 : 1}, {3}), 0, 0});
+  }
+  // [0:3] and [1:4] overlap without being replicas.
+  EXPECT_THAT(ErrorOf(LayoutFromProto(proto, "layout")), HasSubstr("layout: "));
+  proto.mutable_ranks(1)->mutable_chunks(0)->set_local_offset(-1);
+  EXPECT_EQ(ErrorOf(LayoutFromProto(proto, "layout")),
+            "layout.ranks[1].chunks[0].local_offset = -1 must be >= 0");
+}
+
+// Four ranks: an all-gather among {0, 1} and a point-to-point step among {2, 3}.
+Plan TwoStepPlan() {
+  Plan plan;
+  plan.source = *Layout::FromPlacements(Mesh({4}), {8}, {Placement::Shard(0)});
+  plan.target = *Layout::FromChunks(
+      {8}, {RankChunks{0, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
+            RankChunks{1, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
+            RankChunks{2, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4},
+            RankChunks{3, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4}});
+  plan.dtype = DType::kF32;
+  for (int64_t r = 0; r < 4; ++r) {
+    plan.local_copies.push_back(LocalCopy{r, Box({2 * r}, {2}), false, 0});
+  }
+  Step gather;
+  gather.op = StepOp::kAllGather;
+  gather.ranks = {0, 1};
+  gather.transfers = {Transfer{0, 1, Box({0}, {2}), 8, false, 0},
+                      Transfer{1, 0, Box({2}, {2}), 8, false, 0}};
+  gather.bytes = 16;
+  Step p2p;
+  p2p.op = StepOp::kPointToPoint;
+  p2p.ranks = {2, 3};
+  p2p.transfers = {Transfer{2, 3, Box({4}, {2}), 8, false, 0},
+                   Transfer{3, 2, Box({6}, {2}), 8, false, 0}};
+  p2p.bytes = 16;
+  plan.steps = {gather, p2p};
+  plan.bytes_moved = 32;
+  plan.lower_bound_bytes = 32;
+  plan.traffic = {RankTraffic{0, 8, 8}};
+  return plan;
+}
+
+TEST(ConvertTest, PlanToProto) {
+  const Plan plan = TwoStepPlan();
+  v1::Plan proto = PlanToProto(plan, "p-1", "T");
+  EXPECT_EQ(proto.id(), "p-1");
+  EXPECT_EQ(proto.tensor(), "T");
+  EXPECT_EQ(proto.dtype(), v1::F32);
+  ASSERT_EQ(proto.steps_size(), 2);
+  EXPECT_EQ(proto.steps(1).index(), 1);
+  EXPECT_EQ(proto.steps(1).op(), v1::POINT_TO_POINT);
+  EXPECT_EQ(proto.steps(0).transfers(1).src(), 1);
+  EXPECT_EQ(proto.local_copies_size(), 4);
+  EXPECT_EQ(proto.bytes_moved(), 32);
+  EXPECT_EQ(proto.traffic(0).bytes_received(), 8);
+  EXPECT_EQ(*LayoutFromProto(proto.target(), "target"), plan.target);
+  EXPECT_THAT(PlanParticipants(plan), ElementsAre(0, 1, 2, 3));
+}
+
+TEST(ConvertTest, FragmentHoldsOnlyTheRanksSteps) {
+  const Plan plan = TwoStepPlan();
+  FragmentOptions options;
+  options.plan_id = "p-1";
+  options.tensor = "T";
+  options.source_version = 3;
+  options.target_version = 4;
+  options.incarnations = {{0, 10}, {1, 11}, {2, 12}, {3, 13}};
+  options.step_timeout_ms = 500;
+  options.communicator_prefix = "plan/p-1";
+
+  v1::PlanFragment f2 = MakeFragment(plan, 2, options);
+  ASSERT_EQ(f2.steps_size(), 1);
+  EXPECT_EQ(f2.steps(0).index(), 1);
+  EXPECT_EQ(f2.local_copies_size(), 1);
+  EXPECT_EQ(f2.local_copies(0).rank(), 2);
+  EXPECT_THAT(f2.member_ranks(), ElementsAre(2, 3));
+  EXPECT_THAT(f2.member_incarnations(), ElementsAre(12, 13));
+  EXPECT_EQ(f2.source().chunks(0).box().offset(0), 4);
+  EXPECT_EQ(f2.target().chunks(0).box().offset(0), 4);
+
+  absl::StatusOr<Fragment> parsed = FragmentFromProto(f2);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->plan_id, "p-1");
+  EXPECT_EQ(parsed->rank, 2);
+  EXPECT_EQ(parsed->source_version, 3);
+  EXPECT_EQ(parsed->target_version, 4);
+  ASSERT_EQ(parsed->steps.size(), 1u);
+  EXPECT_EQ(parsed->step_indices[0], 1);
+  EXPECT_EQ(parsed->steps[0].transfers, plan.steps[1].transfers);
+  EXPECT_EQ(parsed->local_copies[0], plan.local_copies[2]);
+  EXPECT_EQ(parsed->member_incarnations.at(3), 13);
+  EXPECT_EQ(parsed->target.chunks, plan.target.Find(2)->chunks);
+  EXPECT_EQ(parsed->communicator_prefix, "plan/p-1");
+
+  // A rank outside the plan gets an empty fragment.
+  v1::PlanFragment f9 = MakeFragment(plan, 9, options);
+  EXPECT_EQ(f9.steps_size(), 0);
+  EXPECT_EQ(f9.source().chunks_size(), 0);
+  EXPECT_EQ(f9.source().rank(), 9);
+}
+
+TEST(ConvertTest, FragmentFromProtoRejectsInconsistentFragments) {
+  const Plan plan = TwoStepPlan();
+  FragmentOptions options;
+  options.plan_id = "p";
+  options.tensor = "T";
+  v1::PlanFragment f = MakeFragment(plan, 0, options);
+  f.set_rank(2);  // Step 0 is among {0, 1}.
+  f.clear_local_copies();
+  f.mutable_source()->clear_chunks();
+  f.mutable_target()->clear_chunks();
+  EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "steps[0]: rank 2 is not in the step's group");
+
+  f = MakeFragment(plan, 0, options);
+  f.mutable_steps(0)->mutable_transfers(0)->set_dst(3);
+  EXPECT_EQ(ErrorOf(FragmentFromProto(f)),
+            "steps[0].transfers[0]: 0 -> 3 leaves the step's group [0,1]");
+
+  f = MakeFragment(plan, 0, options);
+  f.add_member_incarnations(5);
+  EXPECT_THAT(ErrorOf(FragmentFromProto(f)), HasSubstr("member_incarnations: "));
+
+  f = MakeFragment(plan, 0, options);
+  f.set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "dtype: unspecified");
+}
+
+}  // namespace
+}  // namespace shardcoord
