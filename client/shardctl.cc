@@ -7,11 +7,19 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_replace.h"
 #include "client/layout_command.h"
+#include "client/mesh_command.h"
+#include "client/plan_command.h"
+#include "client/tensor_command.h"
+#include "client/workers_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"shardctl: inspect and drive shardcoord sharding layouts.", "shardctl"};
   app.require_subcommand(1);
   shardcoord::AddLayoutCommand(app);
+  shardcoord::AddWorkersCommand(app);
+  shardcoord::AddMeshCommand(app);
+  shardcoord::AddTensorCommand(app);
+  shardcoord::AddPlanCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,455 @@
+#include "client/tensor_command.h"
+
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <utility>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "client/command_util.h"
+#include "client/coordinator_format.h"
+#include "client/json_writer.h"
+#include "client/layout_format.h"
+#include "client/npy.h"
+#include "proto/convert.h"
+#include "sharding/placement.h"
+
+namespace shardcoord {
+namespace {
+
+absl::Status FlagError(absl::string_view flag, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", message));
+}
+
+bool Terminal(v1::PlanState state) {
+  return state == v1::COMMITTED || state == v1::ABORTED;
+}
+
+// Runs a plan to its end. With `progress`, starts it without waiting and follows WatchPlan,
+// drawing a bar; otherwise one call that returns when the plan has ended.
+absl::StatusOr<v1::RedistributeResponse> RunPlan(
+    CoordinatorClient& client,
+    const std::function<absl::StatusOr<v1::RedistributeResponse>(bool wait)>& start,
+    bool progress, const std::string& label, std::ostream& err) {
+  absl::StatusOr<v1::RedistributeResponse> response = start(/*wait=*/!progress);
+  if (!response.ok() || !progress || Terminal(response->progress().state())) return response;
+  ProgressBar bar(err, true, label);
+  bar.Update(response->progress().bytes_done(), response->progress().bytes_total());
+  absl::StatusOr<v1::PlanProgress> last =
+      client.WatchPlan(response->progress().plan_id(), [&](const v1::PlanProgress& p) {
+        bar.Update(p.bytes_done(), p.bytes_total());
+      });
+  bar.Finish();
+  if (!last.ok()) return last.status();
+  *response->mutable_progress() = *last;
+  return response;
+}
+
+// A plan that ended ABORTED (reported as an answer rather than a status) is an error too.
+int ReportOutcome(CoordinatorClient& client, absl::string_view verb,
+                  const absl::StatusOr<v1::RedistributeResponse>& response, bool json,
+                  std::ostream& out, std::ostream& err) {
+  if (!response.ok()) return ReportStatus(err, response.status(), client.address());
+  if (response->progress().state() == v1::ABORTED) {
+    const std::string why = response->progress().error().empty()
+                                ? absl::StrCat("plan ", response->progress().plan_id(), " aborted")
+                                : response->progress().error();
+    return ReportStatus(err, absl::AbortedError(why), client.address());
+  }
+  out << (json ? PlanOutcomeJson(*response) + "\n" : PlanOutcomeText(verb, *response));
+  return 0;
+}
+
+absl::StatusOr<v1::InitKind> ParseInit(absl::string_view text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "zeros" || t == "zero") return v1::ZEROS;
+  if (t == "arange") return v1::ARANGE;
+  if (t == "random" || t == "rand") return v1::RANDOM;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not an init kind (zeros, arange, random)"));
+}
+
+void AddSpecFlags(CLI::App* cmd, CLI::Option** placements, CLI::Option** flat) {
+  *placements = cmd->add_option(
+      "--placements",
+      "DTensor placements, one per mesh dim: S(d), S(d,[3,5]), R, P(sum|avg|min|max). "
+      "Example: S(0),R");
+  (*placements)->type_name("SPEC");
+  *flat = cmd->add_option("--flat",
+                          "Flat ranges per mesh position (OLMo-core ShardingSpec): "
+                          "'0:4,20:30;4:20;;'");
+  (*flat)->type_name("SPEC");
+}
+
+std::optional<std::string> Value(const CLI::Option* option) {
+  if (option->count() == 0) return std::nullopt;
+  return option->as<std::string>();
+}
+
+void Finish(int rc) {
+  if (rc != 0) throw CLI::RuntimeError(rc);
+}
+
+int ReportJsonOrText(std::ostream& out, bool json, const std::string& json_text,
+                     const std::string& text) {
+  out << (json ? json_text + "\n" : text);
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ShardingSpec> BuildSpec(const std::string& mesh,
+                                           const std::optional<std::string>& placements,
+                                           const std::optional<std::string>& flat) {
+  if (placements.has_value() == flat.has_value()) {
+    return placements.has_value()
+               ? FlagError("--flat", "give exactly one of --placements or --flat, not both")
+               : FlagError("--placements", "give exactly one of --placements or --flat");
+  }
+  // Checked here for syntax; sent as text, which the coordinator parses the same way.
+  v1::ShardingSpec spec;
+  spec.set_mesh(mesh);
+  if (placements.has_value()) {
+    absl::StatusOr<std::vector<Placement>> parsed = ParsePlacements(*placements);
+    if (!parsed.ok()) return FlagError("--placements", parsed.status().message());
+    spec.set_placements_text(PlacementsToString(*parsed));
+  } else {
+    absl::StatusOr<FlatSpec> parsed = ParseFlatSpec(*flat);
+    if (!parsed.ok()) return FlagError("--flat", parsed.status().message());
+    spec.set_flat_text(FlatSpecToString(*parsed));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::CreateTensorRequest> BuildCreateTensorRequest(const TensorCreateFlags& flags) {
+  v1::CreateTensorRequest request;
+  request.set_name(flags.name);
+  absl::StatusOr<std::vector<int64_t>> shape = ParseIntList(flags.shape);
+  if (!shape.ok()) return FlagError("--shape", shape.status().message());
+  if (absl::Status s = ValidateShape(*shape); !s.ok()) return FlagError("--shape", s.message());
+  for (int64_t d : *shape) request.add_shape(d);
+  absl::StatusOr<DType> dtype = ParseDType(absl::StripAsciiWhitespace(flags.dtype));
+  if (!dtype.ok()) return FlagError("--dtype", dtype.status().message());
+  request.set_dtype(DTypeToProto(*dtype));
+  if (flags.mesh.empty()) return FlagError("--mesh", "the tensor needs a mesh");
+  absl::StatusOr<v1::ShardingSpec> spec = BuildSpec(flags.mesh, flags.placements, flags.flat);
+  if (!spec.ok()) return spec.status();
+  *request.mutable_spec() = *std::move(spec);
+  absl::StatusOr<v1::InitKind> init = ParseInit(flags.init);
+  if (!init.ok()) return FlagError("--init", init.status().message());
+  request.set_init(*init);
+  request.set_seed(flags.seed);
+  return request;
+}
+
+int RunTensorCreateCommand(CoordinatorClient& client, const TensorCreateFlags& flags, bool json,
+                           std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::CreateTensorRequest> request = BuildCreateTensorRequest(flags);
+  if (!request.ok()) return ReportFlagError(err, "tensor create", request.status().message());
+  absl::StatusOr<v1::TensorInfo> tensor = client.CreateTensor(*request);
+  if (!tensor.ok()) return ReportStatus(err, tensor.status(), client.address());
+  return ReportJsonOrText(out, json, TensorJson(*tensor),
+                          absl::StrCat("created tensor ", TensorLine(*tensor), "\n"));
+}
+
+absl::StatusOr<v1::RedistributeRequest> BuildRedistributeRequest(const RedistributeFlags& flags) {
+  v1::RedistributeRequest request;
+  request.set_tensor(flags.name);
+  absl::StatusOr<v1::ShardingSpec> spec = BuildSpec(flags.mesh, flags.placements, flags.flat);
+  if (!spec.ok()) return spec.status();
+  *request.mutable_target() = *std::move(spec);
+  return request;
+}
+
+int RunRedistributeCommand(CoordinatorClient& client, const RedistributeFlags& flags, bool json,
+                           bool progress, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::RedistributeRequest> request = BuildRedistributeRequest(flags);
+  if (!request.ok()) {
+    return ReportFlagError(err, "tensor redistribute", request.status().message());
+  }
+  absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
+      client,
+      [&](bool wait) {
+        request->set_wait(wait);
+        return client.Redistribute(*request);
+      },
+      progress, absl::StrCat("redistribute ", flags.name), err);
+  return ReportOutcome(client, "redistributed", response, json, out, err);
+}
+
+v1::GatherRequest BuildGatherRequest(const GatherFlags& flags) {
+  v1::GatherRequest request;
+  request.set_tensor(flags.name);
+  request.set_mesh(flags.mesh);
+  if (flags.to_rank.has_value()) {
+    request.set_has_to_rank(true);
+    request.set_to_rank(*flags.to_rank);
+  }
+  return request;
+}
+
+int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json,
+                     bool progress, std::ostream& out, std::ostream& err) {
+  if (flags.to_rank.has_value() && *flags.to_rank < 0) {
+    return ReportFlagError(err, "tensor gather",
+                           absl::StrCat("--to-rank: ", *flags.to_rank, " is negative"));
+  }
+  v1::GatherRequest request = BuildGatherRequest(flags);
+  absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
+      client,
+      [&](bool wait) {
+        request.set_wait(wait);
+        return client.Gather(request);
+      },
+      progress, absl::StrCat("gather ", flags.name), err);
+  return ReportOutcome(client, "gathered", response, json, out, err);
+}
+
+int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bool json,
+                       bool progress, std::ostream& out, std::ostream& err) {
+  if (flags.out_path.empty()) return ReportFlagError(err, "tensor download", "--out: empty path");
+  std::string data;
+  absl::StatusOr<v1::TensorHeader> header;
+  {
+    ProgressBar bar(err, progress, absl::StrCat("download ", flags.name));
+    header = client.Download(flags.name, &data,
+                             [&](int64_t done, int64_t total) { bar.Update(done, total); });
+  }
+  if (!header.ok()) return ReportStatus(err, header.status(), client.address());
+  absl::StatusOr<DType> dtype = DTypeFromProto(header->dtype(), "header.dtype");
+  if (!dtype.ok()) return ReportStatus(err, absl::InternalError(dtype.status().message()));
+  absl::StatusOr<Shape> shape = ShapeFromProto(header->shape(), "header.shape");
+  if (!shape.ok()) return ReportStatus(err, absl::InternalError(shape.status().message()));
+  if (absl::Status s = WriteNpyFile(flags.out_path, *dtype, *shape, data); !s.ok()) {
+    return ReportStatus(err, s);
+  }
+  if (*dtype == DType::kBF16) {
+    err << "shardctl: note: bf16 has no NumPy dtype; " << flags.out_path
+        << " holds the raw bits as '<u2' (view with ml_dtypes.bfloat16)\n";
+  }
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("tensor").String(flags.name);
+  w.Key("path").String(flags.out_path);
+  w.Key("shape").IntArray(*shape);
+  w.Key("dtype").String(DTypeName(*dtype));
+  w.Key("npy_dtype").String(NpyDescr(*dtype));
+  w.Key("bytes").Int(static_cast<int64_t>(data.size()));
+  w.EndObject();
+  return ReportJsonOrText(out, json, w.str(),
+                          absl::StrCat("downloaded '", flags.name, "' ", ShapeToString(*shape),
+                                       " ", DTypeName(*dtype), " (",
+                                       HumanBytes(static_cast<int64_t>(data.size())), ") to ",
+                                       flags.out_path, "\n"));
+}
+
+int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json,
+                     bool progress, std::ostream& out, std::ostream& err) {
+  constexpr absl::string_view kCommand = "tensor upload";
+  if (flags.from_path.empty()) return ReportFlagError(err, kCommand, "--from: empty path");
+  if (flags.mesh.empty()) return ReportFlagError(err, kCommand, "--mesh: the tensor needs a mesh");
+  std::optional<DType> want;
+  if (!flags.dtype.empty()) {
+    absl::StatusOr<DType> d = ParseDType(absl::StripAsciiWhitespace(flags.dtype));
+    if (!d.ok()) return ReportFlagError(err, kCommand, absl::StrCat("--dtype: ", d.status().message()));
+    want = *d;
+  }
+  absl::StatusOr<v1::ShardingSpec> spec = BuildSpec(flags.mesh, flags.placements, flags.flat);
+  if (!spec.ok()) return ReportFlagError(err, kCommand, spec.status().message());
+
+  NpyReadOptions options;
+  options.u2_as_bf16 = want == DType::kBF16;
+  absl::StatusOr<NpyArray> array = ReadNpyFile(flags.from_path, options);
+  if (!array.ok()) return ReportStatus(err, array.status());
+  if (want.has_value() && *want != array->dtype) {
+    return ReportFlagError(err, kCommand,
+                           absl::StrCat("--dtype: ", flags.from_path, " holds ",
+                                        DTypeName(array->dtype), ", not ", DTypeName(*want),
+                                        " (uploads keep the file's dtype; only bf16 "
+                                        "reinterprets a '<u2' file)"));
+  }
+
+  v1::TensorHeader header;
+  header.set_name(flags.name);
+  for (int64_t d : array->shape) header.add_shape(d);
+  header.set_dtype(DTypeToProto(array->dtype));
+  *header.mutable_spec() = *std::move(spec);
+  header.set_total_bytes(static_cast<int64_t>(array->data.size()));
+  absl::StatusOr<v1::TensorInfo> tensor;
+  {
+    ProgressBar bar(err, progress, absl::StrCat("upload ", flags.name));
+    tensor = client.Upload(header, array->data,
+                           [&](int64_t done, int64_t total) { bar.Update(done, total); });
+  }
+  if (!tensor.ok()) return ReportStatus(err, tensor.status(), client.address());
+  return ReportJsonOrText(out, json, TensorJson(*tensor),
+                          absl::StrCat("uploaded ", flags.from_path, " as tensor ",
+                                       TensorLine(*tensor), "\n"));
+}
+
+int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, bool json,
+                         std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::TensorInfo> tensor = client.GetTensor(name);
+  if (!tensor.ok()) return ReportStatus(err, tensor.status(), client.address());
+  return ReportJsonOrText(out, json, TensorJson(*tensor), TensorText(*tensor));
+}
+
+int RunTensorListCommand(CoordinatorClient& client, bool json, std::ostream& out,
+                         std::ostream& err) {
+  absl::StatusOr<std::vector<v1::TensorInfo>> tensors = client.ListTensors();
+  if (!tensors.ok()) return ReportStatus(err, tensors.status(), client.address());
+  return ReportJsonOrText(out, json, TensorsJson(*tensors), TensorsTable(*tensors));
+}
+
+int RunTensorDeleteCommand(CoordinatorClient& client, const std::string& name, bool json,
+                           std::ostream& out, std::ostream& err) {
+  absl::Status s = client.DeleteTensor(name);
+  if (!s.ok()) return ReportStatus(err, s, client.address());
+  JsonWriter w;
+  w.BeginObject().Key("deleted").String(name).EndObject();
+  return ReportJsonOrText(out, json, w.str(), absl::StrCat("deleted tensor '", name, "'\n"));
+}
+
+void AddTensorCommand(CLI::App& app) {
+  CLI::App* tensor = app.add_subcommand("tensor", "Create, move, read and write tensors");
+  tensor->require_subcommand(1);
+  auto add_name = [](CLI::App* cmd, std::string* name) {
+    cmd->add_option("name", *name, "Tensor name")->required()->type_name("NAME");
+  };
+  const bool progress = ProgressBar::StderrIsTerminal();
+
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "create", "Create a tensor on a mesh, filled on the workers (no data is sent)");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<TensorCreateFlags>();
+    add_name(cmd, &flags->name);
+    cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
+    cmd->add_option("--shape", flags->shape, "Global shape, comma-separated: 64,48")
+        ->required()
+        ->type_name("DIMS");
+    cmd->add_option("--dtype", flags->dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")
+        ->capture_default_str()
+        ->type_name("TYPE");
+    CLI::Option *placements, *flat;
+    AddSpecFlags(cmd, &placements, &flat);
+    cmd->add_option("--init", flags->init,
+                    "zeros, arange (element i = i) or random (uniform [0,1) from --seed)")
+        ->capture_default_str()
+        ->type_name("KIND");
+    cmd->add_option("--seed", flags->seed, "Seed for --init random")->capture_default_str();
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, placements, flat]() {
+      flags->placements = Value(placements);
+      flags->flat = Value(flat);
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunTensorCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "redistribute", "Move a tensor to a new layout, on its mesh or another one");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<RedistributeFlags>();
+    add_name(cmd, &flags->name);
+    cmd->add_option("--mesh", flags->mesh, "Target mesh (default: the tensor's)")
+        ->type_name("MESH");
+    CLI::Option *placements, *flat;
+    AddSpecFlags(cmd, &placements, &flat);
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, placements, flat, progress]() {
+      flags->placements = Value(placements);
+      flags->flat = Value(flat);
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "gather", "Replicate a tensor on every rank of a mesh, or on one rank");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<GatherFlags>();
+    add_name(cmd, &flags->name);
+    cmd->add_option("--mesh", flags->mesh, "Mesh to gather on (default: the tensor's)")
+        ->type_name("MESH");
+    CLI::Option* to_rank = cmd->add_option("--to-rank", "Gather to this one global rank");
+    to_rank->type_name("RANK");
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, to_rank, progress]() {
+      if (to_rank->count() > 0) flags->to_rank = to_rank->as<int64_t>();
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand("download", "Save a whole tensor as a NumPy .npy file");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<DownloadFlags>();
+    add_name(cmd, &flags->name);
+    cmd->add_option("--out", flags->out_path, "Output .npy path")->required()->type_name("PATH");
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, progress]() {
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "upload", "Create (or overwrite) a tensor from a NumPy .npy file, stored in the given layout");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<UploadFlags>();
+    add_name(cmd, &flags->name);
+    cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
+    CLI::Option *placements, *flat;
+    AddSpecFlags(cmd, &placements, &flat);
+    cmd->add_option("--from", flags->from_path, "Input .npy path (C order, little-endian)")
+        ->required()
+        ->type_name("PATH");
+    cmd->add_option("--dtype", flags->dtype,
+                    "Expected dtype (default: the file's); bf16 reads a '<u2' file as bf16 bits")
+        ->type_name("TYPE");
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, placements, flat, progress]() {
+      flags->placements = Value(placements);
+      flags->flat = Value(flat);
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunUploadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "show", "A tensor's layout: chunks per rank with checksums, and a picture");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto name = std::make_shared<std::string>();
+    add_name(cmd, name.get());
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, name]() {
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunTensorShowCommand(client, *name, conn->json, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand("list", "List tensors");
+    auto conn = std::make_shared<ConnectionFlags>();
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn]() {
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunTensorListCommand(client, conn->json, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand("delete", "Delete a tensor and free its buffers");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto name = std::make_shared<std::string>();
+    add_name(cmd, name.get());
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, name]() {
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunTensorDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
+    });
+  }
+}
+
+}  // namespace shardcoord

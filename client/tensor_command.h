@@ -1,0 +1,93 @@
+#ifndef SHARDCOORD_CLIENT_TENSOR_COMMAND_H_
+#define SHARDCOORD_CLIENT_TENSOR_COMMAND_H_
+
+// `shardctl tensor create|redistribute|gather|download|upload|show|list|delete`. Each Run*
+// function does one subcommand once its flags are parsed and returns the exit status: 0, 1
+// when the coordinator (or the file system) refused, 2 for bad flags. Build* functions turn
+// flags into requests without any I/O.
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/coordinator_client.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace shardcoord {
+
+void AddTensorCommand(CLI::App& app);
+
+// A spec from flags: exactly one of placements and flat, checked for syntax here so that
+// typos are flag errors (exit 2) rather than server errors. `mesh` may be empty.
+absl::StatusOr<v1::ShardingSpec> BuildSpec(const std::string& mesh,
+                                           const std::optional<std::string>& placements,
+                                           const std::optional<std::string>& flat);
+
+struct TensorCreateFlags {
+  std::string name;
+  std::string mesh;
+  std::string shape;  // "64,48"
+  std::string dtype = "f32";
+  std::optional<std::string> placements;
+  std::optional<std::string> flat;
+  std::string init = "zeros";  // zeros | arange | random
+  uint64_t seed = 0;
+};
+absl::StatusOr<v1::CreateTensorRequest> BuildCreateTensorRequest(const TensorCreateFlags& flags);
+int RunTensorCreateCommand(CoordinatorClient& client, const TensorCreateFlags& flags, bool json,
+                           std::ostream& out, std::ostream& err);
+
+struct RedistributeFlags {
+  std::string name;
+  std::string mesh;  // Empty: the tensor's mesh.
+  std::optional<std::string> placements;
+  std::optional<std::string> flat;
+};
+absl::StatusOr<v1::RedistributeRequest> BuildRedistributeRequest(const RedistributeFlags& flags);
+// With `progress`, starts the plan, watches it and draws a bar on `err`; otherwise one call
+// that waits for the plan to end.
+int RunRedistributeCommand(CoordinatorClient& client, const RedistributeFlags& flags, bool json,
+                           bool progress, std::ostream& out, std::ostream& err);
+
+struct GatherFlags {
+  std::string name;
+  std::string mesh;                // Empty: the tensor's mesh.
+  std::optional<int64_t> to_rank;  // One rank instead of every rank of the mesh.
+};
+v1::GatherRequest BuildGatherRequest(const GatherFlags& flags);
+int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json,
+                     bool progress, std::ostream& out, std::ostream& err);
+
+struct DownloadFlags {
+  std::string name;
+  std::string out_path;
+};
+int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bool json,
+                       bool progress, std::ostream& out, std::ostream& err);
+
+struct UploadFlags {
+  std::string name;
+  std::string mesh;
+  std::optional<std::string> placements;
+  std::optional<std::string> flat;
+  std::string from_path;
+  std::string dtype;  // Empty: the file's. "bf16" reads a '<u2' file as bf16 bits.
+};
+int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json,
+                     bool progress, std::ostream& out, std::ostream& err);
+
+int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, bool json,
+                         std::ostream& out, std::ostream& err);
+int RunTensorListCommand(CoordinatorClient& client, bool json, std::ostream& out,
+                         std::ostream& err);
+int RunTensorDeleteCommand(CoordinatorClient& client, const std::string& name, bool json,
+                           std::ostream& out, std::ostream& err);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_CLIENT_TENSOR_COMMAND_H_
