@@ -1,0 +1,387 @@
+// The online shardctl subcommands against a scripted coordinator on an in-process channel:
+// what each sends, what it prints, and its exit status.
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "client/coordinator_client.h"
+#include "client/mesh_command.h"
+#include "client/npy.h"
+#include "client/plan_command.h"
+#include "client/tensor_command.h"
+#include "client/workers_command.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+class FakeCoordinator final : public v1::Coordinator::Service {
+ public:
+  grpc::Status CreateMesh(grpc::ServerContext*, const v1::CreateMeshRequest* request,
+                          v1::MeshInfo* response) override {
+    absl::MutexLock lock(&mu_);
+    create_mesh_ = *request;
+    response->set_name(request->name());
+    *response->mutable_shape() = request->shape();
+    for (int i = 0; i < 4; ++i) {
+      response->add_ranks(i);
+      response->add_workers("w" + std::to_string(i));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CreateTensor(grpc::ServerContext*, const v1::CreateTensorRequest* request,
+                            v1::TensorInfo* response) override {
+    absl::MutexLock lock(&mu_);
+    create_tensor_ = *request;
+    response->set_name(request->name());
+    *response->mutable_shape() = request->shape();
+    response->set_dtype(request->dtype());
+    response->set_mesh(request->spec().mesh());
+    response->set_spec(request->spec().placements_text());
+    response->set_bytes(64 * 48 * 4);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetTensor(grpc::ServerContext*, const v1::GetTensorRequest* request,
+                         v1::TensorInfo*) override {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "tensor '" + request->name() + "' does not exist");
+  }
+
+  grpc::Status Redistribute(grpc::ServerContext*, const v1::RedistributeRequest* request,
+                            v1::RedistributeResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    redistribute_ = *request;
+    FillResponse(request->tensor(), request->wait(), response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Gather(grpc::ServerContext*, const v1::GatherRequest* request,
+                      v1::RedistributeResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    gather_ = *request;
+    FillResponse(request->tensor(), request->wait(), response);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest* request,
+                         grpc::ServerWriter<v1::PlanProgress>* writer) override {
+    for (int64_t done : {0, 2048, 4096}) {
+      v1::PlanProgress p;
+      p.set_plan_id(request->plan_id());
+      p.set_bytes_done(done);
+      p.set_bytes_total(4096);
+      p.set_state(done < 4096 ? v1::PREPARED : abort_ ? v1::ABORTED : v1::COMMITTED);
+      if (done == 4096 && abort_) p.set_error("worker w3 (rank 3) died in step 0");
+      writer->Write(p);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PlanRedistribute(grpc::ServerContext*, const v1::PlanRequest* request,
+                                v1::Plan* response) override {
+    response->set_tensor(request->tensor());
+    response->set_bytes_moved(96);
+    response->set_lower_bound_bytes(96);
+    v1::Step* s = response->add_steps();
+    s->set_op(v1::ALL_TO_ALL);
+    s->add_ranks(0);
+    s->add_ranks(1);
+    s->set_bytes(96);
+    response->set_explain("the coordinator's explanation\n");
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Upload(grpc::ServerContext*, grpc::ServerReader<v1::TensorData>* reader,
+                      v1::UploadResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    v1::TensorData m;
+    bool first = true;
+    upload_data_.clear();
+    while (reader->Read(&m)) {
+      if (first) upload_header_ = m.header();
+      first = false;
+      upload_data_ += m.data();
+    }
+    response->mutable_tensor()->set_name(upload_header_.name());
+    *response->mutable_tensor()->mutable_shape() = upload_header_.shape();
+    response->mutable_tensor()->set_dtype(upload_header_.dtype());
+    response->mutable_tensor()->set_bytes(static_cast<int64_t>(upload_data_.size()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Download(grpc::ServerContext*, const v1::DownloadRequest* request,
+                        grpc::ServerWriter<v1::TensorData>* writer) override {
+    v1::TensorData first;
+    first.mutable_header()->set_name(request->name());
+    first.mutable_header()->add_shape(2);
+    first.mutable_header()->add_shape(3);
+    first.mutable_header()->set_dtype(download_dtype_);
+    const std::string data = DownloadData();
+    first.mutable_header()->set_total_bytes(static_cast<int64_t>(data.size()));
+    writer->Write(first);
+    v1::TensorData m;
+    m.set_data(data);
+    writer->Write(m);
+    return grpc::Status::OK;
+  }
+
+  // f32 0..5, or bf16 bits 0..5.
+  std::string DownloadData() const {
+    std::string out;
+    for (int i = 0; i < 6; ++i) {
+      if (download_dtype_ == v1::BF16) {
+        const uint16_t v = static_cast<uint16_t>(i);
+        out.append(reinterpret_cast<const char*>(&v), 2);
+      } else {
+        const float v = static_cast<float>(i);
+        out.append(reinterpret_cast<const char*>(&v), 4);
+      }
+    }
+    return out;
+  }
+
+  absl::Mutex mu_;
+  v1::CreateMeshRequest create_mesh_;
+  v1::CreateTensorRequest create_tensor_;
+  v1::RedistributeRequest redistribute_;
+  v1::GatherRequest gather_;
+  v1::TensorHeader upload_header_;
+  std::string upload_data_;
+  bool abort_ = false;  // Plans end ABORTED.
+  v1::DType download_dtype_ = v1::F32;
+
+ private:
+  void FillResponse(const std::string& tensor, bool wait, v1::RedistributeResponse* response) {
+    v1::PlanProgress* p = response->mutable_progress();
+    p->set_plan_id("p1");
+    p->set_tensor(tensor);
+    p->set_bytes_total(4096);
+    if (wait) {
+      p->set_bytes_done(4096);
+      p->set_state(abort_ ? v1::ABORTED : v1::COMMITTED);
+      if (abort_) p->set_error("worker w3 (rank 3) died in step 0");
+    } else {
+      p->set_state(v1::PENDING);
+    }
+    response->mutable_plan()->set_bytes_moved(4096);
+    response->mutable_plan()->set_lower_bound_bytes(4096);
+  }
+};
+
+class CommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    client_ = std::make_unique<CoordinatorClient>(server_->InProcessChannel(grpc::ChannelArguments()),
+                                                  "in-process");
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = tmp != nullptr ? tmp : "/tmp";
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<CoordinatorClient> client_;
+  std::string dir_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(CommandsTest, MeshCreateSendsShapeDimsAndWorkers) {
+  MeshCreateFlags flags;
+  flags.name = "m";
+  flags.shape = "2x2";
+  flags.dims = "dp,tp";
+  ASSERT_EQ(RunMeshCreateCommand(*client_, flags, false, out_, err_), 0) << err_.str();
+  EXPECT_THAT(fake_.create_mesh_.shape(), ElementsAre(2, 2));
+  EXPECT_THAT(fake_.create_mesh_.dim_names(), ElementsAre("dp", "tp"));
+  EXPECT_TRUE(fake_.create_mesh_.workers().empty());  // "all"
+  EXPECT_THAT(out_.str(), HasSubstr("w0 (0)  w1 (1)"));
+  flags.workers = "w3,w2,w1,w0";
+  ASSERT_EQ(RunMeshCreateCommand(*client_, flags, true, out_, err_), 0) << err_.str();
+  EXPECT_THAT(fake_.create_mesh_.workers(), ElementsAre("w3", "w2", "w1", "w0"));
+  flags.workers = "w3,w2";
+  EXPECT_EQ(RunMeshCreateCommand(*client_, flags, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("shardctl mesh create: --workers: 2 workers for a mesh of 4 positions"));
+}
+
+TEST_F(CommandsTest, TensorCreateSendsTheSpecAsText) {
+  TensorCreateFlags flags;
+  flags.name = "t";
+  flags.mesh = "m";
+  flags.shape = "64,48";
+  flags.placements = "Shard(0), Replicate";
+  flags.init = "arange";
+  flags.seed = 7;
+  ASSERT_EQ(RunTensorCreateCommand(*client_, flags, false, out_, err_), 0) << err_.str();
+  const v1::CreateTensorRequest& r = fake_.create_tensor_;
+  EXPECT_EQ(r.name(), "t");
+  EXPECT_THAT(r.shape(), ElementsAre(64, 48));
+  EXPECT_EQ(r.dtype(), v1::F32);
+  EXPECT_EQ(r.spec().mesh(), "m");
+  EXPECT_EQ(r.spec().placements_text(), "S(0),R");  // Normalised.
+  EXPECT_EQ(r.spec().placements_size(), 0);         // Only one form is sent.
+  EXPECT_EQ(r.init(), v1::ARANGE);
+  EXPECT_EQ(r.seed(), 7u);
+  EXPECT_EQ(out_.str(), "created tensor t  [64, 48] f32  S(0),R on mesh m  12.0 KiB  version 0\n");
+}
+
+TEST_F(CommandsTest, ServerErrorsAreOneLineAndExitOne) {
+  EXPECT_EQ(RunTensorShowCommand(*client_, "x", false, out_, err_), 1);
+  EXPECT_EQ(err_.str(), "shardctl: NOT_FOUND: tensor 'x' does not exist\n");
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, RedistributeWaitsWithoutATerminal) {
+  RedistributeFlags flags;
+  flags.name = "t";
+  flags.mesh = "m2";
+  flags.placements = "R,S(1)";
+  ASSERT_EQ(RunRedistributeCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.redistribute_.wait());
+  EXPECT_EQ(fake_.redistribute_.target().mesh(), "m2");
+  EXPECT_EQ(fake_.redistribute_.target().placements_text(), "R,S(1)");
+  EXPECT_THAT(out_.str(), StartsWith("redistributed 't': plan p1 COMMITTED\n"));
+  EXPECT_EQ(err_.str(), "");  // No progress bar.
+}
+
+TEST_F(CommandsTest, RedistributeWatchesWithAProgressBar) {
+  RedistributeFlags flags;
+  flags.name = "t";
+  flags.flat = "0:10;10:20";
+  ASSERT_EQ(RunRedistributeCommand(*client_, flags, true, true, out_, err_), 0) << err_.str();
+  EXPECT_FALSE(fake_.redistribute_.wait());
+  EXPECT_EQ(fake_.redistribute_.target().flat_text(), "0:10;10:20");
+  EXPECT_THAT(err_.str(), HasSubstr("\rredistribute t ["));
+  EXPECT_THAT(err_.str(), HasSubstr("100%  4.0 KiB / 4.0 KiB\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("\"state\": \"COMMITTED\""));
+}
+
+TEST_F(CommandsTest, AbortedPlanIsAnError) {
+  fake_.abort_ = true;
+  RedistributeFlags flags;
+  flags.name = "t";
+  flags.placements = "S(1)";
+  for (bool progress : {false, true}) {
+    err_.str("");
+    EXPECT_EQ(RunRedistributeCommand(*client_, flags, false, progress, out_, err_), 1);
+    EXPECT_THAT(err_.str(), HasSubstr("shardctl: ABORTED: worker w3 (rank 3) died in step 0\n"));
+  }
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, GatherToOneRank) {
+  GatherFlags flags;
+  flags.name = "t";
+  flags.to_rank = 2;
+  ASSERT_EQ(RunGatherCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.gather_.has_to_rank());
+  EXPECT_EQ(fake_.gather_.to_rank(), 2);
+  EXPECT_THAT(out_.str(), StartsWith("gathered 't'"));
+  flags.to_rank.reset();
+  flags.mesh = "m";
+  ASSERT_EQ(RunGatherCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_FALSE(fake_.gather_.has_to_rank());
+  EXPECT_EQ(fake_.gather_.mesh(), "m");
+}
+
+TEST_F(CommandsTest, DownloadWritesAnNpyFile) {
+  DownloadFlags flags;
+  flags.name = "t";
+  flags.out_path = dir_ + "/commands_test_t.npy";
+  ASSERT_EQ(RunDownloadCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  absl::StatusOr<NpyArray> a = ReadNpyFile(flags.out_path);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->dtype, DType::kF32);
+  EXPECT_EQ(a->shape, (Shape{2, 3}));
+  EXPECT_EQ(a->data, fake_.DownloadData());
+  EXPECT_EQ(out_.str(), "downloaded 't' [2, 3] f32 (24 B) to " + flags.out_path + "\n");
+  EXPECT_EQ(err_.str(), "");
+
+  // bf16 goes out as '<u2' with a note.
+  fake_.download_dtype_ = v1::BF16;
+  ASSERT_EQ(RunDownloadCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_THAT(err_.str(), HasSubstr("holds the raw bits as '<u2'"));
+  EXPECT_FALSE(ReadNpyFile(flags.out_path).ok());
+  NpyReadOptions options;
+  options.u2_as_bf16 = true;
+  a = ReadNpyFile(flags.out_path, options);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->data, fake_.DownloadData());
+
+  flags.out_path = dir_ + "/no/such/dir/t.npy";
+  err_.str("");
+  EXPECT_EQ(RunDownloadCommand(*client_, flags, false, false, out_, err_), 1);
+  EXPECT_THAT(err_.str(), StartsWith("shardctl: NOT_FOUND: cannot create"));
+}
+
+TEST_F(CommandsTest, UploadStreamsTheFile) {
+  const std::string path = dir_ + "/commands_test_up.npy";
+  std::vector<int32_t> values(1000);
+  for (int i = 0; i < 1000; ++i) values[i] = i * 3 - 7;
+  const std::string data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  ASSERT_TRUE(WriteNpyFile(path, DType::kI32, {10, 100}, data).ok());
+  UploadFlags flags;
+  flags.name = "u";
+  flags.mesh = "m";
+  flags.placements = "S(1)";
+  flags.from_path = path;
+  ASSERT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_EQ(fake_.upload_header_.name(), "u");
+  EXPECT_THAT(fake_.upload_header_.shape(), ElementsAre(10, 100));
+  EXPECT_EQ(fake_.upload_header_.dtype(), v1::I32);
+  EXPECT_EQ(fake_.upload_header_.spec().mesh(), "m");
+  EXPECT_EQ(fake_.upload_header_.spec().placements_text(), "S(1)");
+  EXPECT_EQ(fake_.upload_header_.total_bytes(), 4000);
+  EXPECT_EQ(fake_.upload_data_, data);
+  EXPECT_THAT(out_.str(), StartsWith("uploaded " + path + " as tensor u  [10, 100] i32"));
+
+  flags.dtype = "f32";
+  EXPECT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--dtype: " + path + " holds i32, not f32"));
+}
+
+TEST_F(CommandsTest, OnlinePlan) {
+  OnlinePlanFlags flags;
+  flags.tensor = "t";
+  flags.mesh = "m2";
+  flags.placements = "S(1)";
+  ASSERT_EQ(RunOnlinePlanCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_EQ(out_.str(), "the coordinator's explanation\n");
+  out_.str("");
+  ASSERT_EQ(RunOnlinePlanCommand(*client_, flags, false, true, out_, err_), 0) << err_.str();
+  EXPECT_THAT(out_.str(), StartsWith("{\"tensor\": \"t\", \"steps\": [{\"op\": \"all_to_all\""));
+  out_.str("");
+  ASSERT_EQ(RunOnlinePlanCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_THAT(out_.str(), HasSubstr("all_to_all"));
+}
+
+TEST_F(CommandsTest, OfflinePlanNeedsNoServer) {
+  PlanFlags flags;
+  flags.source.mesh = "4";
+  flags.source.shape = "8";
+  flags.source.placements = "S(0)";
+  flags.to_placements = "R";
+  ASSERT_EQ(RunOfflinePlanCommand(flags, false, true, out_, err_), 0) << err_.str();
+  // Every rank needs the 6 elements it does not hold.
+  EXPECT_THAT(out_.str(), HasSubstr("\"bytes_moved\": 96, \"lower_bound_bytes\": 96"));
+  flags.to_placements = "S(2)";
+  EXPECT_EQ(RunOfflinePlanCommand(flags, false, true, out_, err_), 2);
+  EXPECT_THAT(err_.str(), StartsWith("shardctl plan: --to-placements: "));
+}
+
+}  // namespace
+}  // namespace shardcoord
