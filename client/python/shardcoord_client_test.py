@@ -1,0 +1,124 @@
+"""Tests ShardcoordClient against a scripted Coordinator servicer on loopback (port 0)."""
+
+import concurrent.futures
+import sys
+import unittest
+
+import grpc
+import numpy as np
+
+import shardcoord_client as sc
+from shardcoord_client import pb, pb_grpc
+
+
+class FakeCoordinator(pb_grpc.CoordinatorServicer):
+    def __init__(self):
+        self.requests = {}
+        self.upload_messages = []
+        self.abort = False
+
+    def ListWorkers(self, request, context):
+        return pb.ListWorkersResponse(workers=[pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE)])
+
+    def CreateTensor(self, request, context):
+        self.requests["create"] = request
+        return pb.TensorInfo(name=request.name, shape=request.shape, dtype=request.dtype)
+
+    def GetTensor(self, request, context):
+        context.abort(grpc.StatusCode.NOT_FOUND, f"tensor '{request.name}' does not exist")
+
+    def Redistribute(self, request, context):
+        self.requests["redistribute"] = request
+        state = pb.ABORTED if self.abort else pb.COMMITTED
+        return pb.RedistributeResponse(progress=pb.PlanProgress(
+            plan_id="p1", state=state, error="rank 3 died" if self.abort else ""))
+
+    def Gather(self, request, context):
+        self.requests["gather"] = request
+        return pb.RedistributeResponse(progress=pb.PlanProgress(plan_id="p2", state=pb.COMMITTED))
+
+    def Download(self, request, context):
+        data = np.arange(12, dtype="<f4").tobytes()
+        yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
+                                                   total_bytes=len(data)))
+        yield pb.TensorData(data=data[:20])
+        yield pb.TensorData(data=data[20:])
+
+    def Upload(self, request_iterator, context):
+        self.upload_messages = list(request_iterator)
+        header = self.upload_messages[0].header
+        return pb.UploadResponse(tensor=pb.TensorInfo(name=header.name, shape=header.shape,
+                                                      dtype=header.dtype))
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.fake = FakeCoordinator()
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.client = sc.ShardcoordClient(f"127.0.0.1:{port}", timeout=30)
+
+    def tearDown(self):
+        self.client.close()
+        self.server.stop(None)
+
+    def test_list_workers(self):
+        workers = self.client.list_workers()
+        self.assertEqual([w.name for w in workers], ["w0"])
+
+    def test_create_tensor_request(self):
+        t = self.client.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange", seed=3)
+        self.assertEqual(list(t.shape), [64, 48])
+        r = self.fake.requests["create"]
+        self.assertEqual(r.spec.mesh, "m")
+        self.assertEqual(r.spec.placements_text, "S(0),R")
+        self.assertEqual(r.dtype, pb.F32)
+        self.assertEqual(r.init, pb.ARANGE)
+        self.assertEqual(r.seed, 3)
+        with self.assertRaises(ValueError):
+            self.client.create_tensor("t", "m", [4], placements="R", flat="0:4")
+
+    def test_errors_keep_code_and_message(self):
+        with self.assertRaises(sc.ShardcoordError) as e:
+            self.client._call(self.client._stub.GetTensor, pb.GetTensorRequest(name="x"), 30)
+        self.assertEqual(e.exception.code, "NOT_FOUND")
+        self.assertEqual(e.exception.message, "tensor 'x' does not exist")
+
+    def test_redistribute_and_gather(self):
+        self.client.redistribute("t", placements="R,S(1)", mesh="m2")
+        r = self.fake.requests["redistribute"]
+        self.assertTrue(r.wait)
+        self.assertEqual(r.target.mesh, "m2")
+        self.assertEqual(r.target.placements_text, "R,S(1)")
+        self.client.gather("t", to_rank=2)
+        g = self.fake.requests["gather"]
+        self.assertTrue(g.has_to_rank)
+        self.assertEqual(g.to_rank, 2)
+        self.fake.abort = True
+        with self.assertRaises(sc.ShardcoordError) as e:
+            self.client.redistribute("t", flat="0:6;6:12")
+        self.assertEqual(e.exception.code, "ABORTED")
+        self.assertIn("rank 3 died", e.exception.message)
+
+    def test_download_is_a_numpy_array(self):
+        a = self.client.download("t")
+        self.assertEqual(a.shape, (3, 4))
+        self.assertEqual(a.dtype, np.float32)
+        np.testing.assert_array_equal(a, np.arange(12, dtype=np.float32).reshape(3, 4))
+
+    def test_upload_streams_at_most_one_mib(self):
+        a = np.arange(600_000, dtype=np.int32).reshape(1000, 600)  # 2.4 MB
+        info = self.client.upload("u", a, "m", placements="S(1)")
+        self.assertEqual(list(info.shape), [1000, 600])
+        messages = self.fake.upload_messages
+        self.assertEqual(messages[0].header.dtype, pb.I32)
+        self.assertEqual(messages[0].header.total_bytes, a.nbytes)
+        self.assertEqual(messages[0].data, b"")
+        self.assertTrue(all(len(m.data) <= 1 << 20 for m in messages[1:]))
+        self.assertEqual(b"".join(m.data for m in messages[1:]), a.tobytes())
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1])
