@@ -1,0 +1,83 @@
+#ifndef SHARDCOORD_COORDINATOR_FAKE_WORKER_CLIENT_H_
+#define SHARDCOORD_COORDINATOR_FAKE_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/worker_client.h"
+
+namespace shardcoord {
+
+// A WorkerClient for tests that acts as a set of in-memory workers: Fill writes the fill
+// formula's real values, WriteChunk stores bytes, ReadChunk packs boxes out of stored
+// buffers, FinishPlan and DropTensor drop buffers. Execute only records the fragment (tests
+// play the workers' reports). Every call is recorded; failures are injected per method and
+// rank. Replies are inline unless held. Thread-safe.
+class FakeWorkerClient : public WorkerClient {
+ public:
+  void Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+               StatusCallback done) override;
+  void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
+                  StatusCallback done) override;
+  void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
+            Callback<v1::FillResponse> done) override;
+  void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
+                  StatusCallback done) override;
+  void ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
+                 Callback<std::string> done) override;
+  void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header, std::string data,
+                  Callback<v1::WriteChunkResponse> done) override;
+
+  // Calls of `method` ("Execute", "Fill", ...) to `rank` fail with `status` from now on.
+  void Fail(const std::string& method, int64_t rank, absl::Status status);
+  // While held, Execute callbacks are queued; ReleaseExecutes answers them (OK).
+  void HoldExecutes(bool hold);
+  void ReleaseExecutes();
+
+  // The fragments sent, in order.
+  std::vector<v1::PlanFragment> fragments() const;
+  std::vector<std::pair<int64_t, v1::FinishPlanRequest>> finishes() const;
+  std::vector<std::pair<int64_t, v1::DropTensorRequest>> drops() const;
+  int calls(const std::string& method) const;
+
+  // Simulated buffers by (rank, tensor, version).
+  bool HasBuffer(int64_t rank, absl::string_view tensor, int64_t version) const;
+  std::string Buffer(int64_t rank, absl::string_view tensor, int64_t version) const;
+
+  // The fake's checksum of a chunk's bytes (the coordinator only compares checksums).
+  static uint64_t Checksum(absl::string_view bytes);
+
+ private:
+  using Key = std::tuple<int64_t, std::string, int64_t>;
+  struct Buf {
+    v1::RankChunks chunks;
+    int dtype = 0;
+    std::string bytes;
+  };
+  absl::Status Injected(const std::string& method, int64_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static v1::RankChunks WithChecksums(const v1::RankChunks& chunks, const std::string& bytes,
+                                      int64_t element_size);
+
+  mutable absl::Mutex mu_;
+  std::map<std::pair<std::string, int64_t>, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<StatusCallback> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::PlanFragment> fragments_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, v1::FinishPlanRequest>> finishes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, v1::DropTensorRequest>> drops_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Buf> buffers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_FAKE_WORKER_CLIENT_H_

@@ -1,0 +1,239 @@
+#ifndef SHARDCOORD_COORDINATOR_PLAN_MANAGER_H_
+#define SHARDCOORD_COORDINATOR_PLAN_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/mesh_manager.h"
+#include "coordinator/tensor_manager.h"
+#include "coordinator/timer.h"
+#include "coordinator/worker_client.h"
+#include "coordinator/worker_manager.h"
+#include "proto/convert.h"
+#include "sharding/cost_model.h"
+#include "sharding/plan.h"
+#include "sharding/planner.h"
+
+namespace shardcoord {
+
+// Values match shardcoord.v1.PlanState.
+enum class PlanState : int {
+  kPending = 1,      // Fragments are being handed to workers.
+  kPrepared = 2,     // Every worker accepted its fragment (new buffers allocated).
+  kTransferred = 3,  // Every worker reported its chunks; validating.
+  kCommitted = 4,    // The new layout is authoritative.
+  kAborted = 5,      // Rolled back: the old layout is authoritative.
+};
+std::string PlanStateName(PlanState state);  // "PENDING", ...
+
+struct PlanProgress {
+  std::string plan_id;
+  std::string tensor;
+  PlanState state = PlanState::kPending;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  std::string error;  // Why it was aborted.
+  double seconds = 0;
+  // Increases with every change: updates reach watchers from several threads, and a watcher
+  // keeps the one with the highest seq.
+  int64_t seq = 0;
+
+  bool ended() const { return state == PlanState::kCommitted || state == PlanState::kAborted; }
+};
+
+struct PlanManagerOptions {
+  // A plan that has not ended by then is aborted.
+  absl::Duration plan_timeout = absl::Minutes(5);
+  // Given to workers for each communication step.
+  absl::Duration step_timeout = absl::Minutes(5);
+  size_t cache_capacity = 256;
+  // Ended plans kept for Progress / WatchPlan.
+  size_t keep_ended_plans = 1024;
+  bool use_collectives = true;
+  CostModel cost;
+  // Called when a plan ends with the rendezvous key prefix its fragments used (the daemon
+  // deletes those keys from the KvStore).
+  std::function<void(const std::string& prefix)> on_plan_end;
+};
+
+// A plan that was started (or, for a dry run, only planned).
+struct StartedPlan {
+  std::string id;  // Empty for a dry run.
+  std::string tensor;
+  std::shared_ptr<const Plan> plan;
+  PlanProgress progress;
+};
+
+// What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
+struct WorkerReport {
+  std::string plan_id;
+  std::string worker;
+  int64_t incarnation = 0;
+  int64_t rank = 0;
+  std::string error;       // Non-empty: the fragment failed.
+  int64_t bytes_done = 0;  // Bytes this rank has received so far.
+  bool final = false;      // Final reports carry chunks and checksums.
+  RankChunks chunks;
+  ChunkChecksums checksums;
+};
+
+// Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
+// or ABORTED. A plan holds its tensor busy (a second plan on it is ABORTED; plans on
+// different tensors run at once), sends each participating worker its fragment, collects
+// every worker's final report, validates them (each rank holds exactly its planned target
+// chunks, the layout validates, replicas agree on checksums) and only then commits the new
+// layout and tells workers to drop the old version. Any failure before that - a worker
+// error, a failed validation, a participant that dies or re-registers, the plan timeout -
+// aborts it everywhere: workers drop the new buffers and the old layout stays authoritative.
+//
+// Thread-safe. No lock is held while calling workers, other managers' listeners, or
+// callbacks; completion callbacks may run on any thread, possibly before Redistribute
+// returns.
+class PlanManager : public WorkerListener {
+ public:
+  // (status, final progress): OK when committed, ABORTED naming the cause otherwise.
+  using DoneCallback = std::function<void(const absl::Status&, const PlanProgress&)>;
+  using WatchFn = std::function<void(const PlanProgress&)>;
+
+  PlanManager(const Clock* clock, Timer* timer, WorkerManager* workers, MeshManager* meshes,
+              TensorManager* tensors, WorkerClient* client, PlanManagerOptions options = {});
+  ~PlanManager() override;
+
+  // Moves `tensor` to `target` (on target.mesh, or the tensor's mesh when empty).
+  // NOT_FOUND tensor or mesh; INVALID_ARGUMENT a spec the tensor cannot take; ABORTED busy;
+  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target.
+  absl::StatusOr<StartedPlan> Redistribute(const std::string& tensor, const Spec& target,
+                                           DoneCallback done);
+  // Every rank of `mesh` (empty: the tensor's) ends with the whole tensor, or only
+  // `to_rank` when given (the tensor then lives on that rank alone, on no mesh).
+  absl::StatusOr<StartedPlan> Gather(const std::string& tensor, const std::string& mesh,
+                                     std::optional<int64_t> to_rank, DoneCallback done);
+  // The plan Redistribute would run, without running it.
+  absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
+
+  // NOT_FOUND unknown plan; ABORTED stale incarnation or plan already ended;
+  // INVALID_ARGUMENT a rank that takes no part. A report with an error aborts the plan (and
+  // returns OK: the report was taken).
+  absl::Status Report(const WorkerReport& report);
+
+  absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
+  // Calls `fn` with the current progress and on every change until the plan ends (the last
+  // call has ended() true). Returns a watch id for Unwatch; NOT_FOUND unknown plan.
+  absl::StatusOr<int64_t> Watch(const std::string& plan_id, WatchFn fn);
+  // After it returns, `fn` is not called again... except by a call already running.
+  void Unwatch(const std::string& plan_id, int64_t watch_id);
+
+  // Aborts `plan_id` with `reason` (no-op when it ended or is committing).
+  void Abort(const std::string& plan_id, const std::string& reason);
+  // Aborts every running plan (shutdown).
+  void AbortAll(const std::string& reason);
+
+  // WorkerListener: aborts the running plans the lost incarnation takes part in.
+  void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) override;
+
+  // Plan cache statistics.
+  int64_t cache_hits() const;
+  int64_t cache_misses() const;
+
+ private:
+  struct Target {
+    Layout layout;
+    std::string mesh;  // Empty: on no named mesh.
+    std::string spec;
+  };
+  using TargetFn = std::function<absl::StatusOr<Target>(const TensorRecord&)>;
+
+  struct Participant {
+    WorkerEndpoint endpoint;
+    bool executed = false;
+    bool reported = false;
+    int64_t bytes_done = 0;
+    int64_t bytes_expected = 0;  // What this rank receives.
+    RankChunks chunks;
+    ChunkChecksums checksums;
+  };
+
+  struct Entry {
+    std::string id;
+    std::string tensor;
+    std::shared_ptr<const Plan> plan;
+    std::string target_mesh;
+    std::string target_spec;
+    int64_t source_version = 0;
+    int64_t target_version = 0;
+    std::string communicator_prefix;
+    PlanState state = PlanState::kPending;
+    bool closing = false;  // Validated, committing: no longer abortable.
+    std::string error;
+    std::map<int64_t, Participant> participants;
+    int64_t executed = 0;
+    int64_t reported = 0;
+    absl::Time start;
+    absl::Time end = absl::InfiniteFuture();
+    Timer::Id timer = 0;
+    std::vector<DoneCallback> done;
+    std::map<int64_t, WatchFn> watchers;
+    int64_t seq = 0;
+    bool completed = false;  // Callbacks and watchers have had the final state.
+
+    bool state_ended() const {
+      return state == PlanState::kCommitted || state == PlanState::kAborted;
+    }
+  };
+
+  absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
+                                                       const Layout& source,
+                                                       const Layout& target);
+  absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
+  absl::StatusOr<StartedPlan> Start(const std::string& tensor, const TargetFn& target_fn,
+                                    DoneCallback done);
+  LivenessFn Liveness() const;
+
+  void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);
+  // Runs when every fragment was accepted and every final report is in.
+  void Validate(const std::string& id);
+  // The new layout's checksums, or why the reports do not validate.
+  static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
+  void Commit(const std::string& id, LayoutChecksums checksums);
+  void Complete(const std::string& id, const absl::Status& status);
+
+  PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bumps seq and returns what to tell watchers.
+  std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls);
+
+  const Clock* const clock_;
+  Timer* const timer_;
+  WorkerManager* const workers_;
+  MeshManager* const meshes_;
+  TensorManager* const tensors_;
+  WorkerClient* const client_;
+  const PlanManagerOptions options_;
+
+  mutable absl::Mutex cache_mu_;
+  PlanCache cache_ ABSL_GUARDED_BY(cache_mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
+  int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_PLAN_MANAGER_H_

@@ -1,0 +1,122 @@
+#ifndef SHARDCOORD_COORDINATOR_TENSOR_MANAGER_H_
+#define SHARDCOORD_COORDINATOR_TENSOR_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/mesh_manager.h"
+#include "proto/convert.h"
+#include "sharding/box.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+
+namespace shardcoord {
+
+// A tensor and its authoritative layout: which rank holds which chunk of version `version`,
+// with the checksums workers reported.
+struct TensorRecord {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kF32;
+  std::string mesh;  // Empty when the layout is on no named mesh (gathered to one rank).
+  std::string spec;  // "S(0),R", "flat 0:4;4:8", "rank 3".
+  Layout layout;
+  LayoutChecksums checksums;  // Shaped as layout's chunks.
+  int64_t version = 0;
+  std::string busy_plan;  // The plan or operation running on it; empty when idle.
+  bool ready = false;     // False while it is being created.
+  // The worker incarnation that holds each rank's buffer: a restarted worker holds nothing.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;
+
+  int64_t bytes() const;
+};
+
+// A chunk with no live replica.
+struct LostChunk {
+  Box box;
+  int64_t partial_index = 0;
+  std::vector<int64_t> ranks;  // The dead holders.
+
+  // "[0:4, 0:8] on rank 1", "[0:4] (partial 1) on ranks 1, 3".
+  std::string ToString() const;
+};
+
+// True when `rank` is alive in `incarnation` (WorkerManager::IsLive).
+using LivenessFn = std::function<bool(int64_t rank, int64_t incarnation)>;
+
+// Every chunk (box, partial index) of which no holder is alive, in layout order.
+std::vector<LostChunk> LostChunks(const TensorRecord& tensor, const LivenessFn& live);
+
+// The tensor's layout restricted to live holders: the layout itself when all are alive;
+// FAILED_PRECONDITION naming the lost chunks when some chunk has no live replica.
+absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& live);
+
+// Tensors by name. A tensor is busy while one plan or operation (create, upload) runs on it;
+// a second is rejected with ABORTED, so concurrent plans touch different tensors. Keeps the
+// MeshManager's user counts: a tensor uses its mesh, and a plan its target mesh until it
+// commits or ends. Thread-safe; never calls the MeshManager under its own lock.
+class TensorManager {
+ public:
+  explicit TensorManager(MeshManager* meshes) : meshes_(meshes) {}
+
+  // A version number no buffer of any tensor has used.
+  int64_t NewVersion();
+
+  // Adds a tensor that is not ready yet, busy with `op`. ALREADY_EXISTS; NOT_FOUND mesh.
+  absl::Status Reserve(TensorRecord record, const std::string& op);
+  // Makes a reserved tensor ready with its chunks' checksums and holders.
+  absl::Status FinishCreate(absl::string_view name, const std::string& op,
+                            LayoutChecksums checksums,
+                            absl::flat_hash_map<int64_t, int64_t> incarnations);
+  // Forgets a reserved tensor.
+  void CancelCreate(absl::string_view name, const std::string& op);
+
+  // Marks a ready tensor busy with `op` and returns it. NOT_FOUND; ABORTED busy.
+  // `target_mesh`, when not empty, counts as used by the tensor until Commit or Release
+  // (NOT_FOUND when it does not exist).
+  absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& op,
+                                       const std::string& target_mesh = "");
+  // Ends `op` without changes. No-op when `op` does not hold the tensor.
+  void Release(absl::string_view name, const std::string& op,
+               const std::string& target_mesh = "");
+
+  struct NewState {
+    std::string mesh;  // Must be the target mesh given to Acquire (or the current mesh).
+    std::string spec;
+    Layout layout;
+    LayoutChecksums checksums;
+    int64_t version = 0;
+    absl::flat_hash_map<int64_t, int64_t> incarnations;
+  };
+  // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
+  absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
+
+  // Replaces the checksums of one rank's chunks (a chunk upload), keeping the version.
+  absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
+                          ChunkChecksums checksums, int64_t incarnation);
+
+  // Ready tensors only: NOT_FOUND while being created.
+  absl::StatusOr<TensorRecord> Get(absl::string_view name) const;
+  std::vector<TensorRecord> List() const;
+  // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
+  absl::StatusOr<TensorRecord> Remove(absl::string_view name);
+
+ private:
+  MeshManager* const meshes_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, TensorRecord, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  int64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_TENSOR_MANAGER_H_

@@ -1,0 +1,171 @@
+#include "coordinator/tensor_manager.h"
+
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class TensorManagerTest : public ::testing::Test {
+ protected:
+  TensorManagerTest() : workers_(&clock_, absl::Seconds(5)), meshes_(&workers_), tensors_(&meshes_) {
+    for (const char* name : {"w0", "w1", "w2", "w3"}) {
+      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", "addr", "gloo"}).ok());
+    }
+    EXPECT_TRUE(meshes_.Create("M", {2, 2}, {}, {}).ok());
+    EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
+  }
+
+  // S(0),R on the 2x2 mesh: ranks 0,1 hold rows [0:4), ranks 2,3 rows [4:8).
+  TensorRecord Record(const std::string& name) {
+    TensorRecord t;
+    t.name = name;
+    t.shape = {8, 4};
+    t.dtype = DType::kF32;
+    t.mesh = "M";
+    t.spec = "S(0),R";
+    t.layout = *Layout::FromPlacements(meshes_.Get("M")->mesh, t.shape,
+                                       {Placement::Shard(0), Placement::Replicate()});
+    t.version = 1;
+    return t;
+  }
+
+  absl::Status Create(const std::string& name) {
+    if (absl::Status s = tensors_.Reserve(Record(name), "create"); !s.ok()) return s;
+    return tensors_.FinishCreate(name, "create", {{1}, {1}, {2}, {2}},
+                                 {{0, 10}, {1, 11}, {2, 12}, {3, 13}});
+  }
+
+  FakeClock clock_;
+  WorkerManager workers_;
+  MeshManager meshes_;
+  TensorManager tensors_;
+};
+
+TEST_F(TensorManagerTest, CreateIsInvisibleUntilFinished) {
+  ASSERT_TRUE(tensors_.Reserve(Record("T"), "create-1").ok());
+  EXPECT_EQ(tensors_.Get("T").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(tensors_.List().empty());
+  EXPECT_EQ(tensors_.Reserve(Record("T"), "create-2").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(tensors_.Acquire("T", "p").status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(meshes_.Delete("M").code(), absl::StatusCode::kFailedPrecondition);
+  tensors_.CancelCreate("T", "create-1");
+  EXPECT_EQ(tensors_.Get("T").status().code(), absl::StatusCode::kNotFound);
+  // The cancelled reservation and the rejected duplicate left no mesh users behind.
+  EXPECT_TRUE(meshes_.Delete("M").ok());
+}
+
+TEST_F(TensorManagerTest, BusyTensorRejectsASecondPlan) {
+  ASSERT_TRUE(Create("T").ok());
+  ASSERT_TRUE(Create("U").ok());
+  absl::StatusOr<TensorRecord> t = tensors_.Acquire("T", "p-1");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->busy_plan, "p-1");
+  absl::Status second = tensors_.Acquire("T", "p-2").status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(second.message(), "tensor 'T' is busy with p-1");
+  // Another tensor is free.
+  EXPECT_TRUE(tensors_.Acquire("U", "p-2").ok());
+  EXPECT_EQ(tensors_.Remove("T").status().code(), absl::StatusCode::kAborted);
+  // Releasing by someone else does nothing.
+  tensors_.Release("T", "p-2");
+  EXPECT_EQ(tensors_.Get("T")->busy_plan, "p-1");
+  tensors_.Release("T", "p-1");
+  EXPECT_TRUE(tensors_.Acquire("T", "p-3").ok());
+  EXPECT_EQ(tensors_.Acquire("nope", "p").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(TensorManagerTest, CommitMovesTheTensorToTheTargetMesh) {
+  ASSERT_TRUE(Create("T").ok());
+  ASSERT_TRUE(tensors_.Acquire("T", "p-1", "N").ok());
+  EXPECT_EQ(meshes_.Delete("N").code(), absl::StatusCode::kFailedPrecondition);
+  TensorManager::NewState next;
+  next.mesh = "N";
+  next.spec = "S(1)";
+  next.layout = *Layout::FromPlacements(meshes_.Get("N")->mesh, {8, 4}, {Placement::Shard(1)});
+  next.checksums = {{5}, {6}, {7}, {8}};
+  next.version = tensors_.NewVersion();
+  next.incarnations = {{0, 10}, {1, 11}, {2, 12}, {3, 13}};
+  EXPECT_EQ(tensors_.Commit("T", "p-other", next).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tensors_.Commit("T", "p-1", next).ok());
+  absl::StatusOr<TensorRecord> t = tensors_.Get("T");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->mesh, "N");
+  EXPECT_EQ(t->spec, "S(1)");
+  EXPECT_EQ(t->version, next.version);
+  EXPECT_TRUE(t->busy_plan.empty());
+  EXPECT_EQ(t->checksums[3][0], 8u);
+  // M is free now, N is used by T.
+  EXPECT_TRUE(meshes_.Delete("M").ok());
+  EXPECT_EQ(meshes_.Delete("N").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tensors_.Remove("T").ok());
+  EXPECT_TRUE(meshes_.Delete("N").ok());
+}
+
+TEST_F(TensorManagerTest, ReleaseDropsTheTargetMeshUse) {
+  ASSERT_TRUE(Create("T").ok());
+  ASSERT_TRUE(tensors_.Acquire("T", "p-1", "N").ok());
+  tensors_.Release("T", "p-1", "N");
+  EXPECT_TRUE(meshes_.Delete("N").ok());
+  EXPECT_EQ(tensors_.Acquire("T", "p-2", "N").status().code(), absl::StatusCode::kNotFound);
+  // The failed acquire did not leave T busy.
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+}
+
+TEST_F(TensorManagerTest, LostChunksSayExactlyWhich) {
+  ASSERT_TRUE(Create("T").ok());
+  const TensorRecord t = *tensors_.Get("T");
+  std::set<int64_t> dead;
+  LivenessFn live = [&](int64_t rank, int64_t inc) {
+    return !dead.count(rank) && inc == 10 + rank;
+  };
+  EXPECT_TRUE(LostChunks(t, live).empty());
+  EXPECT_EQ(*LiveLayout(t, live), t.layout);
+
+  // Rank 2 dies: rows [4:8) still live on rank 3; the live layout drops rank 2.
+  dead = {2};
+  EXPECT_TRUE(LostChunks(t, live).empty());
+  absl::StatusOr<Layout> partial = LiveLayout(t, live);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_THAT(partial->RankIds(), ElementsAre(0, 1, 3));
+
+  // Ranks 2 and 3 die: rows [4:8) are lost on both.
+  dead = {2, 3};
+  std::vector<LostChunk> lost = LostChunks(t, live);
+  ASSERT_EQ(lost.size(), 1u);
+  EXPECT_EQ(lost[0].box, Box({4, 0}, {4, 4}));
+  EXPECT_THAT(lost[0].ranks, ElementsAre(2, 3));
+  EXPECT_EQ(lost[0].ToString(), "[4:8, 0:4] on ranks 2, 3");
+  absl::Status s = LiveLayout(t, live).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "tensor 'T' lost 1 chunk with no live replica: [4:8, 0:4] on ranks 2, 3");
+
+  // A worker that came back with a new incarnation holds nothing either.
+  dead = {};
+  LivenessFn restarted = [&](int64_t rank, int64_t inc) { return rank != 0 && inc == 10 + rank; };
+  EXPECT_TRUE(LostChunks(t, restarted).empty());
+  LivenessFn both = [&](int64_t rank, int64_t inc) { return rank > 1; };
+  EXPECT_EQ(LostChunks(t, both).size(), 1u);
+}
+
+TEST_F(TensorManagerTest, UpdateRankReplacesOneRanksChecksums) {
+  ASSERT_TRUE(Create("T").ok());
+  ASSERT_TRUE(tensors_.Acquire("T", "up").ok());
+  EXPECT_EQ(tensors_.UpdateRank("T", "up", 1, {1, 2}, 21).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tensors_.UpdateRank("T", "up", 9, {1}, 21).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(tensors_.UpdateRank("T", "up", 1, {99}, 21).ok());
+  tensors_.Release("T", "up");
+  const TensorRecord t = *tensors_.Get("T");
+  EXPECT_EQ(t.checksums[1][0], 99u);
+  EXPECT_EQ(t.incarnations.at(1), 21);
+  EXPECT_EQ(t.version, 1);
+}
+
+}  // namespace
+}  // namespace shardcoord

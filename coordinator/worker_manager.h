@@ -1,0 +1,106 @@
+#ifndef SHARDCOORD_COORDINATOR_WORKER_MANAGER_H_
+#define SHARDCOORD_COORDINATOR_WORKER_MANAGER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+
+namespace shardcoord {
+
+// What a worker says about itself when it registers.
+struct WorkerSpec {
+  std::string name;  // Stable identity; the global rank follows the name.
+  std::string host;
+  std::string device;   // "cpu" or "cuda:N".
+  std::string address;  // host:port of its Worker service.
+  std::string backend;  // "gloo" or "nccl".
+};
+
+// A snapshot of one worker.
+struct WorkerRecord {
+  WorkerSpec spec;
+  int64_t rank = 0;
+  int64_t incarnation = 0;
+  bool alive = false;
+  absl::Time last_heartbeat = absl::InfinitePast();
+  std::string death_reason;  // Why it is dead, when it is.
+
+  // "worker w1 (rank 1)": how errors name a worker.
+  std::string Describe() const;
+};
+
+// Learns that a worker incarnation is gone: declared dead, or replaced by a new registration
+// under the same name. Called without any manager lock held, on the thread that noticed.
+class WorkerListener {
+ public:
+  virtual ~WorkerListener() = default;
+  // `worker` is the incarnation that is gone; `reason` says why ("no heartbeat for 5s").
+  virtual void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) = 0;
+};
+
+// Registered workers and their health, as TSL's coordination service tracks tasks: a name
+// gets a global rank on first registration (first come, first ranked) and keeps it; every
+// registration gets a new incarnation, increasing over the coordinator's life, and calls
+// from older incarnations are rejected. A worker without a heartbeat for `heartbeat_timeout`
+// is dead; the daemon's health thread calls CheckHealth. Thread-safe.
+class WorkerManager {
+ public:
+  WorkerManager(const Clock* clock, absl::Duration heartbeat_timeout);
+
+  // Not owned; must outlive the manager. Add before workers register.
+  void AddListener(WorkerListener* listener);
+
+  // INVALID_ARGUMENT empty name or address. A live worker that registers again loses its
+  // old incarnation (listeners hear of it).
+  absl::StatusOr<WorkerRecord> Register(const WorkerSpec& spec);
+
+  // NOT_FOUND unknown name; ABORTED a stale incarnation or a worker declared dead (it must
+  // register again).
+  absl::Status Heartbeat(absl::string_view name, int64_t incarnation);
+
+  // As Heartbeat's checks, without refreshing: is this call from the current, live
+  // incarnation?
+  absl::Status CheckCurrent(absl::string_view name, int64_t incarnation) const;
+
+  // Declares dead every live worker whose last heartbeat is older than the timeout at `now`
+  // and tells the listeners. Returns the newly dead.
+  std::vector<WorkerRecord> CheckHealth(absl::Time now);
+
+  // Declares a worker dead now (e.g. it could not be reached); NOT_FOUND unknown name.
+  absl::Status MarkDead(absl::string_view name, int64_t incarnation, const std::string& reason);
+
+  // In rank order.
+  std::vector<WorkerRecord> List() const;
+  absl::StatusOr<WorkerRecord> Get(absl::string_view name) const;
+  absl::StatusOr<WorkerRecord> GetByRank(int64_t rank) const;
+  // True when `rank` is alive in exactly this incarnation.
+  bool IsLive(int64_t rank, int64_t incarnation) const;
+  // hosts[r] = host of rank r (empty where unknown), for the planner's sender preference.
+  std::vector<std::string> HostsByRank() const;
+
+  absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
+
+ private:
+  void Notify(const std::vector<std::pair<WorkerRecord, std::string>>& lost);
+
+  const Clock* const clock_;
+  const absl::Duration heartbeat_timeout_;
+  mutable absl::Mutex mu_;
+  std::vector<WorkerListener*> listeners_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);  // Index = rank.
+  absl::flat_hash_map<std::string, int64_t> rank_of_ ABSL_GUARDED_BY(mu_);
+  int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_WORKER_MANAGER_H_
