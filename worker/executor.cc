@@ -1,0 +1,734 @@
+#include "worker/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "sharding/box_copy.h"
+#include "worker/fragment.h"
+
+namespace shardcoord {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Step analysis: a function of the step only, so every member reaches the same decision.
+
+struct StepShape {
+  StepMethod method = StepMethod::kSendRecv;
+  int n = 0;
+  absl::flat_hash_map<int64_t, int> group_rank;  // Global rank -> position in step.ranks.
+  // kAllGatherV: the boxes group rank g contributes (empty for non-senders).
+  // kBroadcast: boxes[root] is what the root sends.
+  // kAllReduce: boxes[g] is the common box list for every g.
+  // kReduceScatterV: boxes[g] is what receiver g gets (empty for non-receivers).
+  std::vector<std::vector<Box>> boxes;
+  std::vector<int64_t> partial;  // Reducing methods: contribution of group rank g.
+};
+
+using PairBoxes = std::map<std::pair<int, int>, std::vector<Box>>;
+
+// Sorted box lists per (src, dst) group-rank pair; false if a transfer leaves the group.
+bool CollectPairs(const Step& step, const StepShape& shape, PairBoxes* pairs) {
+  for (const Transfer& t : step.transfers) {
+    auto s = shape.group_rank.find(t.src);
+    auto d = shape.group_rank.find(t.dst);
+    if (s == shape.group_rank.end() || d == shape.group_rank.end()) return false;
+    (*pairs)[{s->second, d->second}].push_back(t.box);
+  }
+  for (auto& [key, boxes] : *pairs) std::sort(boxes.begin(), boxes.end());
+  return true;
+}
+
+const std::vector<Box>* Boxes(const PairBoxes& pairs, int a, int b) {
+  auto it = pairs.find({a, b});
+  return it == pairs.end() ? nullptr : &it->second;
+}
+
+// Every member sends transfers of exactly one contribution, distinct across members.
+bool OnePartialPerMember(const Step& step, StepShape* shape) {
+  shape->partial.assign(shape->n, -1);
+  for (const Transfer& t : step.transfers) {
+    if (!t.reduce) return false;
+    int64_t& p = shape->partial[shape->group_rank.at(t.src)];
+    if (p >= 0 && p != t.partial_index) return false;
+    p = t.partial_index;
+  }
+  absl::flat_hash_set<int64_t> seen;
+  for (int64_t p : shape->partial) {
+    if (p < 0 || !seen.insert(p).second) return false;
+  }
+  return true;
+}
+
+bool AnyReduce(const Step& step) {
+  for (const Transfer& t : step.transfers) {
+    if (t.reduce) return true;
+  }
+  return false;
+}
+
+bool MatchAllGather(const Step& step, StepShape* shape) {
+  if (AnyReduce(step)) return false;
+  PairBoxes pairs;
+  if (!CollectPairs(step, *shape, &pairs)) return false;
+  shape->boxes.assign(shape->n, {});
+  for (int g = 0; g < shape->n; ++g) {
+    const std::vector<Box>* first = nullptr;
+    bool sends = false;
+    for (int d = 0; d < shape->n; ++d) sends |= d != g && Boxes(pairs, g, d) != nullptr;
+    if (!sends) continue;
+    for (int d = 0; d < shape->n; ++d) {
+      if (d == g) continue;
+      const std::vector<Box>* b = Boxes(pairs, g, d);
+      if (b == nullptr) return false;
+      if (first == nullptr) first = b;
+      if (*b != *first) return false;
+    }
+    shape->boxes[g] = *first;
+  }
+  return true;
+}
+
+bool MatchBroadcast(const Step& step, StepShape* shape) {
+  if (AnyReduce(step)) return false;
+  auto r = shape->group_rank.find(step.root);
+  if (r == shape->group_rank.end()) return false;
+  const int root = r->second;
+  PairBoxes pairs;
+  if (!CollectPairs(step, *shape, &pairs)) return false;
+  const std::vector<Box>* first = nullptr;
+  for (int d = 0; d < shape->n; ++d) {
+    if (d == root) continue;
+    const std::vector<Box>* b = Boxes(pairs, root, d);
+    if (b == nullptr) return false;
+    if (first == nullptr) first = b;
+    if (*b != *first) return false;
+  }
+  for (const auto& [key, boxes] : pairs) {
+    if (key.first != root) return false;
+  }
+  if (first == nullptr) return false;
+  shape->boxes.assign(shape->n, {});
+  shape->boxes[root] = *first;
+  return true;
+}
+
+bool MatchReduceScatter(const Step& step, StepShape* shape, bool require_all_receive) {
+  if (shape->n < 2 || !OnePartialPerMember(step, shape)) return false;
+  PairBoxes pairs;
+  if (!CollectPairs(step, *shape, &pairs)) return false;
+  shape->boxes.assign(shape->n, {});
+  for (int d = 0; d < shape->n; ++d) {
+    bool receives = false;
+    for (int m = 0; m < shape->n; ++m) receives |= m != d && Boxes(pairs, m, d) != nullptr;
+    if (!receives) {
+      if (require_all_receive) return false;
+      continue;
+    }
+    const std::vector<Box>* first = nullptr;
+    for (int m = 0; m < shape->n; ++m) {
+      if (m == d) continue;
+      const std::vector<Box>* b = Boxes(pairs, m, d);
+      if (b == nullptr) return false;
+      if (first == nullptr) first = b;
+      if (*b != *first) return false;
+    }
+    shape->boxes[d] = *first;
+  }
+  if (require_all_receive) {
+    for (int d = 1; d < shape->n; ++d) {
+      if (shape->boxes[d] != shape->boxes[0]) return false;
+    }
+  }
+  return true;
+}
+
+StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
+  StepShape shape;
+  shape.n = static_cast<int>(step.ranks.size());
+  for (int g = 0; g < shape.n; ++g) shape.group_rank[step.ranks[g]] = g;
+  if (force_point_to_point || shape.n < 2 ||
+      static_cast<int>(shape.group_rank.size()) != shape.n) {
+    return shape;
+  }
+  bool ok = false;
+  switch (step.op) {
+    case StepOp::kAllGather: ok = MatchAllGather(step, &shape); break;
+    case StepOp::kBroadcast: ok = MatchBroadcast(step, &shape); break;
+    case StepOp::kAllReduce: ok = MatchReduceScatter(step, &shape, true); break;
+    case StepOp::kReduceScatter: ok = MatchReduceScatter(step, &shape, false); break;
+    case StepOp::kAllToAll: {
+      // Any pattern is an alltoallv; only the group must hold every transfer's ends.
+      PairBoxes pairs;
+      ok = CollectPairs(step, shape, &pairs);
+      break;
+    }
+    case StepOp::kPointToPoint: break;
+  }
+  if (ok) shape.method = static_cast<StepMethod>(static_cast<int>(step.op));
+  return shape;
+}
+
+// ---------------------------------------------------------------------------------------
+// Element movement between the rank's buffers.
+
+class Mover {
+ public:
+  Mover(const Fragment& f, const HostBuffer* source, HostBuffer* target)
+      : f_(f),
+        source_(source),
+        target_(target),
+        esize_(ElementSize(f.dtype)),
+        op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {}
+
+  int64_t esize() const { return esize_; }
+  ReduceOp op() const { return op_; }
+
+  // The source chunk holding `box` of contribution `partial`.
+  absl::StatusOr<int> SourceChunk(const Box& box, int64_t partial) const {
+    int k = source_ == nullptr
+                ? -1
+                : FindContainingChunk(source_->chunks(), box, SourceIsPartial(f_), partial);
+    if (k < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", f_.rank, " holds no source chunk with box ", box.ToString(),
+          SourceIsPartial(f_) ? absl::StrCat(" of contribution ", partial) : std::string()));
+    }
+    return k;
+  }
+
+  absl::Status Pack(const Box& box, int64_t partial, char* out) const {
+    if (box.Empty()) return absl::OkStatus();
+    absl::StatusOr<int> k = SourceChunk(box, partial);
+    if (!k.ok()) return k.status();
+    return PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out, esize_);
+  }
+
+  // Where `box` lies contiguously in a source chunk, or null (then it must be packed).
+  const char* DirectSource(const Box& box, int64_t partial) const {
+    absl::StatusOr<int> k = SourceChunk(box, partial);
+    if (!k.ok()) return nullptr;
+    std::optional<int64_t> off = ContiguousOffset(box, source_->chunks().chunks[*k].box);
+    return off ? source_->chunk_data(*k) + *off * esize_ : nullptr;
+  }
+
+  // Where a received `box` can land directly: one target chunk takes it, contiguously, and
+  // it overwrites. Null otherwise (receive into a staging buffer and Apply).
+  char* DirectTarget(const Box& box, bool reduce, int64_t partial) const {
+    if (reduce || box.Empty()) return nullptr;
+    int found = -1;
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!Takes(chunks[i], false, partial) || !chunks[i].box.Overlaps(box)) continue;
+      if (found >= 0) return nullptr;
+      found = static_cast<int>(i);
+    }
+    if (found < 0 || !chunks[found].box.Contains(box)) return nullptr;
+    std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
+    return off ? target_->chunk_data(found) + *off * esize_ : nullptr;
+  }
+
+  // Writes (or combines) `box`, held in `data` laid out for `data_box`, into every target
+  // chunk that takes it.
+  absl::Status Apply(const Box& box, const char* data, const Box& data_box, bool reduce,
+                     int64_t partial) {
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      if (!Takes(c, reduce, partial)) continue;
+      Box region = c.box.Intersect(box);
+      if (region.Empty()) continue;
+      absl::Status s =
+          reduce ? ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
+                                 f_.dtype, op_)
+                 : CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LocalCopy(const shardcoord::LocalCopy& copy) {
+    if (copy.box.Empty()) return absl::OkStatus();
+    absl::StatusOr<int> k = SourceChunk(copy.box, copy.partial_index);
+    if (!k.ok()) return k.status();
+    return Apply(copy.box, source_->chunk_data(*k), source_->chunks().chunks[*k].box,
+                 copy.reduce, copy.partial_index);
+  }
+
+  // Identity of the reduce op in every target chunk that takes a value; zeros in the
+  // contributions that take none.
+  void Initialise(bool reducing) {
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const int64_t n = chunks[i].box.Volume();
+      if (!NeedsValue(f_, chunks[i])) {
+        std::memset(target_->chunk_data(i), 0, static_cast<size_t>(n * esize_));
+      } else if (reducing) {
+        FillIdentity(target_->chunk_data(i), n);
+      }
+    }
+  }
+
+  absl::Status Divide() {
+    if (f_.divide_by <= 1) return absl::OkStatus();
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!NeedsValue(f_, chunks[i])) continue;
+      absl::Status s =
+          DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Whether target chunk `c` takes a piece: it needs a value, and a plain copy of one
+  // contribution of a Partial source goes to the chunk of that contribution.
+  bool Takes(const Chunk& c, bool reduce, int64_t partial) const {
+    if (!NeedsValue(f_, c)) return false;
+    return reduce || !SourceIsPartial(f_) || c.partial_index == partial;
+  }
+
+  // Element offset of `region` in a row-major buffer for `box` if it is one contiguous run.
+  static std::optional<int64_t> ContiguousOffset(const Box& region, const Box& box) {
+    const int nd = box.ndim();
+    int last_partial = -1;  // Last dim where region is narrower than box.
+    for (int d = 0; d < nd; ++d) {
+      if (region.shape(d) != box.shape(d)) last_partial = d;
+    }
+    for (int d = 0; d < last_partial; ++d) {
+      if (region.shape(d) != 1) return std::nullopt;
+    }
+    const Shape strides = RowMajorStrides(box.shape());
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += (region.offset(d) - box.offset(d)) * strides[d];
+    return off;
+  }
+
+  template <typename T>
+  static void FillWith(void* data, int64_t n, T v) {
+    T* p = static_cast<T*>(data);
+    std::fill(p, p + n, v);
+  }
+
+  void FillIdentity(void* data, int64_t n) const {
+    if (op_ == ReduceOp::kSum) {
+      std::memset(data, 0, static_cast<size_t>(n * esize_));
+      return;
+    }
+    const bool min = op_ == ReduceOp::kMin;  // Identity of min is the largest value.
+    switch (f_.dtype) {
+      case DType::kF32:
+        FillWith<float>(data, n, min ? std::numeric_limits<float>::infinity()
+                                     : -std::numeric_limits<float>::infinity());
+        break;
+      case DType::kF64:
+        FillWith<double>(data, n, min ? std::numeric_limits<double>::infinity()
+                                      : -std::numeric_limits<double>::infinity());
+        break;
+      case DType::kF16: FillWith<uint16_t>(data, n, min ? 0x7C00 : 0xFC00); break;
+      case DType::kBF16: FillWith<uint16_t>(data, n, min ? 0x7F80 : 0xFF80); break;
+      case DType::kI8:
+        FillWith<int8_t>(data, n, min ? std::numeric_limits<int8_t>::max()
+                                      : std::numeric_limits<int8_t>::lowest());
+        break;
+      case DType::kU8:
+        FillWith<uint8_t>(data, n, min ? std::numeric_limits<uint8_t>::max() : 0);
+        break;
+      case DType::kI32:
+        FillWith<int32_t>(data, n, min ? std::numeric_limits<int32_t>::max()
+                                       : std::numeric_limits<int32_t>::lowest());
+        break;
+      case DType::kI64:
+        FillWith<int64_t>(data, n, min ? std::numeric_limits<int64_t>::max()
+                                       : std::numeric_limits<int64_t>::lowest());
+        break;
+    }
+  }
+
+  const Fragment& f_;
+  const HostBuffer* source_;
+  HostBuffer* target_;
+  const int64_t esize_;
+  const ReduceOp op_;
+};
+
+bool SameChunks(const RankChunks& a, const RankChunks& b) { return a.chunks == b.chunks; }
+
+std::string ChunkList(const RankChunks& rc) {
+  return absl::StrJoin(rc.chunks, ", ", [](std::string* out, const Chunk& c) {
+    absl::StrAppend(out, c.box.ToString(), "@", c.local_offset, "#", c.partial_index);
+  });
+}
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
+  int64_t s = 0;
+  for (const Box& b : boxes) s += b.Volume() * esize;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// One step.
+
+class StepRunner {
+ public:
+  StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
+             Communicator* comm, const CommOptions& options)
+      : f_(f), step_(step), shape_(shape), mover_(mover), comm_(comm), options_(options),
+        me_(shape.group_rank.at(f.rank)), esize_(mover->esize()) {}
+
+  absl::Status Run() {
+    switch (shape_.method) {
+      case StepMethod::kAllGatherV: return AllGather();
+      case StepMethod::kBroadcast: return Broadcast();
+      case StepMethod::kAllToAllV: return AllToAll();
+      case StepMethod::kAllReduce: return AllReduce();
+      case StepMethod::kReduceScatterV: return ReduceScatter();
+      case StepMethod::kSendRecv: return SendRecv();
+    }
+    return absl::InternalError("unknown step method");
+  }
+
+ private:
+  absl::Status PackBoxes(const std::vector<Box>& boxes, int64_t partial, char* out) {
+    for (const Box& b : boxes) {
+      if (absl::Status s = mover_->Pack(b, partial, out); !s.ok()) return s;
+      out += b.Volume() * esize_;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyBoxes(const std::vector<Box>& boxes, const char* data, bool reduce,
+                          int64_t partial) {
+    for (const Box& b : boxes) {
+      if (absl::Status s = mover_->Apply(b, data, b, reduce, partial); !s.ok()) return s;
+      data += b.Volume() * esize_;
+    }
+    return absl::OkStatus();
+  }
+
+  // The partial index of the transfers a member sends (all equal for plain copies).
+  int64_t PartialFrom(int g) const {
+    for (const Transfer& t : step_.transfers) {
+      if (shape_.group_rank.at(t.src) == g) return t.partial_index;
+    }
+    return 0;
+  }
+
+  absl::Status AllGather() {
+    std::vector<int64_t> counts(shape_.n);
+    for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
+    std::vector<char> send(counts[me_]), recv(Sum(counts));
+    if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
+      return s;
+    }
+    absl::Status s = comm_->AllGatherV(send.data(), counts[me_], recv.data(), counts, options_);
+    if (!s.ok()) return s;
+    const char* p = recv.data();
+    for (int g = 0; g < shape_.n; ++g) {
+      if (g != me_) {
+        if (absl::Status a = ApplyBoxes(shape_.boxes[g], p, false, PartialFrom(g)); !a.ok()) {
+          return a;
+        }
+      }
+      p += counts[g];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Broadcast() {
+    const int root = shape_.group_rank.at(step_.root);
+    const std::vector<Box>& boxes = shape_.boxes[root];
+    const int64_t bytes = BoxBytes(boxes, esize_);
+    std::vector<char> data(bytes);
+    const int64_t partial = PartialFrom(root);
+    if (me_ == root) {
+      if (absl::Status s = PackBoxes(boxes, partial, data.data()); !s.ok()) return s;
+    }
+    absl::Status s = comm_->Broadcast(data.data(), bytes, root, options_);
+    if (!s.ok()) return s;
+    if (me_ == root) {
+      return absl::OkStatus();
+    }
+    return ApplyBoxes(boxes, data.data(), false, partial);
+  }
+
+  absl::Status AllToAll() {
+    std::vector<int64_t> send_bytes(shape_.n, 0), recv_bytes(shape_.n, 0);
+    std::vector<std::vector<const Transfer*>> out(shape_.n), in(shape_.n);
+    for (const Transfer& t : step_.transfers) {
+      const int s = shape_.group_rank.at(t.src), d = shape_.group_rank.at(t.dst);
+      if (s == me_) {
+        out[d].push_back(&t);
+        send_bytes[d] += t.bytes;
+      }
+      if (d == me_) {
+        in[s].push_back(&t);
+        recv_bytes[s] += t.bytes;
+      }
+    }
+    std::vector<char> send(Sum(send_bytes)), recv(Sum(recv_bytes));
+    char* p = send.data();
+    for (int g = 0; g < shape_.n; ++g) {
+      for (const Transfer* t : out[g]) {
+        if (absl::Status s = mover_->Pack(t->box, t->partial_index, p); !s.ok()) return s;
+        p += t->bytes;
+      }
+    }
+    absl::Status s =
+        comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes, options_);
+    if (!s.ok()) return s;
+    const char* q = recv.data();
+    for (int g = 0; g < shape_.n; ++g) {
+      for (const Transfer* t : in[g]) {
+        if (absl::Status a = mover_->Apply(t->box, q, t->box, t->reduce, t->partial_index);
+            !a.ok()) {
+          return a;
+        }
+        q += t->bytes;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduce() {
+    const std::vector<Box>& boxes = shape_.boxes[me_];
+    const int64_t bytes = BoxBytes(boxes, esize_);
+    std::vector<char> data(bytes);
+    if (absl::Status s = PackBoxes(boxes, shape_.partial[me_], data.data()); !s.ok()) return s;
+    absl::Status s = comm_->AllReduce(data.data(), data.data(), bytes / esize_, f_.dtype,
+                                      mover_->op(), options_);
+    if (!s.ok()) return s;
+    return ApplyBoxes(boxes, data.data(), true, shape_.partial[me_]);
+  }
+
+  absl::Status ReduceScatter() {
+    std::vector<int64_t> elements(shape_.n);
+    for (int g = 0; g < shape_.n; ++g) elements[g] = BoxBytes(shape_.boxes[g], esize_) / esize_;
+    std::vector<char> send(Sum(elements) * esize_), recv(elements[me_] * esize_);
+    char* p = send.data();
+    for (int g = 0; g < shape_.n; ++g) {
+      if (absl::Status s = PackBoxes(shape_.boxes[g], shape_.partial[me_], p); !s.ok()) return s;
+      p += elements[g] * esize_;
+    }
+    absl::Status s = comm_->ReduceScatterV(send.data(), recv.data(), elements, f_.dtype,
+                                           mover_->op(), options_);
+    if (!s.ok()) return s;
+    return ApplyBoxes(shape_.boxes[me_], recv.data(), true, shape_.partial[me_]);
+  }
+
+  absl::Status SendRecv() {
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    std::vector<std::vector<char>> staging;
+    struct Pending {
+      const Transfer* t;
+      const char* data;
+    };
+    std::vector<Pending> to_apply;
+    // Staging buffers are sized up front so their addresses stay put.
+    size_t staged = 0;
+    for (const Transfer& t : step_.transfers) {
+      if (t.src == f_.rank && mover_->DirectSource(t.box, t.partial_index) == nullptr) ++staged;
+      if (t.dst == f_.rank && mover_->DirectTarget(t.box, t.reduce, t.partial_index) == nullptr) {
+        ++staged;
+      }
+    }
+    staging.reserve(staged);
+    for (const Transfer& t : step_.transfers) {
+      if (t.src == f_.rank) {
+        const char* data = mover_->DirectSource(t.box, t.partial_index);
+        if (data == nullptr) {
+          staging.emplace_back(t.bytes);
+          if (absl::Status s = mover_->Pack(t.box, t.partial_index, staging.back().data());
+              !s.ok()) {
+            return s;
+          }
+          data = staging.back().data();
+        }
+        sends.push_back({shape_.group_rank.at(t.dst), data, t.bytes});
+      }
+      if (t.dst == f_.rank) {
+        char* data = mover_->DirectTarget(t.box, t.reduce, t.partial_index);
+        if (data == nullptr) {
+          staging.emplace_back(t.bytes);
+          data = staging.back().data();
+          to_apply.push_back({&t, data});
+        }
+        recvs.push_back({shape_.group_rank.at(t.src), data, t.bytes});
+      }
+    }
+    absl::Status s = comm_->SendRecv(sends, recvs, options_);
+    if (!s.ok()) return s;
+    for (const Pending& p : to_apply) {
+      if (absl::Status a = mover_->Apply(p.t->box, p.data, p.t->box, p.t->reduce,
+                                         p.t->partial_index);
+          !a.ok()) {
+        return a;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Fragment& f_;
+  const Step& step_;
+  const StepShape& shape_;
+  Mover* mover_;
+  Communicator* comm_;
+  const CommOptions options_;
+  const int me_;
+  const int64_t esize_;
+};
+
+std::string StepName(const Fragment& f, size_t i) {
+  const Step& step = f.steps[i];
+  const int index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);
+  return absl::StrCat("step ", index, " (", StepOpName(step.op), " over ranks [",
+                      absl::StrJoin(step.ranks, ","), "]) on rank ", f.rank);
+}
+
+absl::Status Annotate(const absl::Status& s, const std::string& where) {
+  return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+}
+
+}  // namespace
+
+std::string StepMethodName(StepMethod method) {
+  switch (method) {
+    case StepMethod::kAllGatherV: return "allgatherv";
+    case StepMethod::kReduceScatterV: return "reduce_scatterv";
+    case StepMethod::kAllReduce: return "allreduce";
+    case StepMethod::kAllToAllV: return "alltoallv";
+    case StepMethod::kBroadcast: return "broadcast";
+    case StepMethod::kSendRecv: return "sendrecv";
+  }
+  return "unknown";
+}
+
+StepMethod ChooseStepMethod(const Step& step, bool force_point_to_point) {
+  return AnalyzeStep(step, force_point_to_point).method;
+}
+
+uint32_t StepTag(const std::string& plan_id, int step_index) {
+  uint32_t h = 2166136261u;
+  for (char c : absl::StrCat(plan_id, "/", step_index)) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
+  const Fragment& f = *input.fragment;
+  if (absl::Status s = ValidateFragment(f); !s.ok()) return s;
+  if (!f.source.chunks.empty()) {
+    if (input.source == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", f.rank, " has no buffer of tensor '", f.tensor, "' version ",
+          f.source_version));
+    }
+    if (input.source->dtype() != f.dtype || !SameChunks(input.source->chunks(), f.source)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version, " as ",
+          DTypeName(input.source->dtype()), " chunks [", ChunkList(input.source->chunks()),
+          "] but the plan expects ", DTypeName(f.dtype), " chunks [", ChunkList(f.source), "]"));
+    }
+  }
+  if (input.target == nullptr || input.target->dtype() != f.dtype ||
+      !SameChunks(input.target->chunks(), f.target)) {
+    return absl::InvalidArgumentError("target buffer does not match the fragment's target");
+  }
+  auto cancelled = [&] { return input.cancelled != nullptr && input.cancelled->load(); };
+  const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
+                                                       : input.options.default_step_timeout;
+
+  // Decide every step's method first: a reducing collective consumes this rank's own
+  // contribution, so the local copy that would add it is skipped.
+  std::vector<StepShape> shapes;
+  shapes.reserve(f.steps.size());
+  absl::flat_hash_set<std::pair<int64_t, Box>> consumed;  // (partial, box) of own copies.
+  for (const Step& step : f.steps) {
+    shapes.push_back(AnalyzeStep(step, input.options.force_point_to_point));
+    const StepShape& shape = shapes.back();
+    if (shape.method == StepMethod::kAllReduce || shape.method == StepMethod::kReduceScatterV) {
+      const int me = shape.group_rank.at(f.rank);
+      for (const Box& b : shape.boxes[me]) consumed.insert({shape.partial[me], b});
+    }
+  }
+
+  bool reducing = false;
+  for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
+  int64_t bytes_total = 0;
+  for (const Step& step : f.steps) {
+    for (const Transfer& t : step.transfers) {
+      if (t.dst != f.rank) continue;
+      reducing |= t.reduce;
+      bytes_total += t.bytes;
+    }
+  }
+
+  Mover mover(f, input.source, input.target);
+  mover.Initialise(reducing);
+  for (size_t i = 0; i < f.local_copies.size(); ++i) {
+    const LocalCopy& c = f.local_copies[i];
+    if (c.reduce && consumed.contains({c.partial_index, c.box})) continue;
+    if (absl::Status s = mover.LocalCopy(c); !s.ok()) {
+      return Annotate(s, absl::StrCat("local_copies[", i, "] on rank ", f.rank));
+    }
+  }
+
+  ExecuteResult result;
+  for (size_t i = 0; i < f.steps.size(); ++i) {
+    const Step& step = f.steps[i];
+    const std::string name = StepName(f, i);
+    if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled before ", name));
+    const absl::Time start = absl::Now();
+    CommunicatorSpec spec;
+    spec.ranks = step.ranks;
+    for (int64_t r : step.ranks) spec.incarnations.push_back(f.member_incarnations.at(r));
+    spec.my_rank = f.rank;
+    spec.key_prefix = f.communicator_prefix;
+    spec.timeout = timeout;
+    absl::StatusOr<std::shared_ptr<Communicator>> comm = input.communicators->Get(spec);
+    if (!comm.ok()) return Annotate(comm.status(), name);
+    CommOptions options;
+    options.tag = StepTag(f.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
+    options.timeout = timeout;
+    StepRunner runner(f, step, shapes[i], &mover, comm->get(), options);
+    if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
+    StepReport report;
+    report.index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);
+    report.op = step.op;
+    report.method = shapes[i].method;
+    for (const Transfer& t : step.transfers) {
+      if (t.src == f.rank) report.bytes_sent += t.bytes;
+      if (t.dst == f.rank) report.bytes_received += t.bytes;
+    }
+    report.time = absl::Now() - start;
+    result.steps.push_back(report);
+    result.bytes_sent += report.bytes_sent;
+    result.bytes_received += report.bytes_received;
+    if (input.progress) input.progress(result.bytes_received, bytes_total);
+  }
+  if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled"));
+  if (absl::Status s = mover.Divide(); !s.ok()) return Annotate(s, "divide_by");
+  result.chunks = input.target->chunks();
+  result.checksums = input.target->Checksums();
+  return result;
+}
+
+}  // namespace shardcoord

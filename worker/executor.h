@@ -1,0 +1,96 @@
+#ifndef SHARDCOORD_WORKER_EXECUTOR_H_
+#define SHARDCOORD_WORKER_EXECUTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/convert.h"
+#include "sharding/layout.h"
+#include "sharding/plan.h"
+#include "worker/buffer_store.h"
+#include "worker/communicator.h"
+
+namespace shardcoord {
+
+// How all members of a step run it. A function of the step alone (its op, group and
+// transfers, which every member's fragment holds identically), so every member picks the
+// same call. The collective is used when the step's transfers have exactly its shape;
+// kSendRecv (grouped point-to-point) runs any step.
+enum class StepMethod : int {
+  kAllGatherV = 1,
+  kReduceScatterV = 2,
+  kAllReduce = 3,
+  kAllToAllV = 4,
+  kBroadcast = 5,
+  kSendRecv = 6,
+};
+std::string StepMethodName(StepMethod method);  // "allgatherv", ..., "sendrecv"
+
+StepMethod ChooseStepMethod(const Step& step, bool force_point_to_point = false);
+
+struct ExecutorOptions {
+  // When the fragment's step_timeout_ms is 0.
+  absl::Duration default_step_timeout = absl::Seconds(60);
+  // Run every step as grouped point-to-point. Every member of a plan must agree.
+  bool force_point_to_point = false;
+};
+
+struct StepReport {
+  int index = 0;  // Plan-wide step index.
+  StepOp op = StepOp::kPointToPoint;
+  StepMethod method = StepMethod::kSendRecv;
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  absl::Duration time;
+};
+
+struct ExecuteResult {
+  RankChunks chunks;                // The target chunks this rank now holds...
+  std::vector<uint64_t> checksums;  // ...and their ChunkChecksum, index for index.
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  std::vector<StepReport> steps;
+};
+
+// Called after each step with the bytes this rank has received so far and in total (the sum
+// over ranks of bytes_total is the plan's bytes_moved).
+using ProgressCallback = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
+
+struct ExecuteInput {
+  const Fragment* fragment = nullptr;
+  // This rank's buffer of the source version; may be null when fragment->source has no
+  // chunks. Its chunks must equal fragment->source's.
+  const HostBuffer* source = nullptr;
+  // A new buffer for fragment->target's chunks (HostBuffer::Create(dtype, target)).
+  HostBuffer* target = nullptr;
+  CommunicatorCache* communicators = nullptr;
+  const std::atomic<bool>* cancelled = nullptr;  // Optional; checked between steps.
+  ProgressCallback progress;                      // Optional.
+  ExecutorOptions options;
+};
+
+// Runs one fragment on this rank, following the execution contract of sharding/plan.h:
+// zero-fill contributions that take no value; when any piece reduces, set every target chunk
+// that takes a value to the identity of the reduce op; local copies; then each step in
+// order (pack the boxes this rank sends from the source chunks holding them, communicate,
+// unpack or combine into the target chunks holding them); then divide by divide_by; then
+// checksum every target chunk.
+//
+// Errors: FAILED_PRECONDITION when the source buffer is missing or does not match the
+// fragment; ABORTED when cancelled or a peer failed; DEADLINE_EXCEEDED when a step ran out
+// of time (the step timeout bounds each step, its rendezvous included); the message names
+// the step and its group. A failed fragment leaves the target buffer in an unspecified state.
+absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input);
+
+// The tag that keeps a step's operations apart from other plans' on a shared communicator:
+// FNV-1a of "<plan_id>/<step index>".
+uint32_t StepTag(const std::string& plan_id, int step_index);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_EXECUTOR_H_
