@@ -1,0 +1,481 @@
+#include "coordinator/plan_manager.h"
+
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/fake_worker_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+struct Outcome {
+  absl::Status status;
+  PlanProgress progress;
+};
+
+class PlanManagerTest : public ::testing::Test {
+ protected:
+  PlanManagerTest()
+      : timer_(&clock_),
+        workers_(&clock_, absl::Seconds(5)),
+        meshes_(&workers_),
+        tensors_(&meshes_),
+        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()) {
+    workers_.AddListener(&plans_);
+    for (int i = 0; i < 4; ++i) {
+      const std::string name = absl::StrCat("w", i);
+      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
+    }
+    EXPECT_TRUE(meshes_.Create("M", {2, 2}, {"dp", "tp"}, {}).ok());
+    EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
+  }
+
+  PlanManagerOptions Options() {
+    PlanManagerOptions o;
+    o.plan_timeout = absl::Minutes(1);
+    o.on_plan_end = [this](const std::string& prefix) { ended_prefixes_.push_back(prefix); };
+    return o;
+  }
+
+  int64_t Incarnation(int64_t rank) { return workers_.GetByRank(rank)->incarnation; }
+
+  // A ready tensor, S(0),R on M ([0:4) on ranks 0,1 and [4:8) on ranks 2,3), version 1.
+  void CreateTensor(const std::string& name, const std::string& placements = "S(0),R") {
+    TensorRecord t;
+    t.name = name;
+    t.shape = {8, 4};
+    t.dtype = DType::kF32;
+    t.mesh = "M";
+    t.spec = placements;
+    t.layout = *Layout::FromPlacements(meshes_.Get("M")->mesh, t.shape,
+                                       *ParsePlacements(placements));
+    t.version = tensors_.NewVersion();
+    ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
+    LayoutChecksums sums;
+    absl::flat_hash_map<int64_t, int64_t> inc;
+    for (const RankChunks& rc : t.layout.ranks()) {
+      sums.emplace_back(rc.chunks.size(), 1000 + rc.chunks[0].box.offset(0));
+      inc[rc.rank] = Incarnation(rc.rank);
+    }
+    ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
+  }
+
+  Spec Target(const std::string& placements, const std::string& mesh = "") {
+    Spec s;
+    s.mesh = mesh;
+    s.placements = *ParsePlacements(placements);
+    return s;
+  }
+
+  PlanManager::DoneCallback Record(std::optional<Outcome>* out) {
+    return [out](const absl::Status& s, const PlanProgress& p) { *out = Outcome{s, p}; };
+  }
+
+  // The fragments sent for `plan_id`, by rank.
+  std::map<int64_t, v1::PlanFragment> Fragments(const std::string& plan_id) {
+    std::map<int64_t, v1::PlanFragment> out;
+    for (const v1::PlanFragment& f : client_.fragments()) {
+      if (f.plan_id() == plan_id) out[f.rank()] = f;
+    }
+    return out;
+  }
+
+  // What a worker that executed its fragment correctly reports: its target chunks, with a
+  // checksum that depends only on the chunk (so replicas agree).
+  WorkerReport FinalReport(const v1::PlanFragment& f) {
+    WorkerReport r;
+    r.plan_id = f.plan_id();
+    r.rank = f.rank();
+    r.worker = workers_.GetByRank(f.rank())->spec.name;
+    r.incarnation = Incarnation(f.rank());
+    r.final = true;
+    r.chunks = *RankChunksFromProto(f.target(), "target");
+    for (const Chunk& c : r.chunks.chunks) {
+      r.checksums.push_back(c.box.offset(0) * 131 + c.box.offset(1) + 7 * c.partial_index);
+    }
+    return r;
+  }
+
+  void ReportAll(const std::string& plan_id, std::set<int64_t> skip = {}) {
+    for (const auto& [rank, f] : Fragments(plan_id)) {
+      if (skip.count(rank)) continue;
+      ASSERT_TRUE(plans_.Report(FinalReport(f)).ok()) << rank;
+    }
+  }
+
+  // Everyone but `rank` heartbeats; then the health check runs after the timeout.
+  void Kill(int64_t rank) {
+    clock_.Advance(absl::Seconds(6));
+    for (int64_t r = 0; r < 4; ++r) {
+      if (r == rank) continue;
+      const WorkerRecord w = *workers_.GetByRank(r);
+      if (w.alive) ASSERT_TRUE(workers_.Heartbeat(w.spec.name, w.incarnation).ok());
+    }
+    workers_.CheckHealth(clock_.Now());
+  }
+
+  FakeClock clock_;
+  FakeTimer timer_;
+  WorkerManager workers_;
+  MeshManager meshes_;
+  TensorManager tensors_;
+  FakeWorkerClient client_;
+  std::vector<std::string> ended_prefixes_;
+  PlanManager plans_;
+};
+
+TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
+  CreateTensor("T");
+  const TensorRecord before = *tensors_.Get("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string id = started->id;
+  EXPECT_EQ(started->progress.state, PlanState::kPending);
+  EXPECT_EQ(started->progress.bytes_total, started->plan->bytes_moved);
+  EXPECT_GT(started->plan->bytes_moved, 0);
+  EXPECT_EQ(tensors_.Get("T")->busy_plan, id);
+
+  std::vector<PlanProgress> seen;
+  ASSERT_TRUE(plans_.Watch(id, [&](const PlanProgress& p) { seen.push_back(p); }).ok());
+  // The fake accepted every fragment inline.
+  EXPECT_EQ(plans_.Progress(id)->state, PlanState::kPrepared);
+
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(id);
+  ASSERT_EQ(fragments.size(), 4u);
+  const int64_t target_version = fragments[0].target_version();
+  EXPECT_EQ(fragments[0].source_version(), before.version);
+  EXPECT_GT(target_version, before.version);
+  EXPECT_EQ(fragments[3].member_incarnations_size(), fragments[3].member_ranks_size());
+  EXPECT_EQ(fragments[1].communicator_prefix(), absl::StrCat("shardcoord/plan/", id, "/"));
+
+  // Progress reports move bytes_done; then the final reports commit.
+  WorkerReport progress;
+  progress.plan_id = id;
+  progress.rank = 1;
+  progress.worker = "w1";
+  progress.incarnation = Incarnation(1);
+  progress.bytes_done = 16;
+  ASSERT_TRUE(plans_.Report(progress).ok());
+  EXPECT_EQ(plans_.Progress(id)->bytes_done, 16);
+  ReportAll(id);
+
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->status.ok()) << done->status;
+  EXPECT_EQ(done->progress.state, PlanState::kCommitted);
+  EXPECT_EQ(done->progress.bytes_done, done->progress.bytes_total);
+
+  const TensorRecord after = *tensors_.Get("T");
+  EXPECT_EQ(after.version, target_version);
+  EXPECT_EQ(after.spec, "R,S(1)");
+  EXPECT_EQ(after.layout, started->plan->target);
+  EXPECT_TRUE(after.busy_plan.empty());
+  // Rank 2 holds columns [2:4) after R,S(1): the checksum it reported is the one kept.
+  EXPECT_EQ(after.checksums[1][0], static_cast<uint64_t>(0 * 131 + 2));
+
+  // Every participant was told to commit and drop the source version.
+  int commits = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_TRUE(req.commit());
+    EXPECT_EQ(req.drop_version(), before.version);
+    ++commits;
+  }
+  EXPECT_EQ(commits, 4);
+
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().state, PlanState::kCommitted);
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GT(seen[i].seq, seen[i - 1].seq);
+  EXPECT_THAT(ended_prefixes_, ElementsAre(absl::StrCat("shardcoord/plan/", id, "/")));
+
+  // Late reports are rejected; a new plan can run.
+  EXPECT_EQ(plans_.Report(FinalReport(fragments[0])).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(plans_.Redistribute("T", Target("S(0),R"), nullptr).ok());
+}
+
+TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
+  CreateTensor("T");
+  const TensorRecord before = *tensors_.Get("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("S(1)", "N"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(started->id);
+  ASSERT_TRUE(plans_.Report(FinalReport(fragments[0])).ok());
+
+  WorkerReport failed;
+  failed.plan_id = started->id;
+  failed.rank = 2;
+  failed.worker = "w2";
+  failed.incarnation = Incarnation(2);
+  failed.error = "step 0 (all_to_all): gloo timeout";
+  ASSERT_TRUE(plans_.Report(failed).ok());
+
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(),
+              HasSubstr("worker w2 (rank 2) failed: step 0 (all_to_all): gloo timeout"));
+  EXPECT_EQ(done->progress.state, PlanState::kAborted);
+  EXPECT_THAT(done->progress.error, HasSubstr("worker w2 (rank 2)"));
+
+  int aborts = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_FALSE(req.commit());
+    EXPECT_EQ(req.drop_version(), fragments[0].target_version());
+    ++aborts;
+  }
+  EXPECT_EQ(aborts, 4);
+
+  const TensorRecord after = *tensors_.Get("T");
+  EXPECT_EQ(after.layout, before.layout);
+  EXPECT_EQ(after.version, before.version);
+  EXPECT_EQ(after.mesh, "M");
+  EXPECT_TRUE(after.busy_plan.empty());
+  // The target mesh is no longer held by the aborted plan.
+  EXPECT_TRUE(meshes_.Delete("N").ok());
+  EXPECT_EQ(plans_.Report(FinalReport(fragments[1])).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(PlanManagerTest, DeathOfAParticipantAbortsNamingTheRank) {
+  CreateTensor("T");
+  const TensorRecord before = *tensors_.Get("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  ReportAll(started->id, /*skip=*/{3});
+  EXPECT_FALSE(done.has_value());
+
+  Kill(3);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(), HasSubstr("worker w3 (rank 3) died: no heartbeat for 6s"));
+  EXPECT_EQ(tensors_.Get("T")->layout, before.layout);
+
+  // Rows [4:8) still have a live replica on rank 2: nothing is lost, and a plan onto live
+  // workers reads from the live replicas only.
+  EXPECT_TRUE(LostChunks(*tensors_.Get("T"), [&](int64_t r, int64_t inc) {
+                return workers_.IsLive(r, inc);
+              }).empty());
+  absl::Status dead_target = plans_.Redistribute("T", Target("R,S(1)"), nullptr).status();
+  EXPECT_EQ(dead_target.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(dead_target.message(), HasSubstr("worker w3 (rank 3)"));
+  ASSERT_TRUE(meshes_.Create("live", {3}, {}, {"w0", "w1", "w2"}).ok());
+  std::optional<Outcome> done2;
+  absl::StatusOr<StartedPlan> again =
+      plans_.Redistribute("T", Target("S(0)", "live"), Record(&done2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan->source.Find(3), nullptr);
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(again->id);
+  EXPECT_EQ(fragments.count(3), 0u);
+  ReportAll(again->id);
+  ASSERT_TRUE(done2.has_value());
+  EXPECT_TRUE(done2->status.ok()) << done2->status;
+  EXPECT_EQ(tensors_.Get("T")->mesh, "live");
+}
+
+TEST_F(PlanManagerTest, LostChunksFailBeforeAnythingStarts) {
+  CreateTensor("T");
+  Kill(2);
+  Kill(3);
+  absl::Status s = plans_.Redistribute("T", Target("S(0)", "two"), nullptr).status();
+  // Mesh "two" does not exist yet: NOT_FOUND comes first.
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(meshes_.Create("two", {2}, {}, {"w0", "w1"}).ok());
+  s = plans_.Redistribute("T", Target("S(0)", "two"), nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "tensor 'T' lost 1 chunk with no live replica: [4:8, 0:4] on ranks 2, 3");
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+  EXPECT_EQ(client_.calls("Execute"), 0);
+}
+
+TEST_F(PlanManagerTest, BusyTensorIsAbortedWhileOtherTensorsRunConcurrently) {
+  CreateTensor("T");
+  CreateTensor("U");
+  client_.HoldExecutes(true);
+  std::optional<Outcome> t_done, u_done;
+  absl::StatusOr<StartedPlan> t = plans_.Redistribute("T", Target("R,S(1)"), Record(&t_done));
+  ASSERT_TRUE(t.ok());
+  absl::Status second = plans_.Redistribute("T", Target("R,R"), nullptr).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(second.message(), HasSubstr("busy with " + t->id));
+  EXPECT_EQ(plans_.Gather("T", "", std::nullopt, nullptr).status().code(),
+            absl::StatusCode::kAborted);
+
+  absl::StatusOr<StartedPlan> u = plans_.Redistribute("U", Target("R,S(1)"), Record(&u_done));
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_EQ(plans_.Progress(t->id)->state, PlanState::kPending);
+  // Reports may arrive before Execute answers; the plan waits for both.
+  ReportAll(t->id);
+  ReportAll(u->id);
+  EXPECT_FALSE(t_done.has_value());
+  client_.ReleaseExecutes();
+  ASSERT_TRUE(t_done.has_value() && u_done.has_value());
+  EXPECT_TRUE(t_done->status.ok()) << t_done->status;
+  EXPECT_TRUE(u_done->status.ok()) << u_done->status;
+}
+
+TEST_F(PlanManagerTest, ReplicaChecksumMismatchAborts) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok());
+  // R,S(1) on 2x2: ranks 0 and 2 both hold columns [0:2).
+  for (const auto& [rank, f] : Fragments(started->id)) {
+    WorkerReport r = FinalReport(f);
+    if (rank == 2) r.checksums[0] ^= 0xff;
+    ASSERT_TRUE(plans_.Report(r).ok());
+  }
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(),
+              HasSubstr("validation failed: replicas of chunk [0:8, 0:2] disagree"));
+  EXPECT_THAT(done->status.message(), HasSubstr("on worker w0 (rank 0)"));
+  EXPECT_THAT(done->status.message(), HasSubstr("on worker w2 (rank 2)"));
+  EXPECT_EQ(tensors_.Get("T")->spec, "S(0),R");
+}
+
+TEST_F(PlanManagerTest, WrongReportedChunksAbort) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok());
+  for (const auto& [rank, f] : Fragments(started->id)) {
+    WorkerReport r = FinalReport(f);
+    if (rank == 1) r.chunks.chunks[0].box = Box({0, 0}, {8, 2});
+    ASSERT_TRUE(plans_.Report(r).ok());
+  }
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(),
+              HasSubstr("worker w1 (rank 1) reported chunks {[0:8, 0:2]@0} but the plan's "
+                        "target for it is {[0:8, 2:4]@0}"));
+}
+
+TEST_F(PlanManagerTest, StaleIncarnationIsRejectedAndReRegistrationAborts) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok());
+  WorkerReport stale = FinalReport(Fragments(started->id)[1]);
+  stale.incarnation -= 1;
+  EXPECT_EQ(plans_.Report(stale).code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(done.has_value());
+  WorkerReport outsider = stale;
+  outsider.rank = 9;
+  EXPECT_EQ(plans_.Report(outsider).code(), absl::StatusCode::kInvalidArgument);
+  WorkerReport unknown = stale;
+  unknown.plan_id = "p-404";
+  EXPECT_EQ(plans_.Report(unknown).code(), absl::StatusCode::kNotFound);
+
+  // w1 restarts: its fragment is gone with it.
+  ASSERT_TRUE(workers_.Register(WorkerSpec{"w1", "h", "cpu", "w1:2", "gloo"}).ok());
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(), HasSubstr("worker w1 (rank 1) re-registered"));
+}
+
+TEST_F(PlanManagerTest, ExecuteFailureAndTimeoutAbort) {
+  CreateTensor("T");
+  CreateTensor("U");
+  client_.Fail("Execute", 1, absl::UnavailableError("connection refused"));
+  std::optional<Outcome> failed;
+  ASSERT_TRUE(plans_.Redistribute("T", Target("R,S(1)"), Record(&failed)).ok());
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_THAT(failed->status.message(),
+              HasSubstr("worker w1 (rank 1) could not start its fragment: UNAVAILABLE: "
+                        "connection refused"));
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+
+  client_.Fail("Execute", 1, absl::OkStatus());
+  std::optional<Outcome> timed_out;
+  absl::StatusOr<StartedPlan> u = plans_.Redistribute("U", Target("R,S(1)"), Record(&timed_out));
+  ASSERT_TRUE(u.ok());
+  ReportAll(u->id, /*skip=*/{0, 3});
+  timer_.Advance(absl::Seconds(59));
+  EXPECT_FALSE(timed_out.has_value());
+  timer_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(timed_out.has_value());
+  EXPECT_EQ(timed_out->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(timed_out->status.message(),
+              HasSubstr("timed out after 1m in state PREPARED; waiting for worker w0 (rank 0) "
+                        "(no final report), worker w3 (rank 3) (no final report)"));
+}
+
+TEST_F(PlanManagerTest, GatherToOneRank) {
+  CreateTensor("T", "S(0),S(1)");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Gather("T", "", int64_t{2}, Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_EQ(started->plan->target.ranks().size(), 1u);
+  EXPECT_EQ(started->plan->target.ranks()[0].rank, 2);
+  EXPECT_EQ(started->plan->target.ranks()[0].chunks[0].box, Box({0, 0}, {8, 4}));
+  ReportAll(started->id);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->status.ok()) << done->status;
+  const TensorRecord t = *tensors_.Get("T");
+  EXPECT_EQ(t.mesh, "");
+  EXPECT_EQ(t.spec, "rank 2");
+  EXPECT_TRUE(meshes_.Delete("M").ok());
+  // With no mesh, a redistribute must name one.
+  EXPECT_EQ(plans_.Redistribute("T", Target("S(0)"), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(plans_.Gather("T", "", int64_t{17}, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(PlanManagerTest, GatherToAMeshReplicatesEverywhere) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Gather("T", "N", std::nullopt, Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  ReportAll(started->id);
+  ASSERT_TRUE(done.has_value() && done->status.ok());
+  EXPECT_EQ(tensors_.Get("T")->spec, "R");
+  EXPECT_EQ(tensors_.Get("T")->mesh, "N");
+}
+
+TEST_F(PlanManagerTest, DryRunSendsNothingAndBadSpecsAreInvalid) {
+  CreateTensor("T");
+  absl::StatusOr<StartedPlan> dry = plans_.DryRun("T", Target("R,S(1)"));
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_TRUE(dry->id.empty());
+  EXPECT_GT(dry->plan->bytes_moved, 0);
+  EXPECT_EQ(client_.calls("Execute"), 0);
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+  absl::Status bad = plans_.DryRun("T", Target("R,S(5)")).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(), "target.placements[1]: S(5) on a 2-d tensor");
+  EXPECT_EQ(plans_.Redistribute("T", Target("R,S(5)"), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+  EXPECT_EQ(plans_.DryRun("nope", Target("R")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(plans_.DryRun("T", Target("R", "nomesh")).status().code(),
+            absl::StatusCode::kNotFound);
+  // The second identical plan comes from the cache.
+  ASSERT_TRUE(plans_.DryRun("T", Target("R,S(1)")).ok());
+  EXPECT_GE(plans_.cache_hits(), 1);
+}
+
+TEST_F(PlanManagerTest, WatchingAnEndedPlanGetsItsFinalStateOnce) {
+  CreateTensor("T");
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), nullptr);
+  ASSERT_TRUE(started.ok());
+  ReportAll(started->id);
+  std::vector<PlanProgress> seen;
+  absl::StatusOr<int64_t> w = plans_.Watch(started->id, [&](const PlanProgress& p) {
+    seen.push_back(p);
+  });
+  ASSERT_TRUE(w.ok());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].state, PlanState::kCommitted);
+  EXPECT_EQ(plans_.Watch("p-404", [](const PlanProgress&) {}).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace shardcoord
