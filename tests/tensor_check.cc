@@ -133,8 +133,7 @@ absl::StatusOr<v1::TensorInfo> CreatePartialArange(CoordinatorClient& client,
   create.set_name(name);
   for (int64_t d : shape) create.add_shape(d);
   create.set_dtype(DTypeToProto(dtype));
-  create.mutable_spec()->set_mesh(mesh);
-  create.mutable_spec()->set_placements_text(placements_text);
+  *create.mutable_spec() = SpecFromText(mesh, placements_text);
   create.set_init(v1::UNINITIALIZED);
   absl::StatusOr<v1::TensorInfo> info = client.CreateTensor(create);
   if (!info.ok()) return info.status();
@@ -158,6 +157,50 @@ absl::StatusOr<v1::TensorInfo> CreatePartialArange(CoordinatorClient& client,
     }
   }
   return info;
+}
+
+v1::ShardingSpec SpecFromText(const std::string& mesh, const std::string& text, bool flat) {
+  v1::ShardingSpec spec;
+  spec.set_mesh(mesh);
+  if (flat) {
+    spec.set_flat_text(text);
+  } else {
+    spec.set_placements_text(text);
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::MeshInfo> MakeMesh(CoordinatorClient& client, const std::string& name,
+                                      const Shape& shape, const std::vector<std::string>& workers,
+                                      const std::vector<std::string>& dim_names) {
+  v1::CreateMeshRequest request;
+  request.set_name(name);
+  for (int64_t d : shape) request.add_shape(d);
+  for (const std::string& w : workers) request.add_workers(w);
+  for (const std::string& d : dim_names) request.add_dim_names(d);
+  return client.CreateMesh(request);
+}
+
+absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std::string& name,
+                                            const Shape& shape, DType dtype,
+                                            const std::string& mesh, const std::string& spec_text,
+                                            bool flat, v1::InitKind init) {
+  v1::CreateTensorRequest request;
+  request.set_name(name);
+  for (int64_t d : shape) request.add_shape(d);
+  request.set_dtype(DTypeToProto(dtype));
+  *request.mutable_spec() = SpecFromText(mesh, spec_text, flat);
+  request.set_init(init);
+  return client.CreateTensor(request);
+}
+
+v1::RedistributeRequest RedistributeTo(const std::string& tensor, const std::string& mesh,
+                                       const std::string& spec_text, bool flat, bool wait) {
+  v1::RedistributeRequest request;
+  request.set_tensor(tensor);
+  *request.mutable_target() = SpecFromText(mesh, spec_text, flat);
+  request.set_wait(wait);
+  return request;
 }
 
 absl::StatusOr<v1::Layout> ExpectedLayout(const v1::MeshInfo& mesh, const Shape& shape,

@@ -51,6 +51,26 @@ absl::StatusOr<v1::TensorInfo> CreatePartialArange(CoordinatorClient& client,
                                                    DType dtype, const std::string& mesh,
                                                    const std::string& placements_text);
 
+// A ShardingSpec from CLI syntax: placements ("S(0),R") or, with `flat`, a flat spec
+// ("0:4;4:8"). Empty `mesh` = the tensor's current mesh.
+v1::ShardingSpec SpecFromText(const std::string& mesh, const std::string& text, bool flat = false);
+
+// CreateMesh with `shape` ("2x2" style dims), `workers` by name and optional dim names.
+absl::StatusOr<v1::MeshInfo> MakeMesh(CoordinatorClient& client, const std::string& name,
+                                      const Shape& shape, const std::vector<std::string>& workers,
+                                      const std::vector<std::string>& dim_names = {});
+
+// Creates tensor `name` filled with `init` (seed 0) on `mesh` with the spec in CLI syntax.
+absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std::string& name,
+                                            const Shape& shape, DType dtype,
+                                            const std::string& mesh, const std::string& spec_text,
+                                            bool flat = false, v1::InitKind init = v1::ARANGE);
+
+// A Redistribute request to `spec_text` on `mesh` (empty = current mesh).
+v1::RedistributeRequest RedistributeTo(const std::string& tensor, const std::string& mesh,
+                                       const std::string& spec_text, bool flat = false,
+                                       bool wait = true);
+
 // The layout the coordinator should report for a tensor of `shape` on `mesh` with a spec in
 // CLI syntax (placements "S(0),R" or, with `flat`, "0:4;4:8"), from the sharding core.
 absl::StatusOr<v1::Layout> ExpectedLayout(const v1::MeshInfo& mesh, const Shape& shape,
