@@ -1,0 +1,76 @@
+#include "worker/backends/nccl/gpu_probe.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+#ifdef SHARDCOORD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace shardcoord {
+namespace {
+
+constexpr absl::string_view kNoDevice = "no CUDA device visible: ";
+
+}  // namespace
+
+absl::StatusOr<int> VisibleCudaDevices() {
+#ifdef SHARDCOORD_HAVE_CUDA
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(kNoDevice, cudaGetErrorString(err)));
+  }
+  if (count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kNoDevice, "cudaGetDeviceCount reports 0 devices"));
+  }
+  return count;
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat(kNoDevice, "this binary was built without the CUDA toolkit"));
+#endif
+}
+
+absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
+                                            const CudaDeviceProbe& probe) {
+  BackendChoice choice;
+  if (flag == "gloo") {
+    choice.log_line = "backend gloo: selected by --backend";
+    return choice;
+  }
+  if (flag != "nccl" && flag != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend '", flag, "' is not one of gloo, nccl, auto"));
+  }
+  absl::StatusOr<int> visible = probe();
+  if (!visible.ok() || *visible <= 0) {
+    std::string reason = visible.ok() ? "the probe found 0 devices"
+                                      : std::string(visible.status().message());
+    if (absl::StartsWith(reason, kNoDevice)) reason = reason.substr(kNoDevice.size());
+    if (flag == "nccl") {
+      return absl::FailedPreconditionError(absl::StrCat(kNoDevice, reason));
+    }
+    choice.log_line = absl::StrCat("backend auto: no CUDA device visible (", reason,
+                                   "), using gloo");
+    return choice;
+  }
+  choice.backend = Backend::kNccl;
+  choice.visible_devices = *visible;
+  choice.log_line = flag == "auto"
+                        ? absl::StrCat("backend auto: ", *visible,
+                                       " CUDA device(s) visible, using nccl")
+                        : absl::StrCat("backend nccl: ", *visible, " CUDA device(s) visible");
+  return choice;
+}
+
+absl::StatusOr<int> ResolveDevice(int device_flag, int visible) {
+  const int device = device_flag >= 0 ? device_flag : 0;
+  if (device >= visible) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", device, " but only ", visible,
+                                                   " CUDA device(s) are visible"));
+  }
+  return device;
+}
+
+}  // namespace shardcoord
