@@ -410,23 +410,11 @@ absl::StatusOr<LayoutChecksums> PlanManager::CheckReports(const Entry& e) {
         absl::StrCat("reported layout is invalid: ", layout.status().message()));
   }
   // Replicas (same box, same partial index) must hold the same bytes.
-  std::map<std::pair<Box, int64_t>, std::pair<uint64_t, int64_t>> first;
-  for (size_t i = 0; i < target.ranks().size(); ++i) {
-    const RankChunks& rc = target.ranks()[i];
-    for (size_t j = 0; j < rc.chunks.size(); ++j) {
-      const Chunk& c = rc.chunks[j];
-      if (c.box.Empty()) continue;
-      auto [it, inserted] = first.try_emplace({c.box, c.partial_index}, sums[i][j], rc.rank);
-      if (!inserted && it->second.first != sums[i][j]) {
-        const WorkerEndpoint& a = e.participants.at(it->second.second).endpoint;
-        const WorkerEndpoint& b = e.participants.at(rc.rank).endpoint;
-        return absl::DataLossError(absl::StrFormat(
-            "replicas of chunk %s%s disagree: checksum %016x on %s but %016x on %s",
-            c.box.ToString(),
-            c.partial_index ? absl::StrCat(" (partial ", c.partial_index, ")") : "",
-            it->second.first, Describe(a), sums[i][j], Describe(b)));
-      }
-    }
+  if (absl::Status s = CheckReplicaChecksums(
+          target, sums,
+          [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
+      !s.ok()) {
+    return s;
   }
   return sums;
 }

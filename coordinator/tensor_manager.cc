@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
 namespace shardcoord {
@@ -83,6 +84,27 @@ absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& 
                                             "' do not form a layout: ", out.status().message()));
   }
   return out;
+}
+
+absl::Status CheckReplicaChecksums(const Layout& layout, const LayoutChecksums& checksums,
+                                   const std::function<std::string(int64_t rank)>& describe) {
+  std::map<std::pair<Box, int64_t>, std::pair<uint64_t, int64_t>> first;
+  for (size_t i = 0; i < layout.ranks().size() && i < checksums.size(); ++i) {
+    const RankChunks& rc = layout.ranks()[i];
+    for (size_t j = 0; j < rc.chunks.size() && j < checksums[i].size(); ++j) {
+      const Chunk& c = rc.chunks[j];
+      if (c.box.Empty()) continue;
+      auto [it, inserted] = first.try_emplace({c.box, c.partial_index}, checksums[i][j], rc.rank);
+      if (!inserted && it->second.first != checksums[i][j]) {
+        return absl::DataLossError(absl::StrFormat(
+            "replicas of chunk %s%s disagree: checksum %016x on %s but %016x on %s",
+            c.box.ToString(),
+            c.partial_index ? absl::StrCat(" (partial ", c.partial_index, ")") : "",
+            it->second.first, describe(it->second.second), checksums[i][j], describe(rc.rank)));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 int64_t TensorManager::NewVersion() {

@@ -60,6 +60,11 @@ std::vector<LostChunk> LostChunks(const TensorRecord& tensor, const LivenessFn& 
 // FAILED_PRECONDITION naming the lost chunks when some chunk has no live replica.
 absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& live);
 
+// Replicas (chunks with equal box and partial index) must have equal checksums;
+// DATA_LOSS naming the chunk and both ranks (through `describe`) otherwise.
+absl::Status CheckReplicaChecksums(const Layout& layout, const LayoutChecksums& checksums,
+                                   const std::function<std::string(int64_t rank)>& describe);
+
 // Tensors by name. A tensor is busy while one plan or operation (create, upload) runs on it;
 // a second is rejected with ABORTED, so concurrent plans touch different tensors. Keeps the
 // MeshManager's user counts: a tensor uses its mesh, and a plan its target mesh until it
