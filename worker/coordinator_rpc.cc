@@ -1,0 +1,85 @@
+#include "worker/coordinator_rpc.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardcoord {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
+}
+
+}  // namespace
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                                             absl::Duration rpc_timeout)
+    : channel_(std::move(channel)),
+      stub_(v1::CoordinatorWorkers::NewStub(channel_)),
+      rpc_timeout_(rpc_timeout) {}
+
+std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(
+    const std::string& address, absl::Duration rpc_timeout) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return std::make_unique<GrpcCoordinatorClient>(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), rpc_timeout);
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
+    const v1::RegisterWorkerRequest& request) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::RegisterWorkerResponse response;
+  grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, "RegisterWorker");
+  return response;
+}
+
+absl::Status GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& request) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::HeartbeatResponse response;
+  return FromGrpc(stub_->Heartbeat(&ctx, request, &response), "Heartbeat");
+}
+
+absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& request) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::ReportChunksResponse response;
+  return FromGrpc(stub_->ReportChunks(&ctx, request, &response), "ReportChunks");
+}
+
+absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  v1::KvSetRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  v1::KvSetResponse response;
+  return FromGrpc(stub_->KvSet(&ctx, request, &response), absl::StrCat("KvSet '", key, "'"));
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorClient::Get(absl::string_view key,
+                                                       absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, std::max(timeout, absl::ZeroDuration()) + rpc_timeout_);
+  v1::KvGetRequest request;
+  request.set_key(std::string(key));
+  request.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
+  v1::KvGetResponse response;
+  grpc::Status s = stub_->KvGet(&ctx, request, &response);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("KvGet '", key, "'"));
+  return std::move(*response.mutable_value());
+}
+
+}  // namespace shardcoord

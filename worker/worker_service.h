@@ -1,0 +1,158 @@
+#ifndef SHARDCOORD_WORKER_WORKER_SERVICE_H_
+#define SHARDCOORD_WORKER_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/shardcoord.grpc.pb.h"
+#include "proto/shardcoord.pb.h"
+#include "sharding/box.h"
+#include "worker/buffer_store.h"
+#include "worker/communicator.h"
+#include "worker/coordinator_rpc.h"
+#include "worker/executor.h"
+#include "worker/thread_pool.h"
+
+namespace shardcoord {
+
+// Who this worker is right now (the agent's latest registration).
+struct WorkerIdentity {
+  std::string name;
+  int64_t incarnation = 0;
+  int64_t rank = -1;
+};
+
+// Largest data payload of one ReadChunk / WriteChunk message.
+constexpr int64_t kMaxChunkMessageBytes = int64_t{1} << 20;
+
+// The Worker service's logic, without gRPC: plans in flight, buffers, fills, chunk reads and
+// writes. Thread-safe.
+//
+// Plan lifecycle on a worker: Execute validates the fragment, allocates the target buffer and
+// runs the fragment on its own thread (fragments wait on each other across workers, so they
+// never share a bounded pool); when it ends, the target buffer is stored under (tensor,
+// target_version) (success only) and the result is reported with ReportChunks (final=true:
+// chunks with checksums, or the error). Between steps it reports bytes_done (final=false).
+// FinishPlan commit drops `drop_version` (never the plan's own target version); FinishPlan
+// abort cancels the fragment (between steps; a step in flight ends within the step timeout)
+// and drops its target buffer. Both release the plan's communicators and are idempotent;
+// an Execute for a plan that was finished is ABORTED.
+class WorkerCore {
+ public:
+  WorkerCore(BufferStore* buffers, CommunicatorCache* communicators, ChunkReporter* reporter,
+             std::function<WorkerIdentity()> identity, ExecutorOptions options = {});
+  ~WorkerCore();
+
+  absl::Status Execute(const v1::PlanFragment& fragment);
+  absl::Status FinishPlan(const v1::FinishPlanRequest& request);
+  absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
+  absl::Status DropTensor(const v1::DropTensorRequest& request);
+
+  // Streams one box of one buffer, row-major, in pieces.
+  class ChunkReader {
+   public:
+    int64_t total_bytes() const { return total_bytes_; }
+    bool done() const { return next_ >= box_.Volume(); }
+    // Appends the next at most `max_bytes` bytes (at least one element) to `out`.
+    absl::Status Next(int64_t max_bytes, std::string* out);
+
+   private:
+    friend class WorkerCore;
+    std::shared_ptr<HostBuffer> buffer_;
+    int chunk_ = 0;
+    Box box_;
+    int64_t next_ = 0;  // Next element of box_, row-major.
+    int64_t total_bytes_ = 0;
+  };
+  // NOT_FOUND buffer; INVALID_ARGUMENT box (must lie inside one chunk).
+  absl::StatusOr<ChunkReader> OpenRead(const v1::ReadChunkRequest& request);
+
+  // Receives a whole local buffer: the header message, then the bytes in order.
+  class ChunkWriter {
+   public:
+    // INVALID_ARGUMENT past the announced total.
+    absl::Status Append(absl::string_view data);
+    // INVALID_ARGUMENT when fewer bytes than announced arrived; stores the buffer (replacing
+    // any at the same version) and returns its chunks with checksums.
+    absl::StatusOr<v1::WriteChunkResponse> Finish();
+
+   private:
+    friend class WorkerCore;
+    BufferStore* buffers_ = nullptr;
+    std::string tensor_;
+    int64_t version_ = 0;
+    std::shared_ptr<HostBuffer> buffer_;
+    int64_t written_ = 0;
+  };
+  // INVALID_ARGUMENT header; RESOURCE_EXHAUSTED allocation. Data in the header message is
+  // appended too.
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> OpenWrite(const v1::ChunkData& header);
+
+  // Cancels every running fragment and waits up to `grace` for them to end; false if some
+  // still run (their threads reference this object: the process should exit).
+  bool Shutdown(absl::Duration grace);
+  // Waits until no fragment runs (tests).
+  void WaitIdle();
+  int running() const;
+
+ private:
+  struct PlanRun;
+  void Run(std::shared_ptr<PlanRun> run);
+  void Report(const PlanRun& run, v1::ReportChunksRequest request);
+
+  BufferStore* const buffers_;
+  CommunicatorCache* const communicators_;
+  ChunkReporter* const reporter_;
+  const std::function<WorkerIdentity()> identity_;
+  const ExecutorOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<PlanRun>> plans_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> ended_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// shardcoord.v1.Worker over WorkerCore with the callback API. Long work (fills, the final
+// checksum of a write) runs on `pool`, never on a reactor thread.
+class WorkerServiceImpl final : public v1::Worker::CallbackService {
+ public:
+  WorkerServiceImpl(WorkerCore* core, ThreadPool* pool) : core_(core), pool_(pool) {}
+
+  grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx,
+                                    const v1::PlanFragment* request,
+                                    v1::ExecuteResponse* response) override;
+  grpc::ServerUnaryReactor* FinishPlan(grpc::CallbackServerContext* ctx,
+                                       const v1::FinishPlanRequest* request,
+                                       v1::FinishPlanResponse* response) override;
+  grpc::ServerUnaryReactor* Fill(grpc::CallbackServerContext* ctx,
+                                 const v1::FillRequest* request,
+                                 v1::FillResponse* response) override;
+  grpc::ServerUnaryReactor* DropTensor(grpc::CallbackServerContext* ctx,
+                                       const v1::DropTensorRequest* request,
+                                       v1::DropTensorResponse* response) override;
+  grpc::ServerWriteReactor<v1::ChunkData>* ReadChunk(
+      grpc::CallbackServerContext* ctx, const v1::ReadChunkRequest* request) override;
+  grpc::ServerReadReactor<v1::ChunkData>* WriteChunk(grpc::CallbackServerContext* ctx,
+                                                     v1::WriteChunkResponse* response) override;
+
+ private:
+  WorkerCore* const core_;
+  ThreadPool* const pool_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_WORKER_SERVICE_H_
