@@ -1,0 +1,140 @@
+#include "worker/backends/nccl/kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "worker/backends/nccl/box_geometry.h"
+#include "worker/backends/nccl/reduce_ops.h"
+#include "worker/backends/nccl/xxh64.h"
+
+namespace shardcoord {
+namespace nccl {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65535;
+
+int Blocks(int64_t work, int threads) {
+  int64_t b = (work + threads - 1) / threads;
+  if (b > kMaxBlocks) b = kMaxBlocks;  // The kernels loop with a grid stride.
+  return static_cast<int>(b < 1 ? 1 : b);
+}
+
+template <typename U>
+__global__ void CopyUnitsKernel(BoxCopyGeometry g, const char* __restrict__ src,
+                                char* __restrict__ dst, int64_t units) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < units;
+       u += stride) {
+    int64_t s, d;
+    UnitOffsets(g, static_cast<int>(sizeof(U)), u, &s, &d);
+    *reinterpret_cast<U*>(dst + d) = *reinterpret_cast<const U*>(src + s);
+  }
+}
+
+template <typename U>
+cudaError_t LaunchUnits(const BoxCopyGeometry& g, const void* src, void* dst,
+                        cudaStream_t stream) {
+  const int64_t units = TotalBytes(g) / static_cast<int64_t>(sizeof(U));
+  CopyUnitsKernel<U><<<Blocks(units, kThreads), kThreads, 0, stream>>>(
+      g, static_cast<const char*>(src), static_cast<char*>(dst), units);
+  return cudaGetLastError();
+}
+
+template <int kDType>
+__global__ void ReduceKernel(BoxCopyGeometry g, int op, const unsigned char* __restrict__ src,
+                             unsigned char* __restrict__ dst, int64_t elements) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < elements;
+       e += stride) {
+    int64_t s, d;
+    ElementOffsets(g, e, &s, &d);
+    DevCombineElement(kDType, op, dst + d, src + s);
+  }
+}
+
+template <int kDType>
+cudaError_t LaunchReduce(const BoxCopyGeometry& g, int op, const void* src, void* dst,
+                         cudaStream_t stream) {
+  const int64_t elements = ElementCount(g);
+  ReduceKernel<kDType><<<Blocks(elements, kThreads), kThreads, 0, stream>>>(
+      g, op, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst),
+      elements);
+  return cudaGetLastError();
+}
+
+__global__ void BlockHashKernel(const unsigned char* data, int64_t bytes, int64_t blocks,
+                                uint64_t* hashes) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
+       b += stride) {
+    hashes[b] = ChecksumBlockHash(data, bytes, b);
+  }
+}
+
+// The device is little-endian, so the hash words in memory are already the bytes the
+// definition hashes.
+__global__ void CombineKernel(const uint64_t* hashes, int64_t blocks, uint64_t* result) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *result = Xxh64(hashes, static_cast<uint64_t>(blocks) * 8, 0);
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchCopyBox(const BoxCopyGeometry& g, const void* src, void* dst,
+                          cudaStream_t stream) {
+  if (g.runs == 0 || g.run_bytes == 0) return cudaSuccess;
+  const char* s = static_cast<const char*>(src) + g.src_start;
+  char* d = static_cast<char*>(dst) + g.dst_start;
+  if (g.ndims == 0) {
+    return cudaMemcpyAsync(d, s, static_cast<size_t>(g.run_bytes), cudaMemcpyDeviceToDevice,
+                           stream);
+  }
+  constexpr int64_t kMaxPitch = int64_t{1} << 30;  // Well inside cudaMemcpy2D's limit.
+  if (g.ndims == 1 && g.src_stride[0] < kMaxPitch && g.dst_stride[0] < kMaxPitch) {
+    return cudaMemcpy2DAsync(d, static_cast<size_t>(g.dst_stride[0]), s,
+                             static_cast<size_t>(g.src_stride[0]),
+                             static_cast<size_t>(g.run_bytes), static_cast<size_t>(g.count[0]),
+                             cudaMemcpyDeviceToDevice, stream);
+  }
+  switch (CopyUnitBytes(g, reinterpret_cast<uintptr_t>(src), reinterpret_cast<uintptr_t>(dst))) {
+    case 16: return LaunchUnits<uint4>(g, src, dst, stream);
+    case 8: return LaunchUnits<uint2>(g, src, dst, stream);
+    case 4: return LaunchUnits<uint32_t>(g, src, dst, stream);
+    case 2: return LaunchUnits<uint16_t>(g, src, dst, stream);
+    default: return LaunchUnits<uint8_t>(g, src, dst, stream);
+  }
+}
+
+cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src,
+                            void* dst, cudaStream_t stream) {
+  if (g.runs == 0 || g.run_bytes == 0) return cudaSuccess;
+  switch (dtype) {
+    case kDevF32: return LaunchReduce<kDevF32>(g, op, src, dst, stream);
+    case kDevF64: return LaunchReduce<kDevF64>(g, op, src, dst, stream);
+    case kDevF16: return LaunchReduce<kDevF16>(g, op, src, dst, stream);
+    case kDevBF16: return LaunchReduce<kDevBF16>(g, op, src, dst, stream);
+    case kDevI8: return LaunchReduce<kDevI8>(g, op, src, dst, stream);
+    case kDevU8: return LaunchReduce<kDevU8>(g, op, src, dst, stream);
+    case kDevI32: return LaunchReduce<kDevI32>(g, op, src, dst, stream);
+    case kDevI64: return LaunchReduce<kDevI64>(g, op, src, dst, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchChunkChecksum(const void* data, int64_t bytes, uint64_t* block_hashes,
+                                uint64_t* result, cudaStream_t stream) {
+  const int64_t blocks = ChecksumBlockCount(bytes);
+  if (blocks > 0) {
+    // Few threads per CUDA block: each thread hashes a whole MiB, so spread them over SMs.
+    constexpr int kHashThreads = 32;
+    BlockHashKernel<<<Blocks(blocks, kHashThreads), kHashThreads, 0, stream>>>(
+        static_cast<const unsigned char*>(data), bytes, blocks, block_hashes);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  CombineKernel<<<1, 1, 0, stream>>>(block_hashes, blocks, result);
+  return cudaGetLastError();
+}
+
+}  // namespace nccl
+}  // namespace shardcoord

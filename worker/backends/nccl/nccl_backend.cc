@@ -1,0 +1,18 @@
+#include "worker/backends/nccl/nccl_backend.h"
+
+#include <utility>
+
+#include "worker/backends/nccl/clock.h"
+#include "worker/backends/nccl/cuda_nccl_api.h"
+
+namespace shardcoord {
+namespace nccl {
+
+std::shared_ptr<CommunicatorFactory> MakeNcclCommunicatorFactory(std::shared_ptr<KvStore> kv,
+                                                                 NcclFactoryOptions options) {
+  return std::make_shared<NcclCommunicatorFactory>(std::move(kv), std::make_shared<CudaNcclApi>(),
+                                                   std::make_shared<RealClock>(), options);
+}
+
+}  // namespace nccl
+}  // namespace shardcoord
