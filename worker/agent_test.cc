@@ -1,0 +1,161 @@
+#include "worker/agent.h"
+
+#include <deque>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardcoord {
+namespace {
+
+// Scripted coordinator: registration and heartbeat answers are queued by the test; with an
+// empty queue registration succeeds and heartbeats are OK.
+class FakeRpc : public CoordinatorAgentRpc {
+ public:
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(
+      const v1::RegisterWorkerRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    last_registration_ = request;
+    if (register_down_) return absl::UnavailableError("down");
+    if (!register_errors_.empty()) {
+      absl::Status s = register_errors_.front();
+      register_errors_.pop_front();
+      return s;
+    }
+    v1::RegisterWorkerResponse r;
+    r.set_rank(5);
+    r.set_incarnation(++incarnation_);
+    r.set_heartbeat_interval_ms(interval_ms_);
+    return r;
+  }
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    beats_.push_back(request);
+    if (!beat_errors_.empty()) {
+      absl::Status s = beat_errors_.front();
+      beat_errors_.pop_front();
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+  void WaitBeats(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return beats_.size() >= n; };
+    mu_.Await(absl::Condition(&enough));
+  }
+
+  absl::Mutex mu_;
+  int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 100;
+  int64_t interval_ms_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<absl::Status> register_errors_ ABSL_GUARDED_BY(mu_);
+  bool register_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<absl::Status> beat_errors_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::HeartbeatRequest> beats_ ABSL_GUARDED_BY(mu_);
+  v1::RegisterWorkerRequest last_registration_ ABSL_GUARDED_BY(mu_);
+};
+
+AgentOptions Options() {
+  AgentOptions o;
+  o.registration.set_name("w1");
+  o.registration.set_host("h");
+  o.registration.set_device("cpu");
+  o.registration.set_address("127.0.0.1:9");
+  o.registration.set_backend("gloo");
+  o.retry_interval = absl::Milliseconds(1);
+  return o;
+}
+
+TEST(AgentTest, RegistersAndHeartbeats) {
+  FakeRpc rpc;
+  Agent agent(&rpc, Options());
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  EXPECT_EQ(agent.identity().rank, 5);
+  EXPECT_EQ(agent.identity().incarnation, 101);
+  EXPECT_EQ(agent.identity().name, "w1");
+  rpc.WaitBeats(3);
+  agent.Stop();
+  absl::MutexLock lock(&rpc.mu_);
+  EXPECT_EQ(rpc.last_registration_.address(), "127.0.0.1:9");
+  for (const auto& b : rpc.beats_) {
+    EXPECT_EQ(b.name(), "w1");
+    EXPECT_EQ(b.incarnation(), 101);
+  }
+}
+
+TEST(AgentTest, StaleIncarnationRegistersAgain) {
+  FakeRpc rpc;
+  {
+    absl::MutexLock lock(&rpc.mu_);
+    rpc.beat_errors_.push_back(absl::OkStatus());
+    rpc.beat_errors_.push_back(absl::AbortedError("stale incarnation"));
+    rpc.beat_errors_.push_back(absl::UnavailableError("coordinator down"));
+    rpc.beat_errors_.push_back(absl::NotFoundError("unknown worker"));
+  }
+  Agent agent(&rpc, Options());
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  rpc.WaitBeats(6);
+  agent.Stop();
+  EXPECT_EQ(agent.registrations(), 3);
+  EXPECT_EQ(agent.identity().incarnation, 103);
+  absl::MutexLock lock(&rpc.mu_);
+  EXPECT_EQ(rpc.beats_[0].incarnation(), 101);
+  EXPECT_EQ(rpc.beats_[1].incarnation(), 101);  // Refused: ABORTED.
+  EXPECT_EQ(rpc.beats_[2].incarnation(), 102);  // UNAVAILABLE: same incarnation next time.
+  EXPECT_EQ(rpc.beats_[3].incarnation(), 102);  // Refused: NOT_FOUND.
+  EXPECT_EQ(rpc.beats_[4].incarnation(), 103);
+}
+
+TEST(AgentTest, StartRetriesTransientErrors) {
+  FakeRpc rpc;
+  {
+    absl::MutexLock lock(&rpc.mu_);
+    rpc.register_errors_.push_back(absl::UnavailableError("not up yet"));
+    rpc.register_errors_.push_back(absl::DeadlineExceededError("slow"));
+  }
+  std::vector<std::string> logs;
+  AgentOptions o = Options();
+  o.log = [&](absl::string_view line) { logs.emplace_back(line); };
+  Agent agent(&rpc, o);
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  agent.Stop();
+  EXPECT_EQ(agent.identity().incarnation, 101);
+  EXPECT_GE(logs.size(), 3u);
+}
+
+TEST(AgentTest, StartFailsOnBadRequest) {
+  FakeRpc rpc;
+  {
+    absl::MutexLock lock(&rpc.mu_);
+    rpc.register_errors_.push_back(absl::InvalidArgumentError("empty address"));
+  }
+  Agent agent(&rpc, Options());
+  EXPECT_EQ(agent.Start(absl::Seconds(30)).code(), absl::StatusCode::kInvalidArgument);
+  agent.Stop();  // No thread to join.
+}
+
+TEST(AgentTest, StartGivesUpAfterTimeout) {
+  FakeRpc rpc;
+  {
+    absl::MutexLock lock(&rpc.mu_);
+    rpc.register_down_ = true;
+  }
+  Agent agent(&rpc, Options());
+  EXPECT_EQ(agent.Start(absl::Milliseconds(20)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(AgentTest, StopInterruptsALongInterval) {
+  FakeRpc rpc;
+  {
+    absl::MutexLock lock(&rpc.mu_);
+    rpc.interval_ms_ = 3600 * 1000;
+  }
+  Agent agent(&rpc, Options());
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  agent.Stop();  // Returns without waiting the hour.
+  absl::MutexLock lock(&rpc.mu_);
+  EXPECT_TRUE(rpc.beats_.empty());
+}
+
+}  // namespace
+}  // namespace shardcoord
