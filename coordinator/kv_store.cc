@@ -174,6 +174,30 @@ int KvStore::DeletePrefix(absl::string_view prefix) {
   return n;
 }
 
+void KvStore::CancelAll(const absl::Status& status) {
+  std::vector<GetWaiter> gets;
+  std::vector<BarrierMember> members;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, waiters] : get_waiters_) {
+      for (auto& [id, w] : waiters) gets.push_back(std::move(w));
+    }
+    get_waiters_.clear();
+    for (auto& [key, b] : barriers_) {
+      for (auto& [member, m] : b.waiting) members.push_back(std::move(m));
+      b.waiting.clear();
+    }
+  }
+  for (GetWaiter& w : gets) {
+    timer_->Cancel(w.timer);
+    w.done(status);
+  }
+  for (BarrierMember& m : members) {
+    timer_->Cancel(m.timer);
+    m.done(status);
+  }
+}
+
 size_t KvStore::num_keys() const {
   absl::MutexLock lock(&mu_);
   return values_.size();

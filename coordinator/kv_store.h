@@ -51,6 +51,9 @@ class KvStore {
   // many were removed.
   int DeletePrefix(absl::string_view prefix);
 
+  // Completes every pending wait with `status` (shutdown).
+  void CancelAll(const absl::Status& status);
+
   size_t num_keys() const;
   size_t num_waiters() const;
 

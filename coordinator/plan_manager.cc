@@ -561,7 +561,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     e.completed = true;
     RetireLocked(id);
   }
-  if (options_.on_plan_end) options_.on_plan_end(prefix);
+  if (options_.on_plan_end) options_.on_plan_end(progress, prefix);
   for (DoneCallback& d : done) d(status, progress);
   for (WatchFn& w : watchers) w(progress);
 }

@@ -63,9 +63,10 @@ struct PlanManagerOptions {
   size_t keep_ended_plans = 1024;
   bool use_collectives = true;
   CostModel cost;
-  // Called when a plan ends with the rendezvous key prefix its fragments used (the daemon
-  // deletes those keys from the KvStore).
-  std::function<void(const std::string& prefix)> on_plan_end;
+  // Called when a plan ends (before its callbacks) with its final progress and the
+  // rendezvous key prefix its fragments used (the daemon logs it and deletes those keys
+  // from the KvStore).
+  std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
 };
 
 // A plan that was started (or, for a dry run, only planned).

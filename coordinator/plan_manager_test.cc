@@ -39,7 +39,9 @@ class PlanManagerTest : public ::testing::Test {
   PlanManagerOptions Options() {
     PlanManagerOptions o;
     o.plan_timeout = absl::Minutes(1);
-    o.on_plan_end = [this](const std::string& prefix) { ended_prefixes_.push_back(prefix); };
+    o.on_plan_end = [this](const PlanProgress&, const std::string& prefix) {
+      ended_prefixes_.push_back(prefix);
+    };
     return o;
   }
 

@@ -156,6 +156,7 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
   ShapeToProto(args.shape, base.mutable_global_shape());
   base.set_init(args.init == v1::INIT_KIND_UNSPECIFIED ? v1::ZEROS : args.init);
   base.set_seed(args.seed);
+  if (layout->is_partial()) base.set_partial_op(ReduceOpToProto(layout->partial_op()));
   const std::string name = args.name;
   // A Partial(sum) tensor holds its value in contribution 0 and zeros in the others (as
   // ChunkUnsharded splits one); avg, min and max hold the value in every contribution.

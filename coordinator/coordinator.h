@@ -1,0 +1,75 @@
+#ifndef SHARDCOORD_COORDINATOR_COORDINATOR_H_
+#define SHARDCOORD_COORDINATOR_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/grpc_worker_client.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/mesh_manager.h"
+#include "coordinator/plan_manager.h"
+#include "coordinator/tensor_io.h"
+#include "coordinator/tensor_manager.h"
+#include "coordinator/timer.h"
+#include "coordinator/worker_facing_service.h"
+#include "coordinator/worker_manager.h"
+#include "grpcpp/server.h"
+
+namespace shardcoord {
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:7400";  // Port 0 picks a free port.
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration plan_timeout = absl::Minutes(5);
+  bool use_collectives = true;
+  GrpcWorkerClientOptions worker_client;
+};
+
+// The composition root, as Ray's GCS server: owns one manager per concern, wires worker
+// deaths into the plan manager, serves both gRPC services, and runs the health thread.
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions options);
+  ~Coordinator();
+
+  // Binds and starts serving; returns the address it listens on ("127.0.0.1:41234").
+  absl::StatusOr<std::string> Start();
+  // Aborts running plans, completes pending waits, stops serving and the health thread.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  void HealthLoop();
+
+  const CoordinatorOptions options_;
+  RealClock clock_;
+  ThreadTimer timer_;
+  WorkerManager workers_;
+  MeshManager meshes_;
+  TensorManager tensors_;
+  KvStore kv_;
+  std::unique_ptr<GrpcWorkerClient> client_;
+  std::unique_ptr<PlanManager> plans_;
+  std::unique_ptr<TensorIo> io_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<WorkerFacingService> worker_service_;
+  std::unique_ptr<WorkerListener> death_logger_;
+  std::unique_ptr<grpc::Server> server_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread health_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,96 @@
+#ifndef SHARDCOORD_COORDINATOR_COORDINATOR_SERVICE_H_
+#define SHARDCOORD_COORDINATOR_COORDINATOR_SERVICE_H_
+
+#include <cstdint>
+
+#include "coordinator/mesh_manager.h"
+#include "coordinator/plan_manager.h"
+#include "coordinator/tensor_io.h"
+#include "coordinator/tensor_manager.h"
+#include "coordinator/worker_manager.h"
+#include "proto/shardcoord.grpc.pb.h"
+
+namespace shardcoord {
+
+// Record -> wire conversions of coordinator state (the sharding/ parts go through
+// proto/convert).
+v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w);
+v1::MeshInfo MeshInfoToProto(const MeshRecord& m);
+v1::TensorInfo TensorInfoToProto(const TensorRecord& t, const LivenessFn& live);
+v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
+
+// shardcoord.v1.Coordinator: thin adapters over the managers. No handler blocks: long
+// operations (create, redistribute with wait, upload, download, watch) finish their reactor
+// from the managers' completion callbacks. Streamed data messages carry at most
+// `max_message_bytes` of data.
+class CoordinatorService final : public v1::Coordinator::CallbackService {
+ public:
+  CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
+                     PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20)
+      : workers_(workers),
+        meshes_(meshes),
+        tensors_(tensors),
+        plans_(plans),
+        io_(io),
+        max_message_bytes_(max_message_bytes) {}
+
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListWorkersRequest* req,
+                                        v1::ListWorkersResponse* resp) override;
+  grpc::ServerUnaryReactor* CreateMesh(grpc::CallbackServerContext* ctx,
+                                       const v1::CreateMeshRequest* req,
+                                       v1::MeshInfo* resp) override;
+  grpc::ServerUnaryReactor* GetMesh(grpc::CallbackServerContext* ctx,
+                                    const v1::GetMeshRequest* req, v1::MeshInfo* resp) override;
+  grpc::ServerUnaryReactor* ListMeshes(grpc::CallbackServerContext* ctx,
+                                       const v1::ListMeshesRequest* req,
+                                       v1::ListMeshesResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteMesh(grpc::CallbackServerContext* ctx,
+                                       const v1::DeleteMeshRequest* req,
+                                       v1::DeleteMeshResponse* resp) override;
+  grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* ctx,
+                                         const v1::CreateTensorRequest* req,
+                                         v1::TensorInfo* resp) override;
+  grpc::ServerUnaryReactor* GetTensor(grpc::CallbackServerContext* ctx,
+                                      const v1::GetTensorRequest* req,
+                                      v1::TensorInfo* resp) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
+                                        const v1::ListTensorsRequest* req,
+                                        v1::ListTensorsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteTensor(grpc::CallbackServerContext* ctx,
+                                         const v1::DeleteTensorRequest* req,
+                                         v1::DeleteTensorResponse* resp) override;
+  grpc::ServerUnaryReactor* Redistribute(grpc::CallbackServerContext* ctx,
+                                         const v1::RedistributeRequest* req,
+                                         v1::RedistributeResponse* resp) override;
+  grpc::ServerUnaryReactor* Gather(grpc::CallbackServerContext* ctx,
+                                   const v1::GatherRequest* req,
+                                   v1::RedistributeResponse* resp) override;
+  grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
+                                             const v1::PlanRequest* req,
+                                             v1::Plan* resp) override;
+  grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(
+      grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) override;
+  grpc::ServerReadReactor<v1::TensorData>* Upload(grpc::CallbackServerContext* ctx,
+                                                  v1::UploadResponse* resp) override;
+  grpc::ServerWriteReactor<v1::TensorData>* Download(grpc::CallbackServerContext* ctx,
+                                                     const v1::DownloadRequest* req) override;
+
+ private:
+  LivenessFn Liveness() const;
+  // Redistribute and Gather: start a plan; with `wait`, finish when it ends.
+  grpc::ServerUnaryReactor* RunPlan(
+      grpc::CallbackServerContext* ctx, bool wait, v1::RedistributeResponse* resp,
+      const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start);
+
+  WorkerManager* const workers_;
+  MeshManager* const meshes_;
+  TensorManager* const tensors_;
+  PlanManager* const plans_;
+  TensorIo* const io_;
+  const int64_t max_message_bytes_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_COORDINATOR_SERVICE_H_

@@ -1,0 +1,80 @@
+#ifndef SHARDCOORD_COORDINATOR_GRPC_WORKER_CLIENT_H_
+#define SHARDCOORD_COORDINATOR_GRPC_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/worker_client.h"
+#include "proto/shardcoord.grpc.pb.h"
+
+namespace shardcoord {
+
+struct GrpcWorkerClientOptions {
+  // Control calls: Execute (which only starts a fragment), FinishPlan, DropTensor.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Calls that move data: Fill, ReadChunk, WriteChunk.
+  absl::Duration data_timeout = absl::Minutes(10);
+  // Largest data payload per streamed message.
+  int64_t chunk_message_bytes = 1 << 20;
+};
+
+// WorkerClient over gRPC's callback API: no thread waits on a worker, every call has a
+// deadline, one channel per worker address (reused). The destructor cancels calls in flight
+// and waits for their callbacks.
+class GrpcWorkerClient : public WorkerClient {
+ public:
+  explicit GrpcWorkerClient(GrpcWorkerClientOptions options = {});
+  ~GrpcWorkerClient() override;
+
+  // Cancels every call in flight and every later one (shutdown); callbacks still run.
+  void CancelAll();
+
+  void Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+               StatusCallback done) override;
+  void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
+                  StatusCallback done) override;
+  void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
+            Callback<v1::FillResponse> done) override;
+  void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
+                  StatusCallback done) override;
+  void ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
+                 Callback<std::string> done) override;
+  void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header, std::string data,
+                  Callback<v1::WriteChunkResponse> done) override;
+
+ private:
+  class ReadCall;
+  class WriteCall;
+
+  v1::Worker::Stub* StubFor(const std::string& address);
+  // In-flight bookkeeping: Begin before starting a call, End after its callback ran.
+  void Begin(grpc::ClientContext* ctx);
+  void End(grpc::ClientContext* ctx);
+
+  template <typename Req, typename Resp>
+  using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*, const Req*,
+                                     Resp*, std::function<void(grpc::Status)>)>;
+  template <typename Req, typename Resp>
+  void Unary(const WorkerEndpoint& worker, absl::Duration timeout, const Req& request,
+             StartFn<Req, Resp> start, Callback<Resp> done);
+
+  const GrpcWorkerClientOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// gRPC and Abseil share status code numbers.
+absl::Status FromGrpc(const grpc::Status& s);
+grpc::Status ToGrpc(const absl::Status& s);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_GRPC_WORKER_CLIENT_H_

@@ -1,0 +1,81 @@
+// The shardcoord coordinator daemon.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/time.h"
+#include "coordinator/coordinator.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+bool ParseDurationFlag(const std::string& name, const std::string& text, absl::Duration* out) {
+  if (absl::ParseDuration(text, out) && *out > absl::ZeroDuration()) return true;
+  std::cerr << "--" << name << ": '" << text << "' is not a positive duration (e.g. 5s, 500ms)\n";
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardcoord coordinator: meshes, tensors, plans, worker health"};
+  shardcoord::CoordinatorOptions options;
+  std::string heartbeat_timeout = "5s", heartbeat_interval = "500ms", plan_timeout = "5m";
+  std::string log_level = "info";
+  bool no_collectives = false;
+  app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", heartbeat_timeout,
+                 "a worker without a heartbeat this long is dead")
+      ->capture_default_str();
+  app.add_option("--heartbeat-interval", heartbeat_interval,
+                 "how often workers are told to heartbeat")
+      ->capture_default_str();
+  app.add_option("--plan-timeout", plan_timeout, "a plan not done by then is aborted")
+      ->capture_default_str();
+  app.add_flag("--no-collectives", no_collectives,
+               "lower every plan to point-to-point steps");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (!ParseDurationFlag("heartbeat-timeout", heartbeat_timeout, &options.heartbeat_timeout) ||
+      !ParseDurationFlag("heartbeat-interval", heartbeat_interval,
+                         &options.heartbeat_interval) ||
+      !ParseDurationFlag("plan-timeout", plan_timeout, &options.plan_timeout)) {
+    return 2;
+  }
+  options.use_collectives = !no_collectives;
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  // Logs go to stderr: stdout carries only the ready line that scripts and tests read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
+
+  // Every thread started from here on inherits the blocked signals; this thread takes them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  shardcoord::Coordinator coordinator(options);
+  absl::StatusOr<std::string> address = coordinator.Start();
+  if (!address.ok()) {
+    spdlog::error("{}", address.status().ToString());
+    return 1;
+  }
+  std::printf("coordinator listening on %s\n", address->c_str());
+  std::fflush(stdout);
+  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {})", *address,
+               heartbeat_timeout, heartbeat_interval, plan_timeout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  coordinator.Shutdown();
+  spdlog::info("stopped");
+  return 0;
+}

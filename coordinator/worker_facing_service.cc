@@ -1,0 +1,107 @@
+#include "coordinator/worker_facing_service.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/grpc_worker_client.h"
+#include "proto/convert.h"
+
+namespace shardcoord {
+namespace {
+
+// Longest rendezvous wait a worker may ask for: a reactor waiting on a cancelled call lives
+// this long at most.
+constexpr absl::Duration kMaxWait = absl::Hours(1);
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpc(s));
+  return r;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(
+    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
+    v1::RegisterWorkerResponse* resp) {
+  absl::StatusOr<WorkerRecord> w = workers_->Register(
+      WorkerSpec{req->name(), req->host(), req->device(), req->address(), req->backend()});
+  if (!w.ok()) return Done(ctx, w.status());
+  resp->set_rank(w->rank);
+  resp->set_incarnation(w->incarnation);
+  resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                         const v1::HeartbeatRequest* req,
+                                                         v1::HeartbeatResponse*) {
+  return Done(ctx, workers_->Heartbeat(req->name(), req->incarnation()));
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::KvSet(grpc::CallbackServerContext* ctx,
+                                                     const v1::KvSetRequest* req,
+                                                     v1::KvSetResponse*) {
+  return Done(ctx, kv_->Set(req->key(), req->value()));
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::KvGet(grpc::CallbackServerContext* ctx,
+                                                     const v1::KvGetRequest* req,
+                                                     v1::KvGetResponse* resp) {
+  if (req->timeout_ms() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("timeout_ms = ", req->timeout_ms(), " must be >= 0")));
+  }
+  if (req->timeout_ms() == 0) {
+    absl::StatusOr<std::string> v = kv_->Get(req->key());
+    if (v.ok()) resp->set_value(*std::move(v));
+    return Done(ctx, v.status());
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time deadline =
+      clock_->Now() + std::min(absl::Milliseconds(req->timeout_ms()), kMaxWait);
+  kv_->GetAsync(req->key(), deadline, [reactor, resp](absl::StatusOr<std::string> v) {
+    if (v.ok()) resp->set_value(*std::move(v));
+    reactor->Finish(ToGrpc(v.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::Barrier(grpc::CallbackServerContext* ctx,
+                                                       const v1::BarrierRequest* req,
+                                                       v1::BarrierResponse*) {
+  if (req->timeout_ms() <= 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("timeout_ms = ", req->timeout_ms(), " must be > 0")));
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const absl::Time deadline =
+      clock_->Now() + std::min(absl::Milliseconds(req->timeout_ms()), kMaxWait);
+  kv_->Barrier(req->key(), req->participants(), req->member(), deadline,
+               [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServerContext* ctx,
+                                                            const v1::ReportChunksRequest* req,
+                                                            v1::ReportChunksResponse*) {
+  WorkerReport report;
+  report.plan_id = req->plan_id();
+  report.worker = req->worker();
+  report.incarnation = req->incarnation();
+  report.rank = req->rank();
+  report.error = req->error();
+  report.bytes_done = req->bytes_done();
+  report.final = req->final();
+  if (report.final && report.error.empty()) {
+    absl::StatusOr<RankChunks> chunks =
+        RankChunksFromProto(req->chunks(), "chunks", &report.checksums);
+    if (!chunks.ok()) return Done(ctx, chunks.status());
+    report.chunks = *std::move(chunks);
+  }
+  return Done(ctx, plans_->Report(report));
+}
+
+}  // namespace shardcoord

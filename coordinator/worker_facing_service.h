@@ -1,0 +1,53 @@
+#ifndef SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
+#define SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "coordinator/clock.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/plan_manager.h"
+#include "coordinator/worker_manager.h"
+#include "proto/shardcoord.grpc.pb.h"
+
+namespace shardcoord {
+
+// shardcoord.v1.CoordinatorWorkers: registration, heartbeats, the rendezvous store and
+// barriers, and plan reports. Thin: convert, call a manager, convert back. Waits (KvGet,
+// Barrier) finish their reactor from the store's callback, never blocking a thread.
+class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
+ public:
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv,
+                      PlanManager* plans, absl::Duration heartbeat_interval)
+      : clock_(clock),
+        workers_(workers),
+        kv_(kv),
+        plans_(plans),
+        heartbeat_interval_(heartbeat_interval) {}
+
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterWorkerRequest* req,
+                                           v1::RegisterWorkerResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* ctx, const v1::KvSetRequest* req,
+                                  v1::KvSetResponse* resp) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
+                                  v1::KvGetResponse* resp) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
+                                    const v1::BarrierRequest* req,
+                                    v1::BarrierResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportChunks(grpc::CallbackServerContext* ctx,
+                                         const v1::ReportChunksRequest* req,
+                                         v1::ReportChunksResponse* resp) override;
+
+ private:
+  const Clock* const clock_;
+  WorkerManager* const workers_;
+  KvStore* const kv_;
+  PlanManager* const plans_;
+  const absl::Duration heartbeat_interval_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
