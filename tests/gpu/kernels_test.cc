@@ -15,6 +15,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/backends/nccl/device_buffer.h"
 #include "worker/backends/nccl/device_ops.h"
+#include "worker/backends/nccl/reduce_ops.h"
 #include "worker/checksum.h"
 
 namespace shardcoord {
@@ -140,7 +141,17 @@ TEST_F(KernelsTest, ReductionsAreBitwiseEqualToTheHost) {
         ASSERT_TRUE(DeviceReduceIntoBox(region, d_src.data(), src_box, d_dst.data(), dst_box,
                                         dtype, op, stream_)
                         .ok());
-        ASSERT_EQ(Download(d_dst), want) << DTypeName(dtype) << " " << ReduceOpName(op);
+        const std::vector<unsigned char> got = Download(d_dst);
+        for (size_t i = 0; i < got.size(); i += esize) {
+          // A NaN made by a float sum has no specified payload (GPUs return the canonical
+          // NaN); every other result, min/max NaNs included, is bitwise the host's.
+          const int d = static_cast<int>(dtype);
+          if (op == ReduceOp::kSum && DevIsNaNElement(d, &got[i]) && DevIsNaNElement(d, &want[i])) {
+            continue;
+          }
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], esize), 0)
+              << DTypeName(dtype) << " " << ReduceOpName(op) << " element " << i / esize;
+        }
       }
     }
   }

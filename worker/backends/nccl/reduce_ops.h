@@ -2,10 +2,13 @@
 #define SHARDCOORD_WORKER_BACKENDS_NCCL_REDUCE_OPS_H_
 
 // Element-wise reductions for the reduce-into kernel, mirroring sharding/box_copy.cc's
-// ReduceIntoBox bit for bit (integer sums wrap, float min/max propagate NaN, f16/bf16 are
-// combined in float and rounded back to nearest even) so a reduction on the GPU gives the
-// same bytes as one on the host. Plain C++ only: this header is included by .cu files;
-// reduce_ops_test checks it against the host code.
+// ReduceIntoBox (integer sums wrap, float min/max propagate NaN, f16/bf16 are combined in
+// float and rounded back to nearest even) so a reduction on the GPU gives the same bytes as
+// one on the host, with one exception: the payload of a NaN that a float *sum* produces.
+// IEEE 754 leaves it open; x86 keeps one input's payload, which one depends on the operand
+// order the compiler picked (gcc and clang differ), and GPUs return the canonical NaN. Such
+// a result is NaN everywhere, just not the same NaN. Plain C++ only: this header is included
+// by .cu files; reduce_ops_test checks it against the host code.
 
 #include <cstdint>
 #include <cstring>
@@ -181,6 +184,33 @@ SC_HD inline void DevCombineElement(int dtype, int op, unsigned char* dst,
       return;
     }
   }
+}
+
+// True if the element of `dtype` at `p` is a NaN (never for integer types).
+SC_HD inline bool DevIsNaNElement(int dtype, const unsigned char* p) {
+  switch (dtype) {
+    case kDevF32: {
+      uint32_t x;
+      memcpy(&x, p, 4);
+      return (x & 0x7FFFFFFFu) > 0x7F800000u;
+    }
+    case kDevF64: {
+      uint64_t x;
+      memcpy(&x, p, 8);
+      return (x & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull;
+    }
+    case kDevF16: {
+      uint16_t x;
+      memcpy(&x, p, 2);
+      return (x & 0x7FFF) > 0x7C00;
+    }
+    case kDevBF16: {
+      uint16_t x;
+      memcpy(&x, p, 2);
+      return (x & 0x7FFF) > 0x7F80;
+    }
+  }
+  return false;
 }
 
 SC_HD inline int DevElementSize(int dtype) {

@@ -7,6 +7,7 @@
 // this header is included by .cu files.
 
 #include <cstdint>
+#include <cstring>
 
 #include "worker/backends/nccl/hd.h"
 
@@ -24,8 +25,12 @@ SC_HD inline uint64_t XxhRotl(uint64_t x, int r) { return (x << r) | (x >> (64 -
 // Input words are little-endian whatever the machine; an aligned native load is only a
 // shortcut where the machine is little-endian too (every GPU, x86, arm64 Linux).
 SC_HD inline uint64_t XxhRead64(const unsigned char* p) {
-#if defined(__CUDA_ARCH__) || (defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__)
+#if defined(__CUDA_ARCH__)
   if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) return *reinterpret_cast<const uint64_t*>(p);
+#elif defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint64_t w;
+  memcpy(&w, p, 8);
+  return w;
 #endif
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
