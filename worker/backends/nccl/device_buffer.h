@@ -13,7 +13,8 @@ namespace nccl {
 // kernels see plain device pointers), freed on destruction. Move-only.
 class DeviceBuffer {
  public:
-  // `bytes` on `device`; 0 bytes gives an empty buffer with a null data(). Errors:
+  // `bytes` on `device`, which stays the calling thread's current device (a worker owns one
+  // GPU); 0 bytes gives an empty buffer with a null data() and touches no device. Errors:
   // RESOURCE_EXHAUSTED when the device is out of memory, FAILED_PRECONDITION when there is no
   // usable device, INTERNAL otherwise; all name the size, the device and CUDA's error.
   static absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, int device);

@@ -30,8 +30,9 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
                                  void* dst, const Box& dst_box, DType dtype, ReduceOp op,
                                  cudaStream_t stream);
 
-// ChunkChecksum of `bytes` of device memory at `data`, computed on the device; waits for
-// `stream` (work already on it that writes `data` finishes first).
+// ChunkChecksum of `bytes` of device memory at `data` (on the calling thread's current
+// device), computed on the device; waits for `stream`, so work already on it that writes
+// `data` finishes first. Allocates a small scratch buffer (8 bytes per MiB) per call.
 absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes,
                                              cudaStream_t stream);
 

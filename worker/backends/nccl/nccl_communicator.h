@@ -33,7 +33,9 @@ struct NcclFactoryOptions {
 //
 // Every op lowers to NCCL calls (nccl_lowering.h), issues them on this communicator's own
 // CUDA stream, records an event after them and returns when the event has completed, so the
-// outputs are ready on return. Inputs must be ready when an op is called: a caller that
+// outputs are ready on return. A stream per communicator rather than one per worker: NCCL
+// kernels of different communicators on one stream would serialize, and two plans running
+// ops over different groups in different orders on different workers could then deadlock. Inputs must be ready when an op is called: a caller that
 // produced them on another stream synchronizes that stream first. NCCL has no tags and
 // needs every member to issue one communicator's ops in the same order, so ops on one
 // communicator run one at a time (CommOptions::tag only names the step in errors).
