@@ -68,14 +68,6 @@ HostMap HostMap::Blocks(int64_t ranks_per_host) {
   return h;
 }
 
-int64_t HostMap::HostOf(int64_t rank) const {
-  if (rank >= 0 && rank < static_cast<int64_t>(host_.size()) && host_[rank] >= 0) {
-    return host_[rank];
-  }
-  if (host_.empty() && ranks_per_host_ > 0 && rank >= 0) return rank / ranks_per_host_;
-  return -1 - rank;  // Alone on its own host.
-}
-
 double EstimateAllGather(const CostModel& m, int64_t n, int64_t piece_bytes, bool same_host) {
   if (n < 2) return 0;
   return (n - 1) * (m.Alpha(same_host) + piece_bytes * m.Beta(same_host));

@@ -44,7 +44,13 @@ class HostMap {
   static HostMap Blocks(int64_t ranks_per_host);
 
   // A host id; distinct unknown ranks get distinct (negative) ids.
-  int64_t HostOf(int64_t rank) const;
+  int64_t HostOf(int64_t rank) const {
+    if (rank >= 0 && rank < static_cast<int64_t>(host_.size()) && host_[rank] >= 0) {
+      return host_[rank];
+    }
+    if (host_.empty() && ranks_per_host_ > 0 && rank >= 0) return rank / ranks_per_host_;
+    return -1 - rank;  // Alone on its own host.
+  }
   bool SameHost(int64_t a, int64_t b) const { return a == b || HostOf(a) == HostOf(b); }
   bool known() const { return ranks_per_host_ > 0 || !host_.empty(); }
 

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,24 +18,36 @@ namespace {
 // Whole pieces may overshoot a sender's fair share by this factor before they are split.
 constexpr double kBalanceSlack = 1.05;
 
-// Dense ids 0..n-1 for the global ranks of both layouts, in ascending rank order.
+// Dense ids 0..n-1 for the global ranks of both layouts, in ascending rank order. Rank
+// numbers are usually dense, so a table replaces sorting and hashing.
 class RankIndex {
  public:
-  explicit RankIndex(std::vector<int64_t> ranks) : ranks_(std::move(ranks)) {
+  RankIndex(const Layout& a, const Layout& b) {
+    int64_t max_rank = 0;
+    const size_t count = a.ranks().size() + b.ranks().size();
+    for (const Layout* l : {&a, &b}) {
+      for (const RankChunks& rc : l->ranks()) max_rank = std::max(max_rank, rc.rank);
+    }
+    if (max_rank <= 4 * static_cast<int64_t>(count) + 1024) {
+      table_.assign(max_rank + 1, -1);
+      for (const Layout* l : {&a, &b}) {
+        for (const RankChunks& rc : l->ranks()) table_[rc.rank] = 0;
+      }
+      for (int64_t r = 0; r <= max_rank; ++r) {
+        if (table_[r] < 0) continue;
+        table_[r] = static_cast<int>(ranks_.size());
+        ranks_.push_back(r);
+      }
+      return;
+    }
+    for (const Layout* l : {&a, &b}) {
+      for (const RankChunks& rc : l->ranks()) ranks_.push_back(rc.rank);
+    }
     std::sort(ranks_.begin(), ranks_.end());
     ranks_.erase(std::unique(ranks_.begin(), ranks_.end()), ranks_.end());
-    const int64_t max_rank = ranks_.empty() ? 0 : ranks_.back();
-    if (max_rank <= 4 * static_cast<int64_t>(ranks_.size()) + 1024) {
-      table_.assign(max_rank + 1, -1);
-      for (size_t i = 0; i < ranks_.size(); ++i) table_[ranks_[i]] = static_cast<int>(i);
-    } else {
-      for (size_t i = 0; i < ranks_.size(); ++i) map_[ranks_[i]] = static_cast<int>(i);
-    }
+    for (size_t i = 0; i < ranks_.size(); ++i) map_[ranks_[i]] = static_cast<int>(i);
   }
-  int Id(int64_t rank) const {
-    if (!map_.empty()) return map_.at(rank);
-    return table_[rank];
-  }
+  int Id(int64_t rank) const { return map_.empty() ? table_[rank] : map_.at(rank); }
   int64_t Rank(int id) const { return ranks_[id]; }
   int size() const { return static_cast<int>(ranks_.size()); }
 
@@ -46,43 +59,47 @@ class RankIndex {
 
 // A distinct (partial contribution, box) of the source and the ranks holding it.
 struct SourceBox {
-  Box box;
+  const Box* box;  // Into the source layout.
   int64_t partial = 0;
   size_t holders_begin = 0;  // Range in Planner::holders_ (rank ids, ascending).
   size_t holders_end = 0;
 };
 
-// Finds the source boxes that overlap a query box without looking at all of them: boxes are
-// sorted by offset along the dim with the most distinct offsets (d0), then along the next
-// (d1); a query binary-searches the d0 offsets that can reach it (offset > query start minus
-// the longest extent) and, inside each d0 group, the d1 offsets the same way.
+// Finds the source boxes that overlap a query box without looking at all of them. Boxes are
+// ordered by their offsets along two discriminating dims d0 < d1 (for 1-d and 2-d tensors
+// simply dims 0 and 1, the lexicographic order they arrive in). A query binary-searches the
+// d0 offsets that can reach it (offset > query start minus the longest d0 extent) and,
+// inside each d0 group, the d1 offsets the same way; so a regular grid costs O(log R + hits).
 class BoxIndex {
  public:
+  // `all[begin, end)` are non-empty and in lexicographic order of their offsets.
   void Build(const std::vector<SourceBox>& all, size_t begin, size_t end, int ndim) {
+    ndim_ = ndim;
     ids_.resize(end - begin);
     std::iota(ids_.begin(), ids_.end(), begin);
     if (ids_.empty() || ndim == 0) return;
-    std::vector<std::pair<size_t, int>> distinct;  // (count, dim)
-    std::vector<int64_t> offs;
-    for (int d = 0; d < ndim; ++d) {
-      offs.clear();
-      for (size_t id : ids_) offs.push_back(all[id].box.offset(d));
-      std::sort(offs.begin(), offs.end());
-      distinct.emplace_back(std::unique(offs.begin(), offs.end()) - offs.begin(), -d);
-    }
-    std::sort(distinct.rbegin(), distinct.rend());  // Most distinct first, then lower dim.
-    d0_ = -distinct[0].second;
-    d1_ = ndim >= 2 ? -distinct[1].second : -1;
+    d0_ = 0;
+    d1_ = ndim >= 2 ? 1 : -1;
+    if (ndim >= 3) ChooseDims(all);
     const int d0 = d0_, d1 = d1_;
-    std::sort(ids_.begin(), ids_.end(), [&](size_t a, size_t b) {
-      const Box& x = all[a].box;
-      const Box& y = all[b].box;
+    auto before = [&](size_t a, size_t b) {
+      const Box& x = *all[a].box;
+      const Box& y = *all[b].box;
       if (x.offset(d0) != y.offset(d0)) return x.offset(d0) < y.offset(d0);
       if (d1 >= 0 && x.offset(d1) != y.offset(d1)) return x.offset(d1) < y.offset(d1);
       return a < b;
-    });
+    };
+    if (!std::is_sorted(ids_.begin(), ids_.end(), before)) {
+      std::sort(ids_.begin(), ids_.end(), before);
+    }
+    lo_.resize(ids_.size() * ndim);
+    hi_.resize(ids_.size() * ndim);
     for (size_t i = 0; i < ids_.size(); ++i) {
-      const Box& b = all[ids_[i]].box;
+      const Box& b = *all[ids_[i]].box;
+      for (int d = 0; d < ndim; ++d) {
+        lo_[i * ndim + d] = b.offset(d);
+        hi_[i * ndim + d] = b.end(d);
+      }
       max_ext0_ = std::max(max_ext0_, b.shape(d0));
       if (i == 0 || b.offset(d0) != group_off_.back()) {
         group_off_.push_back(b.offset(d0));
@@ -98,9 +115,9 @@ class BoxIndex {
   }
 
   template <typename F>
-  void ForEachOverlap(const std::vector<SourceBox>& all, const Box& q, F&& f) const {
+  void ForEachOverlap(const Box& q, F&& f) const {
     if (ids_.empty()) return;
-    if (d0_ < 0) {  // Scalars: every box is the whole tensor.
+    if (ndim_ == 0) {  // Scalars: every box is the whole tensor.
       for (size_t id : ids_) f(id);
       return;
     }
@@ -116,14 +133,37 @@ class BoxIndex {
         hi = std::lower_bound(k0 + lo, k0 + hi, q.end(d1_)) - k0;
       }
       for (size_t i = lo; i < hi; ++i) {
-        if (all[ids_[i]].box.Overlaps(q)) f(ids_[i]);
+        if (Hits(i, q)) f(ids_[i]);
       }
     }
   }
 
  private:
-  int d0_ = -1, d1_ = -1;
+  bool Hits(size_t i, const Box& q) const {
+    const int64_t* lo = &lo_[i * ndim_];
+    const int64_t* hi = &hi_[i * ndim_];
+    for (int d = 0; d < ndim_; ++d) {
+      if (std::max(lo[d], q.offset(d)) >= std::min(hi[d], q.end(d))) return false;
+    }
+    return true;
+  }
+
+  // The two dims with the most distinct offsets, in dim order.
+  void ChooseDims(const std::vector<SourceBox>& all) {
+    std::vector<std::pair<size_t, int>> distinct;  // (count, -dim)
+    for (int d = 0; d < ndim_; ++d) {
+      absl::flat_hash_set<int64_t> offs;
+      for (size_t id : ids_) offs.insert(all[id].box->offset(d));
+      distinct.emplace_back(offs.size(), -d);
+    }
+    std::sort(distinct.rbegin(), distinct.rend());
+    d0_ = std::min(-distinct[0].second, -distinct[1].second);
+    d1_ = std::max(-distinct[0].second, -distinct[1].second);
+  }
+
+  int ndim_ = 0, d0_ = -1, d1_ = -1;
   std::vector<size_t> ids_;
+  std::vector<int64_t> lo_, hi_;  // Per position in ids_, ndim_ values each.
   std::vector<int64_t> key1_;
   std::vector<int64_t> group_off_;
   std::vector<size_t> group_start_;
@@ -205,14 +245,6 @@ int CountEqual(const Shape* a, const Shape* b) {
   return n;
 }
 
-// A piece of a destination's needs that must come from another rank.
-struct Demand {
-  int dst;           // Rank id.
-  size_t source;     // SourceBox index.
-  Box box;
-  int64_t bytes;
-};
-
 class Planner {
  public:
   Planner(const Layout& source, const Layout& target, DType dtype, const PlanOptions& options,
@@ -223,7 +255,7 @@ class Planner {
         hosts_(HostMapFor(options)),
         esize_(ElementSize(dtype)),
         plan_(plan),
-        ranks_(AllRanks(source, target)) {}
+        ranks_(source, target) {}
 
   void Run() {
     const bool partial = source_.is_partial();
@@ -255,43 +287,50 @@ class Planner {
       std::sort(plan_->zero_fill_ranks.begin(), plan_->zero_fill_ranks.end());
     }
     BuildSourceBoxes();
-    std::vector<Demand> demands = Intersect();
+    std::vector<Transfer> transfers = Intersect();
     SortLocalCopies();
-    std::vector<Transfer> transfers = AssignSenders(std::move(demands));
+    AssignSenders(transfers);
     Finish(std::move(transfers));
   }
 
  private:
-  static std::vector<int64_t> AllRanks(const Layout& a, const Layout& b) {
-    std::vector<int64_t> r = a.RankIds();
-    std::vector<int64_t> t = b.RankIds();
-    r.insert(r.end(), t.begin(), t.end());
-    return r;
-  }
-
+  // Groups the source chunks into distinct (partial, box) with their holders. Distinct
+  // non-empty boxes of one contribution cannot share an offset (the layout was validated),
+  // so the row-major flat offset identifies a box and sorts it lexicographically.
   void BuildSourceBoxes() {
     struct Entry {
       int64_t partial;
-      const Box* box;
+      int64_t flat;
       int id;
+      const Box* box;
     };
+    const Shape strides = RowMajorStrides(source_.global_shape());
     std::vector<Entry> entries;
+    entries.reserve(source_.ranks().size());
     for (const RankChunks& rc : source_.ranks()) {
+      const int id = ranks_.Id(rc.rank);
       for (const Chunk& c : rc.chunks) {
-        if (!c.box.Empty()) entries.push_back({c.partial_index, &c.box, ranks_.Id(rc.rank)});
+        if (c.box.Empty()) continue;
+        int64_t flat = 0;
+        for (int d = 0; d < c.box.ndim(); ++d) flat += c.box.offset(d) * strides[d];
+        entries.push_back({c.partial_index, flat, id, &c.box});
       }
     }
-    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    auto before = [](const Entry& a, const Entry& b) {
       if (a.partial != b.partial) return a.partial < b.partial;
-      if (*a.box != *b.box) return *a.box < *b.box;
+      if (a.flat != b.flat) return a.flat < b.flat;
       return a.id < b.id;
-    });
+    };
+    if (!std::is_sorted(entries.begin(), entries.end(), before)) {
+      std::sort(entries.begin(), entries.end(), before);
+    }
     partial_begin_.assign(source_.num_partials() + 1, 0);
+    holders_.reserve(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
       if (i == 0 || entries[i].partial != entries[i - 1].partial ||
-          *entries[i].box != *entries[i - 1].box) {
+          entries[i].flat != entries[i - 1].flat) {
         if (!boxes_.empty()) boxes_.back().holders_end = holders_.size();
-        boxes_.push_back({*entries[i].box, entries[i].partial, holders_.size(), 0});
+        boxes_.push_back({entries[i].box, entries[i].partial, holders_.size(), 0});
       }
       holders_.push_back(entries[i].id);
     }
@@ -335,38 +374,53 @@ class Planner {
   }
 
   // Splits every destination's needs along the source boxes: pieces it holds become local
-  // copies, the rest demands on the holders.
-  std::vector<Demand> Intersect() {
-    std::vector<Demand> demands;
+  // copies, the rest transfers whose sender AssignSenders picks (src -1 until then; the
+  // source box and destination id of each are kept in demand_source_ and demand_dst_).
+  std::vector<Transfer> Intersect() {
+    std::vector<Transfer> demands;
+    demands.reserve(4 * target_.ranks().size());
+    demand_source_.reserve(4 * target_.ranks().size());
+    demand_dst_.reserve(4 * target_.ranks().size());
+    plan_->local_copies.reserve(target_.ranks().size());
     const bool reduce = source_.is_partial();
     for (const RankChunks& rc : target_.ranks()) {
       const int dst = ranks_.Id(rc.rank);
-      for (const Box& t : NeededBoxes(rc)) {
+      auto visit = [&](const Box& t) {
         for (int64_t p = 0; p < source_.num_partials(); ++p) {
-          index_[p].ForEachOverlap(boxes_, t, [&](size_t s) {
+          index_[p].ForEachOverlap(t, [&](size_t s) {
             const SourceBox& sb = boxes_[s];
-            Box piece = sb.box.Contains(t) ? t : t.Intersect(sb.box);
+            Box piece = sb.box->Contains(t) ? t : t.Intersect(*sb.box);
             if (Holds(sb, dst)) {
               plan_->local_copies.push_back({rc.rank, std::move(piece), reduce, p, -1});
             } else {
               const int64_t bytes = piece.Volume() * esize_;
               plan_->lower_bound_bytes += bytes;
-              demands.push_back({dst, s, std::move(piece), bytes});
+              demands.push_back({-1, rc.rank, std::move(piece), bytes, reduce, p});
+              demand_source_.push_back(s);
+              demand_dst_.push_back(dst);
             }
           });
         }
+      };
+      if (!target_.is_partial()) {  // Chunks of one rank are disjoint: no copies needed.
+        for (const Chunk& c : rc.chunks) {
+          if (!c.box.Empty()) visit(c.box);
+        }
+      } else {
+        for (const Box& t : NeededBoxes(rc)) visit(t);
       }
     }
     return demands;
   }
 
   void SortLocalCopies() {
-    std::sort(plan_->local_copies.begin(), plan_->local_copies.end(),
-              [](const LocalCopy& a, const LocalCopy& b) {
-                if (a.rank != b.rank) return a.rank < b.rank;
-                if (a.partial_index != b.partial_index) return a.partial_index < b.partial_index;
-                return a.box < b.box;
-              });
+    auto before = [](const LocalCopy& a, const LocalCopy& b) {
+      if (a.rank != b.rank) return a.rank < b.rank;
+      if (a.partial_index != b.partial_index) return a.partial_index < b.partial_index;
+      return a.box < b.box;
+    };
+    std::vector<LocalCopy>& lc = plan_->local_copies;
+    if (!std::is_sorted(lc.begin(), lc.end(), before)) std::sort(lc.begin(), lc.end(), before);
   }
 
   void BuildCoords() {
@@ -391,35 +445,29 @@ class Planner {
   // whole to a holder that stays within kBalanceSlack of the level, preferring the
   // destination's host, then mesh affinity, then the lighter and lower rank; a piece that
   // fits nowhere is split into slabs across holders.
-  std::vector<Transfer> AssignSenders(std::vector<Demand> demands) {
-    std::vector<Transfer> transfers;
-    transfers.reserve(demands.size());
+  void AssignSenders(std::vector<Transfer>& t) {
+    const size_t n = t.size();
     load_.assign(ranks_.size(), 0);
     // Bucket demands by source box (stable: keeps destination order).
     std::vector<size_t> start(boxes_.size() + 1, 0);
-    for (const Demand& d : demands) ++start[d.source + 1];
+    for (size_t i = 0; i < n; ++i) ++start[demand_source_[i] + 1];
     for (size_t s = 0; s < boxes_.size(); ++s) start[s + 1] += start[s];
-    std::vector<size_t> order(demands.size());
+    std::vector<size_t> order(n);
     {
       std::vector<size_t> fill(start.begin(), start.end() - 1);
-      for (size_t i = 0; i < demands.size(); ++i) order[fill[demands[i].source]++] = i;
+      for (size_t i = 0; i < n; ++i) order[fill[demand_source_[i]]++] = i;
     }
-    const bool reduce = source_.is_partial();
     const bool host_aware = hosts_.known();
-    auto emit = [&](int src, Demand& d, Box box, int64_t bytes) {
-      load_[src] += bytes;
-      transfers.push_back({ranks_.Rank(src), ranks_.Rank(d.dst), std::move(box), bytes, reduce,
-                           boxes_[d.source].partial});
-    };
     for (size_t s = 0; s < boxes_.size(); ++s) {
       if (start[s] == start[s + 1]) continue;
       const SourceBox& sb = boxes_[s];
       const size_t nh = sb.holders_end - sb.holders_begin;
       const int* holders = holders_.data() + sb.holders_begin;
       if (nh == 1) {
+        const int64_t src = ranks_.Rank(holders[0]);
         for (size_t k = start[s]; k < start[s + 1]; ++k) {
-          Demand& d = demands[order[k]];
-          emit(holders[0], d, std::move(d.box), d.bytes);
+          t[order[k]].src = src;
+          load_[holders[0]] += t[order[k]].bytes;
         }
         continue;
       }
@@ -427,36 +475,42 @@ class Planner {
       int64_t total = 0;
       std::vector<int64_t> loads;
       for (size_t h = 0; h < nh; ++h) loads.push_back(load_[holders[h]]);
-      for (size_t k = start[s]; k < start[s + 1]; ++k) total += demands[order[k]].bytes;
+      for (size_t k = start[s]; k < start[s + 1]; ++k) total += t[order[k]].bytes;
       const double level = WaterLevel(std::move(loads), total);
       const double limit = level * kBalanceSlack;
-      std::stable_sort(order.begin() + start[s], order.begin() + start[s + 1],
-                       [&](size_t a, size_t b) { return demands[a].bytes > demands[b].bytes; });
+      std::sort(order.begin() + start[s], order.begin() + start[s + 1], [&](size_t a, size_t b) {
+        return t[a].bytes != t[b].bytes ? t[a].bytes > t[b].bytes : a < b;
+      });
       for (size_t k = start[s]; k < start[s + 1]; ++k) {
-        Demand& d = demands[order[k]];
+        const size_t di = order[k];
+        const int dst = demand_dst_[di];
+        const int64_t bytes = t[di].bytes;
         // Preference key, larger is better: (fits, same host, affinity, -load, -rank id).
         auto key = [&](int h, bool fits) {
-          return std::make_tuple(fits, host_aware && hosts_.SameHost(ranks_.Rank(h),
-                                                                     ranks_.Rank(d.dst)),
-                                 Affinity(h, d.dst), -load_[h], -h);
+          return std::make_tuple(
+              fits, host_aware && hosts_.SameHost(ranks_.Rank(h), ranks_.Rank(dst)),
+              Affinity(h, dst), -load_[h], -h);
         };
         int best = holders[0];
-        auto best_key = key(best, load_[best] + d.bytes <= limit);
+        auto best_key = key(best, load_[best] + bytes <= limit);
         for (size_t h = 1; h < nh; ++h) {
-          auto k2 = key(holders[h], load_[holders[h]] + d.bytes <= limit);
+          auto k2 = key(holders[h], load_[holders[h]] + bytes <= limit);
           if (k2 > best_key) best = holders[h], best_key = k2;
         }
         if (std::get<0>(best_key)) {
-          emit(best, d, std::move(d.box), d.bytes);
+          t[di].src = ranks_.Rank(best);
+          load_[best] += bytes;
           continue;
         }
-        // Split along the longest dim into slabs that fill holders up to the level.
+        // Split along the longest dim into slabs that fill holders up to the level; the
+        // first slab stays in place, the others are appended.
+        const Box whole = t[di].box;
         int dim = 0;
-        for (int e = 1; e < d.box.ndim(); ++e) {
-          if (d.box.shape(e) > d.box.shape(dim)) dim = e;
+        for (int e = 1; e < whole.ndim(); ++e) {
+          if (whole.shape(e) > whole.shape(dim)) dim = e;
         }
-        const int64_t rows = d.box.ndim() == 0 ? 1 : d.box.shape(dim);
-        const int64_t row_bytes = d.bytes / rows;
+        const int64_t rows = whole.ndim() == 0 ? 1 : whole.shape(dim);
+        const int64_t row_bytes = bytes / rows;
         int64_t lo = 0;
         while (lo < rows) {
           int pick = holders[0];
@@ -470,19 +524,27 @@ class Planner {
             const double room = level - static_cast<double>(load_[pick]);
             take = std::clamp<int64_t>(static_cast<int64_t>(room / row_bytes), 1, rows - lo);
           }
+          load_[pick] += take * row_bytes;
           if (take == rows) {
-            emit(pick, d, std::move(d.box), d.bytes);
+            t[di].src = ranks_.Rank(pick);
             break;
           }
-          Shape off = d.box.offset(), shp = d.box.shape();
+          Shape off = whole.offset(), shp = whole.shape();
           off[dim] += lo;
           shp[dim] = take;
-          emit(pick, d, Box(std::move(off), std::move(shp)), take * row_bytes);
+          Transfer slab = t[di];
+          slab.src = ranks_.Rank(pick);
+          slab.box = Box(std::move(off), std::move(shp));
+          slab.bytes = take * row_bytes;
+          if (lo == 0) {
+            t[di] = std::move(slab);
+          } else {
+            t.push_back(std::move(slab));
+          }
           lo += take;
         }
       }
     }
-    return transfers;
   }
 
   // The level L such that raising every load below L up to L absorbs `demand`.
@@ -517,69 +579,125 @@ class Planner {
   struct Edge {
     int64_t src, dst;
     size_t begin, end;  // Range in the component's transfers (sorted by src, dst, box).
+    int64_t bytes;
   };
 
-  // Tries to recognise `t` (one connected component, sorted by src, dst, partial, box) as a
-  // collective over `members`. On success fills `step` (without transfers) and returns true.
-  bool Classify(const std::vector<Transfer>& t, const std::vector<int64_t>& members,
+  // Point-to-point estimate from a component's edges (sorted by src, dst): each rank pays one
+  // alpha per peer plus its bytes, sending and receiving overlap. Same as
+  // EstimatePointToPoint, without re-sorting the transfers.
+  double PointToPointCost() {
+    const CostModel& m = options_.cost;
+    double worst = 0, cur = 0;
+    for (size_t i = 0; i < edges_.size(); ++i) {
+      const Edge& e = edges_[i];
+      if (i == 0 || edges_[i - 1].src != e.src) cur = 0;
+      const bool same = hosts_.SameHost(e.src, e.dst);
+      cur += m.Alpha(same) + e.bytes * m.Beta(same);
+      worst = std::max(worst, cur);
+    }
+    by_dst_.resize(edges_.size());
+    std::iota(by_dst_.begin(), by_dst_.end(), 0);
+    std::sort(by_dst_.begin(), by_dst_.end(), [&](size_t a, size_t b) {
+      return edges_[a].dst != edges_[b].dst ? edges_[a].dst < edges_[b].dst : a < b;
+    });
+    for (size_t i = 0; i < by_dst_.size(); ++i) {
+      const Edge& e = edges_[by_dst_[i]];
+      if (i == 0 || edges_[by_dst_[i - 1]].dst != e.dst) cur = 0;
+      const bool same = hosts_.SameHost(e.src, e.dst);
+      cur += m.Alpha(same) + e.bytes * m.Beta(same);
+      worst = std::max(worst, cur);
+    }
+    return worst;
+  }
+
+  double CollectiveCost(const Step& step) const {
+    bool same = true;
+    for (int64_t r : step.ranks) same = same && hosts_.SameHost(r, step.ranks.front());
+    int64_t piece = 0;
+    for (const Edge& e : edges_) piece = std::max(piece, e.bytes);
+    const int64_t n = static_cast<int64_t>(step.ranks.size());
+    switch (step.op) {
+      case StepOp::kAllGather:
+        return EstimateAllGather(options_.cost, n, piece, same);
+      case StepOp::kReduceScatter:
+        return EstimateReduceScatter(options_.cost, n, piece, same);
+      case StepOp::kAllReduce:
+        return EstimateAllReduce(options_.cost, n, piece, same);
+      case StepOp::kBroadcast:
+        return EstimateBroadcast(options_.cost, n, piece, same);
+      default:
+        return 0;
+    }
+  }
+
+  // Orders `ranks` by the first box each one is given in `first_box` (members without one
+  // keep their order, last).
+  static void OrderByPieces(std::vector<std::pair<const Box*, int64_t>> first_box,
+                            std::vector<int64_t>* ranks) {
+    std::sort(first_box.begin(), first_box.end(), [](const auto& a, const auto& b) {
+      if (*a.first != *b.first) return *a.first < *b.first;
+      return a.second < b.second;
+    });
+    std::vector<int64_t>& r = *ranks;
+    size_t keep = 0;  // Members without a piece, compacted to the front, then moved last.
+    for (int64_t x : r) {
+      bool listed = false;
+      for (const auto& o : first_box) listed = listed || o.second == x;
+      if (!listed) r[keep++] = x;
+    }
+    std::copy_backward(r.begin(), r.begin() + keep, r.end());
+    for (size_t i = 0; i < first_box.size(); ++i) r[i] = first_box[i].second;
+  }
+
+  // Tries to recognise `t` (one connected component, sorted by src, dst, partial, box; its
+  // edges in edges_) as a collective over `members`. On success fills `step` (op and ranks)
+  // and the local copies the collective consumes, and returns true.
+  bool Classify(const std::vector<const Transfer*>& t, const std::vector<int64_t>& members,
                 Step* step, std::vector<size_t>* marked_copies) {
     const int64_t n = static_cast<int64_t>(members.size());
     if (n < 2) return false;
-    std::vector<Edge> edges;
-    for (size_t i = 0; i < t.size();) {
-      size_t j = i;
-      while (j < t.size() && t[j].src == t[i].src && t[j].dst == t[i].dst) ++j;
-      edges.push_back({t[i].src, t[i].dst, i, j});
-      i = j;
-    }
+    const std::vector<Edge>& edges = edges_;
     auto same_boxes = [&](const Edge& a, const Edge& b) {
       if (a.end - a.begin != b.end - b.begin) return false;
       for (size_t k = 0; k < a.end - a.begin; ++k) {
-        if (t[a.begin + k].box != t[b.begin + k].box) return false;
+        if (t[a.begin + k]->box != t[b.begin + k]->box) return false;
       }
       return true;
     };
-    // Senders with their edge ranges; every sender sending to all other members?
-    std::vector<std::pair<size_t, size_t>> senders;  // Edge ranges.
+    // Senders with their edge ranges; does every sender send to all other members, the
+    // same boxes to each?
+    senders_.clear();
     for (size_t i = 0; i < edges.size();) {
       size_t j = i;
       while (j < edges.size() && edges[j].src == edges[i].src) ++j;
-      senders.emplace_back(i, j);
+      senders_.emplace_back(i, j);
       i = j;
     }
     bool complete_out = true, uniform_out = true;
-    for (const auto& [b, e] : senders) {
+    for (const auto& [b, e] : senders_) {
       if (static_cast<int64_t>(e - b) != n - 1) complete_out = false;
       for (size_t k = b + 1; k < e && uniform_out; ++k) {
         uniform_out = same_boxes(edges[b], edges[k]);
       }
     }
-    const int64_t num_senders = static_cast<int64_t>(senders.size());
-    step->ranks = members;
-    if (!t.front().reduce) {
+    const int64_t num_senders = static_cast<int64_t>(senders_.size());
+    if (!t.front()->reduce) {
       if (num_senders == 1 && n >= 3 && complete_out && uniform_out) {
+        step->ranks = members;
         step->op = StepOp::kBroadcast;
         step->root = edges.front().src;
         return true;
       }
-      if (num_senders >= 2 && complete_out && uniform_out && SendersKeepPieces(t, edges, senders)) {
+      if (num_senders >= 2 && complete_out && uniform_out && SendersKeepPieces(t)) {
         step->op = StepOp::kAllGather;
-        // Members in the order of their pieces; members without a piece last.
-        std::vector<std::pair<Box, int64_t>> order;
-        std::vector<int64_t> rest = members;
-        for (const auto& [b, e] : senders) {
-          order.emplace_back(t[edges[b].begin].box, edges[b].src);
-        }
-        std::sort(order.begin(), order.end());
-        step->ranks.clear();
-        for (const auto& o : order) {
-          step->ranks.push_back(o.second);
-          rest.erase(std::find(rest.begin(), rest.end(), o.second));
-        }
-        step->ranks.insert(step->ranks.end(), rest.begin(), rest.end());
+        step->ranks = members;
+        std::vector<std::pair<const Box*, int64_t>> first;
+        for (const auto& [b, e] : senders_) first.emplace_back(&t[edges[b].begin]->box, edges[b].src);
+        OrderByPieces(std::move(first), &step->ranks);
         return true;
       }
       if (num_senders == n && complete_out) {
+        step->ranks = members;
         step->op = StepOp::kAllToAll;
         return true;
       }
@@ -589,10 +707,10 @@ class Planner {
     if (num_senders != n || n != source_.num_partials()) return false;
     absl::flat_hash_map<int64_t, int64_t> partial_of;
     std::vector<bool> seen(n, false);
-    for (const auto& [b, e] : senders) {
-      const int64_t p = t[edges[b].begin].partial_index;
+    for (const auto& [b, e] : senders_) {
+      const int64_t p = t[edges[b].begin]->partial_index;
       for (size_t k = edges[b].begin; k < edges[e - 1].end; ++k) {
-        if (t[k].partial_index != p) return false;
+        if (t[k]->partial_index != p) return false;
       }
       if (seen[p]) return false;
       seen[p] = true;
@@ -601,8 +719,9 @@ class Planner {
     // Receivers: each gets the same boxes from every other member.
     std::vector<size_t> by_dst(edges.size());
     std::iota(by_dst.begin(), by_dst.end(), 0);
-    std::stable_sort(by_dst.begin(), by_dst.end(),
-                     [&](size_t a, size_t b) { return edges[a].dst < edges[b].dst; });
+    std::sort(by_dst.begin(), by_dst.end(), [&](size_t a, size_t b) {
+      return edges[a].dst != edges[b].dst ? edges[a].dst < edges[b].dst : a < b;
+    });
     std::vector<size_t> receiver_edge;  // One reference edge per receiver.
     for (size_t i = 0; i < by_dst.size();) {
       size_t j = i;
@@ -619,25 +738,23 @@ class Planner {
     for (size_t re : receiver_edge) {
       const Edge& e = edges[re];
       const int64_t p = partial_of[e.dst];
-      std::vector<Box> own;
+      std::vector<size_t> own;
       const auto [lo, hi] = LocalRange(e.dst);
-      std::vector<size_t> own_idx;
       for (size_t k = lo; k < hi; ++k) {
         const LocalCopy& c = plan_->local_copies[k];
         if (!c.reduce || c.partial_index != p) continue;
         bool overlaps = false;
-        for (size_t m = e.begin; m < e.end && !overlaps; ++m) overlaps = c.box.Overlaps(t[m].box);
-        if (!overlaps) continue;
-        own.push_back(c.box);
-        own_idx.push_back(k);
+        for (size_t m = e.begin; m < e.end && !overlaps; ++m) overlaps = c.box.Overlaps(t[m]->box);
+        if (overlaps) own.push_back(k);
       }
       if (own.size() != e.end - e.begin) return false;
       for (size_t m = 0; m < own.size(); ++m) {  // Both sorted by box.
-        if (own[m] != t[e.begin + m].box) return false;
+        if (plan_->local_copies[own[m]].box != t[e.begin + m]->box) return false;
       }
-      marks.insert(marks.end(), own_idx.begin(), own_idx.end());
+      marks.insert(marks.end(), own.begin(), own.end());
     }
     step->reduce_op = plan_->reduce_op;
+    step->ranks = members;
     const int64_t num_receivers = static_cast<int64_t>(receiver_edge.size());
     bool all_same = num_receivers == n;
     for (size_t r = 1; r < receiver_edge.size() && all_same; ++r) {
@@ -650,38 +767,28 @@ class Planner {
       std::vector<std::pair<Box, int64_t>> owned;
       for (size_t re : receiver_edge) {
         for (size_t m = edges[re].begin; m < edges[re].end; ++m) {
-          owned.emplace_back(t[m].box, edges[re].dst);
+          owned.emplace_back(t[m]->box, edges[re].dst);
         }
       }
       if (OwnersOverlap(owned)) return false;
       step->op = StepOp::kReduceScatter;
-      std::vector<std::pair<Box, int64_t>> order;
-      std::vector<int64_t> rest = members;
-      for (size_t re : receiver_edge) {
-        order.emplace_back(t[edges[re].begin].box, edges[re].dst);
-      }
-      std::sort(order.begin(), order.end());
-      step->ranks.clear();
-      for (const auto& o : order) {
-        step->ranks.push_back(o.second);
-        rest.erase(std::find(rest.begin(), rest.end(), o.second));
-      }
-      step->ranks.insert(step->ranks.end(), rest.begin(), rest.end());
+      std::vector<std::pair<const Box*, int64_t>> first;
+      for (size_t re : receiver_edge) first.emplace_back(&t[edges[re].begin]->box, edges[re].dst);
+      OrderByPieces(std::move(first), &step->ranks);
     }
     *marked_copies = std::move(marks);
     return true;
   }
 
   // All-gather needs each sender to end with its own piece too.
-  bool SendersKeepPieces(const std::vector<Transfer>& t, const std::vector<Edge>& edges,
-                         const std::vector<std::pair<size_t, size_t>>& senders) const {
-    for (const auto& [b, e] : senders) {
-      const Edge& edge = edges[b];
+  bool SendersKeepPieces(const std::vector<const Transfer*>& t) const {
+    for (const auto& [b, e] : senders_) {
+      const Edge& edge = edges_[b];
       const auto [lo, hi] = LocalRange(edge.src);
       for (size_t m = edge.begin; m < edge.end; ++m) {
         bool kept = false;
         for (size_t k = lo; k < hi && !kept; ++k) {
-          kept = plan_->local_copies[k].box.Contains(t[m].box);
+          kept = plan_->local_copies[k].box.Contains(t[m]->box);
         }
         if (!kept) return false;
       }
@@ -689,6 +796,10 @@ class Planner {
     return true;
   }
 
+  // Splits the transfers into connected groups of ranks (union-find), bucketed by the
+  // group's smallest rank, and turns each group into a collective step where its pattern is
+  // exactly one and the cost model does not prefer point-to-point; the rest forms one
+  // point-to-point step.
   void Lower(std::vector<Transfer> transfers) {
     const int nr = ranks_.size();
     std::vector<int> parent(nr);
@@ -697,62 +808,102 @@ class Planner {
       const int a = Find(parent, ranks_.Id(tr.src)), b = Find(parent, ranks_.Id(tr.dst));
       if (a != b) parent[std::max(a, b)] = std::min(a, b);  // Root = smallest id = rank.
     }
+    // Counting sort by component root.
     std::vector<int> comp(transfers.size());
-    for (size_t i = 0; i < transfers.size(); ++i) comp[i] = Find(parent, ranks_.Id(transfers[i].src));
+    std::vector<size_t> start(nr + 1, 0);
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      comp[i] = Find(parent, ranks_.Id(transfers[i].src));
+      ++start[comp[i] + 1];
+    }
+    for (int r = 0; r < nr; ++r) start[r + 1] += start[r];
     std::vector<size_t> ord(transfers.size());
-    std::iota(ord.begin(), ord.end(), 0);
-    std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) {
-      const Transfer& x = transfers[a];
-      const Transfer& y = transfers[b];
-      if (comp[a] != comp[b]) return comp[a] < comp[b];
-      if (x.src != y.src) return x.src < y.src;
-      if (x.dst != y.dst) return x.dst < y.dst;
+    {
+      std::vector<size_t> fill(start.begin(), start.end() - 1);
+      for (size_t i = 0; i < transfers.size(); ++i) ord[fill[comp[i]]++] = i;
+    }
+    // Within a group: by (src, dst) through integer keys (ids order like ranks), then by
+    // (partial, box) for the rare pairs exchanging several pieces.
+    std::vector<std::pair<uint64_t, size_t>> keyed;
+    auto same_pair_before = [&](const std::pair<uint64_t, size_t>& a,
+                                const std::pair<uint64_t, size_t>& b) {
+      const Transfer& x = transfers[a.second];
+      const Transfer& y = transfers[b.second];
       if (x.partial_index != y.partial_index) return x.partial_index < y.partial_index;
       return x.box < y.box;
-    });
+    };
+    int groups = 0;
+    for (int root = 0; root < nr; ++root) groups += start[root] != start[root + 1];
+    plan_->steps.reserve(groups + 1);
     Step p2p;
     p2p.reduce_op = plan_->reduce_op;
-    std::vector<int64_t> p2p_ranks;
-    for (size_t i = 0; i < ord.size();) {
-      size_t j = i;
-      while (j < ord.size() && comp[ord[j]] == comp[ord[i]]) ++j;
-      std::vector<Transfer> t;
-      t.reserve(j - i);
-      std::vector<int64_t> members;
+    std::vector<bool> in_p2p(nr, false);
+    std::vector<int64_t> members;
+    std::vector<const Transfer*> t;
+    for (int root = 0; root < nr; ++root) {
+      const size_t i = start[root], j = start[root + 1];
+      if (i == j) continue;
+      keyed.clear();
       for (size_t k = i; k < j; ++k) {
-        t.push_back(std::move(transfers[ord[k]]));
-        members.push_back(t.back().src);
-        members.push_back(t.back().dst);
+        const Transfer& x = transfers[ord[k]];
+        keyed.emplace_back(static_cast<uint64_t>(ranks_.Id(x.src)) << 32 |
+                               static_cast<uint32_t>(ranks_.Id(x.dst)),
+                           ord[k]);
+      }
+      std::sort(keyed.begin(), keyed.end());
+      for (size_t a = 0; a < keyed.size();) {
+        size_t b = a + 1;
+        while (b < keyed.size() && keyed[b].first == keyed[a].first) ++b;
+        if (b - a > 1) std::sort(keyed.begin() + a, keyed.begin() + b, same_pair_before);
+        a = b;
+      }
+      for (size_t k = i; k < j; ++k) ord[k] = keyed[k - i].second;
+      t.clear();
+      members.clear();
+      edges_.clear();
+      for (size_t k = i; k < j; ++k) {
+        const Transfer& x = transfers[ord[k]];
+        t.push_back(&x);
+        members.push_back(x.src);
+        members.push_back(x.dst);
+        if (edges_.empty() || edges_.back().src != x.src || edges_.back().dst != x.dst) {
+          edges_.push_back({x.src, x.dst, t.size() - 1, t.size(), 0});
+        }
+        edges_.back().end = t.size();
+        edges_.back().bytes += x.bytes;
       }
       std::sort(members.begin(), members.end());
       members.erase(std::unique(members.begin(), members.end()), members.end());
       Step step;
       std::vector<size_t> marks;
       bool collective = options_.use_collectives && Classify(t, members, &step, &marks);
-      if (collective && step.op != StepOp::kAllToAll) {
-        // Keep the collective unless point-to-point is estimated strictly cheaper.
-        step.transfers = std::move(t);
-        const double c = EstimateStep(options_.cost, hosts_, step);
-        const double p = EstimatePointToPoint(options_.cost, hosts_, step.transfers);
-        t = std::move(step.transfers);
-        step.transfers.clear();
-        collective = c <= p;
+      const double p = PointToPointCost();
+      if (collective) {
+        // All-to-all is point-to-point under another name; other collectives stay unless
+        // point-to-point is estimated strictly cheaper.
+        step.estimated_seconds = step.op == StepOp::kAllToAll ? p : CollectiveCost(step);
+        collective = step.estimated_seconds <= p;
       }
+      std::vector<Transfer>* out = &p2p.transfers;
       if (collective) {
         for (size_t m : marks) {
           plan_->local_copies[m].collective_step = static_cast<int64_t>(plan_->steps.size());
         }
-        step.transfers = std::move(t);
-        plan_->steps.push_back(std::move(step));
+        step.transfers.reserve(j - i);
+        out = &step.transfers;
       } else {
-        p2p_ranks.insert(p2p_ranks.end(), members.begin(), members.end());
-        for (Transfer& x : t) p2p.transfers.push_back(std::move(x));
+        // Groups share no ranks, so the busiest rank of the merged step is the busiest of
+        // the busiest group.
+        p2p.estimated_seconds = std::max(p2p.estimated_seconds, p);
+        for (int64_t r : members) in_p2p[ranks_.Id(r)] = true;
+        if (p2p.transfers.empty()) p2p.transfers.reserve(transfers.size() - i);
       }
-      i = j;
+      for (size_t k = i; k < j; ++k) out->push_back(std::move(transfers[ord[k]]));
+      if (collective) plan_->steps.push_back(std::move(step));
     }
     if (!p2p.transfers.empty()) {
-      std::sort(p2p_ranks.begin(), p2p_ranks.end());
-      p2p.ranks = std::move(p2p_ranks);
+      for (int id = 0; id < nr; ++id) {
+        if (in_p2p[id]) p2p.ranks.push_back(ranks_.Rank(id));
+      }
       plan_->steps.push_back(std::move(p2p));
     }
   }
@@ -769,7 +920,6 @@ class Planner {
         received[ranks_.Id(t.dst)] += t.bytes;
       }
       plan_->bytes_moved += s.bytes;
-      s.estimated_seconds = EstimateStep(options_.cost, hosts_, s);
       plan_->estimated_seconds += s.estimated_seconds;
     }
     plan_->traffic.reserve(ranks_.size());
@@ -791,7 +941,13 @@ class Planner {
   std::vector<size_t> partial_begin_;
   std::vector<BoxIndex> index_;     // Per partial index.
   std::vector<int64_t> load_;       // Bytes sent, by rank id.
+  std::vector<size_t> demand_source_;  // Per pending transfer: its source box.
+  std::vector<int> demand_dst_;        // Per pending transfer: its destination id.
   std::vector<const Shape*> src_coord_, tgt_coord_;  // Mesh coordinates by rank id.
+  // Scratch for lowering, reused across groups.
+  std::vector<Edge> edges_;
+  std::vector<std::pair<size_t, size_t>> senders_;
+  std::vector<size_t> by_dst_;
 };
 
 std::string HumanBytes(int64_t b) {
@@ -830,8 +986,10 @@ std::string OptionsFingerprint(const PlanOptions& options) {
   return fp;
 }
 
-absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
-                                  const PlanOptions& options) {
+namespace {
+
+absl::Status CheckInputs(const Layout& source, const Layout& target, DType dtype,
+                         const PlanOptions& options) {
   if (source.ranks().empty()) return absl::InvalidArgumentError("source layout has no ranks");
   if (target.ranks().empty()) return absl::InvalidArgumentError("target layout has no ranks");
   if (source.global_shape() != target.global_shape()) {
@@ -848,11 +1006,25 @@ absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DT
     return absl::InvalidArgumentError(
         absl::StrCat("ranks_per_host ", options.ranks_per_host, " is negative"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
+                                  const PlanOptions& options) {
+  if (absl::Status s = CheckInputs(source, target, dtype, options); !s.ok()) return s;
+  return Redistribute(Layout(source), Layout(target), dtype, options);
+}
+
+absl::StatusOr<Plan> Redistribute(Layout&& source, Layout&& target, DType dtype,
+                                  const PlanOptions& options) {
+  if (absl::Status s = CheckInputs(source, target, dtype, options); !s.ok()) return s;
   Plan plan;
-  plan.source = source;
-  plan.target = target;
+  plan.source = std::move(source);
+  plan.target = std::move(target);
   plan.dtype = dtype;
-  Planner(source, target, dtype, options, &plan).Run();
+  Planner(plan.source, plan.target, dtype, options, &plan).Run();
   return plan;
 }
 

@@ -49,6 +49,10 @@ std::string OptionsFingerprint(const PlanOptions& options);
 // contribution (avg, min, max). Deterministic: equal inputs give equal plans.
 absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
                                   const PlanOptions& options = {});
+// The same, moving the layouts into Plan::source and Plan::target instead of copying them
+// (at thousands of ranks the copies cost about as much as the planning).
+absl::StatusOr<Plan> Redistribute(Layout&& source, Layout&& target, DType dtype,
+                                  const PlanOptions& options = {});
 
 // Every destination rank ends with the whole tensor (one rank: gather to it). The target is
 // Replicate on a 1-d mesh of `destination_ranks` in the given order.

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "sharding/box.h"
+#include "sharding/cost_model.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
@@ -471,7 +472,7 @@ class Simulation {
 };
 
 // Structural invariants of a plan, independent of values.
-void CheckStructure(const Plan& plan) {
+void CheckStructure(const Plan& plan, const PlanOptions& options) {
   const int64_t esize = ElementSize(plan.dtype);
   int64_t moved = 0;
   std::map<int64_t, std::pair<int64_t, int64_t>> traffic;
@@ -493,6 +494,8 @@ void CheckStructure(const Plan& plan) {
       traffic[t.dst].second += t.bytes;
     }
     ASSERT_EQ(s.bytes, step_bytes);
+    const double estimate = EstimateStep(options.cost, HostMapFor(options), s);
+    ASSERT_NEAR(s.estimated_seconds, estimate, 1e-9 * estimate) << "step " << si;
     moved += step_bytes;
     if (s.op == StepOp::kBroadcast) {
       for (const Transfer& t : s.transfers) ASSERT_EQ(t.src, s.root);
@@ -589,7 +592,7 @@ void RunCase(uint64_t seed) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   SCOPED_TRACE(absl::StrCat("seed ", seed, " shape ", ShapeToString(shape), "\n  source ",
                             Describe(plan->source), "\n  target ", Describe(plan->target)));
-  CheckStructure(*plan);
+  CheckStructure(*plan, options);
   for (bool collectives : {false, true}) {
     Simulation sim(*plan, seed);
     sim.Execute(collectives);
