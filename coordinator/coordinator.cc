@@ -29,6 +29,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
   po.use_collectives = options_.use_collectives;
+  po.failure_grace = options_.heartbeat_timeout;
   po.on_plan_end = [this](const PlanProgress& p, const std::string& prefix) {
     kv_.DeletePrefix(prefix);
     if (p.state == PlanState::kCommitted) {

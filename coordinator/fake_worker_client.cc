@@ -57,6 +57,7 @@ v1::RankChunks FakeWorkerClient::WithChecksums(const v1::RankChunks& chunks,
 void FakeWorkerClient::Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
                                StatusCallback done) {
   absl::Status status;
+  std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook;
   {
     absl::MutexLock lock(&mu_);
     ++calls_["Execute"];
@@ -66,8 +67,16 @@ void FakeWorkerClient::Execute(const WorkerEndpoint& worker, const v1::PlanFragm
       held_.push_back(std::move(done));
       return;
     }
+    hook = hook_;
   }
   done(status);
+  if (status.ok() && hook) hook(worker, fragment);
+}
+
+void FakeWorkerClient::SetExecuteHook(
+    std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook) {
+  absl::MutexLock lock(&mu_);
+  hook_ = std::move(hook);
 }
 
 void FakeWorkerClient::FinishPlan(const WorkerEndpoint& worker,

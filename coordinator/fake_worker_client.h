@@ -2,6 +2,7 @@
 #define SHARDCOORD_COORDINATOR_FAKE_WORKER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <tuple>
@@ -38,6 +39,8 @@ class FakeWorkerClient : public WorkerClient {
 
   // Calls of `method` ("Execute", "Fill", ...) to `rank` fail with `status` from now on.
   void Fail(const std::string& method, int64_t rank, absl::Status status);
+  // Runs after each Execute has been answered (tests play the worker's reports here).
+  void SetExecuteHook(std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook);
   // While held, Execute callbacks are queued; ReleaseExecutes answers them (OK).
   void HoldExecutes(bool hold);
   void ReleaseExecutes();
@@ -71,6 +74,7 @@ class FakeWorkerClient : public WorkerClient {
   std::map<std::pair<std::string, int64_t>, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook_ ABSL_GUARDED_BY(mu_);
   std::vector<StatusCallback> held_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::PlanFragment> fragments_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, v1::FinishPlanRequest>> finishes_ ABSL_GUARDED_BY(mu_);

@@ -52,7 +52,10 @@ PlanManager::PlanManager(const Clock* clock, Timer* timer, WorkerManager* worker
 PlanManager::~PlanManager() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, e] : plans_) {
-    if (!e.state_ended()) timer_->Cancel(e.timer);
+    if (!e.state_ended()) {
+      timer_->Cancel(e.timer);
+      if (e.grace_timer != 0) timer_->Cancel(e.grace_timer);
+    }
   }
 }
 
@@ -290,7 +293,7 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
       ++e.executed;
       const int64_t n = static_cast<int64_t>(e.participants.size());
       if (e.executed == n && e.state == PlanState::kPending) e.state = PlanState::kPrepared;
-      if (e.executed == n && e.reported == n) {
+      if (e.executed == n && e.reported == n && e.failing.empty()) {
         e.state = PlanState::kTransferred;
         validate = true;
       }
@@ -305,6 +308,7 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
 absl::Status PlanManager::Report(const WorkerReport& report) {
   std::string abort_reason;
   bool validate = false;
+  bool start_grace = false;
   std::vector<std::pair<WatchFn, PlanProgress>> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -330,7 +334,13 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
           " incarnation ", p.endpoint.incarnation));
     }
     if (!report.error.empty()) {
-      abort_reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+      const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+      if (options_.failure_grace <= absl::ZeroDuration()) {
+        abort_reason = reason;
+      } else if (e.failing.empty()) {
+        e.failing = reason;
+        start_grace = true;
+      }
     } else if (!report.final) {
       p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
       calls = ChangedLocked(e);
@@ -342,7 +352,7 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
       p.checksums = report.checksums;
       p.bytes_done = p.bytes_expected;
       const int64_t n = static_cast<int64_t>(e.participants.size());
-      if (e.executed == n && e.reported == n) {
+      if (e.executed == n && e.reported == n && e.failing.empty()) {
         e.state = PlanState::kTransferred;
         validate = true;
       }
@@ -353,24 +363,43 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
     Abort(report.plan_id, abort_reason);
     return absl::OkStatus();
   }
+  if (start_grace) {
+    const std::string id = report.plan_id;
+    const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = plans_.find(id);
+        if (it == plans_.end()) return;
+        reason = it->second.failing;
+      }
+      Abort(id, reason);
+    });
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it != plans_.end()) it->second.grace_timer = t;
+  }
   Tell(calls);
   if (validate) Validate(report.plan_id);
   return absl::OkStatus();
 }
 
 void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
-  std::vector<std::string> ids;
+  std::vector<std::pair<std::string, std::string>> aborts;  // (plan, reason)
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : plans_) {
       if (e.state_ended() || e.closing) continue;
       auto it = e.participants.find(worker.rank);
       if (it != e.participants.end() && it->second.endpoint.incarnation == worker.incarnation) {
-        ids.push_back(id);
+        // The death is the cause; a peer's error seen in the grace is its echo.
+        aborts.emplace_back(id, absl::StrCat(worker.Describe(), " ", reason,
+                                             e.failing.empty() ? "" : "; before that, ",
+                                             e.failing));
       }
     }
   }
-  for (const std::string& id : ids) Abort(id, absl::StrCat(worker.Describe(), " ", reason));
+  for (const auto& [id, why] : aborts) Abort(id, why);
 }
 
 // ---- Validation, commit, abort -----------------------------------------------------------
@@ -424,7 +453,10 @@ void PlanManager::Validate(const std::string& id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
+    if (it == plans_.end() || it->second.state_ended() || it->second.closing ||
+        !it->second.failing.empty()) {
+      return;
+    }
     // Reports are complete and no longer change; checking under the lock keeps it simple
     // and costs O(chunks).
     sums = CheckReports(it->second);
@@ -501,7 +533,7 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
   std::vector<WorkerEndpoint> participants;
   std::string tensor, target_mesh;
   int64_t target_version = 0;
-  Timer::Id timer = 0;
+  Timer::Id timer = 0, grace_timer = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -515,8 +547,10 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
     target_mesh = e.target_mesh;
     target_version = e.target_version;
     timer = e.timer;
+    grace_timer = e.grace_timer;
   }
   timer_->Cancel(timer);
+  if (grace_timer != 0) timer_->Cancel(grace_timer);
   // The old layout was never replaced; the tensor is free again at once.
   tensors_->Release(tensor, id, target_mesh);
   v1::FinishPlanRequest req;

@@ -58,6 +58,12 @@ struct PlanManagerOptions {
   absl::Duration plan_timeout = absl::Minutes(5);
   // Given to workers for each communication step.
   absl::Duration step_timeout = absl::Minutes(5);
+  // A worker's error is often the echo of a peer's death (Gloo reports "connection closed
+  // by peer" before the heartbeat timeout declares the peer dead). For this long after the
+  // first worker error the plan stays doomed but not aborted, so that a participant death in
+  // that window is what the abort names. Zero aborts at once. The daemon uses the heartbeat
+  // timeout.
+  absl::Duration failure_grace = absl::ZeroDuration();
   size_t cache_capacity = 256;
   // Ended plans kept for Progress / WatchPlan.
   size_t keep_ended_plans = 1024;
@@ -125,8 +131,8 @@ class PlanManager : public WorkerListener {
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
 
   // NOT_FOUND unknown plan; ABORTED stale incarnation or plan already ended;
-  // INVALID_ARGUMENT a rank that takes no part. A report with an error aborts the plan (and
-  // returns OK: the report was taken).
+  // INVALID_ARGUMENT a rank that takes no part. A report with an error aborts the plan
+  // (after the failure grace) and returns OK: the report was taken.
   absl::Status Report(const WorkerReport& report);
 
   absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
@@ -177,6 +183,8 @@ class PlanManager : public WorkerListener {
     std::string communicator_prefix;
     PlanState state = PlanState::kPending;
     bool closing = false;  // Validated, committing: no longer abortable.
+    std::string failing;   // First worker error, while in the failure grace.
+    Timer::Id grace_timer = 0;
     std::string error;
     std::map<int64_t, Participant> participants;
     int64_t executed = 0;

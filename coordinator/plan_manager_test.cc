@@ -39,6 +39,7 @@ class PlanManagerTest : public ::testing::Test {
   PlanManagerOptions Options() {
     PlanManagerOptions o;
     o.plan_timeout = absl::Minutes(1);
+    o.failure_grace = absl::Seconds(2);
     o.on_plan_end = [this](const PlanProgress&, const std::string& prefix) {
       ended_prefixes_.push_back(prefix);
     };
@@ -216,6 +217,11 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   failed.incarnation = Incarnation(2);
   failed.error = "step 0 (all_to_all): gloo timeout";
   ASSERT_TRUE(plans_.Report(failed).ok());
+  // Doomed but not aborted during the grace: later final reports are taken, nothing commits.
+  ASSERT_TRUE(plans_.Report(FinalReport(fragments[1])).ok());
+  ASSERT_TRUE(plans_.Report(FinalReport(fragments[3])).ok());
+  EXPECT_FALSE(done.has_value());
+  timer_.Advance(absl::Seconds(2));
 
   ASSERT_TRUE(done.has_value());
   EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
@@ -239,7 +245,42 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   EXPECT_TRUE(after.busy_plan.empty());
   // The target mesh is no longer held by the aborted plan.
   EXPECT_TRUE(meshes_.Delete("N").ok());
-  EXPECT_EQ(plans_.Report(FinalReport(fragments[1])).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(plans_.Report(FinalReport(fragments[2])).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(PlanManagerTest, APeerErrorFollowedByADeathNamesTheDeadRank) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto heartbeat_all_but_3 = [&] {
+    for (int64_t r = 0; r < 3; ++r) {
+      ASSERT_TRUE(workers_.Heartbeat(absl::StrCat("w", r), Incarnation(r)).ok());
+    }
+  };
+  // w3 went silent at the start; 4s later its peer's transport fails.
+  timer_.Advance(absl::Seconds(4));
+  heartbeat_all_but_3();
+  WorkerReport echo;
+  echo.plan_id = started->id;
+  echo.rank = 1;
+  echo.worker = "w1";
+  echo.incarnation = Incarnation(1);
+  echo.error = "allgatherv failed: Connection closed by peer";
+  ASSERT_TRUE(plans_.Report(echo).ok());
+  EXPECT_FALSE(done.has_value());
+  // 1.5s into the 2s grace the health check declares w3 dead (5.5s > 5s).
+  timer_.Advance(absl::Milliseconds(1500));
+  heartbeat_all_but_3();
+  workers_.CheckHealth(clock_.Now());
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(),
+              HasSubstr("aborted: worker w3 (rank 3) died: no heartbeat for 5.5s (timeout 5s); "
+                        "before that, worker w1 (rank 1) failed: allgatherv failed: "
+                        "Connection closed by peer"));
+  // The grace timer was cancelled with the abort.
+  EXPECT_EQ(timer_.pending(), 0u);
 }
 
 TEST_F(PlanManagerTest, DeathOfAParticipantAbortsNamingTheRank) {

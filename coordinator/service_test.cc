@@ -1,0 +1,487 @@
+// Both gRPC services over an in-process channel (no sockets), with the real managers and a
+// fake WorkerClient: checks the adapters' conversions, status codes and the reactors that
+// finish later (redistribute with wait, watch, upload, download, rendezvous waits).
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/fake_worker_client.h"
+#include "coordinator/kv_store.h"
+#include "coordinator/timer.h"
+#include "coordinator/worker_facing_service.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kSlice = 64;  // Streamed data messages carry at most this many bytes.
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  ServiceTest()
+      : workers_(&clock_, absl::Minutes(10)),
+        meshes_(&workers_),
+        tensors_(&meshes_),
+        kv_(&timer_),
+        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
+        io_(&workers_, &meshes_, &tensors_, &client_),
+        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice),
+        worker_service_(&clock_, &workers_, &kv_, &plans_, absl::Milliseconds(250)) {
+    workers_.AddListener(&plans_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&service_);
+    builder.RegisterService(&worker_service_);
+    server_ = builder.BuildAndStart();
+    std::shared_ptr<grpc::Channel> channel = server_->InProcessChannel(grpc::ChannelArguments());
+    coordinator_ = v1::Coordinator::NewStub(channel);
+    workers_stub_ = v1::CoordinatorWorkers::NewStub(channel);
+  }
+
+  ~ServiceTest() override {
+    server_->Shutdown();
+    timer_.Stop();
+  }
+
+  void RegisterFour() {
+    for (int i = 0; i < 4; ++i) {
+      grpc::ClientContext ctx;
+      v1::RegisterWorkerRequest req;
+      req.set_name(absl::StrCat("w", i));
+      req.set_host("h");
+      req.set_device("cpu");
+      req.set_address(absl::StrCat("w", i, ":1"));
+      req.set_backend("gloo");
+      v1::RegisterWorkerResponse resp;
+      ASSERT_TRUE(workers_stub_->RegisterWorker(&ctx, req, &resp).ok());
+      EXPECT_EQ(resp.rank(), i);
+      EXPECT_EQ(resp.heartbeat_interval_ms(), 250);
+      incarnations_.push_back(resp.incarnation());
+    }
+  }
+
+  grpc::Status CreateMesh(const std::string& name, std::vector<int64_t> shape) {
+    grpc::ClientContext ctx;
+    v1::CreateMeshRequest req;
+    req.set_name(name);
+    for (int64_t d : shape) req.add_shape(d);
+    v1::MeshInfo info;
+    return coordinator_->CreateMesh(&ctx, req, &info);
+  }
+
+  grpc::Status CreateTensor(const std::string& name, const std::string& mesh,
+                            const std::string& placements, v1::TensorInfo* info,
+                            v1::DType dtype = v1::F32) {
+    grpc::ClientContext ctx;
+    v1::CreateTensorRequest req;
+    req.set_name(name);
+    req.add_shape(8);
+    req.add_shape(4);
+    req.set_dtype(dtype);
+    req.mutable_spec()->set_mesh(mesh);
+    req.mutable_spec()->set_placements_text(placements);
+    req.set_init(v1::ARANGE);
+    return coordinator_->CreateTensor(&ctx, req, info);
+  }
+
+  // What a worker that ran `f` reports.
+  v1::ReportChunksRequest FinalReport(const v1::PlanFragment& f) {
+    v1::ReportChunksRequest r;
+    r.set_plan_id(f.plan_id());
+    r.set_worker(absl::StrCat("w", f.rank()));
+    r.set_incarnation(incarnations_[f.rank()]);
+    r.set_rank(f.rank());
+    r.set_final(true);
+    *r.mutable_chunks() = f.target();
+    for (v1::Chunk& c : *r.mutable_chunks()->mutable_chunks()) {
+      c.set_checksum(1 + c.box().offset(0) * 100 + c.box().offset(1));
+    }
+    return r;
+  }
+
+  WorkerReport ToReport(const v1::ReportChunksRequest& r) {
+    WorkerReport w;
+    w.plan_id = r.plan_id();
+    w.worker = r.worker();
+    w.incarnation = r.incarnation();
+    w.rank = r.rank();
+    w.final = true;
+    w.chunks = *RankChunksFromProto(r.chunks(), "chunks", &w.checksums);
+    return w;
+  }
+
+  static std::string Floats(int n, float base) {
+    std::string out(n * sizeof(float), '\0');
+    for (int i = 0; i < n; ++i) {
+      const float v = base + i;
+      std::memcpy(&out[i * sizeof(float)], &v, sizeof(float));
+    }
+    return out;
+  }
+
+  RealClock clock_;
+  ThreadTimer timer_;
+  WorkerManager workers_;
+  MeshManager meshes_;
+  TensorManager tensors_;
+  KvStore kv_;
+  FakeWorkerClient client_;
+  PlanManager plans_;
+  TensorIo io_;
+  CoordinatorService service_;
+  WorkerFacingService worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;
+  std::vector<int64_t> incarnations_;
+};
+
+TEST_F(ServiceTest, RegistrationHeartbeatsAndWorkerList) {
+  RegisterFour();
+  {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    req.set_name("w1");
+    req.set_incarnation(incarnations_[1] + 100);
+    v1::HeartbeatResponse resp;
+    EXPECT_EQ(workers_stub_->Heartbeat(&ctx, req, &resp).error_code(), grpc::StatusCode::ABORTED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterWorkerRequest req;
+    req.set_name("nameless-address");
+    v1::RegisterWorkerResponse resp;
+    grpc::Status s = workers_stub_->RegisterWorker(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "address: empty");
+  }
+  grpc::ClientContext ctx;
+  v1::ListWorkersResponse list;
+  ASSERT_TRUE(coordinator_->ListWorkers(&ctx, v1::ListWorkersRequest(), &list).ok());
+  ASSERT_EQ(list.workers_size(), 4);
+  EXPECT_EQ(list.workers(2).name(), "w2");
+  EXPECT_EQ(list.workers(2).rank(), 2);
+  EXPECT_EQ(list.workers(2).state(), v1::ALIVE);
+  EXPECT_EQ(list.workers(2).address(), "w2:1");
+  EXPECT_GT(list.workers(2).last_heartbeat_unix_ms(), 0);
+}
+
+TEST_F(ServiceTest, MeshesAndTensors) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  grpc::Status bad_mesh = CreateMesh("X", {2, 0});
+  EXPECT_EQ(bad_mesh.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  EXPECT_EQ(info.spec(), "S(0),R");
+  EXPECT_EQ(info.bytes(), 128);
+  ASSERT_EQ(info.layout().ranks_size(), 4);
+  EXPECT_NE(info.layout().ranks(0).chunks(0).checksum(), 0u);
+  EXPECT_EQ(info.layout().ranks(0).chunks(0).checksum(), info.layout().ranks(1).chunks(0).checksum());
+  EXPECT_EQ(CreateTensor("T", "M", "S(0),R", &info).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  grpc::Status bad_dtype = CreateTensor("U", "M", "S(0),R", &info, v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(bad_dtype.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad_dtype.error_message(), "dtype: unspecified");
+  grpc::Status bad_spec = CreateTensor("U", "M", "S(0),S(7)", &info);
+  EXPECT_EQ(bad_spec.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad_spec.error_message(), "spec.placements[1]: S(7) on a 2-d tensor");
+  EXPECT_EQ(CreateTensor("U", "nomesh", "R", &info).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteMeshRequest req;
+    req.set_name("M");
+    v1::DeleteMeshResponse resp;
+    grpc::Status s = coordinator_->DeleteMesh(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(s.error_message(), "mesh 'M' is in use by tensor T");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListTensorsResponse list;
+    ASSERT_TRUE(coordinator_->ListTensors(&ctx, v1::ListTensorsRequest(), &list).ok());
+    ASSERT_EQ(list.tensors_size(), 1);
+    EXPECT_EQ(list.tensors(0).name(), "T");
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteTensorRequest req;
+    req.set_name("T");
+    v1::DeleteTensorResponse resp;
+    ASSERT_TRUE(coordinator_->DeleteTensor(&ctx, req, &resp).ok());
+  }
+  grpc::ClientContext ctx;
+  v1::GetTensorRequest req;
+  req.set_name("T");
+  EXPECT_EQ(coordinator_->GetTensor(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServiceTest, RedistributeWithWaitReturnsWhenCommitted) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  // Workers report as soon as they accept: the plan ends before Redistribute returns.
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+  });
+  grpc::ClientContext ctx;
+  v1::RedistributeRequest req;
+  req.set_tensor("T");
+  req.mutable_target()->set_placements_text("R,S(1)");
+  req.set_wait(true);
+  v1::RedistributeResponse resp;
+  grpc::Status s = coordinator_->Redistribute(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.progress().state(), v1::COMMITTED);
+  EXPECT_EQ(resp.progress().bytes_done(), resp.progress().bytes_total());
+  EXPECT_FALSE(resp.plan().id().empty());
+  EXPECT_EQ(resp.plan().tensor(), "T");
+  EXPECT_GT(resp.plan().steps_size(), 0);
+
+  grpc::ClientContext get_ctx;
+  v1::GetTensorRequest get;
+  get.set_name("T");
+  ASSERT_TRUE(coordinator_->GetTensor(&get_ctx, get, &info).ok());
+  EXPECT_EQ(info.spec(), "R,S(1)");
+  EXPECT_TRUE(info.busy_plan().empty());
+
+  // A failing worker turns the wait into ABORTED naming it.
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    WorkerReport r = ToReport(FinalReport(f));
+    if (f.rank() == 2) r.error = "out of memory";
+    plans_.Report(r).IgnoreError();
+  });
+  grpc::ClientContext ctx2;
+  req.mutable_target()->set_placements_text("S(1),S(0)");
+  s = coordinator_->Redistribute(&ctx2, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("worker w2 (rank 2) failed: out of memory"));
+}
+
+TEST_F(ServiceTest, WatchStreamsProgressAndReportsGoThroughTheWorkerService) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  client_.HoldExecutes(true);
+  grpc::ClientContext ctx;
+  v1::RedistributeRequest req;
+  req.set_tensor("T");
+  req.mutable_target()->set_placements_text("R,S(1)");
+  v1::RedistributeResponse resp;
+  ASSERT_TRUE(coordinator_->Redistribute(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.progress().state(), v1::PENDING);
+  const std::string id = resp.plan().id();
+
+  // A second plan on the busy tensor.
+  grpc::ClientContext busy_ctx;
+  v1::RedistributeResponse busy;
+  EXPECT_EQ(coordinator_->Redistribute(&busy_ctx, req, &busy).error_code(),
+            grpc::StatusCode::ABORTED);
+
+  grpc::ClientContext watch_ctx;
+  v1::WatchPlanRequest watch;
+  watch.set_plan_id(id);
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader =
+      coordinator_->WatchPlan(&watch_ctx, watch);
+  v1::PlanProgress p;
+  ASSERT_TRUE(reader->Read(&p));
+  EXPECT_EQ(p.state(), v1::PENDING);
+
+  client_.ReleaseExecutes();
+  for (const v1::PlanFragment& f : client_.fragments()) {
+    if (f.plan_id() != id) continue;
+    grpc::ClientContext rctx;
+    v1::ReportChunksResponse rresp;
+    grpc::Status s = workers_stub_->ReportChunks(&rctx, FinalReport(f), &rresp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  std::vector<v1::PlanState> states;
+  while (reader->Read(&p)) states.push_back(p.state());
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_FALSE(states.empty());
+  EXPECT_EQ(states.back(), v1::COMMITTED);
+
+  // Reports after the end, and for unknown plans.
+  grpc::ClientContext late_ctx;
+  v1::ReportChunksResponse late;
+  EXPECT_EQ(workers_stub_->ReportChunks(&late_ctx, FinalReport(client_.fragments()[0]), &late)
+                .error_code(),
+            grpc::StatusCode::ABORTED);
+  grpc::ClientContext unknown_ctx;
+  watch.set_plan_id("p-404");
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> none =
+      coordinator_->WatchPlan(&unknown_ctx, watch);
+  EXPECT_FALSE(none->Read(&p));
+  EXPECT_EQ(none->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServiceTest, UploadAndDownloadStream) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  const std::string data = Floats(32, 0.5f);
+  {
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = coordinator_->Upload(&ctx, &resp);
+    v1::TensorData first;
+    v1::TensorHeader* h = first.mutable_header();
+    h->set_name("U");
+    h->add_shape(8);
+    h->add_shape(4);
+    h->set_dtype(v1::F32);
+    h->mutable_spec()->set_mesh("M");
+    h->mutable_spec()->set_placements_text("S(1),S(0)");
+    h->set_total_bytes(128);
+    ASSERT_TRUE(writer->Write(first));
+    for (size_t off = 0; off < data.size(); off += 48) {
+      v1::TensorData msg;
+      msg.set_data(data.substr(off, 48));
+      ASSERT_TRUE(writer->Write(msg));
+    }
+    ASSERT_TRUE(writer->WritesDone());
+    grpc::Status s = writer->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.tensor().spec(), "S(1),S(0)");
+  }
+  grpc::ClientContext ctx;
+  v1::DownloadRequest req;
+  req.set_name("U");
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = coordinator_->Download(&ctx, req);
+  v1::TensorData msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_header());
+  EXPECT_THAT(msg.header().shape(), ElementsAre(8, 4));
+  EXPECT_EQ(msg.header().dtype(), v1::F32);
+  EXPECT_EQ(msg.header().total_bytes(), 128);
+  std::string got;
+  int messages = 0;
+  while (reader->Read(&msg)) {
+    EXPECT_FALSE(msg.has_header());
+    EXPECT_LE(static_cast<int64_t>(msg.data().size()), kSlice);
+    got += msg.data();
+    ++messages;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(messages, 2);
+  EXPECT_EQ(got, data);
+
+  grpc::ClientContext missing_ctx;
+  req.set_name("nope");
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> missing =
+      coordinator_->Download(&missing_ctx, req);
+  EXPECT_FALSE(missing->Read(&msg));
+  EXPECT_EQ(missing->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServiceTest, MalformedUploadsAreInvalid) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {4}).ok());
+  auto upload = [&](std::vector<v1::TensorData> messages) {
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = coordinator_->Upload(&ctx, &resp);
+    for (const v1::TensorData& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::TensorData data_only;
+  data_only.set_data("abcd");
+  grpc::Status s = upload({data_only});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "header: missing in the first message");
+
+  v1::TensorData header;
+  header.mutable_header()->set_name("U");
+  header.mutable_header()->add_shape(4);
+  header.mutable_header()->set_dtype(v1::F32);
+  header.mutable_header()->mutable_spec()->set_mesh("M");
+  header.mutable_header()->mutable_spec()->set_placements_text("S(0)");
+  header.mutable_header()->set_total_bytes(15);
+  s = upload({header});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("header.total_bytes = 15"));
+
+  header.mutable_header()->set_total_bytes(16);
+  v1::TensorData too_much;
+  too_much.set_data(std::string(20, 'x'));
+  s = upload({header, too_much});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::TensorData too_little;
+  too_little.set_data(std::string(12, 'x'));
+  s = upload({header, too_little});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("data: 12 bytes"));
+  EXPECT_EQ(client_.calls("WriteChunk"), 0);
+}
+
+TEST_F(ServiceTest, PlanDryRunExplains) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  grpc::ClientContext ctx;
+  v1::PlanRequest req;
+  req.set_tensor("T");
+  req.mutable_target()->set_placements_text("R,S(1)");
+  v1::Plan plan;
+  ASSERT_TRUE(coordinator_->PlanRedistribute(&ctx, req, &plan).ok());
+  EXPECT_FALSE(plan.explain().empty());
+  EXPECT_TRUE(plan.id().empty());
+  EXPECT_EQ(client_.calls("Execute"), 0);
+}
+
+TEST_F(ServiceTest, RendezvousStoreAndBarrier) {
+  {
+    grpc::ClientContext ctx;
+    v1::KvSetRequest req;
+    req.set_key("gloo/0");
+    req.set_value("addr");
+    v1::KvSetResponse resp;
+    ASSERT_TRUE(workers_stub_->KvSet(&ctx, req, &resp).ok());
+  }
+  auto get = [&](const std::string& key, int64_t timeout_ms, std::string* value) {
+    grpc::ClientContext ctx;
+    v1::KvGetRequest req;
+    req.set_key(key);
+    req.set_timeout_ms(timeout_ms);
+    v1::KvGetResponse resp;
+    grpc::Status s = workers_stub_->KvGet(&ctx, req, &resp);
+    *value = resp.value();
+    return s;
+  };
+  std::string value;
+  ASSERT_TRUE(get("gloo/0", 0, &value).ok());
+  EXPECT_EQ(value, "addr");
+  ASSERT_TRUE(get("gloo/0", 1000, &value).ok());
+  EXPECT_EQ(value, "addr");
+  EXPECT_EQ(get("missing", 0, &value).error_code(), grpc::StatusCode::NOT_FOUND);
+  // The wait ends at its deadline (ThreadTimer, real time).
+  EXPECT_EQ(get("missing", 20, &value).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(get("", 0, &value).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  grpc::ClientContext ctx;
+  v1::BarrierRequest barrier;
+  barrier.set_key("b");
+  barrier.set_participants(1);
+  barrier.set_member("m");
+  barrier.set_timeout_ms(1000);
+  v1::BarrierResponse resp;
+  EXPECT_TRUE(workers_stub_->Barrier(&ctx, barrier, &resp).ok());
+}
+
+}  // namespace
+}  // namespace shardcoord
