@@ -95,7 +95,7 @@ void Coordinator::Shutdown() {
   }
   if (health_.joinable()) health_.join();
   // Everything a reactor may wait on completes first, so the server's shutdown returns.
-  plans_->AbortAll("coordinator shutting down");
+  plans_->Shutdown("coordinator shutting down");
   kv_.CancelAll(absl::UnavailableError("coordinator shutting down"));
   client_->CancelAll();
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

@@ -53,6 +53,8 @@ void KvStore::GetAsync(absl::string_view key, absl::Time deadline, GetCallback d
     auto it = values_.find(key);
     if (it != values_.end()) {
       now = it->second;
+    } else if (!closed_.ok()) {
+      now = closed_;
     } else {
       const int64_t id = next_waiter_id_++;
       GetWaiter& w = get_waiters_[std::string(key)][id];
@@ -100,7 +102,9 @@ void KvStore::Barrier(absl::string_view key, int64_t participants, absl::string_
     absl::MutexLock lock(&mu_);
     BarrierState& b = barriers_[std::string(key)];
     if (b.participants == 0) b.participants = participants;
-    if (b.participants != participants) {
+    if (!closed_.ok() && !b.complete) {
+      status = closed_;
+    } else if (b.participants != participants) {
       status = absl::InvalidArgumentError(absl::StrCat("barrier '", key, "' has ", b.participants,
                                                        " participants, not ", participants));
     } else if (b.complete) {
@@ -179,6 +183,7 @@ void KvStore::CancelAll(const absl::Status& status) {
   std::vector<BarrierMember> members;
   {
     absl::MutexLock lock(&mu_);
+    closed_ = status.ok() ? absl::CancelledError("closed") : status;
     for (auto& [key, waiters] : get_waiters_) {
       for (auto& [id, w] : waiters) gets.push_back(std::move(w));
     }

@@ -51,7 +51,7 @@ class KvStore {
   // many were removed.
   int DeletePrefix(absl::string_view prefix);
 
-  // Completes every pending wait with `status` (shutdown).
+  // Completes every pending wait with `status`, and every later one at once (shutdown).
   void CancelAll(const absl::Status& status);
 
   size_t num_keys() const;
@@ -83,6 +83,7 @@ class KvStore {
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState, std::less<>> barriers_ ABSL_GUARDED_BY(mu_);
   int64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // Not OK after CancelAll.
 };
 
 }  // namespace shardcoord

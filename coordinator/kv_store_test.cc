@@ -119,5 +119,25 @@ TEST_F(KvStoreTest, DeletePrefix) {
   EXPECT_TRUE(kv_.Get("plan/p-10/a").ok());
 }
 
+TEST_F(KvStoreTest, CancelAllCompletesWaitersAndRefusesNewWaits) {
+  std::optional<absl::StatusOr<std::string>> got;
+  std::optional<absl::Status> barrier;
+  kv_.GetAsync("k", In(absl::Hours(1)), [&](absl::StatusOr<std::string> v) { got = v; });
+  kv_.Barrier("b", 2, "m", In(absl::Hours(1)), [&](absl::Status s) { barrier = s; });
+  kv_.CancelAll(absl::UnavailableError("shutting down"));
+  ASSERT_TRUE(got.has_value() && barrier.has_value());
+  EXPECT_EQ(got->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(barrier->code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(timer_.pending(), 0u);
+  std::optional<absl::StatusOr<std::string>> later;
+  kv_.GetAsync("k", In(absl::Hours(1)), [&](absl::StatusOr<std::string> v) { later = v; });
+  ASSERT_TRUE(later.has_value());
+  EXPECT_EQ(later->status().code(), absl::StatusCode::kUnavailable);
+  // Present keys are still served.
+  ASSERT_TRUE(kv_.Set("k", "v").ok());
+  kv_.GetAsync("k", In(absl::Hours(1)), [&](absl::StatusOr<std::string> v) { later = v; });
+  ASSERT_TRUE(later->ok());
+}
+
 }  // namespace
 }  // namespace shardcoord

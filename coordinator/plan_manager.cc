@@ -176,6 +176,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
   std::string id;
   {
     absl::MutexLock lock(&mu_);
+    if (!closed_.empty()) return absl::UnavailableError(closed_);
     id = absl::StrCat("p-", next_plan_++);
   }
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, target->mesh);
@@ -574,6 +575,14 @@ void PlanManager::AbortAll(const std::string& reason) {
     }
   }
   for (const std::string& id : ids) Abort(id, reason);
+}
+
+void PlanManager::Shutdown(const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = reason;
+  }
+  AbortAll(reason);
 }
 
 void PlanManager::Complete(const std::string& id, const absl::Status& status) {

@@ -144,8 +144,10 @@ class PlanManager : public WorkerListener {
 
   // Aborts `plan_id` with `reason` (no-op when it ended or is committing).
   void Abort(const std::string& plan_id, const std::string& reason);
-  // Aborts every running plan (shutdown).
+  // Aborts every running plan.
   void AbortAll(const std::string& reason);
+  // Aborts every running plan and refuses new ones with UNAVAILABLE (shutdown).
+  void Shutdown(const std::string& reason);
 
   // WorkerListener: aborts the running plans the lost incarnation takes part in.
   void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) override;
@@ -241,6 +243,7 @@ class PlanManager : public WorkerListener {
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string closed_ ABSL_GUARDED_BY(mu_);  // Why new plans are refused, after Shutdown.
 };
 
 }  // namespace shardcoord

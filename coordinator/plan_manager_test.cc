@@ -520,5 +520,19 @@ TEST_F(PlanManagerTest, WatchingAnEndedPlanGetsItsFinalStateOnce) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(PlanManagerTest, ShutdownAbortsRunningPlansAndRefusesNewOnes) {
+  CreateTensor("T");
+  CreateTensor("U");
+  std::optional<Outcome> done;
+  ASSERT_TRUE(plans_.Redistribute("T", Target("R,S(1)"), Record(&done)).ok());
+  plans_.Shutdown("coordinator shutting down");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(), HasSubstr("coordinator shutting down"));
+  EXPECT_EQ(plans_.Redistribute("U", Target("R,S(1)"), nullptr).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(tensors_.Get("U")->busy_plan.empty());
+}
+
 }  // namespace
 }  // namespace shardcoord
