@@ -1,0 +1,421 @@
+// End-to-end benchmark: shardcoord's redistribute against the same bytes moved by a raw Gloo
+// all-to-all(v) and by torch.distributed (Gloo) all_to_all_single, in one run on this
+// machine, plus the latency of a tiny redistribute through the coordinator.
+//
+//   bazel run -c opt //bench:e2e_bench -- [--json] [--mib 256] [--reps 5]
+//
+// 1. Starts a coordinator and four CPU (Gloo) workers on loopback, creates a f32 tensor of
+//    --mib MiB with S(0) on a 1-d mesh of the four, and times Redistribute(S(0) -> S(1),
+//    wait=true) at the client, --reps times (moving it back to S(0), untimed, in between).
+//    Values are checked once at the end, so the numbers are for work that was really done.
+// 2. Right after each of those repetitions, four gloo_alltoall processes send each other
+//    exactly the bytes the plan moved between each pair of ranks (its transfers), one warm-up
+//    and one timed alltoallv. Interleaving pairs every sample with one taken under the same
+//    machine load (on a shared 2-core machine, load from other work swamps the difference).
+// 3. Runs bench/torch_alltoall.py with /usr/bin/python3 on the same byte matrix, when that
+//    Python has torch (skipped with a message otherwise), after the cluster is stopped.
+// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)).
+// GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "client/json_writer.h"
+#include "tests/cluster.h"
+#include "tests/process.h"
+#include "tests/tensor_check.h"
+
+ABSL_FLAG(bool, json, false, "Print one JSON object with every number instead of text.");
+ABSL_FLAG(int64_t, mib, 256, "Size of the big tensor in MiB (f32, square-ish 2-d).");
+ABSL_FLAG(int, reps, 5, "Timed repetitions of each throughput measurement.");
+ABSL_FLAG(int, latency_runs, 200, "Redistributes of the 4 KiB tensor.");
+ABSL_FLAG(bool, torch, true, "Also run the torch.distributed peer when available.");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch for the torch peer.");
+ABSL_FLAG(bool, check_values, true, "Download the big tensor at the end and check it.");
+ABSL_FLAG(std::string, log_dir, "",
+          "Keep the daemons' logs (stderr) here; default: a temporary directory, removed.");
+
+namespace shardcoord {
+namespace {
+
+constexpr int kWorkers = 4;
+constexpr absl::Duration kPeerTimeout = absl::Minutes(5);
+
+struct Stats {
+  std::vector<double> seconds;
+  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
+  double Median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  }
+  double Percentile(double p) const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    // Nearest rank: the smallest value with at least p% of the samples at or below it.
+    size_t k = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(s.size())));
+    k = std::clamp<size_t>(k, 1, s.size());
+    return s[k - 1];
+  }
+};
+
+struct PeerResult {
+  bool ran = false;
+  std::string skipped;  // Why it did not run.
+  double setup_seconds = 0;
+  int64_t bytes = 0;
+  Stats stats;
+};
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "e2e_bench: %s\n", message.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return *std::move(v);
+}
+
+// The number after "key": in a one-line JSON object written by our peers.
+bool JsonNumber(const std::string& line, const std::string& key, double* out) {
+  const size_t at = line.find(absl::StrCat("\"", key, "\""));
+  if (at == std::string::npos) return false;
+  const size_t colon = line.find(':', at);
+  if (colon == std::string::npos) return false;
+  size_t end = line.find_first_of(",}", colon);
+  std::string text(absl::StripAsciiWhitespace(line.substr(colon + 1, end - colon - 1)));
+  return absl::SimpleAtod(text, out);
+}
+
+bool JsonNumbers(const std::string& line, const std::string& key, std::vector<double>* out) {
+  const size_t at = line.find(absl::StrCat("\"", key, "\""));
+  if (at == std::string::npos) return false;
+  const size_t open = line.find('[', at), close = line.find(']', at);
+  if (open == std::string::npos || close == std::string::npos) return false;
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(line.substr(open + 1, close - open - 1), ',')) {
+    double v;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(item), &v)) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+PeerResult ParsePeerLine(const std::string& line) {
+  PeerResult r;
+  double bytes = 0;
+  if (!JsonNumber(line, "setup_seconds", &r.setup_seconds) || !JsonNumber(line, "bytes", &bytes) ||
+      !JsonNumbers(line, "seconds", &r.stats.seconds)) {
+    Die(absl::StrCat("cannot parse peer output '", line, "'"));
+  }
+  r.bytes = static_cast<int64_t>(bytes);
+  r.ran = true;
+  return r;
+}
+
+// bytes[i * n + j]: what mesh position i sends to position j in `plan`.
+std::vector<int64_t> TrafficMatrix(const v1::Plan& plan, const v1::MeshInfo& mesh) {
+  const int n = mesh.ranks_size();
+  auto position = [&](int64_t rank) {
+    for (int i = 0; i < n; ++i) {
+      if (mesh.ranks(i) == rank) return i;
+    }
+    Die(absl::StrCat("plan names rank ", rank, " outside the mesh"));
+  };
+  std::vector<int64_t> matrix(static_cast<size_t>(n) * n, 0);
+  for (const v1::Step& step : plan.steps()) {
+    for (const v1::Transfer& t : step.transfers()) {
+      matrix[position(t.src()) * n + position(t.dst())] += t.bytes();
+    }
+  }
+  return matrix;
+}
+
+// One run of kWorkers gloo_alltoall processes: `iters` timed alltoallv after one warm-up.
+PeerResult RunGloo(const std::vector<int64_t>& matrix, int iters, const std::string& tmp) {
+  static int run = 0;
+  const std::string bin = OrDie(RunfilePath("bench/gloo_alltoall"), "gloo_alltoall");
+  const std::string store = absl::StrCat(tmp, "/gloo_store_", run++);
+  std::filesystem::create_directories(store);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < kWorkers; ++r) {
+    ProcessOptions options;
+    options.name = absl::StrCat("gloo", r);
+    options.echo_stdout = false;
+    ranks.push_back(OrDie(Process::Start({bin, absl::StrCat("--rank=", r),
+                                          absl::StrCat("--size=", kWorkers),
+                                          absl::StrCat("--store_dir=", store),
+                                          absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+                                          absl::StrCat("--iters=", iters), "--warmup=1"},
+                                         options),
+                          "start gloo_alltoall"));
+  }
+  std::string line = OrDie(ranks[0]->WaitForLine("\"seconds\"", kPeerTimeout), "gloo rank 0");
+  for (auto& p : ranks) {
+    const int status = OrDie(p->Wait(kPeerTimeout), p->name());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      Die(absl::StrCat(p->name(), " ", Process::DescribeWaitStatus(status)));
+    }
+  }
+  return ParsePeerLine(line);
+}
+
+PeerResult RunTorch(const std::vector<int64_t>& matrix, int reps) {
+  PeerResult r;
+  const std::string python = absl::GetFlag(FLAGS_python);
+  if (access(python.c_str(), X_OK) != 0) {
+    r.skipped = absl::StrCat(python, " not found");
+    return r;
+  }
+  const std::string script = OrDie(RunfilePath("bench/torch_alltoall.py"), "torch script");
+  ProcessOptions options;
+  options.name = "torch";
+  options.echo_stdout = false;
+  std::unique_ptr<Process> p = OrDie(
+      Process::Start({python, script, absl::StrCat("--size=", kWorkers),
+                      absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+                      absl::StrCat("--iters=", reps), "--warmup=1"},
+                     options),
+      "start torch_alltoall.py");
+  const int status = OrDie(p->Wait(kPeerTimeout), "torch_alltoall.py");
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    r.skipped = absl::StrCat(python, " has no torch (or no Gloo in torch.distributed)");
+    return r;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    Die(absl::StrCat("torch_alltoall.py ", Process::DescribeWaitStatus(status), ": ",
+                     absl::StrJoin(p->Lines(), " | ")));
+  }
+  for (const std::string& line : p->Lines()) {
+    if (line.find("\"seconds\"") != std::string::npos) return ParsePeerLine(line);
+  }
+  Die("torch_alltoall.py printed no result");
+}
+
+double GBps(int64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+int Run() {
+  const int64_t mib = absl::GetFlag(FLAGS_mib);
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  const int latency_runs = std::max(1, absl::GetFlag(FLAGS_latency_runs));
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto say = [&](const std::string& s) {
+    if (!json) std::fprintf(stderr, "%s\n", s.c_str());
+  };
+
+  const std::string tmp = std::filesystem::temp_directory_path() /
+                          absl::StrCat("shardcoord_e2e_bench.", getpid());
+  std::filesystem::create_directories(tmp);
+  const std::string log_dir =
+      absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
+  std::filesystem::create_directories(log_dir);
+
+  // A square-ish f32 tensor of `mib` MiB whose rows and columns split evenly over 4.
+  const int64_t elements = mib * (1 << 20) / 4;
+  int64_t rows = 4;
+  while (rows * rows * 4 <= elements && elements % (rows * 2) == 0) rows *= 2;
+  const Shape shape = {rows, elements / rows};
+
+  ClusterOptions options;
+  options.num_workers = kWorkers;
+  options.echo_stdout = false;
+  options.log_dir = log_dir;
+  say(absl::StrCat("starting a coordinator and ", kWorkers, " workers (logs in ", log_dir, ")"));
+  std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
+  CoordinatorClient& client = cluster->client();
+  const v1::MeshInfo mesh = OrDie(MakeMesh(client, "line", {kWorkers}, cluster->WorkerNames()),
+                                  "mesh");
+
+  // ---- Throughput through shardcoord.
+  say(absl::StrCat("creating a ", mib, " MiB f32 tensor ", ShapeToString(shape), " with S(0)"));
+  OrDie(CreateFilled(client, "big", shape, DType::kF32, "line", "S(0)"), "create big");
+  auto redistribute = [&](const std::string& spec) {
+    const absl::Time start = absl::Now();
+    v1::RedistributeResponse r =
+        OrDie(client.Redistribute(RedistributeTo("big", "", spec)), "redistribute");
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (r.progress().state() != v1::COMMITTED) {
+      Die(absl::StrCat("plan to ", spec, " ended ", v1::PlanState_Name(r.progress().state()),
+                       ": ", r.progress().error()));
+    }
+    return std::make_pair(seconds, r);
+  };
+  // The first move also builds the Gloo communicators: reported apart. Plans are
+  // deterministic, so its transfers are every repetition's.
+  auto [first_seconds, first] = redistribute("S(1)");
+  redistribute("S(0)");
+  const v1::Plan plan = first.plan();
+  const int64_t moved = plan.bytes_moved();
+  const std::vector<int64_t> matrix = TrafficMatrix(plan, mesh);
+  int64_t matrix_total = 0;
+  for (int i = 0; i < kWorkers; ++i) {
+    for (int j = 0; j < kWorkers; ++j) {
+      if (i != j) matrix_total += matrix[i * kWorkers + j];
+    }
+  }
+  if (matrix_total != moved) {
+    Die(absl::StrCat("plan transfers add up to ", matrix_total, " bytes, bytes_moved says ", moved));
+  }
+  std::vector<std::string> ops;
+  for (const v1::Step& s : plan.steps()) ops.push_back(v1::StepOp_Name(s.op()));
+
+  Stats shard;
+  Stats plan_seconds;  // The coordinator's own time for the plan.
+  PeerResult gloo;
+  gloo.ran = true;
+  std::vector<double> paired_ratios;  // Per repetition: gloo seconds / shardcoord seconds.
+  for (int i = 0; i < reps; ++i) {
+    auto [seconds, r] = redistribute("S(1)");
+    if (r.plan().bytes_moved() != moved) Die("a repetition moved a different byte count");
+    shard.seconds.push_back(seconds);
+    plan_seconds.seconds.push_back(r.progress().seconds());
+    redistribute("S(0)");
+    PeerResult g = RunGloo(matrix, 1, tmp);
+    if (g.bytes != moved) Die("gloo moved a different byte count");
+    gloo.setup_seconds = std::max(gloo.setup_seconds, g.setup_seconds);
+    gloo.bytes = g.bytes;
+    gloo.stats.seconds.push_back(g.stats.seconds[0]);
+    paired_ratios.push_back(g.stats.seconds[0] / seconds);
+    say(absl::StrCat("  rep ", i, ": shardcoord ", seconds, " s, raw Gloo ",
+                     g.stats.seconds[0], " s"));
+  }
+  Stats paired{paired_ratios};
+
+  // ---- Latency of a 4 KiB redistribute.
+  say(absl::StrCat("timing ", latency_runs, " redistributes of a 4 KiB tensor"));
+  OrDie(CreateFilled(client, "small", {32, 32}, DType::kF32, "line", "S(0)"), "create small");
+  Stats latency;
+  for (int i = 0; i < latency_runs; ++i) {
+    const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
+    const absl::Time start = absl::Now();
+    v1::RedistributeResponse r =
+        OrDie(client.Redistribute(RedistributeTo("small", "", spec)), "small redistribute");
+    latency.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
+  }
+
+  if (absl::GetFlag(FLAGS_check_values)) {
+    say("checking every value of the big tensor");
+    absl::Status values = DownloadAndCheck(client, "big", DType::kF32, shape, FillKind::kArange);
+    if (!values.ok()) Die(values.ToString());
+  }
+  cluster.reset();  // The torch peer runs without the daemons around.
+
+  // ---- Peers.
+  PeerResult torch;
+  if (absl::GetFlag(FLAGS_torch)) {
+    say("torch.distributed (Gloo) all_to_all_single between 4 processes");
+    torch = RunTorch(matrix, reps);
+    if (!torch.ran) say(absl::StrCat("  torch skipped: ", torch.skipped));
+  } else {
+    torch.skipped = "--notorch";
+  }
+  std::filesystem::remove_all(tmp);
+
+  const double shard_gbps = GBps(moved, shard.Best());
+  const double gloo_gbps = GBps(moved, gloo.stats.Best());
+  const double torch_gbps = torch.ran ? GBps(moved, torch.stats.Best()) : 0;
+  const double ratio_gloo = gloo_gbps > 0 ? shard_gbps / gloo_gbps : 0;
+  const double ratio_torch = torch_gbps > 0 ? shard_gbps / torch_gbps : 0;
+
+  if (json) {
+    JsonWriter w;
+    w.BeginObject();
+    w.Key("tensor_bytes").Int(elements * 4).Key("shape").IntArray(shape);
+    w.Key("bytes_moved").Int(moved).Key("lower_bound_bytes").Int(plan.lower_bound_bytes());
+    w.Key("plan_steps").BeginArray();
+    for (const std::string& op : ops) w.String(op);
+    w.EndArray();
+    w.Key("reps").Int(reps);
+    w.Key("shardcoord").BeginObject();
+    w.Key("first_seconds").Double(first_seconds);
+    w.Key("best_seconds").Double(shard.Best()).Key("median_seconds").Double(shard.Median());
+    w.Key("plan_best_seconds").Double(plan_seconds.Best());
+    w.Key("plan_median_seconds").Double(plan_seconds.Median());
+    w.Key("gbps").Double(shard_gbps).Key("median_gbps").Double(GBps(moved, shard.Median()));
+    w.EndObject();
+    w.Key("gloo").BeginObject();
+    w.Key("setup_seconds").Double(gloo.setup_seconds);
+    w.Key("best_seconds").Double(gloo.stats.Best()).Key("median_seconds").Double(gloo.stats.Median());
+    w.Key("gbps").Double(gloo_gbps);
+    w.EndObject();
+    w.Key("torch").BeginObject();
+    if (torch.ran) {
+      w.Key("setup_seconds").Double(torch.setup_seconds);
+      w.Key("best_seconds").Double(torch.stats.Best());
+      w.Key("median_seconds").Double(torch.stats.Median());
+      w.Key("gbps").Double(torch_gbps);
+    } else {
+      w.Key("skipped").String(torch.skipped);
+    }
+    w.EndObject();
+    w.Key("ratio_vs_gloo").Double(ratio_gloo);
+    w.Key("ratio_vs_gloo_paired_median").Double(paired.Median());
+    if (torch.ran) w.Key("ratio_vs_torch").Double(ratio_torch);
+    w.Key("latency_4k").BeginObject();
+    w.Key("runs").Int(latency_runs);
+    w.Key("p50_ms").Double(latency.Percentile(50) * 1e3);
+    w.Key("p99_ms").Double(latency.Percentile(99) * 1e3);
+    w.Key("best_ms").Double(latency.Best() * 1e3);
+    w.EndObject();
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::printf("tensor %s f32 (%lld MiB), S(0) -> S(1) on 4 CPU workers: %s moved "
+              "(lower bound %s), steps: %s\n",
+              ShapeToString(shape).c_str(), static_cast<long long>(mib),
+              absl::StrCat(moved).c_str(), absl::StrCat(plan.lower_bound_bytes()).c_str(),
+              absl::StrJoin(ops, ", ").c_str());
+  std::printf("%-34s %10s %10s %10s\n", "", "best s", "median s", "GB/s");
+  std::printf("%-34s %10.4f %10.4f %10.3f   (first run %.4f s; plan time %.4f s)\n",
+              "shardcoord Redistribute", shard.Best(), shard.Median(), shard_gbps, first_seconds,
+              plan_seconds.Best());
+  std::printf("%-34s %10.4f %10.4f %10.3f   (setup %.4f s)\n", "raw Gloo alltoallv",
+              gloo.stats.Best(), gloo.stats.Median(), gloo_gbps, gloo.setup_seconds);
+  if (torch.ran) {
+    std::printf("%-34s %10.4f %10.4f %10.3f   (setup %.4f s)\n",
+                "torch.distributed all_to_all_single", torch.stats.Best(), torch.stats.Median(),
+                torch_gbps, torch.setup_seconds);
+  } else {
+    std::printf("torch.distributed: skipped (%s)\n", torch.skipped.c_str());
+  }
+  std::printf("shardcoord / raw Gloo = %.3f best vs best, %.3f median of paired runs "
+              "(target >= 0.8)",
+              ratio_gloo, paired.Median());
+  if (torch.ran) std::printf("; shardcoord / torch = %.3f", ratio_torch);
+  std::printf("\n4 KiB redistribute through the coordinator, %d runs: p50 %.3f ms, p99 %.3f ms\n",
+              latency_runs, latency.Percentile(50) * 1e3, latency.Percentile(99) * 1e3);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardcoord
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return shardcoord::Run();
+}
