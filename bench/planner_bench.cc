@@ -218,7 +218,40 @@ int Main(int argc, char** argv) {
   const bool extrapolated = naive_runs < static_cast<int>(seq.size());
   const int64_t ranks = static_cast<int64_t>(sources[0].ranks().size());
 
+  // Scaling: one mlp_gate tensor from (R/8) x 8 to (R/16) x 16 at growing R. The planner
+  // should grow like R log R, all-pairs like R^2. Best of a few runs each.
+  struct ScalePoint {
+    int64_t ranks;
+    double plan_ms, naive_ms;
+  };
+  std::vector<ScalePoint> scaling;
+  for (int64_t r : {256, 1024, 4096, 16384}) {
+    const TensorKind& k = kinds[5];
+    const Layout s = MakeLayout(r / 8, 8, k), t = MakeLayout(r / 16, 16, k);
+    double best_plan = 1e9, best_naive = 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      Layout s_in = s, t_in = t;
+      const double c0 = CpuNow();
+      absl::StatusOr<Plan> plan = Redistribute(std::move(s_in), std::move(t_in), dtype, options);
+      const double c1 = CpuNow();
+      if (!plan.ok()) return 1;
+      best_plan = std::min(best_plan, c1 - c0);
+      if (r <= 4096 || rep == 0) {
+        const double n0 = CpuNow();
+        AllPairs(s, t, esize);
+        best_naive = std::min(best_naive, CpuNow() - n0);
+      }
+    }
+    scaling.push_back({r, best_plan * 1e3, best_naive * 1e3});
+  }
+
   const bool exact = bytes_moved == lower_bound;
+  std::string scaling_json;
+  for (const ScalePoint& p : scaling) {
+    absl::StrAppend(&scaling_json, scaling_json.empty() ? "" : ",",
+                    absl::StrFormat("{\"ranks\":%d,\"plan_ms\":%.3f,\"naive_ms\":%.3f}",
+                                    p.ranks, p.plan_ms, p.naive_ms));
+  }
   if (json) {
     std::string step_json;
     for (const auto& [op, n] : steps) {
@@ -232,13 +265,13 @@ int Main(int argc, char** argv) {
         "\"plan_seconds_copying_layouts\":%.6f,\"plan_seconds_cached\":%.6f,"
         "\"local_copies\":%lld,\"estimated_transfer_seconds\":%.6f,\"dtype\":\"%s\","
         "\"source\":\"dp=512 x tp=8\",\"target\":\"dp=256 x tp=16\",\"steps\":{%s},"
-        "\"clock\":\"thread cpu\"}\n",
+        "\"clock\":\"thread cpu\",\"scaling\":[%s]}\n",
         static_cast<long long>(ranks), seq.size(), static_cast<long long>(transfers), plan_s,
         naive_s, naive_s / plan_s, static_cast<long long>(bytes_moved),
         static_cast<long long>(lower_bound), extrapolated ? "true" : "false", naive_runs,
         static_cast<long long>(naive_pieces), plan_wall_s, plan_copy_s, cached_s,
         static_cast<long long>(local_copies), estimated, DTypeName(dtype).c_str(),
-        step_json.c_str());
+        step_json.c_str(), scaling_json.c_str());
     return exact ? 0 : 1;
   }
   std::printf("planner_bench: %lld ranks, %zu tensors (%s), dp=512 x tp=8 -> dp=256 x tp=16, "
@@ -264,6 +297,11 @@ int Main(int argc, char** argv) {
   std::printf("  speedup:   %.1fx over all-pairs\n", naive_s / plan_s);
   std::printf("  estimated transfer time for all tensors: %.3f s (8 ranks per host)\n",
               estimated);
+  std::printf("  scaling (one %s tensor, R/8 x 8 -> R/16 x 16):\n", kinds[5].name.c_str());
+  for (const ScalePoint& p : scaling) {
+    std::printf("    R=%-6lld planner %8.3f ms   all-pairs %10.3f ms\n",
+                static_cast<long long>(p.ranks), p.plan_ms, p.naive_ms);
+  }
   return exact ? 0 : 1;
 }
 

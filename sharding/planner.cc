@@ -318,11 +318,31 @@ class Planner {
     }
     auto before = [](const Entry& a, const Entry& b) {
       if (a.partial != b.partial) return a.partial < b.partial;
-      if (a.flat != b.flat) return a.flat < b.flat;
-      return a.id < b.id;
+      return a.flat < b.flat;
     };
     if (!std::is_sorted(entries.begin(), entries.end(), before)) {
-      std::sort(entries.begin(), entries.end(), before);
+      // Stable LSD radix sort by flat offset, then by partial index: linear, where a
+      // comparison sort of thousands of ranks would dominate planning.
+      std::vector<Entry> tmp(entries.size());
+      auto pass = [&](auto digit, size_t buckets) {
+        std::vector<size_t> count(buckets + 1, 0);
+        for (const Entry& e : entries) ++count[digit(e) + 1];
+        for (size_t b = 0; b < buckets; ++b) count[b + 1] += count[b];
+        for (const Entry& e : entries) tmp[count[digit(e)]++] = e;
+        entries.swap(tmp);
+      };
+      int64_t max_flat = 0;
+      for (const Entry& e : entries) max_flat = std::max(max_flat, e.flat);
+      constexpr int kBits = 11;
+      for (int shift = 0; shift < 63 && (shift == 0 || (max_flat >> shift) > 0);
+           shift += kBits) {
+        pass([shift](const Entry& e) { return (e.flat >> shift) & ((1 << kBits) - 1); },
+             size_t{1} << kBits);
+      }
+      if (source_.num_partials() > 1) {
+        pass([](const Entry& e) { return static_cast<size_t>(e.partial); },
+             source_.num_partials());
+      }
     }
     partial_begin_.assign(source_.num_partials() + 1, 0);
     holders_.reserve(entries.size());
@@ -335,6 +355,11 @@ class Planner {
       holders_.push_back(entries[i].id);
     }
     if (!boxes_.empty()) boxes_.back().holders_end = holders_.size();
+    for (const SourceBox& b : boxes_) {  // Holders ascending (they came in layout order).
+      if (b.holders_end - b.holders_begin > 1) {
+        std::sort(holders_.begin() + b.holders_begin, holders_.begin() + b.holders_end);
+      }
+    }
     for (const SourceBox& b : boxes_) ++partial_begin_[b.partial + 1];
     for (int64_t p = 0; p < source_.num_partials(); ++p) {
       partial_begin_[p + 1] += partial_begin_[p];
@@ -389,7 +414,7 @@ class Planner {
         for (int64_t p = 0; p < source_.num_partials(); ++p) {
           index_[p].ForEachOverlap(t, [&](size_t s) {
             const SourceBox& sb = boxes_[s];
-            Box piece = sb.box->Contains(t) ? t : t.Intersect(*sb.box);
+            Box piece = t.Intersect(*sb.box);
             if (Holds(sb, dst)) {
               plan_->local_copies.push_back({rc.rank, std::move(piece), reduce, p, -1});
             } else {
@@ -578,6 +603,7 @@ class Planner {
 
   struct Edge {
     int64_t src, dst;
+    int dst_id;
     size_t begin, end;  // Range in the component's transfers (sorted by src, dst, box).
     int64_t bytes;
   };
@@ -595,18 +621,15 @@ class Planner {
       cur += m.Alpha(same) + e.bytes * m.Beta(same);
       worst = std::max(worst, cur);
     }
-    by_dst_.resize(edges_.size());
-    std::iota(by_dst_.begin(), by_dst_.end(), 0);
-    std::sort(by_dst_.begin(), by_dst_.end(), [&](size_t a, size_t b) {
-      return edges_[a].dst != edges_[b].dst ? edges_[a].dst < edges_[b].dst : a < b;
-    });
-    for (size_t i = 0; i < by_dst_.size(); ++i) {
-      const Edge& e = edges_[by_dst_[i]];
-      if (i == 0 || edges_[by_dst_[i - 1]].dst != e.dst) cur = 0;
+    // Receiving side: accumulate per destination id, then clear what was touched.
+    recv_time_.resize(ranks_.size(), 0.0);
+    for (const Edge& e : edges_) {
       const bool same = hosts_.SameHost(e.src, e.dst);
-      cur += m.Alpha(same) + e.bytes * m.Beta(same);
-      worst = std::max(worst, cur);
+      double& r = recv_time_[e.dst_id];
+      r += m.Alpha(same) + e.bytes * m.Beta(same);
+      worst = std::max(worst, r);
     }
+    for (const Edge& e : edges_) recv_time_[e.dst_id] = 0;
     return worst;
   }
 
@@ -866,7 +889,7 @@ class Planner {
         members.push_back(x.src);
         members.push_back(x.dst);
         if (edges_.empty() || edges_.back().src != x.src || edges_.back().dst != x.dst) {
-          edges_.push_back({x.src, x.dst, t.size() - 1, t.size(), 0});
+          edges_.push_back({x.src, x.dst, ranks_.Id(x.dst), t.size() - 1, t.size(), 0});
         }
         edges_.back().end = t.size();
         edges_.back().bytes += x.bytes;
@@ -947,7 +970,7 @@ class Planner {
   // Scratch for lowering, reused across groups.
   std::vector<Edge> edges_;
   std::vector<std::pair<size_t, size_t>> senders_;
-  std::vector<size_t> by_dst_;
+  std::vector<double> recv_time_;  // By rank id, zero between groups.
 };
 
 std::string HumanBytes(int64_t b) {
@@ -1040,7 +1063,7 @@ absl::StatusOr<Plan> Gather(const Layout& source, absl::Span<const int64_t> dest
   absl::StatusOr<Layout> target =
       Layout::FromPlacements(*mesh, source.global_shape(), {Placement::Replicate()});
   if (!target.ok()) return target.status();
-  return Redistribute(source, *target, dtype, options);
+  return Redistribute(Layout(source), *std::move(target), dtype, options);
 }
 
 std::string ExplainPlan(const Plan& plan) {
