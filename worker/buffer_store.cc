@@ -1,5 +1,6 @@
 #include "worker/buffer_store.h"
 
+#include <algorithm>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,66 @@ namespace {
 constexpr std::align_val_t kAlignment{64};
 
 }  // namespace
+
+HostMemoryCache& HostMemoryCache::Global() {
+  static HostMemoryCache* cache = new HostMemoryCache();
+  return *cache;
+}
+
+void* HostMemoryCache::Allocate(int64_t bytes, int64_t* capacity) {
+  if (bytes >= kMinBytes) {
+    // Whole MiB, so buffers of nearly equal sizes share blocks.
+    const int64_t want = (bytes + kMinBytes - 1) / kMinBytes * kMinBytes;
+    absl::MutexLock lock(&mu_);
+    auto it = free_.lower_bound(want);
+    // Take a block only if it wastes at most a quarter.
+    if (it != free_.end() && it->first <= want + want / 4) {
+      *capacity = it->first;
+      void* data = it->second;
+      cached_ -= it->first;
+      free_.erase(it);
+      return data;
+    }
+    bytes = want;
+  }
+  // Room for vectorised code to touch whole cache lines; never 0 bytes.
+  const int64_t alloc = std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+  *capacity = alloc;
+  return ::operator new(static_cast<size_t>(alloc), kAlignment, std::nothrow);
+}
+
+void HostMemoryCache::Free(void* data, int64_t capacity) {
+  if (data == nullptr) return;
+  if (capacity >= kMinBytes) {
+    absl::MutexLock lock(&mu_);
+    if (cached_ + capacity <= limit_) {
+      free_.emplace(capacity, data);
+      cached_ += capacity;
+      return;
+    }
+  }
+  ::operator delete(data, kAlignment);
+}
+
+void HostMemoryCache::set_limit(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  limit_ = bytes;
+}
+
+int64_t HostMemoryCache::cached_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return cached_;
+}
+
+void HostMemoryCache::Clear() {
+  std::multimap<int64_t, void*> blocks;
+  {
+    absl::MutexLock lock(&mu_);
+    blocks.swap(free_);
+    cached_ = 0;
+  }
+  for (auto& [size, data] : blocks) ::operator delete(data, kAlignment);
+}
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, RankChunks chunks) {
   const int64_t element_size = ElementSize(dtype);
@@ -34,25 +95,26 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, Rank
   }
   absl::StatusOr<int64_t> bytes = CheckedMul(chunks.local_elements, element_size);
   if (!bytes.ok()) return bytes.status();
-  // Round up so vectorised code may touch whole cache lines; never allocate 0 bytes.
-  const int64_t alloc = ((*bytes + 63) / 64) * 64 + 64;
-  void* data = ::operator new(static_cast<size_t>(alloc), kAlignment, std::nothrow);
+  int64_t capacity = 0;
+  void* data = HostMemoryCache::Global().Allocate(*bytes, &capacity);
   if (data == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", *bytes, " bytes of host memory"));
   }
   return std::shared_ptr<HostBuffer>(
-      new HostBuffer(dtype, std::move(chunks), *bytes, static_cast<char*>(data)));
+      new HostBuffer(dtype, std::move(chunks), *bytes, static_cast<char*>(data), capacity));
 }
 
-HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data)
+HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data,
+                       int64_t capacity)
     : dtype_(dtype),
       element_size_(ElementSize(dtype)),
       chunks_(std::move(chunks)),
       bytes_(bytes),
-      data_(data) {}
+      data_(data),
+      capacity_(capacity) {}
 
-HostBuffer::~HostBuffer() { ::operator delete(data_, kAlignment); }
+HostBuffer::~HostBuffer() { HostMemoryCache::Global().Free(data_, capacity_); }
 
 std::vector<uint64_t> HostBuffer::Checksums() const {
   std::vector<uint64_t> out;

@@ -18,6 +18,32 @@
 
 namespace shardcoord {
 
+// Recycles large host allocations: freed blocks of at least kMinBytes stay mapped (up to a
+// limit) and serve the next allocation that fits, so a worker that redistributes again and
+// again does not pay the kernel's page faults and zeroing for every new buffer. Blocks are
+// 64-byte aligned. Thread-safe.
+class HostMemoryCache {
+ public:
+  static constexpr int64_t kMinBytes = int64_t{1} << 20;
+
+  static HostMemoryCache& Global();
+
+  // nullptr when the allocation fails. `capacity` receives the block's real size.
+  void* Allocate(int64_t bytes, int64_t* capacity);
+  void Free(void* data, int64_t capacity);
+
+  void set_limit(int64_t bytes);
+  int64_t cached_bytes() const;
+  // Frees every cached block.
+  void Clear();
+
+ private:
+  mutable absl::Mutex mu_;
+  std::multimap<int64_t, void*> free_ ABSL_GUARDED_BY(mu_);
+  int64_t cached_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t limit_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 30;
+};
+
 // One rank's local buffer of one tensor version in host memory: `chunks` says where each
 // chunk's elements live (row-major, from element `local_offset`). The memory is 64-byte
 // aligned and not initialised. The metadata is fixed at creation; the bytes are written by
@@ -50,13 +76,14 @@ class HostBuffer {
   std::vector<uint64_t> Checksums() const;
 
  private:
-  HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data);
+  HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data, int64_t capacity);
 
   const DType dtype_;
   const int64_t element_size_;
   const RankChunks chunks_;
   const int64_t bytes_;
   char* const data_;
+  const int64_t capacity_;
 };
 
 // Host buffers by (tensor, version). Thread-safe. Handles are shared_ptrs, so a fragment that

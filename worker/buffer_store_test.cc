@@ -124,3 +124,44 @@ TEST(BufferStoreTest, PutReplaces) {
 
 }  // namespace
 }  // namespace shardcoord
+
+namespace shardcoord {
+namespace {
+
+TEST(HostMemoryCacheTest, RecyclesLargeBlocks) {
+  HostMemoryCache cache;
+  int64_t cap1 = 0, cap2 = 0, cap3 = 0;
+  void* a = cache.Allocate(3 * HostMemoryCache::kMinBytes - 5, &cap1);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(cap1, 3 * HostMemoryCache::kMinBytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  cache.Free(a, cap1);
+  EXPECT_EQ(cache.cached_bytes(), cap1);
+  void* b = cache.Allocate(3 * HostMemoryCache::kMinBytes, &cap2);
+  EXPECT_EQ(b, a);  // The same block again.
+  EXPECT_EQ(cache.cached_bytes(), 0);
+  // A much smaller request does not take a large block.
+  cache.Free(b, cap2);
+  void* c = cache.Allocate(HostMemoryCache::kMinBytes, &cap3);
+  EXPECT_NE(c, b);
+  cache.Free(c, cap3);
+  cache.Clear();
+  EXPECT_EQ(cache.cached_bytes(), 0);
+}
+
+TEST(HostMemoryCacheTest, LimitAndSmallBlocks) {
+  HostMemoryCache cache;
+  cache.set_limit(0);
+  int64_t cap = 0;
+  void* a = cache.Allocate(2 * HostMemoryCache::kMinBytes, &cap);
+  cache.Free(a, cap);
+  EXPECT_EQ(cache.cached_bytes(), 0);
+  cache.set_limit(int64_t{1} << 30);
+  void* small = cache.Allocate(100, &cap);
+  EXPECT_EQ(cap, 128);
+  cache.Free(small, cap);
+  EXPECT_EQ(cache.cached_bytes(), 0);  // Small blocks go straight back.
+}
+
+}  // namespace
+}  // namespace shardcoord

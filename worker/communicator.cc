@@ -42,6 +42,36 @@ int GroupRankOf(const CommunicatorSpec& spec) {
   return it == spec.ranks.end() ? -1 : static_cast<int>(it - spec.ranks.begin());
 }
 
+absl::Status SendRecvWithHooks(Communicator& comm, absl::Span<const SendOp> sends,
+                               absl::Span<const RecvOp> recvs, const CommOptions& options) {
+  if (comm.RunsHooks()) return comm.SendRecv(sends, recvs, options);
+  for (const SendOp& op : sends) {
+    if (op.prepare) {
+      if (absl::Status s = op.prepare(); !s.ok()) return s;
+    }
+  }
+  CommOptions plain = options;
+  if (absl::Status s = PrepareOptions(comm, &plain); !s.ok()) return s;
+  std::vector<SendOp> bare_sends(sends.begin(), sends.end());
+  std::vector<RecvOp> bare_recvs(recvs.begin(), recvs.end());
+  for (SendOp& op : bare_sends) op.prepare = nullptr;
+  for (RecvOp& op : bare_recvs) op.done = nullptr;
+  if (absl::Status s = comm.SendRecv(bare_sends, bare_recvs, plain); !s.ok()) return s;
+  for (const RecvOp& op : recvs) {
+    if (op.done) {
+      if (absl::Status s = op.done(); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareOptions(const Communicator& comm, CommOptions* options) {
+  if (comm.RunsHooks() || !options->while_waiting) return absl::OkStatus();
+  absl::Status s = options->while_waiting();
+  options->while_waiting = nullptr;
+  return s;
+}
+
 CommunicatorCache::CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory)
     : factory_(std::move(factory)) {}
 

@@ -2,6 +2,7 @@
 #define SHARDCOORD_WORKER_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,6 +30,11 @@ struct CommOptions {
   uint32_t tag = 0;
   // Bound on the whole operation; zero = the communicator's default timeout.
   absl::Duration timeout = absl::ZeroDuration();
+  // Optional local work that may overlap the operation (the executor's local copies): called
+  // once, after the operation's messages are posted where the backend can overlap (Gloo
+  // SendRecv; NCCL after enqueueing), else just before the operation. An error ends the
+  // operation with that error.
+  std::function<absl::Status()> while_waiting;
 };
 
 // One point-to-point message of a grouped exchange. `peer` is a group rank.
@@ -36,11 +42,18 @@ struct SendOp {
   int peer = 0;
   const void* data = nullptr;
   int64_t bytes = 0;
+  // Optional: fills `data` (e.g. packs a strided box). Called just before this send is posted,
+  // after every receive of the exchange is posted, so packing overlaps the transfers already
+  // under way.
+  std::function<absl::Status()> prepare;
 };
 struct RecvOp {
   int peer = 0;
   void* data = nullptr;
   int64_t bytes = 0;
+  // Optional: consumes `data` (e.g. unpacks it) as soon as this receive completed, while
+  // other messages of the exchange may still be in flight.
+  std::function<absl::Status()> done;
 };
 
 // A communicator over one process group: the collective operations a plan step may lower to,
@@ -75,6 +88,17 @@ class Communicator {
   virtual int size() const = 0;
   virtual bool broken() const = 0;
 
+  // Whether steps that only copy (all-gather, all-to-all, broadcast) should run as SendRecv:
+  // true where grouped send/recv moves the same bytes and lets pieces land in place, while
+  // the collective needs contiguous staging buffers (Gloo, whose collectives are pairwise
+  // sends themselves). Every member of a group has the same backend, so all choose alike.
+  virtual bool PrefersSendRecvForCopies() const { return false; }
+
+  // Whether this backend runs the hooks (CommOptions::while_waiting, SendOp::prepare,
+  // RecvOp::done) itself. A backend that does not ignores them; callers then go through
+  // SendRecvWithHooks and PrepareOptions below, which run them around the call.
+  virtual bool RunsHooks() const { return false; }
+
   // `send` (send_bytes) from every rank, concatenated in rank order into `recv`;
   // recv_bytes[r] is rank r's contribution and recv_bytes[rank()] == send_bytes.
   virtual absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
@@ -102,12 +126,22 @@ class Communicator {
   virtual absl::Status Broadcast(void* data, int64_t bytes, int root,
                                  const CommOptions& options) = 0;
 
-  // One grouped exchange: posts every send and receive, then waits for all of them, so any
+  // One grouped exchange: posts every receive, then every send (calling its `prepare` first),
+  // then waits for all of them (calling each receive's `done` as it completes), so any
   // pattern (cycles included) completes. The k-th send from a to b matches the k-th receive
   // from a at b, with equal byte counts. No send or receive to oneself.
   virtual absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
                                 const CommOptions& options) = 0;
 };
+
+// comm.SendRecv, with the hooks run around it (every prepare, while_waiting, the exchange,
+// every done) when the backend does not run them itself.
+absl::Status SendRecvWithHooks(Communicator& comm, absl::Span<const SendOp> sends,
+                               absl::Span<const RecvOp> recvs, const CommOptions& options);
+
+// For the other ops: runs `options->while_waiting` now and clears it when the backend does
+// not run it itself.
+absl::Status PrepareOptions(const Communicator& comm, CommOptions* options);
 
 // What a communicator is built for.
 struct CommunicatorSpec {

@@ -1,6 +1,7 @@
 #include "worker/communicator.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -36,10 +37,16 @@ class FakeCommunicator : public Communicator {
   absl::Status Broadcast(void*, int64_t, int, const CommOptions&) override {
     return absl::UnimplementedError("");
   }
-  absl::Status SendRecv(absl::Span<const SendOp>, absl::Span<const RecvOp>,
-                        const CommOptions&) override {
-    return absl::UnimplementedError("");
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                        const CommOptions& options) override {
+    events.push_back("sendrecv");
+    for (const SendOp& s : sends) hooks_passed |= static_cast<bool>(s.prepare);
+    for (const RecvOp& r : recvs) hooks_passed |= static_cast<bool>(r.done);
+    hooks_passed |= static_cast<bool>(options.while_waiting);
+    return absl::OkStatus();
   }
+  std::vector<std::string> events;
+  bool hooks_passed = false;
 
  private:
   int rank_, size_;
@@ -164,6 +171,36 @@ TEST(CommunicatorCacheTest, ConcurrentGetsShareOneBuildAndOtherKeysProceed) {
   second.join();
   EXPECT_EQ(got[0], got[1]);
   EXPECT_EQ(factory->builds, 2);
+}
+
+TEST(CommunicatorHooksTest, RunAroundBackendsThatIgnoreThem) {
+  FakeCommunicator comm(0, 2);
+  EXPECT_FALSE(comm.RunsHooks());
+  char a = 0, b = 0;
+  std::vector<SendOp> sends = {{1, &a, 1, [&] {
+                                  comm.events.push_back("prepare");
+                                  return absl::OkStatus();
+                                }}};
+  std::vector<RecvOp> recvs = {{1, &b, 1, [&] {
+                                  comm.events.push_back("done");
+                                  return absl::OkStatus();
+                                }}};
+  CommOptions options;
+  options.while_waiting = [&] {
+    comm.events.push_back("local");
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(SendRecvWithHooks(comm, sends, recvs, options).ok());
+  EXPECT_EQ(comm.events, (std::vector<std::string>{"prepare", "local", "sendrecv", "done"}));
+  EXPECT_FALSE(comm.hooks_passed);
+
+  comm.events.clear();
+  ASSERT_TRUE(PrepareOptions(comm, &options).ok());
+  EXPECT_EQ(comm.events, (std::vector<std::string>{"local"}));
+  EXPECT_FALSE(static_cast<bool>(options.while_waiting));
+
+  sends[0].prepare = [] { return absl::DataLossError("pack failed"); };
+  EXPECT_EQ(SendRecvWithHooks(comm, sends, recvs, {}).code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(CommunicatorCacheTest, ReleaseDuringBuildDropsItAfterwards) {

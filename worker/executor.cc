@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -380,6 +381,30 @@ int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
   return s;
 }
 
+// Staging memory for packed pieces, from the recycling host memory cache and not
+// zero-filled (every byte is written before it is read), which matters at hundreds of MiB.
+class Staging {
+ public:
+  explicit Staging(int64_t bytes) {
+    if (bytes > 0) data_ = static_cast<char*>(HostMemoryCache::Global().Allocate(bytes, &capacity_));
+  }
+  ~Staging() { HostMemoryCache::Global().Free(data_, capacity_); }
+  Staging(Staging&& other) noexcept : data_(other.data_), capacity_(other.capacity_) {
+    other.data_ = nullptr;
+    other.capacity_ = 0;
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  bool ok(int64_t bytes) const { return bytes <= 0 || data_ != nullptr; }
+  char* data() { return data_ != nullptr ? data_ : empty_; }
+
+ private:
+  char* data_ = nullptr;
+  int64_t capacity_ = 0;
+  char empty_[1] = {0};
+};
+
 // ---------------------------------------------------------------------------------------
 // One step.
 
@@ -431,7 +456,8 @@ class StepRunner {
   absl::Status AllGather() {
     std::vector<int64_t> counts(shape_.n);
     for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
-    std::vector<char> send(counts[me_]), recv(Sum(counts));
+    Staging send(counts[me_]), recv(Sum(counts));
+    if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) return OutOfMemory(Sum(counts));
     if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
       return s;
     }
@@ -453,7 +479,8 @@ class StepRunner {
     const int root = shape_.group_rank.at(step_.root);
     const std::vector<Box>& boxes = shape_.boxes[root];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    std::vector<char> data(bytes);
+    Staging data(bytes);
+    if (!data.ok(bytes)) return OutOfMemory(bytes);
     const int64_t partial = PartialFrom(root);
     if (me_ == root) {
       if (absl::Status s = PackBoxes(boxes, partial, data.data()); !s.ok()) return s;
@@ -480,7 +507,10 @@ class StepRunner {
         recv_bytes[s] += t.bytes;
       }
     }
-    std::vector<char> send(Sum(send_bytes)), recv(Sum(recv_bytes));
+    Staging send(Sum(send_bytes)), recv(Sum(recv_bytes));
+    if (!send.ok(Sum(send_bytes)) || !recv.ok(Sum(recv_bytes))) {
+      return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes));
+    }
     char* p = send.data();
     for (int g = 0; g < shape_.n; ++g) {
       for (const Transfer* t : out[g]) {
@@ -507,7 +537,8 @@ class StepRunner {
   absl::Status AllReduce() {
     const std::vector<Box>& boxes = shape_.boxes[me_];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    std::vector<char> data(bytes);
+    Staging data(bytes);
+    if (!data.ok(bytes)) return OutOfMemory(bytes);
     if (absl::Status s = PackBoxes(boxes, shape_.partial[me_], data.data()); !s.ok()) return s;
     absl::Status s = comm_->AllReduce(data.data(), data.data(), bytes / esize_, f_.dtype,
                                       mover_->op(), options_);
@@ -518,7 +549,10 @@ class StepRunner {
   absl::Status ReduceScatter() {
     std::vector<int64_t> elements(shape_.n);
     for (int g = 0; g < shape_.n; ++g) elements[g] = BoxBytes(shape_.boxes[g], esize_) / esize_;
-    std::vector<char> send(Sum(elements) * esize_), recv(elements[me_] * esize_);
+    Staging send(Sum(elements) * esize_), recv(elements[me_] * esize_);
+    if (!send.ok(Sum(elements) * esize_) || !recv.ok(elements[me_] * esize_)) {
+      return OutOfMemory(Sum(elements) * esize_);
+    }
     char* p = send.data();
     for (int g = 0; g < shape_.n; ++g) {
       if (absl::Status s = PackBoxes(shape_.boxes[g], shape_.partial[me_], p); !s.ok()) return s;
@@ -530,16 +564,14 @@ class StepRunner {
     return ApplyBoxes(shape_.boxes[me_], recv.data(), true, shape_.partial[me_]);
   }
 
+  // Receives land directly in the target chunk when one chunk takes the piece contiguously;
+  // sends go straight from a source chunk when the piece is contiguous there. Other pieces
+  // are packed just before their send is posted and unpacked as soon as they arrive, so
+  // packing and unpacking overlap the transfers.
   absl::Status SendRecv() {
     std::vector<SendOp> sends;
     std::vector<RecvOp> recvs;
-    std::vector<std::vector<char>> staging;
-    struct Pending {
-      const Transfer* t;
-      const char* data;
-    };
-    std::vector<Pending> to_apply;
-    // Staging buffers are sized up front so their addresses stay put.
+    std::vector<Staging> staging;
     size_t staged = 0;
     for (const Transfer& t : step_.transfers) {
       if (t.src == f_.rank && mover_->DirectSource(t.box, t.partial_index) == nullptr) ++staged;
@@ -547,40 +579,41 @@ class StepRunner {
         ++staged;
       }
     }
-    staging.reserve(staged);
+    staging.reserve(staged);  // Addresses stay put: the hooks hold pointers into it.
     for (const Transfer& t : step_.transfers) {
       if (t.src == f_.rank) {
-        const char* data = mover_->DirectSource(t.box, t.partial_index);
-        if (data == nullptr) {
+        SendOp op{shape_.group_rank.at(t.dst), mover_->DirectSource(t.box, t.partial_index),
+                  t.bytes, nullptr};
+        if (op.data == nullptr) {
           staging.emplace_back(t.bytes);
-          if (absl::Status s = mover_->Pack(t.box, t.partial_index, staging.back().data());
-              !s.ok()) {
-            return s;
-          }
-          data = staging.back().data();
+          if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
+          char* buf = staging.back().data();
+          op.data = buf;
+          op.prepare = [this, &t, buf] { return mover_->Pack(t.box, t.partial_index, buf); };
         }
-        sends.push_back({shape_.group_rank.at(t.dst), data, t.bytes});
+        sends.push_back(std::move(op));
       }
       if (t.dst == f_.rank) {
-        char* data = mover_->DirectTarget(t.box, t.reduce, t.partial_index);
-        if (data == nullptr) {
+        RecvOp op{shape_.group_rank.at(t.src),
+                  mover_->DirectTarget(t.box, t.reduce, t.partial_index), t.bytes, nullptr};
+        if (op.data == nullptr) {
           staging.emplace_back(t.bytes);
-          data = staging.back().data();
-          to_apply.push_back({&t, data});
+          if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
+          char* buf = staging.back().data();
+          op.data = buf;
+          op.done = [this, &t, buf] {
+            return mover_->Apply(t.box, buf, t.box, t.reduce, t.partial_index);
+          };
         }
-        recvs.push_back({shape_.group_rank.at(t.src), data, t.bytes});
+        recvs.push_back(std::move(op));
       }
     }
-    absl::Status s = comm_->SendRecv(sends, recvs, options_);
-    if (!s.ok()) return s;
-    for (const Pending& p : to_apply) {
-      if (absl::Status a = mover_->Apply(p.t->box, p.data, p.t->box, p.t->reduce,
-                                         p.t->partial_index);
-          !a.ok()) {
-        return a;
-      }
-    }
-    return absl::OkStatus();
+    return SendRecvWithHooks(*comm_, sends, recvs, options_);
+  }
+
+  static absl::Status OutOfMemory(int64_t bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of staging memory"));
   }
 
  private:
@@ -683,12 +716,20 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
 
   Mover mover(f, input.source, input.target);
   mover.Initialise(reducing);
-  for (size_t i = 0; i < f.local_copies.size(); ++i) {
-    const LocalCopy& c = f.local_copies[i];
-    if (c.reduce && consumed.contains({c.partial_index, c.box})) continue;
-    if (absl::Status s = mover.LocalCopy(c); !s.ok()) {
-      return Annotate(s, absl::StrCat("local_copies[", i, "] on rank ", f.rank));
+  // Local copies touch only elements no step writes (or combine commutatively), so they run
+  // while the first step's transfers are in flight.
+  auto local_copies = [&]() -> absl::Status {
+    for (size_t i = 0; i < f.local_copies.size(); ++i) {
+      const LocalCopy& c = f.local_copies[i];
+      if (c.reduce && consumed.contains({c.partial_index, c.box})) continue;
+      if (absl::Status s = mover.LocalCopy(c); !s.ok()) {
+        return Annotate(s, absl::StrCat("local_copies[", i, "] on rank ", f.rank));
+      }
     }
+    return absl::OkStatus();
+  };
+  if (f.steps.empty()) {
+    if (absl::Status s = local_copies(); !s.ok()) return s;
   }
 
   ExecuteResult result;
@@ -705,9 +746,20 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     spec.timeout = timeout;
     absl::StatusOr<std::shared_ptr<Communicator>> comm = input.communicators->Get(spec);
     if (!comm.ok()) return Annotate(comm.status(), name);
+    StepShape& shape = shapes[i];
+    const bool copy = shape.method == StepMethod::kAllGatherV ||
+                      shape.method == StepMethod::kAllToAllV ||
+                      shape.method == StepMethod::kBroadcast;
+    if (copy && (*comm)->PrefersSendRecvForCopies() && !input.options.force_copy_collectives) {
+      shape.method = StepMethod::kSendRecv;
+    }
     CommOptions options;
     options.tag = StepTag(f.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
     options.timeout = timeout;
+    if (i == 0) options.while_waiting = local_copies;
+    if (shape.method != StepMethod::kSendRecv) {
+      if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;
+    }
     StepRunner runner(f, step, shapes[i], &mover, comm->get(), options);
     if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
     StepReport report;

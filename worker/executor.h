@@ -18,8 +18,9 @@
 namespace shardcoord {
 
 // How all members of a step run it. A function of the step alone (its op, group and
-// transfers, which every member's fragment holds identically), so every member picks the
-// same call. The collective is used when the step's transfers have exactly its shape;
+// transfers, which every member's fragment holds identically) and of the backend, so every
+// member picks the same call. The collective is used when the step's transfers have exactly
+// its shape (reductions always; copies unless the backend prefers SendRecv for them);
 // kSendRecv (grouped point-to-point) runs any step.
 enum class StepMethod : int {
   kAllGatherV = 1,
@@ -31,6 +32,7 @@ enum class StepMethod : int {
 };
 std::string StepMethodName(StepMethod method);  // "allgatherv", ..., "sendrecv"
 
+// The method the step's shape allows, before the backend's preference for copies.
 StepMethod ChooseStepMethod(const Step& step, bool force_point_to_point = false);
 
 struct ExecutorOptions {
@@ -38,6 +40,10 @@ struct ExecutorOptions {
   absl::Duration default_step_timeout = absl::Seconds(60);
   // Run every step as grouped point-to-point. Every member of a plan must agree.
   bool force_point_to_point = false;
+  // Run all-gather, all-to-all and broadcast steps as their collectives even where the
+  // backend prefers SendRecv for them (Communicator::PrefersSendRecvForCopies). Every member
+  // of a plan must agree.
+  bool force_copy_collectives = false;
 };
 
 struct StepReport {

@@ -206,8 +206,13 @@ Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
   return *l;
 }
 
-std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, bool force_p2p, int serial) {
-  SCOPED_TRACE(absl::StrCat(c.name, force_p2p ? " (point-to-point)" : ""));
+enum class Mode { kDefault, kCopyCollectives, kPointToPoint };
+
+std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int serial) {
+  const bool force_p2p = mode == Mode::kPointToPoint;
+  SCOPED_TRACE(absl::StrCat(c.name, force_p2p ? " (point-to-point)"
+                                    : mode == Mode::kCopyCollectives ? " (copy collectives)"
+                                                                     : ""));
   Layout a = MakeLayout(c.mesh_from, c.ranks_from, c.from, c.shape);
   Layout b = MakeLayout(c.mesh_to, c.ranks_to, c.to, c.shape);
   absl::StatusOr<Plan> plan = Redistribute(a, b, c.dtype);
@@ -217,6 +222,7 @@ std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, bool force_p2p, in
   for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(a, r, c.dtype));
   ExecutorOptions options;
   options.force_point_to_point = force_p2p;
+  options.force_copy_collectives = mode == Mode::kCopyCollectives;
   RunOutput out = RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial)), sources,
                                options);
   CheckTarget(a, b, c.dtype, out);
@@ -256,12 +262,19 @@ TEST(ExecutorTest, PlannerPlansAllTransitions) {
   Cluster cluster;
   std::set<StepMethod> used;
   int serial = 0;
+  std::set<StepMethod> used_by_default;
   for (const Case& c : cases) {
-    for (bool p2p : {false, true}) {
-      std::set<StepMethod> m = RunCase(cluster, c, p2p, serial++);
+    for (Mode mode : {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint}) {
+      std::set<StepMethod> m = RunCase(cluster, c, mode, serial++);
       used.insert(m.begin(), m.end());
+      if (mode == Mode::kDefault) used_by_default.insert(m.begin(), m.end());
     }
   }
+  // Gloo prefers grouped send/recv for copies; reductions keep their collectives.
+  EXPECT_FALSE(used_by_default.count(StepMethod::kAllToAllV));
+  EXPECT_FALSE(used_by_default.count(StepMethod::kAllGatherV));
+  EXPECT_TRUE(used_by_default.count(StepMethod::kAllReduce));
+  EXPECT_TRUE(used_by_default.count(StepMethod::kReduceScatterV));
   // The collectives the planner emits all ran as collectives somewhere above.
   for (StepMethod m : {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
                        StepMethod::kReduceScatterV, StepMethod::kBroadcast,
@@ -355,6 +368,7 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
     for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(source, r, DType::kF32));
     ExecutorOptions options;
     options.force_point_to_point = p2p_only;
+    options.force_copy_collectives = !p2p_only;
     RunOutput out = RunFragments(cluster, Fragments(plan, absl::StrCat("hand", serial++)),
                                  sources, options);
     CheckTarget(source, target, DType::kF32, out);

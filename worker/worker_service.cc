@@ -43,12 +43,13 @@ struct WorkerCore::PlanRun {
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
                        ChunkReporter* reporter, std::function<WorkerIdentity()> identity,
-                       ExecutorOptions options)
+                       ExecutorOptions options, std::function<void(absl::string_view)> log)
     : buffers_(buffers),
       communicators_(communicators),
       reporter_(reporter),
       identity_(std::move(identity)),
-      options_(options) {}
+      options_(options),
+      log_(std::move(log)) {}
 
 WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
 
@@ -87,6 +88,11 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     plans_.emplace(f.plan_id, run);
     ++running_;
   }
+  if (log_) {
+    log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
+                      " steps of tensor '", f.tensor, "' v", f.source_version, " -> v",
+                      f.target_version));
+  }
   std::thread([this, run] { Run(run); }).detach();
   return absl::OkStatus();
 }
@@ -123,7 +129,22 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     progress.set_final(false);
     Report(*run, std::move(progress));
   };
+  const absl::Time start = absl::Now();
   absl::StatusOr<ExecuteResult> result = ExecuteFragment(in);
+  if (log_) {
+    if (result.ok()) {
+      std::string steps_text;
+      for (const StepReport& s : result->steps) {
+        absl::StrAppend(&steps_text, " [step ", s.index, " ", StepMethodName(s.method), " sent ",
+                        s.bytes_sent, " B recv ", s.bytes_received, " B in ",
+                        absl::FormatDuration(s.time), "]");
+      }
+      log_(absl::StrCat("plan ", f.plan_id, ": done in ", absl::FormatDuration(absl::Now() - start),
+                        steps_text));
+    } else {
+      log_(absl::StrCat("plan ", f.plan_id, ": failed: ", result.status().ToString()));
+    }
+  }
 
   bool aborted;
   {
@@ -183,6 +204,9 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
         run->fragment.tensor != request.tensor()) {
       buffers_->Drop(request.tensor(), request.drop_version());
     }
+  }
+  if (log_ && run != nullptr) {
+    log_(absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
   }
   // The run (and its target buffer, unless stored) goes when its thread is done with it.
   if (run != nullptr) communicators_->ReleasePrefix(run->fragment.communicator_prefix);

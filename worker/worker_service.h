@@ -50,8 +50,11 @@ constexpr int64_t kMaxChunkMessageBytes = int64_t{1} << 20;
 // an Execute for a plan that was finished is ABORTED.
 class WorkerCore {
  public:
+  // `log` (optional) receives one line per plan event (start, result with per-step timings,
+  // finish); the daemon sends them to spdlog.
   WorkerCore(BufferStore* buffers, CommunicatorCache* communicators, ChunkReporter* reporter,
-             std::function<WorkerIdentity()> identity, ExecutorOptions options = {});
+             std::function<WorkerIdentity()> identity, ExecutorOptions options = {},
+             std::function<void(absl::string_view)> log = nullptr);
   ~WorkerCore();
 
   absl::Status Execute(const v1::PlanFragment& fragment);
@@ -116,6 +119,7 @@ class WorkerCore {
   ChunkReporter* const reporter_;
   const std::function<WorkerIdentity()> identity_;
   const ExecutorOptions options_;
+  const std::function<void(absl::string_view)> log_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PlanRun>> plans_ ABSL_GUARDED_BY(mu_);

@@ -145,6 +145,11 @@ std::chrono::milliseconds GlooCommunicator::TimeoutFor(const CommOptions& option
   return ToMillis(options.timeout > absl::ZeroDuration() ? options.timeout : timeout_);
 }
 
+absl::Status GlooCommunicator::RunWhileWaiting(const CommOptions& options) {
+  // Gloo's collectives block until done, so the overlapping work runs first.
+  return options.while_waiting ? options.while_waiting() : absl::OkStatus();
+}
+
 template <typename F>
 absl::Status GlooCommunicator::Guard(const char* what, F&& op) {
   if (broken_.load()) {
@@ -178,6 +183,7 @@ absl::Status GlooCommunicator::AllGatherV(const void* send, int64_t send_bytes, 
                                                    " != recv_bytes[", rank(), "] ",
                                                    recv_bytes[rank()]));
   }
+  if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   return Guard("allgatherv", [&] {
     gloo::AllgathervOptions opts(context_);
     opts.setInput(static_cast<char*>(NonNull(send)), static_cast<size_t>(send_bytes));
@@ -200,6 +206,7 @@ absl::Status GlooCommunicator::AllToAllV(const void* send, absl::Span<const int6
                                                    send_bytes[rank()], " != recv_bytes[",
                                                    rank(), "] ", recv_bytes[rank()]));
   }
+  if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   return Guard("alltoallv", [&] {
     gloo::AlltoallvOptions opts(context_);
     opts.setInput(static_cast<char*>(NonNull(send)),
@@ -243,6 +250,7 @@ absl::Status GlooCommunicator::AllReduce(const void* send, void* recv, int64_t e
                                          const CommOptions& options) {
   if (absl::Status s = CheckReduceOp(op); !s.ok()) return s;
   if (elements < 0) return absl::InvalidArgumentError(absl::StrCat("elements ", elements));
+  if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   if (elements == 0) return absl::OkStatus();  // Same count everywhere: all skip.
   // The reduce function cannot return a status; the dtype and op are checked here, so a
   // failure inside it is a broken invariant.
@@ -271,6 +279,7 @@ absl::Status GlooCommunicator::Broadcast(void* data, int64_t bytes, int root,
         absl::StrCat("broadcast root ", root, " is not in a group of ", size()));
   }
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes ", bytes));
+  if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   if (bytes == 0) return absl::OkStatus();
   return Guard("broadcast", [&] {
     gloo::BroadcastOptions opts(context_);
@@ -305,34 +314,56 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
     }
   }
   const uint64_t base = (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
-  return Guard("send/recv", [&] {
+  return Guard("send/recv", [&]() -> absl::Status {
     const auto timeout = TimeoutFor(options);
-    std::vector<int64_t> sent(size(), 0), received(size(), 0);
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs, recv_bufs;
-    // Post every receive first so no peer's send waits on us, then every send.
-    for (const RecvOp& op : recvs) {
-      const int64_t k = received[op.peer]++;
-      if (op.bytes == 0) continue;  // Both sides skip empty messages.
-      auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
-      buf->recv(op.peer, base | static_cast<uint64_t>(k));
-      recv_bufs.push_back(std::move(buf));
-    }
-    for (const SendOp& op : sends) {
-      const int64_t k = sent[op.peer]++;
-      if (op.bytes == 0) continue;
-      auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
-                                               static_cast<size_t>(op.bytes));
-      buf->send(op.peer, base | static_cast<uint64_t>(k));
-      send_bufs.push_back(std::move(buf));
-    }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     auto remaining = [&] {
       return std::max(std::chrono::milliseconds(1),
                       std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()));
     };
-    for (auto& buf : recv_bufs) {
+    // A failing hook leaves messages posted with the peers: the communicator cannot be
+    // trusted afterwards.
+    auto hook_failed = [&](const absl::Status& s) {
+      broken_ = true;
+      return s;
+    };
+    std::vector<int64_t> sent(size(), 0), received(size(), 0);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs;
+    std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, const RecvOp*>>
+        recv_bufs;
+    // Every receive first, so no peer's send waits on our packing.
+    for (const RecvOp& op : recvs) {
+      const int64_t k = received[op.peer]++;
+      if (op.bytes == 0) {  // Both sides skip empty messages.
+        if (op.done) {
+          if (absl::Status s = op.done(); !s.ok()) return hook_failed(s);
+        }
+        continue;
+      }
+      auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
+      buf->recv(op.peer, base | static_cast<uint64_t>(k));
+      recv_bufs.emplace_back(std::move(buf), &op);
+    }
+    for (const SendOp& op : sends) {
+      const int64_t k = sent[op.peer]++;
+      if (op.prepare) {
+        if (absl::Status s = op.prepare(); !s.ok()) return hook_failed(s);
+      }
+      if (op.bytes == 0) continue;
+      auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
+                                               static_cast<size_t>(op.bytes));
+      buf->send(op.peer, base | static_cast<uint64_t>(k));
+      send_bufs.push_back(std::move(buf));
+    }
+    if (options.while_waiting) {
+      if (absl::Status s = options.while_waiting(); !s.ok()) return hook_failed(s);
+    }
+    for (auto& [buf, op] : recv_bufs) {
       if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv aborted");
+      if (op->done) {
+        if (absl::Status s = op->done(); !s.ok()) return hook_failed(s);
+      }
     }
     for (auto& buf : send_bufs) {
       if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send aborted");

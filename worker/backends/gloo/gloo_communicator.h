@@ -59,8 +59,10 @@ struct GlooOptions {
 // equal-ish blocks, so it runs as alltoallv (each rank receives every rank's copy of its
 // slice: the same (n-1)/n bytes per rank as a ring reduce-scatter) followed by a local
 // reduction in group-rank order. AllReduce is gloo::allreduce (ring), so every rank holds
-// bitwise identical results. SendRecv posts unbound-buffer sends and receives on slots
-// (0x40 << 56) | (tag << 24) | k, k counting messages per (peer, direction), then waits.
+// bitwise identical results. SendRecv posts unbound-buffer receives, then sends (each after
+// its `prepare`), on slots (0x40 << 56) | (tag << 24) | k, k counting messages per (peer,
+// direction), runs `while_waiting`, then waits. The blocking collectives run
+// `while_waiting` before they start.
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout);
@@ -69,6 +71,10 @@ class GlooCommunicator : public Communicator {
   int rank() const override;
   int size() const override;
   bool broken() const override { return broken_.load(); }
+  // Measured on 4 ranks, 256 MiB S(0) -> S(1): grouped send/recv into place ran at 1.5x
+  // the throughput of alltoallv through staging buffers; all-gather similar.
+  bool PrefersSendRecvForCopies() const override { return true; }
+  bool RunsHooks() const override { return true; }
 
   absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
                           absl::Span<const int64_t> recv_bytes,
@@ -88,6 +94,7 @@ class GlooCommunicator : public Communicator {
 
  private:
   std::chrono::milliseconds TimeoutFor(const CommOptions& options) const;
+  static absl::Status RunWhileWaiting(const CommOptions& options);
   // Runs `op`, turning Gloo's exceptions into a status and marking the communicator broken.
   template <typename F>
   absl::Status Guard(const char* what, F&& op);

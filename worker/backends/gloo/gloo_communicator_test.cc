@@ -270,6 +270,65 @@ TEST(GlooCommunicatorTest, SendRecvArbitraryPattern) {
   });
 }
 
+TEST(GlooCommunicatorTest, SendRecvHooks) {
+  GlooGroup g(2, "hooks/");
+  g.Run([&](int r) {
+    const int peer = 1 - r;
+    std::vector<int> out(1000), in(1000, -1);
+    bool prepared = false, checked = false;
+    int waited = 0;
+    SendOp send{peer, out.data(), 4000, [&] {
+                  for (int i = 0; i < 1000; ++i) out[i] = r * 10000 + i;  // Filled late.
+                  prepared = true;
+                  return absl::OkStatus();
+                }};
+    RecvOp recv{peer, in.data(), 4000, [&] {
+                  for (int i = 0; i < 1000; ++i) {
+                    if (in[i] != peer * 10000 + i) return absl::InternalError("bad data");
+                  }
+                  checked = true;
+                  return absl::OkStatus();
+                }};
+    CommOptions options;
+    options.tag = 3;
+    options.while_waiting = [&] {
+      ++waited;
+      return absl::OkStatus();
+    };
+    absl::Status s = g.comm(r).SendRecv({&send, 1}, {&recv, 1}, options);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(prepared);
+    EXPECT_TRUE(checked);
+    EXPECT_EQ(waited, 1);
+  });
+}
+
+TEST(GlooCommunicatorTest, FailingHookBreaksTheCommunicator) {
+  GlooGroup g(2, "hookfail/");
+  char c = 0;
+  std::vector<RecvOp> recvs = {{1, &c, 1, nullptr}};
+  CommOptions options;
+  options.timeout = absl::Seconds(20);
+  options.while_waiting = [] { return absl::DataLossError("local copy failed"); };
+  EXPECT_EQ(g.comm(0).SendRecv({}, recvs, options).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(g.comm(0).broken());
+}
+
+TEST(GlooCommunicatorTest, CollectivesRunWhileWaitingFirst) {
+  GlooGroup g(1, "ww/");
+  int calls = 0;
+  CommOptions options;
+  options.while_waiting = [&] {
+    ++calls;
+    return absl::OkStatus();
+  };
+  float x = 1;
+  ASSERT_TRUE(g.comm(0).AllReduce(&x, &x, 0, DType::kF32, ReduceOp::kSum, options).ok());
+  ASSERT_TRUE(g.comm(0).Broadcast(&x, 4, 0, options).ok());
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(g.comm(0).PrefersSendRecvForCopies());
+}
+
 TEST(GlooCommunicatorTest, SendRecvRejectsSelfAndBadPeer) {
   GlooGroup g(2, "sendrecv_bad/");
   char c = 0;

@@ -1,0 +1,212 @@
+// The worker daemon: registers with the coordinator, heartbeats, holds chunk buffers in host
+// memory and executes plan fragments through the Communicator interface (Gloo).
+//
+//   worker --coordinator 127.0.0.1:7400 --listen 127.0.0.1:0 --name w0
+//
+// When ready it prints one line to stdout: "worker <name> listening on <host:port>". Logs go
+// to stderr. SIGTERM or SIGINT shuts it down cleanly.
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "worker/agent.h"
+#include "worker/backends/gloo/gloo_communicator.h"
+#include "worker/buffer_store.h"
+#include "worker/communicator.h"
+#include "worker/coordinator_rpc.h"
+#include "worker/cuda_probe.h"
+#include "worker/thread_pool.h"
+#include "worker/worker_service.h"
+
+namespace shardcoord {
+namespace {
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+// "host:port" -> host ("[::1]:5" -> "::1").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':')) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+int Main(int argc, char** argv) {
+  const char* env_addr = std::getenv("SHARDCOORD_ADDR");
+  std::string coordinator = env_addr != nullptr && *env_addr ? env_addr : "127.0.0.1:7400";
+  std::string listen = "127.0.0.1:0";
+  std::string name;
+  std::string host = HostName();
+  std::string backend = "auto";
+  std::string device = "cpu";
+  std::string gloo_host;
+  double step_timeout_s = 60;
+  double register_timeout_s = 60;
+  std::string log_level = "info";
+
+  CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
+  app.add_option("--coordinator", coordinator,
+                 "Coordinator address (default $SHARDCOORD_ADDR, then 127.0.0.1:7400)");
+  app.add_option("--listen", listen, "Address of the Worker service; port 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--name", name, "Stable worker name (default host:pid)");
+  app.add_option("--host", host, "Host name reported to the coordinator")->capture_default_str();
+  app.add_option("--backend", backend, "Communication backend")
+      ->check(CLI::IsMember({"gloo", "nccl", "auto"}))
+      ->capture_default_str();
+  app.add_option("--device", device, "Device: cpu (or cuda:N for the NCCL backend)")
+      ->capture_default_str();
+  app.add_option("--gloo-host", gloo_host,
+                 "Address Gloo binds and advertises (default: the --listen host, or --host "
+                 "when that is a wildcard)");
+  app.add_option("--step-timeout", step_timeout_s,
+                 "Seconds one plan step may take when the plan gives no timeout")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--register-timeout", register_timeout_s,
+                 "Seconds to keep trying to register with the coordinator at startup")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("worker");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  // Backend choice comes first: its log line is the first one.
+  std::string why;
+  const int gpus = CountVisibleCudaDevices(&why);
+  if (backend == "nccl") {
+    if (gpus == 0) {
+      std::fprintf(stderr, "no CUDA device visible: NCCL backend requires a GPU\n");
+      return 2;
+    }
+    std::fprintf(stderr, "NCCL backend is not built into this worker yet (%s)\n", why.c_str());
+    return 2;
+  }
+  if (backend == "auto") {
+    if (gpus == 0) {
+      spdlog::info("backend auto: no CUDA device visible, using gloo ({})", why);
+    } else {
+      spdlog::info("backend auto: {}, but the NCCL backend is not built yet, using gloo", why);
+    }
+    backend = "gloo";
+  } else {
+    spdlog::info("backend gloo ({})", why);
+  }
+  if (name.empty()) name = absl::StrCat(host, ":", getpid());
+
+  // Block the shutdown signals in every thread; main waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  std::unique_ptr<GrpcCoordinatorClient> client = GrpcCoordinatorClient::Connect(coordinator);
+  const std::string listen_host = HostOf(listen);
+  if (gloo_host.empty()) gloo_host = IsWildcard(listen_host) ? host : listen_host;
+  absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> gloo =
+      GlooCommunicatorFactory::Create(client.get(), GlooOptions{gloo_host});
+  if (!gloo.ok()) {
+    spdlog::error("{}", gloo.status().ToString());
+    return 1;
+  }
+  CommunicatorCache communicators(*gloo);
+  BufferStore buffers;
+  ThreadPool pool(2);
+
+  AgentOptions agent_options;
+  agent_options.registration.set_name(name);
+  agent_options.registration.set_host(host);
+  agent_options.registration.set_device(device);
+  agent_options.registration.set_backend(backend);
+  agent_options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
+
+  ExecutorOptions executor_options;
+  executor_options.default_step_timeout = absl::Seconds(step_timeout_s);
+  std::unique_ptr<Agent> agent;
+  WorkerCore core(&buffers, &communicators, client.get(),
+                  [&agent, name] {
+                    return agent != nullptr ? agent->identity() : WorkerIdentity{name, 0, -1};
+                  },
+                  executor_options,
+                  [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
+  WorkerServiceImpl service(&core, &pool);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", listen);
+    return 1;
+  }
+  const std::string address = JoinHostPort(IsWildcard(listen_host) ? host : listen_host, port);
+  agent_options.registration.set_address(address);
+
+  agent = std::make_unique<Agent>(client.get(), agent_options);
+  absl::Status registered = agent->Start(absl::Seconds(register_timeout_s));
+  if (!registered.ok()) {
+    spdlog::error("cannot register with the coordinator at {}: {}", coordinator,
+                  registered.ToString());
+    server->Shutdown(std::chrono::system_clock::now());
+    return 1;
+  }
+  spdlog::info("worker {} (gloo on {}) serving on {}, coordinator {}", name, gloo_host, address,
+               coordinator);
+  std::printf("worker %s listening on %s\n", name.c_str(), address.c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  agent->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!core.Shutdown(absl::Seconds(2))) {
+    // A fragment is stuck in a step; its thread references everything above.
+    spdlog::warn("a plan fragment is still running; exiting without waiting for it");
+    spdlog::shutdown();
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardcoord
+
+int main(int argc, char** argv) { return shardcoord::Main(argc, argv); }
