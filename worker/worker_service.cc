@@ -77,6 +77,11 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> source =
         buffers_->Get(f.tensor, f.source_version);
     if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
+    if ((*source)->dtype() != f.dtype || (*source)->chunks().chunks != f.source.chunks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", f.tensor, "' version ", f.source_version, " on rank ", f.rank,
+          " is held as other chunks or another dtype than plan ", f.plan_id, " expects"));
+    }
     run->source = *source;
   }
   absl::StatusOr<std::shared_ptr<HostBuffer>> target = HostBuffer::Create(f.dtype, f.target);

@@ -338,6 +338,12 @@ TEST_F(LifecycleTest, ExecuteValidation) {
   f = Fragment(0, "p5");
   f.set_source_version(9);
   EXPECT_EQ(workers_[0]->core.Execute(f).code(), absl::StatusCode::kFailedPrecondition);
+  // A buffer with other chunks under the source version is refused up front too.
+  v1::FillRequest other = FillFor(target_, 0, v1::ZEROS, /*version=*/1);
+  other.set_tensor("T");
+  ASSERT_TRUE(workers_[0]->core.Fill(other).ok());
+  absl::Status s = workers_[0]->core.Execute(Fragment(0, "p5"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(workers_[0]->core.running(), 0);
   EXPECT_EQ(reporter_.size(), 0);
 }
