@@ -255,7 +255,10 @@ class Planner {
         hosts_(HostMapFor(options)),
         esize_(ElementSize(dtype)),
         plan_(plan),
-        ranks_(source, target) {}
+        ranks_(source, target) {
+    host_.reserve(ranks_.size());
+    for (int id = 0; id < ranks_.size(); ++id) host_.push_back(hosts_.HostOf(ranks_.Rank(id)));
+  }
 
   void Run() {
     const bool partial = source_.is_partial();
@@ -513,7 +516,7 @@ class Planner {
         // Preference key, larger is better: (fits, same host, affinity, -load, -rank id).
         auto key = [&](int h, bool fits) {
           return std::make_tuple(
-              fits, host_aware && hosts_.SameHost(ranks_.Rank(h), ranks_.Rank(dst)),
+              fits, host_aware && host_[h] == host_[dst],
               Affinity(h, dst), -load_[h], -h);
         };
         int best = holders[0];
@@ -603,7 +606,7 @@ class Planner {
 
   struct Edge {
     int64_t src, dst;
-    int dst_id;
+    int src_id, dst_id;
     size_t begin, end;  // Range in the component's transfers (sorted by src, dst, box).
     int64_t bytes;
   };
@@ -617,14 +620,14 @@ class Planner {
     for (size_t i = 0; i < edges_.size(); ++i) {
       const Edge& e = edges_[i];
       if (i == 0 || edges_[i - 1].src != e.src) cur = 0;
-      const bool same = hosts_.SameHost(e.src, e.dst);
+      const bool same = host_[e.src_id] == host_[e.dst_id];
       cur += m.Alpha(same) + e.bytes * m.Beta(same);
       worst = std::max(worst, cur);
     }
     // Receiving side: accumulate per destination id, then clear what was touched.
     recv_time_.resize(ranks_.size(), 0.0);
     for (const Edge& e : edges_) {
-      const bool same = hosts_.SameHost(e.src, e.dst);
+      const bool same = host_[e.src_id] == host_[e.dst_id];
       double& r = recv_time_[e.dst_id];
       r += m.Alpha(same) + e.bytes * m.Beta(same);
       worst = std::max(worst, r);
@@ -635,7 +638,7 @@ class Planner {
 
   double CollectiveCost(const Step& step) const {
     bool same = true;
-    for (int64_t r : step.ranks) same = same && hosts_.SameHost(r, step.ranks.front());
+    for (const Edge& e : edges_) same = same && host_[e.src_id] == host_[e.dst_id];
     int64_t piece = 0;
     for (const Edge& e : edges_) piece = std::max(piece, e.bytes);
     const int64_t n = static_cast<int64_t>(step.ranks.size());
@@ -889,7 +892,8 @@ class Planner {
         members.push_back(x.src);
         members.push_back(x.dst);
         if (edges_.empty() || edges_.back().src != x.src || edges_.back().dst != x.dst) {
-          edges_.push_back({x.src, x.dst, ranks_.Id(x.dst), t.size() - 1, t.size(), 0});
+          edges_.push_back(
+              {x.src, x.dst, ranks_.Id(x.src), ranks_.Id(x.dst), t.size() - 1, t.size(), 0});
         }
         edges_.back().end = t.size();
         edges_.back().bytes += x.bytes;
@@ -967,6 +971,7 @@ class Planner {
   std::vector<size_t> demand_source_;  // Per pending transfer: its source box.
   std::vector<int> demand_dst_;        // Per pending transfer: its destination id.
   std::vector<const Shape*> src_coord_, tgt_coord_;  // Mesh coordinates by rank id.
+  std::vector<int64_t> host_;  // Host by rank id (HostMap::HostOf).
   // Scratch for lowering, reused across groups.
   std::vector<Edge> edges_;
   std::vector<std::pair<size_t, size_t>> senders_;
