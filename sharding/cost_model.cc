@@ -181,9 +181,13 @@ double EstimateStep(const CostModel& m, const HostMap& hosts, const Step& step) 
 }
 
 double EstimatePlan(const CostModel& m, const HostMap& hosts, const Plan& plan) {
-  double total = 0;
-  for (const Step& s : plan.steps) total += EstimateStep(m, hosts, s);
-  return total;
+  absl::flat_hash_map<int64_t, double> busy;
+  double worst = 0;
+  for (const Step& s : plan.steps) {
+    const double t = EstimateStep(m, hosts, s);
+    for (int64_t r : s.ranks) worst = std::max(worst, busy[r] += t);
+  }
+  return worst;
 }
 
 }  // namespace shardcoord

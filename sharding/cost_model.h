@@ -75,7 +75,8 @@ double EstimatePointToPoint(const CostModel& m, const HostMap& hosts,
 
 // One step, by its op (point-to-point formula for kAllToAll and kPointToPoint).
 double EstimateStep(const CostModel& m, const HostMap& hosts, const Step& step);
-// Steps run one after another; local copies are not counted.
+// Each rank runs the steps it is in one after another and ranks run in parallel, so the plan
+// takes the largest per-rank sum of step estimates. Local copies are not counted.
 double EstimatePlan(const CostModel& m, const HostMap& hosts, const Plan& plan);
 
 }  // namespace shardcoord

@@ -130,7 +130,9 @@ struct Plan {
   // Sum over destinations of the bytes they need and do not hold. For Partial sources, each
   // partial contribution counts separately (the element movement a reduction implies).
   int64_t lower_bound_bytes = 0;
-  double estimated_seconds = 0;  // Sum of the steps' estimates (steps run one after another).
+  // Each rank runs the steps it is in one after another, different ranks in parallel: the
+  // largest per-rank sum of step estimates (see EstimatePlan).
+  double estimated_seconds = 0;
 
   // All transfers of all steps, in step order.
   std::vector<Transfer> AllTransfers() const;

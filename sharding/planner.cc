@@ -938,7 +938,7 @@ class Planner {
   void Finish(std::vector<Transfer> transfers) {
     Lower(std::move(transfers));
     std::vector<int64_t> sent(ranks_.size(), 0), received(ranks_.size(), 0);
-    plan_->estimated_seconds = 0;
+    std::vector<double> busy(ranks_.size(), 0.0);  // Step time per rank id.
     for (Step& s : plan_->steps) {
       s.bytes = 0;
       for (const Transfer& t : s.transfers) {
@@ -947,8 +947,10 @@ class Planner {
         received[ranks_.Id(t.dst)] += t.bytes;
       }
       plan_->bytes_moved += s.bytes;
-      plan_->estimated_seconds += s.estimated_seconds;
+      for (int64_t r : s.ranks) busy[ranks_.Id(r)] += s.estimated_seconds;
     }
+    plan_->estimated_seconds = 0;
+    for (double b : busy) plan_->estimated_seconds = std::max(plan_->estimated_seconds, b);
     plan_->traffic.reserve(ranks_.size());
     for (int id = 0; id < ranks_.size(); ++id) {
       plan_->traffic.push_back({ranks_.Rank(id), sent[id], received[id]});

@@ -502,6 +502,8 @@ void CheckStructure(const Plan& plan, const PlanOptions& options) {
     }
   }
   ASSERT_EQ(plan.bytes_moved, moved);
+  const double total = EstimatePlan(options.cost, HostMapFor(options), plan);
+  ASSERT_NEAR(plan.estimated_seconds, total, 1e-9 * total);
   for (const RankTraffic& t : plan.traffic) {
     ASSERT_EQ(t.bytes_sent, traffic[t.rank].first) << "rank " << t.rank;
     ASSERT_EQ(t.bytes_received, traffic[t.rank].second) << "rank " << t.rank;

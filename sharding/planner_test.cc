@@ -66,6 +66,16 @@ TEST(PlannerTest, ShardSwapOn2dMeshIsAllToAllNeverAllGather) {
     lb += (need.Volume() - need.Intersect(have).Volume()) * 4;
   }
   EXPECT_EQ(plan.lower_bound_bytes, lb);
+  // Disjoint groups run side by side: the plan takes as long as its busiest rank.
+  double sum = 0, longest = 0;
+  for (const Step& step : plan.steps) {
+    sum += step.estimated_seconds;
+    longest = std::max(longest, step.estimated_seconds);
+  }
+  ASSERT_GE(plan.steps.size(), 2u);
+  EXPECT_DOUBLE_EQ(plan.estimated_seconds, longest);
+  EXPECT_LT(plan.estimated_seconds, sum);
+  EXPECT_DOUBLE_EQ(plan.estimated_seconds, EstimatePlan(CostModel(), HostMap(), plan));
   const std::string explain = ExplainPlan(plan);
   EXPECT_THAT(explain, HasSubstr("all_to_all"));
   EXPECT_THAT(explain, Not(HasSubstr("all_gather")));
