@@ -42,6 +42,35 @@ int GroupRankOf(const CommunicatorSpec& spec) {
   return it == spec.ranks.end() ? -1 : static_cast<int>(it - spec.ranks.begin());
 }
 
+void CancelToken::Cancel() {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return;
+  cancelled_ = true;
+  // Under the lock, so Remove cannot return while a callback runs.
+  for (auto& [handle, fn] : callbacks_) fn();
+  callbacks_.clear();
+}
+
+bool CancelToken::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+int64_t CancelToken::OnCancel(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) {
+    fn();
+    return -1;
+  }
+  callbacks_.emplace(next_, std::move(fn));
+  return next_++;
+}
+
+void CancelToken::Remove(int64_t handle) {
+  absl::MutexLock lock(&mu_);
+  callbacks_.erase(handle);
+}
+
 absl::Status SendRecvWithHooks(Communicator& comm, absl::Span<const SendOp> sends,
                                absl::Span<const RecvOp> recvs, const CommOptions& options) {
   if (comm.RunsHooks()) return comm.SendRecv(sends, recvs, options);

@@ -21,6 +21,28 @@
 
 namespace shardcoord {
 
+// Cancels operations in flight: a backend registers how to interrupt its waits (Gloo:
+// abortWaitRecv/abortWaitSend on the posted buffers) and Cancel runs that, so an aborted plan
+// does not sit in a step until the step timeout (Gloo does not notice a peer killed
+// mid-exchange). Thread-safe.
+class CancelToken {
+ public:
+  // Idempotent. Runs every registered callback once, on this thread.
+  void Cancel();
+  bool cancelled() const;
+  // Registers `fn` to run on Cancel (at once, here, if already cancelled). Returns a handle
+  // for Remove. `fn` must not call back into the token.
+  int64_t OnCancel(std::function<void()> fn);
+  // After Remove returns, the callback is not running and will not run.
+  void Remove(int64_t handle);
+
+ private:
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+};
+
 // Per-operation options.
 struct CommOptions {
   // Keeps apart operations that run at the same time on one communicator (two plans on
@@ -35,6 +57,9 @@ struct CommOptions {
   // SendRecv; NCCL after enqueueing), else just before the operation. An error ends the
   // operation with that error.
   std::function<absl::Status()> while_waiting;
+  // Optional: cancelling it ends the operation with ABORTED where the backend can interrupt
+  // it (Gloo: SendRecv; its blocking collectives run to their timeout).
+  CancelToken* cancel = nullptr;
 };
 
 // One point-to-point message of a grouped exchange. `peer` is a group rank.

@@ -203,6 +203,24 @@ TEST(CommunicatorHooksTest, RunAroundBackendsThatIgnoreThem) {
   EXPECT_EQ(SendRecvWithHooks(comm, sends, recvs, {}).code(), absl::StatusCode::kDataLoss);
 }
 
+TEST(CancelTokenTest, CallbacksRunOnceAndRemoveStopsThem) {
+  CancelToken token;
+  int a = 0, b = 0;
+  const int64_t ha = token.OnCancel([&] { ++a; });
+  const int64_t hb = token.OnCancel([&] { ++b; });
+  token.Remove(hb);
+  EXPECT_FALSE(token.cancelled());
+  token.Cancel();
+  token.Cancel();
+  EXPECT_TRUE(token.cancelled());
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 0);
+  token.Remove(ha);  // Harmless after the fact.
+  int c = 0;
+  EXPECT_EQ(token.OnCancel([&] { ++c; }), -1);  // Already cancelled: runs at once.
+  EXPECT_EQ(c, 1);
+}
+
 TEST(CommunicatorCacheTest, ReleaseDuringBuildDropsItAfterwards) {
   auto factory = std::make_shared<FakeFactory>();
   CommunicatorCache cache(factory);

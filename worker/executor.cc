@@ -685,7 +685,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
       !SameChunks(input.target->chunks(), f.target)) {
     return absl::InvalidArgumentError("target buffer does not match the fragment's target");
   }
-  auto cancelled = [&] { return input.cancelled != nullptr && input.cancelled->load(); };
+  auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
                                                        : input.options.default_step_timeout;
 
@@ -756,6 +756,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     CommOptions options;
     options.tag = StepTag(f.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
     options.timeout = timeout;
+    options.cancel = input.cancel;
     if (i == 0) options.while_waiting = local_copies;
     if (shape.method != StepMethod::kSendRecv) {
       if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;

@@ -75,7 +75,9 @@ struct ExecuteInput {
   // A new buffer for fragment->target's chunks (HostBuffer::Create(dtype, target)).
   HostBuffer* target = nullptr;
   CommunicatorCache* communicators = nullptr;
-  const std::atomic<bool>* cancelled = nullptr;  // Optional; checked between steps.
+  // Optional: checked between steps, and passed to the communicator so a cancel also
+  // interrupts a step in flight where the backend can.
+  CancelToken* cancel = nullptr;
   ProgressCallback progress;                      // Optional.
   ExecutorOptions options;
 };

@@ -466,13 +466,14 @@ TEST(ExecutorTest, CancelledBeforeFirstStep) {
   auto source = MakeSource(a, 0, DType::kF32);
   auto target = *HostBuffer::Create(f.dtype, f.target);
   Cluster cluster;
-  std::atomic<bool> cancelled{true};
+  CancelToken cancel;
+  cancel.Cancel();
   ExecuteInput in;
   in.fragment = &f;
   in.source = source.get();
   in.target = target.get();
   in.communicators = cluster.caches[0].get();
-  in.cancelled = &cancelled;
+  in.cancel = &cancel;
   absl::StatusOr<ExecuteResult> r = ExecuteFragment(in);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
   EXPECT_EQ(cluster.caches[0]->size(), 0);  // Nothing was built.

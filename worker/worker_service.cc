@@ -35,7 +35,7 @@ struct WorkerCore::PlanRun {
   Fragment fragment;
   std::shared_ptr<HostBuffer> source;
   std::shared_ptr<HostBuffer> target;
-  std::atomic<bool> cancelled{false};
+  CancelToken cancel;
   // Guarded by WorkerCore::mu_.
   bool aborted = false;  // FinishPlan(abort) arrived.
   bool stored = false;   // The target buffer is in the store.
@@ -124,7 +124,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   in.source = run->source.get();
   in.target = run->target.get();
   in.communicators = communicators_;
-  in.cancelled = &run->cancelled;
+  in.cancel = &run->cancel;
   in.options = options_;
   in.progress = [&](int64_t done, int64_t /*total*/) {
     // The final report follows the last step at once.
@@ -196,7 +196,6 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     }
     if (run != nullptr && !request.commit()) {
       run->aborted = true;
-      run->cancelled = true;
       if (run->stored) {
         buffers_->Drop(run->fragment.tensor, run->fragment.target_version);
         run->stored = false;
@@ -210,6 +209,8 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
       buffers_->Drop(request.tensor(), request.drop_version());
     }
   }
+  // Outside the lock: it interrupts the fragment's waits.
+  if (run != nullptr && !request.commit()) run->cancel.Cancel();
   if (log_ && run != nullptr) {
     log_(absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
   }
@@ -362,9 +363,14 @@ absl::StatusOr<v1::WriteChunkResponse> WorkerCore::ChunkWriter::Finish() {
 }
 
 bool WorkerCore::Shutdown(absl::Duration grace) {
+  std::vector<std::shared_ptr<PlanRun>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (auto& [id, run] : plans_) runs.push_back(run);
+  }
+  for (auto& run : runs) run->cancel.Cancel();
   absl::MutexLock lock(&mu_);
-  shutting_down_ = true;
-  for (auto& [id, run] : plans_) run->cancelled = true;
   return mu_.AwaitWithTimeout(
       absl::Condition(
           +[](int* running) { return *running == 0; }, &running_),

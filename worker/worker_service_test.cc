@@ -311,6 +311,29 @@ TEST_F(LifecycleTest, MissingPeerFailsThenAbortKeepsSource) {
   }
 }
 
+// Rank 3 joins the rendezvous but never executes: the others wait in the exchange (with a
+// ten-minute step timeout) until the abort cancels them.
+TEST_F(LifecycleTest, AbortInterruptsAStepInFlight) {
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p6", /*timeout_ms=*/600000)).ok());
+  }
+  CommunicatorSpec spec;
+  spec.ranks = {0, 1, 2, 3};
+  spec.incarnations = {7, 7, 7, 7};
+  spec.my_rank = 3;
+  spec.key_prefix = "plan/p6/";
+  ASSERT_TRUE(workers_[3]->cache.Get(spec).ok());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p6", false)).ok());
+  }
+  for (int r = 0; r < 3; ++r) {
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+  EXPECT_EQ(reporter_.size(), 0);  // Aborted fragments do not report.
+}
+
 TEST_F(LifecycleTest, AbortAfterSuccessDropsTheNewBuffer) {
   for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p3")).ok());
   reporter_.WaitFinals(4);

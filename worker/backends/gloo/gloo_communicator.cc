@@ -359,14 +359,30 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
     if (options.while_waiting) {
       if (absl::Status s = options.while_waiting(); !s.ok()) return hook_failed(s);
     }
+    // Cancellation interrupts the waits below (the aborts are sticky, so a cancel that comes
+    // before a wait starts counts too). Removed before the buffers go.
+    struct CancelGuard {
+      CancelToken* token = nullptr;
+      int64_t handle = -1;
+      ~CancelGuard() {
+        if (token != nullptr && handle >= 0) token->Remove(handle);
+      }
+    } guard;
+    if (options.cancel != nullptr) {
+      guard.token = options.cancel;
+      guard.handle = options.cancel->OnCancel([&recv_bufs, &send_bufs] {
+        for (auto& [buf, op] : recv_bufs) buf->abortWaitRecv();
+        for (auto& buf : send_bufs) buf->abortWaitSend();
+      });
+    }
     for (auto& [buf, op] : recv_bufs) {
-      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv aborted");
+      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
       if (op->done) {
         if (absl::Status s = op->done(); !s.ok()) return hook_failed(s);
       }
     }
     for (auto& buf : send_bufs) {
-      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send aborted");
+      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send cancelled");
     }
     return absl::OkStatus();
   });

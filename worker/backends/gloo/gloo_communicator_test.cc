@@ -395,6 +395,24 @@ TEST(GlooCommunicatorTest, SendRecvTimesOut) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
+// A peer that never sends: cancelling the token ends the wait long before the timeout,
+// whether the cancel lands before or during the wait.
+TEST(GlooCommunicatorTest, CancelInterruptsSendRecv) {
+  GlooGroup g(2, "cancel/");
+  std::vector<char> buf(16);
+  std::vector<RecvOp> recvs = {{1, buf.data(), 16, nullptr}};
+  CancelToken cancel;
+  CommOptions options;
+  options.timeout = absl::Seconds(600);
+  options.cancel = &cancel;
+  absl::Status s;
+  std::thread waiter([&] { s = g.comm(0).SendRecv({}, recvs, options); });
+  cancel.Cancel();
+  waiter.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_TRUE(g.comm(0).broken());
+}
+
 TEST(GlooCommunicatorTest, RendezvousWithoutPeerTimesOut) {
   InMemoryKvStore kv;
   auto factory = GlooCommunicatorFactory::Create(&kv, GlooOptions{});
