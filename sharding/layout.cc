@@ -70,7 +70,8 @@ absl::Status CheckNoOverlap(std::vector<RankedBox>& boxes, int ndim) {
     }
   }
   std::sort(boxes.begin(), boxes.end(), [sweep](const RankedBox& a, const RankedBox& b) {
-    if (a.box.offset(sweep) != b.box.offset(sweep)) return a.box.offset(sweep) < b.box.offset(sweep);
+    if (a.box.offset(sweep) != b.box.offset(sweep))
+      return a.box.offset(sweep) < b.box.offset(sweep);
     return a.box < b.box;
   });
   std::vector<size_t> active;
@@ -170,21 +171,19 @@ absl::Status ValidateLayout(const Shape& global_shape, absl::Span<const RankChun
     }
     if (rc.local_elements < 0) {
       return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " local buffer of ",
-                                                     rc.local_elements,
-                                                     " elements is negative"));
+                                                     rc.local_elements, " elements is negative"));
     }
     std::vector<std::pair<int64_t, int64_t>> local;  // [begin, end) in the local buffer.
     for (const Chunk& c : rc.chunks) {
       if (!InBoundsNoOverflow(c.box, global_shape)) {
-        return absl::InvalidArgumentError(absl::StrCat("rank ", rc.rank, " chunk ",
-                                                       UncheckedBoxString(c.box),
-                                                       " is out of bounds of tensor ",
-                                                       ShapeToString(global_shape)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rc.rank, " chunk ", UncheckedBoxString(c.box),
+                         " is out of bounds of tensor ", ShapeToString(global_shape)));
       }
       if (c.partial_index < 0 || c.partial_index >= num_partials) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rc.rank, " chunk ", c.box.ToString(), " has partial index ",
-            c.partial_index, " outside [0, ", num_partials, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rc.rank, " chunk ", c.box.ToString(), " has partial index ",
+                         c.partial_index, " outside [0, ", num_partials, ")"));
       }
       const int64_t v = c.box.Volume();
       if (c.local_offset < 0 || c.local_offset > rc.local_elements - v) {
@@ -225,8 +224,7 @@ absl::Status ValidateLayout(const Shape& global_shape, absl::Span<const RankChun
     for (size_t i = 0; i < boxes.size(); ++i) {
       if (i > 0 && boxes[i].box == boxes[i - 1].box) {
         if (boxes[i].rank == boxes[i - 1].rank) {
-          return absl::InvalidArgumentError(absl::StrCat("rank ", boxes[i].rank,
-                                                         " holds chunk ",
+          return absl::InvalidArgumentError(absl::StrCat("rank ", boxes[i].rank, " holds chunk ",
                                                          boxes[i].box.ToString(), " twice"));
         }
         continue;
@@ -237,10 +235,10 @@ absl::Status ValidateLayout(const Shape& global_shape, absl::Span<const RankChun
     int64_t covered = 0;
     for (const RankedBox& b : unique) covered += b.box.Volume();
     if (covered != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunks cover ", covered, " of the ", total, " elements of tensor ",
-          ShapeToString(global_shape),
-          num_partials > 1 ? absl::StrCat(" (partial contribution ", p, ")") : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks cover ", covered, " of the ", total, " elements of tensor ",
+                       ShapeToString(global_shape),
+                       num_partials > 1 ? absl::StrCat(" (partial contribution ", p, ")") : ""));
     }
   }
   return absl::OkStatus();
@@ -251,9 +249,9 @@ absl::StatusOr<Layout> Layout::FromPlacements(const DeviceMesh& mesh, const Shap
   if (absl::Status s = ValidateShape(global_shape); !s.ok()) return s;
   if (mesh.size() == 0) return absl::InvalidArgumentError("mesh is empty");
   if (static_cast<int>(placements.size()) != mesh.ndim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placements '", PlacementsToString(placements), "' have ", placements.size(),
-        " items but ", mesh.ToString(), " has ", mesh.ndim(), " dims"));
+    return absl::InvalidArgumentError(absl::StrCat("placements '", PlacementsToString(placements),
+                                                   "' have ", placements.size(), " items but ",
+                                                   mesh.ToString(), " has ", mesh.ndim(), " dims"));
   }
   const int ndim = static_cast<int>(global_shape.size());
   std::vector<Placement> norm(placements.begin(), placements.end());
@@ -263,35 +261,35 @@ absl::StatusOr<Layout> Layout::FromPlacements(const DeviceMesh& mesh, const Shap
     Placement& p = norm[i];
     if (p.is_shard()) {
       if (p.dim < -ndim || p.dim >= ndim) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "placement ", p.ToString(), " at mesh dim ", i, ": tensor of shape ",
-            ShapeToString(global_shape), " has ", ndim, " dims"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("placement ", p.ToString(), " at mesh dim ", i, ": tensor of shape ",
+                         ShapeToString(global_shape), " has ", ndim, " dims"));
       }
       if (p.dim < 0) p.dim += ndim;
       if (!p.sizes.empty() && static_cast<int64_t>(p.sizes.size()) != mesh.shape(i)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "placement ", p.ToString(), " at mesh dim ", i, " has ", p.sizes.size(),
-            " sizes but the mesh dim has ", mesh.shape(i), " positions"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("placement ", p.ToString(), " at mesh dim ", i, " has ", p.sizes.size(),
+                         " sizes but the mesh dim has ", mesh.shape(i), " positions"));
       }
     } else if (p.is_partial()) {
       if (have_partial && p.op != op) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "placements '", PlacementsToString(placements),
-            "' mix partial reduce ops; all Partial dims must use the same op"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("placements '", PlacementsToString(placements),
+                         "' mix partial reduce ops; all Partial dims must use the same op"));
       }
       have_partial = true;
       op = p.op;
     }
   }
-  Layout layout;
-  layout.global_shape_ = global_shape;
-  layout.mesh_ = mesh;
-  layout.placements_ = norm;
-  layout.partial_op_ = op;
+  auto rep = std::make_shared<Rep>();
+  rep->global_shape_ = global_shape;
+  rep->mesh_ = mesh;
+  rep->placements_ = norm;
+  rep->partial_op_ = op;
   for (size_t i = 0; i < norm.size(); ++i) {
-    if (norm[i].is_partial()) layout.num_partials_ *= mesh.shape(i);
+    if (norm[i].is_partial()) rep->num_partials_ *= mesh.shape(i);
   }
-  layout.ranks_.reserve(mesh.size());
+  rep->ranks_.reserve(mesh.size());
   for (int64_t idx = 0; idx < mesh.size(); ++idx) {
     RankChunks rc;
     rc.rank = mesh.ranks()[idx];
@@ -322,10 +320,10 @@ absl::StatusOr<Layout> Layout::FromPlacements(const DeviceMesh& mesh, const Shap
           if (!overflow) overflow = __builtin_add_overflow(sum, s, &sum);
         }
         if (overflow || sum != n) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "placement ", p.ToString(), " at mesh dim ", i, ": sizes sum to ",
-              overflow ? std::string("more than int64 max") : absl::StrCat(sum),
-              " but the extent of tensor dim ", d, " there is ", n));
+          return absl::InvalidArgumentError(
+              absl::StrCat("placement ", p.ToString(), " at mesh dim ", i, ": sizes sum to ",
+                           overflow ? std::string("more than int64 max") : absl::StrCat(sum),
+                           " but the extent of tensor dim ", d, " there is ", n));
         }
         start = std::accumulate(p.sizes.begin(), p.sizes.begin() + j, int64_t{0});
         size = p.sizes[j];
@@ -336,9 +334,11 @@ absl::StatusOr<Layout> Layout::FromPlacements(const DeviceMesh& mesh, const Shap
     Chunk c{Box(std::move(off), std::move(shp)), 0, partial_index};
     rc.local_elements = c.box.Volume();
     rc.chunks.push_back(std::move(c));
-    layout.index_of_rank_[rc.rank] = idx;
-    layout.ranks_.push_back(std::move(rc));
+    rep->index_of_rank_[rc.rank] = idx;
+    rep->ranks_.push_back(std::move(rc));
   }
+  Layout layout;
+  layout.rep_ = std::move(rep);
   return layout;
 }
 
@@ -347,8 +347,8 @@ absl::StatusOr<Layout> Layout::FromFlat(const DeviceMesh& mesh, const Shape& glo
   if (absl::Status s = ValidateShape(global_shape); !s.ok()) return s;
   if (static_cast<int64_t>(spec.size()) != mesh.size()) {
     return absl::InvalidArgumentError(absl::StrCat("flat spec has ", spec.size(),
-                                                   " rank groups but ", mesh.ToString(),
-                                                   " has ", mesh.size(), " ranks"));
+                                                   " rank groups but ", mesh.ToString(), " has ",
+                                                   mesh.size(), " ranks"));
   }
   const int64_t total = Box::Whole(global_shape).Volume();
   std::vector<RankChunks> ranks;
@@ -358,9 +358,9 @@ absl::StatusOr<Layout> Layout::FromFlat(const DeviceMesh& mesh, const Shape& glo
     rc.coord = mesh.CoordAtIndex(idx);
     for (const FlatRange& r : spec[idx]) {
       if (r.start < 0 || r.end < r.start || r.end > total) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "flat range ", r.start, ":", r.end, " of rank ", rc.rank,
-            " is outside the flattened tensor [0, ", total, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("flat range ", r.start, ":", r.end, " of rank ", rc.rank,
+                         " is outside the flattened tensor [0, ", total, ")"));
       }
       for (Box& b : FlatRangeToBoxes(global_shape, r.start, r.end)) {
         const int64_t v = b.Volume();
@@ -370,76 +370,96 @@ absl::StatusOr<Layout> Layout::FromFlat(const DeviceMesh& mesh, const Shape& glo
     }
     ranks.push_back(std::move(rc));
   }
-  absl::StatusOr<Layout> layout = FromChunks(global_shape, std::move(ranks));
-  if (!layout.ok()) return layout.status();
-  layout->mesh_ = mesh;
-  layout->flat_spec_ = spec;
+  if (absl::Status s = ValidateLayout(global_shape, ranks); !s.ok()) return s;
+  std::shared_ptr<Rep> rep = ChunkRep(global_shape, std::move(ranks), 1, ReduceOp::kSum);
+  rep->mesh_ = mesh;
+  rep->flat_spec_ = spec;
+  Layout layout;
+  layout.rep_ = std::move(rep);
   return layout;
 }
 
-absl::StatusOr<Layout> Layout::FromChunks(const Shape& global_shape,
-                                          std::vector<RankChunks> ranks, int64_t num_partials,
-                                          ReduceOp partial_op) {
+absl::StatusOr<Layout> Layout::FromChunks(const Shape& global_shape, std::vector<RankChunks> ranks,
+                                          int64_t num_partials, ReduceOp partial_op) {
   if (absl::Status s = ValidateLayout(global_shape, ranks, num_partials); !s.ok()) return s;
   Layout layout;
-  layout.global_shape_ = global_shape;
-  layout.num_partials_ = num_partials;
-  layout.partial_op_ = partial_op;
-  layout.ranks_ = std::move(ranks);
-  for (size_t i = 0; i < layout.ranks_.size(); ++i) {
-    layout.index_of_rank_[layout.ranks_[i].rank] = static_cast<int64_t>(i);
-  }
+  layout.rep_ = ChunkRep(global_shape, std::move(ranks), num_partials, partial_op);
   return layout;
+}
+
+std::shared_ptr<Layout::Rep> Layout::ChunkRep(const Shape& global_shape,
+                                              std::vector<RankChunks> ranks, int64_t num_partials,
+                                              ReduceOp partial_op) {
+  auto rep = std::make_shared<Rep>();
+  rep->global_shape_ = global_shape;
+  rep->num_partials_ = num_partials;
+  rep->partial_op_ = partial_op;
+  rep->ranks_ = std::move(ranks);
+  for (size_t i = 0; i < rep->ranks_.size(); ++i) {
+    rep->index_of_rank_[rep->ranks_[i].rank] = static_cast<int64_t>(i);
+  }
+  return rep;
+}
+
+const std::shared_ptr<const Layout::Rep>& Layout::EmptyRep() {
+  static const auto* empty = new std::shared_ptr<const Rep>(std::make_shared<Rep>());
+  return *empty;
 }
 
 const RankChunks* Layout::Find(int64_t rank) const {
-  auto it = index_of_rank_.find(rank);
-  return it == index_of_rank_.end() ? nullptr : &ranks_[it->second];
+  auto it = rep_->index_of_rank_.find(rank);
+  return it == rep_->index_of_rank_.end() ? nullptr : &rep_->ranks_[it->second];
 }
 
 std::vector<int64_t> Layout::RankIds() const {
   std::vector<int64_t> ids;
-  ids.reserve(ranks_.size());
-  for (const RankChunks& rc : ranks_) ids.push_back(rc.rank);
+  ids.reserve(rep_->ranks_.size());
+  for (const RankChunks& rc : rep_->ranks_) ids.push_back(rc.rank);
   return ids;
 }
 
 std::string Layout::SpecString() const {
-  std::string where = mesh_.has_value() ? absl::StrCat(" on mesh ", mesh_->ShapeString())
-                                        : absl::StrCat(" on ", ranks_.size(), " ranks");
-  if (!placements_.empty()) return absl::StrCat(PlacementsToString(placements_), where);
-  if (flat_spec_.has_value()) return absl::StrCat("flat ", FlatSpecToString(*flat_spec_), where);
+  std::string where = rep_->mesh_.has_value()
+                          ? absl::StrCat(" on mesh ", rep_->mesh_->ShapeString())
+                          : absl::StrCat(" on ", rep_->ranks_.size(), " ranks");
+  if (!rep_->placements_.empty()) return absl::StrCat(PlacementsToString(rep_->placements_), where);
+  if (rep_->flat_spec_.has_value())
+    return absl::StrCat("flat ", FlatSpecToString(*rep_->flat_spec_), where);
   return absl::StrCat("chunks", where);
 }
 
 std::string Layout::Fingerprint() const {
-  std::string fp = absl::StrCat(ShapeToString(global_shape_), "|", num_partials_, ReduceOpName(partial_op_));
-  if (!placements_.empty()) {
+  std::string fp = absl::StrCat(ShapeToString(rep_->global_shape_), "|", rep_->num_partials_,
+                                ReduceOpName(rep_->partial_op_));
+  if (!rep_->placements_.empty()) {
     // Exact and compact: placement layouts are a function of these.
-    absl::StrAppend(&fp, "|P|", mesh_->ShapeString(), "|", absl::StrJoin(mesh_->ranks(), ","),
-                    "|", PlacementsToString(placements_));
+    absl::StrAppend(&fp, "|P|", rep_->mesh_->ShapeString(), "|",
+                    absl::StrJoin(rep_->mesh_->ranks(), ","), "|",
+                    PlacementsToString(rep_->placements_));
     return fp;
   }
-  for (const RankChunks& rc : ranks_) {
+  for (const RankChunks& rc : rep_->ranks_) {
     absl::StrAppend(&fp, "|", rc.rank, ":", rc.local_elements);
     for (const Chunk& c : rc.chunks) {
       absl::StrAppend(&fp, ";", absl::StrJoin(c.box.offset(), ","), "+",
-                      absl::StrJoin(c.box.shape(), ","), "@", c.local_offset, "p",
-                      c.partial_index);
+                      absl::StrJoin(c.box.shape(), ","), "@", c.local_offset, "p", c.partial_index);
     }
   }
   return fp;
 }
 
 bool operator==(const Layout& a, const Layout& b) {
-  if (a.global_shape_ != b.global_shape_ || a.num_partials_ != b.num_partials_ ||
-      a.partial_op_ != b.partial_op_ || a.ranks_.size() != b.ranks_.size()) {
+  if (a.rep_ == b.rep_) return true;
+  if (a.rep_->global_shape_ != b.rep_->global_shape_ ||
+      a.rep_->num_partials_ != b.rep_->num_partials_ ||
+      a.rep_->partial_op_ != b.rep_->partial_op_ ||
+      a.rep_->ranks_.size() != b.rep_->ranks_.size()) {
     return false;
   }
-  for (size_t i = 0; i < a.ranks_.size(); ++i) {
-    if (a.ranks_[i].rank != b.ranks_[i].rank ||
-        a.ranks_[i].local_elements != b.ranks_[i].local_elements ||
-        a.ranks_[i].chunks != b.ranks_[i].chunks) {
+  for (size_t i = 0; i < a.rep_->ranks_.size(); ++i) {
+    if (a.rep_->ranks_[i].rank != b.rep_->ranks_[i].rank ||
+        a.rep_->ranks_[i].local_elements != b.rep_->ranks_[i].local_elements ||
+        a.rep_->ranks_[i].chunks != b.rep_->ranks_[i].chunks) {
       return false;
     }
   }

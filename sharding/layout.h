@@ -2,6 +2,7 @@
 #define SHARDCOORD_SHARDING_LAYOUT_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,8 +28,7 @@ struct Chunk {
   int64_t partial_index = 0;
 
   friend bool operator==(const Chunk& a, const Chunk& b) {
-    return a.box == b.box && a.local_offset == b.local_offset &&
-           a.partial_index == b.partial_index;
+    return a.box == b.box && a.local_offset == b.local_offset && a.partial_index == b.partial_index;
   }
 };
 
@@ -61,28 +61,27 @@ class Layout {
 
   // Arbitrary chunk metadata (e.g. reported by workers). `num_partials` > 1 means chunk
   // partial_index values in [0, num_partials) reduce with `partial_op`.
-  static absl::StatusOr<Layout> FromChunks(const Shape& global_shape,
-                                           std::vector<RankChunks> ranks,
+  static absl::StatusOr<Layout> FromChunks(const Shape& global_shape, std::vector<RankChunks> ranks,
                                            int64_t num_partials = 1,
                                            ReduceOp partial_op = ReduceOp::kSum);
 
-  const Shape& global_shape() const { return global_shape_; }
-  int ndim() const { return static_cast<int>(global_shape_.size()); }
-  int64_t num_elements() const { return Box::Whole(global_shape_).Volume(); }
+  const Shape& global_shape() const { return rep_->global_shape_; }
+  int ndim() const { return static_cast<int>(rep_->global_shape_.size()); }
+  int64_t num_elements() const { return Box::Whole(rep_->global_shape_).Volume(); }
   // Ranks in mesh order (or the order given to FromChunks).
-  const std::vector<RankChunks>& ranks() const { return ranks_; }
+  const std::vector<RankChunks>& ranks() const { return rep_->ranks_; }
   // nullptr if `rank` holds nothing of this tensor.
   const RankChunks* Find(int64_t rank) const;
   std::vector<int64_t> RankIds() const;
 
-  const std::optional<DeviceMesh>& mesh() const { return mesh_; }
+  const std::optional<DeviceMesh>& mesh() const { return rep_->mesh_; }
   // The placements this was built from (empty for flat or chunk layouts).
-  const std::vector<Placement>& placements() const { return placements_; }
-  const std::optional<FlatSpec>& flat_spec() const { return flat_spec_; }
+  const std::vector<Placement>& placements() const { return rep_->placements_; }
+  const std::optional<FlatSpec>& flat_spec() const { return rep_->flat_spec_; }
 
-  bool is_partial() const { return num_partials_ > 1; }
-  int64_t num_partials() const { return num_partials_; }
-  ReduceOp partial_op() const { return partial_op_; }
+  bool is_partial() const { return rep_->num_partials_ > 1; }
+  int64_t num_partials() const { return rep_->num_partials_; }
+  ReduceOp partial_op() const { return rep_->partial_op_; }
 
   // Human description of the spec: "S(0),R on mesh 2x2" or "flat 0:4;4:8 on 2 ranks".
   std::string SpecString() const;
@@ -92,14 +91,24 @@ class Layout {
   friend bool operator==(const Layout& a, const Layout& b);
 
  private:
-  Shape global_shape_;
-  std::vector<RankChunks> ranks_;
-  absl::flat_hash_map<int64_t, int64_t> index_of_rank_;
-  std::optional<DeviceMesh> mesh_;
-  std::vector<Placement> placements_;
-  std::optional<FlatSpec> flat_spec_;
-  int64_t num_partials_ = 1;
-  ReduceOp partial_op_ = ReduceOp::kSum;
+  // Layouts are immutable once built and large at scale (4096 ranks: thousands of small
+  // allocations), so copies share one representation: plans and caches copy them freely.
+  struct Rep {
+    Shape global_shape_;
+    std::vector<RankChunks> ranks_;
+    absl::flat_hash_map<int64_t, int64_t> index_of_rank_;
+    std::optional<DeviceMesh> mesh_;
+    std::vector<Placement> placements_;
+    std::optional<FlatSpec> flat_spec_;
+    int64_t num_partials_ = 1;
+    ReduceOp partial_op_ = ReduceOp::kSum;
+  };
+  static const std::shared_ptr<const Rep>& EmptyRep();
+  // Builds the rep of an already validated chunk list.
+  static std::shared_ptr<Rep> ChunkRep(const Shape& global_shape, std::vector<RankChunks> ranks,
+                                       int64_t num_partials, ReduceOp partial_op);
+
+  std::shared_ptr<const Rep> rep_ = EmptyRep();
 };
 
 // Chunk-metadata validation, as Megatron's validate_uneven_dtensor and stricter: every chunk
