@@ -31,7 +31,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   po.use_collectives = options_.use_collectives;
   po.failure_grace = options_.heartbeat_timeout;
   po.on_plan_end = [this](const PlanProgress& p, const std::string& prefix) {
-    kv_.DeletePrefix(prefix);
+    if (!prefix.empty()) kv_.DeletePrefix(prefix);
     if (p.state == PlanState::kCommitted) {
       spdlog::info("plan {} on {} committed: {} bytes in {:.3f}s", p.plan_id, p.tensor,
                    p.bytes_total, p.seconds);

@@ -173,11 +173,12 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
     }
   }
 
-  std::string id;
+  std::string id, prefix;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
     id = absl::StrCat("p-", next_plan_++);
+    prefix = absl::StrCat("shardcoord/comm/", comm_epoch_, "/");
   }
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, target->mesh);
   if (!rec.ok()) return rec.status();
@@ -201,7 +202,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
   e.target_spec = target->spec;
   e.source_version = rec->version;
   e.target_version = tensors_->NewVersion();
-  e.communicator_prefix = absl::StrCat("shardcoord/plan/", id, "/");
+  e.communicator_prefix = prefix;
   FragmentOptions fo;
   fo.plan_id = id;
   fo.tensor = tensor;
@@ -542,6 +543,10 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
     Entry& e = it->second;
     e.state = PlanState::kAborted;
     e.error = reason;
+    // Before the tensor is released below, so no later plan reuses this epoch's keys.
+    if (e.communicator_prefix == absl::StrCat("shardcoord/comm/", comm_epoch_, "/")) {
+      ++comm_epoch_;
+    }
     e.end = clock_->Now();
     for (const auto& [r, p] : e.participants) participants.push_back(p.endpoint);
     tensor = e.tensor;
@@ -600,7 +605,9 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     done.swap(e.done);
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
-    prefix = e.communicator_prefix;
+    // Only an abort retires the epoch's rendezvous keys (Abort moved the epoch on); a
+    // committed plan leaves its communicators to the next plans over the same groups.
+    if (!status.ok()) prefix = e.communicator_prefix;
     e.completed = true;
     RetireLocked(id);
   }

@@ -69,9 +69,9 @@ struct PlanManagerOptions {
   size_t keep_ended_plans = 1024;
   bool use_collectives = true;
   CostModel cost;
-  // Called when a plan ends (before its callbacks) with its final progress and the
-  // rendezvous key prefix its fragments used (the daemon logs it and deletes those keys
-  // from the KvStore).
+  // Called when a plan ends (before its callbacks) with its final progress and, for an
+  // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
+  // communicators stay in use); the daemon logs it and deletes those keys from the KvStore.
   std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
 };
 
@@ -242,6 +242,10 @@ class PlanManager : public WorkerListener {
   std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;
+  // Communicators are reused across plans: their rendezvous prefix is per epoch, not per
+  // plan, and the epoch moves on after every abort, because after a failure some members may
+  // hold broken communicators and others healthy ones, and only new keys meet again.
+  int64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string closed_ ABSL_GUARDED_BY(mu_);  // Why new plans are refused, after Shutdown.
 };
