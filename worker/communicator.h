@@ -199,12 +199,15 @@ class CommunicatorFactory {
 // different groups run concurrently (so two plans building different groups in different
 // orders on different workers cannot deadlock); concurrent Gets of one key share one build.
 //
-// Contract with the coordinator: communicator_prefix is unique per plan. All steps of a plan
-// over one group share one communicator; FinishPlan releases the plan's prefix. A member
-// that restarted has a new incarnation and so a new key on every member. A broken
-// communicator is dropped and rebuilt on the next Get of its key; the rebuild only meets its
-// peers if they rebuild too, which the plan abort that follows every failure ensures: the
-// next plan has a new prefix.
+// Contract with the coordinator: communicator_prefix names a rendezvous epoch. Plans in one
+// epoch share communicators (their ops are kept apart by tags), so a group pays one
+// rendezvous per epoch, and builds of one group meet under the same keys whichever plan
+// triggered them. After any failure some members may hold broken communicators and others
+// healthy ones, so an abort retires the epoch: the coordinator moves to a new prefix and
+// FinishPlan(abort) releases the old one here. A member that restarted has a new incarnation
+// and so a new key on every member. A per-plan prefix works too (then FinishPlan should also
+// release on commit, or entries accumulate). A broken communicator is dropped and rebuilt
+// on the next Get of its key.
 class CommunicatorCache {
  public:
   explicit CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory);

@@ -733,19 +733,27 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   }
 
   ExecuteResult result;
+  std::map<std::vector<int64_t>, std::shared_ptr<Communicator>> held_communicators;
   for (size_t i = 0; i < f.steps.size(); ++i) {
     const Step& step = f.steps[i];
     const std::string name = StepName(f, i);
     if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled before ", name));
     const absl::Time start = absl::Now();
-    CommunicatorSpec spec;
-    spec.ranks = step.ranks;
-    for (int64_t r : step.ranks) spec.incarnations.push_back(f.member_incarnations.at(r));
-    spec.my_rank = f.rank;
-    spec.key_prefix = f.communicator_prefix;
-    spec.timeout = timeout;
-    absl::StatusOr<std::shared_ptr<Communicator>> comm = input.communicators->Get(spec);
-    if (!comm.ok()) return Annotate(comm.status(), name);
+    // Held for the whole fragment: a release of the prefix (another plan's abort) must not
+    // make a later step rebuild a group this plan already uses.
+    std::shared_ptr<Communicator>& held = held_communicators[step.ranks];
+    if (held == nullptr) {
+      CommunicatorSpec spec;
+      spec.ranks = step.ranks;
+      for (int64_t r : step.ranks) spec.incarnations.push_back(f.member_incarnations.at(r));
+      spec.my_rank = f.rank;
+      spec.key_prefix = f.communicator_prefix;
+      spec.timeout = timeout;
+      absl::StatusOr<std::shared_ptr<Communicator>> got = input.communicators->Get(spec);
+      if (!got.ok()) return Annotate(got.status(), name);
+      held = *std::move(got);
+    }
+    std::shared_ptr<Communicator>* comm = &held;
     StepShape& shape = shapes[i];
     const bool copy = shape.method == StepMethod::kAllGatherV ||
                       shape.method == StepMethod::kAllToAllV ||

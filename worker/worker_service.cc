@@ -214,8 +214,13 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   if (log_ && run != nullptr) {
     log_(absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
   }
-  // The run (and its target buffer, unless stored) goes when its thread is done with it.
-  if (run != nullptr) communicators_->ReleasePrefix(run->fragment.communicator_prefix);
+  // Communicators outlive a committed plan: the coordinator reuses the rendezvous prefix for
+  // later plans over the same groups (one rendezvous per group, not per plan). An abort
+  // retires the prefix everywhere, so drop them. The run (and its target buffer, unless
+  // stored) goes when its thread is done with it.
+  if (run != nullptr && !request.commit()) {
+    communicators_->ReleasePrefix(run->fragment.communicator_prefix);
+  }
   return absl::OkStatus();
 }
 

@@ -44,10 +44,12 @@ constexpr int64_t kMaxChunkMessageBytes = int64_t{1} << 20;
 // never share a bounded pool); when it ends, the target buffer is stored under (tensor,
 // target_version) (success only) and the result is reported with ReportChunks (final=true:
 // chunks with checksums, or the error). Between steps it reports bytes_done (final=false).
-// FinishPlan commit drops `drop_version` (never the plan's own target version); FinishPlan
-// abort cancels the fragment (between steps; a step in flight ends within the step timeout)
-// and drops its target buffer. Both release the plan's communicators and are idempotent;
-// an Execute for a plan that was finished is ABORTED.
+// FinishPlan commit drops `drop_version` (never the plan's own target version) and keeps the
+// communicators for later plans of the same rendezvous epoch; FinishPlan abort cancels the
+// fragment (a Gloo exchange in flight is interrupted; a blocking collective ends within the
+// step timeout), drops its target buffer and releases the communicators of its rendezvous
+// prefix (see CommunicatorCache). Both are idempotent; an Execute for a plan that was
+// finished is ABORTED.
 class WorkerCore {
  public:
   // `log` (optional) receives one line per plan event (start, result with per-step timings,

@@ -288,7 +288,7 @@ TEST_F(LifecycleTest, ExecuteReportCommitRead) {
       for (int64_t j = box.offset(1); j < box.end(1); ++j) want.push_back(i * 12 + j);
     }
     EXPECT_EQ(got, want) << "rank " << r;
-    EXPECT_EQ(workers_[r]->cache.size(), 0);  // FinishPlan released the communicators.
+    EXPECT_EQ(workers_[r]->cache.size(), 1);  // Kept for the next plan of the epoch.
   }
   EXPECT_EQ(workers_[0]->core.Execute(Fragment(0, "p1")).code(), absl::StatusCode::kAborted);
 }
@@ -340,6 +340,7 @@ TEST_F(LifecycleTest, AbortAfterSuccessDropsTheNewBuffer) {
   for (int r = 0; r < 4; ++r) {
     ASSERT_NE(workers_[r]->buffers.Find("T", 2), nullptr);
     ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p3", false)).ok());
+    EXPECT_EQ(workers_[r]->cache.size(), 0);  // The abort retired the prefix.
     EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
     EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
   }
