@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
+#include "sharding/float16.h"
 #include "sharding/placement.h"
 
 namespace shardcoord {
@@ -42,13 +43,6 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
 // data[i] /= divisor for `count` contiguous elements (integers truncate toward zero, as C++
 // and torch's trunc division do). `divisor` must be positive.
 absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor);
-
-// IEEE binary16 and bfloat16 conversions. Float to 16-bit rounds to nearest even; overflow
-// gives infinity; NaN stays NaN (quieted).
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
 
 }  // namespace shardcoord
 

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
+#include "sharding/float16.h"
 
 namespace shardcoord {
 
@@ -23,12 +24,6 @@ double FillValue(FillKind kind, uint64_t seed, int64_t flat_index);
 // bf16 round to nearest even).
 absl::Status FillBox(FillKind kind, uint64_t seed, const Shape& global_shape, const Box& box,
                      DType dtype, void* out);
-
-// Converts between float and IEEE half / bfloat16 (round to nearest even).
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-uint16_t FloatToBFloat16(float f);
-float BFloat16ToFloat(uint16_t b);
 
 // Reads element `i` of a buffer of `dtype` as a double (for checks and reductions).
 double LoadAsDouble(const void* data, DType dtype, int64_t i);
