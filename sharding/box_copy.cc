@@ -11,19 +11,6 @@
 namespace shardcoord {
 namespace {
 
-// How to walk a region: `run_bytes`-long contiguous runs, one per point of the outer dims
-// (outermost first, dims of extent 1 dropped), at byte offsets advanced by the strides.
-struct RunPlan {
-  bool empty = false;
-  int64_t run_elems = 0;
-  int64_t run_bytes = 0;
-  int64_t src_start = 0;
-  int64_t dst_start = 0;
-  std::vector<int64_t> count;
-  std::vector<int64_t> src_stride;
-  std::vector<int64_t> dst_stride;
-};
-
 absl::Status CheckBox(const Box& box, const char* what) {
   for (int d = 0; d < box.ndim(); ++d) {
     if (box.shape(d) < 0) {
@@ -34,15 +21,17 @@ absl::Status CheckBox(const Box& box, const char* what) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RunPlan> MakePlan(const Box& region, const Box& src_box, const Box& dst_box,
-                                 int64_t element_size) {
+}  // namespace
+
+absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, const Box& dst_box,
+                                        int64_t element_size) {
   if (element_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("element size ", element_size, " <= 0"));
   }
   if (region.ndim() != src_box.ndim() || region.ndim() != dst_box.ndim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "region ", region.ToString(), ", source box ", src_box.ToString(),
-        " and destination box ", dst_box.ToString(), " differ in rank"));
+    return absl::InvalidArgumentError(absl::StrCat("region ", region.ToString(), ", source box ",
+                                                   src_box.ToString(), " and destination box ",
+                                                   dst_box.ToString(), " differ in rank"));
   }
   if (absl::Status s = CheckBox(region, "region"); !s.ok()) return s;
   if (absl::Status s = CheckBox(src_box, "source box"); !s.ok()) return s;
@@ -50,20 +39,18 @@ absl::StatusOr<RunPlan> MakePlan(const Box& region, const Box& src_box, const Bo
   // Buffers whose byte size overflows cannot exist; checking here keeps all offsets in range.
   if (absl::Status s = CheckedBytes(src_box.shape(), element_size).status(); !s.ok()) return s;
   if (absl::Status s = CheckedBytes(dst_box.shape(), element_size).status(); !s.ok()) return s;
-  RunPlan plan;
+  BoxCopyRuns plan;
   if (region.Empty()) {
     plan.empty = true;
     return plan;
   }
   if (!src_box.Contains(region)) {
-    return absl::InvalidArgumentError(absl::StrCat("region ", region.ToString(),
-                                                   " is not inside source box ",
-                                                   src_box.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region ", region.ToString(), " is not inside source box ", src_box.ToString()));
   }
   if (!dst_box.Contains(region)) {
-    return absl::InvalidArgumentError(absl::StrCat("region ", region.ToString(),
-                                                   " is not inside destination box ",
-                                                   dst_box.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "region ", region.ToString(), " is not inside destination box ", dst_box.ToString()));
   }
   const int nd = region.ndim();
   // Dims [inner, nd) form one contiguous run: every dim after `inner` is spanned fully in
@@ -91,10 +78,12 @@ absl::StatusOr<RunPlan> MakePlan(const Box& region, const Box& src_box, const Bo
   return plan;
 }
 
+namespace {
+
 // Calls fn(src_run, dst_run) for every run: a tight loop over the innermost outer dim and an
 // odometer over the rest.
 template <typename Fn>
-void ForEachRun(const RunPlan& p, const char* src, char* dst, Fn fn) {
+void ForEachRun(const BoxCopyRuns& p, const char* src, char* dst, Fn fn) {
   src += p.src_start;
   dst += p.dst_start;
   const int n = static_cast<int>(p.count.size());
@@ -126,7 +115,7 @@ void ForEachRun(const RunPlan& p, const char* src, char* dst, Fn fn) {
 // A compile-time run length lets the compiler turn memcpy into plain loads and stores,
 // which matters when the run is a single small element.
 template <int64_t kBytes>
-void CopyFixed(const RunPlan& p, const char* src, char* dst) {
+void CopyFixed(const BoxCopyRuns& p, const char* src, char* dst) {
   ForEachRun(p, src, dst, [](const char* s, char* d) { std::memcpy(d, s, kBytes); });
 }
 
@@ -189,7 +178,7 @@ void CombineRun16(char* dst, const char* src, int64_t n, Op op) {
 }
 
 template <typename Op>
-void ReduceWith(const RunPlan& p, const char* src, char* dst, DType dtype, Op op) {
+void ReduceWith(const BoxCopyRuns& p, const char* src, char* dst, DType dtype, Op op) {
   const int64_t n = p.run_elems;
   auto run = [&](auto combine) { ForEachRun(p, src, dst, combine); };
   switch (dtype) {
@@ -259,7 +248,7 @@ void Divide16(char* data, int64_t count, int64_t divisor) {
 
 absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
                      const Box& dst_box, int64_t element_size) {
-  absl::StatusOr<RunPlan> plan = MakePlan(region, src_box, dst_box, element_size);
+  absl::StatusOr<BoxCopyRuns> plan = PlanBoxCopy(region, src_box, dst_box, element_size);
   if (!plan.ok()) return plan.status();
   if (plan->empty) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
@@ -269,16 +258,25 @@ absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, voi
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
   switch (plan->run_bytes) {
-    case 1: CopyFixed<1>(*plan, s, d); break;
-    case 2: CopyFixed<2>(*plan, s, d); break;
-    case 4: CopyFixed<4>(*plan, s, d); break;
-    case 8: CopyFixed<8>(*plan, s, d); break;
-    case 16: CopyFixed<16>(*plan, s, d); break;
+    case 1:
+      CopyFixed<1>(*plan, s, d);
+      break;
+    case 2:
+      CopyFixed<2>(*plan, s, d);
+      break;
+    case 4:
+      CopyFixed<4>(*plan, s, d);
+      break;
+    case 8:
+      CopyFixed<8>(*plan, s, d);
+      break;
+    case 16:
+      CopyFixed<16>(*plan, s, d);
+      break;
     default: {
       const size_t bytes = static_cast<size_t>(plan->run_bytes);
-      ForEachRun(*plan, s, d, [bytes](const char* from, char* to) {
-        std::memcpy(to, from, bytes);
-      });
+      ForEachRun(*plan, s, d,
+                 [bytes](const char* from, char* to) { std::memcpy(to, from, bytes); });
     }
   }
   return absl::OkStatus();
@@ -306,7 +304,7 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
         absl::StrCat("reduce op ", ReduceOpName(op),
                      " is not element-wise; reduce with sum and then DivideBox"));
   }
-  absl::StatusOr<RunPlan> plan = MakePlan(region, src_box, dst_box, element_size);
+  absl::StatusOr<BoxCopyRuns> plan = PlanBoxCopy(region, src_box, dst_box, element_size);
   if (!plan.ok()) return plan.status();
   if (plan->empty) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
@@ -316,10 +314,17 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
   switch (op) {
-    case ReduceOp::kSum: ReduceWith(*plan, s, d, dtype, SumOp()); break;
-    case ReduceOp::kMin: ReduceWith(*plan, s, d, dtype, MinOp()); break;
-    case ReduceOp::kMax: ReduceWith(*plan, s, d, dtype, MaxOp()); break;
-    case ReduceOp::kAvg: break;  // Rejected above.
+    case ReduceOp::kSum:
+      ReduceWith(*plan, s, d, dtype, SumOp());
+      break;
+    case ReduceOp::kMin:
+      ReduceWith(*plan, s, d, dtype, MinOp());
+      break;
+    case ReduceOp::kMax:
+      ReduceWith(*plan, s, d, dtype, MaxOp());
+      break;
+    case ReduceOp::kAvg:
+      break;  // Rejected above.
   }
   return absl::OkStatus();
 }
@@ -339,14 +344,30 @@ absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) 
   }
   char* p = static_cast<char*>(data);
   switch (dtype) {
-    case DType::kF32: DivideFloats<float>(p, count, divisor); break;
-    case DType::kF64: DivideFloats<double>(p, count, divisor); break;
-    case DType::kF16: Divide16<HalfToFloat, FloatToHalf>(p, count, divisor); break;
-    case DType::kBF16: Divide16<BFloat16ToFloat, FloatToBFloat16>(p, count, divisor); break;
-    case DType::kI8: DivideInts<int8_t>(p, count, divisor); break;
-    case DType::kU8: DivideInts<uint8_t>(p, count, divisor); break;
-    case DType::kI32: DivideInts<int32_t>(p, count, divisor); break;
-    case DType::kI64: DivideInts<int64_t>(p, count, divisor); break;
+    case DType::kF32:
+      DivideFloats<float>(p, count, divisor);
+      break;
+    case DType::kF64:
+      DivideFloats<double>(p, count, divisor);
+      break;
+    case DType::kF16:
+      Divide16<HalfToFloat, FloatToHalf>(p, count, divisor);
+      break;
+    case DType::kBF16:
+      Divide16<BFloat16ToFloat, FloatToBFloat16>(p, count, divisor);
+      break;
+    case DType::kI8:
+      DivideInts<int8_t>(p, count, divisor);
+      break;
+    case DType::kU8:
+      DivideInts<uint8_t>(p, count, divisor);
+      break;
+    case DType::kI32:
+      DivideInts<int32_t>(p, count, divisor);
+      break;
+    case DType::kI64:
+      DivideInts<int64_t>(p, count, divisor);
+      break;
   }
   return absl::OkStatus();
 }

@@ -2,8 +2,10 @@
 #define SHARDCOORD_SHARDING_BOX_COPY_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
 #include "sharding/float16.h"
@@ -18,6 +20,27 @@ namespace shardcoord {
 // `region` lies inside both buffers' boxes (INVALID_ARGUMENT naming the boxes otherwise).
 // An empty region copies nothing and may take null pointers. Source and destination memory
 // must not overlap.
+
+// How a copy of `region` between two row-major chunk buffers (of `src_box`, `dst_box`) walks
+// memory: `run_bytes`-long contiguous runs (trailing dims spanned fully by both boxes merge
+// into one run), one per point of the outer dims (outermost first, dims of extent 1
+// dropped), at byte offsets advanced by the strides. CopyBox and the device kernels
+// (worker/backends/nccl) share it, so host and GPU agree on the geometry and its checks.
+struct BoxCopyRuns {
+  bool empty = false;
+  int64_t run_elems = 0;
+  int64_t run_bytes = 0;
+  int64_t src_start = 0;
+  int64_t dst_start = 0;
+  std::vector<int64_t> count;
+  std::vector<int64_t> src_stride;
+  std::vector<int64_t> dst_stride;
+};
+
+// INVALID_ARGUMENT as CopyBox: ranks differ, negative extents, an element size <= 0, byte
+// sizes that overflow, or a non-empty region outside either box.
+absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, const Box& dst_box,
+                                        int64_t element_size);
 
 // Copies the elements of `region` from `src` (a buffer for `src_box`) to `dst` (a buffer for
 // `dst_box`). Trailing dims that `region` spans fully in both boxes merge into one
