@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -67,8 +68,8 @@ int Main(int argc, char** argv) {
   std::string backend = "auto";
   std::string device = "cpu";
   std::string gloo_host;
-  double step_timeout_s = 60;
-  double register_timeout_s = 60;
+  // Durations as the coordinator's flags take them: 60s, 500ms, 2m.
+  std::string step_timeout = "60s", register_timeout = "60s";
   std::string log_level = "info";
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
@@ -86,17 +87,25 @@ int Main(int argc, char** argv) {
   app.add_option("--gloo-host", gloo_host,
                  "Address Gloo binds and advertises (default: the --listen host, or --host "
                  "when that is a wildcard)");
-  app.add_option("--step-timeout", step_timeout_s,
-                 "Seconds one plan step may take when the plan gives no timeout")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--step-timeout", step_timeout,
+                 "How long one plan step may take when the plan gives no timeout")
       ->capture_default_str();
-  app.add_option("--register-timeout", register_timeout_s,
-                 "Seconds to keep trying to register with the coordinator at startup")
-      ->check(CLI::PositiveNumber)
+  app.add_option("--register-timeout", register_timeout,
+                 "How long to keep trying to register with the coordinator at startup")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  absl::Duration step_timeout_d, register_timeout_d;
+  for (auto [name, text, out] :
+       {std::make_tuple("step-timeout", &step_timeout, &step_timeout_d),
+        std::make_tuple("register-timeout", &register_timeout, &register_timeout_d)}) {
+    if (!absl::ParseDuration(*text, out) || *out <= absl::ZeroDuration()) {
+      std::fprintf(stderr, "--%s: '%s' is not a positive duration (e.g. 60s, 500ms)\n", name,
+                   text->c_str());
+      return 2;
+    }
+  }
 
   auto logger = spdlog::stderr_color_mt("worker");
   spdlog::set_default_logger(logger);
@@ -153,14 +162,14 @@ int Main(int argc, char** argv) {
   agent_options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 
   ExecutorOptions executor_options;
-  executor_options.default_step_timeout = absl::Seconds(step_timeout_s);
+  executor_options.default_step_timeout = step_timeout_d;
   std::unique_ptr<Agent> agent;
-  WorkerCore core(&buffers, &communicators, client.get(),
-                  [&agent, name] {
-                    return agent != nullptr ? agent->identity() : WorkerIdentity{name, 0, -1};
-                  },
-                  executor_options,
-                  [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
+  WorkerCore core(
+      &buffers, &communicators, client.get(),
+      [&agent, name] {
+        return agent != nullptr ? agent->identity() : WorkerIdentity{name, 0, -1};
+      },
+      executor_options, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
   WorkerServiceImpl service(&core, &pool);
 
   grpc::ServerBuilder builder;
@@ -178,7 +187,7 @@ int Main(int argc, char** argv) {
   agent_options.registration.set_address(address);
 
   agent = std::make_unique<Agent>(client.get(), agent_options);
-  absl::Status registered = agent->Start(absl::Seconds(register_timeout_s));
+  absl::Status registered = agent->Start(register_timeout_d);
   if (!registered.ok()) {
     spdlog::error("cannot register with the coordinator at {}: {}", coordinator,
                   registered.ToString());
