@@ -79,7 +79,9 @@ std::string HumanBytes(int64_t bytes) {
     v /= 1024;
     ++u;
   }
-  return absl::StrFormat(u >= 1 && v < 10 ? "%.2f %s" : "%.1f %s", v, units[u]);
+  // Two literal formats: clang checks StrFormat's format at compile time.
+  if (u >= 1 && v < 10) return absl::StrFormat("%.2f %s", v, units[u]);
+  return absl::StrFormat("%.1f %s", v, units[u]);
 }
 
 std::string BracketList(const std::vector<int64_t>& values) {
