@@ -29,7 +29,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
   po.use_collectives = options_.use_collectives;
-  po.failure_grace = options_.heartbeat_timeout;
+  // A dead peer is declared at most heartbeat_timeout + one health tick (<= one interval)
+  // after its last heartbeat, which came at most one interval before it died; its echo in a
+  // peer's error can arrive at once. Waiting less races the death being noticed.
+  po.failure_grace = options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
   po.on_plan_end = [this](const PlanProgress& p, const std::string& prefix) {
     if (!prefix.empty()) kv_.DeletePrefix(prefix);
     if (p.state == PlanState::kCommitted) {

@@ -62,7 +62,7 @@ struct PlanManagerOptions {
   // by peer" before the heartbeat timeout declares the peer dead). For this long after the
   // first worker error the plan stays doomed but not aborted, so that a participant death in
   // that window is what the abort names. Zero aborts at once. The daemon uses the heartbeat
-  // timeout.
+  // timeout plus two heartbeat intervals.
   absl::Duration failure_grace = absl::ZeroDuration();
   size_t cache_capacity = 256;
   // Ended plans kept for Progress / WatchPlan.
