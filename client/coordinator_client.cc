@@ -27,16 +27,6 @@ std::string DefaultCoordinatorAddress() {
   return "127.0.0.1:7400";
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  const int code = static_cast<int>(status.error_code());
-  // grpc::StatusCode and absl::StatusCode share their numbering (both are the canonical
-  // codes); anything outside it is UNKNOWN, as gRPC itself treats it.
-  const absl::StatusCode absl_code =
-      code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
-  return absl::Status(absl_code, status.error_message());
-}
-
 CoordinatorClient::CoordinatorClient(const std::string& address, CoordinatorClientOptions options)
     : CoordinatorClient(MakeChannel(address), address, options) {}
 

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
 #include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
 
@@ -25,9 +26,6 @@ namespace shardcoord {
 
 // $SHARDCOORD_ADDR when set and non-empty, else "127.0.0.1:7400".
 std::string DefaultCoordinatorAddress();
-
-// The gRPC status as an absl::Status: same code (the numbering is shared), same message.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Protocol limit on the data carried by one TensorData message.
 inline constexpr size_t kMaxDataMessageBytes = size_t{1} << 20;

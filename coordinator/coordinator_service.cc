@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/grpc_worker_client.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 #include "sharding/planner.h"
 
@@ -17,7 +18,7 @@ namespace {
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(ToGrpc(s));
+  r->Finish(ToGrpcStatus(s));
   return r;
 }
 
@@ -146,7 +147,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerC
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   io_->Create(args, [this, reactor, resp](absl::StatusOr<TensorRecord> t) {
     if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
-    reactor->Finish(ToGrpc(t.status()));
+    reactor->Finish(ToGrpcStatus(t.status()));
   });
   return reactor;
 }
@@ -185,7 +186,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
       *resp->mutable_plan() = PlanToProto(*started->plan, started->id, started->tensor);
       *resp->mutable_progress() = PlanProgressToProto(started->progress);
     }
-    reactor->Finish(ToGrpc(started.status()));
+    reactor->Finish(ToGrpcStatus(started.status()));
     return reactor;
   }
   // The plan may end (on another thread, or inline) before start() returns: whichever of
@@ -209,11 +210,11 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     }
     if (!finish) return;
     *resp->mutable_progress() = PlanProgressToProto(p);
-    reactor->Finish(ToGrpc(s));
+    reactor->Finish(ToGrpcStatus(s));
   };
   absl::StatusOr<StartedPlan> started = start(done);
   if (!started.ok()) {
-    reactor->Finish(ToGrpc(started.status()));
+    reactor->Finish(ToGrpcStatus(started.status()));
     return reactor;
   }
   *resp->mutable_plan() = PlanToProto(*started->plan, started->id, started->tensor);
@@ -225,7 +226,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
   }
   if (finish) {
     *resp->mutable_progress() = PlanProgressToProto(state->final);
-    reactor->Finish(ToGrpc(state->status));
+    reactor->Finish(ToGrpcStatus(state->status));
   }
   return reactor;
 }
@@ -302,7 +303,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
         absl::MutexLock lock(&shared_->mu);
         shared_->finishing = true;
       }
-      Finish(ToGrpc(id.status()));
+      Finish(ToGrpcStatus(id.status()));
       return;
     }
     absl::MutexLock lock(&shared_->mu);
@@ -458,11 +459,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData> {
     if (!have_header_) return Fail(absl::InvalidArgumentError("header: no message received"));
     io_->Upload(args_, std::move(data_), [this](absl::StatusOr<TensorRecord> t) {
       if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
-      Finish(ToGrpc(t.status()));
+      Finish(ToGrpcStatus(t.status()));
     });
   }
 
-  void Fail(const absl::Status& s) { Finish(ToGrpc(s)); }
+  void Fail(const absl::Status& s) { Finish(ToGrpcStatus(s)); }
 
   TensorIo* const io_;
   v1::UploadResponse* const resp_;
@@ -484,7 +485,7 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
  public:
   DownloadReactor(TensorIo* io, const std::string& name, int64_t slice) : slice_(slice) {
     io->Download(name, [this](absl::StatusOr<DownloadedTensor> d) {
-      if (!d.ok()) return Finish(ToGrpc(d.status()));
+      if (!d.ok()) return Finish(ToGrpcStatus(d.status()));
       data_ = std::move(d->data);
       v1::TensorHeader* h = message_.mutable_header();
       h->set_name(d->tensor.name);

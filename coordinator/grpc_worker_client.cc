@@ -7,16 +7,6 @@
 
 namespace shardcoord {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 namespace {
 
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
@@ -83,7 +73,7 @@ void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeou
           if (s.ok()) {
             done(std::move(call->response));
           } else {
-            done(FromGrpc(s));
+            done(FromGrpcStatus(s));
           }
           grpc::ClientContext* ctx = &call->ctx;
           End(ctx);
@@ -165,7 +155,7 @@ class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData>
     if (s.ok()) {
       done_(std::move(data_));
     } else {
-      done_(FromGrpc(s));
+      done_(FromGrpcStatus(s));
     }
     GrpcWorkerClient* owner = owner_;
     grpc::ClientContext* ctx = &ctx_;
@@ -225,7 +215,7 @@ class GrpcWorkerClient::WriteCall : public grpc::ClientWriteReactor<v1::ChunkDat
     if (s.ok()) {
       done_(std::move(response_));
     } else {
-      done_(FromGrpc(s));
+      done_(FromGrpcStatus(s));
     }
     GrpcWorkerClient* owner = owner_;
     grpc::ClientContext* ctx = &ctx_;

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/worker_client.h"
+#include "proto/grpc_status.h"
 #include "proto/shardcoord.grpc.pb.h"
 
 namespace shardcoord {
@@ -70,10 +71,6 @@ class GrpcWorkerClient : public WorkerClient {
   std::map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-// gRPC and Abseil share status code numbers.
-absl::Status FromGrpc(const grpc::Status& s);
-grpc::Status ToGrpc(const absl::Status& s);
 
 }  // namespace shardcoord
 

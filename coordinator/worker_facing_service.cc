@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/grpc_worker_client.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 
 namespace shardcoord {
@@ -17,7 +18,7 @@ constexpr absl::Duration kMaxWait = absl::Hours(1);
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(ToGrpc(s));
+  r->Finish(ToGrpcStatus(s));
   return r;
 }
 
@@ -64,7 +65,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::KvGet(grpc::CallbackServerContext
       clock_->Now() + std::min(absl::Milliseconds(req->timeout_ms()), kMaxWait);
   kv_->GetAsync(req->key(), deadline, [reactor, resp](absl::StatusOr<std::string> v) {
     if (v.ok()) resp->set_value(*std::move(v));
-    reactor->Finish(ToGrpc(v.status()));
+    reactor->Finish(ToGrpcStatus(v.status()));
   });
   return reactor;
 }
@@ -80,7 +81,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::Barrier(grpc::CallbackServerConte
   const absl::Time deadline =
       clock_->Now() + std::min(absl::Milliseconds(req->timeout_ms()), kMaxWait);
   kv_->Barrier(req->key(), req->participants(), req->member(), deadline,
-               [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+               [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
   return reactor;
 }
 

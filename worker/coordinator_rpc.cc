@@ -5,14 +5,15 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc_status.h"
 
 namespace shardcoord {
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
+  absl::Status status = FromGrpcStatus(s);
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 #include "sharding/box_copy.h"
 #include "sharding/fill.h"
@@ -19,11 +20,6 @@ namespace {
 
 constexpr size_t kRememberEndedPlans = 4096;
 constexpr int kFinalReportAttempts = 3;
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 std::string StatusText(const absl::Status& s) {
   return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
@@ -399,7 +395,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Execute(grpc::CallbackServerContext
                                                      const v1::PlanFragment* request,
                                                      v1::ExecuteResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(core_->Execute(*request)));
+  reactor->Finish(ToGrpcStatus(core_->Execute(*request)));
   return reactor;
 }
 
@@ -407,7 +403,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::FinishPlan(grpc::CallbackServerCont
                                                         const v1::FinishPlanRequest* request,
                                                         v1::FinishPlanResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(core_->FinishPlan(*request)));
+  reactor->Finish(ToGrpcStatus(core_->FinishPlan(*request)));
   return reactor;
 }
 
@@ -418,7 +414,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Fill(grpc::CallbackServerContext* c
   pool_->Schedule([this, reactor, request, response] {
     absl::StatusOr<v1::FillResponse> r = core_->Fill(*request);
     if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpc(r.status()));
+    reactor->Finish(ToGrpcStatus(r.status()));
   });
   return reactor;
 }
@@ -427,7 +423,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DropTensor(grpc::CallbackServerCont
                                                         const v1::DropTensorRequest* request,
                                                         v1::DropTensorResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(core_->DropTensor(*request)));
+  reactor->Finish(ToGrpcStatus(core_->DropTensor(*request)));
   return reactor;
 }
 
@@ -438,7 +434,7 @@ class ReadChunkReactor : public grpc::ServerWriteReactor<v1::ChunkData> {
   ReadChunkReactor(WorkerCore* core, const v1::ReadChunkRequest& request) {
     absl::StatusOr<WorkerCore::ChunkReader> reader = core->OpenRead(request);
     if (!reader.ok()) {
-      Finish(ToGrpc(reader.status()));
+      Finish(ToGrpcStatus(reader.status()));
       return;
     }
     reader_ = *std::move(reader);
@@ -461,7 +457,7 @@ class ReadChunkReactor : public grpc::ServerWriteReactor<v1::ChunkData> {
     message_.Clear();
     absl::Status s = reader_.Next(kMaxChunkMessageBytes, message_.mutable_data());
     if (!s.ok()) {
-      Finish(ToGrpc(s));
+      Finish(ToGrpcStatus(s));
       return;
     }
     StartWrite(&message_);
@@ -490,7 +486,7 @@ class WriteChunkReactor : public grpc::ServerReadReactor<v1::ChunkData> {
       pool_->Schedule([this] {  // Checksumming a large buffer is long work.
         absl::StatusOr<v1::WriteChunkResponse> r = writer_->Finish();
         if (r.ok()) *response_ = *std::move(r);
-        Finish(ToGrpc(r.status()));
+        Finish(ToGrpcStatus(r.status()));
       });
       return;
     }
@@ -503,7 +499,7 @@ class WriteChunkReactor : public grpc::ServerReadReactor<v1::ChunkData> {
       s = writer_->Append(message_.data());
     }
     if (!s.ok()) {
-      Finish(ToGrpc(s));
+      Finish(ToGrpcStatus(s));
       return;
     }
     StartRead(&message_);
