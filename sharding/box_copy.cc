@@ -1,5 +1,6 @@
 #include "sharding/box_copy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -327,6 +328,25 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
       break;  // Rejected above.
   }
   return absl::OkStatus();
+}
+
+std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes) {
+  int d = 0;
+  while (d < box.ndim() && box.shape(d) == 1) ++d;
+  if (d == box.ndim() || box.Empty()) return {box};
+  int64_t slab_bytes = element_size;  // Bytes of one index of dim d.
+  for (int e = d + 1; e < box.ndim(); ++e) slab_bytes *= box.shape(e);
+  if (slab_bytes * box.shape(d) <= max_bytes) return {box};
+  const int64_t per_slab = std::max<int64_t>(1, max_bytes / slab_bytes);
+  std::vector<Box> slabs;
+  slabs.reserve(static_cast<size_t>((box.shape(d) + per_slab - 1) / per_slab));
+  for (int64_t i = 0; i < box.shape(d); i += per_slab) {
+    Shape offset = box.offset(), shape = box.shape();
+    offset[d] += i;
+    shape[d] = std::min(per_slab, box.shape(d) - i);
+    slabs.emplace_back(std::move(offset), std::move(shape));
+  }
+  return slabs;
 }
 
 absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) {

@@ -63,6 +63,14 @@ absl::Status UnpackBox(const Box& region, const void* packed, void* chunk, const
 absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                            const Box& dst_box, DType dtype, ReduceOp op);
 
+// `box` cut along its outermost dim of extent > 1 into consecutive slabs of at most
+// `max_bytes` each (at least one index of that dim per slab, so a slab exceeds `max_bytes`
+// only when one index alone does), in order; `box` itself when it fits or has no such dim.
+// Both ends of a transfer split it alike, so its pieces can be packed, sent, landed and
+// checked one after another. A slab of a box that is contiguous in a chunk is contiguous
+// there too. Requires element_size > 0 and max_bytes > 0.
+std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes);
+
 // data[i] /= divisor for `count` contiguous elements (integers truncate toward zero, as C++
 // and torch's trunc division do). `divisor` must be positive.
 absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor);

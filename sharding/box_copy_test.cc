@@ -352,5 +352,66 @@ TEST(BFloat16Test, RoundTripsAndRoundsTiesToEven) {
   }
 }
 
+TEST(SplitIntoSlabsTest, CutsTheOutermostNonUnitDim) {
+  // 1 x 10 x 4 f32: 16 bytes per index of dim 1; 40 bytes take 2 indices per slab.
+  const Box box({3, 5, 0}, {1, 10, 4});
+  std::vector<Box> slabs = SplitIntoSlabs(box, 4, 40);
+  ASSERT_EQ(slabs.size(), 5u);
+  for (size_t i = 0; i < slabs.size(); ++i) {
+    EXPECT_EQ(slabs[i], Box({3, 5 + 2 * static_cast<int64_t>(i), 0}, {1, 2, 4}));
+  }
+  // Uneven tail.
+  slabs = SplitIntoSlabs(box, 4, 48);
+  ASSERT_EQ(slabs.size(), 4u);
+  EXPECT_EQ(slabs.back(), Box({3, 14, 0}, {1, 1, 4}));
+}
+
+TEST(SplitIntoSlabsTest, KeepsBoxesThatFitOrCannotBeCut) {
+  const Box box({0, 0}, {4, 4});
+  EXPECT_EQ(SplitIntoSlabs(box, 8, 128), std::vector<Box>{box});
+  EXPECT_EQ(SplitIntoSlabs(box, 8, 1000), std::vector<Box>{box});
+  const Box one({2, 2}, {1, 1});
+  EXPECT_EQ(SplitIntoSlabs(one, 8, 1), std::vector<Box>{one});
+  const Box empty({0, 0}, {0, 5});
+  EXPECT_EQ(SplitIntoSlabs(empty, 8, 1), std::vector<Box>{empty});
+  // One index of the cut dim exceeds the limit: one index per slab.
+  EXPECT_EQ(SplitIntoSlabs(box, 8, 16).size(), 4u);
+}
+
+TEST(SplitIntoSlabsTest, SlabsTileTheBoxAndStayContiguousInAChunk) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int nd = 1 + static_cast<int>(rng() % 4);
+    Shape offset(nd), shape(nd);
+    int64_t volume = 1;
+    for (int d = 0; d < nd; ++d) {
+      offset[d] = rng() % 5;
+      shape[d] = 1 + rng() % 6;
+      volume *= shape[d];
+    }
+    const Box box(offset, shape);
+    const int64_t esize = int64_t{1} << (rng() % 4);
+    const int64_t limit = 1 + rng() % (volume * esize + 4);
+    std::vector<Box> slabs = SplitIntoSlabs(box, esize, limit);
+    int64_t covered = 0;
+    for (size_t i = 0; i < slabs.size(); ++i) {
+      EXPECT_TRUE(box.Contains(slabs[i])) << box.ToString() << " " << slabs[i].ToString();
+      EXPECT_FALSE(slabs[i].Empty());
+      for (size_t j = 0; j < i; ++j) EXPECT_FALSE(slabs[i].Overlaps(slabs[j]));
+      covered += slabs[i].Volume();
+    }
+    EXPECT_EQ(covered, volume);
+    // Row-major order: a dense buffer for the box is the slabs' packed buffers concatenated.
+    std::vector<int32_t> whole(static_cast<size_t>(volume));
+    for (int64_t i = 0; i < volume; ++i) whole[i] = static_cast<int32_t>(i);
+    int64_t at = 0;
+    for (const Box& s : slabs) {
+      std::vector<int32_t> packed(static_cast<size_t>(s.Volume()));
+      ASSERT_TRUE(PackBox(s, whole.data(), box, packed.data(), 4).ok());
+      for (int32_t v : packed) EXPECT_EQ(v, at++);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardcoord
