@@ -87,5 +87,75 @@ TEST(ChunkChecksumTest, LengthMatters) {
             ChunkChecksum(zeros.data(), kChecksumBlockBytes + 1));
 }
 
+constexpr int64_t kB = kChecksumBlockBytes;
+
+TEST(ChunkChecksumBuilderTest, FinalPiecesInAnyOrderHashEarly) {
+  const int64_t n = 5 * kB + 123;
+  std::vector<unsigned char> data(n, 0);
+  const std::vector<unsigned char> want = RandomBytes(n, 3);
+  ChunkChecksumBuilder builder(data.data(), n);
+  // Pieces cut off block boundaries, written and reported back to front.
+  const std::vector<int64_t> cuts = {0, kB / 3, 2 * kB + 7, 3 * kB, 4 * kB + 999, n};
+  for (size_t i = cuts.size() - 1; i > 0; --i) {
+    std::memcpy(data.data() + cuts[i - 1], want.data() + cuts[i - 1], cuts[i] - cuts[i - 1]);
+    builder.Final(cuts[i - 1], cuts[i]);
+  }
+  EXPECT_EQ(builder.Finish(), ChunkChecksum(want.data(), n));
+  EXPECT_EQ(builder.early_blocks(), 6);
+}
+
+TEST(ChunkChecksumBuilderTest, WritesAfterAnEarlyHashAreCaught) {
+  const int64_t n = 3 * kB;
+  std::vector<unsigned char> data = RandomBytes(n, 4);
+  {
+    ChunkChecksumBuilder builder(data.data(), n);
+    builder.Final(0, n);
+    data[kB + 5] ^= 1;
+    builder.Final(kB, kB + 10);  // Overlapping final write: block 1 is re-hashed.
+    EXPECT_EQ(builder.Finish(), ChunkChecksum(data.data(), n));
+    EXPECT_EQ(builder.early_blocks(), 2);
+  }
+  {
+    ChunkChecksumBuilder builder(data.data(), n);
+    builder.Final(0, n);
+    data[2 * kB] ^= 1;
+    builder.Dirty(2 * kB, 2 * kB + 1);  // A reduction into block 2.
+    EXPECT_EQ(builder.Finish(), ChunkChecksum(data.data(), n));
+    EXPECT_EQ(builder.early_blocks(), 2);
+  }
+  {
+    // Partly covered blocks, and untouched ones, are hashed at the end.
+    ChunkChecksumBuilder builder(data.data(), n);
+    builder.Final(0, kB / 2);
+    EXPECT_EQ(builder.Finish(), ChunkChecksum(data.data(), n));
+    EXPECT_EQ(builder.early_blocks(), 0);
+  }
+}
+
+TEST(ChunkChecksumBuilderTest, RandomPartitionsMatchChunkChecksum) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % (4 * kB));
+    const std::vector<unsigned char> want = RandomBytes(n, 100 + trial);
+    std::vector<unsigned char> data(n, 0);
+    std::vector<int64_t> cuts = {0, n};
+    for (int c = 0; c < 6; ++c) cuts.push_back(static_cast<int64_t>(rng() % n));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<size_t> order(cuts.size() - 1);
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    ChunkChecksumBuilder builder(data.data(), n);
+    for (size_t i : order) {
+      std::memcpy(data.data() + cuts[i], want.data() + cuts[i], cuts[i + 1] - cuts[i]);
+      if (rng() % 5 == 0) {
+        builder.Dirty(cuts[i], cuts[i + 1]);
+      } else {
+        builder.Final(cuts[i], cuts[i + 1]);
+      }
+    }
+    EXPECT_EQ(builder.Finish(), ChunkChecksum(want.data(), n)) << "trial " << trial;
+  }
+}
+
 }  // namespace
 }  // namespace shardcoord

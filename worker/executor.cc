@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "sharding/box_copy.h"
+#include "worker/checksum.h"
 #include "worker/fragment.h"
 
 namespace shardcoord {
@@ -187,7 +188,12 @@ class Mover {
         source_(source),
         target_(target),
         esize_(ElementSize(f.dtype)),
-        op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {}
+        op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {
+    sums_.reserve(target->chunks().chunks.size());
+    for (size_t i = 0; i < target->chunks().chunks.size(); ++i) {
+      sums_.emplace_back(target->chunk_data(i), target->chunk_bytes(i));
+    }
+  }
 
   int64_t esize() const { return esize_; }
   ReduceOp op() const { return op_; }
@@ -223,17 +229,16 @@ class Mover {
   // Where a received `box` can land directly: one target chunk takes it, contiguously, and
   // it overwrites. Null otherwise (receive into a staging buffer and Apply).
   char* DirectTarget(const Box& box, bool reduce, int64_t partial) const {
-    if (reduce || box.Empty()) return nullptr;
-    int found = -1;
-    const auto& chunks = target_->chunks().chunks;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      if (!Takes(chunks[i], false, partial) || !chunks[i].box.Overlaps(box)) continue;
-      if (found >= 0) return nullptr;
-      found = static_cast<int>(i);
-    }
-    if (found < 0 || !chunks[found].box.Contains(box)) return nullptr;
-    std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
-    return off ? target_->chunk_data(found) + *off * esize_ : nullptr;
+    int64_t off = 0;
+    const int i = DirectTargetChunk(box, reduce, partial, &off);
+    return i < 0 ? nullptr : target_->chunk_data(i) + off * esize_;
+  }
+
+  // A receive into DirectTarget(box, reduce, partial) completed.
+  void Landed(const Box& box, bool reduce, int64_t partial) {
+    int64_t off = 0;
+    const int i = DirectTargetChunk(box, reduce, partial, &off);
+    if (i >= 0) sums_[i].Final(off * esize_, (off + box.Volume()) * esize_);
   }
 
   // Writes (or combines) `box`, held in `data` laid out for `data_box`, into every target
@@ -251,6 +256,7 @@ class Mover {
                                  f_.dtype, op_)
                  : CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
       if (!s.ok()) return s;
+      Wrote(i, region, /*final=*/!reduce);
     }
     return absl::OkStatus();
   }
@@ -271,8 +277,10 @@ class Mover {
       const int64_t n = chunks[i].box.Volume();
       if (!NeedsValue(f_, chunks[i])) {
         std::memset(target_->chunk_data(i), 0, static_cast<size_t>(n * esize_));
+        sums_[i].Final(0, n * esize_);
       } else if (reducing) {
         FillIdentity(target_->chunk_data(i), n);
+        sums_[i].Dirty(0, n * esize_);
       }
     }
   }
@@ -285,11 +293,58 @@ class Mover {
       absl::Status s =
           DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
       if (!s.ok()) return s;
+      sums_[i].Dirty(0, target_->chunk_bytes(i));
     }
     return absl::OkStatus();
   }
 
+  // ChunkChecksum of every target chunk, most blocks hashed already as they were written.
+  std::vector<uint64_t> Checksums() {
+    std::vector<uint64_t> out;
+    out.reserve(sums_.size());
+    for (ChunkChecksumBuilder& b : sums_) out.push_back(b.Finish());
+    return out;
+  }
+
  private:
+  // The target chunk a received `box` can land in directly (one chunk takes it,
+  // contiguously, and it overwrites), with the element offset there; -1 if none.
+  int DirectTargetChunk(const Box& box, bool reduce, int64_t partial, int64_t* offset) const {
+    if (reduce || box.Empty()) return -1;
+    int found = -1;
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!Takes(chunks[i], false, partial) || !chunks[i].box.Overlaps(box)) continue;
+      if (found >= 0) return -1;
+      found = static_cast<int>(i);
+    }
+    if (found < 0 || !chunks[found].box.Contains(box)) return -1;
+    std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
+    if (!off) return -1;
+    *offset = *off;
+    return found;
+  }
+
+  // Tells target chunk i's checksum that `region` was written: a final overwrite of one
+  // contiguous run is hashed as its blocks complete; anything else is hashed at the end.
+  void Wrote(size_t i, const Box& region, bool final) {
+    const Box& box = target_->chunks().chunks[i].box;
+    if (final) {
+      if (std::optional<int64_t> off = ContiguousOffset(region, box)) {
+        sums_[i].Final(*off * esize_, (*off + region.Volume()) * esize_);
+        return;
+      }
+    }
+    // The byte span from the region's first element to its last.
+    const Shape strides = RowMajorStrides(box.shape());
+    int64_t first = 0, last = 0;
+    for (int d = 0; d < box.ndim(); ++d) {
+      first += (region.offset(d) - box.offset(d)) * strides[d];
+      last += (region.end(d) - 1 - box.offset(d)) * strides[d];
+    }
+    sums_[i].Dirty(first * esize_, (last + 1) * esize_);
+  }
+
   // Whether target chunk `c` takes a piece: it needs a value, and a plain copy of one
   // contribution of a Partial source goes to the chunk of that contribution.
   bool Takes(const Chunk& c, bool reduce, int64_t partial) const {
@@ -359,6 +414,7 @@ class Mover {
   HostBuffer* target_;
   const int64_t esize_;
   const ReduceOp op_;
+  std::vector<ChunkChecksumBuilder> sums_;  // One per target chunk.
 };
 
 bool SameChunks(const RankChunks& a, const RankChunks& b) { return a.chunks == b.chunks; }
@@ -410,10 +466,12 @@ class Staging {
 
 class StepRunner {
  public:
+
   StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
-             Communicator* comm, const CommOptions& options)
+             Communicator* comm, const CommOptions& options, int64_t message_bytes)
       : f_(f), step_(step), shape_(shape), mover_(mover), comm_(comm), options_(options),
-        me_(shape.group_rank.at(f.rank)), esize_(mover->esize()) {}
+        me_(shape.group_rank.at(f.rank)), esize_(mover->esize()),
+        message_bytes_(message_bytes) {}
 
   absl::Status Run() {
     switch (shape_.method) {
@@ -564,48 +622,82 @@ class StepRunner {
     return ApplyBoxes(shape_.boxes[me_], recv.data(), true, shape_.partial[me_]);
   }
 
-  // Receives land directly in the target chunk when one chunk takes the piece contiguously;
-  // sends go straight from a source chunk when the piece is contiguous there. Other pieces
-  // are packed just before their send is posted and unpacked as soon as they arrive, so
-  // packing and unpacking overlap the transfers.
+  // Every transfer goes as slabs of at most message_bytes_ (SplitIntoSlabs; both ends cut
+  // alike), posted round-robin over the peers, so the first bytes leave after one slab is
+  // packed rather than after a whole piece, every peer gets data from the start, and each
+  // slab is hashed into the target's checksum as soon as it lands. Slabs land directly in the
+  // target chunk when one chunk takes them contiguously, and leave straight from a source
+  // chunk when they are contiguous there; the others are packed just before their send is
+  // posted and unpacked as soon as they arrive.
   absl::Status SendRecv() {
-    std::vector<SendOp> sends;
-    std::vector<RecvOp> recvs;
-    std::vector<Staging> staging;
-    size_t staged = 0;
+    struct Slab {
+      const Transfer* t;
+      Box box;
+      int64_t bytes;
+      int64_t offset;  // In the transfer's packed form (its staging buffer).
+    };
+    std::vector<std::vector<Slab>> out(shape_.n), in(shape_.n);
     for (const Transfer& t : step_.transfers) {
-      if (t.src == f_.rank && mover_->DirectSource(t.box, t.partial_index) == nullptr) ++staged;
-      if (t.dst == f_.rank && mover_->DirectTarget(t.box, t.reduce, t.partial_index) == nullptr) {
-        ++staged;
+      if (t.src != f_.rank && t.dst != f_.rank) continue;
+      std::vector<Slab>& list = t.src == f_.rank ? out[shape_.group_rank.at(t.dst)]
+                                                 : in[shape_.group_rank.at(t.src)];
+      int64_t offset = 0;
+      for (Box& b : SplitIntoSlabs(t.box, esize_, message_bytes_)) {
+        const int64_t bytes = b.Volume() * esize_;
+        list.push_back(Slab{&t, std::move(b), bytes, offset});
+        offset += bytes;
       }
     }
-    staging.reserve(staged);  // Addresses stay put: the hooks hold pointers into it.
-    for (const Transfer& t : step_.transfers) {
-      if (t.src == f_.rank) {
-        SendOp op{shape_.group_rank.at(t.dst), mover_->DirectSource(t.box, t.partial_index),
-                  t.bytes, nullptr};
-        if (op.data == nullptr) {
-          staging.emplace_back(t.bytes);
-          if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
-          char* buf = staging.back().data();
-          op.data = buf;
-          op.prepare = [this, &t, buf] { return mover_->Pack(t.box, t.partial_index, buf); };
+    // One staging buffer per transfer that has a slab needing one; addresses stay put.
+    std::map<const Transfer*, Staging> staging;
+    auto staged = [&](const Transfer* t) -> char* {
+      auto it = staging.find(t);
+      if (it == staging.end()) it = staging.emplace(t, Staging(t->bytes)).first;
+      return it->second.ok(t->bytes) ? it->second.data() : nullptr;
+    };
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    size_t rounds = 0;
+    for (int g = 0; g < shape_.n; ++g) rounds = std::max({rounds, out[g].size(), in[g].size()});
+    for (size_t j = 0; j < rounds; ++j) {
+      for (int k = 1; k < shape_.n; ++k) {
+        const int to = (me_ + k) % shape_.n;  // Peers in ring order, each starting elsewhere.
+        if (j < out[to].size()) {
+          const Slab& slab = out[to][j];
+          SendOp op{to, mover_->DirectSource(slab.box, slab.t->partial_index), slab.bytes,
+                    nullptr};
+          if (op.data == nullptr) {
+            char* buf = staged(slab.t);
+            if (buf == nullptr) return OutOfMemory(slab.t->bytes);
+            op.data = buf + slab.offset;
+            op.prepare = [this, &slab, buf] {
+              return mover_->Pack(slab.box, slab.t->partial_index, buf + slab.offset);
+            };
+          }
+          sends.push_back(std::move(op));
         }
-        sends.push_back(std::move(op));
-      }
-      if (t.dst == f_.rank) {
-        RecvOp op{shape_.group_rank.at(t.src),
-                  mover_->DirectTarget(t.box, t.reduce, t.partial_index), t.bytes, nullptr};
-        if (op.data == nullptr) {
-          staging.emplace_back(t.bytes);
-          if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
-          char* buf = staging.back().data();
-          op.data = buf;
-          op.done = [this, &t, buf] {
-            return mover_->Apply(t.box, buf, t.box, t.reduce, t.partial_index);
-          };
+        const int from = (me_ - k + shape_.n) % shape_.n;
+        if (j < in[from].size()) {
+          const Slab& slab = in[from][j];
+          const Transfer& t = *slab.t;
+          RecvOp op{from, mover_->DirectTarget(slab.box, t.reduce, t.partial_index), slab.bytes,
+                    nullptr};
+          if (op.data != nullptr) {
+            op.done = [this, &slab] {
+              mover_->Landed(slab.box, slab.t->reduce, slab.t->partial_index);
+              return absl::OkStatus();
+            };
+          } else {
+            char* buf = staged(slab.t);
+            if (buf == nullptr) return OutOfMemory(t.bytes);
+            op.data = buf + slab.offset;
+            op.done = [this, &slab, buf] {
+              return mover_->Apply(slab.box, buf + slab.offset, slab.box, slab.t->reduce,
+                                   slab.t->partial_index);
+            };
+          }
+          recvs.push_back(std::move(op));
         }
-        recvs.push_back(std::move(op));
       }
     }
     return SendRecvWithHooks(*comm_, sends, recvs, options_);
@@ -625,6 +717,7 @@ class StepRunner {
   const CommOptions options_;
   const int me_;
   const int64_t esize_;
+  const int64_t message_bytes_;
 };
 
 std::string StepName(const Fragment& f, size_t i) {
@@ -769,7 +862,8 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     if (shape.method != StepMethod::kSendRecv) {
       if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;
     }
-    StepRunner runner(f, step, shapes[i], &mover, comm->get(), options);
+    StepRunner runner(f, step, shapes[i], &mover, comm->get(), options,
+                      std::max<int64_t>(input.options.message_bytes, 1));
     if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
     StepReport report;
     report.index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);
@@ -788,7 +882,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled"));
   if (absl::Status s = mover.Divide(); !s.ok()) return Annotate(s, "divide_by");
   result.chunks = input.target->chunks();
-  result.checksums = input.target->Checksums();
+  result.checksums = mover.Checksums();
   return result;
 }
 

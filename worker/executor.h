@@ -44,6 +44,11 @@ struct ExecutorOptions {
   // backend prefers SendRecv for them (Communicator::PrefersSendRecvForCopies). Every member
   // of a plan must agree.
   bool force_copy_collectives = false;
+  // Largest message of a SendRecv step: transfers go as slabs of at most this many bytes
+  // (one index of their outermost split dim at least), so packing, sending, landing and
+  // hashing pipeline. Small enough for that, large enough that per-message costs stay
+  // negligible. Every member of a plan must agree.
+  int64_t message_bytes = int64_t{4} << 20;
 };
 
 struct StepReport {

@@ -206,12 +206,15 @@ Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
   return *l;
 }
 
-enum class Mode { kDefault, kCopyCollectives, kPointToPoint };
+// kSmallMessages: the default methods, with SendRecv transfers cut into messages of at most
+// 24 bytes (many slabs per transfer, some staged, some landing in place).
+enum class Mode { kDefault, kCopyCollectives, kPointToPoint, kSmallMessages };
 
 std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int serial) {
   const bool force_p2p = mode == Mode::kPointToPoint;
-  SCOPED_TRACE(absl::StrCat(c.name, force_p2p ? " (point-to-point)"
+  SCOPED_TRACE(absl::StrCat(c.name, force_p2p                         ? " (point-to-point)"
                                     : mode == Mode::kCopyCollectives ? " (copy collectives)"
+                                    : mode == Mode::kSmallMessages   ? " (small messages)"
                                                                      : ""));
   Layout a = MakeLayout(c.mesh_from, c.ranks_from, c.from, c.shape);
   Layout b = MakeLayout(c.mesh_to, c.ranks_to, c.to, c.shape);
@@ -223,6 +226,7 @@ std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int ser
   ExecutorOptions options;
   options.force_point_to_point = force_p2p;
   options.force_copy_collectives = mode == Mode::kCopyCollectives;
+  if (mode == Mode::kSmallMessages) options.message_bytes = 24;
   RunOutput out = RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial)), sources,
                                options);
   CheckTarget(a, b, c.dtype, out);
@@ -264,7 +268,8 @@ TEST(ExecutorTest, PlannerPlansAllTransitions) {
   int serial = 0;
   std::set<StepMethod> used_by_default;
   for (const Case& c : cases) {
-    for (Mode mode : {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint}) {
+    for (Mode mode :
+         {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint, Mode::kSmallMessages}) {
       std::set<StepMethod> m = RunCase(cluster, c, mode, serial++);
       used.insert(m.begin(), m.end());
       if (mode == Mode::kDefault) used_by_default.insert(m.begin(), m.end());
