@@ -338,8 +338,13 @@ TEST_F(RedistributeTest, ChainsMovesOnOneTensor) {
 }  // namespace
 }  // namespace shardcoord
 
+// Extra arguments after gtest's are worker flags: the same cases run once with the default
+// (same-host copies between these workers) and once with `--same-host-copy=false` (every
+// byte over Gloo's TCP transport); see tests/BUILD.bazel.
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
+  shardcoord::ClusterOptions options;
+  for (int i = 1; i < argc; ++i) options.worker_flags.push_back(argv[i]);
+  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
   return RUN_ALL_TESTS();
 }

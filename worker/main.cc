@@ -68,6 +68,7 @@ int Main(int argc, char** argv) {
   std::string backend = "auto";
   std::string device = "cpu";
   std::string gloo_host;
+  bool same_host_copy = true;
   // Durations as the coordinator's flags take them: 60s, 500ms, 2m.
   std::string step_timeout = "60s", register_timeout = "60s";
   std::string log_level = "info";
@@ -87,6 +88,10 @@ int Main(int argc, char** argv) {
   app.add_option("--gloo-host", gloo_host,
                  "Address Gloo binds and advertises (default: the --listen host, or --host "
                  "when that is a wildcard)");
+  app.add_option("--same-host-copy", same_host_copy,
+                 "Move big point-to-point messages to and from workers on this host with "
+                 "process_vm_readv instead of loopback TCP, where the peer allows it")
+      ->capture_default_str();
   app.add_option("--step-timeout", step_timeout,
                  "How long one plan step may take when the plan gives no timeout")
       ->capture_default_str();
@@ -145,7 +150,7 @@ int Main(int argc, char** argv) {
   const std::string listen_host = HostOf(listen);
   if (gloo_host.empty()) gloo_host = IsWildcard(listen_host) ? host : listen_host;
   absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> gloo =
-      GlooCommunicatorFactory::Create(client.get(), GlooOptions{gloo_host});
+      GlooCommunicatorFactory::Create(client.get(), GlooOptions{gloo_host, same_host_copy});
   if (!gloo.ok()) {
     spdlog::error("{}", gloo.status().ToString());
     return 1;
@@ -194,8 +199,8 @@ int Main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
-  spdlog::info("worker {} (gloo on {}) serving on {}, coordinator {}", name, gloo_host, address,
-               coordinator);
+  spdlog::info("worker {} (gloo on {}, same-host copy {}) serving on {}, coordinator {}", name,
+               gloo_host, same_host_copy ? "on" : "off", address, coordinator);
   std::printf("worker %s listening on %s\n", name.c_str(), address.c_str());
   std::fflush(stdout);
 

@@ -21,11 +21,19 @@
 #include "absl/strings/str_join.h"
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
+#include "worker/backends/gloo/same_host.h"
 
 namespace shardcoord {
 namespace {
 
 constexpr uint64_t kP2PSlotPrefix = 0x40;
+constexpr uint64_t kP2PAckSlotPrefix = 0x41;
+
+// What a same-host message carries over Gloo instead of its bytes.
+struct SameHostDescriptor {
+  uint64_t address = 0;
+  uint64_t bytes = 0;
+};
 constexpr int64_t kMaxMessagesPerPeer = int64_t{1} << 24;
 
 // Gloo asserts non-null data even for empty buffers.
@@ -133,8 +141,8 @@ void KvGlooStore::wait(const std::vector<std::string>& keys,
 // GlooCommunicator
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
-                                   absl::Duration timeout)
-    : context_(std::move(context)), timeout_(timeout) {}
+                                   absl::Duration timeout, std::vector<int64_t> peer_pids)
+    : context_(std::move(context)), timeout_(timeout), peer_pids_(std::move(peer_pids)) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
 
@@ -314,6 +322,8 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
     }
   }
   const uint64_t base = (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
+  const uint64_t ack_base =
+      (kP2PAckSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
   return Guard("send/recv", [&]() -> absl::Status {
     const auto timeout = TimeoutFor(options);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -322,42 +332,67 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
                       std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()));
     };
-    // A failing hook leaves messages posted with the peers: the communicator cannot be
-    // trusted afterwards.
-    auto hook_failed = [&](const absl::Status& s) {
+    // A failing hook or same-host read leaves messages posted with the peers: the
+    // communicator cannot be trusted afterwards.
+    auto failed = [&](const absl::Status& s) {
       broken_ = true;
       return s;
     };
     std::vector<int64_t> sent(size(), 0), received(size(), 0);
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs;
-    std::vector<std::pair<std::unique_ptr<gloo::transport::UnboundBuffer>, const RecvOp*>>
-        recv_bufs;
+    // Fixed-size arrays: Gloo holds pointers into them until the waits below.
+    std::vector<SameHostDescriptor> out_desc(sends.size()), in_desc(recvs.size());
+    std::vector<uint64_t> out_acks(sends.size()), in_acks(recvs.size());
+    struct Recv {
+      std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+      const RecvOp* op;
+      SameHostDescriptor* desc;  // Non-null for a same-host message.
+      uint64_t slot;
+    };
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs, ack_bufs;
+    std::vector<Recv> recv_bufs;
     // Every receive first, so no peer's send waits on our packing.
-    for (const RecvOp& op : recvs) {
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const RecvOp& op = recvs[i];
       const int64_t k = received[op.peer]++;
       if (op.bytes == 0) {  // Both sides skip empty messages.
         if (op.done) {
-          if (absl::Status s = op.done(); !s.ok()) return hook_failed(s);
+          if (absl::Status s = op.done(); !s.ok()) return failed(s);
         }
         continue;
       }
-      auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
-      buf->recv(op.peer, base | static_cast<uint64_t>(k));
-      recv_bufs.emplace_back(std::move(buf), &op);
+      const uint64_t slot = base | static_cast<uint64_t>(k);
+      SameHostDescriptor* desc = SameHost(op.peer, op.bytes) ? &in_desc[i] : nullptr;
+      auto buf = desc != nullptr
+                     ? context_->createUnboundBuffer(desc, sizeof(SameHostDescriptor))
+                     : context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
+      buf->recv(op.peer, slot);
+      recv_bufs.push_back(Recv{std::move(buf), &op, desc, static_cast<uint64_t>(k)});
     }
-    for (const SendOp& op : sends) {
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const SendOp& op = sends[i];
       const int64_t k = sent[op.peer]++;
       if (op.prepare) {
-        if (absl::Status s = op.prepare(); !s.ok()) return hook_failed(s);
+        if (absl::Status s = op.prepare(); !s.ok()) return failed(s);
       }
       if (op.bytes == 0) continue;
+      const uint64_t slot = base | static_cast<uint64_t>(k);
+      if (SameHost(op.peer, op.bytes)) {
+        out_desc[i] = {reinterpret_cast<uint64_t>(op.data), static_cast<uint64_t>(op.bytes)};
+        auto ack = context_->createUnboundBuffer(&out_acks[i], sizeof(uint64_t));
+        ack->recv(op.peer, ack_base | static_cast<uint64_t>(k));
+        ack_bufs.push_back(std::move(ack));
+        auto buf = context_->createUnboundBuffer(&out_desc[i], sizeof(SameHostDescriptor));
+        buf->send(op.peer, slot);
+        send_bufs.push_back(std::move(buf));
+        continue;
+      }
       auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
                                                static_cast<size_t>(op.bytes));
-      buf->send(op.peer, base | static_cast<uint64_t>(k));
+      buf->send(op.peer, slot);
       send_bufs.push_back(std::move(buf));
     }
     if (options.while_waiting) {
-      if (absl::Status s = options.while_waiting(); !s.ok()) return hook_failed(s);
+      if (absl::Status s = options.while_waiting(); !s.ok()) return failed(s);
     }
     // Cancellation interrupts the waits below (the aborts are sticky, so a cancel that comes
     // before a wait starts counts too). Removed before the buffers go.
@@ -368,21 +403,51 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         if (token != nullptr && handle >= 0) token->Remove(handle);
       }
     } guard;
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> reply_bufs;
+    reply_bufs.reserve(recv_bufs.size());
     if (options.cancel != nullptr) {
       guard.token = options.cancel;
-      guard.handle = options.cancel->OnCancel([&recv_bufs, &send_bufs] {
-        for (auto& [buf, op] : recv_bufs) buf->abortWaitRecv();
+      guard.handle = options.cancel->OnCancel([&recv_bufs, &send_bufs, &ack_bufs] {
+        for (auto& r : recv_bufs) r.buf->abortWaitRecv();
         for (auto& buf : send_bufs) buf->abortWaitSend();
+        for (auto& buf : ack_bufs) buf->abortWaitRecv();
       });
     }
-    for (auto& [buf, op] : recv_bufs) {
-      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
-      if (op->done) {
-        if (absl::Status s = op->done(); !s.ok()) return hook_failed(s);
+    for (size_t i = 0; i < recv_bufs.size(); ++i) {
+      Recv& r = recv_bufs[i];
+      if (!r.buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
+      if (r.desc != nullptr) {
+        const int64_t pid = peer_pids_[r.op->peer];
+        if (r.desc->bytes != static_cast<uint64_t>(r.op->bytes)) {
+          return failed(absl::DataLossError(absl::StrCat(
+              "same-host message ", r.slot, " from group rank ", r.op->peer, " has ",
+              r.desc->bytes, " bytes, expected ", r.op->bytes)));
+        }
+        absl::Status read = ReadPeerMemory(pid, r.desc->address, r.op->data, r.op->bytes);
+        if (!read.ok()) {
+          return failed(absl::Status(
+              read.code(), absl::StrCat("same-host copy from group rank ", r.op->peer, ": ",
+                                        read.message())));
+        }
+        // The sender may reuse its buffer once this arrives.
+        in_acks[i] = r.desc->bytes;
+        auto reply = context_->createUnboundBuffer(&in_acks[i],
+                                                   sizeof(uint64_t));
+        reply->send(r.op->peer, ack_base | r.slot);
+        reply_bufs.push_back(std::move(reply));
+      }
+      if (r.op->done) {
+        if (absl::Status s = r.op->done(); !s.ok()) return failed(s);
       }
     }
     for (auto& buf : send_bufs) {
       if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send cancelled");
+    }
+    for (auto& buf : ack_bufs) {
+      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("acknowledgement cancelled");
+    }
+    for (auto& buf : reply_bufs) {
+      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("acknowledgement cancelled");
     }
     return absl::OkStatus();
   });
@@ -398,7 +463,7 @@ absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory
     attr.hostname = options.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     return std::shared_ptr<GlooCommunicatorFactory>(
-        new GlooCommunicatorFactory(kv, std::move(device)));
+        new GlooCommunicatorFactory(kv, std::move(device), options.same_host_copy));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("cannot create a Gloo TCP device on '",
                                                options.hostname, "': ", e.what()));
@@ -406,8 +471,45 @@ absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory
 }
 
 GlooCommunicatorFactory::GlooCommunicatorFactory(
-    KvStore* kv, std::shared_ptr<gloo::transport::Device> device)
-    : kv_(kv), device_(std::move(device)) {}
+    KvStore* kv, std::shared_ptr<gloo::transport::Device> device, bool same_host_copy)
+    : kv_(kv), same_host_copy_(same_host_copy), device_(std::move(device)) {}
+
+absl::StatusOr<std::vector<int64_t>> GlooCommunicatorFactory::AgreeSameHostPeers(
+    const std::string& prefix, int rank, int size, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const SameHostRecord self = LocalSameHostRecord(same_host_copy_);
+  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost/", rank), self.Encode());
+      !s.ok()) {
+    return s;
+  }
+  std::vector<SameHostRecord> peers(size);
+  std::string readable(size, '0');
+  for (int g = 0; g < size; ++g) {
+    if (g == rank) continue;
+    absl::StatusOr<std::string> v =
+        kv_->Get(absl::StrCat(prefix, "samehost/", g), deadline - absl::Now());
+    if (!v.ok()) return v.status();
+    absl::StatusOr<SameHostRecord> peer = SameHostRecord::Decode(*v);
+    if (!peer.ok()) return peer.status();
+    peers[g] = *peer;
+    if (CanReadPeer(self, peers[g])) readable[g] = '1';
+  }
+  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost_ok/", rank), readable);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<int64_t> pids(size, -1);
+  for (int g = 0; g < size; ++g) {
+    if (g == rank) continue;
+    absl::StatusOr<std::string> v =
+        kv_->Get(absl::StrCat(prefix, "samehost_ok/", g), deadline - absl::Now());
+    if (!v.ok()) return v.status();
+    if (readable[g] == '1' && static_cast<int>(v->size()) == size && (*v)[rank] == '1') {
+      pids[g] = peers[g].pid;
+    }
+  }
+  return pids;
+}
 
 std::string GlooCommunicatorFactory::RendezvousPrefix(const CommunicatorSpec& spec) {
   return absl::StrCat(spec.key_prefix, "gloo/", absl::StrJoin(spec.ranks, ","), "/",
@@ -425,8 +527,15 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicatorFactory::Create(
     context->setTimeout(ToMillis(spec.timeout));
     KvGlooStore store(kv_, prefix, spec.timeout);
     context->connectFullMesh(store, device_);
+    absl::StatusOr<std::vector<int64_t>> pids =
+        AgreeSameHostPeers(prefix, rank, size, spec.timeout);
+    if (!pids.ok()) {
+      return absl::Status(pids.status().code(),
+                          absl::StrCat("same-host rendezvous '", prefix, "' as group rank ",
+                                       rank, "/", size, ": ", pids.status().message()));
+    }
     return std::shared_ptr<Communicator>(
-        std::make_shared<GlooCommunicator>(std::move(context), spec.timeout));
+        std::make_shared<GlooCommunicator>(std::move(context), spec.timeout, *pids));
   } catch (const gloo::IoException& e) {
     const std::string msg = e.what();
     const std::string what = absl::StrCat("Gloo rendezvous '", prefix, "' as group rank ",

@@ -51,6 +51,9 @@ struct GlooOptions {
   // Address the TCP transport binds and advertises to peers: an IP or a resolvable host name
   // of an interface the other workers can reach ("127.0.0.1" for loopback clusters).
   std::string hostname = "127.0.0.1";
+  // Move point-to-point messages between workers on the same host with process_vm_readv
+  // (same_host.h) where both take part and the probe read succeeds; over TCP otherwise.
+  bool same_host_copy = true;
 };
 
 // Communicator over a connected gloo::rendezvous::Context (TCP transport).
@@ -63,9 +66,20 @@ struct GlooOptions {
 // its `prepare`), on slots (0x40 << 56) | (tag << 24) | k, k counting messages per (peer,
 // direction), runs `while_waiting`, then waits. The blocking collectives run
 // `while_waiting` before they start.
+//
+// Same-host messages: a SendRecv message of at least kSameHostMinBytes to or from a peer
+// with a known pid (peer_pids[g] >= 0, the same on both ends: the factory agrees on it)
+// goes as a 16-byte descriptor (address, bytes) on the message's slot; the receiver copies
+// the bytes out of the sender's memory with process_vm_readv and acknowledges on slot
+// (0x41 << 56) | (tag << 24) | k, and the sender returns only once every such message is
+// acknowledged, so its buffers stay valid while they are read.
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout);
+  static constexpr int64_t kSameHostMinBytes = int64_t{64} << 10;
+
+  // peer_pids: empty, or one entry per group rank (-1: over TCP).
+  GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
+                   std::vector<int64_t> peer_pids = {});
   ~GlooCommunicator() override;
 
   int rank() const override;
@@ -92,6 +106,9 @@ class GlooCommunicator : public Communicator {
   absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
                         const CommOptions& options) override;
 
+  // Whether big messages to and from group rank `peer` go by same-host copy.
+  bool SameHostPeer(int peer) const { return SameHost(peer, kSameHostMinBytes); }
+
  private:
   std::chrono::milliseconds TimeoutFor(const CommOptions& options) const;
   static absl::Status RunWhileWaiting(const CommOptions& options);
@@ -99,8 +116,14 @@ class GlooCommunicator : public Communicator {
   template <typename F>
   absl::Status Guard(const char* what, F&& op);
 
+  bool SameHost(int peer, int64_t bytes) const {
+    return bytes >= kSameHostMinBytes && peer < static_cast<int>(peer_pids_.size()) &&
+           peer_pids_[peer] >= 0;
+  }
+
   std::shared_ptr<gloo::Context> context_;
   const absl::Duration timeout_;
+  const std::vector<int64_t> peer_pids_;
   std::atomic<bool> broken_{false};
 };
 
@@ -118,9 +141,18 @@ class GlooCommunicatorFactory : public CommunicatorFactory {
   static std::string RendezvousPrefix(const CommunicatorSpec& spec);
 
  private:
-  GlooCommunicatorFactory(KvStore* kv, std::shared_ptr<gloo::transport::Device> device);
+  GlooCommunicatorFactory(KvStore* kv, std::shared_ptr<gloo::transport::Device> device,
+                          bool same_host_copy);
+
+  // Per group rank, the pid of a peer this rank and that peer both read by same-host copy,
+  // else -1. Every member publishes its SameHostRecord under "<prefix>samehost/<g>" and
+  // which peers it can read under "<prefix>samehost_ok/<g>"; a pair uses it only when both
+  // directions work, so both ends decide alike.
+  absl::StatusOr<std::vector<int64_t>> AgreeSameHostPeers(const std::string& prefix, int rank,
+                                                          int size, absl::Duration timeout);
 
   KvStore* const kv_;
+  const bool same_host_copy_;
   std::shared_ptr<gloo::transport::Device> device_;
 };
 

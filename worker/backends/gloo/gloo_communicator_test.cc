@@ -19,11 +19,15 @@ namespace {
 // Ranks are threads of this process; each has its own TCP device, as a worker process does.
 class GlooGroup {
  public:
-  GlooGroup(int n, const std::string& prefix, absl::Duration timeout = absl::Seconds(30)) {
+  // same_host[r]: GlooOptions::same_host_copy of rank r (default: all true).
+  GlooGroup(int n, const std::string& prefix, absl::Duration timeout = absl::Seconds(30),
+            std::vector<bool> same_host = {}) {
     factories_.resize(n);
     comms_.resize(n);
     for (int r = 0; r < n; ++r) {
-      auto f = GlooCommunicatorFactory::Create(&kv_, GlooOptions{});
+      GlooOptions options;
+      options.same_host_copy = same_host.empty() || same_host[r];
+      auto f = GlooCommunicatorFactory::Create(&kv_, options);
       EXPECT_TRUE(f.ok()) << f.status();
       factories_[r] = *f;
     }
@@ -265,6 +269,55 @@ TEST(GlooCommunicatorTest, SendRecvArbitraryPattern) {
       const Msg& m = msgs[recv_msg[k]];
       for (int64_t i = 0; i < m.bytes; ++i) {
         ASSERT_EQ(in[k][i], Byte(m.src, recv_msg[k], i)) << "msg " << recv_msg[k];
+      }
+    }
+  });
+}
+
+// Big messages between ranks that both take part go by same-host copy (ranks are threads of
+// one process here, so the probe reads succeed); a rank with it off gets plain TCP from and
+// to everyone, and the bytes are the same either way.
+TEST(GlooCommunicatorTest, SendRecvSameHostCopyAndFallback) {
+  const int n = 3;
+  GlooGroup g(n, "samehost/", absl::Seconds(30), {true, true, false});
+  auto& c0 = dynamic_cast<GlooCommunicator&>(g.comm(0));
+  auto& c2 = dynamic_cast<GlooCommunicator&>(g.comm(2));
+  EXPECT_TRUE(c0.SameHostPeer(1));
+  EXPECT_FALSE(c0.SameHostPeer(2));
+  EXPECT_FALSE(c2.SameHostPeer(0));
+  EXPECT_FALSE(c2.SameHostPeer(1));
+  // Every rank sends every other rank one small and two big messages (the last one odd).
+  const std::vector<int64_t> sizes = {100, GlooCommunicator::kSameHostMinBytes,
+                                      (3 << 20) + 5};
+  g.Run([&](int r) {
+    std::vector<std::vector<unsigned char>> out, in;
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < sizes.size(); ++m) {
+        out.emplace_back(sizes[m]);
+        for (int64_t i = 0; i < sizes[m]; ++i) out.back()[i] = Byte(r, p * 10 + m, i);
+        in.emplace_back(sizes[m], 0xEE);
+      }
+    }
+    size_t k = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < sizes.size(); ++m, ++k) {
+        sends.push_back({p, out[k].data(), sizes[m]});
+        recvs.push_back({p, in[k].data(), sizes[m]});
+      }
+    }
+    absl::Status s = g.comm(r).SendRecv(sends, recvs, CommOptions{5});
+    ASSERT_TRUE(s.ok()) << s;
+    k = 0;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      for (size_t m = 0; m < sizes.size(); ++m, ++k) {
+        for (int64_t i = 0; i < sizes[m]; ++i) {
+          ASSERT_EQ(in[k][i], Byte(p, r * 10 + m, i)) << "from " << p << " msg " << m;
+        }
       }
     }
   });
