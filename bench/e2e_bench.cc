@@ -51,6 +51,9 @@ ABSL_FLAG(int, reps, 5, "Timed repetitions of each throughput measurement.");
 ABSL_FLAG(int, latency_runs, 200, "Redistributes of the 4 KiB tensor.");
 ABSL_FLAG(bool, torch, true, "Also run the torch.distributed peer when available.");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch for the torch peer.");
+ABSL_FLAG(bool, tcp, true,
+          "Also time shardcoord with --same-host-copy=false (every byte over Gloo's TCP "
+          "transport), on a second cluster, in the same repetitions.");
 ABSL_FLAG(bool, check_values, true, "Download the big tensor at the end and check it.");
 ABSL_FLAG(std::string, log_dir, "",
           "Keep the daemons' logs (stderr) here; default: a temporary directory, removed.");
@@ -248,14 +251,31 @@ int Run() {
   CoordinatorClient& client = cluster->client();
   const v1::MeshInfo mesh = OrDie(MakeMesh(client, "line", {kWorkers}, cluster->WorkerNames()),
                                   "mesh");
+  // The same, with every byte over Gloo's TCP transport.
+  const bool tcp = absl::GetFlag(FLAGS_tcp);
+  std::unique_ptr<Cluster> tcp_cluster;
+  if (tcp) {
+    ClusterOptions tcp_options = options;
+    tcp_options.worker_flags.push_back("--same-host-copy=false");
+    tcp_options.log_dir = absl::StrCat(log_dir, "/tcp");
+    std::filesystem::create_directories(tcp_options.log_dir);
+    say("starting a second cluster with --same-host-copy=false");
+    tcp_cluster = OrDie(Cluster::Start(tcp_options), "tcp cluster");
+    OrDie(MakeMesh(tcp_cluster->client(), "line", {kWorkers}, tcp_cluster->WorkerNames()),
+          "tcp mesh");
+  }
 
   // ---- Throughput through shardcoord.
   say(absl::StrCat("creating a ", mib, " MiB f32 tensor ", ShapeToString(shape), " with S(0)"));
   OrDie(CreateFilled(client, "big", shape, DType::kF32, "line", "S(0)"), "create big");
-  auto redistribute = [&](const std::string& spec) {
+  if (tcp) {
+    OrDie(CreateFilled(tcp_cluster->client(), "big", shape, DType::kF32, "line", "S(0)"),
+          "create big (tcp)");
+  }
+  auto redistribute_on = [&](CoordinatorClient& c, const std::string& spec) {
     const absl::Time start = absl::Now();
     v1::RedistributeResponse r =
-        OrDie(client.Redistribute(RedistributeTo("big", "", spec)), "redistribute");
+        OrDie(c.Redistribute(RedistributeTo("big", "", spec)), "redistribute");
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (r.progress().state() != v1::COMMITTED) {
       Die(absl::StrCat("plan to ", spec, " ended ", v1::PlanState_Name(r.progress().state()),
@@ -263,6 +283,11 @@ int Run() {
     }
     return std::make_pair(seconds, r);
   };
+  auto redistribute = [&](const std::string& spec) { return redistribute_on(client, spec); };
+  if (tcp) {  // Builds its communicators.
+    redistribute_on(tcp_cluster->client(), "S(1)");
+    redistribute_on(tcp_cluster->client(), "S(0)");
+  }
   // The first move also builds the Gloo communicators: reported apart. Plans are
   // deterministic, so its transfers are every repetition's.
   auto [first_seconds, first] = redistribute("S(1)");
@@ -287,22 +312,35 @@ int Run() {
   PeerResult gloo;
   gloo.ran = true;
   std::vector<double> paired_ratios;  // Per repetition: gloo seconds / shardcoord seconds.
+  Stats shard_tcp;
+  std::vector<double> paired_tcp;
   for (int i = 0; i < reps; ++i) {
     auto [seconds, r] = redistribute("S(1)");
     if (r.plan().bytes_moved() != moved) Die("a repetition moved a different byte count");
     shard.seconds.push_back(seconds);
     plan_seconds.seconds.push_back(r.progress().seconds());
     redistribute("S(0)");
+    double tcp_seconds = 0;
+    if (tcp) {
+      auto [t, tr] = redistribute_on(tcp_cluster->client(), "S(1)");
+      if (tr.plan().bytes_moved() != moved) Die("a tcp repetition moved a different byte count");
+      tcp_seconds = t;
+      shard_tcp.seconds.push_back(t);
+      redistribute_on(tcp_cluster->client(), "S(0)");
+    }
     PeerResult g = RunGloo(matrix, 1, tmp);
     if (g.bytes != moved) Die("gloo moved a different byte count");
     gloo.setup_seconds = std::max(gloo.setup_seconds, g.setup_seconds);
     gloo.bytes = g.bytes;
     gloo.stats.seconds.push_back(g.stats.seconds[0]);
     paired_ratios.push_back(g.stats.seconds[0] / seconds);
-    say(absl::StrCat("  rep ", i, ": shardcoord ", seconds, " s, raw Gloo ",
+    if (tcp) paired_tcp.push_back(g.stats.seconds[0] / tcp_seconds);
+    say(absl::StrCat("  rep ", i, ": shardcoord ", seconds, " s",
+                     tcp ? absl::StrCat(" (over TCP ", tcp_seconds, " s)") : "", ", raw Gloo ",
                      g.stats.seconds[0], " s"));
   }
   Stats paired{paired_ratios};
+  Stats paired_tcp_stats{paired_tcp};
 
   // ---- Latency of a 4 KiB redistribute.
   say(absl::StrCat("timing ", latency_runs, " redistributes of a 4 KiB tensor"));
@@ -321,8 +359,14 @@ int Run() {
     say("checking every value of the big tensor");
     absl::Status values = DownloadAndCheck(client, "big", DType::kF32, shape, FillKind::kArange);
     if (!values.ok()) Die(values.ToString());
+    if (tcp) {
+      values = DownloadAndCheck(tcp_cluster->client(), "big", DType::kF32, shape,
+                                FillKind::kArange);
+      if (!values.ok()) Die(absl::StrCat("tcp cluster: ", values.ToString()));
+    }
   }
-  cluster.reset();  // The torch peer runs without the daemons around.
+  cluster.reset();
+  tcp_cluster.reset();  // The torch peer runs without the daemons around.
 
   // ---- Peers.
   PeerResult torch;
@@ -357,6 +401,13 @@ int Run() {
     w.Key("plan_median_seconds").Double(plan_seconds.Median());
     w.Key("gbps").Double(shard_gbps).Key("median_gbps").Double(GBps(moved, shard.Median()));
     w.EndObject();
+    if (tcp) {
+      w.Key("shardcoord_tcp").BeginObject();
+      w.Key("best_seconds").Double(shard_tcp.Best());
+      w.Key("median_seconds").Double(shard_tcp.Median());
+      w.Key("gbps").Double(GBps(moved, shard_tcp.Best()));
+      w.EndObject();
+    }
     w.Key("gloo").BeginObject();
     w.Key("setup_seconds").Double(gloo.setup_seconds);
     w.Key("best_seconds").Double(gloo.stats.Best()).Key("median_seconds").Double(gloo.stats.Median());
@@ -374,6 +425,10 @@ int Run() {
     w.EndObject();
     w.Key("ratio_vs_gloo").Double(ratio_gloo);
     w.Key("ratio_vs_gloo_paired_median").Double(paired.Median());
+    if (tcp) {
+      w.Key("ratio_tcp_vs_gloo").Double(GBps(moved, shard_tcp.Best()) / gloo_gbps);
+      w.Key("ratio_tcp_vs_gloo_paired_median").Double(paired_tcp_stats.Median());
+    }
     if (torch.ran) w.Key("ratio_vs_torch").Double(ratio_torch);
     w.Key("latency_4k").BeginObject();
     w.Key("runs").Int(latency_runs);
@@ -394,6 +449,10 @@ int Run() {
   std::printf("%-34s %10.4f %10.4f %10.3f   (first run %.4f s; plan time %.4f s)\n",
               "shardcoord Redistribute", shard.Best(), shard.Median(), shard_gbps, first_seconds,
               plan_seconds.Best());
+  if (tcp) {
+    std::printf("%-34s %10.4f %10.4f %10.3f\n", "  same, --same-host-copy=false",
+                shard_tcp.Best(), shard_tcp.Median(), GBps(moved, shard_tcp.Best()));
+  }
   std::printf("%-34s %10.4f %10.4f %10.3f   (setup %.4f s)\n", "raw Gloo alltoallv",
               gloo.stats.Best(), gloo.stats.Median(), gloo_gbps, gloo.setup_seconds);
   if (torch.ran) {
@@ -407,6 +466,10 @@ int Run() {
               "(target >= 0.8)",
               ratio_gloo, paired.Median());
   if (torch.ran) std::printf("; shardcoord / torch = %.3f", ratio_torch);
+  if (tcp) {
+    std::printf("\nover TCP only: shardcoord / raw Gloo = %.3f best vs best, %.3f paired median",
+                GBps(moved, shard_tcp.Best()) / gloo_gbps, paired_tcp_stats.Median());
+  }
   std::printf("\n4 KiB redistribute through the coordinator, %d runs: p50 %.3f ms, p99 %.3f ms\n",
               latency_runs, latency.Percentile(50) * 1e3, latency.Percentile(99) * 1e3);
   return 0;
