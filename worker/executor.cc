@@ -12,8 +12,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "sharding/box_copy.h"
 #include "worker/fragment.h"
+#include "worker/memory_space.h"
 
 namespace shardcoord {
 namespace {
@@ -186,11 +186,14 @@ class Mover {
       : f_(f),
         source_(source),
         target_(target),
+        space_(target->space()),
         esize_(ElementSize(f.dtype)),
         op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {}
 
   int64_t esize() const { return esize_; }
   ReduceOp op() const { return op_; }
+  // Where both buffers and all staging memory live.
+  MemorySpace& space() const { return space_; }
 
   // The source chunk holding `box` of contribution `partial`.
   absl::StatusOr<int> SourceChunk(const Box& box, int64_t partial) const {
@@ -209,7 +212,8 @@ class Mover {
     if (box.Empty()) return absl::OkStatus();
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return k.status();
-    return PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out, esize_);
+    return space_.PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out,
+                          esize_);
   }
 
   // Where `box` lies contiguously in a source chunk, or null (then it must be packed).
@@ -247,9 +251,9 @@ class Mover {
       Box region = c.box.Intersect(box);
       if (region.Empty()) continue;
       absl::Status s =
-          reduce ? ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
-                                 f_.dtype, op_)
-                 : CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
+          reduce ? space_.ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
+                                        f_.dtype, op_)
+                 : space_.CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -265,16 +269,19 @@ class Mover {
 
   // Identity of the reduce op in every target chunk that takes a value; zeros in the
   // contributions that take none.
-  void Initialise(bool reducing) {
+  absl::Status Initialise(bool reducing) {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const int64_t n = chunks[i].box.Volume();
+      absl::Status s;
       if (!NeedsValue(f_, chunks[i])) {
-        std::memset(target_->chunk_data(i), 0, static_cast<size_t>(n * esize_));
+        s = space_.FillZeros(target_->chunk_data(i), n * esize_);
       } else if (reducing) {
-        FillIdentity(target_->chunk_data(i), n);
+        s = space_.FillIdentity(target_->chunk_data(i), n, f_.dtype, op_);
       }
+      if (!s.ok()) return s;
     }
+    return absl::OkStatus();
   }
 
   absl::Status Divide() {
@@ -282,8 +289,8 @@ class Mover {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!NeedsValue(f_, chunks[i])) continue;
-      absl::Status s =
-          DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
+      absl::Status s = space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(),
+                                        f_.dtype, f_.divide_by);
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
@@ -313,50 +320,10 @@ class Mover {
     return off;
   }
 
-  template <typename T>
-  static void FillWith(void* data, int64_t n, T v) {
-    T* p = static_cast<T*>(data);
-    std::fill(p, p + n, v);
-  }
-
-  void FillIdentity(void* data, int64_t n) const {
-    if (op_ == ReduceOp::kSum) {
-      std::memset(data, 0, static_cast<size_t>(n * esize_));
-      return;
-    }
-    const bool min = op_ == ReduceOp::kMin;  // Identity of min is the largest value.
-    switch (f_.dtype) {
-      case DType::kF32:
-        FillWith<float>(data, n, min ? std::numeric_limits<float>::infinity()
-                                     : -std::numeric_limits<float>::infinity());
-        break;
-      case DType::kF64:
-        FillWith<double>(data, n, min ? std::numeric_limits<double>::infinity()
-                                      : -std::numeric_limits<double>::infinity());
-        break;
-      case DType::kF16: FillWith<uint16_t>(data, n, min ? 0x7C00 : 0xFC00); break;
-      case DType::kBF16: FillWith<uint16_t>(data, n, min ? 0x7F80 : 0xFF80); break;
-      case DType::kI8:
-        FillWith<int8_t>(data, n, min ? std::numeric_limits<int8_t>::max()
-                                      : std::numeric_limits<int8_t>::lowest());
-        break;
-      case DType::kU8:
-        FillWith<uint8_t>(data, n, min ? std::numeric_limits<uint8_t>::max() : 0);
-        break;
-      case DType::kI32:
-        FillWith<int32_t>(data, n, min ? std::numeric_limits<int32_t>::max()
-                                       : std::numeric_limits<int32_t>::lowest());
-        break;
-      case DType::kI64:
-        FillWith<int64_t>(data, n, min ? std::numeric_limits<int64_t>::max()
-                                       : std::numeric_limits<int64_t>::lowest());
-        break;
-    }
-  }
-
   const Fragment& f_;
   const HostBuffer* source_;
   HostBuffer* target_;
+  MemorySpace& space_;
   const int64_t esize_;
   const ReduceOp op_;
 };
@@ -381,28 +348,96 @@ int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
   return s;
 }
 
-// Staging memory for packed pieces, from the recycling host memory cache and not
-// zero-filled (every byte is written before it is read), which matters at hundreds of MiB.
+// Staging memory for packed pieces, from the buffers' memory space (the recycling host
+// memory cache, or device memory: the communicator reads and writes it where the chunks
+// are), not zero-filled (every byte is written before it is read), which matters at hundreds
+// of MiB.
 class Staging {
  public:
-  explicit Staging(int64_t bytes) {
-    if (bytes > 0) data_ = static_cast<char*>(HostMemoryCache::Global().Allocate(bytes, &capacity_));
+  Staging(MemorySpace& space, int64_t bytes) : space_(&space) {
+    if (bytes <= 0) return;
+    absl::StatusOr<Allocation> a = space.Allocate(bytes);
+    if (a.ok()) allocation_ = *a;
   }
-  ~Staging() { HostMemoryCache::Global().Free(data_, capacity_); }
-  Staging(Staging&& other) noexcept : data_(other.data_), capacity_(other.capacity_) {
-    other.data_ = nullptr;
-    other.capacity_ = 0;
-  }
+  ~Staging() { space_->Free(allocation_); }
+  Staging(Staging&& other) noexcept
+      : space_(other.space_), allocation_(std::exchange(other.allocation_, Allocation{})) {}
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
 
-  bool ok(int64_t bytes) const { return bytes <= 0 || data_ != nullptr; }
-  char* data() { return data_ != nullptr ? data_ : empty_; }
+  bool ok(int64_t bytes) const { return bytes <= 0 || allocation_.data != nullptr; }
+  char* data() { return allocation_.data != nullptr ? allocation_.data : empty_; }
 
  private:
-  char* data_ = nullptr;
-  int64_t capacity_ = 0;
+  MemorySpace* space_;
+  Allocation allocation_;
   char empty_[1] = {0};
+};
+
+// What a step communicates through when the buffers are not host memory: the space's queued
+// work (fills, local copies, packing, unpacking) has finished before the communicator reads
+// or writes the memory. A send's packing, run as a hook just before the send is posted, is
+// synchronised before the send goes out. Unpacking queued by a receive's hook needs nothing:
+// later steps synchronise first, and the final checksum comes after a Synchronize.
+class SpaceSyncedCommunicator final : public Communicator {
+ public:
+  SpaceSyncedCommunicator(Communicator* inner, MemorySpace* space)
+      : inner_(inner), space_(space) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool broken() const override { return inner_->broken(); }
+  bool PrefersSendRecvForCopies() const override { return inner_->PrefersSendRecvForCopies(); }
+  bool RunsHooks() const override { return inner_->RunsHooks(); }
+
+  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                          absl::Span<const int64_t> recv_bytes,
+                          const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                         absl::Span<const int64_t> recv_bytes,
+                         const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
+  }
+  absl::Status ReduceScatterV(const void* send, void* recv,
+                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
+                              const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
+                         ReduceOp op, const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllReduce(send, recv, elements, dtype, op, options);
+  }
+  absl::Status Broadcast(void* data, int64_t bytes, int root,
+                         const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->Broadcast(data, bytes, root, options);
+  }
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                        const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    // A backend that does not run hooks gets them run around this call (SendRecvWithHooks):
+    // every prepare has run before it, so the Synchronize above covers them.
+    if (!inner_->RunsHooks()) return inner_->SendRecv(sends, recvs, options);
+    std::vector<SendOp> synced(sends.begin(), sends.end());
+    for (SendOp& op : synced) {
+      if (!op.prepare) continue;
+      op.prepare = [prepare = std::move(op.prepare), space = space_]() -> absl::Status {
+        if (absl::Status s = prepare(); !s.ok()) return s;
+        return space->Synchronize();
+      };
+    }
+    return inner_->SendRecv(synced, recvs, options);
+  }
+
+ private:
+  Communicator* const inner_;
+  MemorySpace* const space_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -456,7 +491,8 @@ class StepRunner {
   absl::Status AllGather() {
     std::vector<int64_t> counts(shape_.n);
     for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
-    Staging send(counts[me_]), recv(Sum(counts));
+    Staging send(mover_->space(), counts[me_]),
+        recv(mover_->space(), Sum(counts));
     if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) return OutOfMemory(Sum(counts));
     if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
       return s;
@@ -479,7 +515,7 @@ class StepRunner {
     const int root = shape_.group_rank.at(step_.root);
     const std::vector<Box>& boxes = shape_.boxes[root];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    Staging data(bytes);
+    Staging data(mover_->space(), bytes);
     if (!data.ok(bytes)) return OutOfMemory(bytes);
     const int64_t partial = PartialFrom(root);
     if (me_ == root) {
@@ -507,7 +543,8 @@ class StepRunner {
         recv_bytes[s] += t.bytes;
       }
     }
-    Staging send(Sum(send_bytes)), recv(Sum(recv_bytes));
+    Staging send(mover_->space(), Sum(send_bytes)),
+        recv(mover_->space(), Sum(recv_bytes));
     if (!send.ok(Sum(send_bytes)) || !recv.ok(Sum(recv_bytes))) {
       return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes));
     }
@@ -537,7 +574,7 @@ class StepRunner {
   absl::Status AllReduce() {
     const std::vector<Box>& boxes = shape_.boxes[me_];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    Staging data(bytes);
+    Staging data(mover_->space(), bytes);
     if (!data.ok(bytes)) return OutOfMemory(bytes);
     if (absl::Status s = PackBoxes(boxes, shape_.partial[me_], data.data()); !s.ok()) return s;
     absl::Status s = comm_->AllReduce(data.data(), data.data(), bytes / esize_, f_.dtype,
@@ -549,7 +586,8 @@ class StepRunner {
   absl::Status ReduceScatter() {
     std::vector<int64_t> elements(shape_.n);
     for (int g = 0; g < shape_.n; ++g) elements[g] = BoxBytes(shape_.boxes[g], esize_) / esize_;
-    Staging send(Sum(elements) * esize_), recv(elements[me_] * esize_);
+    Staging send(mover_->space(), Sum(elements) * esize_),
+        recv(mover_->space(), elements[me_] * esize_);
     if (!send.ok(Sum(elements) * esize_) || !recv.ok(elements[me_] * esize_)) {
       return OutOfMemory(Sum(elements) * esize_);
     }
@@ -585,7 +623,7 @@ class StepRunner {
         SendOp op{shape_.group_rank.at(t.dst), mover_->DirectSource(t.box, t.partial_index),
                   t.bytes, nullptr};
         if (op.data == nullptr) {
-          staging.emplace_back(t.bytes);
+          staging.emplace_back(mover_->space(), t.bytes);
           if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
           char* buf = staging.back().data();
           op.data = buf;
@@ -597,7 +635,7 @@ class StepRunner {
         RecvOp op{shape_.group_rank.at(t.src),
                   mover_->DirectTarget(t.box, t.reduce, t.partial_index), t.bytes, nullptr};
         if (op.data == nullptr) {
-          staging.emplace_back(t.bytes);
+          staging.emplace_back(mover_->space(), t.bytes);
           if (!staging.back().ok(t.bytes)) return OutOfMemory(t.bytes);
           char* buf = staging.back().data();
           op.data = buf;
@@ -685,6 +723,12 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
       !SameChunks(input.target->chunks(), f.target)) {
     return absl::InvalidArgumentError("target buffer does not match the fragment's target");
   }
+  if (input.source != nullptr && &input.source->space() != &input.target->space()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version, " in ",
+        input.source->space().name(), " but its target buffer is in ",
+        input.target->space().name()));
+  }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
                                                        : input.options.default_step_timeout;
@@ -715,7 +759,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   }
 
   Mover mover(f, input.source, input.target);
-  mover.Initialise(reducing);
+  if (absl::Status s = mover.Initialise(reducing); !s.ok()) return s;
   // Local copies touch only elements no step writes (or combine commutatively), so they run
   // while the first step's transfers are in flight.
   auto local_copies = [&]() -> absl::Status {
@@ -769,7 +813,10 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     if (shape.method != StepMethod::kSendRecv) {
       if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;
     }
-    StepRunner runner(f, step, shapes[i], &mover, comm->get(), options);
+    std::optional<SpaceSyncedCommunicator> synced;  // Device buffers only.
+    Communicator* step_comm = comm->get();
+    if (!mover.space().is_host()) step_comm = &synced.emplace(step_comm, &mover.space());
+    StepRunner runner(f, step, shapes[i], &mover, step_comm, options);
     if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
     StepReport report;
     report.index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);
@@ -787,8 +834,13 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   }
   if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled"));
   if (absl::Status s = mover.Divide(); !s.ok()) return Annotate(s, "divide_by");
+  if (absl::Status s = mover.space().Synchronize(); !s.ok()) {
+    return Annotate(s, mover.space().name());
+  }
   result.chunks = input.target->chunks();
-  result.checksums = input.target->Checksums();
+  absl::StatusOr<std::vector<uint64_t>> checksums = input.target->Checksums();
+  if (!checksums.ok()) return checksums.status();
+  result.checksums = *std::move(checksums);
   return result;
 }
 
