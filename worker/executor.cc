@@ -491,8 +491,7 @@ class StepRunner {
   absl::Status AllGather() {
     std::vector<int64_t> counts(shape_.n);
     for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
-    Staging send(mover_->space(), counts[me_]),
-        recv(mover_->space(), Sum(counts));
+    Staging send(mover_->space(), counts[me_]), recv(mover_->space(), Sum(counts));
     if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) return OutOfMemory(Sum(counts));
     if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
       return s;
@@ -543,8 +542,7 @@ class StepRunner {
         recv_bytes[s] += t.bytes;
       }
     }
-    Staging send(mover_->space(), Sum(send_bytes)),
-        recv(mover_->space(), Sum(recv_bytes));
+    Staging send(mover_->space(), Sum(send_bytes)), recv(mover_->space(), Sum(recv_bytes));
     if (!send.ok(Sum(send_bytes)) || !recv.ok(Sum(recv_bytes))) {
       return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes));
     }
