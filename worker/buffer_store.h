@@ -15,44 +15,24 @@
 #include "absl/synchronization/mutex.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
+#include "worker/memory_space.h"
 
 namespace shardcoord {
 
-// Recycles large host allocations: freed blocks of at least kMinBytes stay mapped (up to a
-// limit) and serve the next allocation that fits, so a worker that redistributes again and
-// again does not pay the kernel's page faults and zeroing for every new buffer. Blocks are
-// 64-byte aligned. Thread-safe.
-class HostMemoryCache {
- public:
-  static constexpr int64_t kMinBytes = int64_t{1} << 20;
-
-  static HostMemoryCache& Global();
-
-  // nullptr when the allocation fails. `capacity` receives the block's real size.
-  void* Allocate(int64_t bytes, int64_t* capacity);
-  void Free(void* data, int64_t capacity);
-
-  void set_limit(int64_t bytes);
-  int64_t cached_bytes() const;
-  // Frees every cached block.
-  void Clear();
-
- private:
-  mutable absl::Mutex mu_;
-  std::multimap<int64_t, void*> free_ ABSL_GUARDED_BY(mu_);
-  int64_t cached_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t limit_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 30;
-};
-
-// One rank's local buffer of one tensor version in host memory: `chunks` says where each
-// chunk's elements live (row-major, from element `local_offset`). The memory is 64-byte
-// aligned and not initialised. The metadata is fixed at creation; the bytes are written by
-// whoever created the buffer (executor, Fill, WriteChunk) before it is published.
+// One rank's local buffer of one tensor version: `chunks` says where each chunk's elements
+// live (row-major, from element `local_offset`). The bytes live in a MemorySpace (host memory
+// unless the worker keeps its buffers on a GPU; the name is historical): when
+// !space().is_host(), data() and chunk_data() are the space's pointers, for the space's
+// operations and the communicator only. The memory is 64-byte aligned and not initialised.
+// The metadata is fixed at creation; the bytes are written by whoever created the buffer
+// (executor, Fill, WriteChunk) before it is published.
 class HostBuffer {
  public:
   // Validates that every chunk lies inside the `chunks.local_elements` buffer.
   // INVALID_ARGUMENT naming the chunk; RESOURCE_EXHAUSTED when the allocation fails.
-  static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(DType dtype, RankChunks chunks);
+  // `space` (null: HostMemorySpace::Global()) must outlive the buffer.
+  static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(DType dtype, RankChunks chunks,
+                                                            MemorySpace* space = nullptr);
 
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
@@ -72,21 +52,27 @@ class HostBuffer {
   }
   int64_t chunk_bytes(size_t i) const { return chunks_.chunks[i].box.Volume() * element_size_; }
 
-  // ChunkChecksum of every chunk, in chunk order.
-  std::vector<uint64_t> Checksums() const;
+  // Where the bytes live.
+  MemorySpace& space() const { return *space_; }
+
+  // ChunkChecksum of every chunk, in chunk order, computed by the space (after the work
+  // already queued there).
+  absl::StatusOr<std::vector<uint64_t>> Checksums() const;
 
  private:
-  HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, char* data, int64_t capacity);
+  HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpace* space,
+             Allocation allocation);
 
   const DType dtype_;
   const int64_t element_size_;
   const RankChunks chunks_;
   const int64_t bytes_;
+  MemorySpace* const space_;
+  const Allocation allocation_;
   char* const data_;
-  const int64_t capacity_;
 };
 
-// Host buffers by (tensor, version). Thread-safe. Handles are shared_ptrs, so a fragment that
+// Chunk buffers by (tensor, version). Thread-safe. Handles are shared_ptrs, so a fragment that
 // is still reading or writing a buffer keeps it alive after Drop removed it from the map.
 class BufferStore {
  public:

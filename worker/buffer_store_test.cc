@@ -29,7 +29,7 @@ TEST(HostBufferTest, LayoutAndAlignment) {
   EXPECT_EQ(b.chunk_bytes(0), 24);
   EXPECT_EQ(b.chunk_bytes(1), 12);
   std::memset(b.data(), 7, b.bytes());
-  auto sums = b.Checksums();
+  auto sums = *b.Checksums();
   ASSERT_EQ(sums.size(), 2u);
   EXPECT_EQ(sums[0], ChunkChecksum(b.data(), 24));
   EXPECT_EQ(sums[1], ChunkChecksum(b.data() + 24, 12));

@@ -15,6 +15,7 @@
 #include "sharding/box_copy.h"
 #include "worker/checksum.h"
 #include "worker/fragment.h"
+#include "worker/memory_space.h"
 
 namespace shardcoord {
 namespace {
@@ -187,8 +188,11 @@ class Mover {
       : f_(f),
         source_(source),
         target_(target),
+        space_(target->space()),
         esize_(ElementSize(f.dtype)),
         op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {
+    // Host memory is hashed as it is written; other spaces hash on their device at the end.
+    if (!space_.is_host()) return;
     sums_.reserve(target->chunks().chunks.size());
     for (size_t i = 0; i < target->chunks().chunks.size(); ++i) {
       sums_.emplace_back(target->chunk_data(i), target->chunk_bytes(i));
@@ -197,6 +201,8 @@ class Mover {
 
   int64_t esize() const { return esize_; }
   ReduceOp op() const { return op_; }
+  // Where both buffers and all staging memory live.
+  MemorySpace& space() const { return space_; }
 
   // The source chunk holding `box` of contribution `partial`.
   absl::StatusOr<int> SourceChunk(const Box& box, int64_t partial) const {
@@ -215,7 +221,8 @@ class Mover {
     if (box.Empty()) return absl::OkStatus();
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return k.status();
-    return PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out, esize_);
+    return space_.PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out,
+                          esize_);
   }
 
   // Where `box` lies contiguously in a source chunk, or null (then it must be packed).
@@ -238,7 +245,8 @@ class Mover {
   void Landed(const Box& box, bool reduce, int64_t partial) {
     int64_t off = 0;
     const int i = DirectTargetChunk(box, reduce, partial, &off);
-    if (i >= 0) sums_[i].Final(off * esize_, (off + box.Volume()) * esize_);
+    if (i < 0) return;
+    if (ChunkChecksumBuilder* sum = Sum(i)) sum->Final(off * esize_, (off + box.Volume()) * esize_);
   }
 
   // Writes (or combines) `box`, held in `data` laid out for `data_box`, into every target
@@ -252,9 +260,9 @@ class Mover {
       Box region = c.box.Intersect(box);
       if (region.Empty()) continue;
       absl::Status s =
-          reduce ? ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
-                                 f_.dtype, op_)
-                 : CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
+          reduce ? space_.ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
+                                        f_.dtype, op_)
+                 : space_.CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
       if (!s.ok()) return s;
       Wrote(i, region, /*final=*/!reduce);
     }
@@ -271,18 +279,21 @@ class Mover {
 
   // Identity of the reduce op in every target chunk that takes a value; zeros in the
   // contributions that take none.
-  void Initialise(bool reducing) {
+  absl::Status Initialise(bool reducing) {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const int64_t n = chunks[i].box.Volume();
+      absl::Status s;
       if (!NeedsValue(f_, chunks[i])) {
-        std::memset(target_->chunk_data(i), 0, static_cast<size_t>(n * esize_));
-        sums_[i].Final(0, n * esize_);
+        s = space_.FillZeros(target_->chunk_data(i), n * esize_);
+        if (ChunkChecksumBuilder* sum = Sum(i)) sum->Final(0, n * esize_);
       } else if (reducing) {
-        FillIdentity(target_->chunk_data(i), n);
-        sums_[i].Dirty(0, n * esize_);
+        s = space_.FillIdentity(target_->chunk_data(i), n, f_.dtype, op_);
+        if (ChunkChecksumBuilder* sum = Sum(i)) sum->Dirty(0, n * esize_);
       }
+      if (!s.ok()) return s;
     }
+    return absl::OkStatus();
   }
 
   absl::Status Divide() {
@@ -290,16 +301,18 @@ class Mover {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!NeedsValue(f_, chunks[i])) continue;
-      absl::Status s =
-          DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
+      absl::Status s = space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(),
+                                        f_.dtype, f_.divide_by);
       if (!s.ok()) return s;
-      sums_[i].Dirty(0, target_->chunk_bytes(i));
+      if (ChunkChecksumBuilder* sum = Sum(i)) sum->Dirty(0, target_->chunk_bytes(i));
     }
     return absl::OkStatus();
   }
 
-  // ChunkChecksum of every target chunk, most blocks hashed already as they were written.
-  std::vector<uint64_t> Checksums() {
+  // ChunkChecksum of every target chunk: on the host, most blocks were hashed as they were
+  // written; other spaces compute them (after a Synchronize).
+  absl::StatusOr<std::vector<uint64_t>> Checksums() {
+    if (!space_.is_host()) return target_->Checksums();
     std::vector<uint64_t> out;
     out.reserve(sums_.size());
     for (ChunkChecksumBuilder& b : sums_) out.push_back(b.Finish());
@@ -328,10 +341,12 @@ class Mover {
   // Tells target chunk i's checksum that `region` was written: a final overwrite of one
   // contiguous run is hashed as its blocks complete; anything else is hashed at the end.
   void Wrote(size_t i, const Box& region, bool final) {
+    ChunkChecksumBuilder* sum = Sum(i);
+    if (sum == nullptr) return;
     const Box& box = target_->chunks().chunks[i].box;
     if (final) {
       if (std::optional<int64_t> off = ContiguousOffset(region, box)) {
-        sums_[i].Final(*off * esize_, (*off + region.Volume()) * esize_);
+        sum->Final(*off * esize_, (*off + region.Volume()) * esize_);
         return;
       }
     }
@@ -342,8 +357,11 @@ class Mover {
       first += (region.offset(d) - box.offset(d)) * strides[d];
       last += (region.end(d) - 1 - box.offset(d)) * strides[d];
     }
-    sums_[i].Dirty(first * esize_, (last + 1) * esize_);
+    sum->Dirty(first * esize_, (last + 1) * esize_);
   }
+
+  // Target chunk i's checksum under construction; null when the target is not host memory.
+  ChunkChecksumBuilder* Sum(size_t i) { return sums_.empty() ? nullptr : &sums_[i]; }
 
   // Whether target chunk `c` takes a piece: it needs a value, and a plain copy of one
   // contribution of a Partial source goes to the chunk of that contribution.
@@ -368,50 +386,10 @@ class Mover {
     return off;
   }
 
-  template <typename T>
-  static void FillWith(void* data, int64_t n, T v) {
-    T* p = static_cast<T*>(data);
-    std::fill(p, p + n, v);
-  }
-
-  void FillIdentity(void* data, int64_t n) const {
-    if (op_ == ReduceOp::kSum) {
-      std::memset(data, 0, static_cast<size_t>(n * esize_));
-      return;
-    }
-    const bool min = op_ == ReduceOp::kMin;  // Identity of min is the largest value.
-    switch (f_.dtype) {
-      case DType::kF32:
-        FillWith<float>(data, n, min ? std::numeric_limits<float>::infinity()
-                                     : -std::numeric_limits<float>::infinity());
-        break;
-      case DType::kF64:
-        FillWith<double>(data, n, min ? std::numeric_limits<double>::infinity()
-                                      : -std::numeric_limits<double>::infinity());
-        break;
-      case DType::kF16: FillWith<uint16_t>(data, n, min ? 0x7C00 : 0xFC00); break;
-      case DType::kBF16: FillWith<uint16_t>(data, n, min ? 0x7F80 : 0xFF80); break;
-      case DType::kI8:
-        FillWith<int8_t>(data, n, min ? std::numeric_limits<int8_t>::max()
-                                      : std::numeric_limits<int8_t>::lowest());
-        break;
-      case DType::kU8:
-        FillWith<uint8_t>(data, n, min ? std::numeric_limits<uint8_t>::max() : 0);
-        break;
-      case DType::kI32:
-        FillWith<int32_t>(data, n, min ? std::numeric_limits<int32_t>::max()
-                                       : std::numeric_limits<int32_t>::lowest());
-        break;
-      case DType::kI64:
-        FillWith<int64_t>(data, n, min ? std::numeric_limits<int64_t>::max()
-                                       : std::numeric_limits<int64_t>::lowest());
-        break;
-    }
-  }
-
   const Fragment& f_;
   const HostBuffer* source_;
   HostBuffer* target_;
+  MemorySpace& space_;
   const int64_t esize_;
   const ReduceOp op_;
   std::vector<ChunkChecksumBuilder> sums_;  // One per target chunk.
@@ -437,28 +415,96 @@ int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
   return s;
 }
 
-// Staging memory for packed pieces, from the recycling host memory cache and not
-// zero-filled (every byte is written before it is read), which matters at hundreds of MiB.
+// Staging memory for packed pieces, from the buffers' memory space (the recycling host
+// memory cache, or device memory: the communicator reads and writes it where the chunks
+// are), not zero-filled (every byte is written before it is read), which matters at hundreds
+// of MiB.
 class Staging {
  public:
-  explicit Staging(int64_t bytes) {
-    if (bytes > 0) data_ = static_cast<char*>(HostMemoryCache::Global().Allocate(bytes, &capacity_));
+  Staging(MemorySpace& space, int64_t bytes) : space_(&space) {
+    if (bytes <= 0) return;
+    absl::StatusOr<Allocation> a = space.Allocate(bytes);
+    if (a.ok()) allocation_ = *a;
   }
-  ~Staging() { HostMemoryCache::Global().Free(data_, capacity_); }
-  Staging(Staging&& other) noexcept : data_(other.data_), capacity_(other.capacity_) {
-    other.data_ = nullptr;
-    other.capacity_ = 0;
-  }
+  ~Staging() { space_->Free(allocation_); }
+  Staging(Staging&& other) noexcept
+      : space_(other.space_), allocation_(std::exchange(other.allocation_, Allocation{})) {}
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
 
-  bool ok(int64_t bytes) const { return bytes <= 0 || data_ != nullptr; }
-  char* data() { return data_ != nullptr ? data_ : empty_; }
+  bool ok(int64_t bytes) const { return bytes <= 0 || allocation_.data != nullptr; }
+  char* data() { return allocation_.data != nullptr ? allocation_.data : empty_; }
 
  private:
-  char* data_ = nullptr;
-  int64_t capacity_ = 0;
+  MemorySpace* space_;
+  Allocation allocation_;
   char empty_[1] = {0};
+};
+
+// What a step communicates through when the buffers are not host memory: the space's queued
+// work (fills, local copies, packing, unpacking) has finished before the communicator reads
+// or writes the memory. A send's packing, run as a hook just before the send is posted, is
+// synchronised before the send goes out. Unpacking queued by a receive's hook needs nothing:
+// later steps synchronise first, and the final checksum comes after a Synchronize.
+class SpaceSyncedCommunicator final : public Communicator {
+ public:
+  SpaceSyncedCommunicator(Communicator* inner, MemorySpace* space)
+      : inner_(inner), space_(space) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool broken() const override { return inner_->broken(); }
+  bool PrefersSendRecvForCopies() const override { return inner_->PrefersSendRecvForCopies(); }
+  bool RunsHooks() const override { return inner_->RunsHooks(); }
+
+  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                          absl::Span<const int64_t> recv_bytes,
+                          const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
+  }
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                         absl::Span<const int64_t> recv_bytes,
+                         const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
+  }
+  absl::Status ReduceScatterV(const void* send, void* recv,
+                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
+                              const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
+                         ReduceOp op, const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->AllReduce(send, recv, elements, dtype, op, options);
+  }
+  absl::Status Broadcast(void* data, int64_t bytes, int root,
+                         const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    return inner_->Broadcast(data, bytes, root, options);
+  }
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                        const CommOptions& options) override {
+    if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
+    // A backend that does not run hooks gets them run around this call (SendRecvWithHooks):
+    // every prepare has run before it, so the Synchronize above covers them.
+    if (!inner_->RunsHooks()) return inner_->SendRecv(sends, recvs, options);
+    std::vector<SendOp> synced(sends.begin(), sends.end());
+    for (SendOp& op : synced) {
+      if (!op.prepare) continue;
+      op.prepare = [prepare = std::move(op.prepare), space = space_]() -> absl::Status {
+        if (absl::Status s = prepare(); !s.ok()) return s;
+        return space->Synchronize();
+      };
+    }
+    return inner_->SendRecv(synced, recvs, options);
+  }
+
+ private:
+  Communicator* const inner_;
+  MemorySpace* const space_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -514,7 +560,7 @@ class StepRunner {
   absl::Status AllGather() {
     std::vector<int64_t> counts(shape_.n);
     for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
-    Staging send(counts[me_]), recv(Sum(counts));
+    Staging send(mover_->space(), counts[me_]), recv(mover_->space(), Sum(counts));
     if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) return OutOfMemory(Sum(counts));
     if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
       return s;
@@ -537,7 +583,7 @@ class StepRunner {
     const int root = shape_.group_rank.at(step_.root);
     const std::vector<Box>& boxes = shape_.boxes[root];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    Staging data(bytes);
+    Staging data(mover_->space(), bytes);
     if (!data.ok(bytes)) return OutOfMemory(bytes);
     const int64_t partial = PartialFrom(root);
     if (me_ == root) {
@@ -565,7 +611,7 @@ class StepRunner {
         recv_bytes[s] += t.bytes;
       }
     }
-    Staging send(Sum(send_bytes)), recv(Sum(recv_bytes));
+    Staging send(mover_->space(), Sum(send_bytes)), recv(mover_->space(), Sum(recv_bytes));
     if (!send.ok(Sum(send_bytes)) || !recv.ok(Sum(recv_bytes))) {
       return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes));
     }
@@ -595,7 +641,7 @@ class StepRunner {
   absl::Status AllReduce() {
     const std::vector<Box>& boxes = shape_.boxes[me_];
     const int64_t bytes = BoxBytes(boxes, esize_);
-    Staging data(bytes);
+    Staging data(mover_->space(), bytes);
     if (!data.ok(bytes)) return OutOfMemory(bytes);
     if (absl::Status s = PackBoxes(boxes, shape_.partial[me_], data.data()); !s.ok()) return s;
     absl::Status s = comm_->AllReduce(data.data(), data.data(), bytes / esize_, f_.dtype,
@@ -607,7 +653,8 @@ class StepRunner {
   absl::Status ReduceScatter() {
     std::vector<int64_t> elements(shape_.n);
     for (int g = 0; g < shape_.n; ++g) elements[g] = BoxBytes(shape_.boxes[g], esize_) / esize_;
-    Staging send(Sum(elements) * esize_), recv(elements[me_] * esize_);
+    Staging send(mover_->space(), Sum(elements) * esize_),
+        recv(mover_->space(), elements[me_] * esize_);
     if (!send.ok(Sum(elements) * esize_) || !recv.ok(elements[me_] * esize_)) {
       return OutOfMemory(Sum(elements) * esize_);
     }
@@ -652,7 +699,7 @@ class StepRunner {
     std::map<const Transfer*, Staging> staging;
     auto staged = [&](const Transfer* t) -> char* {
       auto it = staging.find(t);
-      if (it == staging.end()) it = staging.emplace(t, Staging(t->bytes)).first;
+      if (it == staging.end()) it = staging.emplace(t, Staging(mover_->space(), t->bytes)).first;
       return it->second.ok(t->bytes) ? it->second.data() : nullptr;
     };
     std::vector<SendOp> sends;
@@ -778,6 +825,12 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
       !SameChunks(input.target->chunks(), f.target)) {
     return absl::InvalidArgumentError("target buffer does not match the fragment's target");
   }
+  if (input.source != nullptr && &input.source->space() != &input.target->space()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version, " in ",
+        input.source->space().name(), " but its target buffer is in ",
+        input.target->space().name()));
+  }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
                                                        : input.options.default_step_timeout;
@@ -808,7 +861,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   }
 
   Mover mover(f, input.source, input.target);
-  mover.Initialise(reducing);
+  if (absl::Status s = mover.Initialise(reducing); !s.ok()) return s;
   // Local copies touch only elements no step writes (or combine commutatively), so they run
   // while the first step's transfers are in flight.
   auto local_copies = [&]() -> absl::Status {
@@ -862,7 +915,10 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     if (shape.method != StepMethod::kSendRecv) {
       if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;
     }
-    StepRunner runner(f, step, shapes[i], &mover, comm->get(), options,
+    std::optional<SpaceSyncedCommunicator> synced;  // Device buffers only.
+    Communicator* step_comm = comm->get();
+    if (!mover.space().is_host()) step_comm = &synced.emplace(step_comm, &mover.space());
+    StepRunner runner(f, step, shapes[i], &mover, step_comm, options,
                       std::max<int64_t>(input.options.message_bytes, 1));
     if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
     StepReport report;
@@ -881,8 +937,13 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   }
   if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled"));
   if (absl::Status s = mover.Divide(); !s.ok()) return Annotate(s, "divide_by");
+  if (absl::Status s = mover.space().Synchronize(); !s.ok()) {
+    return Annotate(s, mover.space().name());
+  }
   result.chunks = input.target->chunks();
-  result.checksums = mover.Checksums();
+  absl::StatusOr<std::vector<uint64_t>> checksums = mover.Checksums();
+  if (!checksums.ok()) return checksums.status();
+  result.checksums = *std::move(checksums);
   return result;
 }
 

@@ -1,7 +1,13 @@
-// The worker daemon: registers with the coordinator, heartbeats, holds chunk buffers in host
-// memory and executes plan fragments through the Communicator interface (Gloo).
+// The worker daemon: registers with the coordinator, heartbeats, holds chunk buffers and
+// executes plan fragments through the Communicator interface: NCCL with the buffers in the
+// memory of the one GPU it owns, or Gloo with the buffers in host memory.
 //
 //   worker --coordinator 127.0.0.1:7400 --listen 127.0.0.1:0 --name w0
+//   worker --backend nccl --device 1 ...
+//
+// --backend auto (the default) picks nccl when a CUDA device is visible, else gloo; its log
+// line is the first. --backend nccl without a GPU exits 2 with one line
+// "no CUDA device visible: <why>". Builds without the CUDA toolkit have no NCCL branch.
 //
 // When ready it prints one line to stdout: "worker <name> listening on <host:port>". Logs go
 // to stderr. SIGTERM or SIGINT shuts it down cleanly.
@@ -26,10 +32,16 @@
 #include "worker/backends/gloo/gloo_communicator.h"
 #include "worker/buffer_store.h"
 #include "worker/communicator.h"
+#include "worker/backends/nccl/gpu_probe.h"
 #include "worker/coordinator_rpc.h"
-#include "worker/cuda_probe.h"
+#include "worker/memory_space.h"
 #include "worker/thread_pool.h"
 #include "worker/worker_service.h"
+
+#ifdef SHARDCOORD_HAVE_CUDA
+#include "worker/backends/nccl/cuda_memory_space.h"
+#include "worker/backends/nccl/nccl_backend.h"
+#endif
 
 namespace shardcoord {
 namespace {
@@ -66,7 +78,7 @@ int Main(int argc, char** argv) {
   std::string name;
   std::string host = HostName();
   std::string backend = "auto";
-  std::string device = "cpu";
+  std::string device;
   std::string gloo_host;
   bool same_host_copy = true;
   // Durations as the coordinator's flags take them: 60s, 500ms, 2m.
@@ -83,8 +95,9 @@ int Main(int argc, char** argv) {
   app.add_option("--backend", backend, "Communication backend")
       ->check(CLI::IsMember({"gloo", "nccl", "auto"}))
       ->capture_default_str();
-  app.add_option("--device", device, "Device: cpu (or cuda:N for the NCCL backend)")
-      ->capture_default_str();
+  app.add_option("--device", device,
+                 "The GPU this worker owns for the nccl backend: N or cuda:N (default: the "
+                 "first device CUDA_VISIBLE_DEVICES leaves visible); cpu: host buffers, gloo");
   app.add_option("--gloo-host", gloo_host,
                  "Address Gloo binds and advertises (default: the --listen host, or --host "
                  "when that is a wildcard)");
@@ -117,26 +130,44 @@ int Main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Backend choice comes first: its log line is the first one.
-  std::string why;
-  const int gpus = CountVisibleCudaDevices(&why);
-  if (backend == "nccl") {
-    if (gpus == 0) {
-      std::fprintf(stderr, "no CUDA device visible: NCCL backend requires a GPU\n");
-      return 2;
-    }
-    std::fprintf(stderr, "NCCL backend is not built into this worker yet (%s)\n", why.c_str());
+  absl::StatusOr<DeviceFlag> device_flag = ParseDeviceFlag(device);
+  if (!device_flag.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(device_flag.status().message()).c_str());
     return 2;
   }
-  if (backend == "auto") {
-    if (gpus == 0) {
-      spdlog::info("backend auto: no CUDA device visible, using gloo ({})", why);
-    } else {
-      spdlog::info("backend auto: {}, but the NCCL backend is not built yet, using gloo", why);
+  BackendChoice choice;
+  if (device_flag->cpu) {
+    if (backend == "nccl") {
+      std::fprintf(stderr, "--device cpu: the nccl backend needs a CUDA device\n");
+      return 2;
     }
-    backend = "gloo";
+    choice.log_line = backend == "auto" ? "backend auto: --device cpu, using gloo"
+                                        : "backend gloo: selected by --backend";
   } else {
-    spdlog::info("backend gloo ({})", why);
+    absl::StatusOr<BackendChoice> chosen = ChooseBackend(backend);
+    if (!chosen.ok()) {  // "no CUDA device visible: ..."
+      std::fprintf(stderr, "%s\n", std::string(chosen.status().message()).c_str());
+      return 2;
+    }
+    choice = *std::move(chosen);
   }
+  spdlog::info("{}", choice.log_line);
+  int gpu = -1;
+  if (choice.backend == Backend::kNccl) {
+    absl::StatusOr<int> resolved = ResolveDevice(device_flag->index, choice.visible_devices);
+    if (!resolved.ok()) {
+      spdlog::error("{}", std::string(resolved.status().message()));
+      return 2;
+    }
+    gpu = *resolved;
+#ifndef SHARDCOORD_HAVE_CUDA
+    // Unreachable: without the toolkit the probe finds no device.
+    spdlog::error("the nccl backend is not built into this worker (no CUDA toolkit at build time)");
+    return 2;
+#endif
+  }
+  backend = choice.backend == Backend::kNccl ? "nccl" : "gloo";
+  const std::string device_name = gpu >= 0 ? absl::StrCat("cuda:", gpu) : "cpu";
   if (name.empty()) name = absl::StrCat(host, ":", getpid());
 
   // Block the shutdown signals in every thread; main waits for them with sigwait.
@@ -149,20 +180,41 @@ int Main(int argc, char** argv) {
   std::unique_ptr<GrpcCoordinatorClient> client = GrpcCoordinatorClient::Connect(coordinator);
   const std::string listen_host = HostOf(listen);
   if (gloo_host.empty()) gloo_host = IsWildcard(listen_host) ? host : listen_host;
-  absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> gloo =
-      GlooCommunicatorFactory::Create(client.get(), GlooOptions{gloo_host, same_host_copy});
-  if (!gloo.ok()) {
-    spdlog::error("{}", gloo.status().ToString());
-    return 1;
+  // NCCL: buffers in the GPU's memory, communicators on it. Gloo: host memory.
+  std::unique_ptr<MemorySpace> device_space;
+  std::shared_ptr<CommunicatorFactory> factory;
+  if (gpu >= 0) {
+#ifdef SHARDCOORD_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<nccl::CudaMemorySpace>> space =
+        nccl::CudaMemorySpace::Create(gpu);
+    if (!space.ok()) {
+      spdlog::error("{}", space.status().ToString());
+      return 1;
+    }
+    device_space = *std::move(space);
+    nccl::NcclFactoryOptions nccl_options;
+    nccl_options.device = gpu;
+    // The client outlives every communicator: no ownership.
+    factory = nccl::MakeNcclCommunicatorFactory(
+        std::shared_ptr<KvStore>(std::shared_ptr<void>(), client.get()), nccl_options);
+#endif
+  } else {
+    absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> gloo =
+        GlooCommunicatorFactory::Create(client.get(), GlooOptions{gloo_host, same_host_copy});
+    if (!gloo.ok()) {
+      spdlog::error("{}", gloo.status().ToString());
+      return 1;
+    }
+    factory = *std::move(gloo);
   }
-  CommunicatorCache communicators(*gloo);
+  CommunicatorCache communicators(factory);
   BufferStore buffers;
   ThreadPool pool(2);
 
   AgentOptions agent_options;
   agent_options.registration.set_name(name);
   agent_options.registration.set_host(host);
-  agent_options.registration.set_device(device);
+  agent_options.registration.set_device(device_name);
   agent_options.registration.set_backend(backend);
   agent_options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 
@@ -174,7 +226,8 @@ int Main(int argc, char** argv) {
       [&agent, name] {
         return agent != nullptr ? agent->identity() : WorkerIdentity{name, 0, -1};
       },
-      executor_options, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
+      executor_options, [](absl::string_view line) { spdlog::info("{}", std::string(line)); },
+      device_space.get());
   WorkerServiceImpl service(&core, &pool);
 
   grpc::ServerBuilder builder;
@@ -199,8 +252,13 @@ int Main(int argc, char** argv) {
     server->Shutdown(std::chrono::system_clock::now());
     return 1;
   }
-  spdlog::info("worker {} (gloo on {}, same-host copy {}) serving on {}, coordinator {}", name,
-               gloo_host, same_host_copy ? "on" : "off", address, coordinator);
+  if (gpu >= 0) {
+    spdlog::info("worker {} (nccl on {}, buffers in {}) serving on {}, coordinator {}", name,
+                 device_name, device_space->name(), address, coordinator);
+  } else {
+    spdlog::info("worker {} (gloo on {}, same-host copy {}) serving on {}, coordinator {}",
+                 name, gloo_host, same_host_copy ? "on" : "off", address, coordinator);
+  }
   std::printf("worker %s listening on %s\n", name.c_str(), address.c_str());
   std::fflush(stdout);
 

@@ -7,10 +7,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "proto/grpc_status.h"
 #include "proto/convert.h"
-#include "sharding/box_copy.h"
 #include "sharding/fill.h"
 #include "sharding/layout.h"
 #include "worker/fragment.h"
@@ -39,13 +39,15 @@ struct WorkerCore::PlanRun {
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
                        ChunkReporter* reporter, std::function<WorkerIdentity()> identity,
-                       ExecutorOptions options, std::function<void(absl::string_view)> log)
+                       ExecutorOptions options, std::function<void(absl::string_view)> log,
+                       MemorySpace* space)
     : buffers_(buffers),
       communicators_(communicators),
       reporter_(reporter),
       identity_(std::move(identity)),
       options_(options),
-      log_(std::move(log)) {}
+      log_(std::move(log)),
+      space_(space != nullptr ? space : &HostMemorySpace::Global()) {}
 
 WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
 
@@ -80,7 +82,8 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     }
     run->source = *source;
   }
-  absl::StatusOr<std::shared_ptr<HostBuffer>> target = HostBuffer::Create(f.dtype, f.target);
+  absl::StatusOr<std::shared_ptr<HostBuffer>> target =
+      HostBuffer::Create(f.dtype, f.target, space_);
   if (!target.ok()) return target.status();
   run->target = *target;
   {
@@ -249,6 +252,7 @@ absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request
     default:
       return absl::InvalidArgumentError(absl::StrCat("init: unknown value ", request.init()));
   }
+  // Filled in host memory; a device space gets it in one copy.
   absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Create(*dtype, *chunks);
   if (!buffer.ok()) return buffer.status();
   HostBuffer& b = **buffer;
@@ -261,9 +265,20 @@ absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request
     absl::Status s = FillBox(kind, request.seed(), *shape, c.box, *dtype, b.chunk_data(i));
     if (!s.ok()) return s;
   }
-  buffers_->Put(request.tensor(), request.version(), *buffer);
+  std::shared_ptr<HostBuffer> stored = *std::move(buffer);
+  if (!space_->is_host()) {
+    absl::StatusOr<std::shared_ptr<HostBuffer>> device =
+        HostBuffer::Create(*dtype, *chunks, space_);
+    if (!device.ok()) return device.status();
+    absl::Status s = space_->CopyFromHost((*device)->data(), stored->data(), stored->bytes());
+    if (!s.ok()) return s;
+    stored = *std::move(device);
+  }
+  absl::StatusOr<std::vector<uint64_t>> checksums = stored->Checksums();
+  if (!checksums.ok()) return checksums.status();
+  buffers_->Put(request.tensor(), request.version(), stored);
   v1::FillResponse response;
-  *response.mutable_chunks() = RankChunksToProto(b.chunks(), b.Checksums());
+  *response.mutable_chunks() = RankChunksToProto(stored->chunks(), *checksums);
   return response;
 }
 
@@ -302,17 +317,31 @@ absl::Status WorkerCore::ChunkReader::Next(int64_t max_bytes, std::string* out) 
   const int64_t volume = box_.Volume();
   const int64_t count = std::min(volume - next_, std::max<int64_t>(1, max_bytes / esize));
   if (count <= 0) return absl::OkStatus();
+  MemorySpace& space = buffer_->space();
   const size_t start = out->size();
   out->resize(start + static_cast<size_t>(count * esize));
+  // A device space packs the range into staging memory there, then copies it out.
+  Allocation staging;
+  absl::Cleanup free_staging = [&] { space.Free(staging); };
   char* p = out->data() + start;
+  if (!space.is_host()) {
+    absl::StatusOr<Allocation> a = space.Allocate(count * esize);
+    if (!a.ok()) return a.status();
+    staging = *a;
+    p = staging.data;
+  }
   const Chunk& chunk = buffer_->chunks().chunks[chunk_];
   for (const Box& rel : FlatRangeToBoxes(box_.shape(), next_, next_ + count)) {
     Shape offset = rel.offset();
     for (int d = 0; d < box_.ndim(); ++d) offset[d] += box_.offset(d);
     Box piece(offset, rel.shape());
-    absl::Status s = PackBox(piece, buffer_->chunk_data(chunk_), chunk.box, p, esize);
+    absl::Status s = space.PackBox(piece, buffer_->chunk_data(chunk_), chunk.box, p, esize);
     if (!s.ok()) return s;
     p += piece.Volume() * esize;
+  }
+  if (!space.is_host()) {
+    absl::Status s = space.CopyToHost(out->data() + start, staging.data, count * esize);
+    if (!s.ok()) return s;
   }
   next_ += count;
   return absl::OkStatus();
@@ -325,7 +354,8 @@ absl::StatusOr<std::unique_ptr<WorkerCore::ChunkWriter>> WorkerCore::OpenWrite(
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<RankChunks> chunks = RankChunksFromProto(header.chunks(), "chunks");
   if (!chunks.ok()) return chunks.status();
-  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Create(*dtype, *chunks);
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+      HostBuffer::Create(*dtype, *chunks, space_);
   if (!buffer.ok()) return buffer.status();
   if (header.total_bytes() != (*buffer)->bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -347,8 +377,24 @@ absl::Status WorkerCore::ChunkWriter::Append(absl::string_view data) {
     return absl::InvalidArgumentError(absl::StrCat("data: more than the announced total_bytes ",
                                                    buffer_->bytes()));
   }
-  std::memcpy(buffer_->data() + written_, data.data(), data.size());
+  if (buffer_->space().is_host()) {
+    std::memcpy(buffer_->data() + written_, data.data(), data.size());
+    flushed_ += static_cast<int64_t>(data.size());
+  } else {
+    pending_.append(data.data(), data.size());
+  }
   written_ += static_cast<int64_t>(data.size());
+  if (static_cast<int64_t>(pending_.size()) >= kStagingBytes) return Flush();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::ChunkWriter::Flush() {
+  if (pending_.empty()) return absl::OkStatus();
+  absl::Status s = buffer_->space().CopyFromHost(buffer_->data() + flushed_, pending_.data(),
+                                                 static_cast<int64_t>(pending_.size()));
+  if (!s.ok()) return s;
+  flushed_ += static_cast<int64_t>(pending_.size());
+  pending_.clear();
   return absl::OkStatus();
 }
 
@@ -357,8 +403,11 @@ absl::StatusOr<v1::WriteChunkResponse> WorkerCore::ChunkWriter::Finish() {
     return absl::InvalidArgumentError(absl::StrCat("data: received ", written_, " of ",
                                                    buffer_->bytes(), " bytes"));
   }
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  absl::StatusOr<std::vector<uint64_t>> checksums = buffer_->Checksums();
+  if (!checksums.ok()) return checksums.status();
   v1::WriteChunkResponse response;
-  *response.mutable_chunks() = RankChunksToProto(buffer_->chunks(), buffer_->Checksums());
+  *response.mutable_chunks() = RankChunksToProto(buffer_->chunks(), *checksums);
   buffers_->Put(tensor_, version_, buffer_);
   return response;
 }

@@ -22,6 +22,7 @@
 #include "worker/communicator.h"
 #include "worker/coordinator_rpc.h"
 #include "worker/executor.h"
+#include "worker/memory_space.h"
 #include "worker/thread_pool.h"
 
 namespace shardcoord {
@@ -53,10 +54,14 @@ constexpr int64_t kMaxChunkMessageBytes = int64_t{1} << 20;
 class WorkerCore {
  public:
   // `log` (optional) receives one line per plan event (start, result with per-step timings,
-  // finish); the daemon sends them to spdlog.
+  // finish); the daemon sends them to spdlog. `space` (null: host memory) is where the
+  // worker's buffers live: every buffer it creates is there, and the source buffers of plans
+  // must be too. Fill, ReadChunk and WriteChunk stage through host memory when it is not
+  // host memory. It must outlive this object.
   WorkerCore(BufferStore* buffers, CommunicatorCache* communicators, ChunkReporter* reporter,
              std::function<WorkerIdentity()> identity, ExecutorOptions options = {},
-             std::function<void(absl::string_view)> log = nullptr);
+             std::function<void(absl::string_view)> log = nullptr,
+             MemorySpace* space = nullptr);
   ~WorkerCore();
 
   absl::Status Execute(const v1::PlanFragment& fragment);
@@ -69,7 +74,8 @@ class WorkerCore {
    public:
     int64_t total_bytes() const { return total_bytes_; }
     bool done() const { return next_ >= box_.Volume(); }
-    // Appends the next at most `max_bytes` bytes (at least one element) to `out`.
+    // Appends the next at most `max_bytes` bytes (at least one element) to `out`; from a
+    // device space, that range is packed there and copied to the host in one copy.
     absl::Status Next(int64_t max_bytes, std::string* out);
 
    private:
@@ -86,6 +92,9 @@ class WorkerCore {
   // Receives a whole local buffer: the header message, then the bytes in order.
   class ChunkWriter {
    public:
+    // A device space gets the bytes in copies of at least this many (but the last).
+    static constexpr int64_t kStagingBytes = int64_t{8} << 20;
+
     // INVALID_ARGUMENT past the announced total.
     absl::Status Append(absl::string_view data);
     // INVALID_ARGUMENT when fewer bytes than announced arrived; stores the buffer (replacing
@@ -99,6 +108,10 @@ class WorkerCore {
     int64_t version_ = 0;
     std::shared_ptr<HostBuffer> buffer_;
     int64_t written_ = 0;
+    // Device spaces: received bytes not yet copied to the buffer, which holds `flushed_`.
+    std::string pending_;
+    int64_t flushed_ = 0;
+    absl::Status Flush();
   };
   // INVALID_ARGUMENT header; RESOURCE_EXHAUSTED allocation. Data in the header message is
   // appended too.
@@ -122,6 +135,7 @@ class WorkerCore {
   const std::function<WorkerIdentity()> identity_;
   const ExecutorOptions options_;
   const std::function<void(absl::string_view)> log_;
+  MemorySpace* const space_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PlanRun>> plans_ ABSL_GUARDED_BY(mu_);

@@ -271,7 +271,7 @@ TEST_F(LifecycleTest, ExecuteReportCommitRead) {
     auto stored = workers_[r]->buffers.Find("T", 2);
     ASSERT_NE(stored, nullptr);
     ASSERT_EQ(rep.chunks().chunks_size(), 1);
-    EXPECT_EQ(rep.chunks().chunks(0).checksum(), stored->Checksums()[0]);
+    EXPECT_EQ(rep.chunks().chunks(0).checksum(), (*stored->Checksums())[0]);
     EXPECT_EQ(rep.bytes_done(), 3 * 2 * 3 * 4);  // Three 2x3 f32 pieces from the others.
   }
   // Re-executing a running (not yet finished) plan id is refused.

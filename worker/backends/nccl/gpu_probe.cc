@@ -1,6 +1,8 @@
 #include "worker/backends/nccl/gpu_probe.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 
 #ifdef SHARDCOORD_HAVE_CUDA
@@ -51,8 +53,8 @@ absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
     if (flag == "nccl") {
       return absl::FailedPreconditionError(absl::StrCat(kNoDevice, reason));
     }
-    choice.log_line = absl::StrCat("backend auto: no CUDA device visible (", reason,
-                                   "), using gloo");
+    choice.log_line =
+        absl::StrCat("backend auto: no CUDA device visible, using gloo (", reason, ")");
     return choice;
   }
   choice.backend = Backend::kNccl;
@@ -71,6 +73,25 @@ absl::StatusOr<int> ResolveDevice(int device_flag, int visible) {
                                                    " CUDA device(s) are visible"));
   }
   return device;
+}
+
+absl::StatusOr<DeviceFlag> ParseDeviceFlag(absl::string_view flag) {
+  DeviceFlag out;
+  if (flag.empty()) return out;
+  if (flag == "cpu") {
+    out.cpu = true;
+    return out;
+  }
+  absl::string_view number = flag;
+  absl::ConsumePrefix(&number, "cuda:");
+  int index = -1;
+  if (number.empty() || number.size() > 6 || !absl::SimpleAtoi(number, &index) || index < 0 ||
+      number.find_first_not_of("0123456789") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device '", flag, "' is not cpu, N or cuda:N"));
+  }
+  out.index = index;
+  return out;
 }
 
 }  // namespace shardcoord

@@ -19,7 +19,7 @@ enum class Backend { kGloo, kNccl };
 struct BackendChoice {
   Backend backend = Backend::kGloo;
   // The worker's first log line, e.g.
-  //   "backend auto: no CUDA device visible (CUDA driver version is insufficient), using gloo"
+  //   "backend auto: no CUDA device visible, using gloo (CUDA driver version is insufficient)"
   //   "backend auto: 2 CUDA device(s) visible, using nccl"
   std::string log_line;
   int visible_devices = 0;  // 0 for gloo chosen without probing.
@@ -36,6 +36,16 @@ absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
 // The GPU a worker owns: --device when given (device_flag >= 0), else 0, the first device
 // CUDA_VISIBLE_DEVICES leaves visible. INVALID_ARGUMENT when it is not below `visible`.
 absl::StatusOr<int> ResolveDevice(int device_flag, int visible);
+
+// The worker's --device flag: "" (default: the first visible GPU when the backend is nccl),
+// "N" or "cuda:N" (GPU N, counted after CUDA_VISIBLE_DEVICES), or "cpu" (host buffers and
+// the gloo backend, without probing for a GPU).
+struct DeviceFlag {
+  bool cpu = false;
+  int index = -1;  // -1: the default. For ResolveDevice.
+};
+// INVALID_ARGUMENT "--device '<flag>' is not cpu, N or cuda:N" otherwise.
+absl::StatusOr<DeviceFlag> ParseDeviceFlag(absl::string_view flag);
 
 }  // namespace shardcoord
 

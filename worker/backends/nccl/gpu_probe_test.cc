@@ -1,6 +1,7 @@
 #include "worker/backends/nccl/gpu_probe.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace shardcoord {
@@ -22,8 +23,8 @@ TEST(ChooseBackendTest, AutoWithoutGpuPicksGlooAndSaysWhy) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->backend, Backend::kGloo);
   EXPECT_EQ(c->log_line,
-            "backend auto: no CUDA device visible (CUDA driver version is insufficient for CUDA "
-            "runtime version), using gloo");
+            "backend auto: no CUDA device visible, using gloo (CUDA driver version is "
+            "insufficient for CUDA runtime version)");
 }
 
 TEST(ChooseBackendTest, AutoWithGpusPicksNccl) {
@@ -56,7 +57,7 @@ TEST(ChooseBackendTest, ProbeErrorWithoutPrefixIsQuotedWhole) {
   };
   absl::StatusOr<BackendChoice> c = ChooseBackend("auto", probe);
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->log_line, "backend auto: no CUDA device visible (driver crashed), using gloo");
+  EXPECT_EQ(c->log_line, "backend auto: no CUDA device visible, using gloo (driver crashed)");
   EXPECT_EQ(ChooseBackend("nccl", probe).status().message(),
             "no CUDA device visible: driver crashed");
 }
@@ -97,6 +98,28 @@ TEST(ResolveDeviceTest, DefaultsToFirstVisibleAndChecksRange) {
   absl::StatusOr<int> bad = ResolveDevice(4, 4);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.status().message(), "--device 4 but only 4 CUDA device(s) are visible");
+}
+
+TEST(ParseDeviceFlagTest, AcceptsNCudaNAndCpu) {
+  absl::StatusOr<DeviceFlag> d = ParseDeviceFlag("");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->cpu);
+  EXPECT_EQ(d->index, -1);
+  d = ParseDeviceFlag("3");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->index, 3);
+  d = ParseDeviceFlag("cuda:1");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->cpu);
+  EXPECT_EQ(d->index, 1);
+  d = ParseDeviceFlag("cpu");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->cpu);
+  for (const char* bad : {"gpu", "cuda:", "-1", "cuda:-2", "1x", "+1", "cuda:1:2"}) {
+    absl::StatusOr<DeviceFlag> b = ParseDeviceFlag(bad);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(b.status().message(), absl::StrCat("--device '", bad, "' is not cpu, N or cuda:N"));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,252 @@
+#include "worker/testing/fake_device_memory_space.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "sharding/box_copy.h"
+#include "worker/checksum.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr std::align_val_t kAlignment{64};
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "FakeDeviceMemorySpace CHECK failed: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace
+
+FakeDeviceMemorySpace::FakeDeviceMemorySpace(std::string name) : name_(std::move(name)) {}
+
+FakeDeviceMemorySpace::~FakeDeviceMemorySpace() {
+  absl::MutexLock lock(&mu_);
+  DrainLocked().IgnoreError();
+  if (!blocks_.empty()) {
+    Die(absl::StrCat(name_, ": destroyed with ", blocks_.size(), " live allocation(s)"));
+  }
+}
+
+FakeDeviceMemorySpace::Stats FakeDeviceMemorySpace::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void FakeDeviceMemorySpace::set_capacity(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  capacity_ = bytes;
+}
+
+bool FakeDeviceMemorySpace::Owns(const void* p, int64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  return OwnsLocked(p, bytes);
+}
+
+bool FakeDeviceMemorySpace::OwnsLocked(const void* p, int64_t bytes) const {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  auto it = blocks_.upper_bound(addr);
+  if (it == blocks_.begin()) return false;
+  --it;
+  return bytes >= 0 && addr >= it->first &&
+         addr - it->first + static_cast<uint64_t>(bytes) <= static_cast<uint64_t>(it->second);
+}
+
+void FakeDeviceMemorySpace::CheckDevice(const void* p, int64_t bytes, const char* what) const {
+  if (bytes == 0) return;  // Empty extents touch nothing and may be null.
+  if (!OwnsLocked(p, bytes)) {
+    Die(absl::StrCat(name_, ": ", what, ": ", bytes, " bytes at ", absl::Hex(p),
+                     " are not memory of this space (a host pointer in a device op?)"));
+  }
+}
+
+void FakeDeviceMemorySpace::CheckHost(const void* p, int64_t bytes, const char* what) const {
+  if (bytes == 0) return;
+  if (p == nullptr) Die(absl::StrCat(name_, ": ", what, ": null host pointer"));
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  auto it = blocks_.upper_bound(addr + static_cast<uint64_t>(bytes) - 1);
+  if (it != blocks_.begin()) {
+    --it;
+    if (addr < it->first + static_cast<uint64_t>(it->second)) {
+      Die(absl::StrCat(name_, ": ", what, ": host range at ", absl::Hex(p),
+                       " overlaps memory of this space (a device pointer used as host "
+                       "memory?)"));
+    }
+  }
+}
+
+void FakeDeviceMemorySpace::Enqueue(std::function<absl::Status()> op) {
+  queue_.push_back(std::move(op));
+  ++stats_.ops_queued;
+}
+
+absl::Status FakeDeviceMemorySpace::DrainLocked() {
+  std::vector<std::function<absl::Status()>> queue;
+  queue.swap(queue_);
+  for (auto& op : queue) {
+    absl::Status s = op();
+    if (!s.ok() && queued_error_.ok()) queued_error_ = s;
+  }
+  return std::exchange(queued_error_, absl::OkStatus());
+}
+
+absl::StatusOr<Allocation> FakeDeviceMemorySpace::Allocate(int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("allocation of ", bytes, " bytes"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (bytes > capacity_ - stats_.live_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of ", name_, " memory (",
+                     stats_.live_bytes, " of ", capacity_, " bytes in use)"));
+  }
+  const int64_t real = std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+  void* p = ::operator new(static_cast<size_t>(real), kAlignment, std::nothrow);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of ", name_, " memory"));
+  }
+  blocks_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  ++stats_.live_allocations;
+  stats_.live_bytes += bytes;
+  return Allocation{static_cast<char*>(p), bytes};
+}
+
+void FakeDeviceMemorySpace::Free(const Allocation& allocation) {
+  if (allocation.data == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  DrainLocked().IgnoreError();  // As cudaFree: queued work on the block finishes first.
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(allocation.data));
+  if (it == blocks_.end()) {
+    Die(absl::StrCat(name_, ": Free of ", absl::Hex(allocation.data),
+                     ", which is not the start of a live allocation of this space"));
+  }
+  --stats_.live_allocations;
+  stats_.live_bytes -= it->second;
+  blocks_.erase(it);
+  ::operator delete(allocation.data, kAlignment);
+}
+
+absl::Status FakeDeviceMemorySpace::CopyFromHost(void* dst, const void* src, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
+  absl::MutexLock lock(&mu_);
+  CheckDevice(dst, bytes, "CopyFromHost destination");
+  CheckHost(src, bytes, "CopyFromHost source");
+  absl::Status s = DrainLocked();
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  ++stats_.copies_to_device;
+  stats_.bytes_to_device += bytes;
+  return s;
+}
+
+absl::Status FakeDeviceMemorySpace::CopyToHost(void* dst, const void* src, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
+  absl::MutexLock lock(&mu_);
+  CheckHost(dst, bytes, "CopyToHost destination");
+  CheckDevice(src, bytes, "CopyToHost source");
+  absl::Status s = DrainLocked();
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  ++stats_.copies_to_host;
+  stats_.bytes_to_host += bytes;
+  return s;
+}
+
+absl::Status FakeDeviceMemorySpace::FillZeros(void* data, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("zero fill of ", bytes, " bytes"));
+  absl::MutexLock lock(&mu_);
+  CheckDevice(data, bytes, "FillZeros");
+  if (bytes == 0) return absl::OkStatus();
+  Enqueue([data, bytes] {
+    std::memset(data, 0, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceMemorySpace::FillIdentity(void* data, int64_t count, DType dtype,
+                                                 ReduceOp op) {
+  // Argument errors at the call, as a kernel launcher checks before launching.
+  if (absl::Status s = FillReduceIdentity(nullptr, 0, dtype, op); !s.ok()) return s;
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("identity fill of ", count, " elements"));
+  }
+  absl::MutexLock lock(&mu_);
+  CheckDevice(data, count * ElementSize(dtype), "FillIdentity");
+  if (count == 0) return absl::OkStatus();
+  Enqueue([=] { return FillReduceIdentity(data, count, dtype, op); });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src,
+                                            const Box& src_box, void* dst, const Box& dst_box,
+                                            int64_t element_size) {
+  absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
+  if (!runs.ok()) return runs.status();
+  if (runs->empty) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  CheckDevice(src, src_box.Volume() * element_size, "CopyBox source");
+  CheckDevice(dst, dst_box.Volume() * element_size, "CopyBox destination");
+  Enqueue([=] { return shardcoord::CopyBox(region, src, src_box, dst, dst_box, element_size); });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceMemorySpace::ReduceIntoBox(const Box& region, const void* src,
+                                                  const Box& src_box, void* dst,
+                                                  const Box& dst_box, DType dtype,
+                                                  ReduceOp op) {
+  const int64_t element_size = ElementSize(dtype);
+  if (element_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce op ", ReduceOpName(op), " is not element-wise; reduce with sum and then divide"));
+  }
+  absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
+  if (!runs.ok()) return runs.status();
+  if (runs->empty) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  CheckDevice(src, src_box.Volume() * element_size, "ReduceIntoBox source");
+  CheckDevice(dst, dst_box.Volume() * element_size, "ReduceIntoBox destination");
+  Enqueue([=] {
+    return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status FakeDeviceMemorySpace::DivideBox(void* data, int64_t count, DType dtype,
+                                              int64_t divisor) {
+  const int64_t element_size = ElementSize(dtype);
+  if (element_size <= 0 || count < 0 || divisor <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("division of ", count, " elements of dtype ",
+                                                   static_cast<int>(dtype), " by ", divisor));
+  }
+  absl::MutexLock lock(&mu_);
+  CheckDevice(data, count * element_size, "DivideBox");
+  if (count == 0) return absl::OkStatus();
+  Enqueue([=] { return shardcoord::DivideBox(data, count, dtype, divisor); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> FakeDeviceMemorySpace::ChunkChecksum(const void* data, int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("checksum of ", bytes, " bytes"));
+  absl::MutexLock lock(&mu_);
+  CheckDevice(data, bytes, "ChunkChecksum");
+  if (absl::Status s = DrainLocked(); !s.ok()) return s;
+  ++stats_.checksums;
+  return shardcoord::ChunkChecksum(data, bytes);
+}
+
+absl::Status FakeDeviceMemorySpace::Synchronize() {
+  absl::MutexLock lock(&mu_);
+  ++stats_.synchronizes;
+  return DrainLocked();
+}
+
+}  // namespace shardcoord
