@@ -25,71 +25,20 @@
 #include "worker/fragment.h"
 #include "worker/kv_client.h"
 #include "worker/memory_space.h"
+#include "worker/testing/executor_test_util.h"
 #include "worker/testing/fake_device_memory_space.h"
 
 namespace shardcoord {
 namespace {
 
+using executor_testing::Contribution;
+using executor_testing::ForEachElement;
+using executor_testing::Fragments;
+using executor_testing::MakeLayout;
+using executor_testing::MakeSource;
+using executor_testing::Reduced;
+
 constexpr int kRanks = 4;
-
-double Contribution(ReduceOp op, int64_t flat, int64_t partial) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partial + 1));
-    case ReduceOp::kMax: return static_cast<double>(flat + partial);
-    case ReduceOp::kMin: return static_cast<double>(flat - partial);
-  }
-  return 0;
-}
-
-double Reduced(ReduceOp op, int64_t flat, int64_t partials) {
-  if (partials <= 1) return static_cast<double>(flat);
-  switch (op) {
-    case ReduceOp::kSum: return static_cast<double>(flat * partials * (partials + 1) / 2);
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partials + 1)) / 2.0;
-    case ReduceOp::kMax: return static_cast<double>(flat + partials - 1);
-    case ReduceOp::kMin: return static_cast<double>(flat - partials + 1);
-  }
-  return 0;
-}
-
-void ForEachElement(const Shape& shape, const Box& box,
-                    const std::function<void(int64_t, int64_t)>& fn) {
-  if (box.Empty()) return;
-  const Shape strides = RowMajorStrides(shape);
-  Shape idx(box.ndim(), 0);
-  for (int64_t i = 0; i < box.Volume(); ++i) {
-    int64_t flat = 0;
-    for (int d = 0; d < box.ndim(); ++d) flat += (box.offset(d) + idx[d]) * strides[d];
-    fn(i, flat);
-    for (int d = box.ndim() - 1; d >= 0; --d) {
-      if (++idx[d] < box.shape(d)) break;
-      idx[d] = 0;
-    }
-  }
-}
-
-// Rank `rank`'s source chunks of `layout`, in `space` (null: host).
-std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType dtype,
-                                       MemorySpace* space) {
-  const RankChunks* rc = layout.Find(rank);
-  if (rc == nullptr) return nullptr;
-  auto host = *HostBuffer::Create(dtype, *rc);
-  for (size_t k = 0; k < rc->chunks.size(); ++k) {
-    const Chunk& c = rc->chunks[k];
-    char* data = host->chunk_data(k);
-    ForEachElement(layout.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-      const double v = layout.is_partial()
-                           ? Contribution(layout.partial_op(), flat, c.partial_index)
-                           : static_cast<double>(flat);
-      StoreFromDouble(data, dtype, i, v);
-    });
-  }
-  if (space == nullptr) return host;
-  auto device = *HostBuffer::Create(dtype, *rc, space);
-  EXPECT_TRUE(space->CopyFromHost(device->data(), host->data(), host->bytes()).ok());
-  return device;
-}
 
 // Gloo with NCCL's manners: copies run as their collectives, and the hooks are run around
 // the call by SendRecvWithHooks rather than by the backend.
@@ -180,20 +129,6 @@ struct RunOutput {
   std::set<StepMethod> methods;
 };
 
-std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id) {
-  FragmentOptions options;
-  options.plan_id = id;
-  options.tensor = "T";
-  options.source_version = 1;
-  options.target_version = 2;
-  for (int r = 0; r < kRanks; ++r) options.incarnations[r] = 1;
-  options.step_timeout_ms = 30000;
-  options.communicator_prefix = absl::StrCat("plan/", id, "/");
-  std::vector<v1::PlanFragment> out;
-  for (int r = 0; r < kRanks; ++r) out.push_back(MakeFragment(plan, r, options));
-  return out;
-}
-
 // Runs the plan's fragments on threads, buffers in `devices` (null: host memory).
 RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
                   ExecutorOptions options, Devices* devices) {
@@ -204,7 +139,7 @@ RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
   std::vector<Fragment> fragments(kRanks);
   std::vector<std::shared_ptr<HostBuffer>> sources(kRanks);
   std::vector<FakeDeviceMemorySpace::Stats> before(kRanks);
-  const std::vector<v1::PlanFragment> protos = Fragments(plan, id);
+  const std::vector<v1::PlanFragment> protos = Fragments(plan, id, kRanks);
   for (int r = 0; r < kRanks; ++r) {
     MemorySpace* space = devices != nullptr ? devices->at(r) : nullptr;
     fragments[r] = *ParseFragment(protos[r]);
@@ -276,19 +211,6 @@ void CheckTarget(const Plan& plan, const RunOutput& out) {
       });
     }
   }
-}
-
-Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
-                  const std::string& spec, const Shape& shape) {
-  DeviceMesh mesh = *DeviceMesh::Create(mesh_shape, ranks);
-  if (spec.rfind("flat ", 0) == 0) {
-    absl::StatusOr<Layout> l = Layout::FromFlat(mesh, shape, *ParseFlatSpec(spec.substr(5)));
-    EXPECT_TRUE(l.ok()) << l.status();
-    return *l;
-  }
-  absl::StatusOr<Layout> l = Layout::FromPlacements(mesh, shape, *ParsePlacements(spec));
-  EXPECT_TRUE(l.ok()) << spec << ": " << l.status();
-  return *l;
 }
 
 struct Case {

@@ -21,67 +21,19 @@
 #include "worker/checksum.h"
 #include "worker/fragment.h"
 #include "worker/kv_client.h"
+#include "worker/testing/executor_test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using executor_testing::Contribution;
+using executor_testing::ForEachElement;
+using executor_testing::Fragments;
+using executor_testing::MakeLayout;
+using executor_testing::MakeSource;
+using executor_testing::Reduced;
+
 constexpr int kRanks = 4;
-
-// The value a contribution holds at a flat index, and what the reduction of all of them is.
-double Contribution(ReduceOp op, int64_t flat, int64_t partial) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partial + 1));
-    case ReduceOp::kMax: return static_cast<double>(flat + partial);
-    case ReduceOp::kMin: return static_cast<double>(flat - partial);
-  }
-  return 0;
-}
-
-double Reduced(ReduceOp op, int64_t flat, int64_t partials) {
-  if (partials <= 1) return static_cast<double>(flat);
-  switch (op) {
-    case ReduceOp::kSum: return static_cast<double>(flat * partials * (partials + 1) / 2);
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partials + 1)) / 2.0;
-    case ReduceOp::kMax: return static_cast<double>(flat + partials - 1);
-    case ReduceOp::kMin: return static_cast<double>(flat - partials + 1);
-  }
-  return 0;
-}
-
-// Calls fn(i, flat) for every element of `box`, i counting row-major inside the box.
-void ForEachElement(const Shape& shape, const Box& box,
-                    const std::function<void(int64_t, int64_t)>& fn) {
-  if (box.Empty()) return;
-  const Shape strides = RowMajorStrides(shape);
-  Shape idx(box.ndim(), 0);
-  for (int64_t i = 0; i < box.Volume(); ++i) {
-    int64_t flat = 0;
-    for (int d = 0; d < box.ndim(); ++d) flat += (box.offset(d) + idx[d]) * strides[d];
-    fn(i, flat);
-    for (int d = box.ndim() - 1; d >= 0; --d) {
-      if (++idx[d] < box.shape(d)) break;
-      idx[d] = 0;
-    }
-  }
-}
-
-std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType dtype) {
-  const RankChunks* rc = layout.Find(rank);
-  if (rc == nullptr) return nullptr;
-  auto buffer = *HostBuffer::Create(dtype, *rc);
-  for (size_t k = 0; k < rc->chunks.size(); ++k) {
-    const Chunk& c = rc->chunks[k];
-    char* data = buffer->chunk_data(k);
-    ForEachElement(layout.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-      const double v = layout.is_partial()
-                           ? Contribution(layout.partial_op(), flat, c.partial_index)
-                           : static_cast<double>(flat);
-      StoreFromDouble(data, dtype, i, v);
-    });
-  }
-  return buffer;
-}
 
 struct Cluster {
   Cluster() {
@@ -142,20 +94,6 @@ RunOutput RunFragments(Cluster& cluster, const std::vector<v1::PlanFragment>& pr
   return out;
 }
 
-std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id) {
-  FragmentOptions options;
-  options.plan_id = id;
-  options.tensor = "T";
-  options.source_version = 1;
-  options.target_version = 2;
-  for (int r = 0; r < kRanks; ++r) options.incarnations[r] = 1;
-  options.step_timeout_ms = 30000;
-  options.communicator_prefix = absl::StrCat("plan/", id, "/");
-  std::vector<v1::PlanFragment> out;
-  for (int r = 0; r < kRanks; ++r) out.push_back(MakeFragment(plan, r, options));
-  return out;
-}
-
 // Checks every element of every target chunk and the reported checksums.
 void CheckTarget(const Layout& source, const Layout& target, DType dtype, const RunOutput& out) {
   for (int r = 0; r < kRanks; ++r) {
@@ -193,19 +131,6 @@ struct Case {
   DType dtype = DType::kF32;
 };
 
-Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
-                  const std::string& spec, const Shape& shape) {
-  DeviceMesh mesh = *DeviceMesh::Create(mesh_shape, ranks);
-  if (spec.rfind("flat ", 0) == 0) {
-    absl::StatusOr<Layout> l = Layout::FromFlat(mesh, shape, *ParseFlatSpec(spec.substr(5)));
-    EXPECT_TRUE(l.ok()) << l.status();
-    return *l;
-  }
-  absl::StatusOr<Layout> l = Layout::FromPlacements(mesh, shape, *ParsePlacements(spec));
-  EXPECT_TRUE(l.ok()) << spec << ": " << l.status();
-  return *l;
-}
-
 // kSmallMessages: the default methods, with SendRecv transfers cut into messages of at most
 // 24 bytes (many slabs per transfer, some staged, some landing in place).
 enum class Mode { kDefault, kCopyCollectives, kPointToPoint, kSmallMessages };
@@ -227,7 +152,7 @@ std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int ser
   options.force_point_to_point = force_p2p;
   options.force_copy_collectives = mode == Mode::kCopyCollectives;
   if (mode == Mode::kSmallMessages) options.message_bytes = 24;
-  RunOutput out = RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial)), sources,
+  RunOutput out = RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial), kRanks), sources,
                                options);
   CheckTarget(a, b, c.dtype, out);
   if (force_p2p) {
