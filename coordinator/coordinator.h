@@ -15,6 +15,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/tensor_bands.h"
 #include "coordinator/tensor_io.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/timer.h"
@@ -30,6 +31,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration plan_timeout = absl::Minutes(5);
   bool use_collectives = true;
+  // Whole uploads and downloads move through the coordinator in bands of at most this many
+  // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
+  int64_t io_band_bytes = kDefaultBandBytes;
   GrpcWorkerClientOptions worker_client;
 };
 

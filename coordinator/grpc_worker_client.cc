@@ -1,6 +1,8 @@
 #include "coordinator/grpc_worker_client.h"
 
+#include <deque>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
@@ -239,6 +241,239 @@ void GrpcWorkerClient::WriteChunk(const WorkerEndpoint& worker, const v1::ChunkD
   auto* call = new WriteCall(this, header, std::move(data), options_.data_timeout,
                              options_.chunk_message_bytes, std::move(done));
   call->Start(StubFor(worker.address));
+}
+
+// A WriteChunk stream fed piece by piece. The reactor keeps a gRPC hold until the caller
+// finishes or cancels (or a write fails), so OnDone cannot run, and delete it, while a
+// caller might still start an operation; only the holder of the write claim (`writing`)
+// starts operations or removes the hold. What the caller's handle touches lives in State.
+class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkData> {
+ public:
+  using WriteDone = std::function<void(absl::Status)>;
+  using FinishDone = std::function<void(absl::StatusOr<v1::WriteChunkResponse>)>;
+
+  struct State {
+    absl::Mutex mu;
+    StreamCall* call ABSL_GUARDED_BY(mu) = nullptr;  // Null once OnDone ran.
+    // Writes not yet completed; the front one is in flight while `writing`.
+    std::deque<std::pair<std::string, WriteDone>> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = true;  // The header goes first.
+    bool held ABSL_GUARDED_BY(mu) = true;
+    bool broken ABSL_GUARDED_BY(mu) = false;  // A write failed or the caller cancelled.
+    bool finish_requested ABSL_GUARDED_BY(mu) = false;
+    FinishDone finish_done ABSL_GUARDED_BY(mu);
+    bool ended ABSL_GUARDED_BY(mu) = false;
+    absl::Status end_status ABSL_GUARDED_BY(mu);
+  };
+
+  StreamCall(GrpcWorkerClient* owner, const v1::ChunkData& header, absl::Duration timeout,
+             int64_t slice, std::shared_ptr<State> state)
+      : owner_(owner), slice_(slice), state_(std::move(state)) {
+    ctx_.set_deadline(DeadlineIn(timeout));
+    message_ = header;
+    message_.clear_data();
+    absl::MutexLock lock(&state_->mu);
+    state_->call = this;
+  }
+
+  void Start(v1::Worker::Stub* stub) {
+    owner_->Begin(&ctx_);
+    stub->async()->WriteChunk(&ctx_, &response_, this);
+    AddHold();
+    StartWrite(&message_);
+    StartCall();
+  }
+
+  // Called by the write claim holder: the next slice of the front write.
+  void WriteNext(const std::string& data) {
+    const size_t n = std::min(data.size() - offset_, static_cast<size_t>(slice_));
+    message_.Clear();
+    message_.set_data(data.data() + offset_, n);
+    offset_ += n;
+    StartWrite(&message_);
+  }
+
+  void Cancel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { ctx_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&state_->mu);
+        state_->broken = true;
+        state_->writing = false;
+        state_->held = false;
+      }
+      RemoveHold();  // OnDone follows with the status and fails what is queued.
+      return;
+    }
+    WriteDone completed;
+    const std::string* next = nullptr;
+    bool writes_done = false;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (!header_sent_) {
+        header_sent_ = true;
+      } else if (offset_ >= state_->queue.front().first.size()) {
+        completed = std::move(state_->queue.front().second);
+        state_->queue.pop_front();
+        offset_ = 0;
+      }
+      if (state_->broken) {
+        state_->writing = false;
+        state_->held = false;
+      } else if (!state_->queue.empty()) {
+        next = &state_->queue.front().first;  // Stays put: only this claim pops it.
+      } else if (state_->finish_requested) {
+        writes_done = true;
+        state_->held = false;
+      } else {
+        state_->writing = false;
+      }
+    }
+    if (completed) completed(absl::OkStatus());
+    if (next != nullptr) return WriteNext(*next);
+    if (writes_done) {
+      StartWritesDone();
+      RemoveHold();
+      return;
+    }
+    bool release = false;
+    {
+      absl::MutexLock lock(&state_->mu);
+      release = state_->broken && !state_->held && !released_;
+      released_ = released_ || release;
+    }
+    if (release) RemoveHold();
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    std::deque<std::pair<std::string, WriteDone>> queue;
+    FinishDone finish;
+    bool broken = false;
+    const absl::Status status = s.ok() ? absl::OkStatus() : FromGrpcStatus(s);
+    {
+      absl::MutexLock lock(&state_->mu);
+      state_->call = nullptr;
+      state_->ended = true;
+      state_->end_status =
+          status.ok() ? absl::CancelledError("WriteChunk stream already ended") : status;
+      queue.swap(state_->queue);
+      if (state_->finish_requested) finish = std::move(state_->finish_done);
+      broken = state_->broken;
+    }
+    const absl::Status failed =
+        status.ok() ? absl::UnavailableError("WriteChunk stream ended early") : status;
+    for (auto& [unused, done] : queue) done(failed);
+    if (finish) {
+      if (status.ok() && !broken) {
+        finish(std::move(response_));
+      } else {
+        finish(failed);
+      }
+    }
+    GrpcWorkerClient* owner = owner_;
+    grpc::ClientContext* ctx = &ctx_;
+    owner->End(ctx);
+    delete this;
+  }
+
+ private:
+  GrpcWorkerClient* const owner_;
+  const int64_t slice_;
+  std::shared_ptr<State> state_;
+  grpc::ClientContext ctx_;
+  v1::ChunkData message_;
+  v1::WriteChunkResponse response_;
+  // Owned by the write claim holder.
+  bool header_sent_ = false;
+  size_t offset_ = 0;
+  bool released_ = false;  // Guarded by state_->mu.
+};
+
+class GrpcWorkerClient::StreamHandle : public ChunkWriteStream {
+ public:
+  explicit StreamHandle(std::shared_ptr<StreamCall::State> state) : state_(std::move(state)) {}
+  ~StreamHandle() override { Cancel(); }
+
+  void Write(std::string data, std::function<void(absl::Status)> done) override {
+    StreamCall* start = nullptr;
+    const std::string* front = nullptr;
+    absl::Status now;
+    bool complete_now = false;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->ended) {
+        now = state_->end_status;
+        complete_now = true;
+      } else if (data.empty() && !state_->broken) {
+        complete_now = true;
+      } else {
+        // A broken stream keeps it queued: OnDone fails it with the stream's status.
+        state_->queue.emplace_back(std::move(data), std::move(done));
+        if (!state_->writing && !state_->broken) {
+          state_->writing = true;
+          start = state_->call;
+          front = &state_->queue.front().first;
+        }
+      }
+    }
+    if (complete_now) return done(now);
+    if (start != nullptr) start->WriteNext(*front);
+  }
+
+  void Finish(std::function<void(absl::StatusOr<v1::WriteChunkResponse>)> done) override {
+    StreamCall* start = nullptr;
+    absl::Status now;
+    {
+      absl::MutexLock lock(&state_->mu);
+      if (state_->ended || state_->finish_requested) {
+        now = state_->ended ? state_->end_status
+                            : absl::FailedPreconditionError("WriteChunk stream finished twice");
+      } else {
+        state_->finish_requested = true;
+        state_->finish_done = std::move(done);
+        if (!state_->writing && !state_->broken) {
+          state_->writing = true;
+          state_->held = false;
+          start = state_->call;
+        }
+      }
+    }
+    if (!now.ok()) return done(now);
+    if (start != nullptr) {
+      start->StartWritesDone();
+      start->RemoveHold();
+    }
+  }
+
+  void Cancel() override {
+    StreamCall* release = nullptr;
+    {
+      absl::MutexLock lock(&state_->mu);
+      // After Finish the stream ends on its own (the handle's destructor cancels).
+      if (state_->ended || state_->broken || state_->finish_requested) return;
+      state_->broken = true;
+      if (state_->call != nullptr) state_->call->Cancel();
+      if (state_->held && !state_->writing) {
+        state_->held = false;
+        release = state_->call;
+      }
+    }
+    // With a write in flight, it fails and its OnWriteDone removes the hold.
+    if (release != nullptr) release->RemoveHold();
+  }
+
+ private:
+  std::shared_ptr<StreamCall::State> state_;
+};
+
+std::shared_ptr<ChunkWriteStream> GrpcWorkerClient::OpenWriteChunk(const WorkerEndpoint& worker,
+                                                                   const v1::ChunkData& header) {
+  auto state = std::make_shared<StreamCall::State>();
+  auto* call = new StreamCall(this, header, options_.data_timeout, options_.chunk_message_bytes,
+                              state);
+  call->Start(StubFor(worker.address));
+  return std::make_shared<StreamHandle>(std::move(state));
 }
 
 }  // namespace shardcoord

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -48,10 +49,16 @@ class GrpcWorkerClient : public WorkerClient {
                  Callback<std::string> done) override;
   void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header, std::string data,
                   Callback<v1::WriteChunkResponse> done) override;
+  // A real stream: each Write goes out in messages of at most chunk_message_bytes, and its
+  // callback runs once gRPC took the last of them (one message in flight per stream).
+  std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
+                                                   const v1::ChunkData& header) override;
 
  private:
   class ReadCall;
   class WriteCall;
+  class StreamCall;
+  class StreamHandle;
 
   v1::Worker::Stub* StubFor(const std::string& address);
   // In-flight bookkeeping: Begin before starting a call, End after its callback ran.

@@ -40,6 +40,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-collectives", no_collectives,
                "lower every plan to point-to-point steps");
+  app.add_option("--io-band-bytes", options.io_band_bytes,
+                 "whole uploads and downloads stream through the coordinator in bands of at "
+                 "most this many bytes along dim 0 (at least one dim-0 index each); it holds "
+                 "about two bands per transfer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -1,6 +1,7 @@
 #include "coordinator/tensor_io.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
 #include <utility>
@@ -197,6 +198,264 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
 
 // ---- Upload ------------------------------------------------------------------------------
 
+absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
+    const UploadArgs& args) {
+  if (args.name.empty()) return absl::InvalidArgumentError("header.name: empty");
+  const int64_t es = ElementSize(args.dtype);
+  absl::StatusOr<int64_t> bytes = CheckedBytes(args.shape, es);
+  if (!bytes.ok()) return bytes.status();
+
+  absl::StatusOr<TensorRecord> existing = tensors_->Get(args.name);
+  if (!existing.ok() && existing.status().code() != absl::StatusCode::kNotFound) {
+    return existing.status();
+  }
+  std::shared_ptr<UploadStream> up(new UploadStream(this));
+  up->args_ = args;
+  up->replace_ = existing.ok();
+  if (up->replace_ && (existing->shape != args.shape || existing->dtype != args.dtype)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "tensor '", args.name, "' exists as ", ShapeToString(existing->shape), " ",
+        DTypeName(existing->dtype), ", not ", ShapeToString(args.shape), " ",
+        DTypeName(args.dtype)));
+  }
+  if (args.spec.has_value()) {
+    up->mesh_name_ =
+        !args.spec->mesh.empty() ? args.spec->mesh : (up->replace_ ? existing->mesh : "");
+    if (up->mesh_name_.empty()) {
+      return absl::InvalidArgumentError("header.spec.mesh: empty (name the mesh)");
+    }
+    absl::StatusOr<MeshRecord> mesh = meshes_->Get(up->mesh_name_);
+    if (!mesh.ok()) return mesh.status();
+    absl::StatusOr<Layout> l = LayoutForSpec(*args.spec, mesh->mesh, args.shape, "header.spec");
+    if (!l.ok()) return l.status();
+    up->layout_ = *std::move(l);
+    up->spec_text_ = args.spec->ToString();
+  } else if (up->replace_) {
+    up->mesh_name_ = existing->mesh;
+    up->spec_text_ = existing->spec;
+    up->layout_ = existing->layout;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.spec: required to upload new tensor '", args.name, "'"));
+  }
+  absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = Endpoints(up->layout_);
+  if (!endpoints.ok()) return endpoints.status();
+  up->endpoints_ = *std::move(endpoints);
+  up->plan_ = BandPlan(args.shape, es, band_bytes_);
+  if (!WritesInOrder(up->layout_, up->plan_)) {
+    up->plan_ = BandPlan(args.shape, es, std::numeric_limits<int64_t>::max());
+  }
+  up->zero_partials_ =
+      up->layout_.is_partial() && up->layout_.partial_op() == ReduceOp::kSum;
+
+  up->op_ = NewOp("upload");
+  up->version_ = tensors_->NewVersion();
+  if (up->replace_) {
+    absl::StatusOr<TensorRecord> held = tensors_->Acquire(args.name, up->op_, up->mesh_name_);
+    if (!held.ok()) return held.status();
+    up->old_version_ = held->version;
+    for (const RankChunks& rc : held->layout.ranks()) {
+      absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
+      if (w.ok()) {
+        up->old_holders_.push_back(
+            WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation});
+      }
+    }
+  } else {
+    TensorRecord record;
+    record.name = args.name;
+    record.shape = args.shape;
+    record.dtype = args.dtype;
+    record.mesh = up->mesh_name_;
+    record.spec = up->spec_text_;
+    record.layout = up->layout_;
+    record.version = up->version_;
+    if (absl::Status s = tensors_->Reserve(std::move(record), up->op_); !s.ok()) return s;
+  }
+
+  // Every rank's stream opens now: a worker that cannot take its buffer fails the first band.
+  for (size_t i = 0; i < up->layout_.ranks().size(); ++i) {
+    const RankChunks& rc = up->layout_.ranks()[i];
+    v1::ChunkData header;
+    header.set_tensor(args.name);
+    header.set_version(up->version_);
+    header.set_dtype(DTypeToProto(args.dtype));
+    *header.mutable_chunks() = RankChunksToProto(rc);
+    header.set_total_bytes(rc.local_elements * es);
+    up->streams_.push_back(client_->OpenWriteChunk(up->endpoints_[i], header));
+    up->written_.push_back(0);
+  }
+  return up;
+}
+
+TensorIo::UploadStream::~UploadStream() { Abort(); }
+
+void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallback done) {
+  const int64_t es = ElementSize(args_.dtype);
+  if (i != next_band_ || i >= plan_.num_bands()) {
+    return done(absl::InternalError(
+        absl::StrCat("band ", i, " written out of order (expected ", next_band_, " of ",
+                     plan_.num_bands(), ")")));
+  }
+  if (static_cast<int64_t>(data.size()) != plan_.band_bytes(i)) {
+    return done(absl::InternalError(absl::StrCat("band ", i, " has ", data.size(),
+                                                 " bytes, not ", plan_.band_bytes(i))));
+  }
+  ++next_band_;
+  const Box band = plan_.band(i);
+  // Each rank's part of the band, front to back in its local buffer (gaps are zeros).
+  std::vector<std::string> parts(layout_.ranks().size());
+  for (size_t r = 0; r < layout_.ranks().size(); ++r) {
+    std::string& out = parts[r];
+    for (const LocalWrite& w : BandWrites(layout_.ranks()[r], band, zero_partials_)) {
+      const size_t gap = static_cast<size_t>((w.local_offset - written_[r]) * es);
+      const size_t at = out.size() + gap;
+      out.resize(at + static_cast<size_t>(w.box.Volume() * es), '\0');
+      if (!w.zeros) {
+        if (absl::Status s = PackBox(w.box, data.data(), band, out.data() + at, es); !s.ok()) {
+          return done(absl::InternalError(s.message()));
+        }
+      }
+      written_[r] = w.local_offset + w.box.Volume();
+    }
+  }
+  std::string().swap(data);
+
+  struct State {
+    StatusCallback done;
+    absl::Mutex mu;
+    size_t remaining ABSL_GUARDED_BY(mu) = 0;
+    absl::Status error ABSL_GUARDED_BY(mu);
+  };
+  auto state = std::make_shared<State>();
+  state->done = std::move(done);
+  std::vector<size_t> targets;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (!parts[r].empty()) targets.push_back(r);
+  }
+  if (targets.empty()) return state->done(absl::OkStatus());
+  {
+    absl::MutexLock lock(&state->mu);
+    state->remaining = targets.size();
+  }
+  for (size_t r : targets) {
+    const WorkerEndpoint ep = endpoints_[r];
+    streams_[r]->Write(std::move(parts[r]), [state, ep](absl::Status s) {
+      bool last = false;
+      absl::Status error;
+      {
+        absl::MutexLock lock(&state->mu);
+        if (!s.ok() && state->error.ok()) {
+          state->error = absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString()));
+        }
+        last = --state->remaining == 0;
+        error = state->error;
+      }
+      if (last) state->done(error);
+    });
+  }
+}
+
+void TensorIo::UploadStream::Fail(const absl::Status& s, const TensorCallback& done) {
+  io_->Drop(endpoints_, args_.name, version_);
+  if (replace_) {
+    io_->tensors_->Release(args_.name, op_, mesh_name_);
+  } else {
+    io_->tensors_->CancelCreate(args_.name, op_);
+  }
+  if (done) {
+    done(absl::Status(s.code(), absl::StrCat("uploading '", args_.name, "': ", s.message())));
+  }
+}
+
+void TensorIo::UploadStream::Abort() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+  }
+  for (const std::shared_ptr<ChunkWriteStream>& s : streams_) s->Cancel();
+  Fail(absl::CancelledError("aborted"), nullptr);
+}
+
+void TensorIo::UploadStream::Finish(TensorCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return done(absl::FailedPreconditionError("upload already ended"));
+    ended_ = true;
+  }
+  if (next_band_ != plan_.num_bands()) {
+    for (const std::shared_ptr<ChunkWriteStream>& s : streams_) s->Cancel();
+    return Fail(absl::InternalError(absl::StrCat("finished after ", next_band_, " of ",
+                                                 plan_.num_bands(), " bands")),
+                done);
+  }
+  const int64_t es = ElementSize(args_.dtype);
+  auto index = std::make_shared<absl::flat_hash_map<int64_t, size_t>>();
+  for (size_t i = 0; i < layout_.ranks().size(); ++i) (*index)[layout_.ranks()[i].rank] = i;
+  // The callbacks hold what they need (streams, copies of the state), not this object.
+  auto streams = std::make_shared<std::vector<std::shared_ptr<ChunkWriteStream>>>(streams_);
+  auto trailing = std::make_shared<std::vector<int64_t>>();
+  for (size_t i = 0; i < layout_.ranks().size(); ++i) {
+    trailing->push_back((layout_.ranks()[i].local_elements - written_[i]) * es);
+  }
+  io_->ForEachRank(
+      layout_, endpoints_,
+      [streams, trailing, index](const WorkerEndpoint&, const RankChunks& rc,
+                                 WorkerClient::Callback<v1::RankChunks> cb) {
+        const size_t i = index->at(rc.rank);
+        std::shared_ptr<ChunkWriteStream> stream = (*streams)[i];
+        auto finish = [stream, cb]() {
+          stream->Finish([cb](absl::StatusOr<v1::WriteChunkResponse> r) {
+            if (!r.ok()) return cb(r.status());
+            cb(r->chunks());
+          });
+        };
+        // Padding after the last chunk (a local buffer may be larger than its chunks).
+        if ((*trailing)[i] == 0) return finish();
+        stream->Write(std::string(static_cast<size_t>((*trailing)[i]), '\0'),
+                      [cb, finish](absl::Status s) {
+                        if (!s.ok()) return cb(s);
+                        finish();
+                      });
+      },
+      [io = io_, name = args_.name, op = op_, version = version_, replace = replace_,
+       mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_,
+       old_version = old_version_, old_holders = old_holders_, eps = endpoints_,
+       streams, done](absl::StatusOr<LayoutChecksums> sums) {
+        auto fail = [&](const absl::Status& s) {
+          io->Drop(eps, name, version);
+          if (replace) {
+            io->tensors_->Release(name, op, mesh_name);
+          } else {
+            io->tensors_->CancelCreate(name, op);
+          }
+          done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
+        };
+        if (!sums.ok()) return fail(sums.status());
+        if (!replace) {
+          if (absl::Status s = io->tensors_->FinishCreate(name, op, *std::move(sums),
+                                                          Incarnations(eps));
+              !s.ok()) {
+            return fail(s);
+          }
+          return done(io->tensors_->Get(name));
+        }
+        TensorManager::NewState state;
+        state.mesh = mesh_name;
+        state.spec = spec_text;
+        state.layout = layout;
+        state.checksums = *std::move(sums);
+        state.version = version;
+        state.incarnations = Incarnations(eps);
+        if (absl::Status s = io->tensors_->Commit(name, op, std::move(state)); !s.ok()) {
+          return fail(s);
+        }
+        io->Drop(old_holders, name, old_version);
+        done(io->tensors_->Get(name));
+      });
+}
+
 void TensorIo::Upload(const UploadArgs& args, std::string data, TensorCallback done) {
   if (args.name.empty()) return done(absl::InvalidArgumentError("header.name: empty"));
   if (args.rank.has_value()) return UploadRank(args, std::move(data), std::move(done));
@@ -208,128 +467,39 @@ void TensorIo::Upload(const UploadArgs& args, std::string data, TensorCallback d
         "data: ", data.size(), " bytes for a ", ShapeToString(args.shape), " ",
         DTypeName(args.dtype), " tensor of ", *bytes, " bytes")));
   }
-
-  absl::StatusOr<TensorRecord> existing = tensors_->Get(args.name);
-  if (!existing.ok() && existing.status().code() != absl::StatusCode::kNotFound) {
-    return done(existing.status());
-  }
-  const bool replace = existing.ok();
-  if (replace && (existing->shape != args.shape || existing->dtype != args.dtype)) {
-    return done(absl::AlreadyExistsError(absl::StrCat(
-        "tensor '", args.name, "' exists as ", ShapeToString(existing->shape), " ",
-        DTypeName(existing->dtype), ", not ", ShapeToString(args.shape), " ",
-        DTypeName(args.dtype))));
-  }
-  std::string mesh_name, spec_text;
-  Layout layout;
-  if (args.spec.has_value()) {
-    mesh_name = !args.spec->mesh.empty() ? args.spec->mesh : (replace ? existing->mesh : "");
-    if (mesh_name.empty()) {
-      return done(absl::InvalidArgumentError("header.spec.mesh: empty (name the mesh)"));
+  absl::StatusOr<std::shared_ptr<UploadStream>> up = StartUpload(args);
+  if (!up.ok()) return done(up.status());
+  // Band after band from `data`, each once the previous one was handed to the workers.
+  struct Feed {
+    std::shared_ptr<UploadStream> up;
+    std::string data;
+    TensorCallback done;
+    int64_t offset = 0;
+  };
+  auto feed = std::make_shared<Feed>();
+  feed->up = *std::move(up);
+  feed->data = std::move(data);
+  feed->done = std::move(done);
+  auto next = std::make_shared<std::function<void(int64_t)>>();
+  *next = [feed, weak = std::weak_ptr<std::function<void(int64_t)>>(next)](int64_t band) {
+    if (band == feed->up->num_bands()) {
+      std::string().swap(feed->data);
+      return feed->up->Finish(feed->done);
     }
-    absl::StatusOr<MeshRecord> mesh = meshes_->Get(mesh_name);
-    if (!mesh.ok()) return done(mesh.status());
-    absl::StatusOr<Layout> l = LayoutForSpec(*args.spec, mesh->mesh, args.shape, "header.spec");
-    if (!l.ok()) return done(l.status());
-    layout = *std::move(l);
-    spec_text = args.spec->ToString();
-  } else if (replace) {
-    mesh_name = existing->mesh;
-    spec_text = existing->spec;
-    layout = existing->layout;
-  } else {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("header.spec: required to upload new tensor '", args.name, "'")));
-  }
-  absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = Endpoints(layout);
-  if (!endpoints.ok()) return done(endpoints.status());
-  absl::StatusOr<std::vector<std::vector<char>>> split = ChunkUnsharded(layout, data.data(), es);
-  if (!split.ok()) return done(split.status());
-  data.clear();
-  data.shrink_to_fit();
-
-  const std::string op = NewOp("upload");
-  const int64_t version = tensors_->NewVersion();
-  std::vector<WorkerEndpoint> old_holders;
-  int64_t old_version = 0;
-  if (replace) {
-    absl::StatusOr<TensorRecord> held = tensors_->Acquire(args.name, op, mesh_name);
-    if (!held.ok()) return done(held.status());
-    old_version = held->version;
-    for (const RankChunks& rc : held->layout.ranks()) {
-      absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-      if (w.ok()) {
-        old_holders.push_back(WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation});
+    const int64_t n = feed->up->band_bytes(band);
+    std::string bytes = feed->data.substr(static_cast<size_t>(feed->offset), static_cast<size_t>(n));
+    feed->offset += n;
+    std::shared_ptr<std::function<void(int64_t)>> again = weak.lock();
+    feed->up->WriteBand(band, std::move(bytes), [feed, again, band](absl::Status s) {
+      if (!s.ok()) {
+        feed->up->Abort();
+        return feed->done(absl::Status(
+            s.code(), absl::StrCat("uploading '", feed->up->args_.name, "': ", s.message())));
       }
-    }
-  } else {
-    TensorRecord record;
-    record.name = args.name;
-    record.shape = args.shape;
-    record.dtype = args.dtype;
-    record.mesh = mesh_name;
-    record.spec = spec_text;
-    record.layout = layout;
-    record.version = version;
-    if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
-  }
-
-  auto buffers = std::make_shared<std::vector<std::vector<char>>>(*std::move(split));
-  auto index = std::make_shared<absl::flat_hash_map<int64_t, size_t>>();
-  for (size_t i = 0; i < layout.ranks().size(); ++i) (*index)[layout.ranks()[i].rank] = i;
-  const std::string name = args.name;
-  const DType dtype = args.dtype;
-  ForEachRank(
-      layout, *endpoints,
-      [this, buffers, index, name, version, dtype, es](const WorkerEndpoint& ep,
-                                                        const RankChunks& rc,
-                                                        WorkerClient::Callback<v1::RankChunks> cb) {
-        std::vector<char>& buf = (*buffers)[index->at(rc.rank)];
-        v1::ChunkData header;
-        header.set_tensor(name);
-        header.set_version(version);
-        header.set_dtype(DTypeToProto(dtype));
-        *header.mutable_chunks() = RankChunksToProto(rc);
-        header.set_total_bytes(rc.local_elements * es);
-        std::string bytes(buf.begin(), buf.end());
-        std::vector<char>().swap(buf);
-        client_->WriteChunk(ep, header, std::move(bytes),
-                            [cb](absl::StatusOr<v1::WriteChunkResponse> r) {
-                              if (!r.ok()) return cb(r.status());
-                              cb(r->chunks());
-                            });
-      },
-      [this, name, op, version, replace, mesh_name, spec_text, layout, old_version, old_holders,
-       eps = *endpoints, done](absl::StatusOr<LayoutChecksums> sums) {
-        auto fail = [&](const absl::Status& s) {
-          Drop(eps, name, version);
-          if (replace) {
-            tensors_->Release(name, op, mesh_name);
-          } else {
-            tensors_->CancelCreate(name, op);
-          }
-          done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
-        };
-        if (!sums.ok()) return fail(sums.status());
-        if (!replace) {
-          if (absl::Status s = tensors_->FinishCreate(name, op, *std::move(sums),
-                                                      Incarnations(eps));
-              !s.ok()) {
-            return fail(s);
-          }
-          return done(tensors_->Get(name));
-        }
-        TensorManager::NewState state;
-        state.mesh = mesh_name;
-        state.spec = spec_text;
-        state.layout = layout;
-        state.checksums = *std::move(sums);
-        state.version = version;
-        state.incarnations = Incarnations(eps);
-        if (absl::Status s = tensors_->Commit(name, op, std::move(state)); !s.ok()) return fail(s);
-        Drop(old_holders, name, old_version);
-        done(tensors_->Get(name));
-      });
+      (*again)(band + 1);
+    });
+  };
+  (*next)(0);
 }
 
 void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallback done) {
@@ -360,8 +530,21 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   }
   const WorkerEndpoint ep{w->spec.name, w->rank, w->spec.address, w->incarnation};
   const std::string op = NewOp("upload");
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = downloads_.find(args.name);
+    if (it != downloads_.end() && it->second > 0) {
+      return done(absl::AbortedError(absl::StrCat(
+          "tensor '", args.name, "' is being downloaded (", it->second,
+          " downloads); a rank upload rewrites the version they read: retry after them")));
+    }
+    ++rank_uploads_[args.name];
+  }
   absl::StatusOr<TensorRecord> held = tensors_->Acquire(args.name, op);
-  if (!held.ok()) return done(held.status());
+  if (!held.ok()) {
+    EndRankUpload(args.name);
+    return done(held.status());
+  }
 
   v1::ChunkData header;
   header.set_tensor(args.name);
@@ -388,6 +571,7 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
                         }
                         if (s.ok()) s = tensors_->UpdateRank(name, op, ep.rank, sums, ep.incarnation);
                         tensors_->Release(name, op);
+                        EndRankUpload(name);
                         if (!s.ok()) {
                           return done(absl::Status(
                               s.code(), absl::StrCat("uploading rank ", ep.rank, " of '", name,
@@ -397,105 +581,146 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
                       });
 }
 
+void TensorIo::EndRankUpload(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = rank_uploads_.find(name);
+  if (it != rank_uploads_.end() && --it->second <= 0) rank_uploads_.erase(it);
+}
+
 // ---- Download ----------------------------------------------------------------------------
 
-void TensorIo::Download(const std::string& name, DownloadCallback done) {
+void TensorIo::EndDownload(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = downloads_.find(name);
+  if (it != downloads_.end() && --it->second <= 0) downloads_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload(
+    const std::string& name) {
   absl::StatusOr<TensorRecord> t = tensors_->Get(name);
-  if (!t.ok()) return done(t.status());
+  if (!t.ok()) return t.status();
   LivenessFn live = [this](int64_t r, int64_t inc) { return workers_->IsLive(r, inc); };
   absl::StatusOr<Layout> live_layout = LiveLayout(*t, live);
-  if (!live_layout.ok()) return done(live_layout.status());
-  const int64_t es = ElementSize(t->dtype);
-
+  if (!live_layout.ok()) return live_layout.status();
+  std::shared_ptr<DownloadStream> d(new DownloadStream(this));
   // One live replica per chunk, spreading bytes over the holders.
-  struct Piece {
-    Box box;
-    int64_t partial_index = 0;
+  d->sources_ = ChooseSources(*live_layout, [](int64_t) { return true; });
+  for (const BandSource& src : d->sources_) {
+    if (d->endpoints_.contains(src.rank)) continue;
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(src.rank);
+    if (!w.ok()) return w.status();
+    d->endpoints_[src.rank] = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+  }
+  d->plan_ = BandPlan(t->shape, ElementSize(t->dtype), band_bytes_);
+  d->tensor_ = *std::move(t);
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank_uploads_.contains(name)) {
+      return absl::AbortedError(absl::StrCat("tensor '", name,
+                                             "' is busy with a rank upload: retry after it"));
+    }
+    ++downloads_[name];
+  }
+  return d;
+}
+
+TensorIo::DownloadStream::~DownloadStream() { io_->EndDownload(tensor_.name); }
+
+absl::Status TensorIo::DownloadStream::ReadFailed(absl::Status s) const {
+  // A read of this version fails once a newer one was committed (or the tensor deleted) and
+  // the old buffers dropped: that is not a worker failure, and nothing newer may be mixed in.
+  absl::StatusOr<TensorRecord> now = io_->tensors_->Get(tensor_.name);
+  if (!now.ok()) {
+    return absl::AbortedError(absl::StrCat("tensor '", tensor_.name,
+                                           "' was deleted during the download (",
+                                           now.status().message(), ")"));
+  }
+  if (now->version != tensor_.version) {
+    return absl::AbortedError(absl::StrCat("tensor '", tensor_.name, "' changed from version ",
+                                           tensor_.version, " to ", now->version,
+                                           " during the download: retry"));
+  }
+  return s;
+}
+
+void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
+  if (i < 0 || i >= plan_.num_bands()) {
+    return done(absl::OutOfRangeError(
+        absl::StrCat("band ", i, " of a tensor with ", plan_.num_bands(), " bands")));
+  }
+  struct Read {
+    BandSource piece;
     WorkerEndpoint from;
     std::string data;
   };
-  std::map<std::pair<Box, int64_t>, size_t> index;
-  std::vector<Piece> pieces;
-  std::map<int64_t, int64_t> load;
-  for (const RankChunks& rc : live_layout->ranks()) {
-    for (const Chunk& c : rc.chunks) {
-      if (c.box.Empty()) continue;
-      auto [it, inserted] = index.try_emplace({c.box, c.partial_index}, pieces.size());
-      absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-      if (!w.ok()) return done(w.status());
-      const WorkerEndpoint ep{w->spec.name, w->rank, w->spec.address, w->incarnation};
-      if (inserted) {
-        pieces.push_back(Piece{c.box, c.partial_index, ep, {}});
-        load[rc.rank] += c.box.Volume();
-      } else if (load[rc.rank] + c.box.Volume() < load[pieces[it->second].from.rank]) {
-        load[pieces[it->second].from.rank] -= c.box.Volume();
-        load[rc.rank] += c.box.Volume();
-        pieces[it->second].from = ep;
-      }
-    }
-  }
-
   struct State {
-    TensorRecord tensor;
-    std::vector<Piece> pieces;
-    DownloadCallback done;
+    std::shared_ptr<const DownloadStream> stream;
+    Box band;
+    std::vector<Read> reads;
+    BandCallback done;
     absl::Mutex mu;
     size_t remaining ABSL_GUARDED_BY(mu) = 0;
     absl::Status error ABSL_GUARDED_BY(mu);
   };
   auto state = std::make_shared<State>();
-  state->tensor = *std::move(t);
-  state->pieces = std::move(pieces);
+  state->stream = shared_from_this();
+  state->band = plan_.band(i);
   state->done = std::move(done);
+  for (BandSource& piece : BandReads(sources_, state->band)) {
+    const WorkerEndpoint from = endpoints_.at(piece.rank);
+    state->reads.push_back(Read{std::move(piece), from, {}});
+  }
+  const DType dtype = tensor_.dtype;
+  const Layout& layout = tensor_.layout;
+  const bool avg = layout.is_partial() && layout.partial_op() == ReduceOp::kAvg;
+  const ReduceOp op = avg ? ReduceOp::kSum : layout.partial_op();
+  const int64_t divisor = layout.num_partials();
 
-  auto assemble = [state, es]() {
-    const TensorRecord& t = state->tensor;
-    DownloadedTensor out;
-    out.data.assign(static_cast<size_t>(t.bytes()), '\0');
-    const Box whole = Box::Whole(t.shape);
-    // Contribution 0 first: it covers the whole tensor, the others reduce into it.
-    std::stable_sort(state->pieces.begin(), state->pieces.end(),
-                     [](const Piece& a, const Piece& b) { return a.partial_index < b.partial_index; });
-    const ReduceOp op = t.layout.partial_op() == ReduceOp::kAvg ? ReduceOp::kSum
-                                                                : t.layout.partial_op();
-    for (const Piece& p : state->pieces) {
-      absl::Status s = p.partial_index == 0
-                           ? CopyBox(p.box, p.data.data(), p.box, out.data.data(), whole, es)
-                           : ReduceIntoBox(p.box, p.data.data(), p.box, out.data.data(), whole,
-                                           t.dtype, op);
+  // Contribution 0 first (sources are ordered so): it covers the band, the others reduce in.
+  auto assemble = [state, dtype, op, avg, divisor]() {
+    const int64_t es = ElementSize(dtype);
+    const Box& band = state->band;
+    std::string out(static_cast<size_t>(band.Volume() * es), '\0');
+    for (Read& r : state->reads) {
+      const Box& box = r.piece.box;
+      absl::Status s =
+          r.piece.partial_index == 0
+              ? CopyBox(box, r.data.data(), box, out.data(), band, es)
+              : ReduceIntoBox(box, r.data.data(), box, out.data(), band, dtype, op);
+      if (!s.ok()) return state->done(absl::InternalError(s.message()));
+      std::string().swap(r.data);
+    }
+    if (avg) {
+      absl::Status s = DivideBox(out.data(), band.Volume(), dtype, divisor);
       if (!s.ok()) return state->done(absl::InternalError(s.message()));
     }
-    if (t.layout.is_partial() && t.layout.partial_op() == ReduceOp::kAvg) {
-      absl::Status s = DivideBox(out.data.data(), whole.Volume(), t.dtype, t.layout.num_partials());
-      if (!s.ok()) return state->done(absl::InternalError(s.message()));
-    }
-    out.tensor = t;
     state->done(std::move(out));
   };
 
-  if (state->pieces.empty()) return assemble();
+  if (state->reads.empty()) return assemble();
   {
     absl::MutexLock lock(&state->mu);
-    state->remaining = state->pieces.size();
+    state->remaining = state->reads.size();
   }
-  for (size_t i = 0; i < state->pieces.size(); ++i) {
-    const Piece& p = state->pieces[i];
+  const int64_t es = ElementSize(dtype);
+  for (size_t k = 0; k < state->reads.size(); ++k) {
+    const Read& r = state->reads[k];
     v1::ReadChunkRequest req;
-    req.set_tensor(state->tensor.name);
-    req.set_version(state->tensor.version);
-    *req.mutable_box() = BoxToProto(p.box);
-    client_->ReadChunk(p.from, req, [state, i, es, assemble](absl::StatusOr<std::string> r) {
-      Piece& p = state->pieces[i];
+    req.set_tensor(tensor_.name);
+    req.set_version(tensor_.version);
+    *req.mutable_box() = BoxToProto(r.piece.box);
+    io_->client_->ReadChunk(r.from, req, [state, k, es, assemble](absl::StatusOr<std::string> got) {
+      Read& r = state->reads[k];
       absl::Status s;
-      if (!r.ok()) {
-        s = absl::UnavailableError(absl::StrCat("reading ", p.box.ToString(), " from ",
-                                                Describe(p.from), ": ", r.status().ToString()));
-      } else if (static_cast<int64_t>(r->size()) != p.box.Volume() * es) {
-        s = absl::UnavailableError(absl::StrCat("reading ", p.box.ToString(), " from ",
-                                                Describe(p.from), ": got ", r->size(),
-                                                " bytes, want ", p.box.Volume() * es));
+      if (!got.ok()) {
+        s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
+                                                Describe(r.from), ": ", got.status().ToString()));
+      } else if (static_cast<int64_t>(got->size()) != r.piece.box.Volume() * es) {
+        s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
+                                                Describe(r.from), ": got ", got->size(),
+                                                " bytes, want ", r.piece.box.Volume() * es));
       } else {
-        p.data = *std::move(r);
+        r.data = *std::move(got);
       }
       bool last = false;
       absl::Status error;
@@ -506,10 +731,44 @@ void TensorIo::Download(const std::string& name, DownloadCallback done) {
         error = state->error;
       }
       if (!last) return;
-      if (!error.ok()) return state->done(error);
+      if (!error.ok()) return state->done(state->stream->ReadFailed(error));
       assemble();
     });
   }
+}
+
+void TensorIo::Download(const std::string& name, DownloadCallback done) {
+  absl::StatusOr<std::shared_ptr<DownloadStream>> d = OpenDownload(name);
+  if (!d.ok()) return done(d.status());
+  struct Collect {
+    std::shared_ptr<DownloadStream> stream;
+    DownloadedTensor out;
+    DownloadCallback done;
+  };
+  auto c = std::make_shared<Collect>();
+  c->stream = *std::move(d);
+  c->out.tensor = c->stream->tensor();
+  c->out.data.reserve(static_cast<size_t>(c->out.tensor.bytes()));
+  c->done = std::move(done);
+  auto next = std::make_shared<std::function<void(int64_t)>>();
+  *next = [c, weak = std::weak_ptr<std::function<void(int64_t)>>(next)](int64_t band) {
+    if (band == c->stream->num_bands()) {
+      DownloadedTensor out = std::move(c->out);
+      DownloadCallback done = std::move(c->done);
+      c->stream.reset();
+      return done(std::move(out));
+    }
+    std::shared_ptr<std::function<void(int64_t)>> again = weak.lock();
+    c->stream->FetchBand(band, [c, again, band](absl::StatusOr<std::string> r) {
+      if (!r.ok()) {
+        c->stream.reset();
+        return c->done(r.status());
+      }
+      c->out.data.append(*r);
+      (*again)(band + 1);
+    });
+  };
+  (*next)(0);
 }
 
 absl::Status TensorIo::Delete(const std::string& name) {

@@ -3,15 +3,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/mesh_manager.h"
+#include "coordinator/tensor_bands.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/worker_client.h"
 #include "coordinator/worker_manager.h"
@@ -51,30 +54,127 @@ struct DownloadedTensor {
 // and per-rank uploads, downloads, deletes. Like plans they are all-or-nothing: a new
 // version becomes authoritative only when every worker has written it, and whatever was
 // written is dropped on failure. Asynchronous: callbacks run on any thread, no lock held.
+//
+// Whole uploads and downloads stream in bands along dim 0 (coordinator/tensor_bands.h) of
+// at most `band_bytes` (at least one dim-0 index): a download reads from the workers only
+// each chunk's part in the band being assembled, an upload writes each band's parts into
+// every rank's WriteChunk stream as the band arrives, so the coordinator holds a few bands,
+// never the tensor.
 class TensorIo {
  public:
   using TensorCallback = std::function<void(absl::StatusOr<TensorRecord>)>;
   using DownloadCallback = std::function<void(absl::StatusOr<DownloadedTensor>)>;
+  using StatusCallback = std::function<void(absl::Status)>;
+  using BandCallback = std::function<void(absl::StatusOr<std::string>)>;
 
   TensorIo(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
-           WorkerClient* client)
-      : workers_(workers), meshes_(meshes), tensors_(tensors), client_(client) {}
+           WorkerClient* client, int64_t band_bytes = kDefaultBandBytes)
+      : workers_(workers),
+        meshes_(meshes),
+        tensors_(tensors),
+        client_(client),
+        band_bytes_(band_bytes > 0 ? band_bytes : kDefaultBandBytes) {}
+
+  int64_t band_bytes() const { return band_bytes_; }
 
   // INVALID_ARGUMENT bad name or spec; ALREADY_EXISTS; NOT_FOUND mesh; FAILED_PRECONDITION
   // a dead worker in the mesh; UNAVAILABLE a worker failed to fill (nothing is left).
   void Create(const CreateTensorArgs& args, TensorCallback done);
+
+  // A whole upload in progress: the tensor is busy (reserved when new) and every rank of the
+  // target layout has a WriteChunk stream open for the new version. Bands go in order, one
+  // at a time; then Finish or Abort. Destroying it before Finish aborts.
+  class UploadStream {
+   public:
+    ~UploadStream();
+    int64_t num_bands() const { return plan_.num_bands(); }
+    int64_t band_bytes(int64_t i) const { return plan_.band_bytes(i); }
+    const BandPlan& plan() const { return plan_; }
+    // `data`: band `i`'s bytes, row-major, exactly band_bytes(i). `done` runs once every
+    // rank's part of it was handed to its worker's stream; UNAVAILABLE naming a worker that
+    // failed (then Abort).
+    void WriteBand(int64_t i, std::string data, StatusCallback done);
+    // After the last band: ends every stream, checks the chunks and checksums the workers
+    // answer, and commits the new version (or drops it everywhere and keeps the old one).
+    void Finish(TensorCallback done);
+    // Drops the new version and ends the upload. Idempotent; a no-op after Finish.
+    void Abort();
+
+   private:
+    friend class TensorIo;
+    explicit UploadStream(TensorIo* io) : io_(io) {}
+    void Fail(const absl::Status& s, const TensorCallback& done);
+
+    TensorIo* const io_;
+    UploadArgs args_;
+    std::string op_;
+    int64_t version_ = 0;
+    bool replace_ = false;
+    std::string mesh_name_;
+    std::string spec_text_;
+    Layout layout_;
+    int64_t old_version_ = 0;
+    std::vector<WorkerEndpoint> old_holders_;
+    std::vector<WorkerEndpoint> endpoints_;  // Per rank of layout_.
+    BandPlan plan_{Shape{}, 1, 1};
+    bool zero_partials_ = false;
+    std::vector<std::shared_ptr<ChunkWriteStream>> streams_;  // Per rank of layout_.
+    std::vector<int64_t> written_;  // Elements streamed to each rank so far.
+    int64_t next_band_ = 0;
+    absl::Mutex mu_;
+    bool ended_ ABSL_GUARDED_BY(mu_) = false;  // Finished or aborted.
+  };
+
+  // Validates a whole upload's header and opens it. INVALID_ARGUMENT shape, dtype, a missing
+  // spec for a new tensor; ALREADY_EXISTS an existing tensor of another shape or dtype;
+  // NOT_FOUND mesh; FAILED_PRECONDITION a dead worker; ABORTED busy. Bands follow the
+  // coordinator's band size unless a rank's chunks sit in its local buffer against dim-0
+  // order (no layout built from a spec does that): then the whole tensor is one band.
+  absl::StatusOr<std::shared_ptr<UploadStream>> StartUpload(const UploadArgs& args);
 
   // Whole upload: `data` is the tensor row-major; it is split into every rank's local
   // buffer and written as a new version, replacing the old one (or creating the tensor).
   // Rank upload: `data` is the rank's whole local buffer, which replaces it in place.
   // INVALID_ARGUMENT shape, dtype or byte count mismatch, a rank that holds nothing, a
   // missing spec for a new tensor; ALREADY_EXISTS an existing tensor of another shape or
-  // dtype; NOT_FOUND mesh or (rank upload) tensor; ABORTED busy; UNAVAILABLE a worker.
+  // dtype; NOT_FOUND mesh or (rank upload) tensor; ABORTED busy, or (rank upload) a download
+  // of the tensor is running; UNAVAILABLE a worker.
   void Upload(const UploadArgs& args, std::string data, TensorCallback done);
 
-  // Reads every chunk from one live replica and assembles the tensor (partial layouts are
-  // reduced). NOT_FOUND; FAILED_PRECONDITION a chunk with no live replica; UNAVAILABLE a
-  // worker failed.
+  // A download in progress: one version of the tensor, read band by band. While it lives,
+  // rank uploads (which rewrite a version in place) are refused with ABORTED. A plan or
+  // whole upload may commit a new version meanwhile: then reads of the old one fail and
+  // FetchBand says ABORTED, so a download never mixes versions.
+  class DownloadStream : public std::enable_shared_from_this<DownloadStream> {
+   public:
+    ~DownloadStream();
+    const TensorRecord& tensor() const { return tensor_; }
+    int64_t num_bands() const { return plan_.num_bands(); }
+    int64_t band_bytes(int64_t i) const { return plan_.band_bytes(i); }
+    const BandPlan& plan() const { return plan_; }
+    // Reads band `i`'s part of every chunk from one live replica and assembles the band
+    // (partial layouts reduced), row-major. Any band, several at once; the stream stays
+    // alive until `done` ran. UNAVAILABLE a worker failed; ABORTED the tensor got a new
+    // version or was deleted under the download.
+    void FetchBand(int64_t i, BandCallback done) const;
+
+   private:
+    friend class TensorIo;
+    explicit DownloadStream(TensorIo* io) : io_(io) {}
+    absl::Status ReadFailed(absl::Status s) const;
+
+    TensorIo* const io_;
+    TensorRecord tensor_;
+    BandPlan plan_{Shape{}, 1, 1};
+    std::vector<BandSource> sources_;
+    absl::flat_hash_map<int64_t, WorkerEndpoint> endpoints_;  // By rank.
+  };
+
+  // NOT_FOUND; FAILED_PRECONDITION a chunk with no live replica; ABORTED a rank upload of it
+  // is running.
+  absl::StatusOr<std::shared_ptr<DownloadStream>> OpenDownload(const std::string& name);
+
+  // The whole tensor in memory (tests and small tensors): OpenDownload, then every band.
   void Download(const std::string& name, DownloadCallback done);
 
   // NOT_FOUND; ABORTED busy. Workers drop the buffers in the background.
@@ -95,13 +195,20 @@ class TensorIo {
             int64_t version);
   void UploadRank(const UploadArgs& args, std::string data, TensorCallback done);
   std::string NewOp(const char* kind);
+  void EndRankUpload(const std::string& name);
+  void EndDownload(const std::string& name);
 
   WorkerManager* const workers_;
   MeshManager* const meshes_;
   TensorManager* const tensors_;
   WorkerClient* const client_;
+  const int64_t band_bytes_;
   absl::Mutex mu_;
   int64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
+  // Downloads open per tensor, and tensors with a rank upload running: the two exclude
+  // each other, since a rank upload rewrites the version a download reads.
+  absl::flat_hash_map<std::string, int64_t> downloads_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> rank_uploads_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

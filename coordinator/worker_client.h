@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -17,6 +19,23 @@ struct WorkerEndpoint {
   int64_t rank = 0;
   std::string address;
   int64_t incarnation = 0;
+};
+
+// One WriteChunk stream to a worker, opened with its header: Write appends bytes to the local
+// buffer front to back, Finish ends the stream. Callbacks run on any thread, possibly inline,
+// exactly once each, writes' callbacks in order; callers hold no lock when they call.
+class ChunkWriteStream {
+ public:
+  virtual ~ChunkWriteStream() = default;
+  // Appends `data`; `done` runs once the bytes were handed to the transport (so a caller
+  // that waits for it holds what it wrote only as long as flow control needs), or with the
+  // stream's error.
+  virtual void Write(std::string data, std::function<void(absl::Status)> done) = 0;
+  // After the last write: `done` gets the worker's answer (the chunks, with checksums).
+  virtual void Finish(std::function<void(absl::StatusOr<v1::WriteChunkResponse>)> done) = 0;
+  // Gives up before Finish (a no-op after it): the worker keeps nothing; pending callbacks
+  // still run (with an error).
+  virtual void Cancel() = 0;
 };
 
 // The coordinator's calls into workers (shardcoord.v1.Worker), asynchronous so no
@@ -47,7 +66,44 @@ class WorkerClient {
   // goes in the first message, `data` follows in messages of at most 1 MiB.
   virtual void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header,
                           std::string data, Callback<v1::WriteChunkResponse> done) = 0;
+  // Opens a WriteChunk stream whose data comes in pieces (streamed whole uploads). The
+  // default collects the pieces and makes one WriteChunk call at Finish: fine for fakes, but
+  // it holds the whole local buffer; GrpcWorkerClient streams for real.
+  virtual std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
+                                                           const v1::ChunkData& header);
 };
+
+namespace internal_worker_client {
+
+class CollectingChunkWriteStream : public ChunkWriteStream {
+ public:
+  CollectingChunkWriteStream(WorkerClient* client, WorkerEndpoint worker, v1::ChunkData header)
+      : client_(client), worker_(std::move(worker)), header_(std::move(header)) {}
+  void Write(std::string data, std::function<void(absl::Status)> done) override {
+    data_.append(data);
+    done(cancelled_ ? absl::CancelledError("write stream cancelled") : absl::OkStatus());
+  }
+  void Finish(std::function<void(absl::StatusOr<v1::WriteChunkResponse>)> done) override {
+    if (cancelled_) return done(absl::CancelledError("write stream cancelled"));
+    client_->WriteChunk(worker_, header_, std::move(data_), std::move(done));
+  }
+  void Cancel() override { cancelled_ = true; }
+
+ private:
+  WorkerClient* const client_;
+  const WorkerEndpoint worker_;
+  const v1::ChunkData header_;
+  std::string data_;
+  bool cancelled_ = false;
+};
+
+}  // namespace internal_worker_client
+
+inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(
+    const WorkerEndpoint& worker, const v1::ChunkData& header) {
+  return std::make_shared<internal_worker_client::CollectingChunkWriteStream>(this, worker,
+                                                                              header);
+}
 
 }  // namespace shardcoord
 
