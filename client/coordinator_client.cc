@@ -151,33 +151,62 @@ absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
 absl::StatusOr<v1::TensorInfo> CoordinatorClient::Upload(const v1::TensorHeader& header,
                                                          absl::string_view data,
                                                          const ProgressCallback& progress) {
+  v1::TensorHeader h = header;
+  if (h.total_bytes() == 0) h.set_total_bytes(static_cast<int64_t>(data.size()));
+  size_t offset = 0;
+  absl::StatusOr<v1::TensorInfo> r = UploadFrom(
+      h,
+      [&](size_t max_bytes, std::string* piece) {
+        const size_t n = std::min(max_bytes, data.size() - offset);
+        piece->assign(data.data() + offset, n);
+        offset += n;
+        return absl::OkStatus();
+      },
+      progress);
+  if (r.ok() && offset != data.size()) {
+    return absl::InternalError(absl::StrCat("upload of '", header.name(), "': the server accepted ",
+                                            offset, " of ", data.size(), " bytes and returned OK"));
+  }
+  return r;
+}
+
+absl::StatusOr<v1::TensorInfo> CoordinatorClient::UploadFrom(const v1::TensorHeader& header,
+                                                             const ReadFn& read,
+                                                             const ProgressCallback& progress) {
   grpc::ClientContext context;
   SetDeadline(&context, options_.data_timeout);
   v1::UploadResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = stub_->Upload(&context, &response);
-  const int64_t total = static_cast<int64_t>(data.size());
+  const int64_t total = header.total_bytes();
 
   // The header travels alone so that the server can reject it before any data arrives.
   v1::TensorData message;
   *message.mutable_header() = header;
-  if (message.header().total_bytes() == 0) message.mutable_header()->set_total_bytes(total);
   bool open = writer->Write(message);
   message.clear_header();
-  size_t sent = 0;
-  while (open && sent < data.size()) {
-    const size_t n = std::min(options_.upload_chunk_bytes, data.size() - sent);
-    message.set_data(data.data() + sent, n);
+  int64_t sent = 0;
+  absl::Status read_error;
+  std::string piece;
+  while (open) {
+    read_error = read(options_.upload_chunk_bytes, &piece);
+    if (!read_error.ok() || piece.empty()) break;
+    message.set_data(std::move(piece));
     open = writer->Write(message);
     if (!open) break;  // The server ended the call; Finish says why.
-    sent += n;
-    if (progress) progress(static_cast<int64_t>(sent), total);
+    sent += static_cast<int64_t>(message.data().size());
+    if (progress) progress(sent, total);
+  }
+  if (!read_error.ok()) {
+    context.TryCancel();
+    writer->Finish();
+    return read_error;
   }
   if (open) writer->WritesDone();
   const grpc::Status status = writer->Finish();
   if (!status.ok()) return FromGrpcStatus(status);
-  if (sent != data.size()) {
+  if (sent != total) {
     return absl::InternalError(absl::StrCat("upload of '", header.name(), "': the server accepted ",
-                                            sent, " of ", data.size(), " bytes and returned OK"));
+                                            sent, " of ", total, " bytes and returned OK"));
   }
   return response.tensor();
 }
@@ -185,14 +214,33 @@ absl::StatusOr<v1::TensorInfo> CoordinatorClient::Upload(const v1::TensorHeader&
 absl::StatusOr<v1::TensorHeader> CoordinatorClient::Download(const std::string& name,
                                                              std::string* data,
                                                              const ProgressCallback& progress) {
+  data->clear();
+  return DownloadTo(
+      name,
+      [&](const v1::TensorHeader& header) {
+        // Reserve up front, but never trust a huge number before the data shows up.
+        data->reserve(std::min<int64_t>(header.total_bytes(), int64_t{1} << 32));
+        return absl::OkStatus();
+      },
+      [&](absl::string_view piece) {
+        data->append(piece.data(), piece.size());
+        return absl::OkStatus();
+      },
+      progress);
+}
+
+absl::StatusOr<v1::TensorHeader> CoordinatorClient::DownloadTo(const std::string& name,
+                                                               const HeaderFn& on_header,
+                                                               const DataFn& on_data,
+                                                               const ProgressCallback& progress) {
   grpc::ClientContext context;
   SetDeadline(&context, options_.data_timeout);
   v1::DownloadRequest request;
   request.set_name(name);
   std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = stub_->Download(&context, request);
-  data->clear();
   v1::TensorHeader header;
   bool have_header = false;
+  int64_t received = 0;
   absl::Status error;
   v1::TensorData message;
   while (reader->Read(&message)) {
@@ -209,18 +257,19 @@ absl::StatusOr<v1::TensorHeader> CoordinatorClient::Download(const std::string& 
                                                  header.total_bytes()));
         break;
       }
-      // Reserve up front, but never trust a huge number before the data shows up.
-      data->reserve(std::min<int64_t>(header.total_bytes(), int64_t{1} << 32));
+      error = on_header(header);
+      if (!error.ok()) break;
     }
-    if (static_cast<int64_t>(data->size() + message.data().size()) > header.total_bytes()) {
+    if (received + static_cast<int64_t>(message.data().size()) > header.total_bytes()) {
       error = absl::DataLossError(absl::StrCat("download of '", name, "': more than the ",
                                                header.total_bytes(), " bytes announced"));
       break;
     }
-    data->append(message.data());
-    if (progress && !message.data().empty()) {
-      progress(static_cast<int64_t>(data->size()), header.total_bytes());
-    }
+    if (message.data().empty()) continue;
+    received += static_cast<int64_t>(message.data().size());
+    error = on_data(message.data());
+    if (!error.ok()) break;
+    if (progress) progress(received, header.total_bytes());
   }
   if (!error.ok()) {
     context.TryCancel();
@@ -232,9 +281,9 @@ absl::StatusOr<v1::TensorHeader> CoordinatorClient::Download(const std::string& 
   if (!have_header) {
     return absl::InternalError(absl::StrCat("download of '", name, "': the stream was empty"));
   }
-  if (static_cast<int64_t>(data->size()) != header.total_bytes()) {
-    return absl::DataLossError(absl::StrCat("download of '", name, "': got ", data->size(),
-                                            " of ", header.total_bytes(), " bytes"));
+  if (received != header.total_bytes()) {
+    return absl::DataLossError(absl::StrCat("download of '", name, "': got ", received, " of ",
+                                            header.total_bytes(), " bytes"));
   }
   return header;
 }

@@ -84,10 +84,27 @@ class CoordinatorClient {
   absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorHeader& header, absl::string_view data,
                                         const ProgressCallback& progress = nullptr);
 
+  // As Upload, with the data coming from `read` in pieces, so the caller need not hold the
+  // tensor: `read(max, &piece)` replaces `piece` with the next at most `max` bytes (empty at
+  // the end); its error ends the call (the server drops what it received) and is returned.
+  // header.total_bytes must be set.
+  using ReadFn = std::function<absl::Status(size_t max_bytes, std::string* piece)>;
+  absl::StatusOr<v1::TensorInfo> UploadFrom(const v1::TensorHeader& header, const ReadFn& read,
+                                            const ProgressCallback& progress = nullptr);
+
   // Replaces `*data` with the tensor's bytes (row-major) and returns its header. DATA_LOSS if
   // the stream does not carry exactly header.total_bytes.
   absl::StatusOr<v1::TensorHeader> Download(const std::string& name, std::string* data,
                                             const ProgressCallback& progress = nullptr);
+
+  // As Download, handing the header to `on_header` and then each message's data to
+  // `on_data` as it arrives (the client holds one message at a time). An error from either
+  // cancels the call and is returned.
+  using HeaderFn = std::function<absl::Status(const v1::TensorHeader& header)>;
+  using DataFn = std::function<absl::Status(absl::string_view data)>;
+  absl::StatusOr<v1::TensorHeader> DownloadTo(const std::string& name, const HeaderFn& on_header,
+                                              const DataFn& on_data,
+                                              const ProgressCallback& progress = nullptr);
 
  private:
   using Stub = v1::Coordinator::Stub;

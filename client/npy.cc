@@ -1,6 +1,8 @@
 #include "client/npy.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -239,7 +241,8 @@ std::string NpyDescr(DType dtype) {
   return "";
 }
 
-absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& options) {
+absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
+                                            const NpyReadOptions& options) {
   if (file.size() < kMagicSize || file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
     return Invalid("bad magic: the file does not start with \\x93NUMPY");
   }
@@ -307,15 +310,32 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& 
     return Invalid(absl::StrCat("shape ", ShapeToString(*shape), " is too large: ",
                                 expected.status().message()));
   }
-  const absl::string_view data = file.substr(prefix + header_len);
-  if (static_cast<uint64_t>(*expected) != data.size()) {
-    return Invalid(absl::StrCat("data is ", data.size(), " bytes, but shape ",
-                                ShapeToString(*shape), " of '", *descr, "' needs ", *expected,
-                                data.size() < static_cast<uint64_t>(*expected) ? " (truncated)" : ""));
-  }
+  NpyFileHeader out;
+  out.dtype = *dtype;
+  out.shape = *std::move(shape);
+  out.descr = *std::move(descr);
+  out.data_offset = static_cast<int64_t>(prefix + header_len);
+  out.data_bytes = *expected;
+  return out;
+}
+
+absl::Status CheckNpyDataSize(const NpyFileHeader& header, uint64_t data_size) {
+  if (static_cast<uint64_t>(header.data_bytes) == data_size) return absl::OkStatus();
+  return Invalid(absl::StrCat("data is ", data_size, " bytes, but shape ",
+                              ShapeToString(header.shape), " of '", header.descr, "' needs ",
+                              header.data_bytes,
+                              data_size < static_cast<uint64_t>(header.data_bytes) ? " (truncated)"
+                                                                                    : ""));
+}
+
+absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& options) {
+  absl::StatusOr<NpyFileHeader> header = ParseNpyHeader(file, options);
+  if (!header.ok()) return header.status();
+  const absl::string_view data = file.substr(static_cast<size_t>(header->data_offset));
+  if (absl::Status s = CheckNpyDataSize(*header, data.size()); !s.ok()) return s;
   NpyArray array;
-  array.dtype = *dtype;
-  array.shape = *std::move(shape);
+  array.dtype = header->dtype;
+  array.shape = std::move(header->shape);
   array.data = std::string(data);
   return array;
 }
@@ -382,6 +402,115 @@ absl::Status WriteNpyFile(const std::string& path, DType dtype, const Shape& sha
   out.write(data.data(), data.size());
   out.close();
   if (!out) return IoError(path, "write", errno);
+  return absl::OkStatus();
+}
+
+// ---- Streaming ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::string& path,
+                                                                  const NpyReadOptions& options) {
+  auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
+  std::ifstream& in = reader->in_;
+  in.open(path, std::ios::binary);
+  if (!in) return IoError(path, "open", errno);
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size < 0 || !in) return IoError(path, "read", errno);
+  auto prefixed = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  };
+  // The fixed prefix first (magic, version, header length), then the whole header.
+  auto read_prefix = [&](size_t n, std::string* out) -> absl::Status {
+    n = std::min<size_t>(n, static_cast<size_t>(size));
+    out->resize(n);
+    in.seekg(0, std::ios::beg);
+    in.read(out->data(), static_cast<std::streamsize>(n));
+    if (static_cast<size_t>(in.gcount()) != n) return IoError(path, "read", errno);
+    return absl::OkStatus();
+  };
+  std::string prefix;
+  if (absl::Status s = read_prefix(kMagicSize + 6, &prefix); !s.ok()) return s;
+  size_t header_end = prefix.size();
+  if (prefix.size() >= kMagicSize + 2) {
+    const int major = static_cast<unsigned char>(prefix[kMagicSize]);
+    const size_t length_bytes = major == 1 ? 2 : 4;
+    if (prefix.size() >= kMagicSize + 2 + length_bytes) {
+      header_end = kMagicSize + 2 + length_bytes +
+                   ReadLittleEndian(absl::string_view(prefix).substr(kMagicSize + 2, length_bytes));
+    }
+  }
+  if (header_end > prefix.size()) {
+    if (absl::Status s = read_prefix(header_end, &prefix); !s.ok()) return s;
+  }
+  absl::StatusOr<NpyFileHeader> header = ParseNpyHeader(prefix, options);
+  if (!header.ok()) return prefixed(header.status());
+  const uint64_t data_size = static_cast<uint64_t>(size) - static_cast<uint64_t>(header->data_offset);
+  if (absl::Status s = CheckNpyDataSize(*header, data_size); !s.ok()) return prefixed(s);
+  in.seekg(header->data_offset, std::ios::beg);
+  if (!in) return IoError(path, "read", errno);
+  reader->path_ = path;
+  reader->header_ = *std::move(header);
+  return reader;
+}
+
+absl::Status NpyFileReader::Read(size_t max_bytes, std::string* out) {
+  const uint64_t left = static_cast<uint64_t>(header_.data_bytes - done_);
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(left, max_bytes));
+  out->resize(n);
+  if (n == 0) return absl::OkStatus();
+  in_.read(out->data(), static_cast<std::streamsize>(n));
+  if (static_cast<size_t>(in_.gcount()) != n) return IoError(path_, "read", errno);
+  done_ += static_cast<int64_t>(n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NpyFileWriter>> NpyFileWriter::Create(const std::string& path,
+                                                                     DType dtype,
+                                                                     const Shape& shape) {
+  absl::StatusOr<std::string> header = NpyHeader(dtype, shape);
+  if (!header.ok()) return header.status();
+  auto writer = std::unique_ptr<NpyFileWriter>(new NpyFileWriter());
+  writer->path_ = path;
+  writer->temp_path_ = absl::StrCat(path, ".partial");
+  writer->dtype_ = dtype;
+  writer->shape_ = shape;
+  writer->data_bytes_ = *CheckedBytes(shape, ElementSize(dtype));
+  writer->out_.open(writer->temp_path_, std::ios::binary | std::ios::trunc);
+  if (!writer->out_) return IoError(writer->temp_path_, "create", errno);
+  writer->created_ = true;
+  writer->out_.write(header->data(), static_cast<std::streamsize>(header->size()));
+  if (!writer->out_) return IoError(writer->temp_path_, "write", errno);
+  return writer;
+}
+
+NpyFileWriter::~NpyFileWriter() {
+  if (created_ && !committed_) {
+    out_.close();
+    std::remove(temp_path_.c_str());
+  }
+}
+
+absl::Status NpyFileWriter::Append(absl::string_view data) {
+  if (written_ + static_cast<int64_t>(data.size()) > data_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("data: more than the ", data_bytes_,
+                                                   " bytes of a ", ShapeToString(shape_), " ",
+                                                   DTypeName(dtype_), " array"));
+  }
+  out_.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!out_) return IoError(temp_path_, "write", errno);
+  written_ += static_cast<int64_t>(data.size());
+  return absl::OkStatus();
+}
+
+absl::Status NpyFileWriter::Commit() {
+  if (absl::Status s = CheckDataSize(dtype_, shape_, static_cast<size_t>(written_)); !s.ok()) {
+    return s;
+  }
+  out_.close();
+  if (!out_) return IoError(temp_path_, "write", errno);
+  if (std::rename(temp_path_.c_str(), path_.c_str()) != 0) return IoError(path_, "create", errno);
+  committed_ = true;
   return absl::OkStatus();
 }
 

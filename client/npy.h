@@ -11,6 +11,8 @@
 // silently become garbage floats.
 
 #include <cstdint>
+#include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -41,6 +43,23 @@ std::string NpyDescr(DType dtype);
 // that does not match the shape).
 absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& options = {});
 
+// What an .npy header says: the array's dtype and shape, and where its data starts.
+struct NpyFileHeader {
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string descr;        // As written in the file ("<f4").
+  int64_t data_offset = 0;  // Bytes before the data.
+  int64_t data_bytes = 0;   // What the shape and dtype need.
+};
+
+// Parses the header at the start of `file`; only the header needs to be there. ParseNpy's
+// errors but the data length.
+absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
+                                            const NpyReadOptions& options = {});
+
+// INVALID_ARGUMENT (as ParseNpy) unless `data_size` is what the header needs.
+absl::Status CheckNpyDataSize(const NpyFileHeader& header, uint64_t data_size);
+
 // The header (magic, version, length, padded dict) for an array; the data follows it.
 // Version 1.0 unless the header needs more than 65535 bytes. INVALID_ARGUMENT for a bad
 // shape (negative dims, element count or byte size overflowing int64).
@@ -54,6 +73,57 @@ absl::StatusOr<std::string> SerializeNpy(DType dtype, const Shape& shape, absl::
 absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path, const NpyReadOptions& options = {});
 absl::Status WriteNpyFile(const std::string& path, DType dtype, const Shape& shape,
                           absl::string_view data);
+
+// Reads an .npy file's data in pieces (uploads of arrays larger than memory). Open checks
+// the header and that the file holds exactly the data it announces, with ReadNpyFile's
+// errors, before any data is read.
+class NpyFileReader {
+ public:
+  static absl::StatusOr<std::unique_ptr<NpyFileReader>> Open(const std::string& path,
+                                                             const NpyReadOptions& options = {});
+
+  const NpyFileHeader& header() const { return header_; }
+  // The next at most `max_bytes` bytes of data into `*out` (replaced); empty at the end.
+  // INTERNAL on an I/O error.
+  absl::Status Read(size_t max_bytes, std::string* out);
+
+ private:
+  NpyFileReader() = default;
+
+  std::string path_;
+  std::ifstream in_;
+  NpyFileHeader header_;
+  int64_t done_ = 0;
+};
+
+// Writes an .npy file from data that arrives in pieces (downloads of tensors larger than
+// memory) into `path`.partial, which Commit renames to `path` once all the data is there;
+// destroyed without Commit, it removes the partial file and leaves `path` as it was.
+class NpyFileWriter {
+ public:
+  // INVALID_ARGUMENT bad shape; NOT_FOUND / PERMISSION_DENIED / INTERNAL creating the file.
+  static absl::StatusOr<std::unique_ptr<NpyFileWriter>> Create(const std::string& path,
+                                                              DType dtype, const Shape& shape);
+  ~NpyFileWriter();
+
+  // INVALID_ARGUMENT past the array's bytes; INTERNAL on an I/O error.
+  absl::Status Append(absl::string_view data);
+  // INVALID_ARGUMENT when fewer bytes than the array's arrived.
+  absl::Status Commit();
+
+ private:
+  NpyFileWriter() = default;
+
+  std::string path_;
+  std::string temp_path_;
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  int64_t data_bytes_ = 0;
+  int64_t written_ = 0;
+  std::ofstream out_;
+  bool created_ = false;
+  bool committed_ = false;
+};
 
 }  // namespace shardcoord
 

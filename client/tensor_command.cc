@@ -210,22 +210,46 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
 int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bool json,
                        bool progress, std::ostream& out, std::ostream& err) {
   if (flags.out_path.empty()) return ReportFlagError(err, "tensor download", "--out: empty path");
-  std::string data;
+  // The .npy header goes out when the tensor's header arrives, the data as it streams in:
+  // the tensor is never held whole. The file appears only once complete.
+  std::unique_ptr<NpyFileWriter> file;
+  DType dtype = DType::kF32;
+  Shape shape;
+  bool local_error = false;
   absl::StatusOr<v1::TensorHeader> header;
   {
     ProgressBar bar(err, progress, absl::StrCat("download ", flags.name));
-    header = client.Download(flags.name, &data,
-                             [&](int64_t done, int64_t total) { bar.Update(done, total); });
+    header = client.DownloadTo(
+        flags.name,
+        [&](const v1::TensorHeader& h) -> absl::Status {
+          local_error = true;
+          absl::StatusOr<DType> d = DTypeFromProto(h.dtype(), "header.dtype");
+          if (!d.ok()) return absl::InternalError(d.status().message());
+          absl::StatusOr<Shape> s = ShapeFromProto(h.shape(), "header.shape");
+          if (!s.ok()) return absl::InternalError(s.status().message());
+          dtype = *d;
+          shape = *std::move(s);
+          absl::StatusOr<std::unique_ptr<NpyFileWriter>> w =
+              NpyFileWriter::Create(flags.out_path, dtype, shape);
+          if (!w.ok()) return w.status();
+          file = *std::move(w);
+          local_error = false;
+          return absl::OkStatus();
+        },
+        [&](absl::string_view data) -> absl::Status {
+          absl::Status s = file->Append(data);
+          local_error = !s.ok();
+          return s;
+        },
+        [&](int64_t done, int64_t total) { bar.Update(done, total); });
   }
-  if (!header.ok()) return ReportStatus(err, header.status(), client.address());
-  absl::StatusOr<DType> dtype = DTypeFromProto(header->dtype(), "header.dtype");
-  if (!dtype.ok()) return ReportStatus(err, absl::InternalError(dtype.status().message()));
-  absl::StatusOr<Shape> shape = ShapeFromProto(header->shape(), "header.shape");
-  if (!shape.ok()) return ReportStatus(err, absl::InternalError(shape.status().message()));
-  if (absl::Status s = WriteNpyFile(flags.out_path, *dtype, *shape, data); !s.ok()) {
-    return ReportStatus(err, s);
+  if (!header.ok()) {
+    if (local_error) return ReportStatus(err, header.status());
+    return ReportStatus(err, header.status(), client.address());
   }
-  if (*dtype == DType::kBF16) {
+  if (absl::Status s = file->Commit(); !s.ok()) return ReportStatus(err, s);
+  const int64_t bytes = header->total_bytes();
+  if (dtype == DType::kBF16) {
     err << "shardctl: note: bf16 has no NumPy dtype; " << flags.out_path
         << " holds the raw bits as '<u2' (view with ml_dtypes.bfloat16)\n";
   }
@@ -233,15 +257,14 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
   w.BeginObject();
   w.Key("tensor").String(flags.name);
   w.Key("path").String(flags.out_path);
-  w.Key("shape").IntArray(*shape);
-  w.Key("dtype").String(DTypeName(*dtype));
-  w.Key("npy_dtype").String(NpyDescr(*dtype));
-  w.Key("bytes").Int(static_cast<int64_t>(data.size()));
+  w.Key("shape").IntArray(shape);
+  w.Key("dtype").String(DTypeName(dtype));
+  w.Key("npy_dtype").String(NpyDescr(dtype));
+  w.Key("bytes").Int(bytes);
   w.EndObject();
   return ReportJsonOrText(out, json, w.str(),
-                          absl::StrCat("downloaded '", flags.name, "' ", ShapeToString(*shape),
-                                       " ", DTypeName(*dtype), " (",
-                                       HumanBytes(static_cast<int64_t>(data.size())), ") to ",
+                          absl::StrCat("downloaded '", flags.name, "' ", ShapeToString(shape),
+                                       " ", DTypeName(dtype), " (", HumanBytes(bytes), ") to ",
                                        flags.out_path, "\n"));
 }
 
@@ -261,29 +284,42 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
 
   NpyReadOptions options;
   options.u2_as_bf16 = want == DType::kBF16;
-  absl::StatusOr<NpyArray> array = ReadNpyFile(flags.from_path, options);
-  if (!array.ok()) return ReportStatus(err, array.status());
-  if (want.has_value() && *want != array->dtype) {
+  // The header is checked (and the file's size against it) before anything is sent; the
+  // data is then read and sent in pieces, never held whole.
+  absl::StatusOr<std::unique_ptr<NpyFileReader>> file = NpyFileReader::Open(flags.from_path, options);
+  if (!file.ok()) return ReportStatus(err, file.status());
+  const NpyFileHeader& npy = (*file)->header();
+  if (want.has_value() && *want != npy.dtype) {
     return ReportFlagError(err, kCommand,
                            absl::StrCat("--dtype: ", flags.from_path, " holds ",
-                                        DTypeName(array->dtype), ", not ", DTypeName(*want),
+                                        DTypeName(npy.dtype), ", not ", DTypeName(*want),
                                         " (uploads keep the file's dtype; only bf16 "
                                         "reinterprets a '<u2' file)"));
   }
 
   v1::TensorHeader header;
   header.set_name(flags.name);
-  for (int64_t d : array->shape) header.add_shape(d);
-  header.set_dtype(DTypeToProto(array->dtype));
+  for (int64_t d : npy.shape) header.add_shape(d);
+  header.set_dtype(DTypeToProto(npy.dtype));
   *header.mutable_spec() = *std::move(spec);
-  header.set_total_bytes(static_cast<int64_t>(array->data.size()));
+  header.set_total_bytes(npy.data_bytes);
   absl::StatusOr<v1::TensorInfo> tensor;
+  bool read_failed = false;
   {
     ProgressBar bar(err, progress, absl::StrCat("upload ", flags.name));
-    tensor = client.Upload(header, array->data,
-                           [&](int64_t done, int64_t total) { bar.Update(done, total); });
+    tensor = client.UploadFrom(
+        header,
+        [&](size_t max_bytes, std::string* piece) {
+          absl::Status s = (*file)->Read(max_bytes, piece);
+          read_failed = !s.ok();
+          return s;
+        },
+        [&](int64_t done, int64_t total) { bar.Update(done, total); });
   }
-  if (!tensor.ok()) return ReportStatus(err, tensor.status(), client.address());
+  if (!tensor.ok()) {
+    if (read_failed) return ReportStatus(err, tensor.status());
+    return ReportStatus(err, tensor.status(), client.address());
+  }
   return ReportJsonOrText(out, json, TensorJson(*tensor),
                           absl::StrCat("uploaded ", flags.from_path, " as tensor ",
                                        TensorLine(*tensor), "\n"));
