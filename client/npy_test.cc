@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -262,6 +264,72 @@ TEST(NpyTest, Files) {
   a = ReadNpyFile(bad);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(a.status().message(), HasSubstr(absl::StrCat(bad, ": malformed .npy: bad magic")));
+}
+
+TEST(NpyTest, StreamedFilesMatchWholeOnes) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string path = dir + "/npy_test_streamed.npy";
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data += static_cast<char>(i * 7);
+  {
+    absl::StatusOr<std::unique_ptr<NpyFileWriter>> w =
+        NpyFileWriter::Create(path, DType::kI32, {10, 25});
+    ASSERT_TRUE(w.ok()) << w.status();
+    for (size_t at = 0; at < data.size(); at += 333) {
+      ASSERT_TRUE((*w)->Append(absl::string_view(data).substr(at, 333)).ok());
+    }
+    EXPECT_EQ((*w)->Append("x").code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE((*w)->Commit().ok());
+  }
+  absl::StatusOr<std::string> whole = SerializeNpy(DType::kI32, {10, 25}, data);
+  ASSERT_TRUE(whole.ok());
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), *whole);
+
+  absl::StatusOr<std::unique_ptr<NpyFileReader>> r = NpyFileReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->header().dtype, DType::kI32);
+  EXPECT_EQ((*r)->header().shape, (Shape{10, 25}));
+  EXPECT_EQ((*r)->header().data_bytes, 1000);
+  std::string got, piece;
+  do {
+    ASSERT_TRUE((*r)->Read(77, &piece).ok());
+    EXPECT_LE(piece.size(), 77u);
+    got += piece;
+  } while (!piece.empty());
+  EXPECT_EQ(got, data);
+}
+
+TEST(NpyTest, UncommittedWriterLeavesTheOldFileAndReaderChecksTheSize) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string path = dir + "/npy_test_keep.npy";
+  ASSERT_TRUE(WriteNpyFile(path, DType::kU8, {3}, "abc").ok());
+  {
+    absl::StatusOr<std::unique_ptr<NpyFileWriter>> w = NpyFileWriter::Create(path, DType::kU8, {5});
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append("xy").ok());
+    EXPECT_EQ((*w)->Commit().code(), absl::StatusCode::kInvalidArgument);  // 2 of 5 bytes.
+  }
+  absl::StatusOr<NpyArray> kept = ReadNpyFile(path);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->data, "abc");
+  EXPECT_FALSE(std::ifstream(path + ".partial").good());
+
+  absl::StatusOr<std::string> npy = SerializeNpy(DType::kU8, {4}, "abcd");
+  ASSERT_TRUE(npy.ok());
+  const std::string truncated = dir + "/npy_test_truncated.npy";
+  { std::ofstream(truncated, std::ios::binary) << npy->substr(0, npy->size() - 1); }
+  absl::StatusOr<std::unique_ptr<NpyFileReader>> r = NpyFileReader::Open(truncated);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("data is 3 bytes"));
+  EXPECT_THAT(r.status().message(), HasSubstr("(truncated)"));
+  const std::string bad = dir + "/npy_test_bad2.npy";
+  { std::ofstream(bad, std::ios::binary) << "\x93NUM"; }
+  r = NpyFileReader::Open(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr(bad));
 }
 
 }  // namespace

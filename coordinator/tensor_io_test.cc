@@ -1,13 +1,16 @@
 #include "coordinator/tensor_io.h"
 
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sharding/fill.h"
+#include "sharding/tensor_split.h"
 
 namespace shardcoord {
 namespace {
@@ -21,7 +24,8 @@ class TensorIoTest : public ::testing::Test {
       : workers_(&clock_, absl::Seconds(5)),
         meshes_(&workers_),
         tensors_(&meshes_),
-        io_(&workers_, &meshes_, &tensors_, &client_) {
+        io_(&workers_, &meshes_, &tensors_, &client_),
+        banded_(&workers_, &meshes_, &tensors_, &client_, /*band_bytes=*/16) {
     for (int i = 0; i < 4; ++i) {
       const std::string name = absl::StrCat("w", i);
       EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
@@ -53,17 +57,21 @@ class TensorIoTest : public ::testing::Test {
     return *out;
   }
 
-  absl::StatusOr<std::string> Download(const std::string& name) {
+  absl::StatusOr<std::string> Download(const std::string& name) { return Download(io_, name); }
+  absl::StatusOr<std::string> Download(TensorIo& io, const std::string& name) {
     std::optional<absl::StatusOr<DownloadedTensor>> out;
-    io_.Download(name, [&](absl::StatusOr<DownloadedTensor> r) { out = std::move(r); });
+    io.Download(name, [&](absl::StatusOr<DownloadedTensor> r) { out = std::move(r); });
     EXPECT_TRUE(out.has_value());
     if (!out->ok()) return out->status();
     return (*out)->data;
   }
 
   absl::StatusOr<TensorRecord> Upload(UploadArgs args, std::string data) {
+    return Upload(io_, std::move(args), std::move(data));
+  }
+  absl::StatusOr<TensorRecord> Upload(TensorIo& io, UploadArgs args, std::string data) {
     std::optional<absl::StatusOr<TensorRecord>> out;
-    io_.Upload(args, std::move(data), [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
+    io.Upload(args, std::move(data), [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
     EXPECT_TRUE(out.has_value());
     return *out;
   }
@@ -97,6 +105,7 @@ class TensorIoTest : public ::testing::Test {
   TensorManager tensors_;
   FakeWorkerClient client_;
   TensorIo io_;
+  TensorIo banded_;  // One row of an [8, 4] f32 tensor per band.
 };
 
 TEST_F(TensorIoTest, CreateFillsEveryRankAndDownloadAssembles) {
@@ -293,6 +302,100 @@ TEST_F(TensorIoTest, DeleteDropsEveryVersion) {
   for (const auto& [rank, req] : client_.drops()) EXPECT_EQ(req.version(), -1);
   EXPECT_EQ(io_.Delete("T").code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(meshes_.Delete("M").ok());
+}
+
+// ---- Bands -------------------------------------------------------------------------------
+
+TEST_F(TensorIoTest, BandedDownloadReadsEachBandsPartOfEveryChunk) {
+  ASSERT_TRUE(Create("T", "S(0),R").ok());
+  ASSERT_TRUE(Create("P", "P(sum),S(1)").ok());
+  ASSERT_TRUE(Create("X", "P(avg),R").ok());
+  for (const char* name : {"T", "P", "X"}) {
+    absl::StatusOr<std::string> data = Download(banded_, name);
+    ASSERT_TRUE(data.ok()) << name << ": " << data.status();
+    ASSERT_EQ(data->size(), 32 * sizeof(float));
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << name << i;
+  }
+  // 8 one-row bands: T reads one row from one replica per band (8); P reads a half row of
+  // both contributions' two column halves (32); X one row of each contribution (16).
+  EXPECT_EQ(client_.calls("ReadChunk"), 8 + 32 + 16);
+}
+
+TEST_F(TensorIoTest, BandedUploadWritesTheLocalBuffersChunkUnshardedBuilds) {
+  UploadArgs args;
+  args.name = "U";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  for (const char* placements : {"S(1),S(0)", "P(sum),S(0)", "R,S(1)"}) {
+    SCOPED_TRACE(placements);
+    args.spec = MakeSpec("M", placements);
+    const std::string values = Floats(32, 3);
+    absl::StatusOr<TensorRecord> t = Upload(banded_, args, values);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<std::vector<std::vector<char>>> want =
+        ChunkUnsharded(t->layout, values.data(), sizeof(float));
+    ASSERT_TRUE(want.ok());
+    for (size_t i = 0; i < t->layout.ranks().size(); ++i) {
+      const int64_t rank = t->layout.ranks()[i].rank;
+      EXPECT_EQ(client_.Buffer(rank, "U", t->version),
+                std::string((*want)[i].begin(), (*want)[i].end()))
+          << "rank " << rank;
+    }
+    absl::StatusOr<std::string> data = Download(banded_, "U");
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(*data, values);
+  }
+}
+
+TEST_F(TensorIoTest, DownloadMeetingANewVersionIsAbortedNotMixed) {
+  ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
+  absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = banded_.OpenDownload("T");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ((*d)->num_bands(), 8);
+  std::optional<absl::StatusOr<std::string>> band;
+  (*d)->FetchBand(0, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
+  ASSERT_TRUE(band.has_value() && band->ok());
+  EXPECT_EQ(**band, Floats(4, 0));
+
+  // A whole upload commits a new version and drops the one being downloaded.
+  UploadArgs args;
+  args.name = "T";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  ASSERT_TRUE(Upload(args, Floats(32, 100)).ok());
+  band.reset();
+  (*d)->FetchBand(1, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
+  ASSERT_TRUE(band.has_value());
+  EXPECT_EQ(band->status().code(), absl::StatusCode::kAborted) << band->status();
+  EXPECT_THAT(band->status().message(), HasSubstr("changed from version"));
+
+  // Deleted under a download: ABORTED too.
+  absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d2 = banded_.OpenDownload("T");
+  ASSERT_TRUE(d2.ok());
+  d->reset();
+  ASSERT_TRUE(io_.Delete("T").ok());
+  band.reset();
+  (*d2)->FetchBand(0, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
+  ASSERT_TRUE(band.has_value());
+  EXPECT_EQ(band->status().code(), absl::StatusCode::kAborted) << band->status();
+  EXPECT_THAT(band->status().message(), HasSubstr("deleted during the download"));
+}
+
+TEST_F(TensorIoTest, RankUploadsWaitForDownloadsToEnd) {
+  ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
+  UploadArgs args;
+  args.name = "T";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  args.rank = 1;
+  absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = banded_.OpenDownload("T");
+  ASSERT_TRUE(d.ok());
+  absl::Status refused = Upload(banded_, args, Floats(8, 0)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("is being downloaded"));
+  EXPECT_EQ(client_.calls("WriteChunk"), 0);
+  d->reset();
+  EXPECT_TRUE(Upload(banded_, args, Floats(8, 0)).ok());
 }
 
 }  // namespace
