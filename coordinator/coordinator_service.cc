@@ -556,8 +556,8 @@ grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
 
 // Streams a header, then the tensor band by band (TensorIo::DownloadStream), each band in
 // messages of at most `slice` bytes. At most kWindow bands are held: the one being written
-// and the next ones being fetched; the next fetch starts when a band was fully written
-// (OnWriteDone: gRPC flow control paces it). The call finishes only when no write and no
+// and the next one, fetched while it is written; the fetch after that starts when a band
+// was fully written (OnWriteDone: gRPC flow control paces it). The call finishes only when no write and no
 // fetch is in flight, so a fetch callback never meets a deleted reactor.
 class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
  public:
@@ -633,13 +633,12 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
   void OnDone() override { delete this; }
 
  private:
-  // Next bands to fetch, so that the band being written (if any) and the bands fetched or
-  // being fetched are at most kWindow. Called by the write claim holder.
+  // Next bands to fetch: at most kWindow - 1 bands fetched or being fetched ahead of the
+  // one being written (band 0 alone at the start, so two fetches never overlap there).
   std::vector<int64_t> ClaimFetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<int64_t> out;
     if (!status_.ok()) return out;
-    const int64_t ahead = kWindow - (current_.empty() ? 0 : 1);
-    while (next_fetch_ < stream_->num_bands() && next_fetch_ - next_write_ < ahead) {
+    while (next_fetch_ < stream_->num_bands() && next_fetch_ - next_write_ < kWindow - 1) {
       out.push_back(next_fetch_++);
       ++fetching_;
     }
@@ -654,6 +653,7 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
 
   void OnFetched(int64_t i, absl::StatusOr<std::string> r) {
     bool write = false;
+    std::vector<int64_t> fetch;
     std::optional<grpc::Status> finish;
     {
       absl::MutexLock lock(&mu_);
@@ -668,6 +668,7 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
           offset_ = 0;
           writing_ = true;
           write = true;
+          fetch = ClaimFetches();
         }
       } else {
         ready_.clear();
@@ -676,6 +677,7 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
     }
     if (write) WriteSlice();
     if (finish.has_value()) Finish(*finish);
+    Fetch(fetch);
   }
 
   // The status to finish with, once: on an error or after the last band, when no write and

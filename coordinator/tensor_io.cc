@@ -657,6 +657,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     std::shared_ptr<const DownloadStream> stream;
     Box band;
     std::vector<Read> reads;
+    std::string out;  // The band, when pieces are copied in as they arrive.
     BandCallback done;
     absl::Mutex mu;
     size_t remaining ABSL_GUARDED_BY(mu) = 0;
@@ -676,9 +677,19 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
   const ReduceOp op = avg ? ReduceOp::kSum : layout.partial_op();
   const int64_t divisor = layout.num_partials();
 
-  // Contribution 0 first (sources are ordered so): it covers the band, the others reduce in.
-  auto assemble = [state, dtype, op, avg, divisor]() {
-    const int64_t es = ElementSize(dtype);
+  const int64_t es = ElementSize(dtype);
+  // Without partials the pieces are disjoint: each is copied into the band as it arrives
+  // (concurrent copies touch disjoint bytes) and freed, and a band that lies inside one chunk
+  // is that chunk's piece as is. With partials, contribution 0 (sources are ordered so) is
+  // copied first, the others are reduced in once all arrived, avg divides at the end.
+  const bool disjoint = !layout.is_partial();
+  const bool whole_piece = disjoint && state->reads.size() == 1 &&
+                           state->reads[0].piece.box == state->band;
+  if (disjoint && !whole_piece) {
+    state->out.assign(static_cast<size_t>(state->band.Volume() * es), '\0');
+  }
+  auto assemble = [state, dtype, op, avg, divisor, es, disjoint]() {
+    if (disjoint) return state->done(std::move(state->out));
     const Box& band = state->band;
     std::string out(static_cast<size_t>(band.Volume() * es), '\0');
     for (Read& r : state->reads) {
@@ -702,14 +713,14 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     absl::MutexLock lock(&state->mu);
     state->remaining = state->reads.size();
   }
-  const int64_t es = ElementSize(dtype);
   for (size_t k = 0; k < state->reads.size(); ++k) {
     const Read& r = state->reads[k];
     v1::ReadChunkRequest req;
     req.set_tensor(tensor_.name);
     req.set_version(tensor_.version);
     *req.mutable_box() = BoxToProto(r.piece.box);
-    io_->client_->ReadChunk(r.from, req, [state, k, es, assemble](absl::StatusOr<std::string> got) {
+    io_->client_->ReadChunk(r.from, req, [state, k, es, disjoint, whole_piece,
+                                          assemble](absl::StatusOr<std::string> got) {
       Read& r = state->reads[k];
       absl::Status s;
       if (!got.ok()) {
@@ -719,6 +730,11 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
         s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
                                                 Describe(r.from), ": got ", got->size(),
                                                 " bytes, want ", r.piece.box.Volume() * es));
+      } else if (whole_piece) {
+        state->out = *std::move(got);
+      } else if (disjoint) {
+        s = CopyBox(r.piece.box, got->data(), r.piece.box, state->out.data(), state->band, es);
+        if (!s.ok()) s = absl::InternalError(s.message());
       } else {
         r.data = *std::move(got);
       }
