@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/fill.h"
@@ -118,6 +119,48 @@ TEST_P(StreamedIoTest, UploadThenDownloadGivesTheUploadedValues) {
     EXPECT_TRUE(values.ok()) << values;
   }
   ASSERT_TRUE(client().DeleteTensor(name).ok());
+}
+
+// A download reads one version: an upload that commits a new version while the download is
+// under way makes the rest of it fail with ABORTED (the old buffers are dropped), and all
+// data received before is the old version's; it never mixes in the new values.
+TEST_F(StreamedIoTest, DownloadRacingANewVersionIsAbortedOrAllOld) {
+  const Shape shape = {1024, 1024};  // 4 MiB: 1024 bands, far more than gRPC buffers.
+  ASSERT_TRUE(CreateFilled(client(), "race", shape, DType::kF32, "line", "S(0)").ok());
+  const std::string old_values = BytesOfFill(FillKind::kArange, 0, shape, DType::kF32);
+  const std::string new_values = BytesOfFill(FillKind::kRandom, kSeed, shape, DType::kF32);
+  v1::TensorHeader header;
+  header.set_name("race");
+  for (int64_t d : shape) header.add_shape(d);
+  header.set_dtype(DTypeToProto(DType::kF32));
+  std::string got;
+  bool uploaded = false;
+  absl::StatusOr<v1::TensorHeader> r = client().DownloadTo(
+      "race", [](const v1::TensorHeader&) { return absl::OkStatus(); },
+      [&](absl::string_view data) {
+        got.append(data.data(), data.size());
+        if (!uploaded) {
+          // The download waits (the client does not read) while a new version commits.
+          uploaded = true;
+          absl::StatusOr<v1::TensorInfo> up = client().Upload(header, new_values);
+          EXPECT_TRUE(up.ok()) << up.status();
+        }
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(uploaded);
+  RecordProperty("outcome", r.ok() ? "complete" : std::string(r.status().message()));
+  if (r.ok()) {
+    EXPECT_TRUE(got == old_values) << "a complete download must be all of the old version";
+  } else {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("changed from version"));
+    ASSERT_LT(got.size(), old_values.size());
+    EXPECT_TRUE(got == old_values.substr(0, got.size()))
+        << "the " << got.size() << " bytes received before the abort must be the old version's";
+  }
+  // The new version is intact.
+  EXPECT_TRUE(DownloadAndCheck(client(), "race", DType::kF32, shape, FillKind::kRandom, kSeed).ok());
+  ASSERT_TRUE(client().DeleteTensor("race").ok());
 }
 
 const std::vector<Case>& Cases() {
