@@ -309,6 +309,7 @@ class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkDa
     WriteDone completed;
     const std::string* next = nullptr;
     bool writes_done = false;
+    bool release = false;  // This call ends the claim of a broken stream: drop the hold.
     {
       absl::MutexLock lock(&state_->mu);
       if (!header_sent_) {
@@ -321,6 +322,7 @@ class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkDa
       if (state_->broken) {
         state_->writing = false;
         state_->held = false;
+        release = true;
       } else if (!state_->queue.empty()) {
         next = &state_->queue.front().first;  // Stays put: only this claim pops it.
       } else if (state_->finish_requested) {
@@ -337,12 +339,9 @@ class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkDa
       RemoveHold();
       return;
     }
-    bool release = false;
-    {
-      absl::MutexLock lock(&state_->mu);
-      release = state_->broken && !state_->held && !released_;
-      released_ = released_ || release;
-    }
+    // Exactly one place drops the hold: here (a cancel that came during the write), the
+    // failed-write branch above, Finish or OnWriteDone's WritesDone (held cleared under the
+    // lock by whoever drops it), or Cancel while no write is in flight.
     if (release) RemoveHold();
   }
 
@@ -387,7 +386,6 @@ class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkDa
   // Owned by the write claim holder.
   bool header_sent_ = false;
   size_t offset_ = 0;
-  bool released_ = false;  // Guarded by state_->mu.
 };
 
 class GrpcWorkerClient::StreamHandle : public ChunkWriteStream {
