@@ -199,6 +199,19 @@ TEST(BandWritesTest, RebuildLocalBuffersForEveryKindOfLayout) {
   }
 }
 
+TEST(BandWritesTest, ScalarIsReadAndWrittenAsItsOneBand) {
+  const Layout layout = Placed({2}, {}, "R");
+  BandPlan plan({}, 4, 1);
+  std::vector<BandSource> reads =
+      BandReads(ChooseSources(layout, [](int64_t) { return true; }), plan.band(0));
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0].box, Box::Whole({}));
+  std::vector<LocalWrite> w = BandWrites(*layout.Find(1), plan.band(0), false);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0], (LocalWrite{0, Box::Whole({}), false}));
+  ExpectBandWritesRebuildLocalBuffers(layout, 1);
+}
+
 TEST(BandWritesTest, ChunksStoredAgainstDimZeroOrderAreNotStreamable) {
   // Rank 0 holds rows 2:4 first and rows 0:2 after them.
   RankChunks rc;

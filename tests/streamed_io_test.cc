@@ -121,6 +121,32 @@ TEST_P(StreamedIoTest, UploadThenDownloadGivesTheUploadedValues) {
   ASSERT_TRUE(client().DeleteTensor(name).ok());
 }
 
+// The edges of band planning: a scalar is one band, a tensor without elements has none.
+TEST_F(StreamedIoTest, ScalarAndEmptyTensorsRoundTrip) {
+  struct Edge {
+    std::string name;
+    Shape shape;
+    std::string spec;
+  };
+  for (const Edge& e : {Edge{"scalar", {}, "R"}, Edge{"empty_rows", {0, 5}, "S(1)"},
+                        Edge{"empty_cols", {6, 0}, "S(0)"}}) {
+    SCOPED_TRACE(e.name);
+    const std::string data = BytesOfFill(FillKind::kRandom, kSeed, e.shape, DType::kF32);
+    v1::TensorHeader header;
+    header.set_name(e.name);
+    for (int64_t d : e.shape) header.add_shape(d);
+    header.set_dtype(DTypeToProto(DType::kF32));
+    *header.mutable_spec() = SpecFromText("line", e.spec);
+    absl::StatusOr<v1::TensorInfo> up = client().Upload(header, data);
+    ASSERT_TRUE(up.ok()) << up.status();
+    std::string got = "junk";
+    absl::StatusOr<v1::TensorHeader> down = client().Download(e.name, &got);
+    ASSERT_TRUE(down.ok()) << down.status();
+    EXPECT_EQ(got, data);
+    ASSERT_TRUE(client().DeleteTensor(e.name).ok());
+  }
+}
+
 // A download reads one version: an upload that commits a new version while the download is
 // under way makes the rest of it fail with ABORTED (the old buffers are dropped), and all
 // data received before is the old version's; it never mixes in the new values.
