@@ -489,13 +489,33 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData> {
       std::string band;
       band.swap(band_data_);
       const int64_t i = band_++;
-      // The callback may run inline or on another thread; the reactor reads nothing and
-      // finishes nothing until it ran.
+      // The reactor reads nothing and finishes nothing until the band is written. A callback
+      // on another thread pumps on from there; one that runs inline (before WriteBand
+      // returns) leaves it to this loop, so many small bands in one message do not recurse.
+      {
+        absl::MutexLock lock(&mu_);
+        in_write_band_ = true;
+        written_inline_ = false;
+      }
       stream_->WriteBand(i, std::move(band), [this](absl::Status s) {
-        if (!s.ok()) return Fail(s);
-        Pump();
+        {
+          absl::MutexLock lock(&mu_);
+          if (in_write_band_) {
+            written_inline_ = true;
+            inline_status_ = s;
+            return;
+          }
+        }
+        BandWritten(s);
       });
-      return;
+      absl::Status s;
+      {
+        absl::MutexLock lock(&mu_);
+        in_write_band_ = false;
+        if (!written_inline_) return;
+        s = inline_status_;
+      }
+      if (!s.ok()) return BandWritten(s);
     }
     if (inbox_pos_ < inbox_.size()) {
       return Fail(absl::InvalidArgumentError(
@@ -514,6 +534,14 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData> {
       if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
       Finish(ToGrpcStatus(t.status()));
     });
+  }
+
+  void BandWritten(const absl::Status& s) {
+    if (!s.ok()) {
+      return Fail(absl::Status(s.code(),
+                               absl::StrCat("uploading '", args_.name, "': ", s.message())));
+    }
+    Pump();
   }
 
   void EndOfRankUpload() {
@@ -547,6 +575,10 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData> {
   size_t inbox_pos_ = 0;
   std::string band_data_;
   int64_t band_ = 0;
+  absl::Mutex mu_;
+  bool in_write_band_ ABSL_GUARDED_BY(mu_) = false;
+  bool written_inline_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status inline_status_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(

@@ -10,6 +10,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/fake_worker_client.h"
 #include "coordinator/kv_store.h"
+#include "coordinator/tensor_bands.h"
 #include "coordinator/timer.h"
 #include "coordinator/worker_facing_service.h"
 #include "gmock/gmock.h"
@@ -27,13 +28,13 @@ constexpr int64_t kSlice = 64;  // Streamed data messages carry at most this man
 
 class ServiceTest : public ::testing::Test {
  protected:
-  ServiceTest()
+  explicit ServiceTest(int64_t band_bytes = kDefaultBandBytes)
       : workers_(&clock_, absl::Minutes(10)),
         meshes_(&workers_),
         tensors_(&meshes_),
         kv_(&timer_),
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
-        io_(&workers_, &meshes_, &tensors_, &client_),
+        io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice),
         worker_service_(&clock_, &workers_, &kv_, &plans_, absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
@@ -383,6 +384,78 @@ TEST_F(ServiceTest, UploadAndDownloadStream) {
       coordinator_->Download(&missing_ctx, req);
   EXPECT_FALSE(missing->Read(&msg));
   EXPECT_EQ(missing->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// One row of an [8, 4] f32 tensor per band: 48-byte upload messages each carry three bands
+// (the fake completes writes inline), and the download sends one message per band.
+class BandedServiceTest : public ServiceTest {
+ protected:
+  BandedServiceTest() : ServiceTest(/*band_bytes=*/16) {}
+};
+
+TEST_F(BandedServiceTest, UploadAndDownloadInManyBands) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  const std::string data = Floats(32, -7.0f);
+  {
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = coordinator_->Upload(&ctx, &resp);
+    v1::TensorData first;
+    v1::TensorHeader* h = first.mutable_header();
+    h->set_name("U");
+    h->add_shape(8);
+    h->add_shape(4);
+    h->set_dtype(v1::F32);
+    h->mutable_spec()->set_mesh("M");
+    h->mutable_spec()->set_placements_text("S(1),S(0)");
+    ASSERT_TRUE(writer->Write(first));
+    for (size_t off = 0; off < data.size(); off += 48) {
+      v1::TensorData msg;
+      msg.set_data(data.substr(off, 48));
+      ASSERT_TRUE(writer->Write(msg));
+    }
+    ASSERT_TRUE(writer->WritesDone());
+    grpc::Status s = writer->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  grpc::ClientContext ctx;
+  v1::DownloadRequest req;
+  req.set_name("U");
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = coordinator_->Download(&ctx, req);
+  v1::TensorData msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(msg.has_header());
+  std::string got;
+  int messages = 0;
+  while (reader->Read(&msg)) {
+    EXPECT_EQ(msg.data().size(), 16u);
+    got += msg.data();
+    ++messages;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(messages, 8);
+  EXPECT_EQ(got, data);
+
+  // Short data: the bands written so far are dropped and the tensor keeps its version.
+  const int64_t version = tensors_.Get("U")->version;
+  grpc::ClientContext short_ctx;
+  v1::UploadResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer =
+      coordinator_->Upload(&short_ctx, &resp);
+  v1::TensorData first;
+  first.mutable_header()->set_name("U");
+  first.mutable_header()->add_shape(8);
+  first.mutable_header()->add_shape(4);
+  first.mutable_header()->set_dtype(v1::F32);
+  first.set_data(data.substr(0, 100));
+  ASSERT_TRUE(writer->Write(first));
+  ASSERT_TRUE(writer->WritesDone());
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message(), "data: 100 bytes for a [8, 4] f32 tensor of 128 bytes");
+  EXPECT_EQ(tensors_.Get("U")->version, version);
+  EXPECT_TRUE(tensors_.Get("U")->busy_plan.empty());
 }
 
 TEST_F(ServiceTest, MalformedUploadsAreInvalid) {
