@@ -285,6 +285,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     up->streams_.push_back(client_->OpenWriteChunk(up->endpoints_[i], header));
     up->written_.push_back(0);
   }
+  up->started_ = true;
   return up;
 }
 
@@ -369,6 +370,7 @@ void TensorIo::UploadStream::Fail(const absl::Status& s, const TensorCallback& d
 }
 
 void TensorIo::UploadStream::Abort() {
+  if (!started_) return;  // Refused by StartUpload: it holds nothing.
   {
     absl::MutexLock lock(&mu_);
     if (ended_) return;

@@ -121,6 +121,7 @@ class TensorIo {
     std::vector<std::shared_ptr<ChunkWriteStream>> streams_;  // Per rank of layout_.
     std::vector<int64_t> written_;  // Elements streamed to each rank so far.
     int64_t next_band_ = 0;
+    bool started_ = false;  // StartUpload reserved or acquired the tensor and opened streams.
     absl::Mutex mu_;
     bool ended_ ABSL_GUARDED_BY(mu_) = false;  // Finished or aborted.
   };

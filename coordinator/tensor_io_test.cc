@@ -226,8 +226,10 @@ TEST_F(TensorIoTest, UploadValidationChangesNothing) {
   args.name = "T";
   ASSERT_TRUE(tensors_.Acquire("T", "p-9").ok());
   EXPECT_EQ(Upload(args, Floats(32, 0)).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(tensors_.Get("T")->busy_plan, "p-9");  // Still the other operation's.
   tensors_.Release("T", "p-9");
   EXPECT_EQ(client_.calls("WriteChunk"), 0);
+  EXPECT_TRUE(client_.drops().empty());
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok());
   EXPECT_EQ(At(*data, 31), 31.0f);
