@@ -330,6 +330,33 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
   return absl::OkStatus();
 }
 
+absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box,
+                                          int64_t element_size) {
+  absl::StatusOr<BoxCopyRuns> p = PlanBoxCopy(region, box, region, element_size);
+  if (!p.ok()) return p.status();
+  RegionRuns out;
+  if (p->empty) return out;
+  out.run_bytes = p->run_bytes;
+  const int n = static_cast<int>(p->count.size());
+  int64_t total = 1;
+  for (int64_t c : p->count) total *= c;
+  out.offsets.reserve(static_cast<size_t>(total));
+  std::vector<int64_t> idx(n, 0);
+  int64_t at = p->src_start;
+  while (true) {
+    out.offsets.push_back(at);
+    int k = n - 1;
+    for (; k >= 0; --k) {
+      at += p->src_stride[k];
+      if (++idx[k] < p->count[k]) break;
+      idx[k] = 0;
+      at -= p->count[k] * p->src_stride[k];
+    }
+    if (k < 0) break;
+  }
+  return out;
+}
+
 std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes) {
   int d = 0;
   while (d < box.ndim() && box.shape(d) == 1) ++d;

@@ -63,6 +63,17 @@ absl::Status UnpackBox(const Box& region, const void* packed, void* chunk, const
 absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                            const Box& dst_box, DType dtype, ReduceOp op);
 
+// The contiguous byte runs `region` covers in a row-major buffer for `box`, in row-major
+// order: the pieces PackBox gathers, as offsets from the buffer's start and their common
+// length (one run when the region is contiguous there; none when it is empty). Lets a
+// transport move a strided region without packing it. INVALID_ARGUMENT as PackBox.
+struct RegionRuns {
+  int64_t run_bytes = 0;
+  std::vector<int64_t> offsets;
+};
+absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box,
+                                          int64_t element_size);
+
 // `box` cut along its outermost dim of extent > 1 into consecutive slabs of at most
 // `max_bytes` each (at least one index of that dim per slab, so a slab exceeds `max_bytes`
 // only when one index alone does), in order; `box` itself when it fits or has no such dim.

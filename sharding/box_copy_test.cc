@@ -413,5 +413,43 @@ TEST(SplitIntoSlabsTest, SlabsTileTheBoxAndStayContiguousInAChunk) {
   }
 }
 
+TEST(RegionByteRunsTest, RunsGatheredInOrderArePackBox) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int nd = 1 + static_cast<int>(rng() % 4);
+    Shape boff(nd), bshape(nd), roff(nd), rshape(nd);
+    int64_t volume = 1;
+    for (int d = 0; d < nd; ++d) {
+      boff[d] = rng() % 4;
+      bshape[d] = 1 + rng() % 5;
+      roff[d] = boff[d] + rng() % bshape[d];
+      rshape[d] = rng() % (boff[d] + bshape[d] - roff[d] + 1);  // May be empty.
+      volume *= bshape[d];
+    }
+    const Box box(boff, bshape), region(roff, rshape);
+    std::vector<int16_t> data(static_cast<size_t>(volume));
+    for (int64_t i = 0; i < volume; ++i) data[i] = static_cast<int16_t>(i * 3 + 1);
+    absl::StatusOr<RegionRuns> runs = RegionByteRuns(region, box, 2);
+    ASSERT_TRUE(runs.ok()) << runs.status();
+    std::vector<char> gathered;
+    for (int64_t off : runs->offsets) {
+      const char* p = reinterpret_cast<const char*>(data.data()) + off;
+      gathered.insert(gathered.end(), p, p + runs->run_bytes);
+    }
+    std::vector<char> packed(static_cast<size_t>(region.Volume() * 2));
+    ASSERT_TRUE(PackBox(region, data.data(), box, packed.data(), 2).ok());
+    EXPECT_EQ(gathered, packed) << region.ToString() << " in " << box.ToString();
+    if (region.Empty()) EXPECT_TRUE(runs->offsets.empty());
+  }
+  // A contiguous region is one run; rows of a column block are one run each.
+  EXPECT_EQ(RegionByteRuns(Box({2, 0}, {3, 8}), Box({0, 0}, {8, 8}), 4)->offsets,
+            std::vector<int64_t>{64});
+  absl::StatusOr<RegionRuns> cols = RegionByteRuns(Box({0, 2}, {3, 2}), Box({0, 0}, {4, 8}), 4);
+  EXPECT_EQ(cols->run_bytes, 8);
+  EXPECT_EQ(cols->offsets, (std::vector<int64_t>{8, 40, 72}));
+  EXPECT_EQ(RegionByteRuns(Box({0, 7}, {1, 2}), Box({0, 0}, {4, 8}), 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace shardcoord
