@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -71,6 +72,11 @@ struct SendOp {
   // after every receive of the exchange is posted, so packing overlaps the transfers already
   // under way.
   std::function<absl::Status()> prepare;
+  // Optional: where the bytes already lie, as (address, length) runs in order adding up to
+  // `bytes` (host memory). A backend that can move strided memory without a contiguous copy
+  // (Gloo's same-host copies) sends from them and does not call `prepare`; the others
+  // ignore them.
+  std::vector<std::pair<const char*, int64_t>> runs;
 };
 struct RecvOp {
   int peer = 0;

@@ -233,6 +233,24 @@ class Mover {
     return off ? source_->chunk_data(*k) + *off * esize_ : nullptr;
   }
 
+  // Where `box` lies in the source chunk holding it, as (address, length) runs in row-major
+  // order, so a transport that can send strided host memory needs no packing (SendOp::runs).
+  // Empty for device memory or when no source chunk holds it.
+  std::vector<std::pair<const char*, int64_t>> SourceRuns(const Box& box,
+                                                          int64_t partial) const {
+    std::vector<std::pair<const char*, int64_t>> out;
+    if (!space_.is_host()) return out;
+    absl::StatusOr<int> k = SourceChunk(box, partial);
+    if (!k.ok()) return out;
+    absl::StatusOr<RegionRuns> runs =
+        RegionByteRuns(box, source_->chunks().chunks[*k].box, esize_);
+    if (!runs.ok()) return out;
+    const char* base = source_->chunk_data(*k);
+    out.reserve(runs->offsets.size());
+    for (int64_t off : runs->offsets) out.emplace_back(base + off, runs->run_bytes);
+    return out;
+  }
+
   // Where a received `box` can land directly: one target chunk takes it, contiguously, and
   // it overwrites. Null otherwise (receive into a staging buffer and Apply).
   char* DirectTarget(const Box& box, bool reduce, int64_t partial) const {
@@ -720,6 +738,7 @@ class StepRunner {
             op.prepare = [this, &slab, buf] {
               return mover_->Pack(slab.box, slab.t->partial_index, buf + slab.offset);
             };
+            op.runs = mover_->SourceRuns(slab.box, slab.t->partial_index);
           }
           sends.push_back(std::move(op));
         }

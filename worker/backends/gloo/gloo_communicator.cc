@@ -27,7 +27,8 @@ namespace shardcoord {
 namespace {
 
 constexpr uint64_t kP2PSlotPrefix = 0x40;
-constexpr uint64_t kP2PAckSlotPrefix = 0x41;
+constexpr uint64_t kP2PAckSlotPrefix = 0x41;    // Same-host: sender -> receiver, done.
+constexpr uint64_t kP2PReadySlotPrefix = 0x42;  // Same-host: receiver -> sender, where to.
 
 // What a same-host message carries over Gloo instead of its bytes.
 struct SameHostDescriptor {
@@ -324,6 +325,10 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
   const uint64_t base = (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
   const uint64_t ack_base =
       (kP2PAckSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
+  // Descriptors flow against the message, so they get slots of their own: the peer's own
+  // messages to us use base | k.
+  const uint64_t ready_base =
+      (kP2PReadySlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
   return Guard("send/recv", [&]() -> absl::Status {
     const auto timeout = TimeoutFor(options);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -332,25 +337,33 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
                       std::chrono::duration_cast<std::chrono::milliseconds>(
                           deadline - std::chrono::steady_clock::now()));
     };
-    // A failing hook or same-host read leaves messages posted with the peers: the
+    // A failing hook or same-host copy leaves messages posted with the peers: the
     // communicator cannot be trusted afterwards.
     auto failed = [&](const absl::Status& s) {
       broken_ = true;
       return s;
     };
+    using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
     std::vector<int64_t> sent(size(), 0), received(size(), 0);
     // Fixed-size arrays: Gloo holds pointers into them until the waits below.
-    std::vector<SameHostDescriptor> out_desc(sends.size()), in_desc(recvs.size());
-    std::vector<uint64_t> out_acks(sends.size()), in_acks(recvs.size());
+    std::vector<SameHostDescriptor> ready_in(sends.size()), ready_out(recvs.size());
+    std::vector<uint64_t> acks_out(sends.size()), acks_in(recvs.size());
     struct Recv {
-      std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+      Buffer buf;  // The data, or for a same-host message the sender's acknowledgement.
       const RecvOp* op;
-      SameHostDescriptor* desc;  // Non-null for a same-host message.
+      bool same_host;
+    };
+    struct SameHostSend {
+      Buffer ready;  // The receiver's descriptor of where the bytes go.
+      const SendOp* op;
+      size_t index;
       uint64_t slot;
     };
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_bufs, ack_bufs;
+    std::vector<Buffer> send_bufs;  // Data, descriptors and acknowledgements we send.
     std::vector<Recv> recv_bufs;
-    // Every receive first, so no peer's send waits on our packing.
+    std::vector<SameHostSend> same_host_sends;
+    // Every receive first, so no peer's send waits on our packing. A same-host receive tells
+    // the sender where to write and waits for its acknowledgement.
     for (size_t i = 0; i < recvs.size(); ++i) {
       const RecvOp& op = recvs[i];
       const int64_t k = received[op.peer]++;
@@ -360,30 +373,34 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         }
         continue;
       }
-      const uint64_t slot = base | static_cast<uint64_t>(k);
-      SameHostDescriptor* desc = SameHost(op.peer, op.bytes) ? &in_desc[i] : nullptr;
-      auto buf = desc != nullptr
-                     ? context_->createUnboundBuffer(desc, sizeof(SameHostDescriptor))
-                     : context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
-      buf->recv(op.peer, slot);
-      recv_bufs.push_back(Recv{std::move(buf), &op, desc, static_cast<uint64_t>(k)});
+      if (SameHost(op.peer, op.bytes)) {
+        ready_out[i] = {reinterpret_cast<uint64_t>(op.data), static_cast<uint64_t>(op.bytes)};
+        auto ready = context_->createUnboundBuffer(&ready_out[i], sizeof(SameHostDescriptor));
+        ready->send(op.peer, ready_base | static_cast<uint64_t>(k));
+        send_bufs.push_back(std::move(ready));
+        auto ack = context_->createUnboundBuffer(&acks_in[i], sizeof(uint64_t));
+        ack->recv(op.peer, ack_base | static_cast<uint64_t>(k));
+        recv_bufs.push_back(Recv{std::move(ack), &op, true});
+        continue;
+      }
+      auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
+      buf->recv(op.peer, base | static_cast<uint64_t>(k));
+      recv_bufs.push_back(Recv{std::move(buf), &op, false});
     }
     for (size_t i = 0; i < sends.size(); ++i) {
       const SendOp& op = sends[i];
       const int64_t k = sent[op.peer]++;
-      if (op.prepare) {
+      const bool same_host = op.bytes > 0 && SameHost(op.peer, op.bytes);
+      // Same-host sends with runs go straight from them: nothing to pack.
+      if (op.prepare && !(same_host && !op.runs.empty())) {
         if (absl::Status s = op.prepare(); !s.ok()) return failed(s);
       }
       if (op.bytes == 0) continue;
       const uint64_t slot = base | static_cast<uint64_t>(k);
-      if (SameHost(op.peer, op.bytes)) {
-        out_desc[i] = {reinterpret_cast<uint64_t>(op.data), static_cast<uint64_t>(op.bytes)};
-        auto ack = context_->createUnboundBuffer(&out_acks[i], sizeof(uint64_t));
-        ack->recv(op.peer, ack_base | static_cast<uint64_t>(k));
-        ack_bufs.push_back(std::move(ack));
-        auto buf = context_->createUnboundBuffer(&out_desc[i], sizeof(SameHostDescriptor));
-        buf->send(op.peer, slot);
-        send_bufs.push_back(std::move(buf));
+      if (same_host) {
+        auto ready = context_->createUnboundBuffer(&ready_in[i], sizeof(SameHostDescriptor));
+        ready->recv(op.peer, ready_base | static_cast<uint64_t>(k));
+        same_host_sends.push_back(SameHostSend{std::move(ready), &op, i, static_cast<uint64_t>(k)});
         continue;
       }
       auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
@@ -403,38 +420,49 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         if (token != nullptr && handle >= 0) token->Remove(handle);
       }
     } guard;
-    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> reply_bufs;
-    reply_bufs.reserve(recv_bufs.size());
+    // Acknowledgements we send: not in the cancel callback (which runs on another thread
+    // while this one appends); they are 8 bytes to a receive posted at the start.
+    std::vector<Buffer> ack_bufs;
+    ack_bufs.reserve(same_host_sends.size());
     if (options.cancel != nullptr) {
       guard.token = options.cancel;
-      guard.handle = options.cancel->OnCancel([&recv_bufs, &send_bufs, &ack_bufs] {
+      guard.handle = options.cancel->OnCancel([&recv_bufs, &send_bufs, &same_host_sends] {
         for (auto& r : recv_bufs) r.buf->abortWaitRecv();
+        for (auto& s : same_host_sends) s.ready->abortWaitRecv();
         for (auto& buf : send_bufs) buf->abortWaitSend();
-        for (auto& buf : ack_bufs) buf->abortWaitRecv();
       });
+    }
+    // Same-host sends: write where each receiver said, then acknowledge. Every descriptor was
+    // posted before any rank waits, so these waits cannot form a cycle.
+    for (SameHostSend& s : same_host_sends) {
+      if (!s.ready->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
+      const SendOp& op = *s.op;
+      const SameHostDescriptor& to = ready_in[s.index];
+      if (to.bytes != static_cast<uint64_t>(op.bytes)) {
+        return failed(absl::DataLossError(absl::StrCat(
+            "same-host message ", s.slot, " to group rank ", op.peer, " expects ", to.bytes,
+            " bytes, sending ", op.bytes)));
+      }
+      const MemoryRuns whole = {{static_cast<const char*>(op.data), op.bytes}};
+      absl::Status wrote = WritePeerMemory(peer_pids_[op.peer], to.address,
+                                           op.runs.empty() ? whole : op.runs);
+      if (!wrote.ok()) {
+        return failed(absl::Status(
+            wrote.code(),
+            absl::StrCat("same-host copy to group rank ", op.peer, ": ", wrote.message())));
+      }
+      acks_out[s.index] = to.bytes;
+      auto ack = context_->createUnboundBuffer(&acks_out[s.index], sizeof(uint64_t));
+      ack->send(op.peer, ack_base | s.slot);
+      ack_bufs.push_back(std::move(ack));
     }
     for (size_t i = 0; i < recv_bufs.size(); ++i) {
       Recv& r = recv_bufs[i];
       if (!r.buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
-      if (r.desc != nullptr) {
-        const int64_t pid = peer_pids_[r.op->peer];
-        if (r.desc->bytes != static_cast<uint64_t>(r.op->bytes)) {
-          return failed(absl::DataLossError(absl::StrCat(
-              "same-host message ", r.slot, " from group rank ", r.op->peer, " has ",
-              r.desc->bytes, " bytes, expected ", r.op->bytes)));
-        }
-        absl::Status read = ReadPeerMemory(pid, r.desc->address, r.op->data, r.op->bytes);
-        if (!read.ok()) {
-          return failed(absl::Status(
-              read.code(), absl::StrCat("same-host copy from group rank ", r.op->peer, ": ",
-                                        read.message())));
-        }
-        // The sender may reuse its buffer once this arrives.
-        in_acks[i] = r.desc->bytes;
-        auto reply = context_->createUnboundBuffer(&in_acks[i],
-                                                   sizeof(uint64_t));
-        reply->send(r.op->peer, ack_base | r.slot);
-        reply_bufs.push_back(std::move(reply));
+      if (r.same_host && acks_in[r.op - recvs.data()] != static_cast<uint64_t>(r.op->bytes)) {
+        return failed(absl::DataLossError(absl::StrCat(
+            "same-host message from group rank ", r.op->peer, " acknowledged ",
+            acks_in[r.op - recvs.data()], " bytes, expected ", r.op->bytes)));
       }
       if (r.op->done) {
         if (absl::Status s = r.op->done(); !s.ok()) return failed(s);
@@ -444,10 +472,7 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
       if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send cancelled");
     }
     for (auto& buf : ack_bufs) {
-      if (!buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("acknowledgement cancelled");
-    }
-    for (auto& buf : reply_bufs) {
-      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("acknowledgement cancelled");
+      if (!buf->waitSend(remaining())) GLOO_THROW_IO_EXCEPTION("send cancelled");
     }
     return absl::OkStatus();
   });

@@ -69,10 +69,10 @@ struct GlooOptions {
 //
 // Same-host messages: a SendRecv message of at least kSameHostMinBytes to or from a peer
 // with a known pid (peer_pids[g] >= 0, the same on both ends: the factory agrees on it)
-// goes as a 16-byte descriptor (address, bytes) on the message's slot; the receiver copies
-// the bytes out of the sender's memory with process_vm_readv and acknowledges on slot
-// (0x41 << 56) | (tag << 24) | k, and the sender returns only once every such message is
-// acknowledged, so its buffers stay valid while they are read.
+// moves by process_vm_writev. The receiver sends a 16-byte descriptor (address, bytes) of its
+// buffer on slot (0x42 << 56) | (tag << 24) | k; the sender writes the bytes there, from SendOp::runs when
+// given (no packing: `prepare` is not called) or from `data`, and acknowledges on slot
+// (0x41 << 56) | (tag << 24) | k. The receiver's message completes with the acknowledgement.
 class GlooCommunicator : public Communicator {
  public:
   static constexpr int64_t kSameHostMinBytes = int64_t{64} << 10;

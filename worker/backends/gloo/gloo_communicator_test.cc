@@ -323,6 +323,42 @@ TEST(GlooCommunicatorTest, SendRecvSameHostCopyAndFallback) {
   });
 }
 
+// A send given as strided runs: same-host peers take the runs (no prepare call); over TCP
+// the prepare hook packs `data` as before. The receiver gets the same bytes either way.
+TEST(GlooCommunicatorTest, SendRecvFromRunsWithAndWithoutSameHost) {
+  for (bool same_host : {true, false}) {
+    SCOPED_TRACE(same_host ? "same host" : "tcp");
+    GlooGroup g(2, same_host ? "runs-sh/" : "runs-tcp/", absl::Seconds(30),
+                {same_host, same_host});
+    const int64_t kRuns = 3000, kRun = 40;  // 120000 bytes, above kSameHostMinBytes.
+    g.Run([&](int r) {
+      const int peer = 1 - r;
+      std::vector<char> strided(kRuns * kRun * 2), packed(kRuns * kRun);
+      for (size_t i = 0; i < strided.size(); ++i) strided[i] = static_cast<char>(Byte(r, 0, i));
+      int prepared = 0;
+      SendOp send{peer, packed.data(), kRuns * kRun, [&] {
+                    ++prepared;
+                    for (int64_t k = 0; k < kRuns; ++k) {
+                      std::memcpy(packed.data() + k * kRun, strided.data() + 2 * k * kRun, kRun);
+                    }
+                    return absl::OkStatus();
+                  }};
+      for (int64_t k = 0; k < kRuns; ++k) send.runs.emplace_back(strided.data() + 2 * k * kRun, kRun);
+      std::vector<char> in(kRuns * kRun, 0);
+      RecvOp recv{peer, in.data(), kRuns * kRun};
+      absl::Status s = g.comm(r).SendRecv({&send, 1}, {&recv, 1}, CommOptions{9});
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(prepared, same_host ? 0 : 1);
+      for (int64_t k = 0; k < kRuns; ++k) {
+        for (int64_t b = 0; b < kRun; ++b) {
+          ASSERT_EQ(in[k * kRun + b], static_cast<char>(Byte(peer, 0, 2 * k * kRun + b)))
+              << "run " << k;
+        }
+      }
+    });
+  }
+}
+
 TEST(GlooCommunicatorTest, SendRecvHooks) {
   GlooGroup g(2, "hooks/");
   g.Run([&](int r) {

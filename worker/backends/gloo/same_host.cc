@@ -80,6 +80,70 @@ bool CanReadPeer(const SameHostRecord& self, const SameHostRecord& peer) {
          value == peer.probe_value;
 }
 
+namespace {
+
+// Linux's UIO_MAXIOV: the most iovecs one process_vm_writev takes.
+constexpr size_t kMaxIovecs = 1024;
+
+absl::Status PeerMemoryError(int err, const char* verb, int64_t bytes, uint64_t address,
+                             int64_t pid) {
+  const std::string what = absl::StrCat(verb, " ", bytes, " bytes at 0x", absl::Hex(address),
+                                        " of process ", pid, ": ", std::strerror(err));
+  if (err == ESRCH) return absl::AbortedError(what);
+  if (err == EPERM) return absl::PermissionDeniedError(what);
+  return absl::DataLossError(what);
+}
+
+}  // namespace
+
+absl::Status WritePeerMemory(int64_t pid, uint64_t remote_address, const MemoryRuns& runs) {
+  // Local iovecs in batches; a short write (the kernel stops at an iovec it cannot finish)
+  // resumes inside the run where it stopped.
+  size_t next = 0;      // First run not fully written.
+  int64_t skip = 0;     // Bytes of runs[next] already written.
+  uint64_t remote = remote_address;
+  std::vector<struct iovec> local;
+  while (next < runs.size()) {
+    local.clear();
+    int64_t batch = 0;
+    for (size_t i = next; i < runs.size() && local.size() < kMaxIovecs; ++i) {
+      const int64_t off = i == next ? skip : 0;
+      const int64_t len = runs[i].second - off;
+      if (len <= 0) continue;
+      local.push_back({const_cast<char*>(runs[i].first) + off, static_cast<size_t>(len)});
+      batch += len;
+    }
+    if (batch == 0) break;
+    struct iovec r {reinterpret_cast<void*>(remote), static_cast<size_t>(batch)};
+    const ssize_t n =
+        process_vm_writev(static_cast<pid_t>(pid), local.data(), local.size(), &r, 1, 0);
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EFAULT;
+      if (err == EINTR) continue;
+      return PeerMemoryError(err, "writing", batch, remote, pid);
+    }
+    remote += static_cast<uint64_t>(n);
+    // Advance over what was written.
+    int64_t left = n;
+    while (left > 0 && next < runs.size()) {
+      const int64_t rest = runs[next].second - skip;
+      if (left >= rest) {
+        left -= rest;
+        ++next;
+        skip = 0;
+      } else {
+        skip += left;
+        left = 0;
+      }
+    }
+    while (next < runs.size() && runs[next].second - skip <= 0) {
+      ++next;
+      skip = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadPeerMemory(int64_t pid, uint64_t remote_address, void* local, int64_t bytes) {
   int64_t done = 0;
   while (done < bytes) {
@@ -94,12 +158,7 @@ absl::Status ReadPeerMemory(int64_t pid, uint64_t remote_address, void* local, i
     }
     const int err = n < 0 ? errno : EFAULT;
     if (err == EINTR) continue;
-    const std::string what = absl::StrCat("reading ", bytes - done, " bytes at 0x",
-                                          absl::Hex(remote_address + done), " of process ",
-                                          pid, ": ", std::strerror(err));
-    if (err == ESRCH) return absl::AbortedError(what);
-    if (err == EPERM) return absl::PermissionDeniedError(what);
-    return absl::DataLossError(what);
+    return PeerMemoryError(err, "reading", bytes - done, remote_address + done, pid);
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -84,6 +85,50 @@ TEST(ReadPeerMemoryTest, UnmappedAddressIsDataLoss) {
   absl::Status s = ReadPeerMemory(getpid(), 8, &word, sizeof(word));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("process"), absl::string_view::npos) << s;
+}
+
+TEST(WritePeerMemoryTest, WritesRunsIntoAChildProcessInOrder) {
+  // 3000 runs (more than one process_vm_writev takes) of varying lengths, some empty.
+  std::vector<unsigned char> source(200000);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<unsigned char>(i * 7 + 3);
+  MemoryRuns runs;
+  std::vector<unsigned char> want;
+  size_t at = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t len = i % 5 == 0 ? 0 : 1 + i % 37;
+    runs.emplace_back(reinterpret_cast<const char*>(source.data()) + at, len);
+    want.insert(want.end(), source.begin() + at, source.begin() + at + len);
+    at += len + 11;  // Strided: gaps between runs.
+  }
+  std::vector<unsigned char> target(want.size() + 16, 0xAB);
+  int go[2], back[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(back), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Waits for the parent's write, then reports whether its copy of `target` holds `want`
+    // followed by untouched bytes.
+    char c;
+    (void)!read(go[0], &c, 1);
+    bool ok = std::equal(want.begin(), want.end(), target.begin());
+    for (size_t i = want.size(); i < target.size(); ++i) ok &= target[i] == 0xAB;
+    c = ok ? 'y' : 'n';
+    (void)!write(back[1], &c, 1);
+    _exit(0);
+  }
+  absl::Status s = WritePeerMemory(child, reinterpret_cast<uint64_t>(target.data()), runs);
+  char c = 'g';
+  (void)!write(go[1], &c, 1);
+  ASSERT_EQ(read(back[0], &c, 1), 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(c, 'y');
+  // Nothing to write is fine; a dead process is ABORTED.
+  EXPECT_TRUE(WritePeerMemory(child, 8, {}).ok());
+  s = WritePeerMemory(child, reinterpret_cast<uint64_t>(target.data()), runs);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
 }
 
 }  // namespace
