@@ -51,7 +51,7 @@ struct GlooOptions {
   // Address the TCP transport binds and advertises to peers: an IP or a resolvable host name
   // of an interface the other workers can reach ("127.0.0.1" for loopback clusters).
   std::string hostname = "127.0.0.1";
-  // Move point-to-point messages between workers on the same host with process_vm_readv
+  // Move point-to-point messages between workers on the same host with process_vm_writev
   // (same_host.h) where both take part and the probe read succeeds; over TCP otherwise.
   bool same_host_copy = true;
 };
