@@ -82,9 +82,9 @@ absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, c
 namespace {
 
 // Calls fn(src_run, dst_run) for every run: a tight loop over the innermost outer dim and an
-// odometer over the rest.
-template <typename Fn>
-void ForEachRun(const BoxCopyRuns& p, const char* src, char* dst, Fn fn) {
+// odometer over the rest. Src and Dst are pointers, or byte offsets (int64_t).
+template <typename Src, typename Dst, typename Fn>
+void ForEachRun(const BoxCopyRuns& p, Src src, Dst dst, Fn fn) {
   src += p.src_start;
   dst += p.dst_start;
   const int n = static_cast<int>(p.count.size());
@@ -97,8 +97,8 @@ void ForEachRun(const BoxCopyRuns& p, const char* src, char* dst, Fn fn) {
   const int64_t ss = p.src_stride[last], ds = p.dst_stride[last];
   std::vector<int64_t> idx(last, 0);
   while (true) {
-    const char* s = src;
-    char* d = dst;
+    Src s = src;
+    Dst d = dst;
     for (int64_t i = 0; i < rows; ++i, s += ss, d += ds) fn(s, d);
     int k = last - 1;
     for (; k >= 0; --k) {
@@ -337,23 +337,11 @@ absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box,
   RegionRuns out;
   if (p->empty) return out;
   out.run_bytes = p->run_bytes;
-  const int n = static_cast<int>(p->count.size());
   int64_t total = 1;
   for (int64_t c : p->count) total *= c;
   out.offsets.reserve(static_cast<size_t>(total));
-  std::vector<int64_t> idx(n, 0);
-  int64_t at = p->src_start;
-  while (true) {
-    out.offsets.push_back(at);
-    int k = n - 1;
-    for (; k >= 0; --k) {
-      at += p->src_stride[k];
-      if (++idx[k] < p->count[k]) break;
-      idx[k] = 0;
-      at -= p->count[k] * p->src_stride[k];
-    }
-    if (k < 0) break;
-  }
+  ForEachRun(*p, int64_t{0}, int64_t{0},
+             [&out](int64_t src, int64_t /*dst*/) { out.offsets.push_back(src); });
   return out;
 }
 
