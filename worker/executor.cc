@@ -251,20 +251,34 @@ class Mover {
     return out;
   }
 
-  // Where a received `box` can land directly: one target chunk takes it, contiguously, and
-  // it overwrites. Null otherwise (receive into a staging buffer and Apply).
-  char* DirectTarget(const Box& box, bool reduce, int64_t partial) const {
-    int64_t off = 0;
-    const int i = DirectTargetChunk(box, reduce, partial, &off);
-    return i < 0 ? nullptr : target_->chunk_data(i) + off * esize_;
-  }
+  // Where a received box lands directly: bytes [begin, end) of target chunk `chunk`.
+  struct Landing {
+    size_t chunk = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
 
-  // A receive into DirectTarget(box, reduce, partial) completed.
-  void Landed(const Box& box, bool reduce, int64_t partial) {
-    int64_t off = 0;
-    const int i = DirectTargetChunk(box, reduce, partial, &off);
-    if (i < 0) return;
-    if (ChunkChecksumBuilder* sum = Sum(i)) sum->Final(off * esize_, (off + box.Volume()) * esize_);
+  // Where a received `box` can land directly: one target chunk takes it, contiguously, and
+  // it overwrites. None otherwise (receive into a staging buffer and Apply).
+  std::optional<Landing> DirectTarget(const Box& box, bool reduce, int64_t partial) const {
+    if (reduce || box.Empty()) return std::nullopt;
+    int found = -1;
+    const auto& chunks = target_->chunks().chunks;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (!Takes(chunks[i], false, partial) || !chunks[i].box.Overlaps(box)) continue;
+      if (found >= 0) return std::nullopt;
+      found = static_cast<int>(i);
+    }
+    if (found < 0 || !chunks[found].box.Contains(box)) return std::nullopt;
+    std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
+    if (!off) return std::nullopt;
+    return Landing{static_cast<size_t>(found), *off * esize_, (*off + box.Volume()) * esize_};
+  }
+  char* Data(const Landing& l) const { return target_->chunk_data(l.chunk) + l.begin; }
+
+  // A receive into Data(l) completed.
+  void Landed(const Landing& l) {
+    if (ChunkChecksumBuilder* sum = ChecksumOf(l.chunk)) sum->Final(l.begin, l.end);
   }
 
   // Writes (or combines) `box`, held in `data` laid out for `data_box`, into every target
@@ -304,10 +318,10 @@ class Mover {
       absl::Status s;
       if (!NeedsValue(f_, chunks[i])) {
         s = space_.FillZeros(target_->chunk_data(i), n * esize_);
-        if (ChunkChecksumBuilder* sum = Sum(i)) sum->Final(0, n * esize_);
+        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Final(0, n * esize_);
       } else if (reducing) {
         s = space_.FillIdentity(target_->chunk_data(i), n, f_.dtype, op_);
-        if (ChunkChecksumBuilder* sum = Sum(i)) sum->Dirty(0, n * esize_);
+        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, n * esize_);
       }
       if (!s.ok()) return s;
     }
@@ -322,7 +336,7 @@ class Mover {
       absl::Status s = space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(),
                                         f_.dtype, f_.divide_by);
       if (!s.ok()) return s;
-      if (ChunkChecksumBuilder* sum = Sum(i)) sum->Dirty(0, target_->chunk_bytes(i));
+      if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, target_->chunk_bytes(i));
     }
     return absl::OkStatus();
   }
@@ -338,28 +352,10 @@ class Mover {
   }
 
  private:
-  // The target chunk a received `box` can land in directly (one chunk takes it,
-  // contiguously, and it overwrites), with the element offset there; -1 if none.
-  int DirectTargetChunk(const Box& box, bool reduce, int64_t partial, int64_t* offset) const {
-    if (reduce || box.Empty()) return -1;
-    int found = -1;
-    const auto& chunks = target_->chunks().chunks;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      if (!Takes(chunks[i], false, partial) || !chunks[i].box.Overlaps(box)) continue;
-      if (found >= 0) return -1;
-      found = static_cast<int>(i);
-    }
-    if (found < 0 || !chunks[found].box.Contains(box)) return -1;
-    std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
-    if (!off) return -1;
-    *offset = *off;
-    return found;
-  }
-
   // Tells target chunk i's checksum that `region` was written: a final overwrite of one
   // contiguous run is hashed as its blocks complete; anything else is hashed at the end.
   void Wrote(size_t i, const Box& region, bool final) {
-    ChunkChecksumBuilder* sum = Sum(i);
+    ChunkChecksumBuilder* sum = ChecksumOf(i);
     if (sum == nullptr) return;
     const Box& box = target_->chunks().chunks[i].box;
     if (final) {
@@ -379,7 +375,7 @@ class Mover {
   }
 
   // Target chunk i's checksum under construction; null when the target is not host memory.
-  ChunkChecksumBuilder* Sum(size_t i) { return sums_.empty() ? nullptr : &sums_[i]; }
+  ChunkChecksumBuilder* ChecksumOf(size_t i) { return sums_.empty() ? nullptr : &sums_[i]; }
 
   // Whether target chunk `c` takes a piece: it needs a value, and a plain copy of one
   // contribution of a Partial source goes to the chunk of that contribution.
@@ -530,7 +526,6 @@ class SpaceSyncedCommunicator final : public Communicator {
 
 class StepRunner {
  public:
-
   StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
              Communicator* comm, const CommOptions& options, int64_t message_bytes)
       : f_(f), step_(step), shape_(shape), mover_(mover), comm_(comm), options_(options),
@@ -746,11 +741,12 @@ class StepRunner {
         if (j < in[from].size()) {
           const Slab& slab = in[from][j];
           const Transfer& t = *slab.t;
-          RecvOp op{from, mover_->DirectTarget(slab.box, t.reduce, t.partial_index), slab.bytes,
-                    nullptr};
-          if (op.data != nullptr) {
-            op.done = [this, &slab] {
-              mover_->Landed(slab.box, slab.t->reduce, slab.t->partial_index);
+          RecvOp op{from, nullptr, slab.bytes, nullptr};
+          if (std::optional<Mover::Landing> direct =
+                  mover_->DirectTarget(slab.box, t.reduce, t.partial_index)) {
+            op.data = mover_->Data(*direct);
+            op.done = [this, landing = *direct] {
+              mover_->Landed(landing);
               return absl::OkStatus();
             };
           } else {

@@ -351,13 +351,13 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
     struct Recv {
       Buffer buf;  // The data, or for a same-host message the sender's acknowledgement.
       const RecvOp* op;
-      bool same_host;
+      const uint64_t* ack;  // Same-host: the acknowledged byte count; else null.
     };
     struct SameHostSend {
       Buffer ready;  // The receiver's descriptor of where the bytes go.
       const SendOp* op;
-      size_t index;
-      uint64_t slot;
+      size_t index;  // In `sends`.
+      uint64_t k;    // Message number to this peer.
     };
     std::vector<Buffer> send_bufs;  // Data, descriptors and acknowledgements we send.
     std::vector<Recv> recv_bufs;
@@ -380,12 +380,12 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         send_bufs.push_back(std::move(ready));
         auto ack = context_->createUnboundBuffer(&acks_in[i], sizeof(uint64_t));
         ack->recv(op.peer, ack_base | static_cast<uint64_t>(k));
-        recv_bufs.push_back(Recv{std::move(ack), &op, true});
+        recv_bufs.push_back(Recv{std::move(ack), &op, &acks_in[i]});
         continue;
       }
       auto buf = context_->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes));
       buf->recv(op.peer, base | static_cast<uint64_t>(k));
-      recv_bufs.push_back(Recv{std::move(buf), &op, false});
+      recv_bufs.push_back(Recv{std::move(buf), &op, nullptr});
     }
     for (size_t i = 0; i < sends.size(); ++i) {
       const SendOp& op = sends[i];
@@ -396,7 +396,6 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         if (absl::Status s = op.prepare(); !s.ok()) return failed(s);
       }
       if (op.bytes == 0) continue;
-      const uint64_t slot = base | static_cast<uint64_t>(k);
       if (same_host) {
         auto ready = context_->createUnboundBuffer(&ready_in[i], sizeof(SameHostDescriptor));
         ready->recv(op.peer, ready_base | static_cast<uint64_t>(k));
@@ -405,7 +404,7 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
       }
       auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
                                                static_cast<size_t>(op.bytes));
-      buf->send(op.peer, slot);
+      buf->send(op.peer, base | static_cast<uint64_t>(k));
       send_bufs.push_back(std::move(buf));
     }
     if (options.while_waiting) {
@@ -440,7 +439,7 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
       const SameHostDescriptor& to = ready_in[s.index];
       if (to.bytes != static_cast<uint64_t>(op.bytes)) {
         return failed(absl::DataLossError(absl::StrCat(
-            "same-host message ", s.slot, " to group rank ", op.peer, " expects ", to.bytes,
+            "same-host message ", s.k, " to group rank ", op.peer, " expects ", to.bytes,
             " bytes, sending ", op.bytes)));
       }
       const MemoryRuns whole = {{static_cast<const char*>(op.data), op.bytes}};
@@ -453,16 +452,15 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
       }
       acks_out[s.index] = to.bytes;
       auto ack = context_->createUnboundBuffer(&acks_out[s.index], sizeof(uint64_t));
-      ack->send(op.peer, ack_base | s.slot);
+      ack->send(op.peer, ack_base | s.k);
       ack_bufs.push_back(std::move(ack));
     }
-    for (size_t i = 0; i < recv_bufs.size(); ++i) {
-      Recv& r = recv_bufs[i];
+    for (Recv& r : recv_bufs) {
       if (!r.buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
-      if (r.same_host && acks_in[r.op - recvs.data()] != static_cast<uint64_t>(r.op->bytes)) {
+      if (r.ack != nullptr && *r.ack != static_cast<uint64_t>(r.op->bytes)) {
         return failed(absl::DataLossError(absl::StrCat(
-            "same-host message from group rank ", r.op->peer, " acknowledged ",
-            acks_in[r.op - recvs.data()], " bytes, expected ", r.op->bytes)));
+            "same-host message from group rank ", r.op->peer, " acknowledged ", *r.ack,
+            " bytes, expected ", r.op->bytes)));
       }
       if (r.op->done) {
         if (absl::Status s = r.op->done(); !s.ok()) return failed(s);

@@ -39,6 +39,18 @@ const uint64_t* ProbeWord() {
   return word;
 }
 
+// Linux's UIO_MAXIOV: the most iovecs one process_vm_writev takes.
+constexpr size_t kMaxIovecs = 1024;
+
+absl::Status PeerMemoryError(int err, const char* verb, int64_t bytes, uint64_t address,
+                             int64_t pid) {
+  const std::string what = absl::StrCat(verb, " ", bytes, " bytes at 0x", absl::Hex(address),
+                                        " of process ", pid, ": ", std::strerror(err));
+  if (err == ESRCH) return absl::AbortedError(what);
+  if (err == EPERM) return absl::PermissionDeniedError(what);
+  return absl::DataLossError(what);
+}
+
 }  // namespace
 
 std::string SameHostRecord::Encode() const {
@@ -80,27 +92,11 @@ bool CanReadPeer(const SameHostRecord& self, const SameHostRecord& peer) {
          value == peer.probe_value;
 }
 
-namespace {
-
-// Linux's UIO_MAXIOV: the most iovecs one process_vm_writev takes.
-constexpr size_t kMaxIovecs = 1024;
-
-absl::Status PeerMemoryError(int err, const char* verb, int64_t bytes, uint64_t address,
-                             int64_t pid) {
-  const std::string what = absl::StrCat(verb, " ", bytes, " bytes at 0x", absl::Hex(address),
-                                        " of process ", pid, ": ", std::strerror(err));
-  if (err == ESRCH) return absl::AbortedError(what);
-  if (err == EPERM) return absl::PermissionDeniedError(what);
-  return absl::DataLossError(what);
-}
-
-}  // namespace
-
 absl::Status WritePeerMemory(int64_t pid, uint64_t remote_address, const MemoryRuns& runs) {
   // Local iovecs in batches; a short write (the kernel stops at an iovec it cannot finish)
   // resumes inside the run where it stopped.
-  size_t next = 0;      // First run not fully written.
-  int64_t skip = 0;     // Bytes of runs[next] already written.
+  size_t next = 0;   // First run not fully written (empty runs are passed over).
+  int64_t skip = 0;  // Bytes of runs[next] already written.
   uint64_t remote = remote_address;
   std::vector<struct iovec> local;
   while (next < runs.size()) {
@@ -135,10 +131,6 @@ absl::Status WritePeerMemory(int64_t pid, uint64_t remote_address, const MemoryR
         skip += left;
         left = 0;
       }
-    }
-    while (next < runs.size() && runs[next].second - skip <= 0) {
-      ++next;
-      skip = 0;
     }
   }
   return absl::OkStatus();
