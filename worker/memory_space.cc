@@ -98,7 +98,7 @@ void HostMemoryCache::Clear() {
   for (auto& [size, data] : blocks) ::operator delete(data, AlignmentFor(size));
 }
 
-absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp op) {
+absl::Status CheckIdentityFill(int64_t count, DType dtype, ReduceOp op) {
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat("identity fill of ", count, " elements"));
   }
@@ -107,11 +107,16 @@ absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp
     return absl::InvalidArgumentError(
         absl::StrCat("reduce op ", static_cast<int>(op), " has no identity"));
   }
-  const int64_t esize = ElementSize(dtype);
-  if (esize <= 0) {
+  if (ElementSize(dtype) <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for an identity fill"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp op) {
+  if (absl::Status s = CheckIdentityFill(count, dtype, op); !s.ok()) return s;
+  const int64_t esize = ElementSize(dtype);
   if (count == 0) return absl::OkStatus();
   if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
     std::memset(data, 0, static_cast<size_t>(count * esize));

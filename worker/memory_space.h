@@ -18,7 +18,8 @@ namespace shardcoord {
 // Recycles large host allocations: freed blocks of at least kMinBytes stay mapped (up to a
 // limit) and serve the next allocation that fits, so a worker that redistributes again and
 // again does not pay the kernel's page faults and zeroing for every new buffer. Blocks are
-// 64-byte aligned. Thread-safe.
+// 64-byte aligned; those of 2 MiB or more are 2 MiB aligned and advised to use transparent
+// huge pages. Thread-safe.
 class HostMemoryCache {
  public:
   static constexpr int64_t kMinBytes = int64_t{1} << 20;
@@ -136,8 +137,13 @@ class HostMemorySpace final : public MemorySpace {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 };
 
+// INVALID_ARGUMENT for an identity fill of `count` elements of `dtype` with `op` that cannot
+// be done: an unknown dtype or op, or a negative count. What every space's FillIdentity
+// checks before it fills (a device space before it queues the work).
+absl::Status CheckIdentityFill(int64_t count, DType dtype, ReduceOp op);
+
 // The identity of `op` (kAvg as kSum) in `count` elements of `dtype` at host memory `data`.
-// INVALID_ARGUMENT for an unknown dtype or op, or a negative count. Shared by the spaces.
+// Errors as CheckIdentityFill. Shared by the spaces.
 absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp op);
 
 }  // namespace shardcoord

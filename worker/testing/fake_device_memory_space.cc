@@ -171,10 +171,7 @@ absl::Status FakeDeviceMemorySpace::FillZeros(void* data, int64_t bytes) {
 absl::Status FakeDeviceMemorySpace::FillIdentity(void* data, int64_t count, DType dtype,
                                                  ReduceOp op) {
   // Argument errors at the call, as a kernel launcher checks before launching.
-  if (absl::Status s = FillReduceIdentity(nullptr, 0, dtype, op); !s.ok()) return s;
-  if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("identity fill of ", count, " elements"));
-  }
+  if (absl::Status s = CheckIdentityFill(count, dtype, op); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   CheckDevice(data, count * ElementSize(dtype), "FillIdentity");
   if (count == 0) return absl::OkStatus();

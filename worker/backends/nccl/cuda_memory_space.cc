@@ -100,10 +100,7 @@ absl::Status CudaMemorySpace::FillZeros(void* data, int64_t bytes) {
 
 absl::Status CudaMemorySpace::FillIdentity(void* data, int64_t count, DType dtype,
                                            ReduceOp op) {
-  if (absl::Status s = FillReduceIdentity(nullptr, 0, dtype, op); !s.ok()) return s;
-  if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("identity fill of ", count, " elements"));
-  }
+  if (absl::Status s = CheckIdentityFill(count, dtype, op); !s.ok()) return s;
   const int64_t esize = ElementSize(dtype);
   if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return FillZeros(data, count * esize);
   if (count == 0) return absl::OkStatus();
