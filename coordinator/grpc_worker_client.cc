@@ -182,67 +182,6 @@ void GrpcWorkerClient::ReadChunk(const WorkerEndpoint& worker,
   call->Start(StubFor(worker.address));
 }
 
-// Streams a header message, then the data in slices.
-class GrpcWorkerClient::WriteCall : public grpc::ClientWriteReactor<v1::ChunkData> {
- public:
-  WriteCall(GrpcWorkerClient* owner, const v1::ChunkData& header, std::string data,
-            absl::Duration timeout, int64_t slice, Callback<v1::WriteChunkResponse> done)
-      : owner_(owner), data_(std::move(data)), slice_(slice), done_(std::move(done)) {
-    ctx_.set_deadline(DeadlineIn(timeout));
-    message_ = header;
-    message_.clear_data();
-  }
-
-  void Start(v1::Worker::Stub* stub) {
-    owner_->Begin(&ctx_);
-    stub->async()->WriteChunk(&ctx_, &response_, this);
-    StartWrite(&message_);
-    StartCall();
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) return;  // The stream failed: OnDone follows with the status.
-    if (offset_ < data_.size()) {
-      const size_t n = std::min(data_.size() - offset_, static_cast<size_t>(slice_));
-      message_.Clear();
-      message_.set_data(data_.substr(offset_, n));
-      offset_ += n;
-      StartWrite(&message_);
-    } else {
-      StartWritesDone();
-    }
-  }
-
-  void OnDone(const grpc::Status& s) override {
-    if (s.ok()) {
-      done_(std::move(response_));
-    } else {
-      done_(FromGrpcStatus(s));
-    }
-    GrpcWorkerClient* owner = owner_;
-    grpc::ClientContext* ctx = &ctx_;
-    owner->End(ctx);
-    delete this;
-  }
-
- private:
-  GrpcWorkerClient* const owner_;
-  grpc::ClientContext ctx_;
-  v1::ChunkData message_;
-  v1::WriteChunkResponse response_;
-  std::string data_;
-  size_t offset_ = 0;
-  const int64_t slice_;
-  Callback<v1::WriteChunkResponse> done_;
-};
-
-void GrpcWorkerClient::WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header,
-                                  std::string data, Callback<v1::WriteChunkResponse> done) {
-  auto* call = new WriteCall(this, header, std::move(data), options_.data_timeout,
-                             options_.chunk_message_bytes, std::move(done));
-  call->Start(StubFor(worker.address));
-}
-
 // A WriteChunk stream fed piece by piece. The reactor keeps a gRPC hold until the caller
 // finishes or cancels (or a write fails), so OnDone cannot run, and delete it, while a
 // caller might still start an operation; only the holder of the write claim (`writing`)
@@ -472,6 +411,19 @@ std::shared_ptr<ChunkWriteStream> GrpcWorkerClient::OpenWriteChunk(const WorkerE
                               state);
   call->Start(StubFor(worker.address));
   return std::make_shared<StreamHandle>(std::move(state));
+}
+
+// The whole buffer as one piece of a stream. The Write's own result is left out: a failed
+// write fails the stream, which Finish reports. The finish callback holds the handle (its
+// destructor would cancel) until the stream has ended.
+void GrpcWorkerClient::WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header,
+                                  std::string data, Callback<v1::WriteChunkResponse> done) {
+  std::shared_ptr<ChunkWriteStream> stream = OpenWriteChunk(worker, header);
+  stream->Write(std::move(data), [](absl::Status) {});
+  stream->Finish([stream, done = std::move(done)](
+                     absl::StatusOr<v1::WriteChunkResponse> response) mutable {
+    done(std::move(response));
+  });
 }
 
 }  // namespace shardcoord

@@ -56,7 +56,6 @@ class GrpcWorkerClient : public WorkerClient {
 
  private:
   class ReadCall;
-  class WriteCall;
   class StreamCall;
   class StreamHandle;
 
