@@ -17,6 +17,10 @@ std::string Describe(const WorkerEndpoint& w) {
   return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
 }
 
+WorkerEndpoint EndpointOf(const WorkerRecord& w) {
+  return WorkerEndpoint{w.spec.name, w.rank, w.spec.address, w.incarnation};
+}
+
 absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpoint>& eps) {
   absl::flat_hash_map<int64_t, int64_t> out;
   for (const WorkerEndpoint& e : eps) out[e.rank] = e.incarnation;
@@ -39,7 +43,16 @@ absl::StatusOr<std::vector<WorkerEndpoint>> TensorIo::Endpoints(const Layout& la
       return absl::FailedPreconditionError(
           absl::StrCat(w->Describe(), " is dead (", w->death_reason, ")"));
     }
-    out.push_back(WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation});
+    out.push_back(EndpointOf(*w));
+  }
+  return out;
+}
+
+std::vector<WorkerEndpoint> TensorIo::Holders(const Layout& layout) const {
+  std::vector<WorkerEndpoint> out;
+  for (const RankChunks& rc : layout.ranks()) {
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
+    if (w.ok()) out.push_back(EndpointOf(*w));
   }
   return out;
 }
@@ -254,13 +267,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     absl::StatusOr<TensorRecord> held = tensors_->Acquire(args.name, up->op_, up->mesh_name_);
     if (!held.ok()) return held.status();
     up->old_version_ = held->version;
-    for (const RankChunks& rc : held->layout.ranks()) {
-      absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-      if (w.ok()) {
-        up->old_holders_.push_back(
-            WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation});
-      }
-    }
+    up->old_holders_ = Holders(held->layout);
   } else {
     TensorRecord record;
     record.name = args.name;
@@ -357,16 +364,17 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
   }
 }
 
-void TensorIo::UploadStream::Fail(const absl::Status& s, const TensorCallback& done) {
-  io_->Drop(endpoints_, args_.name, version_);
-  if (replace_) {
-    io_->tensors_->Release(args_.name, op_, mesh_name_);
+void TensorIo::FailUpload(const std::string& name, const std::string& op, int64_t version,
+                          bool replace, const std::string& mesh_name,
+                          const std::vector<WorkerEndpoint>& endpoints, const absl::Status& s,
+                          const TensorCallback& done) {
+  Drop(endpoints, name, version);
+  if (replace) {
+    tensors_->Release(name, op, mesh_name);
   } else {
-    io_->tensors_->CancelCreate(args_.name, op_);
+    tensors_->CancelCreate(name, op);
   }
-  if (done) {
-    done(absl::Status(s.code(), absl::StrCat("uploading '", args_.name, "': ", s.message())));
-  }
+  if (done) done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
 }
 
 void TensorIo::UploadStream::Abort() {
@@ -426,13 +434,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
        old_version = old_version_, old_holders = old_holders_, eps = endpoints_,
        streams, done](absl::StatusOr<LayoutChecksums> sums) {
         auto fail = [&](const absl::Status& s) {
-          io->Drop(eps, name, version);
-          if (replace) {
-            io->tensors_->Release(name, op, mesh_name);
-          } else {
-            io->tensors_->CancelCreate(name, op);
-          }
-          done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
+          io->FailUpload(name, op, version, replace, mesh_name, eps, s, done);
         };
         if (!sums.ok()) return fail(sums.status());
         if (!replace) {
@@ -530,7 +532,7 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
     return done(absl::FailedPreconditionError(
         absl::StrCat(w->Describe(), " is dead (", w->death_reason, ")")));
   }
-  const WorkerEndpoint ep{w->spec.name, w->rank, w->spec.address, w->incarnation};
+  const WorkerEndpoint ep = EndpointOf(*w);
   const std::string op = NewOp("upload");
   {
     absl::MutexLock lock(&mu_);
@@ -611,7 +613,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload
     if (d->endpoints_.contains(src.rank)) continue;
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(src.rank);
     if (!w.ok()) return w.status();
-    d->endpoints_[src.rank] = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+    d->endpoints_[src.rank] = EndpointOf(*w);
   }
   d->plan_ = BandPlan(t->shape, ElementSize(t->dtype), band_bytes_);
   d->tensor_ = *std::move(t);
@@ -792,12 +794,7 @@ void TensorIo::Download(const std::string& name, DownloadCallback done) {
 absl::Status TensorIo::Delete(const std::string& name) {
   absl::StatusOr<TensorRecord> t = tensors_->Remove(name);
   if (!t.ok()) return t.status();
-  std::vector<WorkerEndpoint> holders;
-  for (const RankChunks& rc : t->layout.ranks()) {
-    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-    if (w.ok()) holders.push_back(WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation});
-  }
-  Drop(holders, name, -1);
+  Drop(Holders(t->layout), name, -1);
   return absl::OkStatus();
 }
 

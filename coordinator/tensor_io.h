@@ -103,7 +103,9 @@ class TensorIo {
    private:
     friend class TensorIo;
     explicit UploadStream(TensorIo* io) : io_(io) {}
-    void Fail(const absl::Status& s, const TensorCallback& done);
+    void Fail(const absl::Status& s, const TensorCallback& done) {
+      io_->FailUpload(args_.name, op_, version_, replace_, mesh_name_, endpoints_, s, done);
+    }
 
     TensorIo* const io_;
     UploadArgs args_;
@@ -192,6 +194,15 @@ class TensorIo {
                    std::function<void(absl::StatusOr<LayoutChecksums>)> done);
   // Live endpoints for every rank of `layout`; FAILED_PRECONDITION naming a dead one.
   absl::StatusOr<std::vector<WorkerEndpoint>> Endpoints(const Layout& layout) const;
+  // Endpoints of the ranks of `layout` whose worker is known, live or not (whom to tell to
+  // drop a version).
+  std::vector<WorkerEndpoint> Holders(const Layout& layout) const;
+  // A whole upload failed: drops its new version everywhere, gives the tensor back (or the
+  // reservation of a new one up) and reports `s` naming the tensor, when `done` is set.
+  void FailUpload(const std::string& name, const std::string& op, int64_t version,
+                  bool replace, const std::string& mesh_name,
+                  const std::vector<WorkerEndpoint>& endpoints, const absl::Status& s,
+                  const TensorCallback& done);
   void Drop(const std::vector<WorkerEndpoint>& endpoints, const std::string& tensor,
             int64_t version);
   void UploadRank(const UploadArgs& args, std::string data, TensorCallback done);
