@@ -232,17 +232,13 @@ absl::Status IoError(const std::string& path, absl::string_view action, int err)
   return absl::InternalError(message);
 }
 
-}  // namespace
+// The fixed start of an .npy file: magic, version, and the header dict's length.
+struct NpyPrefix {
+  size_t size = 0;         // Bytes of magic, version and length field.
+  uint64_t header_len = 0;  // Bytes of the header dict that follow.
+};
 
-std::string NpyDescr(DType dtype) {
-  for (const DescrInfo& d : kDescrs) {
-    if (d.dtype == dtype) return d.descr;
-  }
-  return "";
-}
-
-absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
-                                            const NpyReadOptions& options) {
+absl::StatusOr<NpyPrefix> ParseNpyPrefix(absl::string_view file) {
   if (file.size() < kMagicSize || file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
     return Invalid("bad magic: the file does not start with \\x93NUMPY");
   }
@@ -258,9 +254,28 @@ absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
     return Invalid(absl::StrCat("format version ", major, ".", minor,
                                 " is not supported (1.0, 2.0, 3.0 are)"));
   }
-  const size_t prefix = kMagicSize + 2 + length_bytes;
-  if (file.size() < prefix) return Invalid("truncated inside the header length");
-  const uint64_t header_len = ReadLittleEndian(file.substr(kMagicSize + 2, length_bytes));
+  NpyPrefix out;
+  out.size = kMagicSize + 2 + length_bytes;
+  if (file.size() < out.size) return Invalid("truncated inside the header length");
+  out.header_len = ReadLittleEndian(file.substr(kMagicSize + 2, length_bytes));
+  return out;
+}
+
+}  // namespace
+
+std::string NpyDescr(DType dtype) {
+  for (const DescrInfo& d : kDescrs) {
+    if (d.dtype == dtype) return d.descr;
+  }
+  return "";
+}
+
+absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
+                                            const NpyReadOptions& options) {
+  absl::StatusOr<NpyPrefix> start = ParseNpyPrefix(file);
+  if (!start.ok()) return start.status();
+  const size_t prefix = start->size;
+  const uint64_t header_len = start->header_len;
   if (file.size() - prefix < header_len) {
     return Invalid(absl::StrCat("truncated header: it declares ", header_len,
                                 " bytes, the file has ", file.size() - prefix, " after the prefix"));
@@ -431,15 +446,9 @@ absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::st
   };
   std::string prefix;
   if (absl::Status s = read_prefix(kMagicSize + 6, &prefix); !s.ok()) return s;
-  size_t header_end = prefix.size();
-  if (prefix.size() >= kMagicSize + 2) {
-    const int major = static_cast<unsigned char>(prefix[kMagicSize]);
-    const size_t length_bytes = major == 1 ? 2 : 4;
-    if (prefix.size() >= kMagicSize + 2 + length_bytes) {
-      header_end = kMagicSize + 2 + length_bytes +
-                   ReadLittleEndian(absl::string_view(prefix).substr(kMagicSize + 2, length_bytes));
-    }
-  }
+  absl::StatusOr<NpyPrefix> start = ParseNpyPrefix(prefix);
+  if (!start.ok()) return prefixed(start.status());
+  const uint64_t header_end = start->size + start->header_len;
   if (header_end > prefix.size()) {
     if (absl::Status s = read_prefix(header_end, &prefix); !s.ok()) return s;
   }
