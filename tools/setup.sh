@@ -5,12 +5,12 @@ set -euo pipefail
 
 PACKAGES=(
   # Build: Bazel 4 from Debian (offline), its Java rules, compilers.
-  bazel-bootstrap bazel-rules-java g++ clang-14 libclang-rt-14-dev
+  bazel-bootstrap bazel-rules-java g++ clang-14 libclang-rt-14-dev clang-format-14
   # RPC and serialisation.
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   # Core libraries.
-  libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libcli11-dev libsqlite3-dev libxxhash-dev libcpp-httplib-dev
+  libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  libgloo-dev libcli11-dev libxxhash-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
 )
