@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/kv_store.h"

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/timer.h"

@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 
 namespace shardcoord {
 

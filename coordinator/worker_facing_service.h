@@ -2,7 +2,7 @@
 #define SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
 
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/worker_manager.h"

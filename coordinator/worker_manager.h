@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 
 namespace shardcoord {
 

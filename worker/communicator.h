@@ -49,17 +49,19 @@ struct CommOptions {
   // Keeps apart operations that run at the same time on one communicator (two plans on
   // different tensors over the same process group). Every member passes the same tag for
   // the same operation; operations in flight together must have different tags.
-  // The executor derives it from (plan id, step index).
+  // The executor derives it from (plan id, step index). NCCL has no tags and runs one op at
+  // a time per communicator, so there it only names the step in errors.
   uint32_t tag = 0;
   // Bound on the whole operation; zero = the communicator's default timeout.
   absl::Duration timeout = absl::ZeroDuration();
   // Optional local work that may overlap the operation (the executor's local copies): called
-  // once, after the operation's messages are posted where the backend can overlap (Gloo
-  // SendRecv; NCCL after enqueueing), else just before the operation. An error ends the
+  // once, after the operation's messages are posted where the backend runs the hooks itself
+  // (Gloo SendRecv), else just before the operation (NCCL; see RunsHooks). An error ends the
   // operation with that error.
   std::function<absl::Status()> while_waiting;
   // Optional: cancelling it ends the operation with ABORTED where the backend can interrupt
-  // it (Gloo: SendRecv; its blocking collectives run to their timeout).
+  // it (Gloo: SendRecv; its blocking collectives run to their timeout). NCCL does not read
+  // it: its ops run to their timeout unless NcclCommunicator::Abort is called.
   CancelToken* cancel = nullptr;
 };
 
@@ -89,7 +91,8 @@ struct RecvOp {
 
 // A communicator over one process group: the collective operations a plan step may lower to,
 // on raw host (or, for NCCL, device) byte buffers. Every backend implements exactly this
-// interface (Gloo now, NCCL later); each op maps to one library call or one grouped call:
+// interface (worker/backends/gloo, worker/backends/nccl); each op maps to one library call
+// or one grouped call (nccl_lowering.h has the NCCL details):
 //
 //   op              Gloo                          NCCL
 //   AllGatherV      gloo::allgatherv              ncclGroup of ncclBroadcast (or AllGather

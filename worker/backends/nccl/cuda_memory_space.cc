@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sharding/box_copy.h"
-#include "worker/backends/nccl/device_buffer.h"
+#include "worker/backends/nccl/cuda_status.h"
 #include "worker/backends/nccl/device_ops.h"
 
 namespace shardcoord {

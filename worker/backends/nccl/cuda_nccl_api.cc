@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "worker/backends/nccl/cuda_status.h"
 
 namespace shardcoord {
 namespace nccl {
@@ -38,12 +39,6 @@ cudaStream_t S(GpuStream s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t E(GpuEvent e) { return static_cast<cudaEvent_t>(e); }
 ncclDataType_t D(NcclDataType d) { return static_cast<ncclDataType_t>(d); }
 ncclRedOp_t O(NcclRedOp o) { return static_cast<ncclRedOp_t>(o); }
-
-absl::Status Cuda(cudaError_t err, const char* call) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, ": ", cudaGetErrorName(err), ": ",
-                                          cudaGetErrorString(err)));
-}
 
 }  // namespace
 
@@ -115,43 +110,44 @@ std::string CudaNcclApi::LastError(NcclComm comm) {
 }
 
 absl::Status CudaNcclApi::SetDevice(int device) {
-  return Cuda(cudaSetDevice(device), "cudaSetDevice");
+  return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
 
 absl::Status CudaNcclApi::StreamCreate(GpuStream* stream) {
   cudaStream_t s = nullptr;
   // Non-blocking: no implicit synchronization with the legacy default stream, which other
   // libraries in the process may use.
-  absl::Status st = Cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  absl::Status st =
+      CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   *stream = s;
   return st;
 }
 
 absl::Status CudaNcclApi::StreamDestroy(GpuStream stream) {
-  return Cuda(cudaStreamDestroy(S(stream)), "cudaStreamDestroy");
+  return CudaStatus(cudaStreamDestroy(S(stream)), "cudaStreamDestroy");
 }
 
 absl::Status CudaNcclApi::EventCreate(GpuEvent* event) {
   cudaEvent_t e = nullptr;
   absl::Status st =
-      Cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   *event = e;
   return st;
 }
 
 absl::Status CudaNcclApi::EventDestroy(GpuEvent event) {
-  return Cuda(cudaEventDestroy(E(event)), "cudaEventDestroy");
+  return CudaStatus(cudaEventDestroy(E(event)), "cudaEventDestroy");
 }
 
 absl::Status CudaNcclApi::EventRecord(GpuEvent event, GpuStream stream) {
-  return Cuda(cudaEventRecord(E(event), S(stream)), "cudaEventRecord");
+  return CudaStatus(cudaEventRecord(E(event), S(stream)), "cudaEventRecord");
 }
 
 absl::StatusOr<bool> CudaNcclApi::EventQuery(GpuEvent event) {
   const cudaError_t err = cudaEventQuery(E(event));
   if (err == cudaSuccess) return true;
   if (err == cudaErrorNotReady) return false;
-  return Cuda(err, "cudaEventQuery");
+  return CudaStatus(err, "cudaEventQuery");
 }
 
 std::string NcclVersionString() {

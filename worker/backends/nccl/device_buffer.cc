@@ -5,28 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/backends/nccl/cuda_status.h"
 
 namespace shardcoord {
 namespace nccl {
-
-absl::Status CudaStatus(int code, const char* what) {
-  const cudaError_t err = static_cast<cudaError_t>(code);
-  if (err == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorInitializationError:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int64_t bytes, int device) {
   if (bytes < 0) {

@@ -46,11 +46,6 @@ class DeviceBuffer {
   int device_ = 0;
 };
 
-// Maps a CUDA error to a status: RESOURCE_EXHAUSTED for out-of-memory, FAILED_PRECONDITION
-// for a missing or unusable device or driver, INTERNAL otherwise; the message is
-// "<what>: <cudaErrorName>: <description>". `err` is a cudaError_t.
-absl::Status CudaStatus(int err, const char* what);
-
 }  // namespace nccl
 }  // namespace shardcoord
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/backends/nccl/box_geometry_builder.h"
+#include "worker/backends/nccl/cuda_status.h"
 #include "worker/backends/nccl/device_buffer.h"
 #include "worker/backends/nccl/kernels.h"
 #include "worker/backends/nccl/reduce_ops.h"

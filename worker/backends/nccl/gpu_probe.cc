@@ -7,6 +7,8 @@
 
 #ifdef SHARDCOORD_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "worker/backends/nccl/cuda_status.h"
 #endif
 
 namespace shardcoord {
@@ -19,9 +21,10 @@ constexpr absl::string_view kNoDevice = "no CUDA device visible: ";
 absl::StatusOr<int> VisibleCudaDevices() {
 #ifdef SHARDCOORD_HAVE_CUDA
   int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat(kNoDevice, cudaGetErrorString(err)));
+  // Any failure here means no usable device, whatever code CudaStatus gives it.
+  if (absl::Status s = nccl::CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+      !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(kNoDevice, s.message()));
   }
   if (count <= 0) {
     return absl::FailedPreconditionError(

@@ -10,8 +10,9 @@
 namespace shardcoord {
 
 // The number of CUDA devices this process sees (after CUDA_VISIBLE_DEVICES), at least 1;
-// FAILED_PRECONDITION "no CUDA device visible: <CUDA's error string>" when there are none
-// (no driver, no GPU, or a binary built without the CUDA toolkit).
+// FAILED_PRECONDITION "no CUDA device visible: <why>" when there are none (no driver, no GPU:
+// why is CudaStatus's message for cudaGetDeviceCount; or a binary built without the CUDA
+// toolkit).
 absl::StatusOr<int> VisibleCudaDevices();
 
 enum class Backend { kGloo, kNccl };
@@ -19,7 +20,8 @@ enum class Backend { kGloo, kNccl };
 struct BackendChoice {
   Backend backend = Backend::kGloo;
   // The worker's first log line, e.g.
-  //   "backend auto: no CUDA device visible, using gloo (CUDA driver version is insufficient)"
+  //   "backend auto: no CUDA device visible, using gloo (cudaGetDeviceCount:
+  //    cudaErrorNoDevice: no CUDA-capable device is detected)"
   //   "backend auto: 2 CUDA device(s) visible, using nccl"
   std::string log_line;
   int visible_devices = 0;  // 0 for gloo chosen without probing.

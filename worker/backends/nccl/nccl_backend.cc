@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "worker/backends/nccl/clock.h"
+#include "common/clock.h"
 #include "worker/backends/nccl/cuda_nccl_api.h"
 
 namespace shardcoord {

@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "worker/backends/nccl/clock.h"
+#include "common/clock.h"
 #include "worker/backends/nccl/nccl_api.h"
 #include "worker/backends/nccl/watchdog.h"
 #include "worker/communicator.h"

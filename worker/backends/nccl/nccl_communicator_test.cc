@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/backends/nccl/clock.h"
 #include "worker/backends/nccl/fake_nccl_api.h"
 #include "worker/communicator.h"
 #include "worker/kv_client.h"

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "worker/backends/nccl/clock.h"
+#include "common/clock.h"
 #include "worker/backends/nccl/nccl_api.h"
 
 namespace shardcoord {

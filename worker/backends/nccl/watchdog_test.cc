@@ -5,9 +5,9 @@
 #include <atomic>
 #include <string>
 
+#include "common/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "worker/backends/nccl/clock.h"
 #include "worker/backends/nccl/fake_nccl_api.h"
 
 namespace shardcoord {

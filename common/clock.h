@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_WORKER_BACKENDS_NCCL_CLOCK_H_
-#define SHARDCOORD_WORKER_BACKENDS_NCCL_CLOCK_H_
+#ifndef SHARDCOORD_COMMON_CLOCK_H_
+#define SHARDCOORD_COMMON_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -7,31 +7,31 @@
 #include "absl/time/time.h"
 
 namespace shardcoord {
-namespace nccl {
 
-// Time for the watchdog's polling loop, behind an interface so tests drive it without
+// The time source of anything that reads the time or waits (the coordinator's managers,
+// the NCCL watchdog's polling loop), behind an interface so tests drive time without
 // sleeping.
 class Clock {
  public:
   virtual ~Clock() = default;
-  virtual absl::Time Now() = 0;
+  virtual absl::Time Now() const = 0;
   virtual void SleepFor(absl::Duration d) = 0;
 };
 
 class RealClock : public Clock {
  public:
-  absl::Time Now() override { return absl::Now(); }
+  absl::Time Now() const override { return absl::Now(); }
   void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
 };
 
-// Time stands still except when someone sleeps or calls Advance: a polling loop under a
-// FakeClock advances it by exactly its poll intervals, so timeouts are reached in a known
-// number of polls and no real time passes.
+// A clock that moves only when told (Advance, Set) or when someone sleeps on it: a polling
+// loop under a FakeClock advances it by exactly its sleeps, so timeouts are reached in a
+// known number of polls and no real time passes. Thread-safe.
 class FakeClock : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1700000000)) : now_(start) {}
 
-  absl::Time Now() override {
+  absl::Time Now() const override {
     absl::MutexLock lock(&mu_);
     return now_;
   }
@@ -44,6 +44,11 @@ class FakeClock : public Clock {
     absl::MutexLock lock(&mu_);
     now_ += d;
   }
+  void Set(absl::Time t) {
+    absl::MutexLock lock(&mu_);
+    now_ = t;
+  }
+  // The total of all SleepFor calls (not Advance or Set).
   absl::Duration slept() const {
     absl::MutexLock lock(&mu_);
     return slept_;
@@ -55,7 +60,6 @@ class FakeClock : public Clock {
   absl::Duration slept_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
-}  // namespace nccl
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_WORKER_BACKENDS_NCCL_CLOCK_H_
+#endif  // SHARDCOORD_COMMON_CLOCK_H_
