@@ -158,9 +158,9 @@ UploadSession::Step UploadSession::NextStepLocked() {
   }
   if (band_ < num_bands) {
     step.kind = Step::kFail;
-    step.status = absl::InvalidArgumentError(absl::StrCat(
-        "data: ", received_, " bytes for a ", ShapeToString(header_.args.shape), " ",
-        DTypeName(header_.args.dtype), " tensor of ", header_.limit, " bytes"));
+    step.status = absl::InvalidArgumentError(
+        absl::StrCat("data: ", received_, " bytes for a ", ShapeToString(header_.args.shape), " ",
+                     DTypeName(header_.args.dtype), " tensor of ", header_.limit, " bytes"));
     return step;
   }
   step.kind = Step::kFinish;
@@ -188,8 +188,7 @@ void UploadSession::Pump() {
       case Step::kFail:
         return Fail(step.status);
       case Step::kFinish:
-        return stream->Finish(
-            [this](absl::StatusOr<TensorRecord> t) { End(std::move(t)); });
+        return stream->Finish([this](absl::StatusOr<TensorRecord> t) { End(std::move(t)); });
       case Step::kWriteBand:
         break;
     }
@@ -237,8 +236,7 @@ void UploadSession::EndOfRankUpload() {
     args = header_.args;
     data.swap(data_);
   }
-  io_->Upload(args, std::move(data),
-              [this](absl::StatusOr<TensorRecord> t) { End(std::move(t)); });
+  io_->Upload(args, std::move(data), [this](absl::StatusOr<TensorRecord> t) { End(std::move(t)); });
 }
 
 void UploadSession::Fail(const absl::Status& s) {

@@ -125,9 +125,7 @@ class DownloadSession {
   };
 
   DownloadSession(TensorIo* io, Transport* transport, int64_t slice)
-      : io_(io),
-        transport_(transport),
-        slice_(static_cast<size_t>(slice > 0 ? slice : 1)) {}
+      : io_(io), transport_(transport), slice_(static_cast<size_t>(slice > 0 ? slice : 1)) {}
 
   DownloadSession(const DownloadSession&) = delete;
   DownloadSession& operator=(const DownloadSession&) = delete;
@@ -159,7 +157,7 @@ class DownloadSession {
   std::shared_ptr<TensorIo::DownloadStream> stream_ ABSL_GUARDED_BY(mu_);
   int64_t num_bands_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // A Send is in flight (the write claim).
-  std::string current_ ABSL_GUARDED_BY(mu_);    // The band being written.
+  std::string current_ ABSL_GUARDED_BY(mu_);   // The band being written.
   size_t offset_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fetching_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_fetch_ ABSL_GUARDED_BY(mu_) = 0;
