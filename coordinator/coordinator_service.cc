@@ -1,7 +1,5 @@
 #include "coordinator/coordinator_service.h"
 
-#include <algorithm>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/tensor_streams.h"
 #include "proto/grpc_status.h"
 #include "proto/convert.h"
 #include "sharding/planner.h"
@@ -385,200 +384,38 @@ grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
 
 // ---- Data --------------------------------------------------------------------------------
 
-// Receives the header, then the data. A whole upload goes to the workers band by band
-// (TensorIo::UploadStream): the reactor collects one band, stops reading while the band is
-// handed to the workers' streams, then reads on, so it holds at most a band and one message
-// beyond it. A rank upload (one rank's local buffer) is collected whole, then written.
-class UploadReactor : public grpc::ServerReadReactor<v1::TensorData> {
+// Moves messages between the call and an UploadSession (coordinator/tensor_streams.h),
+// which holds the upload's logic.
+class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
+                      private UploadSession::Transport {
  public:
   UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live)
-      : io_(io), resp_(resp), live_(std::move(live)) {
+      : resp_(resp), live_(std::move(live)), session_(io, this) {
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {
-      eof_ = true;
-      if (!have_header_) return Fail(absl::InvalidArgumentError("header: no message received"));
-      if (stream_ == nullptr) return EndOfRankUpload();
-      return Pump();
-    }
-    if (!have_header_) {
-      if (!message_.has_header()) {
-        return Fail(absl::InvalidArgumentError("header: missing in the first message"));
-      }
-      if (absl::Status s = ParseHeader(message_.header()); !s.ok()) return Fail(s);
-      have_header_ = true;
-      if (!args_.rank.has_value()) {
-        absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> up = io_->StartUpload(args_);
-        if (!up.ok()) return Fail(up.status());
-        stream_ = *std::move(up);
-      }
-    } else if (message_.has_header()) {
-      return Fail(absl::InvalidArgumentError("header: sent again after the first message"));
-    }
-    received_ += static_cast<int64_t>(message_.data().size());
-    if (received_ > limit_) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("data: more than the ", limit_, " bytes the header announced")));
-    }
-    if (stream_ == nullptr) {
-      data_.append(message_.data());
-      StartRead(&message_);
-      return;
-    }
-    inbox_ = std::move(*message_.mutable_data());
-    inbox_pos_ = 0;
-    Pump();
+    if (!ok) return session_.OnEnd();
+    session_.OnMessage(std::move(message_));
   }
 
   void OnDone() override { delete this; }
 
  private:
-  absl::Status ParseHeader(const v1::TensorHeader& h) {
-    args_.name = h.name();
-    if (args_.name.empty()) return absl::InvalidArgumentError("header.name: empty");
-    absl::StatusOr<Shape> shape = ShapeFromProto(h.shape(), "header.shape");
-    if (!shape.ok()) return shape.status();
-    absl::StatusOr<DType> dtype = DTypeFromProto(h.dtype(), "header.dtype");
-    if (!dtype.ok()) return dtype.status();
-    args_.shape = *std::move(shape);
-    args_.dtype = *dtype;
-    if (h.has_spec() && h.spec().ByteSizeLong() > 0) {
-      absl::StatusOr<Spec> spec = SpecFromProto(h.spec(), "header.spec");
-      if (!spec.ok()) return spec.status();
-      args_.spec = *std::move(spec);
-    }
-    if (h.has_rank()) {
-      if (h.rank() < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("header.rank = ", h.rank(), " must be >= 0"));
-      }
-      args_.rank = h.rank();
-    }
-    absl::StatusOr<int64_t> whole = CheckedBytes(args_.shape, ElementSize(args_.dtype));
-    if (!whole.ok()) return absl::InvalidArgumentError(absl::StrCat("header.shape: ", whole.status().message()));
-    if (!args_.rank.has_value()) {
-      if (h.total_bytes() != 0 && h.total_bytes() != *whole) {
-        return absl::InvalidArgumentError(absl::StrCat("header.total_bytes = ", h.total_bytes(),
-                                                       " but a ", ShapeToString(args_.shape), " ",
-                                                       DTypeName(args_.dtype), " tensor has ",
-                                                       *whole));
-      }
-      limit_ = *whole;
-    } else {
-      // A rank's local buffer (TensorIo checks its exact size); never more than the tensor.
-      if (h.total_bytes() < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("header.total_bytes = ", h.total_bytes(), " must be >= 0"));
-      }
-      limit_ = h.total_bytes() > 0 ? h.total_bytes() : *whole;
-      data_.reserve(static_cast<size_t>(limit_));
-    }
-    return absl::OkStatus();
+  void ReadNext() override {
+    message_.Clear();
+    StartRead(&message_);
   }
 
-  // Whole upload, with no band write in flight: fills the current band from the message
-  // received, hands a full band to the workers, reads on, or finishes at the end.
-  void Pump() {
-    while (band_ < stream_->num_bands()) {
-      const size_t want = static_cast<size_t>(stream_->band_bytes(band_)) - band_data_.size();
-      const size_t take = std::min(want, inbox_.size() - inbox_pos_);
-      band_data_.append(inbox_, inbox_pos_, take);
-      inbox_pos_ += take;
-      if (band_data_.size() < static_cast<size_t>(stream_->band_bytes(band_))) break;
-      std::string band;
-      band.swap(band_data_);
-      const int64_t i = band_++;
-      // The reactor reads nothing and finishes nothing until the band is written. A callback
-      // on another thread pumps on from there; one that runs inline (before WriteBand
-      // returns) leaves it to this loop, so many small bands in one message do not recurse.
-      {
-        absl::MutexLock lock(&mu_);
-        in_write_band_ = true;
-        written_inline_ = false;
-      }
-      stream_->WriteBand(i, std::move(band), [this](absl::Status s) {
-        {
-          absl::MutexLock lock(&mu_);
-          if (in_write_band_) {
-            written_inline_ = true;
-            inline_status_ = s;
-            return;
-          }
-        }
-        BandWritten(s);
-      });
-      absl::Status s;
-      {
-        absl::MutexLock lock(&mu_);
-        in_write_band_ = false;
-        if (!written_inline_) return;
-        s = inline_status_;
-      }
-      if (!s.ok()) return BandWritten(s);
-    }
-    if (inbox_pos_ < inbox_.size()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("data: more than the ", limit_, " bytes the header announced")));
-    }
-    std::string().swap(inbox_);
-    inbox_pos_ = 0;
-    if (!eof_) return StartRead(&message_);
-    if (band_ < stream_->num_bands()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "data: ", received_, " bytes for a ", ShapeToString(args_.shape), " ",
-          DTypeName(args_.dtype), " tensor of ", limit_, " bytes")));
-    }
-    std::shared_ptr<TensorIo::UploadStream> up = std::move(stream_);
-    up->Finish([this](absl::StatusOr<TensorRecord> t) {
-      if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
-      Finish(ToGrpcStatus(t.status()));
-    });
+  void End(absl::StatusOr<TensorRecord> t) override {
+    if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
+    Finish(ToGrpcStatus(t.status()));
   }
 
-  void BandWritten(const absl::Status& s) {
-    if (!s.ok()) {
-      return Fail(absl::Status(s.code(),
-                               absl::StrCat("uploading '", args_.name, "': ", s.message())));
-    }
-    Pump();
-  }
-
-  void EndOfRankUpload() {
-    io_->Upload(args_, std::move(data_), [this](absl::StatusOr<TensorRecord> t) {
-      if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
-      Finish(ToGrpcStatus(t.status()));
-    });
-  }
-
-  void Fail(const absl::Status& s) {
-    if (stream_ != nullptr) {
-      stream_->Abort();
-      stream_.reset();
-    }
-    Finish(ToGrpcStatus(s));
-  }
-
-  TensorIo* const io_;
   v1::UploadResponse* const resp_;
   const LivenessFn live_;
-  v1::TensorData message_;
-  bool have_header_ = false;
-  bool eof_ = false;
-  UploadArgs args_;
-  int64_t limit_ = 0;
-  int64_t received_ = 0;
-  std::string data_;  // Rank uploads.
-  // Whole uploads.
-  std::shared_ptr<TensorIo::UploadStream> stream_;
-  std::string inbox_;  // The last message's data, consumed from inbox_pos_.
-  size_t inbox_pos_ = 0;
-  std::string band_data_;
-  int64_t band_ = 0;
-  absl::Mutex mu_;
-  bool in_write_band_ ABSL_GUARDED_BY(mu_) = false;
-  bool written_inline_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status inline_status_ ABSL_GUARDED_BY(mu_);
+  v1::TensorData message_;  // The read in flight.
+  UploadSession session_;
 };
 
 grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
@@ -586,164 +423,31 @@ grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
   return new UploadReactor(io_, resp, Liveness());
 }
 
-// Streams a header, then the tensor band by band (TensorIo::DownloadStream), each band in
-// messages of at most `slice` bytes. At most kWindow bands are held: the one being written
-// and the next one, fetched while it is written; the fetch after that starts when a band
-// was fully written (OnWriteDone: gRPC flow control paces it). The call finishes only when no write and no
-// fetch is in flight, so a fetch callback never meets a deleted reactor.
-class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData> {
+// Moves messages between the call and a DownloadSession (coordinator/tensor_streams.h),
+// which holds the download's logic and ends the call only when nothing is in flight.
+class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData>,
+                        private DownloadSession::Transport {
  public:
-  static constexpr int64_t kWindow = 2;
-
   DownloadReactor(TensorIo* io, const std::string& name, int64_t slice)
-      : slice_(static_cast<size_t>(std::max<int64_t>(1, slice))) {
-    absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = io->OpenDownload(name);
-    if (!d.ok()) {
-      Finish(ToGrpcStatus(d.status()));
-      return;
-    }
-    stream_ = *std::move(d);
-    const TensorRecord& t = stream_->tensor();
-    v1::TensorHeader* h = message_.mutable_header();
-    h->set_name(t.name);
-    ShapeToProto(t.shape, h->mutable_shape());
-    h->set_dtype(DTypeToProto(t.dtype));
-    h->mutable_spec()->set_mesh(t.mesh);
-    h->set_total_bytes(t.bytes());
-    std::vector<int64_t> fetch;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = true;
-      fetch = ClaimFetches();
-    }
-    StartWrite(&message_);
-    Fetch(fetch);
+      : session_(io, this, slice) {
+    session_.Start(name);
   }
 
-  void OnWriteDone(bool ok) override {
-    std::vector<int64_t> fetch;
-    bool write = false;
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!ok && status_.ok()) status_ = absl::CancelledError("stream broken");
-      if (status_.ok()) {
-        if (offset_ >= current_.size()) {
-          // The band (or the header) is out: free it and take the next one.
-          std::string().swap(current_);
-          offset_ = 0;
-          auto it = ready_.find(next_write_);
-          if (it != ready_.end()) {
-            current_ = std::move(it->second);
-            ready_.erase(it);
-            ++next_write_;
-          }
-          fetch = ClaimFetches();
-        }
-        write = offset_ < current_.size();
-      }
-      if (!write) {
-        writing_ = false;
-        finish = MaybeFinish();
-      }
-    }
-    if (write) WriteSlice();
-    if (finish.has_value()) return Finish(*finish);
-    Fetch(fetch);
-  }
-
-  void OnCancel() override {
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&mu_);
-      if (status_.ok()) status_ = absl::CancelledError("download cancelled");
-      finish = MaybeFinish();
-    }
-    if (finish.has_value()) Finish(*finish);
-  }
-
+  void OnWriteDone(bool ok) override { session_.OnWriteDone(ok); }
+  void OnCancel() override { session_.OnCancel(); }
   void OnDone() override { delete this; }
 
  private:
-  // Next bands to fetch: at most kWindow - 1 bands fetched or being fetched ahead of the
-  // one being written (band 0 alone at the start, so two fetches never overlap there).
-  std::vector<int64_t> ClaimFetches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<int64_t> out;
-    if (!status_.ok()) return out;
-    while (next_fetch_ < stream_->num_bands() && next_fetch_ - next_write_ < kWindow - 1) {
-      out.push_back(next_fetch_++);
-      ++fetching_;
-    }
-    return out;
-  }
-
-  void Fetch(const std::vector<int64_t>& bands) {
-    for (int64_t i : bands) {
-      stream_->FetchBand(i, [this, i](absl::StatusOr<std::string> r) { OnFetched(i, std::move(r)); });
-    }
-  }
-
-  void OnFetched(int64_t i, absl::StatusOr<std::string> r) {
-    bool write = false;
-    std::vector<int64_t> fetch;
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&mu_);
-      --fetching_;
-      if (!r.ok() && status_.ok()) status_ = r.status();
-      if (status_.ok()) {
-        ready_[i] = *std::move(r);
-        if (!writing_ && i == next_write_) {
-          current_ = std::move(ready_[i]);
-          ready_.erase(i);
-          ++next_write_;
-          offset_ = 0;
-          writing_ = true;
-          write = true;
-          fetch = ClaimFetches();
-        }
-      } else {
-        ready_.clear();
-      }
-      if (!write) finish = MaybeFinish();
-    }
-    if (write) WriteSlice();
-    if (finish.has_value()) Finish(*finish);
-    Fetch(fetch);
-  }
-
-  // The status to finish with, once: on an error or after the last band, when no write and
-  // no fetch is in flight.
-  std::optional<grpc::Status> MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_ || fetching_ > 0) return std::nullopt;
-    if (status_.ok() && next_write_ < stream_->num_bands()) return std::nullopt;
-    finished_ = true;
-    return ToGrpcStatus(status_);
-  }
-
-  // Called by the holder of the write claim only.
-  void WriteSlice() {
-    const size_t n = std::min(current_.size() - offset_, slice_);
-    message_.Clear();
-    message_.set_data(current_.data() + offset_, n);
-    offset_ += n;
+  // One write at a time (the session's write claim), so message_ is free here.
+  void Send(v1::TensorData message) override {
+    message_ = std::move(message);
     StartWrite(&message_);
   }
 
-  const size_t slice_;
-  std::shared_ptr<TensorIo::DownloadStream> stream_;
-  v1::TensorData message_;
-  // The band being written: owned by the write claim holder while `writing_`.
-  std::string current_;
-  size_t offset_ = 0;
-  absl::Mutex mu_;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t fetching_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_fetch_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_write_ ABSL_GUARDED_BY(mu_) = 0;  // The next band to start writing.
-  std::map<int64_t, std::string> ready_ ABSL_GUARDED_BY(mu_);
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  void End(absl::Status s) override { Finish(ToGrpcStatus(s)); }
+
+  v1::TensorData message_;  // The write in flight.
+  DownloadSession session_;
 };
 
 grpc::ServerWriteReactor<v1::TensorData>* CoordinatorService::Download(
