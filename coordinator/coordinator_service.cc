@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "coordinator/grpc_worker_client.h"
 #include "coordinator/tensor_streams.h"
 #include "proto/grpc_status.h"
 #include "proto/convert.h"

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/grpc_worker_client.h"
 #include "proto/grpc_status.h"
 #include "proto/convert.h"
 
