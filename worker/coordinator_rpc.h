@@ -38,7 +38,7 @@ class ChunkReporter {
 };
 
 // Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`).
-class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvStore {
+class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvClient {
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                         absl::Duration rpc_timeout = absl::Seconds(10));

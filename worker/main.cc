@@ -196,7 +196,7 @@ int Main(int argc, char** argv) {
     nccl_options.device = gpu;
     // The client outlives every communicator: no ownership.
     factory = nccl::MakeNcclCommunicatorFactory(
-        std::shared_ptr<KvStore>(std::shared_ptr<void>(), client.get()), nccl_options);
+        std::shared_ptr<KvClient>(std::shared_ptr<void>(), client.get()), nccl_options);
 #endif
   } else {
     absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> gloo =

@@ -57,7 +57,7 @@ class FakeReporter : public ChunkReporter {
 
 // One worker's pieces, without sockets except Gloo's loopback TCP.
 struct TestWorker {
-  TestWorker(KvStore* kv, FakeReporter* reporter, int rank)
+  TestWorker(KvClient* kv, FakeReporter* reporter, int rank)
       : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
         core(&buffers, &cache, reporter,
              [rank] { return WorkerIdentity{absl::StrCat("w", rank), 7, rank}; }) {}
@@ -102,7 +102,7 @@ std::vector<float> ReadAll(WorkerCore& core, const std::string& tensor, int64_t 
 }
 
 TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
@@ -140,7 +140,7 @@ TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
 }
 
 TEST(WorkerCoreTest, FillPartialContributions) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
@@ -162,7 +162,7 @@ TEST(WorkerCoreTest, FillPartialContributions) {
 }
 
 TEST(WorkerCoreTest, FillErrorsNameTheField) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
@@ -184,7 +184,7 @@ TEST(WorkerCoreTest, FillErrorsNameTheField) {
 }
 
 TEST(WorkerCoreTest, WriteChunkChecksBytes) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
@@ -249,7 +249,7 @@ class LifecycleTest : public ::testing::Test {
     return req;
   }
 
-  InMemoryKvStore kv_;
+  InMemoryKvClient kv_;
   FakeReporter reporter_;
   std::vector<std::unique_ptr<TestWorker>> workers_;
   DeviceMesh mesh_;
@@ -374,7 +374,7 @@ TEST_F(LifecycleTest, ExecuteValidation) {
 
 // The gRPC adapter, over an in-process server on loopback.
 TEST(WorkerServiceTest, StreamsOverGrpc) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   ThreadPool pool(2);
