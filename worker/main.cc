@@ -33,9 +33,10 @@
 #include "worker/buffer_store.h"
 #include "worker/communicator.h"
 #include "worker/backends/nccl/gpu_probe.h"
-#include "worker/coordinator_rpc.h"
+#include "worker/grpc_coordinator_client.h"
 #include "worker/memory_space.h"
 #include "worker/thread_pool.h"
+#include "worker/worker_core.h"
 #include "worker/worker_service.h"
 
 #ifdef SHARDCOORD_HAVE_CUDA

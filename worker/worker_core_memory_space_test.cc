@@ -19,7 +19,7 @@
 #include "worker/kv_client.h"
 #include "worker/memory_space.h"
 #include "worker/testing/fake_device_memory_space.h"
-#include "worker/worker_service.h"
+#include "worker/worker_core.h"
 
 namespace shardcoord {
 namespace {
