@@ -23,11 +23,11 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/duration_flag.h"
 #include "worker/agent.h"
 #include "worker/backends/gloo/gloo_communicator.h"
 #include "worker/buffer_store.h"
@@ -116,14 +116,13 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   absl::Duration step_timeout_d, register_timeout_d;
-  for (auto [name, text, out] :
-       {std::make_tuple("step-timeout", &step_timeout, &step_timeout_d),
-        std::make_tuple("register-timeout", &register_timeout, &register_timeout_d)}) {
-    if (!absl::ParseDuration(*text, out) || *out <= absl::ZeroDuration()) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive duration (e.g. 60s, 500ms)\n", name,
-                   text->c_str());
-      return 2;
-    }
+  absl::Status durations = ParseDurationFlag("step-timeout", step_timeout, &step_timeout_d);
+  if (durations.ok()) {
+    durations = ParseDurationFlag("register-timeout", register_timeout, &register_timeout_d);
+  }
+  if (!durations.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(durations.message()).c_str());
+    return 2;
   }
 
   auto logger = spdlog::stderr_color_mt("worker");
