@@ -69,8 +69,9 @@ int Main(int argc, char** argv) {
                  "Address Gloo binds and advertises (default: the --listen host, or --host "
                  "when that is a wildcard)");
   app.add_option("--same-host-copy", options.same_host_copy,
-                 "Move big point-to-point messages to and from workers on this host with "
-                 "process_vm_readv instead of loopback TCP, where the peer allows it")
+                 "Send big point-to-point messages to workers on this host by writing into "
+                 "their memory with process_vm_writev instead of over loopback TCP, where the "
+                 "peer allows it")
       ->capture_default_str();
   app.add_option("--step-timeout", step_timeout,
                  "How long one plan step may take when the plan gives no timeout")
