@@ -11,19 +11,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
+#include "common/duration_flag.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
-
-namespace {
-
-bool ParseDurationFlag(const std::string& name, const std::string& text, absl::Duration* out) {
-  if (absl::ParseDuration(text, out) && *out > absl::ZeroDuration()) return true;
-  std::cerr << "--" << name << ": '" << text << "' is not a positive duration (e.g. 5s, 500ms)\n";
-  return false;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shardcoord coordinator: meshes, tensors, plans, worker health"};
@@ -52,10 +43,17 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (!ParseDurationFlag("heartbeat-timeout", heartbeat_timeout, &options.heartbeat_timeout) ||
-      !ParseDurationFlag("heartbeat-interval", heartbeat_interval,
-                         &options.heartbeat_interval) ||
-      !ParseDurationFlag("plan-timeout", plan_timeout, &options.plan_timeout)) {
+  absl::Status durations = shardcoord::ParseDurationFlag("heartbeat-timeout", heartbeat_timeout,
+                                                         &options.heartbeat_timeout);
+  if (durations.ok()) {
+    durations = shardcoord::ParseDurationFlag("heartbeat-interval", heartbeat_interval,
+                                              &options.heartbeat_interval);
+  }
+  if (durations.ok()) {
+    durations = shardcoord::ParseDurationFlag("plan-timeout", plan_timeout, &options.plan_timeout);
+  }
+  if (!durations.ok()) {
+    std::cerr << durations.message() << "\n";
     return 2;
   }
   options.use_collectives = !no_collectives;

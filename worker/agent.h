@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "proto/shardcoord.pb.h"
 #include "worker/coordinator_rpc.h"
-#include "worker/worker_service.h"
+#include "worker/worker_core.h"
 
 namespace shardcoord {
 

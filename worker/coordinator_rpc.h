@@ -2,22 +2,12 @@
 #define SHARDCOORD_WORKER_COORDINATOR_RPC_H_
 
 // What the worker asks of the coordinator (shardcoord.v1.CoordinatorWorkers), behind small
-// interfaces so the agent and the service are tested without sockets, and their gRPC
-// implementations over one channel.
-
-#include <memory>
-#include <string>
+// interfaces so the agent and WorkerCore are tested without sockets and link no gRPC; the
+// gRPC implementation over one channel is worker/grpc_coordinator_client.h.
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
-#include "worker/kv_client.h"
-
-namespace grpc {
-class Channel;
-}  // namespace grpc
 
 namespace shardcoord {
 
@@ -35,28 +25,6 @@ class ChunkReporter {
  public:
   virtual ~ChunkReporter() = default;
   virtual absl::Status ReportChunks(const v1::ReportChunksRequest& request) = 0;
-};
-
-// Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`).
-class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvStore {
- public:
-  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
-                        absl::Duration rpc_timeout = absl::Seconds(10));
-  // A channel to "host:port" with insecure credentials.
-  static std::unique_ptr<GrpcCoordinatorClient> Connect(
-      const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10));
-
-  absl::StatusOr<v1::RegisterWorkerResponse> Register(
-      const v1::RegisterWorkerRequest& request) override;
-  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override;
-  absl::Status ReportChunks(const v1::ReportChunksRequest& request) override;
-  absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
-
- private:
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
-  const absl::Duration rpc_timeout_;
 };
 
 }  // namespace shardcoord

@@ -48,7 +48,7 @@ int Main(int argc, char** argv) {
   Layout b = *Layout::FromPlacements(mesh, {rows, cols}, *ParsePlacements(to));
   Plan plan = *Redistribute(a, b, DType::kF32);
 
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
   for (int r = 0; r < ranks; ++r) {
     caches.push_back(std::make_unique<CommunicatorCache>(

@@ -107,7 +107,7 @@ struct Cluster {
       caches.push_back(std::make_unique<CommunicatorCache>(gloo));
     }
   }
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
 };
 

@@ -42,7 +42,7 @@ struct Cluster {
           *GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
     }
   }
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
 };
 

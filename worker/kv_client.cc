@@ -4,7 +4,7 @@
 
 namespace shardcoord {
 
-absl::Status InMemoryKvStore::Set(absl::string_view key, absl::string_view value) {
+absl::Status InMemoryKvClient::Set(absl::string_view key, absl::string_view value) {
   if (key.empty()) return absl::InvalidArgumentError("empty key");
   absl::MutexLock lock(&mu_);
   values_[key] = std::string(value);
@@ -12,7 +12,7 @@ absl::Status InMemoryKvStore::Set(absl::string_view key, absl::string_view value
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> InMemoryKvStore::Get(absl::string_view key,
+absl::StatusOr<std::string> InMemoryKvClient::Get(absl::string_view key,
                                                  absl::Duration timeout) {
   if (key.empty()) return absl::InvalidArgumentError("empty key");
   const absl::Time deadline = absl::Now() + timeout;
@@ -31,7 +31,7 @@ absl::StatusOr<std::string> InMemoryKvStore::Get(absl::string_view key,
   }
 }
 
-int InMemoryKvStore::size() const {
+int InMemoryKvClient::size() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(values_.size());
 }

@@ -13,11 +13,12 @@
 
 namespace shardcoord {
 
-// The rendezvous key-value store that communicators bootstrap through (in production the
-// coordinator's KvSet/KvGet RPCs). Keys are written once per rendezvous; values are bytes.
-class KvStore {
+// The worker's client to the rendezvous key-value store that communicators bootstrap through
+// (in production the coordinator's KvStore, over its KvSet/KvGet RPCs). Keys are written once
+// per rendezvous; values are bytes.
+class KvClient {
  public:
-  virtual ~KvStore() = default;
+  virtual ~KvClient() = default;
 
   // INVALID_ARGUMENT for an empty key; UNAVAILABLE when the store cannot be reached.
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
@@ -27,8 +28,8 @@ class KvStore {
   virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
 };
 
-// A process-local KvStore for tests (threads as ranks).
-class InMemoryKvStore : public KvStore {
+// A process-local KvClient for tests (threads as ranks).
+class InMemoryKvClient : public KvClient {
  public:
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;

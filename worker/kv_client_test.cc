@@ -8,8 +8,8 @@
 namespace shardcoord {
 namespace {
 
-TEST(InMemoryKvStoreTest, SetThenGet) {
-  InMemoryKvStore kv;
+TEST(InMemoryKvClientTest, SetThenGet) {
+  InMemoryKvClient kv;
   ASSERT_TRUE(kv.Set("a", std::string("x\0y", 3)).ok());
   auto v = kv.Get("a", absl::ZeroDuration());
   ASSERT_TRUE(v.ok());
@@ -19,8 +19,8 @@ TEST(InMemoryKvStoreTest, SetThenGet) {
   EXPECT_EQ(kv.size(), 1);
 }
 
-TEST(InMemoryKvStoreTest, MissingKey) {
-  InMemoryKvStore kv;
+TEST(InMemoryKvClientTest, MissingKey) {
+  InMemoryKvClient kv;
   EXPECT_EQ(kv.Get("a", absl::ZeroDuration()).status().code(), absl::StatusCode::kNotFound);
   auto late = kv.Get("a", absl::Milliseconds(20));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -30,8 +30,8 @@ TEST(InMemoryKvStoreTest, MissingKey) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(InMemoryKvStoreTest, GetWaitsForSet) {
-  InMemoryKvStore kv;
+TEST(InMemoryKvClientTest, GetWaitsForSet) {
+  InMemoryKvClient kv;
   absl::Notification waiting;
   std::string got;
   std::thread reader([&] {

@@ -104,7 +104,7 @@ int Run(const Flags& flags) {
   cudaGetDeviceProperties(&prop, 0);
 
   // One communicator per GPU, built concurrently (the init is collective).
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   std::vector<Rank> ranks(n);
   {
     std::vector<std::thread> threads;

@@ -59,7 +59,7 @@ CommunicatorSpec Spec(int n, int my_rank, const std::string& prefix) {
   return spec;
 }
 
-std::shared_ptr<NcclCommunicator> Build(const std::shared_ptr<KvStore>& kv, int n, int rank,
+std::shared_ptr<NcclCommunicator> Build(const std::shared_ptr<KvClient>& kv, int n, int rank,
                                         const std::string& prefix) {
   NcclFactoryOptions options;
   options.device = rank;
@@ -78,7 +78,7 @@ CommOptions Tag(uint32_t tag) {
 
 TEST(NcclSingleRankTest, EveryOpWithAGroupOfOne) {
   SHARDCOORD_SKIP_WITHOUT_GPU();
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   std::shared_ptr<NcclCommunicator> c = Build(kv, 1, 0, "single");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->size(), 1);
@@ -115,7 +115,7 @@ TEST(NcclSingleRankTest, EveryOpWithAGroupOfOne) {
 
 TEST(NcclSingleRankTest, ManyOpsReuseOneCommunicator) {
   SHARDCOORD_SKIP_WITHOUT_GPU();
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   std::shared_ptr<NcclCommunicator> c = Build(kv, 1, 0, "reuse");
   ASSERT_NE(c, nullptr);
   DeviceBuffer buf = Upload(std::vector<int64_t>(4096, 3), 0);
@@ -127,7 +127,7 @@ TEST(NcclSingleRankTest, ManyOpsReuseOneCommunicator) {
 
 TEST(NcclSingleRankTest, AbortThenTeardownOnRealNccl) {
   SHARDCOORD_SKIP_WITHOUT_GPU();
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   std::shared_ptr<NcclCommunicator> c = Build(kv, 1, 0, "abort");
   ASSERT_NE(c, nullptr);
   c->Abort("test abort");
@@ -140,7 +140,7 @@ TEST(NcclSingleRankTest, AbortThenTeardownOnRealNccl) {
 
 TEST(NcclSingleRankTest, CacheSharesAndRebuilds) {
   SHARDCOORD_SKIP_WITHOUT_GPU();
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   CommunicatorCache cache(MakeNcclCommunicatorFactory(kv));
   const CommunicatorSpec spec = Spec(1, 0, "cache");
   absl::StatusOr<std::shared_ptr<Communicator>> a = cache.Get(spec);
@@ -164,7 +164,7 @@ int RanksToUse() {
 
 template <typename Fn>
 void RunRanks(int n, const std::string& prefix, Fn fn) {
-  auto kv = std::make_shared<InMemoryKvStore>();
+  auto kv = std::make_shared<InMemoryKvClient>();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {

@@ -94,7 +94,7 @@ void RunAllreduce(const std::shared_ptr<gloo::Context>& context, const void* sen
 // ---------------------------------------------------------------------------------------
 // KvGlooStore
 
-KvGlooStore::KvGlooStore(KvStore* kv, std::string prefix, absl::Duration timeout)
+KvGlooStore::KvGlooStore(KvClient* kv, std::string prefix, absl::Duration timeout)
     : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout) {}
 
 void KvGlooStore::set(const std::string& key, const std::vector<char>& data) {
@@ -480,7 +480,7 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
 // GlooCommunicatorFactory
 
 absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory::Create(
-    KvStore* kv, GlooOptions options) {
+    KvClient* kv, GlooOptions options) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
@@ -494,7 +494,7 @@ absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory
 }
 
 GlooCommunicatorFactory::GlooCommunicatorFactory(
-    KvStore* kv, std::shared_ptr<gloo::transport::Device> device, bool same_host_copy)
+    KvClient* kv, std::shared_ptr<gloo::transport::Device> device, bool same_host_copy)
     : kv_(kv), same_host_copy_(same_host_copy), device_(std::move(device)) {}
 
 absl::StatusOr<std::vector<int64_t>> GlooCommunicatorFactory::AgreeSameHostPeers(

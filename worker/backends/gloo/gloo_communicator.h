@@ -26,12 +26,12 @@ class Device;
 
 namespace shardcoord {
 
-// gloo::rendezvous::Store over a KvStore, every key under `prefix`. Gloo reports failures by
-// exception, so errors from the KvStore are thrown as gloo::IoException (a timeout's message
+// gloo::rendezvous::Store over a KvClient, every key under `prefix`. Gloo reports failures by
+// exception, so errors from the KvClient are thrown as gloo::IoException (a timeout's message
 // starts with "Wait timeout"). Values fetched by wait() are kept for the get() that follows.
 class KvGlooStore : public gloo::rendezvous::Store {
  public:
-  KvGlooStore(KvStore* kv, std::string prefix, absl::Duration timeout);
+  KvGlooStore(KvClient* kv, std::string prefix, absl::Duration timeout);
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -40,7 +40,7 @@ class KvGlooStore : public gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  KvStore* const kv_;
+  KvClient* const kv_;
   const std::string prefix_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
@@ -128,11 +128,11 @@ class GlooCommunicator : public Communicator {
 };
 
 // Builds GlooCommunicators: one TCP device for the process, one rendezvous per communicator
-// under "<key_prefix>gloo/<ranks>/<incarnations>/" in the KvStore.
+// under "<key_prefix>gloo/<ranks>/<incarnations>/" in the KvClient.
 class GlooCommunicatorFactory : public CommunicatorFactory {
  public:
   // `kv` must outlive the factory and every communicator it builds.
-  static absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> Create(KvStore* kv,
+  static absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> Create(KvClient* kv,
                                                                          GlooOptions options);
 
   absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override;
@@ -141,7 +141,7 @@ class GlooCommunicatorFactory : public CommunicatorFactory {
   static std::string RendezvousPrefix(const CommunicatorSpec& spec);
 
  private:
-  GlooCommunicatorFactory(KvStore* kv, std::shared_ptr<gloo::transport::Device> device,
+  GlooCommunicatorFactory(KvClient* kv, std::shared_ptr<gloo::transport::Device> device,
                           bool same_host_copy);
 
   // Per group rank, the pid of a peer this rank and that peer both read by same-host copy,
@@ -151,7 +151,7 @@ class GlooCommunicatorFactory : public CommunicatorFactory {
   absl::StatusOr<std::vector<int64_t>> AgreeSameHostPeers(const std::string& prefix, int rank,
                                                           int size, absl::Duration timeout);
 
-  KvStore* const kv_;
+  KvClient* const kv_;
   const bool same_host_copy_;
   std::shared_ptr<gloo::transport::Device> device_;
 };

@@ -54,7 +54,7 @@ class GlooGroup {
   int size() const { return static_cast<int>(comms_.size()); }
   Communicator& comm(int r) { return *comms_[r]; }
   std::shared_ptr<Communicator>& comm_ptr(int r) { return comms_[r]; }
-  KvStore* kv() { return &kv_; }
+  KvClient* kv() { return &kv_; }
   GlooCommunicatorFactory& factory(int r) { return *factories_[r]; }
 
   void Run(const std::function<void(int)>& fn) {
@@ -64,7 +64,7 @@ class GlooGroup {
   }
 
  private:
-  InMemoryKvStore kv_;
+  InMemoryKvClient kv_;
   std::vector<std::shared_ptr<GlooCommunicatorFactory>> factories_;
   std::vector<std::shared_ptr<Communicator>> comms_;
 };
@@ -503,7 +503,7 @@ TEST(GlooCommunicatorTest, CancelInterruptsSendRecv) {
 }
 
 TEST(GlooCommunicatorTest, RendezvousWithoutPeerTimesOut) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   auto factory = GlooCommunicatorFactory::Create(&kv, GlooOptions{});
   ASSERT_TRUE(factory.ok());
   auto comm = (*factory)->Create(GlooGroup::SpecFor(2, 0, "lonely/", absl::Milliseconds(300)));
@@ -525,7 +525,7 @@ TEST(GlooCommunicatorTest, PeerGoneIsAnError) {
 }
 
 TEST(GlooCommunicatorTest, WorksThroughCommunicatorCache) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   const int n = 3;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
   for (int r = 0; r < n; ++r) {

@@ -8,7 +8,7 @@
 namespace shardcoord {
 namespace nccl {
 
-std::shared_ptr<CommunicatorFactory> MakeNcclCommunicatorFactory(std::shared_ptr<KvStore> kv,
+std::shared_ptr<CommunicatorFactory> MakeNcclCommunicatorFactory(std::shared_ptr<KvClient> kv,
                                                                  NcclFactoryOptions options) {
   return std::make_shared<NcclCommunicatorFactory>(std::move(kv), std::make_shared<CudaNcclApi>(),
                                                    std::make_shared<RealClock>(), options);

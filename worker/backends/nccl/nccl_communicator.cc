@@ -177,7 +177,7 @@ absl::Status NcclCommunicator::SendRecv(absl::Span<const SendOp> sends,
   return Run("SendRecv", options, LowerSendRecv(rank_, size_, sends, recvs));
 }
 
-NcclCommunicatorFactory::NcclCommunicatorFactory(std::shared_ptr<KvStore> kv,
+NcclCommunicatorFactory::NcclCommunicatorFactory(std::shared_ptr<KvClient> kv,
                                                  std::shared_ptr<NcclApi> api,
                                                  std::shared_ptr<Clock> clock,
                                                  NcclFactoryOptions options)

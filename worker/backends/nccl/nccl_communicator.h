@@ -118,18 +118,18 @@ std::string DescribeGroup(const CommunicatorSpec& spec);
 // Builds NcclCommunicators: group rank 0 calls ncclGetUniqueId and publishes the id under
 // NcclIdKey(spec) (not for a group of one); the others wait for it up to spec.timeout
 // (as XLA's nccl_id_store). Then ncclCommInitRankConfig with config.blocking = 0 on
-// options.device, polled by the watchdog against the same deadline. Errors: the KvStore's
+// options.device, polled by the watchdog against the same deadline. Errors: the KvClient's
 // status (DEADLINE_EXCEEDED when the id never came) with the key and group added,
 // UNAVAILABLE when ncclGetUniqueId fails, ABORTED / DEADLINE_EXCEEDED from the init.
 class NcclCommunicatorFactory : public CommunicatorFactory {
  public:
-  NcclCommunicatorFactory(std::shared_ptr<KvStore> kv, std::shared_ptr<NcclApi> api,
+  NcclCommunicatorFactory(std::shared_ptr<KvClient> kv, std::shared_ptr<NcclApi> api,
                           std::shared_ptr<Clock> clock, NcclFactoryOptions options = {});
 
   absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override;
 
  private:
-  const std::shared_ptr<KvStore> kv_;
+  const std::shared_ptr<KvClient> kv_;
   const std::shared_ptr<NcclApi> api_;
   const std::shared_ptr<Clock> clock_;
   const NcclFactoryOptions options_;

@@ -1,5 +1,5 @@
 // NcclCommunicator and its factory on a fake NCCL and a fake clock: the rendezvous through
-// the KvStore, the NCCL calls each Communicator op issues, and the watchdog/abort path
+// the KvClient, the NCCL calls each Communicator op issues, and the watchdog/abort path
 // (timeouts, NCCL errors, abort requests, teardown), all without a GPU or real waiting.
 #include "worker/backends/nccl/nccl_communicator.h"
 
@@ -24,8 +24,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// A KvStore whose Get never finds the key: the wait's outcome without waiting.
-class NeverKvStore : public KvStore {
+// A KvClient whose Get never finds the key: the wait's outcome without waiting.
+class NeverKvClient : public KvClient {
  public:
   absl::Status Set(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
@@ -56,7 +56,7 @@ class NcclCommunicatorTest : public ::testing::Test {
     return spec;
   }
 
-  NcclCommunicatorFactory Factory(std::shared_ptr<KvStore> kv = nullptr) {
+  NcclCommunicatorFactory Factory(std::shared_ptr<KvClient> kv = nullptr) {
     return NcclCommunicatorFactory(kv ? kv : kv_, api_, clock_, options_);
   }
 
@@ -83,7 +83,7 @@ class NcclCommunicatorTest : public ::testing::Test {
 
   std::shared_ptr<FakeNcclApi> api_ = std::make_shared<FakeNcclApi>();
   std::shared_ptr<FakeClock> clock_ = std::make_shared<FakeClock>();
-  std::shared_ptr<InMemoryKvStore> kv_ = std::make_shared<InMemoryKvStore>();
+  std::shared_ptr<InMemoryKvClient> kv_ = std::make_shared<InMemoryKvClient>();
   NcclFactoryOptions options_;
   char in_[256] = {};
   char out_[1024] = {};
@@ -141,7 +141,7 @@ TEST_F(NcclCommunicatorTest, KeyIncludesIncarnations) {
 }
 
 TEST_F(NcclCommunicatorTest, MissingIdTimesOutNamingKeyAndGroup) {
-  auto never = std::make_shared<NeverKvStore>();
+  auto never = std::make_shared<NeverKvClient>();
   absl::StatusOr<std::shared_ptr<Communicator>> c = Factory(never).Create(Spec({4, 9}, 9));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(c.status().message(),

@@ -1,4 +1,4 @@
-#include "worker/coordinator_rpc.h"
+#include "worker/grpc_coordinator_client.h"
 
 #include <grpcpp/grpcpp.h>
 

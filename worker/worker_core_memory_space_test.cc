@@ -19,7 +19,7 @@
 #include "worker/kv_client.h"
 #include "worker/memory_space.h"
 #include "worker/testing/fake_device_memory_space.h"
-#include "worker/worker_service.h"
+#include "worker/worker_core.h"
 
 namespace shardcoord {
 namespace {
@@ -46,7 +46,7 @@ class FakeReporter : public ChunkReporter {
 // One worker; `device` true puts its buffers in its own fake GPU. The space is declared
 // first so it outlives the buffers.
 struct TestWorker {
-  TestWorker(KvStore* kv, ChunkReporter* reporter, int rank, bool device)
+  TestWorker(KvClient* kv, ChunkReporter* reporter, int rank, bool device)
       : space(absl::StrCat("fake-cuda:", rank)),
         cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
         core(&buffers, &cache, reporter,
@@ -94,7 +94,7 @@ std::string ReadAll(WorkerCore& core, const std::string& tensor, int64_t version
 }
 
 TEST(WorkerCoreMemorySpaceTest, FillAndReadMatchHostWorker) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker host(&kv, &reporter, 0, false), device(&kv, &reporter, 1, true);
   // Two chunks with a gap between them; one a partial contribution that fills as zeros.
@@ -142,7 +142,7 @@ TEST(WorkerCoreMemorySpaceTest, FillAndReadMatchHostWorker) {
 }
 
 TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   TestWorker host(&kv, &reporter, 0, false), device(&kv, &reporter, 1, true);
   // Two chunks of i32 sent in 1 MiB messages: about 3 MiB (below the staging threshold: one
@@ -196,7 +196,7 @@ TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
 }
 
 TEST(WorkerCoreMemorySpaceTest, PlanRunsOnDeviceBuffers) {
-  InMemoryKvStore kv;
+  InMemoryKvClient kv;
   FakeReporter reporter;
   std::vector<std::unique_ptr<TestWorker>> workers;
   for (int r = 0; r < 4; ++r) {

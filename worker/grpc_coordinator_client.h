@@ -1,0 +1,48 @@
+#ifndef SHARDCOORD_WORKER_GRPC_COORDINATOR_CLIENT_H_
+#define SHARDCOORD_WORKER_GRPC_COORDINATOR_CLIENT_H_
+
+// The worker's interfaces to the coordinator (worker/coordinator_rpc.h, worker/kv_client.h)
+// over one gRPC channel to shardcoord.v1.CoordinatorWorkers.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/shardcoord.grpc.pb.h"
+#include "proto/shardcoord.pb.h"
+#include "worker/coordinator_rpc.h"
+#include "worker/kv_client.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace shardcoord {
+
+// Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`).
+class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvClient {
+ public:
+  GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                        absl::Duration rpc_timeout = absl::Seconds(10));
+  // A channel to "host:port" with insecure credentials.
+  static std::unique_ptr<GrpcCoordinatorClient> Connect(
+      const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10));
+
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(
+      const v1::RegisterWorkerRequest& request) override;
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request) override;
+  absl::Status ReportChunks(const v1::ReportChunksRequest& request) override;
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
+  const absl::Duration rpc_timeout_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_GRPC_COORDINATOR_CLIENT_H_

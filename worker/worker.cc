@@ -1,0 +1,201 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "spdlog/spdlog.h"
+#include "worker/backends/gloo/gloo_communicator.h"
+
+// NCCL and the GPU buffers only where the CUDA toolkit is installed; elsewhere the probe finds
+// no device and the worker runs Gloo.
+#ifdef SHARDCOORD_HAVE_CUDA
+#include "worker/backends/nccl/cuda_memory_space.h"
+#include "worker/backends/nccl/nccl_backend.h"
+#endif
+
+namespace shardcoord {
+namespace {
+
+// "host:port" -> host ("[::1]:5" -> "::1").
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+std::string JoinHostPort(const std::string& host, int port) {
+  if (absl::StrContains(host, ':')) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+void LogInfo(absl::string_view line) { spdlog::info("{}", std::string(line)); }
+
+// The memory space and communicator factory of `backend`: the GPU's memory and NCCL on it,
+// or host memory (null space) and Gloo.
+struct BackendParts {
+  std::unique_ptr<MemorySpace> space;
+  std::shared_ptr<CommunicatorFactory> factory;
+};
+
+absl::StatusOr<BackendParts> MakeBackend(const BackendSelection& backend,
+                                         GrpcCoordinatorClient* client, GlooOptions gloo) {
+  BackendParts parts;
+  if (backend.backend == Backend::kNccl) {
+#ifdef SHARDCOORD_HAVE_CUDA
+    absl::StatusOr<std::unique_ptr<nccl::CudaMemorySpace>> space =
+        nccl::CudaMemorySpace::Create(backend.gpu);
+    if (!space.ok()) return space.status();
+    parts.space = *std::move(space);
+    nccl::NcclFactoryOptions nccl_options;
+    nccl_options.device = backend.gpu;
+    // The client outlives every communicator: no ownership.
+    parts.factory = nccl::MakeNcclCommunicatorFactory(
+        std::shared_ptr<KvClient>(std::shared_ptr<void>(), client), nccl_options);
+    return parts;
+#else
+    return absl::FailedPreconditionError(
+        "the nccl backend is not built into this worker (no CUDA toolkit at build time)");
+#endif
+  }
+  absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> factory =
+      GlooCommunicatorFactory::Create(client, std::move(gloo));
+  if (!factory.ok()) return factory.status();
+  parts.factory = *std::move(factory);
+  return parts;
+}
+
+}  // namespace
+
+absl::StatusOr<BackendSelection> SelectBackend(absl::string_view backend,
+                                               absl::string_view device,
+                                               const std::function<void(absl::string_view)>& log,
+                                               const CudaDeviceProbe& probe) {
+  absl::StatusOr<DeviceFlag> device_flag = ParseDeviceFlag(device);
+  if (!device_flag.ok()) return device_flag.status();
+  BackendChoice choice;
+  if (device_flag->cpu) {
+    if (backend == "nccl") {
+      return absl::InvalidArgumentError("--device cpu: the nccl backend needs a CUDA device");
+    }
+    choice.log_line = backend == "auto" ? "backend auto: --device cpu, using gloo"
+                                        : "backend gloo: selected by --backend";
+  } else {
+    absl::StatusOr<BackendChoice> chosen = ChooseBackend(backend, probe);
+    if (!chosen.ok()) return chosen.status();  // "no CUDA device visible: ..."
+    choice = *std::move(chosen);
+  }
+  if (log) log(choice.log_line);
+  BackendSelection selection;
+  selection.backend = choice.backend;
+  selection.log_line = std::move(choice.log_line);
+  if (choice.backend == Backend::kNccl) {
+    absl::StatusOr<int> gpu = ResolveDevice(device_flag->index, choice.visible_devices);
+    if (!gpu.ok()) return gpu.status();
+    selection.gpu = *gpu;
+#ifndef SHARDCOORD_HAVE_CUDA
+    // Unreachable with the real probe: without the toolkit it finds no device.
+    return absl::FailedPreconditionError(
+        "the nccl backend is not built into this worker (no CUDA toolkit at build time)");
+#endif
+  }
+  return selection;
+}
+
+Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
+  if (options_.name.empty()) options_.name = absl::StrCat(options_.host, ":", getpid());
+  const std::string listen_host = HostOf(options_.listen);
+  if (options_.gloo_host.empty()) {
+    options_.gloo_host = IsWildcard(listen_host) ? options_.host : listen_host;
+  }
+}
+
+Worker::~Worker() { Shutdown(absl::Seconds(2)); }
+
+WorkerIdentity Worker::Identity() const {
+  return agent_ != nullptr ? agent_->identity() : WorkerIdentity{options_.name, 0, -1};
+}
+
+absl::StatusOr<std::string> Worker::Start() {
+  const bool nccl = options_.backend.backend == Backend::kNccl;
+  const std::string device_name = nccl ? absl::StrCat("cuda:", options_.backend.gpu) : "cpu";
+  client_ = GrpcCoordinatorClient::Connect(options_.coordinator);
+  absl::StatusOr<BackendParts> backend =
+      MakeBackend(options_.backend, client_.get(),
+                  GlooOptions{options_.gloo_host, options_.same_host_copy});
+  if (!backend.ok()) return backend.status();
+  device_space_ = std::move(backend->space);
+  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory));
+
+  ExecutorOptions executor_options;
+  executor_options.default_step_timeout = options_.step_timeout;
+  core_ = std::make_unique<WorkerCore>(
+      &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
+      executor_options, LogInfo, device_space_.get());
+  service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  const std::string listen_host = HostOf(options_.listen);
+  const std::string address =
+      JoinHostPort(IsWildcard(listen_host) ? options_.host : listen_host, port);
+
+  AgentOptions agent_options;
+  agent_options.registration.set_name(options_.name);
+  agent_options.registration.set_host(options_.host);
+  agent_options.registration.set_device(device_name);
+  agent_options.registration.set_backend(nccl ? "nccl" : "gloo");
+  agent_options.registration.set_address(address);
+  agent_options.log = LogInfo;
+  agent_ = std::make_unique<Agent>(client_.get(), agent_options);
+  absl::Status registered = agent_->Start(options_.register_timeout);
+  if (!registered.ok()) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    return absl::Status(registered.code(),
+                        absl::StrCat("cannot register with the coordinator at ",
+                                     options_.coordinator, ": ", registered.ToString()));
+  }
+  if (nccl) {
+    spdlog::info("worker {} (nccl on {}, buffers in {}) serving on {}, coordinator {}",
+                 options_.name, device_name, device_space_->name(), address,
+                 options_.coordinator);
+  } else {
+    spdlog::info("worker {} (gloo on {}, same-host copy {}) serving on {}, coordinator {}",
+                 options_.name, options_.gloo_host, options_.same_host_copy ? "on" : "off",
+                 address, options_.coordinator);
+  }
+  return address;
+}
+
+bool Worker::Shutdown(absl::Duration grace) {
+  if (shut_down_) return stopped_cleanly_;
+  shut_down_ = true;
+  if (agent_ != nullptr) agent_->Stop();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  if (core_ != nullptr) stopped_cleanly_ = core_->Shutdown(grace);
+  return stopped_cleanly_;
+}
+
+}  // namespace shardcoord

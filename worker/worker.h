@@ -1,0 +1,97 @@
+#ifndef SHARDCOORD_WORKER_WORKER_H_
+#define SHARDCOORD_WORKER_WORKER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "worker/agent.h"
+#include "worker/backends/nccl/gpu_probe.h"
+#include "worker/buffer_store.h"
+#include "worker/communicator.h"
+#include "worker/grpc_coordinator_client.h"
+#include "worker/memory_space.h"
+#include "worker/thread_pool.h"
+#include "worker/worker_core.h"
+#include "worker/worker_service.h"
+
+namespace shardcoord {
+
+// The backend a worker runs and the GPU it owns.
+struct BackendSelection {
+  Backend backend = Backend::kGloo;
+  int gpu = -1;  // nccl: the CUDA device of the buffers and communicators.
+  // Why this backend: the worker's first log line (see BackendChoice).
+  std::string log_line;
+};
+
+// Resolves --backend ("gloo", "nccl", "auto") and --device (see ParseDeviceFlag). `log`
+// receives the choice's line as soon as it is made, before a device check can fail. Errors
+// carry the one line to print before exiting 2: a bad --device, nccl with --device cpu or
+// without a visible GPU, a device index past the visible ones, or nccl in a build without
+// the CUDA toolkit.
+absl::StatusOr<BackendSelection> SelectBackend(
+    absl::string_view backend, absl::string_view device,
+    const std::function<void(absl::string_view)>& log,
+    const CudaDeviceProbe& probe = VisibleCudaDevices);
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:7400";
+  std::string listen = "127.0.0.1:0";  // The Worker service; port 0 picks a free port.
+  std::string host;                    // Reported to the coordinator.
+  std::string name;                    // Stable worker name; empty: "<host>:<pid>".
+  BackendSelection backend;
+  // Where Gloo binds and advertises; empty: the --listen host, or `host` when that is a
+  // wildcard.
+  std::string gloo_host;
+  bool same_host_copy = true;
+  absl::Duration step_timeout = absl::Seconds(60);  // When a plan gives none.
+  absl::Duration register_timeout = absl::Seconds(60);
+};
+
+// The composition root, as Coordinator is for the coordinator: owns the coordinator client,
+// the memory space and communicator factory of the selected backend, the buffers, WorkerCore,
+// its gRPC service and the agent that keeps the worker registered.
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Builds the backend, serves the Worker service and registers with the coordinator
+  // (retrying until register_timeout). Returns the address it serves on, as registered.
+  absl::StatusOr<std::string> Start();
+  // Stops heartbeats and serving, cancels running fragments and waits up to `grace` for them;
+  // false when one still runs (its thread references this object: the process should exit
+  // without destroying it). Idempotent.
+  bool Shutdown(absl::Duration grace);
+
+  const std::string& name() const { return options_.name; }
+
+ private:
+  WorkerIdentity Identity() const;
+
+  WorkerOptions options_;
+  std::unique_ptr<GrpcCoordinatorClient> client_;
+  // nccl: the GPU's memory. Null for gloo (host memory).
+  std::unique_ptr<MemorySpace> device_space_;
+  std::unique_ptr<CommunicatorCache> communicators_;
+  BufferStore buffers_;
+  ThreadPool pool_{2};
+  std::unique_ptr<Agent> agent_;
+  std::unique_ptr<WorkerCore> core_;
+  std::unique_ptr<WorkerServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  bool shut_down_ = false;
+  bool stopped_cleanly_ = true;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_WORKER_H_

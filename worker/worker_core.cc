@@ -1,0 +1,437 @@
+#include "worker/worker_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "proto/convert.h"
+#include "sharding/fill.h"
+#include "sharding/layout.h"
+#include "worker/fragment.h"
+
+namespace shardcoord {
+namespace {
+
+constexpr size_t kRememberEndedPlans = 4096;
+constexpr int kFinalReportAttempts = 3;
+
+std::string StatusText(const absl::Status& s) {
+  return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+}
+
+}  // namespace
+
+struct WorkerCore::PlanRun {
+  Fragment fragment;
+  std::shared_ptr<HostBuffer> source;
+  std::shared_ptr<HostBuffer> target;
+  CancelToken cancel;
+  // Guarded by WorkerCore::mu_.
+  bool aborted = false;  // FinishPlan(abort) arrived.
+  bool stored = false;   // The target buffer is in the store.
+};
+
+WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
+                       ChunkReporter* reporter, std::function<WorkerIdentity()> identity,
+                       ExecutorOptions options, std::function<void(absl::string_view)> log,
+                       MemorySpace* space)
+    : buffers_(buffers),
+      communicators_(communicators),
+      reporter_(reporter),
+      identity_(std::move(identity)),
+      options_(options),
+      log_(std::move(log)),
+      space_(space != nullptr ? space : &HostMemorySpace::Global()) {}
+
+WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
+
+absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
+  absl::StatusOr<Fragment> fragment = ParseFragment(proto);
+  if (!fragment.ok()) return fragment.status();
+  auto run = std::make_shared<PlanRun>();
+  run->fragment = *std::move(fragment);
+  const Fragment& f = run->fragment;
+  auto check_plan_id = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    if (shutting_down_) return absl::UnavailableError("worker is shutting down");
+    if (ended_.contains(f.plan_id)) {
+      return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " already finished"));
+    }
+    if (plans_.contains(f.plan_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("plan ", f.plan_id, " is already running"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = check_plan_id(); !s.ok()) return s;
+  }
+  if (!f.source.chunks.empty()) {
+    absl::StatusOr<std::shared_ptr<HostBuffer>> source =
+        buffers_->Get(f.tensor, f.source_version);
+    if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
+    if ((*source)->dtype() != f.dtype || (*source)->chunks().chunks != f.source.chunks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", f.tensor, "' version ", f.source_version, " on rank ", f.rank,
+          " is held as other chunks or another dtype than plan ", f.plan_id, " expects"));
+    }
+    run->source = *source;
+  }
+  absl::StatusOr<std::shared_ptr<HostBuffer>> target =
+      HostBuffer::Create(f.dtype, f.target, space_);
+  if (!target.ok()) return target.status();
+  run->target = *target;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = check_plan_id(); !s.ok()) return s;  // Again: it may have changed.
+    plans_.emplace(f.plan_id, run);
+    ++running_;
+  }
+  if (log_) {
+    log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
+                      " steps of tensor '", f.tensor, "' v", f.source_version, " -> v",
+                      f.target_version));
+  }
+  std::thread([this, run] { Run(run); }).detach();
+  return absl::OkStatus();
+}
+
+void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
+  const WorkerIdentity id = identity_();
+  request.set_plan_id(run.fragment.plan_id);
+  request.set_worker(id.name);
+  request.set_incarnation(id.incarnation);
+  request.set_rank(run.fragment.rank);
+  const int attempts = request.final() ? kFinalReportAttempts : 1;
+  for (int i = 0; i < attempts; ++i) {
+    absl::Status s = reporter_->ReportChunks(request);
+    if (s.code() != absl::StatusCode::kUnavailable) return;  // Done, or not worth retrying.
+  }
+}
+
+void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
+  const Fragment& f = run->fragment;
+  const size_t steps = f.steps.size();
+  size_t steps_done = 0;
+  ExecuteInput in;
+  in.fragment = &f;
+  in.source = run->source.get();
+  in.target = run->target.get();
+  in.communicators = communicators_;
+  in.cancel = &run->cancel;
+  in.options = options_;
+  in.progress = [&](int64_t done, int64_t /*total*/) {
+    // The final report follows the last step at once.
+    if (++steps_done >= steps) return;
+    v1::ReportChunksRequest progress;
+    progress.set_bytes_done(done);
+    progress.set_final(false);
+    Report(*run, std::move(progress));
+  };
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ExecuteResult> result = ExecuteFragment(in);
+  if (log_) {
+    if (result.ok()) {
+      std::string steps_text;
+      for (const StepReport& s : result->steps) {
+        absl::StrAppend(&steps_text, " [step ", s.index, " ", StepMethodName(s.method), " sent ",
+                        s.bytes_sent, " B recv ", s.bytes_received, " B in ",
+                        absl::FormatDuration(s.time), "]");
+      }
+      log_(absl::StrCat("plan ", f.plan_id, ": done in ", absl::FormatDuration(absl::Now() - start),
+                        steps_text));
+    } else {
+      log_(absl::StrCat("plan ", f.plan_id, ": failed: ", result.status().ToString()));
+    }
+  }
+
+  bool aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted = run->aborted;
+    if (result.ok() && !aborted && !f.target.chunks.empty()) {
+      // Stored before the report, so a commit that follows finds it.
+      buffers_->Put(f.tensor, f.target_version, run->target);
+      run->stored = true;
+    }
+  }
+  if (!aborted) {
+    v1::ReportChunksRequest report;
+    report.set_final(true);
+    if (result.ok()) {
+      *report.mutable_chunks() = RankChunksToProto(result->chunks, result->checksums);
+      report.mutable_chunks()->set_rank(f.rank);
+      report.set_bytes_done(result->bytes_received);
+    } else {
+      report.set_error(StatusText(result.status()));
+    }
+    Report(*run, std::move(report));
+  }
+  run->source.reset();
+  absl::MutexLock lock(&mu_);
+  --running_;
+}
+
+absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
+  std::shared_ptr<PlanRun> run;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(request.plan_id());
+    if (it != plans_.end()) {
+      run = it->second;
+      plans_.erase(it);
+    }
+    if (!request.plan_id().empty() && ended_.insert(request.plan_id()).second) {
+      ended_order_.push_back(request.plan_id());
+      if (ended_order_.size() > kRememberEndedPlans) {
+        ended_.erase(ended_order_.front());
+        ended_order_.pop_front();
+      }
+    }
+    if (run != nullptr && !request.commit()) {
+      run->aborted = true;
+      if (run->stored) {
+        buffers_->Drop(run->fragment.tensor, run->fragment.target_version);
+        run->stored = false;
+      }
+    }
+  }
+  if (request.commit() && request.drop_version() >= 0 && !request.tensor().empty()) {
+    // Never the version the plan just wrote.
+    if (run == nullptr || run->fragment.target_version != request.drop_version() ||
+        run->fragment.tensor != request.tensor()) {
+      buffers_->Drop(request.tensor(), request.drop_version());
+    }
+  }
+  // Outside the lock: it interrupts the fragment's waits.
+  if (run != nullptr && !request.commit()) run->cancel.Cancel();
+  if (log_ && run != nullptr) {
+    log_(absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
+  }
+  // Communicators outlive a committed plan: the coordinator reuses the rendezvous prefix for
+  // later plans over the same groups (one rendezvous per group, not per plan). An abort
+  // retires the prefix everywhere, so drop them. The run (and its target buffer, unless
+  // stored) goes when its thread is done with it.
+  if (run != nullptr && !request.commit()) {
+    communicators_->ReleasePrefix(run->fragment.communicator_prefix);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request) {
+  if (request.tensor().empty()) return absl::InvalidArgumentError("tensor: empty");
+  absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<Shape> shape = ShapeFromProto(request.global_shape(), "global_shape");
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<RankChunks> chunks = RankChunksFromProto(request.chunks(), "chunks");
+  if (!chunks.ok()) return chunks.status();
+  absl::StatusOr<ReduceOp> partial_op = ReduceOpFromProto(request.partial_op(), "partial_op");
+  if (!partial_op.ok()) return partial_op.status();
+  for (size_t i = 0; i < chunks->chunks.size(); ++i) {
+    const Box& box = chunks->chunks[i].box;
+    if (box.ndim() != static_cast<int>(shape->size()) || !box.InBounds(*shape)) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks.chunks[", i, "]: box ",
+                                                     box.ToString(), " is outside shape ",
+                                                     ShapeToString(*shape)));
+    }
+  }
+  FillKind kind;
+  bool fill = true;
+  switch (request.init()) {
+    case v1::INIT_KIND_UNSPECIFIED:
+    case v1::ZEROS: kind = FillKind::kZeros; break;
+    case v1::ARANGE: kind = FillKind::kArange; break;
+    case v1::RANDOM: kind = FillKind::kRandom; break;
+    case v1::UNINITIALIZED: kind = FillKind::kZeros; fill = false; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("init: unknown value ", request.init()));
+  }
+  // Filled in host memory; a device space gets it in one copy.
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Create(*dtype, *chunks);
+  if (!buffer.ok()) return buffer.status();
+  HostBuffer& b = **buffer;
+  std::memset(b.data(), 0, static_cast<size_t>(b.bytes()));  // Also clears the gaps.
+  for (size_t i = 0; i < chunks->chunks.size(); ++i) {
+    const Chunk& c = chunks->chunks[i];
+    // Sum contributions: the value lives in contribution 0, the others are zero.
+    const bool zeros = c.partial_index != 0 && (*partial_op == ReduceOp::kSum);
+    if (!fill || zeros || kind == FillKind::kZeros) continue;
+    absl::Status s = FillBox(kind, request.seed(), *shape, c.box, *dtype, b.chunk_data(i));
+    if (!s.ok()) return s;
+  }
+  std::shared_ptr<HostBuffer> stored = *std::move(buffer);
+  if (!space_->is_host()) {
+    absl::StatusOr<std::shared_ptr<HostBuffer>> device =
+        HostBuffer::Create(*dtype, *chunks, space_);
+    if (!device.ok()) return device.status();
+    absl::Status s = space_->CopyFromHost((*device)->data(), stored->data(), stored->bytes());
+    if (!s.ok()) return s;
+    stored = *std::move(device);
+  }
+  absl::StatusOr<std::vector<uint64_t>> checksums = stored->Checksums();
+  if (!checksums.ok()) return checksums.status();
+  buffers_->Put(request.tensor(), request.version(), stored);
+  v1::FillResponse response;
+  *response.mutable_chunks() = RankChunksToProto(stored->chunks(), *checksums);
+  return response;
+}
+
+absl::Status WorkerCore::DropTensor(const v1::DropTensorRequest& request) {
+  if (request.version() == -1) {
+    buffers_->DropTensor(request.tensor());
+  } else {
+    buffers_->Drop(request.tensor(), request.version());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(
+    const v1::ReadChunkRequest& request) {
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+      buffers_->Get(request.tensor(), request.version());
+  if (!buffer.ok()) return buffer.status();
+  absl::StatusOr<Box> box = BoxFromProto(request.box(), "box");
+  if (!box.ok()) return box.status();
+  const int k = FindContainingChunk((*buffer)->chunks(), *box, false, 0);
+  if (k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "box: ", box->ToString(), " lies in no chunk of tensor '", request.tensor(),
+        "' version ", request.version(), " on this worker"));
+  }
+  ChunkReader reader;
+  reader.buffer_ = *std::move(buffer);
+  reader.chunk_ = k;
+  reader.box_ = *std::move(box);
+  reader.total_bytes_ = reader.box_.Volume() * reader.buffer_->element_size();
+  return reader;
+}
+
+absl::Status WorkerCore::ChunkReader::Next(int64_t max_bytes, std::string* out) {
+  const int64_t esize = buffer_->element_size();
+  const int64_t volume = box_.Volume();
+  const int64_t count = std::min(volume - next_, std::max<int64_t>(1, max_bytes / esize));
+  if (count <= 0) return absl::OkStatus();
+  MemorySpace& space = buffer_->space();
+  const size_t start = out->size();
+  out->resize(start + static_cast<size_t>(count * esize));
+  // A device space packs the range into staging memory there, then copies it out.
+  Allocation staging;
+  absl::Cleanup free_staging = [&] { space.Free(staging); };
+  char* p = out->data() + start;
+  if (!space.is_host()) {
+    absl::StatusOr<Allocation> a = space.Allocate(count * esize);
+    if (!a.ok()) return a.status();
+    staging = *a;
+    p = staging.data;
+  }
+  const Chunk& chunk = buffer_->chunks().chunks[chunk_];
+  for (const Box& rel : FlatRangeToBoxes(box_.shape(), next_, next_ + count)) {
+    Shape offset = rel.offset();
+    for (int d = 0; d < box_.ndim(); ++d) offset[d] += box_.offset(d);
+    Box piece(offset, rel.shape());
+    absl::Status s = space.PackBox(piece, buffer_->chunk_data(chunk_), chunk.box, p, esize);
+    if (!s.ok()) return s;
+    p += piece.Volume() * esize;
+  }
+  if (!space.is_host()) {
+    absl::Status s = space.CopyToHost(out->data() + start, staging.data, count * esize);
+    if (!s.ok()) return s;
+  }
+  next_ += count;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<WorkerCore::ChunkWriter>> WorkerCore::OpenWrite(
+    const v1::ChunkData& header) {
+  if (header.tensor().empty()) return absl::InvalidArgumentError("tensor: empty");
+  absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "dtype");
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<RankChunks> chunks = RankChunksFromProto(header.chunks(), "chunks");
+  if (!chunks.ok()) return chunks.status();
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+      HostBuffer::Create(*dtype, *chunks, space_);
+  if (!buffer.ok()) return buffer.status();
+  if (header.total_bytes() != (*buffer)->bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "total_bytes: ", header.total_bytes(), " but a local buffer of ",
+        chunks->local_elements, " ", DTypeName(*dtype), " elements holds ",
+        (*buffer)->bytes(), " bytes"));
+  }
+  auto writer = std::make_unique<ChunkWriter>();
+  writer->buffers_ = buffers_;
+  writer->tensor_ = header.tensor();
+  writer->version_ = header.version();
+  writer->buffer_ = *std::move(buffer);
+  if (absl::Status s = writer->Append(header.data()); !s.ok()) return s;
+  return writer;
+}
+
+absl::Status WorkerCore::ChunkWriter::Append(absl::string_view data) {
+  if (static_cast<int64_t>(data.size()) > buffer_->bytes() - written_) {
+    return absl::InvalidArgumentError(absl::StrCat("data: more than the announced total_bytes ",
+                                                   buffer_->bytes()));
+  }
+  if (buffer_->space().is_host()) {
+    std::memcpy(buffer_->data() + written_, data.data(), data.size());
+    flushed_ += static_cast<int64_t>(data.size());
+  } else {
+    pending_.append(data.data(), data.size());
+  }
+  written_ += static_cast<int64_t>(data.size());
+  if (static_cast<int64_t>(pending_.size()) >= kStagingBytes) return Flush();
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::ChunkWriter::Flush() {
+  if (pending_.empty()) return absl::OkStatus();
+  absl::Status s = buffer_->space().CopyFromHost(buffer_->data() + flushed_, pending_.data(),
+                                                 static_cast<int64_t>(pending_.size()));
+  if (!s.ok()) return s;
+  flushed_ += static_cast<int64_t>(pending_.size());
+  pending_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::WriteChunkResponse> WorkerCore::ChunkWriter::Finish() {
+  if (written_ != buffer_->bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("data: received ", written_, " of ",
+                                                   buffer_->bytes(), " bytes"));
+  }
+  if (absl::Status s = Flush(); !s.ok()) return s;
+  absl::StatusOr<std::vector<uint64_t>> checksums = buffer_->Checksums();
+  if (!checksums.ok()) return checksums.status();
+  v1::WriteChunkResponse response;
+  *response.mutable_chunks() = RankChunksToProto(buffer_->chunks(), *checksums);
+  buffers_->Put(tensor_, version_, buffer_);
+  return response;
+}
+
+bool WorkerCore::Shutdown(absl::Duration grace) {
+  std::vector<std::shared_ptr<PlanRun>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (auto& [id, run] : plans_) runs.push_back(run);
+  }
+  for (auto& run : runs) run->cancel.Cancel();
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](int* running) { return *running == 0; }, &running_),
+      grace);
+}
+
+void WorkerCore::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](int* running) { return *running == 0; }, &running_));
+}
+
+int WorkerCore::running() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+}  // namespace shardcoord
