@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "sharding/spatial_index.h"
 
 namespace shardcoord {
 namespace {
@@ -47,48 +49,29 @@ std::string UncheckedBoxString(const Box& b) {
   return s + "]";
 }
 
-// Finds a pair of overlapping boxes among `boxes` (no two identical). Sweeps along the dim
-// with the most distinct offsets so regular grids keep a small active set.
-absl::Status CheckNoOverlap(std::vector<RankedBox>& boxes, int ndim) {
+// Finds a pair of overlapping boxes among `boxes` (no two identical).
+absl::Status CheckNoOverlap(const std::vector<RankedBox>& boxes, int ndim) {
   if (boxes.size() < 2 || ndim == 0) {
     if (boxes.size() >= 2) {  // Two distinct non-empty 0-d boxes cannot exist.
       return absl::InvalidArgumentError("scalar tensor held as two different chunks");
     }
     return absl::OkStatus();
   }
-  int sweep = 0;
-  size_t best = 0;
-  for (int d = 0; d < ndim; ++d) {
-    std::vector<int64_t> offs;
-    offs.reserve(boxes.size());
-    for (const RankedBox& b : boxes) offs.push_back(b.box.offset(d));
-    std::sort(offs.begin(), offs.end());
-    const size_t distinct = std::unique(offs.begin(), offs.end()) - offs.begin();
-    if (distinct > best) {
-      best = distinct;
-      sweep = d;
-    }
-  }
-  std::sort(boxes.begin(), boxes.end(), [sweep](const RankedBox& a, const RankedBox& b) {
-    if (a.box.offset(sweep) != b.box.offset(sweep))
-      return a.box.offset(sweep) < b.box.offset(sweep);
-    return a.box < b.box;
-  });
-  std::vector<size_t> active;
+  // Each box its own owner: chunks of one rank must not overlap either.
+  std::vector<const Box*> ptrs;
+  std::vector<int64_t> owners;
+  ptrs.reserve(boxes.size());
+  owners.reserve(boxes.size());
   for (size_t i = 0; i < boxes.size(); ++i) {
-    const Box& cur = boxes[i].box;
-    size_t keep = 0;
-    for (size_t a : active) {
-      if (boxes[a].box.end(sweep) <= cur.offset(sweep)) continue;  // Retire.
-      active[keep++] = a;
-      if (boxes[a].box.Overlaps(cur)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rank ", boxes[i].rank, " chunk ", cur.ToString(), " overlaps rank ", boxes[a].rank,
-            " chunk ", boxes[a].box.ToString(), " and they are not identical replicas"));
-      }
-    }
-    active.resize(keep);
-    active.push_back(i);
+    ptrs.push_back(&boxes[i].box);
+    owners.push_back(static_cast<int64_t>(i));
+  }
+  if (std::optional<std::pair<size_t, size_t>> hit = FindOverlap(ptrs, owners)) {
+    const RankedBox& a = boxes[hit->first];
+    const RankedBox& b = boxes[hit->second];
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", b.rank, " chunk ", b.box.ToString(), " overlaps rank ", a.rank, " chunk ",
+        a.box.ToString(), " and they are not identical replicas"));
   }
   return absl::OkStatus();
 }

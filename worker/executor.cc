@@ -153,6 +153,20 @@ bool MatchReduceScatter(const Step& step, StepShape* shape, bool require_all_rec
   return true;
 }
 
+// The collective that realises `op` (kSendRecv for point-to-point). Explicit, so the two
+// enums may number their values independently.
+StepMethod CollectiveMethod(StepOp op) {
+  switch (op) {
+    case StepOp::kAllGather: return StepMethod::kAllGatherV;
+    case StepOp::kReduceScatter: return StepMethod::kReduceScatterV;
+    case StepOp::kAllReduce: return StepMethod::kAllReduce;
+    case StepOp::kAllToAll: return StepMethod::kAllToAllV;
+    case StepOp::kBroadcast: return StepMethod::kBroadcast;
+    case StepOp::kPointToPoint: return StepMethod::kSendRecv;
+  }
+  return StepMethod::kSendRecv;
+}
+
 StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
   StepShape shape;
   shape.n = static_cast<int>(step.ranks.size());
@@ -175,7 +189,7 @@ StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
     }
     case StepOp::kPointToPoint: break;
   }
-  if (ok) shape.method = static_cast<StepMethod>(static_cast<int>(step.op));
+  if (ok) shape.method = CollectiveMethod(step.op);
   return shape;
 }
 
