@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -15,12 +16,58 @@
 
 namespace shardcoord {
 
-void AddConnectionFlags(CLI::App* cmd, ConnectionFlags* flags) {
-  cmd->add_option("--coordinator", flags->coordinator,
-                  "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
-                  "127.0.0.1:7400)")
-      ->type_name("HOST:PORT");
-  cmd->add_flag("--json", flags->json, "Print one JSON object instead of a table");
+namespace {
+
+// Accepts a repeated global flag only when every occurrence has the same value: with
+// fallthrough all occurrences land on the root's one option, and silently keeping the first
+// or the last of `--coordinator A ... --coordinator B` would dial a coordinator the user may
+// not mean. The validator sees each value in turn; the error names the flag.
+CLI::Option* RejectConflictingRepeats(CLI::Option* opt) {
+  auto first = std::make_shared<std::string>();
+  auto seen = std::make_shared<bool>(false);
+  opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  opt->check(CLI::Validator(
+      [first, seen](std::string& value) -> std::string {
+        if (!*seen) {
+          *seen = true;
+          *first = value;
+          return "";
+        }
+        if (value == *first) return "";
+        return absl::StrCat("given twice with different values ('", *first, "' and '", value,
+                            "')");
+      },
+      "", "same value if repeated"));
+  return opt;
+}
+
+}  // namespace
+
+// Global flags are defined once, on the root, and subcommands fall through to it (CLI11's
+// fallthrough(), inherited by every subcommand created afterwards): an option a subcommand
+// does not know is offered to its parent, then the root. The alternatives are worse: copies
+// of the flags on every subcommand would each need their own storage and a merge step, and
+// an option group cannot be shared between apps. Help shows them once, on the root.
+void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
+  app->fallthrough();
+  RejectConflictingRepeats(
+      app->add_option("--coordinator", flags->coordinator,
+                      "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
+                      "127.0.0.1:7400)"))
+      ->type_name("HOST:PORT")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
+      app->add_flag("--json", flags->json, "Print one JSON object instead of a table"))
+      ->group(kGlobalFlagsGroup);
+}
+
+void DescribeGlobalFlags(CLI::App* app) {
+  for (CLI::App* sub : app->get_subcommands({})) {
+    sub->footer(
+        "Global flags (before or after the subcommand; see shardctl --help):\n"
+        "  --coordinator HOST:PORT, --json, --version");
+    DescribeGlobalFlags(sub);
+  }
 }
 
 std::string CoordinatorAddress(const ConnectionFlags& flags) {
