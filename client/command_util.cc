@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -61,13 +64,27 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
       ->group(kGlobalFlagsGroup);
 }
 
-void DescribeGlobalFlags(CLI::App* app) {
+namespace {
+
+void SetFooter(CLI::App* app, const std::string& footer) {
   for (CLI::App* sub : app->get_subcommands({})) {
-    sub->footer(
-        "Global flags (before or after the subcommand; see shardctl --help):\n"
-        "  --coordinator HOST:PORT, --json, --version");
-    DescribeGlobalFlags(sub);
+    sub->footer(footer);
+    SetFooter(sub, footer);
   }
+}
+
+}  // namespace
+
+void DescribeGlobalFlags(CLI::App* app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app->get_options()) {
+    if (opt->get_group() != kGlobalFlagsGroup) continue;
+    std::string name = opt->get_name();
+    if (!opt->get_type_name().empty()) absl::StrAppend(&name, " ", opt->get_type_name());
+    names.push_back(std::move(name));
+  }
+  SetFooter(app, absl::StrCat("Global flags (before or after the subcommand; see ",
+                              app->get_name(), " --help):\n  ", absl::StrJoin(names, ", ")));
 }
 
 std::string CoordinatorAddress(const ConnectionFlags& flags) {

@@ -1,8 +1,9 @@
 #ifndef SHARDCOORD_CLIENT_COMMAND_UTIL_H_
 #define SHARDCOORD_CLIENT_COMMAND_UTIL_H_
 
-// Pieces shared by the shardctl subcommands: the global flags (--coordinator, --json), one-line error reporting with the exit codes the CLI promises, text
-// tables and a progress bar. Formatting is free of I/O decisions so it is unit-tested.
+// Pieces shared by the shardctl subcommands: the global flags (--coordinator, --json),
+// one-line error reporting with the exit codes the CLI promises, text tables and a progress
+// bar. Formatting is free of I/O decisions so it is unit-tested.
 
 #include <cstdint>
 #include <ostream>
@@ -38,11 +39,12 @@ struct ConnectionFlags {
 // Call before adding subcommands; call DescribeGlobalFlags after.
 void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags);
 
-// Lists the global flags in the help of every subcommand under `app` (CLI11 prints only a
-// command's own options), pointing to `shardctl --help` for their description.
+// Names the global flags (the root's options in kGlobalFlagsGroup) in the help of every
+// subcommand under the root `app` (CLI11 prints only a command's own options), pointing to
+// `shardctl --help` for their description.
 void DescribeGlobalFlags(CLI::App* app);
 
-// The help group of the global flags, for flags main() adds (--version).
+// The help group of the global flags; main() puts --version in it too.
 inline constexpr char kGlobalFlagsGroup[] = "Global flags (before or after the subcommand)";
 
 // The address to dial: the flag, else $SHARDCOORD_ADDR, else 127.0.0.1:7400.
