@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -15,12 +19,72 @@
 
 namespace shardcoord {
 
-void AddConnectionFlags(CLI::App* cmd, ConnectionFlags* flags) {
-  cmd->add_option("--coordinator", flags->coordinator,
-                  "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
-                  "127.0.0.1:7400)")
-      ->type_name("HOST:PORT");
-  cmd->add_flag("--json", flags->json, "Print one JSON object instead of a table");
+namespace {
+
+// Accepts a repeated global flag only when every occurrence has the same value: with
+// fallthrough all occurrences land on the root's one option, and silently keeping the first
+// or the last of `--coordinator A ... --coordinator B` would dial a coordinator the user may
+// not mean. The validator sees each value in turn; the error names the flag.
+CLI::Option* RejectConflictingRepeats(CLI::Option* opt) {
+  auto first = std::make_shared<std::string>();
+  auto seen = std::make_shared<bool>(false);
+  opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  opt->check(CLI::Validator(
+      [first, seen](std::string& value) -> std::string {
+        if (!*seen) {
+          *seen = true;
+          *first = value;
+          return "";
+        }
+        if (value == *first) return "";
+        return absl::StrCat("given twice with different values ('", *first, "' and '", value,
+                            "')");
+      },
+      "", "same value if repeated"));
+  return opt;
+}
+
+}  // namespace
+
+// Global flags are defined once, on the root, and subcommands fall through to it (CLI11's
+// fallthrough(), inherited by every subcommand created afterwards): an option a subcommand
+// does not know is offered to its parent, then the root. The alternatives are worse: copies
+// of the flags on every subcommand would each need their own storage and a merge step, and
+// an option group cannot be shared between apps. Help shows them once, on the root.
+void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
+  app->fallthrough();
+  RejectConflictingRepeats(
+      app->add_option("--coordinator", flags->coordinator,
+                      "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
+                      "127.0.0.1:7400)"))
+      ->type_name("HOST:PORT")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
+      app->add_flag("--json", flags->json, "Print one JSON object instead of a table"))
+      ->group(kGlobalFlagsGroup);
+}
+
+namespace {
+
+void SetFooter(CLI::App* app, const std::string& footer) {
+  for (CLI::App* sub : app->get_subcommands({})) {
+    sub->footer(footer);
+    SetFooter(sub, footer);
+  }
+}
+
+}  // namespace
+
+void DescribeGlobalFlags(CLI::App* app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app->get_options()) {
+    if (opt->get_group() != kGlobalFlagsGroup) continue;
+    std::string name = opt->get_name();
+    if (!opt->get_type_name().empty()) absl::StrAppend(&name, " ", opt->get_type_name());
+    names.push_back(std::move(name));
+  }
+  SetFooter(app, absl::StrCat("Global flags (before or after the subcommand; see ",
+                              app->get_name(), " --help):\n  ", absl::StrJoin(names, ", ")));
 }
 
 std::string CoordinatorAddress(const ConnectionFlags& flags) {

@@ -1,9 +1,9 @@
 #ifndef SHARDCOORD_CLIENT_COMMAND_UTIL_H_
 #define SHARDCOORD_CLIENT_COMMAND_UTIL_H_
 
-// Pieces shared by the shardctl subcommands that talk to a coordinator: the --coordinator
-// and --json flags, one-line error reporting with the exit codes the CLI promises, text
-// tables and a progress bar. Formatting is free of I/O decisions so it is unit-tested.
+// Pieces shared by the shardctl subcommands: the global flags (--coordinator, --json),
+// one-line error reporting with the exit codes the CLI promises, text tables and a progress
+// bar. Formatting is free of I/O decisions so it is unit-tested.
 
 #include <cstdint>
 #include <ostream>
@@ -25,14 +25,27 @@ namespace shardcoord {
 inline constexpr int kExitServerError = 1;
 inline constexpr int kExitBadFlags = 2;
 
-// Flags every online subcommand takes.
+// The global flags, defined once on the root app and read by every subcommand.
 struct ConnectionFlags {
   std::string coordinator;  // host:port; empty = DefaultCoordinatorAddress().
   bool json = false;
 };
 
-// Adds --coordinator and --json to `cmd`, writing into `flags` (which must outlive the app).
-void AddConnectionFlags(CLI::App* cmd, ConnectionFlags* flags);
+// Adds the global flags --coordinator and --json to the root `app`, writing into `flags`
+// (which must outlive the app), and makes every subcommand added to `app` afterwards accept
+// them before or after its name, at any depth: `shardctl --json tensor list`,
+// `shardctl tensor --json list` and `shardctl tensor list --json` are the same command.
+// A global flag given twice with different values is a usage error naming the flag.
+// Call before adding subcommands; call DescribeGlobalFlags after.
+void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags);
+
+// Names the global flags (the root's options in kGlobalFlagsGroup) in the help of every
+// subcommand under the root `app` (CLI11 prints only a command's own options), pointing to
+// `shardctl --help` for their description.
+void DescribeGlobalFlags(CLI::App* app);
+
+// The help group of the global flags; main() puts --version in it too.
+inline constexpr char kGlobalFlagsGroup[] = "Global flags (before or after the subcommand)";
 
 // The address to dial: the flag, else $SHARDCOORD_ADDR, else 127.0.0.1:7400.
 std::string CoordinatorAddress(const ConnectionFlags& flags);

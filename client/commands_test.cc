@@ -1,19 +1,25 @@
 // The online shardctl subcommands against a scripted coordinator on an in-process channel:
-// what each sends, what it prints, and its exit status.
+// what each sends, what it prints, and its exit status. ShardctlMainTest runs the whole
+// command line against the same fake on a loopback port.
 
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/coordinator_client.h"
 #include "client/mesh_command.h"
 #include "client/npy.h"
 #include "client/plan_command.h"
+#include "client/shardctl_app.h"
 #include "client/tensor_command.h"
+#include "client/version.h"
 #include "client/workers_command.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,6 +29,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 class FakeCoordinator final : public v1::Coordinator::Service {
@@ -381,6 +388,92 @@ TEST_F(CommandsTest, OfflinePlanNeedsNoServer) {
   flags.to_placements = "S(2)";
   EXPECT_EQ(RunOfflinePlanCommand(flags, false, true, out_, err_), 2);
   EXPECT_THAT(err_.str(), StartsWith("shardctl plan: --to-placements: "));
+}
+
+// The whole command line (ShardctlMain) against the fake on a loopback port: the global flags
+// work before, between and after the subcommand names.
+class ShardctlMainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  // Runs shardctl with `args`, capturing what it prints on std::cout and std::cerr.
+  int Run(std::vector<std::string> args) {
+    args.insert(args.begin(), "shardctl");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    out_.str("");
+    err_.str("");
+    std::streambuf* out = std::cout.rdbuf(out_.rdbuf());
+    std::streambuf* err = std::cerr.rdbuf(err_.rdbuf());
+    const int rc = ShardctlMain(static_cast<int>(argv.size()), argv.data());
+    std::cout.rdbuf(out);
+    std::cerr.rdbuf(err);
+    return rc;
+  }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(ShardctlMainTest, CoordinatorBeforeOrAfterTheSubcommand) {
+  const std::string not_found = "shardctl: NOT_FOUND: tensor 'x' does not exist\n";
+  EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x"}), 1);
+  EXPECT_EQ(err_.str(), not_found);
+  EXPECT_EQ(Run({"tensor", "--coordinator", address_, "show", "x"}), 1);
+  EXPECT_EQ(err_.str(), not_found);
+  EXPECT_EQ(Run({"tensor", "show", "x", "--coordinator", address_}), 1);
+  EXPECT_EQ(err_.str(), not_found);
+  EXPECT_EQ(Run({"tensor", "show", "--coordinator=" + address_, "x"}), 1);
+  EXPECT_EQ(err_.str(), not_found);
+}
+
+TEST_F(ShardctlMainTest, JsonBeforeOrAfterTheSubcommand) {
+  const std::vector<std::vector<std::string>> forms = {
+      {"--json", "--coordinator", address_, "mesh", "create", "m", "--shape", "2x2"},
+      {"mesh", "--json", "create", "m", "--shape", "2x2", "--coordinator", address_},
+      {"--coordinator", address_, "mesh", "create", "m", "--shape", "2x2", "--json"},
+  };
+  for (const std::vector<std::string>& args : forms) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    fake_.create_mesh_.Clear();
+    ASSERT_EQ(Run(args), 0) << err_.str();
+    EXPECT_THAT(fake_.create_mesh_.shape(), ElementsAre(2, 2));
+    EXPECT_THAT(out_.str(), StartsWith("{"));
+    EXPECT_EQ(err_.str(), "");
+  }
+  ASSERT_EQ(Run({"mesh", "create", "m", "--shape", "2x2", "--coordinator", address_}), 0);
+  EXPECT_THAT(out_.str(), Not(StartsWith("{")));
+}
+
+TEST_F(ShardctlMainTest, GlobalFlagTwiceWithDifferentValuesIsAFlagError) {
+  EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x", "--coordinator",
+                 "127.0.0.1:1"}),
+            2);
+  EXPECT_THAT(err_.str(), StartsWith("shardctl: --coordinator: given twice with different values"));
+  EXPECT_EQ(out_.str(), "");
+  // The same value twice is one flag.
+  EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x", "--coordinator", address_}), 1);
+  EXPECT_EQ(err_.str(), "shardctl: NOT_FOUND: tensor 'x' does not exist\n");
+}
+
+TEST_F(ShardctlMainTest, Version) {
+  const std::string want = absl::StrCat("shardctl ", kShardctlVersion, "\n");
+  EXPECT_EQ(Run({"--version"}), 0);
+  EXPECT_EQ(out_.str(), want);
+  EXPECT_EQ(Run({"tensor", "list", "--version"}), 0);
+  EXPECT_EQ(out_.str(), want);
 }
 
 }  // namespace

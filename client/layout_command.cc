@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "client/command_util.h"
 #include "client/layout_format.h"
 
 namespace shardcoord {
@@ -26,14 +27,15 @@ int RunLayoutCommand(const LayoutFlags& flags, bool json, std::ostream& out, std
   return 0;
 }
 
-void AddLayoutCommand(CLI::App& app) {
+void AddLayoutCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* cmd = app.add_subcommand(
       "layout",
       "Show which rank holds which block of a tensor under a sharding spec (offline, no "
-      "daemon). Give exactly one of --placements or --flat.");
+      "daemon). Give exactly one of --placements or --flat. With the global --json, prints "
+      "{\"chunks\": [{\"rank\", \"coord\", \"offset\", \"shape\"}, ...]} instead of the "
+      "table and picture.");
   // Owned by the callback, which CLI11 keeps alive as long as the app.
   auto flags = std::make_shared<LayoutFlags>();
-  auto json = std::make_shared<bool>(false);
   cmd->add_option("--mesh", flags->mesh,
                   "Device mesh shape, dims separated by 'x': 8, 2x4, 2x2x2")
       ->required()
@@ -63,13 +65,10 @@ void AddLayoutCommand(CLI::App& app) {
                   "Element type for byte counts: f32, f64, f16, bf16, i8, u8, i32, i64")
       ->capture_default_str()
       ->type_name("TYPE");
-  cmd->add_flag("--json", *json,
-                "Print {\"chunks\": [{\"rank\", \"coord\", \"offset\", \"shape\"}, ...]} "
-                "instead of the table and picture");
-  cmd->callback([flags, json, placements, flat]() {
+  cmd->callback([flags, conn, placements, flat]() {
     if (placements->count() > 0) flags->placements = placements->as<std::string>();
     if (flat->count() > 0) flags->flat = flat->as<std::string>();
-    const int rc = RunLayoutCommand(*flags, *json, std::cout, std::cerr);
+    const int rc = RunLayoutCommand(*flags, conn->json, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

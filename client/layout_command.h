@@ -11,9 +11,11 @@ class App;
 
 namespace shardcoord {
 
+struct ConnectionFlags;
+
 // Registers `shardctl layout` (offline: no daemon) as a subcommand of `app`. On bad input the
 // subcommand prints one line to stderr and throws CLI::RuntimeError(2) for main to return.
-void AddLayoutCommand(CLI::App& app);
+void AddLayoutCommand(CLI::App& app, const ConnectionFlags* conn);
 
 // What the subcommand does once its flags are parsed: the JSON (`json`) or the table and
 // picture on `out` and exit status 0, or one line "shardctl layout: --flag: problem" on `err`

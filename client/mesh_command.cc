@@ -91,13 +91,12 @@ void Finish(int rc) {
 
 }  // namespace
 
-void AddMeshCommand(CLI::App& app) {
+void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* mesh = app.add_subcommand("mesh", "Create, list, show and delete device meshes");
   mesh->require_subcommand(1);
 
   {
     CLI::App* cmd = mesh->add_subcommand("create", "Create a mesh over registered workers");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<MeshCreateFlags>();
     cmd->add_option("name", flags->name, "Mesh name")->required()->type_name("NAME");
     cmd->add_option("--shape", flags->shape, "Mesh shape, dims separated by 'x': 4, 2x2")
@@ -110,7 +109,6 @@ void AddMeshCommand(CLI::App& app) {
                     "row-major order: w0,w1,w2,w3")
         ->capture_default_str()
         ->type_name("LIST");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunMeshCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
@@ -118,8 +116,6 @@ void AddMeshCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = mesh->add_subcommand("list", "List meshes");
-    auto conn = std::make_shared<ConnectionFlags>();
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunMeshListCommand(client, conn->json, std::cout, std::cerr));
@@ -127,10 +123,8 @@ void AddMeshCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = mesh->add_subcommand("get", "Show one mesh: its shape and the worker at each position");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto name = std::make_shared<std::string>();
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunMeshGetCommand(client, *name, conn->json, std::cout, std::cerr));
@@ -138,10 +132,8 @@ void AddMeshCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = mesh->add_subcommand("delete", "Delete a mesh that no tensor lives on");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto name = std::make_shared<std::string>();
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunMeshDeleteCommand(client, *name, conn->json, std::cout, std::cerr));

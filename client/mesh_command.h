@@ -13,8 +13,10 @@ class App;
 
 namespace shardcoord {
 
+struct ConnectionFlags;
+
 // Registers `shardctl mesh create|list|get|delete`.
-void AddMeshCommand(CLI::App& app);
+void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn);
 
 struct MeshCreateFlags {
   std::string name;

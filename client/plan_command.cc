@@ -55,7 +55,7 @@ int RunOnlinePlanCommand(CoordinatorClient& client, const OnlinePlanFlags& flags
   return 0;
 }
 
-void AddPlanCommand(CLI::App& app) {
+void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* cmd = app.add_subcommand(
       "plan",
       "Show the plan that moves a tensor between layouts. Offline (no TENSOR): the source as "
@@ -63,7 +63,6 @@ void AddPlanCommand(CLI::App& app) {
       "(TENSOR given): asks the coordinator, with --mesh naming the target mesh.");
   auto tensor = std::make_shared<std::string>();
   auto flags = std::make_shared<PlanFlags>();
-  auto conn = std::make_shared<ConnectionFlags>();
   auto explain = std::make_shared<bool>(false);
   cmd->add_option("tensor", *tensor, "Tensor on the coordinator (online plan)")
       ->type_name("TENSOR");
@@ -118,8 +117,8 @@ void AddPlanCommand(CLI::App& app) {
                       "e.g. 'intra_gbps=100,inter_gbps=25'")
           ->type_name("PARAMS"));
   cmd->add_flag("--explain", *explain, "Steps, per-rank bytes and estimated time");
-  AddConnectionFlags(cmd, conn.get());
-  CLI::Option* coordinator = cmd->get_option("--coordinator");
+  // The global flag lives on the root app (`app`), which subcommands fall through to.
+  CLI::Option* coordinator = app.get_option("--coordinator");
 
   cmd->callback([=]() {
     auto value = [](const CLI::Option* o) -> std::optional<std::string> {

@@ -14,9 +14,11 @@ class App;
 
 namespace shardcoord {
 
+struct ConnectionFlags;
+
 // Registers `shardctl plan`: without a tensor name, plans offline from layout flags (no
 // daemon); with one, asks the coordinator for the plan a redistribute would run.
-void AddPlanCommand(CLI::App& app);
+void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn);
 
 // Offline: the plan as JSON, or a summary (with --explain: the planner's explanation).
 // Returns 0, or 2 with one line "shardctl plan: --flag: problem" on `err`.

@@ -50,6 +50,22 @@ expect_json '{"chunks": [{"rank": 0, "coord": [0], "offset": [0], "shape": [1]},
 expect_json '{"chunks": [{"rank": 0, "coord": [0], "offset": [0, 0], "shape": [3, 2]}, {"rank": 1, "coord": [1], "offset": [3, 0], "shape": [5, 2]}]}' \
   layout --mesh 2 --shape 8,2 --placements 'S(0,[3,5])' --json
 
+# --json is global: before the subcommand it means the same as after it.
+expect_json '{"chunks": [{"rank": 0, "coord": [0], "offset": [0, 0], "shape": [3, 2]}, {"rank": 1, "coord": [1], "offset": [3, 0], "shape": [5, 2]}]}' \
+  --json layout --mesh 2 --shape 8,2 --placements 'S(0,[3,5])'
+expect_json '{"chunks": [{"rank": 0, "coord": [0], "offset": [0, 0], "shape": [3, 2]}, {"rank": 1, "coord": [1], "offset": [3, 0], "shape": [5, 2]}]}' \
+  --json layout --mesh 2 --shape 8,2 --placements 'S(0,[3,5])' --json
+
+# --version: "shardctl X.Y.Z" on stdout, status 0, wherever it is given.
+for args in "--version" "layout --version" "tensor list --version"; do
+  # shellcheck disable=SC2086
+  version=$("$shardctl" $args 2>"$tmp/err")
+  rc=$?
+  [[ $rc -eq 0 ]] || fail "shardctl $args exited $rc"
+  [[ "$version" =~ ^shardctl\ [0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "shardctl $args printed '$version'"
+  [[ ! -s "$tmp/err" ]] || fail "shardctl $args wrote to stderr: $(cat "$tmp/err")"
+done
+
 # Human output: the table rows and the picture.
 human=$("$shardctl" layout --mesh 2x4 --dims dp,tp --shape 8,4 --placements 'S(0),S(0)' 2>&1)
 rc=$?
@@ -63,6 +79,22 @@ rc=$?
 [[ $rc -eq 0 ]] || fail "layout --help exited $rc"
 for flag in --mesh --ranks --dims --shape --placements --flat --dtype --json; do
   grep -qF -- "$flag" <<<"$help" || fail "layout --help does not describe $flag"
+done
+
+# The global flags are described once, in the top-level help, and named in every
+# subcommand's help.
+help=$("$shardctl" --help)
+rc=$?
+[[ $rc -eq 0 ]] || fail "--help exited $rc"
+for flag in --coordinator --json --version; do
+  [[ $(grep -cE -- "^ +$flag( |\$)" <<<"$help") -eq 1 ]] || fail "--help does not describe $flag once"
+done
+for cmd in "workers" "tensor" "tensor list" "mesh create" "plan"; do
+  # shellcheck disable=SC2086
+  help=$("$shardctl" $cmd --help)
+  for flag in --coordinator --json --version; do
+    grep -qF -- "$flag" <<<"$help" || fail "$cmd --help does not name the global flag $flag"
+  done
 done
 
 # Bad input.
@@ -86,6 +118,10 @@ expect_error --mesh layout --shape 8 --placements 'S(0)'
 expect_error --shape layout --mesh 2 --placements 'S(0)'
 expect_error --bogus layout --mesh 2 --shape 8 --placements 'S(0)' --bogus
 expect_error subcommand
+# A global flag repeated with different values is a flag error, wherever the copies are.
+expect_error --json --json layout --mesh 2 --shape 8 --placements 'S(0)' --json=false
+expect_error --coordinator --coordinator 127.0.0.1:1 layout --mesh 2 --shape 8 \
+  --placements 'S(0)' --coordinator 127.0.0.1:2
 
 if ((failures > 0)); then
   echo "$failures check(s) failed" >&2

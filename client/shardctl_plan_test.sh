@@ -104,6 +104,19 @@ expect_exit 1 "shardctl: UNAVAILABLE: " workers --coordinator "$dead"
 expect_exit 1 "(coordinator $dead)" mesh list --coordinator "$dead"
 expect_exit 1 "shardctl: UNAVAILABLE: " tensor show t --coordinator "$dead"
 expect_exit 1 "shardctl: UNAVAILABLE: " plan t --placements 'S(1)' --coordinator "$dead"
+# Global flags go before or after the subcommand, at any depth: each form dials $dead.
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" tensor list
+expect_exit 1 "(coordinator $dead)" tensor --coordinator "$dead" list
+expect_exit 1 "(coordinator $dead)" tensor list --coordinator "$dead"
+expect_exit 1 "(coordinator $dead)" --json tensor --coordinator="$dead" list
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" workers --json
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" mesh get m
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" tensor show t --json
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" plan t --placements 'S(1)'
+# The same value twice is one flag; different values are a flag error naming it.
+expect_exit 1 "(coordinator $dead)" --coordinator "$dead" tensor list --coordinator "$dead"
+expect_exit 2 --coordinator --coordinator "$dead" tensor list --coordinator 127.0.0.1:2
+expect_exit 2 --coordinator --coordinator "$dead" plan --mesh 2 --shape 8 --placements 'S(0)'
 SHARDCOORD_ADDR="$dead" "$shardctl" tensor list >"$tmp/out" 2>"$tmp/err"
 [[ $? -eq 1 ]] && grep -qF "(coordinator $dead)" "$tmp/err" || fail "SHARDCOORD_ADDR is not used: $(cat "$tmp/err")"
 

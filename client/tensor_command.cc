@@ -348,7 +348,7 @@ int RunTensorDeleteCommand(CoordinatorClient& client, const std::string& name, b
   return ReportJsonOrText(out, json, w.str(), absl::StrCat("deleted tensor '", name, "'\n"));
 }
 
-void AddTensorCommand(CLI::App& app) {
+void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* tensor = app.add_subcommand("tensor", "Create, move, read and write tensors");
   tensor->require_subcommand(1);
   auto add_name = [](CLI::App* cmd, std::string* name) {
@@ -359,7 +359,6 @@ void AddTensorCommand(CLI::App& app) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "create", "Create a tensor on a mesh, filled on the workers (no data is sent)");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<TensorCreateFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
@@ -376,7 +375,6 @@ void AddTensorCommand(CLI::App& app) {
         ->capture_default_str()
         ->type_name("KIND");
     cmd->add_option("--seed", flags->seed, "Seed for --init random")->capture_default_str();
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, placements, flat]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
@@ -387,14 +385,12 @@ void AddTensorCommand(CLI::App& app) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "redistribute", "Move a tensor to a new layout, on its mesh or another one");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<RedistributeFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--mesh", flags->mesh, "Target mesh (default: the tensor's)")
         ->type_name("MESH");
     CLI::Option *placements, *flat;
     AddSpecFlags(cmd, &placements, &flat);
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, placements, flat, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
@@ -405,14 +401,12 @@ void AddTensorCommand(CLI::App& app) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "gather", "Replicate a tensor on every rank of a mesh, or on one rank");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<GatherFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--mesh", flags->mesh, "Mesh to gather on (default: the tensor's)")
         ->type_name("MESH");
     CLI::Option* to_rank = cmd->add_option("--to-rank", "Gather to this one global rank");
     to_rank->type_name("RANK");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, to_rank, progress]() {
       if (to_rank->count() > 0) flags->to_rank = to_rank->as<int64_t>();
       CoordinatorClient client(CoordinatorAddress(*conn));
@@ -421,11 +415,9 @@ void AddTensorCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand("download", "Save a whole tensor as a NumPy .npy file");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<DownloadFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--out", flags->out_path, "Output .npy path")->required()->type_name("PATH");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
@@ -434,7 +426,6 @@ void AddTensorCommand(CLI::App& app) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "upload", "Create (or overwrite) a tensor from a NumPy .npy file, stored in the given layout");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<UploadFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
@@ -446,7 +437,6 @@ void AddTensorCommand(CLI::App& app) {
     cmd->add_option("--dtype", flags->dtype,
                     "Expected dtype (default: the file's); bf16 reads a '<u2' file as bf16 bits")
         ->type_name("TYPE");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, placements, flat, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
@@ -457,10 +447,8 @@ void AddTensorCommand(CLI::App& app) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "show", "A tensor's layout: chunks per rank with checksums, and a picture");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto name = std::make_shared<std::string>();
     add_name(cmd, name.get());
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunTensorShowCommand(client, *name, conn->json, std::cout, std::cerr));
@@ -468,8 +456,6 @@ void AddTensorCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand("list", "List tensors");
-    auto conn = std::make_shared<ConnectionFlags>();
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunTensorListCommand(client, conn->json, std::cout, std::cerr));
@@ -477,10 +463,8 @@ void AddTensorCommand(CLI::App& app) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand("delete", "Delete a tensor and free its buffers");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto name = std::make_shared<std::string>();
     add_name(cmd, name.get());
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunTensorDeleteCommand(client, *name, conn->json, std::cout, std::cerr));

@@ -20,7 +20,9 @@ class App;
 
 namespace shardcoord {
 
-void AddTensorCommand(CLI::App& app);
+struct ConnectionFlags;
+
+void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn);
 
 // A spec from flags: exactly one of placements and flat, checked for syntax here so that
 // typos are flag errors (exit 2) rather than server errors. `mesh` may be empty.

@@ -22,10 +22,8 @@ int RunWorkersCommand(CoordinatorClient& client, bool json, std::ostream& out,
   return 0;
 }
 
-void AddWorkersCommand(CLI::App& app) {
+void AddWorkersCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* cmd = app.add_subcommand("workers", "List the workers registered with the coordinator");
-  auto conn = std::make_shared<ConnectionFlags>();
-  AddConnectionFlags(cmd, conn.get());
   cmd->callback([conn]() {
     CoordinatorClient client(CoordinatorAddress(*conn));
     const int rc = RunWorkersCommand(client, conn->json, std::cout, std::cerr);

@@ -11,8 +11,10 @@ class App;
 
 namespace shardcoord {
 
+struct ConnectionFlags;
+
 // Registers `shardctl workers`: the coordinator's workers with their health.
-void AddWorkersCommand(CLI::App& app);
+void AddWorkersCommand(CLI::App& app, const ConnectionFlags* conn);
 
 // Prints the table (or JSON) on `out`; on error one line on `err`. Returns the exit status.
 int RunWorkersCommand(CoordinatorClient& client, bool json, std::ostream& out, std::ostream& err);
