@@ -88,6 +88,9 @@ absl::StatusOr<Box> Box::Create(Shape offset, Shape shape) {
 }
 
 int64_t Box::Volume() const {
+  // A zero dim first: ValidateShape accepts shapes whose other dims multiply past int64 when
+  // one dim is zero (CheckedProduct), and multiplying those first would overflow.
+  if (Empty()) return 0;
   int64_t v = 1;
   for (int64_t s : shape_) v *= s;
   return v;

@@ -24,6 +24,14 @@ TEST(BoxTest, IntersectionContainmentVolume) {
   EXPECT_EQ(a.ToString(), "[0:4, 0:4]");
 }
 
+// Found by sharding:placement_fuzz: ValidateShape accepts [huge, huge, 0], whose volume is 0.
+TEST(BoxTest, VolumeWithAZeroDimDoesNotOverflow) {
+  const int64_t big = int64_t{1} << 40;
+  ASSERT_TRUE(ValidateShape({big, big, 0}).ok());
+  EXPECT_EQ(Box::Whole({big, big, 0}).Volume(), 0);
+  EXPECT_EQ(Box({0, 0, 0}, {big, big, 0}).Volume(), 0);
+}
+
 TEST(BoxTest, InBounds) {
   EXPECT_TRUE(Box({2, 0}, {2, 4}).InBounds({4, 4}));
   EXPECT_FALSE(Box({3, 0}, {2, 4}).InBounds({4, 4}));
