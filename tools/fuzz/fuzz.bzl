@@ -38,6 +38,8 @@ def cc_fuzz_test(name, srcs, deps = [], corpus = None, tags = [], size = "small"
         data = [":" + name + "_seeds"],
         args = ["$(locations :" + name + "_seeds)"],
         size = size,
+        # One self-contained binary, so tools/fuzz.sh can run it outside Bazel.
+        linkstatic = True,
         tags = tags + ["fuzz"],
         **kwargs
     )
