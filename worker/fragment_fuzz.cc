@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
+#include "google/protobuf/stubs/logging.h"
 #include "proto/convert.h"
 #include "proto/shardcoord.pb.h"
 #include "sharding/dtype.h"
@@ -31,6 +33,13 @@ void Check(bool ok, const char* what) {
 constexpr int64_t kMaxLocalElements = 1 << 14;
 
 }  // namespace
+
+// Protobuf logs every string field with invalid UTF-8 it parses; fuzz inputs are full of them.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;

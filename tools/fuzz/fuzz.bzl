@@ -7,7 +7,7 @@ the same target links libFuzzer, and tools/fuzz.sh runs it for a bounded number 
 arguments once each).
 """
 
-def cc_fuzz_test(name, srcs, deps = [], corpus = None, tags = [], size = "small", **kwargs):
+def cc_fuzz_test(name, srcs, deps = [], corpus = None, runs = 20000, tags = [], size = "small", **kwargs):
     """A fuzz target and its seed-corpus regression test.
 
     Args:
@@ -15,6 +15,8 @@ def cc_fuzz_test(name, srcs, deps = [], corpus = None, tags = [], size = "small"
       srcs: sources; one of them defines LLVMFuzzerTestOneInput.
       deps: what the target fuzzes.
       corpus: seed directory in this package; default `<name>_corpus`.
+      runs: how many inputs tools/fuzz.sh tries (FUZZ_RUNS_PERCENT scales it); choose it so the
+        target takes about ten seconds, slow targets fewer.
       tags: extra tags; "fuzz" is always added (tools/fuzz.sh finds targets by it).
       **kwargs: passed to cc_test.
     """
@@ -40,6 +42,6 @@ def cc_fuzz_test(name, srcs, deps = [], corpus = None, tags = [], size = "small"
         size = size,
         # One self-contained binary, so tools/fuzz.sh can run it outside Bazel.
         linkstatic = True,
-        tags = tags + ["fuzz"],
+        tags = tags + ["fuzz", "fuzz_runs=%d" % runs],
         **kwargs
     )
