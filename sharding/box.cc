@@ -155,7 +155,7 @@ std::string Box::ToString() const {
 Shape RowMajorStrides(absl::Span<const int64_t> shape) {
   Shape strides(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
-    strides[d] = strides[d + 1] * shape[d + 1];
+    if (__builtin_mul_overflow(strides[d + 1], shape[d + 1], &strides[d])) strides[d] = 0;
   }
   return strides;
 }
