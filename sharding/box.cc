@@ -88,6 +88,9 @@ absl::StatusOr<Box> Box::Create(Shape offset, Shape shape) {
 }
 
 int64_t Box::Volume() const {
+  // A zero dim first: ValidateShape accepts shapes whose other dims multiply past int64 when
+  // one dim is zero (CheckedProduct), and multiplying those first would overflow.
+  if (Empty()) return 0;
   int64_t v = 1;
   for (int64_t s : shape_) v *= s;
   return v;
@@ -152,7 +155,7 @@ std::string Box::ToString() const {
 Shape RowMajorStrides(absl::Span<const int64_t> shape) {
   Shape strides(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
-    strides[d] = strides[d + 1] * shape[d + 1];
+    if (__builtin_mul_overflow(strides[d + 1], shape[d + 1], &strides[d])) strides[d] = 0;
   }
   return strides;
 }

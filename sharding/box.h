@@ -84,7 +84,9 @@ class Box {
   Shape shape_;
 };
 
-// Row-major strides (in elements) of a dense tensor of `shape`.
+// Row-major strides (in elements) of a dense tensor of `shape`. A tensor with a zero dim has no
+// elements to address; where its other dims multiply past int64 (ValidateShape allows that),
+// those strides are 0 instead of overflowing.
 Shape RowMajorStrides(absl::Span<const int64_t> shape);
 
 }  // namespace shardcoord

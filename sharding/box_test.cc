@@ -24,6 +24,23 @@ TEST(BoxTest, IntersectionContainmentVolume) {
   EXPECT_EQ(a.ToString(), "[0:4, 0:4]");
 }
 
+// Found by sharding:placement_fuzz: ValidateShape accepts [huge, huge, 0], whose volume is 0.
+TEST(BoxTest, VolumeWithAZeroDimDoesNotOverflow) {
+  const int64_t big = int64_t{1} << 40;
+  ASSERT_TRUE(ValidateShape({big, big, 0}).ok());
+  EXPECT_EQ(Box::Whole({big, big, 0}).Volume(), 0);
+  EXPECT_EQ(Box({0, 0, 0}, {big, big, 0}).Volume(), 0);
+}
+
+// Found by sharding:planner_fuzz: planning a tensor of shape [0, 2^40, 2^40] took strides
+// whose product overflowed.
+TEST(BoxTest, RowMajorStridesOfAnEmptyShapeDoNotOverflow) {
+  const int64_t big = int64_t{1} << 40;
+  ASSERT_TRUE(ValidateShape({0, big, big}).ok());
+  EXPECT_EQ(RowMajorStrides({0, big, big}), (Shape{0, big, 1}));
+  EXPECT_EQ(RowMajorStrides({2, 3, 4}), (Shape{12, 4, 1}));
+}
+
 TEST(BoxTest, InBounds) {
   EXPECT_TRUE(Box({2, 0}, {2, 4}).InBounds({4, 4}));
   EXPECT_FALSE(Box({3, 0}, {2, 4}).InBounds({4, 4}));

@@ -96,12 +96,18 @@ absl::Status ValidateFragment(const Fragment& f) {
         return Bad(field,
                    absl::StrCat("box ", t.box.ToString(), " does not have ", ndim, " dims"));
       }
-      if (t.bytes != t.box.Volume() * esize) {
+      // Checked: a box's element count fits in int64 but its bytes need not, and a wrapped
+      // product could match a bogus `bytes`.
+      absl::StatusOr<int64_t> box_bytes = CheckedBytes(t.box.shape(), esize);
+      if (!box_bytes.ok()) return Bad(field, std::string(box_bytes.status().message()));
+      if (t.bytes != *box_bytes) {
         return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(),
-                                       " holds ", t.box.Volume() * esize, " bytes of ",
+                                       " holds ", *box_bytes, " bytes of ",
                                        DTypeName(f.dtype)));
       }
-      bytes += t.bytes;
+      absl::StatusOr<int64_t> sum = CheckedAdd(bytes, t.bytes);
+      if (!sum.ok()) return Bad(sfield, absl::StrCat("transfers move more than 2^63 bytes"));
+      bytes = *sum;
       if (t.src == f.rank) {
         if (absl::Status s = CheckSourcePiece(f, field, t.box, t.partial_index); !s.ok()) {
           return s;

@@ -58,6 +58,18 @@ TEST(FragmentTest, NamesBadTransferBytes) {
   ExpectBad(f, "steps[0].transfers[0]: bytes 3");
 }
 
+// Found with worker:fragment_fuzz's sanitizers: 2^62 f64 elements are 2^65 bytes, which wrapped
+// to 0 and matched a transfer declaring 0 bytes.
+TEST(FragmentTest, RejectsTransferBytesOverflowingInt64) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
+  f.set_dtype(v1::F64);
+  v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(0);
+  t->mutable_box()->set_shape(0, int64_t{1} << 62);
+  t->mutable_box()->set_shape(1, 1);
+  t->set_bytes(0);
+  ExpectBad(f, "steps[0].transfers[0]: the byte size of shape");
+}
+
 TEST(FragmentTest, NamesSendOutsideSourceChunk) {
   v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
   for (int j = 0; j < f.steps(0).transfers_size(); ++j) {
