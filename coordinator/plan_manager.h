@@ -98,8 +98,8 @@ struct WorkerReport {
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
-// or ABORTED. A plan holds its tensor busy (a second plan on it is ABORTED; plans on
-// different tensors run at once), sends each participating worker its fragment, collects
+// or ABORTED. A plan holds its tensor busy (a Copy holds both; a second plan on a busy
+// tensor is ABORTED; plans on different tensors run at once), sends each participating worker its fragment, collects
 // every worker's final report, validates them (each rank holds exactly its planned target
 // chunks, the layout validates, replicas agree on checksums) and only then commits the new
 // layout and tells workers to drop the old version. Any failure before that - a worker
