@@ -81,6 +81,18 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Copy(grpc::ServerContext*, const v1::CopyRequest* request,
+                    v1::CopyResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    copy_ = *request;
+    v1::RedistributeResponse r;
+    FillResponse(request->dst(), request->wait(), &r);
+    *response->mutable_progress() = r.progress();
+    *response->mutable_plan() = r.plan();
+    response->set_dst_version(7);
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest* request,
                          grpc::ServerWriter<v1::PlanProgress>* writer) override {
     for (int64_t done : {0, 2048, 4096}) {
@@ -163,6 +175,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   v1::CreateTensorRequest create_tensor_;
   v1::RedistributeRequest redistribute_;
   v1::GatherRequest gather_;
+  v1::CopyRequest copy_;
   v1::TensorHeader upload_header_;
   std::string upload_data_;
   bool abort_ = false;  // Plans end ABORTED.
@@ -287,6 +300,34 @@ TEST_F(CommandsTest, AbortedPlanIsAnError) {
     EXPECT_EQ(RunRedistributeCommand(*client_, flags, false, progress, out_, err_), 1);
     EXPECT_THAT(err_.str(), HasSubstr("shardctl: ABORTED: worker w3 (rank 3) died in step 0\n"));
   }
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, CopyPrintsThePlanAndDstsNewVersion) {
+  CopyFlags flags;
+  flags.src = "a";
+  flags.dst = "b";
+  ASSERT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.copy_.wait());
+  EXPECT_EQ(fake_.copy_.src(), "a");
+  EXPECT_EQ(fake_.copy_.dst(), "b");
+  EXPECT_EQ(out_.str(),
+            "copied 'a' into 'b': plan p1 COMMITTED\n"
+            "  4.0 KiB moved (lower bound 4.0 KiB), 0 steps\n"
+            "  b is now version 7\n");
+  out_.str("");
+  // --json, following the plan with a progress bar.
+  ASSERT_EQ(RunCopyCommand(*client_, flags, true, true, out_, err_), 0) << err_.str();
+  EXPECT_FALSE(fake_.copy_.wait());
+  EXPECT_THAT(err_.str(), HasSubstr("\rcopy a -> b ["));
+  EXPECT_THAT(out_.str(), StartsWith("{\"src\": \"a\", \"dst\": \"b\", \"dst_version\": 7, "
+                                     "\"plan_id\": \"p1\", "));
+  EXPECT_THAT(out_.str(), HasSubstr("\"state\": \"COMMITTED\""));
+  out_.str("");
+  err_.str("");
+  fake_.abort_ = true;
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("shardctl: ABORTED: worker w3 (rank 3) died in step 0\n"));
   EXPECT_EQ(out_.str(), "");
 }
 

@@ -121,6 +121,10 @@ absl::StatusOr<v1::RedistributeResponse> CoordinatorClient::Gather(
                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::CopyResponse> CoordinatorClient::Copy(const v1::CopyRequest& request) {
+  return Unary(&Stub::Copy, request, request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::Plan> CoordinatorClient::PlanRedistribute(const v1::PlanRequest& request) {
   return Unary(&Stub::PlanRedistribute, request, options_.rpc_timeout);
 }

@@ -35,7 +35,7 @@ struct CoordinatorClientOptions {
   // Gather that only starts the plan).
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of RPCs that move data or wait for a plan: Upload, Download, WatchPlan, and
-  // Redistribute / Gather with wait set.
+  // Redistribute / Gather / Copy with wait set.
   absl::Duration data_timeout = absl::Minutes(30);
   // Data bytes per Upload message; clamped to [1, kMaxDataMessageBytes].
   size_t upload_chunk_bytes = kMaxDataMessageBytes;
@@ -71,6 +71,9 @@ class CoordinatorClient {
   // has started, with progress.plan_id to watch.
   absl::StatusOr<v1::RedistributeResponse> Redistribute(const v1::RedistributeRequest& request);
   absl::StatusOr<v1::RedistributeResponse> Gather(const v1::GatherRequest& request);
+  // Writes request.src()'s values into request.dst() (a new version of dst); waits as
+  // Redistribute.
+  absl::StatusOr<v1::CopyResponse> Copy(const v1::CopyRequest& request);
   // Dry run: the plan Redistribute would execute.
   absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
 

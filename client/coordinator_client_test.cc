@@ -64,6 +64,15 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Copy(grpc::ServerContext* context, const v1::CopyRequest* request,
+                    v1::CopyResponse* response) override {
+    RecordDeadline(context);
+    response->mutable_progress()->set_plan_id("plan-" + request->dst());
+    response->mutable_progress()->set_state(request->wait() ? v1::COMMITTED : v1::PENDING);
+    response->set_dst_version(3);
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest* request,
                          grpc::ServerWriter<v1::PlanProgress>* writer) override {
     if (request->plan_id() == "unknown") {
@@ -245,6 +254,20 @@ TEST_F(CoordinatorClientTest, UnaryCallsCarryTheirDeadline) {
   r = client->Redistribute(request);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->progress().state(), v1::COMMITTED);
+  EXPECT_GT(service_.last_deadline_seconds(), 4900);
+
+  // Copy likewise.
+  v1::CopyRequest copy;
+  copy.set_src("a");
+  copy.set_dst("b");
+  absl::StatusOr<v1::CopyResponse> c = client->Copy(copy);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->progress().plan_id(), "plan-b");
+  EXPECT_EQ(c->dst_version(), 3);
+  EXPECT_LE(service_.last_deadline_seconds(), 1001);
+  copy.set_wait(true);
+  c = client->Copy(copy);
+  ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_GT(service_.last_deadline_seconds(), 4900);
 }
 

@@ -319,11 +319,10 @@ std::string PlanOutcomeText(absl::string_view verb, const v1::RedistributeRespon
   return out;
 }
 
-std::string PlanOutcomeJson(const v1::RedistributeResponse& response) {
-  const v1::PlanProgress& p = response.progress();
-  const v1::Plan& plan = response.plan();
-  JsonWriter w;
-  w.BeginObject();
+namespace {
+
+// PlanOutcomeJson's fields, inside an object the caller opened.
+void PlanOutcomeFields(const v1::PlanProgress& p, const v1::Plan& plan, JsonWriter& w) {
   w.Key("plan_id").String(Or(p.plan_id(), plan.id()));
   w.Key("tensor").String(Or(p.tensor(), plan.tensor()));
   w.Key("state").String(v1::PlanState_Name(p.state()));
@@ -342,6 +341,41 @@ std::string PlanOutcomeJson(const v1::RedistributeResponse& response) {
   }
   w.EndArray();
   w.Key("error").String(p.error());
+}
+
+v1::RedistributeResponse AsPlanResponse(const v1::CopyResponse& response) {
+  v1::RedistributeResponse r;
+  *r.mutable_progress() = response.progress();
+  *r.mutable_plan() = response.plan();
+  return r;
+}
+
+}  // namespace
+
+std::string PlanOutcomeJson(const v1::RedistributeResponse& response) {
+  JsonWriter w;
+  w.BeginObject();
+  PlanOutcomeFields(response.progress(), response.plan(), w);
+  w.EndObject();
+  return w.str();
+}
+
+std::string CopyOutcomeText(const v1::CopyRequest& request, const v1::CopyResponse& response) {
+  std::string out =
+      PlanOutcomeText(absl::StrCat("copied '", request.src(), "' into"), AsPlanResponse(response));
+  if (response.progress().state() == v1::COMMITTED) {
+    absl::StrAppend(&out, "  ", request.dst(), " is now version ", response.dst_version(), "\n");
+  }
+  return out;
+}
+
+std::string CopyOutcomeJson(const v1::CopyRequest& request, const v1::CopyResponse& response) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("src").String(request.src());
+  w.Key("dst").String(request.dst());
+  w.Key("dst_version").Int(response.dst_version());
+  PlanOutcomeFields(response.progress(), response.plan(), w);
   w.EndObject();
   return w.str();
 }

@@ -53,6 +53,12 @@ std::string PlanOutcomeText(absl::string_view verb, const v1::RedistributeRespon
 //  "lower_bound_bytes", "steps": [{"op", "ranks", "bytes"}], "error"}
 std::string PlanOutcomeJson(const v1::RedistributeResponse& response);
 
+// After a copy: "copied 'a' into 'b': plan p1 COMMITTED ..." as PlanOutcomeText, then
+// "  b is now version 7".
+std::string CopyOutcomeText(const v1::CopyRequest& request, const v1::CopyResponse& response);
+// PlanOutcomeJson's fields (tensor is dst) and "src", "dst", "dst_version".
+std::string CopyOutcomeJson(const v1::CopyRequest& request, const v1::CopyResponse& response);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_CLIENT_COORDINATOR_FORMAT_H_

@@ -47,10 +47,11 @@ absl::StatusOr<v1::RedistributeResponse> RunPlan(
   return response;
 }
 
-// A plan that ended ABORTED (reported as an answer rather than a status) is an error too.
-int ReportOutcome(CoordinatorClient& client, absl::string_view verb,
-                  const absl::StatusOr<v1::RedistributeResponse>& response, bool json,
-                  std::ostream& out, std::ostream& err) {
+// A plan that ended ABORTED (reported as an answer rather than a status) is an error too:
+// its exit code, or nullopt when the plan did not fail.
+std::optional<int> ReportFailure(CoordinatorClient& client,
+                                 const absl::StatusOr<v1::RedistributeResponse>& response,
+                                 std::ostream& err) {
   if (!response.ok()) return ReportStatus(err, response.status(), client.address());
   if (response->progress().state() == v1::ABORTED) {
     const std::string why = response->progress().error().empty()
@@ -58,6 +59,13 @@ int ReportOutcome(CoordinatorClient& client, absl::string_view verb,
                                 : response->progress().error();
     return ReportStatus(err, absl::AbortedError(why), client.address());
   }
+  return std::nullopt;
+}
+
+int ReportOutcome(CoordinatorClient& client, absl::string_view verb,
+                  const absl::StatusOr<v1::RedistributeResponse>& response, bool json,
+                  std::ostream& out, std::ostream& err) {
+  if (std::optional<int> rc = ReportFailure(client, response, err)) return *rc;
   out << (json ? PlanOutcomeJson(*response) + "\n" : PlanOutcomeText(verb, *response));
   return 0;
 }
@@ -205,6 +213,32 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
       },
       progress, absl::StrCat("gather ", flags.name), err);
   return ReportOutcome(client, "gathered", response, json, out, err);
+}
+
+int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
+                   std::ostream& out, std::ostream& err) {
+  v1::CopyRequest request;
+  request.set_src(flags.src);
+  request.set_dst(flags.dst);
+  v1::CopyResponse copied;
+  // RunPlan follows any plan through its progress and plan; dst_version rides alongside.
+  absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
+      client,
+      [&](bool wait) -> absl::StatusOr<v1::RedistributeResponse> {
+        request.set_wait(wait);
+        absl::StatusOr<v1::CopyResponse> r = client.Copy(request);
+        if (!r.ok()) return r.status();
+        copied = *r;
+        v1::RedistributeResponse plan;
+        *plan.mutable_progress() = r->progress();
+        *plan.mutable_plan() = r->plan();
+        return plan;
+      },
+      progress, absl::StrCat("copy ", flags.src, " -> ", flags.dst), err);
+  if (std::optional<int> rc = ReportFailure(client, response, err)) return *rc;
+  *copied.mutable_progress() = response->progress();
+  out << (json ? CopyOutcomeJson(request, copied) + "\n" : CopyOutcomeText(request, copied));
+  return 0;
 }
 
 int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bool json,
@@ -411,6 +445,20 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       if (to_rank->count() > 0) flags->to_rank = to_rank->as<int64_t>();
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "copy", "Write one tensor's values into another of the same shape and dtype (any "
+                "mesh and layout); the destination keeps its layout and gets a new version");
+    auto conn = std::make_shared<ConnectionFlags>();
+    auto flags = std::make_shared<CopyFlags>();
+    cmd->add_option("src", flags->src, "Source tensor (read only)")->required()->type_name("SRC");
+    cmd->add_option("dst", flags->dst, "Destination tensor")->required()->type_name("DST");
+    AddConnectionFlags(cmd, conn.get());
+    cmd->callback([conn, flags, progress]() {
+      CoordinatorClient client(CoordinatorAddress(*conn));
+      Finish(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {

@@ -65,6 +65,15 @@ v1::GatherRequest BuildGatherRequest(const GatherFlags& flags);
 int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json,
                      bool progress, std::ostream& out, std::ostream& err);
 
+struct CopyFlags {
+  std::string src;
+  std::string dst;
+};
+// Writes src's values into dst; prints the plan summary and dst's new version. Progress as
+// RunRedistributeCommand.
+int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
+                   std::ostream& out, std::ostream& err);
+
 struct DownloadFlags {
   std::string name;
   std::string out_path;

@@ -177,14 +177,15 @@ grpc::ServerUnaryReactor* CoordinatorService::DeleteTensor(grpc::CallbackServerC
 // ---- Plans -------------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
-    grpc::CallbackServerContext* ctx, bool wait, v1::RedistributeResponse* resp,
+    grpc::CallbackServerContext* ctx, bool wait, v1::Plan* resp_plan,
+    v1::PlanProgress* resp_progress,
     const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (!wait) {
     absl::StatusOr<StartedPlan> started = start(nullptr);
     if (started.ok()) {
-      *resp->mutable_plan() = PlanToProto(*started->plan, started->id, started->tensor);
-      *resp->mutable_progress() = PlanProgressToProto(started->progress);
+      *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
+      *resp_progress = PlanProgressToProto(started->progress);
     }
     reactor->Finish(ToGrpcStatus(started.status()));
     return reactor;
@@ -199,7 +200,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     PlanProgress final;
   };
   auto state = std::make_shared<WaitState>();
-  auto done = [state, reactor, resp](const absl::Status& s, const PlanProgress& p) {
+  auto done = [state, reactor, resp_progress](const absl::Status& s, const PlanProgress& p) {
     bool finish = false;
     {
       absl::MutexLock lock(&state->mu);
@@ -209,7 +210,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
       finish = state->started;
     }
     if (!finish) return;
-    *resp->mutable_progress() = PlanProgressToProto(p);
+    *resp_progress = PlanProgressToProto(p);
     reactor->Finish(ToGrpcStatus(s));
   };
   absl::StatusOr<StartedPlan> started = start(done);
@@ -217,7 +218,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     reactor->Finish(ToGrpcStatus(started.status()));
     return reactor;
   }
-  *resp->mutable_plan() = PlanToProto(*started->plan, started->id, started->tensor);
+  *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
   bool finish = false;
   {
     absl::MutexLock lock(&state->mu);
@@ -225,7 +226,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     finish = state->ended;
   }
   if (finish) {
-    *resp->mutable_progress() = PlanProgressToProto(state->final);
+    *resp_progress = PlanProgressToProto(state->final);
     reactor->Finish(ToGrpcStatus(state->status));
   }
   return reactor;
@@ -237,7 +238,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerC
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
   absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
   if (!spec.ok()) return Done(ctx, spec.status());
-  return RunPlan(ctx, req->wait(), resp, [&](PlanManager::DoneCallback done) {
+  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
+                 [&](PlanManager::DoneCallback done) {
     return plans_->Redistribute(req->tensor(), *spec, std::move(done));
   });
 }
@@ -254,8 +256,23 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
     }
     to_rank = req->to_rank();
   }
-  return RunPlan(ctx, req->wait(), resp, [&](PlanManager::DoneCallback done) {
+  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
+                 [&](PlanManager::DoneCallback done) {
     return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* ctx,
+                                                   const v1::CopyRequest* req,
+                                                   v1::CopyResponse* resp) {
+  if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
+  if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
+  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
+                 [&](PlanManager::DoneCallback done) {
+    absl::StatusOr<StartedPlan> started = plans_->Copy(req->src(), req->dst(), std::move(done));
+    // Before RunPlan looks at the result, so it is set before a waiting call finishes.
+    if (started.ok()) resp->set_dst_version(started->target_version);
+    return started;
   });
 }
 

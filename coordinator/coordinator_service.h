@@ -66,6 +66,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Gather(grpc::CallbackServerContext* ctx,
                                    const v1::GatherRequest* req,
                                    v1::RedistributeResponse* resp) override;
+  grpc::ServerUnaryReactor* Copy(grpc::CallbackServerContext* ctx, const v1::CopyRequest* req,
+                                 v1::CopyResponse* resp) override;
   grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
                                              const v1::PlanRequest* req,
                                              v1::Plan* resp) override;
@@ -78,9 +80,11 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   LivenessFn Liveness() const;
-  // Redistribute and Gather: start a plan; with `wait`, finish when it ends.
+  // Redistribute, Gather and Copy: start a plan; with `wait`, finish when it ends. Fills the
+  // response's plan and progress.
   grpc::ServerUnaryReactor* RunPlan(
-      grpc::CallbackServerContext* ctx, bool wait, v1::RedistributeResponse* resp,
+      grpc::CallbackServerContext* ctx, bool wait, v1::Plan* resp_plan,
+      v1::PlanProgress* resp_progress,
       const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start);
 
   WorkerManager* const workers_;

@@ -120,7 +120,7 @@ absl::StatusOr<StartedPlan> PlanManager::DryRun(const std::string& tensor, const
 absl::StatusOr<StartedPlan> PlanManager::Redistribute(const std::string& tensor,
                                                       const Spec& spec, DoneCallback done) {
   return Start(
-      tensor, [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
+      tensor, tensor, [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
       std::move(done));
 }
 
@@ -129,7 +129,7 @@ absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor,
                                                 std::optional<int64_t> to_rank,
                                                 DoneCallback done) {
   return Start(
-      tensor,
+      tensor, tensor,
       [&](const TensorRecord& rec) -> absl::StatusOr<Target> {
         if (to_rank.has_value()) {
           absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
@@ -158,11 +158,48 @@ absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor,
       std::move(done));
 }
 
+absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std::string& dst,
+                                              DoneCallback done) {
+  if (src == dst) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dst: '", dst, "' is also src; a tensor cannot be copied onto itself"));
+  }
+  // dst keeps its layout: the target is its committed layout, on its mesh.
+  return Start(
+      src, dst,
+      [](const TensorRecord& rec) -> absl::StatusOr<Target> {
+        return Target{rec.layout, rec.mesh, rec.spec};
+      },
+      std::move(done));
+}
+
+absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRecord& dst) {
+  if (src.shape != dst.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dst: tensor '", dst.name, "' has shape [", absl::StrJoin(dst.shape, ", "),
+        "] but src '", src.name, "' has shape [", absl::StrJoin(src.shape, ", "), "]"));
+  }
+  if (src.dtype != dst.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("dst: tensor '", dst.name, "' has dtype ",
+                                                   DTypeName(dst.dtype), " but src '", src.name,
+                                                   "' has dtype ", DTypeName(src.dtype)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
+                                               const std::string& target_tensor,
                                                const TargetFn& target_fn, DoneCallback done) {
+  const bool copy = target_tensor != tensor;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor);
   if (!current.ok()) return current.status();
-  absl::StatusOr<Target> target = target_fn(*current);
+  absl::StatusOr<TensorRecord> current_dst = current;
+  if (copy) {
+    current_dst = tensors_->Get(target_tensor);
+    if (!current_dst.ok()) return current_dst.status();
+    if (absl::Status s = CheckCopyable(*current, *current_dst); !s.ok()) return s;
+  }
+  absl::StatusOr<Target> target = target_fn(*current_dst);
   if (!target.ok()) return target.status();
   for (const RankChunks& rc : target->layout.ranks()) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
@@ -180,14 +217,31 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
     id = absl::StrCat("p-", next_plan_++);
     prefix = absl::StrCat("shardcoord/comm/", comm_epoch_, "/");
   }
-  absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, target->mesh);
+  // The target tensor counts as a user of the target mesh; a Copy's source only reads.
+  absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh);
   if (!rec.ok()) return rec.status();
+  absl::StatusOr<TensorRecord> dst_rec = rec;
+  if (copy) {
+    dst_rec = tensors_->Acquire(target_tensor, id, target->mesh);
+    if (!dst_rec.ok()) {
+      tensors_->Release(tensor, id);
+      return dst_rec.status();
+    }
+  }
   auto fail = [&](absl::Status s) {
-    tensors_->Release(tensor, id, target->mesh);
+    ReleaseTensors(tensor, target_tensor, id, target->mesh);
     return s;
   };
   if (rec->shape != target->layout.global_shape()) {
     return fail(absl::AbortedError(absl::StrCat("tensor '", tensor, "' changed shape")));
+  }
+  if (copy) {
+    // The target was dst's layout when looked up; a plan that committed since moved it.
+    if (dst_rec->version != current_dst->version) {
+      return fail(absl::AbortedError(
+          absl::StrCat("tensor '", target_tensor, "' changed while the copy was planned")));
+    }
+    if (absl::Status s = CheckCopyable(*rec, *dst_rec); !s.ok()) return fail(s);
   }
   absl::StatusOr<Layout> source = LiveLayout(*rec, Liveness());
   if (!source.ok()) return fail(source.status());
@@ -197,15 +251,18 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
   Entry e;
   e.id = id;
   e.tensor = tensor;
+  e.target_tensor = target_tensor;
   e.plan = *plan;
   e.target_mesh = target->mesh;
   e.target_spec = target->spec;
   e.source_version = rec->version;
   e.target_version = tensors_->NewVersion();
+  e.old_target_version = dst_rec->version;
   e.communicator_prefix = prefix;
   FragmentOptions fo;
   fo.plan_id = id;
   fo.tensor = tensor;
+  fo.target_tensor = target_tensor;
   fo.source_version = e.source_version;
   fo.target_version = e.target_version;
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
@@ -258,8 +315,9 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
 
   StartedPlan out;
   out.id = id;
-  out.tensor = tensor;
+  out.tensor = target_tensor;
   out.plan = *plan;
+  out.target_version = e.target_version;
   {
     absl::MutexLock lock(&mu_);
     Entry& stored = plans_[id] = std::move(e);
@@ -471,9 +529,9 @@ void PlanManager::Validate(const std::string& id) {
 
 void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
   TensorManager::NewState state;
-  std::string tensor;
+  std::string tensor, target_tensor;
   std::vector<WorkerEndpoint> finish;
-  int64_t source_version = 0;
+  int64_t old_target_version = 0;
   Timer::Id timer = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -482,6 +540,7 @@ void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
     Entry& e = it->second;
     e.closing = true;  // From here on deaths and timeouts no longer abort it.
     tensor = e.tensor;
+    target_tensor = e.target_tensor;
     state.mesh = e.target_mesh;
     state.spec = e.target_spec;
     state.layout = e.plan->target;
@@ -491,17 +550,19 @@ void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
       state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
     }
     for (const auto& [r, p] : e.participants) finish.push_back(p.endpoint);
-    source_version = e.source_version;
+    old_target_version = e.old_target_version;
     timer = e.timer;
   }
   timer_->Cancel(timer);
-  if (absl::Status s = tensors_->Commit(tensor, id, std::move(state)); !s.ok()) {
+  if (absl::Status s = tensors_->Commit(target_tensor, id, std::move(state)); !s.ok()) {
     {
       absl::MutexLock lock(&mu_);
       plans_.at(id).closing = false;
     }
     return Abort(id, absl::StrCat("commit failed: ", s.message()));
   }
+  // A Copy's source was only read: it keeps its version and is free again.
+  if (target_tensor != tensor) tensors_->Release(tensor, id);
   std::vector<std::pair<WatchFn, PlanProgress>> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -521,9 +582,9 @@ void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
   auto remaining = std::make_shared<std::atomic<int64_t>>(static_cast<int64_t>(live.size()));
   v1::FinishPlanRequest req;
   req.set_plan_id(id);
-  req.set_tensor(tensor);
+  req.set_tensor(target_tensor);
   req.set_commit(true);
-  req.set_drop_version(source_version);
+  req.set_drop_version(old_target_version);
   for (const WorkerEndpoint& w : live) {
     client_->FinishPlan(w, req, [this, id, remaining](absl::Status) {
       if (remaining->fetch_sub(1) == 1) Complete(id, absl::OkStatus());
@@ -533,7 +594,7 @@ void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
 
 void PlanManager::Abort(const std::string& id, const std::string& reason) {
   std::vector<WorkerEndpoint> participants;
-  std::string tensor, target_mesh;
+  std::string tensor, target_tensor, target_mesh;
   int64_t target_version = 0;
   Timer::Id timer = 0, grace_timer = 0;
   {
@@ -550,6 +611,7 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
     e.end = clock_->Now();
     for (const auto& [r, p] : e.participants) participants.push_back(p.endpoint);
     tensor = e.tensor;
+    target_tensor = e.target_tensor;
     target_mesh = e.target_mesh;
     target_version = e.target_version;
     timer = e.timer;
@@ -557,18 +619,27 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
   }
   timer_->Cancel(timer);
   if (grace_timer != 0) timer_->Cancel(grace_timer);
-  // The old layout was never replaced; the tensor is free again at once.
-  tensors_->Release(tensor, id, target_mesh);
+  // The old layout was never replaced; the tensors are free again at once.
+  ReleaseTensors(tensor, target_tensor, id, target_mesh);
   v1::FinishPlanRequest req;
   req.set_plan_id(id);
-  req.set_tensor(tensor);
+  req.set_tensor(target_tensor);
   req.set_commit(false);
   req.set_drop_version(target_version);
   for (const WorkerEndpoint& w : participants) {
     client_->FinishPlan(w, req, [](absl::Status) {});
   }
-  Complete(id, absl::AbortedError(absl::StrCat("plan ", id, " on tensor '", tensor,
-                                               "' aborted: ", reason)));
+  Complete(id, absl::AbortedError(absl::StrCat(
+                   "plan ", id, " on tensor '", target_tensor, "'",
+                   target_tensor == tensor ? "" : absl::StrCat(" (copy of '", tensor, "')"),
+                   " aborted: ", reason)));
+}
+
+void PlanManager::ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
+                                 const std::string& id, const std::string& target_mesh) {
+  if (target_tensor == tensor) return tensors_->Release(tensor, id, target_mesh);
+  tensors_->Release(tensor, id);
+  tensors_->Release(target_tensor, id, target_mesh);
 }
 
 void PlanManager::AbortAll(const std::string& reason) {
@@ -621,7 +692,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
 PlanProgress PlanManager::ProgressLocked(const Entry& e) const {
   PlanProgress p;
   p.plan_id = e.id;
-  p.tensor = e.tensor;
+  p.tensor = e.target_tensor;
   p.state = e.state;
   p.bytes_total = e.plan->bytes_moved;
   for (const auto& [r, part] : e.participants) p.bytes_done += part.bytes_done;

@@ -78,9 +78,10 @@ struct PlanManagerOptions {
 // A plan that was started (or, for a dry run, only planned).
 struct StartedPlan {
   std::string id;  // Empty for a dry run.
-  std::string tensor;
+  std::string tensor;  // The tensor that gets the new version (a Copy's dst).
   std::shared_ptr<const Plan> plan;
   PlanProgress progress;
+  int64_t target_version = 0;  // The tensor's version once the plan commits.
 };
 
 // What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
@@ -97,8 +98,8 @@ struct WorkerReport {
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
-// or ABORTED. A plan holds its tensor busy (a second plan on it is ABORTED; plans on
-// different tensors run at once), sends each participating worker its fragment, collects
+// or ABORTED. A plan holds its tensor busy (a Copy holds both; a second plan on a busy
+// tensor is ABORTED; plans on different tensors run at once), sends each participating worker its fragment, collects
 // every worker's final report, validates them (each rank holds exactly its planned target
 // chunks, the layout validates, replicas agree on checksums) and only then commits the new
 // layout and tells workers to drop the old version. Any failure before that - a worker
@@ -127,6 +128,14 @@ class PlanManager : public WorkerListener {
   // `to_rank` when given (the tensor then lives on that rank alone, on no mesh).
   absl::StatusOr<StartedPlan> Gather(const std::string& tensor, const std::string& mesh,
                                      std::optional<int64_t> to_rank, DoneCallback done);
+  // Writes `src`'s values into `dst` (same shape and dtype, any mesh and layout): a plan
+  // from src's layout to dst's that reads src's committed buffers and writes dst's new
+  // version. dst keeps its layout; src is not modified; both are busy until the plan ends.
+  // INVALID_ARGUMENT src == dst or a different shape or dtype; NOT_FOUND either; ABORTED
+  // either busy; FAILED_PRECONDITION a chunk of src with no live replica or a dead worker
+  // holding dst.
+  absl::StatusOr<StartedPlan> Copy(const std::string& src, const std::string& dst,
+                                   DoneCallback done);
   // The plan Redistribute would run, without running it.
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
 
@@ -176,12 +185,14 @@ class PlanManager : public WorkerListener {
 
   struct Entry {
     std::string id;
-    std::string tensor;
+    std::string tensor;         // Read at source_version.
+    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
     std::string target_mesh;
     std::string target_spec;
     int64_t source_version = 0;
     int64_t target_version = 0;
+    int64_t old_target_version = 0;  // target_tensor's version before; dropped on commit.
     std::string communicator_prefix;
     PlanState state = PlanState::kPending;
     bool closing = false;  // Validated, committing: no longer abortable.
@@ -208,8 +219,16 @@ class PlanManager : public WorkerListener {
                                                        const Layout& source,
                                                        const Layout& target);
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
-  absl::StatusOr<StartedPlan> Start(const std::string& tensor, const TargetFn& target_fn,
-                                    DoneCallback done);
+  // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
+  // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
+  // for a Copy.
+  absl::StatusOr<StartedPlan> Start(const std::string& tensor, const std::string& target_tensor,
+                                    const TargetFn& target_fn, DoneCallback done);
+  // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
+  static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);
+  // Ends the plan's hold on its tensors without changes.
+  void ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
+                      const std::string& id, const std::string& target_mesh);
   LivenessFn Liveness() const;
 
   void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);

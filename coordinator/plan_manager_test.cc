@@ -49,14 +49,16 @@ class PlanManagerTest : public ::testing::Test {
   int64_t Incarnation(int64_t rank) { return workers_.GetByRank(rank)->incarnation; }
 
   // A ready tensor, S(0),R on M ([0:4) on ranks 0,1 and [4:8) on ranks 2,3), version 1.
-  void CreateTensor(const std::string& name, const std::string& placements = "S(0),R") {
+  void CreateTensor(const std::string& name, const std::string& placements = "S(0),R",
+                    const std::string& mesh = "M", Shape shape = {8, 4},
+                    DType dtype = DType::kF32) {
     TensorRecord t;
     t.name = name;
-    t.shape = {8, 4};
-    t.dtype = DType::kF32;
-    t.mesh = "M";
+    t.shape = std::move(shape);
+    t.dtype = dtype;
+    t.mesh = mesh;
     t.spec = placements;
-    t.layout = *Layout::FromPlacements(meshes_.Get("M")->mesh, t.shape,
+    t.layout = *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape,
                                        *ParsePlacements(placements));
     t.version = tensors_.NewVersion();
     ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
@@ -541,6 +543,198 @@ TEST_F(PlanManagerTest, ShutdownAbortsRunningPlansAndRefusesNewOnes) {
   EXPECT_EQ(plans_.Redistribute("U", Target("R,S(1)"), nullptr).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_TRUE(tensors_.Get("U")->busy_plan.empty());
+}
+
+// ---- Copy --------------------------------------------------------------------------------
+
+TEST_F(PlanManagerTest, CopyWritesDstsNewVersionAndLeavesSrcAlone) {
+  CreateTensor("src", "S(0),R");
+  CreateTensor("dst", "S(1)", "N");
+  const TensorRecord src_before = *tensors_.Get("src");
+  const TensorRecord dst_before = *tensors_.Get("dst");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Copy("src", "dst", Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(started->tensor, "dst");
+  EXPECT_EQ(started->plan->source, src_before.layout);
+  EXPECT_EQ(started->plan->target, dst_before.layout);
+  EXPECT_EQ(started->plan->bytes_moved, started->plan->lower_bound_bytes);
+  // Both are busy with the plan: a second plan on either is refused.
+  EXPECT_EQ(tensors_.Get("src")->busy_plan, started->id);
+  EXPECT_EQ(tensors_.Get("dst")->busy_plan, started->id);
+  EXPECT_EQ(plans_.Redistribute("src", Target("R,R"), nullptr).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(plans_.Copy("dst", "src", nullptr).status().code(), absl::StatusCode::kAborted);
+
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(started->id);
+  ASSERT_EQ(fragments.size(), 4u);
+  for (const auto& [rank, f] : fragments) {
+    EXPECT_EQ(f.tensor(), "src");
+    EXPECT_EQ(f.target_tensor(), "dst");
+    EXPECT_EQ(f.source_version(), src_before.version);
+    EXPECT_EQ(f.target_version(), started->target_version);
+  }
+  ReportAll(started->id);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->status.ok()) << done->status;
+  EXPECT_EQ(done->progress.tensor, "dst");
+
+  const TensorRecord dst_after = *tensors_.Get("dst");
+  EXPECT_EQ(dst_after.version, started->target_version);
+  EXPECT_GT(dst_after.version, dst_before.version);
+  EXPECT_EQ(dst_after.layout, dst_before.layout);
+  EXPECT_EQ(dst_after.mesh, "N");
+  EXPECT_EQ(dst_after.spec, "S(1)");
+  EXPECT_TRUE(dst_after.busy_plan.empty());
+  const TensorRecord src_after = *tensors_.Get("src");
+  EXPECT_EQ(src_after.version, src_before.version);
+  EXPECT_EQ(src_after.layout, src_before.layout);
+  EXPECT_EQ(src_after.checksums, src_before.checksums);
+  EXPECT_TRUE(src_after.busy_plan.empty());
+  // Workers drop dst's old version, never src's.
+  int commits = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_TRUE(req.commit());
+    EXPECT_EQ(req.tensor(), "dst");
+    EXPECT_EQ(req.drop_version(), dst_before.version);
+    ++commits;
+  }
+  EXPECT_EQ(commits, 4);
+  // dst still uses N only; src still uses M.
+  EXPECT_EQ(meshes_.Delete("N").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(meshes_.Delete("M").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tensors_.Remove("dst").ok());
+  EXPECT_TRUE(meshes_.Delete("N").ok());
+}
+
+TEST_F(PlanManagerTest, CopyRefusesBadPairsBeforeAnythingStarts) {
+  CreateTensor("a");
+  CreateTensor("wide", "S(0),R", "M", {8, 8});
+  CreateTensor("half", "S(0),R", "M", {8, 4}, DType::kF16);
+  absl::Status s = plans_.Copy("a", "a", nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'a' is also src"));
+  s = plans_.Copy("a", "wide", nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "dst: tensor 'wide' has shape [8, 8] but src 'a' has shape [8, 4]");
+  s = plans_.Copy("a", "half", nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "dst: tensor 'half' has dtype f16 but src 'a' has dtype f32");
+  EXPECT_EQ(plans_.Copy("a", "nope", nullptr).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(plans_.Copy("nope", "a", nullptr).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_.calls("Execute"), 0);
+  for (const char* name : {"a", "wide", "half"}) {
+    EXPECT_TRUE(tensors_.Get(name)->busy_plan.empty()) << name;
+  }
+}
+
+TEST_F(PlanManagerTest, CopyOntoOrFromABusyTensorIsAbortedAndReleasesTheOther) {
+  CreateTensor("a");
+  CreateTensor("b");
+  CreateTensor("c");
+  client_.HoldExecutes(true);
+  absl::StatusOr<StartedPlan> running = plans_.Redistribute("b", Target("R,S(1)"), nullptr);
+  ASSERT_TRUE(running.ok());
+  absl::Status s = plans_.Copy("a", "b", nullptr).status();  // dst busy.
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), HasSubstr("busy with " + running->id));
+  EXPECT_TRUE(tensors_.Get("a")->busy_plan.empty());
+  s = plans_.Copy("b", "c", nullptr).status();  // src busy.
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(tensors_.Get("c")->busy_plan.empty());
+  // Copies of other tensors run meanwhile.
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> copy = plans_.Copy("a", "c", Record(&done));
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  client_.ReleaseExecutes();
+  ReportAll(copy->id);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->status.ok()) << done->status;
+}
+
+TEST_F(PlanManagerTest, CopyFailureMidwayKeepsBothVersions) {
+  CreateTensor("src", "S(0),R");
+  CreateTensor("dst", "R,S(1)");
+  const TensorRecord src_before = *tensors_.Get("src");
+  const TensorRecord dst_before = *tensors_.Get("dst");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = plans_.Copy("src", "dst", Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(started->id);
+  ASSERT_TRUE(plans_.Report(FinalReport(fragments[0])).ok());
+  WorkerReport failed;
+  failed.plan_id = started->id;
+  failed.rank = 1;
+  failed.worker = "w1";
+  failed.incarnation = Incarnation(1);
+  failed.error = "step 0 (all_to_all): gloo timeout";
+  ASSERT_TRUE(plans_.Report(failed).ok());
+  timer_.Advance(absl::Seconds(2));
+
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(), HasSubstr("on tensor 'dst' (copy of 'src') aborted"));
+  EXPECT_THAT(done->status.message(), HasSubstr("worker w1 (rank 1) failed"));
+  // Every participant drops dst's new buffers.
+  int aborts = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_FALSE(req.commit());
+    EXPECT_EQ(req.tensor(), "dst");
+    EXPECT_EQ(req.drop_version(), started->target_version);
+    ++aborts;
+  }
+  EXPECT_EQ(aborts, 4);
+  for (const auto& [name, before] : {std::make_pair("src", src_before),
+                                     std::make_pair("dst", dst_before)}) {
+    const TensorRecord after = *tensors_.Get(name);
+    EXPECT_EQ(after.version, before.version) << name;
+    EXPECT_EQ(after.layout, before.layout) << name;
+    EXPECT_EQ(after.checksums, before.checksums) << name;
+    EXPECT_TRUE(after.busy_plan.empty()) << name;
+  }
+  // Both are free for the next plan.
+  std::optional<Outcome> again;
+  absl::StatusOr<StartedPlan> next = plans_.Copy("src", "dst", Record(&again));
+  ASSERT_TRUE(next.ok()) << next.status();
+  ReportAll(next->id);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->status.ok()) << again->status;
+  EXPECT_EQ(tensors_.Get("dst")->version, next->target_version);
+  EXPECT_EQ(tensors_.Get("src")->version, src_before.version);
+}
+
+TEST_F(PlanManagerTest, CopyFromLostChunksFailsAndOntoADeadWorkerToo) {
+  CreateTensor("src");
+  ASSERT_TRUE(meshes_.Create("two", {2}, {}, {"w0", "w1"}).ok());
+  CreateTensor("dst", "S(0)", "two");
+  Kill(2);
+  Kill(3);
+  // src's rows [4:8) had their only holders on ranks 2 and 3.
+  absl::Status s = plans_.Copy("src", "dst", nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 'src' lost 1 chunk with no live replica"));
+  // dst on dead workers: as a Redistribute onto them.
+  s = plans_.Copy("dst", "src", nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("in the target layout is dead"));
+  EXPECT_TRUE(tensors_.Get("src")->busy_plan.empty());
+  EXPECT_TRUE(tensors_.Get("dst")->busy_plan.empty());
+  EXPECT_EQ(client_.calls("Execute"), 0);
+}
+
+TEST_F(PlanManagerTest, CopyOfAPartialSourceReducesIntoDst) {
+  CreateTensor("grad", "P,S(0)");
+  CreateTensor("dst", "S(0)", "N");
+  absl::StatusOr<StartedPlan> started = plans_.Copy("grad", "dst", nullptr);
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_EQ(started->plan->source.num_partials(), 2);
+  EXPECT_EQ(started->plan->target.num_partials(), 1);
+  for (const auto& [rank, f] : Fragments(started->id)) {
+    EXPECT_EQ(f.num_partials(), 2);
+    EXPECT_EQ(f.target_tensor(), "dst");
+  }
+  ReportAll(started->id);
+  EXPECT_EQ(tensors_.Get("dst")->version, started->target_version);
 }
 
 }  // namespace

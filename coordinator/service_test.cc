@@ -270,6 +270,76 @@ TEST_F(ServiceTest, RedistributeWithWaitReturnsWhenCommitted) {
   EXPECT_THAT(s.error_message(), HasSubstr("worker w2 (rank 2) failed: out of memory"));
 }
 
+TEST_F(ServiceTest, CopyBumpsDstOnlyAndMapsErrors) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  ASSERT_TRUE(CreateMesh("N", {4}).ok());
+  v1::TensorInfo src, dst, half;
+  ASSERT_TRUE(CreateTensor("src", "M", "S(0),R", &src).ok());
+  ASSERT_TRUE(CreateTensor("dst", "N", "S(1)", &dst).ok());
+  ASSERT_TRUE(CreateTensor("half", "N", "S(1)", &half, v1::F16).ok());
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+  });
+  grpc::ClientContext ctx;
+  v1::CopyRequest req;
+  req.set_src("src");
+  req.set_dst("dst");
+  req.set_wait(true);
+  v1::CopyResponse resp;
+  grpc::Status s = coordinator_->Copy(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.progress().state(), v1::COMMITTED);
+  EXPECT_EQ(resp.progress().tensor(), "dst");
+  EXPECT_FALSE(resp.plan().id().empty());
+  EXPECT_EQ(resp.plan().tensor(), "dst");
+  EXPECT_EQ(resp.plan().bytes_moved(), resp.plan().lower_bound_bytes());
+  EXPECT_GT(resp.dst_version(), dst.version());
+
+  auto get = [this](const std::string& name) {
+    grpc::ClientContext get_ctx;
+    v1::GetTensorRequest get;
+    get.set_name(name);
+    v1::TensorInfo info;
+    EXPECT_TRUE(coordinator_->GetTensor(&get_ctx, get, &info).ok());
+    return info;
+  };
+  const v1::TensorInfo dst_after = get("dst");
+  EXPECT_EQ(dst_after.version(), resp.dst_version());
+  EXPECT_EQ(dst_after.spec(), "S(1)");
+  EXPECT_EQ(dst_after.mesh(), "N");
+  EXPECT_EQ(get("src").version(), src.version());
+
+  auto copy = [this](const std::string& from, const std::string& to) {
+    grpc::ClientContext c;
+    v1::CopyRequest r;
+    r.set_src(from);
+    r.set_dst(to);
+    r.set_wait(true);
+    v1::CopyResponse out;
+    return coordinator_->Copy(&c, r, &out);
+  };
+  EXPECT_EQ(copy("", "dst").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(copy("src", "").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(copy("src", "src").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = copy("src", "half");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("dtype f16 but src 'src' has dtype f32"));
+  EXPECT_EQ(copy("src", "nope").error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // A failing worker turns the wait into ABORTED naming it; both keep their versions.
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    WorkerReport r = ToReport(FinalReport(f));
+    if (f.rank() == 2) r.error = "out of memory";
+    plans_.Report(r).IgnoreError();
+  });
+  s = copy("src", "dst");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("worker w2 (rank 2) failed: out of memory"));
+  EXPECT_EQ(get("dst").version(), dst_after.version());
+  EXPECT_EQ(get("src").version(), src.version());
+}
+
 TEST_F(ServiceTest, WatchStreamsProgressAndReportsGoThroughTheWorkerService) {
   RegisterFour();
   ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());

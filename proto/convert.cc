@@ -576,6 +576,9 @@ v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOpti
   v1::PlanFragment out;
   out.set_plan_id(options.plan_id);
   out.set_tensor(options.tensor);
+  if (!options.target_tensor.empty() && options.target_tensor != options.tensor) {
+    out.set_target_tensor(options.target_tensor);
+  }
   out.set_dtype(DTypeToProto(plan.dtype));
   out.set_rank(rank);
   out.set_source_version(options.source_version);
@@ -619,6 +622,7 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   if (f.tensor().empty()) return Bad("tensor", "empty");
   out.plan_id = f.plan_id();
   out.tensor = f.tensor();
+  out.target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
   absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
   out.dtype = *dtype;

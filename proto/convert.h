@@ -131,6 +131,7 @@ std::vector<int64_t> PlanParticipants(const Plan& plan);
 struct FragmentOptions {
   std::string plan_id;
   std::string tensor;
+  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
   int64_t source_version = 0;
   int64_t target_version = 0;
   // Current incarnation of every rank in the plan; missing ranks get 0.
@@ -146,7 +147,8 @@ v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOpti
 // A fragment as sharding types, for workers.
 struct Fragment {
   std::string plan_id;
-  std::string tensor;
+  std::string tensor;         // Read at source_version.
+  std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
   DType dtype = DType::kF32;
   int64_t rank = 0;
   int64_t source_version = 0;

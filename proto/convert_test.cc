@@ -298,12 +298,32 @@ TEST(ConvertTest, FragmentHoldsOnlyTheRanksSteps) {
   EXPECT_EQ(parsed->member_incarnations.at(3), 13);
   EXPECT_EQ(parsed->target.chunks, plan.target.Find(2)->chunks);
   EXPECT_EQ(parsed->communicator_prefix, "plan/p-1");
+  EXPECT_EQ(parsed->target_tensor, "T");  // Not a Copy: the target is the tensor itself.
+  EXPECT_TRUE(f2.target_tensor().empty());
 
   // A rank outside the plan gets an empty fragment.
   v1::PlanFragment f9 = MakeFragment(plan, 9, options);
   EXPECT_EQ(f9.steps_size(), 0);
   EXPECT_EQ(f9.source().chunks_size(), 0);
   EXPECT_EQ(f9.source().rank(), 9);
+}
+
+TEST(ConvertTest, CopyFragmentNamesItsTargetTensor) {
+  FragmentOptions options;
+  options.plan_id = "p-2";
+  options.tensor = "src";
+  options.target_tensor = "dst";
+  options.source_version = 3;
+  options.target_version = 9;
+  v1::PlanFragment f = MakeFragment(TwoStepPlan(), 2, options);
+  EXPECT_EQ(f.tensor(), "src");
+  EXPECT_EQ(f.target_tensor(), "dst");
+  absl::StatusOr<Fragment> parsed = FragmentFromProto(f);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->tensor, "src");
+  EXPECT_EQ(parsed->target_tensor, "dst");
+  EXPECT_EQ(parsed->source_version, 3);
+  EXPECT_EQ(parsed->target_version, 9);
 }
 
 TEST(ConvertTest, FragmentFromProtoRejectsInconsistentFragments) {

@@ -91,8 +91,9 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
   }
   if (log_) {
     log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
-                      " steps of tensor '", f.tensor, "' v", f.source_version, " -> v",
-                      f.target_version));
+                      " steps of tensor '", f.tensor, "' v", f.source_version, " -> ",
+                      f.target_tensor == f.tensor ? "" : absl::StrCat("'", f.target_tensor, "' "),
+                      "v", f.target_version));
   }
   std::thread([this, run] { Run(run); }).detach();
   return absl::OkStatus();
@@ -153,7 +154,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     aborted = run->aborted;
     if (result.ok() && !aborted && !f.target.chunks.empty()) {
       // Stored before the report, so a commit that follows finds it.
-      buffers_->Put(f.tensor, f.target_version, run->target);
+      buffers_->Put(f.target_tensor, f.target_version, run->target);
       run->stored = true;
     }
   }
@@ -193,7 +194,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     if (run != nullptr && !request.commit()) {
       run->aborted = true;
       if (run->stored) {
-        buffers_->Drop(run->fragment.tensor, run->fragment.target_version);
+        buffers_->Drop(run->fragment.target_tensor, run->fragment.target_version);
         run->stored = false;
       }
     }
@@ -201,7 +202,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   if (request.commit() && request.drop_version() >= 0 && !request.tensor().empty()) {
     // Never the version the plan just wrote.
     if (run == nullptr || run->fragment.target_version != request.drop_version() ||
-        run->fragment.tensor != request.tensor()) {
+        run->fragment.target_tensor != request.tensor()) {
       buffers_->Drop(request.tensor(), request.drop_version());
     }
   }

@@ -353,6 +353,48 @@ TEST_F(LifecycleTest, CommitNeverDropsItsOwnTarget) {
   EXPECT_NE(workers_[1]->buffers.Find("T", 2), nullptr);
 }
 
+// A Copy's fragment reads T's version 1 and writes U's version 5: T is left alone, a commit
+// drops U's old version (never the new one), an abort drops only U's new buffer.
+TEST_F(LifecycleTest, CopyWritesTheTargetTensor) {
+  auto copy_fragment = [this](int r, const std::string& id, int64_t version) {
+    v1::PlanFragment f = Fragment(r, id);
+    f.set_target_tensor("U");
+    f.set_target_version(version);
+    return f;
+  };
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c1", 5)).ok());
+  for (const auto& rep : reporter_.WaitFinals(4)) EXPECT_EQ(rep.error(), "") << rep.rank();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 5), nullptr);
+    v1::FinishPlanRequest commit = Finish("c1", true);
+    commit.set_tensor("U");
+    commit.set_drop_version(5);  // Never the version the plan just wrote.
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(commit).ok());
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);  // The source is only read.
+    const Box box = target_.Find(r)->chunks[0].box;
+    std::vector<float> got = ReadAll(workers_[r]->core, "U", 5, box, 1 << 20);
+    std::vector<float> want;
+    for (int64_t i = 0; i < 8; ++i) {
+      for (int64_t j = box.offset(1); j < box.end(1); ++j) want.push_back(i * 12 + j);
+    }
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c2", 6)).ok());
+  reporter_.WaitFinals(8);
+  for (int r = 0; r < 4; ++r) {
+    v1::FinishPlanRequest abort = Finish("c2", false);
+    abort.set_tensor("U");
+    abort.set_drop_version(6);
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(abort).ok());
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("U", 6), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+}
+
 TEST_F(LifecycleTest, ExecuteValidation) {
   v1::PlanFragment f = Fragment(0, "p5");
   f.set_plan_id("");

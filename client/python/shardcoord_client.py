@@ -122,6 +122,12 @@ class ShardcoordClient:
             request.has_to_rank = True
         return self._finished(self._call(self._stub.Gather, request, self.data_timeout))
 
+    def copy(self, src, dst):
+        """Writes src's values into dst (same shape and dtype, any mesh and layout) and waits
+        for the plan; returns the CopyResponse (progress, plan and dst_version)."""
+        request = pb.CopyRequest(src=src, dst=dst, wait=True)
+        return self._finished(self._call(self._stub.Copy, request, self.data_timeout))
+
     @staticmethod
     def _finished(response):
         if response.progress.state == pb.ABORTED:

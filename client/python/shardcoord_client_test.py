@@ -37,6 +37,12 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.requests["gather"] = request
         return pb.RedistributeResponse(progress=pb.PlanProgress(plan_id="p2", state=pb.COMMITTED))
 
+    def Copy(self, request, context):
+        self.requests["copy"] = request
+        state = pb.ABORTED if self.abort else pb.COMMITTED
+        return pb.CopyResponse(progress=pb.PlanProgress(
+            plan_id="p3", state=state, error="rank 3 died" if self.abort else ""), dst_version=9)
+
     def Download(self, request, context):
         data = np.arange(12, dtype="<f4").tobytes()
         yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
@@ -101,6 +107,16 @@ class ClientTest(unittest.TestCase):
             self.client.redistribute("t", flat="0:6;6:12")
         self.assertEqual(e.exception.code, "ABORTED")
         self.assertIn("rank 3 died", e.exception.message)
+
+    def test_copy(self):
+        r = self.client.copy("a", "b")
+        self.assertEqual(r.dst_version, 9)
+        c = self.fake.requests["copy"]
+        self.assertEqual((c.src, c.dst, c.wait), ("a", "b", True))
+        self.fake.abort = True
+        with self.assertRaises(sc.ShardcoordError) as e:
+            self.client.copy("a", "b")
+        self.assertEqual(e.exception.code, "ABORTED")
 
     def test_download_is_a_numpy_array(self):
         a = self.client.download("t")
