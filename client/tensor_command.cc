@@ -451,11 +451,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     CLI::App* cmd = tensor->add_subcommand(
         "copy", "Write one tensor's values into another of the same shape and dtype (any "
                 "mesh and layout); the destination keeps its layout and gets a new version");
-    auto conn = std::make_shared<ConnectionFlags>();
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->required()->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->required()->type_name("DST");
-    AddConnectionFlags(cmd, conn.get());
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn));
       Finish(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
