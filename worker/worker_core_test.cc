@@ -31,11 +31,7 @@ class FakeReporter : public ChunkReporter {
   // Waits for `n` final reports and returns them.
   std::vector<v1::ReportChunksRequest> WaitFinals(int n) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&] {
-      int finals = 0;
-      for (const auto& r : reports_) finals += r.final();
-      return finals >= n;
-    };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return FinalsLocked() >= n; };
     mu_.Await(absl::Condition(&enough));
     std::vector<v1::ReportChunksRequest> out;
     for (const auto& r : reports_) {
@@ -49,6 +45,12 @@ class FakeReporter : public ChunkReporter {
   }
 
  private:
+  int FinalsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int finals = 0;
+    for (const auto& r : reports_) finals += r.final();
+    return finals;
+  }
+
   absl::Mutex mu_;
   std::vector<v1::ReportChunksRequest> reports_ ABSL_GUARDED_BY(mu_);
 };
