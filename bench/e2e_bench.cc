@@ -168,13 +168,13 @@ PeerResult RunGloo(const std::vector<int64_t>& matrix, int iters, const std::str
     ProcessOptions options;
     options.name = absl::StrCat("gloo", r);
     options.echo_stdout = false;
-    ranks.push_back(OrDie(Process::Start({bin, absl::StrCat("--rank=", r),
-                                          absl::StrCat("--size=", kWorkers),
-                                          absl::StrCat("--store_dir=", store),
-                                          absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
-                                          absl::StrCat("--iters=", iters), "--warmup=1"},
-                                         options),
-                          "start gloo_alltoall"));
+    ranks.push_back(
+        OrDie(Process::Start({bin, absl::StrCat("--rank=", r), absl::StrCat("--size=", kWorkers),
+                              absl::StrCat("--store_dir=", store),
+                              absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+                              absl::StrCat("--iters=", iters), "--warmup=1"},
+                             options),
+              "start gloo_alltoall"));
   }
   std::string line = OrDie(ranks[0]->WaitForLine("\"seconds\"", kPeerTimeout), "gloo rank 0");
   for (auto& p : ranks) {
@@ -197,12 +197,12 @@ PeerResult RunTorch(const std::vector<int64_t>& matrix, int reps) {
   ProcessOptions options;
   options.name = "torch";
   options.echo_stdout = false;
-  std::unique_ptr<Process> p = OrDie(
-      Process::Start({python, script, absl::StrCat("--size=", kWorkers),
-                      absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
-                      absl::StrCat("--iters=", reps), "--warmup=1"},
-                     options),
-      "start torch_alltoall.py");
+  std::unique_ptr<Process> p =
+      OrDie(Process::Start({python, script, absl::StrCat("--size=", kWorkers),
+                            absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+                            absl::StrCat("--iters=", reps), "--warmup=1"},
+                           options),
+            "start torch_alltoall.py");
   const int status = OrDie(p->Wait(kPeerTimeout), "torch_alltoall.py");
   if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
     r.skipped = absl::StrCat(python, " has no torch (or no Gloo in torch.distributed)");
@@ -229,8 +229,8 @@ int Run() {
     if (!json) std::fprintf(stderr, "%s\n", s.c_str());
   };
 
-  const std::string tmp = std::filesystem::temp_directory_path() /
-                          absl::StrCat("shardcoord_e2e_bench.", getpid());
+  const std::string tmp =
+      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_e2e_bench.", getpid());
   std::filesystem::create_directories(tmp);
   const std::string log_dir =
       absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
@@ -249,8 +249,8 @@ int Run() {
   say(absl::StrCat("starting a coordinator and ", kWorkers, " workers (logs in ", log_dir, ")"));
   std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
   CoordinatorClient& client = cluster->client();
-  const v1::MeshInfo mesh = OrDie(MakeMesh(client, "line", {kWorkers}, cluster->WorkerNames()),
-                                  "mesh");
+  const v1::MeshInfo mesh =
+      OrDie(MakeMesh(client, "line", {kWorkers}, cluster->WorkerNames()), "mesh");
   // The same, with every byte over Gloo's TCP transport.
   const bool tcp = absl::GetFlag(FLAGS_tcp);
   std::unique_ptr<Cluster> tcp_cluster;
@@ -278,8 +278,8 @@ int Run() {
         OrDie(c.Redistribute(RedistributeTo("big", "", spec)), "redistribute");
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (r.progress().state() != v1::COMMITTED) {
-      Die(absl::StrCat("plan to ", spec, " ended ", v1::PlanState_Name(r.progress().state()),
-                       ": ", r.progress().error()));
+      Die(absl::StrCat("plan to ", spec, " ended ", v1::PlanState_Name(r.progress().state()), ": ",
+                       r.progress().error()));
     }
     return std::make_pair(seconds, r);
   };
@@ -302,7 +302,8 @@ int Run() {
     }
   }
   if (matrix_total != moved) {
-    Die(absl::StrCat("plan transfers add up to ", matrix_total, " bytes, bytes_moved says ", moved));
+    Die(absl::StrCat("plan transfers add up to ", matrix_total, " bytes, bytes_moved says ",
+                     moved));
   }
   std::vector<std::string> ops;
   for (const v1::Step& s : plan.steps()) ops.push_back(v1::StepOp_Name(s.op()));
@@ -360,8 +361,8 @@ int Run() {
     absl::Status values = DownloadAndCheck(client, "big", DType::kF32, shape, FillKind::kArange);
     if (!values.ok()) Die(values.ToString());
     if (tcp) {
-      values = DownloadAndCheck(tcp_cluster->client(), "big", DType::kF32, shape,
-                                FillKind::kArange);
+      values =
+          DownloadAndCheck(tcp_cluster->client(), "big", DType::kF32, shape, FillKind::kArange);
       if (!values.ok()) Die(absl::StrCat("tcp cluster: ", values.ToString()));
     }
   }
@@ -410,7 +411,10 @@ int Run() {
     }
     w.Key("gloo").BeginObject();
     w.Key("setup_seconds").Double(gloo.setup_seconds);
-    w.Key("best_seconds").Double(gloo.stats.Best()).Key("median_seconds").Double(gloo.stats.Median());
+    w.Key("best_seconds")
+        .Double(gloo.stats.Best())
+        .Key("median_seconds")
+        .Double(gloo.stats.Median());
     w.Key("gbps").Double(gloo_gbps);
     w.EndObject();
     w.Key("torch").BeginObject();
@@ -440,18 +444,18 @@ int Run() {
     std::printf("%s\n", w.str().c_str());
     return 0;
   }
-  std::printf("tensor %s f32 (%lld MiB), S(0) -> S(1) on 4 CPU workers: %s moved "
-              "(lower bound %s), steps: %s\n",
-              ShapeToString(shape).c_str(), static_cast<long long>(mib),
-              absl::StrCat(moved).c_str(), absl::StrCat(plan.lower_bound_bytes()).c_str(),
-              absl::StrJoin(ops, ", ").c_str());
+  std::printf(
+      "tensor %s f32 (%lld MiB), S(0) -> S(1) on 4 CPU workers: %s moved "
+      "(lower bound %s), steps: %s\n",
+      ShapeToString(shape).c_str(), static_cast<long long>(mib), absl::StrCat(moved).c_str(),
+      absl::StrCat(plan.lower_bound_bytes()).c_str(), absl::StrJoin(ops, ", ").c_str());
   std::printf("%-34s %10s %10s %10s\n", "", "best s", "median s", "GB/s");
   std::printf("%-34s %10.4f %10.4f %10.3f   (first run %.4f s; plan time %.4f s)\n",
               "shardcoord Redistribute", shard.Best(), shard.Median(), shard_gbps, first_seconds,
               plan_seconds.Best());
   if (tcp) {
-    std::printf("%-34s %10.4f %10.4f %10.3f\n", "  same, --same-host-copy=false",
-                shard_tcp.Best(), shard_tcp.Median(), GBps(moved, shard_tcp.Best()));
+    std::printf("%-34s %10.4f %10.4f %10.3f\n", "  same, --same-host-copy=false", shard_tcp.Best(),
+                shard_tcp.Median(), GBps(moved, shard_tcp.Best()));
   }
   std::printf("%-34s %10.4f %10.4f %10.3f   (setup %.4f s)\n", "raw Gloo alltoallv",
               gloo.stats.Best(), gloo.stats.Median(), gloo_gbps, gloo.setup_seconds);
@@ -462,9 +466,10 @@ int Run() {
   } else {
     std::printf("torch.distributed: skipped (%s)\n", torch.skipped.c_str());
   }
-  std::printf("shardcoord / raw Gloo = %.3f best vs best, %.3f median of paired runs "
-              "(target >= 0.8)",
-              ratio_gloo, paired.Median());
+  std::printf(
+      "shardcoord / raw Gloo = %.3f best vs best, %.3f median of paired runs "
+      "(target >= 0.8)",
+      ratio_gloo, paired.Median());
   if (torch.ran) std::printf("; shardcoord / torch = %.3f", ratio_torch);
   if (tcp) {
     std::printf("\nover TCP only: shardcoord / raw Gloo = %.3f best vs best, %.3f paired median",

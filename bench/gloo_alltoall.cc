@@ -138,11 +138,12 @@ int main(int argc, char** argv) {
       }
       offset += recv_counts[j];
     }
-    std::printf("{\"rank\":%d,\"size\":%d,\"setup_seconds\":%.6f,\"bytes\":%lld,\"seconds\":[%s]}\n",
-                rank, size, setup_seconds, static_cast<long long>(moved),
-                absl::StrJoin(seconds, ",",
-                              [](std::string* out, double s) { absl::StrAppend(out, s); })
-                    .c_str());
+    std::printf(
+        "{\"rank\":%d,\"size\":%d,\"setup_seconds\":%.6f,\"bytes\":%lld,\"seconds\":[%s]}\n", rank,
+        size, setup_seconds, static_cast<long long>(moved),
+        absl::StrJoin(seconds, ",", [](std::string* out, double s) {
+          absl::StrAppend(out, s);
+        }).c_str());
     std::fflush(stdout);
   } catch (const std::exception& e) {
     return Fail(absl::StrCat("rank ", rank, ": ", e.what()));

@@ -46,16 +46,16 @@ struct TensorKind {
 // row-parallel ones the other way round; norms are FSDP-sharded or replicated.
 std::vector<TensorKind> Kinds() {
   return {
-      {"embed", {kVocab, kHidden}, "S(1),S(0)"},       // 0
-      {"attn_norm", {kHidden}, "S(0),R"},              // 1
-      {"qkv", {3 * kHidden, kHidden}, "S(1),S(0)"},    // 2
-      {"attn_out", {kHidden, kHidden}, "S(0),S(1)"},   // 3
-      {"mlp_norm", {kHidden}, "R,R"},                  // 4
-      {"mlp_gate", {kFfn, kHidden}, "S(1),S(0)"},      // 5
-      {"mlp_up", {kFfn, kHidden}, "S(1),S(0)"},        // 6
-      {"mlp_down", {kHidden, kFfn}, "S(0),S(1)"},      // 7
-      {"final_norm", {kHidden}, "S(0),R"},             // 8
-      {"lm_head", {kVocab, kHidden}, "S(1),S(0)"},     // 9
+      {"embed", {kVocab, kHidden}, "S(1),S(0)"},      // 0
+      {"attn_norm", {kHidden}, "S(0),R"},             // 1
+      {"qkv", {3 * kHidden, kHidden}, "S(1),S(0)"},   // 2
+      {"attn_out", {kHidden, kHidden}, "S(0),S(1)"},  // 3
+      {"mlp_norm", {kHidden}, "R,R"},                 // 4
+      {"mlp_gate", {kFfn, kHidden}, "S(1),S(0)"},     // 5
+      {"mlp_up", {kFfn, kHidden}, "S(1),S(0)"},       // 6
+      {"mlp_down", {kHidden, kFfn}, "S(0),S(1)"},     // 7
+      {"final_norm", {kHidden}, "S(0),R"},            // 8
+      {"lm_head", {kVocab, kHidden}, "S(1),S(0)"},    // 9
   };
 }
 
@@ -74,7 +74,8 @@ Layout MakeLayout(int64_t dp, int64_t tp, const TensorKind& k) {
   DeviceMesh mesh = *DeviceMesh::Create({dp, tp}, {}, {"dp", "tp"});
   absl::StatusOr<Layout> l = Layout::FromPlacements(mesh, k.shape, *ParsePlacements(k.placements));
   if (!l.ok()) {
-    std::fprintf(stderr, "layout %s: %s\n", k.name.c_str(), std::string(l.status().message()).c_str());
+    std::fprintf(stderr, "layout %s: %s\n", k.name.c_str(),
+                 std::string(l.status().message()).c_str());
     std::exit(1);
   }
   return *l;
@@ -88,8 +89,7 @@ double CpuNow() {
 }
 
 double WallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // The DCP way: the distinct source chunks, then every target chunk against every one of them.
@@ -135,7 +135,8 @@ int Main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--plan-only") == 0) {  // For profilers.
       plan_only = true;
     } else {
-      std::fprintf(stderr, "usage: planner_bench [--json] [--tensors N] [--naive-full] [--plan-only]\n");
+      std::fprintf(stderr,
+                   "usage: planner_bench [--json] [--tensors N] [--naive-full] [--plan-only]\n");
       return 2;
     }
   }
@@ -249,8 +250,8 @@ int Main(int argc, char** argv) {
   std::string scaling_json;
   for (const ScalePoint& p : scaling) {
     absl::StrAppend(&scaling_json, scaling_json.empty() ? "" : ",",
-                    absl::StrFormat("{\"ranks\":%d,\"plan_ms\":%.3f,\"naive_ms\":%.3f}",
-                                    p.ranks, p.plan_ms, p.naive_ms));
+                    absl::StrFormat("{\"ranks\":%d,\"plan_ms\":%.3f,\"naive_ms\":%.3f}", p.ranks,
+                                    p.plan_ms, p.naive_ms));
   }
   if (json) {
     std::string step_json;
@@ -274,13 +275,15 @@ int Main(int argc, char** argv) {
         step_json.c_str(), scaling_json.c_str());
     return exact ? 0 : 1;
   }
-  std::printf("planner_bench: %lld ranks, %zu tensors (%s), dp=512 x tp=8 -> dp=256 x tp=16, "
-              "CPU seconds of one thread\n",
-              static_cast<long long>(ranks), seq.size(), DTypeName(dtype).c_str());
-  std::printf("  planner:   %.3f s (%.3f ms per tensor; wall %.3f s), %lld transfers, "
-              "%lld local copies\n",
-              plan_s, plan_s * 1e3 / seq.size(), plan_wall_s, static_cast<long long>(transfers),
-              static_cast<long long>(local_copies));
+  std::printf(
+      "planner_bench: %lld ranks, %zu tensors (%s), dp=512 x tp=8 -> dp=256 x tp=16, "
+      "CPU seconds of one thread\n",
+      static_cast<long long>(ranks), seq.size(), DTypeName(dtype).c_str());
+  std::printf(
+      "  planner:   %.3f s (%.3f ms per tensor; wall %.3f s), %lld transfers, "
+      "%lld local copies\n",
+      plan_s, plan_s * 1e3 / seq.size(), plan_wall_s, static_cast<long long>(transfers),
+      static_cast<long long>(local_copies));
   std::printf("  copying:   %.3f s through the overload that copies both layouts into the plan\n",
               plan_copy_s);
   std::printf("  cached:    %.3f s through PlanCache (%lld distinct plans)\n", cached_s,
@@ -292,11 +295,11 @@ int Main(int argc, char** argv) {
   std::printf("  all-pairs: %.3f s, %lld pieces (%s)\n", naive_s,
               static_cast<long long>(naive_pieces),
               extrapolated ? absl::StrCat("timed once per tensor kind, ", naive_runs,
-                                          " runs, summed over the sequence").c_str()
+                                          " runs, summed over the sequence")
+                                 .c_str()
                            : "every tensor timed");
   std::printf("  speedup:   %.1fx over all-pairs\n", naive_s / plan_s);
-  std::printf("  estimated transfer time for all tensors: %.3f s (8 ranks per host)\n",
-              estimated);
+  std::printf("  estimated transfer time for all tensors: %.3f s (8 ranks per host)\n", estimated);
   std::printf("  scaling (one %s tensor, R/8 x 8 -> R/16 x 16):\n", kinds[5].name.c_str());
   for (const ScalePoint& p : scaling) {
     std::printf("    R=%-6lld planner %8.3f ms   all-pairs %10.3f ms\n",

@@ -37,8 +37,7 @@ CLI::Option* RejectConflictingRepeats(CLI::Option* opt) {
           return "";
         }
         if (value == *first) return "";
-        return absl::StrCat("given twice with different values ('", *first, "' and '", value,
-                            "')");
+        return absl::StrCat("given twice with different values ('", *first, "' and '", value, "')");
       },
       "", "same value if repeated"));
   return opt;
@@ -83,8 +82,8 @@ void DescribeGlobalFlags(CLI::App* app) {
     if (!opt->get_type_name().empty()) absl::StrAppend(&name, " ", opt->get_type_name());
     names.push_back(std::move(name));
   }
-  SetFooter(app, absl::StrCat("Global flags (before or after the subcommand; see ",
-                              app->get_name(), " --help):\n  ", absl::StrJoin(names, ", ")));
+  SetFooter(app, absl::StrCat("Global flags (before or after the subcommand; see ", app->get_name(),
+                              " --help):\n  ", absl::StrJoin(names, ", ")));
 }
 
 std::string CoordinatorAddress(const ConnectionFlags& flags) {
@@ -163,8 +162,8 @@ std::string ProgressLine(absl::string_view label, int64_t done, int64_t total, i
   }
   std::string amount = HumanBytes(done);
   if (total > 0) amount = absl::StrCat(amount, " / ", HumanBytes(total));
-  return absl::StrCat(label, " [", std::string(filled, '#'), std::string(width - filled, '.'),
-                      "] ", percent, "%  ", amount);
+  return absl::StrCat(label, " [", std::string(filled, '#'), std::string(width - filled, '.'), "] ",
+                      percent, "%  ", amount);
 }
 
 ProgressBar::ProgressBar(std::ostream& out, bool enabled, std::string label)

@@ -20,7 +20,8 @@ TEST(StatusLineTest, CodeNameAndMessageOnOneLine) {
             "shardctl: UNAVAILABLE: failed to connect (coordinator 127.0.0.1:7400)");
   EXPECT_EQ(StatusLine(absl::DeadlineExceededError("Deadline Exceeded"), "h:1"),
             "shardctl: DEADLINE_EXCEEDED: Deadline Exceeded (coordinator h:1)");
-  EXPECT_EQ(StatusLine(absl::InvalidArgumentError("bad"), "h:1"), "shardctl: INVALID_ARGUMENT: bad");
+  EXPECT_EQ(StatusLine(absl::InvalidArgumentError("bad"), "h:1"),
+            "shardctl: INVALID_ARGUMENT: bad");
 }
 
 TEST(ReportTest, ExitCodes) {

@@ -62,7 +62,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
 
   grpc::Status GetTensor(grpc::ServerContext*, const v1::GetTensorRequest* request,
                          v1::TensorInfo*) override {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "tensor '" + request->name() + "' does not exist");
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        "tensor '" + request->name() + "' does not exist");
   }
 
   grpc::Status Redistribute(grpc::ServerContext*, const v1::RedistributeRequest* request,
@@ -206,8 +207,8 @@ class CommandsTest : public ::testing::Test {
     builder.RegisterService(&fake_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    client_ = std::make_unique<CoordinatorClient>(server_->InProcessChannel(grpc::ChannelArguments()),
-                                                  "in-process");
+    client_ = std::make_unique<CoordinatorClient>(
+        server_->InProcessChannel(grpc::ChannelArguments()), "in-process");
     const char* tmp = std::getenv("TEST_TMPDIR");
     dir_ = tmp != nullptr ? tmp : "/tmp";
   }
@@ -235,7 +236,8 @@ TEST_F(CommandsTest, MeshCreateSendsShapeDimsAndWorkers) {
   EXPECT_THAT(fake_.create_mesh_.workers(), ElementsAre("w3", "w2", "w1", "w0"));
   flags.workers = "w3,w2";
   EXPECT_EQ(RunMeshCreateCommand(*client_, flags, false, out_, err_), 2);
-  EXPECT_THAT(err_.str(), HasSubstr("shardctl mesh create: --workers: 2 workers for a mesh of 4 positions"));
+  EXPECT_THAT(err_.str(),
+              HasSubstr("shardctl mesh create: --workers: 2 workers for a mesh of 4 positions"));
 }
 
 TEST_F(CommandsTest, TensorCreateSendsTheSpecAsText) {
@@ -499,8 +501,7 @@ TEST_F(ShardctlMainTest, JsonBeforeOrAfterTheSubcommand) {
 }
 
 TEST_F(ShardctlMainTest, GlobalFlagTwiceWithDifferentValuesIsAFlagError) {
-  EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x", "--coordinator",
-                 "127.0.0.1:1"}),
+  EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x", "--coordinator", "127.0.0.1:1"}),
             2);
   EXPECT_THAT(err_.str(), StartsWith("shardctl: --coordinator: given twice with different values"));
   EXPECT_EQ(out_.str(), "");

@@ -44,9 +44,10 @@ void CoordinatorClient::SetDeadline(grpc::ClientContext* context, absl::Duration
 }
 
 template <typename Request, typename Response>
-absl::StatusOr<Response> CoordinatorClient::Unary(
-    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-    const Request& request, absl::Duration timeout) {
+absl::StatusOr<Response> CoordinatorClient::Unary(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                               const Request&,
+                                                                               Response*),
+                                                  const Request& request, absl::Duration timeout) {
   grpc::ClientContext context;
   SetDeadline(&context, timeout);
   Response response;
@@ -135,7 +136,8 @@ absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
   SetDeadline(&context, options_.data_timeout);
   v1::WatchPlanRequest request;
   request.set_plan_id(plan_id);
-  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader = stub_->WatchPlan(&context, request);
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader =
+      stub_->WatchPlan(&context, request);
   v1::PlanProgress last;
   bool any = false;
   v1::PlanProgress progress;
@@ -257,8 +259,8 @@ absl::StatusOr<v1::TensorHeader> CoordinatorClient::DownloadTo(const std::string
       header = message.header();
       have_header = true;
       if (header.total_bytes() < 0) {
-        error = absl::InternalError(absl::StrCat("download of '", name, "': total_bytes is ",
-                                                 header.total_bytes()));
+        error = absl::InternalError(
+            absl::StrCat("download of '", name, "': total_bytes is ", header.total_bytes()));
         break;
       }
       error = on_header(header);

@@ -113,9 +113,9 @@ class CoordinatorClient {
   using Stub = v1::Coordinator::Stub;
 
   template <typename Request, typename Response>
-  absl::StatusOr<Response> Unary(
-      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
-      const Request& request, absl::Duration timeout);
+  absl::StatusOr<Response> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                              Response*),
+                                 const Request& request, absl::Duration timeout);
 
   // A context whose deadline is `timeout` from now.
   static void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);

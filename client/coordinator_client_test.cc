@@ -350,9 +350,9 @@ TEST_F(CoordinatorClientTest, UploadStreamsHeaderThenMessagesOfAtMostOneMiB) {
   }
   EXPECT_EQ(service_.upload_data(), data);
   const int64_t total = static_cast<int64_t>(data.size());
-  EXPECT_THAT(progress, ElementsAre(std::make_pair(int64_t{1} << 20, total),
-                                    std::make_pair(int64_t{2} << 20, total),
-                                    std::make_pair(total, total)));
+  EXPECT_THAT(progress,
+              ElementsAre(std::make_pair(int64_t{1} << 20, total),
+                          std::make_pair(int64_t{2} << 20, total), std::make_pair(total, total)));
 }
 
 TEST_F(CoordinatorClientTest, UploadChunkSizeIsConfigurableAndClamped) {
@@ -378,7 +378,8 @@ TEST_F(CoordinatorClientTest, UploadRejectedByTheServer) {
   header.set_name("reject");
   absl::StatusOr<v1::TensorInfo> info = client->Upload(header, Pattern(3 * kMaxDataMessageBytes));
   EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(info.status().message(), "upload 'reject': shape [4] of f32 needs 16 bytes, header says 3");
+  EXPECT_EQ(info.status().message(),
+            "upload 'reject': shape [4] of f32 needs 16 bytes, header says 3");
 }
 
 TEST_F(CoordinatorClientTest, DownloadAssemblesTheStream) {
@@ -396,8 +397,8 @@ TEST_F(CoordinatorClientTest, DownloadAssemblesTheStream) {
   EXPECT_EQ(header->name(), "t");
   EXPECT_EQ(header->dtype(), v1::U8);
   EXPECT_EQ(data, expected);
-  EXPECT_THAT(done, ElementsAre(int64_t{1} << 20, int64_t{2} << 20,
-                                static_cast<int64_t>(expected.size())));
+  EXPECT_THAT(
+      done, ElementsAre(int64_t{1} << 20, int64_t{2} << 20, static_cast<int64_t>(expected.size())));
 }
 
 TEST_F(CoordinatorClientTest, DownloadChecksTheStream) {

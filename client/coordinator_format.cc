@@ -64,7 +64,8 @@ void MeshObject(JsonWriter& w, const v1::MeshInfo& mesh) {
 
 std::string MeshShapeText(const v1::MeshInfo& mesh) {
   std::string shape = absl::StrJoin(mesh.shape(), "x");
-  if (mesh.dim_names_size() > 0) absl::StrAppend(&shape, " (", absl::StrJoin(mesh.dim_names(), ", "), ")");
+  if (mesh.dim_names_size() > 0)
+    absl::StrAppend(&shape, " (", absl::StrJoin(mesh.dim_names(), ", "), ")");
   return shape;
 }
 
@@ -77,9 +78,8 @@ std::string DTypeText(v1::DType dtype) {
 
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers, int64_t now_unix_ms) {
   if (workers.empty()) return "no workers registered\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"rank", "name", "host", "device", "backend", "address", "state", "incarnation",
-       "heartbeat"}};
+  std::vector<std::vector<std::string>> rows = {{"rank", "name", "host", "device", "backend",
+                                                 "address", "state", "incarnation", "heartbeat"}};
   int alive = 0;
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() == v1::ALIVE) ++alive;
@@ -195,9 +195,9 @@ std::string TensorsJson(const std::vector<v1::TensorInfo>& tensors) {
 }
 
 std::string TensorLine(const v1::TensorInfo& t) {
-  return absl::StrCat(t.name(), "  ", BracketList(Ints(t.shape())), " ", DTypeText(t.dtype()),
-                      "  ", t.spec(), " on mesh ", t.mesh(), "  ", HumanBytes(t.bytes()),
-                      "  version ", t.version());
+  return absl::StrCat(t.name(), "  ", BracketList(Ints(t.shape())), " ", DTypeText(t.dtype()), "  ",
+                      t.spec(), " on mesh ", t.mesh(), "  ", HumanBytes(t.bytes()), "  version ",
+                      t.version());
 }
 
 std::string TensorText(const v1::TensorInfo& t) {
@@ -232,10 +232,9 @@ std::string TensorText(const v1::TensorInfo& t) {
     for (const v1::Chunk& c : rc.chunks()) {
       int64_t volume = 1;
       for (int64_t d : c.box().shape()) volume *= d;
-      std::vector<std::string> row = {absl::StrCat(rc.rank()), coord,
-                                      BracketList(Ints(c.box().offset())),
-                                      BracketList(Ints(c.box().shape())),
-                                      absl::StrCat(volume * element_size)};
+      std::vector<std::string> row = {
+          absl::StrCat(rc.rank()), coord, BracketList(Ints(c.box().offset())),
+          BracketList(Ints(c.box().shape())), absl::StrCat(volume * element_size)};
       if (local) row.push_back(absl::StrCat(c.local_offset()));
       if (partial) row.push_back(absl::StrCat(c.partial_index()));
       row.push_back(Checksum(c.checksum()));
@@ -307,8 +306,8 @@ std::string PlanOutcomeText(absl::string_view verb, const v1::RedistributeRespon
   for (const auto& [name, n] : ops) op_text.push_back(n == 1 ? name : absl::StrCat(name, " x", n));
   absl::StrAppend(&out, "  ", HumanBytes(plan.bytes_moved()), " moved (lower bound ",
                   HumanBytes(plan.lower_bound_bytes()), "), ", plan.steps_size(),
-                  plan.steps_size() == 1 ? " step" : " steps",
-                  op_text.empty() ? "" : ": ", absl::StrJoin(op_text, ", "), "\n");
+                  plan.steps_size() == 1 ? " step" : " steps", op_text.empty() ? "" : ": ",
+                  absl::StrJoin(op_text, ", "), "\n");
   if (plan.has_target() && plan.target().ranks_size() > 0) {
     absl::StrAppend(&out, "  now on ranks ");
     std::vector<int64_t> ranks;

@@ -30,8 +30,14 @@ std::vector<v1::WorkerInfo> TwoWorkers() {
 
 TEST(WorkersFormatTest, TableAndJson) {
   const std::string table = WorkersTable(TwoWorkers(), 1'001'500);
-  EXPECT_THAT(table, HasSubstr("rank  name  host  device  backend  address         state  incarnation  heartbeat\n"));
-  EXPECT_THAT(table, HasSubstr("   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago\n"));
+  EXPECT_THAT(
+      table,
+      HasSubstr(
+          "rank  name  host  device  backend  address         state  incarnation  heartbeat\n"));
+  EXPECT_THAT(
+      table,
+      HasSubstr(
+          "   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago\n"));
   EXPECT_THAT(table, HasSubstr("DEAD             3  2 min ago\n"));
   EXPECT_THAT(table, HasSubstr("2 workers, 1 alive"));
   EXPECT_EQ(WorkersTable({}, 0), "no workers registered\n");

@@ -54,7 +54,7 @@ class JsonWriter {
  private:
   struct Frame {
     bool is_object = false;
-    int64_t count = 0;       // Members (or elements) written so far.
+    int64_t count = 0;      // Members (or elements) written so far.
     bool have_key = false;  // Objects: a key is waiting for its value.
   };
 

@@ -36,30 +36,30 @@ void AddLayoutCommand(CLI::App& app, const ConnectionFlags* conn) {
       "table and picture.");
   // Owned by the callback, which CLI11 keeps alive as long as the app.
   auto flags = std::make_shared<LayoutFlags>();
-  cmd->add_option("--mesh", flags->mesh,
-                  "Device mesh shape, dims separated by 'x': 8, 2x4, 2x2x2")
+  cmd->add_option("--mesh", flags->mesh, "Device mesh shape, dims separated by 'x': 8, 2x4, 2x2x2")
       ->required()
       ->type_name("SHAPE");
   cmd->add_option("--ranks", flags->ranks,
                   "Global rank at each mesh position in row-major order, comma-separated "
                   "(default 0,1,...,size-1); one per position, distinct, non-negative")
       ->type_name("LIST");
-  cmd->add_option("--dims", flags->dims,
-                  "Mesh dim names, one per mesh dim, comma-separated: dp,tp")
+  cmd->add_option("--dims", flags->dims, "Mesh dim names, one per mesh dim, comma-separated: dp,tp")
       ->type_name("NAMES");
   cmd->add_option("--shape", flags->shape,
                   "Global tensor shape, comma-separated: 8,4 (empty string for a scalar)")
       ->required()
       ->type_name("DIMS");
-  CLI::Option* placements = cmd->add_option(
-      "--placements", "DTensor placements, one per mesh dim, comma-separated: S(d) shards "
+  CLI::Option* placements =
+      cmd->add_option("--placements",
+                      "DTensor placements, one per mesh dim, comma-separated: S(d) shards "
                       "tensor dim d as torch.chunk, S(d,[3,5]) with explicit sizes, R "
                       "replicates, P(sum|avg|min|max) holds partial values. Example: S(0),R");
   placements->type_name("SPEC");
-  CLI::Option* flat = cmd->add_option(
-      "--flat", "Flat ranges into the row-major flattened tensor (OLMo-core ShardingSpec): "
-                "one group per mesh position separated by ';', ranges start:end separated by "
-                "','; a group may be empty. Example: '0:4,20:30;4:20;;'");
+  CLI::Option* flat =
+      cmd->add_option("--flat",
+                      "Flat ranges into the row-major flattened tensor (OLMo-core ShardingSpec): "
+                      "one group per mesh position separated by ';', ranges start:end separated by "
+                      "','; a group may be empty. Example: '0:4,20:30;4:20;;'");
   flat->type_name("SPEC");
   cmd->add_option("--dtype", flags->dtype,
                   "Element type for byte counts: f32, f64, f16, bf16, i8, u8, i32, i64")

@@ -70,8 +70,7 @@ std::vector<int64_t> CellStarts(int64_t n, int64_t cells) {
 }
 
 // Cells whose start lies in [begin, end): a range of indexes into `starts`.
-std::pair<size_t, size_t> CellsIn(const std::vector<int64_t>& starts, int64_t begin,
-                                  int64_t end) {
+std::pair<size_t, size_t> CellsIn(const std::vector<int64_t>& starts, int64_t begin, int64_t end) {
   const size_t lo = std::lower_bound(starts.begin(), starts.end(), begin) - starts.begin();
   const size_t hi = std::lower_bound(starts.begin(), starts.end(), end) - starts.begin();
   return {lo, hi};
@@ -123,9 +122,9 @@ absl::StatusOr<DeviceMesh> BuildMesh(const LayoutFlags& flags) {
   absl::StatusOr<int64_t> size = CheckedProduct(*shape);
   if (!size.ok()) return FlagError("--mesh", size.status().message());
   if (*size > kMaxCliRanks) {
-    return FlagError("--mesh", absl::StrCat("mesh ", absl::StrJoin(*shape, "x"), " has ", *size,
-                                            " positions; at most ", kMaxCliRanks,
-                                            " are supported here"));
+    return FlagError("--mesh",
+                     absl::StrCat("mesh ", absl::StrJoin(*shape, "x"), " has ", *size,
+                                  " positions; at most ", kMaxCliRanks, " are supported here"));
   }
   absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(*shape);
   if (!mesh.ok()) return FlagError("--mesh", mesh.status().message());
@@ -213,15 +212,13 @@ std::string LayoutTable(const Layout& layout, DType dtype) {
   const int64_t tensor_bytes = layout.num_elements() * element_size;  // Checked when built.
   std::string out = absl::StrCat("tensor ", ShapeToString(layout.global_shape()), " ",
                                  DTypeName(dtype), ", ", tensor_bytes, " bytes\n");
-  std::string where = layout.mesh().has_value()
-                          ? layout.mesh()->ToString()
-                          : absl::StrCat(layout.ranks().size(), " ranks");
+  std::string where = layout.mesh().has_value() ? layout.mesh()->ToString()
+                                                : absl::StrCat(layout.ranks().size(), " ranks");
   if (!layout.placements().empty()) {
-    absl::StrAppend(&out, "layout ", PlacementsToString(layout.placements()), " on ", where,
-                    "\n");
+    absl::StrAppend(&out, "layout ", PlacementsToString(layout.placements()), " on ", where, "\n");
   } else if (layout.flat_spec().has_value()) {
-    absl::StrAppend(&out, "layout flat '", FlatSpecToString(*layout.flat_spec()), "' on ",
-                    where, "\n");
+    absl::StrAppend(&out, "layout flat '", FlatSpecToString(*layout.flat_spec()), "' on ", where,
+                    "\n");
   } else {
     absl::StrAppend(&out, "layout of explicit chunks on ", where, "\n");
   }
@@ -293,8 +290,8 @@ std::string LayoutTable(const Layout& layout, DType dtype) {
   } else {
     absl::StrAppend(&out, "held: ", held, " bytes in total");
     if (tensor_bytes > 0) {
-      absl::StrAppend(&out, absl::StrFormat(" (%.3gx the tensor)",
-                                            static_cast<double>(held) / tensor_bytes));
+      absl::StrAppend(
+          &out, absl::StrFormat(" (%.3gx the tensor)", static_cast<double>(held) / tensor_bytes));
     }
   }
   absl::StrAppend(&out, ", at most ", largest, " bytes on one rank\n");
@@ -375,7 +372,8 @@ std::string LayoutPicture(const Layout& layout) {
     }
     absl::StrAppend(&out, line, "\n");
   }
-  for (const auto& [key, ranks] : legend) absl::StrAppend(&out, "  ", key, " = ranks ", ranks, "\n");
+  for (const auto& [key, ranks] : legend)
+    absl::StrAppend(&out, "  ", key, " = ranks ", ranks, "\n");
   return out;
 }
 

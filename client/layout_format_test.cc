@@ -45,7 +45,8 @@ TEST(ParseTest, MeshShape) {
   EXPECT_THAT(*ParseMeshShape("2x4"), ElementsAre(2, 4));
   EXPECT_THAT(*ParseMeshShape("8"), ElementsAre(8));
   EXPECT_THAT(*ParseMeshShape(" 2x2x2 "), ElementsAre(2, 2, 2));
-  for (const char* bad : {"", "2x", "x4", "2x0", "2x-1", "2,4", "axb", "2x4x99999999999999999999"}) {
+  for (const char* bad :
+       {"", "2x", "x4", "2x0", "2x-1", "2,4", "axb", "2x4x99999999999999999999"}) {
     EXPECT_FALSE(ParseMeshShape(bad).ok()) << bad;
   }
 }
@@ -59,7 +60,8 @@ TEST(ParseTest, IntList) {
     absl::StatusOr<std::vector<int64_t>> r = ParseIntList(bad);
     EXPECT_FALSE(r.ok()) << bad;
   }
-  EXPECT_THAT(std::string(ParseIntList("8,x").status().message()), HasSubstr("'x' is not an integer"));
+  EXPECT_THAT(std::string(ParseIntList("8,x").status().message()),
+              HasSubstr("'x' is not an integer"));
 }
 
 TEST(ParseTest, NameList) {
@@ -317,10 +319,10 @@ TEST(LayoutPictureTest, SeedPicture) {
 TEST(LayoutPictureTest, FlatPicture) {
   absl::StatusOr<LayoutRequest> r = BuildLayout(Flat("4", "6,5", "0:4,20:30;4:20;;"));
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_THAT(Lines(LayoutPicture(r->layout)),
-              ElementsAre(StartsWith("picture: rows are dim 0 (6 in 6 cells)"), "  0 0 0 0 1",
-                          "  1 1 1 1 1", "  1 1 1 1 1", "  1 1 1 1 1", "  0 0 0 0 0",
-                          "  0 0 0 0 0"));
+  EXPECT_THAT(
+      Lines(LayoutPicture(r->layout)),
+      ElementsAre(StartsWith("picture: rows are dim 0 (6 in 6 cells)"), "  0 0 0 0 1",
+                  "  1 1 1 1 1", "  1 1 1 1 1", "  1 1 1 1 1", "  0 0 0 0 0", "  0 0 0 0 0"));
 }
 
 TEST(LayoutPictureTest, OneDimWithReplicasAndEmptyShards) {
@@ -357,8 +359,7 @@ TEST(LayoutPictureTest, LargeTensorsAreScaledDown) {
   EXPECT_THAT(lines[0], HasSubstr("up to 32x19 elements"));
   for (size_t i = 1; i < lines.size(); ++i) {
     // 16 cells of "0,2" / "1,3": the two column halves.
-    EXPECT_EQ(lines[i],
-              "  0,2 0,2 0,2 0,2 0,2 0,2 0,2 0,2 1,3 1,3 1,3 1,3 1,3 1,3 1,3 1,3");
+    EXPECT_EQ(lines[i], "  0,2 0,2 0,2 0,2 0,2 0,2 0,2 0,2 1,3 1,3 1,3 1,3 1,3 1,3 1,3 1,3");
     EXPECT_LE(lines[i].size(), 2 + kPictureMaxWidth);
   }
 }

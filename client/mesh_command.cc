@@ -18,14 +18,16 @@ absl::StatusOr<v1::CreateMeshRequest> BuildCreateMeshRequest(const MeshCreateFla
   if (flags.name.empty()) return absl::InvalidArgumentError("NAME: the mesh needs a name");
   request.set_name(flags.name);
   absl::StatusOr<Shape> shape = ParseMeshShape(flags.shape);
-  if (!shape.ok()) return absl::InvalidArgumentError(absl::StrCat("--shape: ", shape.status().message()));
+  if (!shape.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shape: ", shape.status().message()));
   absl::StatusOr<int64_t> size = CheckedProduct(*shape);
-  if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("--shape: ", size.status().message()));
+  if (!size.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shape: ", size.status().message()));
   for (int64_t d : *shape) request.add_shape(d);
   const std::vector<std::string> dims = ParseNameList(flags.dims);
   if (!dims.empty() && dims.size() != shape->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("--dims: ", dims.size(), " names for a ",
-                                                   shape->size(), "-d mesh"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dims: ", dims.size(), " names for a ", shape->size(), "-d mesh"));
   }
   for (const std::string& d : dims) request.add_dim_names(d);
   if (absl::StripAsciiWhitespace(flags.workers) != "all") {
@@ -53,8 +55,7 @@ int RunMeshCreateCommand(CoordinatorClient& client, const MeshCreateFlags& flags
   return 0;
 }
 
-int RunMeshListCommand(CoordinatorClient& client, bool json, std::ostream& out,
-                       std::ostream& err) {
+int RunMeshListCommand(CoordinatorClient& client, bool json, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::vector<v1::MeshInfo>> meshes = client.ListMeshes();
   if (!meshes.ok()) return ReportStatus(err, meshes.status(), client.address());
   out << (json ? MeshesJson(*meshes) + "\n" : MeshesTable(*meshes));
@@ -122,7 +123,8 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
     });
   }
   {
-    CLI::App* cmd = mesh->add_subcommand("get", "Show one mesh: its shape and the worker at each position");
+    CLI::App* cmd =
+        mesh->add_subcommand("get", "Show one mesh: its shape and the worker at each position");
     auto name = std::make_shared<std::string>();
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
     cmd->callback([conn, name]() {

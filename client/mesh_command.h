@@ -31,8 +31,7 @@ absl::StatusOr<v1::CreateMeshRequest> BuildCreateMeshRequest(const MeshCreateFla
 // Each returns the exit status: 0, 1 (the coordinator refused), 2 (bad flags).
 int RunMeshCreateCommand(CoordinatorClient& client, const MeshCreateFlags& flags, bool json,
                          std::ostream& out, std::ostream& err);
-int RunMeshListCommand(CoordinatorClient& client, bool json, std::ostream& out,
-                       std::ostream& err);
+int RunMeshListCommand(CoordinatorClient& client, bool json, std::ostream& out, std::ostream& err);
 int RunMeshGetCommand(CoordinatorClient& client, const std::string& name, bool json,
                       std::ostream& out, std::ostream& err);
 int RunMeshDeleteCommand(CoordinatorClient& client, const std::string& name, bool json,

@@ -96,8 +96,8 @@ class HeaderParser {
     }
   }
   absl::Status Error(absl::string_view what) const {
-    return Invalid(absl::StrCat("header dict: ", what, " at character ", pos_, " of '",
-                                Excerpt(text_), "'"));
+    return Invalid(
+        absl::StrCat("header dict: ", what, " at character ", pos_, " of '", Excerpt(text_), "'"));
   }
 
   absl::Status ParseString(std::string* out) {
@@ -123,7 +123,8 @@ class HeaderParser {
     const absl::string_view digits = text_.substr(start, pos_ - start);
     if (Peek() == 'L') ++pos_;
     if (digits.empty()) return Error("expected a non-negative integer");
-    if (!absl::SimpleAtoi(digits, out)) return Error(absl::StrCat("integer ", digits, " is too large"));
+    if (!absl::SimpleAtoi(digits, out))
+      return Error(absl::StrCat("integer ", digits, " is too large"));
     return absl::OkStatus();
   }
 
@@ -197,7 +198,8 @@ absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr, const NpyReadOptio
   if (!descr.empty() && descr[0] == '>') {
     return Invalid(absl::StrCat("dtype '", descr,
                                 "' is big-endian; only little-endian arrays are supported "
-                                "(convert with a.astype('<", descr.substr(1), "'))"));
+                                "(convert with a.astype('<",
+                                descr.substr(1), "'))"));
   }
   std::string hint;
   if (descr == "<u2") hint = " ('<u2' holds bf16 bits only when read as bf16)";
@@ -226,7 +228,8 @@ absl::Status CheckDataSize(DType dtype, const Shape& shape, size_t size) {
 }
 
 absl::Status IoError(const std::string& path, absl::string_view action, int err) {
-  const std::string message = absl::StrCat("cannot ", action, " '", path, "': ", std::strerror(err));
+  const std::string message =
+      absl::StrCat("cannot ", action, " '", path, "': ", std::strerror(err));
   if (err == ENOENT) return absl::NotFoundError(message);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
   return absl::InternalError(message);
@@ -234,12 +237,13 @@ absl::Status IoError(const std::string& path, absl::string_view action, int err)
 
 // The fixed start of an .npy file: magic, version, and the header dict's length.
 struct NpyPrefix {
-  size_t size = 0;         // Bytes of magic, version and length field.
+  size_t size = 0;          // Bytes of magic, version and length field.
   uint64_t header_len = 0;  // Bytes of the header dict that follow.
 };
 
 absl::StatusOr<NpyPrefix> ParseNpyPrefix(absl::string_view file) {
-  if (file.size() < kMagicSize || file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
+  if (file.size() < kMagicSize ||
+      file.substr(0, kMagicSize) != absl::string_view(kMagic, kMagicSize)) {
     return Invalid("bad magic: the file does not start with \\x93NUMPY");
   }
   if (file.size() < kMagicSize + 2) return Invalid("truncated before the version bytes");
@@ -271,14 +275,15 @@ std::string NpyDescr(DType dtype) {
 }
 
 absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
-                                            const NpyReadOptions& options) {
+                                             const NpyReadOptions& options) {
   absl::StatusOr<NpyPrefix> start = ParseNpyPrefix(file);
   if (!start.ok()) return start.status();
   const size_t prefix = start->size;
   const uint64_t header_len = start->header_len;
   if (file.size() - prefix < header_len) {
     return Invalid(absl::StrCat("truncated header: it declares ", header_len,
-                                " bytes, the file has ", file.size() - prefix, " after the prefix"));
+                                " bytes, the file has ", file.size() - prefix,
+                                " after the prefix"));
   }
   const absl::string_view header = file.substr(prefix, header_len);
   if (header.find('\0') != absl::string_view::npos) return Invalid("header contains a NUL byte");
@@ -293,16 +298,19 @@ absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
         if (key == "descr") {
           if (descr) return Invalid("header dict: key 'descr' appears twice");
           if (value.kind != Kind::kString) {
-            return Invalid("header dict: 'descr' must be a string (structured dtypes are not supported)");
+            return Invalid(
+                "header dict: 'descr' must be a string (structured dtypes are not supported)");
           }
           descr = value.str;
         } else if (key == "fortran_order") {
           if (fortran_order) return Invalid("header dict: key 'fortran_order' appears twice");
-          if (value.kind != Kind::kBool) return Invalid("header dict: 'fortran_order' must be True or False");
+          if (value.kind != Kind::kBool)
+            return Invalid("header dict: 'fortran_order' must be True or False");
           fortran_order = value.boolean;
         } else if (key == "shape") {
           if (shape) return Invalid("header dict: key 'shape' appears twice");
-          if (value.kind != Kind::kTuple) return Invalid("header dict: 'shape' must be a tuple of ints");
+          if (value.kind != Kind::kTuple)
+            return Invalid("header dict: 'shape' must be a tuple of ints");
           shape = value.ints;
         } else {
           return Invalid(absl::StrCat("header dict: unexpected key '", key,
@@ -315,15 +323,16 @@ absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
   if (!fortran_order) return Invalid("header dict: missing key 'fortran_order'");
   if (!shape) return Invalid("header dict: missing key 'shape'");
   if (*fortran_order) {
-    return Invalid("fortran_order is True; only C-order arrays are supported "
-                   "(save np.ascontiguousarray(a) instead)");
+    return Invalid(
+        "fortran_order is True; only C-order arrays are supported "
+        "(save np.ascontiguousarray(a) instead)");
   }
   absl::StatusOr<DType> dtype = DTypeFromDescr(*descr, options);
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<int64_t> expected = CheckedBytes(*shape, ElementSize(*dtype));
   if (!expected.ok()) {
-    return Invalid(absl::StrCat("shape ", ShapeToString(*shape), " is too large: ",
-                                expected.status().message()));
+    return Invalid(absl::StrCat("shape ", ShapeToString(*shape),
+                                " is too large: ", expected.status().message()));
   }
   NpyFileHeader out;
   out.dtype = *dtype;
@@ -336,11 +345,10 @@ absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
 
 absl::Status CheckNpyDataSize(const NpyFileHeader& header, uint64_t data_size) {
   if (static_cast<uint64_t>(header.data_bytes) == data_size) return absl::OkStatus();
-  return Invalid(absl::StrCat("data is ", data_size, " bytes, but shape ",
-                              ShapeToString(header.shape), " of '", header.descr, "' needs ",
-                              header.data_bytes,
-                              data_size < static_cast<uint64_t>(header.data_bytes) ? " (truncated)"
-                                                                                    : ""));
+  return Invalid(
+      absl::StrCat("data is ", data_size, " bytes, but shape ", ShapeToString(header.shape),
+                   " of '", header.descr, "' needs ", header.data_bytes,
+                   data_size < static_cast<uint64_t>(header.data_bytes) ? " (truncated)" : ""));
 }
 
 absl::StatusOr<NpyArray> ParseNpy(absl::string_view file, const NpyReadOptions& options) {
@@ -360,11 +368,11 @@ absl::StatusOr<std::string> NpyHeader(DType dtype, const Shape& shape) {
   if (!bytes.ok()) return bytes.status();
   const std::string descr = NpyDescr(dtype);
   if (descr.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("dtype ", static_cast<int>(dtype),
-                                                   " has no .npy equivalent"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", static_cast<int>(dtype), " has no .npy equivalent"));
   }
-  std::string dict = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ",
-                                  ShapeTuple(shape), ", }");
+  std::string dict = absl::StrCat("{'descr': '", descr,
+                                  "', 'fortran_order': False, 'shape': ", ShapeTuple(shape), ", }");
   // Pad with spaces and end with '\n' so the data is aligned, as numpy does.
   auto build = [&](int major, size_t length_bytes) -> std::string {
     const size_t unpadded = kMagicSize + 2 + length_bytes + dict.size() + 1;
@@ -373,7 +381,8 @@ absl::StatusOr<std::string> NpyHeader(DType dtype, const Shape& shape) {
     std::string out(kMagic, kMagicSize);
     out += static_cast<char>(major);
     out += '\0';
-    for (size_t i = 0; i < length_bytes; ++i) out += static_cast<char>((header_len >> (8 * i)) & 0xff);
+    for (size_t i = 0; i < length_bytes; ++i)
+      out += static_cast<char>((header_len >> (8 * i)) & 0xff);
     out += dict;
     out.append(padding, ' ');
     out += '\n';
@@ -423,7 +432,7 @@ absl::Status WriteNpyFile(const std::string& path, DType dtype, const Shape& sha
 // ---- Streaming ---------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::string& path,
-                                                                  const NpyReadOptions& options) {
+                                                                   const NpyReadOptions& options) {
   auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
   std::ifstream& in = reader->in_;
   in.open(path, std::ios::binary);
@@ -454,7 +463,8 @@ absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::st
   }
   absl::StatusOr<NpyFileHeader> header = ParseNpyHeader(prefix, options);
   if (!header.ok()) return prefixed(header.status());
-  const uint64_t data_size = static_cast<uint64_t>(size) - static_cast<uint64_t>(header->data_offset);
+  const uint64_t data_size =
+      static_cast<uint64_t>(size) - static_cast<uint64_t>(header->data_offset);
   if (absl::Status s = CheckNpyDataSize(*header, data_size); !s.ok()) return prefixed(s);
   in.seekg(header->data_offset, std::ios::beg);
   if (!in) return IoError(path, "read", errno);

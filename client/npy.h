@@ -55,7 +55,7 @@ struct NpyFileHeader {
 // Parses the header at the start of `file`; only the header needs to be there. ParseNpy's
 // errors but the data length.
 absl::StatusOr<NpyFileHeader> ParseNpyHeader(absl::string_view file,
-                                            const NpyReadOptions& options = {});
+                                             const NpyReadOptions& options = {});
 
 // INVALID_ARGUMENT (as ParseNpy) unless `data_size` is what the header needs.
 absl::Status CheckNpyDataSize(const NpyFileHeader& header, uint64_t data_size);
@@ -102,8 +102,8 @@ class NpyFileReader {
 class NpyFileWriter {
  public:
   // INVALID_ARGUMENT bad shape; NOT_FOUND / PERMISSION_DENIED / INTERNAL creating the file.
-  static absl::StatusOr<std::unique_ptr<NpyFileWriter>> Create(const std::string& path,
-                                                              DType dtype, const Shape& shape);
+  static absl::StatusOr<std::unique_ptr<NpyFileWriter>> Create(const std::string& path, DType dtype,
+                                                               const Shape& shape);
   ~NpyFileWriter();
 
   // INVALID_ARGUMENT past the array's bytes; INTERNAL on an I/O error.

@@ -47,8 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Check(again.ok(), "a parsed array does not serialize");
   absl::StatusOr<NpyArray> reread = ParseNpy(*again, options);
   Check(reread.ok(), "a serialized array does not parse");
-  Check(reread->dtype == array->dtype && reread->shape == array->shape &&
-            reread->data == array->data,
-        "a serialized array parses to another");
+  Check(
+      reread->dtype == array->dtype && reread->shape == array->shape && reread->data == array->data,
+      "a serialized array parses to another");
   return 0;
 }

@@ -28,7 +28,8 @@ std::string MakeNpy(absl::string_view dict, absl::string_view data, int major = 
   std::string out = "\x93NUMPY";
   out += static_cast<char>(major);
   out += '\0';
-  for (size_t i = 0; i < length_bytes; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  for (size_t i = 0; i < length_bytes; ++i)
+    out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
   out += header;
   out.append(data.data(), data.size());
   return out;
@@ -66,7 +67,8 @@ TEST(NpyTest, HeaderIsWhatNumpyWrites) {
   EXPECT_EQ(h->back(), '\n');
   EXPECT_EQ(h->find_first_not_of(' ', 10 + dict.size()), h->size() - 1);
 
-  EXPECT_THAT(*NpyHeader(DType::kI8, {5}), HasSubstr("'descr': '|i1', 'fortran_order': False, 'shape': (5,), }"));
+  EXPECT_THAT(*NpyHeader(DType::kI8, {5}),
+              HasSubstr("'descr': '|i1', 'fortran_order': False, 'shape': (5,), }"));
   EXPECT_THAT(*NpyHeader(DType::kF64, {}), HasSubstr("'shape': (), }"));
 }
 
@@ -123,7 +125,8 @@ TEST(NpyTest, AcceptsHeaderVariants) {
   EXPECT_EQ(a->dtype, DType::kF32);
   // Versions 2.0 and 3.0 use a 4-byte header length.
   for (int major : {2, 3}) {
-    a = ParseNpy(MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), }", data, major));
+    a = ParseNpy(
+        MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2), }", data, major));
     ASSERT_TRUE(a.ok()) << a.status();
     EXPECT_EQ(a->shape, (Shape{1, 2}));
   }
@@ -149,7 +152,8 @@ TEST(NpyTest, LongHeaderUsesVersion2) {
 TEST(NpyTest, Bf16NeedsTheOption) {
   const std::string file = *SerializeNpy(DType::kBF16, {2}, "abcd");
   EXPECT_THAT(file, HasSubstr("'<u2'"));
-  ExpectInvalid(file, "dtype '<u2' is not supported ('<u2' holds bf16 bits only when read as bf16)");
+  ExpectInvalid(file,
+                "dtype '<u2' is not supported ('<u2' holds bf16 bits only when read as bf16)");
   NpyReadOptions options;
   options.u2_as_bf16 = true;
   absl::StatusOr<NpyArray> a = ParseNpy(file, options);
@@ -162,7 +166,8 @@ TEST(NpyTest, RejectsBadMagicAndVersion) {
   ExpectInvalid("\x93NUMP", "bad magic");
   ExpectInvalid("PK\x03\x04 this is a zip file, maybe an .npz", "bad magic");
   ExpectInvalid(std::string("\x93NUMPY\x01", 7), "truncated before the version");
-  ExpectInvalid(std::string("\x93NUMPY\x04\x00\x10\x00", 10), "format version 4.0 is not supported");
+  ExpectInvalid(std::string("\x93NUMPY\x04\x00\x10\x00", 10),
+                "format version 4.0 is not supported");
   ExpectInvalid(std::string("\x93NUMPY\x01\x00\x10", 9), "truncated inside the header length");
   ExpectInvalid(std::string("\x93NUMPY\x02\x00\x10\x00", 10), "truncated inside the header length");
 }
@@ -191,8 +196,9 @@ TEST(NpyTest, RejectsBadDicts) {
   ExpectInvalid(MakeNpy("{'descr': '<f4', 'shape': (1,)}", d4), "missing key 'fortran_order'");
   ExpectInvalid(MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 'y'}", d4),
                 "unexpected key 'x'");
-  ExpectInvalid(MakeNpy("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", d4),
-                "key 'descr' appears twice");
+  ExpectInvalid(
+      MakeNpy("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", d4),
+      "key 'descr' appears twice");
   ExpectInvalid(MakeNpy("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}", d4),
                 "expected a string, True, False or a tuple");
   ExpectInvalid(MakeNpy("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}", d4),
@@ -207,37 +213,46 @@ TEST(NpyTest, RejectsBadDicts) {
                 "expected a non-negative integer");
   ExpectInvalid(MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (1 2)}", d4),
                 "expected ',' or ')' in a tuple");
-  ExpectInvalid(MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", d4),
-                "integer 99999999999999999999 is too large");
+  ExpectInvalid(
+      MakeNpy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", d4),
+      "integer 99999999999999999999 is too large");
   ExpectInvalid(MakeNpy("{'descr': 'a\\'b', 'fortran_order': False, 'shape': (1,)}", d4),
                 "escapes are not supported");
   ExpectInvalid(MakeNpy(std::string("{'descr': '<f4'\0}", 17), d4), "NUL byte");
 }
 
 TEST(NpyTest, RejectsFortranOrderAndUnsupportedDTypes) {
-  ExpectInvalid(MakeNpy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", std::string(16, '\0')),
-                "fortran_order is True; only C-order arrays are supported");
-  ExpectInvalid(MakeNpy("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0')),
-                "dtype '>f4' is big-endian");
-  ExpectInvalid(MakeNpy("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0')),
-                "dtype '<c8' is not supported");
-  ExpectInvalid(MakeNpy("{'descr': '|b1', 'fortran_order': False, 'shape': (1,), }", std::string(1, '\0')),
-                "dtype '|b1' is not supported");
+  ExpectInvalid(
+      MakeNpy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", std::string(16, '\0')),
+      "fortran_order is True; only C-order arrays are supported");
+  ExpectInvalid(
+      MakeNpy("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0')),
+      "dtype '>f4' is big-endian");
+  ExpectInvalid(
+      MakeNpy("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0')),
+      "dtype '<c8' is not supported");
+  ExpectInvalid(
+      MakeNpy("{'descr': '|b1', 'fortran_order': False, 'shape': (1,), }", std::string(1, '\0')),
+      "dtype '|b1' is not supported");
 }
 
 TEST(NpyTest, RejectsDataThatDoesNotMatchTheShape) {
   const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
-  ExpectInvalid(MakeNpy(dict, std::string(23, '\0')), "data is 23 bytes, but shape [2, 3] of '<f4' needs 24 (truncated)");
-  ExpectInvalid(MakeNpy(dict, std::string(25, '\0')), "data is 25 bytes, but shape [2, 3] of '<f4' needs 24");
-  ExpectInvalid(MakeNpy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", ""),
-                "shape [4294967296, 4294967296] is too large");
+  ExpectInvalid(MakeNpy(dict, std::string(23, '\0')),
+                "data is 23 bytes, but shape [2, 3] of '<f4' needs 24 (truncated)");
+  ExpectInvalid(MakeNpy(dict, std::string(25, '\0')),
+                "data is 25 bytes, but shape [2, 3] of '<f4' needs 24");
+  ExpectInvalid(
+      MakeNpy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", ""),
+      "shape [4294967296, 4294967296] is too large");
 }
 
 TEST(NpyTest, SerializeChecksItsInput) {
   absl::StatusOr<std::string> f = SerializeNpy(DType::kF32, {2, 3}, std::string(20, '\0'));
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(f.status().message(), HasSubstr("data is 20 bytes, but shape [2, 3] of f32 needs 24"));
+  EXPECT_THAT(f.status().message(),
+              HasSubstr("data is 20 bytes, but shape [2, 3] of f32 needs 24"));
   f = SerializeNpy(DType::kF32, {-1}, "");
   EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
 }

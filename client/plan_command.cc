@@ -27,9 +27,8 @@ int RunOfflinePlanCommand(const PlanFlags& flags, bool explain, bool json, std::
   } else if (explain) {
     out << ExplainPlan(*plan);
   } else {
-    out << "plan " << ShapeToString(input->source.global_shape()) << " "
-        << DTypeName(input->dtype) << ": " << input->source.SpecString() << " -> "
-        << input->target.SpecString() << "\n"
+    out << "plan " << ShapeToString(input->source.global_shape()) << " " << DTypeName(input->dtype)
+        << ": " << input->source.SpecString() << " -> " << input->target.SpecString() << "\n"
         << PlanText(PlanToProto(*plan, "", ""), /*explain=*/false);
   }
   return 0;
@@ -152,7 +151,8 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
       for (const CLI::Option* o : offline_only) {
         if (o->count() > 0) {
           rc = ReportFlagError(std::cerr, "plan",
-                               absl::StrCat(o->get_name(), ": only for offline plans (the "
+                               absl::StrCat(o->get_name(),
+                                            ": only for offline plans (the "
                                             "coordinator knows the tensor's source layout)"));
           break;
         }

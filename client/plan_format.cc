@@ -53,7 +53,8 @@ std::string Seconds(double s) {
 // "[0, 1, 2, 3]", or "[0..7]" for a long consecutive run.
 std::string RankText(const std::vector<int64_t>& ranks) {
   bool consecutive = ranks.size() > 4;
-  for (size_t i = 1; consecutive && i < ranks.size(); ++i) consecutive = ranks[i] == ranks[i - 1] + 1;
+  for (size_t i = 1; consecutive && i < ranks.size(); ++i)
+    consecutive = ranks[i] == ranks[i - 1] + 1;
   if (consecutive) return absl::StrCat("[", ranks.front(), "..", ranks.back(), "]");
   return BracketList(ranks);
 }
@@ -73,9 +74,11 @@ absl::StatusOr<PlanInput> BuildPlanInput(const PlanFlags& flags) {
   if (flags.to_mesh.has_value()) {
     target.mesh = *flags.to_mesh;
     absl::StatusOr<Shape> shape = ParseMeshShape(target.mesh);
-    if (!shape.ok()) return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", shape.status().message()));
+    if (!shape.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", shape.status().message()));
     absl::StatusOr<int64_t> size = CheckedProduct(*shape);
-    if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", size.status().message()));
+    if (!size.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", size.status().message()));
     // The source's ranks and dim names carry over only where they fit the new mesh.
     if (*size != source_mesh.size()) target.ranks = "";
     if (static_cast<int>(shape->size()) != source_mesh.ndim()) target.dims = "";
@@ -98,7 +101,8 @@ absl::StatusOr<PlanInput> BuildPlanInput(const PlanFlags& flags) {
     std::vector<std::string> hosts = ParseNameList(flags.hosts);
     for (size_t i = 0; i < hosts.size(); ++i) {
       if (hosts[i].empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--hosts: the host of rank ", i, " is empty"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--hosts: the host of rank ", i, " is empty"));
       }
     }
     int64_t max_rank = -1;
@@ -114,7 +118,8 @@ absl::StatusOr<PlanInput> BuildPlanInput(const PlanFlags& flags) {
   }
   if (!flags.cost.empty()) {
     absl::StatusOr<CostModel> cost = ParseCostModel(flags.cost);
-    if (!cost.ok()) return absl::InvalidArgumentError(absl::StrCat("--cost: ", cost.status().message()));
+    if (!cost.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--cost: ", cost.status().message()));
     input.options.cost = *cost;
   }
   return input;
@@ -184,7 +189,8 @@ std::string PlanJson(const v1::Plan& plan) {
   w.Key("lower_bound_bytes").Int(plan.lower_bound_bytes());
   w.Key("estimated_seconds").Double(plan.estimated_seconds());
   if (plan.divide_by() > 1) w.Key("divide_by").Int(plan.divide_by());
-  if (plan.zero_fill_ranks_size() > 0) w.Key("zero_fill_ranks").IntArray(Ints(plan.zero_fill_ranks()));
+  if (plan.zero_fill_ranks_size() > 0)
+    w.Key("zero_fill_ranks").IntArray(Ints(plan.zero_fill_ranks()));
   w.EndObject();
   return w.str();
 }
@@ -218,8 +224,8 @@ std::string PlanText(const v1::Plan& plan, bool explain) {
     std::vector<std::vector<std::string>> rows = {{"rank", "sent", "received"}};
     for (const v1::RankTraffic& t : plan.traffic()) {
       if (t.bytes_sent() == 0 && t.bytes_received() == 0) continue;
-      rows.push_back({absl::StrCat(t.rank()), absl::StrCat(t.bytes_sent()),
-                      absl::StrCat(t.bytes_received())});
+      rows.push_back(
+          {absl::StrCat(t.rank()), absl::StrCat(t.bytes_sent()), absl::StrCat(t.bytes_received())});
     }
     absl::StrAppend(&out, "per-rank bytes:\n", FormatTable(rows, {0, 1, 2}));
   }

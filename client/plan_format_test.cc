@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "absl/strings/str_cat.h"
 #include "proto/convert.h"
 #include "sharding/planner.h"
 
@@ -40,7 +40,8 @@ TEST(PlanFormatTest, IssueExampleFollowsTheJsonContract) {
   absl::StatusOr<PlanInput> input = BuildPlanInput(IssueExample());
   ASSERT_TRUE(input.ok()) << input.status();
   EXPECT_EQ(input->target.RankIds(), (std::vector<int64_t>{4, 5, 6, 7}));
-  absl::StatusOr<Plan> plan = Redistribute(input->source, input->target, input->dtype, input->options);
+  absl::StatusOr<Plan> plan =
+      Redistribute(input->source, input->target, input->dtype, input->options);
   ASSERT_TRUE(plan.ok()) << plan.status();
 
   // Ranks 4..7 hold rows 32..63 already; each needs rows 0..31 of its 12 columns (32*12*4 B).
@@ -68,17 +69,18 @@ TEST(PlanFormatTest, IssueExampleFollowsTheJsonContract) {
   EXPECT_EQ(Count(json, "\"op\": "), static_cast<int>(plan->steps.size()));
   // The first transfer, in full.
   const Transfer& t = transfers[0];
-  EXPECT_THAT(json, HasSubstr(absl::StrCat(
-                        "\"transfers\": [{\"step\": 0, \"src\": ", t.src, ", \"dst\": ", t.dst,
-                        ", \"offset\": [", t.box.offset(0), ", ", t.box.offset(1),
-                        "], \"shape\": [", t.box.shape(0), ", ", t.box.shape(1),
-                        "], \"bytes\": ", t.bytes, "}")));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"transfers\": [{\"step\": 0, \"src\": ", t.src,
+                                           ", \"dst\": ", t.dst, ", \"offset\": [", t.box.offset(0),
+                                           ", ", t.box.offset(1), "], \"shape\": [", t.box.shape(0),
+                                           ", ", t.box.shape(1), "], \"bytes\": ", t.bytes, "}")));
   // Deterministic.
-  EXPECT_EQ(PlanJson(*Redistribute(input->source, input->target, input->dtype, input->options)), json);
+  EXPECT_EQ(PlanJson(*Redistribute(input->source, input->target, input->dtype, input->options)),
+            json);
 }
 
 TEST(PlanFormatTest, ShardSwapOn2dMeshIsAllToAllWithoutAllGather) {
-  // shardctl plan --mesh 2x4 --shape 64,48 --placements 'S(0),S(1)' --to-placements 'S(1),S(0)' --explain
+  // shardctl plan --mesh 2x4 --shape 64,48 --placements 'S(0),S(1)' --to-placements 'S(1),S(0)'
+  // --explain
   PlanFlags f;
   f.source.mesh = "2x4";
   f.source.shape = "64,48";
@@ -87,7 +89,8 @@ TEST(PlanFormatTest, ShardSwapOn2dMeshIsAllToAllWithoutAllGather) {
   absl::StatusOr<PlanInput> input = BuildPlanInput(f);
   ASSERT_TRUE(input.ok()) << input.status();
   EXPECT_EQ(input->target.RankIds(), input->source.RankIds());
-  absl::StatusOr<Plan> plan = Redistribute(input->source, input->target, input->dtype, input->options);
+  absl::StatusOr<Plan> plan =
+      Redistribute(input->source, input->target, input->dtype, input->options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->bytes_moved, plan->lower_bound_bytes);
   ASSERT_FALSE(plan->steps.empty());
@@ -162,7 +165,8 @@ TEST(PlanFormatTest, ExactJsonOfAHandBuiltPlan) {
             "4}], \"bytes_moved\": 12, \"lower_bound_bytes\": 12, \"estimated_seconds\": 0.5}");
   const std::string text = PlanText(p, /*explain=*/false);
   EXPECT_THAT(text, HasSubstr("plan for tensor 't'\n"));
-  EXPECT_THAT(text, HasSubstr("bytes moved 12 (12 B), lower bound 12; 2 transfers, 1 local copies; estimated 500.00 ms\n"));
+  EXPECT_THAT(text, HasSubstr("bytes moved 12 (12 B), lower bound 12; 2 transfers, 1 local copies; "
+                              "estimated 500.00 ms\n"));
   EXPECT_THAT(text, HasSubstr("   0  broadcast (root 0)    [0, 1]          1    8 B  500.00 ms\n"));
   EXPECT_THAT(text, HasSubstr("reduce_scatter (max)"));
   EXPECT_THAT(text, Not(HasSubstr("per-rank")));

@@ -23,24 +23,21 @@ absl::Status FlagError(absl::string_view flag, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": ", message));
 }
 
-bool Terminal(v1::PlanState state) {
-  return state == v1::COMMITTED || state == v1::ABORTED;
-}
+bool Terminal(v1::PlanState state) { return state == v1::COMMITTED || state == v1::ABORTED; }
 
 // Runs a plan to its end. With `progress`, starts it without waiting and follows WatchPlan,
 // drawing a bar; otherwise one call that returns when the plan has ended.
 absl::StatusOr<v1::RedistributeResponse> RunPlan(
     CoordinatorClient& client,
-    const std::function<absl::StatusOr<v1::RedistributeResponse>(bool wait)>& start,
-    bool progress, const std::string& label, std::ostream& err) {
+    const std::function<absl::StatusOr<v1::RedistributeResponse>(bool wait)>& start, bool progress,
+    const std::string& label, std::ostream& err) {
   absl::StatusOr<v1::RedistributeResponse> response = start(/*wait=*/!progress);
   if (!response.ok() || !progress || Terminal(response->progress().state())) return response;
   ProgressBar bar(err, true, label);
   bar.Update(response->progress().bytes_done(), response->progress().bytes_total());
-  absl::StatusOr<v1::PlanProgress> last =
-      client.WatchPlan(response->progress().plan_id(), [&](const v1::PlanProgress& p) {
-        bar.Update(p.bytes_done(), p.bytes_total());
-      });
+  absl::StatusOr<v1::PlanProgress> last = client.WatchPlan(
+      response->progress().plan_id(),
+      [&](const v1::PlanProgress& p) { bar.Update(p.bytes_done(), p.bytes_total()); });
   bar.Finish();
   if (!last.ok()) return last.status();
   *response->mutable_progress() = *last;
@@ -198,8 +195,8 @@ v1::GatherRequest BuildGatherRequest(const GatherFlags& flags) {
   return request;
 }
 
-int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json,
-                     bool progress, std::ostream& out, std::ostream& err) {
+int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json, bool progress,
+                     std::ostream& out, std::ostream& err) {
   if (flags.to_rank.has_value() && *flags.to_rank < 0) {
     return ReportFlagError(err, "tensor gather",
                            absl::StrCat("--to-rank: ", *flags.to_rank, " is negative"));
@@ -296,21 +293,22 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
   w.Key("npy_dtype").String(NpyDescr(dtype));
   w.Key("bytes").Int(bytes);
   w.EndObject();
-  return ReportJsonOrText(out, json, w.str(),
-                          absl::StrCat("downloaded '", flags.name, "' ", ShapeToString(shape),
-                                       " ", DTypeName(dtype), " (", HumanBytes(bytes), ") to ",
-                                       flags.out_path, "\n"));
+  return ReportJsonOrText(
+      out, json, w.str(),
+      absl::StrCat("downloaded '", flags.name, "' ", ShapeToString(shape), " ", DTypeName(dtype),
+                   " (", HumanBytes(bytes), ") to ", flags.out_path, "\n"));
 }
 
-int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json,
-                     bool progress, std::ostream& out, std::ostream& err) {
+int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json, bool progress,
+                     std::ostream& out, std::ostream& err) {
   constexpr absl::string_view kCommand = "tensor upload";
   if (flags.from_path.empty()) return ReportFlagError(err, kCommand, "--from: empty path");
   if (flags.mesh.empty()) return ReportFlagError(err, kCommand, "--mesh: the tensor needs a mesh");
   std::optional<DType> want;
   if (!flags.dtype.empty()) {
     absl::StatusOr<DType> d = ParseDType(absl::StripAsciiWhitespace(flags.dtype));
-    if (!d.ok()) return ReportFlagError(err, kCommand, absl::StrCat("--dtype: ", d.status().message()));
+    if (!d.ok())
+      return ReportFlagError(err, kCommand, absl::StrCat("--dtype: ", d.status().message()));
     want = *d;
   }
   absl::StatusOr<v1::ShardingSpec> spec = BuildSpec(flags.mesh, flags.placements, flags.flat);
@@ -320,7 +318,8 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
   options.u2_as_bf16 = want == DType::kBF16;
   // The header is checked (and the file's size against it) before anything is sent; the
   // data is then read and sent in pieces, never held whole.
-  absl::StatusOr<std::unique_ptr<NpyFileReader>> file = NpyFileReader::Open(flags.from_path, options);
+  absl::StatusOr<std::unique_ptr<NpyFileReader>> file =
+      NpyFileReader::Open(flags.from_path, options);
   if (!file.ok()) return ReportStatus(err, file.status());
   const NpyFileHeader& npy = (*file)->header();
   if (want.has_value() && *want != npy.dtype) {
@@ -354,9 +353,9 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
     if (read_failed) return ReportStatus(err, tensor.status());
     return ReportStatus(err, tensor.status(), client.address());
   }
-  return ReportJsonOrText(out, json, TensorJson(*tensor),
-                          absl::StrCat("uploaded ", flags.from_path, " as tensor ",
-                                       TensorLine(*tensor), "\n"));
+  return ReportJsonOrText(
+      out, json, TensorJson(*tensor),
+      absl::StrCat("uploaded ", flags.from_path, " as tensor ", TensorLine(*tensor), "\n"));
 }
 
 int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, bool json,
@@ -449,8 +448,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand(
-        "copy", "Write one tensor's values into another of the same shape and dtype (any "
-                "mesh and layout); the destination keeps its layout and gets a new version");
+        "copy",
+        "Write one tensor's values into another of the same shape and dtype (any "
+        "mesh and layout); the destination keeps its layout and gets a new version");
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->required()->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->required()->type_name("DST");
@@ -471,7 +471,8 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand(
-        "upload", "Create (or overwrite) a tensor from a NumPy .npy file, stored in the given layout");
+        "upload",
+        "Create (or overwrite) a tensor from a NumPy .npy file, stored in the given layout");
     auto flags = std::make_shared<UploadFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");

@@ -62,8 +62,8 @@ struct GatherFlags {
   std::optional<int64_t> to_rank;  // One rank instead of every rank of the mesh.
 };
 v1::GatherRequest BuildGatherRequest(const GatherFlags& flags);
-int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json,
-                     bool progress, std::ostream& out, std::ostream& err);
+int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool json, bool progress,
+                     std::ostream& out, std::ostream& err);
 
 struct CopyFlags {
   std::string src;
@@ -89,8 +89,8 @@ struct UploadFlags {
   std::string from_path;
   std::string dtype;  // Empty: the file's. "bf16" reads a '<u2' file as bf16 bits.
 };
-int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json,
-                     bool progress, std::ostream& out, std::ostream& err);
+int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json, bool progress,
+                     std::ostream& out, std::ostream& err);
 
 int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, bool json,
                          std::ostream& out, std::ostream& err);

@@ -10,8 +10,7 @@
 
 namespace shardcoord {
 
-int RunWorkersCommand(CoordinatorClient& client, bool json, std::ostream& out,
-                      std::ostream& err) {
+int RunWorkersCommand(CoordinatorClient& client, bool json, std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
   if (!workers.ok()) return ReportStatus(err, workers.status(), client.address());
   if (json) {

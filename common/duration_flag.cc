@@ -8,8 +8,8 @@ absl::Status ParseDurationFlag(absl::string_view name, absl::string_view text,
                                absl::Duration* out) {
   absl::Duration d;
   if (!absl::ParseDuration(text, &d) || d <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, ": '", text, "' is not a positive duration (e.g. 60s, 500ms)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": '", text, "' is not a positive duration (e.g. 60s, 500ms)"));
   }
   *out = d;
   return absl::OkStatus();

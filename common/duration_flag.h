@@ -11,8 +11,7 @@ namespace shardcoord {
 // ("60s", "500ms", "2m") into `out`. INVALID_ARGUMENT "--<name>: '<text>' is not a positive
 // duration (e.g. 60s, 500ms)" otherwise, the one line a main prints before exiting 2; `out`
 // is then unchanged.
-absl::Status ParseDurationFlag(absl::string_view name, absl::string_view text,
-                               absl::Duration* out);
+absl::Status ParseDurationFlag(absl::string_view name, absl::string_view text, absl::Duration* out);
 
 }  // namespace shardcoord
 

@@ -46,8 +46,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                          client_.get(), std::move(po));
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes);
-  service_ = std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(),
-                                                  io_.get(), options_.worker_client.chunk_message_bytes);
+  service_ =
+      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+                                           options_.worker_client.chunk_message_bytes);
   worker_service_ = std::make_unique<WorkerFacingService>(&clock_, &workers_, &kv_, plans_.get(),
                                                           options_.heartbeat_interval);
   death_logger_ = std::make_unique<DeathLogger>();
@@ -78,8 +79,8 @@ absl::StatusOr<std::string> Coordinator::Start() {
 void Coordinator::HealthLoop() {
   // Checks often enough that a death is noticed within a fraction of the timeout.
   const absl::Duration tick =
-      std::max(absl::Milliseconds(20), std::min(options_.heartbeat_interval,
-                                                options_.heartbeat_timeout / 4));
+      std::max(absl::Milliseconds(20),
+               std::min(options_.heartbeat_interval, options_.heartbeat_timeout / 4));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick);

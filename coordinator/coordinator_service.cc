@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/tensor_streams.h"
-#include "proto/grpc_status.h"
 #include "proto/convert.h"
+#include "proto/grpc_status.h"
 #include "sharding/planner.h"
 
 namespace shardcoord {
@@ -93,10 +93,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerContext* ctx,
                                                          const v1::CreateMeshRequest* req,
                                                          v1::MeshInfo* resp) {
-  absl::StatusOr<MeshRecord> m = meshes_->Create(
-      req->name(), Shape(req->shape().begin(), req->shape().end()),
-      std::vector<std::string>(req->dim_names().begin(), req->dim_names().end()),
-      std::vector<std::string>(req->workers().begin(), req->workers().end()));
+  absl::StatusOr<MeshRecord> m =
+      meshes_->Create(req->name(), Shape(req->shape().begin(), req->shape().end()),
+                      std::vector<std::string>(req->dim_names().begin(), req->dim_names().end()),
+                      std::vector<std::string>(req->workers().begin(), req->workers().end()));
   if (m.ok()) *resp = MeshInfoToProto(*m);
   return Done(ctx, m.status());
 }
@@ -240,8 +240,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerC
   if (!spec.ok()) return Done(ctx, spec.status());
   return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
                  [&](PlanManager::DoneCallback done) {
-    return plans_->Redistribute(req->tensor(), *spec, std::move(done));
-  });
+                   return plans_->Redistribute(req->tensor(), *spec, std::move(done));
+                 });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext* ctx,
@@ -258,8 +258,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
   }
   return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
                  [&](PlanManager::DoneCallback done) {
-    return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
-  });
+                   return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
+                 });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* ctx,
@@ -269,11 +269,13 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
   return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
                  [&](PlanManager::DoneCallback done) {
-    absl::StatusOr<StartedPlan> started = plans_->Copy(req->src(), req->dst(), std::move(done));
-    // Before RunPlan looks at the result, so it is set before a waiting call finishes.
-    if (started.ok()) resp->set_dst_version(started->target_version);
-    return started;
-  });
+                   absl::StatusOr<StartedPlan> started =
+                       plans_->Copy(req->src(), req->dst(), std::move(done));
+                   // Before RunPlan looks at the result, so it is set before a waiting call
+                   // finishes.
+                   if (started.ok()) resp->set_dst_version(started->target_version);
+                   return started;
+                 });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
@@ -434,8 +436,8 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
   UploadSession session_;
 };
 
-grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
-    grpc::CallbackServerContext*, v1::UploadResponse* resp) {
+grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(grpc::CallbackServerContext*,
+                                                                    v1::UploadResponse* resp) {
   return new UploadReactor(io_, resp, Liveness());
 }
 

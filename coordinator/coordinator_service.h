@@ -40,8 +40,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* CreateMesh(grpc::CallbackServerContext* ctx,
                                        const v1::CreateMeshRequest* req,
                                        v1::MeshInfo* resp) override;
-  grpc::ServerUnaryReactor* GetMesh(grpc::CallbackServerContext* ctx,
-                                    const v1::GetMeshRequest* req, v1::MeshInfo* resp) override;
+  grpc::ServerUnaryReactor* GetMesh(grpc::CallbackServerContext* ctx, const v1::GetMeshRequest* req,
+                                    v1::MeshInfo* resp) override;
   grpc::ServerUnaryReactor* ListMeshes(grpc::CallbackServerContext* ctx,
                                        const v1::ListMeshesRequest* req,
                                        v1::ListMeshesResponse* resp) override;
@@ -63,16 +63,14 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Redistribute(grpc::CallbackServerContext* ctx,
                                          const v1::RedistributeRequest* req,
                                          v1::RedistributeResponse* resp) override;
-  grpc::ServerUnaryReactor* Gather(grpc::CallbackServerContext* ctx,
-                                   const v1::GatherRequest* req,
+  grpc::ServerUnaryReactor* Gather(grpc::CallbackServerContext* ctx, const v1::GatherRequest* req,
                                    v1::RedistributeResponse* resp) override;
   grpc::ServerUnaryReactor* Copy(grpc::CallbackServerContext* ctx, const v1::CopyRequest* req,
                                  v1::CopyResponse* resp) override;
   grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
-                                             const v1::PlanRequest* req,
-                                             v1::Plan* resp) override;
-  grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(
-      grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) override;
+                                             const v1::PlanRequest* req, v1::Plan* resp) override;
+  grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(grpc::CallbackServerContext* ctx,
+                                                        const v1::WatchPlanRequest* req) override;
   grpc::ServerReadReactor<v1::TensorData>* Upload(grpc::CallbackServerContext* ctx,
                                                   v1::UploadResponse* resp) override;
   grpc::ServerWriteReactor<v1::TensorData>* Download(grpc::CallbackServerContext* ctx,

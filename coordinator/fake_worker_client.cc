@@ -48,8 +48,8 @@ v1::RankChunks FakeWorkerClient::WithChecksums(const v1::RankChunks& chunks,
     for (int64_t d : c.box().shape()) n *= d;
     const size_t start = static_cast<size_t>(c.local_offset() * element_size);
     const size_t len = static_cast<size_t>(n * element_size);
-    c.set_checksum(start + len <= bytes.size() ? Checksum(absl::string_view(bytes).substr(start, len))
-                                               : 0);
+    c.set_checksum(
+        start + len <= bytes.size() ? Checksum(absl::string_view(bytes).substr(start, len)) : 0);
   }
   return out;
 }
@@ -150,8 +150,7 @@ void FakeWorkerClient::DropTensor(const WorkerEndpoint& worker,
   done(absl::OkStatus());
 }
 
-void FakeWorkerClient::ReadChunk(const WorkerEndpoint& worker,
-                                 const v1::ReadChunkRequest& request,
+void FakeWorkerClient::ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
                                  Callback<std::string> done) {
   absl::Status status;
   std::string out;

@@ -58,8 +58,7 @@ void GrpcWorkerClient::End(grpc::ClientContext* ctx) {
 
 template <typename Req, typename Resp>
 void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeout,
-                             const Req& request, StartFn<Req, Resp> start,
-                             Callback<Resp> done) {
+                             const Req& request, StartFn<Req, Resp> start, Callback<Resp> done) {
   struct Call {
     grpc::ClientContext ctx;
     Req request;
@@ -88,9 +87,8 @@ void GrpcWorkerClient::Execute(const WorkerEndpoint& worker, const v1::PlanFragm
   Unary<v1::PlanFragment, v1::ExecuteResponse>(
       worker, options_.rpc_timeout, fragment,
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::PlanFragment* q,
-         v1::ExecuteResponse* p, std::function<void(grpc::Status)> f) {
-        a->Execute(c, q, p, std::move(f));
-      },
+         v1::ExecuteResponse* p,
+         std::function<void(grpc::Status)> f) { a->Execute(c, q, p, std::move(f)); },
       [done = std::move(done)](absl::StatusOr<v1::ExecuteResponse> r) { done(r.status()); });
 }
 
@@ -99,9 +97,8 @@ void GrpcWorkerClient::FinishPlan(const WorkerEndpoint& worker,
   Unary<v1::FinishPlanRequest, v1::FinishPlanResponse>(
       worker, options_.rpc_timeout, request,
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FinishPlanRequest* q,
-         v1::FinishPlanResponse* p, std::function<void(grpc::Status)> f) {
-        a->FinishPlan(c, q, p, std::move(f));
-      },
+         v1::FinishPlanResponse* p,
+         std::function<void(grpc::Status)> f) { a->FinishPlan(c, q, p, std::move(f)); },
       [done = std::move(done)](absl::StatusOr<v1::FinishPlanResponse> r) { done(r.status()); });
 }
 
@@ -110,9 +107,8 @@ void GrpcWorkerClient::Fill(const WorkerEndpoint& worker, const v1::FillRequest&
   Unary<v1::FillRequest, v1::FillResponse>(
       worker, options_.data_timeout, request,
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FillRequest* q,
-         v1::FillResponse* p, std::function<void(grpc::Status)> f) {
-        a->Fill(c, q, p, std::move(f));
-      },
+         v1::FillResponse* p,
+         std::function<void(grpc::Status)> f) { a->Fill(c, q, p, std::move(f)); },
       std::move(done));
 }
 
@@ -121,9 +117,8 @@ void GrpcWorkerClient::DropTensor(const WorkerEndpoint& worker,
   Unary<v1::DropTensorRequest, v1::DropTensorResponse>(
       worker, options_.rpc_timeout, request,
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::DropTensorRequest* q,
-         v1::DropTensorResponse* p, std::function<void(grpc::Status)> f) {
-        a->DropTensor(c, q, p, std::move(f));
-      },
+         v1::DropTensorResponse* p,
+         std::function<void(grpc::Status)> f) { a->DropTensor(c, q, p, std::move(f)); },
       [done = std::move(done)](absl::StatusOr<v1::DropTensorResponse> r) { done(r.status()); });
 }
 
@@ -175,8 +170,7 @@ class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData>
   Callback<std::string> done_;
 };
 
-void GrpcWorkerClient::ReadChunk(const WorkerEndpoint& worker,
-                                 const v1::ReadChunkRequest& request,
+void GrpcWorkerClient::ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
                                  Callback<std::string> done) {
   auto* call = new ReadCall(this, request, options_.data_timeout, std::move(done));
   call->Start(StubFor(worker.address));
@@ -407,8 +401,8 @@ class GrpcWorkerClient::StreamHandle : public ChunkWriteStream {
 std::shared_ptr<ChunkWriteStream> GrpcWorkerClient::OpenWriteChunk(const WorkerEndpoint& worker,
                                                                    const v1::ChunkData& header) {
   auto state = std::make_shared<StreamCall::State>();
-  auto* call = new StreamCall(this, header, options_.data_timeout, options_.chunk_message_bytes,
-                              state);
+  auto* call =
+      new StreamCall(this, header, options_.data_timeout, options_.chunk_message_bytes, state);
   call->Start(StubFor(worker.address));
   return std::make_shared<StreamHandle>(std::move(state));
 }
@@ -420,10 +414,10 @@ void GrpcWorkerClient::WriteChunk(const WorkerEndpoint& worker, const v1::ChunkD
                                   std::string data, Callback<v1::WriteChunkResponse> done) {
   std::shared_ptr<ChunkWriteStream> stream = OpenWriteChunk(worker, header);
   stream->Write(std::move(data), [](absl::Status) {});
-  stream->Finish([stream, done = std::move(done)](
-                     absl::StatusOr<v1::WriteChunkResponse> response) mutable {
-    done(std::move(response));
-  });
+  stream->Finish(
+      [stream, done = std::move(done)](absl::StatusOr<v1::WriteChunkResponse> response) mutable {
+        done(std::move(response));
+      });
 }
 
 }  // namespace shardcoord

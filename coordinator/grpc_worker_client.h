@@ -65,8 +65,8 @@ class GrpcWorkerClient : public WorkerClient {
   void End(grpc::ClientContext* ctx);
 
   template <typename Req, typename Resp>
-  using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*, const Req*,
-                                     Resp*, std::function<void(grpc::Status)>)>;
+  using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*,
+                                     const Req*, Resp*, std::function<void(grpc::Status)>)>;
   template <typename Req, typename Resp>
   void Unary(const WorkerEndpoint& worker, absl::Duration timeout, const Req& request,
              StartFn<Req, Resp> start, Callback<Resp> done);

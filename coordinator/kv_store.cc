@@ -61,9 +61,8 @@ void KvStore::GetAsync(absl::string_view key, absl::Time deadline, GetCallback d
       w.done = std::move(done);
       // Scheduling under the lock keeps the id and the timer together; the timer never
       // calls back inline, so this cannot re-enter.
-      w.timer = timer_->Schedule(deadline, [this, k = std::string(key), id, deadline] {
-        ExpireGet(k, id, deadline);
-      });
+      w.timer = timer_->Schedule(
+          deadline, [this, k = std::string(key), id, deadline] { ExpireGet(k, id, deadline); });
       return;
     }
   }
@@ -82,8 +81,8 @@ void KvStore::ExpireGet(const std::string& key, int64_t waiter_id, absl::Time de
     it->second.erase(w);
     if (it->second.empty()) get_waiters_.erase(it);
   }
-  done(absl::DeadlineExceededError(absl::StrCat("key '", key, "' was not set by ",
-                                                absl::FormatTime(deadline))));
+  done(absl::DeadlineExceededError(
+      absl::StrCat("key '", key, "' was not set by ", absl::FormatTime(deadline))));
 }
 
 void KvStore::Barrier(absl::string_view key, int64_t participants, absl::string_view member,
@@ -91,8 +90,8 @@ void KvStore::Barrier(absl::string_view key, int64_t participants, absl::string_
   if (key.empty()) return done(absl::InvalidArgumentError("key: empty"));
   if (member.empty()) return done(absl::InvalidArgumentError("member: empty"));
   if (participants < 1) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("participants = ", participants, " must be >= 1")));
+    return done(
+        absl::InvalidArgumentError(absl::StrCat("participants = ", participants, " must be >= 1")));
   }
   std::vector<DoneCallback> ok_now;
   DoneCallback superseded;
@@ -120,9 +119,8 @@ void KvStore::Barrier(absl::string_view key, int64_t participants, absl::string_
       if (static_cast<int64_t>(b.waiting.size()) + 1 < participants) {
         BarrierMember& bm = b.waiting[m];
         bm.done = std::move(done);
-        bm.timer = timer_->Schedule(deadline, [this, k = std::string(key), m] {
-          ExpireBarrierMember(k, m);
-        });
+        bm.timer = timer_->Schedule(deadline,
+                                    [this, k = std::string(key), m] { ExpireBarrierMember(k, m); });
       } else {
         b.complete = true;
         for (auto& [name, w] : b.waiting) {
@@ -136,7 +134,8 @@ void KvStore::Barrier(absl::string_view key, int64_t participants, absl::string_
   }
   if (!status.ok()) return done(status);
   for (Timer::Id id : cancel) timer_->Cancel(id);
-  if (superseded) superseded(absl::AbortedError("superseded by a newer arrival of the same member"));
+  if (superseded)
+    superseded(absl::AbortedError("superseded by a newer arrival of the same member"));
   for (DoneCallback& f : ok_now) f(absl::OkStatus());
 }
 
@@ -217,4 +216,3 @@ size_t KvStore::num_waiters() const {
 }
 
 }  // namespace shardcoord
-

@@ -3,7 +3,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -32,8 +32,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--plan-timeout", plan_timeout, "a plan not done by then is aborted")
       ->capture_default_str();
-  app.add_flag("--no-collectives", no_collectives,
-               "lower every plan to point-to-point steps");
+  app.add_flag("--no-collectives", no_collectives, "lower every plan to point-to-point steps");
   app.add_option("--io-band-bytes", options.io_band_bytes,
                  "whole uploads and downloads stream through the coordinator in bands of at "
                  "most this many bytes along dim 0 (at least one dim-0 index each); it holds "

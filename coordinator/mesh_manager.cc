@@ -20,10 +20,11 @@ absl::StatusOr<MeshRecord> MeshManager::Create(const std::string& name, const Sh
     }
   }
   absl::StatusOr<int64_t> size = CheckedProduct(shape);
-  if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("shape: ", size.status().message()));
+  if (!size.ok())
+    return absl::InvalidArgumentError(absl::StrCat("shape: ", size.status().message()));
   if (!dim_names.empty() && dim_names.size() != shape.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("dim_names: ", dim_names.size(),
-                                                   " names for a ", shape.size(), "-d mesh"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dim_names: ", dim_names.size(), " names for a ", shape.size(), "-d mesh"));
   }
 
   MeshRecord record;
@@ -43,9 +44,8 @@ absl::StatusOr<MeshRecord> MeshManager::Create(const std::string& name, const Sh
     }
   } else {
     if (static_cast<int64_t>(workers.size()) != *size) {
-      return absl::InvalidArgumentError(absl::StrCat("workers: ", workers.size(),
-                                                     " given for a mesh of ", *size,
-                                                     " positions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("workers: ", workers.size(), " given for a mesh of ", *size, " positions"));
     }
     std::set<std::string> seen;
     for (size_t i = 0; i < workers.size(); ++i) {

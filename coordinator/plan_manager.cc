@@ -28,11 +28,16 @@ std::string ChunksString(const std::vector<Chunk>& chunks) {
 
 std::string PlanStateName(PlanState state) {
   switch (state) {
-    case PlanState::kPending: return "PENDING";
-    case PlanState::kPrepared: return "PREPARED";
-    case PlanState::kTransferred: return "TRANSFERRED";
-    case PlanState::kCommitted: return "COMMITTED";
-    case PlanState::kAborted: return "ABORTED";
+    case PlanState::kPending:
+      return "PENDING";
+    case PlanState::kPrepared:
+      return "PREPARED";
+    case PlanState::kTransferred:
+      return "TRANSFERRED";
+    case PlanState::kCommitted:
+      return "COMMITTED";
+    case PlanState::kAborted:
+      return "ABORTED";
   }
   return "UNKNOWN";
 }
@@ -71,8 +76,8 @@ absl::StatusOr<PlanManager::Target> PlanManager::ResolveSpec(const TensorRecord&
                                                              const Spec& spec) const {
   const std::string mesh_name = spec.mesh.empty() ? tensor.mesh : spec.mesh;
   if (mesh_name.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "target.mesh: tensor '", tensor.name, "' is on no mesh; name the target mesh"));
+    return absl::InvalidArgumentError(absl::StrCat("target.mesh: tensor '", tensor.name,
+                                                   "' is on no mesh; name the target mesh"));
   }
   absl::StatusOr<MeshRecord> mesh = meshes_->Get(mesh_name);
   if (!mesh.ok()) return mesh.status();
@@ -117,17 +122,15 @@ absl::StatusOr<StartedPlan> PlanManager::DryRun(const std::string& tensor, const
   return out;
 }
 
-absl::StatusOr<StartedPlan> PlanManager::Redistribute(const std::string& tensor,
-                                                      const Spec& spec, DoneCallback done) {
+absl::StatusOr<StartedPlan> PlanManager::Redistribute(const std::string& tensor, const Spec& spec,
+                                                      DoneCallback done) {
   return Start(
       tensor, tensor, [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
       std::move(done));
 }
 
-absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor,
-                                                const std::string& mesh,
-                                                std::optional<int64_t> to_rank,
-                                                DoneCallback done) {
+absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor, const std::string& mesh,
+                                                std::optional<int64_t> to_rank, DoneCallback done) {
   return Start(
       tensor, tensor,
       [&](const TensorRecord& rec) -> absl::StatusOr<Target> {
@@ -176,8 +179,8 @@ absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std:
 absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRecord& dst) {
   if (src.shape != dst.shape) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dst: tensor '", dst.name, "' has shape [", absl::StrJoin(dst.shape, ", "),
-        "] but src '", src.name, "' has shape [", absl::StrJoin(src.shape, ", "), "]"));
+        "dst: tensor '", dst.name, "' has shape [", absl::StrJoin(dst.shape, ", "), "] but src '",
+        src.name, "' has shape [", absl::StrJoin(src.shape, ", "), "]"));
   }
   if (src.dtype != dst.dtype) {
     return absl::InvalidArgumentError(absl::StrCat("dst: tensor '", dst.name, "' has dtype ",
@@ -205,8 +208,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return w.status();
     if (!w->alive) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          w->Describe(), " in the target layout is dead (", w->death_reason, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(w->Describe(), " in the target layout is dead (", w->death_reason, ")"));
     }
   }
 
@@ -271,9 +274,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
     if (!w->alive) {
-      return fail(absl::FailedPreconditionError(
-          absl::StrCat(w->Describe(), " takes part in the plan but is dead (", w->death_reason,
-                       ")")));
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          w->Describe(), " takes part in the plan but is dead (", w->death_reason, ")")));
     }
     Participant& p = e.participants[r];
     p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
@@ -325,9 +327,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
   }
   for (auto& [endpoint, fragment] : fragments) {
     const int64_t rank = endpoint.rank;
-    client_->Execute(endpoint, fragment, [this, id, rank](absl::Status s) {
-      OnExecuteDone(id, rank, s);
-    });
+    client_->Execute(endpoint, fragment,
+                     [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
   }
   return out;
 }
@@ -346,8 +347,8 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
     if (e.state_ended() || e.closing) return;
     Participant& p = e.participants.at(rank);
     if (!status.ok()) {
-      abort_reason = absl::StrCat(Describe(p.endpoint), " could not start its fragment: ",
-                                  status.ToString());
+      abort_reason =
+          absl::StrCat(Describe(p.endpoint), " could not start its fragment: ", status.ToString());
     } else if (!p.executed) {
       p.executed = true;
       ++e.executed;
@@ -378,8 +379,8 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
     }
     Entry& e = it->second;
     if (e.state_ended() || e.closing) {
-      return absl::AbortedError(absl::StrCat("plan ", e.id, " already ended (",
-                                             PlanStateName(e.state), ")"));
+      return absl::AbortedError(
+          absl::StrCat("plan ", e.id, " already ended (", PlanStateName(e.state), ")"));
     }
     auto pit = e.participants.find(report.rank);
     if (pit == e.participants.end()) {
@@ -388,10 +389,10 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
     }
     Participant& p = pit->second;
     if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
-      return absl::AbortedError(absl::StrCat(
-          "report for rank ", report.rank, " from worker ", report.worker, " incarnation ",
-          report.incarnation, " is stale: plan ", e.id, " runs with ", Describe(p.endpoint),
-          " incarnation ", p.endpoint.incarnation));
+      return absl::AbortedError(
+          absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
+                       " incarnation ", report.incarnation, " is stale: plan ", e.id, " runs with ",
+                       Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
     }
     if (!report.error.empty()) {
       const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
@@ -453,9 +454,9 @@ void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& re
       auto it = e.participants.find(worker.rank);
       if (it != e.participants.end() && it->second.endpoint.incarnation == worker.incarnation) {
         // The death is the cause; a peer's error seen in the grace is its echo.
-        aborts.emplace_back(id, absl::StrCat(worker.Describe(), " ", reason,
-                                             e.failing.empty() ? "" : "; before that, ",
-                                             e.failing));
+        aborts.emplace_back(id,
+                            absl::StrCat(worker.Describe(), " ", reason,
+                                         e.failing.empty() ? "" : "; before that, ", e.failing));
       }
     }
   }
@@ -472,14 +473,14 @@ absl::StatusOr<LayoutChecksums> PlanManager::CheckReports(const Entry& e) {
     const RankChunks& want = planned != nullptr ? *planned : kNothing;
     if (p.chunks.chunks != want.chunks ||
         (planned != nullptr && p.chunks.local_elements != want.local_elements)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Describe(p.endpoint), " reported chunks ", ChunksString(p.chunks.chunks),
-          " but the plan's target for it is ", ChunksString(want.chunks)));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Describe(p.endpoint), " reported chunks ", ChunksString(p.chunks.chunks),
+                       " but the plan's target for it is ", ChunksString(want.chunks)));
     }
     if (p.checksums.size() != p.chunks.chunks.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Describe(p.endpoint), " reported ", p.checksums.size(), " checksums for ",
-          p.chunks.chunks.size(), " chunks"));
+      return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint), " reported ",
+                                                        p.checksums.size(), " checksums for ",
+                                                        p.chunks.chunks.size(), " chunks"));
     }
   }
   // The reported metadata must form a valid layout on its own (coverage, bounds, overlap).
@@ -492,16 +493,15 @@ absl::StatusOr<LayoutChecksums> PlanManager::CheckReports(const Entry& e) {
     reported.push_back(std::move(r));
     sums.push_back(p.checksums);
   }
-  absl::StatusOr<Layout> layout = Layout::FromChunks(
-      target.global_shape(), std::move(reported), target.num_partials(), target.partial_op());
+  absl::StatusOr<Layout> layout = Layout::FromChunks(target.global_shape(), std::move(reported),
+                                                     target.num_partials(), target.partial_op());
   if (!layout.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("reported layout is invalid: ", layout.status().message()));
   }
   // Replicas (same box, same partial index) must hold the same bytes.
   if (absl::Status s = CheckReplicaChecksums(
-          target, sums,
-          [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
+          target, sums, [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
       !s.ok()) {
     return s;
   }

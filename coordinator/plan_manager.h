@@ -77,7 +77,7 @@ struct PlanManagerOptions {
 
 // A plan that was started (or, for a dry run, only planned).
 struct StartedPlan {
-  std::string id;  // Empty for a dry run.
+  std::string id;      // Empty for a dry run.
   std::string tensor;  // The tensor that gets the new version (a Copy's dst).
   std::shared_ptr<const Plan> plan;
   PlanProgress progress;
@@ -99,10 +99,10 @@ struct WorkerReport {
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
 // or ABORTED. A plan holds its tensor busy (a Copy holds both; a second plan on a busy
-// tensor is ABORTED; plans on different tensors run at once), sends each participating worker its fragment, collects
-// every worker's final report, validates them (each rank holds exactly its planned target
-// chunks, the layout validates, replicas agree on checksums) and only then commits the new
-// layout and tells workers to drop the old version. Any failure before that - a worker
+// tensor is ABORTED; plans on different tensors run at once), sends each participating worker its
+// fragment, collects every worker's final report, validates them (each rank holds exactly its
+// planned target chunks, the layout validates, replicas agree on checksums) and only then commits
+// the new layout and tells workers to drop the old version. Any failure before that - a worker
 // error, a failed validation, a participant that dies or re-registers, the plan timeout -
 // aborts it everywhere: workers drop the new buffers and the old layout stays authoritative.
 //
@@ -216,8 +216,7 @@ class PlanManager : public WorkerListener {
   };
 
   absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
-                                                       const Layout& source,
-                                                       const Layout& target);
+                                                       const Layout& source, const Layout& target);
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except

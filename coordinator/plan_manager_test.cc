@@ -58,8 +58,8 @@ class PlanManagerTest : public ::testing::Test {
     t.dtype = dtype;
     t.mesh = mesh;
     t.spec = placements;
-    t.layout = *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape,
-                                       *ParsePlacements(placements));
+    t.layout =
+        *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
     t.version = tensors_.NewVersion();
     ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
     LayoutChecksums sums;
@@ -209,7 +209,8 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   CreateTensor("T");
   const TensorRecord before = *tensors_.Get("T");
   std::optional<Outcome> done;
-  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("S(1)", "N"), Record(&done));
+  absl::StatusOr<StartedPlan> started =
+      plans_.Redistribute("T", Target("S(1)", "N"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   std::map<int64_t, v1::PlanFragment> fragments = Fragments(started->id);
   ASSERT_TRUE(plans_.Report(FinalReport(fragments[0])).ok());
@@ -341,8 +342,7 @@ TEST_F(PlanManagerTest, LostChunksFailBeforeAnythingStarts) {
   ASSERT_TRUE(meshes_.Create("two", {2}, {}, {"w0", "w1"}).ok());
   s = plans_.Redistribute("T", Target("S(0)", "two"), nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.message(),
-            "tensor 'T' lost 1 chunk with no live replica: [4:8, 0:4] on ranks 2, 3");
+  EXPECT_EQ(s.message(), "tensor 'T' lost 1 chunk with no live replica: [4:8, 0:4] on ranks 2, 3");
   EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
   EXPECT_EQ(client_.calls("Execute"), 0);
 }
@@ -508,8 +508,7 @@ TEST_F(PlanManagerTest, DryRunSendsNothingAndBadSpecsAreInvalid) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
   EXPECT_EQ(plans_.DryRun("nope", Target("R")).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(plans_.DryRun("T", Target("R", "nomesh")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(plans_.DryRun("T", Target("R", "nomesh")).status().code(), absl::StatusCode::kNotFound);
   // The second identical plan comes from the cache.
   ASSERT_TRUE(plans_.DryRun("T", Target("R,S(1)")).ok());
   EXPECT_GE(plans_.cache_hits(), 1);
@@ -521,9 +520,8 @@ TEST_F(PlanManagerTest, WatchingAnEndedPlanGetsItsFinalStateOnce) {
   ASSERT_TRUE(started.ok());
   ReportAll(started->id);
   std::vector<PlanProgress> seen;
-  absl::StatusOr<int64_t> w = plans_.Watch(started->id, [&](const PlanProgress& p) {
-    seen.push_back(p);
-  });
+  absl::StatusOr<int64_t> w =
+      plans_.Watch(started->id, [&](const PlanProgress& p) { seen.push_back(p); });
   ASSERT_TRUE(w.ok());
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].state, PlanState::kCommitted);
@@ -684,8 +682,8 @@ TEST_F(PlanManagerTest, CopyFailureMidwayKeepsBothVersions) {
     ++aborts;
   }
   EXPECT_EQ(aborts, 4);
-  for (const auto& [name, before] : {std::make_pair("src", src_before),
-                                     std::make_pair("dst", dst_before)}) {
+  for (const auto& [name, before] :
+       {std::make_pair("src", src_before), std::make_pair("dst", dst_before)}) {
     const TensorRecord after = *tensors_.Get(name);
     EXPECT_EQ(after.version, before.version) << name;
     EXPECT_EQ(after.layout, before.layout) << name;

@@ -187,9 +187,9 @@ TEST_F(ServiceTest, MeshesAndTensors) {
   EXPECT_EQ(info.bytes(), 128);
   ASSERT_EQ(info.layout().ranks_size(), 4);
   EXPECT_NE(info.layout().ranks(0).chunks(0).checksum(), 0u);
-  EXPECT_EQ(info.layout().ranks(0).chunks(0).checksum(), info.layout().ranks(1).chunks(0).checksum());
-  EXPECT_EQ(CreateTensor("T", "M", "S(0),R", &info).error_code(),
-            grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(info.layout().ranks(0).chunks(0).checksum(),
+            info.layout().ranks(1).chunks(0).checksum());
+  EXPECT_EQ(CreateTensor("T", "M", "S(0),R", &info).error_code(), grpc::StatusCode::ALREADY_EXISTS);
   grpc::Status bad_dtype = CreateTensor("U", "M", "S(0),R", &info, v1::DTYPE_UNSPECIFIED);
   EXPECT_EQ(bad_dtype.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(bad_dtype.error_message(), "dtype: unspecified");

@@ -73,8 +73,7 @@ TEST(ChooseSourcesTest, OneLiveReplicaPerChunkSpreadOverHolders) {
   EXPECT_EQ(all[0], (BandSource{Box({0, 0}, {4, 4}), 0, 0}));
   EXPECT_EQ(all[1], (BandSource{Box({4, 0}, {4, 4}), 0, 2}));
   // Dead holders are skipped.
-  std::vector<BandSource> some =
-      ChooseSources(layout, [](int64_t r) { return r != 0 && r != 2; });
+  std::vector<BandSource> some = ChooseSources(layout, [](int64_t r) { return r != 0 && r != 2; });
   ASSERT_EQ(some.size(), 2u);
   EXPECT_EQ(some[0].rank, 1);
   EXPECT_EQ(some[1].rank, 3);

@@ -102,8 +102,8 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
       } else {
         absl::StatusOr<RankChunks> got = RankChunksFromProto(*r, "chunks", &sums);
         if (!got.ok()) {
-          s = absl::InternalError(absl::StrCat(Describe(ep), " answered with bad chunks: ",
-                                               got.status().message()));
+          s = absl::InternalError(
+              absl::StrCat(Describe(ep), " answered with bad chunks: ", got.status().message()));
         } else if (got->chunks != want.chunks) {
           s = absl::InternalError(
               absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
@@ -174,8 +174,7 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
   const std::string name = args.name;
   // A Partial(sum) tensor holds its value in contribution 0 and zeros in the others (as
   // ChunkUnsharded splits one); avg, min and max hold the value in every contribution.
-  const bool zero_other_partials =
-      layout->is_partial() && layout->partial_op() == ReduceOp::kSum;
+  const bool zero_other_partials = layout->is_partial() && layout->partial_op() == ReduceOp::kSum;
   ForEachRank(
       *layout, *endpoints,
       [this, base, zero_other_partials](const WorkerEndpoint& ep, const RankChunks& rc,
@@ -192,13 +191,12 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
           cb(r->chunks());
         });
       },
-      [this, name, op, version, eps = *endpoints,
-       done](absl::StatusOr<LayoutChecksums> sums) {
+      [this, name, op, version, eps = *endpoints, done](absl::StatusOr<LayoutChecksums> sums) {
         if (!sums.ok()) {
           Drop(eps, name, version);
           tensors_->CancelCreate(name, op);
-          return done(absl::Status(sums.status().code(),
-                                   absl::StrCat("creating '", name, "': ", sums.status().message())));
+          return done(absl::Status(sums.status().code(), absl::StrCat("creating '", name, "': ",
+                                                                      sums.status().message())));
         }
         if (absl::Status s = tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
             !s.ok()) {
@@ -226,10 +224,10 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
   up->args_ = args;
   up->replace_ = existing.ok();
   if (up->replace_ && (existing->shape != args.shape || existing->dtype != args.dtype)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "tensor '", args.name, "' exists as ", ShapeToString(existing->shape), " ",
-        DTypeName(existing->dtype), ", not ", ShapeToString(args.shape), " ",
-        DTypeName(args.dtype)));
+    return absl::AlreadyExistsError(
+        absl::StrCat("tensor '", args.name, "' exists as ", ShapeToString(existing->shape), " ",
+                     DTypeName(existing->dtype), ", not ", ShapeToString(args.shape), " ",
+                     DTypeName(args.dtype)));
   }
   if (args.spec.has_value()) {
     up->mesh_name_ =
@@ -258,8 +256,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
   if (!WritesInOrder(up->layout_, up->plan_)) {
     up->plan_ = BandPlan(args.shape, es, std::numeric_limits<int64_t>::max());
   }
-  up->zero_partials_ =
-      up->layout_.is_partial() && up->layout_.partial_op() == ReduceOp::kSum;
+  up->zero_partials_ = up->layout_.is_partial() && up->layout_.partial_op() == ReduceOp::kSum;
 
   up->op_ = NewOp("upload");
   up->version_ = tensors_->NewVersion();
@@ -301,13 +298,12 @@ TensorIo::UploadStream::~UploadStream() { Abort(); }
 void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallback done) {
   const int64_t es = ElementSize(args_.dtype);
   if (i != next_band_ || i >= plan_.num_bands()) {
-    return done(absl::InternalError(
-        absl::StrCat("band ", i, " written out of order (expected ", next_band_, " of ",
-                     plan_.num_bands(), ")")));
+    return done(absl::InternalError(absl::StrCat("band ", i, " written out of order (expected ",
+                                                 next_band_, " of ", plan_.num_bands(), ")")));
   }
   if (static_cast<int64_t>(data.size()) != plan_.band_bytes(i)) {
-    return done(absl::InternalError(absl::StrCat("band ", i, " has ", data.size(),
-                                                 " bytes, not ", plan_.band_bytes(i))));
+    return done(absl::InternalError(
+        absl::StrCat("band ", i, " has ", data.size(), " bytes, not ", plan_.band_bytes(i))));
   }
   ++next_band_;
   const Box band = plan_.band(i);
@@ -430,16 +426,16 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
                       });
       },
       [io = io_, name = args_.name, op = op_, version = version_, replace = replace_,
-       mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_,
-       old_version = old_version_, old_holders = old_holders_, eps = endpoints_,
-       streams, done](absl::StatusOr<LayoutChecksums> sums) {
+       mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_, old_version = old_version_,
+       old_holders = old_holders_, eps = endpoints_, streams,
+       done](absl::StatusOr<LayoutChecksums> sums) {
         auto fail = [&](const absl::Status& s) {
           io->FailUpload(name, op, version, replace, mesh_name, eps, s, done);
         };
         if (!sums.ok()) return fail(sums.status());
         if (!replace) {
-          if (absl::Status s = io->tensors_->FinishCreate(name, op, *std::move(sums),
-                                                          Incarnations(eps));
+          if (absl::Status s =
+                  io->tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
               !s.ok()) {
             return fail(s);
           }
@@ -467,9 +463,9 @@ void TensorIo::Upload(const UploadArgs& args, std::string data, TensorCallback d
   absl::StatusOr<int64_t> bytes = CheckedBytes(args.shape, es);
   if (!bytes.ok()) return done(bytes.status());
   if (static_cast<int64_t>(data.size()) != *bytes) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "data: ", data.size(), " bytes for a ", ShapeToString(args.shape), " ",
-        DTypeName(args.dtype), " tensor of ", *bytes, " bytes")));
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("data: ", data.size(), " bytes for a ", ShapeToString(args.shape), " ",
+                     DTypeName(args.dtype), " tensor of ", *bytes, " bytes")));
   }
   absl::StatusOr<std::shared_ptr<UploadStream>> up = StartUpload(args);
   if (!up.ok()) return done(up.status());
@@ -491,7 +487,8 @@ void TensorIo::Upload(const UploadArgs& args, std::string data, TensorCallback d
       return feed->up->Finish(feed->done);
     }
     const int64_t n = feed->up->band_bytes(band);
-    std::string bytes = feed->data.substr(static_cast<size_t>(feed->offset), static_cast<size_t>(n));
+    std::string bytes =
+        feed->data.substr(static_cast<size_t>(feed->offset), static_cast<size_t>(n));
     feed->offset += n;
     std::shared_ptr<std::function<void(int64_t)>> again = weak.lock();
     feed->up->WriteBand(band, std::move(bytes), [feed, again, band](absl::Status s) {
@@ -510,9 +507,10 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   absl::StatusOr<TensorRecord> t = tensors_->Get(args.name);
   if (!t.ok()) return done(t.status());
   if (t->shape != args.shape || t->dtype != args.dtype) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "header: ", ShapeToString(args.shape), " ", DTypeName(args.dtype), " does not match tensor '",
-        args.name, "' (", ShapeToString(t->shape), " ", DTypeName(t->dtype), ")")));
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("header: ", ShapeToString(args.shape), " ", DTypeName(args.dtype),
+                     " does not match tensor '", args.name, "' (", ShapeToString(t->shape), " ",
+                     DTypeName(t->dtype), ")")));
   }
   const int64_t rank = *args.rank;
   const RankChunks* rc = t->layout.Find(rank);
@@ -522,9 +520,9 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   }
   const int64_t es = ElementSize(t->dtype);
   if (static_cast<int64_t>(data.size()) != rc->local_elements * es) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("data: ", data.size(), " bytes but rank ", rank, "'s local buffer of '",
-                     args.name, "' holds ", rc->local_elements * es)));
+    return done(absl::InvalidArgumentError(absl::StrCat("data: ", data.size(), " bytes but rank ",
+                                                        rank, "'s local buffer of '", args.name,
+                                                        "' holds ", rc->local_elements * es)));
   }
   absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
   if (!w.ok()) return done(w.status());
@@ -558,31 +556,29 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   header.set_total_bytes(static_cast<int64_t>(data.size()));
   const std::string name = args.name;
   const std::vector<Chunk> want = rc->chunks;
-  client_->WriteChunk(ep, header, std::move(data),
-                      [this, name, op, ep, want, done](absl::StatusOr<v1::WriteChunkResponse> r) {
-                        absl::Status s;
-                        ChunkChecksums sums;
-                        if (!r.ok()) {
-                          s = absl::UnavailableError(
-                              absl::StrCat(Describe(ep), ": ", r.status().ToString()));
-                        } else {
-                          absl::StatusOr<RankChunks> got =
-                              RankChunksFromProto(r->chunks(), "chunks", &sums);
-                          if (!got.ok() || got->chunks != want) {
-                            s = absl::InternalError(absl::StrCat(
-                                Describe(ep), " answered with other chunks than it was given"));
-                          }
-                        }
-                        if (s.ok()) s = tensors_->UpdateRank(name, op, ep.rank, sums, ep.incarnation);
-                        tensors_->Release(name, op);
-                        EndRankUpload(name);
-                        if (!s.ok()) {
-                          return done(absl::Status(
-                              s.code(), absl::StrCat("uploading rank ", ep.rank, " of '", name,
-                                                     "': ", s.message())));
-                        }
-                        done(tensors_->Get(name));
-                      });
+  client_->WriteChunk(
+      ep, header, std::move(data),
+      [this, name, op, ep, want, done](absl::StatusOr<v1::WriteChunkResponse> r) {
+        absl::Status s;
+        ChunkChecksums sums;
+        if (!r.ok()) {
+          s = absl::UnavailableError(absl::StrCat(Describe(ep), ": ", r.status().ToString()));
+        } else {
+          absl::StatusOr<RankChunks> got = RankChunksFromProto(r->chunks(), "chunks", &sums);
+          if (!got.ok() || got->chunks != want) {
+            s = absl::InternalError(
+                absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
+          }
+        }
+        if (s.ok()) s = tensors_->UpdateRank(name, op, ep.rank, sums, ep.incarnation);
+        tensors_->Release(name, op);
+        EndRankUpload(name);
+        if (!s.ok()) {
+          return done(absl::Status(s.code(), absl::StrCat("uploading rank ", ep.rank, " of '", name,
+                                                          "': ", s.message())));
+        }
+        done(tensors_->Get(name));
+      });
 }
 
 void TensorIo::EndRankUpload(const std::string& name) {
@@ -620,8 +616,8 @@ absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload
   {
     absl::MutexLock lock(&mu_);
     if (rank_uploads_.contains(name)) {
-      return absl::AbortedError(absl::StrCat("tensor '", name,
-                                             "' is busy with a rank upload: retry after it"));
+      return absl::AbortedError(
+          absl::StrCat("tensor '", name, "' is busy with a rank upload: retry after it"));
     }
     ++downloads_[name];
   }
@@ -687,8 +683,8 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
   // is that chunk's piece as is. With partials, contribution 0 (sources are ordered so) is
   // copied first, the others are reduced in once all arrived, avg divides at the end.
   const bool disjoint = !layout.is_partial();
-  const bool whole_piece = disjoint && state->reads.size() == 1 &&
-                           state->reads[0].piece.box == state->band;
+  const bool whole_piece =
+      disjoint && state->reads.size() == 1 && state->reads[0].piece.box == state->band;
   if (disjoint && !whole_piece) {
     state->out.assign(static_cast<size_t>(state->band.Volume() * es), '\0');
   }
@@ -698,10 +694,9 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     std::string out(static_cast<size_t>(band.Volume() * es), '\0');
     for (Read& r : state->reads) {
       const Box& box = r.piece.box;
-      absl::Status s =
-          r.piece.partial_index == 0
-              ? CopyBox(box, r.data.data(), box, out.data(), band, es)
-              : ReduceIntoBox(box, r.data.data(), box, out.data(), band, dtype, op);
+      absl::Status s = r.piece.partial_index == 0
+                           ? CopyBox(box, r.data.data(), box, out.data(), band, es)
+                           : ReduceIntoBox(box, r.data.data(), box, out.data(), band, dtype, op);
       if (!s.ok()) return state->done(absl::InternalError(s.message()));
       std::string().swap(r.data);
     }
@@ -723,37 +718,39 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     req.set_tensor(tensor_.name);
     req.set_version(tensor_.version);
     *req.mutable_box() = BoxToProto(r.piece.box);
-    io_->client_->ReadChunk(r.from, req, [state, k, es, disjoint, whole_piece,
-                                          assemble](absl::StatusOr<std::string> got) {
-      Read& r = state->reads[k];
-      absl::Status s;
-      if (!got.ok()) {
-        s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
-                                                Describe(r.from), ": ", got.status().ToString()));
-      } else if (static_cast<int64_t>(got->size()) != r.piece.box.Volume() * es) {
-        s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
-                                                Describe(r.from), ": got ", got->size(),
-                                                " bytes, want ", r.piece.box.Volume() * es));
-      } else if (whole_piece) {
-        state->out = *std::move(got);
-      } else if (disjoint) {
-        s = CopyBox(r.piece.box, got->data(), r.piece.box, state->out.data(), state->band, es);
-        if (!s.ok()) s = absl::InternalError(s.message());
-      } else {
-        r.data = *std::move(got);
-      }
-      bool last = false;
-      absl::Status error;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) state->error = s;
-        last = --state->remaining == 0;
-        error = state->error;
-      }
-      if (!last) return;
-      if (!error.ok()) return state->done(state->stream->ReadFailed(error));
-      assemble();
-    });
+    io_->client_->ReadChunk(
+        r.from, req,
+        [state, k, es, disjoint, whole_piece, assemble](absl::StatusOr<std::string> got) {
+          Read& r = state->reads[k];
+          absl::Status s;
+          if (!got.ok()) {
+            s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
+                                                    Describe(r.from), ": ",
+                                                    got.status().ToString()));
+          } else if (static_cast<int64_t>(got->size()) != r.piece.box.Volume() * es) {
+            s = absl::UnavailableError(absl::StrCat("reading ", r.piece.box.ToString(), " from ",
+                                                    Describe(r.from), ": got ", got->size(),
+                                                    " bytes, want ", r.piece.box.Volume() * es));
+          } else if (whole_piece) {
+            state->out = *std::move(got);
+          } else if (disjoint) {
+            s = CopyBox(r.piece.box, got->data(), r.piece.box, state->out.data(), state->band, es);
+            if (!s.ok()) s = absl::InternalError(s.message());
+          } else {
+            r.data = *std::move(got);
+          }
+          bool last = false;
+          absl::Status error;
+          {
+            absl::MutexLock lock(&state->mu);
+            if (!s.ok() && state->error.ok()) state->error = s;
+            last = --state->remaining == 0;
+            error = state->error;
+          }
+          if (!last) return;
+          if (!error.ok()) return state->done(state->stream->ReadFailed(error));
+          assemble();
+        });
   }
 }
 

@@ -190,8 +190,7 @@ class TensorIo {
   using RankCall = std::function<void(const WorkerEndpoint&, const RankChunks&,
                                       WorkerClient::Callback<v1::RankChunks>)>;
   void ForEachRank(const Layout& layout, const std::vector<WorkerEndpoint>& endpoints,
-                   const RankCall& call,
-                   std::function<void(absl::StatusOr<LayoutChecksums>)> done);
+                   const RankCall& call, std::function<void(absl::StatusOr<LayoutChecksums>)> done);
   // Live endpoints for every rank of `layout`; FAILED_PRECONDITION naming a dead one.
   absl::StatusOr<std::vector<WorkerEndpoint>> Endpoints(const Layout& layout) const;
   // Endpoints of the ranks of `layout` whose worker is known, live or not (whom to tell to
@@ -199,10 +198,9 @@ class TensorIo {
   std::vector<WorkerEndpoint> Holders(const Layout& layout) const;
   // A whole upload failed: drops its new version everywhere, gives the tensor back (or the
   // reservation of a new one up) and reports `s` naming the tensor, when `done` is set.
-  void FailUpload(const std::string& name, const std::string& op, int64_t version,
-                  bool replace, const std::string& mesh_name,
-                  const std::vector<WorkerEndpoint>& endpoints, const absl::Status& s,
-                  const TensorCallback& done);
+  void FailUpload(const std::string& name, const std::string& op, int64_t version, bool replace,
+                  const std::string& mesh_name, const std::vector<WorkerEndpoint>& endpoints,
+                  const absl::Status& s, const TensorCallback& done);
   void Drop(const std::vector<WorkerEndpoint>& endpoints, const std::string& tensor,
             int64_t version);
   void UploadRank(const UploadArgs& args, std::string data, TensorCallback done);

@@ -167,8 +167,7 @@ TEST_F(TensorIoTest, CreateValidation) {
   absl::Status bad = Create("U", "S(2),R").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.message(), "spec.placements[0]: S(2) on a 2-d tensor");
-  EXPECT_EQ(Create("U", "S(0)", v1::ZEROS, "nomesh").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Create("U", "S(0)", v1::ZEROS, "nomesh").status().code(), absl::StatusCode::kNotFound);
   Kill(3);
   absl::Status dead = Create("U", "S(0)", v1::ZEROS, "N").status();
   EXPECT_EQ(dead.code(), absl::StatusCode::kFailedPrecondition);

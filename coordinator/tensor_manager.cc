@@ -71,14 +71,12 @@ absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& 
   if (!lost.empty()) {
     std::vector<std::string> names;
     for (const LostChunk& c : lost) names.push_back(c.ToString());
-    return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", tensor.name, "' lost ", lost.size(), " chunk",
-                     lost.size() > 1 ? "s" : "", " with no live replica: ",
-                     absl::StrJoin(names, "; ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", tensor.name, "' lost ", lost.size(), " chunk", lost.size() > 1 ? "s" : "",
+        " with no live replica: ", absl::StrJoin(names, "; ")));
   }
-  absl::StatusOr<Layout> out = Layout::FromChunks(tensor.shape, std::move(ranks),
-                                                  tensor.layout.num_partials(),
-                                                  tensor.layout.partial_op());
+  absl::StatusOr<Layout> out = Layout::FromChunks(
+      tensor.shape, std::move(ranks), tensor.layout.num_partials(), tensor.layout.partial_op());
   if (!out.ok()) {
     return absl::InternalError(absl::StrCat("live replicas of '", tensor.name,
                                             "' do not form a layout: ", out.status().message()));
@@ -197,15 +195,13 @@ void TensorManager::Release(absl::string_view name, const std::string& op,
   if (!target_mesh.empty()) meshes_->RemoveUser(target_mesh, name);
 }
 
-absl::Status TensorManager::Commit(absl::string_view name, const std::string& op,
-                                   NewState state) {
+absl::Status TensorManager::Commit(absl::string_view name, const std::string& op, NewState state) {
   std::string old_mesh;
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
     if (it == tensors_.end() || it->second.busy_plan != op) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tensor '", name, "' is not held by ", op));
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
     }
     TensorRecord& t = it->second;
     old_mesh = t.mesh;
@@ -222,9 +218,8 @@ absl::Status TensorManager::Commit(absl::string_view name, const std::string& op
   return absl::OkStatus();
 }
 
-absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string& op,
-                                       int64_t rank, ChunkChecksums checksums,
-                                       int64_t incarnation) {
+absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
+                                       ChunkChecksums checksums, int64_t incarnation) {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(name);
   if (it == tensors_.end() || it->second.busy_plan != op) {
@@ -235,9 +230,8 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i].rank != rank) continue;
     if (checksums.size() != ranks[i].chunks.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " holds ",
-                                                     ranks[i].chunks.size(), " chunks, not ",
-                                                     checksums.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", rank, " holds ", ranks[i].chunks.size(), " chunks, not ", checksums.size()));
     }
     if (t.checksums.size() != ranks.size()) t.checksums.resize(ranks.size());
     t.checksums[i] = std::move(checksums);

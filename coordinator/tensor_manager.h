@@ -91,8 +91,7 @@ class TensorManager {
   absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& op,
                                        const std::string& target_mesh = "");
   // Ends `op` without changes. No-op when `op` does not hold the tensor.
-  void Release(absl::string_view name, const std::string& op,
-               const std::string& target_mesh = "");
+  void Release(absl::string_view name, const std::string& op, const std::string& target_mesh = "");
 
   struct NewState {
     std::string mesh;  // Must be the target mesh given to Acquire (or the current mesh).

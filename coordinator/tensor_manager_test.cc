@@ -13,7 +13,8 @@ using ::testing::HasSubstr;
 
 class TensorManagerTest : public ::testing::Test {
  protected:
-  TensorManagerTest() : workers_(&clock_, absl::Seconds(5)), meshes_(&workers_), tensors_(&meshes_) {
+  TensorManagerTest()
+      : workers_(&clock_, absl::Seconds(5)), meshes_(&workers_), tensors_(&meshes_) {
     for (const char* name : {"w0", "w1", "w2", "w3"}) {
       EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", "addr", "gloo"}).ok());
     }

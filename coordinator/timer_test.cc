@@ -15,7 +15,9 @@ TEST(FakeTimerTest, RunsDueCallbacksInTimeOrderWithTheClockAtTheirTime) {
   std::vector<std::pair<int, absl::Time>> ran;
   timer.Schedule(t0 + absl::Seconds(3), [&] { ran.push_back({3, clock.Now()}); });
   timer.Schedule(t0 + absl::Seconds(1), [&] { ran.push_back({1, clock.Now()}); });
-  const Timer::Id cancelled = timer.Schedule(t0 + absl::Seconds(2), [&] { ran.push_back({2, clock.Now()}); });
+  const Timer::Id cancelled = timer.Schedule(t0 + absl::Seconds(2), [&] {
+    ran.push_back({2, clock.Now()});
+  });
   EXPECT_TRUE(timer.Cancel(cancelled));
   EXPECT_FALSE(timer.Cancel(cancelled));
 

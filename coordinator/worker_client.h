@@ -99,10 +99,9 @@ class CollectingChunkWriteStream : public ChunkWriteStream {
 
 }  // namespace internal_worker_client
 
-inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(
-    const WorkerEndpoint& worker, const v1::ChunkData& header) {
-  return std::make_shared<internal_worker_client::CollectingChunkWriteStream>(this, worker,
-                                                                              header);
+inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(const WorkerEndpoint& worker,
+                                                                      const v1::ChunkData& header) {
+  return std::make_shared<internal_worker_client::CollectingChunkWriteStream>(this, worker, header);
 }
 
 }  // namespace shardcoord

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "proto/grpc_status.h"
 #include "proto/convert.h"
+#include "proto/grpc_status.h"
 
 namespace shardcoord {
 namespace {
@@ -23,9 +23,9 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
 
 }  // namespace
 
-grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(
-    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
-    v1::RegisterWorkerResponse* resp) {
+grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                              const v1::RegisterWorkerRequest* req,
+                                                              v1::RegisterWorkerResponse* resp) {
   absl::StatusOr<WorkerRecord> w = workers_->Register(
       WorkerSpec{req->name(), req->host(), req->device(), req->address(), req->backend()});
   if (!w.ok()) return Done(ctx, w.status());

@@ -15,8 +15,8 @@ namespace shardcoord {
 // Barrier) finish their reactor from the store's callback, never blocking a thread.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv,
-                      PlanManager* plans, absl::Duration heartbeat_interval)
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv, PlanManager* plans,
+                      absl::Duration heartbeat_interval)
       : clock_(clock),
         workers_(workers),
         kv_(kv),
@@ -33,8 +33,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
                                   v1::KvSetResponse* resp) override;
   grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* ctx, const v1::KvGetRequest* req,
                                   v1::KvGetResponse* resp) override;
-  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx,
-                                    const v1::BarrierRequest* req,
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* ctx, const v1::BarrierRequest* req,
                                     v1::BarrierResponse* resp) override;
   grpc::ServerUnaryReactor* ReportChunks(grpc::CallbackServerContext* ctx,
                                          const v1::ReportChunksRequest* req,

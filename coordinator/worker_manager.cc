@@ -94,8 +94,9 @@ std::vector<WorkerRecord> WorkerManager::CheckHealth(absl::Time now) {
     for (WorkerRecord& w : workers_) {
       if (!w.alive || now - w.last_heartbeat <= heartbeat_timeout_) continue;
       w.alive = false;
-      w.death_reason = absl::StrCat("no heartbeat for ", absl::FormatDuration(now - w.last_heartbeat),
-                                    " (timeout ", absl::FormatDuration(heartbeat_timeout_), ")");
+      w.death_reason =
+          absl::StrCat("no heartbeat for ", absl::FormatDuration(now - w.last_heartbeat),
+                       " (timeout ", absl::FormatDuration(heartbeat_timeout_), ")");
       lost.emplace_back(w, absl::StrCat("died: ", w.death_reason));
     }
   }

@@ -45,16 +45,26 @@ std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<T>& r) {
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
   switch (dtype) {
-    case v1::F32: return DType::kF32;
-    case v1::F64: return DType::kF64;
-    case v1::F16: return DType::kF16;
-    case v1::BF16: return DType::kBF16;
-    case v1::I8: return DType::kI8;
-    case v1::U8: return DType::kU8;
-    case v1::I32: return DType::kI32;
-    case v1::I64: return DType::kI64;
-    case v1::DTYPE_UNSPECIFIED: return Bad(field, "unspecified");
-    default: break;
+    case v1::F32:
+      return DType::kF32;
+    case v1::F64:
+      return DType::kF64;
+    case v1::F16:
+      return DType::kF16;
+    case v1::BF16:
+      return DType::kBF16;
+    case v1::I8:
+      return DType::kI8;
+    case v1::U8:
+      return DType::kU8;
+    case v1::I32:
+      return DType::kI32;
+    case v1::I64:
+      return DType::kI64;
+    case v1::DTYPE_UNSPECIFIED:
+      return Bad(field, "unspecified");
+    default:
+      break;
   }
   return Bad(field, "unknown value ", static_cast<int>(dtype));
 }
@@ -67,47 +77,70 @@ v1::DType DTypeToProto(DType dtype) {
 absl::StatusOr<ReduceOp> ReduceOpFromProto(v1::ReduceOp op, absl::string_view field) {
   switch (op) {
     case v1::REDUCE_OP_UNSPECIFIED:
-    case v1::SUM: return ReduceOp::kSum;
-    case v1::AVG: return ReduceOp::kAvg;
-    case v1::MIN: return ReduceOp::kMin;
-    case v1::MAX: return ReduceOp::kMax;
-    default: break;
+    case v1::SUM:
+      return ReduceOp::kSum;
+    case v1::AVG:
+      return ReduceOp::kAvg;
+    case v1::MIN:
+      return ReduceOp::kMin;
+    case v1::MAX:
+      return ReduceOp::kMax;
+    default:
+      break;
   }
   return Bad(field, "unknown reduce op ", static_cast<int>(op));
 }
 
 v1::ReduceOp ReduceOpToProto(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return v1::SUM;
-    case ReduceOp::kAvg: return v1::AVG;
-    case ReduceOp::kMin: return v1::MIN;
-    case ReduceOp::kMax: return v1::MAX;
+    case ReduceOp::kSum:
+      return v1::SUM;
+    case ReduceOp::kAvg:
+      return v1::AVG;
+    case ReduceOp::kMin:
+      return v1::MIN;
+    case ReduceOp::kMax:
+      return v1::MAX;
   }
   return v1::REDUCE_OP_UNSPECIFIED;
 }
 
 absl::StatusOr<StepOp> StepOpFromProto(v1::StepOp op, absl::string_view field) {
   switch (op) {
-    case v1::ALL_GATHER: return StepOp::kAllGather;
-    case v1::REDUCE_SCATTER: return StepOp::kReduceScatter;
-    case v1::ALL_REDUCE: return StepOp::kAllReduce;
-    case v1::ALL_TO_ALL: return StepOp::kAllToAll;
-    case v1::BROADCAST: return StepOp::kBroadcast;
-    case v1::POINT_TO_POINT: return StepOp::kPointToPoint;
-    case v1::STEP_OP_UNSPECIFIED: return Bad(field, "unspecified");
-    default: break;
+    case v1::ALL_GATHER:
+      return StepOp::kAllGather;
+    case v1::REDUCE_SCATTER:
+      return StepOp::kReduceScatter;
+    case v1::ALL_REDUCE:
+      return StepOp::kAllReduce;
+    case v1::ALL_TO_ALL:
+      return StepOp::kAllToAll;
+    case v1::BROADCAST:
+      return StepOp::kBroadcast;
+    case v1::POINT_TO_POINT:
+      return StepOp::kPointToPoint;
+    case v1::STEP_OP_UNSPECIFIED:
+      return Bad(field, "unspecified");
+    default:
+      break;
   }
   return Bad(field, "unknown step op ", static_cast<int>(op));
 }
 
 v1::StepOp StepOpToProto(StepOp op) {
   switch (op) {
-    case StepOp::kAllGather: return v1::ALL_GATHER;
-    case StepOp::kReduceScatter: return v1::REDUCE_SCATTER;
-    case StepOp::kAllReduce: return v1::ALL_REDUCE;
-    case StepOp::kAllToAll: return v1::ALL_TO_ALL;
-    case StepOp::kBroadcast: return v1::BROADCAST;
-    case StepOp::kPointToPoint: return v1::POINT_TO_POINT;
+    case StepOp::kAllGather:
+      return v1::ALL_GATHER;
+    case StepOp::kReduceScatter:
+      return v1::REDUCE_SCATTER;
+    case StepOp::kAllReduce:
+      return v1::ALL_REDUCE;
+    case StepOp::kAllToAll:
+      return v1::ALL_TO_ALL;
+    case StepOp::kBroadcast:
+      return v1::BROADCAST;
+    case StepOp::kPointToPoint:
+      return v1::POINT_TO_POINT;
   }
   return v1::STEP_OP_UNSPECIFIED;
 }
@@ -157,8 +190,7 @@ absl::StatusOr<Placement> PlacementFromProto(const v1::Placement& p, absl::strin
     case v1::Placement::kShard: {
       std::vector<int64_t> sizes = ToVector(p.shard().sizes());
       for (size_t i = 0; i < sizes.size(); ++i) {
-        if (absl::Status s = NonNegative(Index(Sub(field, "shard.sizes"), i), sizes[i]);
-            !s.ok()) {
+        if (absl::Status s = NonNegative(Index(Sub(field, "shard.sizes"), i), sizes[i]); !s.ok()) {
           return s;
         }
       }
@@ -210,8 +242,8 @@ absl::Status CheckPlacements(absl::Span<const Placement> placements, const Shape
         return Bad(item, p.ToString(), " on a ", ndim, "-d tensor");
       }
       if (!p.sizes.empty() && static_cast<int64_t>(p.sizes.size()) != mesh.shape(i)) {
-        return Bad(item, p.ToString(), " has ", p.sizes.size(), " sizes but mesh dim ", i,
-                   " has ", mesh.shape(i), " positions");
+        return Bad(item, p.ToString(), " has ", p.sizes.size(), " sizes but mesh dim ", i, " has ",
+                   mesh.shape(i), " positions");
       }
       for (size_t j = 0; j < p.sizes.size(); ++j) {
         if (p.sizes[j] < 0) return Bad(item, p.ToString(), ": size ", p.sizes[j], " < 0");
@@ -314,8 +346,8 @@ v1::ShardingSpec SpecToProto(const Spec& spec) {
   return out;
 }
 
-absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh,
-                                     const Shape& shape, absl::string_view field) {
+absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh, const Shape& shape,
+                                     absl::string_view field) {
   if (spec.is_flat) {
     const std::string f = Sub(field, "flat");
     if (static_cast<int64_t>(spec.flat.size()) != mesh.size()) {
@@ -342,8 +374,7 @@ absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view f
   if (absl::Status s = NonNegative(Sub(field, "local_offset"), chunk.local_offset()); !s.ok()) {
     return s;
   }
-  if (absl::Status s = NonNegative(Sub(field, "partial_index"), chunk.partial_index());
-      !s.ok()) {
+  if (absl::Status s = NonNegative(Sub(field, "partial_index"), chunk.partial_index()); !s.ok()) {
     return s;
   }
   if (checksum != nullptr) *checksum = chunk.checksum();
@@ -359,8 +390,7 @@ v1::Chunk ChunkToProto(const Chunk& chunk, uint64_t checksum) {
   return out;
 }
 
-absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc,
-                                               absl::string_view field,
+absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc, absl::string_view field,
                                                ChunkChecksums* checksums) {
   RankChunks out;
   if (absl::Status s = NonNegative(Sub(field, "rank"), rc.rank()); !s.ok()) return s;
@@ -408,8 +438,8 @@ absl::StatusOr<Layout> LayoutFromProto(const v1::Layout& layout, absl::string_vi
   std::vector<RankChunks> ranks;
   LayoutChecksums sums;
   for (int i = 0; i < layout.ranks_size(); ++i) {
-    absl::StatusOr<RankChunks> rc = RankChunksFromProto(
-        layout.ranks(i), Index(Sub(field, "ranks"), i), &sums.emplace_back());
+    absl::StatusOr<RankChunks> rc =
+        RankChunksFromProto(layout.ranks(i), Index(Sub(field, "ranks"), i), &sums.emplace_back());
     if (!rc.ok()) return rc.status();
     ranks.push_back(*std::move(rc));
   }

@@ -61,8 +61,7 @@ absl::Status CheckPlacements(absl::Span<const Placement> placements, const Shape
 
 absl::StatusOr<FlatSpec> FlatSpecFromProto(
     const google::protobuf::RepeatedPtrField<v1::RankRanges>& ranks, absl::string_view field);
-void FlatSpecToProto(const FlatSpec& spec,
-                     google::protobuf::RepeatedPtrField<v1::RankRanges>* out);
+void FlatSpecToProto(const FlatSpec& spec, google::protobuf::RepeatedPtrField<v1::RankRanges>* out);
 
 // A parsed ShardingSpec: placements (one per mesh dim) or a flat spec (one entry per mesh
 // position), and the mesh name it refers to (empty = the caller's default mesh).
@@ -77,20 +76,19 @@ struct Spec {
 };
 
 // Exactly one of placements, flat, placements_text, flat_text must be given.
-absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec,
-                                   absl::string_view field = "spec");
+absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec, absl::string_view field = "spec");
 // Fills placements or flat and the matching text field.
 v1::ShardingSpec SpecToProto(const Spec& spec);
 
 // The layout of a tensor of `shape` on `mesh` under `spec` (spec.mesh is not looked at).
 // Errors are INVALID_ARGUMENT prefixed with `field`.
-absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh,
-                                     const Shape& shape, absl::string_view field = "spec");
+absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh, const Shape& shape,
+                                     absl::string_view field = "spec");
 
 // ---- Chunks and layouts ------------------------------------------------------------------
 // sharding/ types carry no checksums; they travel next to them, index for index.
 
-using ChunkChecksums = std::vector<uint64_t>;        // One per chunk of a RankChunks.
+using ChunkChecksums = std::vector<uint64_t>;         // One per chunk of a RankChunks.
 using LayoutChecksums = std::vector<ChunkChecksums>;  // One per rank, in Layout::ranks() order.
 
 absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view field,
@@ -98,8 +96,7 @@ absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view f
 v1::Chunk ChunkToProto(const Chunk& chunk, uint64_t checksum = 0);
 
 // Checks each chunk on its own (box, offsets); ValidateLayout checks them together.
-absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc,
-                                               absl::string_view field,
+absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc, absl::string_view field,
                                                ChunkChecksums* checksums = nullptr);
 // `checksums` empty = all unknown (0); otherwise one per chunk.
 v1::RankChunks RankChunksToProto(const RankChunks& rc, absl::Span<const uint64_t> checksums = {});

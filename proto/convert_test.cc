@@ -121,8 +121,7 @@ TEST(ConvertTest, SpecFromTextAndStructured) {
 }
 
 TEST(ConvertTest, SpecErrorsNameTheField) {
-  EXPECT_EQ(ErrorOf(SpecFromProto(v1::ShardingSpec())),
-            "spec: no placements or flat ranges given");
+  EXPECT_EQ(ErrorOf(SpecFromProto(v1::ShardingSpec())), "spec: no placements or flat ranges given");
   v1::ShardingSpec both;
   both.set_placements_text("R");
   both.set_flat_text("0:4");
@@ -219,11 +218,10 @@ TEST(ConvertTest, LayoutFromProtoValidates) {
 Plan TwoStepPlan() {
   Plan plan;
   plan.source = *Layout::FromPlacements(Mesh({4}), {8}, {Placement::Shard(0)});
-  plan.target = *Layout::FromChunks(
-      {8}, {RankChunks{0, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
-            RankChunks{1, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
-            RankChunks{2, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4},
-            RankChunks{3, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4}});
+  plan.target = *Layout::FromChunks({8}, {RankChunks{0, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
+                                          RankChunks{1, {}, {Chunk{Box({0}, {4}), 0, 0}}, 4},
+                                          RankChunks{2, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4},
+                                          RankChunks{3, {}, {Chunk{Box({4}, {4}), 0, 0}}, 4}});
   plan.dtype = DType::kF32;
   for (int64_t r = 0; r < 4; ++r) {
     plan.local_copies.push_back(LocalCopy{r, Box({2 * r}, {2}), false, 0});

@@ -79,8 +79,7 @@ absl::StatusOr<Box> Box::Create(Shape offset, Shape shape) {
                                                      " has a negative value in dim ", d));
     }
     if (!CheckedAdd(offset[d], shape[d]).ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("box end overflows int64 in dim ", d));
+      return absl::InvalidArgumentError(absl::StrCat("box end overflows int64 in dim ", d));
     }
   }
   if (absl::StatusOr<int64_t> v = CheckedProduct(shape); !v.ok()) return v.status();

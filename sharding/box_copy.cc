@@ -330,8 +330,7 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
   return absl::OkStatus();
 }
 
-absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box,
-                                          int64_t element_size) {
+absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int64_t element_size) {
   absl::StatusOr<BoxCopyRuns> p = PlanBoxCopy(region, box, region, element_size);
   if (!p.ok()) return p.status();
   RegionRuns out;

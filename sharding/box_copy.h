@@ -71,8 +71,7 @@ struct RegionRuns {
   int64_t run_bytes = 0;
   std::vector<int64_t> offsets;
 };
-absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box,
-                                          int64_t element_size);
+absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int64_t element_size);
 
 // `box` cut along its outermost dim of extent > 1 into consecutive slabs of at most
 // `max_bytes` each (at least one index of that dim per slab, so a slab exceeds `max_bytes`

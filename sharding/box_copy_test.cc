@@ -119,9 +119,9 @@ TEST(CopyBoxTest, ScalarAndEmptyRegions) {
   ASSERT_TRUE(CopyBox(Box(), &x, Box(), &y, Box(), sizeof(double)).ok());
   EXPECT_EQ(y, 2.5);
   // Empty regions copy nothing and accept null buffers.
-  EXPECT_TRUE(CopyBox(Box({1, 0}, {0, 3}), nullptr, Box({0, 0}, {2, 3}), nullptr,
-                      Box({0, 0}, {1, 3}), 4)
-                  .ok());
+  EXPECT_TRUE(
+      CopyBox(Box({1, 0}, {0, 3}), nullptr, Box({0, 0}, {2, 3}), nullptr, Box({0, 0}, {1, 3}), 4)
+          .ok());
   // An empty region need not lie inside the boxes (as Box::Contains).
   EXPECT_TRUE(CopyBox(Box({9}, {0}), nullptr, Box({0}, {2}), nullptr, Box({0}, {2}), 4).ok());
 }
@@ -184,13 +184,15 @@ void CheckReduce(DType dtype, ReduceOp op, std::mt19937_64& rng) {
   const Box region({1, 2}, {3, 3});
   // Small integers: exact in every type, so float sums compare exactly.
   std::vector<T> src(src_box.Volume()), dst(dst_box.Volume());
-  for (T& v : src) v = static_cast<T>(static_cast<int>(rng() % 41) - (std::is_signed_v<T> ? 20 : 0));
-  for (T& v : dst) v = static_cast<T>(static_cast<int>(rng() % 41) - (std::is_signed_v<T> ? 20 : 0));
+  for (T& v : src)
+    v = static_cast<T>(static_cast<int>(rng() % 41) - (std::is_signed_v<T> ? 20 : 0));
+  for (T& v : dst)
+    v = static_cast<T>(static_cast<int>(rng() % 41) - (std::is_signed_v<T> ? 20 : 0));
   std::vector<T> want = dst;
   ForEachIndex(region, [&](const Shape& idx) {
     T& d = want[LinearIndex(dst_box, idx)];
     const T s = src[LinearIndex(src_box, idx)];
-    d = op == ReduceOp::kSum ? static_cast<T>(d + s)
+    d = op == ReduceOp::kSum   ? static_cast<T>(d + s)
         : op == ReduceOp::kMin ? std::min(d, s)
                                : std::max(d, s);
   });
@@ -210,7 +212,7 @@ void CheckReduce16(DType dtype, ReduceOp op, std::mt19937_64& rng) {
   std::vector<float> want(16);
   for (int i = 0; i < 16; ++i) {
     const float d = from(dst[i]), s = from(src[i]);
-    want[i] = (i < 3 || i >= 13)       ? d
+    want[i] = (i < 3 || i >= 13)     ? d
               : op == ReduceOp::kSum ? d + s
               : op == ReduceOp::kMin ? std::min(d, s)
                                      : std::max(d, s);
@@ -331,7 +333,8 @@ TEST(BFloat16Test, RoundTripsAndRoundsTiesToEven) {
   EXPECT_EQ(FloatToBFloat16(1.0f), 0x3F80);
   EXPECT_EQ(FloatToBFloat16(-1.0f), 0xBF80);
   EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::max()), 0x7F80);  // Rounds up to inf.
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(
+      std::isnan(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));
   // A NaN whose payload lives only in the low 16 bits must not become infinity.
   float low_nan;
   const uint32_t bits = 0x7F800001;
@@ -348,7 +351,8 @@ TEST(BFloat16Test, RoundTripsAndRoundsTiesToEven) {
     const float mid = lo + (hi - lo) / 2;
     ASSERT_EQ(FloatToBFloat16(mid), (b & 1) ? b + 1 : b) << b;
     ASSERT_EQ(FloatToBFloat16(std::nextafter(mid, 0.0f)), b) << b;
-    ASSERT_EQ(FloatToBFloat16(std::nextafter(mid, std::numeric_limits<float>::infinity())), b + 1) << b;
+    ASSERT_EQ(FloatToBFloat16(std::nextafter(mid, std::numeric_limits<float>::infinity())), b + 1)
+        << b;
   }
 }
 

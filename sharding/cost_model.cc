@@ -39,9 +39,9 @@ absl::StatusOr<CostModel> ParseCostModel(absl::string_view text) {
     } else if (key == "inter_gbps") {
       m.inter_beta_s_per_byte = 1.0 / (v * 1e9);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cost model key '", key,
-          "' is unknown (intra_alpha_us, intra_gbps, inter_alpha_us, inter_gbps)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cost model key '", key,
+                       "' is unknown (intra_alpha_us, intra_gbps, inter_alpha_us, inter_gbps)"));
     }
   }
   return m;
@@ -73,15 +73,13 @@ double EstimateAllGather(const CostModel& m, int64_t n, int64_t piece_bytes, boo
   return (n - 1) * (m.Alpha(same_host) + piece_bytes * m.Beta(same_host));
 }
 
-double EstimateReduceScatter(const CostModel& m, int64_t n, int64_t piece_bytes,
-                             bool same_host) {
+double EstimateReduceScatter(const CostModel& m, int64_t n, int64_t piece_bytes, bool same_host) {
   return EstimateAllGather(m, n, piece_bytes, same_host);
 }
 
 double EstimateAllReduce(const CostModel& m, int64_t n, int64_t bytes, bool same_host) {
   if (n < 2) return 0;
-  return 2.0 * (n - 1) * m.Alpha(same_host) +
-         2.0 * (n - 1) / n * bytes * m.Beta(same_host);
+  return 2.0 * (n - 1) * m.Alpha(same_host) + 2.0 * (n - 1) / n * bytes * m.Beta(same_host);
 }
 
 double EstimateBroadcast(const CostModel& m, int64_t n, int64_t bytes, bool same_host) {

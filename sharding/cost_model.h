@@ -16,10 +16,10 @@ namespace shardcoord {
 // Defaults are round numbers for NVLink-class intra-host and 100 Gb/s-class inter-host links;
 // measure and set them for real clusters.
 struct CostModel {
-  double intra_alpha_s = 5e-6;                 // Same host.
-  double intra_beta_s_per_byte = 1.0 / 20e9;   // 20 GB/s.
-  double inter_alpha_s = 20e-6;                // Across hosts.
-  double inter_beta_s_per_byte = 1.0 / 10e9;   // 10 GB/s.
+  double intra_alpha_s = 5e-6;                // Same host.
+  double intra_beta_s_per_byte = 1.0 / 20e9;  // 20 GB/s.
+  double inter_alpha_s = 20e-6;               // Across hosts.
+  double inter_beta_s_per_byte = 1.0 / 10e9;  // 10 GB/s.
 
   double Alpha(bool same_host) const { return same_host ? intra_alpha_s : inter_alpha_s; }
   double Beta(bool same_host) const {
@@ -64,8 +64,7 @@ class HostMap {
 // what one rank contributes; reduce-scatter: what one rank receives, per contribution);
 // `bytes` the full buffer (all-reduce, broadcast).
 double EstimateAllGather(const CostModel& m, int64_t n, int64_t piece_bytes, bool same_host);
-double EstimateReduceScatter(const CostModel& m, int64_t n, int64_t piece_bytes,
-                             bool same_host);
+double EstimateReduceScatter(const CostModel& m, int64_t n, int64_t piece_bytes, bool same_host);
 double EstimateAllReduce(const CostModel& m, int64_t n, int64_t bytes, bool same_host);
 double EstimateBroadcast(const CostModel& m, int64_t n, int64_t bytes, bool same_host);
 // Grouped point-to-point (also all-to-all): every rank pays one alpha per peer plus its bytes

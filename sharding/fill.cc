@@ -36,7 +36,8 @@ double FillValue(FillKind kind, uint64_t seed, int64_t flat_index) {
     case FillKind::kArange:
       return static_cast<double>(flat_index);
     case FillKind::kRandom:
-      return static_cast<double>(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(flat_index))) >> 40) /
+      return static_cast<double>(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(flat_index))) >>
+                                 40) /
              static_cast<double>(1 << 24);
   }
   return 0.0;
@@ -44,38 +45,53 @@ double FillValue(FillKind kind, uint64_t seed, int64_t flat_index) {
 
 double LoadAsDouble(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return Load<float>(data, i);
-    case DType::kF64: return Load<double>(data, i);
-    case DType::kF16: return HalfToFloat(Load<uint16_t>(data, i));
-    case DType::kBF16: return BFloat16ToFloat(Load<uint16_t>(data, i));
-    case DType::kI8: return Load<int8_t>(data, i);
-    case DType::kU8: return Load<uint8_t>(data, i);
-    case DType::kI32: return Load<int32_t>(data, i);
-    case DType::kI64: return static_cast<double>(Load<int64_t>(data, i));
+    case DType::kF32:
+      return Load<float>(data, i);
+    case DType::kF64:
+      return Load<double>(data, i);
+    case DType::kF16:
+      return HalfToFloat(Load<uint16_t>(data, i));
+    case DType::kBF16:
+      return BFloat16ToFloat(Load<uint16_t>(data, i));
+    case DType::kI8:
+      return Load<int8_t>(data, i);
+    case DType::kU8:
+      return Load<uint8_t>(data, i);
+    case DType::kI32:
+      return Load<int32_t>(data, i);
+    case DType::kI64:
+      return static_cast<double>(Load<int64_t>(data, i));
   }
   return 0;
 }
 
 void StoreFromDouble(void* data, DType dtype, int64_t i, double v) {
   switch (dtype) {
-    case DType::kF32: return Store<float>(data, i, static_cast<float>(v));
-    case DType::kF64: return Store<double>(data, i, v);
-    case DType::kF16: return Store<uint16_t>(data, i, FloatToHalf(static_cast<float>(v)));
-    case DType::kBF16: return Store<uint16_t>(data, i, FloatToBFloat16(static_cast<float>(v)));
+    case DType::kF32:
+      return Store<float>(data, i, static_cast<float>(v));
+    case DType::kF64:
+      return Store<double>(data, i, v);
+    case DType::kF16:
+      return Store<uint16_t>(data, i, FloatToHalf(static_cast<float>(v)));
+    case DType::kBF16:
+      return Store<uint16_t>(data, i, FloatToBFloat16(static_cast<float>(v)));
     // Integer types wrap as the C++ conversion of the int64 value does (arange past 127 in i8).
-    case DType::kI8: return Store<int8_t>(data, i, static_cast<int8_t>(static_cast<int64_t>(v)));
-    case DType::kU8: return Store<uint8_t>(data, i, static_cast<uint8_t>(static_cast<int64_t>(v)));
-    case DType::kI32: return Store<int32_t>(data, i, static_cast<int32_t>(static_cast<int64_t>(v)));
-    case DType::kI64: return Store<int64_t>(data, i, static_cast<int64_t>(v));
+    case DType::kI8:
+      return Store<int8_t>(data, i, static_cast<int8_t>(static_cast<int64_t>(v)));
+    case DType::kU8:
+      return Store<uint8_t>(data, i, static_cast<uint8_t>(static_cast<int64_t>(v)));
+    case DType::kI32:
+      return Store<int32_t>(data, i, static_cast<int32_t>(static_cast<int64_t>(v)));
+    case DType::kI64:
+      return Store<int64_t>(data, i, static_cast<int64_t>(v));
   }
 }
 
 absl::Status FillBox(FillKind kind, uint64_t seed, const Shape& global_shape, const Box& box,
                      DType dtype, void* out) {
   if (box.ndim() != static_cast<int>(global_shape.size()) || !box.InBounds(global_shape)) {
-    return absl::InvalidArgumentError(absl::StrCat("fill box ", box.ToString(),
-                                                   " is outside tensor ",
-                                                   ShapeToString(global_shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fill box ", box.ToString(), " is outside tensor ", ShapeToString(global_shape)));
   }
   const int64_t n = box.Volume();
   if (n == 0) return absl::OkStatus();

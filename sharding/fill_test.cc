@@ -53,7 +53,7 @@ TEST(FillTest, HalfRoundTripsEveryValue) {
   }
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00);  // Overflow to +inf.
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7c00);                // Overflow to +inf.
   EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00);  // Tie rounds to even.
   EXPECT_EQ(FloatToHalf(1.0f + 3.0f / 2048), 0x3c02);
 }

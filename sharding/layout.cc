@@ -69,9 +69,9 @@ absl::Status CheckNoOverlap(const std::vector<RankedBox>& boxes, int ndim) {
   if (std::optional<std::pair<size_t, size_t>> hit = FindOverlap(ptrs, owners)) {
     const RankedBox& a = boxes[hit->first];
     const RankedBox& b = boxes[hit->second];
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank ", b.rank, " chunk ", b.box.ToString(), " overlaps rank ", a.rank, " chunk ",
-        a.box.ToString(), " and they are not identical replicas"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", b.rank, " chunk ", b.box.ToString(), " overlaps rank ", a.rank,
+                     " chunk ", a.box.ToString(), " and they are not identical replicas"));
   }
   return absl::OkStatus();
 }

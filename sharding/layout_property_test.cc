@@ -125,8 +125,7 @@ void ForEachElement(const Shape& shape, const Box& box, F f) {
 
 // Brute-force statement of what ValidateLayout promises, element by element. Returns "" if
 // valid, else why not. Values in these tests are small, so plain arithmetic is safe here.
-std::string Oracle(const Shape& shape, const std::vector<RankChunks>& ranks,
-                   int64_t num_partials) {
+std::string Oracle(const Shape& shape, const std::vector<RankChunks>& ranks, int64_t num_partials) {
   const int ndim = static_cast<int>(shape.size());
   const int64_t numel = Box::Whole(shape).Volume();
   std::set<int64_t> seen_ranks;
@@ -186,9 +185,9 @@ TEST(LayoutPropertyTest, PlacementLayoutsCoverEachElementOncePerReplica) {
     const Shape shape = RandomShape(rng);
     const std::vector<Placement> placements = RandomPlacements(rng, mesh, shape);
     absl::StatusOr<Layout> l = Layout::FromPlacements(mesh, shape, placements);
-    const std::string what = absl::StrCat("iter ", iter, ": ", PlacementsToString(placements),
-                                          " on ", mesh.ToString(), " tensor ",
-                                          ShapeToString(shape));
+    const std::string what =
+        absl::StrCat("iter ", iter, ": ", PlacementsToString(placements), " on ", mesh.ToString(),
+                     " tensor ", ShapeToString(shape));
     ASSERT_TRUE(l.ok()) << what << ": " << l.status();
     ASSERT_TRUE(ValidateLayout(shape, l->ranks(), l->num_partials()).ok()) << what;
     ASSERT_EQ(Oracle(shape, l->ranks(), l->num_partials()), "") << what;
@@ -213,8 +212,8 @@ TEST(LayoutPropertyTest, PlacementLayoutsCoverEachElementOncePerReplica) {
       ForEachElement(shape, c.box, [&](int64_t f) { ++holders[c.partial_index * numel + f]; });
     }
     for (size_t i = 0; i < holders.size(); ++i) {
-      ASSERT_EQ(holders[i], replicas) << what << ": element " << i % numel << " of partial "
-                                      << i / numel;
+      ASSERT_EQ(holders[i], replicas)
+          << what << ": element " << i % numel << " of partial " << i / numel;
     }
     ++checked;
     with_partial += partials > 1;
@@ -235,9 +234,8 @@ TEST(LayoutPropertyTest, FlatLayoutsCoverEachElementOnce) {
     const Shape shape = RandomShape(rng);
     const int64_t numel = Box::Whole(shape).Volume();
     const FlatSpec spec = RandomFlatSpec(rng, mesh.size(), numel);
-    const std::string what = absl::StrCat("iter ", iter, ": flat ", FlatSpecToString(spec),
-                                          " on ", mesh.ToString(), " tensor ",
-                                          ShapeToString(shape));
+    const std::string what = absl::StrCat("iter ", iter, ": flat ", FlatSpecToString(spec), " on ",
+                                          mesh.ToString(), " tensor ", ShapeToString(shape));
     absl::StatusOr<Layout> l = Layout::FromFlat(mesh, shape, spec);
     ASSERT_TRUE(l.ok()) << what << ": " << l.status();
     ASSERT_TRUE(ValidateLayout(shape, l->ranks(), 1).ok()) << what;
@@ -300,8 +298,8 @@ enum Corruption {
   kPartialIndex,
   kNumCorruptions
 };
-const char* const kCorruptionNames[] = {"shrink", "grow past bounds", "shift", "drop",
-                                        "duplicate elsewhere", "local overlap",
+const char* const kCorruptionNames[] = {"shrink",       "grow past bounds",    "shift",
+                                        "drop",         "duplicate elsewhere", "local overlap",
                                         "partial index"};
 
 // Applies corruption `kind` to one random non-empty chunk. False if it does not apply.
@@ -394,9 +392,9 @@ TEST(LayoutPropertyTest, ValidationRejectsEveryCorruptionThatChangesCoverage) {
     if (!Corrupt(rng, kind, s)) continue;
     const std::string why = Oracle(s.shape, s.ranks, s.num_partials);
     const absl::Status status = ValidateLayout(s.shape, s.ranks, s.num_partials);
-    const std::string what = absl::StrCat("iter ", iter, " ", kCorruptionNames[kind],
-                                          "\nbefore: ", before,
-                                          "\nafter:  ", Describe(s.shape, s.ranks));
+    const std::string what =
+        absl::StrCat("iter ", iter, " ", kCorruptionNames[kind], "\nbefore: ", before,
+                     "\nafter:  ", Describe(s.shape, s.ranks));
     if (why.empty()) {
       // E.g. a dropped or shrunk-to-empty replica, or a duplicate that is a replica: the
       // layout is still valid and must still be accepted.
@@ -404,7 +402,8 @@ TEST(LayoutPropertyTest, ValidationRejectsEveryCorruptionThatChangesCoverage) {
       ++harmless[kind];
     } else {
       ASSERT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
-          << what << "\noracle: " << why << "\n" << status;
+          << what << "\noracle: " << why << "\n"
+          << status;
       ++rejected[kind];
     }
   }

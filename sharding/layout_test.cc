@@ -179,9 +179,8 @@ TEST(FromPlacementsTest, ExplicitSizesMustSumToTheExtent) {
 
 TEST(FromPlacementsTest, ExplicitSizesBuiltDirectlyAreChecked) {
   // ParsePlacements rejects these, but a Placement can be built by hand.
-  ExpectInvalid(
-      Layout::FromPlacements(Mesh({3}), {8}, {Placement::Shard(0, {-1, 5, 4})}).status(),
-      "size -1 is negative");
+  ExpectInvalid(Layout::FromPlacements(Mesh({3}), {8}, {Placement::Shard(0, {-1, 5, 4})}).status(),
+                "size -1 is negative");
   // A sum that overflows int64 is INVALID_ARGUMENT, not UB.
   ExpectInvalid(
       Layout::FromPlacements(Mesh({3}), {8}, {Placement::Shard(0, {kMax, kMax, 10})}).status(),
@@ -377,8 +376,8 @@ TEST(FlatRangeToBoxesTest, ExhaustiveOnSmallShapes) {
     for (int64_t a = 0; a <= numel; ++a) {
       for (int64_t b = a; b <= numel; ++b) {
         const std::vector<Box> boxes = FlatRangeToBoxes(shape, a, b);
-        SCOPED_TRACE(ShapeToString(shape) + " [" + std::to_string(a) + ", " +
-                     std::to_string(b) + ")");
+        SCOPED_TRACE(ShapeToString(shape) + " [" + std::to_string(a) + ", " + std::to_string(b) +
+                     ")");
         ASSERT_LE(boxes.size(), max_boxes);
         if (a == b) ASSERT_TRUE(boxes.empty());
         // Concatenating each box's elements in row-major order gives exactly a, a+1, ...,
@@ -440,12 +439,12 @@ Chunk C(Shape offset, Shape shape, int64_t local_offset = 0, int64_t partial_ind
 }
 
 TEST(ValidateLayoutTest, AcceptsAPartition) {
-  EXPECT_TRUE(ValidateLayout({4, 4}, {RC(0, {C({0, 0}, {2, 4})}), RC(1, {C({2, 0}, {2, 4})})})
-                  .ok());
+  EXPECT_TRUE(
+      ValidateLayout({4, 4}, {RC(0, {C({0, 0}, {2, 4})}), RC(1, {C({2, 0}, {2, 4})})}).ok());
   // One rank, two chunks at distinct local offsets, plus a rank with nothing.
-  EXPECT_TRUE(ValidateLayout({4, 4}, {RC(3, {C({2, 0}, {2, 4}, 8), C({0, 0}, {2, 4}, 0)}),
-                                      RC(1, {})})
-                  .ok());
+  EXPECT_TRUE(
+      ValidateLayout({4, 4}, {RC(3, {C({2, 0}, {2, 4}, 8), C({0, 0}, {2, 4}, 0)}), RC(1, {})})
+          .ok());
   // Empty chunks may sit anywhere in bounds, even at the end of the local buffer.
   EXPECT_TRUE(ValidateLayout({4}, {RC(0, {C({0}, {4}), C({4}, {0}, 4)})}).ok());
   EXPECT_TRUE(ValidateLayout({0, 3}, {}).ok());
@@ -465,8 +464,8 @@ TEST(ValidateLayoutTest, OutOfBounds) {
 }
 
 TEST(ValidateLayoutTest, OverlapNamesBothRanksAndBoxes) {
-  absl::Status s = ValidateLayout(
-      {4, 4}, {RC(0, {C({0, 0}, {3, 4})}), RC(1, {C({2, 0}, {2, 4})}), RC(2, {})});
+  absl::Status s =
+      ValidateLayout({4, 4}, {RC(0, {C({0, 0}, {3, 4})}), RC(1, {C({2, 0}, {2, 4})}), RC(2, {})});
   ExpectInvalid(s, "overlaps");
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 0 chunk [0:3, 0:4]"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1 chunk [2:4, 0:4]"));
@@ -509,10 +508,9 @@ TEST(ValidateLayoutTest, LocalBuffer) {
   ExpectInvalid(ValidateLayout({4}, {RC(0, {C({0}, {4}, kMax)}, 4)}), "does not fit");
   ExpectInvalid(ValidateLayout({4}, {RC(0, {C({0}, {4}, 0)}, -5)}),
                 "rank 0 local buffer of -5 elements is negative");
-  ExpectInvalid(
-      ValidateLayout({4}, {RC(0, {C({0}, {4}, std::numeric_limits<int64_t>::min())},
-                              std::numeric_limits<int64_t>::min())}),
-      "negative");
+  ExpectInvalid(ValidateLayout({4}, {RC(0, {C({0}, {4}, std::numeric_limits<int64_t>::min())},
+                                        std::numeric_limits<int64_t>::min())}),
+                "negative");
   // A gap in the local buffer is fine.
   EXPECT_TRUE(ValidateLayout({4}, {RC(0, {C({0}, {2}, 0), C({2}, {2}, 5)}, 9)}).ok());
 }
@@ -523,17 +521,19 @@ TEST(ValidateLayoutTest, PartialIndex) {
   ExpectInvalid(ValidateLayout({4}, two, 1),
                 "rank 1 chunk [0:4] has partial index 1 outside [0, 1)");
   ExpectInvalid(ValidateLayout({4}, {RC(0, {C({0}, {4}, 0, -1)})}, 2), "partial index -1");
-  ExpectInvalid(ValidateLayout({4}, two, 3), "chunks cover 0 of the 4 elements of tensor [4] "
-                                             "(partial contribution 2)");
+  ExpectInvalid(ValidateLayout({4}, two, 3),
+                "chunks cover 0 of the 4 elements of tensor [4] "
+                "(partial contribution 2)");
   ExpectInvalid(ValidateLayout({4}, two, 0), "num_partials 0 < 1");
   // A huge partial count must be answered, not allocated.
   ExpectInvalid(ValidateLayout({4}, two, int64_t{1} << 62), "(partial contribution 2)");
   EXPECT_TRUE(ValidateLayout({0}, {}, int64_t{1} << 62).ok());
   // Overlap is checked per contribution.
-  ExpectInvalid(ValidateLayout({4}, {RC(0, {C({0}, {4}, 0, 0)}), RC(1, {C({0}, {3}, 0, 1)}),
-                                     RC(2, {C({2}, {2}, 0, 1)})},
-                               2),
-                "overlaps");
+  ExpectInvalid(
+      ValidateLayout(
+          {4}, {RC(0, {C({0}, {4}, 0, 0)}), RC(1, {C({0}, {3}, 0, 1)}), RC(2, {C({2}, {2}, 0, 1)})},
+          2),
+      "overlaps");
 }
 
 TEST(FromChunksTest, ValidatesAndKeepsMetadata) {

@@ -69,9 +69,9 @@ class Lowering {
       keyed.clear();
       for (size_t k = i; k < j; ++k) {
         const Transfer& x = transfers[ord[k]];
-        keyed.emplace_back(static_cast<uint64_t>(ranks_.Id(x.src)) << 32 |
-                               static_cast<uint32_t>(ranks_.Id(x.dst)),
-                           ord[k]);
+        keyed.emplace_back(
+            static_cast<uint64_t>(ranks_.Id(x.src)) << 32 | static_cast<uint32_t>(ranks_.Id(x.dst)),
+            ord[k]);
       }
       std::sort(keyed.begin(), keyed.end());
       for (size_t a = 0; a < keyed.size();) {
@@ -263,7 +263,8 @@ class Lowering {
         step->op = StepOp::kAllGather;
         step->ranks = members;
         std::vector<std::pair<const Box*, int64_t>> first;
-        for (const auto& [b, e] : senders_) first.emplace_back(&t[edges[b].begin]->box, edges[b].src);
+        for (const auto& [b, e] : senders_)
+          first.emplace_back(&t[edges[b].begin]->box, edges[b].src);
         OrderByPieces(std::move(first), &step->ranks);
         return true;
       }
@@ -368,8 +369,6 @@ class Lowering {
     }
     return true;
   }
-
-
 
   const RankIndex& ranks_;
   const std::vector<int64_t>& host_;  // Host by rank id.

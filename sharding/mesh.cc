@@ -15,8 +15,8 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(Shape shape, std::vector<int64_t> 
   if (shape.empty()) return absl::InvalidArgumentError("mesh shape must have at least one dim");
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("mesh shape ", ShapeToString(shape),
-                                                     ": dim ", d, " must be positive"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh shape ", ShapeToString(shape), ": dim ", d, " must be positive"));
     }
   }
   absl::StatusOr<int64_t> size = CheckedProduct(shape);
@@ -65,14 +65,14 @@ absl::StatusOr<DeviceMesh> DeviceMesh::Create(Shape shape, std::vector<int64_t> 
 
 absl::StatusOr<int64_t> DeviceMesh::RankAt(absl::Span<const int64_t> coord) const {
   if (coord.size() != shape_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("coordinate ", ShapeToString(coord),
-                                                   " does not match mesh ", ShapeString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("coordinate ", ShapeToString(coord), " does not match mesh ", ShapeString()));
   }
   int64_t index = 0;
   for (size_t d = 0; d < coord.size(); ++d) {
     if (coord[d] < 0 || coord[d] >= shape_[d]) {
-      return absl::OutOfRangeError(absl::StrCat("coordinate ", ShapeToString(coord),
-                                                " is outside mesh ", ShapeString()));
+      return absl::OutOfRangeError(
+          absl::StrCat("coordinate ", ShapeToString(coord), " is outside mesh ", ShapeString()));
     }
     index = index * shape_[d] + coord[d];
   }

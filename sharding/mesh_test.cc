@@ -22,8 +22,8 @@ using Groups = std::vector<std::vector<int64_t>>;
 
 DeviceMesh MustCreate(Shape shape, std::vector<int64_t> ranks = {},
                       std::vector<std::string> names = {}) {
-  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks),
-                                                    std::move(names));
+  absl::StatusOr<DeviceMesh> m =
+      DeviceMesh::Create(std::move(shape), std::move(ranks), std::move(names));
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? *std::move(m) : DeviceMesh();
 }

@@ -38,10 +38,14 @@ std::vector<std::string> SplitTopLevel(absl::string_view text, char sep) {
 
 std::string ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "unknown";
 }
@@ -134,9 +138,8 @@ absl::StatusOr<std::vector<Placement>> ParsePlacements(absl::string_view text) {
 }
 
 std::string PlacementsToString(absl::Span<const Placement> placements) {
-  return absl::StrJoin(placements, ",", [](std::string* out, const Placement& p) {
-    out->append(p.ToString());
-  });
+  return absl::StrJoin(placements, ",",
+                       [](std::string* out, const Placement& p) { out->append(p.ToString()); });
 }
 
 absl::StatusOr<FlatSpec> ParseFlatSpec(absl::string_view text) {
@@ -150,13 +153,12 @@ absl::StatusOr<FlatSpec> ParseFlatSpec(absl::string_view text) {
         FlatRange fr;
         if (ends.size() != 2 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(ends[0]), &fr.start) ||
             !absl::SimpleAtoi(absl::StripAsciiWhitespace(ends[1]), &fr.end)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "flat range '", r, "' of rank ", spec.size(), " is not start:end"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("flat range '", r, "' of rank ", spec.size(), " is not start:end"));
         }
         if (fr.start < 0 || fr.end < fr.start) {
           return absl::InvalidArgumentError(absl::StrCat("flat range '", r, "' of rank ",
-                                                         spec.size(),
-                                                         " needs 0 <= start <= end"));
+                                                         spec.size(), " needs 0 <= start <= end"));
         }
         ranges.push_back(fr);
       }

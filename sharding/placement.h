@@ -23,8 +23,8 @@ struct Placement {
   enum class Kind : int { kReplicate = 0, kShard = 1, kPartial = 2 };
 
   Kind kind = Kind::kReplicate;
-  int dim = 0;                 // Tensor dim for kShard; may be negative until normalised.
-  std::vector<int64_t> sizes;  // kShard only: explicit piece sizes, empty = torch.chunk.
+  int dim = 0;                   // Tensor dim for kShard; may be negative until normalised.
+  std::vector<int64_t> sizes;    // kShard only: explicit piece sizes, empty = torch.chunk.
   ReduceOp op = ReduceOp::kSum;  // kPartial only.
 
   static Placement Replicate() { return Placement(); }

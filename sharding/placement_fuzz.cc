@@ -95,8 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(again.ok(), "printed flat spec does not parse");
     Check(*again == *spec, "printed flat spec parses to something else");
     if (spec->empty() || spec->size() > 64) return 0;
-    absl::StatusOr<DeviceMesh> mesh =
-        DeviceMesh::Create({static_cast<int64_t>(spec->size())});
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create({static_cast<int64_t>(spec->size())});
     Check(mesh.ok(), "small mesh rejected");
     CheckLayout(Layout::FromFlat(*mesh, shape, *spec), shape);
   }

@@ -91,9 +91,8 @@ TEST(ParsePlacementsTest, RejectionsNameTheProblem) {
 }
 
 TEST(ParsePlacementsTest, ToStringRoundTrips) {
-  for (const std::string& text :
-       {"S(0),S(0)", "S(-1)", "S(0,[3,5])", "R", "P(sum)", "P(avg)", "P(min),P(max)",
-        "S(1),R,S(0,[0,2,0])"}) {
+  for (const std::string& text : {"S(0),S(0)", "S(-1)", "S(0,[3,5])", "R", "P(sum)", "P(avg)",
+                                  "P(min),P(max)", "S(1),R,S(0,[0,2,0])"}) {
     std::vector<Placement> p = MustParse(text);
     EXPECT_EQ(PlacementsToString(p), text);
     EXPECT_EQ(MustParse(PlacementsToString(p)), p);

@@ -92,8 +92,8 @@ std::string StepOpName(StepOp op);  // "all_gather", "reduce_scatter", ..., "p2p
 // value is final.
 struct Step {
   StepOp op = StepOp::kPointToPoint;
-  std::vector<int64_t> ranks;  // The process group, in collective rank order.
-  int64_t root = -1;           // kBroadcast: the sending rank.
+  std::vector<int64_t> ranks;           // The process group, in collective rank order.
+  int64_t root = -1;                    // kBroadcast: the sending rank.
   ReduceOp reduce_op = ReduceOp::kSum;  // Reducing steps: sum, min or max (avg sums).
   std::vector<Transfer> transfers;
   int64_t bytes = 0;  // Sum of transfer bytes.
@@ -126,7 +126,7 @@ struct Plan {
   // divided by divide_by).
   ReduceOp reduce_op = ReduceOp::kSum;
   std::vector<RankTraffic> traffic;
-  int64_t bytes_moved = 0;        // Sum of all transfer bytes.
+  int64_t bytes_moved = 0;  // Sum of all transfer bytes.
   // Sum over destinations of the bytes they need and do not hold. For Partial sources, each
   // partial contribution counts separately (the element movement a reduction implies).
   int64_t lower_bound_bytes = 0;

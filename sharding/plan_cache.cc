@@ -35,8 +35,7 @@ void PlanCache::Insert(const std::string& key, std::shared_ptr<const Plan> plan)
 }
 
 absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrPlan(const Layout& source,
-                                                                 const Layout& target,
-                                                                 DType dtype,
+                                                                 const Layout& target, DType dtype,
                                                                  const PlanOptions& options) {
   const std::string key = Key(source, target, dtype, options);
   if (std::shared_ptr<const Plan> hit = Find(key)) {

@@ -24,8 +24,8 @@ class PlanCache {
   explicit PlanCache(size_t capacity = 256) : capacity_(capacity == 0 ? 1 : capacity) {}
 
   // The cached plan, or a new one planned with Redistribute and cached.
-  absl::StatusOr<std::shared_ptr<const Plan>> GetOrPlan(const Layout& source,
-                                                        const Layout& target, DType dtype,
+  absl::StatusOr<std::shared_ptr<const Plan>> GetOrPlan(const Layout& source, const Layout& target,
+                                                        DType dtype,
                                                         const PlanOptions& options = {});
   // nullptr when absent.
   std::shared_ptr<const Plan> Find(const std::string& key);

@@ -35,17 +35,17 @@ std::string RankList(const std::vector<int64_t>& ranks) {
 }  // namespace
 
 std::string ExplainPlan(const Plan& plan) {
-  std::string out = absl::StrCat(
-      "plan ", ShapeToString(plan.source.global_shape()), " ", DTypeName(plan.dtype), ": ",
-      plan.source.SpecString(), " -> ", plan.target.SpecString(), "\n");
+  std::string out =
+      absl::StrCat("plan ", ShapeToString(plan.source.global_shape()), " ", DTypeName(plan.dtype),
+                   ": ", plan.source.SpecString(), " -> ", plan.target.SpecString(), "\n");
   absl::StrAppend(&out, "bytes moved ", plan.bytes_moved, " (", HumanBytes(plan.bytes_moved),
                   "), lower bound ", plan.lower_bound_bytes, ", estimated ",
                   HumanSeconds(plan.estimated_seconds), "\n");
   int64_t local_bytes = 0;
   const int64_t esize = ElementSize(plan.dtype);
   for (const LocalCopy& c : plan.local_copies) local_bytes += c.box.Volume() * esize;
-  absl::StrAppend(&out, "local copies: ", plan.local_copies.size(), " (",
-                  HumanBytes(local_bytes), ")\n");
+  absl::StrAppend(&out, "local copies: ", plan.local_copies.size(), " (", HumanBytes(local_bytes),
+                  ")\n");
   if (plan.source.is_partial()) {
     absl::StrAppend(&out, "reduce: ", ReduceOpName(plan.reduce_op), " of ",
                     plan.source.num_partials(), " partial contributions");

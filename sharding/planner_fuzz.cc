@@ -69,16 +69,15 @@ DeviceMesh Mesh(Choices& in) {
   const int nd = static_cast<int>(in.Uniform(1, 3));
   Shape shape;
   for (int d = 0; d < nd; ++d) shape.push_back(in.Uniform(1, nd == 1 ? 5 : nd == 2 ? 3 : 2));
-  const int64_t size = std::accumulate(shape.begin(), shape.end(), int64_t{1},
-                                       std::multiplies<int64_t>());
+  const int64_t size =
+      std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(shape, Ranks(in, size));
   if (!mesh.ok()) Fail(absl::StrCat("mesh: ", mesh.status().ToString()));
   return *mesh;
 }
 
 ReduceOp Op(Choices& in) {
-  static const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
-                                  ReduceOp::kMax};
+  static const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
   return kOps[in.Uniform(0, 3)];
 }
 
@@ -227,16 +226,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   PlanOptions options;
   if (in.Chance()) {
-    for (int i = 0; i < kRankPool; ++i) options.hosts_by_rank.push_back(absl::StrCat("h", in.Uniform(0, 2)));
+    for (int i = 0; i < kRankPool; ++i)
+      options.hosts_by_rank.push_back(absl::StrCat("h", in.Uniform(0, 2)));
   }
   options.use_collectives = in.Uniform(0, 3) != 0;
   const DType dtype = in.Chance() ? DType::kF32 : DType::kBF16;
   const absl::StatusOr<Plan> plan = how == 1 ? Gather(source, gather_ranks, dtype, options)
                                              : Redistribute(source, target, dtype, options);
   if (!plan.ok()) Fail(absl::StrCat("planning a valid pair failed: ", plan.status().ToString()));
-  const std::string pair = absl::StrCat(" (shape ", ShapeToString(shape), ", source ",
-                                        plan->source.SpecString(), ", target ",
-                                        plan->target.SpecString(), ")");
+  const std::string pair =
+      absl::StrCat(" (shape ", ShapeToString(shape), ", source ", plan->source.SpecString(),
+                   ", target ", plan->target.SpecString(), ")");
   if (absl::Status s = CheckPlanStructure(*plan); !s.ok()) Fail(s.ToString() + pair);
   for (bool collectives : {false, true}) {
     if (absl::Status s = CheckPlanByExecution(*plan, size, collectives); !s.ok()) {

@@ -80,16 +80,15 @@ DeviceMesh RandomMesh(Rng& rng, int64_t pool) {
   const int nd = static_cast<int>(Uniform(rng, 1, 3));
   Shape shape;
   for (int d = 0; d < nd; ++d) shape.push_back(Uniform(rng, 1, nd == 1 ? 5 : nd == 2 ? 3 : 2));
-  const int64_t size = std::accumulate(shape.begin(), shape.end(), int64_t{1},
-                                       std::multiplies<int64_t>());
+  const int64_t size =
+      std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
   std::vector<int64_t> ranks = RandomRanks(rng, size, pool);
   if (Chance(rng, 0.3)) std::sort(ranks.begin(), ranks.end());
   return *DeviceMesh::Create(shape, ranks);
 }
 
 ReduceOp RandomOp(Rng& rng) {
-  static const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
-                                  ReduceOp::kMax};
+  static const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
   return kOps[Uniform(rng, 0, 3)];
 }
 
@@ -177,8 +176,7 @@ Layout RandomChunks(Rng& rng, const Shape& shape, bool allow_partial) {
   return *Layout::FromChunks(shape, std::move(rcs), np, RandomOp(rng));
 }
 
-Layout RandomLayout(Rng& rng, const Shape& shape, const DeviceMesh* same_mesh,
-                    bool allow_partial) {
+Layout RandomLayout(Rng& rng, const Shape& shape, const DeviceMesh* same_mesh, bool allow_partial) {
   const double r = std::uniform_real_distribution<double>(0, 1)(rng);
   const int64_t total = Box::Whole(shape).Volume();
   if (same_mesh != nullptr || r < 0.65) {
@@ -271,9 +269,7 @@ class Simulation {
 
   // Which target chunks a piece of contribution p lands in: those that need a value, or in
   // the no-op plan (target == Partial source) the chunk of the same contribution.
-  bool Receives(const Chunk& c, int64_t p) const {
-    return noop_ ? c.partial_index == p : Needs(c);
-  }
+  bool Receives(const Chunk& c, int64_t p) const { return noop_ ? c.partial_index == p : Needs(c); }
 
   bool Needs(const Chunk& c) const {
     const Layout& t = plan_.target;
@@ -350,8 +346,8 @@ class Simulation {
     if (plan_.reduce_op == ReduceOp::kMax) identity = std::numeric_limits<int64_t>::min();
     for (const RankChunks& rc : plan_.target.ranks()) {
       const int id = Id(rc.rank);
-      const bool zero = std::binary_search(plan_.zero_fill_ranks.begin(),
-                                           plan_.zero_fill_ranks.end(), rc.rank);
+      const bool zero =
+          std::binary_search(plan_.zero_fill_ranks.begin(), plan_.zero_fill_ranks.end(), rc.rank);
       for (const Chunk& c : rc.chunks) {
         const bool needs = Needs(c);
         if (!needs && !zero) continue;
@@ -419,8 +415,8 @@ class Simulation {
           const int64_t got = tgt_mem_[id][c.local_offset + i];
           int64_t want = Needs(c) ? Value(e) : 0;
           if (noop) want = Contribution(c.partial_index, e);
-          ASSERT_EQ(got, want) << "rank " << rc.rank << " chunk " << c.box.ToString()
-                               << " partial " << c.partial_index << " element " << e;
+          ASSERT_EQ(got, want) << "rank " << rc.rank << " chunk " << c.box.ToString() << " partial "
+                               << c.partial_index << " element " << e;
           if (Needs(c)) needed.insert(e);
         });
       }
@@ -555,7 +551,8 @@ std::string Describe(const Layout& l) {
   if (l.placements().empty()) {
     for (const RankChunks& rc : l.ranks()) {
       absl::StrAppend(&out, " | r", rc.rank, ":");
-      for (const Chunk& c : rc.chunks) absl::StrAppend(&out, c.box.ToString(), "p", c.partial_index);
+      for (const Chunk& c : rc.chunks)
+        absl::StrAppend(&out, c.box.ToString(), "p", c.partial_index);
     }
   } else if (l.mesh().has_value()) {
     absl::StrAppend(&out, " ranks ", l.mesh()->ToString());
@@ -585,7 +582,8 @@ void RunCase(uint64_t seed) {
   }
   PlanOptions options;
   if (Chance(rng, 0.3)) {
-    for (int i = 0; i < 20; ++i) options.hosts_by_rank.push_back(absl::StrCat("h", Uniform(rng, 0, 2)));
+    for (int i = 0; i < 20; ++i)
+      options.hosts_by_rank.push_back(absl::StrCat("h", Uniform(rng, 0, 2)));
   }
   options.use_collectives = !Chance(rng, 0.1);
   const DType dtype = Chance(rng, 0.5) ? DType::kF32 : DType::kBF16;
@@ -641,12 +639,12 @@ TEST(PlannerPropertyTest, RandomLayoutsReachEveryStepKind) {
     Shape shape;
     for (int d = 0; d < ndim; ++d) shape.push_back(Chance(rng, 0.04) ? 0 : Uniform(rng, 1, 7));
     const Layout source = RandomLayout(rng, shape, nullptr, true);
-    const Layout target = RandomLayout(rng, shape, source.mesh().has_value() &&
-                                                          !source.placements().empty() &&
-                                                          Chance(rng, 0.5)
-                                                      ? &*source.mesh()
-                                                      : nullptr,
-                                       true);
+    const Layout target =
+        RandomLayout(rng, shape,
+                     source.mesh().has_value() && !source.placements().empty() && Chance(rng, 0.5)
+                         ? &*source.mesh()
+                         : nullptr,
+                     true);
     // Bandwidth only: with latency, point-to-point beats an all-reduce on tensors this small.
     PlanOptions options;
     options.cost.intra_alpha_s = options.cost.inter_alpha_s = 0;

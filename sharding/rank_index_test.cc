@@ -28,8 +28,7 @@ void ExpectDenseAscending(const RankIndex& index, const std::vector<int64_t>& wa
 }
 
 TEST(RankIndexTest, UnionOfBothLayoutsInRankOrder) {
-  ExpectDenseAscending(RankIndex(Replicated({5, 1, 3}), Replicated({3, 0, 7})),
-                       {0, 1, 3, 5, 7});
+  ExpectDenseAscending(RankIndex(Replicated({5, 1, 3}), Replicated({3, 0, 7})), {0, 1, 3, 5, 7});
 }
 
 // Rank numbers far beyond the count take the hashed path; ids are the same kind.

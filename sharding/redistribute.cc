@@ -17,8 +17,7 @@ namespace shardcoord {
 namespace {
 
 bool NeedsValue(const Layout& target, const Chunk& c) {
-  return !(target.is_partial() && target.partial_op() == ReduceOp::kSum &&
-           c.partial_index != 0);
+  return !(target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0);
 }
 
 class Planner {
@@ -38,13 +37,13 @@ class Planner {
 
   void Run() {
     const bool partial = source_.is_partial();
-    plan_->reduce_op = source_.partial_op() == ReduceOp::kAvg ? ReduceOp::kSum
-                                                              : source_.partial_op();
+    plan_->reduce_op =
+        source_.partial_op() == ReduceOp::kAvg ? ReduceOp::kSum : source_.partial_op();
     if (partial && source_ == target_) {  // Contributions stay where they are.
       for (const RankChunks& rc : source_.ranks()) {
         for (const Chunk& c : rc.chunks) {
-          if (!c.box.Empty()) plan_->local_copies.push_back({rc.rank, c.box, false,
-                                                             c.partial_index, -1});
+          if (!c.box.Empty())
+            plan_->local_copies.push_back({rc.rank, c.box, false, c.partial_index, -1});
         }
       }
       SortLocalCopies();
@@ -115,14 +114,12 @@ class Planner {
       int64_t max_flat = 0;
       for (const Entry& e : entries) max_flat = std::max(max_flat, e.flat);
       constexpr int kBits = 11;
-      for (int shift = 0; shift < 63 && (shift == 0 || (max_flat >> shift) > 0);
-           shift += kBits) {
+      for (int shift = 0; shift < 63 && (shift == 0 || (max_flat >> shift) > 0); shift += kBits) {
         pass([shift](const Entry& e) { return (e.flat >> shift) & ((1 << kBits) - 1); },
              size_t{1} << kBits);
       }
       if (source_.num_partials() > 1) {
-        pass([](const Entry& e) { return static_cast<size_t>(e.partial); },
-             source_.num_partials());
+        pass([](const Entry& e) { return static_cast<size_t>(e.partial); }, source_.num_partials());
       }
     }
     partial_begin_.assign(source_.num_partials() + 1, 0);
@@ -152,8 +149,8 @@ class Planner {
   }
 
   bool Holds(const SourceBox& b, int id) const {
-    return std::binary_search(holders_.begin() + b.holders_begin,
-                              holders_.begin() + b.holders_end, id);
+    return std::binary_search(holders_.begin() + b.holders_begin, holders_.begin() + b.holders_end,
+                              id);
   }
 
   // The boxes of target chunks of `rc` that need a value, made disjoint (only Partial
@@ -260,13 +257,13 @@ class Planner {
   Plan* plan_;
   const RankIndex ranks_;
 
-  std::vector<SourceBox> boxes_;    // Sorted by (partial, box).
-  std::vector<int> holders_;        // Rank ids, per source box.
+  std::vector<SourceBox> boxes_;  // Sorted by (partial, box).
+  std::vector<int> holders_;      // Rank ids, per source box.
   std::vector<size_t> partial_begin_;
-  std::vector<BoxIndex> index_;     // Per partial index.
+  std::vector<BoxIndex> index_;        // Per partial index.
   std::vector<size_t> demand_source_;  // Per pending transfer: its source box.
   std::vector<int> demand_dst_;        // Per pending transfer: its destination id.
-  std::vector<int64_t> host_;  // Host by rank id (HostMap::HostOf).
+  std::vector<int64_t> host_;          // Host by rank id (HostMap::HostOf).
 };
 
 }  // namespace
@@ -292,10 +289,10 @@ absl::Status CheckInputs(const Layout& source, const Layout& target, DType dtype
   if (source.ranks().empty()) return absl::InvalidArgumentError("source layout has no ranks");
   if (target.ranks().empty()) return absl::InvalidArgumentError("target layout has no ranks");
   if (source.global_shape() != target.global_shape()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source shape ", ShapeToString(source.global_shape()), " (", source.SpecString(),
-        ") does not match target shape ", ShapeToString(target.global_shape()), " (",
-        target.SpecString(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source shape ", ShapeToString(source.global_shape()), " (",
+                     source.SpecString(), ") does not match target shape ",
+                     ShapeToString(target.global_shape()), " (", target.SpecString(), ")"));
   }
   if (absl::StatusOr<int64_t> bytes = CheckedBytes(source.global_shape(), ElementSize(dtype));
       !bytes.ok()) {
@@ -332,9 +329,9 @@ absl::StatusOr<Plan> Gather(const Layout& source, absl::Span<const int64_t> dest
   if (destination_ranks.empty()) {
     return absl::InvalidArgumentError("gather needs at least one destination rank");
   }
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
-      {static_cast<int64_t>(destination_ranks.size())},
-      std::vector<int64_t>(destination_ranks.begin(), destination_ranks.end()));
+  absl::StatusOr<DeviceMesh> mesh =
+      DeviceMesh::Create({static_cast<int64_t>(destination_ranks.size())},
+                         std::vector<int64_t>(destination_ranks.begin(), destination_ranks.end()));
   if (!mesh.ok()) return mesh.status();
   absl::StatusOr<Layout> target =
       Layout::FromPlacements(*mesh, source.global_shape(), {Placement::Replicate()});

@@ -197,8 +197,8 @@ class Simulation {
     if (plan_.reduce_op == ReduceOp::kMax) identity = std::numeric_limits<int64_t>::min();
     for (const RankChunks& rc : plan_.target.ranks()) {
       const int id = Id(rc.rank);
-      const bool zero = std::binary_search(plan_.zero_fill_ranks.begin(),
-                                           plan_.zero_fill_ranks.end(), rc.rank);
+      const bool zero =
+          std::binary_search(plan_.zero_fill_ranks.begin(), plan_.zero_fill_ranks.end(), rc.rank);
       for (const Chunk& c : rc.chunks) {
         const bool needs = Needs(c);
         if (!needs && !zero) continue;
@@ -210,9 +210,9 @@ class Simulation {
     }
     for (const LocalCopy& c : plan_.local_copies) {
       if (collectives && c.collective_step >= 0) continue;
-      if (absl::Status s = Deliver(c.rank, c.rank, c.box, c.reduce, c.partial_index,
-                                   absl::StrCat("local copy on rank ", c.rank, " ",
-                                                c.box.ToString()));
+      if (absl::Status s =
+              Deliver(c.rank, c.rank, c.box, c.reduce, c.partial_index,
+                      absl::StrCat("local copy on rank ", c.rank, " ", c.box.ToString()));
           !s.ok()) {
         return s;
       }
@@ -224,9 +224,9 @@ class Simulation {
         continue;
       }
       for (const Transfer& t : s.transfers) {
-        if (absl::Status st = Deliver(t.src, t.dst, t.box, t.reduce, t.partial_index,
-                                      absl::StrCat("transfer ", t.src, "->", t.dst, " ",
-                                                   t.box.ToString()));
+        if (absl::Status st =
+                Deliver(t.src, t.dst, t.box, t.reduce, t.partial_index,
+                        absl::StrCat("transfer ", t.src, "->", t.dst, " ", t.box.ToString()));
             !st.ok()) {
           return st;
         }
@@ -255,9 +255,9 @@ class Simulation {
     for (const auto& [dst, boxes] : received) {
       for (const Box& b : boxes) {
         for (int64_t member : s.ranks) {
-          if (absl::Status st = Deliver(member, dst, b, true, partial_of[member],
-                                        absl::StrCat("collective ", StepOpName(s.op), " into ",
-                                                     dst));
+          if (absl::Status st =
+                  Deliver(member, dst, b, true, partial_of[member],
+                          absl::StrCat("collective ", StepOpName(s.op), " into ", dst));
               !st.ok()) {
             return st;
           }
@@ -366,8 +366,8 @@ absl::Status CheckPlanStructure(const Plan& plan) {
     if (group.size() != s.ranks.size()) return Fail(step + " lists a rank twice");
     if (s.transfers.empty()) return Fail(step + " moves nothing");
     for (const Transfer& t : s.transfers) {
-      const std::string tr = absl::StrCat(step, " transfer ", t.src, "->", t.dst, " ",
-                                          t.box.ToString());
+      const std::string tr =
+          absl::StrCat(step, " transfer ", t.src, "->", t.dst, " ", t.box.ToString());
       if (t.src == t.dst) return Fail(tr + " is to itself");
       if (t.box.Empty()) return Fail(tr + " is empty");
       if (t.bytes != t.box.Volume() * esize) return Fail(tr + " has wrong bytes");

@@ -72,9 +72,8 @@ class SenderAssigner {
         const int64_t bytes = t[di].bytes;
         // Preference key, larger is better: (fits, same host, affinity, -load, -rank id).
         auto key = [&](int h, bool fits) {
-          return std::make_tuple(
-              fits, host_aware && host_[h] == host_[dst],
-              Affinity(h, dst), -load_[h], -h);
+          return std::make_tuple(fits, host_aware && host_[h] == host_[dst], Affinity(h, dst),
+                                 -load_[h], -h);
         };
         int best = holders[0];
         auto best_key = key(best, load_[best] + bytes <= limit);
@@ -160,7 +159,7 @@ class SenderAssigner {
   const std::vector<size_t>& demand_source_;
   const std::vector<int>& demand_dst_;
 
-  std::vector<int64_t> load_;  // Bytes sent, by rank id.
+  std::vector<int64_t> load_;                        // Bytes sent, by rank id.
   std::vector<const Shape*> src_coord_, tgt_coord_;  // Mesh coordinates by rank id.
 };
 

@@ -34,8 +34,8 @@ absl::StatusOr<absl::btree_map<std::string, int64_t>> DistributeShardsToRanks(
     }
     for (int64_t r : ranks) {
       if (r < 0 || r >= num_ranks) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shard '", id, "' lists rank ", r, " outside [0, ", num_ranks, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("shard '", id, "' lists rank ", r, " outside [0, ", num_ranks, ")"));
       }
     }
     auto size = shard_to_size.find(id);

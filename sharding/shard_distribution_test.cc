@@ -21,8 +21,8 @@ using SizeMap = absl::btree_map<std::string, int64_t>;
 using Assignment = absl::btree_map<std::string, int64_t>;
 
 TEST(DistributeShardsToRanksTest, WorkedOrdering) {
-  const RankMap ranks = {{"a", {0, 1}}, {"b", {1, 0}}, {"c", {1}}, {"d", {0, 1, 2}},
-                         {"x", {2, 0, 1}}};
+  const RankMap ranks = {
+      {"a", {0, 1}}, {"b", {1, 0}}, {"c", {1}}, {"d", {0, 1, 2}}, {"x", {2, 0, 1}}};
   const SizeMap sizes = {{"a", 10}, {"b", 20}, {"c", 5}, {"d", 30}, {"x", 100}};
   // c (coverage 1) -> 1. Coverage 2, larger first: b -> 0 (loads 0, 5), a -> 1 (20, 5).
   // d -> 2 (loads 20, 15, 0). Cross-group x last -> 1 (loads 20, 15, 30).
@@ -152,8 +152,7 @@ TEST(DistributeShardsToRanksTest, Errors) {
   EXPECT_THAT(s.message(), HasSubstr("'w' has no size"));
   s = DistributeShardsToRanks({{"w", {0}}}, {{"w", -4}}, 2).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(DistributeShardsToRanks({}, {}, 0).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DistributeShardsToRanks({}, {}, 0).status().code(), absl::StatusCode::kInvalidArgument);
   const int64_t big = std::numeric_limits<int64_t>::max();
   s = DistributeShardsToRanks({{"u", {0}}, {"v", {0}}}, {{"u", big}, {"v", big}}, 1).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

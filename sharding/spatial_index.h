@@ -38,8 +38,8 @@ class BoxIndex {
       for (size_t id : ids_) f(id);
       return;
     }
-    const auto g_begin = std::lower_bound(group_off_.begin(), group_off_.end(),
-                                          q.offset(d0_) - max_ext0_ + 1);
+    const auto g_begin =
+        std::lower_bound(group_off_.begin(), group_off_.end(), q.offset(d0_) - max_ext0_ + 1);
     const auto g_end = std::lower_bound(g_begin, group_off_.end(), q.end(d0_));
     for (auto g = g_begin; g != g_end; ++g) {
       const size_t gi = g - group_off_.begin();

@@ -133,8 +133,7 @@ TEST(FindOverlapTest, DisjointGridHasNone) {
 
 TEST(FindOverlapTest, ReportsEarlierThenLater) {
   // Sweeps along dim 1 (most distinct offsets): [.., 4:8] is reached after [.., 0:6].
-  const std::vector<Box> boxes = {Box({0, 4}, {2, 4}), Box({0, 0}, {2, 2}),
-                                  Box({0, 2}, {2, 4})};
+  const std::vector<Box> boxes = {Box({0, 4}, {2, 4}), Box({0, 0}, {2, 2}), Box({0, 2}, {2, 4})};
   const auto hit = Find(boxes, {0, 1, 2});
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(*hit, std::make_pair(size_t{2}, size_t{0}));

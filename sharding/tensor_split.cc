@@ -14,8 +14,7 @@ namespace {
 // Whether chunks of this partial contribution carry the values when chunking a full tensor:
 // a sum counts them once, the other ops see the same value from every contribution.
 bool HoldsValues(const Layout& layout, const Chunk& chunk) {
-  return !layout.is_partial() || layout.partial_op() != ReduceOp::kSum ||
-         chunk.partial_index == 0;
+  return !layout.is_partial() || layout.partial_op() != ReduceOp::kSum || chunk.partial_index == 0;
 }
 
 absl::StatusOr<std::vector<char>> BuildLocal(const Layout& layout, const RankChunks& rc,
@@ -29,8 +28,8 @@ absl::StatusOr<std::vector<char>> BuildLocal(const Layout& layout, const RankChu
   const Box whole = Box::Whole(layout.global_shape());
   for (const Chunk& c : rc.chunks) {
     if (!HoldsValues(layout, c)) continue;
-    if (absl::Status s = PackBox(c.box, full, whole, buf.data() + c.local_offset * element_size,
-                                 element_size);
+    if (absl::Status s =
+            PackBox(c.box, full, whole, buf.data() + c.local_offset * element_size, element_size);
         !s.ok()) {
       return s;
     }
@@ -53,8 +52,8 @@ absl::StatusOr<std::vector<std::vector<char>>> ChunkUnsharded(const Layout& layo
   return out;
 }
 
-absl::StatusOr<std::vector<char>> ShardedChunk(const Layout& layout, int64_t rank,
-                                               const void* full, int64_t element_size) {
+absl::StatusOr<std::vector<char>> ShardedChunk(const Layout& layout, int64_t rank, const void* full,
+                                               int64_t element_size) {
   const RankChunks* rc = layout.Find(rank);
   if (rc == nullptr) {
     return absl::NotFoundError(absl::StrCat("rank ", rank, " is not in the layout (ranks ",
@@ -86,9 +85,8 @@ absl::Status AssembleFull(const Layout& layout,
     for (const Chunk& c : rc.chunks) {
       if (c.box.Empty()) continue;
       if (buf == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("local buffer of rank ", rc.rank,
-                                                       " is null but it holds chunk ",
-                                                       c.box.ToString()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "local buffer of rank ", rc.rank, " is null but it holds chunk ", c.box.ToString()));
       }
       if (absl::Status s =
               UnpackBox(c.box, buf + c.local_offset * element_size, full, whole, element_size);
@@ -112,16 +110,16 @@ absl::StatusOr<std::vector<Layout>> SplitLayout(const Layout& layout, int dim,
   int64_t sum = 0;
   for (int64_t s : sections) {
     if (s < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "split sections ", ShapeToString(sections), " have a negative size ", s));
+      return absl::InvalidArgumentError(
+          absl::StrCat("split sections ", ShapeToString(sections), " have a negative size ", s));
     }
     sum += s;
     if (sum > shape[dim]) break;  // Also keeps the sum from overflowing.
   }
   if (sum != shape[dim]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "split sections ", ShapeToString(sections), " do not sum to ", shape[dim],
-        ", the extent of dim ", dim, " of tensor ", ShapeToString(shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("split sections ", ShapeToString(sections), " do not sum to ", shape[dim],
+                     ", the extent of dim ", dim, " of tensor ", ShapeToString(shape)));
   }
   std::vector<Layout> pieces;
   pieces.reserve(sections.size());

@@ -25,8 +25,8 @@ absl::StatusOr<std::vector<std::vector<char>>> ChunkUnsharded(const Layout& layo
 
 // One rank's local buffer, as ChunkUnsharded builds it; NOT_FOUND if the layout has no such
 // rank.
-absl::StatusOr<std::vector<char>> ShardedChunk(const Layout& layout, int64_t rank,
-                                               const void* full, int64_t element_size);
+absl::StatusOr<std::vector<char>> ShardedChunk(const Layout& layout, int64_t rank, const void* full,
+                                               int64_t element_size);
 
 // The inverse for gathers: writes every chunk of every rank into `full`. Buffers are given
 // in layout.ranks() order (null is allowed for a rank without elements); replicas simply

@@ -115,8 +115,7 @@ TEST(ChunkUnshardedTest, RoundTripsThroughAssembleFull) {
   for (const Layout& layout : TestLayouts()) {
     for (int64_t es : {4, 3}) {
       const std::vector<char> full = RandomBytes(rng, layout.num_elements() * es);
-      absl::StatusOr<std::vector<std::vector<char>>> bufs =
-          ChunkUnsharded(layout, full.data(), es);
+      absl::StatusOr<std::vector<std::vector<char>>> bufs = ChunkUnsharded(layout, full.data(), es);
       ASSERT_TRUE(bufs.ok()) << bufs.status();
       ASSERT_EQ(bufs->size(), layout.ranks().size());
       std::vector<const void*> ptrs;
@@ -157,17 +156,17 @@ TEST(ChunkUnshardedTest, PartialLayoutsReduceBackToTheValue) {
     for (int j = 0; j < 2; ++j) {
       const Chunk& c = layout.ranks()[j].chunks[0];
       std::vector<char> acc = (*bufs)[j];
-      ASSERT_TRUE(ReduceIntoBox(c.box, (*bufs)[2 + j].data(), c.box, acc.data(), c.box,
-                                DType::kF32, layout.partial_op())
+      ASSERT_TRUE(ReduceIntoBox(c.box, (*bufs)[2 + j].data(), c.box, acc.data(), c.box, DType::kF32,
+                                layout.partial_op())
                       .ok());
       std::vector<char> want(acc.size());
       ASSERT_TRUE(PackBox(c.box, full.data(), Box::Whole({2, 3}), want.data(), 4).ok());
       EXPECT_EQ(acc, want) << spec << " piece " << j;
     }
     std::vector<float> back(6);
-    absl::Status s = AssembleFull(layout, {(*bufs)[0].data(), (*bufs)[1].data(),
-                                           (*bufs)[2].data(), (*bufs)[3].data()},
-                                  4, back.data());
+    absl::Status s = AssembleFull(
+        layout, {(*bufs)[0].data(), (*bufs)[1].data(), (*bufs)[2].data(), (*bufs)[3].data()}, 4,
+        back.data());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), HasSubstr("partial"));
   }
@@ -181,8 +180,7 @@ TEST(ChunkUnshardedTest, PartialLayoutsReduceBackToTheValue) {
 TEST(ChunkUnshardedTest, Errors) {
   const Layout layout = PlacementLayout({2}, {4, 2}, "S(0)");
   std::vector<char> full(32);
-  EXPECT_EQ(ShardedChunk(layout, 7, full.data(), 4).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShardedChunk(layout, 7, full.data(), 4).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ChunkUnsharded(layout, full.data(), 0).status().code(),
             absl::StatusCode::kInvalidArgument);
   absl::Status s = AssembleFull(layout, {full.data()}, 4, full.data());
@@ -207,8 +205,8 @@ int SourceChunk(const RankChunks& rc, const Box& box, int64_t partial_index) {
 // Checks SplitLayout(layout, dim, sections) against brute force: element sets per rank,
 // packing, chunk order, and the bytes each rank would hold.
 void CheckSplit(const Layout& layout, int dim, const std::vector<int64_t>& sections) {
-  SCOPED_TRACE(absl::StrCat(layout.SpecString(), " dim ", dim, " sections ",
-                            ShapeToString(sections)));
+  SCOPED_TRACE(
+      absl::StrCat(layout.SpecString(), " dim ", dim, " sections ", ShapeToString(sections)));
   absl::StatusOr<std::vector<Layout>> pieces = SplitLayout(layout, dim, sections);
   ASSERT_TRUE(pieces.ok()) << pieces.status();
   ASSERT_EQ(pieces->size(), sections.size());
@@ -235,9 +233,9 @@ void CheckSplit(const Layout& layout, int dim, const std::vector<int64_t>& secti
     piece_shp[d] = sections[i];
     const Box piece_box(piece_off, piece_shp);
     std::vector<char> piece_full(piece_box.Volume() * es);
-    ASSERT_TRUE(PackBox(piece_box, full.data(), Box::Whole(layout.global_shape()),
-                        piece_full.data(), es)
-                    .ok());
+    ASSERT_TRUE(
+        PackBox(piece_box, full.data(), Box::Whole(layout.global_shape()), piece_full.data(), es)
+            .ok());
     absl::StatusOr<std::vector<std::vector<char>>> piece_bufs =
         ChunkUnsharded(piece, piece_full.data(), es);
     ASSERT_TRUE(piece_bufs.ok());
@@ -264,7 +262,8 @@ void CheckSplit(const Layout& layout, int dim, const std::vector<int64_t>& secti
         Shape global_off = c.box.offset();
         global_off[d] += start;
         const Box global(global_off, c.box.shape());
-        ForEachIndex(global, [&](const Shape& idx) { got_elems.emplace_back(c.partial_index, idx); });
+        ForEachIndex(global,
+                     [&](const Shape& idx) { got_elems.emplace_back(c.partial_index, idx); });
         // Each piece chunk is the whole intersection of one source chunk, in source order.
         const int k = SourceChunk(src, global, c.partial_index);
         ASSERT_GE(k, 0) << global.ToString();

@@ -73,8 +73,8 @@ class BadInputTest : public ::testing::Test {
     }
     EXPECT_EQ(after.tensors, before_.tensors);
     EXPECT_EQ(after.meshes, before_.meshes);
-    absl::Status values = DownloadAndCheck(client(), kTensor, DType::kF32, kShape,
-                                           FillKind::kArange);
+    absl::Status values =
+        DownloadAndCheck(client(), kTensor, DType::kF32, kShape, FillKind::kArange);
     EXPECT_TRUE(values.ok()) << values;
   }
 
@@ -133,7 +133,8 @@ TEST_F(BadInputTest, UnknownTensorIsNotFound) {
 }
 
 TEST_F(BadInputTest, UnknownWorkerIsNotFound) {
-  absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client(), "bad", {2, 2}, {"w0", "w1", "ghost", "w3"});
+  absl::StatusOr<v1::MeshInfo> mesh =
+      MakeMesh(client(), "bad", {2, 2}, {"w0", "w1", "ghost", "w3"});
   EXPECT_EQ(mesh.status().code(), absl::StatusCode::kNotFound) << mesh.status();
   EXPECT_THAT(mesh.status().message(), HasSubstr("ghost"));
   EXPECT_EQ(client().GetMesh("bad").status().code(), absl::StatusCode::kNotFound);
@@ -145,8 +146,7 @@ TEST_F(BadInputTest, BadMeshShapesAreInvalid) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeMesh(client(), "bad", {2}, {"w0", "w0"}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeMesh(client(), "bad", {0}, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeMesh(client(), "bad", {0}, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeMesh(client(), "grid", {4}, cluster_->WorkerNames()).status().code(),
             absl::StatusCode::kAlreadyExists);
 }
@@ -163,13 +163,13 @@ TEST_F(BadInputTest, UnknownMeshIsNotFound) {
 
 TEST_F(BadInputTest, PlacementsTheTensorCannotTakeAreInvalid) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"line", "S(3)"},              // A 2-d tensor has no dim 3.
-      {"line", "S(-3)"},             // Nor dim -3.
-      {"grid", "S(0)"},              // One placement for a 2-d mesh.
-      {"grid", "S(0),S(1),R"},       // Three.
-      {"line", "S(0,[4,4,4,4])"},    // Sizes sum to 16, not 10.
-      {"line", "S(0,[5,5])"},        // Two sizes for four positions.
-      {"line", "Q(0)"},              // Not a placement.
+      {"line", "S(3)"},            // A 2-d tensor has no dim 3.
+      {"line", "S(-3)"},           // Nor dim -3.
+      {"grid", "S(0)"},            // One placement for a 2-d mesh.
+      {"grid", "S(0),S(1),R"},     // Three.
+      {"line", "S(0,[4,4,4,4])"},  // Sizes sum to 16, not 10.
+      {"line", "S(0,[5,5])"},      // Two sizes for four positions.
+      {"line", "Q(0)"},            // Not a placement.
   };
   for (const auto& [mesh, spec] : bad) {
     SCOPED_TRACE(absl::StrCat(spec, " on ", mesh));
@@ -179,8 +179,7 @@ TEST_F(BadInputTest, PlacementsTheTensorCannotTakeAreInvalid) {
     v1::PlanRequest plan;
     plan.set_tensor(kTensor);
     *plan.mutable_target() = SpecFromText(mesh, spec);
-    EXPECT_EQ(client().PlanRedistribute(plan).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(client().PlanRedistribute(plan).status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(CreateFilled(client(), "orphan", kShape, DType::kF32, mesh, spec).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
@@ -199,8 +198,7 @@ TEST_F(BadInputTest, FlatSpecsThatDoNotCoverTheTensorAreInvalid) {
 }
 
 TEST_F(BadInputTest, BadTensorCreationsAreInvalidOrExisting) {
-  EXPECT_EQ(CreateFilled(client(), "orphan", {10, -7}, DType::kF32, "line", "S(0)")
-                .status().code(),
+  EXPECT_EQ(CreateFilled(client(), "orphan", {10, -7}, DType::kF32, "line", "S(0)").status().code(),
             absl::StatusCode::kInvalidArgument);
   v1::CreateTensorRequest no_dtype;
   no_dtype.set_name("orphan");
@@ -215,8 +213,7 @@ TEST_F(BadInputTest, BadTensorCreationsAreInvalidOrExisting) {
 
 TEST_F(BadInputTest, UploadWithWrongByteCountIsInvalid) {
   const std::string data(10 * 7 * 4 - 4, '\0');  // One element short.
-  absl::StatusOr<v1::TensorInfo> r =
-      client().Upload(Header("fresh", kShape, DType::kF32), data);
+  absl::StatusOr<v1::TensorInfo> r = client().Upload(Header("fresh", kShape, DType::kF32), data);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
 }
 
@@ -326,9 +323,9 @@ TEST_F(BadInputTest, MalformedNpyFilesAreRejectedBeforeAnythingIsSent) {
     WriteFile(path, bytes);
     // Into a new name and over the existing tensor: neither may appear or change.
     for (const std::string& target : {std::string("fresh"), std::string(kTensor)}) {
-      CliResult r = RunShardctl(cluster_->coordinator_address(),
-                                {"tensor", "upload", target, "--mesh", "line", "--placements",
-                                 "S(0)", "--from", path});
+      CliResult r = RunShardctl(
+          cluster_->coordinator_address(),
+          {"tensor", "upload", target, "--mesh", "line", "--placements", "S(0)", "--from", path});
       EXPECT_NE(r.exit_code, 0) << r.output;
       EXPECT_THAT(r.output, HasSubstr("INVALID_ARGUMENT")) << r.output;
       EXPECT_THAT(r.output, HasSubstr(name)) << r.output;
@@ -342,9 +339,9 @@ TEST_F(BadInputTest, WellFormedNpyOfTheWrongShapeIsRefusedByTheCoordinator) {
   ASSERT_TRUE(npy.ok());
   const std::string path = TempPath("transposed.npy");
   WriteFile(path, *npy);
-  CliResult r = RunShardctl(cluster_->coordinator_address(),
-                            {"tensor", "upload", kTensor, "--mesh", "line", "--placements",
-                             "S(0)", "--from", path});
+  CliResult r = RunShardctl(
+      cluster_->coordinator_address(),
+      {"tensor", "upload", kTensor, "--mesh", "line", "--placements", "S(0)", "--from", path});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("ALREADY_EXISTS")) << r.output;
 }

@@ -29,8 +29,8 @@ absl::StatusOr<std::string> AddressAfter(const std::string& line, const std::str
   size_t end = begin;
   while (end < line.size() && line[end] != ' ' && line[end] != '\t' && line[end] != '\r') ++end;
   if (end == begin) {
-    return absl::InvalidArgumentError(absl::StrCat("no address after '", marker, "' in '", line,
-                                                   "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no address after '", marker, "' in '", line, "'"));
   }
   return line.substr(begin, end - begin);
 }
@@ -92,13 +92,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   // All workers start at once; each one's line is awaited afterwards.
   for (int i = 0; i < options.num_workers; ++i) {
     const std::string name = WorkerName(i);
-    std::vector<std::string> wargv = {*worker_bin,
-                                      absl::StrCat("--coordinator=", cluster->coordinator_address_),
-                                      "--listen=127.0.0.1:0", absl::StrCat("--name=", name),
-                                      "--backend=gloo"};
+    std::vector<std::string> wargv = {
+        *worker_bin, absl::StrCat("--coordinator=", cluster->coordinator_address_),
+        "--listen=127.0.0.1:0", absl::StrCat("--name=", name), "--backend=gloo"};
     wargv.insert(wargv.end(), options.worker_flags.begin(), options.worker_flags.end());
-    absl::StatusOr<std::unique_ptr<Process>> worker =
-        Process::Start(wargv, process_options(name));
+    absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(wargv, process_options(name));
     if (!worker.ok()) return worker.status();
     cluster->workers_.push_back(*std::move(worker));
   }
@@ -120,8 +118,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   return cluster;
 }
 
-absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names,
-                                     v1::WorkerState state, absl::Duration timeout) {
+absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names, v1::WorkerState state,
+                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   std::string last = "no answer";
   while (true) {
@@ -134,8 +132,8 @@ absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names,
       for (const std::string& name : names) {
         auto it = states.find(name);
         if (it == states.end() || it->second != state) all = false;
-        seen.push_back(absl::StrCat(name, "=",
-                                    it == states.end() ? "unregistered" : StateName(it->second)));
+        seen.push_back(
+            absl::StrCat(name, "=", it == states.end() ? "unregistered" : StateName(it->second)));
       }
       if (all) return absl::OkStatus();
       last = absl::StrJoin(seen, ", ");
@@ -143,9 +141,8 @@ absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names,
       last = workers.status().ToString();
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("workers not ", StateName(state),
-                                                      " within ", absl::FormatDuration(timeout),
-                                                      ": ", last));
+      return absl::DeadlineExceededError(absl::StrCat("workers not ", StateName(state), " within ",
+                                                      absl::FormatDuration(timeout), ": ", last));
     }
     // Registration has no push notification for clients: poll the condition.
     absl::SleepFor(kRegistrationPoll);

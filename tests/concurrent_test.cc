@@ -36,8 +36,8 @@ class ConcurrentTest : public ::testing::Test {
   // Issues every tensor's move from its own thread at the same moment and returns each
   // Redistribute result.
   std::vector<absl::StatusOr<v1::RedistributeResponse>> MoveAll(const std::vector<Move>& moves) {
-    std::vector<absl::StatusOr<v1::RedistributeResponse>> results(
-        moves.size(), absl::UnknownError("not run"));
+    std::vector<absl::StatusOr<v1::RedistributeResponse>> results(moves.size(),
+                                                                  absl::UnknownError("not run"));
     absl::Barrier* start = new absl::Barrier(static_cast<int>(moves.size()));
     std::vector<std::thread> threads;
     for (size_t i = 0; i < moves.size(); ++i) {
@@ -71,8 +71,10 @@ TEST_F(ConcurrentTest, EightRedistributesAtOnce) {
   // Sources: a mix of meshes and specs, half on each 4-worker mesh; values from the random
   // fill (seed 0) so tensors differ from each other and from arange.
   const std::vector<Move> sources = {
-      {"grid", "S(0),R"}, {"grid", "R,S(1)"}, {"grid", "S(0),S(1)"}, {"grid", "R,R"},
-      {"line", "S(0)"},   {"line", "S(1)"},   {"line", "R"},         {"line", "0:100;100:8000;8000:8280;", true},
+      {"grid", "S(0),R"},    {"grid", "R,S(1)"},
+      {"grid", "S(0),S(1)"}, {"grid", "R,R"},
+      {"line", "S(0)"},      {"line", "S(1)"},
+      {"line", "R"},         {"line", "0:100;100:8000;8000:8280;", true},
   };
   for (size_t i = 0; i < kTensors; ++i) {
     absl::StatusOr<v1::TensorInfo> t =
@@ -82,8 +84,8 @@ TEST_F(ConcurrentTest, EightRedistributesAtOnce) {
   }
 
   const std::vector<Move> first = {
-      {"line", "S(1)"}, {"line", "S(0)"},    {"pair", "R"},      {"grid", "S(1),S(0)"},
-      {"grid", "R,S(0)"}, {"pair", "S(0)"},  {"grid", "S(0),R"}, {"line", "S(0,[7,0,94,19])"},
+      {"line", "S(1)"},   {"line", "S(0)"}, {"pair", "R"},      {"grid", "S(1),S(0)"},
+      {"grid", "R,S(0)"}, {"pair", "S(0)"}, {"grid", "S(0),R"}, {"line", "S(0,[7,0,94,19])"},
   };
   std::vector<absl::StatusOr<v1::RedistributeResponse>> results = MoveAll(first);
   for (size_t i = 0; i < kTensors; ++i) {

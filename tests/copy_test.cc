@@ -60,10 +60,8 @@ class CopyTest : public ::testing::Test {
       std::vector<std::string> workers;
     };
     const std::vector<Def> defs = {
-        {"line", {4}, {"w0", "w1", "w2", "w3"}},
-        {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
-        {"line_rev", {4}, {"w3", "w2", "w1", "w0"}},
-        {"pair", {2}, {"w1", "w2"}},
+        {"line", {4}, {"w0", "w1", "w2", "w3"}},     {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
+        {"line_rev", {4}, {"w3", "w2", "w1", "w0"}}, {"pair", {2}, {"w1", "w2"}},
         {"trio", {3}, {"w0", "w2", "w3"}},
     };
     for (const Def& d : defs) {
@@ -93,8 +91,8 @@ class CopyTest : public ::testing::Test {
     ASSERT_FALSE(DownloadAndCheck(client(), dst, dtype, kShape, FillKind::kArange).ok());
 
     absl::StatusOr<v1::CopyResponse> response = client().Copy(CopyOf(src, dst));
-    ASSERT_TRUE(response.ok()) << "copy " << from.spec << " on " << from.mesh << " -> "
-                               << to.spec << " on " << to.mesh << ": " << response.status();
+    ASSERT_TRUE(response.ok()) << "copy " << from.spec << " on " << from.mesh << " -> " << to.spec
+                               << " on " << to.mesh << ": " << response.status();
     EXPECT_EQ(response->progress().state(), v1::COMMITTED) << response->progress().error();
     EXPECT_EQ(response->progress().tensor(), dst);
     EXPECT_FALSE(response->plan().id().empty());
@@ -132,9 +130,7 @@ class CopyTest : public ::testing::Test {
   absl::flat_hash_map<std::string, v1::MeshInfo>* meshes_ = nullptr;
 };
 
-TEST_F(CopyTest, ShardedIntoReplicated) {
-  CopyAndCheck("s0_r", {"line", "S(0)"}, {"line", "R"});
-}
+TEST_F(CopyTest, ShardedIntoReplicated) { CopyAndCheck("s0_r", {"line", "S(0)"}, {"line", "R"}); }
 
 TEST_F(CopyTest, ReplicatedIntoSharded) {
   CopyAndCheck("r_s1", {"grid", "R,R"}, {"grid", "S(1),S(0)"});
@@ -175,8 +171,8 @@ TEST_F(CopyTest, RepeatedCopiesBumpOnlyDst) {
   absl::StatusOr<v1::TensorInfo> src =
       CreateFilled(client(), "w_src", kShape, DType::kF32, "grid", "S(0),R");
   ASSERT_TRUE(src.ok()) << src.status();
-  absl::StatusOr<v1::TensorInfo> dst = CreateFilled(client(), "w_dst", kShape, DType::kF32,
-                                                    "line", "S(1)", false, v1::ZEROS);
+  absl::StatusOr<v1::TensorInfo> dst =
+      CreateFilled(client(), "w_dst", kShape, DType::kF32, "line", "S(1)", false, v1::ZEROS);
   ASSERT_TRUE(dst.ok()) << dst.status();
   int64_t last = dst->version();
   for (int i = 0; i < 3; ++i) {
@@ -187,8 +183,7 @@ TEST_F(CopyTest, RepeatedCopiesBumpOnlyDst) {
     EXPECT_EQ(client().GetTensor("w_src")->version(), src->version());
   }
   EXPECT_EQ(client().GetTensor("w_dst")->version(), last);
-  absl::Status values = DownloadAndCheck(client(), "w_dst", DType::kF32, kShape,
-                                         FillKind::kArange);
+  absl::Status values = DownloadAndCheck(client(), "w_dst", DType::kF32, kShape, FillKind::kArange);
   EXPECT_TRUE(values.ok()) << values;
   EXPECT_TRUE(client().DeleteTensor("w_src").ok());
   EXPECT_TRUE(client().DeleteTensor("w_dst").ok());
@@ -209,10 +204,8 @@ TEST_F(CopyTest, BadPairsAreRefusedAndChangeNothing) {
   r = client().Copy(CopyOf("b_half", "b_a"));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("dtype f32 but src 'b_half' has dtype f16"));
-  EXPECT_EQ(client().Copy(CopyOf("b_a", "b_none")).status().code(),
-            absl::StatusCode::kNotFound);
-  EXPECT_EQ(client().Copy(CopyOf("b_none", "b_a")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().Copy(CopyOf("b_a", "b_none")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().Copy(CopyOf("b_none", "b_a")).status().code(), absl::StatusCode::kNotFound);
 
   EXPECT_EQ(client().GetTensor("b_a")->version(), version);
   EXPECT_TRUE(client().GetTensor("b_a")->busy_plan().empty());

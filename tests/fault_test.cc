@@ -40,8 +40,7 @@ ClusterOptions FaultClusterOptions() {
   ClusterOptions options;
   options.coordinator_flags = {
       absl::StrCat("--heartbeat-timeout=", absl::ToInt64Milliseconds(kHeartbeatTimeout), "ms"),
-      absl::StrCat("--heartbeat-interval=", absl::ToInt64Milliseconds(kHeartbeatInterval),
-                   "ms")};
+      absl::StrCat("--heartbeat-interval=", absl::ToInt64Milliseconds(kHeartbeatInterval), "ms")};
   return options;
 }
 
@@ -171,8 +170,8 @@ TEST(FaultTest, UnreplicatedTensorSaysWhichChunksWereLost) {
       MoveAndKill(cluster, RedistributeTo("big", "", "S(1)"), kVictim, &outcome));
   ASSERT_NO_FATAL_FAILURE(ExpectAbortNamingRank(outcome, dead));
 
-  ASSERT_TRUE(cluster.WaitForWorkers({dead.name()}, v1::DEAD, kHeartbeatTimeout + kAbortSlack)
-                  .ok());
+  ASSERT_TRUE(
+      cluster.WaitForWorkers({dead.name()}, v1::DEAD, kHeartbeatTimeout + kAbortSlack).ok());
   absl::StatusOr<v1::TensorInfo> after = client.GetTensor("big");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->version(), before->version());

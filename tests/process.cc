@@ -52,8 +52,8 @@ absl::StatusOr<std::string> RunfilePath(absl::string_view relative_path) {
     if (access(path.c_str(), F_OK) == 0) return path;
     tried.push_back(std::move(path));
   }
-  return absl::NotFoundError(absl::StrCat("runfile '", relative_path, "' not found; tried ",
-                                          absl::StrJoin(tried, ", ")));
+  return absl::NotFoundError(
+      absl::StrCat("runfile '", relative_path, "' not found; tried ", absl::StrJoin(tried, ", ")));
 }
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(std::vector<std::string> argv,
@@ -141,8 +141,7 @@ void Process::ReadLoop() {
     if (n <= 0) break;
     pending.append(buf, static_cast<size_t>(n));
     size_t start = 0;
-    for (size_t nl = pending.find('\n'); nl != std::string::npos;
-         nl = pending.find('\n', start)) {
+    for (size_t nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n', start)) {
       std::string line = pending.substr(start, nl - start);
       start = nl + 1;
       if (options_.echo_stdout) {
@@ -158,8 +157,7 @@ void Process::ReadLoop() {
   eof_ = true;
 }
 
-absl::StatusOr<std::string> Process::WaitForLine(absl::string_view needle,
-                                                 absl::Duration timeout) {
+absl::StatusOr<std::string> Process::WaitForLine(absl::string_view needle, absl::Duration timeout) {
   size_t checked = 0;
   bool matched = false;
   std::string found;
@@ -201,8 +199,8 @@ absl::Status Process::Signal(int signal) {
   absl::MutexLock lock(&mu_);
   if (reaped_) return absl::OkStatus();
   if (kill(pid_, signal) != 0) {
-    return absl::InternalError(absl::StrCat("kill ", options_.name, " (pid ", pid_, "): ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("kill ", options_.name, " (pid ", pid_, "): ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -223,13 +221,12 @@ absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
       return status;
     }
     if (r < 0 && errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid ", options_.name, ": ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("waitpid ", options_.name, ": ", std::strerror(errno)));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(options_.name, " (pid ", pid_,
-                                                      ") still running after ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          options_.name, " (pid ", pid_, ") still running after ", absl::FormatDuration(timeout)));
     }
     // waitpid has no timeout; polling the exit is cheap and bounded by the deadline.
     absl::SleepFor(kWaitPoll);

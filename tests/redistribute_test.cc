@@ -90,11 +90,11 @@ class RedistributeTest : public ::testing::Test {
   void Create(const std::string& name, const Endpoint& from, const Shape& shape, DType dtype,
               v1::TensorInfo* info) {
     absl::StatusOr<v1::TensorInfo> created =
-        HasPartial(from) ? CreatePartialArange(client(), name, shape, dtype, from.mesh, from.spec)
-                         : CreateFilled(client(), name, shape, dtype, from.mesh, from.spec,
-                                        from.flat);
-    ASSERT_TRUE(created.ok()) << "create " << name << " with " << from.spec << " on "
-                              << from.mesh << ": " << created.status();
+        HasPartial(from)
+            ? CreatePartialArange(client(), name, shape, dtype, from.mesh, from.spec)
+            : CreateFilled(client(), name, shape, dtype, from.mesh, from.spec, from.flat);
+    ASSERT_TRUE(created.ok()) << "create " << name << " with " << from.spec << " on " << from.mesh
+                              << ": " << created.status();
     absl::StatusOr<v1::Layout> want = ExpectedLayout(Mesh(from.mesh), shape, from.spec, from.flat);
     ASSERT_TRUE(want.ok()) << want.status();
     ASSERT_TRUE(SameChunks(created->layout(), *want).ok())
@@ -109,8 +109,8 @@ class RedistributeTest : public ::testing::Test {
                     const Shape& shape, DType dtype, bool partial_source) {
     absl::StatusOr<v1::RedistributeResponse> response =
         client().Redistribute(RedistributeTo(name, to.mesh, to.spec, to.flat));
-    ASSERT_TRUE(response.ok()) << "redistribute " << name << " to " << to.spec << " on "
-                               << to.mesh << ": " << response.status();
+    ASSERT_TRUE(response.ok()) << "redistribute " << name << " to " << to.spec << " on " << to.mesh
+                               << ": " << response.status();
     EXPECT_EQ(response->progress().state(), v1::COMMITTED) << response->progress().error();
     if (!partial_source) {
       // Every needed element arrives once (the planner's contract for non-Partial sources).
@@ -157,12 +157,10 @@ std::vector<std::string> GridPlacements() {
 using Pair = std::tuple<std::string, std::string>;
 
 std::string PairName(const ::testing::TestParamInfo<Pair>& info) {
-  return absl::StrCat(TestName(std::get<0>(info.param)), "_to_",
-                      TestName(std::get<1>(info.param)));
+  return absl::StrCat(TestName(std::get<0>(info.param)), "_to_", TestName(std::get<1>(info.param)));
 }
 
-class LineTransitionTest : public RedistributeTest,
-                           public ::testing::WithParamInterface<Pair> {};
+class LineTransitionTest : public RedistributeTest, public ::testing::WithParamInterface<Pair> {};
 
 TEST_P(LineTransitionTest, MovesEveryValue) {
   const auto& [from, to] = GetParam();
@@ -171,11 +169,9 @@ TEST_P(LineTransitionTest, MovesEveryValue) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, LineTransitionTest,
-                         Combine(ValuesIn(kLinePlacements), ValuesIn(kLinePlacements)),
-                         PairName);
+                         Combine(ValuesIn(kLinePlacements), ValuesIn(kLinePlacements)), PairName);
 
-class GridTransitionTest : public RedistributeTest,
-                           public ::testing::WithParamInterface<Pair> {};
+class GridTransitionTest : public RedistributeTest, public ::testing::WithParamInterface<Pair> {};
 
 TEST_P(GridTransitionTest, MovesEveryValue) {
   const auto& [from, to] = GetParam();
@@ -184,8 +180,7 @@ TEST_P(GridTransitionTest, MovesEveryValue) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, GridTransitionTest,
-                         Combine(ValuesIn(GridPlacements()), ValuesIn(GridPlacements())),
-                         PairName);
+                         Combine(ValuesIn(GridPlacements()), ValuesIn(GridPlacements())), PairName);
 
 // ---- Across meshes, uneven and flat layouts ---------------------------------------------
 
@@ -221,7 +216,9 @@ INSTANTIATE_TEST_SUITE_P(
          {"grid", "S(0,[7,3]),S(1,[2,5])"}},
         {"grid_uneven_to_line_S1", {"grid", "S(0,[2,8]),R"}, {"line", "S(1)"}},
         // Flat (OLMo-core ShardingSpec) layouts, one rank empty, ranges out of order.
-        {"grid_S0S1_to_line_flat", {"grid", "S(0),S(1)"}, {"line", "60:70,0:13;13:40;40:60;", true}},
+        {"grid_S0S1_to_line_flat",
+         {"grid", "S(0),S(1)"},
+         {"line", "60:70,0:13;13:40;40:60;", true}},
         {"line_flat_to_line_flat",
          {"line", "0:35;35:70;;", true},
          {"line_rev", "5:70;0:5;;", true}},
@@ -241,13 +238,11 @@ TEST_P(DTypeTest, MovesEveryValue) {
              {33, 17}, dtype);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, DTypeTest,
-                         ValuesIn(std::vector<DType>{DType::kF32, DType::kF64, DType::kF16,
-                                                     DType::kBF16, DType::kI8, DType::kU8,
-                                                     DType::kI32, DType::kI64}),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return DTypeName(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    All, DTypeTest,
+    ValuesIn(std::vector<DType>{DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8,
+                                DType::kU8, DType::kI32, DType::kI64}),
+    [](const ::testing::TestParamInfo<DType>& info) { return DTypeName(info.param); });
 
 // ---- Bigger than one stream message --------------------------------------------------
 
@@ -260,7 +255,8 @@ TEST_F(RedistributeTest, MovesATensorOfManyStreamMessages) {
 
 TEST_F(RedistributeTest, GathersToOneRank) {
   v1::TensorInfo before;
-  ASSERT_NO_FATAL_FAILURE(Create("gather_one", {"grid", "S(0),S(1)"}, kShape, DType::kF32, &before));
+  ASSERT_NO_FATAL_FAILURE(
+      Create("gather_one", {"grid", "S(0),S(1)"}, kShape, DType::kF32, &before));
   const int64_t rank = cluster_->worker_info(2).rank();
   v1::GatherRequest request;
   request.set_tensor("gather_one");
@@ -286,8 +282,8 @@ TEST_F(RedistributeTest, GathersToOneRank) {
   }
   absl::Status same = SameChunks(after->layout(), want);
   EXPECT_TRUE(same.ok()) << same;
-  absl::Status values = DownloadAndCheck(client(), "gather_one", DType::kF32, kShape,
-                                         FillKind::kArange);
+  absl::Status values =
+      DownloadAndCheck(client(), "gather_one", DType::kF32, kShape, FillKind::kArange);
   EXPECT_TRUE(values.ok()) << values;
   EXPECT_TRUE(client().DeleteTensor("gather_one").ok());
 }
@@ -310,8 +306,8 @@ TEST_F(RedistributeTest, GathersAPartialTensorToEveryRankOfAnotherMesh) {
   ASSERT_TRUE(want.ok()) << want.status();
   absl::Status same = SameChunks(after->layout(), *want);
   EXPECT_TRUE(same.ok()) << same;
-  absl::Status values = DownloadAndCheck(client(), "gather_all", DType::kF32, kShape,
-                                         FillKind::kArange);
+  absl::Status values =
+      DownloadAndCheck(client(), "gather_all", DType::kF32, kShape, FillKind::kArange);
   EXPECT_TRUE(values.ok()) << values;
   EXPECT_TRUE(client().DeleteTensor("gather_all").ok());
 }
@@ -321,7 +317,7 @@ TEST_F(RedistributeTest, ChainsMovesOnOneTensor) {
   v1::TensorInfo info;
   ASSERT_NO_FATAL_FAILURE(Create("chain", {"grid", "S(0),R"}, kShape, DType::kF32, &info));
   const std::vector<Endpoint> steps = {
-      {"grid", "R,S(1)"},        {"line", "S(1)"},         {"line", "S(0,[1,3,2,4])"},
+      {"grid", "R,S(1)"},           {"line", "S(1)"},        {"line", "S(0,[1,3,2,4])"},
       {"line", "0:7;7:70;;", true}, {"grid", "P(sum),S(1)"}, {"grid", "S(1),S(0)"},
   };
   for (const Endpoint& to : steps) {

@@ -49,8 +49,8 @@ TEST_F(StreamedIoFaultTest, WorkerDeathMidUploadKeepsTheOldVersion) {
   header.set_total_bytes(static_cast<int64_t>(data.size()));
   size_t offset = 0;
   bool killed = false;
-  absl::StatusOr<v1::TensorInfo> up = client().UploadFrom(
-      header, [&](size_t max_bytes, std::string* piece) {
+  absl::StatusOr<v1::TensorInfo> up =
+      client().UploadFrom(header, [&](size_t max_bytes, std::string* piece) {
         if (offset > 0 && !killed) {
           killed = true;
           EXPECT_TRUE(cluster_->KillWorker(1).ok());

@@ -83,9 +83,8 @@ TEST_P(StreamedIoTest, UploadThenDownloadGivesTheUploadedValues) {
   header.set_total_bytes(static_cast<int64_t>(data.size()));
   // In odd-sized messages, so that messages straddle band boundaries.
   size_t offset = 0;
-  absl::StatusOr<v1::TensorInfo> up = client().UploadFrom(
-      header,
-      [&](size_t max_bytes, std::string* piece) {
+  absl::StatusOr<v1::TensorInfo> up =
+      client().UploadFrom(header, [&](size_t max_bytes, std::string* piece) {
         const size_t n = std::min({max_bytes, data.size() - offset, size_t{10007}});
         piece->assign(data, offset, n);
         offset += n;
@@ -93,11 +92,12 @@ TEST_P(StreamedIoTest, UploadThenDownloadGivesTheUploadedValues) {
       });
   ASSERT_TRUE(up.ok()) << up.status();
   EXPECT_EQ(up->version() > 0, true);
-  absl::StatusOr<v1::Layout> want = ExpectedLayout(
-      *client().GetMesh(c.mesh), c.shape, c.spec, c.flat);
+  absl::StatusOr<v1::Layout> want =
+      ExpectedLayout(*client().GetMesh(c.mesh), c.shape, c.spec, c.flat);
   ASSERT_TRUE(want.ok()) << want.status();
   EXPECT_TRUE(SameChunks(up->layout(), *want).ok()) << SameChunks(up->layout(), *want);
-  absl::Status values = DownloadAndCheck(client(), name, c.dtype, c.shape, FillKind::kRandom, kSeed);
+  absl::Status values =
+      DownloadAndCheck(client(), name, c.dtype, c.shape, FillKind::kRandom, kSeed);
   EXPECT_TRUE(values.ok()) << values;
 
   // Uploading over it (a new version, the same layout) replaces every value.
@@ -185,7 +185,8 @@ TEST_F(StreamedIoTest, DownloadRacingANewVersionIsAbortedOrAllOld) {
         << "the " << got.size() << " bytes received before the abort must be the old version's";
   }
   // The new version is intact.
-  EXPECT_TRUE(DownloadAndCheck(client(), "race", DType::kF32, shape, FillKind::kRandom, kSeed).ok());
+  EXPECT_TRUE(
+      DownloadAndCheck(client(), "race", DType::kF32, shape, FillKind::kRandom, kSeed).ok());
   ASSERT_TRUE(client().DeleteTensor("race").ok());
 }
 
@@ -204,7 +205,11 @@ const std::vector<Case>& Cases() {
       {"uneven_sizes", "line", "S(0,[10,90,0,101])", {201, 300}},
       {"uneven_chunk", "line", "S(1)", {201, 301}},
       // Flat ranges that cut rows in the middle.
-      {"flat", "line", "0:10001;10001:30000;30000:30001;30001:60300", {201, 300}, DType::kF32,
+      {"flat",
+       "line",
+       "0:10001;10001:30000;30000:30001;30001:60300",
+       {201, 300},
+       DType::kF32,
        true},
       // 1-d: cut by elements (1024 per band).
       {"1d_S0", "line", "S(0)", {50000}},
@@ -225,7 +230,9 @@ const std::vector<Case>& Cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, StreamedIoTest, ::testing::ValuesIn(Cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 }  // namespace
 }  // namespace shardcoord

@@ -53,9 +53,9 @@ absl::Status CheckFill(absl::string_view data, DType dtype, const Shape& shape, 
   absl::StatusOr<int64_t> bytes = CheckedBytes(shape, ElementSize(dtype));
   if (!bytes.ok()) return bytes.status();
   if (static_cast<int64_t>(data.size()) != *bytes) {
-    return absl::DataLossError(absl::StrCat("got ", data.size(), " bytes for a ",
-                                            DTypeName(dtype), " tensor of shape ",
-                                            ShapeToString(shape), " (", *bytes, " bytes)"));
+    return absl::DataLossError(absl::StrCat("got ", data.size(), " bytes for a ", DTypeName(dtype),
+                                            " tensor of shape ", ShapeToString(shape), " (", *bytes,
+                                            " bytes)"));
   }
   const int64_t size = ElementSize(dtype);
   const int64_t n = *bytes / size;
@@ -112,9 +112,8 @@ absl::StatusOr<std::string> PartialArangeBuffer(const v1::RankChunks& rank, DTyp
     absl::StatusOr<Chunk> chunk = ChunkFromProto(rank.chunks(c), absl::StrCat("chunks[", c, "]"));
     if (!chunk.ok()) return chunk.status();
     if (chunk->local_offset + chunk->box.Volume() > rank.local_elements()) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk->box.ToString(),
-                                                     " of rank ", rank.rank(),
-                                                     " exceeds its local buffer"));
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk->box.ToString(), " of rank ",
+                                                     rank.rank(), " exceeds its local buffer"));
     }
     char* out = buffer.data() + chunk->local_offset * size;
     const int64_t p = chunk->partial_index;
@@ -151,9 +150,8 @@ absl::StatusOr<v1::TensorInfo> CreatePartialArange(CoordinatorClient& client,
     header.set_rank(rank.rank());
     info = client.Upload(header, *buffer);
     if (!info.ok()) {
-      return absl::Status(info.status().code(),
-                          absl::StrCat("upload of rank ", rank.rank(), " of ", name, ": ",
-                                       info.status().message()));
+      return absl::Status(info.status().code(), absl::StrCat("upload of rank ", rank.rank(), " of ",
+                                                             name, ": ", info.status().message()));
     }
   }
   return info;
@@ -229,13 +227,12 @@ absl::StatusOr<v1::Layout> ExpectedLayout(const v1::MeshInfo& mesh, const Shape&
 
 absl::Status SameChunks(const v1::Layout& got, const v1::Layout& want) {
   if (ShapeText(got.global_shape()) != ShapeText(want.global_shape())) {
-    return absl::FailedPreconditionError(absl::StrCat("global shape ",
-                                                      ShapeText(got.global_shape()), " != ",
-                                                      ShapeText(want.global_shape())));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "global shape ", ShapeText(got.global_shape()), " != ", ShapeText(want.global_shape())));
   }
   if (std::max<int64_t>(1, got.num_partials()) != std::max<int64_t>(1, want.num_partials())) {
-    return absl::FailedPreconditionError(absl::StrCat("num_partials ", got.num_partials(),
-                                                      " != ", want.num_partials()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("num_partials ", got.num_partials(), " != ", want.num_partials()));
   }
   using Key = std::tuple<std::string, int64_t, int64_t>;  // box, local offset, partial.
   auto chunks_by_rank = [](const v1::Layout& layout) {
@@ -267,8 +264,8 @@ absl::Status SameChunks(const v1::Layout& got, const v1::Layout& want) {
     const std::vector<Key> none;
     const std::vector<Key>& have = it == g.end() ? none : it->second;
     if (have != keys) {
-      return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " holds ", describe(have),
-                                                        ", want ", describe(keys)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", rank, " holds ", describe(have), ", want ", describe(keys)));
     }
   }
   for (const auto& [rank, keys] : g) {

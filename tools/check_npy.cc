@@ -90,8 +90,8 @@ int Run(int argc, char** argv) {
       continue;
     }
     if (++wrong <= 5) {
-      examples.push_back(absl::StrCat("[", i, "] = ",
-                                      LoadAsDouble(array->data.data(), array->dtype, i),
+      examples.push_back(absl::StrCat("[", i,
+                                      "] = ", LoadAsDouble(array->data.data(), array->dtype, i),
                                       " (want ", LoadAsDouble(want, array->dtype, 0), ")"));
     }
   }

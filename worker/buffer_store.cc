@@ -6,7 +6,7 @@
 namespace shardcoord {
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, RankChunks chunks,
-                                                             MemorySpace* space) {
+                                                               MemorySpace* space) {
   if (space == nullptr) space = &HostMemorySpace::Global();
   const int64_t element_size = ElementSize(dtype);
   if (chunks.local_elements < 0) {
@@ -21,9 +21,9 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, Rank
           absl::StrCat("chunk ", i, " box ", c.box.ToString(), ": ", volume.status().message()));
     }
     if (c.local_offset < 0 || c.local_offset > chunks.local_elements - *volume) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", i, " box ", c.box.ToString(), " at local_offset ", c.local_offset,
-          " does not fit in a local buffer of ", chunks.local_elements, " elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", i, " box ", c.box.ToString(), " at local_offset ", c.local_offset,
+                       " does not fit in a local buffer of ", chunks.local_elements, " elements"));
     }
   }
   absl::StatusOr<int64_t> bytes = CheckedMul(chunks.local_elements, element_size);

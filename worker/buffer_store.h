@@ -82,8 +82,7 @@ class BufferStore {
   // Inserts or replaces.
   void Put(absl::string_view tensor, int64_t version, std::shared_ptr<HostBuffer> buffer);
   // NOT_FOUND naming the tensor and version.
-  absl::StatusOr<std::shared_ptr<HostBuffer>> Get(absl::string_view tensor,
-                                                  int64_t version) const;
+  absl::StatusOr<std::shared_ptr<HostBuffer>> Get(absl::string_view tensor, int64_t version) const;
   // nullptr when absent.
   std::shared_ptr<HostBuffer> Find(absl::string_view tensor, int64_t version) const;
   // True if it was there.

@@ -41,8 +41,7 @@ TEST(HostBufferTest, RejectsChunkOutsideBuffer) {
   rc.chunks[1].local_offset = 7;  // 7 + 3 > 9.
   auto buffer = HostBuffer::Create(DType::kF32, rc);
   EXPECT_EQ(buffer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(buffer.status().message().find("[4:5, 0:3]"), std::string::npos)
-      << buffer.status();
+  EXPECT_NE(buffer.status().message().find("[4:5, 0:3]"), std::string::npos) << buffer.status();
   rc.chunks[1].local_offset = -1;
   EXPECT_EQ(HostBuffer::Create(DType::kF32, rc).status().code(),
             absl::StatusCode::kInvalidArgument);

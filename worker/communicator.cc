@@ -30,9 +30,8 @@ absl::Status ValidateCommunicatorSpec(const CommunicatorSpec& spec) {
                                                    absl::StrJoin(spec.ranks, ","), "]"));
   }
   if (spec.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("communicator timeout ", absl::FormatDuration(spec.timeout),
-                     " is not positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communicator timeout ", absl::FormatDuration(spec.timeout), " is not positive"));
   }
   return absl::OkStatus();
 }
@@ -104,8 +103,7 @@ absl::Status PrepareOptions(const Communicator& comm, CommOptions* options) {
 CommunicatorCache::CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory)
     : factory_(std::move(factory)) {}
 
-absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(
-    const CommunicatorSpec& spec) {
+absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(const CommunicatorSpec& spec) {
   if (absl::Status s = ValidateCommunicatorSpec(spec); !s.ok()) return s;
   Key key(spec.key_prefix, spec.ranks, spec.incarnations);
   std::shared_ptr<Entry> entry;
@@ -116,7 +114,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(
       if (it == entries_.end()) break;
       std::shared_ptr<Entry> existing = it->second;
       if (existing->building) {
-        mu_.Await(absl::Condition(+[](Entry* e) { return !e->building; }, existing.get()));
+        mu_.Await(absl::Condition(
+            +[](Entry* e) { return !e->building; }, existing.get()));
         // The build we waited for failed: report it rather than retry the rendezvous.
         if (!existing->status.ok()) return existing->status;
         continue;

@@ -142,8 +142,8 @@ class Communicator {
   // `send` holds the pieces for ranks 0..size-1 concatenated (send_bytes[r] each); `recv`
   // receives the pieces from ranks 0..size-1 concatenated (recv_bytes[r] each). The piece
   // rank a sends to b has send_bytes[b] at a == recv_bytes[a] at b.
-  virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
-                                 void* recv, absl::Span<const int64_t> recv_bytes,
+  virtual absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                                 absl::Span<const int64_t> recv_bytes,
                                  const CommOptions& options) = 0;
 
   // `send` holds sum(recv_elements) elements on every rank, slice r being recv_elements[r]
@@ -200,8 +200,7 @@ int GroupRankOf(const CommunicatorSpec& spec);
 class CommunicatorFactory {
  public:
   virtual ~CommunicatorFactory() = default;
-  virtual absl::StatusOr<std::shared_ptr<Communicator>> Create(
-      const CommunicatorSpec& spec) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) = 0;
 };
 
 // Communicators by (key prefix, group ranks, member incarnations). Thread-safe; builds for
@@ -232,7 +231,7 @@ class CommunicatorCache {
   struct Entry {
     bool building = true;
     bool released = false;  // ReleasePrefix ran during the build: drop it when done.
-    absl::Status status;  // Of a finished build that failed.
+    absl::Status status;    // Of a finished build that failed.
     std::shared_ptr<Communicator> comm;
   };
 

@@ -22,8 +22,8 @@ class FakeCommunicator : public Communicator {
                           const CommOptions&) override {
     return absl::UnimplementedError("");
   }
-  absl::Status AllToAllV(const void*, absl::Span<const int64_t>, void*,
-                         absl::Span<const int64_t>, const CommOptions&) override {
+  absl::Status AllToAllV(const void*, absl::Span<const int64_t>, void*, absl::Span<const int64_t>,
+                         const CommOptions&) override {
     return absl::UnimplementedError("");
   }
   absl::Status ReduceScatterV(const void*, void*, absl::Span<const int64_t>, DType, ReduceOp,
@@ -132,11 +132,9 @@ TEST(CommunicatorCacheTest, BrokenIsRebuilt) {
 TEST(CommunicatorCacheTest, FailedBuildIsNotCached) {
   auto factory = std::make_shared<FakeFactory>();
   CommunicatorCache cache(factory);
-  EXPECT_EQ(cache.Get(Spec({0, 1}, "fail")).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cache.Get(Spec({0, 1}, "fail")).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(cache.size(), 0);
-  EXPECT_EQ(cache.Get(Spec({0, 1}, "fail")).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cache.Get(Spec({0, 1}, "fail")).status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(factory->builds, 2);
   CommunicatorSpec bad = Spec({0, 5});
   bad.my_rank = 7;

@@ -157,12 +157,18 @@ bool MatchReduceScatter(const Step& step, StepShape* shape, bool require_all_rec
 // enums may number their values independently.
 StepMethod CollectiveMethod(StepOp op) {
   switch (op) {
-    case StepOp::kAllGather: return StepMethod::kAllGatherV;
-    case StepOp::kReduceScatter: return StepMethod::kReduceScatterV;
-    case StepOp::kAllReduce: return StepMethod::kAllReduce;
-    case StepOp::kAllToAll: return StepMethod::kAllToAllV;
-    case StepOp::kBroadcast: return StepMethod::kBroadcast;
-    case StepOp::kPointToPoint: return StepMethod::kSendRecv;
+    case StepOp::kAllGather:
+      return StepMethod::kAllGatherV;
+    case StepOp::kReduceScatter:
+      return StepMethod::kReduceScatterV;
+    case StepOp::kAllReduce:
+      return StepMethod::kAllReduce;
+    case StepOp::kAllToAll:
+      return StepMethod::kAllToAllV;
+    case StepOp::kBroadcast:
+      return StepMethod::kBroadcast;
+    case StepOp::kPointToPoint:
+      return StepMethod::kSendRecv;
   }
   return StepMethod::kSendRecv;
 }
@@ -171,23 +177,31 @@ StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
   StepShape shape;
   shape.n = static_cast<int>(step.ranks.size());
   for (int g = 0; g < shape.n; ++g) shape.group_rank[step.ranks[g]] = g;
-  if (force_point_to_point || shape.n < 2 ||
-      static_cast<int>(shape.group_rank.size()) != shape.n) {
+  if (force_point_to_point || shape.n < 2 || static_cast<int>(shape.group_rank.size()) != shape.n) {
     return shape;
   }
   bool ok = false;
   switch (step.op) {
-    case StepOp::kAllGather: ok = MatchAllGather(step, &shape); break;
-    case StepOp::kBroadcast: ok = MatchBroadcast(step, &shape); break;
-    case StepOp::kAllReduce: ok = MatchReduceScatter(step, &shape, true); break;
-    case StepOp::kReduceScatter: ok = MatchReduceScatter(step, &shape, false); break;
+    case StepOp::kAllGather:
+      ok = MatchAllGather(step, &shape);
+      break;
+    case StepOp::kBroadcast:
+      ok = MatchBroadcast(step, &shape);
+      break;
+    case StepOp::kAllReduce:
+      ok = MatchReduceScatter(step, &shape, true);
+      break;
+    case StepOp::kReduceScatter:
+      ok = MatchReduceScatter(step, &shape, false);
+      break;
     case StepOp::kAllToAll: {
       // Any pattern is an alltoallv; only the group must hold every transfer's ends.
       PairBoxes pairs;
       ok = CollectPairs(step, shape, &pairs);
       break;
     }
-    case StepOp::kPointToPoint: break;
+    case StepOp::kPointToPoint:
+      break;
   }
   if (ok) shape.method = CollectiveMethod(step.op);
   return shape;
@@ -250,14 +264,12 @@ class Mover {
   // Where `box` lies in the source chunk holding it, as (address, length) runs in row-major
   // order, so a transport that can send strided host memory needs no packing (SendOp::runs).
   // Empty for device memory or when no source chunk holds it.
-  std::vector<std::pair<const char*, int64_t>> SourceRuns(const Box& box,
-                                                          int64_t partial) const {
+  std::vector<std::pair<const char*, int64_t>> SourceRuns(const Box& box, int64_t partial) const {
     std::vector<std::pair<const char*, int64_t>> out;
     if (!space_.is_host()) return out;
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return out;
-    absl::StatusOr<RegionRuns> runs =
-        RegionByteRuns(box, source_->chunks().chunks[*k].box, esize_);
+    absl::StatusOr<RegionRuns> runs = RegionByteRuns(box, source_->chunks().chunks[*k].box, esize_);
     if (!runs.ok()) return out;
     const char* base = source_->chunk_data(*k);
     out.reserve(runs->offsets.size());
@@ -319,8 +331,8 @@ class Mover {
     if (copy.box.Empty()) return absl::OkStatus();
     absl::StatusOr<int> k = SourceChunk(copy.box, copy.partial_index);
     if (!k.ok()) return k.status();
-    return Apply(copy.box, source_->chunk_data(*k), source_->chunks().chunks[*k].box,
-                 copy.reduce, copy.partial_index);
+    return Apply(copy.box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, copy.reduce,
+                 copy.partial_index);
   }
 
   // Identity of the reduce op in every target chunk that takes a value; zeros in the
@@ -347,8 +359,8 @@ class Mover {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!NeedsValue(f_, chunks[i])) continue;
-      absl::Status s = space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(),
-                                        f_.dtype, f_.divide_by);
+      absl::Status s =
+          space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
       if (!s.ok()) return s;
       if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, target_->chunk_bytes(i));
     }
@@ -476,8 +488,7 @@ class Staging {
 // later steps synchronise first, and the final checksum comes after a Synchronize.
 class SpaceSyncedCommunicator final : public Communicator {
  public:
-  SpaceSyncedCommunicator(Communicator* inner, MemorySpace* space)
-      : inner_(inner), space_(space) {}
+  SpaceSyncedCommunicator(Communicator* inner, MemorySpace* space) : inner_(inner), space_(space) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -497,19 +508,17 @@ class SpaceSyncedCommunicator final : public Communicator {
     if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
     return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
   }
-  absl::Status ReduceScatterV(const void* send, void* recv,
-                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
-                              const CommOptions& options) override {
+  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
+                              DType dtype, ReduceOp op, const CommOptions& options) override {
     if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
     return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
   }
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
-                         ReduceOp op, const CommOptions& options) override {
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
+                         const CommOptions& options) override {
     if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
     return inner_->AllReduce(send, recv, elements, dtype, op, options);
   }
-  absl::Status Broadcast(void* data, int64_t bytes, int root,
-                         const CommOptions& options) override {
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override {
     if (absl::Status s = space_->Synchronize(); !s.ok()) return s;
     return inner_->Broadcast(data, bytes, root, options);
   }
@@ -542,18 +551,30 @@ class StepRunner {
  public:
   StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
              Communicator* comm, const CommOptions& options, int64_t message_bytes)
-      : f_(f), step_(step), shape_(shape), mover_(mover), comm_(comm), options_(options),
-        me_(shape.group_rank.at(f.rank)), esize_(mover->esize()),
+      : f_(f),
+        step_(step),
+        shape_(shape),
+        mover_(mover),
+        comm_(comm),
+        options_(options),
+        me_(shape.group_rank.at(f.rank)),
+        esize_(mover->esize()),
         message_bytes_(message_bytes) {}
 
   absl::Status Run() {
     switch (shape_.method) {
-      case StepMethod::kAllGatherV: return AllGather();
-      case StepMethod::kBroadcast: return Broadcast();
-      case StepMethod::kAllToAllV: return AllToAll();
-      case StepMethod::kAllReduce: return AllReduce();
-      case StepMethod::kReduceScatterV: return ReduceScatter();
-      case StepMethod::kSendRecv: return SendRecv();
+      case StepMethod::kAllGatherV:
+        return AllGather();
+      case StepMethod::kBroadcast:
+        return Broadcast();
+      case StepMethod::kAllToAllV:
+        return AllToAll();
+      case StepMethod::kAllReduce:
+        return AllReduce();
+      case StepMethod::kReduceScatterV:
+        return ReduceScatter();
+      case StepMethod::kSendRecv:
+        return SendRecv();
     }
     return absl::InternalError("unknown step method");
   }
@@ -649,8 +670,7 @@ class StepRunner {
         p += t->bytes;
       }
     }
-    absl::Status s =
-        comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes, options_);
+    absl::Status s = comm_->AllToAllV(send.data(), send_bytes, recv.data(), recv_bytes, options_);
     if (!s.ok()) return s;
     const char* q = recv.data();
     for (int g = 0; g < shape_.n; ++g) {
@@ -690,8 +710,8 @@ class StepRunner {
       if (absl::Status s = PackBoxes(shape_.boxes[g], shape_.partial[me_], p); !s.ok()) return s;
       p += elements[g] * esize_;
     }
-    absl::Status s = comm_->ReduceScatterV(send.data(), recv.data(), elements, f_.dtype,
-                                           mover_->op(), options_);
+    absl::Status s =
+        comm_->ReduceScatterV(send.data(), recv.data(), elements, f_.dtype, mover_->op(), options_);
     if (!s.ok()) return s;
     return ApplyBoxes(shape_.boxes[me_], recv.data(), true, shape_.partial[me_]);
   }
@@ -713,8 +733,8 @@ class StepRunner {
     std::vector<std::vector<Slab>> out(shape_.n), in(shape_.n);
     for (const Transfer& t : step_.transfers) {
       if (t.src != f_.rank && t.dst != f_.rank) continue;
-      std::vector<Slab>& list = t.src == f_.rank ? out[shape_.group_rank.at(t.dst)]
-                                                 : in[shape_.group_rank.at(t.src)];
+      std::vector<Slab>& list =
+          t.src == f_.rank ? out[shape_.group_rank.at(t.dst)] : in[shape_.group_rank.at(t.src)];
       int64_t offset = 0;
       for (Box& b : SplitIntoSlabs(t.box, esize_, message_bytes_)) {
         const int64_t bytes = b.Volume() * esize_;
@@ -738,8 +758,7 @@ class StepRunner {
         const int to = (me_ + k) % shape_.n;  // Peers in ring order, each starting elsewhere.
         if (j < out[to].size()) {
           const Slab& slab = out[to][j];
-          SendOp op{to, mover_->DirectSource(slab.box, slab.t->partial_index), slab.bytes,
-                    nullptr};
+          SendOp op{to, mover_->DirectSource(slab.box, slab.t->partial_index), slab.bytes, nullptr};
           if (op.data == nullptr) {
             char* buf = staged(slab.t);
             if (buf == nullptr) return OutOfMemory(slab.t->bytes);
@@ -811,12 +830,18 @@ absl::Status Annotate(const absl::Status& s, const std::string& where) {
 
 std::string StepMethodName(StepMethod method) {
   switch (method) {
-    case StepMethod::kAllGatherV: return "allgatherv";
-    case StepMethod::kReduceScatterV: return "reduce_scatterv";
-    case StepMethod::kAllReduce: return "allreduce";
-    case StepMethod::kAllToAllV: return "alltoallv";
-    case StepMethod::kBroadcast: return "broadcast";
-    case StepMethod::kSendRecv: return "sendrecv";
+    case StepMethod::kAllGatherV:
+      return "allgatherv";
+    case StepMethod::kReduceScatterV:
+      return "reduce_scatterv";
+    case StepMethod::kAllReduce:
+      return "allreduce";
+    case StepMethod::kAllToAllV:
+      return "alltoallv";
+    case StepMethod::kBroadcast:
+      return "broadcast";
+    case StepMethod::kSendRecv:
+      return "sendrecv";
   }
   return "unknown";
 }
@@ -840,8 +865,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   if (!f.source.chunks.empty()) {
     if (input.source == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", f.rank, " has no buffer of tensor '", f.tensor, "' version ",
-          f.source_version));
+          "rank ", f.rank, " has no buffer of tensor '", f.tensor, "' version ", f.source_version));
     }
     if (input.source->dtype() != f.dtype || !SameChunks(input.source->chunks(), f.source)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -855,10 +879,10 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     return absl::InvalidArgumentError("target buffer does not match the fragment's target");
   }
   if (input.source != nullptr && &input.source->space() != &input.target->space()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version, " in ",
-        input.source->space().name(), " but its target buffer is in ",
-        input.target->space().name()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version,
+                     " in ", input.source->space().name(), " but its target buffer is in ",
+                     input.target->space().name()));
   }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
@@ -912,7 +936,8 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   for (size_t i = 0; i < f.steps.size(); ++i) {
     const Step& step = f.steps[i];
     const std::string name = StepName(f, i);
-    if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled before ", name));
+    if (cancelled())
+      return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled before ", name));
     const absl::Time start = absl::Now();
     // Held for the whole fragment: a release of the prefix (another plan's abort) must not
     // make a later step rebuild a group this plan already uses.

@@ -83,7 +83,7 @@ struct ExecuteInput {
   // Optional: checked between steps, and passed to the communicator so a cancel also
   // interrupts a step in flight where the backend can.
   CancelToken* cancel = nullptr;
-  ProgressCallback progress;                      // Optional.
+  ProgressCallback progress;  // Optional.
   ExecutorOptions options;
 };
 

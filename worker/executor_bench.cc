@@ -51,8 +51,8 @@ int Main(int argc, char** argv) {
   InMemoryKvClient kv;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
   for (int r = 0; r < ranks; ++r) {
-    caches.push_back(std::make_unique<CommunicatorCache>(
-        *GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
+    caches.push_back(
+        std::make_unique<CommunicatorCache>(*GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
   }
   std::vector<std::shared_ptr<HostBuffer>> sources(ranks);
   for (int r = 0; r < ranks; ++r) {
@@ -128,17 +128,18 @@ int Main(int argc, char** argv) {
     t0 = absl::Now();
     run_all([&](int r) {
       std::vector<int64_t> counts(ranks, per_rank / ranks);
-      absl::Status s = comms[r]->AllToAllV(send[r].data(), counts, recv[r].data(), counts,
-                                           CommOptions{77});
+      absl::Status s =
+          comms[r]->AllToAllV(send[r].data(), counts, recv[r].data(), counts, CommOptions{77});
       if (!s.ok()) std::fprintf(stderr, "raw rank %d: %s\n", r, s.ToString().c_str());
     });
     best_raw = std::min(best_raw, absl::ToDoubleSeconds(absl::Now() - t0));
   }
   // The raw exchange also moves each rank's self piece locally; count only remote bytes.
-  std::printf("bytes moved %lld\nexecutor  %.3f s  %.3f GB/s\nraw a2av  %.3f s  %.3f GB/s\n"
-              "ratio %.2f\n",
-              static_cast<long long>(moved), best_exec, moved / best_exec / 1e9, best_raw,
-              moved / best_raw / 1e9, best_raw / best_exec);
+  std::printf(
+      "bytes moved %lld\nexecutor  %.3f s  %.3f GB/s\nraw a2av  %.3f s  %.3f GB/s\n"
+      "ratio %.2f\n",
+      static_cast<long long>(moved), best_exec, moved / best_exec / 1e9, best_raw,
+      moved / best_raw / 1e9, best_raw / best_exec);
   return 0;
 }
 

@@ -60,17 +60,15 @@ class NcclLikeCommunicator final : public Communicator {
                          const CommOptions& options) override {
     return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
   }
-  absl::Status ReduceScatterV(const void* send, void* recv,
-                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
-                              const CommOptions& options) override {
+  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
+                              DType dtype, ReduceOp op, const CommOptions& options) override {
     return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
   }
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
-                         ReduceOp op, const CommOptions& options) override {
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
+                         const CommOptions& options) override {
     return inner_->AllReduce(send, recv, elements, dtype, op, options);
   }
-  absl::Status Broadcast(void* data, int64_t bytes, int root,
-                         const CommOptions& options) override {
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override {
     return inner_->Broadcast(data, bytes, root, options);
   }
   absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
@@ -86,8 +84,7 @@ class NcclLikeCommunicator final : public Communicator {
 
 class NcclLikeFactory final : public CommunicatorFactory {
  public:
-  explicit NcclLikeFactory(std::shared_ptr<CommunicatorFactory> inner)
-      : inner_(std::move(inner)) {}
+  explicit NcclLikeFactory(std::shared_ptr<CommunicatorFactory> inner) : inner_(std::move(inner)) {}
   absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override {
     absl::StatusOr<std::shared_ptr<Communicator>> c = inner_->Create(spec);
     if (!c.ok()) return c.status();
@@ -201,11 +198,10 @@ void CheckTarget(const Plan& plan, const RunOutput& out) {
       const Chunk& c = rc->chunks[k];
       const char* data = out.bytes[r].data() + c.local_offset * esize;
       EXPECT_EQ(res.checksums[k], ChunkChecksum(data, c.box.Volume() * esize));
-      const bool zero = target.is_partial() && target.partial_op() == ReduceOp::kSum &&
-                        c.partial_index != 0;
+      const bool zero =
+          target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
       ForEachElement(target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-        const double want =
-            zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
+        const double want = zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
         ASSERT_EQ(LoadAsDouble(data, plan.dtype, i), want)
             << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
       });
@@ -227,7 +223,7 @@ enum class Mode { kDefault, kCopyCollectives, kPointToPoint };
 // Runs `c` in host memory and in fake device memory, checks both and that the checksums
 // agree; returns the methods the device run used.
 std::set<StepMethod> RunBoth(Cluster& cluster, const Case& c, Mode mode, int serial) {
-  SCOPED_TRACE(absl::StrCat(c.name, mode == Mode::kPointToPoint     ? " (point-to-point)"
+  SCOPED_TRACE(absl::StrCat(c.name, mode == Mode::kPointToPoint      ? " (point-to-point)"
                                     : mode == Mode::kCopyCollectives ? " (copy collectives)"
                                                                      : ""));
   Layout a = MakeLayout(c.mesh_from, c.ranks_from, c.from, c.shape);
@@ -270,7 +266,12 @@ const std::vector<Case>& Cases() {
       {"2x2 S(0),R->R,S(1)", {2, 2}, {2, 2}, "S(0),R", "R,S(1)", {12, 10}},
       {"2x2 P(sum),P(sum)->R,S(0)", {2, 2}, {2, 2}, "P(sum),P(sum)", "R,S(0)", {6, 4}},
       {"uneven S(0)->S(1)", {4}, {4}, "S(0,[1,6,0,2])", "S(1)", {9, 7}},
-      {"flat->S(1) 3d u8", {4}, {4}, "flat 0:10;10:50;50:100;100:120", "S(1)", {4, 5, 6},
+      {"flat->S(1) 3d u8",
+       {4},
+       {4},
+       "flat 0:10;10:50;50:100;100:120",
+       "S(1)",
+       {4, 5, 6},
        DType::kU8},
       {"cross-mesh 1 rank R -> 4 ranks R", {1}, {4}, "R", "R", {7, 9}, DType::kF32, {2}},
   };
@@ -287,9 +288,9 @@ TEST(ExecutorMemorySpaceTest, FragmentsInDeviceMemoryMatchHostMemory) {
       used.insert(m.begin(), m.end());
     }
   }
-  for (StepMethod m : {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
-                       StepMethod::kReduceScatterV, StepMethod::kBroadcast,
-                       StepMethod::kSendRecv}) {
+  for (StepMethod m :
+       {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
+        StepMethod::kReduceScatterV, StepMethod::kBroadcast, StepMethod::kSendRecv}) {
     EXPECT_TRUE(used.count(m)) << StepMethodName(m) << " never ran on device buffers";
   }
 }

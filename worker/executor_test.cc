@@ -110,11 +110,10 @@ void CheckTarget(const Layout& source, const Layout& target, DType dtype, const 
       const Chunk& c = rc->chunks[k];
       const char* data = out.targets[r]->chunk_data(k);
       EXPECT_EQ(res.checksums[k], ChunkChecksum(data, out.targets[r]->chunk_bytes(k)));
-      const bool zero = target.is_partial() && target.partial_op() == ReduceOp::kSum &&
-                        c.partial_index != 0;
+      const bool zero =
+          target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
       ForEachElement(target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-        const double want =
-            zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
+        const double want = zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
         ASSERT_EQ(LoadAsDouble(data, dtype, i), want)
             << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
       });
@@ -137,7 +136,7 @@ enum class Mode { kDefault, kCopyCollectives, kPointToPoint, kSmallMessages };
 
 std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int serial) {
   const bool force_p2p = mode == Mode::kPointToPoint;
-  SCOPED_TRACE(absl::StrCat(c.name, force_p2p                         ? " (point-to-point)"
+  SCOPED_TRACE(absl::StrCat(c.name, force_p2p                        ? " (point-to-point)"
                                     : mode == Mode::kCopyCollectives ? " (copy collectives)"
                                     : mode == Mode::kSmallMessages   ? " (small messages)"
                                                                      : ""));
@@ -152,8 +151,8 @@ std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int ser
   options.force_point_to_point = force_p2p;
   options.force_copy_collectives = mode == Mode::kCopyCollectives;
   if (mode == Mode::kSmallMessages) options.message_bytes = 24;
-  RunOutput out = RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial), kRanks), sources,
-                               options);
+  RunOutput out =
+      RunFragments(cluster, Fragments(*plan, absl::StrCat("p", serial), kRanks), sources, options);
   CheckTarget(a, b, c.dtype, out);
   if (force_p2p) {
     EXPECT_TRUE(out.methods.empty() ||
@@ -180,13 +179,33 @@ TEST(ExecutorTest, PlannerPlansAllTransitions) {
       {"2x2 P(sum),P(sum)->R,S(0)", {2, 2}, {2, 2}, {}, {}, "P(sum),P(sum)", "R,S(0)", {6, 4}},
       {"2x2 S(0),S(1)->S(1),S(0)", {2, 2}, {2, 2}, {}, {}, "S(0),S(1)", "S(1),S(0)", {8, 6}},
       {"uneven S(0)->S(1)", {4}, {4}, {}, {}, "S(0,[1,6,0,2])", "S(1)", {9, 7}},
-      {"flat->S(1) 3d", {4}, {4}, {}, {}, "flat 0:10;10:50;50:100;100:120", "S(1)",
-       {4, 5, 6}, DType::kU8},
-      {"S(1)->flat", {4}, {4}, {}, {}, "S(1)", "flat 0:7,60:100;7:20;20:60;100:120",
-       {4, 5, 6}, DType::kI8},
+      {"flat->S(1) 3d",
+       {4},
+       {4},
+       {},
+       {},
+       "flat 0:10;10:50;50:100;100:120",
+       "S(1)",
+       {4, 5, 6},
+       DType::kU8},
+      {"S(1)->flat",
+       {4},
+       {4},
+       {},
+       {},
+       "S(1)",
+       "flat 0:7,60:100;7:20;20:60;100:120",
+       {4, 5, 6},
+       DType::kI8},
       {"cross-mesh 1 rank R -> 4 ranks R", {1}, {4}, {2}, {}, "R", "R", {7, 9}},
-      {"cross-mesh 2x2 S(0),R -> permuted 1d S(0)", {2, 2}, {4}, {}, {3, 1, 0, 2}, "S(0),R",
-       "S(0)", {8, 4}},
+      {"cross-mesh 2x2 S(0),R -> permuted 1d S(0)",
+       {2, 2},
+       {4},
+       {},
+       {3, 1, 0, 2},
+       "S(0),R",
+       "S(0)",
+       {8, 4}},
   };
   Cluster cluster;
   std::set<StepMethod> used;
@@ -206,9 +225,9 @@ TEST(ExecutorTest, PlannerPlansAllTransitions) {
   EXPECT_TRUE(used_by_default.count(StepMethod::kAllReduce));
   EXPECT_TRUE(used_by_default.count(StepMethod::kReduceScatterV));
   // The collectives the planner emits all ran as collectives somewhere above.
-  for (StepMethod m : {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
-                       StepMethod::kReduceScatterV, StepMethod::kBroadcast,
-                       StepMethod::kSendRecv}) {
+  for (StepMethod m :
+       {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
+        StepMethod::kReduceScatterV, StepMethod::kBroadcast, StepMethod::kSendRecv}) {
     EXPECT_TRUE(used.count(m)) << StepMethodName(m) << " never used";
   }
 }
@@ -256,9 +275,9 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
   // 0: local order differs from global), rank 1 rows 2..3; ranks 2, 3 hold nothing.
   // Target: every rank holds all rows.
   const Shape shape = {4, 4};
-  Layout source = *Layout::FromChunks(
-      shape, {Rc(0, {C(Box({1, 0}, {1, 4}), 0), C(Box({0, 0}, {1, 4}), 4)}),
-              Rc(1, {C(Box({2, 0}, {2, 4}))}), Rc(2, {}), Rc(3, {})});
+  Layout source =
+      *Layout::FromChunks(shape, {Rc(0, {C(Box({1, 0}, {1, 4}), 0), C(Box({0, 0}, {1, 4}), 4)}),
+                                  Rc(1, {C(Box({2, 0}, {2, 4}))}), Rc(2, {}), Rc(3, {})});
   std::vector<RankChunks> all;
   for (int r = 0; r < kRanks; ++r) all.push_back(Rc(r, {C(Box({0, 0}, {4, 4}))}));
   Layout target = *Layout::FromChunks(shape, all);
@@ -267,8 +286,8 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
   plan.source = source;
   plan.target = target;
   plan.dtype = DType::kF32;
-  plan.local_copies = {{0, Box({0, 0}, {1, 4})}, {0, Box({1, 0}, {1, 4})},
-                       {1, Box({2, 0}, {2, 4})}};
+  plan.local_copies = {
+      {0, Box({0, 0}, {1, 4})}, {0, Box({1, 0}, {1, 4})}, {1, Box({2, 0}, {2, 4})}};
   Step gather;  // Ranks 0 and 1 exchange pieces; rank 0's piece is two boxes.
   gather.op = StepOp::kAllGather;
   gather.ranks = {0, 1};
@@ -299,8 +318,8 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
     ExecutorOptions options;
     options.force_point_to_point = p2p_only;
     options.force_copy_collectives = !p2p_only;
-    RunOutput out = RunFragments(cluster, Fragments(plan, absl::StrCat("hand", serial++)),
-                                 sources, options);
+    RunOutput out =
+        RunFragments(cluster, Fragments(plan, absl::StrCat("hand", serial++)), sources, options);
     CheckTarget(source, target, DType::kF32, out);
     if (!p2p_only) {
       EXPECT_TRUE(out.methods.count(StepMethod::kAllGatherV));

@@ -23,11 +23,11 @@ absl::Status CheckSourcePiece(const Fragment& f, const std::string& field, const
                               int64_t partial_index) {
   if (box.Empty()) return absl::OkStatus();
   if (FindContainingChunk(f.source, box, SourceIsPartial(f), partial_index) < 0) {
-    return Bad(field, absl::StrCat("box ", box.ToString(),
-                                   SourceIsPartial(f)
-                                       ? absl::StrCat(" of contribution ", partial_index)
-                                       : std::string(),
-                                   " lies in no source chunk of rank ", f.rank));
+    return Bad(field,
+               absl::StrCat("box ", box.ToString(),
+                            SourceIsPartial(f) ? absl::StrCat(" of contribution ", partial_index)
+                                               : std::string(),
+                            " lies in no source chunk of rank ", f.rank));
   }
   return absl::OkStatus();
 }
@@ -38,9 +38,8 @@ absl::Status CheckTargetPiece(const Fragment& f, const std::string& field, const
   for (const Chunk& c : f.target.chunks) {
     if (NeedsValue(f, c) && c.box.Contains(box)) return absl::OkStatus();
   }
-  return Bad(field, absl::StrCat("box ", box.ToString(),
-                                 " lies in no target chunk of rank ", f.rank,
-                                 " that takes a value"));
+  return Bad(field, absl::StrCat("box ", box.ToString(), " lies in no target chunk of rank ",
+                                 f.rank, " that takes a value"));
 }
 
 }  // namespace
@@ -93,17 +92,15 @@ absl::Status ValidateFragment(const Fragment& f) {
       const Transfer& t = step.transfers[j];
       const std::string field = absl::StrCat(sfield, ".transfers[", j, "]");
       if (ndim >= 0 && t.box.ndim() != ndim) {
-        return Bad(field,
-                   absl::StrCat("box ", t.box.ToString(), " does not have ", ndim, " dims"));
+        return Bad(field, absl::StrCat("box ", t.box.ToString(), " does not have ", ndim, " dims"));
       }
       // Checked: a box's element count fits in int64 but its bytes need not, and a wrapped
       // product could match a bogus `bytes`.
       absl::StatusOr<int64_t> box_bytes = CheckedBytes(t.box.shape(), esize);
       if (!box_bytes.ok()) return Bad(field, std::string(box_bytes.status().message()));
       if (t.bytes != *box_bytes) {
-        return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(),
-                                       " holds ", *box_bytes, " bytes of ",
-                                       DTypeName(f.dtype)));
+        return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(), " holds ",
+                                       *box_bytes, " bytes of ", DTypeName(f.dtype)));
       }
       absl::StatusOr<int64_t> sum = CheckedAdd(bytes, t.bytes);
       if (!sum.ok()) return Bad(sfield, absl::StrCat("transfers move more than 2^63 bytes"));
@@ -118,8 +115,7 @@ absl::Status ValidateFragment(const Fragment& f) {
       }
     }
     if (step.bytes != 0 && step.bytes != bytes) {
-      return Bad(sfield + ".bytes",
-                 absl::StrCat(step.bytes, " but its transfers move ", bytes));
+      return Bad(sfield + ".bytes", absl::StrCat(step.bytes, " but its transfers move ", bytes));
     }
   }
   return absl::OkStatus();

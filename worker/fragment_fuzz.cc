@@ -54,8 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)ChooseStepMethod(s, true);
   }
 
-  if (f.source.local_elements > kMaxLocalElements ||
-      f.target.local_elements > kMaxLocalElements) {
+  if (f.source.local_elements > kMaxLocalElements || f.target.local_elements > kMaxLocalElements) {
     return 0;
   }
   std::shared_ptr<HostBuffer> source;

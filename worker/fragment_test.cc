@@ -40,8 +40,11 @@ void ExpectBad(const v1::PlanFragment& f, const std::string& needle) {
 
 TEST(FragmentTest, PlannerFragmentsAreValid) {
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"S(0)", "S(1)"},
-                                 {"S(0)", "R"}, {"R", "S(1)"}, {"P(sum)", "R"},
-                                 {"P(sum)", "S(0)"}, {"S(1)", "P(sum)"}}) {
+                                 {"S(0)", "R"},
+                                 {"R", "S(1)"},
+                                 {"P(sum)", "R"},
+                                 {"P(sum)", "S(0)"},
+                                 {"S(1)", "P(sum)"}}) {
     Plan plan = MakePlan(from, to);
     for (int64_t r = 0; r < 4; ++r) {
       absl::StatusOr<Fragment> f = ParseFragment(FragmentFor(plan, r));

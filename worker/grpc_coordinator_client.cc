@@ -28,8 +28,8 @@ GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> chan
       stub_(v1::CoordinatorWorkers::NewStub(channel_)),
       rpc_timeout_(rpc_timeout) {}
 
-std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(
-    const std::string& address, absl::Duration rpc_timeout) {
+std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std::string& address,
+                                                                      absl::Duration rpc_timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   return std::make_unique<GrpcCoordinatorClient>(

@@ -12,8 +12,7 @@ absl::Status InMemoryKvClient::Set(absl::string_view key, absl::string_view valu
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> InMemoryKvClient::Get(absl::string_view key,
-                                                 absl::Duration timeout) {
+absl::StatusOr<std::string> InMemoryKvClient::Get(absl::string_view key, absl::Duration timeout) {
   if (key.empty()) return absl::InvalidArgumentError("empty key");
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
@@ -25,8 +24,8 @@ absl::StatusOr<std::string> InMemoryKvClient::Get(absl::string_view key,
     }
     if (changed_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
       if (values_.contains(key)) return values_.find(key)->second;
-      return absl::DeadlineExceededError(absl::StrCat(
-          "key '", key, "' did not appear within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("key '", key, "' did not appear within ", absl::FormatDuration(timeout)));
     }
   }
 }

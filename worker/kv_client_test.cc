@@ -26,8 +26,7 @@ TEST(InMemoryKvClientTest, MissingKey) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(late.status().message().find("'a'"), std::string::npos);
   EXPECT_EQ(kv.Set("", "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(kv.Get("", absl::ZeroDuration()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kv.Get("", absl::ZeroDuration()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(InMemoryKvClientTest, GetWaitsForSet) {

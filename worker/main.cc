@@ -96,10 +96,8 @@ int Main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Backend choice comes first: its log line is the first one.
-  absl::StatusOr<BackendSelection> selection =
-      SelectBackend(backend, device, [](absl::string_view line) {
-        spdlog::info("{}", std::string(line));
-      });
+  absl::StatusOr<BackendSelection> selection = SelectBackend(
+      backend, device, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
   if (!selection.ok()) {  // e.g. "no CUDA device visible: ..."
     std::fprintf(stderr, "%s\n", std::string(selection.status().message()).c_str());
     return 2;

@@ -125,29 +125,38 @@ absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp
   const bool min = op == ReduceOp::kMin;  // Identity of min is the largest value.
   switch (dtype) {
     case DType::kF32:
-      FillWith<float>(data, count, min ? std::numeric_limits<float>::infinity()
-                                       : -std::numeric_limits<float>::infinity());
+      FillWith<float>(
+          data, count,
+          min ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity());
       break;
     case DType::kF64:
-      FillWith<double>(data, count, min ? std::numeric_limits<double>::infinity()
-                                        : -std::numeric_limits<double>::infinity());
+      FillWith<double>(
+          data, count,
+          min ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity());
       break;
-    case DType::kF16: FillWith<uint16_t>(data, count, min ? 0x7C00 : 0xFC00); break;
-    case DType::kBF16: FillWith<uint16_t>(data, count, min ? 0x7F80 : 0xFF80); break;
+    case DType::kF16:
+      FillWith<uint16_t>(data, count, min ? 0x7C00 : 0xFC00);
+      break;
+    case DType::kBF16:
+      FillWith<uint16_t>(data, count, min ? 0x7F80 : 0xFF80);
+      break;
     case DType::kI8:
-      FillWith<int8_t>(data, count, min ? std::numeric_limits<int8_t>::max()
-                                        : std::numeric_limits<int8_t>::lowest());
+      FillWith<int8_t>(
+          data, count,
+          min ? std::numeric_limits<int8_t>::max() : std::numeric_limits<int8_t>::lowest());
       break;
     case DType::kU8:
       FillWith<uint8_t>(data, count, min ? std::numeric_limits<uint8_t>::max() : 0);
       break;
     case DType::kI32:
-      FillWith<int32_t>(data, count, min ? std::numeric_limits<int32_t>::max()
-                                         : std::numeric_limits<int32_t>::lowest());
+      FillWith<int32_t>(
+          data, count,
+          min ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int32_t>::lowest());
       break;
     case DType::kI64:
-      FillWith<int64_t>(data, count, min ? std::numeric_limits<int64_t>::max()
-                                         : std::numeric_limits<int64_t>::lowest());
+      FillWith<int64_t>(
+          data, count,
+          min ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::lowest());
       break;
   }
   return absl::OkStatus();
@@ -200,14 +209,13 @@ absl::Status HostMemorySpace::CopyBox(const Box& region, const void* src, const 
   return shardcoord::CopyBox(region, src, src_box, dst, dst_box, element_size);
 }
 
-absl::Status HostMemorySpace::ReduceIntoBox(const Box& region, const void* src,
-                                            const Box& src_box, void* dst, const Box& dst_box,
-                                            DType dtype, ReduceOp op) {
+absl::Status HostMemorySpace::ReduceIntoBox(const Box& region, const void* src, const Box& src_box,
+                                            void* dst, const Box& dst_box, DType dtype,
+                                            ReduceOp op) {
   return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op);
 }
 
-absl::Status HostMemorySpace::DivideBox(void* data, int64_t count, DType dtype,
-                                        int64_t divisor) {
+absl::Status HostMemorySpace::DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) {
   return shardcoord::DivideBox(data, count, dtype, divisor);
 }
 

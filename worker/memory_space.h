@@ -94,14 +94,13 @@ class MemorySpace {
   virtual absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
                                const Box& dst_box, int64_t element_size) = 0;
   virtual absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box,
-                                     void* dst, const Box& dst_box, DType dtype,
-                                     ReduceOp op) = 0;
+                                     void* dst, const Box& dst_box, DType dtype, ReduceOp op) = 0;
   virtual absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) = 0;
 
   // `region` of a chunk (a buffer for `chunk_box`) into a dense buffer for `region`, both in
   // this space. Unpacking is CopyBox(region, packed, region, chunk, chunk_box, ...).
-  absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box,
-                       void* packed, int64_t element_size) {
+  absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
+                       int64_t element_size) {
     return CopyBox(region, chunk, chunk_box, packed, region, element_size);
   }
 

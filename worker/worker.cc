@@ -79,8 +79,7 @@ absl::StatusOr<BackendParts> MakeBackend(const BackendSelection& backend,
 
 }  // namespace
 
-absl::StatusOr<BackendSelection> SelectBackend(absl::string_view backend,
-                                               absl::string_view device,
+absl::StatusOr<BackendSelection> SelectBackend(absl::string_view backend, absl::string_view device,
                                                const std::function<void(absl::string_view)>& log,
                                                const CudaDeviceProbe& probe) {
   absl::StatusOr<DeviceFlag> device_flag = ParseDeviceFlag(device);
@@ -132,9 +131,8 @@ absl::StatusOr<std::string> Worker::Start() {
   const bool nccl = options_.backend.backend == Backend::kNccl;
   const std::string device_name = nccl ? absl::StrCat("cuda:", options_.backend.gpu) : "cpu";
   client_ = GrpcCoordinatorClient::Connect(options_.coordinator);
-  absl::StatusOr<BackendParts> backend =
-      MakeBackend(options_.backend, client_.get(),
-                  GlooOptions{options_.gloo_host, options_.same_host_copy});
+  absl::StatusOr<BackendParts> backend = MakeBackend(
+      options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();
   device_space_ = std::move(backend->space);
   communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory));
@@ -177,12 +175,11 @@ absl::StatusOr<std::string> Worker::Start() {
   }
   if (nccl) {
     spdlog::info("worker {} (nccl on {}, buffers in {}) serving on {}, coordinator {}",
-                 options_.name, device_name, device_space_->name(), address,
-                 options_.coordinator);
+                 options_.name, device_name, device_space_->name(), address, options_.coordinator);
   } else {
     spdlog::info("worker {} (gloo on {}, same-host copy {}) serving on {}, coordinator {}",
-                 options_.name, options_.gloo_host, options_.same_host_copy ? "on" : "off",
-                 address, options_.coordinator);
+                 options_.name, options_.gloo_host, options_.same_host_copy ? "on" : "off", address,
+                 options_.coordinator);
   }
   return address;
 }

@@ -34,10 +34,9 @@ struct BackendSelection {
 // carry the one line to print before exiting 2: a bad --device, nccl with --device cpu or
 // without a visible GPU, a device index past the visible ones, or nccl in a build without
 // the CUDA toolkit.
-absl::StatusOr<BackendSelection> SelectBackend(
-    absl::string_view backend, absl::string_view device,
-    const std::function<void(absl::string_view)>& log,
-    const CudaDeviceProbe& probe = VisibleCudaDevices);
+absl::StatusOr<BackendSelection> SelectBackend(absl::string_view backend, absl::string_view device,
+                                               const std::function<void(absl::string_view)>& log,
+                                               const CudaDeviceProbe& probe = VisibleCudaDevices);
 
 struct WorkerOptions {
   std::string coordinator = "127.0.0.1:7400";

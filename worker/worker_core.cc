@@ -69,8 +69,7 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     if (absl::Status s = check_plan_id(); !s.ok()) return s;
   }
   if (!f.source.chunks.empty()) {
-    absl::StatusOr<std::shared_ptr<HostBuffer>> source =
-        buffers_->Get(f.tensor, f.source_version);
+    absl::StatusOr<std::shared_ptr<HostBuffer>> source = buffers_->Get(f.tensor, f.source_version);
     if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
     if ((*source)->dtype() != f.dtype || (*source)->chunks().chunks != f.source.chunks) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -209,7 +208,8 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   // Outside the lock: it interrupts the fragment's waits.
   if (run != nullptr && !request.commit()) run->cancel.Cancel();
   if (log_ && run != nullptr) {
-    log_(absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
+    log_(
+        absl::StrCat("plan ", request.plan_id(), ": ", request.commit() ? "committed" : "aborted"));
   }
   // Communicators outlive a committed plan: the coordinator reuses the rendezvous prefix for
   // later plans over the same groups (one rendezvous per group, not per plan). An abort
@@ -234,19 +234,27 @@ absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request
   for (size_t i = 0; i < chunks->chunks.size(); ++i) {
     const Box& box = chunks->chunks[i].box;
     if (box.ndim() != static_cast<int>(shape->size()) || !box.InBounds(*shape)) {
-      return absl::InvalidArgumentError(absl::StrCat("chunks.chunks[", i, "]: box ",
-                                                     box.ToString(), " is outside shape ",
-                                                     ShapeToString(*shape)));
+      return absl::InvalidArgumentError(absl::StrCat("chunks.chunks[", i, "]: box ", box.ToString(),
+                                                     " is outside shape ", ShapeToString(*shape)));
     }
   }
   FillKind kind;
   bool fill = true;
   switch (request.init()) {
     case v1::INIT_KIND_UNSPECIFIED:
-    case v1::ZEROS: kind = FillKind::kZeros; break;
-    case v1::ARANGE: kind = FillKind::kArange; break;
-    case v1::RANDOM: kind = FillKind::kRandom; break;
-    case v1::UNINITIALIZED: kind = FillKind::kZeros; fill = false; break;
+    case v1::ZEROS:
+      kind = FillKind::kZeros;
+      break;
+    case v1::ARANGE:
+      kind = FillKind::kArange;
+      break;
+    case v1::RANDOM:
+      kind = FillKind::kRandom;
+      break;
+    case v1::UNINITIALIZED:
+      kind = FillKind::kZeros;
+      fill = false;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat("init: unknown value ", request.init()));
   }
@@ -289,8 +297,7 @@ absl::Status WorkerCore::DropTensor(const v1::DropTensorRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(
-    const v1::ReadChunkRequest& request) {
+absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(const v1::ReadChunkRequest& request) {
   absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
       buffers_->Get(request.tensor(), request.version());
   if (!buffer.ok()) return buffer.status();
@@ -298,9 +305,9 @@ absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(
   if (!box.ok()) return box.status();
   const int k = FindContainingChunk((*buffer)->chunks(), *box, false, 0);
   if (k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "box: ", box->ToString(), " lies in no chunk of tensor '", request.tensor(),
-        "' version ", request.version(), " on this worker"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("box: ", box->ToString(), " lies in no chunk of tensor '", request.tensor(),
+                     "' version ", request.version(), " on this worker"));
   }
   ChunkReader reader;
   reader.buffer_ = *std::move(buffer);
@@ -352,14 +359,12 @@ absl::StatusOr<std::unique_ptr<WorkerCore::ChunkWriter>> WorkerCore::OpenWrite(
   if (!dtype.ok()) return dtype.status();
   absl::StatusOr<RankChunks> chunks = RankChunksFromProto(header.chunks(), "chunks");
   if (!chunks.ok()) return chunks.status();
-  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
-      HostBuffer::Create(*dtype, *chunks, space_);
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Create(*dtype, *chunks, space_);
   if (!buffer.ok()) return buffer.status();
   if (header.total_bytes() != (*buffer)->bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "total_bytes: ", header.total_bytes(), " but a local buffer of ",
-        chunks->local_elements, " ", DTypeName(*dtype), " elements holds ",
-        (*buffer)->bytes(), " bytes"));
+        "total_bytes: ", header.total_bytes(), " but a local buffer of ", chunks->local_elements,
+        " ", DTypeName(*dtype), " elements holds ", (*buffer)->bytes(), " bytes"));
   }
   auto writer = std::make_unique<ChunkWriter>();
   writer->buffers_ = buffers_;
@@ -372,8 +377,8 @@ absl::StatusOr<std::unique_ptr<WorkerCore::ChunkWriter>> WorkerCore::OpenWrite(
 
 absl::Status WorkerCore::ChunkWriter::Append(absl::string_view data) {
   if (static_cast<int64_t>(data.size()) > buffer_->bytes() - written_) {
-    return absl::InvalidArgumentError(absl::StrCat("data: more than the announced total_bytes ",
-                                                   buffer_->bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data: more than the announced total_bytes ", buffer_->bytes()));
   }
   if (buffer_->space().is_host()) {
     std::memcpy(buffer_->data() + written_, data.data(), data.size());
@@ -398,8 +403,8 @@ absl::Status WorkerCore::ChunkWriter::Flush() {
 
 absl::StatusOr<v1::WriteChunkResponse> WorkerCore::ChunkWriter::Finish() {
   if (written_ != buffer_->bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("data: received ", written_, " of ",
-                                                   buffer_->bytes(), " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data: received ", written_, " of ", buffer_->bytes(), " bytes"));
   }
   if (absl::Status s = Flush(); !s.ok()) return s;
   absl::StatusOr<std::vector<uint64_t>> checksums = buffer_->Checksums();
@@ -419,15 +424,15 @@ bool WorkerCore::Shutdown(absl::Duration grace) {
   }
   for (auto& run : runs) run->cancel.Cancel();
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](int* running) { return *running == 0; }, &running_),
-      grace);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](int* running) { return *running == 0; }, &running_),
+                              grace);
 }
 
 void WorkerCore::WaitIdle() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int* running) { return *running == 0; }, &running_));
+  mu_.Await(absl::Condition(
+      +[](int* running) { return *running == 0; }, &running_));
 }
 
 int WorkerCore::running() const {

@@ -58,8 +58,7 @@ class WorkerCore {
   // host memory. It must outlive this object.
   WorkerCore(BufferStore* buffers, CommunicatorCache* communicators, ChunkReporter* reporter,
              std::function<WorkerIdentity()> identity, ExecutorOptions options = {},
-             std::function<void(absl::string_view)> log = nullptr,
-             MemorySpace* space = nullptr);
+             std::function<void(absl::string_view)> log = nullptr, MemorySpace* space = nullptr);
   ~WorkerCore();
 
   absl::Status Execute(const v1::PlanFragment& fragment);

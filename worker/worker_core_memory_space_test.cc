@@ -49,9 +49,12 @@ struct TestWorker {
   TestWorker(KvClient* kv, ChunkReporter* reporter, int rank, bool device)
       : space(absl::StrCat("fake-cuda:", rank)),
         cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(&buffers, &cache, reporter,
-             [rank] { return WorkerIdentity{absl::StrCat("w", rank), 7, rank}; }, {}, nullptr,
-             device ? &space : nullptr) {}
+        core(
+            &buffers, &cache, reporter,
+            [rank] {
+              return WorkerIdentity{absl::StrCat("w", rank), 7, rank};
+            },
+            {}, nullptr, device ? &space : nullptr) {}
   FakeDeviceMemorySpace space;
   BufferStore buffers;
   CommunicatorCache cache;
@@ -72,8 +75,8 @@ v1::FillRequest FillFor(const RankChunks& rc, const Shape& shape, v1::InitKind i
 }
 
 // The bytes of `box` of (tensor, version), read in messages of at most `max_bytes`.
-std::string ReadAll(WorkerCore& core, const std::string& tensor, int64_t version,
-                    const Box& box, int64_t max_bytes, int* messages = nullptr) {
+std::string ReadAll(WorkerCore& core, const std::string& tensor, int64_t version, const Box& box,
+                    int64_t max_bytes, int* messages = nullptr) {
   v1::ReadChunkRequest req;
   req.set_tensor(tensor);
   req.set_version(version);
@@ -168,8 +171,8 @@ TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
       auto writer = w->core.OpenWrite(header);
       ASSERT_TRUE(writer.ok()) << writer.status();
       for (size_t at = 0; at < data.size(); at += kMaxChunkMessageBytes) {
-        ASSERT_TRUE((*writer)->Append(absl::string_view(data).substr(at, kMaxChunkMessageBytes))
-                        .ok());
+        ASSERT_TRUE(
+            (*writer)->Append(absl::string_view(data).substr(at, kMaxChunkMessageBytes)).ok());
       }
       absl::StatusOr<v1::WriteChunkResponse> done = (*writer)->Finish();
       ASSERT_TRUE(done.ok()) << done.status();
@@ -179,9 +182,9 @@ TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
       if (w == &host) {
         EXPECT_EQ(copies, 0);
       } else {
-        const int64_t want = (static_cast<int64_t>(data.size()) +
-                              WorkerCore::ChunkWriter::kStagingBytes - 1) /
-                             WorkerCore::ChunkWriter::kStagingBytes;
+        const int64_t want =
+            (static_cast<int64_t>(data.size()) + WorkerCore::ChunkWriter::kStagingBytes - 1) /
+            WorkerCore::ChunkWriter::kStagingBytes;
         EXPECT_EQ(copies, want);
         EXPECT_EQ(after.bytes_to_device - before.bytes_to_device,
                   static_cast<int64_t>(data.size()));

@@ -59,8 +59,9 @@ class FakeReporter : public ChunkReporter {
 struct TestWorker {
   TestWorker(KvClient* kv, FakeReporter* reporter, int rank)
       : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(&buffers, &cache, reporter,
-             [rank] { return WorkerIdentity{absl::StrCat("w", rank), 7, rank}; }) {}
+        core(&buffers, &cache, reporter, [rank] {
+          return WorkerIdentity{absl::StrCat("w", rank), 7, rank};
+        }) {}
   BufferStore buffers;
   CommunicatorCache cache;
   WorkerCore core;
@@ -157,8 +158,7 @@ TEST(WorkerCoreTest, FillPartialContributions) {
   EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20), std::vector<float>(4, 0.0f));
   req.set_partial_op(v1::MAX);
   ASSERT_TRUE(w.core.Fill(req).ok());
-  EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20),
-            (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20), (std::vector<float>{0, 1, 2, 3}));
 }
 
 TEST(WorkerCoreTest, FillErrorsNameTheField) {
@@ -218,7 +218,8 @@ TEST(WorkerCoreTest, WriteChunkChecksBytes) {
 class LifecycleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (int r = 0; r < 4; ++r) workers_.push_back(std::make_unique<TestWorker>(&kv_, &reporter_, r));
+    for (int r = 0; r < 4; ++r)
+      workers_.push_back(std::make_unique<TestWorker>(&kv_, &reporter_, r));
     mesh_ = *DeviceMesh::Create({4});
     source_ = *Layout::FromPlacements(mesh_, {8, 12}, *ParsePlacements("S(0)"));
     target_ = *Layout::FromPlacements(mesh_, {8, 12}, *ParsePlacements("S(1)"));
@@ -275,8 +276,7 @@ TEST_F(LifecycleTest, ExecuteReportCommitRead) {
     EXPECT_EQ(rep.bytes_done(), 3 * 2 * 3 * 4);  // Three 2x3 f32 pieces from the others.
   }
   // Re-executing a running (not yet finished) plan id is refused.
-  EXPECT_EQ(workers_[0]->core.Execute(Fragment(0, "p1")).code(),
-            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(workers_[0]->core.Execute(Fragment(0, "p1")).code(), absl::StatusCode::kAlreadyExists);
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p1", true)).ok());
     ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p1", true)).ok());  // Idempotent.
@@ -364,7 +364,8 @@ TEST_F(LifecycleTest, CopyWritesTheTargetTensor) {
     f.set_target_version(version);
     return f;
   };
-  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c1", 5)).ok());
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c1", 5)).ok());
   for (const auto& rep : reporter_.WaitFinals(4)) EXPECT_EQ(rep.error(), "") << rep.rank();
   for (int r = 0; r < 4; ++r) {
     EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
@@ -383,7 +384,8 @@ TEST_F(LifecycleTest, CopyWritesTheTargetTensor) {
     }
     EXPECT_EQ(got, want) << "rank " << r;
   }
-  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c2", 6)).ok());
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c2", 6)).ok());
   reporter_.WaitFinals(8);
   for (int r = 0; r < 4; ++r) {
     v1::FinishPlanRequest abort = Finish("c2", false);

@@ -20,14 +20,13 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* FinishPlan(grpc::CallbackServerContext* ctx,
                                        const v1::FinishPlanRequest* request,
                                        v1::FinishPlanResponse* response) override;
-  grpc::ServerUnaryReactor* Fill(grpc::CallbackServerContext* ctx,
-                                 const v1::FillRequest* request,
+  grpc::ServerUnaryReactor* Fill(grpc::CallbackServerContext* ctx, const v1::FillRequest* request,
                                  v1::FillResponse* response) override;
   grpc::ServerUnaryReactor* DropTensor(grpc::CallbackServerContext* ctx,
                                        const v1::DropTensorRequest* request,
                                        v1::DropTensorResponse* response) override;
-  grpc::ServerWriteReactor<v1::ChunkData>* ReadChunk(
-      grpc::CallbackServerContext* ctx, const v1::ReadChunkRequest* request) override;
+  grpc::ServerWriteReactor<v1::ChunkData>* ReadChunk(grpc::CallbackServerContext* ctx,
+                                                     const v1::ReadChunkRequest* request) override;
   grpc::ServerReadReactor<v1::ChunkData>* WriteChunk(grpc::CallbackServerContext* ctx,
                                                      v1::WriteChunkResponse* response) override;
 

@@ -42,8 +42,8 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
-  auto stub = v1::Worker::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                      grpc::InsecureChannelCredentials()));
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
 
   // Write a 2.5 MiB buffer in pieces of at most 1 MiB.
   const int64_t n = 655360;  // f32 elements.
@@ -111,8 +111,7 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     grpc::ClientContext ctx;
     v1::PlanFragment bad;
     v1::ExecuteResponse response;
-    EXPECT_EQ(stub->Execute(&ctx, bad, &response).error_code(),
-              grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(stub->Execute(&ctx, bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
   {
     grpc::ClientContext ctx;

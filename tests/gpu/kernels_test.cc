@@ -1,11 +1,11 @@
 // The CUDA kernels against the host code they mirror: box pack/unpack/copy against
 // sharding/box_copy.h, reductions bitwise against ReduceIntoBox, the device checksum
 // against worker/checksum.h. Skips without a GPU.
+#include <cuda_runtime_api.h>
+
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "gtest/gtest.h"
 #include "sharding/box.h"
@@ -88,15 +88,17 @@ TEST_F(KernelsTest, PackAndUnpackMatchTheHost) {
 
     DeviceBuffer d_chunk = Upload(chunk);
     DeviceBuffer d_packed = Upload(std::vector<unsigned char>(want.size(), 0xEE));
-    ASSERT_TRUE(DevicePackBox(region, d_chunk.data(), chunk_box, d_packed.data(), esize, stream_).ok());
-    ASSERT_EQ(Download(d_packed), want) << "pack " << region.ToString() << " of "
-                                        << chunk_box.ToString() << " esize " << esize;
+    ASSERT_TRUE(
+        DevicePackBox(region, d_chunk.data(), chunk_box, d_packed.data(), esize, stream_).ok());
+    ASSERT_EQ(Download(d_packed), want)
+        << "pack " << region.ToString() << " of " << chunk_box.ToString() << " esize " << esize;
 
     const std::vector<unsigned char> fresh = RandomBytes(want.size(), rng);
     std::vector<unsigned char> want_chunk = chunk;
     ASSERT_TRUE(UnpackBox(region, fresh.data(), want_chunk.data(), chunk_box, esize).ok());
     DeviceBuffer d_fresh = Upload(fresh);
-    ASSERT_TRUE(DeviceUnpackBox(region, d_fresh.data(), d_chunk.data(), chunk_box, esize, stream_).ok());
+    ASSERT_TRUE(
+        DeviceUnpackBox(region, d_fresh.data(), d_chunk.data(), chunk_box, esize, stream_).ok());
     ASSERT_EQ(Download(d_chunk), want_chunk) << "unpack " << region.ToString();
   }
 }
@@ -124,8 +126,8 @@ TEST_F(KernelsTest, ChunkToChunkCopiesMatchTheHost) {
 
 TEST_F(KernelsTest, ReductionsAreBitwiseEqualToTheHost) {
   std::mt19937 rng(17);
-  for (DType dtype : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8,
-                      DType::kU8, DType::kI32, DType::kI64}) {
+  for (DType dtype : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
+                      DType::kI32, DType::kI64}) {
     const int64_t esize = ElementSize(dtype);
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
       for (int iter = 0; iter < 20; ++iter) {
@@ -137,9 +139,10 @@ TEST_F(KernelsTest, ReductionsAreBitwiseEqualToTheHost) {
         std::vector<unsigned char> want = RandomBytes(dst_box.Volume() * esize, rng);
         DeviceBuffer d_src = Upload(src);
         DeviceBuffer d_dst = Upload(want);
-        ASSERT_TRUE(ReduceIntoBox(region, src.data(), src_box, want.data(), dst_box, dtype, op).ok());
-        ASSERT_TRUE(DeviceReduceIntoBox(region, d_src.data(), src_box, d_dst.data(), dst_box,
-                                        dtype, op, stream_)
+        ASSERT_TRUE(
+            ReduceIntoBox(region, src.data(), src_box, want.data(), dst_box, dtype, op).ok());
+        ASSERT_TRUE(DeviceReduceIntoBox(region, d_src.data(), src_box, d_dst.data(), dst_box, dtype,
+                                        op, stream_)
                         .ok());
         const std::vector<unsigned char> got = Download(d_dst);
         for (size_t i = 0; i < got.size(); i += esize) {
@@ -163,8 +166,8 @@ TEST_F(KernelsTest, DeviceChecksumEqualsHostChecksum) {
   const std::vector<unsigned char> data = RandomBytes(static_cast<size_t>(9 * mib + 64), rng);
   DeviceBuffer d = Upload(data);
   for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{8}}) {
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{1000}, mib - 1,
-                      mib, mib + 1, 5 * mib + 3, 9 * mib}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{1000}, mib - 1, mib,
+                      mib + 1, 5 * mib + 3, 9 * mib}) {
       absl::StatusOr<uint64_t> got =
           DeviceChunkChecksum(static_cast<const char*>(d.data()) + offset, n, stream_);
       ASSERT_TRUE(got.ok()) << got.status();

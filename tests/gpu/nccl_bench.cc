@@ -45,7 +45,7 @@ struct Result {
   std::string op;
   int ranks = 0;
   int64_t bytes = 0;
-  double seconds = 0;  // Per op, slowest rank.
+  double seconds = 0;      // Per op, slowest rank.
   double bus_factor = -1;  // < 0: not a collective (kernels).
 };
 
@@ -216,17 +216,16 @@ int Run(const Flags& flags) {
         results.push_back({op, 1, moved, t, -1});
       };
       time_kernel("pack_2d", [&] {
-        return DevicePackBox(Box({0, 0}, {rows, cols}), k.send.data(), Box({0, 0}, {rows, 2 * cols}),
-                             k.recv.data(), 4, stream);
+        return DevicePackBox(Box({0, 0}, {rows, cols}), k.send.data(),
+                             Box({0, 0}, {rows, 2 * cols}), k.recv.data(), 4, stream);
       });
       const int64_t rows3 = std::max<int64_t>(1, rows / 4);
       time_kernel("pack_3d", [&] {
         return DevicePackBox(Box({2, 0, 0}, {4, rows3, cols / 2}), k.send.data(),
                              Box({0, 0, 0}, {8, rows3, cols / 2 * 2}), k.recv.data(), 4, stream);
       });
-      time_kernel("checksum", [&] {
-        return DeviceChunkChecksum(k.send.data(), moved, stream).status();
-      });
+      time_kernel("checksum",
+                  [&] { return DeviceChunkChecksum(k.send.data(), moved, stream).status(); });
     }
     cudaStreamDestroy(stream);
   }
@@ -250,8 +249,8 @@ int Run(const Flags& flags) {
   } else {
     std::printf("# nccl_bench on %d x %s, NCCL %s, %d iters (+%d warmup)\n", n, prop.name,
                 NcclVersionString().c_str(), flags.iters, flags.warmup);
-    std::printf("%-15s %5s %12s %12s %12s %12s\n", "op", "ranks", "bytes", "time_us",
-                "algbw_GB/s", "busbw_GB/s");
+    std::printf("%-15s %5s %12s %12s %12s %12s\n", "op", "ranks", "bytes", "time_us", "algbw_GB/s",
+                "busbw_GB/s");
     for (const Result& r : results) {
       const double algbw = r.bytes / r.seconds / 1e9;
       std::printf("%-15s %5d %12lld %12.2f %12.2f %12s\n", r.op.c_str(), r.ranks,
@@ -259,8 +258,9 @@ int Run(const Flags& flags) {
                   r.bus_factor < 0 ? "-" : absl::StrFormat("%.2f", algbw * r.bus_factor).c_str());
     }
     if (n == 1) {
-      std::printf("# one rank: bus bandwidth of all-gather, reduce-scatter, all-to-all and "
-                  "all-reduce is 0 by definition ((n-1)/n = 0)\n");
+      std::printf(
+          "# one rank: bus bandwidth of all-gather, reduce-scatter, all-to-all and "
+          "all-reduce is 0 by definition ((n-1)/n = 0)\n");
     }
   }
   return ok ? 0 : 1;

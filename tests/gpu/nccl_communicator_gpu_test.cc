@@ -1,14 +1,14 @@
 // NcclCommunicator on real NCCL and device memory. Single-rank communicators (every op with
 // a group of one) need one GPU; the multi-rank tests run one rank per GPU in threads of this
 // process and need two or more. Skips (saying why) without them.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -96,9 +96,8 @@ TEST(NcclSingleRankTest, EveryOpWithAGroupOfOne) {
   EXPECT_EQ(Download<float>(out), x);
 
   out = Zeros(bytes, 0);
-  ASSERT_TRUE(c->ReduceScatterV(in.data(), out.data(), {1024}, DType::kF32, ReduceOp::kSum,
-                                Tag(3))
-                  .ok());
+  ASSERT_TRUE(
+      c->ReduceScatterV(in.data(), out.data(), {1024}, DType::kF32, ReduceOp::kSum, Tag(3)).ok());
   EXPECT_EQ(Download<float>(out), x);
 
   out = Zeros(bytes, 0);
@@ -120,7 +119,8 @@ TEST(NcclSingleRankTest, ManyOpsReuseOneCommunicator) {
   ASSERT_NE(c, nullptr);
   DeviceBuffer buf = Upload(std::vector<int64_t>(4096, 3), 0);
   for (uint32_t i = 0; i < 200; ++i) {
-    ASSERT_TRUE(c->AllReduce(buf.data(), buf.data(), 4096, DType::kI64, ReduceOp::kSum, Tag(i)).ok());
+    ASSERT_TRUE(
+        c->AllReduce(buf.data(), buf.data(), 4096, DType::kI64, ReduceOp::kSum, Tag(i)).ok());
   }
   EXPECT_EQ(Download<int64_t>(buf), std::vector<int64_t>(4096, 3));
 }
@@ -222,12 +222,13 @@ TEST(NcclMultiRankTest, CollectivesAcrossGpus) {
     int64_t my_off = 0;
     for (int q = 0; q < r; ++q) my_off += q + 1;
     std::vector<int32_t> rs_want(r + 1);
-    for (int i = 0; i <= r; ++i) rs_want[i] = n * (n - 1) / 2 + n * static_cast<int32_t>(my_off + i);
+    for (int i = 0; i <= r; ++i)
+      rs_want[i] = n * (n - 1) / 2 + n * static_cast<int32_t>(my_off + i);
     DeviceBuffer rs_in = Upload(rs_send, r);
     DeviceBuffer rs_out = Zeros((r + 1) * 4, r);
-    ASSERT_TRUE(c.ReduceScatterV(rs_in.data(), rs_out.data(), elems, DType::kI32, ReduceOp::kSum,
-                                 Tag(3))
-                    .ok());
+    ASSERT_TRUE(
+        c.ReduceScatterV(rs_in.data(), rs_out.data(), elems, DType::kI32, ReduceOp::kSum, Tag(3))
+            .ok());
     EXPECT_EQ(Download<int32_t>(rs_out), rs_want);
 
     // Equal reduce-scatter (max of f32) and all-reduce (sum of i64).
@@ -241,7 +242,8 @@ TEST(NcclMultiRankTest, CollectivesAcrossGpus) {
     std::vector<float> eq_want(4);
     for (int i = 0; i < 4; ++i) {
       float m = -1;
-      for (int p = 0; p < n; ++p) m = std::max(m, static_cast<float>(((4 * r + i) * 7 + p * 3) % 11));
+      for (int p = 0; p < n; ++p)
+        m = std::max(m, static_cast<float>(((4 * r + i) * 7 + p * 3) % 11));
       eq_want[i] = m;
     }
     EXPECT_EQ(Download<float>(eq_out), eq_want);

@@ -13,9 +13,12 @@ namespace executor_testing {
 double Contribution(ReduceOp op, int64_t flat, int64_t partial) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partial + 1));
-    case ReduceOp::kMax: return static_cast<double>(flat + partial);
-    case ReduceOp::kMin: return static_cast<double>(flat - partial);
+    case ReduceOp::kAvg:
+      return static_cast<double>(flat * (partial + 1));
+    case ReduceOp::kMax:
+      return static_cast<double>(flat + partial);
+    case ReduceOp::kMin:
+      return static_cast<double>(flat - partial);
   }
   return 0;
 }
@@ -23,10 +26,14 @@ double Contribution(ReduceOp op, int64_t flat, int64_t partial) {
 double Reduced(ReduceOp op, int64_t flat, int64_t partials) {
   if (partials <= 1) return static_cast<double>(flat);
   switch (op) {
-    case ReduceOp::kSum: return static_cast<double>(flat * partials * (partials + 1) / 2);
-    case ReduceOp::kAvg: return static_cast<double>(flat * (partials + 1)) / 2.0;
-    case ReduceOp::kMax: return static_cast<double>(flat + partials - 1);
-    case ReduceOp::kMin: return static_cast<double>(flat - partials + 1);
+    case ReduceOp::kSum:
+      return static_cast<double>(flat * partials * (partials + 1) / 2);
+    case ReduceOp::kAvg:
+      return static_cast<double>(flat * (partials + 1)) / 2.0;
+    case ReduceOp::kMax:
+      return static_cast<double>(flat + partials - 1);
+    case ReduceOp::kMin:
+      return static_cast<double>(flat - partials + 1);
   }
   return 0;
 }

@@ -44,8 +44,7 @@ Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
 
 // The fragments of ranks 0..ranks-1 for plan `id` of tensor "T", version 1 -> 2, every
 // incarnation 1, a 30 s step timeout and a communicator prefix of its own.
-std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id,
-                                        int ranks = 4);
+std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id, int ranks = 4);
 
 }  // namespace executor_testing
 }  // namespace shardcoord

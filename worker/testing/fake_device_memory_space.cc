@@ -101,9 +101,9 @@ absl::StatusOr<Allocation> FakeDeviceMemorySpace::Allocate(int64_t bytes) {
   }
   absl::MutexLock lock(&mu_);
   if (bytes > capacity_ - stats_.live_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes of ", name_, " memory (",
-                     stats_.live_bytes, " of ", capacity_, " bytes in use)"));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of ", name_,
+                                                     " memory (", stats_.live_bytes, " of ",
+                                                     capacity_, " bytes in use)"));
   }
   const int64_t real = std::max<int64_t>(64, (bytes + 63) / 64 * 64);
   void* p = ::operator new(static_cast<size_t>(real), kAlignment, std::nothrow);
@@ -179,9 +179,8 @@ absl::Status FakeDeviceMemorySpace::FillIdentity(void* data, int64_t count, DTyp
   return absl::OkStatus();
 }
 
-absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src,
-                                            const Box& src_box, void* dst, const Box& dst_box,
-                                            int64_t element_size) {
+absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src, const Box& src_box,
+                                            void* dst, const Box& dst_box, int64_t element_size) {
   absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
   if (!runs.ok()) return runs.status();
   if (runs->empty) return absl::OkStatus();
@@ -193,9 +192,8 @@ absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src,
 }
 
 absl::Status FakeDeviceMemorySpace::ReduceIntoBox(const Box& region, const void* src,
-                                                  const Box& src_box, void* dst,
-                                                  const Box& dst_box, DType dtype,
-                                                  ReduceOp op) {
+                                                  const Box& src_box, void* dst, const Box& dst_box,
+                                                  DType dtype, ReduceOp op) {
   const int64_t element_size = ElementSize(dtype);
   if (element_size <= 0) {
     return absl::InvalidArgumentError(
@@ -211,9 +209,7 @@ absl::Status FakeDeviceMemorySpace::ReduceIntoBox(const Box& region, const void*
   absl::MutexLock lock(&mu_);
   CheckDevice(src, src_box.Volume() * element_size, "ReduceIntoBox source");
   CheckDevice(dst, dst_box.Volume() * element_size, "ReduceIntoBox destination");
-  Enqueue([=] {
-    return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op);
-  });
+  Enqueue([=] { return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op); });
   return absl::OkStatus();
 }
 

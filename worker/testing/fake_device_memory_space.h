@@ -44,7 +44,7 @@ class FakeDeviceMemorySpace final : public MemorySpace {
     int64_t bytes_to_device = 0;
     int64_t copies_to_host = 0;
     int64_t bytes_to_host = 0;
-    int64_t ops_queued = 0;      // Fills, box copies, reductions, divisions.
+    int64_t ops_queued = 0;  // Fills, box copies, reductions, divisions.
     int64_t checksums = 0;
     int64_t synchronizes = 0;
     int64_t live_allocations = 0;

@@ -58,8 +58,8 @@ TEST(FakeDeviceMemorySpaceTest, MatchesTheHostSpace) {
     Allocation a = *space->Allocate(80), b = *space->Allocate(80);
     ASSERT_TRUE(space->CopyFromHost(a.data, init.data(), 80).ok());
     ASSERT_TRUE(space->FillIdentity(b.data, 20, DType::kF32, ReduceOp::kMax).ok());
-    ASSERT_TRUE(space->ReduceIntoBox(region, a.data, box, b.data, box, DType::kF32,
-                                     ReduceOp::kMax).ok());
+    ASSERT_TRUE(
+        space->ReduceIntoBox(region, a.data, box, b.data, box, DType::kF32, ReduceOp::kMax).ok());
     ASSERT_TRUE(space->CopyBox(Box({0, 0}, {1, 5}), a.data, box, b.data, box, 4).ok());
     ASSERT_TRUE(space->DivideBox(b.data, 20, DType::kF32, 2).ok());
     sums[k] = *space->ChunkChecksum(b.data, 80);
@@ -83,11 +83,9 @@ TEST(FakeDeviceMemorySpaceTest, ArgumentErrorsAtTheCall) {
   const Box box({0}, {16});
   EXPECT_EQ(space.CopyBox(Box({10}, {8}), a.data, box, a.data, box, 4).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(space.ReduceIntoBox(box, a.data, box, a.data, box, DType::kF32, ReduceOp::kAvg)
-                .code(),
+  EXPECT_EQ(space.ReduceIntoBox(box, a.data, box, a.data, box, DType::kF32, ReduceOp::kAvg).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(space.DivideBox(a.data, 16, DType::kF32, 0).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(space.DivideBox(a.data, 16, DType::kF32, 0).code(), absl::StatusCode::kInvalidArgument);
   // Empty regions touch nothing, whatever the pointers.
   EXPECT_TRUE(space.CopyBox(Box({3}, {0}), nullptr, box, nullptr, box, 4).ok());
   space.set_capacity(100);

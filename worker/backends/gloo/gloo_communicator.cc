@@ -115,9 +115,7 @@ std::vector<char> KvGlooStore::get(const std::string& key) {
   return std::vector<char>(v->begin(), v->end());
 }
 
-void KvGlooStore::wait(const std::vector<std::string>& keys) {
-  wait(keys, ToMillis(timeout_));
-}
+void KvGlooStore::wait(const std::vector<std::string>& keys) { wait(keys, ToMillis(timeout_)); }
 
 void KvGlooStore::wait(const std::vector<std::string>& keys,
                        const std::chrono::milliseconds& timeout) {
@@ -130,8 +128,7 @@ void KvGlooStore::wait(const std::vector<std::string>& keys,
     absl::StatusOr<std::string> v =
         kv_->Get(prefix_ + key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!v.ok()) {
-      GLOO_THROW_IO_EXCEPTION("Wait timeout for key '", prefix_, key, "': ",
-                              v.status().ToString());
+      GLOO_THROW_IO_EXCEPTION("Wait timeout for key '", prefix_, key, "': ", v.status().ToString());
     }
     absl::MutexLock lock(&mu_);
     fetched_[key] = std::vector<char>(v->begin(), v->end());
@@ -141,8 +138,8 @@ void KvGlooStore::wait(const std::vector<std::string>& keys,
 // ---------------------------------------------------------------------------------------
 // GlooCommunicator
 
-GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context,
-                                   absl::Duration timeout, std::vector<int64_t> peer_pids)
+GlooCommunicator::GlooCommunicator(std::shared_ptr<gloo::Context> context, absl::Duration timeout,
+                                   std::vector<int64_t> peer_pids)
     : context_(std::move(context)), timeout_(timeout), peer_pids_(std::move(peer_pids)) {}
 
 GlooCommunicator::~GlooCommunicator() = default;
@@ -162,8 +159,7 @@ absl::Status GlooCommunicator::RunWhileWaiting(const CommOptions& options) {
 template <typename F>
 absl::Status GlooCommunicator::Guard(const char* what, F&& op) {
   if (broken_.load()) {
-    return absl::AbortedError(
-        absl::StrCat(what, ": communicator is broken by an earlier failure"));
+    return absl::AbortedError(absl::StrCat(what, ": communicator is broken by an earlier failure"));
   }
   try {
     return op();
@@ -171,15 +167,15 @@ absl::Status GlooCommunicator::Guard(const char* what, F&& op) {
     broken_ = true;
     const std::string msg = e.what();
     if (absl::StrContains(msg, "Timed out") || absl::StrContains(msg, "timeout")) {
-      return absl::DeadlineExceededError(absl::StrCat(what, " on group rank ", rank(), "/",
-                                                      size(), " timed out: ", msg));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " on group rank ", rank(), "/", size(), " timed out: ", msg));
     }
     return absl::AbortedError(
         absl::StrCat(what, " on group rank ", rank(), "/", size(), " failed: ", msg));
   } catch (const std::exception& e) {
     broken_ = true;
-    return absl::InternalError(absl::StrCat(what, " on group rank ", rank(), "/", size(),
-                                            " failed in Gloo: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat(what, " on group rank ", rank(), "/", size(), " failed in Gloo: ", e.what()));
   }
 }
 
@@ -188,9 +184,8 @@ absl::Status GlooCommunicator::AllGatherV(const void* send, int64_t send_bytes, 
                                           const CommOptions& options) {
   if (absl::Status s = CheckCounts(recv_bytes, size(), "recv_bytes"); !s.ok()) return s;
   if (recv_bytes[rank()] != send_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("send_bytes ", send_bytes,
-                                                   " != recv_bytes[", rank(), "] ",
-                                                   recv_bytes[rank()]));
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes ", send_bytes, " != recv_bytes[",
+                                                   rank(), "] ", recv_bytes[rank()]));
   }
   if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   return Guard("allgatherv", [&] {
@@ -211,9 +206,9 @@ absl::Status GlooCommunicator::AllToAllV(const void* send, absl::Span<const int6
   if (absl::Status s = CheckCounts(send_bytes, size(), "send_bytes"); !s.ok()) return s;
   if (absl::Status s = CheckCounts(recv_bytes, size(), "recv_bytes"); !s.ok()) return s;
   if (send_bytes[rank()] != recv_bytes[rank()]) {
-    return absl::InvalidArgumentError(absl::StrCat("send_bytes[", rank(), "] ",
-                                                   send_bytes[rank()], " != recv_bytes[",
-                                                   rank(), "] ", recv_bytes[rank()]));
+    return absl::InvalidArgumentError(absl::StrCat("send_bytes[", rank(), "] ", send_bytes[rank()],
+                                                   " != recv_bytes[", rank(), "] ",
+                                                   recv_bytes[rank()]));
   }
   if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   return Guard("alltoallv", [&] {
@@ -230,9 +225,8 @@ absl::Status GlooCommunicator::AllToAllV(const void* send, absl::Span<const int6
 }
 
 absl::Status GlooCommunicator::ReduceScatterV(const void* send, void* recv,
-                                              absl::Span<const int64_t> recv_elements,
-                                              DType dtype, ReduceOp op,
-                                              const CommOptions& options) {
+                                              absl::Span<const int64_t> recv_elements, DType dtype,
+                                              ReduceOp op, const CommOptions& options) {
   if (absl::Status s = CheckReduceOp(op); !s.ok()) return s;
   if (absl::Status s = CheckCounts(recv_elements, size(), "recv_elements"); !s.ok()) return s;
   const int64_t es = ElementSize(dtype);
@@ -255,27 +249,34 @@ absl::Status GlooCommunicator::ReduceScatterV(const void* send, void* recv,
 }
 
 absl::Status GlooCommunicator::AllReduce(const void* send, void* recv, int64_t elements,
-                                         DType dtype, ReduceOp op,
-                                         const CommOptions& options) {
+                                         DType dtype, ReduceOp op, const CommOptions& options) {
   if (absl::Status s = CheckReduceOp(op); !s.ok()) return s;
   if (elements < 0) return absl::InvalidArgumentError(absl::StrCat("elements ", elements));
   if (absl::Status s = RunWhileWaiting(options); !s.ok()) return s;
   if (elements == 0) return absl::OkStatus();  // Same count everywhere: all skip.
   // The reduce function cannot return a status; the dtype and op are checked here, so a
   // failure inside it is a broken invariant.
-  gloo::AllreduceOptions::Func fn = [dtype, op](void* out, const void* a, const void* b,
-                                                size_t n) {
+  gloo::AllreduceOptions::Func fn = [dtype, op](void* out, const void* a, const void* b, size_t n) {
     absl::Status s = ReduceElements(dtype, op, out, a, b, static_cast<int64_t>(n));
     if (!s.ok()) GLOO_THROW("reduction failed: ", s.ToString());
   };
   return Guard("allreduce", [&] {
     const auto timeout = TimeoutFor(options);
     switch (ElementSize(dtype)) {
-      case 1: RunAllreduce<uint8_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
-      case 2: RunAllreduce<uint16_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
-      case 4: RunAllreduce<uint32_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
-      case 8: RunAllreduce<uint64_t>(context_, send, recv, elements, fn, options.tag, timeout); break;
-      default: return absl::InvalidArgumentError("unsupported element size");
+      case 1:
+        RunAllreduce<uint8_t>(context_, send, recv, elements, fn, options.tag, timeout);
+        break;
+      case 2:
+        RunAllreduce<uint16_t>(context_, send, recv, elements, fn, options.tag, timeout);
+        break;
+      case 4:
+        RunAllreduce<uint32_t>(context_, send, recv, elements, fn, options.tag, timeout);
+        break;
+      case 8:
+        RunAllreduce<uint64_t>(context_, send, recv, elements, fn, options.tag, timeout);
+        break;
+      default:
+        return absl::InvalidArgumentError("unsupported element size");
     }
     return absl::OkStatus();
   });
@@ -308,23 +309,21 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
   for (const SendOp& op : sends) {
     if (op.peer < 0 || op.peer >= size() || op.peer == rank() || op.bytes < 0 ||
         ++per_peer[op.peer] > kMaxMessagesPerPeer) {
-      return absl::InvalidArgumentError(absl::StrCat("send to peer ", op.peer, " of ",
-                                                     op.bytes, " bytes from group rank ",
-                                                     rank(), "/", size()));
+      return absl::InvalidArgumentError(absl::StrCat("send to peer ", op.peer, " of ", op.bytes,
+                                                     " bytes from group rank ", rank(), "/",
+                                                     size()));
     }
   }
   std::fill(per_peer.begin(), per_peer.end(), 0);
   for (const RecvOp& op : recvs) {
     if (op.peer < 0 || op.peer >= size() || op.peer == rank() || op.bytes < 0 ||
         ++per_peer[op.peer] > kMaxMessagesPerPeer) {
-      return absl::InvalidArgumentError(absl::StrCat("recv from peer ", op.peer, " of ",
-                                                     op.bytes, " bytes at group rank ",
-                                                     rank(), "/", size()));
+      return absl::InvalidArgumentError(absl::StrCat("recv from peer ", op.peer, " of ", op.bytes,
+                                                     " bytes at group rank ", rank(), "/", size()));
     }
   }
   const uint64_t base = (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
-  const uint64_t ack_base =
-      (kP2PAckSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
+  const uint64_t ack_base = (kP2PAckSlotPrefix << 56) | (static_cast<uint64_t>(options.tag) << 24);
   // Descriptors flow against the message, so they get slots of their own: the peer's own
   // messages to us use base | k.
   const uint64_t ready_base =
@@ -402,8 +401,8 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
         same_host_sends.push_back(SameHostSend{std::move(ready), &op, i, static_cast<uint64_t>(k)});
         continue;
       }
-      auto buf = context_->createUnboundBuffer(const_cast<void*>(op.data),
-                                               static_cast<size_t>(op.bytes));
+      auto buf =
+          context_->createUnboundBuffer(const_cast<void*>(op.data), static_cast<size_t>(op.bytes));
       buf->send(op.peer, base | static_cast<uint64_t>(k));
       send_bufs.push_back(std::move(buf));
     }
@@ -438,17 +437,16 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
       const SendOp& op = *s.op;
       const SameHostDescriptor& to = ready_in[s.index];
       if (to.bytes != static_cast<uint64_t>(op.bytes)) {
-        return failed(absl::DataLossError(absl::StrCat(
-            "same-host message ", s.k, " to group rank ", op.peer, " expects ", to.bytes,
-            " bytes, sending ", op.bytes)));
+        return failed(
+            absl::DataLossError(absl::StrCat("same-host message ", s.k, " to group rank ", op.peer,
+                                             " expects ", to.bytes, " bytes, sending ", op.bytes)));
       }
       const MemoryRuns whole = {{static_cast<const char*>(op.data), op.bytes}};
-      absl::Status wrote = WritePeerMemory(peer_pids_[op.peer], to.address,
-                                           op.runs.empty() ? whole : op.runs);
+      absl::Status wrote =
+          WritePeerMemory(peer_pids_[op.peer], to.address, op.runs.empty() ? whole : op.runs);
       if (!wrote.ok()) {
-        return failed(absl::Status(
-            wrote.code(),
-            absl::StrCat("same-host copy to group rank ", op.peer, ": ", wrote.message())));
+        return failed(absl::Status(wrote.code(), absl::StrCat("same-host copy to group rank ",
+                                                              op.peer, ": ", wrote.message())));
       }
       acks_out[s.index] = to.bytes;
       auto ack = context_->createUnboundBuffer(&acks_out[s.index], sizeof(uint64_t));
@@ -458,9 +456,9 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
     for (Recv& r : recv_bufs) {
       if (!r.buf->waitRecv(remaining())) GLOO_THROW_IO_EXCEPTION("recv cancelled");
       if (r.ack != nullptr && *r.ack != static_cast<uint64_t>(r.op->bytes)) {
-        return failed(absl::DataLossError(absl::StrCat(
-            "same-host message from group rank ", r.op->peer, " acknowledged ", *r.ack,
-            " bytes, expected ", r.op->bytes)));
+        return failed(absl::DataLossError(absl::StrCat("same-host message from group rank ",
+                                                       r.op->peer, " acknowledged ", *r.ack,
+                                                       " bytes, expected ", r.op->bytes)));
       }
       if (r.op->done) {
         if (absl::Status s = r.op->done(); !s.ok()) return failed(s);
@@ -488,21 +486,21 @@ absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory
     return std::shared_ptr<GlooCommunicatorFactory>(
         new GlooCommunicatorFactory(kv, std::move(device), options.same_host_copy));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot create a Gloo TCP device on '",
-                                               options.hostname, "': ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot create a Gloo TCP device on '", options.hostname, "': ", e.what()));
   }
 }
 
-GlooCommunicatorFactory::GlooCommunicatorFactory(
-    KvClient* kv, std::shared_ptr<gloo::transport::Device> device, bool same_host_copy)
+GlooCommunicatorFactory::GlooCommunicatorFactory(KvClient* kv,
+                                                 std::shared_ptr<gloo::transport::Device> device,
+                                                 bool same_host_copy)
     : kv_(kv), same_host_copy_(same_host_copy), device_(std::move(device)) {}
 
 absl::StatusOr<std::vector<int64_t>> GlooCommunicatorFactory::AgreeSameHostPeers(
     const std::string& prefix, int rank, int size, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   const SameHostRecord self = LocalSameHostRecord(same_host_copy_);
-  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost/", rank), self.Encode());
-      !s.ok()) {
+  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost/", rank), self.Encode()); !s.ok()) {
     return s;
   }
   std::vector<SameHostRecord> peers(size);
@@ -517,8 +515,7 @@ absl::StatusOr<std::vector<int64_t>> GlooCommunicatorFactory::AgreeSameHostPeers
     peers[g] = *peer;
     if (CanReadPeer(self, peers[g])) readable[g] = '1';
   }
-  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost_ok/", rank), readable);
-      !s.ok()) {
+  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "samehost_ok/", rank), readable); !s.ok()) {
     return s;
   }
   std::vector<int64_t> pids(size, -1);
@@ -554,23 +551,22 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicatorFactory::Create(
         AgreeSameHostPeers(prefix, rank, size, spec.timeout);
     if (!pids.ok()) {
       return absl::Status(pids.status().code(),
-                          absl::StrCat("same-host rendezvous '", prefix, "' as group rank ",
-                                       rank, "/", size, ": ", pids.status().message()));
+                          absl::StrCat("same-host rendezvous '", prefix, "' as group rank ", rank,
+                                       "/", size, ": ", pids.status().message()));
     }
     return std::shared_ptr<Communicator>(
         std::make_shared<GlooCommunicator>(std::move(context), spec.timeout, *pids));
   } catch (const gloo::IoException& e) {
     const std::string msg = e.what();
-    const std::string what = absl::StrCat("Gloo rendezvous '", prefix, "' as group rank ",
-                                          rank, "/", size, ": ", msg);
+    const std::string what =
+        absl::StrCat("Gloo rendezvous '", prefix, "' as group rank ", rank, "/", size, ": ", msg);
     if (absl::StrContains(msg, "timeout") || absl::StrContains(msg, "Timed out") ||
         absl::StrContains(msg, "DEADLINE_EXCEEDED")) {
       return absl::DeadlineExceededError(what);
     }
     return absl::UnavailableError(what);
   } catch (const std::exception& e) {
-    return absl::InternalError(
-        absl::StrCat("Gloo rendezvous '", prefix, "' failed: ", e.what()));
+    return absl::InternalError(absl::StrCat("Gloo rendezvous '", prefix, "' failed: ", e.what()));
   }
 }
 

@@ -70,9 +70,9 @@ struct GlooOptions {
 // Same-host messages: a SendRecv message of at least kSameHostMinBytes to or from a peer
 // with a known pid (peer_pids[g] >= 0, the same on both ends: the factory agrees on it)
 // moves by process_vm_writev. The receiver sends a 16-byte descriptor (address, bytes) of its
-// buffer on slot (0x42 << 56) | (tag << 24) | k; the sender writes the bytes there, from SendOp::runs when
-// given (no packing: `prepare` is not called) or from `data`, and acknowledges on slot
-// (0x41 << 56) | (tag << 24) | k. The receiver's message completes with the acknowledgement.
+// buffer on slot (0x42 << 56) | (tag << 24) | k; the sender writes the bytes there, from
+// SendOp::runs when given (no packing: `prepare` is not called) or from `data`, and acknowledges on
+// slot (0x41 << 56) | (tag << 24) | k. The receiver's message completes with the acknowledgement.
 class GlooCommunicator : public Communicator {
  public:
   static constexpr int64_t kSameHostMinBytes = int64_t{64} << 10;
@@ -94,15 +94,12 @@ class GlooCommunicator : public Communicator {
                           absl::Span<const int64_t> recv_bytes,
                           const CommOptions& options) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
-                         absl::Span<const int64_t> recv_bytes,
+                         absl::Span<const int64_t> recv_bytes, const CommOptions& options) override;
+  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
+                              DType dtype, ReduceOp op, const CommOptions& options) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
                          const CommOptions& options) override;
-  absl::Status ReduceScatterV(const void* send, void* recv,
-                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
-                              const CommOptions& options) override;
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
-                         ReduceOp op, const CommOptions& options) override;
-  absl::Status Broadcast(void* data, int64_t bytes, int root,
-                         const CommOptions& options) override;
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override;
   absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
                         const CommOptions& options) override;
 

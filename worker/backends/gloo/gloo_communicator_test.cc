@@ -38,8 +38,7 @@ class GlooGroup {
     });
   }
 
-  static CommunicatorSpec SpecFor(int n, int r, const std::string& prefix,
-                                  absl::Duration timeout) {
+  static CommunicatorSpec SpecFor(int n, int r, const std::string& prefix, absl::Duration timeout) {
     CommunicatorSpec spec;
     for (int i = 0; i < n; ++i) {
       spec.ranks.push_back(100 + i);  // Global ranks differ from group ranks.
@@ -81,8 +80,9 @@ TEST(GlooCommunicatorTest, RanksAndSizes) {
     EXPECT_EQ(g.comm(r).size(), 3);
     EXPECT_FALSE(g.comm(r).broken());
   }
-  EXPECT_EQ(GlooCommunicatorFactory::RendezvousPrefix(GlooGroup::SpecFor(2, 0, "p/", absl::Seconds(1))),
-            "p/gloo/100,101/7,7/");
+  EXPECT_EQ(
+      GlooCommunicatorFactory::RendezvousPrefix(GlooGroup::SpecFor(2, 0, "p/", absl::Seconds(1))),
+      "p/gloo/100,101/7,7/");
 }
 
 TEST(GlooCommunicatorTest, AllGatherVUnevenWithEmpty) {
@@ -95,8 +95,8 @@ TEST(GlooCommunicatorTest, AllGatherVUnevenWithEmpty) {
     std::vector<unsigned char> send(counts[r]);
     for (int64_t i = 0; i < counts[r]; ++i) send[i] = Byte(r, 0, i);
     std::vector<unsigned char> recv(total, 0xEE);
-    ASSERT_TRUE(g.comm(r).AllGatherV(send.data(), counts[r], recv.data(), counts,
-                                     CommOptions{1}).ok());
+    ASSERT_TRUE(
+        g.comm(r).AllGatherV(send.data(), counts[r], recv.data(), counts, CommOptions{1}).ok());
     int64_t off = 0;
     for (int src = 0; src < n; ++src) {
       for (int64_t i = 0; i < counts[src]; ++i) {
@@ -110,7 +110,9 @@ TEST(GlooCommunicatorTest, AllGatherVUnevenWithEmpty) {
 TEST(GlooCommunicatorTest, AllToAllV) {
   const int n = 4;
   GlooGroup g(n, "alltoallv/");
-  auto count = [](int a, int b) -> int64_t { return (a * 3 + b * 5) % 7 == 0 ? 0 : 1000 * (a + 1) + b; };
+  auto count = [](int a, int b) -> int64_t {
+    return (a * 3 + b * 5) % 7 == 0 ? 0 : 1000 * (a + 1) + b;
+  };
   g.Run([&](int r) {
     std::vector<int64_t> send_bytes(n), recv_bytes(n);
     std::vector<unsigned char> send;
@@ -146,18 +148,23 @@ TEST(GlooCommunicatorTest, ReduceScatterVSumF32AndMaxI32) {
       isend[i] = static_cast<int32_t>((i * 7 + r * 13) % 23) - 11;
     }
     std::vector<float> recv(elems[r] + 1, -1.0f);
-    ASSERT_TRUE(g.comm(r).ReduceScatterV(send.data(), recv.data(), elems, DType::kF32,
-                                         ReduceOp::kSum, CommOptions{3}).ok());
+    ASSERT_TRUE(g.comm(r)
+                    .ReduceScatterV(send.data(), recv.data(), elems, DType::kF32, ReduceOp::kSum,
+                                    CommOptions{3})
+                    .ok());
     std::vector<int32_t> irecv(elems[r] + 1, 99);
-    ASSERT_TRUE(g.comm(r).ReduceScatterV(isend.data(), irecv.data(), elems, DType::kI32,
-                                         ReduceOp::kMax, CommOptions{4}).ok());
+    ASSERT_TRUE(g.comm(r)
+                    .ReduceScatterV(isend.data(), irecv.data(), elems, DType::kI32, ReduceOp::kMax,
+                                    CommOptions{4})
+                    .ok());
     int64_t off = 0;
     for (int q = 0; q < r; ++q) off += elems[q];
     for (int64_t i = 0; i < elems[r]; ++i) {
       const int64_t gi = off + i;
       ASSERT_EQ(recv[i], static_cast<float>(16 * gi + 6)) << "rank " << r << " i " << i;
       int32_t best = -1000;
-      for (int q = 0; q < n; ++q) best = std::max(best, static_cast<int32_t>((gi * 7 + q * 13) % 23) - 11);
+      for (int q = 0; q < n; ++q)
+        best = std::max(best, static_cast<int32_t>((gi * 7 + q * 13) % 23) - 11);
       ASSERT_EQ(irecv[i], best);
     }
     EXPECT_EQ(recv[elems[r]], -1.0f);  // Nothing written past the slice.
@@ -173,14 +180,18 @@ TEST(GlooCommunicatorTest, AllReduceAcrossDtypesAndSegments) {
     // f32 sum, out of place.
     std::vector<float> in(big), out(big);
     for (int64_t i = 0; i < big; ++i) in[i] = static_cast<float>((i % 1000) * (r + 1));
-    ASSERT_TRUE(g.comm(r).AllReduce(in.data(), out.data(), big, DType::kF32, ReduceOp::kSum,
-                                    CommOptions{5}).ok());
+    ASSERT_TRUE(
+        g.comm(r)
+            .AllReduce(in.data(), out.data(), big, DType::kF32, ReduceOp::kSum, CommOptions{5})
+            .ok());
     for (int64_t i = 0; i < big; ++i) ASSERT_EQ(out[i], static_cast<float>((i % 1000) * 10));
     // i64 min, in place.
     std::vector<int64_t> v(1001);
     for (int64_t i = 0; i < 1001; ++i) v[i] = (i * 17 + r * 5) % 11 - (int64_t{1} << 40);
-    ASSERT_TRUE(g.comm(r).AllReduce(v.data(), v.data(), 1001, DType::kI64, ReduceOp::kMin,
-                                    CommOptions{6}).ok());
+    ASSERT_TRUE(
+        g.comm(r)
+            .AllReduce(v.data(), v.data(), 1001, DType::kI64, ReduceOp::kMin, CommOptions{6})
+            .ok());
     for (int64_t i = 0; i < 1001; ++i) {
       int64_t m = INT64_MAX;
       for (int q = 0; q < n; ++q) m = std::min(m, (i * 17 + q * 5) % 11 - (int64_t{1} << 40));
@@ -189,16 +200,19 @@ TEST(GlooCommunicatorTest, AllReduceAcrossDtypesAndSegments) {
     // bf16 sum of small integers (exact), odd count.
     std::vector<uint16_t> h(333);
     for (int i = 0; i < 333; ++i) h[i] = FloatToBFloat16(static_cast<float>(i % 10 + r));
-    ASSERT_TRUE(g.comm(r).AllReduce(h.data(), h.data(), 333, DType::kBF16, ReduceOp::kSum,
-                                    CommOptions{7}).ok());
+    ASSERT_TRUE(
+        g.comm(r)
+            .AllReduce(h.data(), h.data(), 333, DType::kBF16, ReduceOp::kSum, CommOptions{7})
+            .ok());
     for (int i = 0; i < 333; ++i) {
       ASSERT_EQ(BFloat16ToFloat(h[i]), static_cast<float>(4 * (i % 10) + 6));
     }
     // u8 max.
     std::vector<uint8_t> b(50);
     for (int i = 0; i < 50; ++i) b[i] = static_cast<uint8_t>((i * 3 + r * 60) % 256);
-    ASSERT_TRUE(g.comm(r).AllReduce(b.data(), b.data(), 50, DType::kU8, ReduceOp::kMax,
-                                    CommOptions{8}).ok());
+    ASSERT_TRUE(g.comm(r)
+                    .AllReduce(b.data(), b.data(), 50, DType::kU8, ReduceOp::kMax, CommOptions{8})
+                    .ok());
     for (int i = 0; i < 50; ++i) {
       uint8_t m = 0;
       for (int q = 0; q < n; ++q) m = std::max<uint8_t>(m, (i * 3 + q * 60) % 256);
@@ -233,7 +247,10 @@ TEST(GlooCommunicatorTest, SendRecvArbitraryPattern) {
   const int n = 4;
   GlooGroup g(n, "sendrecv/");
   // Messages (src, dst, bytes), several per pair, a cycle, an empty one.
-  struct Msg { int src, dst; int64_t bytes; };
+  struct Msg {
+    int src, dst;
+    int64_t bytes;
+  };
   std::vector<Msg> msgs;
   std::mt19937 gen(42);
   for (int k = 0; k < 40; ++k) {
@@ -287,8 +304,7 @@ TEST(GlooCommunicatorTest, SendRecvSameHostCopyAndFallback) {
   EXPECT_FALSE(c2.SameHostPeer(0));
   EXPECT_FALSE(c2.SameHostPeer(1));
   // Every rank sends every other rank one small and two big messages (the last one odd).
-  const std::vector<int64_t> sizes = {100, GlooCommunicator::kSameHostMinBytes,
-                                      (3 << 20) + 5};
+  const std::vector<int64_t> sizes = {100, GlooCommunicator::kSameHostMinBytes, (3 << 20) + 5};
   g.Run([&](int r) {
     std::vector<std::vector<unsigned char>> out, in;
     std::vector<SendOp> sends;
@@ -328,8 +344,7 @@ TEST(GlooCommunicatorTest, SendRecvSameHostCopyAndFallback) {
 TEST(GlooCommunicatorTest, SendRecvFromRunsWithAndWithoutSameHost) {
   for (bool same_host : {true, false}) {
     SCOPED_TRACE(same_host ? "same host" : "tcp");
-    GlooGroup g(2, same_host ? "runs-sh/" : "runs-tcp/", absl::Seconds(30),
-                {same_host, same_host});
+    GlooGroup g(2, same_host ? "runs-sh/" : "runs-tcp/", absl::Seconds(30), {same_host, same_host});
     const int64_t kRuns = 3000, kRun = 40;  // 120000 bytes, above kSameHostMinBytes.
     g.Run([&](int r) {
       const int peer = 1 - r;
@@ -343,7 +358,8 @@ TEST(GlooCommunicatorTest, SendRecvFromRunsWithAndWithoutSameHost) {
                     }
                     return absl::OkStatus();
                   }};
-      for (int64_t k = 0; k < kRuns; ++k) send.runs.emplace_back(strided.data() + 2 * k * kRun, kRun);
+      for (int64_t k = 0; k < kRuns; ++k)
+        send.runs.emplace_back(strided.data() + 2 * k * kRun, kRun);
       std::vector<char> in(kRuns * kRun, 0);
       RecvOp recv{peer, in.data(), kRuns * kRun};
       absl::Status s = g.comm(r).SendRecv({&send, 1}, {&recv, 1}, CommOptions{9});
@@ -443,8 +459,12 @@ TEST(GlooCommunicatorTest, ConcurrentOpsWithDifferentTags) {
     }
     std::vector<int64_t> counts(n, bytes);
     absl::Status first, second;
-    std::function<void()> op_a = [&] { first = g.comm(r).AllGatherV(sa.data(), bytes, a.data(), counts, CommOptions{100}); };
-    std::function<void()> op_b = [&] { second = g.comm(r).AllGatherV(sb.data(), bytes, b.data(), counts, CommOptions{200}); };
+    std::function<void()> op_a = [&] {
+      first = g.comm(r).AllGatherV(sa.data(), bytes, a.data(), counts, CommOptions{100});
+    };
+    std::function<void()> op_b = [&] {
+      second = g.comm(r).AllGatherV(sb.data(), bytes, b.data(), counts, CommOptions{200});
+    };
     std::thread t1(r % 2 == 0 ? op_a : op_b);
     std::thread t2(r % 2 == 0 ? op_b : op_a);
     t1.join();
@@ -529,8 +549,8 @@ TEST(GlooCommunicatorTest, WorksThroughCommunicatorCache) {
   const int n = 3;
   std::vector<std::unique_ptr<CommunicatorCache>> caches;
   for (int r = 0; r < n; ++r) {
-    caches.push_back(std::make_unique<CommunicatorCache>(
-        *GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
+    caches.push_back(
+        std::make_unique<CommunicatorCache>(*GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {

@@ -63,8 +63,7 @@ absl::StatusOr<SameHostRecord> SameHostRecord::Decode(absl::string_view text) {
   SameHostRecord r;
   if (f.size() != 5 || (f[0] != "0" && f[0] != "1") || !absl::SimpleAtoi(f[2], &r.pid) ||
       !absl::SimpleAtoi(f[3], &r.probe_address) || !absl::SimpleAtoi(f[4], &r.probe_value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed same-host record '", text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("malformed same-host record '", text, "'"));
   }
   r.enabled = f[0] == "1";
   r.host_key = std::string(f[1]);
@@ -83,8 +82,7 @@ SameHostRecord LocalSameHostRecord(bool enabled) {
 }
 
 bool CanReadPeer(const SameHostRecord& self, const SameHostRecord& peer) {
-  if (!self.enabled || !peer.enabled || self.host_key.empty() ||
-      self.host_key != peer.host_key) {
+  if (!self.enabled || !peer.enabled || self.host_key.empty() || self.host_key != peer.host_key) {
     return false;
   }
   uint64_t value = 0;
@@ -110,7 +108,9 @@ absl::Status WritePeerMemory(int64_t pid, uint64_t remote_address, const MemoryR
       batch += len;
     }
     if (batch == 0) break;
-    struct iovec r {reinterpret_cast<void*>(remote), static_cast<size_t>(batch)};
+    struct iovec r {
+      reinterpret_cast<void*>(remote), static_cast<size_t>(batch)
+    };
     const ssize_t n =
         process_vm_writev(static_cast<pid_t>(pid), local.data(), local.size(), &r, 1, 0);
     if (n <= 0) {
@@ -141,8 +141,12 @@ absl::Status ReadPeerMemory(int64_t pid, uint64_t remote_address, void* local, i
   while (done < bytes) {
     // One call moves at most about 2 GiB (MAX_RW_COUNT); loop over the rest.
     const size_t len = static_cast<size_t>(std::min<int64_t>(bytes - done, int64_t{1} << 30));
-    struct iovec l {static_cast<char*>(local) + done, len};
-    struct iovec r {reinterpret_cast<void*>(remote_address + done), len};
+    struct iovec l {
+      static_cast<char*>(local) + done, len
+    };
+    struct iovec r {
+      reinterpret_cast<void*>(remote_address + done), len
+    };
     const ssize_t n = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
     if (n > 0) {
       done += n;

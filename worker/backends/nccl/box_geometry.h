@@ -71,8 +71,7 @@ SC_HD inline void UnitOffsets(const BoxCopyGeometry& g, int unit, int64_t u, int
 }
 
 // Byte offsets of element `e` of the region (row-major order over the region).
-SC_HD inline void ElementOffsets(const BoxCopyGeometry& g, int64_t e, int64_t* src,
-                                 int64_t* dst) {
+SC_HD inline void ElementOffsets(const BoxCopyGeometry& g, int64_t e, int64_t* src, int64_t* dst) {
   UnitOffsets(g, static_cast<int>(g.element_size), e, src, dst);
 }
 

@@ -46,7 +46,8 @@ Box RandomSubBox(const Box& box, std::mt19937& rng) {
   for (int d = 0; d < box.ndim(); ++d) {
     const int64_t n = box.shape(d);
     const int64_t begin = static_cast<int64_t>(rng() % n);
-    const int64_t len = (rng() % 3 == 0) ? n - begin : 1 + static_cast<int64_t>(rng() % (n - begin));
+    const int64_t len =
+        (rng() % 3 == 0) ? n - begin : 1 + static_cast<int64_t>(rng() % (n - begin));
     off[d] = box.offset(d) + begin;
     shape[d] = len;
   }
@@ -76,16 +77,16 @@ TEST(BoxGeometryTest, RandomPacksAndUnpacksMatchHostCopies) {
     ASSERT_TRUE(PackBox(region, chunk, chunk_box, want.data(), esize).ok());
     const size_t dst_skew = rng() % 8;
     unsigned char* dst = got.data() + dst_skew;
-    const int unit = CopyUnitBytes(*pack, reinterpret_cast<uintptr_t>(chunk),
-                                   reinterpret_cast<uintptr_t>(dst));
+    const int unit =
+        CopyUnitBytes(*pack, reinterpret_cast<uintptr_t>(chunk), reinterpret_cast<uintptr_t>(dst));
     ASSERT_EQ(pack->run_bytes % unit, 0);
     ASSERT_EQ(reinterpret_cast<uintptr_t>(chunk) % unit, 0u);
     for (int u : {unit, 1}) {
       std::fill(got.begin(), got.end(), 0xAB);
       EmulateCopy(*pack, u, chunk, dst);
       ASSERT_EQ(std::memcmp(dst, want.data(), region_bytes + 1), 0)
-          << "pack " << region.ToString() << " of " << chunk_box.ToString() << " esize "
-          << esize << " unit " << u;
+          << "pack " << region.ToString() << " of " << chunk_box.ToString() << " esize " << esize
+          << " unit " << u;
     }
 
     // Unpack fresh values into a copy of the chunk; everything outside region stays.
@@ -96,8 +97,8 @@ TEST(BoxGeometryTest, RandomPacksAndUnpacksMatchHostCopies) {
     std::vector<unsigned char> got_chunk = want_chunk;
     ASSERT_TRUE(UnpackBox(region, packed.data(), want_chunk.data(), chunk_box, esize).ok());
     EmulateCopy(*unpack, static_cast<int>(esize), packed.data(), got_chunk.data());
-    ASSERT_EQ(got_chunk, want_chunk) << "unpack " << region.ToString() << " into "
-                                     << chunk_box.ToString();
+    ASSERT_EQ(got_chunk, want_chunk)
+        << "unpack " << region.ToString() << " into " << chunk_box.ToString();
   }
 }
 
@@ -118,11 +119,11 @@ TEST(BoxGeometryTest, RandomChunkToChunkCopiesMatchCopyBox) {
     ASSERT_TRUE(CopyBox(region, src.data(), a, want.data(), b, esize).ok());
     absl::StatusOr<BoxCopyGeometry> g = MakeBoxCopyGeometry(region, a, b, esize);
     ASSERT_TRUE(g.ok()) << g.status();
-    EmulateCopy(*g, CopyUnitBytes(*g, reinterpret_cast<uintptr_t>(src.data()),
-                                  reinterpret_cast<uintptr_t>(got.data())),
+    EmulateCopy(*g,
+                CopyUnitBytes(*g, reinterpret_cast<uintptr_t>(src.data()),
+                              reinterpret_cast<uintptr_t>(got.data())),
                 src.data(), got.data());
-    ASSERT_EQ(got, want) << region.ToString() << " from " << a.ToString() << " to "
-                         << b.ToString();
+    ASSERT_EQ(got, want) << region.ToString() << " from " << a.ToString() << " to " << b.ToString();
     ++checked;
   }
   EXPECT_GT(checked, 1000);

@@ -98,8 +98,7 @@ absl::Status CudaMemorySpace::FillZeros(void* data, int64_t bytes) {
                     absl::StrCat("zero fill of ", bytes, " bytes on ", name()).c_str());
 }
 
-absl::Status CudaMemorySpace::FillIdentity(void* data, int64_t count, DType dtype,
-                                           ReduceOp op) {
+absl::Status CudaMemorySpace::FillIdentity(void* data, int64_t count, DType dtype, ReduceOp op) {
   if (absl::Status s = CheckIdentityFill(count, dtype, op); !s.ok()) return s;
   const int64_t esize = ElementSize(dtype);
   if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return FillZeros(data, count * esize);
@@ -119,10 +118,10 @@ absl::Status CudaMemorySpace::FillIdentity(void* data, int64_t count, DType dtyp
   }
   for (int64_t filled = 1; filled < count; filled *= 2) {
     const int64_t n = std::min(filled, count - filled);
-    if (absl::Status s = CudaStatus(
-            cudaMemcpyAsync(p + filled * esize, p, static_cast<size_t>(n * esize),
-                            cudaMemcpyDeviceToDevice, stream_),
-            what.c_str());
+    if (absl::Status s =
+            CudaStatus(cudaMemcpyAsync(p + filled * esize, p, static_cast<size_t>(n * esize),
+                                       cudaMemcpyDeviceToDevice, stream_),
+                       what.c_str());
         !s.ok()) {
       return s;
     }
@@ -136,15 +135,14 @@ absl::Status CudaMemorySpace::CopyBox(const Box& region, const void* src, const 
   return DeviceCopyBox(region, src, src_box, dst, dst_box, element_size, stream_);
 }
 
-absl::Status CudaMemorySpace::ReduceIntoBox(const Box& region, const void* src,
-                                            const Box& src_box, void* dst, const Box& dst_box,
-                                            DType dtype, ReduceOp op) {
+absl::Status CudaMemorySpace::ReduceIntoBox(const Box& region, const void* src, const Box& src_box,
+                                            void* dst, const Box& dst_box, DType dtype,
+                                            ReduceOp op) {
   if (absl::Status s = Enter(); !s.ok()) return s;
   return DeviceReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op, stream_);
 }
 
-absl::Status CudaMemorySpace::DivideBox(void* data, int64_t count, DType dtype,
-                                        int64_t divisor) {
+absl::Status CudaMemorySpace::DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) {
   const int64_t esize = ElementSize(dtype);
   if (esize <= 0 || count < 0 || divisor <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("division of ", count, " elements of dtype ",

@@ -43,8 +43,9 @@ TEST(CudaMemorySpaceTest, MatchesTheHostSpace) {
     ASSERT_TRUE(space->CopyFromHost(a.data, init.data(), 8000).ok());
     ASSERT_TRUE(space->FillIdentity(b.data, 2000, DType::kF32, ReduceOp::kMax).ok());
     ASSERT_TRUE(space->PackBox(region, a.data, box, packed.data, 4).ok());
-    ASSERT_TRUE(space->ReduceIntoBox(region, packed.data, region, b.data, box, DType::kF32,
-                                     ReduceOp::kMax).ok());
+    ASSERT_TRUE(
+        space->ReduceIntoBox(region, packed.data, region, b.data, box, DType::kF32, ReduceOp::kMax)
+            .ok());
     ASSERT_TRUE(space->CopyBox(Box({0, 0}, {1, 50}), a.data, box, b.data, box, 4).ok());
     ASSERT_TRUE(space->DivideBox(b.data, 2000, DType::kF32, 2).ok());
     ASSERT_TRUE(space->Synchronize().ok());

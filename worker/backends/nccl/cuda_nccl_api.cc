@@ -49,8 +49,7 @@ NcclResult CudaNcclApi::GetUniqueId(std::string* id) {
   return R(r);
 }
 
-NcclResult CudaNcclApi::CommInitRank(NcclComm* comm, int nranks, const std::string& id,
-                                     int rank) {
+NcclResult CudaNcclApi::CommInitRank(NcclComm* comm, int nranks, const std::string& id, int rank) {
   if (id.size() != sizeof(ncclUniqueId)) return NcclResult::kInvalidArgument;
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
@@ -84,8 +83,8 @@ NcclResult CudaNcclApi::Issue(const NcclCall& call, NcclComm comm, GpuStream str
       return R(ncclReduceScatter(call.send, call.recv, call.count, D(call.dtype), O(call.op),
                                  C(comm), S(stream)));
     case Kind::kAllReduce:
-      return R(ncclAllReduce(call.send, call.recv, call.count, D(call.dtype), O(call.op),
-                             C(comm), S(stream)));
+      return R(ncclAllReduce(call.send, call.recv, call.count, D(call.dtype), O(call.op), C(comm),
+                             S(stream)));
     case Kind::kBroadcast:
       return R(ncclBroadcast(call.send, call.recv, call.count, D(call.dtype), call.peer, C(comm),
                              S(stream)));

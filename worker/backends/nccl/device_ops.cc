@@ -11,7 +11,8 @@
 namespace shardcoord {
 namespace nccl {
 
-static_assert(kDevF32 == static_cast<int>(DType::kF32) && kDevBF16 == static_cast<int>(DType::kBF16) &&
+static_assert(kDevF32 == static_cast<int>(DType::kF32) &&
+              kDevBF16 == static_cast<int>(DType::kBF16) &&
               kDevI64 == static_cast<int>(DType::kI64));
 static_assert(kDevSum == static_cast<int>(ReduceOp::kSum) &&
               kDevMin == static_cast<int>(ReduceOp::kMin) &&
@@ -30,8 +31,8 @@ absl::Status DeviceCopyBox(const Box& region, const void* src, const Box& src_bo
                     absl::StrCat("copy of region ", region.ToString(), " on the device").c_str());
 }
 
-absl::Status DevicePackBox(const Box& region, const void* chunk, const Box& chunk_box,
-                           void* packed, int64_t element_size, cudaStream_t stream) {
+absl::Status DevicePackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
+                           int64_t element_size, cudaStream_t stream) {
   return DeviceCopyBox(region, chunk, chunk_box, packed, region, element_size, stream);
 }
 
@@ -40,8 +41,8 @@ absl::Status DeviceUnpackBox(const Box& region, const void* packed, void* chunk,
   return DeviceCopyBox(region, packed, region, chunk, chunk_box, element_size, stream);
 }
 
-absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box,
-                                 void* dst, const Box& dst_box, DType dtype, ReduceOp op,
+absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                                 const Box& dst_box, DType dtype, ReduceOp op,
                                  cudaStream_t stream) {
   const int64_t element_size = ElementSize(dtype);
   if (element_size == 0) {
@@ -49,9 +50,8 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
         absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
   }
   if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reduce op ", ReduceOpName(op),
-                     " is not element-wise; reduce with sum and then divide"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce op ", ReduceOpName(op), " is not element-wise; reduce with sum and then divide"));
   }
   absl::StatusOr<BoxCopyGeometry> g = MakeBoxCopyGeometry(region, src_box, dst_box, element_size);
   if (!g.ok()) return g.status();
@@ -65,12 +65,11 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
       absl::StrCat("reduction of region ", region.ToString(), " on the device").c_str());
 }
 
-absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes,
-                                             cudaStream_t stream) {
+absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream) {
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("checksum of ", bytes, " bytes"));
   if (bytes > 0 && data == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("null buffer for a checksum of ", bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("null buffer for a checksum of ", bytes, " bytes"));
   }
   int device = 0;
   if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
@@ -85,9 +84,9 @@ absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes,
     return s;
   }
   uint64_t result = 0;
-  if (absl::Status s = CudaStatus(cudaMemcpyAsync(&result, words + blocks, 8,
-                                                  cudaMemcpyDeviceToHost, stream),
-                                  "cudaMemcpyAsync of the checksum");
+  if (absl::Status s =
+          CudaStatus(cudaMemcpyAsync(&result, words + blocks, 8, cudaMemcpyDeviceToHost, stream),
+                     "cudaMemcpyAsync of the checksum");
       !s.ok()) {
     return s;
   }

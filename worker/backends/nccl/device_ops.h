@@ -21,20 +21,18 @@ namespace nccl {
 
 absl::Status DeviceCopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
                            const Box& dst_box, int64_t element_size, cudaStream_t stream);
-absl::Status DevicePackBox(const Box& region, const void* chunk, const Box& chunk_box,
-                           void* packed, int64_t element_size, cudaStream_t stream);
+absl::Status DevicePackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
+                           int64_t element_size, cudaStream_t stream);
 absl::Status DeviceUnpackBox(const Box& region, const void* packed, void* chunk,
                              const Box& chunk_box, int64_t element_size, cudaStream_t stream);
 // kSum, kMin, kMax on f32, f64, f16, bf16, i8, u8, i32, i64, bitwise equal to ReduceIntoBox.
-absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box,
-                                 void* dst, const Box& dst_box, DType dtype, ReduceOp op,
-                                 cudaStream_t stream);
+absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                                 const Box& dst_box, DType dtype, ReduceOp op, cudaStream_t stream);
 
 // ChunkChecksum of `bytes` of device memory at `data` (on the calling thread's current
 // device), computed on the device; waits for `stream`, so work already on it that writes
 // `data` finishes first. Allocates a small scratch buffer (8 bytes per MiB) per call.
-absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes,
-                                             cudaStream_t stream);
+absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream);
 
 }  // namespace nccl
 }  // namespace shardcoord

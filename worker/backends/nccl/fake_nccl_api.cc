@@ -85,9 +85,8 @@ void FakeNcclApi::CheckLive(NcclComm comm, const std::string& what) {
   if (it == comms_.end()) {
     misuse_.push_back(absl::StrCat(what, " on an unknown communicator"));
   } else if (it->second != CommState::kLive) {
-    misuse_.push_back(absl::StrCat(
-        what, " on a communicator already ",
-        it->second == CommState::kAborted ? "aborted" : "destroyed"));
+    misuse_.push_back(absl::StrCat(what, " on a communicator already ",
+                                   it->second == CommState::kAborted ? "aborted" : "destroyed"));
   }
 }
 
@@ -119,11 +118,10 @@ NcclResult FakeNcclApi::GetUniqueId(std::string* id) {
   return NcclResult::kSuccess;
 }
 
-NcclResult FakeNcclApi::CommInitRank(NcclComm* comm, int nranks, const std::string& id,
-                                     int rank) {
+NcclResult FakeNcclApi::CommInitRank(NcclComm* comm, int nranks, const std::string& id, int rank) {
   absl::MutexLock lock(&mu_);
-  Log(absl::StrCat("ncclCommInitRankConfig(nranks=", nranks, ", id=", id.c_str(),
-                   ", rank=", rank, ", blocking=0)"),
+  Log(absl::StrCat("ncclCommInitRankConfig(nranks=", nranks, ", id=", id.c_str(), ", rank=", rank,
+                   ", blocking=0)"),
       true);
   *comm = reinterpret_cast<NcclComm>(static_cast<uintptr_t>(0x10000 + 16 * next_handle_++));
   comms_[*comm] = CommState::kLive;

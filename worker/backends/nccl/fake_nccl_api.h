@@ -24,9 +24,9 @@ class FakeNcclApi : public NcclApi {
  public:
   // --- Script (set before the calls it affects) ---
   struct Script {
-    NcclResult unique_id = NcclResult::kSuccess;    // GetUniqueId's result.
-    NcclResult init = NcclResult::kSuccess;         // CommInitRank's result.
-    NcclResult finalize = NcclResult::kSuccess;     // CommFinalize's result.
+    NcclResult unique_id = NcclResult::kSuccess;  // GetUniqueId's result.
+    NcclResult init = NcclResult::kSuccess;       // CommInitRank's result.
+    NcclResult finalize = NcclResult::kSuccess;   // CommFinalize's result.
     // How many CommGetAsyncError polls report ncclInProgress after a call that started
     // non-blocking work (init, an ungrouped call, ncclGroupEnd, finalize); -1 = forever.
     // When positive, those calls return kInProgress as non-blocking NCCL does.
@@ -40,9 +40,9 @@ class FakeNcclApi : public NcclApi {
     // The first call named `fail_call` ("ncclGroupEnd", "ncclSend", ...) returns fail_result.
     std::string fail_call;
     NcclResult fail_result = NcclResult::kInvalidUsage;
-    absl::Status set_device;    // SetDevice's status.
-    absl::Status event_query;   // EventQuery's status when not OK.
-    std::string last_error;     // LastError().
+    absl::Status set_device;   // SetDevice's status.
+    absl::Status event_query;  // EventQuery's status when not OK.
+    std::string last_error;    // LastError().
     // Called after every EventQuery, outside the fake's lock (tests use it to act while an
     // op is waiting).
     std::function<void()> on_event_poll;

@@ -2,8 +2,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 #ifdef SHARDCOORD_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -37,8 +37,7 @@ absl::StatusOr<int> VisibleCudaDevices() {
 #endif
 }
 
-absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
-                                            const CudaDeviceProbe& probe) {
+absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag, const CudaDeviceProbe& probe) {
   BackendChoice choice;
   if (flag == "gloo") {
     choice.log_line = "backend gloo: selected by --backend";
@@ -50,8 +49,8 @@ absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
   }
   absl::StatusOr<int> visible = probe();
   if (!visible.ok() || *visible <= 0) {
-    std::string reason = visible.ok() ? "the probe found 0 devices"
-                                      : std::string(visible.status().message());
+    std::string reason =
+        visible.ok() ? "the probe found 0 devices" : std::string(visible.status().message());
     if (absl::StartsWith(reason, kNoDevice)) reason = reason.substr(kNoDevice.size());
     if (flag == "nccl") {
       return absl::FailedPreconditionError(absl::StrCat(kNoDevice, reason));
@@ -62,18 +61,18 @@ absl::StatusOr<BackendChoice> ChooseBackend(absl::string_view flag,
   }
   choice.backend = Backend::kNccl;
   choice.visible_devices = *visible;
-  choice.log_line = flag == "auto"
-                        ? absl::StrCat("backend auto: ", *visible,
-                                       " CUDA device(s) visible, using nccl")
-                        : absl::StrCat("backend nccl: ", *visible, " CUDA device(s) visible");
+  choice.log_line =
+      flag == "auto"
+          ? absl::StrCat("backend auto: ", *visible, " CUDA device(s) visible, using nccl")
+          : absl::StrCat("backend nccl: ", *visible, " CUDA device(s) visible");
   return choice;
 }
 
 absl::StatusOr<int> ResolveDevice(int device_flag, int visible) {
   const int device = device_flag >= 0 ? device_flag : 0;
   if (device >= visible) {
-    return absl::InvalidArgumentError(absl::StrCat("--device ", device, " but only ", visible,
-                                                   " CUDA device(s) are visible"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device ", device, " but only ", visible, " CUDA device(s) are visible"));
   }
   return device;
 }

@@ -52,9 +52,7 @@ TEST(ChooseBackendTest, NcclWithGpu) {
 }
 
 TEST(ChooseBackendTest, ProbeErrorWithoutPrefixIsQuotedWhole) {
-  CudaDeviceProbe probe = [] {
-    return absl::StatusOr<int>(absl::InternalError("driver crashed"));
-  };
+  CudaDeviceProbe probe = [] { return absl::StatusOr<int>(absl::InternalError("driver crashed")); };
   absl::StatusOr<BackendChoice> c = ChooseBackend("auto", probe);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->log_line, "backend auto: no CUDA device visible, using gloo (driver crashed)");

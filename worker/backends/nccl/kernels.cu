@@ -1,8 +1,7 @@
-#include "worker/backends/nccl/kernels.h"
-
 #include <cuda_runtime.h>
 
 #include "worker/backends/nccl/box_geometry.h"
+#include "worker/backends/nccl/kernels.h"
 #include "worker/backends/nccl/reduce_ops.h"
 #include "worker/backends/nccl/xxh64.h"
 
@@ -32,8 +31,7 @@ __global__ void CopyUnitsKernel(BoxCopyGeometry g, const char* __restrict__ src,
 }
 
 template <typename U>
-cudaError_t LaunchUnits(const BoxCopyGeometry& g, const void* src, void* dst,
-                        cudaStream_t stream) {
+cudaError_t LaunchUnits(const BoxCopyGeometry& g, const void* src, void* dst, cudaStream_t stream) {
   const int64_t units = TotalBytes(g) / static_cast<int64_t>(sizeof(U));
   CopyUnitsKernel<U><<<Blocks(units, kThreads), kThreads, 0, stream>>>(
       g, static_cast<const char*>(src), static_cast<char*>(dst), units);
@@ -57,8 +55,7 @@ cudaError_t LaunchReduce(const BoxCopyGeometry& g, int op, const void* src, void
                          cudaStream_t stream) {
   const int64_t elements = ElementCount(g);
   ReduceKernel<kDType><<<Blocks(elements, kThreads), kThreads, 0, stream>>>(
-      g, op, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst),
-      elements);
+      g, op, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst), elements);
   return cudaGetLastError();
 }
 
@@ -93,31 +90,43 @@ cudaError_t LaunchCopyBox(const BoxCopyGeometry& g, const void* src, void* dst,
   constexpr int64_t kMaxPitch = int64_t{1} << 30;  // Well inside cudaMemcpy2D's limit.
   if (g.ndims == 1 && g.src_stride[0] < kMaxPitch && g.dst_stride[0] < kMaxPitch) {
     return cudaMemcpy2DAsync(d, static_cast<size_t>(g.dst_stride[0]), s,
-                             static_cast<size_t>(g.src_stride[0]),
-                             static_cast<size_t>(g.run_bytes), static_cast<size_t>(g.count[0]),
-                             cudaMemcpyDeviceToDevice, stream);
+                             static_cast<size_t>(g.src_stride[0]), static_cast<size_t>(g.run_bytes),
+                             static_cast<size_t>(g.count[0]), cudaMemcpyDeviceToDevice, stream);
   }
   switch (CopyUnitBytes(g, reinterpret_cast<uintptr_t>(src), reinterpret_cast<uintptr_t>(dst))) {
-    case 16: return LaunchUnits<uint4>(g, src, dst, stream);
-    case 8: return LaunchUnits<uint2>(g, src, dst, stream);
-    case 4: return LaunchUnits<uint32_t>(g, src, dst, stream);
-    case 2: return LaunchUnits<uint16_t>(g, src, dst, stream);
-    default: return LaunchUnits<uint8_t>(g, src, dst, stream);
+    case 16:
+      return LaunchUnits<uint4>(g, src, dst, stream);
+    case 8:
+      return LaunchUnits<uint2>(g, src, dst, stream);
+    case 4:
+      return LaunchUnits<uint32_t>(g, src, dst, stream);
+    case 2:
+      return LaunchUnits<uint16_t>(g, src, dst, stream);
+    default:
+      return LaunchUnits<uint8_t>(g, src, dst, stream);
   }
 }
 
-cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src,
-                            void* dst, cudaStream_t stream) {
+cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src, void* dst,
+                            cudaStream_t stream) {
   if (g.runs == 0 || g.run_bytes == 0) return cudaSuccess;
   switch (dtype) {
-    case kDevF32: return LaunchReduce<kDevF32>(g, op, src, dst, stream);
-    case kDevF64: return LaunchReduce<kDevF64>(g, op, src, dst, stream);
-    case kDevF16: return LaunchReduce<kDevF16>(g, op, src, dst, stream);
-    case kDevBF16: return LaunchReduce<kDevBF16>(g, op, src, dst, stream);
-    case kDevI8: return LaunchReduce<kDevI8>(g, op, src, dst, stream);
-    case kDevU8: return LaunchReduce<kDevU8>(g, op, src, dst, stream);
-    case kDevI32: return LaunchReduce<kDevI32>(g, op, src, dst, stream);
-    case kDevI64: return LaunchReduce<kDevI64>(g, op, src, dst, stream);
+    case kDevF32:
+      return LaunchReduce<kDevF32>(g, op, src, dst, stream);
+    case kDevF64:
+      return LaunchReduce<kDevF64>(g, op, src, dst, stream);
+    case kDevF16:
+      return LaunchReduce<kDevF16>(g, op, src, dst, stream);
+    case kDevBF16:
+      return LaunchReduce<kDevBF16>(g, op, src, dst, stream);
+    case kDevI8:
+      return LaunchReduce<kDevI8>(g, op, src, dst, stream);
+    case kDevU8:
+      return LaunchReduce<kDevU8>(g, op, src, dst, stream);
+    case kDevI32:
+      return LaunchReduce<kDevI32>(g, op, src, dst, stream);
+    case kDevI64:
+      return LaunchReduce<kDevI64>(g, op, src, dst, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -21,8 +21,8 @@ cudaError_t LaunchCopyBox(const BoxCopyGeometry& g, const void* src, void* dst,
 
 // dst = dst (op) src over the region `g` describes; `dtype` and `op` are DeviceDType and
 // DeviceReduceOp values (reduce_ops.h).
-cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src,
-                            void* dst, cudaStream_t stream);
+cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src, void* dst,
+                            cudaStream_t stream);
 
 // The chunk checksum of worker/checksum.h over `bytes` at `data`: one thread per 1 MiB block
 // writes block_hashes[i] (ChecksumBlockCount(bytes) words), then one thread hashes them into

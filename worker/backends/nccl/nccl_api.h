@@ -89,8 +89,7 @@ class NcclApi {
   virtual NcclResult GetUniqueId(std::string* id) = 0;
   // ncclCommInitRankConfig on the current device with config.blocking = 0: it may return
   // kInProgress, and the caller polls CommGetAsyncError until it is not.
-  virtual NcclResult CommInitRank(NcclComm* comm, int nranks, const std::string& id,
-                                  int rank) = 0;
+  virtual NcclResult CommInitRank(NcclComm* comm, int nranks, const std::string& id, int rank) = 0;
   virtual NcclResult CommGetAsyncError(NcclComm comm, NcclResult* async_error) = 0;
   virtual NcclResult CommFinalize(NcclComm comm) = 0;
   virtual NcclResult CommDestroy(NcclComm comm) = 0;

@@ -12,8 +12,8 @@ namespace nccl {
 
 // The production factory: NcclCommunicators on the real NCCL and CUDA libraries and the
 // real clock, for the worker's GPU `options.device`. Only where CUDA is available.
-std::shared_ptr<CommunicatorFactory> MakeNcclCommunicatorFactory(
-    std::shared_ptr<KvClient> kv, NcclFactoryOptions options = {});
+std::shared_ptr<CommunicatorFactory> MakeNcclCommunicatorFactory(std::shared_ptr<KvClient> kv,
+                                                                 NcclFactoryOptions options = {});
 
 }  // namespace nccl
 }  // namespace shardcoord

@@ -90,8 +90,8 @@ absl::Status NcclCommunicator::Run(const char* op, const CommOptions& options,
   const OpLabel label{op, true, options.tag, group_, timeout};
   absl::MutexLock lock(&mu_);
   if (broken_.load()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        DescribeOp(label), ": the communicator is broken: ", first_error_.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(DescribeOp(label), ": the communicator is broken: ", first_error_.message()));
   }
   if (cancel_.load()) {
     return Fail(watchdog_.Abort(comm_, absl::StatusCode::kAborted, label,
@@ -154,9 +154,8 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const int6
 }
 
 absl::Status NcclCommunicator::ReduceScatterV(const void* send, void* recv,
-                                              absl::Span<const int64_t> recv_elements,
-                                              DType dtype, ReduceOp op,
-                                              const CommOptions& options) {
+                                              absl::Span<const int64_t> recv_elements, DType dtype,
+                                              ReduceOp op, const CommOptions& options) {
   return Run("ReduceScatterV", options,
              LowerReduceScatterV(rank_, size_, send, recv, recv_elements, dtype, op));
 }
@@ -201,8 +200,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicatorFactory::Create(
     }
     if (size > 1) {
       if (absl::Status s = kv_->Set(key, id); !s.ok()) {
-        return WithContext(s, absl::StrCat("publishing the NCCL id of ", group, " under key '",
-                                           key, "'"));
+        return WithContext(
+            s, absl::StrCat("publishing the NCCL id of ", group, " under key '", key, "'"));
       }
     }
   } else {
@@ -216,9 +215,8 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicatorFactory::Create(
     id = *std::move(got);
   }
   if (id.size() != static_cast<size_t>(kNcclUniqueIdBytes)) {
-    return absl::InternalError(absl::StrCat("the NCCL id of ", group, " under key '", key,
-                                            "' has ", id.size(), " bytes, not ",
-                                            kNcclUniqueIdBytes));
+    return absl::InternalError(absl::StrCat("the NCCL id of ", group, " under key '", key, "' has ",
+                                            id.size(), " bytes, not ", kNcclUniqueIdBytes));
   }
 
   if (absl::Status s = api_->SetDevice(options_.device); !s.ok()) {
@@ -247,10 +245,9 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclCommunicatorFactory::Create(
     absl::Status s =
         comm != nullptr
             ? watchdog.AbortAfterCall(comm, r, "ncclCommInitRankConfig", label)
-            : absl::AbortedError(absl::StrCat(DescribeOp(label),
-                                              " failed: ncclCommInitRankConfig returned ",
-                                              NcclResultName(r), ": ", api_->ErrorString(r),
-                                              " ", api_->LastError(nullptr)));
+            : absl::AbortedError(absl::StrCat(
+                  DescribeOp(label), " failed: ncclCommInitRankConfig returned ", NcclResultName(r),
+                  ": ", api_->ErrorString(r), " ", api_->LastError(nullptr)));
     release();
     return s;
   }

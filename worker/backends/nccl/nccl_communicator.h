@@ -35,10 +35,11 @@ struct NcclFactoryOptions {
 // CUDA stream, records an event after them and returns when the event has completed, so the
 // outputs are ready on return. A stream per communicator rather than one per worker: NCCL
 // kernels of different communicators on one stream would serialize, and two plans running
-// ops over different groups in different orders on different workers could then deadlock. Inputs must be ready when an op is called: a caller that
-// produced them on another stream synchronizes that stream first. NCCL has no tags and
-// needs every member to issue one communicator's ops in the same order, so ops on one
-// communicator run one at a time (CommOptions::tag only names the step in errors).
+// ops over different groups in different orders on different workers could then deadlock. Inputs
+// must be ready when an op is called: a caller that produced them on another stream synchronizes
+// that stream first. NCCL has no tags and needs every member to issue one communicator's ops in the
+// same order, so ops on one communicator run one at a time (CommOptions::tag only names the step in
+// errors).
 //
 // Errors: INVALID_ARGUMENT (checked before NCCL is touched; the communicator stays usable);
 // ABORTED for an NCCL/CUDA failure or Abort(); DEADLINE_EXCEEDED after the op's timeout.
@@ -68,15 +69,12 @@ class NcclCommunicator : public Communicator {
                           absl::Span<const int64_t> recv_bytes,
                           const CommOptions& options) override;
   absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
-                         absl::Span<const int64_t> recv_bytes,
+                         absl::Span<const int64_t> recv_bytes, const CommOptions& options) override;
+  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
+                              DType dtype, ReduceOp op, const CommOptions& options) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
                          const CommOptions& options) override;
-  absl::Status ReduceScatterV(const void* send, void* recv,
-                              absl::Span<const int64_t> recv_elements, DType dtype, ReduceOp op,
-                              const CommOptions& options) override;
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype,
-                         ReduceOp op, const CommOptions& options) override;
-  absl::Status Broadcast(void* data, int64_t bytes, int root,
-                         const CommOptions& options) override;
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override;
   absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
                         const CommOptions& options) override;
 
@@ -85,8 +83,7 @@ class NcclCommunicator : public Communicator {
   void Abort(absl::string_view reason);
 
  private:
-  absl::Status Run(const char* op, const CommOptions& options,
-                   absl::StatusOr<NcclLaunch> launch);
+  absl::Status Run(const char* op, const CommOptions& options, absl::StatusOr<NcclLaunch> launch);
   absl::Status Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::shared_ptr<NcclApi> api_;

@@ -30,8 +30,8 @@ class NeverKvClient : public KvClient {
   absl::Status Set(absl::string_view, absl::string_view) override { return absl::OkStatus(); }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
     last_timeout = timeout;
-    return absl::DeadlineExceededError(absl::StrCat("key '", key, "' did not appear within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("key '", key, "' did not appear within ", absl::FormatDuration(timeout)));
   }
   absl::Duration last_timeout;
 };
@@ -98,11 +98,11 @@ TEST_F(NcclCommunicatorTest, GroupOfOneNeedsNoRendezvous) {
   EXPECT_EQ((*c)->size(), 1);
   EXPECT_FALSE((*c)->broken());
   EXPECT_EQ(kv_->size(), 0);
-  EXPECT_THAT(api_->calls(),
-              ElementsAre("ncclGetUniqueId", "cudaSetDevice(3)", "cudaStreamCreate",
-                          "cudaEventCreate",
-                          "ncclCommInitRankConfig(nranks=1, id=fake-nccl-id-1, rank=0, "
-                          "blocking=0)"));
+  EXPECT_THAT(
+      api_->calls(),
+      ElementsAre("ncclGetUniqueId", "cudaSetDevice(3)", "cudaStreamCreate", "cudaEventCreate",
+                  "ncclCommInitRankConfig(nranks=1, id=fake-nccl-id-1, rank=0, "
+                  "blocking=0)"));
 }
 
 TEST_F(NcclCommunicatorTest, RankZeroPublishesTheIdAndTheOthersFetchIt) {
@@ -127,10 +127,11 @@ TEST_F(NcclCommunicatorTest, RankZeroPublishesTheIdAndTheOthersFetchIt) {
     if (c.rfind("ncclCommInitRankConfig", 0) == 0) inits.push_back(c);
   }
   std::sort(inits.begin(), inits.end());
-  EXPECT_THAT(inits,
-              ElementsAre("ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=0, blocking=0)",
-                          "ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=1, blocking=0)",
-                          "ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=2, blocking=0)"));
+  EXPECT_THAT(
+      inits,
+      ElementsAre("ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=0, blocking=0)",
+                  "ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=1, blocking=0)",
+                  "ncclCommInitRankConfig(nranks=3, id=fake-nccl-id-1, rank=2, blocking=0)"));
 }
 
 TEST_F(NcclCommunicatorTest, KeyIncludesIncarnations) {
@@ -222,12 +223,11 @@ TEST_F(NcclCommunicatorTest, AllGatherVEqualCountsIsNcclAllGather) {
 TEST_F(NcclCommunicatorTest, AllGatherVUnevenIsGroupedBroadcasts) {
   auto c = Make({0, 1, 2, 3}, 1);
   ASSERT_TRUE(c->AllGatherV(in_, 5, out_, {3, 5, 0, 2}, Tag(1)).ok());
-  EXPECT_THAT(api_->op_calls(),
-              ElementsAre("ncclGroupStart",
-                          "ncclBroadcast(send=out+0, recv=out+0, count=3, u8, root=0)",
-                          "ncclBroadcast(send=in+0, recv=out+3, count=5, u8, root=1)",
-                          "ncclBroadcast(send=out+8, recv=out+8, count=2, u8, root=3)",
-                          "ncclGroupEnd"));
+  EXPECT_THAT(
+      api_->op_calls(),
+      ElementsAre("ncclGroupStart", "ncclBroadcast(send=out+0, recv=out+0, count=3, u8, root=0)",
+                  "ncclBroadcast(send=in+0, recv=out+3, count=5, u8, root=1)",
+                  "ncclBroadcast(send=out+8, recv=out+8, count=2, u8, root=3)", "ncclGroupEnd"));
 }
 
 TEST_F(NcclCommunicatorTest, AllToAllVIsGroupedSendRecv) {
@@ -244,19 +244,16 @@ TEST_F(NcclCommunicatorTest, AllToAllVIsGroupedSendRecv) {
 
 TEST_F(NcclCommunicatorTest, ReduceScatterVMapping) {
   auto c = Make({0, 1, 2, 3}, 1);
-  ASSERT_TRUE(
-      c->ReduceScatterV(in_, out_, {2, 2, 2, 2}, DType::kF32, ReduceOp::kSum, Tag(3)).ok());
+  ASSERT_TRUE(c->ReduceScatterV(in_, out_, {2, 2, 2, 2}, DType::kF32, ReduceOp::kSum, Tag(3)).ok());
   EXPECT_THAT(api_->op_calls(),
               ElementsAre("ncclReduceScatter(send=in+0, recv=out+0, count=2, f32, sum)"));
   api_->ClearCalls();
-  ASSERT_TRUE(
-      c->ReduceScatterV(in_, out_, {1, 3, 0, 2}, DType::kI64, ReduceOp::kMin, Tag(4)).ok());
-  EXPECT_THAT(api_->op_calls(),
-              ElementsAre("ncclGroupStart",
-                          "ncclReduce(send=in+0, recv=null, count=1, i64, min, root=0)",
-                          "ncclReduce(send=in+8, recv=out+0, count=3, i64, min, root=1)",
-                          "ncclReduce(send=in+32, recv=null, count=2, i64, min, root=3)",
-                          "ncclGroupEnd"));
+  ASSERT_TRUE(c->ReduceScatterV(in_, out_, {1, 3, 0, 2}, DType::kI64, ReduceOp::kMin, Tag(4)).ok());
+  EXPECT_THAT(
+      api_->op_calls(),
+      ElementsAre("ncclGroupStart", "ncclReduce(send=in+0, recv=null, count=1, i64, min, root=0)",
+                  "ncclReduce(send=in+8, recv=out+0, count=3, i64, min, root=1)",
+                  "ncclReduce(send=in+32, recv=null, count=2, i64, min, root=3)", "ncclGroupEnd"));
 }
 
 TEST_F(NcclCommunicatorTest, AllReduceBroadcastAndSendRecvMapping) {
@@ -281,9 +278,9 @@ TEST_F(NcclCommunicatorTest, EveryOpWaitsForItsEventOnItsOwnStream) {
   s.event_pending_polls = 3;
   api_->SetScript(s);
   ASSERT_TRUE(c->AllReduce(in_, out_, 4, DType::kF32, ReduceOp::kSum, Tag(1)).ok());
-  EXPECT_THAT(api_->calls(),
-              ElementsAre("cudaSetDevice(3)", "ncclAllReduce(send=in+0, recv=out+0, count=4, f32, sum)",
-                          "cudaEventRecord"));
+  EXPECT_THAT(api_->calls(), ElementsAre("cudaSetDevice(3)",
+                                         "ncclAllReduce(send=in+0, recv=out+0, count=4, f32, sum)",
+                                         "cudaEventRecord"));
   EXPECT_EQ(api_->event_polls(), 4);
   EXPECT_TRUE(api_->misuse().empty());
 }
@@ -334,8 +331,8 @@ TEST_F(NcclCommunicatorTest, OpTimeoutAbortsNamesTheStepAndBreaksTheCommunicator
   s.event_pending_polls = -1;  // The peer never shows up.
   api_->SetScript(s);
   const absl::Time start = clock_->Now();
-  absl::Status st = c->AllReduce(in_, out_, 4, DType::kF32, ReduceOp::kSum,
-                                 Tag(42, absl::Seconds(2)));
+  absl::Status st =
+      c->AllReduce(in_, out_, 4, DType::kF32, ReduceOp::kSum, Tag(42, absl::Seconds(2)));
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(st.message(),
             "NCCL AllReduce (tag 42) on group [3,5] (prefix 'plan-7') did not complete within "
@@ -417,9 +414,11 @@ TEST_F(NcclCommunicatorTest, FailedCallInsideAGroupStillClosesTheGroup) {
   api_->SetScript(s);
   absl::Status st = c->AllToAllV(in_, {1, 1}, out_, {1, 1}, Tag(13));
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("failed: ncclSend returned ncclInvalidArgument"));
-  EXPECT_THAT(api_->op_calls(), ElementsAre("ncclGroupStart", "ncclSend(send=in+0, count=1, u8, peer=0)",
-                                            "ncclGroupEnd", "ncclCommAbort"));
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("failed: ncclSend returned ncclInvalidArgument"));
+  EXPECT_THAT(api_->op_calls(),
+              ElementsAre("ncclGroupStart", "ncclSend(send=in+0, count=1, u8, peer=0)",
+                          "ncclGroupEnd", "ncclCommAbort"));
   EXPECT_TRUE(api_->misuse().empty()) << api_->misuse()[0];
 }
 

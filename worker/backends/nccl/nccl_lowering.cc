@@ -18,8 +18,8 @@ char* Offset(void* base, int64_t bytes) { return static_cast<char*>(base) + byte
 absl::Status CheckCounts(const char* what, absl::Span<const int64_t> counts, int size,
                          int64_t* sum) {
   if (static_cast<int>(counts.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has ", counts.size(),
-                                                   " entries for a group of ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", counts.size(), " entries for a group of ", size));
   }
   *sum = 0;
   for (int r = 0; r < size; ++r) {
@@ -65,14 +65,22 @@ NcclCall Call(NcclCall::Kind kind, const void* send, void* recv, int64_t count, 
 
 absl::StatusOr<NcclDataType> ToNcclDataType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return NcclDataType::kFloat32;
-    case DType::kF64: return NcclDataType::kFloat64;
-    case DType::kF16: return NcclDataType::kFloat16;
-    case DType::kBF16: return NcclDataType::kBfloat16;
-    case DType::kI8: return NcclDataType::kInt8;
-    case DType::kU8: return NcclDataType::kUint8;
-    case DType::kI32: return NcclDataType::kInt32;
-    case DType::kI64: return NcclDataType::kInt64;
+    case DType::kF32:
+      return NcclDataType::kFloat32;
+    case DType::kF64:
+      return NcclDataType::kFloat64;
+    case DType::kF16:
+      return NcclDataType::kFloat16;
+    case DType::kBF16:
+      return NcclDataType::kBfloat16;
+    case DType::kI8:
+      return NcclDataType::kInt8;
+    case DType::kU8:
+      return NcclDataType::kUint8;
+    case DType::kI32:
+      return NcclDataType::kInt32;
+    case DType::kI64:
+      return NcclDataType::kInt64;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("dtype ", static_cast<int>(dtype), " has no NCCL type"));
@@ -80,27 +88,30 @@ absl::StatusOr<NcclDataType> ToNcclDataType(DType dtype) {
 
 absl::StatusOr<NcclRedOp> ToNcclRedOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return NcclRedOp::kSum;
-    case ReduceOp::kMin: return NcclRedOp::kMin;
-    case ReduceOp::kMax: return NcclRedOp::kMax;
-    case ReduceOp::kAvg: break;
+    case ReduceOp::kSum:
+      return NcclRedOp::kSum;
+    case ReduceOp::kMin:
+      return NcclRedOp::kMin;
+    case ReduceOp::kMax:
+      return NcclRedOp::kMax;
+    case ReduceOp::kAvg:
+      break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "reduce op ", ReduceOpName(op), " is not supported by communicators; reduce with sum and "
-      "divide"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("reduce op ", ReduceOpName(op),
+                   " is not supported by communicators; reduce with sum and "
+                   "divide"));
 }
 
-absl::StatusOr<NcclLaunch> LowerAllGatherV(int rank, int size, const void* send,
-                                           int64_t send_bytes, void* recv,
-                                           absl::Span<const int64_t> recv_bytes) {
+absl::StatusOr<NcclLaunch> LowerAllGatherV(int rank, int size, const void* send, int64_t send_bytes,
+                                           void* recv, absl::Span<const int64_t> recv_bytes) {
   int64_t total = 0;
   if (absl::Status s = CheckCounts("AllGatherV recv_bytes", recv_bytes, size, &total); !s.ok()) {
     return s;
   }
   if (recv_bytes[rank] != send_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("AllGatherV send_bytes ", send_bytes,
-                                                   " != recv_bytes[", rank, "] ",
-                                                   recv_bytes[rank]));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AllGatherV send_bytes ", send_bytes, " != recv_bytes[", rank, "] ", recv_bytes[rank]));
   }
   if (absl::Status s = CheckBuffer("AllGatherV send", send, send_bytes); !s.ok()) return s;
   if (absl::Status s = CheckBuffer("AllGatherV recv", recv, total); !s.ok()) return s;
@@ -138,9 +149,8 @@ absl::StatusOr<NcclLaunch> LowerAllToAllV(int rank, int size, const void* send,
   }
   if (send_bytes[rank] != recv_bytes[rank]) {
     return absl::InvalidArgumentError(absl::StrCat("AllToAllV send_bytes[", rank, "] ",
-                                                   send_bytes[rank], " != recv_bytes[", rank,
-                                                   "] ", recv_bytes[rank],
-                                                   " for the piece to itself"));
+                                                   send_bytes[rank], " != recv_bytes[", rank, "] ",
+                                                   recv_bytes[rank], " for the piece to itself"));
   }
   if (absl::Status s = CheckBuffer("AllToAllV send", send, send_total); !s.ok()) return s;
   if (absl::Status s = CheckBuffer("AllToAllV recv", recv, recv_total); !s.ok()) return s;
@@ -164,8 +174,8 @@ absl::StatusOr<NcclLaunch> LowerAllToAllV(int rank, int size, const void* send,
 }
 
 absl::StatusOr<NcclLaunch> LowerReduceScatterV(int rank, int size, const void* send, void* recv,
-                                               absl::Span<const int64_t> recv_elements,
-                                               DType dtype, ReduceOp op) {
+                                               absl::Span<const int64_t> recv_elements, DType dtype,
+                                               ReduceOp op) {
   absl::StatusOr<NcclDataType> nccl_dtype = ToNcclDataType(dtype);
   if (!nccl_dtype.ok()) return nccl_dtype.status();
   absl::StatusOr<NcclRedOp> nccl_op = ToNcclRedOp(op);
@@ -229,8 +239,7 @@ absl::StatusOr<NcclLaunch> LowerAllReduce(const void* send, void* recv, int64_t 
   return launch;
 }
 
-absl::StatusOr<NcclLaunch> LowerBroadcast(int rank, int size, void* data, int64_t bytes,
-                                          int root) {
+absl::StatusOr<NcclLaunch> LowerBroadcast(int rank, int size, void* data, int64_t bytes, int root) {
   if (absl::Status s = CheckRank("Broadcast root", root, size); !s.ok()) return s;
   if (bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat("Broadcast bytes ", bytes, " < 0"));

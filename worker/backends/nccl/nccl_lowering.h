@@ -32,19 +32,17 @@ namespace nccl {
 absl::StatusOr<NcclDataType> ToNcclDataType(DType dtype);
 absl::StatusOr<NcclRedOp> ToNcclRedOp(ReduceOp op);
 
-absl::StatusOr<NcclLaunch> LowerAllGatherV(int rank, int size, const void* send,
-                                           int64_t send_bytes, void* recv,
-                                           absl::Span<const int64_t> recv_bytes);
+absl::StatusOr<NcclLaunch> LowerAllGatherV(int rank, int size, const void* send, int64_t send_bytes,
+                                           void* recv, absl::Span<const int64_t> recv_bytes);
 absl::StatusOr<NcclLaunch> LowerAllToAllV(int rank, int size, const void* send,
                                           absl::Span<const int64_t> send_bytes, void* recv,
                                           absl::Span<const int64_t> recv_bytes);
 absl::StatusOr<NcclLaunch> LowerReduceScatterV(int rank, int size, const void* send, void* recv,
-                                               absl::Span<const int64_t> recv_elements,
-                                               DType dtype, ReduceOp op);
+                                               absl::Span<const int64_t> recv_elements, DType dtype,
+                                               ReduceOp op);
 absl::StatusOr<NcclLaunch> LowerAllReduce(const void* send, void* recv, int64_t elements,
                                           DType dtype, ReduceOp op);
-absl::StatusOr<NcclLaunch> LowerBroadcast(int rank, int size, void* data, int64_t bytes,
-                                          int root);
+absl::StatusOr<NcclLaunch> LowerBroadcast(int rank, int size, void* data, int64_t bytes, int root);
 absl::StatusOr<NcclLaunch> LowerSendRecv(int rank, int size, absl::Span<const SendOp> sends,
                                          absl::Span<const RecvOp> recvs);
 

@@ -104,7 +104,7 @@ TEST(NcclLoweringTest, ReduceScatterEqualAndUneven) {
   EXPECT_EQ(uneven->calls[0].send, in);
   EXPECT_EQ(uneven->calls[0].recv, nullptr);  // Only the root receives.
   EXPECT_EQ(uneven->calls[1].peer, 1);
-  EXPECT_EQ(uneven->calls[1].send, in + 4);   // 2 bf16 elements in.
+  EXPECT_EQ(uneven->calls[1].send, in + 4);  // 2 bf16 elements in.
   EXPECT_EQ(uneven->calls[1].recv, out);
   EXPECT_EQ(uneven->calls[1].dtype, NcclDataType::kBfloat16);
 }

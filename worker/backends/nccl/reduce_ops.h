@@ -215,10 +215,18 @@ SC_HD inline bool DevIsNaNElement(int dtype, const unsigned char* p) {
 
 SC_HD inline int DevElementSize(int dtype) {
   switch (dtype) {
-    case kDevF32: case kDevI32: return 4;
-    case kDevF64: case kDevI64: return 8;
-    case kDevF16: case kDevBF16: return 2;
-    case kDevI8: case kDevU8: return 1;
+    case kDevF32:
+    case kDevI32:
+      return 4;
+    case kDevF64:
+    case kDevI64:
+      return 8;
+    case kDevF16:
+    case kDevBF16:
+      return 2;
+    case kDevI8:
+    case kDevU8:
+      return 1;
   }
   return 0;
 }

@@ -20,8 +20,10 @@ namespace shardcoord {
 namespace nccl {
 namespace {
 
-static_assert(kDevF32 == static_cast<int>(DType::kF32) && kDevF64 == static_cast<int>(DType::kF64) &&
-              kDevF16 == static_cast<int>(DType::kF16) && kDevBF16 == static_cast<int>(DType::kBF16) &&
+static_assert(kDevF32 == static_cast<int>(DType::kF32) &&
+              kDevF64 == static_cast<int>(DType::kF64) &&
+              kDevF16 == static_cast<int>(DType::kF16) &&
+              kDevBF16 == static_cast<int>(DType::kBF16) &&
               kDevI8 == static_cast<int>(DType::kI8) && kDevU8 == static_cast<int>(DType::kU8) &&
               kDevI32 == static_cast<int>(DType::kI32) && kDevI64 == static_cast<int>(DType::kI64));
 static_assert(kDevSum == static_cast<int>(ReduceOp::kSum) &&
@@ -101,7 +103,8 @@ TEST_P(ReduceIntoTest, RandomRegionsMatchReduceIntoBoxBitwise) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
     for (int iter = 0; iter < 200; ++iter) {
       // A source chunk and a destination chunk overlapping in `region`.
-      const Box src_box({0, 0}, {2 + static_cast<int64_t>(rng() % 6), 2 + static_cast<int64_t>(rng() % 6)});
+      const Box src_box({0, 0},
+                        {2 + static_cast<int64_t>(rng() % 6), 2 + static_cast<int64_t>(rng() % 6)});
       const Box dst_box({static_cast<int64_t>(rng() % 2), static_cast<int64_t>(rng() % 2)},
                         {1 + static_cast<int64_t>(rng() % 6), 1 + static_cast<int64_t>(rng() % 6)});
       const Box region = src_box.Intersect(dst_box);

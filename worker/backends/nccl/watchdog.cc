@@ -49,8 +49,7 @@ absl::Status NcclWatchdog::Await(NcclComm comm, GpuEvent event, absl::Time deadl
     const NcclResult r = api_->CommGetAsyncError(comm, &async);
     if (r != NcclResult::kSuccess) {
       return Abort(comm, absl::StatusCode::kAborted, label,
-                   absl::StrCat("failed: ncclCommGetAsyncError returned ",
-                                ResultDetail(comm, r)));
+                   absl::StrCat("failed: ncclCommGetAsyncError returned ", ResultDetail(comm, r)));
     }
     if (async != NcclResult::kSuccess && async != NcclResult::kInProgress) {
       return Abort(comm, absl::StatusCode::kAborted, label,

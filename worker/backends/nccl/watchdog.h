@@ -21,11 +21,11 @@ struct WatchdogOptions {
 
 // Names an operation in errors: "NCCL AllReduce (tag 7) on group [0,3] (prefix 'plan-9')".
 struct OpLabel {
-  std::string op;               // "AllReduce", "init", "finalize".
+  std::string op;  // "AllReduce", "init", "finalize".
   bool has_tag = false;
-  uint32_t tag = 0;             // The step tag (CommOptions::tag).
-  std::string group;            // "group [0,3] (prefix 'plan-9')".
-  absl::Duration timeout;       // For the DEADLINE_EXCEEDED message.
+  uint32_t tag = 0;        // The step tag (CommOptions::tag).
+  std::string group;       // "group [0,3] (prefix 'plan-9')".
+  absl::Duration timeout;  // For the DEADLINE_EXCEEDED message.
 };
 std::string DescribeOp(const OpLabel& label);
 

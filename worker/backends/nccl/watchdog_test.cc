@@ -32,7 +32,9 @@ class WatchdogTest : public ::testing::Test {
     return o;
   }
 
-  OpLabel Label() { return OpLabel{"AllReduce", true, 42, "group [3,5] (prefix 'plan-7')", absl::Seconds(2)}; }
+  OpLabel Label() {
+    return OpLabel{"AllReduce", true, 42, "group [3,5] (prefix 'plan-7')", absl::Seconds(2)};
+  }
 
   // Starts the event's countdown as an op's EventRecord does.
   void Record() { ASSERT_TRUE(api_.EventRecord(event_, stream_).ok()); }
