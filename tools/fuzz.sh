@@ -10,12 +10,15 @@
 #   FUZZ_RUNS_PERCENT=P           runs per target, in percent of the target's `runs`
 #                                 (cc_fuzz_test; default 100: about a minute in all on 2 cores)
 #   FUZZ_MAX_TIME=S               safety bound in seconds per target (default 30)
+#   FUZZ_SEED=N                   libFuzzer's -seed (default 1, so a run is reproducible;
+#                                 FUZZ_SEED=0 lets libFuzzer pick one)
 #   FUZZ_OUT=DIR                  where reproducers and logs go (default a new temp dir)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 percent=${FUZZ_RUNS_PERCENT:-100}
 max_time=${FUZZ_MAX_TIME:-30}
+seed=${FUZZ_SEED:-1}
 out=${FUZZ_OUT:-$(mktemp -d /tmp/shardcoord-fuzz.XXXXXX)}
 mkdir -p "$out"
 
@@ -50,7 +53,7 @@ for t in "${targets[@]}"; do
   runs=$(bazel query --output=build "$t" 2>/dev/null | grep -o 'fuzz_runs=[0-9]*' | head -1)
   runs=$(( ${runs#fuzz_runs=} * percent / 100 ))
   t0=$SECONDS
-  "$bin/$pkg/$name" -runs="$runs" -max_total_time="$max_time" -timeout=10 \
+  "$bin/$pkg/$name" -runs="$runs" -seed="$seed" -max_total_time="$max_time" -timeout=10 \
     -artifact_prefix="$out/$name-" -print_final_stats=1 "$corpus" "$seeds" >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
