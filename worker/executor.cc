@@ -24,13 +24,13 @@ namespace {
 // Step analysis: a function of the step only, so every member reaches the same decision.
 
 struct StepShape {
-  StepMethod method = StepMethod::kSendRecv;
+  StepOp method = StepOp::kPointToPoint;
   int n = 0;
   absl::flat_hash_map<int64_t, int> group_rank;  // Global rank -> position in step.ranks.
-  // kAllGatherV: the boxes group rank g contributes (empty for non-senders).
+  // kAllGather: the boxes group rank g contributes (empty for non-senders).
   // kBroadcast: boxes[root] is what the root sends.
   // kAllReduce: boxes[g] is the common box list for every g.
-  // kReduceScatterV: boxes[g] is what receiver g gets (empty for non-receivers).
+  // kReduceScatter: boxes[g] is what receiver g gets (empty for non-receivers).
   std::vector<std::vector<Box>> boxes;
   std::vector<int64_t> partial;  // Reducing methods: contribution of group rank g.
 };
@@ -153,26 +153,6 @@ bool MatchReduceScatter(const Step& step, StepShape* shape, bool require_all_rec
   return true;
 }
 
-// The collective that realises `op` (kSendRecv for point-to-point). Explicit, so the two
-// enums may number their values independently.
-StepMethod CollectiveMethod(StepOp op) {
-  switch (op) {
-    case StepOp::kAllGather:
-      return StepMethod::kAllGatherV;
-    case StepOp::kReduceScatter:
-      return StepMethod::kReduceScatterV;
-    case StepOp::kAllReduce:
-      return StepMethod::kAllReduce;
-    case StepOp::kAllToAll:
-      return StepMethod::kAllToAllV;
-    case StepOp::kBroadcast:
-      return StepMethod::kBroadcast;
-    case StepOp::kPointToPoint:
-      return StepMethod::kSendRecv;
-  }
-  return StepMethod::kSendRecv;
-}
-
 StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
   StepShape shape;
   shape.n = static_cast<int>(step.ranks.size());
@@ -203,7 +183,7 @@ StepShape AnalyzeStep(const Step& step, bool force_point_to_point) {
     case StepOp::kPointToPoint:
       break;
   }
-  if (ok) shape.method = CollectiveMethod(step.op);
+  if (ok) shape.method = step.op;
   return shape;
 }
 
@@ -563,17 +543,17 @@ class StepRunner {
 
   absl::Status Run() {
     switch (shape_.method) {
-      case StepMethod::kAllGatherV:
+      case StepOp::kAllGather:
         return AllGather();
-      case StepMethod::kBroadcast:
+      case StepOp::kBroadcast:
         return Broadcast();
-      case StepMethod::kAllToAllV:
+      case StepOp::kAllToAll:
         return AllToAll();
-      case StepMethod::kAllReduce:
+      case StepOp::kAllReduce:
         return AllReduce();
-      case StepMethod::kReduceScatterV:
+      case StepOp::kReduceScatter:
         return ReduceScatter();
-      case StepMethod::kSendRecv:
+      case StepOp::kPointToPoint:
         return SendRecv();
     }
     return absl::InternalError("unknown step method");
@@ -828,25 +808,7 @@ absl::Status Annotate(const absl::Status& s, const std::string& where) {
 
 }  // namespace
 
-std::string StepMethodName(StepMethod method) {
-  switch (method) {
-    case StepMethod::kAllGatherV:
-      return "allgatherv";
-    case StepMethod::kReduceScatterV:
-      return "reduce_scatterv";
-    case StepMethod::kAllReduce:
-      return "allreduce";
-    case StepMethod::kAllToAllV:
-      return "alltoallv";
-    case StepMethod::kBroadcast:
-      return "broadcast";
-    case StepMethod::kSendRecv:
-      return "sendrecv";
-  }
-  return "unknown";
-}
-
-StepMethod ChooseStepMethod(const Step& step, bool force_point_to_point) {
+StepOp ChooseStepOp(const Step& step, bool force_point_to_point) {
   return AnalyzeStep(step, force_point_to_point).method;
 }
 
@@ -896,7 +858,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   for (const Step& step : f.steps) {
     shapes.push_back(AnalyzeStep(step, input.options.force_point_to_point));
     const StepShape& shape = shapes.back();
-    if (shape.method == StepMethod::kAllReduce || shape.method == StepMethod::kReduceScatterV) {
+    if (shape.method == StepOp::kAllReduce || shape.method == StepOp::kReduceScatter) {
       const int me = shape.group_rank.at(f.rank);
       for (const Box& b : shape.boxes[me]) consumed.insert({shape.partial[me], b});
     }
@@ -955,18 +917,17 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     }
     std::shared_ptr<Communicator>* comm = &held;
     StepShape& shape = shapes[i];
-    const bool copy = shape.method == StepMethod::kAllGatherV ||
-                      shape.method == StepMethod::kAllToAllV ||
-                      shape.method == StepMethod::kBroadcast;
+    const bool copy = shape.method == StepOp::kAllGather || shape.method == StepOp::kAllToAll ||
+                      shape.method == StepOp::kBroadcast;
     if (copy && (*comm)->PrefersSendRecvForCopies() && !input.options.force_copy_collectives) {
-      shape.method = StepMethod::kSendRecv;
+      shape.method = StepOp::kPointToPoint;
     }
     CommOptions options;
     options.tag = StepTag(f.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
     options.timeout = timeout;
     options.cancel = input.cancel;
     if (i == 0) options.while_waiting = local_copies;
-    if (shape.method != StepMethod::kSendRecv) {
+    if (shape.method != StepOp::kPointToPoint) {
       if (absl::Status s = PrepareOptions(**comm, &options); !s.ok()) return s;
     }
     std::optional<SpaceSyncedCommunicator> synced;  // Device buffers only.

@@ -17,23 +17,12 @@
 
 namespace shardcoord {
 
-// How all members of a step run it. A function of the step alone (its op, group and
-// transfers, which every member's fragment holds identically) and of the backend, so every
-// member picks the same call. The collective is used when the step's transfers have exactly
-// its shape (reductions always; copies unless the backend prefers SendRecv for them);
-// kSendRecv (grouped point-to-point) runs any step.
-enum class StepMethod : int {
-  kAllGatherV = 1,
-  kReduceScatterV = 2,
-  kAllReduce = 3,
-  kAllToAllV = 4,
-  kBroadcast = 5,
-  kSendRecv = 6,
-};
-std::string StepMethodName(StepMethod method);  // "allgatherv", ..., "sendrecv"
-
-// The method the step's shape allows, before the backend's preference for copies.
-StepMethod ChooseStepMethod(const Step& step, bool force_point_to_point = false);
+// The op all members of a step run: the step's own op when its transfers have exactly that
+// collective's shape (reductions always; copies unless the backend prefers point-to-point for
+// them), else kPointToPoint (grouped send/recv), which runs any step. A function of the step
+// alone (its op, group and transfers, which every member's fragment holds identically) and
+// of the backend, so every member picks the same call.
+StepOp ChooseStepOp(const Step& step, bool force_point_to_point = false);
 
 struct ExecutorOptions {
   // When the fragment's step_timeout_ms is 0.
@@ -54,7 +43,7 @@ struct ExecutorOptions {
 struct StepReport {
   int index = 0;  // Plan-wide step index.
   StepOp op = StepOp::kPointToPoint;
-  StepMethod method = StepMethod::kSendRecv;
+  StepOp method = StepOp::kPointToPoint;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   absl::Duration time;

@@ -123,7 +123,7 @@ struct RunOutput {
   std::vector<absl::StatusOr<ExecuteResult>> results;
   std::vector<std::shared_ptr<HostBuffer>> targets;
   std::vector<std::string> bytes;  // Every target buffer, read back to the host.
-  std::set<StepMethod> methods;
+  std::set<StepOp> methods;
 };
 
 // Runs the plan's fragments on threads, buffers in `devices` (null: host memory).
@@ -222,7 +222,7 @@ enum class Mode { kDefault, kCopyCollectives, kPointToPoint };
 
 // Runs `c` in host memory and in fake device memory, checks both and that the checksums
 // agree; returns the methods the device run used.
-std::set<StepMethod> RunBoth(Cluster& cluster, const Case& c, Mode mode, int serial) {
+std::set<StepOp> RunBoth(Cluster& cluster, const Case& c, Mode mode, int serial) {
   SCOPED_TRACE(absl::StrCat(c.name, mode == Mode::kPointToPoint      ? " (point-to-point)"
                                     : mode == Mode::kCopyCollectives ? " (copy collectives)"
                                                                      : ""));
@@ -280,18 +280,17 @@ const std::vector<Case>& Cases() {
 
 TEST(ExecutorMemorySpaceTest, FragmentsInDeviceMemoryMatchHostMemory) {
   Cluster cluster;
-  std::set<StepMethod> used;
+  std::set<StepOp> used;
   int serial = 0;
   for (const Case& c : Cases()) {
     for (Mode mode : {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint}) {
-      std::set<StepMethod> m = RunBoth(cluster, c, mode, serial++);
+      std::set<StepOp> m = RunBoth(cluster, c, mode, serial++);
       used.insert(m.begin(), m.end());
     }
   }
-  for (StepMethod m :
-       {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
-        StepMethod::kReduceScatterV, StepMethod::kBroadcast, StepMethod::kSendRecv}) {
-    EXPECT_TRUE(used.count(m)) << StepMethodName(m) << " never ran on device buffers";
+  for (StepOp m : {StepOp::kAllToAll, StepOp::kAllGather, StepOp::kAllReduce,
+                   StepOp::kReduceScatter, StepOp::kBroadcast, StepOp::kPointToPoint}) {
+    EXPECT_TRUE(used.count(m)) << StepOpName(m) << " never ran on device buffers";
   }
 }
 

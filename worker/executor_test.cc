@@ -49,7 +49,7 @@ struct Cluster {
 struct RunOutput {
   std::vector<absl::StatusOr<ExecuteResult>> results;
   std::vector<std::shared_ptr<HostBuffer>> targets;
-  std::set<StepMethod> methods;
+  std::set<StepOp> methods;
 };
 
 // Runs fragments (one per rank, through the wire format) on threads.
@@ -134,7 +134,7 @@ struct Case {
 // 24 bytes (many slabs per transfer, some staged, some landing in place).
 enum class Mode { kDefault, kCopyCollectives, kPointToPoint, kSmallMessages };
 
-std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int serial) {
+std::set<StepOp> RunCase(Cluster& cluster, const Case& c, Mode mode, int serial) {
   const bool force_p2p = mode == Mode::kPointToPoint;
   SCOPED_TRACE(absl::StrCat(c.name, force_p2p                        ? " (point-to-point)"
                                     : mode == Mode::kCopyCollectives ? " (copy collectives)"
@@ -156,7 +156,7 @@ std::set<StepMethod> RunCase(Cluster& cluster, const Case& c, Mode mode, int ser
   CheckTarget(a, b, c.dtype, out);
   if (force_p2p) {
     EXPECT_TRUE(out.methods.empty() ||
-                (out.methods.size() == 1 && *out.methods.begin() == StepMethod::kSendRecv));
+                (out.methods.size() == 1 && *out.methods.begin() == StepOp::kPointToPoint));
   }
   return out.methods;
 }
@@ -208,27 +208,26 @@ TEST(ExecutorTest, PlannerPlansAllTransitions) {
        {8, 4}},
   };
   Cluster cluster;
-  std::set<StepMethod> used;
+  std::set<StepOp> used;
   int serial = 0;
-  std::set<StepMethod> used_by_default;
+  std::set<StepOp> used_by_default;
   for (const Case& c : cases) {
     for (Mode mode :
          {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint, Mode::kSmallMessages}) {
-      std::set<StepMethod> m = RunCase(cluster, c, mode, serial++);
+      std::set<StepOp> m = RunCase(cluster, c, mode, serial++);
       used.insert(m.begin(), m.end());
       if (mode == Mode::kDefault) used_by_default.insert(m.begin(), m.end());
     }
   }
   // Gloo prefers grouped send/recv for copies; reductions keep their collectives.
-  EXPECT_FALSE(used_by_default.count(StepMethod::kAllToAllV));
-  EXPECT_FALSE(used_by_default.count(StepMethod::kAllGatherV));
-  EXPECT_TRUE(used_by_default.count(StepMethod::kAllReduce));
-  EXPECT_TRUE(used_by_default.count(StepMethod::kReduceScatterV));
+  EXPECT_FALSE(used_by_default.count(StepOp::kAllToAll));
+  EXPECT_FALSE(used_by_default.count(StepOp::kAllGather));
+  EXPECT_TRUE(used_by_default.count(StepOp::kAllReduce));
+  EXPECT_TRUE(used_by_default.count(StepOp::kReduceScatter));
   // The collectives the planner emits all ran as collectives somewhere above.
-  for (StepMethod m :
-       {StepMethod::kAllToAllV, StepMethod::kAllGatherV, StepMethod::kAllReduce,
-        StepMethod::kReduceScatterV, StepMethod::kBroadcast, StepMethod::kSendRecv}) {
-    EXPECT_TRUE(used.count(m)) << StepMethodName(m) << " never used";
+  for (StepOp m : {StepOp::kAllToAll, StepOp::kAllGather, StepOp::kAllReduce,
+                   StepOp::kReduceScatter, StepOp::kBroadcast, StepOp::kPointToPoint}) {
+    EXPECT_TRUE(used.count(m)) << StepOpName(m) << " never used";
   }
 }
 
@@ -322,8 +321,8 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
         RunFragments(cluster, Fragments(plan, absl::StrCat("hand", serial++)), sources, options);
     CheckTarget(source, target, DType::kF32, out);
     if (!p2p_only) {
-      EXPECT_TRUE(out.methods.count(StepMethod::kAllGatherV));
-      EXPECT_TRUE(out.methods.count(StepMethod::kBroadcast));
+      EXPECT_TRUE(out.methods.count(StepOp::kAllGather));
+      EXPECT_TRUE(out.methods.count(StepOp::kBroadcast));
     }
   }
 }
@@ -351,7 +350,7 @@ TEST(ExecutorTest, HandBuiltReduceScatterWithNonReceiver) {
                   T(0, 1, Box({2, 0}, {1, 4}), true, 0), T(2, 1, Box({2, 0}, {1, 4}), true, 2)};
   for (const Transfer& t : rs.transfers) rs.bytes += t.bytes;
   plan.steps = {rs};
-  EXPECT_EQ(ChooseStepMethod(rs), StepMethod::kReduceScatterV);
+  EXPECT_EQ(ChooseStepOp(rs), StepOp::kReduceScatter);
   Cluster cluster;
   int serial = 0;
   for (bool p2p_only : {false, true}) {
@@ -371,20 +370,20 @@ TEST(ExecutorTest, ShapeMismatchFallsBackToSendRecv) {
   s.ranks = {0, 1, 2};
   // Rank 0 sends to 1 only: not an all-gather.
   s.transfers = {T(0, 1, Box({0}, {2})), T(1, 0, Box({2}, {2})), T(1, 2, Box({2}, {2}))};
-  EXPECT_EQ(ChooseStepMethod(s), StepMethod::kSendRecv);
+  EXPECT_EQ(ChooseStepOp(s), StepOp::kPointToPoint);
   s.op = StepOp::kAllReduce;
   s.transfers = {T(0, 1, Box({0}, {2}), true, 0), T(1, 0, Box({0}, {2}), true, 0)};
-  EXPECT_EQ(ChooseStepMethod(s), StepMethod::kSendRecv);  // Same contribution twice.
+  EXPECT_EQ(ChooseStepOp(s), StepOp::kPointToPoint);  // Same contribution twice.
   s.ranks = {0, 1};
   s.transfers = {T(0, 1, Box({0}, {2}), true, 0), T(1, 0, Box({0}, {2}), true, 1)};
-  EXPECT_EQ(ChooseStepMethod(s), StepMethod::kAllReduce);
-  EXPECT_EQ(ChooseStepMethod(s, /*force_point_to_point=*/true), StepMethod::kSendRecv);
+  EXPECT_EQ(ChooseStepOp(s), StepOp::kAllReduce);
+  EXPECT_EQ(ChooseStepOp(s, /*force_point_to_point=*/true), StepOp::kPointToPoint);
   s.op = StepOp::kBroadcast;
   s.root = 0;
   s.transfers = {T(0, 1, Box({0}, {2}))};
-  EXPECT_EQ(ChooseStepMethod(s), StepMethod::kBroadcast);
+  EXPECT_EQ(ChooseStepOp(s), StepOp::kBroadcast);
   s.root = 1;
-  EXPECT_EQ(ChooseStepMethod(s), StepMethod::kSendRecv);
+  EXPECT_EQ(ChooseStepOp(s), StepOp::kPointToPoint);
 }
 
 TEST(ExecutorTest, MissingSourceIsFailedPrecondition) {

@@ -1,6 +1,6 @@
 // Fuzzes the worker's plan-fragment validation (Worker.Execute input): the input is a
 // serialized PlanFragment; ParseFragment must only ever return statuses. A fragment it accepts
-// must pass ValidateFragment again, its steps must be analysable (ChooseStepMethod), and,
+// must pass ValidateFragment again, its steps must be analysable (ChooseStepOp), and,
 // when its buffers are small, running its local part (zero fill, local copies, division;
 // steps need peers and are left out) on real buffers must return a status, never touch
 // memory outside them (ASan).
@@ -50,8 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Fragment f = *std::move(parsed);
   Check(ValidateFragment(f).ok(), "an accepted fragment fails ValidateFragment");
   for (const Step& s : f.steps) {
-    (void)ChooseStepMethod(s, false);
-    (void)ChooseStepMethod(s, true);
+    (void)ChooseStepOp(s, false);
+    (void)ChooseStepOp(s, true);
   }
 
   if (f.source.local_elements > kMaxLocalElements || f.target.local_elements > kMaxLocalElements) {

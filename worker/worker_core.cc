@@ -136,7 +136,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     if (result.ok()) {
       std::string steps_text;
       for (const StepReport& s : result->steps) {
-        absl::StrAppend(&steps_text, " [step ", s.index, " ", StepMethodName(s.method), " sent ",
+        absl::StrAppend(&steps_text, " [step ", s.index, " ", StepOpName(s.method), " sent ",
                         s.bytes_sent, " B recv ", s.bytes_received, " B in ",
                         absl::FormatDuration(s.time), "]");
       }
