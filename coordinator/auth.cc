@@ -181,8 +181,9 @@ absl::StatusOr<Caller> Authenticator::Authorize(absl::string_view method,
                        std::find(it->second->roles.begin(), it->second->roles.end(), match->role) !=
                            it->second->roles.end();
   if (!allowed) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("role ", RoleName(match->role), " may not call ", method));
+    return absl::PermissionDeniedError(absl::StrCat("token '", match->name, "' has role ",
+                                                    RoleName(match->role), ", which may not call ",
+                                                    method));
   }
   return Caller{match->name, match->role};
 }

@@ -46,11 +46,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                          client_.get(), std::move(po));
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes);
-  service_ =
-      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
-                                           options_.worker_client.chunk_message_bytes);
-  worker_service_ = std::make_unique<WorkerFacingService>(&clock_, &workers_, &kv_, plans_.get(),
-                                                          options_.heartbeat_interval);
+  service_ = std::make_unique<CoordinatorService>(
+      &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+      options_.worker_client.chunk_message_bytes, options_.auth ? &*options_.auth : nullptr);
+  worker_service_ = std::make_unique<WorkerFacingService>(
+      &clock_, &workers_, &kv_, plans_.get(), options_.heartbeat_interval,
+      options_.auth ? &*options_.auth : nullptr);
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());

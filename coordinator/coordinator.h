@@ -2,6 +2,7 @@
 #define SHARDCOORD_COORDINATOR_COORDINATOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -10,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/kv_store.h"
@@ -35,6 +37,8 @@ struct CoordinatorOptions {
   // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
   int64_t io_band_bytes = kDefaultBandBytes;
   GrpcWorkerClientOptions worker_client;
+  // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
+  std::optional<Authenticator> auth;
 };
 
 // The composition root, as Ray's GCS server: owns one manager per concern, wires worker

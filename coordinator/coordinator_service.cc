@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/grpc_auth.h"
 #include "coordinator/tensor_streams.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
@@ -86,6 +87,7 @@ LivenessFn CoordinatorService::Liveness() const {
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
                                                           const v1::ListWorkersRequest*,
                                                           v1::ListWorkersResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListWorkers"); !a.ok()) return Done(ctx, a);
   for (const WorkerRecord& w : workers_->List()) *resp->add_workers() = WorkerInfoToProto(w);
   return Done(ctx, absl::OkStatus());
 }
@@ -93,6 +95,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerContext* ctx,
                                                          const v1::CreateMeshRequest* req,
                                                          v1::MeshInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "CreateMesh"); !a.ok()) return Done(ctx, a);
   absl::StatusOr<MeshRecord> m =
       meshes_->Create(req->name(), Shape(req->shape().begin(), req->shape().end()),
                       std::vector<std::string>(req->dim_names().begin(), req->dim_names().end()),
@@ -104,6 +107,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::GetMesh(grpc::CallbackServerContext* ctx,
                                                       const v1::GetMeshRequest* req,
                                                       v1::MeshInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "GetMesh"); !a.ok()) return Done(ctx, a);
   absl::StatusOr<MeshRecord> m = meshes_->Get(req->name());
   if (m.ok()) *resp = MeshInfoToProto(*m);
   return Done(ctx, m.status());
@@ -112,6 +116,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetMesh(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* CoordinatorService::ListMeshes(grpc::CallbackServerContext* ctx,
                                                          const v1::ListMeshesRequest*,
                                                          v1::ListMeshesResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListMeshes"); !a.ok()) return Done(ctx, a);
   for (const MeshRecord& m : meshes_->List()) *resp->add_meshes() = MeshInfoToProto(m);
   return Done(ctx, absl::OkStatus());
 }
@@ -119,6 +124,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMeshes(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::DeleteMesh(grpc::CallbackServerContext* ctx,
                                                          const v1::DeleteMeshRequest* req,
                                                          v1::DeleteMeshResponse*) {
+  if (absl::Status a = Authorize(ctx, "DeleteMesh"); !a.ok()) return Done(ctx, a);
   return Done(ctx, meshes_->Delete(req->name()));
 }
 
@@ -127,6 +133,7 @@ grpc::ServerUnaryReactor* CoordinatorService::DeleteMesh(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerContext* ctx,
                                                            const v1::CreateTensorRequest* req,
                                                            v1::TensorInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "CreateTensor"); !a.ok()) return Done(ctx, a);
   CreateTensorArgs args;
   args.name = req->name();
   if (args.name.empty()) return Done(ctx, absl::InvalidArgumentError("name: empty"));
@@ -155,6 +162,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorService::GetTensor(grpc::CallbackServerContext* ctx,
                                                         const v1::GetTensorRequest* req,
                                                         v1::TensorInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "GetTensor"); !a.ok()) return Done(ctx, a);
   absl::StatusOr<TensorRecord> t = tensors_->Get(req->name());
   if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
   return Done(ctx, t.status());
@@ -163,6 +171,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetTensor(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::ListTensors(grpc::CallbackServerContext* ctx,
                                                           const v1::ListTensorsRequest*,
                                                           v1::ListTensorsResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListTensors"); !a.ok()) return Done(ctx, a);
   const LivenessFn live = Liveness();
   for (const TensorRecord& t : tensors_->List()) *resp->add_tensors() = TensorInfoToProto(t, live);
   return Done(ctx, absl::OkStatus());
@@ -171,6 +180,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListTensors(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CoordinatorService::DeleteTensor(grpc::CallbackServerContext* ctx,
                                                            const v1::DeleteTensorRequest* req,
                                                            v1::DeleteTensorResponse*) {
+  if (absl::Status a = Authorize(ctx, "DeleteTensor"); !a.ok()) return Done(ctx, a);
   return Done(ctx, io_->Delete(req->name()));
 }
 
@@ -235,6 +245,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
 grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerContext* ctx,
                                                            const v1::RedistributeRequest* req,
                                                            v1::RedistributeResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Redistribute"); !a.ok()) return Done(ctx, a);
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
   absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
   if (!spec.ok()) return Done(ctx, spec.status());
@@ -247,6 +258,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext* ctx,
                                                      const v1::GatherRequest* req,
                                                      v1::RedistributeResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Gather"); !a.ok()) return Done(ctx, a);
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
   std::optional<int64_t> to_rank;
   if (req->has_to_rank()) {
@@ -265,6 +277,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* ctx,
                                                    const v1::CopyRequest* req,
                                                    v1::CopyResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Copy"); !a.ok()) return Done(ctx, a);
   if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
   return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
@@ -281,6 +294,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
                                                                const v1::PlanRequest* req,
                                                                v1::Plan* resp) {
+  if (absl::Status a = Authorize(ctx, "PlanRedistribute"); !a.ok()) return Done(ctx, a);
   absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
   if (!spec.ok()) return Done(ctx, spec.status());
   absl::StatusOr<StartedPlan> plan = plans_->DryRun(req->tensor(), *spec);
@@ -396,7 +410,10 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
 };
 
 grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
-    grpc::CallbackServerContext*, const v1::WatchPlanRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
+  if (absl::Status a = Authorize(ctx, "WatchPlan"); !a.ok()) {
+    return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(a);
+  }
   return new WatchReactor(plans_, req->plan_id());
 }
 
@@ -436,8 +453,11 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
   UploadSession session_;
 };
 
-grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(grpc::CallbackServerContext*,
-                                                                    v1::UploadResponse* resp) {
+grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
+    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Upload"); !a.ok()) {
+    return new RefusedStream<grpc::ServerReadReactor<v1::TensorData>>(a);
+  }
   return new UploadReactor(io_, resp, Liveness());
 }
 
@@ -469,8 +489,16 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData>,
 };
 
 grpc::ServerWriteReactor<v1::TensorData>* CoordinatorService::Download(
-    grpc::CallbackServerContext*, const v1::DownloadRequest* req) {
+    grpc::CallbackServerContext* ctx, const v1::DownloadRequest* req) {
+  if (absl::Status a = Authorize(ctx, "Download"); !a.ok()) {
+    return new RefusedStream<grpc::ServerWriteReactor<v1::TensorData>>(a);
+  }
   return new DownloadReactor(io_, req->name(), max_message_bytes_);
+}
+
+absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,
+                                           absl::string_view rpc) const {
+  return AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), rpc));
 }
 
 }  // namespace shardcoord

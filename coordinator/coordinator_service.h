@@ -3,6 +3,9 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/auth.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_io.h"
@@ -22,17 +25,20 @@ v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
 // shardcoord.v1.Coordinator: thin adapters over the managers. No handler blocks: long
 // operations (create, redistribute with wait, upload, download, watch) finish their reactor
 // from the managers' completion callbacks. Streamed data messages carry at most
-// `max_message_bytes` of data.
+// `max_message_bytes` of data. With an `auth` (not owned; null: no authentication) every
+// RPC first checks the caller's bearer token (coordinator/grpc_auth.h).
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
-                     PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20)
+                     PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
+                     const Authenticator* auth = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
         plans_(plans),
         io_(io),
-        max_message_bytes_(max_message_bytes) {}
+        max_message_bytes_(max_message_bytes),
+        auth_(auth) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -78,6 +84,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   LivenessFn Liveness() const;
+  // AuthorizeCall for this service's RPC `rpc` ("ListWorkers").
+  absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
   // Redistribute, Gather and Copy: start a plan; with `wait`, finish when it ends. Fills the
   // response's plan and progress.
   grpc::ServerUnaryReactor* RunPlan(
@@ -91,6 +99,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   PlanManager* const plans_;
   TensorIo* const io_;
   const int64_t max_message_bytes_;
+  const Authenticator* const auth_;
 };
 
 }  // namespace shardcoord

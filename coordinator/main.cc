@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -21,6 +23,7 @@ int main(int argc, char** argv) {
   shardcoord::CoordinatorOptions options;
   std::string heartbeat_timeout = "5s", heartbeat_interval = "500ms", plan_timeout = "5m";
   std::string log_level = "info";
+  std::string auth_tokens;
   bool no_collectives = false;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
       ->capture_default_str();
@@ -39,6 +42,10 @@ int main(int argc, char** argv) {
                  "about two bands per transfer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--auth-tokens", auth_tokens,
+                 "require bearer tokens: a file of lines 'ROLE NAME SHA256HEX' (role admin, "
+                 "operator, reader or worker; the hex SHA-256 of the token, from `shardctl "
+                 "token hash`; # comments); without it every call is allowed");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -56,6 +63,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.use_collectives = !no_collectives;
+  if (!auth_tokens.empty()) {
+    absl::StatusOr<shardcoord::Authenticator> auth = shardcoord::Authenticator::Load(auth_tokens);
+    if (!auth.ok()) {
+      std::cerr << "coordinator: --auth-tokens: " << auth.status().message() << "\n";
+      return 2;
+    }
+    options.auth = *std::move(auth);
+  }
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
@@ -84,6 +99,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {})", *address,
                heartbeat_timeout, heartbeat_interval, plan_timeout);
+  if (options.auth.has_value()) {
+    spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
+  } else {
+    spdlog::info("authentication off (no --auth-tokens): every call is allowed");
+  }
 
   int sig = 0;
   sigwait(&signals, &sig);

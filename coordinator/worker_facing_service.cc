@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/grpc_auth.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 
@@ -26,6 +27,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
 grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServerContext* ctx,
                                                               const v1::RegisterWorkerRequest* req,
                                                               v1::RegisterWorkerResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "RegisterWorker"); !a.ok()) return Done(ctx, a);
   absl::StatusOr<WorkerRecord> w = workers_->Register(
       WorkerSpec{req->name(), req->host(), req->device(), req->address(), req->backend()});
   if (!w.ok()) return Done(ctx, w.status());
@@ -38,18 +40,21 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
 grpc::ServerUnaryReactor* WorkerFacingService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                          const v1::HeartbeatRequest* req,
                                                          v1::HeartbeatResponse*) {
+  if (absl::Status a = Authorize(ctx, "Heartbeat"); !a.ok()) return Done(ctx, a);
   return Done(ctx, workers_->Heartbeat(req->name(), req->incarnation()));
 }
 
 grpc::ServerUnaryReactor* WorkerFacingService::KvSet(grpc::CallbackServerContext* ctx,
                                                      const v1::KvSetRequest* req,
                                                      v1::KvSetResponse*) {
+  if (absl::Status a = Authorize(ctx, "KvSet"); !a.ok()) return Done(ctx, a);
   return Done(ctx, kv_->Set(req->key(), req->value()));
 }
 
 grpc::ServerUnaryReactor* WorkerFacingService::KvGet(grpc::CallbackServerContext* ctx,
                                                      const v1::KvGetRequest* req,
                                                      v1::KvGetResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "KvGet"); !a.ok()) return Done(ctx, a);
   if (req->timeout_ms() < 0) {
     return Done(ctx, absl::InvalidArgumentError(
                          absl::StrCat("timeout_ms = ", req->timeout_ms(), " must be >= 0")));
@@ -72,6 +77,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::KvGet(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* WorkerFacingService::Barrier(grpc::CallbackServerContext* ctx,
                                                        const v1::BarrierRequest* req,
                                                        v1::BarrierResponse*) {
+  if (absl::Status a = Authorize(ctx, "Barrier"); !a.ok()) return Done(ctx, a);
   if (req->timeout_ms() <= 0) {
     return Done(ctx, absl::InvalidArgumentError(
                          absl::StrCat("timeout_ms = ", req->timeout_ms(), " must be > 0")));
@@ -87,6 +93,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::Barrier(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServerContext* ctx,
                                                             const v1::ReportChunksRequest* req,
                                                             v1::ReportChunksResponse*) {
+  if (absl::Status a = Authorize(ctx, "ReportChunks"); !a.ok()) return Done(ctx, a);
   WorkerReport report;
   report.plan_id = req->plan_id();
   report.worker = req->worker();
@@ -102,6 +109,12 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
     report.chunks = *std::move(chunks);
   }
   return Done(ctx, plans_->Report(report));
+}
+
+absl::Status WorkerFacingService::Authorize(grpc::CallbackServerContext* ctx,
+                                            absl::string_view rpc) const {
+  return AuthorizeCall(auth_, ctx,
+                       FullMethodName(v1::CoordinatorWorkers::service_full_name(), rpc));
 }
 
 }  // namespace shardcoord

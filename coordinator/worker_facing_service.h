@@ -1,8 +1,11 @@
 #ifndef SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
 #define SHARDCOORD_COORDINATOR_WORKER_FACING_SERVICE_H_
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/auth.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/worker_manager.h"
@@ -12,16 +15,19 @@ namespace shardcoord {
 
 // shardcoord.v1.CoordinatorWorkers: registration, heartbeats, the rendezvous store and
 // barriers, and plan reports. Thin: convert, call a manager, convert back. Waits (KvGet,
-// Barrier) finish their reactor from the store's callback, never blocking a thread.
+// Barrier) finish their reactor from the store's callback, never blocking a thread. With an
+// `auth` (not owned; null: no authentication) every RPC first checks the caller's bearer
+// token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
   WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv, PlanManager* plans,
-                      absl::Duration heartbeat_interval)
+                      absl::Duration heartbeat_interval, const Authenticator* auth = nullptr)
       : clock_(clock),
         workers_(workers),
         kv_(kv),
         plans_(plans),
-        heartbeat_interval_(heartbeat_interval) {}
+        heartbeat_interval_(heartbeat_interval),
+        auth_(auth) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -40,11 +46,15 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
                                          v1::ReportChunksResponse* resp) override;
 
  private:
+  // AuthorizeCall for this service's RPC `rpc` ("RegisterWorker").
+  absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
+
   const Clock* const clock_;
   WorkerManager* const workers_;
   KvStore* const kv_;
   PlanManager* const plans_;
   const absl::Duration heartbeat_interval_;
+  const Authenticator* const auth_;
 };
 
 }  // namespace shardcoord
