@@ -59,6 +59,12 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
       ->type_name("HOST:PORT")
       ->group(kGlobalFlagsGroup);
   RejectConflictingRepeats(
+      app->add_option("--token", flags->token,
+                      "Bearer token for a coordinator started with --auth-tokens (default: "
+                      "$SHARDCOORD_TOKEN; prefer the variable: flags show in `ps`)"))
+      ->type_name("TOKEN")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
       app->add_flag("--json", flags->json, "Print one JSON object instead of a table"))
       ->group(kGlobalFlagsGroup);
 }
@@ -88,6 +94,12 @@ void DescribeGlobalFlags(CLI::App* app) {
 
 std::string CoordinatorAddress(const ConnectionFlags& flags) {
   return flags.coordinator.empty() ? DefaultCoordinatorAddress() : flags.coordinator;
+}
+
+CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags) {
+  CoordinatorClientOptions options;
+  options.token = flags.token.empty() ? DefaultToken() : flags.token;
+  return options;
 }
 
 std::string StatusLine(const absl::Status& status, absl::string_view address) {

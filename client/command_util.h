@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "client/coordinator_client.h"
 
 namespace CLI {
 class App;
@@ -29,9 +30,10 @@ inline constexpr int kExitBadFlags = 2;
 struct ConnectionFlags {
   std::string coordinator;  // host:port; empty = DefaultCoordinatorAddress().
   bool json = false;
+  std::string token;  // Bearer token; empty = DefaultToken() ($SHARDCOORD_TOKEN).
 };
 
-// Adds the global flags --coordinator and --json to the root `app`, writing into `flags`
+// Adds the global flags --coordinator, --token and --json to the root `app`, writing into `flags`
 // (which must outlive the app), and makes every subcommand added to `app` afterwards accept
 // them before or after its name, at any depth: `shardctl --json tensor list`,
 // `shardctl tensor --json list` and `shardctl tensor list --json` are the same command.
@@ -49,6 +51,9 @@ inline constexpr char kGlobalFlagsGroup[] = "Global flags (before or after the s
 
 // The address to dial: the flag, else $SHARDCOORD_ADDR, else 127.0.0.1:7400.
 std::string CoordinatorAddress(const ConnectionFlags& flags);
+
+// Client options carrying the token to send: the flag, else $SHARDCOORD_TOKEN, else none.
+CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags);
 
 // "shardctl: NOT_FOUND: tensor 'x' does not exist" on one line (newlines in the message
 // become spaces); for UNAVAILABLE and DEADLINE_EXCEEDED the address is appended, since the

@@ -60,8 +60,13 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetTensor(grpc::ServerContext*, const v1::GetTensorRequest* request,
+  grpc::Status GetTensor(grpc::ServerContext* context, const v1::GetTensorRequest* request,
                          v1::TensorInfo*) override {
+    absl::MutexLock lock(&mu_);
+    auto it = context->client_metadata().find("authorization");
+    authorization_ = it == context->client_metadata().end()
+                         ? "(none)"
+                         : std::string(it->second.data(), it->second.size());
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         "tensor '" + request->name() + "' does not exist");
   }
@@ -181,6 +186,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::string upload_data_;
   bool abort_ = false;  // Plans end ABORTED.
   v1::DType download_dtype_ = v1::F32;
+  std::string authorization_;  // GetTensor's authorization metadata, "(none)" without.
 
  private:
   void FillResponse(const std::string& tensor, bool wait, v1::RedistributeResponse* response) {
@@ -449,8 +455,9 @@ class ShardctlMainTest : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
 
-  // Runs shardctl with `args`, capturing what it prints on std::cout and std::cerr.
-  int Run(std::vector<std::string> args) {
+  // Runs shardctl with `args` and `stdin`, capturing what it prints on std::cout and
+  // std::cerr.
+  int Run(std::vector<std::string> args, const std::string& stdin = "") {
     args.insert(args.begin(), "shardctl");
     std::vector<const char*> argv;
     for (const std::string& a : args) argv.push_back(a.c_str());
@@ -458,9 +465,13 @@ class ShardctlMainTest : public ::testing::Test {
     err_.str("");
     std::streambuf* out = std::cout.rdbuf(out_.rdbuf());
     std::streambuf* err = std::cerr.rdbuf(err_.rdbuf());
+    std::istringstream in_stream(stdin);
+    std::streambuf* in = std::cin.rdbuf(in_stream.rdbuf());
     const int rc = ShardctlMain(static_cast<int>(argv.size()), argv.data());
     std::cout.rdbuf(out);
     std::cerr.rdbuf(err);
+    std::cin.rdbuf(in);
+    std::cin.clear();
     return rc;
   }
 
@@ -508,6 +519,35 @@ TEST_F(ShardctlMainTest, GlobalFlagTwiceWithDifferentValuesIsAFlagError) {
   // The same value twice is one flag.
   EXPECT_EQ(Run({"--coordinator", address_, "tensor", "show", "x", "--coordinator", address_}), 1);
   EXPECT_EQ(err_.str(), "shardctl: NOT_FOUND: tensor 'x' does not exist\n");
+}
+
+TEST_F(ShardctlMainTest, TokenFromTheFlagElseTheEnvironment) {
+  unsetenv("SHARDCOORD_TOKEN");
+  EXPECT_EQ(Run({"tensor", "show", "x", "--coordinator", address_}), 1);
+  EXPECT_EQ(fake_.authorization_, "(none)");
+  EXPECT_EQ(Run({"--token", "t1", "tensor", "show", "x", "--coordinator", address_}), 1);
+  EXPECT_EQ(fake_.authorization_, "Bearer t1");
+  EXPECT_EQ(Run({"tensor", "show", "x", "--coordinator", address_, "--token=t2"}), 1);
+  EXPECT_EQ(fake_.authorization_, "Bearer t2");
+  setenv("SHARDCOORD_TOKEN", "t3", 1);
+  EXPECT_EQ(Run({"tensor", "show", "x", "--coordinator", address_}), 1);
+  EXPECT_EQ(fake_.authorization_, "Bearer t3");
+  EXPECT_EQ(Run({"tensor", "show", "x", "--coordinator", address_, "--token", "t4"}), 1);
+  EXPECT_EQ(fake_.authorization_, "Bearer t4");
+  unsetenv("SHARDCOORD_TOKEN");
+  EXPECT_EQ(Run({"--token", "a", "tensor", "show", "x", "--token", "b"}), 2);
+  EXPECT_THAT(err_.str(), StartsWith("shardctl: --token: given twice with different values"));
+}
+
+TEST_F(ShardctlMainTest, TokenHashReadsStdin) {
+  // sha256("abc"); the newline echo appends is not part of the token.
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n";
+  EXPECT_EQ(Run({"token", "hash"}, "abc\n"), 0) << err_.str();
+  EXPECT_EQ(out_.str(), abc);
+  EXPECT_EQ(Run({"token", "hash"}, "abc"), 0);
+  EXPECT_EQ(out_.str(), abc);
+  EXPECT_EQ(Run({"token", "hash"}, "\n"), 2);
+  EXPECT_EQ(err_.str(), "shardctl token hash: no token on stdin\n");
 }
 
 TEST_F(ShardctlMainTest, Version) {

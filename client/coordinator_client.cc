@@ -39,8 +39,16 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> cha
       std::clamp<size_t>(options_.upload_chunk_bytes, 1, kMaxDataMessageBytes);
 }
 
-void CoordinatorClient::SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+std::string DefaultToken() {
+  const char* env = std::getenv("SHARDCOORD_TOKEN");
+  return env == nullptr ? "" : env;
+}
+
+void CoordinatorClient::SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const {
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!options_.token.empty()) {
+    context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+  }
 }
 
 template <typename Request, typename Response>

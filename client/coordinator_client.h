@@ -39,7 +39,13 @@ struct CoordinatorClientOptions {
   absl::Duration data_timeout = absl::Minutes(30);
   // Data bytes per Upload message; clamped to [1, kMaxDataMessageBytes].
   size_t upload_chunk_bytes = kMaxDataMessageBytes;
+  // Bearer token sent as metadata `authorization: Bearer TOKEN` on every call (a coordinator
+  // started with --auth-tokens requires one); empty: none is sent.
+  std::string token;
 };
+
+// $SHARDCOORD_TOKEN, or "" when it is unset.
+std::string DefaultToken();
 
 // Called after each data message with the bytes done so far and the total.
 using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
@@ -117,8 +123,8 @@ class CoordinatorClient {
                                                               Response*),
                                  const Request& request, absl::Duration timeout);
 
-  // A context whose deadline is `timeout` from now.
-  static void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
+  // Sets the deadline `timeout` from now, and the token's metadata if there is one.
+  void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const;
 
   std::string address_;
   CoordinatorClientOptions options_;

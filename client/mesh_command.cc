@@ -111,14 +111,14 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->capture_default_str()
         ->type_name("LIST");
     cmd->callback([conn, flags]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunMeshCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
     });
   }
   {
     CLI::App* cmd = mesh->add_subcommand("list", "List meshes");
     cmd->callback([conn]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunMeshListCommand(client, conn->json, std::cout, std::cerr));
     });
   }
@@ -128,7 +128,7 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
     auto name = std::make_shared<std::string>();
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
     cmd->callback([conn, name]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunMeshGetCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
@@ -137,7 +137,7 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
     auto name = std::make_shared<std::string>();
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
     cmd->callback([conn, name]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunMeshDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }

@@ -163,7 +163,7 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
         online.mesh = flags->source.mesh;
         online.placements = value(placements);
         online.flat = value(flat);
-        CoordinatorClient client(CoordinatorAddress(*conn));
+        CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
         rc = RunOnlinePlanCommand(client, online, *explain, conn->json, std::cout, std::cerr);
       }
     }

@@ -11,6 +11,7 @@
 #include "client/mesh_command.h"
 #include "client/plan_command.h"
 #include "client/tensor_command.h"
+#include "client/token_command.h"
 #include "client/version.h"
 #include "client/workers_command.h"
 
@@ -30,6 +31,7 @@ int ShardctlMain(int argc, const char* const* argv) {
   AddMeshCommand(app, &globals);
   AddTensorCommand(app, &globals);
   AddPlanCommand(app, &globals);
+  AddTokenCommand(app);
   DescribeGlobalFlags(&app);
   try {
     app.parse(argc, argv);

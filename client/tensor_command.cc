@@ -411,7 +411,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->callback([conn, flags, placements, flat]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunTensorCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
     });
   }
@@ -427,7 +427,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->callback([conn, flags, placements, flat, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
@@ -442,7 +442,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     to_rank->type_name("RANK");
     cmd->callback([conn, flags, to_rank, progress]() {
       if (to_rank->count() > 0) flags->to_rank = to_rank->as<int64_t>();
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
@@ -455,7 +455,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("src", flags->src, "Source tensor (read only)")->required()->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->required()->type_name("DST");
     cmd->callback([conn, flags, progress]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
@@ -465,7 +465,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     add_name(cmd, &flags->name);
     cmd->add_option("--out", flags->out_path, "Output .npy path")->required()->type_name("PATH");
     cmd->callback([conn, flags, progress]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
@@ -487,7 +487,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->callback([conn, flags, placements, flat, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunUploadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
@@ -497,14 +497,14 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     auto name = std::make_shared<std::string>();
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunTensorShowCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
   {
     CLI::App* cmd = tensor->add_subcommand("list", "List tensors");
     cmd->callback([conn]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunTensorListCommand(client, conn->json, std::cout, std::cerr));
     });
   }
@@ -513,7 +513,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     auto name = std::make_shared<std::string>();
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
-      CoordinatorClient client(CoordinatorAddress(*conn));
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunTensorDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }

@@ -24,7 +24,7 @@ int RunWorkersCommand(CoordinatorClient& client, bool json, std::ostream& out, s
 void AddWorkersCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* cmd = app.add_subcommand("workers", "List the workers registered with the coordinator");
   cmd->callback([conn]() {
-    CoordinatorClient client(CoordinatorAddress(*conn));
+    CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
     const int rc = RunWorkersCommand(client, conn->json, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -1,7 +1,6 @@
 #include "coordinator/auth.h"
 
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 
 #include <algorithm>
 #include <fstream>
@@ -87,13 +86,6 @@ const std::vector<RpcRule>& RpcRoleTable() {
   return *table;
 }
 
-std::string Sha256Hex(absl::string_view data) {
-  uint8_t digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const uint8_t*>(data.data()), data.size(), digest);
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
-}
-
 absl::StatusOr<std::string> BearerToken(absl::string_view authorization) {
   if (authorization.empty()) {
     return absl::UnauthenticatedError("no token: send metadata 'authorization: Bearer TOKEN'");
@@ -161,12 +153,11 @@ absl::StatusOr<Caller> Authenticator::Authorize(absl::string_view method,
   if (token.empty()) {
     return absl::UnauthenticatedError("no token: send metadata 'authorization: Bearer TOKEN'");
   }
-  uint8_t digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const uint8_t*>(token.data()), token.size(), digest);
+  const Sha256Digest digest = Sha256(token);
   const Entry* match = nullptr;
   for (const Entry& e : entries_) {
     // No early exit: the time taken does not depend on which line (if any) matches.
-    const bool equal = CRYPTO_memcmp(e.digest.data(), digest, sizeof(digest)) == 0;
+    const bool equal = CRYPTO_memcmp(e.digest.data(), digest.data(), digest.size()) == 0;
     if (equal) match = &e;
   }
   if (match == nullptr) return absl::UnauthenticatedError("unknown token");

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/sha256.h"
 
 namespace shardcoord {
 
@@ -44,9 +45,6 @@ struct RpcRule {
 // its roles. The worker daemons' own service (Worker) is not served by the coordinator and
 // is not listed.
 const std::vector<RpcRule>& RpcRoleTable();
-
-// Lowercase hex SHA-256 of `data` (64 characters).
-std::string Sha256Hex(absl::string_view data);
 
 // The token of an `authorization` metadata value "Bearer TOKEN" (the scheme is
 // case-insensitive); UNAUTHENTICATED when the value is empty or of another form.
@@ -80,7 +78,7 @@ class Authenticator {
   struct Entry {
     Role role;
     std::string name;
-    std::array<uint8_t, 32> digest;
+    Sha256Digest digest;
   };
 
   explicit Authenticator(std::vector<Entry> entries) : entries_(std::move(entries)) {}
