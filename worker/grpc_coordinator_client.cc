@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "proto/grpc_status.h"
@@ -16,30 +17,34 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Duration d) {
-  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d));
-}
-
 }  // namespace
 
 GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
-                                             absl::Duration rpc_timeout)
+                                             absl::Duration rpc_timeout, std::string token)
     : channel_(std::move(channel)),
       stub_(v1::CoordinatorWorkers::NewStub(channel_)),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_(rpc_timeout),
+      token_(std::move(token)) {}
+
+void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+}
 
 std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std::string& address,
-                                                                      absl::Duration rpc_timeout) {
+                                                                      absl::Duration rpc_timeout,
+                                                                      std::string token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   return std::make_unique<GrpcCoordinatorClient>(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), rpc_timeout);
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), rpc_timeout,
+      std::move(token));
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
     const v1::RegisterWorkerRequest& request) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx, rpc_timeout_);
   v1::RegisterWorkerResponse response;
   grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
   if (!s.ok()) return FromGrpc(s, "RegisterWorker");
@@ -48,21 +53,21 @@ absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
 
 absl::Status GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& request) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx, rpc_timeout_);
   v1::HeartbeatResponse response;
   return FromGrpc(stub_->Heartbeat(&ctx, request, &response), "Heartbeat");
 }
 
 absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& request) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx, rpc_timeout_);
   v1::ReportChunksResponse response;
   return FromGrpc(stub_->ReportChunks(&ctx, request, &response), "ReportChunks");
 }
 
 absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx, rpc_timeout_);
   v1::KvSetRequest request;
   request.set_key(std::string(key));
   request.set_value(std::string(value));
@@ -73,7 +78,7 @@ absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view
 absl::StatusOr<std::string> GrpcCoordinatorClient::Get(absl::string_view key,
                                                        absl::Duration timeout) {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, std::max(timeout, absl::ZeroDuration()) + rpc_timeout_);
+  Prepare(&ctx, std::max(timeout, absl::ZeroDuration()) + rpc_timeout_);
   v1::KvGetRequest request;
   request.set_key(std::string(key));
   request.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));

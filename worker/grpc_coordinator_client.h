@@ -17,18 +17,22 @@
 
 namespace grpc {
 class Channel;
+class ClientContext;
 }  // namespace grpc
 
 namespace shardcoord {
 
-// Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`).
+// Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`) and, when
+// `token` is not empty, the metadata `authorization: Bearer TOKEN` (a coordinator started
+// with --auth-tokens requires a token of the worker role).
 class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvClient {
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
-                        absl::Duration rpc_timeout = absl::Seconds(10));
+                        absl::Duration rpc_timeout = absl::Seconds(10), std::string token = "");
   // A channel to "host:port" with insecure credentials.
   static std::unique_ptr<GrpcCoordinatorClient> Connect(
-      const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10));
+      const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10),
+      std::string token = "");
 
   absl::StatusOr<v1::RegisterWorkerResponse> Register(
       const v1::RegisterWorkerRequest& request) override;
@@ -38,9 +42,13 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, 
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
 
  private:
+  // A context with the deadline `timeout` from now and the token's metadata.
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
   const absl::Duration rpc_timeout_;
+  const std::string token_;
 };
 
 }  // namespace shardcoord

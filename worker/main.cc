@@ -22,12 +22,17 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
+#include "common/sha256.h"
 #include "worker/worker.h"
 
 namespace shardcoord {
@@ -37,6 +42,19 @@ std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+// The token in `path`, without trailing newlines and spaces; NOT_FOUND when unreadable,
+// INVALID_ARGUMENT when empty.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  const std::string text = contents.str();
+  const absl::string_view token = TrimToken(text);
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  return std::string(token);
 }
 
 int Main(int argc, char** argv) {
@@ -49,6 +67,7 @@ int Main(int argc, char** argv) {
   // Durations as the coordinator's flags take them: 60s, 500ms, 2m.
   std::string step_timeout = "60s", register_timeout = "60s";
   std::string log_level = "info";
+  std::string token_file;
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
   app.add_option("--coordinator", options.coordinator,
@@ -79,9 +98,20 @@ int Main(int argc, char** argv) {
   app.add_option("--register-timeout", register_timeout,
                  "How long to keep trying to register with the coordinator at startup")
       ->capture_default_str();
+  app.add_option("--token-file", token_file,
+                 "File holding the bearer token (worker role) of a coordinator started with "
+                 "--auth-tokens; trailing newlines and spaces are not part of the token");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "--token-file: %s\n", std::string(token.status().message()).c_str());
+      return 2;
+    }
+    options.token = *std::move(token);
+  }
   absl::Status durations = ParseDurationFlag("step-timeout", step_timeout, &options.step_timeout);
   if (durations.ok()) {
     durations = ParseDurationFlag("register-timeout", register_timeout, &options.register_timeout);

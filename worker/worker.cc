@@ -130,7 +130,7 @@ WorkerIdentity Worker::Identity() const {
 absl::StatusOr<std::string> Worker::Start() {
   const bool nccl = options_.backend.backend == Backend::kNccl;
   const std::string device_name = nccl ? absl::StrCat("cuda:", options_.backend.gpu) : "cpu";
-  client_ = GrpcCoordinatorClient::Connect(options_.coordinator);
+  client_ = GrpcCoordinatorClient::Connect(options_.coordinator, absl::Seconds(10), options_.token);
   absl::StatusOr<BackendParts> backend = MakeBackend(
       options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();

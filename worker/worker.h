@@ -50,6 +50,8 @@ struct WorkerOptions {
   bool same_host_copy = true;
   absl::Duration step_timeout = absl::Seconds(60);  // When a plan gives none.
   absl::Duration register_timeout = absl::Seconds(60);
+  // Bearer token (worker role) for a coordinator started with --auth-tokens; empty: none.
+  std::string token;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
