@@ -11,6 +11,11 @@ proto/shardcoord_pb2.py).
     c.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange")
     c.redistribute("t", placements="R,S(1)")
     a = c.download("t")                          # numpy array of shape (64, 48)
+
+A coordinator started with --auth-tokens needs a bearer token: `connect(token=...)` or
+`ShardcoordClient(token=...)`, default $SHARDCOORD_TOKEN; it travels as the metadata
+`authorization: Bearer TOKEN` on every call. Refusals raise ShardcoordError with code
+UNAUTHENTICATED or PERMISSION_DENIED.
 """
 
 import os
@@ -51,6 +56,11 @@ def default_address():
     return os.environ.get("SHARDCOORD_ADDR") or "127.0.0.1:7400"
 
 
+def default_token():
+    """$SHARDCOORD_TOKEN when set, else None (no token is sent)."""
+    return os.environ.get("SHARDCOORD_TOKEN") or None
+
+
 class ShardcoordError(Exception):
     """A failed call: `code` is the gRPC status name ("NOT_FOUND"), `message` the server's."""
 
@@ -71,8 +81,10 @@ def _spec(mesh, placements, flat):
 class ShardcoordClient:
     """One method per operation; each call has a deadline (seconds)."""
 
-    def __init__(self, address=None, timeout=30.0, data_timeout=1800.0):
+    def __init__(self, address=None, timeout=30.0, data_timeout=1800.0, token=None):
         self.address = address or default_address()
+        token = token or default_token()
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.timeout = timeout
         self.data_timeout = data_timeout
         self._channel = grpc.insecure_channel(
@@ -90,7 +102,7 @@ class ShardcoordClient:
 
     def _call(self, method, request, timeout):
         try:
-            return method(request, timeout=timeout)
+            return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise ShardcoordError(e.code().name, e.details()) from None
 
@@ -137,7 +149,8 @@ class ShardcoordClient:
     def download(self, name):
         """The whole tensor as a numpy array (bf16 as uint16 bit patterns)."""
         try:
-            stream = self._stub.Download(pb.DownloadRequest(name=name), timeout=self.data_timeout)
+            stream = self._stub.Download(pb.DownloadRequest(name=name), timeout=self.data_timeout,
+                                         metadata=self._metadata)
             header, parts = None, []
             for message in stream:
                 if header is None:
@@ -170,3 +183,9 @@ class ShardcoordClient:
                 yield pb.TensorData(data=data[off:off + _CHUNK])
 
         return self._call(self._stub.Upload, messages(), self.data_timeout).tensor
+
+
+def connect(address=None, token=None, **kwargs):
+    """A ShardcoordClient for `address` (default $SHARDCOORD_ADDR) sending bearer `token`
+    (default $SHARDCOORD_TOKEN; none when both are unset). kwargs: timeout, data_timeout."""
+    return ShardcoordClient(address, token=token, **kwargs)

@@ -1,6 +1,7 @@
 """Tests ShardcoordClient against a scripted Coordinator servicer on loopback (port 0)."""
 
 import concurrent.futures
+import os
 import sys
 import unittest
 
@@ -16,8 +17,13 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.requests = {}
         self.upload_messages = []
         self.abort = False
+        self.required_token = None
 
     def ListWorkers(self, request, context):
+        self.requests["metadata"] = dict(context.invocation_metadata())
+        if self.required_token and self.requests["metadata"].get("authorization") != \
+                f"Bearer {self.required_token}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
         return pb.ListWorkersResponse(workers=[pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE)])
 
     def CreateTensor(self, request, context):
@@ -64,7 +70,8 @@ class ClientTest(unittest.TestCase):
         pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
-        self.client = sc.ShardcoordClient(f"127.0.0.1:{port}", timeout=30)
+        self.address = f"127.0.0.1:{port}"
+        self.client = sc.ShardcoordClient(self.address, timeout=30)
 
     def tearDown(self):
         self.client.close()
@@ -73,6 +80,33 @@ class ClientTest(unittest.TestCase):
     def test_list_workers(self):
         workers = self.client.list_workers()
         self.assertEqual([w.name for w in workers], ["w0"])
+
+    def test_token_is_sent_as_bearer_metadata(self):
+        self.assertNotIn("authorization", self.fake.requests.get("metadata", {}))
+        self.client.list_workers()
+        self.assertNotIn("authorization", self.fake.requests["metadata"])
+        self.fake.required_token = "s3cret"
+        with sc.connect(self.address, token="s3cret") as c:
+            c.list_workers()
+        self.assertEqual(self.fake.requests["metadata"]["authorization"], "Bearer s3cret")
+        with sc.connect(self.address, token="nope") as c:
+            with self.assertRaises(sc.ShardcoordError) as e:
+                c.list_workers()
+        self.assertEqual(e.exception.code, "UNAUTHENTICATED")
+
+    def test_token_from_the_environment(self):
+        self.fake.required_token = "from-env"
+        old = os.environ.get("SHARDCOORD_TOKEN")
+        os.environ["SHARDCOORD_TOKEN"] = "from-env"
+        try:
+            with sc.connect(self.address) as c:
+                c.list_workers()
+        finally:
+            if old is None:
+                del os.environ["SHARDCOORD_TOKEN"]
+            else:
+                os.environ["SHARDCOORD_TOKEN"] = old
+        self.assertEqual(self.fake.requests["metadata"]["authorization"], "Bearer from-env")
 
     def test_create_tensor_request(self):
         t = self.client.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange", seed=3)
