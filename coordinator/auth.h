@@ -9,8 +9,6 @@
 // of roles (RpcRoleTable); a token authorises a call when its hash matches a line and that
 // line's role is allowed the RPC.
 
-#include <array>
-#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>

@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
                heartbeat_timeout, heartbeat_interval, plan_timeout);
   if (options.auth.has_value()) {
     spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
+    if (options.auth->size() == 0)
+      spdlog::warn("{} holds no token: every call is refused", auth_tokens);
   } else {
     spdlog::info("authentication off (no --auth-tokens): every call is allowed");
   }
