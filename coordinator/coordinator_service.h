@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_io.h"
@@ -26,13 +27,16 @@ v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
-                     PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20)
+                     PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
+                     CoordinatorMetrics* metrics = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
         plans_(plans),
         io_(io),
-        max_message_bytes_(max_message_bytes) {}
+        max_message_bytes_(max_message_bytes),
+        upload_bytes_(metrics == nullptr ? nullptr : metrics->upload_bytes),
+        download_bytes_(metrics == nullptr ? nullptr : metrics->download_bytes) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -91,6 +95,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   PlanManager* const plans_;
   TensorIo* const io_;
   const int64_t max_message_bytes_;
+  // Where streamed data bytes are counted; null: not counted.
+  Counter* const upload_bytes_;
+  Counter* const download_bytes_;
 };
 
 }  // namespace shardcoord

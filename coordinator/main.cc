@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
                  "about two bands per transfer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--http-listen", options.http_listen,
+                 "host:port of the HTTP server for Prometheus metrics at /metrics (port 0: "
+                 "pick a free one; empty: off)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -79,6 +83,11 @@ int main(int argc, char** argv) {
   if (!address.ok()) {
     spdlog::error("{}", address.status().ToString());
     return 1;
+  }
+  // The metrics line comes first: whoever waits for the listening line has both.
+  if (!coordinator.http_address().empty()) {
+    std::printf("coordinator metrics on http://%s/metrics\n", coordinator.http_address().c_str());
+    spdlog::info("metrics on http://{}/metrics", coordinator.http_address());
   }
   std::printf("coordinator listening on %s\n", address->c_str());
   std::fflush(stdout);

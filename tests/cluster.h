@@ -43,6 +43,8 @@ class Cluster {
 
   CoordinatorClient& client() { return *client_; }
   const std::string& coordinator_address() const { return coordinator_address_; }
+  // HOST:PORT of the coordinator's HTTP server (GET /metrics); empty when it is off.
+  const std::string& metrics_address() const { return metrics_address_; }
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
   static std::string WorkerName(int index);
@@ -72,6 +74,7 @@ class Cluster {
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<v1::WorkerInfo> infos_;
   std::string coordinator_address_;
+  std::string metrics_address_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 
