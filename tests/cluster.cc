@@ -114,6 +114,16 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     absl::StatusOr<std::string> wline = cluster->workers_[i]->WaitForLine(
         absl::StrCat("worker ", WorkerName(i), " listening on "), options.start_timeout);
     if (!wline.ok()) return wline.status();
+    // With --http-listen among worker_flags, each worker prints its metrics line first.
+    std::string metrics;
+    const std::string marker = absl::StrCat("worker ", WorkerName(i), " metrics on http://");
+    for (const std::string& l : cluster->workers_[i]->Lines()) {
+      if (l.find(marker) == std::string::npos) continue;
+      absl::StatusOr<std::string> url = AddressAfter(l, marker);
+      if (!url.ok()) return url.status();
+      metrics = url->substr(0, url->find('/'));
+    }
+    cluster->worker_metrics_addresses_.push_back(metrics);
   }
 
   const std::vector<std::string> names = cluster->WorkerNames();

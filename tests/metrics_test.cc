@@ -138,8 +138,12 @@ class MetricsTest : public ::testing::Test {
     ASSERT_FALSE(cluster_->metrics_address().empty()) << "the coordinator printed no metrics line";
   }
 
-  absl::StatusOr<Exposition> Scrape(const std::string& path = "/metrics") {
-    const std::string& address = cluster_->metrics_address();
+  // The coordinator's metrics, or worker `worker`'s.
+  absl::StatusOr<Exposition> Scrape(int worker = -1) {
+    const std::string& address =
+        worker < 0 ? cluster_->metrics_address() : cluster_->worker_metrics_address(worker);
+    if (address.empty()) return absl::FailedPreconditionError("no metrics address");
+    const std::string path = "/metrics";
     const size_t colon = address.rfind(':');
     httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
     httplib::Result res = http.Get(path);
@@ -175,6 +179,17 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
 
   absl::StatusOr<Exposition> before = Scrape();
   ASSERT_TRUE(before.ok()) << before.status();
+  std::vector<Exposition> workers_before;
+  for (int i = 0; i < cluster_->num_workers(); ++i) {
+    absl::StatusOr<Exposition> w = Scrape(i);
+    ASSERT_TRUE(w.ok()) << "worker " << i << ": " << w.status();
+    for (const char* family :
+         {"shardcoord_worker_communicator_builds_total",
+          "shardcoord_worker_communicator_aborts_total", "shardcoord_worker_communicators"}) {
+      EXPECT_TRUE(w->types.count(family)) << family;
+    }
+    workers_before.push_back(*std::move(w));
+  }
   for (const char* family :
        {"shardcoord_plans_total", "shardcoord_plan_duration_seconds", "shardcoord_plan_bytes",
         "shardcoord_plan_bytes_moved_total", "shardcoord_plan_lower_bound_bytes_total",
@@ -218,6 +233,21 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
   EXPECT_EQ(delta("shardcoord_download_bytes_total", {}), 64 * 32 * 4);
   EXPECT_EQ(delta("shardcoord_heartbeats_missed_total", {}), 0);
 
+  // Every worker took part: the first plan of its group built a communicator (no other plan
+  // ran in this cluster), and nothing was aborted.
+  for (int i = 0; i < cluster_->num_workers(); ++i) {
+    absl::StatusOr<Exposition> w = Scrape(i);
+    ASSERT_TRUE(w.ok()) << "worker " << i << ": " << w.status();
+    const Exposition& b = workers_before[i];
+    const std::string builds = "shardcoord_worker_communicator_builds_total";
+    const std::string aborts = "shardcoord_worker_communicator_aborts_total";
+    EXPECT_GE(w->ValueOr0(builds, {{"result", "ok"}}) - b.ValueOr0(builds, {{"result", "ok"}}), 1)
+        << "worker " << i;
+    EXPECT_EQ(w->ValueOr0(builds, {{"result", "error"}}), 0) << "worker " << i;
+    EXPECT_EQ(w->ValueOr0(aborts, {{"reason", "plan_aborted"}}), 0) << "worker " << i;
+    EXPECT_GE(w->ValueOr0("shardcoord_worker_communicators"), 1) << "worker " << i;
+  }
+
   // A refused call is counted with its code.
   EXPECT_FALSE(client.Redistribute(RedistributeTo("m_none", "", "S(1)")).ok());
   absl::StatusOr<Exposition> refused = Scrape();
@@ -237,6 +267,8 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
+  shardcoord::ClusterOptions options;
+  options.worker_flags = {"--http-listen=127.0.0.1:0"};
+  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
   return RUN_ALL_TESTS();
 }

@@ -135,7 +135,24 @@ absl::StatusOr<std::string> Worker::Start() {
       options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();
   device_space_ = std::move(backend->space);
-  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory));
+  CommunicatorCacheMetrics comm_metrics;
+  comm_metrics.builds = registry_.AddCounter("shardcoord_worker_communicator_builds_total",
+                                             "Communicators built (a rendezvous with the other "
+                                             "members), by result.",
+                                             {"result"});
+  comm_metrics.aborts = registry_.AddCounter(
+      "shardcoord_worker_communicator_aborts_total",
+      "Communicators torn down: released with an aborted plan's epoch, or found broken.",
+      {"reason"});
+  for (const char* result : {"ok", "error"}) comm_metrics.builds->WithLabels({result});
+  for (const char* reason : {"plan_aborted", "broken"}) comm_metrics.aborts->WithLabels({reason});
+  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory), comm_metrics);
+  Gauge* cached =
+      registry_
+          .AddGauge("shardcoord_worker_communicators", "Communicators this worker holds for reuse.")
+          ->WithLabels({});
+  registry_.AddCollector(
+      [cached, comms = communicators_.get()] { cached->Set(static_cast<double>(comms->size())); });
 
   ExecutorOptions executor_options;
   executor_options.default_step_timeout = options_.step_timeout;
@@ -157,6 +174,17 @@ absl::StatusOr<std::string> Worker::Start() {
   const std::string listen_host = HostOf(options_.listen);
   const std::string address =
       JoinHostPort(IsWildcard(listen_host) ? options_.host : listen_host, port);
+  if (!options_.http_listen.empty()) {
+    http_.Get("/metrics", [this] {
+      return HttpResponse{200, Registry::kContentType, registry_.Render()};
+    });
+    absl::StatusOr<std::string> http = http_.Start(options_.http_listen);
+    if (!http.ok()) {
+      server_->Shutdown(std::chrono::system_clock::now());
+      return http.status();
+    }
+    http_address_ = *http;
+  }
 
   AgentOptions agent_options;
   agent_options.registration.set_name(options_.name);
@@ -188,6 +216,7 @@ bool Worker::Shutdown(absl::Duration grace) {
   if (shut_down_) return stopped_cleanly_;
   shut_down_ = true;
   if (agent_ != nullptr) agent_->Stop();
+  http_.Stop();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
