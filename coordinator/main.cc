@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--http-listen", options.http_listen,
                  "host:port of the HTTP server for Prometheus metrics at /metrics (port 0: "
-                 "pick a free one; empty: off)")
+                 "pick a free one; \"off\": no HTTP server)")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.use_collectives = !no_collectives;
+  if (options.http_listen == "off") options.http_listen.clear();
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
