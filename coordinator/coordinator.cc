@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/dashboard.h"
 #include "coordinator/rpc_metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "spdlog/spdlog.h"
@@ -65,6 +66,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
   });
   http_.Get("/metrics", [this] {
     return HttpResponse{200, Registry::kContentType, registry_.Render()};
+  });
+  http_.Get("/", [] { return HttpResponse{200, "text/html; charset=utf-8", DashboardHtml()}; });
+  http_.Get("/api/state", [this] {
+    absl::StatusOr<std::string> json = StateJson(workers_, meshes_, tensors_);
+    if (!json.ok()) return HttpResponse{500, "text/plain; charset=utf-8", json.status().ToString()};
+    return HttpResponse{200, "application/json", *std::move(json)};
   });
 }
 

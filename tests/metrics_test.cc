@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "tests/cluster.h"
@@ -157,6 +158,64 @@ class MetricsTest : public ::testing::Test {
 
   Cluster* cluster_ = nullptr;
 };
+
+TEST_F(MetricsTest, TheDashboardShowsWorkersMeshesAndTensors) {
+  CoordinatorClient& client = cluster_->client();
+  absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client, "d_pair", {2}, {"w1", "w2"});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  absl::StatusOr<v1::TensorInfo> t =
+      CreateFilled(client, "d_t", {6, 4}, DType::kF32, "d_pair", "S(1)");
+  ASSERT_TRUE(t.ok()) << t.status();
+
+  const std::string& address = cluster_->metrics_address();
+  const size_t colon = address.rfind(':');
+  httplib::Client http(address.substr(0, colon), std::stoi(address.substr(colon + 1)));
+  httplib::Result page = http.Get("/");
+  ASSERT_TRUE(page) << httplib::to_string(page.error());
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->body.find("<title>shardcoord</title>"), std::string::npos);
+  EXPECT_NE(page->body.find("fetch(\"/api/state\""), std::string::npos);
+  // Self-contained: nothing loaded from elsewhere.
+  EXPECT_EQ(page->body.find("http://"), std::string::npos);
+  EXPECT_EQ(page->body.find("https://"), std::string::npos);
+
+  httplib::Result state = http.Get("/api/state");
+  ASSERT_TRUE(state) << httplib::to_string(state.error());
+  EXPECT_EQ(state->status, 200);
+  EXPECT_EQ(state->get_header_value("Content-Type"), "application/json");
+  // Each list reads back as the gRPC API's own answer.
+  google::protobuf::util::JsonParseOptions lenient;
+  lenient.ignore_unknown_fields = true;
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(state->body, &workers, lenient).ok())
+      << state->body;
+  ASSERT_EQ(workers.workers_size(), cluster_->num_workers());
+  for (const v1::WorkerInfo& w : workers.workers()) EXPECT_EQ(w.state(), v1::ALIVE) << w.name();
+  v1::ListMeshesResponse meshes;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(state->body, &meshes, lenient).ok());
+  bool found_mesh = false;
+  for (const v1::MeshInfo& m : meshes.meshes()) {
+    if (m.name() != "d_pair") continue;
+    found_mesh = true;
+    EXPECT_EQ(m.workers_size(), 2);
+  }
+  EXPECT_TRUE(found_mesh) << state->body;
+  v1::ListTensorsResponse tensors;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(state->body, &tensors, lenient).ok());
+  bool found_tensor = false;
+  for (const v1::TensorInfo& info : tensors.tensors()) {
+    if (info.name() != "d_t") continue;
+    found_tensor = true;
+    EXPECT_EQ(info.mesh(), "d_pair");
+    EXPECT_EQ(info.spec(), "S(1)");
+    EXPECT_EQ(info.version(), t->version());
+    EXPECT_EQ(info.bytes(), 6 * 4 * 4);
+    EXPECT_FALSE(info.has_layout());
+  }
+  EXPECT_TRUE(found_tensor) << state->body;
+  EXPECT_TRUE(client.DeleteTensor("d_t").ok());
+}
 
 TEST(ExpositionParserTest, RejectsWhatIsNotExposition) {
   EXPECT_FALSE(Parse("x 1\n").ok());  // No HELP/TYPE.
