@@ -87,7 +87,9 @@ export SHARDCOORD_ADDR=$address
 echo "coordinator at $address"
 # Printed before the listening line: "coordinator metrics on http://HOST:PORT/metrics".
 metrics_url=$(sed -n 's/^coordinator metrics on \(http:[^ ]*\).*/\1/p' "$work/coordinator.out")
-echo "metrics at ${metrics_url:-(off)}"
+if [[ -n $metrics_url ]]; then
+  echo "metrics at $metrics_url, dashboard at ${metrics_url%/metrics}/"
+fi
 for i in 0 1 2 3; do
   start_daemon "w$i" "worker w$i listening on " \
     "$worker_bin" --coordinator="$address" --listen=127.0.0.1:0 --name="w$i" --backend=gloo
