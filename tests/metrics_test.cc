@@ -244,7 +244,8 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
     ASSERT_TRUE(w.ok()) << "worker " << i << ": " << w.status();
     for (const char* family :
          {"shardcoord_worker_communicator_builds_total",
-          "shardcoord_worker_communicator_aborts_total", "shardcoord_worker_communicators"}) {
+          "shardcoord_worker_communicator_aborts_total", "shardcoord_worker_communicators",
+          "shardcoord_worker_buffers", "shardcoord_worker_buffer_bytes"}) {
       EXPECT_TRUE(w->types.count(family)) << family;
     }
     workers_before.push_back(*std::move(w));
@@ -305,6 +306,9 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
     EXPECT_EQ(w->ValueOr0(builds, {{"result", "error"}}), 0) << "worker " << i;
     EXPECT_EQ(w->ValueOr0(aborts, {{"reason", "plan_aborted"}}), 0) << "worker " << i;
     EXPECT_GE(w->ValueOr0("shardcoord_worker_communicators"), 1) << "worker " << i;
+    // Its S(1) chunk (64x8 f32) at least; a dropped version may not be freed yet.
+    EXPECT_GE(w->ValueOr0("shardcoord_worker_buffers"), 1) << "worker " << i;
+    EXPECT_GE(w->ValueOr0("shardcoord_worker_buffer_bytes"), 64 * 8 * 4) << "worker " << i;
   }
 
   // A refused call is counted with its code.

@@ -151,8 +151,18 @@ absl::StatusOr<std::string> Worker::Start() {
       registry_
           .AddGauge("shardcoord_worker_communicators", "Communicators this worker holds for reuse.")
           ->WithLabels({});
-  registry_.AddCollector(
-      [cached, comms = communicators_.get()] { cached->Set(static_cast<double>(comms->size())); });
+  Gauge* buffers =
+      registry_
+          .AddGauge("shardcoord_worker_buffers", "Tensor buffers held (one per tensor version).")
+          ->WithLabels({});
+  Gauge* buffer_bytes =
+      registry_.AddGauge("shardcoord_worker_buffer_bytes", "Bytes of the tensor buffers held.")
+          ->WithLabels({});
+  registry_.AddCollector([this, cached, buffers, buffer_bytes] {
+    cached->Set(static_cast<double>(communicators_->size()));
+    buffers->Set(static_cast<double>(buffers_.List().size()));
+    buffer_bytes->Set(static_cast<double>(buffers_.TotalBytes()));
+  });
 
   ExecutorOptions executor_options;
   executor_options.default_step_timeout = options_.step_timeout;
