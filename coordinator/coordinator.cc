@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/dashboard.h"
-#include "coordinator/rpc_metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcoord {

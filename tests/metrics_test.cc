@@ -308,6 +308,13 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
     EXPECT_GE(w->ValueOr0("shardcoord_worker_communicators"), 1) << "worker " << i;
     // Its S(1) chunk (64x8 f32) at least; a dropped version may not be freed yet.
     EXPECT_GE(w->ValueOr0("shardcoord_worker_buffers"), 1) << "worker " << i;
+    // The coordinator sent each participant its fragment once.
+    const std::map<std::string, std::string> execute = {{"method", "shardcoord.v1.Worker/Execute"},
+                                                        {"code", "OK"}};
+    EXPECT_EQ(w->ValueOr0("shardcoord_rpcs_total", execute) -
+                  b.ValueOr0("shardcoord_rpcs_total", execute),
+              1)
+        << "worker " << i;
     EXPECT_GE(w->ValueOr0("shardcoord_worker_buffer_bytes"), 64 * 8 * 4) << "worker " << i;
   }
 

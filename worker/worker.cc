@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 #include "worker/backends/gloo/gloo_communicator.h"
 
@@ -177,6 +178,14 @@ absl::StatusOr<std::string> Worker::Start() {
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeRpcMetricsInterceptor(
+      registry_.AddCounter("shardcoord_rpcs_total",
+                           "gRPC calls handled, by method and status code.", {"method", "code"}),
+      registry_.AddHistogram("shardcoord_rpc_duration_seconds",
+                             "Time from a call's start to its status, by method.", {"method"},
+                             ExponentialBuckets(0.001, 2, 17))));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));

@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_COORDINATOR_RPC_METRICS_H_
-#define SHARDCOORD_COORDINATOR_RPC_METRICS_H_
+#ifndef SHARDCOORD_PROTO_RPC_METRICS_H_
+#define SHARDCOORD_PROTO_RPC_METRICS_H_
 
 #include <memory>
 #include <string>
@@ -21,4 +21,4 @@ std::string RpcCodeName(grpc::StatusCode code);
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_COORDINATOR_RPC_METRICS_H_
+#endif  // SHARDCOORD_PROTO_RPC_METRICS_H_

@@ -1,4 +1,4 @@
-#include "coordinator/rpc_metrics.h"
+#include "proto/rpc_metrics.h"
 
 #include <chrono>
 
