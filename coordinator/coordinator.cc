@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/dashboard.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcoord {
@@ -20,6 +22,7 @@ class DeathLogger : public WorkerListener {
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
+      metrics_(&registry_),
       workers_(&clock_, options_.heartbeat_timeout),
       meshes_(&workers_),
       tensors_(&meshes_),
@@ -33,6 +36,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   // after its last heartbeat, which came at most one interval before it died; its echo in a
   // peer's error can arrive at once. Waiting less races the death being noticed.
   po.failure_grace = options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
+  po.metrics = &metrics_;
   po.on_plan_end = [this](const PlanProgress& p, const std::string& prefix) {
     if (!prefix.empty()) kv_.DeletePrefix(prefix);
     if (p.state == PlanState::kCommitted) {
@@ -46,15 +50,31 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                          client_.get(), std::move(po));
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes);
-  service_ = std::make_unique<CoordinatorService>(
-      &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
-      options_.worker_client.chunk_message_bytes, options_.auth ? &*options_.auth : nullptr);
+  service_ =
+      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+                                           options_.worker_client.chunk_message_bytes, &metrics_,
+                                           options_.auth ? &*options_.auth : nullptr);
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr);
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());
+  registry_.AddCollector([this] {
+    int64_t alive = 0, dead = 0;
+    for (const WorkerRecord& w : workers_.List()) ++(w.alive ? alive : dead);
+    metrics_.workers->WithLabels({"alive"})->Set(static_cast<double>(alive));
+    metrics_.workers->WithLabels({"dead"})->Set(static_cast<double>(dead));
+  });
+  http_.Get("/metrics", [this] {
+    return HttpResponse{200, Registry::kContentType, registry_.Render()};
+  });
+  http_.Get("/", [] { return HttpResponse{200, "text/html; charset=utf-8", DashboardHtml()}; });
+  http_.Get("/api/state", [this] {
+    absl::StatusOr<std::string> json = StateJson(workers_, meshes_, tensors_);
+    if (!json.ok()) return HttpResponse{500, "text/plain; charset=utf-8", json.status().ToString()};
+    return HttpResponse{200, "application/json", *std::move(json)};
+  });
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
@@ -66,9 +86,17 @@ absl::StatusOr<std::string> Coordinator::Start() {
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  if (!options_.http_listen.empty()) {
+    absl::StatusOr<std::string> http = http_.Start(options_.http_listen);
+    if (!http.ok()) return http.status();
+    http_address_ = *http;
   }
   health_ = std::thread([this] { HealthLoop(); });
   const size_t colon = options_.listen.rfind(':');
@@ -87,7 +115,8 @@ void Coordinator::HealthLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick);
     if (stopping_) break;
     mu_.Unlock();
-    workers_.CheckHealth(clock_.Now());
+    metrics_.heartbeats_missed->Increment(
+        static_cast<double>(workers_.CheckHealth(clock_.Now()).size()));
     mu_.Lock();
   }
 }
@@ -100,6 +129,7 @@ void Coordinator::Shutdown() {
     stopping_ = true;
   }
   if (health_.joinable()) health_.join();
+  http_.Stop();
   // Everything a reactor may wait on completes first, so the server's shutdown returns.
   plans_->Shutdown("coordinator shutting down");
   kv_.CancelAll(absl::UnavailableError("coordinator shutting down"));

@@ -11,7 +11,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "coordinator/auth.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/kv_store.h"
@@ -39,6 +42,9 @@ struct CoordinatorOptions {
   GrpcWorkerClientOptions worker_client;
   // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
+  // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
+  // one; empty: no HTTP server.
+  std::string http_listen = "127.0.0.1:7401";
 };
 
 // The composition root, as Ray's GCS server: owns one manager per concern, wires worker
@@ -50,6 +56,10 @@ class Coordinator {
 
   // Binds and starts serving; returns the address it listens on ("127.0.0.1:41234").
   absl::StatusOr<std::string> Start();
+  // After Start: the HTTP server's bound address, empty when it is off.
+  const std::string& http_address() const { return http_address_; }
+  // The metrics registry (e.g. for in-process tests).
+  const Registry& registry() const { return registry_; }
   // Aborts running plans, completes pending waits, stops serving and the health thread.
   // Idempotent.
   void Shutdown();
@@ -58,6 +68,8 @@ class Coordinator {
   void HealthLoop();
 
   const CoordinatorOptions options_;
+  Registry registry_;
+  CoordinatorMetrics metrics_;
   RealClock clock_;
   ThreadTimer timer_;
   WorkerManager workers_;
@@ -71,6 +83,8 @@ class Coordinator {
   std::unique_ptr<WorkerFacingService> worker_service_;
   std::unique_ptr<WorkerListener> death_logger_;
   std::unique_ptr<grpc::Server> server_;
+  HttpServer http_;
+  std::string http_address_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -424,13 +424,14 @@ grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
 class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
                       private UploadSession::Transport {
  public:
-  UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live)
-      : resp_(resp), live_(std::move(live)), session_(io, this) {
+  UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live, Counter* bytes)
+      : resp_(resp), live_(std::move(live)), bytes_(bytes), session_(io, this) {
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnEnd();
+    if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(message_.data().size()));
     session_.OnMessage(std::move(message_));
   }
 
@@ -449,6 +450,7 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
 
   v1::UploadResponse* const resp_;
   const LivenessFn live_;
+  Counter* const bytes_;
   v1::TensorData message_;  // The read in flight.
   UploadSession session_;
 };
@@ -458,7 +460,7 @@ grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
   if (absl::Status a = Authorize(ctx, "Upload"); !a.ok()) {
     return new RefusedStream<grpc::ServerReadReactor<v1::TensorData>>(a);
   }
-  return new UploadReactor(io_, resp, Liveness());
+  return new UploadReactor(io_, resp, Liveness(), upload_bytes_);
 }
 
 // Moves messages between the call and a DownloadSession (coordinator/tensor_streams.h),
@@ -466,8 +468,8 @@ grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
 class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData>,
                         private DownloadSession::Transport {
  public:
-  DownloadReactor(TensorIo* io, const std::string& name, int64_t slice)
-      : session_(io, this, slice) {
+  DownloadReactor(TensorIo* io, const std::string& name, int64_t slice, Counter* bytes)
+      : bytes_(bytes), session_(io, this, slice) {
     session_.Start(name);
   }
 
@@ -479,12 +481,14 @@ class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData>,
   // One write at a time (the session's write claim), so message_ is free here.
   void Send(v1::TensorData message) override {
     message_ = std::move(message);
+    if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(message_.data().size()));
     StartWrite(&message_);
   }
 
   void End(absl::Status s) override { Finish(ToGrpcStatus(s)); }
 
   v1::TensorData message_;  // The write in flight.
+  Counter* const bytes_;
   DownloadSession session_;
 };
 
@@ -493,7 +497,7 @@ grpc::ServerWriteReactor<v1::TensorData>* CoordinatorService::Download(
   if (absl::Status a = Authorize(ctx, "Download"); !a.ok()) {
     return new RefusedStream<grpc::ServerWriteReactor<v1::TensorData>>(a);
   }
-  return new DownloadReactor(io_, req->name(), max_message_bytes_);
+  return new DownloadReactor(io_, req->name(), max_message_bytes_, download_bytes_);
 }
 
 absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/auth.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_io.h"
@@ -31,13 +32,15 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
                      PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
-                     const Authenticator* auth = nullptr)
+                     CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
         plans_(plans),
         io_(io),
         max_message_bytes_(max_message_bytes),
+        upload_bytes_(metrics == nullptr ? nullptr : metrics->upload_bytes),
+        download_bytes_(metrics == nullptr ? nullptr : metrics->download_bytes),
         auth_(auth) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
@@ -99,6 +102,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   PlanManager* const plans_;
   TensorIo* const io_;
   const int64_t max_message_bytes_;
+  // Where streamed data bytes are counted; null: not counted.
+  Counter* const upload_bytes_;
+  Counter* const download_bytes_;
   const Authenticator* const auth_;
 };
 

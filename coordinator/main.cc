@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
                  "require bearer tokens: a file of lines 'ROLE NAME SHA256HEX' (role admin, "
                  "operator, reader or worker; the hex SHA-256 of the token, from `shardctl "
                  "token hash`; # comments); without it every call is allowed");
+  app.add_option("--http-listen", options.http_listen,
+                 "host:port of the HTTP server for Prometheus metrics at /metrics (port 0: "
+                 "pick a free one; \"off\": no HTTP server)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -71,6 +75,7 @@ int main(int argc, char** argv) {
     }
     options.auth = *std::move(auth);
   }
+  if (options.http_listen == "off") options.http_listen.clear();
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
@@ -94,6 +99,11 @@ int main(int argc, char** argv) {
   if (!address.ok()) {
     spdlog::error("{}", address.status().ToString());
     return 1;
+  }
+  // The metrics line comes first: whoever waits for the listening line has both.
+  if (!coordinator.http_address().empty()) {
+    std::printf("coordinator metrics on http://%s/metrics\n", coordinator.http_address().c_str());
+    spdlog::info("metrics on http://{}/metrics", coordinator.http_address());
   }
   std::printf("coordinator listening on %s\n", address->c_str());
   std::fflush(stdout);

@@ -125,14 +125,14 @@ absl::StatusOr<StartedPlan> PlanManager::DryRun(const std::string& tensor, const
 absl::StatusOr<StartedPlan> PlanManager::Redistribute(const std::string& tensor, const Spec& spec,
                                                       DoneCallback done) {
   return Start(
-      tensor, tensor, [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
-      std::move(done));
+      "redistribute", tensor, tensor,
+      [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); }, std::move(done));
 }
 
 absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor, const std::string& mesh,
                                                 std::optional<int64_t> to_rank, DoneCallback done) {
   return Start(
-      tensor, tensor,
+      "gather", tensor, tensor,
       [&](const TensorRecord& rec) -> absl::StatusOr<Target> {
         if (to_rank.has_value()) {
           absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
@@ -169,7 +169,7 @@ absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std:
   }
   // dst keeps its layout: the target is its committed layout, on its mesh.
   return Start(
-      src, dst,
+      "copy", src, dst,
       [](const TensorRecord& rec) -> absl::StatusOr<Target> {
         return Target{rec.layout, rec.mesh, rec.spec};
       },
@@ -190,7 +190,7 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
   return absl::OkStatus();
 }
 
-absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
+absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
                                                const std::string& target_tensor,
                                                const TargetFn& target_fn, DoneCallback done) {
   const bool copy = target_tensor != tensor;
@@ -253,6 +253,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const std::string& tensor,
 
   Entry e;
   e.id = id;
+  e.op = op;
   e.tensor = tensor;
   e.target_tensor = target_tensor;
   e.plan = *plan;
@@ -666,6 +667,8 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   std::vector<WatchFn> watchers;
   PlanProgress progress;
   std::string prefix;
+  const char* op = "";
+  std::shared_ptr<const Plan> plan;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -673,6 +676,8 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     Entry& e = it->second;
     ++e.seq;
     progress = ProgressLocked(e);
+    op = e.op;
+    plan = e.plan;
     done.swap(e.done);
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
@@ -681,6 +686,16 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     if (!status.ok()) prefix = e.communicator_prefix;
     e.completed = true;
     RetireLocked(id);
+  }
+  if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
+    const bool committed = progress.state == PlanState::kCommitted;
+    m->plans->WithLabels({op, committed ? "committed" : "aborted"})->Increment();
+    m->plan_duration_seconds->WithLabels({op})->Observe(progress.seconds);
+    m->plan_bytes->WithLabels({op})->Observe(static_cast<double>(plan->bytes_moved));
+    if (committed) {
+      m->bytes_moved->Increment(static_cast<double>(plan->bytes_moved));
+      m->lower_bound_bytes->Increment(static_cast<double>(plan->lower_bound_bytes));
+    }
   }
   if (options_.on_plan_end) options_.on_plan_end(progress, prefix);
   for (DoneCallback& d : done) d(status, progress);

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/timer.h"
@@ -73,6 +74,9 @@ struct PlanManagerOptions {
   // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
   // communicators stay in use); the daemon logs it and deletes those keys from the KvStore.
   std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
+  // Where ended plans are counted (plans by op and end state, duration, bytes); not owned,
+  // may be null.
+  CoordinatorMetrics* metrics = nullptr;
 };
 
 // A plan that was started (or, for a dry run, only planned).
@@ -185,6 +189,7 @@ class PlanManager : public WorkerListener {
 
   struct Entry {
     std::string id;
+    const char* op = "";        // For metrics.
     std::string tensor;         // Read at source_version.
     std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
@@ -221,8 +226,10 @@ class PlanManager : public WorkerListener {
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
   // for a Copy.
-  absl::StatusOr<StartedPlan> Start(const std::string& tensor, const std::string& target_tensor,
-                                    const TargetFn& target_fn, DoneCallback done);
+  // `op` names the operation in metrics ("redistribute", "gather", "copy").
+  absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
+                                    const std::string& target_tensor, const TargetFn& target_fn,
+                                    DoneCallback done);
   // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
   static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);
   // Ends the plan's hold on its tensors without changes.

@@ -43,6 +43,7 @@ class PlanManagerTest : public ::testing::Test {
     o.on_plan_end = [this](const PlanProgress&, const std::string& prefix) {
       ended_prefixes_.push_back(prefix);
     };
+    o.metrics = &metrics_;
     return o;
   }
 
@@ -132,8 +133,34 @@ class PlanManagerTest : public ::testing::Test {
   TensorManager tensors_;
   FakeWorkerClient client_;
   std::vector<std::string> ended_prefixes_;
+  Registry registry_;
+  CoordinatorMetrics metrics_{&registry_};
   PlanManager plans_;
 };
+
+TEST_F(PlanManagerTest, EndedPlansAreCountedByOpAndState) {
+  CreateTensor("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> committed = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  ReportAll(committed->id);
+  ASSERT_TRUE(done.has_value() && done->status.ok());
+
+  absl::StatusOr<StartedPlan> aborted = plans_.Gather("T", "", 0, Record(&done));
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  plans_.Abort(aborted->id, "test");
+  timer_.Advance(absl::Seconds(2));
+
+  EXPECT_EQ(metrics_.plans->WithLabels({"redistribute", "committed"})->Value(), 1);
+  EXPECT_EQ(metrics_.plans->WithLabels({"gather", "aborted"})->Value(), 1);
+  EXPECT_EQ(metrics_.plans->WithLabels({"redistribute", "aborted"})->Value(), 0);
+  // Only committed plans add to the bytes counters.
+  EXPECT_EQ(metrics_.bytes_moved->Value(), committed->plan->bytes_moved);
+  EXPECT_EQ(metrics_.lower_bound_bytes->Value(), committed->plan->lower_bound_bytes);
+  EXPECT_EQ(metrics_.plan_bytes->WithLabels({"redistribute"})->Read().sum,
+            committed->plan->bytes_moved);
+  EXPECT_EQ(metrics_.plan_duration_seconds->WithLabels({"gather"})->Read().count, 1u);
+}
 
 TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
   CreateTensor("T");

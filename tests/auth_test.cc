@@ -465,8 +465,10 @@ TEST(AuthClusterTest, BadTokensFileFailsStartup) {
   ProcessOptions po;
   po.name = "bad_coordinator";
   po.stderr_path = absl::StrCat(TmpDir(), "/bad_coordinator.log");
-  absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(
-      {*coordinator_bin, "--listen=127.0.0.1:0", absl::StrCat("--auth-tokens=", file)}, po);
+  absl::StatusOr<std::unique_ptr<Process>> coordinator =
+      Process::Start({*coordinator_bin, "--listen=127.0.0.1:0", "--http-listen=off",
+                      absl::StrCat("--auth-tokens=", file)},
+                     po);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   absl::StatusOr<int> status = (*coordinator)->Wait(absl::Seconds(50));
   ASSERT_TRUE(status.ok()) << status.status();

@@ -73,7 +73,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     return po;
   };
 
-  std::vector<std::string> argv = {*coordinator_bin, "--listen=127.0.0.1:0"};
+  // Port 0 for metrics too, so that parallel tests never meet on 7401.
+  std::vector<std::string> argv = {*coordinator_bin, "--listen=127.0.0.1:0",
+                                   "--http-listen=127.0.0.1:0"};
   argv.insert(argv.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   absl::StatusOr<std::unique_ptr<Process>> coordinator =
       Process::Start(argv, process_options("coordinator"));
@@ -86,6 +88,14 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
   absl::StatusOr<std::string> address = AddressAfter(*line, marker);
   if (!address.ok()) return address.status();
   cluster->coordinator_address_ = *address;
+  // Printed before the listening line (absent when a flag turned it off).
+  const std::string metrics_marker = "coordinator metrics on http://";
+  for (const std::string& l : cluster->coordinator_->Lines()) {
+    if (l.find(metrics_marker) == std::string::npos) continue;
+    absl::StatusOr<std::string> url = AddressAfter(l, metrics_marker);
+    if (!url.ok()) return url.status();
+    cluster->metrics_address_ = url->substr(0, url->find('/'));
+  }
   cluster->client_ =
       std::make_unique<CoordinatorClient>(cluster->coordinator_address_, options.client_options);
 
@@ -104,6 +114,16 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     absl::StatusOr<std::string> wline = cluster->workers_[i]->WaitForLine(
         absl::StrCat("worker ", WorkerName(i), " listening on "), options.start_timeout);
     if (!wline.ok()) return wline.status();
+    // With --http-listen among worker_flags, each worker prints its metrics line first.
+    std::string metrics;
+    const std::string marker = absl::StrCat("worker ", WorkerName(i), " metrics on http://");
+    for (const std::string& l : cluster->workers_[i]->Lines()) {
+      if (l.find(marker) == std::string::npos) continue;
+      absl::StatusOr<std::string> url = AddressAfter(l, marker);
+      if (!url.ok()) return url.status();
+      metrics = url->substr(0, url->find('/'));
+    }
+    cluster->worker_metrics_addresses_.push_back(metrics);
   }
 
   const std::vector<std::string> names = cluster->WorkerNames();

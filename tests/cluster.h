@@ -43,6 +43,13 @@ class Cluster {
 
   CoordinatorClient& client() { return *client_; }
   const std::string& coordinator_address() const { return coordinator_address_; }
+  // HOST:PORT of the coordinator's HTTP server (GET /metrics); empty when it is off.
+  const std::string& metrics_address() const { return metrics_address_; }
+  // HOST:PORT of worker `index`'s HTTP server; empty unless worker_flags turned it on
+  // ("--http-listen=127.0.0.1:0").
+  const std::string& worker_metrics_address(int index) const {
+    return worker_metrics_addresses_[index];
+  }
 
   int num_workers() const { return static_cast<int>(workers_.size()); }
   static std::string WorkerName(int index);
@@ -72,6 +79,8 @@ class Cluster {
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<v1::WorkerInfo> infos_;
   std::string coordinator_address_;
+  std::string metrics_address_;
+  std::vector<std::string> worker_metrics_addresses_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

@@ -80,11 +80,16 @@ start_daemon() {
 
 echo "== starting a coordinator and four CPU workers on loopback"
 start_daemon coordinator "coordinator listening on " \
-  "$coordinator_bin" --listen=127.0.0.1:0
+  "$coordinator_bin" --listen=127.0.0.1:0 --http-listen=127.0.0.1:0
 address=${started_line##*listening on }
 address=${address%% *}
 export SHARDCOORD_ADDR=$address
 echo "coordinator at $address"
+# Printed before the listening line: "coordinator metrics on http://HOST:PORT/metrics".
+metrics_url=$(sed -n 's/^coordinator metrics on \(http:[^ ]*\).*/\1/p' "$work/coordinator.out")
+if [[ -n $metrics_url ]]; then
+  echo "metrics at $metrics_url, dashboard at ${metrics_url%/metrics}/"
+fi
 for i in 0 1 2 3; do
   start_daemon "w$i" "worker w$i listening on " \
     "$worker_bin" --coordinator="$address" --listen=127.0.0.1:0 --name="w$i" --backend=gloo
@@ -149,5 +154,10 @@ echo
 echo "== report"
 printf '%-34s %10s %14s %14s\n' "step" "plan s" "bytes moved" "lower bound"
 printf '%s\n' "${steps[@]}"
+if [[ -n $metrics_url ]] && command -v curl >/dev/null; then
+  echo
+  echo "== metrics (Prometheus text at $metrics_url)"
+  curl -fsS "$metrics_url" | grep -E '^shardcoord_(plans_total|plan_bytes_moved_total|plan_lower_bound_bytes_total|workers|upload_bytes_total|download_bytes_total)[{ ]' || true
+fi
 echo
 echo "main: OK: every value of the 1024x1024 tensor survived five moves"

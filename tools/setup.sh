@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   # Core libraries.
   libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-  libgloo-dev libcli11-dev libxxhash-dev libssl-dev
+  libgloo-dev libcli11-dev libxxhash-dev libssl-dev libcpp-httplib-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
 )

@@ -100,8 +100,13 @@ absl::Status PrepareOptions(const Communicator& comm, CommOptions* options) {
   return s;
 }
 
-CommunicatorCache::CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory)
-    : factory_(std::move(factory)) {}
+CommunicatorCache::CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory,
+                                     CommunicatorCacheMetrics metrics)
+    : factory_(std::move(factory)), metrics_(metrics) {}
+
+void CommunicatorCache::Count(CounterFamily* family, const char* label, double n) const {
+  if (family != nullptr && n > 0) family->WithLabels({label})->Increment(n);
+}
 
 absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(const CommunicatorSpec& spec) {
   if (absl::Status s = ValidateCommunicatorSpec(spec); !s.ok()) return s;
@@ -122,6 +127,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(const Commu
       }
       if (!existing->comm->broken()) return existing->comm;
       entries_.erase(it);  // Broken: build a new one.
+      Count(metrics_.aborts, "broken");
       break;
     }
     entry = std::make_shared<Entry>();
@@ -130,6 +136,7 @@ absl::StatusOr<std::shared_ptr<Communicator>> CommunicatorCache::Get(const Commu
 
   // Build outside the lock: it blocks on the rendezvous with the other members.
   absl::StatusOr<std::shared_ptr<Communicator>> built = factory_->Create(spec);
+  Count(metrics_.builds, built.ok() ? "ok" : "error");
 
   absl::MutexLock lock(&mu_);
   entry->building = false;
@@ -161,6 +168,7 @@ int CommunicatorCache::ReleasePrefix(absl::string_view key_prefix) {
       it = entries_.erase(it);
     }
   }
+  Count(metrics_.aborts, "plan_aborted", static_cast<double>(dropped.size()));
   return static_cast<int>(dropped.size());
 }
 

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/metrics.h"
 #include "sharding/dtype.h"
 #include "sharding/placement.h"
 
@@ -216,9 +217,19 @@ class CommunicatorFactory {
 // and so a new key on every member. A per-plan prefix works too (then FinishPlan should also
 // release on commit, or entries accumulate). A broken communicator is dropped and rebuilt
 // on the next Get of its key.
+//
+// Metrics, when given: builds by result ("ok", "error"), and communicators torn down by
+// reason ("plan_aborted": released with an aborted plan's epoch; "broken": found broken and
+// rebuilt).
+struct CommunicatorCacheMetrics {
+  CounterFamily* builds = nullptr;  // Labels {"result"}.
+  CounterFamily* aborts = nullptr;  // Labels {"reason"}.
+};
+
 class CommunicatorCache {
  public:
-  explicit CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory);
+  explicit CommunicatorCache(std::shared_ptr<CommunicatorFactory> factory,
+                             CommunicatorCacheMetrics metrics = {});
 
   absl::StatusOr<std::shared_ptr<Communicator>> Get(const CommunicatorSpec& spec);
 
@@ -235,7 +246,10 @@ class CommunicatorCache {
     std::shared_ptr<Communicator> comm;
   };
 
+  void Count(CounterFamily* family, const char* label, double n = 1) const;
+
   std::shared_ptr<CommunicatorFactory> factory_;
+  const CommunicatorCacheMetrics metrics_;
   mutable absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
 };

@@ -154,6 +154,30 @@ TEST(CommunicatorCacheTest, ReleasePrefix) {
   EXPECT_EQ(cache.ReleasePrefix("plan1/"), 0);
 }
 
+TEST(CommunicatorCacheTest, CountsBuildsAndAborts) {
+  auto factory = std::make_shared<FakeFactory>();
+  Registry registry;
+  CommunicatorCacheMetrics metrics;
+  metrics.builds = registry.AddCounter("builds_total", "B.", {"result"});
+  metrics.aborts = registry.AddCounter("aborts_total", "A.", {"reason"});
+  CommunicatorCache cache(factory, metrics);
+  auto a = *cache.Get(Spec({0, 1}, "e0/"));
+  cache.Get(Spec({0, 2}, "e0/")).IgnoreError();
+  cache.Get(Spec({0, 1}, "fail")).IgnoreError();
+  static_cast<FakeCommunicator*>(a.get())->Break();
+  cache.Get(Spec({0, 1}, "e0/")).IgnoreError();  // Rebuilt.
+  EXPECT_EQ(cache.ReleasePrefix("e0/"), 2);
+  EXPECT_EQ(registry.Render(),
+            "# HELP builds_total B.\n"
+            "# TYPE builds_total counter\n"
+            "builds_total{result=\"error\"} 1\n"
+            "builds_total{result=\"ok\"} 3\n"
+            "# HELP aborts_total A.\n"
+            "# TYPE aborts_total counter\n"
+            "aborts_total{reason=\"broken\"} 1\n"
+            "aborts_total{reason=\"plan_aborted\"} 2\n");
+}
+
 TEST(CommunicatorCacheTest, ConcurrentGetsShareOneBuildAndOtherKeysProceed) {
   auto factory = std::make_shared<FakeFactory>();
   CommunicatorCache cache(factory);

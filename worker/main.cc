@@ -76,6 +76,9 @@ int Main(int argc, char** argv) {
                  "Address of the Worker service; port 0 picks a free one")
       ->capture_default_str();
   app.add_option("--name", options.name, "Stable worker name (default host:pid)");
+  app.add_option("--http-listen", options.http_listen,
+                 "host:port of an HTTP server for Prometheus metrics at /metrics (port 0: pick "
+                 "a free one; default: off)");
   app.add_option("--host", options.host, "Host name reported to the coordinator")
       ->capture_default_str();
   app.add_option("--backend", backend, "Communication backend")
@@ -146,6 +149,12 @@ int Main(int argc, char** argv) {
   if (!address.ok()) {
     spdlog::error("{}", std::string(address.status().message()));
     return 1;
+  }
+  // The metrics line comes first: whoever waits for the listening line has both.
+  if (!worker.http_address().empty()) {
+    std::printf("worker %s metrics on http://%s/metrics\n", worker.name().c_str(),
+                worker.http_address().c_str());
+    spdlog::info("metrics on http://{}/metrics", worker.http_address());
   }
   std::printf("worker %s listening on %s\n", worker.name().c_str(), address->c_str());
   std::fflush(stdout);

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 #include "worker/backends/gloo/gloo_communicator.h"
 
@@ -135,7 +136,34 @@ absl::StatusOr<std::string> Worker::Start() {
       options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();
   device_space_ = std::move(backend->space);
-  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory));
+  CommunicatorCacheMetrics comm_metrics;
+  comm_metrics.builds = registry_.AddCounter("shardcoord_worker_communicator_builds_total",
+                                             "Communicators built (a rendezvous with the other "
+                                             "members), by result.",
+                                             {"result"});
+  comm_metrics.aborts = registry_.AddCounter(
+      "shardcoord_worker_communicator_aborts_total",
+      "Communicators torn down: released with an aborted plan's epoch, or found broken.",
+      {"reason"});
+  for (const char* result : {"ok", "error"}) comm_metrics.builds->WithLabels({result});
+  for (const char* reason : {"plan_aborted", "broken"}) comm_metrics.aborts->WithLabels({reason});
+  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory), comm_metrics);
+  Gauge* cached =
+      registry_
+          .AddGauge("shardcoord_worker_communicators", "Communicators this worker holds for reuse.")
+          ->WithLabels({});
+  Gauge* buffers =
+      registry_
+          .AddGauge("shardcoord_worker_buffers", "Tensor buffers held (one per tensor version).")
+          ->WithLabels({});
+  Gauge* buffer_bytes =
+      registry_.AddGauge("shardcoord_worker_buffer_bytes", "Bytes of the tensor buffers held.")
+          ->WithLabels({});
+  registry_.AddCollector([this, cached, buffers, buffer_bytes] {
+    cached->Set(static_cast<double>(communicators_->size()));
+    buffers->Set(static_cast<double>(buffers_.List().size()));
+    buffer_bytes->Set(static_cast<double>(buffers_.TotalBytes()));
+  });
 
   ExecutorOptions executor_options;
   executor_options.default_step_timeout = options_.step_timeout;
@@ -150,6 +178,14 @@ absl::StatusOr<std::string> Worker::Start() {
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeRpcMetricsInterceptor(
+      registry_.AddCounter("shardcoord_rpcs_total",
+                           "gRPC calls handled, by method and status code.", {"method", "code"}),
+      registry_.AddHistogram("shardcoord_rpc_duration_seconds",
+                             "Time from a call's start to its status, by method.", {"method"},
+                             ExponentialBuckets(0.001, 2, 17))));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
@@ -157,6 +193,17 @@ absl::StatusOr<std::string> Worker::Start() {
   const std::string listen_host = HostOf(options_.listen);
   const std::string address =
       JoinHostPort(IsWildcard(listen_host) ? options_.host : listen_host, port);
+  if (!options_.http_listen.empty()) {
+    http_.Get("/metrics", [this] {
+      return HttpResponse{200, Registry::kContentType, registry_.Render()};
+    });
+    absl::StatusOr<std::string> http = http_.Start(options_.http_listen);
+    if (!http.ok()) {
+      server_->Shutdown(std::chrono::system_clock::now());
+      return http.status();
+    }
+    http_address_ = *http;
+  }
 
   AgentOptions agent_options;
   agent_options.registration.set_name(options_.name);
@@ -188,6 +235,7 @@ bool Worker::Shutdown(absl::Duration grace) {
   if (shut_down_) return stopped_cleanly_;
   shut_down_ = true;
   if (agent_ != nullptr) agent_->Stop();
+  http_.Stop();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }

@@ -8,6 +8,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "grpcpp/server.h"
 #include "worker/agent.h"
 #include "worker/backends/nccl/gpu_probe.h"
@@ -52,6 +54,9 @@ struct WorkerOptions {
   absl::Duration register_timeout = absl::Seconds(60);
   // Bearer token (worker role) for a coordinator started with --auth-tokens; empty: none.
   std::string token;
+  // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
+  // one; empty (the default): no HTTP server.
+  std::string http_listen;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
@@ -74,11 +79,14 @@ class Worker {
   bool Shutdown(absl::Duration grace);
 
   const std::string& name() const { return options_.name; }
+  // After Start: the HTTP server's bound address, empty when it is off.
+  const std::string& http_address() const { return http_address_; }
 
  private:
   WorkerIdentity Identity() const;
 
   WorkerOptions options_;
+  Registry registry_;
   std::unique_ptr<GrpcCoordinatorClient> client_;
   // nccl: the GPU's memory. Null for gloo (host memory).
   std::unique_ptr<MemorySpace> device_space_;
@@ -89,6 +97,8 @@ class Worker {
   std::unique_ptr<WorkerCore> core_;
   std::unique_ptr<WorkerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  HttpServer http_;
+  std::string http_address_;
   bool shut_down_ = false;
   bool stopped_cleanly_ = true;
 };

@@ -1,0 +1,53 @@
+#include "coordinator/coordinator_metrics.h"
+
+namespace shardcoord {
+namespace {
+
+// 1 ms .. ~66 s, doubling.
+std::vector<double> SecondsBuckets() { return ExponentialBuckets(0.001, 2, 17); }
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
+    : plans(registry->AddCounter("shardcoord_plans_total", "Plans that ended, by op and end state.",
+                                 {"op", "state"})),
+      plan_duration_seconds(registry->AddHistogram("shardcoord_plan_duration_seconds",
+                                                   "Time from a plan's start to its end, by op.",
+                                                   {"op"}, SecondsBuckets())),
+      plan_bytes(registry->AddHistogram("shardcoord_plan_bytes",
+                                        "Bytes each plan moves between workers, by op.", {"op"},
+                                        ExponentialBuckets(1024, 4, 12))),  // 1 KiB .. 4 GiB.
+      bytes_moved(registry
+                      ->AddCounter("shardcoord_plan_bytes_moved_total",
+                                   "Bytes moved between workers by committed plans.")
+                      ->WithLabels({})),
+      lower_bound_bytes(registry
+                            ->AddCounter("shardcoord_plan_lower_bound_bytes_total",
+                                         "Lower bound of the bytes committed plans had to move "
+                                         "(each needed element arriving once).")
+                            ->WithLabels({})),
+      workers(registry->AddGauge("shardcoord_workers", "Registered workers by state.", {"state"})),
+      heartbeats_missed(registry
+                            ->AddCounter("shardcoord_heartbeats_missed_total",
+                                         "Workers declared dead because no heartbeat came "
+                                         "within the heartbeat timeout.")
+                            ->WithLabels({})),
+      rpcs(registry->AddCounter("shardcoord_rpcs_total",
+                                "gRPC calls handled, by method and status code.",
+                                {"method", "code"})),
+      rpc_duration_seconds(registry->AddHistogram("shardcoord_rpc_duration_seconds",
+                                                  "Time from a call's start to its status, by "
+                                                  "method.",
+                                                  {"method"}, SecondsBuckets())),
+      upload_bytes(registry
+                       ->AddCounter("shardcoord_upload_bytes_total",
+                                    "Tensor data bytes received by Upload streams.")
+                       ->WithLabels({})),
+      download_bytes(registry
+                         ->AddCounter("shardcoord_download_bytes_total",
+                                      "Tensor data bytes sent by Download streams.")
+                         ->WithLabels({})) {
+  for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
+}
+
+}  // namespace shardcoord

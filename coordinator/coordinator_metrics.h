@@ -1,0 +1,38 @@
+#ifndef SHARDCOORD_COORDINATOR_COORDINATOR_METRICS_H_
+#define SHARDCOORD_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include "common/metrics.h"
+
+namespace shardcoord {
+
+// The coordinator's metrics, registered in `registry` (which must outlive this): managers
+// and services get a pointer to it and update what concerns them. Label values are bounded:
+// ops, end states, worker states, RPC methods and status codes, never tensor names.
+struct CoordinatorMetrics {
+  explicit CoordinatorMetrics(Registry* registry);
+
+  // Plans that ended, by op ("redistribute", "gather", "copy") and end state ("committed",
+  // "aborted"); their duration and bytes_moved by op.
+  CounterFamily* plans;
+  HistogramFamily* plan_duration_seconds;
+  HistogramFamily* plan_bytes;
+  // Bytes moved by committed plans, and their lower bound (each needed element arriving
+  // once): equal when the planner is optimal.
+  Counter* bytes_moved;
+  Counter* lower_bound_bytes;
+  // Registered workers by state ("alive", "dead"), set when scraped.
+  GaugeFamily* workers;
+  // Workers declared dead because no heartbeat came within the heartbeat timeout.
+  Counter* heartbeats_missed;
+  // Handled RPCs by method ("shardcoord.v1.Coordinator/Redistribute") and status code
+  // ("OK", "NOT_FOUND"), and their latency by method.
+  CounterFamily* rpcs;
+  HistogramFamily* rpc_duration_seconds;
+  // Tensor data received by uploads and sent by downloads (message payload bytes).
+  Counter* upload_bytes;
+  Counter* download_bytes;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_COORDINATOR_METRICS_H_
