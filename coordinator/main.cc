@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   shardcoord::CoordinatorOptions options;
   std::string heartbeat_timeout = "5s", heartbeat_interval = "500ms", plan_timeout = "5m";
   std::string log_level = "info";
+  std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
   bool no_collectives = false;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
       ->capture_default_str();
@@ -39,6 +40,20 @@ int main(int argc, char** argv) {
                  "about two bands per transfer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--state", state,
+                 "where meshes, tensors and worker ranks live: sqlite (durable, in --state-dir; "
+                 "a restarted coordinator recovers them) or memory (lost on exit)")
+      ->check(CLI::IsMember({"sqlite", "memory"}))
+      ->capture_default_str();
+  app.add_option("--state-dir", state_dir,
+                 "directory of the SQLite state (state.db, WAL mode); created if missing; one "
+                 "coordinator per directory")
+      ->capture_default_str();
+  app.add_option("--recovery-timeout", recovery_timeout,
+                 "after a restart, how long recovered tensors wait for the workers that held "
+                 "them to register again (reads answer UNAVAILABLE meanwhile); chunks of "
+                 "workers still missing then are lost")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -51,11 +66,16 @@ int main(int argc, char** argv) {
   if (durations.ok()) {
     durations = shardcoord::ParseDurationFlag("plan-timeout", plan_timeout, &options.plan_timeout);
   }
+  if (durations.ok()) {
+    durations = shardcoord::ParseDurationFlag("recovery-timeout", recovery_timeout,
+                                              &options.recovery_timeout);
+  }
   if (!durations.ok()) {
     std::cerr << durations.message() << "\n";
     return 2;
   }
   options.use_collectives = !no_collectives;
+  options.state_dir = state == "memory" ? "" : state_dir;
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
@@ -82,8 +102,9 @@ int main(int argc, char** argv) {
   }
   std::printf("coordinator listening on %s\n", address->c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {})", *address,
-               heartbeat_timeout, heartbeat_interval, plan_timeout);
+  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {}, state {})",
+               *address, heartbeat_timeout, heartbeat_interval, plan_timeout,
+               coordinator.state_description());
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -36,7 +36,7 @@ class ServiceTest : public ::testing::Test {
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice),
-        worker_service_(&clock_, &workers_, &kv_, &plans_, absl::Milliseconds(250)) {
+        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);

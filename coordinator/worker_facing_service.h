@@ -5,6 +5,7 @@
 #include "common/clock.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/tensor_manager.h"
 #include "coordinator/worker_manager.h"
 #include "proto/shardcoord.grpc.pb.h"
 
@@ -15,10 +16,12 @@ namespace shardcoord {
 // Barrier) finish their reactor from the store's callback, never blocking a thread.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv, PlanManager* plans,
-                      absl::Duration heartbeat_interval)
+  // `tensors` reconciles the buffers a registering worker reports (after a restart).
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
+                      KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval)
       : clock_(clock),
         workers_(workers),
+        tensors_(tensors),
         kv_(kv),
         plans_(plans),
         heartbeat_interval_(heartbeat_interval) {}
@@ -42,6 +45,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
  private:
   const Clock* const clock_;
   WorkerManager* const workers_;
+  TensorManager* const tensors_;
   KvStore* const kv_;
   PlanManager* const plans_;
   const absl::Duration heartbeat_interval_;

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -75,6 +76,8 @@ class Worker {
 
  private:
   WorkerIdentity Identity() const;
+  // Every buffer held, with its chunks' checksums (for registration).
+  std::vector<v1::HeldBuffer> HeldBuffers() const;
 
   WorkerOptions options_;
   std::unique_ptr<GrpcCoordinatorClient> client_;
