@@ -91,6 +91,7 @@ void Agent::Loop() {
       continue;
     }
     Log(absl::StrCat("heartbeat refused (", s.ToString(), "); registering again"));
+    if (options_.before_registering_again) options_.before_registering_again();
     for (int attempt = 0;; ++attempt) {
       absl::Status r = RegisterOnce();
       if (r.ok()) {

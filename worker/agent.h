@@ -27,6 +27,9 @@ struct AgentOptions {
   // What the worker holds, reported with every registration (RegisterWorkerRequest.held) so
   // a restarted coordinator can reconcile; null: nothing.
   std::function<std::vector<v1::HeldBuffer>()> held;
+  // Called before each registration after the first (the old incarnation's plans are over:
+  // the worker aborts them so that `held` is final).
+  std::function<void()> before_registering_again;
   // Called with each buffer the coordinator answers to drop (RegisterWorkerResponse.drop).
   std::function<void(const std::string& tensor, int64_t version)> drop;
   // When the coordinator returns no heartbeat interval.

@@ -1,5 +1,6 @@
 #include "worker/agent.h"
 
+#include <atomic>
 #include <deque>
 #include <string>
 #include <utility>
@@ -94,11 +95,15 @@ TEST(AgentTest, StaleIncarnationRegistersAgain) {
     rpc.beat_errors_.push_back(absl::UnavailableError("coordinator down"));
     rpc.beat_errors_.push_back(absl::NotFoundError("unknown worker"));
   }
-  Agent agent(&rpc, Options());
+  AgentOptions o = Options();
+  std::atomic<int> aborts{0};
+  o.before_registering_again = [&aborts] { ++aborts; };
+  Agent agent(&rpc, o);
   ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
   rpc.WaitBeats(6);
   agent.Stop();
   EXPECT_EQ(agent.registrations(), 3);
+  EXPECT_EQ(aborts, 2);  // Before each registration but the first.
   EXPECT_EQ(agent.identity().incarnation, 103);
   absl::MutexLock lock(&rpc.mu_);
   EXPECT_EQ(rpc.beats_[0].incarnation(), 101);

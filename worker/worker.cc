@@ -169,6 +169,11 @@ absl::StatusOr<std::string> Worker::Start() {
   // Buffers survive a coordinator outage; every registration reports them so a restarted
   // coordinator can reconcile, and drops what it says never committed.
   agent_options.held = [this] { return HeldBuffers(); };
+  agent_options.before_registering_again = [this] {
+    if (int n = core_->AbortAll(); n > 0) {
+      spdlog::info("aborted {} plans of the previous incarnation before registering again", n);
+    }
+  };
   agent_options.drop = [this](const std::string& tensor, int64_t version) {
     v1::DropTensorRequest drop;
     drop.set_tensor(tensor);

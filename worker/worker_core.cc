@@ -221,6 +221,21 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   return absl::OkStatus();
 }
 
+int WorkerCore::AbortAll() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, run] : plans_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) {
+    v1::FinishPlanRequest abort;
+    abort.set_plan_id(id);
+    abort.set_commit(false);
+    FinishPlan(abort).IgnoreError();
+  }
+  return static_cast<int>(ids.size());
+}
+
 absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request) {
   if (request.tensor().empty()) return absl::InvalidArgumentError("tensor: empty");
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");

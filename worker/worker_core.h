@@ -63,6 +63,11 @@ class WorkerCore {
 
   absl::Status Execute(const v1::PlanFragment& fragment);
   absl::Status FinishPlan(const v1::FinishPlanRequest& request);
+  // Aborts every plan this worker has not seen finished, as FinishPlan abort does (running
+  // fragments are cancelled, stored targets dropped). The agent calls it before registering
+  // again: the coordinator has ended (or, restarted, forgotten) every plan of the old
+  // incarnation, so no FinishPlan may come. Returns how many.
+  int AbortAll();
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
   absl::Status DropTensor(const v1::DropTensorRequest& request);
 
