@@ -62,7 +62,7 @@ class RestartTest : public ::testing::Test {
         absl::StrCat(std::getenv("TEST_TMPDIR"), "/state-",
                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
     options.coordinator_flags = {"--heartbeat-timeout=3s", "--heartbeat-interval=200ms",
-                                 "--recovery-timeout=60s"};
+                                 absl::StrCat("--recovery-timeout=", recovery_timeout_)};
     absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
@@ -93,20 +93,22 @@ class RestartTest : public ::testing::Test {
   }
 
   void ExpectArange(const std::string& name, int64_t version, const std::string& mesh,
-                    const std::string& spec) {
+                    const std::string& spec, const Shape& shape = kShape) {
     absl::StatusOr<v1::TensorInfo> t = client().GetTensor(name);
     ASSERT_TRUE(t.ok()) << name << ": " << t.status();
     EXPECT_EQ(t->version(), version) << name;
     EXPECT_EQ(t->mesh(), mesh) << name;
     absl::StatusOr<v1::MeshInfo> m = client().GetMesh(mesh);
     ASSERT_TRUE(m.ok());
-    absl::StatusOr<v1::Layout> want = ExpectedLayout(*m, kShape, spec);
+    absl::StatusOr<v1::Layout> want = ExpectedLayout(*m, shape, spec);
     ASSERT_TRUE(want.ok()) << want.status();
     EXPECT_TRUE(SameChunks(t->layout(), *want).ok()) << name;
-    absl::Status values = DownloadAndCheck(client(), name, DType::kF32, kShape, FillKind::kArange);
+    absl::Status values = DownloadAndCheck(client(), name, DType::kF32, shape, FillKind::kArange);
     EXPECT_TRUE(values.ok()) << name << ": " << values;
   }
 
+  // Long: recovery must end because every worker reported, not by the timeout.
+  std::string recovery_timeout_ = "60s";
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, int64_t> ranks_;
 };
@@ -158,6 +160,70 @@ TEST_F(RestartTest, TensorsRanksAndDeletionsSurviveRepeatedKills) {
   ExpectArange("A", client().GetTensor("A")->version(), "grid", "S(0),S(1)");
   ASSERT_TRUE(client().Redistribute(RedistributeTo("B", "grid", "S(0),R")).ok());
   ExpectArange("B", client().GetTensor("B")->version(), "grid", "S(0),R");
+}
+
+// Killed while a 64 MiB move runs: after the restart the tensor is intact, in its old
+// layout (the plan ended ABORTED with the coordinator) or, if the commit was stored before
+// the kill, in the new one; new moves run.
+TEST_F(RestartTest, KillDuringALargeMove) {
+  const Shape big = {4096, 4096};
+  ASSERT_TRUE(CreateFilled(client(), "big", big, DType::kF32, "grid", "S(0),R").ok());
+  const int64_t before = client().GetTensor("big")->version();
+  absl::StatusOr<v1::RedistributeResponse> started =
+      client().Redistribute(RedistributeTo("big", "line", "S(1)", false, /*wait=*/false));
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_NO_FATAL_FAILURE(Restart({"big"}));
+  const int64_t after = client().GetTensor("big")->version();
+  if (after == before) {
+    ExpectArange("big", before, "grid", "S(0),R", big);
+  } else {
+    ExpectArange("big", after, "line", "S(1)", big);
+  }
+  ASSERT_TRUE(client().Redistribute(RedistributeTo("big", "grid", "R,S(0)")).ok());
+  ExpectArange("big", client().GetTensor("big")->version(), "grid", "R,S(0)", big);
+}
+
+class RestartLosingAWorkerTest : public RestartTest {
+ protected:
+  void SetUp() override {
+    recovery_timeout_ = "2s";
+    RestartTest::SetUp();
+  }
+};
+
+// A worker dies while the coordinator is down: after the restart and the recovery timeout,
+// a tensor with a replica of its chunks is readable, one without says which chunk was lost,
+// and the other workers kept their ranks.
+TEST_F(RestartLosingAWorkerTest, ChunksOfAWorkerThatDoesNotComeBackAreLost) {
+  // grid: w0 (0,0), w1 (0,1), w2 (1,0), w3 (1,1); line: w3, w2, w1, w0.
+  ASSERT_TRUE(CreateFilled(client(), "replicated", kShape, DType::kF32, "grid", "R,S(1)").ok());
+  ASSERT_TRUE(CreateFilled(client(), "sharded", kShape, DType::kF32, "line", "S(0)").ok());
+  const int64_t version = client().GetTensor("replicated")->version();
+  ASSERT_TRUE(cluster_->KillCoordinator().ok());
+  ASSERT_TRUE(cluster_->KillWorker(3).ok());
+  ASSERT_TRUE(cluster_->RestartCoordinator(kWait).ok());
+
+  absl::StatusOr<v1::TensorInfo> r = WaitReadable(*cluster_, "replicated");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->lost_chunks_size(), 0);
+  ExpectArange("replicated", version, "grid", "R,S(1)");
+
+  absl::StatusOr<v1::TensorInfo> s = WaitReadable(*cluster_, "sharded");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->lost_chunks_size(), 1);
+  EXPECT_THAT(s->lost_chunks(0), ::testing::HasSubstr(absl::StrCat("rank ", ranks_.at("w3"))));
+  std::string data;
+  EXPECT_EQ(client().Download("sharded", &data).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  std::map<std::string, int64_t> ranks = Ranks(*cluster_);
+  EXPECT_EQ(ranks, ranks_);
+  EXPECT_TRUE(cluster_->WaitForWorkers({"w0", "w1", "w2"}, v1::ALIVE, kWait).ok());
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client().ListWorkers();
+  ASSERT_TRUE(workers.ok());
+  for (const v1::WorkerInfo& w : *workers) {
+    if (w.name() == "w3") EXPECT_EQ(w.state(), v1::DEAD);
+  }
 }
 
 }  // namespace
