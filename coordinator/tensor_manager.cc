@@ -157,8 +157,10 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
       } else {
         drop.emplace_back(h.tensor, h.version);
       }
-    } else if (h.version != t.version && h.version <= version_floor_) {
-      drop.emplace_back(h.tensor, h.version);  // Never committed before the restart.
+    } else if (h.version != t.version && (h.version <= version_floor_ || t.busy_plan.empty())) {
+      // Never committed before the restart, or left by a plan of the worker's previous
+      // incarnation (no operation runs on the tensor, so no other version is in use).
+      drop.emplace_back(h.tensor, h.version);
     }
   }
   // The rank has registered: whatever it did not report of a recovering tensor is lost.

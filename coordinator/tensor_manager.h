@@ -101,7 +101,8 @@ class TensorManager {
   // recovering tensor takes the rank's buffer at its committed version when its chunks and
   // checksums are exactly the committed ones; the rank's other chunks of recovering tensors
   // stay lost. Returns the buffers the worker must drop: versions that never committed (from
-  // before the restart), tensors that do not exist, rejected buffers of recovering tensors.
+  // before the restart, or of a tensor no operation runs on), tensors that do not exist,
+  // rejected buffers of recovering tensors.
   // The store's error (UNAVAILABLE) when the outcome could not be stored (nothing changed).
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Reconcile(
       int64_t rank, int64_t incarnation, const std::vector<HeldBuffer>& held);

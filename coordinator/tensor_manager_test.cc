@@ -269,9 +269,14 @@ void CheckRestartAndReconcile(StateStore* store) {
   EXPECT_TRUE(live(0, t->incarnations.at(0)));
   EXPECT_FALSE(live(1, t->incarnations.at(1)));
   // A buffer of a version from before the restart that never committed is dropped also
-  // once the tensor is no longer recovering; versions handed out since are kept.
+  // once the tensor is no longer recovering; a version handed out since is kept while an
+  // operation runs on the tensor (it may be that operation's), dropped once none does.
+  ASSERT_TRUE(tensors.Acquire("T", "p-new").ok());
   drops = tensors.Reconcile(0, w0->incarnation, {held(0, committed + 1, 7), held(0, fresh, 7)});
   EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), committed + 1)));
+  tensors.Release("T", "p-new");
+  drops = tensors.Reconcile(0, w0->incarnation, {held(0, fresh, 7), held(0, committed, 1)});
+  EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), fresh)));
 }
 
 TEST(TensorManagerStoreTest, RestartWithMemoryStore) {
