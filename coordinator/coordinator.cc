@@ -2,8 +2,11 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/dashboard.h"
+#include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
@@ -18,20 +21,63 @@ class DeathLogger : public WorkerListener {
   }
 };
 
+std::unique_ptr<StateStore> OpenStore(const std::string& dir, absl::Status* status) {
+  if (dir.empty()) return std::make_unique<MemoryStateStore>();
+  absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
+  if (store.ok()) return *std::move(store);
+  *status = store.status();
+  return std::make_unique<MemoryStateStore>();  // Unused: Start fails with `status`.
+}
+
+// Counts the starts of a coordinator over one store: new plan ids and rendezvous prefixes.
+absl::StatusOr<int64_t> NextBoot(StateStore* store) {
+  absl::StatusOr<std::vector<StateRecord>> counters = store->Load("counter");
+  if (!counters.ok()) return counters.status();
+  int64_t boot = 0;
+  for (const StateRecord& r : *counters) {
+    if (r.name == "boot" && !absl::SimpleAtoi(r.value, &boot)) {
+      return absl::InternalError("state store: bad boot counter");
+    }
+  }
+  ++boot;
+  if (absl::Status s = store->Put("counter", "boot", absl::StrCat(boot)); !s.ok()) return s;
+  return boot;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       metrics_(&registry_),
-      workers_(&clock_, options_.heartbeat_timeout),
-      meshes_(&workers_),
-      tensors_(&meshes_),
+      store_(OpenStore(options_.state_dir, &init_status_)),
+      workers_(&clock_, options_.heartbeat_timeout, store_.get()),
+      meshes_(&workers_, store_.get()),
+      tensors_(&meshes_, store_.get()),
       kv_(&timer_) {
+  std::string id_namespace;
+  if (init_status_.ok() && !options_.state_dir.empty()) {
+    init_status_ = workers_.Load();
+    if (init_status_.ok()) init_status_ = meshes_.Load();
+    if (init_status_.ok()) {
+      init_status_ = tensors_.Load([this](int64_t rank, int64_t incarnation) {
+        return workers_.WasLiveBeforeRestart(rank, incarnation);
+      });
+    }
+    if (init_status_.ok()) {
+      absl::StatusOr<int64_t> boot = NextBoot(store_.get());
+      if (boot.ok()) {
+        id_namespace = absl::StrCat(*boot);
+      } else {
+        init_status_ = boot.status();
+      }
+    }
+  }
   client_ = std::make_unique<GrpcWorkerClient>(options_.worker_client);
   PlanManagerOptions po;
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
   po.use_collectives = options_.use_collectives;
+  po.id_namespace = id_namespace;
   // A dead peer is declared at most heartbeat_timeout + one health tick (<= one interval)
   // after its last heartbeat, which came at most one interval before it died; its echo in a
   // peer's error can arrive at once. Waiting less races the death being noticed.
@@ -55,7 +101,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                            options_.worker_client.chunk_message_bytes, &metrics_,
                                            options_.auth ? &*options_.auth : nullptr);
   worker_service_ = std::make_unique<WorkerFacingService>(
-      &clock_, &workers_, &kv_, plans_.get(), options_.heartbeat_interval,
+      &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr);
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
@@ -80,6 +126,21 @@ Coordinator::Coordinator(CoordinatorOptions options)
 Coordinator::~Coordinator() { Shutdown(); }
 
 absl::StatusOr<std::string> Coordinator::Start() {
+  if (!init_status_.ok()) return init_status_;
+  if (std::vector<std::string> recovering = tensors_.Recovering(); !recovering.empty()) {
+    spdlog::info("recovering {} tensors from {}: waiting up to {} for their workers",
+                 recovering.size(), store_->Describe(),
+                 absl::FormatDuration(options_.recovery_timeout));
+    timer_.Schedule(absl::Now() + options_.recovery_timeout, [this] {
+      std::vector<std::string> left = tensors_.Recovering();
+      if (left.empty()) return;
+      tensors_.EndRecovery();
+      spdlog::warn(
+          "recovery timeout: {} tensors lost the chunks of workers that did not "
+          "register again: {}",
+          left.size(), absl::StrJoin(left, ", "));
+    });
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);

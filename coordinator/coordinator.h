@@ -20,6 +20,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/state_store.h"
 #include "coordinator/tensor_bands.h"
 #include "coordinator/tensor_io.h"
 #include "coordinator/tensor_manager.h"
@@ -39,6 +40,13 @@ struct CoordinatorOptions {
   // Whole uploads and downloads move through the coordinator in bands of at most this many
   // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
   int64_t io_band_bytes = kDefaultBandBytes;
+  // Where the state (meshes, tensors, worker ranks) lives: empty keeps it in memory (lost
+  // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
+  // at start (see docs/decisions.md). Two coordinators cannot share one.
+  std::string state_dir;
+  // After a restart, how long a recovered tensor waits for the workers that held its
+  // chunks to register again; chunks of those still missing then are lost.
+  absl::Duration recovery_timeout = absl::Seconds(15);
   GrpcWorkerClientOptions worker_client;
   // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
@@ -54,12 +62,17 @@ class Coordinator {
   explicit Coordinator(CoordinatorOptions options);
   ~Coordinator();
 
-  // Binds and starts serving; returns the address it listens on ("127.0.0.1:41234").
+  // Binds and starts serving; returns the address it listens on ("127.0.0.1:41234"). Fails
+  // when the state store could not be opened or loaded (FAILED_PRECONDITION: in use by
+  // another coordinator; INTERNAL: a record does not parse; UNAVAILABLE: I/O).
   absl::StatusOr<std::string> Start();
   // After Start: the HTTP server's bound address, empty when it is off.
   const std::string& http_address() const { return http_address_; }
   // The metrics registry (e.g. for in-process tests).
   const Registry& registry() const { return registry_; }
+
+  // What the state store is ("memory", "sqlite:DIR/state.db").
+  std::string state_description() const { return store_->Describe(); }
   // Aborts running plans, completes pending waits, stops serving and the health thread.
   // Idempotent.
   void Shutdown();
@@ -70,6 +83,8 @@ class Coordinator {
   const CoordinatorOptions options_;
   Registry registry_;
   CoordinatorMetrics metrics_;
+  absl::Status init_status_;  // Why the store could not be opened or loaded.
+  std::unique_ptr<StateStore> store_;
   RealClock clock_;
   ThreadTimer timer_;
   WorkerManager workers_;

@@ -62,6 +62,11 @@ v1::TensorInfo TensorInfoToProto(const TensorRecord& t, const LivenessFn& live) 
   out.set_version(t.version);
   out.set_bytes(t.bytes());
   out.set_busy_plan(t.busy_plan);
+  if (t.recovering) {
+    // Its holders have not all registered again: nothing is known lost yet.
+    out.set_busy_plan("recovering after a coordinator restart");
+    return out;
+  }
   for (const LostChunk& c : LostChunks(t, live)) out.add_lost_chunks(c.ToString());
   return out;
 }

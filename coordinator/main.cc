@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   std::string heartbeat_timeout = "5s", heartbeat_interval = "500ms", plan_timeout = "5m";
   std::string log_level = "info";
   std::string auth_tokens;
+  std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
   bool no_collectives = false;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
       ->capture_default_str();
@@ -48,7 +49,20 @@ int main(int argc, char** argv) {
                  "token hash`; # comments); without it every call is allowed");
   app.add_option("--http-listen", options.http_listen,
                  "host:port of the HTTP server for Prometheus metrics at /metrics (port 0: "
-                 "pick a free one; \"off\": no HTTP server)")
+                 "pick a free one; \"off\": no HTTP server)") app
+      .add_option("--state", state,
+                  "where meshes, tensors and worker ranks live: sqlite (durable, in --state-dir; "
+                  "a restarted coordinator recovers them) or memory (lost on exit)")
+      ->check(CLI::IsMember({"sqlite", "memory"}))
+      ->capture_default_str();
+  app.add_option("--state-dir", state_dir,
+                 "directory of the SQLite state (state.db, WAL mode); created if missing; one "
+                 "coordinator per directory")
+      ->capture_default_str();
+  app.add_option("--recovery-timeout", recovery_timeout,
+                 "after a restart, how long recovered tensors wait for the workers that held "
+                 "them to register again (reads answer UNAVAILABLE meanwhile); chunks of "
+                 "workers still missing then are lost")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
@@ -61,6 +75,10 @@ int main(int argc, char** argv) {
   }
   if (durations.ok()) {
     durations = shardcoord::ParseDurationFlag("plan-timeout", plan_timeout, &options.plan_timeout);
+  }
+  if (durations.ok()) {
+    durations = shardcoord::ParseDurationFlag("recovery-timeout", recovery_timeout,
+                                              &options.recovery_timeout);
   }
   if (!durations.ok()) {
     std::cerr << durations.message() << "\n";
@@ -76,6 +94,7 @@ int main(int argc, char** argv) {
     options.auth = *std::move(auth);
   }
   if (options.http_listen == "off") options.http_listen.clear();
+  options.state_dir = state == "memory" ? "" : state_dir;
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
@@ -107,8 +126,9 @@ int main(int argc, char** argv) {
   }
   std::printf("coordinator listening on %s\n", address->c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {})", *address,
-               heartbeat_timeout, heartbeat_interval, plan_timeout);
+  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {}, state {})",
+               *address, heartbeat_timeout, heartbeat_interval, plan_timeout,
+               coordinator.state_description());
   if (options.auth.has_value()) {
     spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
     if (options.auth->size() == 0)

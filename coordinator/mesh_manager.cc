@@ -5,8 +5,50 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
+namespace {
+
+constexpr char kMeshKind[] = "mesh";
+
+std::string SerializeMesh(const MeshRecord& m) {
+  v1::MeshInfo out;
+  out.set_name(m.name);
+  for (int64_t d : m.mesh.shape()) out.add_shape(d);
+  for (const std::string& d : m.mesh.dim_names()) out.add_dim_names(d);
+  for (int64_t r : m.mesh.ranks()) out.add_ranks(r);
+  for (const std::string& w : m.workers) out.add_workers(w);
+  return out.SerializeAsString();
+}
+
+}  // namespace
+
+absl::Status MeshManager::Load() {
+  if (store_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kMeshKind);
+  if (!records.ok()) return records.status();
+  absl::MutexLock lock(&mu_);
+  for (const StateRecord& r : *records) {
+    v1::MeshInfo info;
+    if (!info.ParseFromString(r.value) || info.name() != r.name) {
+      return absl::InternalError(absl::StrCat("state store: bad mesh record '", r.name, "'"));
+    }
+    absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(
+        Shape(info.shape().begin(), info.shape().end()),
+        std::vector<int64_t>(info.ranks().begin(), info.ranks().end()),
+        std::vector<std::string>(info.dim_names().begin(), info.dim_names().end()));
+    if (!mesh.ok()) {
+      return absl::InternalError(absl::StrCat("state store: mesh '", r.name,
+                                              "' does not load: ", mesh.status().message()));
+    }
+    MeshRecord& m = meshes_[r.name].record;
+    m.name = r.name;
+    m.mesh = *std::move(mesh);
+    m.workers.assign(info.workers().begin(), info.workers().end());
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<MeshRecord> MeshManager::Create(const std::string& name, const Shape& shape,
                                                const std::vector<std::string>& dim_names,
@@ -73,6 +115,9 @@ absl::StatusOr<MeshRecord> MeshManager::Create(const std::string& name, const Sh
   if (meshes_.find(name) != meshes_.end()) {
     return absl::AlreadyExistsError(absl::StrCat("mesh '", name, "' already exists"));
   }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->Put(kMeshKind, name, SerializeMesh(record)); !s.ok()) return s;
+  }
   meshes_[name].record = record;
   return record;
 }
@@ -100,6 +145,9 @@ absl::Status MeshManager::Delete(absl::string_view name) {
     return absl::FailedPreconditionError(absl::StrCat("mesh '", name, "' is in use by tensor",
                                                       users.size() > 1 ? "s " : " ",
                                                       absl::StrJoin(users, ", ")));
+  }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->Delete(kMeshKind, it->first); !s.ok()) return s;
   }
   meshes_.erase(it);
   return absl::OkStatus();

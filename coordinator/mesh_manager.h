@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/state_store.h"
 #include "coordinator/worker_manager.h"
 #include "sharding/box.h"
 #include "sharding/mesh.h"
@@ -31,11 +32,19 @@ struct MeshRecord {
 // Thread-safe.
 class MeshManager {
  public:
-  explicit MeshManager(const WorkerManager* workers) : workers_(workers) {}
+  // `store` (not owned; null: nothing is stored) keeps every mesh ("mesh" records,
+  // MeshInfo); Create and Delete return once the change is stored.
+  explicit MeshManager(const WorkerManager* workers, StateStore* store = nullptr)
+      : workers_(workers), store_(store) {}
+
+  // Loads the stored meshes (call once, before serving). INTERNAL for a record that does
+  // not parse or does not make a mesh.
+  absl::Status Load();
 
   // INVALID_ARGUMENT empty name, a dim < 1, dim names that do not fit, repeated workers, or
   // a worker list whose length is not the mesh size; ALREADY_EXISTS; NOT_FOUND unknown
-  // worker; FAILED_PRECONDITION a dead worker or too few live workers. An empty worker
+  // worker; FAILED_PRECONDITION a dead worker or too few live workers; the store's error
+  // (UNAVAILABLE) when it could not be stored. An empty worker
   // list takes the first size() live workers in rank order.
   absl::StatusOr<MeshRecord> Create(const std::string& name, const Shape& shape,
                                     const std::vector<std::string>& dim_names,
@@ -57,6 +66,7 @@ class MeshManager {
   };
 
   const WorkerManager* const workers_;
+  StateStore* const store_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry, std::less<>> meshes_ ABSL_GUARDED_BY(mu_);
 };

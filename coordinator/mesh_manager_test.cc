@@ -1,5 +1,9 @@
 #include "coordinator/mesh_manager.h"
 
+#include <cstdlib>
+#include <memory>
+
+#include "coordinator/sqlite_state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -89,6 +93,48 @@ TEST_F(MeshManagerTest, DeleteRefusedWhileInUse) {
   EXPECT_TRUE(meshes_.Delete("M").ok());
   EXPECT_EQ(meshes_.Delete("M").code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(meshes_.Get("M").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Meshes come back from the store after a restart, in memory and in SQLite; a deleted one
+// stays deleted.
+void CheckMeshesSurviveARestart(StateStore* store) {
+  FakeClock clock;
+  {
+    WorkerManager workers(&clock, absl::Seconds(5), store);
+    MeshManager meshes(&workers, store);
+    ASSERT_TRUE(workers.Load().ok());
+    ASSERT_TRUE(meshes.Load().ok());
+    for (const char* name : {"w0", "w1", "w2", "w3"}) {
+      ASSERT_TRUE(workers.Register(WorkerSpec{name, "h", "cpu", "addr", "gloo"}).ok());
+    }
+    ASSERT_TRUE(meshes.Create("M", {2, 2}, {"dp", "tp"}, {"w3", "w2", "w1", "w0"}).ok());
+    ASSERT_TRUE(meshes.Create("gone", {4}, {}, {}).ok());
+    ASSERT_TRUE(meshes.Delete("gone").ok());
+  }
+  WorkerManager workers(&clock, absl::Seconds(5), store);
+  MeshManager meshes(&workers, store);
+  ASSERT_TRUE(workers.Load().ok());
+  ASSERT_TRUE(meshes.Load().ok());
+  absl::StatusOr<MeshRecord> m = meshes.Get("M");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT(m->mesh.shape(), ElementsAre(2, 2));
+  EXPECT_THAT(m->mesh.ranks(), ElementsAre(3, 2, 1, 0));
+  EXPECT_THAT(m->mesh.dim_names(), ElementsAre("dp", "tp"));
+  EXPECT_THAT(m->workers, ElementsAre("w3", "w2", "w1", "w0"));
+  EXPECT_EQ(meshes.Get("gone").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(meshes.List().size(), 1u);
+}
+
+TEST(MeshManagerStoreTest, MemoryStore) {
+  MemoryStateStore store;
+  CheckMeshesSurviveARestart(&store);
+}
+
+TEST(MeshManagerStoreTest, SqliteStore) {
+  absl::StatusOr<std::unique_ptr<SqliteStateStore>> store =
+      SqliteStateStore::Open(std::string(std::getenv("TEST_TMPDIR")) + "/meshes");
+  ASSERT_TRUE(store.ok()) << store.status();
+  CheckMeshesSurviveARestart(store->get());
 }
 
 }  // namespace

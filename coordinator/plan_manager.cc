@@ -217,8 +217,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    id = absl::StrCat("p-", next_plan_++);
-    prefix = absl::StrCat("shardcoord/comm/", comm_epoch_, "/");
+    id = options_.id_namespace.empty()
+             ? absl::StrCat("p-", next_plan_++)
+             : absl::StrCat("p-", options_.id_namespace, ".", next_plan_++);
+    prefix = CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh);
@@ -606,7 +608,7 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
     e.state = PlanState::kAborted;
     e.error = reason;
     // Before the tensor is released below, so no later plan reuses this epoch's keys.
-    if (e.communicator_prefix == absl::StrCat("shardcoord/comm/", comm_epoch_, "/")) {
+    if (e.communicator_prefix == CommPrefixLocked()) {
       ++comm_epoch_;
     }
     e.end = clock_->Now();
@@ -734,6 +736,11 @@ void PlanManager::Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& call
     // A final update is delivered by Complete, after the done callbacks.
     if (!p.ended()) fn(p);
   }
+}
+
+std::string PlanManager::CommPrefixLocked() const {
+  if (options_.id_namespace.empty()) return absl::StrCat("shardcoord/comm/", comm_epoch_, "/");
+  return absl::StrCat("shardcoord/comm/", options_.id_namespace, ".", comm_epoch_, "/");
 }
 
 void PlanManager::RetireLocked(const std::string& id) {

@@ -69,6 +69,10 @@ struct PlanManagerOptions {
   // Ended plans kept for Progress / WatchPlan.
   size_t keep_ended_plans = 1024;
   bool use_collectives = true;
+  // Set by a coordinator with durable state to a number that is new on every start: plan
+  // ids ("p-<ns>.<n>") and rendezvous prefixes then never repeat ones from before a
+  // restart, which workers may still be running or holding. Empty: "p-<n>".
+  std::string id_namespace;
   CostModel cost;
   // Called when a plan ends (before its callbacks) with its final progress and, for an
   // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
@@ -250,6 +254,7 @@ class PlanManager : public WorkerListener {
   std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string CommPrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls);
 
   const Clock* const clock_;

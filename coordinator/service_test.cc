@@ -36,7 +36,7 @@ class ServiceTest : public ::testing::Test {
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice),
-        worker_service_(&clock_, &workers_, &kv_, &plans_, absl::Milliseconds(250)) {
+        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
@@ -164,6 +164,31 @@ TEST_F(ServiceTest, RegistrationHeartbeatsAndWorkerList) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_EQ(s.error_message(), "address: empty");
   }
+  {
+    // Held buffers are validated, and ones of unknown tensors are answered as drops.
+    grpc::ClientContext ctx;
+    v1::RegisterWorkerRequest req;
+    req.set_name("w3");
+    req.set_address("w3:1");
+    v1::HeldBuffer* held = req.add_held();
+    held->set_tensor("deleted");
+    held->set_version(4);
+    v1::Chunk* chunk = held->mutable_chunks()->add_chunks();
+    chunk->mutable_box()->add_offset(-1);
+    chunk->mutable_box()->add_shape(2);
+    v1::RegisterWorkerResponse resp;
+    grpc::Status s = workers_stub_->RegisterWorker(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("held[0].chunks"));
+    grpc::ClientContext ctx2;
+    held->mutable_chunks()->clear_chunks();
+    s = workers_stub_->RegisterWorker(&ctx2, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.rank(), 3);
+    ASSERT_EQ(resp.drop_size(), 1);
+    EXPECT_EQ(resp.drop(0).tensor(), "deleted");
+    EXPECT_EQ(resp.drop(0).version(), 4);
+  }
   grpc::ClientContext ctx;
   v1::ListWorkersResponse list;
   ASSERT_TRUE(coordinator_->ListWorkers(&ctx, v1::ListWorkersRequest(), &list).ok());
@@ -173,6 +198,25 @@ TEST_F(ServiceTest, RegistrationHeartbeatsAndWorkerList) {
   EXPECT_EQ(list.workers(2).state(), v1::ALIVE);
   EXPECT_EQ(list.workers(2).address(), "w2:1");
   EXPECT_GT(list.workers(2).last_heartbeat_unix_ms(), 0);
+}
+
+// A tensor a restarted coordinator is still recovering shows as busy recovering, with no
+// lost chunks guessed from holders that have not registered again yet.
+TEST(TensorInfoTest, RecoveringTensorNamesNoLostChunks) {
+  TensorRecord t;
+  t.name = "T";
+  t.shape = {4};
+  t.layout = *Layout::FromChunks({4}, {RankChunks{0, {}, {Chunk{Box{{0}, {4}}, 0, 0}}, 4}});
+  t.checksums = {{1}};
+  t.incarnations = {{0, 3}};
+  t.recovering = true;
+  t.awaiting = {0};
+  LivenessFn dead = [](int64_t, int64_t) { return false; };
+  v1::TensorInfo info = TensorInfoToProto(t, dead);
+  EXPECT_EQ(info.lost_chunks_size(), 0);
+  EXPECT_THAT(info.busy_plan(), HasSubstr("recovering"));
+  t.recovering = false;
+  EXPECT_EQ(TensorInfoToProto(t, dead).lost_chunks_size(), 1);
 }
 
 TEST_F(ServiceTest, MeshesAndTensors) {

@@ -4,11 +4,198 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
+namespace {
+
+constexpr char kTensorKind[] = "tensor";
+constexpr char kCounterKind[] = "counter";
+constexpr char kVersionCounter[] = "tensor_version";
+// Versions are stored as used in blocks, so a plan does not cost a store write.
+constexpr int64_t kVersionBlock = 1024;
+
+std::string SerializeTensor(const TensorRecord& t) {
+  v1::StoredTensor out;
+  v1::TensorInfo* info = out.mutable_info();
+  info->set_name(t.name);
+  for (int64_t d : t.shape) info->add_shape(d);
+  info->set_dtype(DTypeToProto(t.dtype));
+  info->set_mesh(t.mesh);
+  info->set_spec(t.spec);
+  *info->mutable_layout() = LayoutToProto(t.layout, &t.checksums);
+  info->set_version(t.version);
+  info->set_bytes(t.bytes());
+  std::map<int64_t, int64_t> holders(t.incarnations.begin(), t.incarnations.end());
+  for (const auto& [rank, incarnation] : holders) {
+    out.add_holder_ranks(rank);
+    out.add_holder_incarnations(incarnation);
+  }
+  return out.SerializeAsString();
+}
+
+absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
+  v1::StoredTensor in;
+  auto bad = [&r](absl::string_view why) {
+    return absl::InternalError(
+        absl::StrCat("state store: bad tensor record '", r.name, "': ", why));
+  };
+  if (!in.ParseFromString(r.value) || in.info().name() != r.name) return bad("does not parse");
+  if (in.holder_ranks_size() != in.holder_incarnations_size()) return bad("holders");
+  TensorRecord t;
+  t.name = r.name;
+  t.shape.assign(in.info().shape().begin(), in.info().shape().end());
+  absl::StatusOr<DType> dtype = DTypeFromProto(in.info().dtype());
+  if (!dtype.ok()) return bad(dtype.status().message());
+  t.dtype = *dtype;
+  t.mesh = in.info().mesh();
+  t.spec = in.info().spec();
+  absl::StatusOr<Layout> layout = LayoutFromProto(in.info().layout(), "layout", &t.checksums);
+  if (!layout.ok()) return bad(layout.status().message());
+  t.layout = *std::move(layout);
+  t.version = in.info().version();
+  for (int i = 0; i < in.holder_ranks_size(); ++i) {
+    t.incarnations[in.holder_ranks(i)] = in.holder_incarnations(i);
+  }
+  t.ready = true;
+  return t;
+}
+
+// True when `held` is exactly `rank`'s committed chunks of `t`, checksums included.
+bool MatchesCommitted(const TensorRecord& t, int64_t rank, const HeldBuffer& held) {
+  if (held.version != t.version) return false;
+  const std::vector<RankChunks>& ranks = t.layout.ranks();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i].rank != rank) continue;
+    if (held.chunks.chunks != ranks[i].chunks) return false;
+    if (i >= t.checksums.size() || held.checksums != t.checksums[i]) return false;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status TensorManager::Persist(const TensorRecord& t) const {
+  if (store_ == nullptr) return absl::OkStatus();
+  return store_->Put(kTensorKind, t.name, SerializeTensor(t));
+}
+
+absl::Status TensorManager::RecoveringError(const TensorRecord& t) {
+  return absl::UnavailableError(absl::StrCat(
+      "tensor '", t.name, "' is being recovered after a coordinator restart (waiting for rank",
+      t.awaiting.size() > 1 ? "s " : " ", absl::StrJoin(t.awaiting, ", "),
+      " to register again); retry shortly"));
+}
+
+absl::Status TensorManager::Load(const LivenessFn& was_live) {
+  if (store_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<StateRecord>> records = store_->LoadAll();
+  if (!records.ok()) return records.status();
+  std::vector<std::pair<std::string, std::string>> users;  // (mesh, tensor)
+  {
+    absl::MutexLock lock(&mu_);
+    for (const StateRecord& r : *records) {
+      if (r.kind == kCounterKind && r.name == kVersionCounter) {
+        int64_t v = 0;
+        if (!absl::SimpleAtoi(r.value, &v)) {
+          return absl::InternalError("state store: bad tensor_version counter");
+        }
+        last_version_ = std::max(last_version_, v);
+        continue;
+      }
+      if (r.kind != kTensorKind) continue;
+      absl::StatusOr<TensorRecord> t = ParseTensor(r);
+      if (!t.ok()) return t.status();
+      last_version_ = std::max(last_version_, t->version);
+      for (const RankChunks& rc : t->layout.ranks()) {
+        auto inc = t->incarnations.find(rc.rank);
+        if (inc != t->incarnations.end() && was_live(rc.rank, inc->second)) {
+          t->awaiting.insert(rc.rank);
+        }
+      }
+      t->recovering = !t->awaiting.empty();
+      if (!t->mesh.empty()) users.emplace_back(t->mesh, t->name);
+      tensors_[r.name] = *std::move(t);
+    }
+    reserved_versions_ = last_version_;
+    version_floor_ = last_version_;
+  }
+  for (const auto& [mesh, tensor] : users) {
+    if (absl::Status s = meshes_->AddUser(mesh, tensor); !s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("state store: tensor '", tensor, "' uses mesh '", mesh, "': ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reconcile(
+    int64_t rank, int64_t incarnation, const std::vector<HeldBuffer>& held) {
+  std::vector<std::pair<std::string, int64_t>> drop;
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, TensorRecord> changed;
+  auto next = [&](const TensorRecord& t) -> TensorRecord& {
+    auto it = changed.find(t.name);
+    if (it == changed.end()) it = changed.emplace(t.name, t).first;
+    return it->second;
+  };
+  for (const HeldBuffer& h : held) {
+    auto it = tensors_.find(h.tensor);
+    if (it == tensors_.end()) {
+      drop.emplace_back(h.tensor, h.version);
+      continue;
+    }
+    const TensorRecord& t = it->second;
+    if (t.recovering) {
+      if (t.awaiting.count(rank) && MatchesCommitted(t, rank, h)) {
+        next(t).incarnations[rank] = incarnation;
+      } else {
+        drop.emplace_back(h.tensor, h.version);
+      }
+    } else if (h.version != t.version && (h.version <= version_floor_ || t.busy_plan.empty())) {
+      // Never committed before the restart, or left by a plan of the worker's previous
+      // incarnation (no operation runs on the tensor, so no other version is in use).
+      drop.emplace_back(h.tensor, h.version);
+    }
+  }
+  // The rank has registered: whatever it did not report of a recovering tensor is lost.
+  for (const auto& [name, t] : tensors_) {
+    if (t.recovering && t.awaiting.count(rank)) next(t).awaiting.erase(rank);
+  }
+  StateBatch batch;
+  for (auto& [name, t] : changed) {
+    t.recovering = !t.awaiting.empty();
+    batch.Put(kTensorKind, name, SerializeTensor(t));
+  }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
+  }
+  for (auto& [name, t] : changed) tensors_[name] = std::move(t);
+  return drop;
+}
+
+void TensorManager::EndRecovery() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [name, t] : tensors_) {
+    if (!t.recovering) continue;
+    t.recovering = false;
+    t.awaiting.clear();
+  }
+}
+
+std::vector<std::string> TensorManager::Recovering() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, t] : tensors_) {
+    if (t.recovering) out.push_back(name);
+  }
+  return out;
+}
 
 int64_t TensorRecord::bytes() const {
   absl::StatusOr<int64_t> b = CheckedBytes(shape, ElementSize(dtype));
@@ -107,7 +294,16 @@ absl::Status CheckReplicaChecksums(const Layout& layout, const LayoutChecksums& 
 
 int64_t TensorManager::NewVersion() {
   absl::MutexLock lock(&mu_);
-  return ++last_version_;
+  ++last_version_;
+  if (store_ != nullptr && last_version_ > reserved_versions_) {
+    // Best effort: a failed write only risks reusing versions after a restart, which
+    // Reconcile's drops and the workers' ALREADY_EXISTS checks then catch.
+    if (store_->Put(kCounterKind, kVersionCounter, absl::StrCat(last_version_ + kVersionBlock - 1))
+            .ok()) {
+      reserved_versions_ = last_version_ + kVersionBlock - 1;
+    }
+  }
+  return last_version_;
 }
 
 absl::Status TensorManager::Reserve(TensorRecord record, const std::string& op) {
@@ -137,10 +333,13 @@ absl::Status TensorManager::FinishCreate(absl::string_view name, const std::stri
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", name, "' is not being created by ", op));
   }
-  it->second.ready = true;
-  it->second.busy_plan.clear();
-  it->second.checksums = std::move(checksums);
-  it->second.incarnations = std::move(incarnations);
+  TensorRecord next = it->second;
+  next.ready = true;
+  next.busy_plan.clear();
+  next.checksums = std::move(checksums);
+  next.incarnations = std::move(incarnations);
+  if (absl::Status s = Persist(next); !s.ok()) return s;
+  it->second = std::move(next);
   return absl::OkStatus();
 }
 
@@ -168,6 +367,7 @@ absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name, cons
       }
       return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
     }
+    if (it->second.recovering) return RecoveringError(it->second);
     if (!it->second.busy_plan.empty()) {
       return absl::AbortedError(
           absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
@@ -203,7 +403,7 @@ absl::Status TensorManager::Commit(absl::string_view name, const std::string& op
     if (it == tensors_.end() || it->second.busy_plan != op) {
       return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
     }
-    TensorRecord& t = it->second;
+    TensorRecord t = it->second;
     old_mesh = t.mesh;
     t.mesh = std::move(state.mesh);
     t.spec = std::move(state.spec);
@@ -212,6 +412,10 @@ absl::Status TensorManager::Commit(absl::string_view name, const std::string& op
     t.version = state.version;
     t.incarnations = std::move(state.incarnations);
     t.busy_plan.clear();
+    // The commit is acknowledged only once stored; otherwise the plan aborts and the old
+    // version stays authoritative (the tensor stays held by `op` until it releases it).
+    if (absl::Status s = Persist(t); !s.ok()) return s;
+    it->second = std::move(t);
   }
   // The tensor now uses the target mesh (counted at Acquire) instead of the old one.
   if (!old_mesh.empty()) meshes_->RemoveUser(old_mesh, name);
@@ -225,7 +429,7 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
   if (it == tensors_.end() || it->second.busy_plan != op) {
     return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
   }
-  TensorRecord& t = it->second;
+  TensorRecord t = it->second;
   const std::vector<RankChunks>& ranks = t.layout.ranks();
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i].rank != rank) continue;
@@ -236,6 +440,8 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     if (t.checksums.size() != ranks.size()) t.checksums.resize(ranks.size());
     t.checksums[i] = std::move(checksums);
     t.incarnations[rank] = incarnation;
+    if (absl::Status s = Persist(t); !s.ok()) return s;
+    it->second = std::move(t);
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("rank ", rank, " holds nothing of '", name, "'"));
@@ -247,6 +453,7 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name) const {
   if (it == tensors_.end() || !it->second.ready) {
     return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
   }
+  if (it->second.recovering) return RecoveringError(it->second);
   return it->second;
 }
 
@@ -267,9 +474,13 @@ absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name) {
     if (it == tensors_.end() || !it->second.ready) {
       return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
     }
+    if (it->second.recovering) return RecoveringError(it->second);
     if (!it->second.busy_plan.empty()) {
       return absl::AbortedError(
           absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
+    }
+    if (store_ != nullptr) {
+      if (absl::Status s = store_->Delete(kTensorKind, it->first); !s.ok()) return s;
     }
     out = std::move(it->second);
     tensors_.erase(it);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/mesh_manager.h"
+#include "coordinator/state_store.h"
 #include "proto/convert.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
@@ -36,6 +38,11 @@ struct TensorRecord {
   bool ready = false;     // False while it is being created.
   // The worker incarnation that holds each rank's buffer: a restarted worker holds nothing.
   absl::flat_hash_map<int64_t, int64_t> incarnations;
+  // After a coordinator restart, until reconciled: every operation on the tensor answers
+  // UNAVAILABLE. `awaiting` are the ranks whose chunks were live when the coordinator
+  // stopped and whose workers have not registered again yet.
+  bool recovering = false;
+  std::set<int64_t> awaiting;
 
   int64_t bytes() const;
 };
@@ -65,15 +72,46 @@ absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& 
 absl::Status CheckReplicaChecksums(const Layout& layout, const LayoutChecksums& checksums,
                                    const std::function<std::string(int64_t rank)>& describe);
 
+// A buffer a registering worker holds (RegisterWorkerRequest.held).
+struct HeldBuffer {
+  std::string tensor;
+  int64_t version = 0;
+  RankChunks chunks;
+  ChunkChecksums checksums;
+};
+
 // Tensors by name. A tensor is busy while one plan or operation (create, upload) runs on it;
 // a second is rejected with ABORTED, so concurrent plans touch different tensors. Keeps the
 // MeshManager's user counts: a tensor uses its mesh, and a plan its target mesh until it
 // commits or ends. Thread-safe; never calls the MeshManager under its own lock.
 class TensorManager {
  public:
-  explicit TensorManager(MeshManager* meshes) : meshes_(meshes) {}
+  // `store` (not owned; null: nothing is stored) keeps every ready tensor ("tensor"
+  // records, StoredTensor) and the version counter: a change returns once it is stored.
+  explicit TensorManager(MeshManager* meshes, StateStore* store = nullptr)
+      : meshes_(meshes), store_(store) {}
 
-  // A version number no buffer of any tensor has used.
+  // Loads the stored tensors after a restart, each recovering until every rank whose
+  // holder `was_live` (WorkerManager::WasLiveBeforeRestart) has registered again (Reconcile)
+  // or EndRecovery. Call once, after MeshManager::Load and before serving. INTERNAL for a
+  // record that does not parse.
+  absl::Status Load(const LivenessFn& was_live);
+
+  // Reconciles a worker that registered as `rank` in `incarnation` and holds `held`. A
+  // recovering tensor takes the rank's buffer at its committed version when its chunks and
+  // checksums are exactly the committed ones; the rank's other chunks of recovering tensors
+  // stay lost. Returns the buffers the worker must drop: versions that never committed (from
+  // before the restart, or of a tensor no operation runs on), tensors that do not exist,
+  // rejected buffers of recovering tensors.
+  // The store's error (UNAVAILABLE) when the outcome could not be stored (nothing changed).
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Reconcile(
+      int64_t rank, int64_t incarnation, const std::vector<HeldBuffer>& held);
+  // Ends every recovery: ranks still awaited lose their chunks (as a dead worker's).
+  void EndRecovery();
+  // Names of the tensors still recovering.
+  std::vector<std::string> Recovering() const;
+
+  // A version number no buffer of any tensor has used (also before a restart).
   int64_t NewVersion();
 
   // Adds a tensor that is not ready yet, busy with `op`. ALREADY_EXISTS; NOT_FOUND mesh.
@@ -108,17 +146,27 @@ class TensorManager {
   absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
                           ChunkChecksums checksums, int64_t incarnation);
 
-  // Ready tensors only: NOT_FOUND while being created.
+  // Ready tensors only: NOT_FOUND while being created. Get, Acquire and Remove answer
+  // UNAVAILABLE for a tensor still recovering after a restart.
   absl::StatusOr<TensorRecord> Get(absl::string_view name) const;
   std::vector<TensorRecord> List() const;
   // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
   absl::StatusOr<TensorRecord> Remove(absl::string_view name);
 
  private:
+  // Stores `t` (no-op without a store).
+  absl::Status Persist(const TensorRecord& t) const;
+  static absl::Status RecoveringError(const TensorRecord& t);
+
   MeshManager* const meshes_;
+  StateStore* const store_;
   mutable absl::Mutex mu_;
   std::map<std::string, TensorRecord, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   int64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions up to this one are stored as used (handed out in blocks).
+  int64_t reserved_versions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions up to this one were handed out before the restart (Load).
+  int64_t version_floor_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardcoord

@@ -1,7 +1,11 @@
 #include "coordinator/tensor_manager.h"
 
+#include <cstdlib>
+#include <memory>
 #include <set>
+#include <utility>
 
+#include "coordinator/sqlite_state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -166,6 +170,158 @@ TEST_F(TensorManagerTest, UpdateRankReplacesOneRanksChecksums) {
   EXPECT_EQ(t.checksums[1][0], 99u);
   EXPECT_EQ(t.incarnations.at(1), 21);
   EXPECT_EQ(t.version, 1);
+}
+
+// A coordinator restart over the same store: tensors come back recovering (UNAVAILABLE),
+// then take each rank's buffer as its worker registers again and reports it intact.
+void CheckRestartAndReconcile(StateStore* store) {
+  FakeClock clock;
+  const Shape shape = {8, 4};
+  LayoutChecksums sums = {{1}, {1}, {2}, {2}};
+  int64_t committed = 0;
+  {
+    WorkerManager workers(&clock, absl::Seconds(5), store);
+    MeshManager meshes(&workers, store);
+    TensorManager tensors(&meshes, store);
+    ASSERT_TRUE(workers.Load().ok());
+    ASSERT_TRUE(meshes.Load().ok());
+    ASSERT_TRUE(tensors.Load([](int64_t, int64_t) { return false; }).ok());
+    absl::flat_hash_map<int64_t, int64_t> holders;
+    for (const char* name : {"w0", "w1", "w2", "w3"}) {
+      absl::StatusOr<WorkerRecord> w = workers.Register(WorkerSpec{name, "h", "cpu", "a", "gloo"});
+      ASSERT_TRUE(w.ok());
+      holders[w->rank] = w->incarnation;
+    }
+    ASSERT_TRUE(meshes.Create("M", {2, 2}, {}, {}).ok());
+    for (const char* name : {"T", "U"}) {
+      TensorRecord t;
+      t.name = name;
+      t.shape = shape;
+      t.mesh = "M";
+      t.spec = "S(0),R";
+      t.layout = *Layout::FromPlacements(meshes.Get("M")->mesh, shape,
+                                         {Placement::Shard(0), Placement::Replicate()});
+      t.version = tensors.NewVersion();
+      ASSERT_TRUE(tensors.Reserve(t, "create").ok());
+      ASSERT_TRUE(tensors.FinishCreate(name, "create", sums, holders).ok());
+    }
+    ASSERT_TRUE(tensors.Remove("U").ok());
+    // A plan in flight when the coordinator stops never commits: its version is not stored.
+    ASSERT_TRUE(tensors.Acquire("T", "p-1").ok());
+    committed = tensors.Get("T")->version;
+    EXPECT_GT(tensors.NewVersion(), committed);
+    // Rank 3 dies before the restart: its chunks are not awaited.
+    ASSERT_TRUE(workers.MarkDead("w3", holders[3], "gone").ok());
+  }
+  WorkerManager workers(&clock, absl::Seconds(5), store);
+  MeshManager meshes(&workers, store);
+  TensorManager tensors(&meshes, store);
+  ASSERT_TRUE(workers.Load().ok());
+  ASSERT_TRUE(meshes.Load().ok());
+  ASSERT_TRUE(
+      tensors
+          .Load([&workers](int64_t r, int64_t inc) { return workers.WasLiveBeforeRestart(r, inc); })
+          .ok());
+  EXPECT_EQ(meshes.Delete("M").code(), absl::StatusCode::kFailedPrecondition);  // T uses it.
+  absl::Status unavailable = tensors.Get("T").status();
+  EXPECT_EQ(unavailable.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(unavailable.message(), HasSubstr("ranks 0, 1, 2"));
+  EXPECT_EQ(tensors.Acquire("T", "p").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(tensors.Remove("T").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(tensors.Get("U").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(tensors.Recovering(), ElementsAre("T"));
+  const int64_t fresh = tensors.NewVersion();
+  EXPECT_GT(fresh, committed + 1);  // Never a version handed out before the restart.
+
+  const Layout layout = *Layout::FromPlacements(meshes.Get("M")->mesh, shape,
+                                                {Placement::Shard(0), Placement::Replicate()});
+  auto held = [&](int64_t rank, int64_t version, uint64_t sum) {
+    return HeldBuffer{"T", version, layout.ranks()[rank], {sum}};
+  };
+  using Drops = std::vector<std::pair<std::string, int64_t>>;
+  // Rank 0: intact, plus the aborted plan's buffer and the deleted tensor's.
+  absl::StatusOr<WorkerRecord> w0 = workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"});
+  ASSERT_EQ(w0->rank, 0);
+  HeldBuffer deleted = held(0, 1, 1);
+  deleted.tensor = "U";
+  absl::StatusOr<Drops> drops = tensors.Reconcile(
+      0, w0->incarnation, {held(0, committed, 1), held(0, committed + 1, 7), deleted});
+  ASSERT_TRUE(drops.ok()) << drops.status();
+  EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), committed + 1),
+                                  std::make_pair(std::string("U"), int64_t{1})));
+  EXPECT_EQ(tensors.Get("T").status().code(), absl::StatusCode::kUnavailable);
+  // Rank 1: a wrong checksum is dropped and lost.
+  absl::StatusOr<WorkerRecord> w1 = workers.Register(WorkerSpec{"w1", "h", "cpu", "a", "gloo"});
+  drops = tensors.Reconcile(1, w1->incarnation, {held(1, committed, 99)});
+  EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), committed)));
+  // Rank 2 holds nothing any more: its chunks are lost; recovery of T ends.
+  absl::StatusOr<WorkerRecord> w2 = workers.Register(WorkerSpec{"w2", "h", "cpu", "a", "gloo"});
+  drops = tensors.Reconcile(2, w2->incarnation, {});
+  EXPECT_TRUE(drops->empty());
+  absl::StatusOr<TensorRecord> t = tensors.Get("T");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->version, committed);
+  EXPECT_TRUE(tensors.Recovering().empty());
+  LivenessFn live = [&workers](int64_t r, int64_t inc) { return workers.IsLive(r, inc); };
+  std::vector<LostChunk> lost = LostChunks(*t, live);
+  ASSERT_EQ(lost.size(), 1u);  // Rows 4:8 were on ranks 2 (emptied) and 3 (dead).
+  EXPECT_EQ(lost[0].box, (Box{{4, 0}, {4, 4}}));
+  EXPECT_TRUE(live(0, t->incarnations.at(0)));
+  EXPECT_FALSE(live(1, t->incarnations.at(1)));
+  // A buffer of a version from before the restart that never committed is dropped also
+  // once the tensor is no longer recovering; a version handed out since is kept while an
+  // operation runs on the tensor (it may be that operation's), dropped once none does.
+  ASSERT_TRUE(tensors.Acquire("T", "p-new").ok());
+  drops = tensors.Reconcile(0, w0->incarnation, {held(0, committed + 1, 7), held(0, fresh, 7)});
+  EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), committed + 1)));
+  tensors.Release("T", "p-new");
+  drops = tensors.Reconcile(0, w0->incarnation, {held(0, fresh, 7), held(0, committed, 1)});
+  EXPECT_THAT(*drops, ElementsAre(std::make_pair(std::string("T"), fresh)));
+}
+
+TEST(TensorManagerStoreTest, RestartWithMemoryStore) {
+  MemoryStateStore store;
+  CheckRestartAndReconcile(&store);
+}
+
+TEST(TensorManagerStoreTest, RestartWithSqliteStore) {
+  absl::StatusOr<std::unique_ptr<SqliteStateStore>> store =
+      SqliteStateStore::Open(std::string(std::getenv("TEST_TMPDIR")) + "/tensors");
+  ASSERT_TRUE(store.ok()) << store.status();
+  CheckRestartAndReconcile(store->get());
+}
+
+TEST(TensorManagerStoreTest, EndRecoveryLosesTheRanksStillAwaited) {
+  MemoryStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"}).ok());
+  ASSERT_TRUE(meshes.Create("M", {1}, {}, {}).ok());
+  {
+    TensorManager tensors(&meshes, &store);
+    TensorRecord t;
+    t.name = "T";
+    t.shape = {4};
+    t.mesh = "M";
+    t.spec = "S(0)";
+    t.layout = *Layout::FromPlacements(meshes.Get("M")->mesh, t.shape, {Placement::Shard(0)});
+    t.version = tensors.NewVersion();
+    ASSERT_TRUE(tensors.Reserve(t, "c").ok());
+    ASSERT_TRUE(tensors.FinishCreate("T", "c", {{5}}, {{0, 1}}).ok());
+    tensors.Release("T", "c");
+    ASSERT_TRUE(tensors.Remove("T").ok());  // Leaves the mesh user count balanced.
+    ASSERT_TRUE(tensors.Reserve(t, "c").ok());
+    ASSERT_TRUE(tensors.FinishCreate("T", "c", {{5}}, {{0, 1}}).ok());
+  }
+  MeshManager meshes2(&workers, &store);
+  ASSERT_TRUE(meshes2.Load().ok());
+  TensorManager tensors(&meshes2, &store);
+  ASSERT_TRUE(tensors.Load([](int64_t, int64_t) { return true; }).ok());
+  EXPECT_EQ(tensors.Get("T").status().code(), absl::StatusCode::kUnavailable);
+  tensors.EndRecovery();
+  ASSERT_TRUE(tensors.Get("T").ok());
+  EXPECT_TRUE(tensors.Recovering().empty());
 }
 
 }  // namespace

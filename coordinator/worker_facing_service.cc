@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/grpc_auth.h"
@@ -28,12 +29,36 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
                                                               const v1::RegisterWorkerRequest* req,
                                                               v1::RegisterWorkerResponse* resp) {
   if (absl::Status a = Authorize(ctx, "RegisterWorker"); !a.ok()) return Done(ctx, a);
+  std::vector<HeldBuffer> held;
+  held.reserve(req->held_size());
+  for (int i = 0; i < req->held_size(); ++i) {
+    const v1::HeldBuffer& h = req->held(i);
+    HeldBuffer b;
+    b.tensor = h.tensor();
+    b.version = h.version();
+    absl::StatusOr<RankChunks> chunks =
+        RankChunksFromProto(h.chunks(), absl::StrCat("held[", i, "].chunks"), &b.checksums);
+    if (!chunks.ok()) return Done(ctx, chunks.status());
+    if (b.tensor.empty()) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat("held[", i, "].tensor: empty")));
+    }
+    b.chunks = *std::move(chunks);
+    held.push_back(std::move(b));
+  }
   absl::StatusOr<WorkerRecord> w = workers_->Register(
       WorkerSpec{req->name(), req->host(), req->device(), req->address(), req->backend()});
   if (!w.ok()) return Done(ctx, w.status());
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
+      tensors_->Reconcile(w->rank, w->incarnation, held);
+  if (!drop.ok()) return Done(ctx, drop.status());
   resp->set_rank(w->rank);
   resp->set_incarnation(w->incarnation);
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
+  for (const auto& [tensor, version] : *drop) {
+    v1::HeldBuffer* d = resp->add_drop();
+    d->set_tensor(tensor);
+    d->set_version(version);
+  }
   return Done(ctx, absl::OkStatus());
 }
 

@@ -8,6 +8,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/tensor_manager.h"
 #include "coordinator/worker_manager.h"
 #include "proto/shardcoord.grpc.pb.h"
 
@@ -20,10 +21,13 @@ namespace shardcoord {
 // token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  WorkerFacingService(const Clock* clock, WorkerManager* workers, KvStore* kv, PlanManager* plans,
-                      absl::Duration heartbeat_interval, const Authenticator* auth = nullptr)
+  // `tensors` reconciles the buffers a registering worker reports (after a restart).
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
+                      KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
+                      const Authenticator* auth = nullptr)
       : clock_(clock),
         workers_(workers),
+        tensors_(tensors),
         kv_(kv),
         plans_(plans),
         heartbeat_interval_(heartbeat_interval),
@@ -51,6 +55,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
 
   const Clock* const clock_;
   WorkerManager* const workers_;
+  TensorManager* const tensors_;
   KvStore* const kv_;
   PlanManager* const plans_;
   const absl::Duration heartbeat_interval_;

@@ -1,8 +1,10 @@
 #include "coordinator/worker_manager.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
 
@@ -10,8 +12,66 @@ std::string WorkerRecord::Describe() const {
   return absl::StrCat("worker ", spec.name, " (rank ", rank, ")");
 }
 
-WorkerManager::WorkerManager(const Clock* clock, absl::Duration heartbeat_timeout)
-    : clock_(clock), heartbeat_timeout_(heartbeat_timeout) {}
+namespace {
+constexpr char kWorkerKind[] = "worker";
+}  // namespace
+
+WorkerManager::WorkerManager(const Clock* clock, absl::Duration heartbeat_timeout,
+                             StateStore* store)
+    : clock_(clock), heartbeat_timeout_(heartbeat_timeout), store_(store) {}
+
+absl::Status WorkerManager::Persist(const WorkerRecord& w) {
+  if (store_ == nullptr) return absl::OkStatus();
+  v1::WorkerInfo info;
+  info.set_name(w.spec.name);
+  info.set_rank(w.rank);
+  info.set_host(w.spec.host);
+  info.set_device(w.spec.device);
+  info.set_address(w.spec.address);
+  info.set_backend(w.spec.backend);
+  info.set_incarnation(w.incarnation);
+  info.set_state(w.alive ? v1::ALIVE : v1::DEAD);
+  return store_->Put(kWorkerKind, w.spec.name, info.SerializeAsString());
+}
+
+absl::Status WorkerManager::Load() {
+  if (store_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kWorkerKind);
+  if (!records.ok()) return records.status();
+  absl::MutexLock lock(&mu_);
+  for (const StateRecord& r : *records) {
+    v1::WorkerInfo info;
+    if (!info.ParseFromString(r.value) || info.name() != r.name || info.rank() < 0) {
+      return absl::InternalError(absl::StrCat("state store: bad worker record '", r.name, "'"));
+    }
+    if (info.rank() >= static_cast<int64_t>(workers_.size())) workers_.resize(info.rank() + 1);
+    WorkerRecord& w = workers_[info.rank()];
+    if (!w.spec.name.empty()) {
+      return absl::InternalError(absl::StrCat("state store: workers '", w.spec.name, "' and '",
+                                              info.name(), "' both have rank ", info.rank()));
+    }
+    w.spec = WorkerSpec{info.name(), info.host(), info.device(), info.address(), info.backend()};
+    w.rank = info.rank();
+    w.incarnation = info.incarnation();
+    w.alive = false;
+    w.death_reason = "coordinator restarted; not registered again yet";
+    rank_of_[info.name()] = info.rank();
+    last_incarnation_ = std::max(last_incarnation_, info.incarnation());
+    if (info.state() == v1::ALIVE) live_before_restart_[info.rank()] = info.incarnation();
+  }
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i].spec.name.empty()) {
+      return absl::InternalError(absl::StrCat("state store: no worker has rank ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool WorkerManager::WasLiveBeforeRestart(int64_t rank, int64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = live_before_restart_.find(rank);
+  return it != live_before_restart_.end() && it->second == incarnation;
+}
 
 void WorkerManager::AddListener(WorkerListener* listener) {
   absl::MutexLock lock(&mu_);
@@ -37,21 +97,29 @@ absl::StatusOr<WorkerRecord> WorkerManager::Register(const WorkerSpec& spec) {
   WorkerRecord out;
   {
     absl::MutexLock lock(&mu_);
-    auto [it, inserted] = rank_of_.emplace(spec.name, static_cast<int64_t>(workers_.size()));
-    if (inserted) {
+    auto found = rank_of_.find(spec.name);
+    const bool known = found != rank_of_.end();
+    WorkerRecord next;
+    if (known) next = workers_[found->second];
+    next.rank = known ? found->second : static_cast<int64_t>(workers_.size());
+    next.spec = spec;
+    next.incarnation = last_incarnation_ + 1;
+    next.alive = true;
+    next.last_heartbeat = clock_->Now();
+    next.death_reason.clear();
+    // Durable before it takes effect: a rank handed out is never handed to another name.
+    if (absl::Status s = Persist(next); !s.ok()) return s;
+    ++last_incarnation_;
+    if (!known) {
+      rank_of_.emplace(spec.name, next.rank);
       workers_.emplace_back();
-      workers_.back().rank = it->second;
     }
-    WorkerRecord& w = workers_[it->second];
-    if (!inserted && w.alive) {
+    WorkerRecord& w = workers_[next.rank];
+    if (known && w.alive) {
       lost.emplace_back(w, absl::StrCat("re-registered (incarnation ", w.incarnation,
-                                        " replaced by ", last_incarnation_ + 1, ")"));
+                                        " replaced by ", next.incarnation, ")"));
     }
-    w.spec = spec;
-    w.incarnation = ++last_incarnation_;
-    w.alive = true;
-    w.last_heartbeat = clock_->Now();
-    w.death_reason.clear();
+    w = next;
     out = w;
   }
   Notify(lost);
@@ -98,6 +166,9 @@ std::vector<WorkerRecord> WorkerManager::CheckHealth(absl::Time now) {
           absl::StrCat("no heartbeat for ", absl::FormatDuration(now - w.last_heartbeat),
                        " (timeout ", absl::FormatDuration(heartbeat_timeout_), ")");
       lost.emplace_back(w, absl::StrCat("died: ", w.death_reason));
+      // Best effort: a death that was not stored only means that after a restart this
+      // incarnation's chunks are accepted if the worker reports them intact.
+      Persist(w).IgnoreError();
     }
   }
   Notify(lost);
@@ -120,6 +191,7 @@ absl::Status WorkerManager::MarkDead(absl::string_view name, int64_t incarnation
       w.alive = false;
       w.death_reason = reason;
       lost.emplace_back(w, absl::StrCat("died: ", reason));
+      Persist(w).IgnoreError();  // Best effort, as in CheckHealth.
     }
   }
   Notify(lost);

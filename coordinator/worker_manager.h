@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/state_store.h"
 
 namespace shardcoord {
 
@@ -54,13 +55,24 @@ class WorkerListener {
 // is dead; the daemon's health thread calls CheckHealth. Thread-safe.
 class WorkerManager {
  public:
-  WorkerManager(const Clock* clock, absl::Duration heartbeat_timeout);
+  // `store` (not owned; null: nothing is stored) keeps the name -> rank table and each
+  // worker's last incarnation and liveness ("worker" records, WorkerInfo): ranks stay stable
+  // and incarnations keep increasing across coordinator restarts.
+  WorkerManager(const Clock* clock, absl::Duration heartbeat_timeout, StateStore* store = nullptr);
+
+  // Loads the stored workers, all dead ("coordinator restarted") until they register again,
+  // and remembers which incarnations were live when the coordinator stopped. Call once,
+  // before workers register. INTERNAL for a record that does not parse.
+  absl::Status Load();
+  // True when `rank` was live in `incarnation` when the coordinator last stopped (per Load).
+  bool WasLiveBeforeRestart(int64_t rank, int64_t incarnation) const;
 
   // Not owned; must outlive the manager. Add before workers register.
   void AddListener(WorkerListener* listener);
 
-  // INVALID_ARGUMENT empty name or address. A live worker that registers again loses its
-  // old incarnation (listeners hear of it).
+  // INVALID_ARGUMENT empty name or address; UNAVAILABLE (or the store's error) when the
+  // registration could not be stored (nothing changed). A live worker that registers again loses
+  // its old incarnation (listeners hear of it).
   absl::StatusOr<WorkerRecord> Register(const WorkerSpec& spec);
 
   // NOT_FOUND unknown name; ABORTED a stale incarnation or a worker declared dead (it must
@@ -91,14 +103,19 @@ class WorkerManager {
 
  private:
   void Notify(const std::vector<std::pair<WorkerRecord, std::string>>& lost);
+  // Stores `w` (no-op without a store).
+  absl::Status Persist(const WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
   const absl::Duration heartbeat_timeout_;
+  StateStore* const store_;
   mutable absl::Mutex mu_;
   std::vector<WorkerListener*> listeners_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerRecord> workers_ ABSL_GUARDED_BY(mu_);  // Index = rank.
   absl::flat_hash_map<std::string, int64_t> rank_of_ ABSL_GUARDED_BY(mu_);
   int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  // rank -> incarnation live when the coordinator last stopped (from Load).
+  absl::flat_hash_map<int64_t, int64_t> live_before_restart_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

@@ -116,5 +116,44 @@ TEST_F(WorkerManagerTest, MarkDeadOnlyHitsTheGivenIncarnation) {
   EXPECT_EQ(workers_.GetByRank(7).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A restarted coordinator (a new manager over the same store) keeps every name's rank,
+// hands out incarnations above all earlier ones, and knows which incarnations were live.
+TEST(WorkerManagerStoreTest, RanksSurviveARestart) {
+  FakeClock clock;
+  MemoryStateStore store;
+  int64_t last = 0;
+  {
+    WorkerManager workers(&clock, absl::Seconds(5), &store);
+    ASSERT_TRUE(workers.Load().ok());
+    ASSERT_TRUE(workers.Register(Spec("a")).ok());
+    ASSERT_TRUE(workers.Register(Spec("b")).ok());
+    ASSERT_TRUE(workers.Register(Spec("c")).ok());
+    absl::StatusOr<WorkerRecord> b = workers.Get("b");
+    ASSERT_TRUE(workers.MarkDead("b", b->incarnation, "gone").ok());
+    last = workers.Get("c")->incarnation;
+  }
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  ASSERT_TRUE(workers.Load().ok());
+  std::vector<WorkerRecord> all = workers.List();
+  ASSERT_EQ(all.size(), 3u);
+  for (const WorkerRecord& w : all) {
+    EXPECT_FALSE(w.alive) << w.Describe();
+    EXPECT_THAT(w.death_reason, HasSubstr("coordinator restarted"));
+  }
+  EXPECT_TRUE(workers.WasLiveBeforeRestart(0, 1));
+  EXPECT_FALSE(workers.WasLiveBeforeRestart(1, 2));  // Declared dead before the restart.
+  EXPECT_TRUE(workers.WasLiveBeforeRestart(2, 3));
+  EXPECT_FALSE(workers.WasLiveBeforeRestart(2, 2));
+  // The old incarnation is refused; registering again keeps the rank, in any order.
+  EXPECT_EQ(workers.Heartbeat("c", last).code(), absl::StatusCode::kAborted);
+  absl::StatusOr<WorkerRecord> c = workers.Register(Spec("c"));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->rank, 2);
+  EXPECT_GT(c->incarnation, last);
+  absl::StatusOr<WorkerRecord> d = workers.Register(Spec("d"));
+  EXPECT_EQ(d->rank, 3);
+  EXPECT_EQ(workers.Register(Spec("a"))->rank, 0);
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
 
   std::unique_ptr<Cluster> cluster(new Cluster());
   cluster->options_ = options;
+  cluster->coordinator_bin_ = *coordinator_bin;
   auto process_options = [&](const std::string& name) {
     ProcessOptions po;
     po.name = name;
@@ -73,31 +74,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     return po;
   };
 
-  // Port 0 for metrics too, so that parallel tests never meet on 7401.
-  std::vector<std::string> argv = {*coordinator_bin, "--listen=127.0.0.1:0",
-                                   "--http-listen=127.0.0.1:0"};
-  argv.insert(argv.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
-  absl::StatusOr<std::unique_ptr<Process>> coordinator =
-      Process::Start(argv, process_options("coordinator"));
-  if (!coordinator.ok()) return coordinator.status();
-  cluster->coordinator_ = *std::move(coordinator);
-  const std::string marker = "coordinator listening on ";
-  absl::StatusOr<std::string> line =
-      cluster->coordinator_->WaitForLine(marker, options.start_timeout);
-  if (!line.ok()) return line.status();
-  absl::StatusOr<std::string> address = AddressAfter(*line, marker);
-  if (!address.ok()) return address.status();
-  cluster->coordinator_address_ = *address;
-  // Printed before the listening line (absent when a flag turned it off).
-  const std::string metrics_marker = "coordinator metrics on http://";
-  for (const std::string& l : cluster->coordinator_->Lines()) {
-    if (l.find(metrics_marker) == std::string::npos) continue;
-    absl::StatusOr<std::string> url = AddressAfter(l, metrics_marker);
-    if (!url.ok()) return url.status();
-    cluster->metrics_address_ = url->substr(0, url->find('/'));
-  }
-  cluster->client_ =
-      std::make_unique<CoordinatorClient>(cluster->coordinator_address_, options.client_options);
+  if (absl::Status s = cluster->StartCoordinator("127.0.0.1:0"); !s.ok()) return s;
 
   // All workers start at once; each one's line is awaited afterwards.
   for (int i = 0; i < options.num_workers; ++i) {
@@ -167,6 +144,65 @@ absl::Status Cluster::WaitForWorkers(const std::vector<std::string>& names, v1::
     // Registration has no push notification for clients: poll the condition.
     absl::SleepFor(kRegistrationPoll);
   }
+}
+
+absl::Status Cluster::StartCoordinator(const std::string& listen) {
+  ProcessOptions po;
+  po.name = "coordinator";
+  po.echo_stdout = options_.echo_stdout;
+  if (!options_.log_dir.empty()) {
+    // coordinator.log, then coordinator.1.log, ... for restarts.
+    po.stderr_path = coordinator_starts_ == 0 ? absl::StrCat(options_.log_dir, "/coordinator.log")
+                                              : absl::StrCat(options_.log_dir, "/coordinator.",
+                                                             coordinator_starts_, ".log");
+  }
+  ++coordinator_starts_;
+  // Port 0 for metrics too, so that parallel tests never meet on 7401.
+  std::vector<std::string> argv = {coordinator_bin_, absl::StrCat("--listen=", listen),
+                                   "--http-listen=127.0.0.1:0"};
+  if (options_.state_dir.empty()) {
+    argv.push_back("--state=memory");
+  } else {
+    argv.push_back(absl::StrCat("--state-dir=", options_.state_dir));
+  }
+  argv.insert(argv.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+  absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(argv, po);
+  if (!coordinator.ok()) return coordinator.status();
+  coordinator_ = *std::move(coordinator);
+  const std::string marker = "coordinator listening on ";
+  absl::StatusOr<std::string> line = coordinator_->WaitForLine(marker, options_.start_timeout);
+  if (!line.ok()) return line.status();
+  absl::StatusOr<std::string> address = AddressAfter(*line, marker);
+  if (!address.ok()) return address.status();
+  coordinator_address_ = *address;
+  // Printed before the listening line (absent when a flag turned it off).
+  const std::string metrics_marker = "coordinator metrics on http://";
+  metrics_address_.clear();
+  for (const std::string& l : coordinator_->Lines()) {
+    if (l.find(metrics_marker) == std::string::npos) continue;
+    absl::StatusOr<std::string> url = AddressAfter(l, metrics_marker);
+    if (!url.ok()) return url.status();
+    metrics_address_ = url->substr(0, url->find('/'));
+  }
+  client_ = std::make_unique<CoordinatorClient>(coordinator_address_, options_.client_options);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::KillCoordinator() {
+  if (coordinator_ == nullptr) return absl::FailedPreconditionError("no running coordinator");
+  client_.reset();
+  absl::Status s = coordinator_->Kill();
+  coordinator_.reset();
+  return s;
+}
+
+absl::Status Cluster::RestartCoordinator(absl::Duration timeout) {
+  if (coordinator_ != nullptr) return absl::FailedPreconditionError("coordinator still running");
+  const absl::Duration saved = options_.start_timeout;
+  options_.start_timeout = timeout;
+  absl::Status s = StartCoordinator(coordinator_address_);
+  options_.start_timeout = saved;
+  return s;
 }
 
 absl::Status Cluster::KillWorker(int index) {

@@ -24,6 +24,9 @@ struct ClusterOptions {
   // Extra flags of the coordinator and of every worker ("--heartbeat-timeout=2s").
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> worker_flags;
+  // The coordinator's state: empty keeps it in memory (--state memory); otherwise a
+  // directory of its own (--state-dir), e.g. under TEST_TMPDIR, never shared between tests.
+  std::string state_dir;
   // Bound on startup: each "listening on" line, then all workers ALIVE.
   absl::Duration start_timeout = absl::Seconds(60);
   // Copy daemons' stdout into our stderr (the test log); stderr is inherited unless
@@ -66,6 +69,12 @@ class Cluster {
   absl::Status KillWorker(int index);
   bool worker_running(int index) const { return workers_[index] != nullptr; }
 
+  // SIGKILL the coordinator and reap it; the workers keep running (and their buffers).
+  absl::Status KillCoordinator();
+  // Starts the coordinator again on the same address with the same flags (and state dir)
+  // and waits for its "listening on" line. client() is a new client afterwards.
+  absl::Status RestartCoordinator(absl::Duration timeout);
+
   // Polls ListWorkers until every worker in `names` has `state`, or `timeout` passes
   // (DEADLINE_EXCEEDED listing what the coordinator reports).
   absl::Status WaitForWorkers(const std::vector<std::string>& names, v1::WorkerState state,
@@ -74,7 +83,12 @@ class Cluster {
  private:
   Cluster() = default;
 
+  // Starts the coordinator listening on `listen` and sets coordinator_address_ and client_.
+  absl::Status StartCoordinator(const std::string& listen);
+
   ClusterOptions options_;
+  std::string coordinator_bin_;
+  int coordinator_starts_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<v1::WorkerInfo> infos_;

@@ -79,12 +79,15 @@ start_daemon() {
 }
 
 echo "== starting a coordinator and four CPU workers on loopback"
+# The coordinator keeps meshes, tensors and worker ranks in SQLite (state.db) in this
+# directory; a coordinator restarted on it recovers them (docs/decisions.md).
+state_dir=$work/state
 start_daemon coordinator "coordinator listening on " \
-  "$coordinator_bin" --listen=127.0.0.1:0 --http-listen=127.0.0.1:0
+  "$coordinator_bin" --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --state-dir="$state_dir"
 address=${started_line##*listening on }
 address=${address%% *}
 export SHARDCOORD_ADDR=$address
-echo "coordinator at $address"
+echo "coordinator at $address, state in $state_dir/state.db"
 # Printed before the listening line: "coordinator metrics on http://HOST:PORT/metrics".
 metrics_url=$(sed -n 's/^coordinator metrics on \(http:[^ ]*\).*/\1/p' "$work/coordinator.out")
 if [[ -n $metrics_url ]]; then

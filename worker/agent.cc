@@ -1,5 +1,6 @@
 #include "worker/agent.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,9 +24,25 @@ bool Agent::WaitOrStop(absl::Duration d) {
   return stopping_;
 }
 
+absl::Duration Agent::Backoff(int attempt) const {
+  absl::Duration d = options_.initial_retry_interval;
+  for (int i = 0; i < attempt && d < options_.retry_interval; ++i) d *= 2;
+  return std::min(d, options_.retry_interval);
+}
+
 absl::Status Agent::RegisterOnce() {
-  absl::StatusOr<v1::RegisterWorkerResponse> r = rpc_->Register(options_.registration);
+  v1::RegisterWorkerRequest request = options_.registration;
+  if (options_.held) {
+    for (v1::HeldBuffer& h : options_.held()) *request.add_held() = std::move(h);
+  }
+  absl::StatusOr<v1::RegisterWorkerResponse> r = rpc_->Register(request);
   if (!r.ok()) return r.status();
+  if (r->drop_size() > 0) {
+    Log(absl::StrCat("the coordinator dropped ", r->drop_size(), " buffers"));
+    for (const v1::HeldBuffer& d : r->drop()) {
+      if (options_.drop) options_.drop(d.tensor(), d.version());
+    }
+  }
   absl::MutexLock lock(&mu_);
   identity_.name = options_.registration.name();
   identity_.rank = r->rank();
@@ -38,14 +55,14 @@ absl::Status Agent::RegisterOnce() {
 
 absl::Status Agent::Start(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
+  for (int attempt = 0;; ++attempt) {
     absl::Status s = RegisterOnce();
     if (s.ok()) break;
     const bool transient = s.code() == absl::StatusCode::kUnavailable ||
                            s.code() == absl::StatusCode::kDeadlineExceeded;
     if (!transient || absl::Now() >= deadline) return s;
     Log(absl::StrCat("registration failed, retrying: ", s.ToString()));
-    if (WaitOrStop(std::min(options_.retry_interval, deadline - absl::Now()))) {
+    if (WaitOrStop(std::min(Backoff(attempt), deadline - absl::Now()))) {
       return absl::CancelledError("agent stopped before registering");
     }
   }
@@ -74,7 +91,8 @@ void Agent::Loop() {
       continue;
     }
     Log(absl::StrCat("heartbeat refused (", s.ToString(), "); registering again"));
-    while (true) {
+    if (options_.before_registering_again) options_.before_registering_again();
+    for (int attempt = 0;; ++attempt) {
       absl::Status r = RegisterOnce();
       if (r.ok()) {
         const WorkerIdentity id = identity();
@@ -82,7 +100,7 @@ void Agent::Loop() {
         break;
       }
       Log(absl::StrCat("registration failed: ", r.ToString()));
-      if (WaitOrStop(options_.retry_interval)) return;
+      if (WaitOrStop(Backoff(attempt))) return;
     }
   }
 }

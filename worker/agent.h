@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -19,8 +20,18 @@ namespace shardcoord {
 
 struct AgentOptions {
   v1::RegisterWorkerRequest registration;  // name, host, device, address, backend.
-  // Between registration attempts while the coordinator is unreachable.
+  // Between registration attempts while the coordinator is unreachable: the first retry
+  // waits initial_retry_interval, each next one twice as long, at most retry_interval.
+  absl::Duration initial_retry_interval = absl::Milliseconds(50);
   absl::Duration retry_interval = absl::Seconds(1);
+  // What the worker holds, reported with every registration (RegisterWorkerRequest.held) so
+  // a restarted coordinator can reconcile; null: nothing.
+  std::function<std::vector<v1::HeldBuffer>()> held;
+  // Called before each registration after the first (the old incarnation's plans are over:
+  // the worker aborts them so that `held` is final).
+  std::function<void()> before_registering_again;
+  // Called with each buffer the coordinator answers to drop (RegisterWorkerResponse.drop).
+  std::function<void(const std::string& tensor, int64_t version)> drop;
   // When the coordinator returns no heartbeat interval.
   absl::Duration default_heartbeat_interval = absl::Seconds(1);
   // Log lines (the daemon sends them to spdlog).
@@ -29,9 +40,11 @@ struct AgentOptions {
 
 // Keeps the worker registered with the coordinator: registers, then heartbeats on its own
 // thread at the interval the coordinator returned; when a heartbeat is refused as stale
-// (ABORTED) or unknown (NOT_FOUND, e.g. after a coordinator restart) it registers again and
-// so gets a new incarnation. Other heartbeat failures (coordinator unreachable) are retried
-// at the next beat. Thread-safe.
+// (ABORTED) or unknown (NOT_FOUND, e.g. after a coordinator restart) it registers again
+// under the same name (so the same rank), reporting the buffers it holds, and gets a new
+// incarnation. Other heartbeat failures (coordinator unreachable) are retried at the next
+// beat; the worker keeps its buffers meanwhile. Registrations are retried with exponential
+// backoff. Thread-safe.
 class Agent {
  public:
   Agent(CoordinatorAgentRpc* rpc, AgentOptions options);
@@ -52,6 +65,8 @@ class Agent {
   void Log(absl::string_view line) const;
   // Waits `d` or until Stop; true when stopping.
   bool WaitOrStop(absl::Duration d);
+  // The wait before retry number `attempt` (0-based).
+  absl::Duration Backoff(int attempt) const;
 
   CoordinatorAgentRpc* const rpc_;
   const AgentOptions options_;

@@ -1,6 +1,9 @@
 #include "worker/agent.h"
 
+#include <atomic>
 #include <deque>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -92,11 +95,15 @@ TEST(AgentTest, StaleIncarnationRegistersAgain) {
     rpc.beat_errors_.push_back(absl::UnavailableError("coordinator down"));
     rpc.beat_errors_.push_back(absl::NotFoundError("unknown worker"));
   }
-  Agent agent(&rpc, Options());
+  AgentOptions o = Options();
+  std::atomic<int> aborts{0};
+  o.before_registering_again = [&aborts] { ++aborts; };
+  Agent agent(&rpc, o);
   ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
   rpc.WaitBeats(6);
   agent.Stop();
   EXPECT_EQ(agent.registrations(), 3);
+  EXPECT_EQ(aborts, 2);  // Before each registration but the first.
   EXPECT_EQ(agent.identity().incarnation, 103);
   absl::MutexLock lock(&rpc.mu_);
   EXPECT_EQ(rpc.beats_[0].incarnation(), 101);
@@ -155,6 +162,44 @@ TEST(AgentTest, StopInterruptsALongInterval) {
   agent.Stop();  // Returns without waiting the hour.
   absl::MutexLock lock(&rpc.mu_);
   EXPECT_TRUE(rpc.beats_.empty());
+}
+
+// Every registration reports what the worker holds, and the coordinator's drops reach the
+// worker's callback.
+TEST(AgentTest, RegistrationReportsHeldBuffersAndAppliesDrops) {
+  class DroppingRpc : public FakeRpc {
+   public:
+    absl::StatusOr<v1::RegisterWorkerResponse> Register(
+        const v1::RegisterWorkerRequest& request) override {
+      absl::StatusOr<v1::RegisterWorkerResponse> r = FakeRpc::Register(request);
+      if (r.ok()) {
+        v1::HeldBuffer* d = r->add_drop();
+        d->set_tensor("T");
+        d->set_version(7);
+      }
+      return r;
+    }
+  };
+  DroppingRpc rpc;
+  AgentOptions o = Options();
+  o.held = [] {
+    v1::HeldBuffer h;
+    h.set_tensor("T");
+    h.set_version(7);
+    h.mutable_chunks()->set_rank(5);
+    return std::vector<v1::HeldBuffer>{h};
+  };
+  std::vector<std::pair<std::string, int64_t>> dropped;
+  o.drop = [&dropped](const std::string& t, int64_t v) { dropped.emplace_back(t, v); };
+  Agent agent(&rpc, o);
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  agent.Stop();
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0], std::make_pair(std::string("T"), int64_t{7}));
+  absl::MutexLock lock(&rpc.mu_);
+  ASSERT_EQ(rpc.last_registration_.held_size(), 1);
+  EXPECT_EQ(rpc.last_registration_.held(0).tensor(), "T");
+  EXPECT_EQ(rpc.last_registration_.held(0).version(), 7);
 }
 
 }  // namespace

@@ -36,6 +36,11 @@ std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std:
                                                                       std::string token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // A restarted coordinator is found within a second, however long it was away (gRPC's
+  // reconnect backoff otherwise grows to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return std::make_unique<GrpcCoordinatorClient>(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), rpc_timeout,
       std::move(token));

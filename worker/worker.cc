@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/convert.h"
 #include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 #include "worker/backends/gloo/gloo_communicator.h"
@@ -212,6 +213,20 @@ absl::StatusOr<std::string> Worker::Start() {
   agent_options.registration.set_backend(nccl ? "nccl" : "gloo");
   agent_options.registration.set_address(address);
   agent_options.log = LogInfo;
+  // Buffers survive a coordinator outage; every registration reports them so a restarted
+  // coordinator can reconcile, and drops what it says never committed.
+  agent_options.held = [this] { return HeldBuffers(); };
+  agent_options.before_registering_again = [this] {
+    if (int n = core_->AbortAll(); n > 0) {
+      spdlog::info("aborted {} plans of the previous incarnation before registering again", n);
+    }
+  };
+  agent_options.drop = [this](const std::string& tensor, int64_t version) {
+    v1::DropTensorRequest drop;
+    drop.set_tensor(tensor);
+    drop.set_version(version);
+    core_->DropTensor(drop).IgnoreError();
+  };
   agent_ = std::make_unique<Agent>(client_.get(), agent_options);
   absl::Status registered = agent_->Start(options_.register_timeout);
   if (!registered.ok()) {
@@ -229,6 +244,26 @@ absl::StatusOr<std::string> Worker::Start() {
                  options_.coordinator);
   }
   return address;
+}
+
+std::vector<v1::HeldBuffer> Worker::HeldBuffers() const {
+  std::vector<v1::HeldBuffer> out;
+  for (const BufferStore::Entry& e : buffers_.List()) {
+    std::shared_ptr<HostBuffer> buffer = buffers_.Find(e.tensor, e.version);
+    if (buffer == nullptr) continue;  // Dropped meanwhile.
+    absl::StatusOr<std::vector<uint64_t>> sums = buffer->Checksums();
+    if (!sums.ok()) {
+      spdlog::warn("cannot checksum {} version {}: {}", e.tensor, e.version,
+                   sums.status().ToString());
+      continue;  // Not reported: the coordinator counts it as lost.
+    }
+    v1::HeldBuffer h;
+    h.set_tensor(e.tensor);
+    h.set_version(e.version);
+    *h.mutable_chunks() = RankChunksToProto(buffer->chunks(), *sums);
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 bool Worker::Shutdown(absl::Duration grace) {

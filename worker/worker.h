@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -84,6 +85,8 @@ class Worker {
 
  private:
   WorkerIdentity Identity() const;
+  // Every buffer held, with its chunks' checksums (for registration).
+  std::vector<v1::HeldBuffer> HeldBuffers() const;
 
   WorkerOptions options_;
   Registry registry_;

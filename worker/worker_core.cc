@@ -221,6 +221,34 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   return absl::OkStatus();
 }
 
+int WorkerCore::AbortAll() {
+  std::vector<std::shared_ptr<PlanRun>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, run] : plans_) {
+      // A running fragment no longer stores its target nor reports. A stored target stays:
+      // its plan may have committed at the coordinator just before it stopped, so the
+      // registration reports it and the coordinator says whether to drop it.
+      run->aborted = true;
+      runs.push_back(run);
+      if (ended_.insert(id).second) {
+        ended_order_.push_back(id);
+        if (ended_order_.size() > kRememberEndedPlans) {
+          ended_.erase(ended_order_.front());
+          ended_order_.pop_front();
+        }
+      }
+    }
+    plans_.clear();
+  }
+  for (const std::shared_ptr<PlanRun>& run : runs) {
+    run->cancel.Cancel();
+    communicators_->ReleasePrefix(run->fragment.communicator_prefix);
+    if (log_) log_(absl::StrCat("plan ", run->fragment.plan_id, ": abandoned"));
+  }
+  return static_cast<int>(runs.size());
+}
+
 absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request) {
   if (request.tensor().empty()) return absl::InvalidArgumentError("tensor: empty");
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");

@@ -63,6 +63,13 @@ class WorkerCore {
 
   absl::Status Execute(const v1::PlanFragment& fragment);
   absl::Status FinishPlan(const v1::FinishPlanRequest& request);
+  // Forgets every plan this worker has not seen finished: running fragments are cancelled
+  // and never store their target; targets already stored are kept (their plan may have
+  // committed just before a coordinator crash), for the coordinator to keep or drop when the
+  // worker registers again and reports them. The agent calls it before registering again:
+  // the coordinator has ended (or, restarted, forgotten) every plan of the old incarnation,
+  // so no FinishPlan may come. Returns how many.
+  int AbortAll();
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
   absl::Status DropTensor(const v1::DropTensorRequest& request);
 

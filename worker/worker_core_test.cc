@@ -334,6 +334,39 @@ TEST_F(LifecycleTest, AbortInterruptsAStepInFlight) {
   EXPECT_EQ(reporter_.size(), 0);  // Aborted fragments do not report.
 }
 
+// Before registering again a worker forgets every plan it still has: running fragments are
+// cancelled and never store their target; stored targets of plans whose commit never came
+// stay (the coordinator decides at registration).
+TEST_F(LifecycleTest, AbortAllCancelsRunningPlansAndKeepsStoredTargets) {
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p9", /*timeout_ms=*/600000)).ok());
+  }
+  // Rank 3 joins the communicator but runs no fragment: the others wait in the step.
+  CommunicatorSpec spec;
+  spec.ranks = {0, 1, 2, 3};
+  spec.incarnations = {7, 7, 7, 7};
+  spec.my_rank = 3;
+  spec.key_prefix = "plan/p9/";
+  ASSERT_TRUE(workers_[3]->cache.Get(spec).ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 1);
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 0);
+    EXPECT_EQ(workers_[r]->core.Execute(Fragment(r, "p9")).code(), absl::StatusCode::kAborted);
+  }
+  workers_[3]->cache.ReleasePrefix("plan/p9/");
+
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p8")).ok());
+  reporter_.WaitFinals(4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 1);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+}
+
 TEST_F(LifecycleTest, AbortAfterSuccessDropsTheNewBuffer) {
   for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p3")).ok());
   reporter_.WaitFinals(4);
