@@ -49,10 +49,11 @@ int main(int argc, char** argv) {
                  "token hash`; # comments); without it every call is allowed");
   app.add_option("--http-listen", options.http_listen,
                  "host:port of the HTTP server for Prometheus metrics at /metrics (port 0: "
-                 "pick a free one; \"off\": no HTTP server)") app
-      .add_option("--state", state,
-                  "where meshes, tensors and worker ranks live: sqlite (durable, in --state-dir; "
-                  "a restarted coordinator recovers them) or memory (lost on exit)")
+                 "pick a free one; \"off\": no HTTP server)")
+      ->capture_default_str();
+  app.add_option("--state", state,
+                 "where meshes, tensors and worker ranks live: sqlite (durable, in --state-dir; "
+                 "a restarted coordinator recovers them) or memory (lost on exit)")
       ->check(CLI::IsMember({"sqlite", "memory"}))
       ->capture_default_str();
   app.add_option("--state-dir", state_dir,

@@ -40,7 +40,8 @@ class ServiceAuthTest : public ::testing::Test {
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, kDefaultBandBytes),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, 64, /*metrics=*/nullptr, &auth_),
-        worker_service_(&clock_, &workers_, &kv_, &plans_, absl::Milliseconds(250), &auth_) {
+        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250),
+                        &auth_) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
