@@ -11,6 +11,8 @@ PACKAGES=(
   # Core libraries.
   libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libgloo-dev libcli11-dev libxxhash-dev libssl-dev
+  # TLS material for development and tests (tools/dev_certs.sh).
+  openssl
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
 )
