@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcoord {
@@ -51,7 +53,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
       options_.worker_client.chunk_message_bytes, options_.auth ? &*options_.auth : nullptr);
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &kv_, plans_.get(), options_.heartbeat_interval,
-      options_.auth ? &*options_.auth : nullptr);
+      options_.auth ? &*options_.auth : nullptr,
+      options_.worker_client.tls.client_auth == TlsClientAuth::kRequire);
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());
@@ -60,9 +63,21 @@ Coordinator::Coordinator(CoordinatorOptions options)
 Coordinator::~Coordinator() { Shutdown(); }
 
 absl::StatusOr<std::string> Coordinator::Start() {
+  const TlsOptions& tls = options_.worker_client.tls;
+  if (absl::Status s =
+          CheckPlaintextListen("listen", options_.listen, tls.enabled(), options_.insecure);
+      !s.ok()) {
+    return s;
+  }
+  if (!tls.enabled() && !IsLoopbackListenAddress(options_.listen)) {
+    spdlog::warn(
+        "--insecure: serving plaintext on {}: tokens and tensors cross the network "
+        "in clear text",
+        options_.listen);
+  }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, MakeServerCredentials(tls), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());

@@ -36,7 +36,12 @@ struct CoordinatorOptions {
   // Whole uploads and downloads move through the coordinator in bands of at most this many
   // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
   int64_t io_band_bytes = kDefaultBandBytes;
+  // worker_client.tls also serves both services: TLS when enabled (the client
+  // authentication of worker_client.tls.client_auth; with kRequire a worker's certificate must
+  // name the worker), plaintext otherwise.
   GrpcWorkerClientOptions worker_client;
+  // Serve plaintext on a non-loopback --listen address (refused otherwise).
+  bool insecure = false;
   // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
 };

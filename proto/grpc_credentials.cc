@@ -1,5 +1,7 @@
 #include "proto/grpc_credentials.h"
 
+#include <algorithm>
+
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -47,7 +49,8 @@ std::vector<std::string> PeerCertificateNames(const grpc::ServerContextBase& ctx
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
   for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
-      names.emplace_back(value.data(), value.size());
+      std::string name(value.data(), value.size());
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
   }
   return names;

@@ -22,8 +22,7 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsOption
 // With TLS, makes the channel check that the server's certificate is for `name` (its CN or
 // a SAN) instead of the host of the address dialled: the coordinator dials a worker by
 // address but expects the certificate of the worker it registered.
-void ExpectServerName(const TlsOptions& tls, const std::string& name,
-                      grpc::ChannelArguments* args);
+void ExpectServerName(const TlsOptions& tls, const std::string& name, grpc::ChannelArguments* args);
 
 // The names of the caller's verified certificate: its common name and subject alternative
 // names, from the call's auth context; empty without a verified certificate.

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/tls_options.h"
 #include "grpcpp/server.h"
 #include "worker/agent.h"
 #include "worker/backends/nccl/gpu_probe.h"
@@ -52,6 +53,11 @@ struct WorkerOptions {
   absl::Duration register_timeout = absl::Seconds(60);
   // Bearer token (worker role) for a coordinator started with --auth-tokens; empty: none.
   std::string token;
+  // TLS for the Worker service and the calls to the coordinator (the same certificate);
+  // plaintext when not enabled.
+  TlsOptions tls;
+  // Serve plaintext on a non-loopback --listen address (refused otherwise).
+  bool insecure = false;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
