@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "client/coordinator_client.h"
+#include "common/tls_options.h"
 
 namespace shardcoord {
 
@@ -65,6 +67,22 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
       ->type_name("TOKEN")
       ->group(kGlobalFlagsGroup);
   RejectConflictingRepeats(
+      app->add_option("--tls-ca", flags->tls_ca,
+                      "Use TLS, verifying the coordinator with this CA certificate (PEM; "
+                      "default: $SHARDCOORD_TLS_CA; neither: plaintext)"))
+      ->type_name("FILE")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
+      app->add_option("--tls-cert", flags->tls_cert,
+                      "Client certificate (PEM) for a coordinator that requests one; needs "
+                      "--tls-key and a CA"))
+      ->type_name("FILE")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
+      app->add_option("--tls-key", flags->tls_key, "Private key (PEM) of --tls-cert"))
+      ->type_name("FILE")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
       app->add_flag("--json", flags->json, "Print one JSON object instead of a table"))
       ->group(kGlobalFlagsGroup);
 }
@@ -99,6 +117,17 @@ std::string CoordinatorAddress(const ConnectionFlags& flags) {
 CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags) {
   CoordinatorClientOptions options;
   options.token = flags.token.empty() ? DefaultToken() : flags.token;
+  TlsFlags tls;
+  tls.ca = flags.tls_ca;
+  if (tls.ca.empty()) {
+    const char* env = std::getenv("SHARDCOORD_TLS_CA");
+    if (env != nullptr) tls.ca = env;
+  }
+  tls.cert = flags.tls_cert;
+  tls.key = flags.tls_key;
+  absl::StatusOr<TlsOptions> loaded = LoadClientTls(tls);
+  if (!loaded.ok()) throw CLI::ValidationError(std::string(loaded.status().message()));
+  options.tls = *std::move(loaded);
   return options;
 }
 

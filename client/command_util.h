@@ -30,7 +30,10 @@ inline constexpr int kExitBadFlags = 2;
 struct ConnectionFlags {
   std::string coordinator;  // host:port; empty = DefaultCoordinatorAddress().
   bool json = false;
-  std::string token;  // Bearer token; empty = DefaultToken() ($SHARDCOORD_TOKEN).
+  std::string token;     // Bearer token; empty = DefaultToken() ($SHARDCOORD_TOKEN).
+  std::string tls_ca;    // CA file; empty = $SHARDCOORD_TLS_CA; neither: plaintext.
+  std::string tls_cert;  // Client certificate file (needs tls_key and a CA).
+  std::string tls_key;
 };
 
 // Adds the global flags --coordinator, --token and --json to the root `app`, writing into `flags`
@@ -52,7 +55,10 @@ inline constexpr char kGlobalFlagsGroup[] = "Global flags (before or after the s
 // The address to dial: the flag, else $SHARDCOORD_ADDR, else 127.0.0.1:7400.
 std::string CoordinatorAddress(const ConnectionFlags& flags);
 
-// Client options carrying the token to send: the flag, else $SHARDCOORD_TOKEN, else none.
+// Client options carrying the token to send (the flag, else $SHARDCOORD_TOKEN, else none)
+// and the TLS material (--tls-ca, else $SHARDCOORD_TLS_CA; --tls-cert, --tls-key). A TLS
+// file that cannot be used throws CLI::ValidationError naming the flag and the path (a usage
+// error: status 2).
 CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags);
 
 // "shardctl: NOT_FOUND: tensor 'x' does not exist" on one line (newlines in the message

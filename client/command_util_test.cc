@@ -1,7 +1,11 @@
 #include "client/command_util.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <sstream>
+#include <string>
 
+#include "CLI/CLI.hpp"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -42,6 +46,31 @@ TEST(CoordinatorAddressTest, FlagWins) {
   EXPECT_EQ(CoordinatorAddress(flags), "e:1");
   ASSERT_EQ(unsetenv("SHARDCOORD_ADDR"), 0);
   EXPECT_EQ(CoordinatorAddress(flags), "127.0.0.1:7400");
+}
+
+TEST(ClientOptionsTest, TlsCaFromFlagElseEnvironment) {
+  const std::string ca = std::string(std::getenv("TEST_TMPDIR")) + "/ca.pem";
+  std::ofstream(ca) << "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  ASSERT_EQ(unsetenv("SHARDCOORD_TLS_CA"), 0);
+  ConnectionFlags flags;
+  EXPECT_FALSE(ClientOptions(flags).tls.enabled());
+  flags.tls_ca = ca;
+  EXPECT_TRUE(ClientOptions(flags).tls.enabled());
+  flags.tls_ca.clear();
+  ASSERT_EQ(setenv("SHARDCOORD_TLS_CA", ca.c_str(), 1), 0);
+  EXPECT_TRUE(ClientOptions(flags).tls.enabled());
+  ASSERT_EQ(unsetenv("SHARDCOORD_TLS_CA"), 0);
+}
+
+TEST(ClientOptionsTest, UnusableTlsFileIsAUsageErrorNamingFlagAndPath) {
+  ConnectionFlags flags;
+  flags.tls_ca = "/nonexistent/ca.pem";
+  try {
+    ClientOptions(flags);
+    ADD_FAILURE() << "no error";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--tls-ca: cannot read /nonexistent/ca.pem"));
+  }
 }
 
 TEST(FormatTableTest, PadsAndAligns) {

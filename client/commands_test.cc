@@ -539,6 +539,18 @@ TEST_F(ShardctlMainTest, TokenFromTheFlagElseTheEnvironment) {
   EXPECT_THAT(err_.str(), StartsWith("shardctl: --token: given twice with different values"));
 }
 
+TEST_F(ShardctlMainTest, UnusableTlsFileIsAFlagErrorNamingFlagAndPath) {
+  EXPECT_EQ(
+      Run({"--tls-ca", "/nonexistent/ca.pem", "tensor", "show", "x", "--coordinator", address_}),
+      2);
+  EXPECT_EQ(err_.str(),
+            "shardctl: --tls-ca: cannot read /nonexistent/ca.pem: No such file or "
+            "directory\n");
+  EXPECT_EQ(Run({"tensor", "show", "x", "--tls-cert", "c.pem", "--coordinator", address_}), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("needs --tls-cert and --tls-key together"));
+  EXPECT_EQ(out_.str(), "");
+}
+
 TEST_F(ShardctlMainTest, TokenHashReadsStdin) {
   // sha256("abc"); the newline echo appends is not part of the token.
   const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n";

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc_credentials.h"
 
 namespace shardcoord {
 namespace {
@@ -13,10 +14,10 @@ namespace {
 // Plans of big meshes and tensor layouts with many chunks exceed gRPC's 4 MiB default.
 constexpr int kMaxReceiveMessageBytes = 1 << 30;
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsOptions& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args);
 }
 
 }  // namespace
@@ -28,7 +29,7 @@ std::string DefaultCoordinatorAddress() {
 }
 
 CoordinatorClient::CoordinatorClient(const std::string& address, CoordinatorClientOptions options)
-    : CoordinatorClient(MakeChannel(address), address, options) {}
+    : CoordinatorClient(MakeChannel(address, options.tls), address, options) {}
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel,
                                      std::string address, CoordinatorClientOptions options)

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
 #include "proto/shardcoord.grpc.pb.h"
@@ -42,6 +43,9 @@ struct CoordinatorClientOptions {
   // Bearer token sent as metadata `authorization: Bearer TOKEN` on every call (a coordinator
   // started with --auth-tokens requires one); empty: none is sent.
   std::string token;
+  // TLS: verify the coordinator against tls.ca_pem and present tls.cert_pem when there is
+  // one (LoadClientTls reads --tls-ca, --tls-cert, --tls-key); plaintext when not enabled.
+  TlsOptions tls;
 };
 
 // $SHARDCOORD_TOKEN, or "" when it is unset.
@@ -52,7 +56,8 @@ using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
 
 class CoordinatorClient {
  public:
-  // Connects (lazily, on the first RPC) to `address` ("host:port") without TLS.
+  // Connects (lazily, on the first RPC) to `address` ("host:port"), with TLS when
+  // options.tls is enabled.
   explicit CoordinatorClient(const std::string& address, CoordinatorClientOptions options = {});
   // Uses an existing channel (tests use a server's in-process channel).
   CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel, std::string address,

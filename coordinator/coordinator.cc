@@ -5,9 +5,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tls_options.h"
 #include "coordinator/dashboard.h"
 #include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_credentials.h"
 #include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -102,7 +104,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                            options_.auth ? &*options_.auth : nullptr);
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
-      options_.auth ? &*options_.auth : nullptr);
+      options_.auth ? &*options_.auth : nullptr,
+      options_.worker_client.tls.client_auth == TlsClientAuth::kRequire);
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());
@@ -126,6 +129,18 @@ Coordinator::Coordinator(CoordinatorOptions options)
 Coordinator::~Coordinator() { Shutdown(); }
 
 absl::StatusOr<std::string> Coordinator::Start() {
+  const TlsOptions& tls = options_.worker_client.tls;
+  if (absl::Status s =
+          CheckPlaintextListen("listen", options_.listen, tls.enabled(), options_.insecure);
+      !s.ok()) {
+    return s;
+  }
+  if (!tls.enabled() && !IsLoopbackListenAddress(options_.listen)) {
+    spdlog::warn(
+        "--insecure: serving plaintext on {}: tokens and tensors cross the network "
+        "in clear text",
+        options_.listen);
+  }
   if (!init_status_.ok()) return init_status_;
   if (std::vector<std::string> recovering = tensors_.Recovering(); !recovering.empty()) {
     spdlog::info("recovering {} tensors from {}: waiting up to {} for their workers",
@@ -143,7 +158,7 @@ absl::StatusOr<std::string> Coordinator::Start() {
   }
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, MakeServerCredentials(tls), &port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());

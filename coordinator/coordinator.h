@@ -47,7 +47,12 @@ struct CoordinatorOptions {
   // After a restart, how long a recovered tensor waits for the workers that held its
   // chunks to register again; chunks of those still missing then are lost.
   absl::Duration recovery_timeout = absl::Seconds(15);
+  // worker_client.tls also serves both services: TLS when enabled (the client
+  // authentication of worker_client.tls.client_auth; with kRequire a worker's certificate must
+  // name the worker), plaintext otherwise.
   GrpcWorkerClientOptions worker_client;
+  // Serve plaintext on a non-loopback --listen address (refused otherwise).
+  bool insecure = false;
   // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
   // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/grpc_credentials.h"
 
 namespace shardcoord {
 
@@ -33,14 +34,16 @@ GrpcWorkerClient::~GrpcWorkerClient() {
       +[](std::map<grpc::ClientContext*, bool>* m) { return m->empty(); }, &in_flight_));
 }
 
-v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+v1::Worker::Stub* GrpcWorkerClient::StubFor(const WorkerEndpoint& worker) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<v1::Worker::Stub>& stub = stubs_[address];
+  std::unique_ptr<v1::Worker::Stub>& stub = stubs_[{worker.address, worker.name}];
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
+    // With TLS the worker must present the certificate of the name it registered.
+    ExpectServerName(options_.tls, worker.name, &args);
     stub = v1::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+        grpc::CreateCustomChannel(worker.address, MakeChannelCredentials(options_.tls), args));
   }
   return stub.get();
 }
@@ -67,7 +70,7 @@ void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeou
   auto* call = new Call;
   call->request = request;
   call->ctx.set_deadline(DeadlineIn(timeout));
-  v1::Worker::Stub* stub = StubFor(worker.address);
+  v1::Worker::Stub* stub = StubFor(worker);
   Begin(&call->ctx);
   start(stub->async(), &call->ctx, &call->request, &call->response,
         [this, call, done = std::move(done)](grpc::Status s) {
@@ -173,7 +176,7 @@ class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData>
 void GrpcWorkerClient::ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
                                  Callback<std::string> done) {
   auto* call = new ReadCall(this, request, options_.data_timeout, std::move(done));
-  call->Start(StubFor(worker.address));
+  call->Start(StubFor(worker));
 }
 
 // A WriteChunk stream fed piece by piece. The reactor keeps a gRPC hold until the caller
@@ -403,7 +406,7 @@ std::shared_ptr<ChunkWriteStream> GrpcWorkerClient::OpenWriteChunk(const WorkerE
   auto state = std::make_shared<StreamCall::State>();
   auto* call =
       new StreamCall(this, header, options_.data_timeout, options_.chunk_message_bytes, state);
-  call->Start(StubFor(worker.address));
+  call->Start(StubFor(worker));
   return std::make_shared<StreamHandle>(std::move(state));
 }
 

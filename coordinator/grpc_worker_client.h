@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls_options.h"
 #include "coordinator/worker_client.h"
 #include "proto/grpc_status.h"
 #include "proto/shardcoord.grpc.pb.h"
@@ -24,6 +25,9 @@ struct GrpcWorkerClientOptions {
   absl::Duration data_timeout = absl::Minutes(10);
   // Largest data payload per streamed message.
   int64_t chunk_message_bytes = 1 << 20;
+  // TLS to the workers (CA, and the coordinator's certificate as a client certificate);
+  // plaintext when not enabled.
+  TlsOptions tls;
 };
 
 // WorkerClient over gRPC's callback API: no thread waits on a worker, every call has a
@@ -59,7 +63,8 @@ class GrpcWorkerClient : public WorkerClient {
   class StreamCall;
   class StreamHandle;
 
-  v1::Worker::Stub* StubFor(const std::string& address);
+  // One channel per (address, name): with TLS the name is the certificate it must present.
+  v1::Worker::Stub* StubFor(const WorkerEndpoint& worker);
   // In-flight bookkeeping: Begin before starting a call, End after its callback ran.
   void Begin(grpc::ClientContext* ctx);
   void End(grpc::ClientContext* ctx);
@@ -73,7 +78,8 @@ class GrpcWorkerClient : public WorkerClient {
 
   const GrpcWorkerClientOptions options_;
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<v1::Worker::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
   std::map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
+#include "common/tls_options.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   std::string auth_tokens;
   std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
   bool no_collectives = false;
+  shardcoord::TlsFlags tls_flags;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
       ->capture_default_str();
   app.add_option("--heartbeat-timeout", heartbeat_timeout,
@@ -65,6 +67,18 @@ int main(int argc, char** argv) {
                  "them to register again (reads answer UNAVAILABLE meanwhile); chunks of "
                  "workers still missing then are lost")
       ->capture_default_str();
+  app.add_option("--tls-cert", tls_flags.cert,
+                 "serve TLS with this certificate (PEM), also presented to workers; needs "
+                 "--tls-key and --tls-ca");
+  app.add_option("--tls-key", tls_flags.key, "the private key of --tls-cert (PEM)");
+  app.add_option("--tls-ca", tls_flags.ca,
+                 "CA certificate (PEM) that verifies the workers' (and clients') certificates");
+  app.add_option("--tls-client-auth", tls_flags.client_auth,
+                 "client certificates: none, request (verified when sent) or require (a "
+                 "worker's must name the worker it registers)")
+      ->capture_default_str();
+  app.add_flag("--insecure", options.insecure,
+               "allow plaintext on a non-loopback --listen address (logs a warning)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -86,6 +100,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.use_collectives = !no_collectives;
+  absl::StatusOr<shardcoord::TlsOptions> tls = shardcoord::LoadDaemonTls(tls_flags);
+  if (!tls.ok()) {
+    std::cerr << "coordinator: " << tls.status().message() << "\n";
+    return 2;
+  }
+  options.worker_client.tls = *std::move(tls);
+  if (absl::Status plain = shardcoord::CheckPlaintextListen(
+          "listen", options.listen, options.worker_client.tls.enabled(), options.insecure);
+      !plain.ok()) {
+    std::cerr << "coordinator: " << plain.message() << "\n";
+    return 2;
+  }
   if (!auth_tokens.empty()) {
     absl::StatusOr<shardcoord::Authenticator> auth = shardcoord::Authenticator::Load(auth_tokens);
     if (!auth.ok()) {
@@ -136,6 +162,13 @@ int main(int argc, char** argv) {
       spdlog::warn("{} holds no token: every call is refused", auth_tokens);
   } else {
     spdlog::info("authentication off (no --auth-tokens): every call is allowed");
+  }
+  if (options.worker_client.tls.enabled()) {
+    spdlog::info("TLS on (certificate {}, CA {}, client certificates: {})", tls_flags.cert,
+                 tls_flags.ca,
+                 std::string(shardcoord::TlsClientAuthName(options.worker_client.tls.client_auth)));
+  } else {
+    spdlog::info("TLS off: plaintext");
   }
 
   int sig = 0;

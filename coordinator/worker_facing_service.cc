@@ -6,9 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tls_options.h"
 #include "coordinator/grpc_auth.h"
 #include "proto/convert.h"
+#include "proto/grpc_credentials.h"
 #include "proto/grpc_status.h"
+#include "spdlog/spdlog.h"
 
 namespace shardcoord {
 namespace {
@@ -29,6 +32,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
                                                               const v1::RegisterWorkerRequest* req,
                                                               v1::RegisterWorkerResponse* resp) {
   if (absl::Status a = Authorize(ctx, "RegisterWorker"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
   std::vector<HeldBuffer> held;
   held.reserve(req->held_size());
   for (int i = 0; i < req->held_size(); ++i) {
@@ -66,6 +70,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::Heartbeat(grpc::CallbackServerCon
                                                          const v1::HeartbeatRequest* req,
                                                          v1::HeartbeatResponse*) {
   if (absl::Status a = Authorize(ctx, "Heartbeat"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
   return Done(ctx, workers_->Heartbeat(req->name(), req->incarnation()));
 }
 
@@ -119,6 +124,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
                                                             const v1::ReportChunksRequest* req,
                                                             v1::ReportChunksResponse*) {
   if (absl::Status a = Authorize(ctx, "ReportChunks"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
   WorkerReport report;
   report.plan_id = req->plan_id();
   report.worker = req->worker();
@@ -140,6 +146,14 @@ absl::Status WorkerFacingService::Authorize(grpc::CallbackServerContext* ctx,
                                             absl::string_view rpc) const {
   return AuthorizeCall(auth_, ctx,
                        FullMethodName(v1::CoordinatorWorkers::service_full_name(), rpc));
+}
+
+absl::Status WorkerFacingService::CheckWorkerName(grpc::CallbackServerContext* ctx,
+                                                  absl::string_view name) const {
+  if (!check_certificate_names_) return absl::OkStatus();
+  absl::Status s = CheckPeerName(name, PeerCertificateNames(*ctx));
+  if (!s.ok()) spdlog::warn("refused worker from {}: {}", ctx->peer(), std::string(s.message()));
+  return s;
 }
 
 }  // namespace shardcoord

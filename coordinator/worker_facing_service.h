@@ -24,14 +24,15 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   // `tensors` reconciles the buffers a registering worker reports (after a restart).
   WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
                       KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
-                      const Authenticator* auth = nullptr)
+                      const Authenticator* auth = nullptr, bool check_certificate_names = false)
       : clock_(clock),
         workers_(workers),
         tensors_(tensors),
         kv_(kv),
         plans_(plans),
         heartbeat_interval_(heartbeat_interval),
-        auth_(auth) {}
+        auth_(auth),
+        check_certificate_names_(check_certificate_names) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -52,6 +53,9 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
  private:
   // AuthorizeCall for this service's RPC `rpc` ("RegisterWorker").
   absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
+  // With check_certificate_names (--tls-client-auth=require): the caller's certificate must
+  // name the worker it speaks for (CheckPeerName), else PERMISSION_DENIED.
+  absl::Status CheckWorkerName(grpc::CallbackServerContext* ctx, absl::string_view name) const;
 
   const Clock* const clock_;
   WorkerManager* const workers_;
@@ -60,6 +64,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   PlanManager* const plans_;
   const absl::Duration heartbeat_interval_;
   const Authenticator* const auth_;
+  const bool check_certificate_names_;
 };
 
 }  // namespace shardcoord

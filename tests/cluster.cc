@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 namespace shardcoord {
 namespace {
@@ -82,7 +83,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     std::vector<std::string> wargv = {
         *worker_bin, absl::StrCat("--coordinator=", cluster->coordinator_address_),
         "--listen=127.0.0.1:0", absl::StrCat("--name=", name), "--backend=gloo"};
-    wargv.insert(wargv.end(), options.worker_flags.begin(), options.worker_flags.end());
+    for (const std::string& flag : options.worker_flags) {
+      wargv.push_back(absl::StrReplaceAll(flag, {{"{name}", name}}));
+    }
     absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(wargv, process_options(name));
     if (!worker.ok()) return worker.status();
     cluster->workers_.push_back(*std::move(worker));

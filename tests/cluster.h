@@ -21,7 +21,8 @@ namespace shardcoord {
 
 struct ClusterOptions {
   int num_workers = 4;
-  // Extra flags of the coordinator and of every worker ("--heartbeat-timeout=2s").
+  // Extra flags of the coordinator and of every worker ("--heartbeat-timeout=2s"). In a
+  // worker flag, "{name}" stands for that worker's name ("--tls-cert=DIR/{name}.pem").
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> worker_flags;
   // The coordinator's state: empty keeps it in memory (--state memory); otherwise a

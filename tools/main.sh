@@ -6,8 +6,21 @@
 # to a flat layout, gathers it to one rank, downloads it and checks every value. Prints each
 # layout, then a report (time, bytes moved vs lower bound per step). Stops the daemons on
 # every exit path. Exits non-zero if any step or check fails.
+#
+# tools/main.sh --secure runs the same job with TLS and bearer tokens: certificates from
+# tools/dev_certs.sh, mutual TLS (--tls-client-auth=require: each worker's certificate must
+# name it), a tokens file with an admin token for shardctl and a worker token for the workers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+secure=0
+case "${1:-}" in
+  "") ;;
+  --secure) secure=1 ;;
+  *)
+    echo "usage: $0 [--secure]" >&2
+    exit 2
+    ;;
+esac
 bash tools/setup.sh
 
 bazel build -c opt //coordinator:coordinator //worker:worker //client:shardctl //tools:check_npy
@@ -78,12 +91,35 @@ start_daemon() {
   exec {fd}<&-
 }
 
+coordinator_flags=()
+worker_flags=()
+shardctl_flags=()
+if ((secure)); then
+  echo "== --secure: TLS material (tools/dev_certs.sh) and bearer tokens"
+  bash tools/dev_certs.sh "$work/certs" w0 w1 w2 w3
+  head -c 32 /dev/urandom | base64 >"$work/admin.token"
+  head -c 32 /dev/urandom | base64 >"$work/worker.token"
+  {
+    echo "admin main-admin $("$shardctl_bin" token hash <"$work/admin.token")"
+    echo "worker main-workers $("$shardctl_bin" token hash <"$work/worker.token")"
+  } >"$work/tokens"
+  coordinator_flags=(--tls-cert="$work/certs/coordinator.pem" --tls-key="$work/certs/coordinator.key"
+    --tls-ca="$work/certs/ca.pem" --tls-client-auth=require --auth-tokens="$work/tokens")
+  worker_flags=(--tls-ca="$work/certs/ca.pem" --tls-client-auth=require
+    --token-file="$work/worker.token")
+  shardctl_flags=(--tls-cert="$work/certs/client.pem" --tls-key="$work/certs/client.key")
+  export SHARDCOORD_TLS_CA=$work/certs/ca.pem
+  SHARDCOORD_TOKEN=$(cat "$work/admin.token")
+  export SHARDCOORD_TOKEN
+fi
+
 echo "== starting a coordinator and four CPU workers on loopback"
 # The coordinator keeps meshes, tensors and worker ranks in SQLite (state.db) in this
 # directory; a coordinator restarted on it recovers them (docs/decisions.md).
 state_dir=$work/state
 start_daemon coordinator "coordinator listening on " \
-  "$coordinator_bin" --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --state-dir="$state_dir"
+  "$coordinator_bin" --listen=127.0.0.1:0 --http-listen=127.0.0.1:0 --state-dir="$state_dir" \
+  ${coordinator_flags[@]+"${coordinator_flags[@]}"}
 address=${started_line##*listening on }
 address=${address%% *}
 export SHARDCOORD_ADDR=$address
@@ -94,12 +130,15 @@ if [[ -n $metrics_url ]]; then
   echo "metrics at $metrics_url, dashboard at ${metrics_url%/metrics}/"
 fi
 for i in 0 1 2 3; do
+  own_flags=()
+  ((secure)) && own_flags=(--tls-cert="$work/certs/w$i.pem" --tls-key="$work/certs/w$i.key")
   start_daemon "w$i" "worker w$i listening on " \
-    "$worker_bin" --coordinator="$address" --listen=127.0.0.1:0 --name="w$i" --backend=gloo
+    "$worker_bin" --coordinator="$address" --listen=127.0.0.1:0 --name="w$i" --backend=gloo \
+    ${worker_flags[@]+"${worker_flags[@]}"} ${own_flags[@]+"${own_flags[@]}"}
   echo "${started_line}"
 done
 
-shardctl() { "$shardctl_bin" "$@"; }
+shardctl() { "$shardctl_bin" ${shardctl_flags[@]+"${shardctl_flags[@]}"} "$@"; }
 run() {
   echo
   echo "\$ shardctl $*"
@@ -163,4 +202,9 @@ if [[ -n $metrics_url ]] && command -v curl >/dev/null; then
   curl -fsS "$metrics_url" | grep -E '^shardcoord_(plans_total|plan_bytes_moved_total|plan_lower_bound_bytes_total|workers|upload_bytes_total|download_bytes_total)[{ ]' || true
 fi
 echo
-echo "main: OK: every value of the 1024x1024 tensor survived five moves"
+if ((secure)); then
+  echo "main: OK (TLS with client certificates, bearer tokens): every value of the 1024x1024" \
+    "tensor survived five moves"
+else
+  echo "main: OK: every value of the 1024x1024 tensor survived five moves"
+fi

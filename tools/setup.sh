@@ -13,6 +13,8 @@ PACKAGES=(
   libgloo-dev libcli11-dev libxxhash-dev libssl-dev libcpp-httplib-dev
   # The coordinator's durable state.
   libsqlite3-dev
+  # TLS material for development and tests (tools/dev_certs.sh).
+  openssl
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
 )

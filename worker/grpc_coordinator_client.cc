@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "proto/grpc_credentials.h"
 #include "proto/grpc_status.h"
 
 namespace shardcoord {
@@ -33,7 +34,8 @@ void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, absl::Duration tim
 
 std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std::string& address,
                                                                       absl::Duration rpc_timeout,
-                                                                      std::string token) {
+                                                                      std::string token,
+                                                                      const TlsOptions& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // A restarted coordinator is found within a second, however long it was away (gRPC's
@@ -42,7 +44,7 @@ std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std:
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return std::make_unique<GrpcCoordinatorClient>(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args), rpc_timeout,
+      grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args), rpc_timeout,
       std::move(token));
 }
 

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls_options.h"
 #include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
 #include "worker/coordinator_rpc.h"
@@ -29,10 +30,11 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, 
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                         absl::Duration rpc_timeout = absl::Seconds(10), std::string token = "");
-  // A channel to "host:port" with insecure credentials.
+  // A channel to "host:port": TLS when `tls` is enabled (verifying the coordinator against
+  // its CA and presenting the worker's certificate), plaintext otherwise.
   static std::unique_ptr<GrpcCoordinatorClient> Connect(
       const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10),
-      std::string token = "");
+      std::string token = "", const TlsOptions& tls = {});
 
   absl::StatusOr<v1::RegisterWorkerResponse> Register(
       const v1::RegisterWorkerRequest& request) override;

@@ -33,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
 #include "common/sha256.h"
+#include "common/tls_options.h"
 #include "worker/worker.h"
 
 namespace shardcoord {
@@ -68,6 +69,7 @@ int Main(int argc, char** argv) {
   std::string step_timeout = "60s", register_timeout = "60s";
   std::string log_level = "info";
   std::string token_file;
+  TlsFlags tls_flags;
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
   app.add_option("--coordinator", options.coordinator,
@@ -104,6 +106,18 @@ int Main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "File holding the bearer token (worker role) of a coordinator started with "
                  "--auth-tokens; trailing newlines and spaces are not part of the token");
+  app.add_option("--tls-cert", tls_flags.cert,
+                 "TLS: this worker's certificate (PEM; its CN or a SAN must be --name when the "
+                 "coordinator requires client certificates), served and presented to the "
+                 "coordinator; needs --tls-key and --tls-ca");
+  app.add_option("--tls-key", tls_flags.key, "the private key of --tls-cert (PEM)");
+  app.add_option("--tls-ca", tls_flags.ca,
+                 "CA certificate (PEM) that verifies the coordinator's certificate");
+  app.add_option("--tls-client-auth", tls_flags.client_auth,
+                 "client certificates on the Worker service: none, request or require")
+      ->capture_default_str();
+  app.add_flag("--insecure", options.insecure,
+               "allow plaintext on a non-loopback --listen address (logs a warning)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -114,6 +128,18 @@ int Main(int argc, char** argv) {
       return 2;
     }
     options.token = *std::move(token);
+  }
+  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(tls_flags);
+  if (!tls.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tls.status().message()).c_str());
+    return 2;
+  }
+  options.tls = *std::move(tls);
+  if (absl::Status plain =
+          CheckPlaintextListen("listen", options.listen, options.tls.enabled(), options.insecure);
+      !plain.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(plain.message()).c_str());
+    return 2;
   }
   absl::Status durations = ParseDurationFlag("step-timeout", step_timeout, &options.step_timeout);
   if (durations.ok()) {

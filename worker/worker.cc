@@ -8,8 +8,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
+#include "proto/grpc_credentials.h"
 #include "proto/rpc_metrics.h"
 #include "spdlog/spdlog.h"
 #include "worker/backends/gloo/gloo_communicator.h"
@@ -132,7 +134,16 @@ WorkerIdentity Worker::Identity() const {
 absl::StatusOr<std::string> Worker::Start() {
   const bool nccl = options_.backend.backend == Backend::kNccl;
   const std::string device_name = nccl ? absl::StrCat("cuda:", options_.backend.gpu) : "cpu";
-  client_ = GrpcCoordinatorClient::Connect(options_.coordinator, absl::Seconds(10), options_.token);
+  if (absl::Status s = CheckPlaintextListen("listen", options_.listen, options_.tls.enabled(),
+                                            options_.insecure);
+      !s.ok()) {
+    return s;
+  }
+  if (!options_.tls.enabled() && !IsLoopbackListenAddress(options_.listen)) {
+    spdlog::warn("--insecure: serving plaintext on {}", options_.listen);
+  }
+  client_ = GrpcCoordinatorClient::Connect(options_.coordinator, absl::Seconds(10), options_.token,
+                                           options_.tls);
   absl::StatusOr<BackendParts> backend = MakeBackend(
       options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();
@@ -175,7 +186,7 @@ absl::StatusOr<std::string> Worker::Start() {
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, MakeServerCredentials(options_.tls), &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(service_.get());

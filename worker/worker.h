@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/tls_options.h"
 #include "grpcpp/server.h"
 #include "worker/agent.h"
 #include "worker/backends/nccl/gpu_probe.h"
@@ -58,6 +59,11 @@ struct WorkerOptions {
   // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
   // one; empty (the default): no HTTP server.
   std::string http_listen;
+  // TLS for the Worker service and the calls to the coordinator (the same certificate);
+  // plaintext when not enabled.
+  TlsOptions tls;
+  // Serve plaintext on a non-loopback --listen address (refused otherwise).
+  bool insecure = false;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,

@@ -16,6 +16,10 @@ A coordinator started with --auth-tokens needs a bearer token: `connect(token=..
 `ShardcoordClient(token=...)`, default $SHARDCOORD_TOKEN; it travels as the metadata
 `authorization: Bearer TOKEN` on every call. Refusals raise ShardcoordError with code
 UNAUTHENTICATED or PERMISSION_DENIED.
+
+A coordinator started with --tls-cert needs TLS: `connect(tls_ca="ca.pem")` (default
+$SHARDCOORD_TLS_CA) verifies it; `tls_cert=` and `tls_key=` add a client certificate (for
+--tls-client-auth=request or require). Without a CA the channel is plaintext.
 """
 
 import os
@@ -78,17 +82,48 @@ def _spec(mesh, placements, flat):
     return pb.ShardingSpec(mesh=mesh, flat_text=flat)
 
 
+def _read_pem(what, path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from e
+
+
+def channel_credentials(tls_ca=None, tls_cert=None, tls_key=None):
+    """grpc.ChannelCredentials for the CA file `tls_ca` (default $SHARDCOORD_TLS_CA) and an
+    optional client certificate; None (plaintext) without a CA. ValueError naming the argument
+    and the path when a file cannot be read or the arguments do not go together."""
+    tls_ca = tls_ca or os.environ.get("SHARDCOORD_TLS_CA") or None
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("a client certificate needs tls_cert and tls_key together")
+    if tls_ca is None:
+        if tls_cert is not None:
+            raise ValueError("tls_cert and tls_key need tls_ca (TLS)")
+        return None
+    root = _read_pem("tls_ca", tls_ca)
+    key = _read_pem("tls_key", tls_key) if tls_key else None
+    cert = _read_pem("tls_cert", tls_cert) if tls_cert else None
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                        certificate_chain=cert)
+
+
 class ShardcoordClient:
     """One method per operation; each call has a deadline (seconds)."""
 
-    def __init__(self, address=None, timeout=30.0, data_timeout=1800.0, token=None):
+    def __init__(self, address=None, timeout=30.0, data_timeout=1800.0, token=None,
+                 tls_ca=None, tls_cert=None, tls_key=None):
         self.address = address or default_address()
         token = token or default_token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.timeout = timeout
         self.data_timeout = data_timeout
-        self._channel = grpc.insecure_channel(
-            self.address, options=[("grpc.max_receive_message_length", 1 << 30)])
+        options = [("grpc.max_receive_message_length", 1 << 30)]
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            self._channel = grpc.secure_channel(self.address, credentials, options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)
 
     def close(self):
@@ -185,7 +220,9 @@ class ShardcoordClient:
         return self._call(self._stub.Upload, messages(), self.data_timeout).tensor
 
 
-def connect(address=None, token=None, **kwargs):
+def connect(address=None, token=None, tls_ca=None, **kwargs):
     """A ShardcoordClient for `address` (default $SHARDCOORD_ADDR) sending bearer `token`
-    (default $SHARDCOORD_TOKEN; none when both are unset). kwargs: timeout, data_timeout."""
-    return ShardcoordClient(address, token=token, **kwargs)
+    (default $SHARDCOORD_TOKEN; none when both are unset), over TLS verified with the CA file
+    `tls_ca` (default $SHARDCOORD_TLS_CA; plaintext when both are unset). kwargs: timeout,
+    data_timeout, tls_cert and tls_key (a client certificate)."""
+    return ShardcoordClient(address, token=token, tls_ca=tls_ca, **kwargs)

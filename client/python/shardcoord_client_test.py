@@ -170,5 +170,73 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(b"".join(m.data for m in messages[1:]), a.tobytes())
 
 
+CERTS = os.environ.get("SHARDCOORD_TEST_CERTS")
+
+
+def read(name):
+    with open(os.path.join(CERTS, name), "rb") as f:
+        return f.read()
+
+
+@unittest.skipUnless(CERTS, "no certificates (SHARDCOORD_TEST_CERTS, from tools/dev_certs.sh)")
+class TlsTest(unittest.TestCase):
+    """The fake servicer behind TLS with the dev coordinator certificate (SAN 127.0.0.1)."""
+
+    def setUp(self):
+        self.fake = FakeCoordinator()
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
+        credentials = grpc.ssl_server_credentials(
+            [(read("coordinator.key"), read("coordinator.pem"))],
+            root_certificates=read("ca.pem"), require_client_auth=True)
+        port = self.server.add_secure_port("127.0.0.1:0", credentials)
+        self.server.start()
+        self.address = f"127.0.0.1:{port}"
+
+    def tearDown(self):
+        self.server.stop(None)
+
+    def test_tls_with_client_certificate(self):
+        with sc.connect(self.address, tls_ca=os.path.join(CERTS, "ca.pem"),
+                        tls_cert=os.path.join(CERTS, "client.pem"),
+                        tls_key=os.path.join(CERTS, "client.key"), timeout=10) as c:
+            self.assertEqual([w.name for w in c.list_workers()], ["w0"])
+
+    def test_ca_from_the_environment(self):
+        old = os.environ.get("SHARDCOORD_TLS_CA")
+        os.environ["SHARDCOORD_TLS_CA"] = os.path.join(CERTS, "ca.pem")
+        try:
+            with sc.connect(self.address, tls_cert=os.path.join(CERTS, "client.pem"),
+                            tls_key=os.path.join(CERTS, "client.key"), timeout=10) as c:
+                c.list_workers()
+        finally:
+            if old is None:
+                del os.environ["SHARDCOORD_TLS_CA"]
+            else:
+                os.environ["SHARDCOORD_TLS_CA"] = old
+
+    def test_refused_without_the_right_tls(self):
+        cases = {
+            "plaintext": {},
+            "no client certificate": {"tls_ca": os.path.join(CERTS, "ca.pem")},
+            "another CA": {"tls_ca": os.path.join(CERTS, "other-ca.pem"),
+                           "tls_cert": os.path.join(CERTS, "client.pem"),
+                           "tls_key": os.path.join(CERTS, "client.key")},
+        }
+        for label, kwargs in cases.items():
+            with self.subTest(label):
+                with sc.connect(self.address, timeout=10, **kwargs) as c:
+                    with self.assertRaises(sc.ShardcoordError) as e:
+                        c.list_workers()
+                self.assertEqual(e.exception.code, "UNAVAILABLE")
+
+    def test_bad_arguments_name_argument_and_path(self):
+        with self.assertRaisesRegex(ValueError, "tls_ca: cannot read /nonexistent.pem"):
+            sc.connect(self.address, tls_ca="/nonexistent.pem")
+        with self.assertRaisesRegex(ValueError, "tls_cert and tls_key together"):
+            sc.connect(self.address, tls_ca=os.path.join(CERTS, "ca.pem"),
+                       tls_cert=os.path.join(CERTS, "client.pem"))
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1])

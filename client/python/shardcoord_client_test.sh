@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the Python client's tests with Debian's python (grpcio, numpy). Arguments: the client
-# module, then the generated stubs (runfiles paths).
+# module, the generated stubs, then tools/dev_certs.sh (runfiles paths; certificates for the
+# TLS tests are made in $TEST_TMPDIR).
 set -euo pipefail
 python=/usr/bin/python3
 if ! "$python" -c 'import grpc, numpy' 2>/dev/null; then
@@ -9,5 +10,7 @@ if ! "$python" -c 'import grpc, numpy' 2>/dev/null; then
 fi
 client_dir=$(dirname "$1")
 stubs_dir=$(cd "$(dirname "$2")/.." && pwd)  # The directory that holds proto/.
-SHARDCOORD_PY_STUBS="$stubs_dir" PYTHONPATH="$client_dir" exec "$python" \
+certs=${TEST_TMPDIR:-$(mktemp -d)}/certs
+bash "${*: -1}" "$certs" w0 >/dev/null
+SHARDCOORD_TEST_CERTS="$certs" SHARDCOORD_PY_STUBS="$stubs_dir" PYTHONPATH="$client_dir" exec "$python" \
   "$client_dir/shardcoord_client_test.py" -v

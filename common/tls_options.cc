@@ -1,0 +1,162 @@
+#include "common/tls_options.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace shardcoord {
+namespace {
+
+// Reads a PEM file given as --`flag`; `marker` is a word its BEGIN line must hold
+// ("CERTIFICATE", "PRIVATE KEY").
+absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path,
+                                    absl::string_view marker) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    const std::string what = absl::StrCat("--", flag, ": cannot read ", path, ": ",
+                                          err != 0 ? std::strerror(err) : "cannot open");
+    if (err == EACCES) return absl::PermissionDeniedError(what);
+    return absl::NotFoundError(what);
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return absl::NotFoundError(absl::StrCat("--", flag, ": cannot read ", path));
+  std::string pem = contents.str();
+  if (!absl::StrContains(pem, "-----BEGIN ") || !absl::StrContains(pem, marker)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " is not a PEM file holding a ", marker));
+  }
+  return pem;
+}
+
+}  // namespace
+
+absl::StatusOr<TlsClientAuth> ParseTlsClientAuth(absl::string_view mode) {
+  if (mode == "none") return TlsClientAuth::kNone;
+  if (mode == "request") return TlsClientAuth::kRequest;
+  if (mode == "require") return TlsClientAuth::kRequire;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--tls-client-auth: '", mode, "' is not none, request or require"));
+}
+
+absl::string_view TlsClientAuthName(TlsClientAuth mode) {
+  switch (mode) {
+    case TlsClientAuth::kNone:
+      return "none";
+    case TlsClientAuth::kRequest:
+      return "request";
+    case TlsClientAuth::kRequire:
+      return "require";
+  }
+  return "none";
+}
+
+absl::StatusOr<TlsOptions> LoadDaemonTls(const TlsFlags& flags) {
+  TlsOptions out;
+  absl::StatusOr<TlsClientAuth> mode = ParseTlsClientAuth(flags.client_auth);
+  if (!mode.ok()) return mode.status();
+  out.client_auth = *mode;
+  const int given = !flags.cert.empty() + !flags.key.empty() + !flags.ca.empty();
+  if (given == 0) {
+    if (out.client_auth != TlsClientAuth::kNone) {
+      return absl::InvalidArgumentError(absl::StrCat("--tls-client-auth=", flags.client_auth,
+                                                     " needs --tls-cert, --tls-key and --tls-ca"));
+    }
+    return out;
+  }
+  if (given != 3) {
+    std::vector<std::string> missing;
+    if (flags.cert.empty()) missing.push_back("--tls-cert");
+    if (flags.key.empty()) missing.push_back("--tls-key");
+    if (flags.ca.empty()) missing.push_back("--tls-ca");
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS needs --tls-cert, --tls-key and --tls-ca together; missing ",
+                     absl::StrJoin(missing, ", ")));
+  }
+  absl::StatusOr<std::string> cert = ReadPem("tls-cert", flags.cert, "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls-key", flags.key, "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPem("tls-ca", flags.ca, "CERTIFICATE");
+  if (!ca.ok()) return ca.status();
+  out.cert_pem = *std::move(cert);
+  out.key_pem = *std::move(key);
+  out.ca_pem = *std::move(ca);
+  return out;
+}
+
+absl::StatusOr<TlsOptions> LoadClientTls(const TlsFlags& flags) {
+  TlsOptions out;
+  if (flags.cert.empty() != flags.key.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a client certificate needs --tls-cert and --tls-key together; missing ",
+                     flags.cert.empty() ? "--tls-cert" : "--tls-key"));
+  }
+  if (flags.ca.empty()) {
+    if (!flags.cert.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca (TLS)");
+    }
+    return out;
+  }
+  absl::StatusOr<std::string> ca = ReadPem("tls-ca", flags.ca, "CERTIFICATE");
+  if (!ca.ok()) return ca.status();
+  out.ca_pem = *std::move(ca);
+  if (!flags.cert.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem("tls-cert", flags.cert, "CERTIFICATE");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem("tls-key", flags.key, "PRIVATE KEY");
+    if (!key.ok()) return key.status();
+    out.cert_pem = *std::move(cert);
+    out.key_pem = *std::move(key);
+  }
+  return out;
+}
+
+bool IsLoopbackListenAddress(absl::string_view listen) {
+  absl::string_view host = listen;
+  if (absl::StartsWith(host, "[")) {
+    const size_t close = host.find(']');
+    if (close == absl::string_view::npos) return false;
+    host = host.substr(1, close - 1);
+  } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    // "host:port"; a bare IPv6 address has more than one colon and no port.
+    if (host.find(':') == colon) host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  std::vector<absl::string_view> octets = absl::StrSplit(host, '.');
+  if (octets.size() != 4 || octets[0] != "127") return false;
+  for (absl::string_view o : octets) {
+    int v = 0;
+    if (!absl::SimpleAtoi(o, &v) || v < 0 || v > 255) return false;
+  }
+  return true;
+}
+
+absl::Status CheckPlaintextListen(absl::string_view flag, absl::string_view listen, bool tls,
+                                  bool insecure) {
+  if (tls || insecure || IsLoopbackListenAddress(listen)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--", flag, "=", listen,
+      " is not a loopback address: serve it with TLS (--tls-cert, --tls-key, --tls-ca) or "
+      "pass --insecure to serve plaintext anyway"));
+}
+
+absl::Status CheckPeerName(absl::string_view name, const std::vector<std::string>& peer_names) {
+  for (const std::string& p : peer_names) {
+    if (p == name) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker name '", name, "' does not match its TLS certificate (names: ",
+      peer_names.empty() ? std::string("none") : absl::StrJoin(peer_names, ", "), ")"));
+}
+
+}  // namespace shardcoord

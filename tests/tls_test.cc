@@ -1,0 +1,266 @@
+// TLS through real daemons: certificates from tools/dev_certs.sh (run into TEST_TMPDIR), a
+// coordinator with --tls-client-auth=require and bearer tokens, and two workers that present
+// certificates naming them. A tensor is created, redistributed and downloaded over TLS; a
+// plaintext client, a client without a certificate and a client trusting another CA cannot
+// connect; workers without a certificate, with one from another CA or with one for another
+// name are refused and never listed; bad TLS flags and plaintext off loopback stop startup.
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/sha256.h"
+#include "common/tls_options.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+#include "tests/cluster_environment.h"
+#include "tests/process.h"
+#include "tests/tensor_check.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::HasSubstr;
+
+const Shape kShape = {8, 4};
+constexpr char kAdminToken[] = "tls-test-admin-token";
+constexpr char kWorkerToken[] = "tls-test-worker-token";
+
+std::string TmpDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string CertDir() { return absl::StrCat(TmpDir(), "/certs"); }
+std::string Cert(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".pem"); }
+std::string Key(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".key"); }
+
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::trunc);
+  out << contents;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Client options trusting `ca` (a file name in CertDir, "" for plaintext) and presenting the
+// certificate `cert` ("" for none).
+absl::StatusOr<CoordinatorClientOptions> ClientTls(const std::string& ca, const std::string& cert) {
+  TlsFlags flags;
+  if (!ca.empty()) flags.ca = Cert(ca);
+  if (!cert.empty()) {
+    flags.cert = Cert(cert);
+    flags.key = Key(cert);
+  }
+  absl::StatusOr<TlsOptions> tls = LoadClientTls(flags);
+  if (!tls.ok()) return tls.status();
+  CoordinatorClientOptions options;
+  options.token = kAdminToken;
+  options.tls = *std::move(tls);
+  return options;
+}
+
+TEST(TlsClusterTest, CreateRedistributeDownloadOverTls) {
+  Cluster* cluster = ClusterEnvironment::Get();
+  ASSERT_NE(cluster, nullptr);
+  CoordinatorClient& client = cluster->client();
+  ASSERT_TRUE(MakeMesh(client, "m", {2}, cluster->WorkerNames()).ok());
+  absl::StatusOr<v1::TensorInfo> t = CreateFilled(client, "t", kShape, DType::kF32, "m", "S(0)");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(DownloadAndCheck(client, "t", DType::kF32, kShape, FillKind::kArange).ok());
+  absl::StatusOr<v1::RedistributeResponse> r = client.Redistribute(RedistributeTo("t", "", "S(1)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::Status values = DownloadAndCheck(client, "t", DType::kF32, kShape, FillKind::kArange);
+  EXPECT_TRUE(values.ok()) << values;
+}
+
+// Every client below fails the handshake (or sends plaintext to a TLS port): UNAVAILABLE.
+TEST(TlsClusterTest, ClientsWithoutTheRightTlsCannotConnect) {
+  Cluster* cluster = ClusterEnvironment::Get();
+  ASSERT_NE(cluster, nullptr);
+  struct Case {
+    std::string label, ca, cert;
+  };
+  const std::vector<Case> cases = {
+      {"plaintext", "", ""},
+      {"no client certificate", "ca", ""},
+      {"certificate from another CA", "ca", "other"},
+      {"trusts another CA", "other-ca", "client"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    absl::StatusOr<CoordinatorClientOptions> options = ClientTls(c.ca, c.cert);
+    ASSERT_TRUE(options.ok()) << options.status();
+    CoordinatorClient client(cluster->coordinator_address(), *options);
+    EXPECT_EQ(client.ListWorkers().status().code(), absl::StatusCode::kUnavailable);
+  }
+  // The client certificate with the right CA works.
+  absl::StatusOr<CoordinatorClientOptions> options = ClientTls("ca", "client");
+  ASSERT_TRUE(options.ok()) << options.status();
+  CoordinatorClient client(cluster->coordinator_address(), *options);
+  EXPECT_TRUE(client.ListWorkers().ok());
+}
+
+// A worker with no certificate, one from another CA, or one for another name cannot
+// register; the coordinator never lists it.
+TEST(TlsClusterTest, WorkersWithoutTheirCertificateAreRefused) {
+  Cluster* cluster = ClusterEnvironment::Get();
+  ASSERT_NE(cluster, nullptr);
+  absl::StatusOr<std::string> worker_bin = RunfilePath("worker/worker");
+  ASSERT_TRUE(worker_bin.ok()) << worker_bin.status();
+  const std::string token_file = absl::StrCat(TmpDir(), "/worker.token");
+  struct Case {
+    std::string label;
+    std::string cert;  // Empty: plaintext.
+    std::string code;  // In the worker's log.
+  };
+  const std::vector<Case> cases = {
+      // Handshake failures are retried until --register-timeout, then the worker exits.
+      {"none", "", "UNAVAILABLE"},
+      {"other_ca", "other", "UNAVAILABLE"},
+      // A valid certificate for w1: refused at once, naming both names.
+      {"w1s_cert", "w1", "PERMISSION_DENIED"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    // dev_certs.sh made "rogue" the first name: other.pem (from the other CA) names it.
+    const std::string name = c.label == "other_ca" ? "rogue" : absl::StrCat("rogue_", c.label);
+    std::vector<std::string> argv = {*worker_bin,
+                                     absl::StrCat("--coordinator=", cluster->coordinator_address()),
+                                     "--listen=127.0.0.1:0",
+                                     absl::StrCat("--name=", name),
+                                     "--backend=gloo",
+                                     "--register-timeout=3s",
+                                     absl::StrCat("--token-file=", token_file)};
+    if (!c.cert.empty()) {
+      argv.push_back(absl::StrCat("--tls-cert=", Cert(c.cert)));
+      argv.push_back(absl::StrCat("--tls-key=", Key(c.cert)));
+      argv.push_back(absl::StrCat("--tls-ca=", Cert("ca")));
+    }
+    ProcessOptions po;
+    po.name = name;
+    po.stderr_path = absl::StrCat(TmpDir(), "/", name, ".log");
+    absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(argv, po);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    absl::StatusOr<int> status = (*worker)->Wait(absl::Seconds(50));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0)
+        << Process::DescribeWaitStatus(*status);
+    const std::string log = ReadFile(po.stderr_path);
+    EXPECT_THAT(log, HasSubstr(c.code));
+    if (c.code == "PERMISSION_DENIED") {
+      EXPECT_THAT(log, HasSubstr(absl::StrCat("worker name '", name,
+                                              "' does not match its TLS certificate (names: w1)")));
+    }
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = cluster->client().ListWorkers();
+    ASSERT_TRUE(workers.ok()) << workers.status();
+    for (const v1::WorkerInfo& w : *workers) EXPECT_NE(w.name(), name);
+  }
+}
+
+// Startup stops with status 2 and a message naming the flag: a missing TLS file, part of the
+// TLS flags, plaintext on a non-loopback address without --insecure.
+TEST(TlsStartupTest, BadFlagsStopTheCoordinator) {
+  absl::StatusOr<std::string> coordinator_bin = RunfilePath("coordinator/coordinator");
+  ASSERT_TRUE(coordinator_bin.ok()) << coordinator_bin.status();
+  struct Case {
+    std::string label;
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"missing_file",
+       {"--listen=127.0.0.1:0", "--tls-cert=/nonexistent.pem",
+        absl::StrCat("--tls-key=", Key("coordinator")), absl::StrCat("--tls-ca=", Cert("ca"))},
+       "--tls-cert: cannot read /nonexistent.pem"},
+      {"partial",
+       {"--listen=127.0.0.1:0", absl::StrCat("--tls-cert=", Cert("coordinator"))},
+       "missing --tls-key, --tls-ca"},
+      {"bad_mode", {"--listen=127.0.0.1:0", "--tls-client-auth=always"}, "--tls-client-auth"},
+      {"plaintext_off_loopback", {"--listen=0.0.0.0:0"}, "--insecure"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    std::vector<std::string> argv = {*coordinator_bin};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    ProcessOptions po;
+    po.name = c.label;
+    po.stderr_path = absl::StrCat(TmpDir(), "/", c.label, ".log");
+    absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(argv, po);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    absl::StatusOr<int> status = (*coordinator)->Wait(absl::Seconds(50));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
+        << Process::DescribeWaitStatus(*status);
+    EXPECT_THAT(ReadFile(po.stderr_path), HasSubstr(c.message));
+  }
+}
+
+// Runs tools/dev_certs.sh into CertDir() with the workers' names.
+absl::Status MakeCerts() {
+  absl::StatusOr<std::string> script = RunfilePath("tools/dev_certs.sh");
+  if (!script.ok()) return script.status();
+  ProcessOptions po;
+  po.name = "dev_certs";
+  absl::StatusOr<std::unique_ptr<Process>> p =
+      Process::Start({"/bin/bash", *script, CertDir(), "rogue", "w0", "w1"}, po);
+  if (!p.ok()) return p.status();
+  absl::StatusOr<int> status = (*p)->Wait(absl::Seconds(120));
+  if (!status.ok()) return status.status();
+  if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+    return absl::InternalError(absl::StrCat("dev_certs.sh ", Process::DescribeWaitStatus(*status)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardcoord
+
+int main(int argc, char** argv) {
+  using shardcoord::Cert;
+  using shardcoord::Key;
+  ::testing::InitGoogleTest(&argc, argv);
+  if (absl::Status s = shardcoord::MakeCerts(); !s.ok()) {
+    std::cerr << "cannot make certificates: " << s << "\n";
+    return 1;
+  }
+  const std::string dir = shardcoord::TmpDir();
+  const std::string tokens = absl::StrCat(dir, "/tokens");
+  shardcoord::WriteFile(
+      tokens,
+      absl::StrCat("admin alice ", shardcoord::Sha256Hex(shardcoord::kAdminToken),
+                   "\nworker workers ", shardcoord::Sha256Hex(shardcoord::kWorkerToken), "\n"));
+  const std::string worker_token = absl::StrCat(dir, "/worker.token");
+  shardcoord::WriteFile(worker_token, absl::StrCat(shardcoord::kWorkerToken, "\n"));
+  shardcoord::ClusterOptions options;
+  options.num_workers = 2;
+  options.coordinator_flags = {absl::StrCat("--tls-cert=", Cert("coordinator")),
+                               absl::StrCat("--tls-key=", Key("coordinator")),
+                               absl::StrCat("--tls-ca=", Cert("ca")), "--tls-client-auth=require",
+                               absl::StrCat("--auth-tokens=", tokens)};
+  options.worker_flags = {absl::StrCat("--tls-cert=", Cert("{name}")),
+                          absl::StrCat("--tls-key=", Key("{name}")),
+                          absl::StrCat("--tls-ca=", Cert("ca")), "--tls-client-auth=require",
+                          absl::StrCat("--token-file=", worker_token)};
+  absl::StatusOr<shardcoord::CoordinatorClientOptions> client =
+      shardcoord::ClientTls("ca", "client");
+  if (!client.ok()) {
+    std::cerr << client.status() << "\n";
+    return 1;
+  }
+  options.client_options = *std::move(client);
+  options.log_dir = dir;
+  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
+  return RUN_ALL_TESTS();
+}
