@@ -196,25 +196,39 @@ void TensorManager::Release(absl::string_view name, const std::string& op,
 }
 
 absl::Status TensorManager::Commit(absl::string_view name, const std::string& op, NewState state) {
-  std::string old_mesh;
+  std::vector<CommitItem> items;
+  items.push_back(CommitItem{std::string(name), op, std::move(state)});
+  return CommitAll(std::move(items));
+}
+
+absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
+  std::vector<std::pair<std::string, std::string>> old_meshes;  // (mesh, tensor)
   {
     absl::MutexLock lock(&mu_);
-    auto it = tensors_.find(name);
-    if (it == tensors_.end() || it->second.busy_plan != op) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
+    for (const CommitItem& item : items) {
+      auto it = tensors_.find(item.name);
+      if (it == tensors_.end() || it->second.busy_plan != item.op) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor '", item.name, "' is not held by ", item.op));
+      }
     }
-    TensorRecord& t = it->second;
-    old_mesh = t.mesh;
-    t.mesh = std::move(state.mesh);
-    t.spec = std::move(state.spec);
-    t.layout = std::move(state.layout);
-    t.checksums = std::move(state.checksums);
-    t.version = state.version;
-    t.incarnations = std::move(state.incarnations);
-    t.busy_plan.clear();
+    for (CommitItem& item : items) {
+      TensorRecord& t = tensors_.find(item.name)->second;
+      old_meshes.emplace_back(t.mesh, item.name);
+      NewState& state = item.state;
+      t.mesh = std::move(state.mesh);
+      t.spec = std::move(state.spec);
+      t.layout = std::move(state.layout);
+      t.checksums = std::move(state.checksums);
+      t.version = state.version;
+      t.incarnations = std::move(state.incarnations);
+      t.busy_plan.clear();
+    }
   }
-  // The tensor now uses the target mesh (counted at Acquire) instead of the old one.
-  if (!old_mesh.empty()) meshes_->RemoveUser(old_mesh, name);
+  // Each tensor now uses its target mesh (counted at Acquire) instead of the old one.
+  for (const auto& [mesh, name] : old_meshes) {
+    if (!mesh.empty()) meshes_->RemoveUser(mesh, name);
+  }
   return absl::OkStatus();
 }
 
