@@ -291,6 +291,78 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
                  });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerContext* ctx,
+                                                        const v1::CopyGroupRequest* req,
+                                                        v1::CopyGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
+  std::vector<CopyMember> copies;
+  for (const v1::CopyPair& c : req->copies()) copies.push_back(CopyMember{c.src(), c.dst()});
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // As RunPlan: the group may end before CopyGroup returns; whichever of the two comes second
+  // fills the progress and finishes the reactor.
+  struct WaitState {
+    absl::Mutex mu;
+    bool started = false;
+    bool ended = false;
+    absl::Status status;
+    GroupProgress final;
+  };
+  auto state = std::make_shared<WaitState>();
+  auto finish = [reactor, resp](const absl::Status& s, const GroupProgress& p) {
+    if (s.ok()) {
+      resp->set_state(static_cast<v1::PlanState>(p.state));
+      resp->set_seconds(p.seconds);
+      for (size_t i = 0; i < p.members.size() && i < static_cast<size_t>(resp->members_size());
+           ++i) {
+        *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+      }
+    }
+    reactor->Finish(ToGrpcStatus(s));
+  };
+  PlanManager::GroupDoneCallback done = nullptr;
+  if (req->wait()) {
+    done = [state, finish](const absl::Status& s, const GroupProgress& p) {
+      {
+        absl::MutexLock lock(&state->mu);
+        state->ended = true;
+        state->status = s;
+        state->final = p;
+        if (!state->started) return;
+      }
+      finish(s, p);
+    };
+  }
+  absl::StatusOr<StartedGroup> started = plans_->CopyGroup(copies, std::move(done));
+  if (!started.ok()) {
+    reactor->Finish(ToGrpcStatus(started.status()));
+    return reactor;
+  }
+  resp->set_group_id(started->id);
+  resp->set_state(v1::PENDING);
+  resp->set_bytes_moved(started->bytes_moved);
+  resp->set_lower_bound_bytes(started->lower_bound_bytes);
+  for (size_t i = 0; i < started->members.size(); ++i) {
+    const StartedPlan& m = started->members[i];
+    v1::CopyGroupMember* out = resp->add_members();
+    out->set_src(copies[i].src);
+    out->set_dst(copies[i].dst);
+    out->set_dst_version(m.target_version);
+    *out->mutable_progress() = PlanProgressToProto(m.progress);
+    *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+  }
+  if (!req->wait()) {
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->started = true;
+    if (!state->ended) return reactor;
+  }
+  finish(state->status, state->final);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
                                                                const v1::PlanRequest* req,
                                                                v1::Plan* resp) {

@@ -73,6 +73,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                    v1::RedistributeResponse* resp) override;
   grpc::ServerUnaryReactor* Copy(grpc::CallbackServerContext* ctx, const v1::CopyRequest* req,
                                  v1::CopyResponse* resp) override;
+  grpc::ServerUnaryReactor* CopyGroup(grpc::CallbackServerContext* ctx,
+                                      const v1::CopyGroupRequest* req,
+                                      v1::CopyGroupResponse* resp) override;
   grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
                                              const v1::PlanRequest* req, v1::Plan* resp) override;
   grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(grpc::CallbackServerContext* ctx,

@@ -120,6 +120,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"Redistribute", {"admin", "operator"}},
       {"Gather", {"admin", "operator"}},
       {"Copy", {"admin", "operator"}},
+      {"CopyGroup", {"admin", "operator"}},
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},
