@@ -68,9 +68,16 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
 struct CopyFlags {
   std::string src;
   std::string dst;
+  // A JSON file {"copies": [{"src": "a", "dst": "b"}, ...]}: one CopyGroup (all or nothing)
+  // instead of src and dst.
+  std::string from_file;
 };
+// The CopyGroupRequest (wait set) of a copies file's text; INVALID_ARGUMENT naming what is
+// wrong (not JSON, unknown fields, no copies).
+absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json);
 // Writes src's values into dst; prints the plan summary and dst's new version. Progress as
-// RunRedistributeCommand.
+// RunRedistributeCommand. With from_file, runs the file's copies as one group (waiting for
+// it, no progress bar) and prints the group's summary.
 int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
                    std::ostream& out, std::ostream& err);
 
