@@ -140,6 +140,22 @@ class ShardcoordClient:
         request = pb.CopyRequest(src=src, dst=dst, wait=True)
         return self._finished(self._call(self._stub.Copy, request, self.data_timeout))
 
+    def copy_many(self, pairs):
+        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
+        transaction: every dst gets its new version together, or none does. Waits; returns
+        the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, seconds and
+        per-member dst_version). A bad or busy member refuses the whole group (ShardcoordError
+        naming copies[i]); a member that fails rolls back all (ABORTED)."""
+        copies = []
+        for pair in pairs:
+            if isinstance(pair, dict):
+                copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+            else:
+                src, dst = pair
+                copies.append(pb.CopyPair(src=src, dst=dst))
+        request = pb.CopyGroupRequest(copies=copies, wait=True)
+        return self._call(self._stub.CopyGroup, request, self.data_timeout)
+
     @staticmethod
     def _finished(response):
         if response.progress.state == pb.ABORTED:
