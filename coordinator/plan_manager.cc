@@ -412,6 +412,68 @@ absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember
     }
     if (absl::Status s = CheckCopyable(*src, *dst); !s.ok()) return prefixed(i, s);
   }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    items.push_back(
+        GroupItem{copies[i].src, copies[i].dst,
+                  [](const TensorRecord& rec) -> absl::StatusOr<Target> {
+                    return Target{rec.layout, rec.mesh, rec.spec};
+                  },
+                  absl::StrCat("copies[", i, "]"),
+                  absl::StrCat("copies[", i, "] ('", copies[i].src, "' -> '", copies[i].dst, "'")});
+  }
+  return StartGroup(items, std::move(done));
+}
+
+absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members) {
+  if (members.empty()) return absl::InvalidArgumentError("redistributes: empty group");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string where = absl::StrCat("redistributes[", i, "].tensor");
+    if (members[i].tensor.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty"));
+    auto [it, inserted] = seen.emplace(members[i].tensor, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", members[i].tensor,
+                                                     "' is also redistributes[", it->second,
+                                                     "].tensor; a group names each tensor once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
+    const std::vector<RedistributeMember>& members, GroupDoneCallback done) {
+  if (absl::Status s = CheckRedistributeGroup(members); !s.ok()) return s;
+  // Every member's tensor and spec are checked before anything is held.
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string where = absl::StrCat("redistributes[", i, "]");
+    absl::StatusOr<TensorRecord> rec = tensors_->Get(members[i].tensor);
+    if (!rec.ok()) {
+      return absl::Status(rec.status().code(),
+                          absl::StrCat(where, ".tensor: ", rec.status().message()));
+    }
+    if (absl::StatusOr<Target> t = ResolveSpec(*rec, members[i].target); !t.ok()) {
+      const bool field = absl::StartsWith(t.status().message(), "target");
+      return absl::Status(t.status().code(),
+                          absl::StrCat(where, field ? "." : ": ", t.status().message()));
+    }
+  }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Spec spec = members[i].target;
+    items.push_back(GroupItem{
+        members[i].tensor, members[i].tensor,
+        [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
+        absl::StrCat("redistributes[", i, "]"),
+        absl::StrCat("redistributes[", i, "] ('", members[i].tensor, "' -> ", spec.ToString(),
+                     spec.mesh.empty() ? "" : absl::StrCat(" on ", spec.mesh))});
+  }
+  return StartGroup(items, std::move(done));
+}
+
+absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem>& items,
+                                                     GroupDoneCallback done) {
   std::string gid;
   {
     absl::MutexLock lock(&mu_);
@@ -420,17 +482,14 @@ absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember
     Group& g = groups_[gid];
     g.start = clock_->Now();
     g.done = std::move(done);
-    g.finals.resize(copies.size());
+    g.finals.resize(items.size());
   }
   StartedGroup out;
   out.id = gid;
-  std::vector<Dispatch> dispatch(copies.size());
-  for (size_t i = 0; i < copies.size(); ++i) {
+  std::vector<Dispatch> dispatch(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
     absl::StatusOr<StartedPlan> started = Start(
-        copies[i].src, copies[i].dst,
-        [](const TensorRecord& rec) -> absl::StatusOr<Target> {
-          return Target{rec.layout, rec.mesh, rec.spec};
-        },
+        items[i].tensor, items[i].target_tensor, items[i].target_fn,
         [this, gid, i](const absl::Status& s, const PlanProgress& p) {
           OnMemberDone(gid, i, s, p);
         },
@@ -440,7 +499,8 @@ absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember
       for (const StartedPlan& m : out.members) Discard(m.id);
       absl::MutexLock lock(&mu_);
       groups_.erase(gid);
-      return prefixed(i, started.status());
+      return absl::Status(started.status().code(),
+                          absl::StrCat(items[i].where, ": ", started.status().message()));
     }
     out.bytes_moved += started->plan->bytes_moved;
     out.lower_bound_bytes += started->plan->lower_bound_bytes;
@@ -448,8 +508,7 @@ absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember
       absl::MutexLock lock(&mu_);
       Group& g = groups_.at(gid);
       g.members.push_back(started->id);
-      g.labels.push_back(absl::StrCat("copies[", i, "] ('", copies[i].src, "' -> '", copies[i].dst,
-                                      "', plan ", started->id, ")"));
+      g.labels.push_back(absl::StrCat(items[i].label, ", plan ", started->id, ")"));
     }
     out.members.push_back(*std::move(started));
   }
@@ -464,7 +523,7 @@ absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember
     for (const StartedPlan& m : out.members) Abort(m.id, "another member of the group aborted");
     return out;
   }
-  for (size_t i = 0; i < copies.size(); ++i) Send(out.members[i].id, std::move(dispatch[i]));
+  for (size_t i = 0; i < items.size(); ++i) Send(out.members[i].id, std::move(dispatch[i]));
   return out;
 }
 
@@ -484,9 +543,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
     ++g.ended;
     if (!status.ok() && !g.failed) {
       g.failed = true;
-      g.error = absl::StrCat(
-          index < g.labels.size() ? g.labels[index] : absl::StrCat("copies[", index, "]"),
-          " failed: ", status.message());
+      g.error =
+          absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
+                       " failed: ", status.message());
       reason = absl::StrCat("group ", gid, ": ", g.error);
       for (size_t j = 0; j < g.members.size(); ++j) {
         if (j != index) aborts.push_back(g.members[j]);

@@ -90,6 +90,12 @@ struct CopyMember {
   std::string dst;
 };
 
+// One member of a RedistributeGroup.
+struct RedistributeMember {
+  std::string tensor;
+  Spec target;  // target.mesh empty: the tensor's mesh.
+};
+
 // A group of plans that commit together (or none does).
 struct GroupProgress {
   std::string group_id;
@@ -109,6 +115,9 @@ struct StartedGroup {
 // INVALID_ARGUMENT naming the member and field ("copies[2].dst: ...") for an empty group, an
 // empty name, src == dst, or a tensor named twice in the group (as src or dst). Pure.
 absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies);
+// As CheckCopyGroup for "redistributes[i].tensor": an empty group, an empty name, a tensor
+// named twice.
+absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members);
 
 // What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
 struct WorkerReport {
@@ -172,6 +181,11 @@ class PlanManager : public WorkerListener {
   using GroupDoneCallback = std::function<void(const absl::Status&, const GroupProgress&)>;
   absl::StatusOr<StartedGroup> CopyGroup(const std::vector<CopyMember>& copies,
                                          GroupDoneCallback done);
+  // Many Redistributes as one transaction, as CopyGroup: every tensor gets its new layout
+  // and version together, or none does. Errors as Redistribute's and CheckRedistributeGroup's,
+  // prefixed with "redistributes[i]" (a bad spec: "redistributes[i].target...").
+  absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
+                                                 GroupDoneCallback done);
 
   // The plan Redistribute would run, without running it.
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
@@ -291,6 +305,17 @@ class PlanManager : public WorkerListener {
   void Send(const std::string& id, Dispatch fragments);
   // Forgets a started plan whose fragments were never sent: releases its tensors.
   void Discard(const std::string& id);
+  struct GroupItem {
+    std::string tensor;
+    std::string target_tensor;
+    TargetFn target_fn;
+    std::string where;  // "copies[2]"
+    std::string label;  // "copies[2] ('a' -> 'b'"; the plan id and ")" are added.
+  };
+  // Starts every item (fragments held back), then sends them all; on a refusal forgets the
+  // items started so far and returns it prefixed with the item's `where`.
+  absl::StatusOr<StartedGroup> StartGroup(const std::vector<GroupItem>& items,
+                                          GroupDoneCallback done);
   void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
                     const PlanProgress& progress);
   void CommitGroup(const std::string& group);

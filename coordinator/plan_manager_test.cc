@@ -947,5 +947,72 @@ TEST_F(PlanManagerTest, CopyGroupMemberDeathAbortsTheWholeGroup) {
   EXPECT_TRUE(tensors_.Get("y")->busy_plan.empty());
 }
 
+// ---- RedistributeGroup -------------------------------------------------------------------
+
+TEST(CheckRedistributeGroupTest, NamesTheMemberOfEveryBadMember) {
+  EXPECT_TRUE(CheckRedistributeGroup({{"a", {}}, {"b", {}}}).ok());
+  EXPECT_EQ(CheckRedistributeGroup({}).message(), "redistributes: empty group");
+  EXPECT_EQ(CheckRedistributeGroup({{"a", {}}, {"", {}}}).message(),
+            "redistributes[1].tensor: empty");
+  absl::Status s = CheckRedistributeGroup({{"a", {}}, {"b", {}}, {"a", {}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "redistributes[2].tensor: tensor 'a' is also redistributes[0].tensor; a group names "
+            "each tensor once");
+}
+
+TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  const TensorRecord a_before = *tensors_.Get("a");
+  const TensorRecord b_before = *tensors_.Get("b");
+  // A bad spec or an unknown tensor refuses the group before anything starts.
+  absl::Status s =
+      plans_.RedistributeGroup({{"a", Target("R,R")}, {"b", Target("S(0)")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("redistributes[1].target"));
+  s = plans_.RedistributeGroup({{"a", Target("R,R")}, {"nope", Target("R,R")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "redistributes[1].tensor: unknown tensor 'nope'");
+  s = plans_.RedistributeGroup({{"a", Target("S(0)", "nomesh")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("redistributes[0]: "));
+  EXPECT_EQ(client_.calls("Execute"), 0);
+
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
+      {{"a", Target("S(1)", "N")}, {"b", Target("R,R")}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportAll(group->members[0].id);
+  EXPECT_EQ(tensors_.Get("a")->version, a_before.version);
+  ReportAll(group->members[1].id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(tensors_.Get("a")->version, group->members[0].target_version);
+  EXPECT_EQ(tensors_.Get("a")->mesh, "N");
+  EXPECT_EQ(tensors_.Get("a")->spec, "S(1)");
+  EXPECT_EQ(tensors_.Get("b")->version, group->members[1].target_version);
+  EXPECT_EQ(tensors_.Get("b")->spec, "R,R");
+
+  // A failing member rolls both back.
+  const TensorRecord a_mid = *tensors_.Get("a");
+  const TensorRecord b_mid = *tensors_.Get("b");
+  GroupOutcome failed;
+  group = plans_.RedistributeGroup({{"a", Target("S(0)")}, {"b", Target("S(0),R")}},
+                                   RecordGroup(&failed));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportAll(group->members[1].id);
+  plans_.Abort(group->members[0].id, "test");
+  ASSERT_EQ(failed.calls, 1);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(failed.status.message(), HasSubstr("redistributes[0] ('a' -> S(0), plan "));
+  EXPECT_EQ(tensors_.Get("a")->version, a_mid.version);
+  EXPECT_EQ(tensors_.Get("a")->layout, a_mid.layout);
+  EXPECT_EQ(tensors_.Get("b")->version, b_mid.version);
+  EXPECT_EQ(tensors_.Get("b")->layout, b_mid.layout);
+  EXPECT_TRUE(tensors_.Get("a")->busy_plan.empty());
+  EXPECT_TRUE(tensors_.Get("b")->busy_plan.empty());
+}
+
 }  // namespace
 }  // namespace shardcoord
