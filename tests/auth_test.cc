@@ -121,6 +121,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"Gather", {"admin", "operator"}},
       {"Copy", {"admin", "operator"}},
       {"CopyGroup", {"admin", "operator"}},
+      {"RedistributeGroup", {"admin", "operator"}},
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},

@@ -295,6 +295,60 @@ TEST_F(CopyGroupTest, AGroupWithABusyDstIsAbortedAndChangesNothing) {
   for (const std::string& n : names) EXPECT_TRUE(client().DeleteTensor(n).ok()) << n;
 }
 
+TEST_F(CopyGroupTest, RedistributeGroupMovesEveryTensorTogether) {
+  struct Move {
+    std::string name;
+    Endpoint from;
+    Endpoint to;
+  };
+  const std::vector<Move> moves = {
+      {"rg_uneven", {"line", "S(0,[1,3,2,4])"}, {"grid", "R,S(1)"}},
+      {"rg_flat", {"grid", "S(0),S(1)"}, {"line", "0:35;35:40;40:70;", true}},
+      {"rg_cross", {"grid", "S(0),R"}, {"trio", "S(1)"}},
+  };
+  v1::RedistributeGroupRequest request;
+  request.set_wait(true);
+  absl::flat_hash_map<std::string, int64_t> before;
+  for (const Move& m : moves) {
+    absl::StatusOr<v1::TensorInfo> t =
+        CreateFilled(client(), m.name, kShape, DType::kF32, m.from.mesh, m.from.spec, m.from.flat);
+    ASSERT_TRUE(t.ok()) << m.name << ": " << t.status();
+    before[m.name] = t->version();
+    v1::RedistributeItem* item = request.add_redistributes();
+    item->set_tensor(m.name);
+    *item->mutable_target() = SpecFromText(m.to.mesh, m.to.spec, m.to.flat);
+  }
+  // A bad member (a spec that does not fit its mesh) refuses the whole group.
+  v1::RedistributeGroupRequest bad = request;
+  *bad.mutable_redistributes(2)->mutable_target() = SpecFromText("trio", "S(0),S(1)");
+  absl::StatusOr<v1::RedistributeGroupResponse> r = client().RedistributeGroup(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("redistributes[2].target"));
+  for (const Move& m : moves) {
+    EXPECT_EQ(Version(m.name), before[m.name]) << m.name;
+    EXPECT_TRUE(client().GetTensor(m.name)->busy_plan().empty()) << m.name;
+  }
+
+  r = client().RedistributeGroup(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::COMMITTED);
+  EXPECT_EQ(r->bytes_moved(), r->lower_bound_bytes());
+  ASSERT_EQ(r->members_size(), static_cast<int>(moves.size()));
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    absl::StatusOr<v1::TensorInfo> t = client().GetTensor(m.name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->version(), r->members(i).version()) << m.name;
+    EXPECT_GT(t->version(), before[m.name]) << m.name;
+    EXPECT_EQ(t->mesh(), m.to.mesh) << m.name;
+    EXPECT_EQ(r->members(i).progress().state(), v1::COMMITTED) << m.name;
+    absl::Status values =
+        DownloadAndCheck(client(), m.name, DType::kF32, kShape, FillKind::kArange);
+    EXPECT_TRUE(values.ok()) << m.name << ": " << values;
+    EXPECT_TRUE(client().DeleteTensor(m.name).ok()) << m.name;
+  }
+}
+
 }  // namespace
 }  // namespace shardcoord
 

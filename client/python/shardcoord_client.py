@@ -156,6 +156,21 @@ class ShardcoordClient:
         request = pb.CopyGroupRequest(copies=copies, wait=True)
         return self._call(self._stub.CopyGroup, request, self.data_timeout)
 
+    def redistribute_many(self, items):
+        """Redistributes every (name, placements) or {"tensor", "placements" | "flat", "mesh"}
+        of `items` as one transaction: every tensor gets its new layout together, or none
+        does. Waits; returns the RedistributeGroupResponse."""
+        members = []
+        for item in items:
+            if isinstance(item, dict):
+                target = _spec(item.get("mesh", ""), item.get("placements"), item.get("flat"))
+                members.append(pb.RedistributeItem(tensor=item["tensor"], target=target))
+            else:
+                name, placements = item
+                members.append(pb.RedistributeItem(tensor=name, target=_spec("", placements, None)))
+        request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
+        return self._call(self._stub.RedistributeGroup, request, self.data_timeout)
+
     @staticmethod
     def _finished(response):
         if response.progress.state == pb.ABORTED:

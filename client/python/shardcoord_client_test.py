@@ -58,6 +58,13 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
             members=[pb.CopyGroupMember(src=c.src, dst=c.dst, dst_version=10 + i)
                      for i, c in enumerate(request.copies)])
 
+    def RedistributeGroup(self, request, context):
+        self.requests["redistribute_group"] = request
+        return pb.RedistributeGroupResponse(
+            group_id="g-2", state=pb.COMMITTED,
+            members=[pb.RedistributeGroupMember(tensor=r.tensor, version=20 + i)
+                     for i, r in enumerate(request.redistributes)])
+
     def Download(self, request, context):
         data = np.arange(12, dtype="<f4").tobytes()
         yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
@@ -174,6 +181,17 @@ class ClientTest(unittest.TestCase):
             self.client.copy_many([("a", "a_infer")])
         self.assertEqual(e.exception.code, "ABORTED")
         self.assertIn("copies[1]", str(e.exception))
+
+    def test_redistribute_many(self):
+        r = self.client.redistribute_many([("a", "S(1)"),
+                                           {"tensor": "b", "placements": "R", "mesh": "m"}])
+        self.assertEqual(r.group_id, "g-2")
+        self.assertEqual([m.version for m in r.members], [20, 21])
+        req = self.fake.requests["redistribute_group"]
+        self.assertTrue(req.wait)
+        self.assertEqual([i.tensor for i in req.redistributes], ["a", "b"])
+        self.assertEqual(req.redistributes[0].target.placements_text, "S(1)")
+        self.assertEqual(req.redistributes[1].target.mesh, "m")
 
     def test_download_is_a_numpy_array(self):
         a = self.client.download("t")
