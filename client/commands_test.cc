@@ -123,6 +123,25 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status RedistributeGroup(grpc::ServerContext*, const v1::RedistributeGroupRequest* request,
+                                 v1::RedistributeGroupResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    redistribute_group_ = *request;
+    response->set_group_id("g-2");
+    response->set_state(v1::COMMITTED);
+    response->set_bytes_moved(4096);
+    response->set_lower_bound_bytes(4096);
+    int64_t version = 20;
+    for (const v1::RedistributeItem& r : request->redistributes()) {
+      v1::RedistributeGroupMember* m = response->add_members();
+      m->set_tensor(r.tensor());
+      m->set_version(version++);
+      m->mutable_progress()->set_plan_id(absl::StrCat("p", version));
+      m->mutable_progress()->set_state(v1::COMMITTED);
+    }
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest* request,
                          grpc::ServerWriter<v1::PlanProgress>* writer) override {
     for (int64_t done : {0, 2048, 4096}) {
@@ -207,6 +226,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   v1::GatherRequest gather_;
   v1::CopyRequest copy_;
   v1::CopyGroupRequest copy_group_;
+  v1::RedistributeGroupRequest redistribute_group_;
   v1::TensorHeader upload_header_;
   std::string upload_data_;
   bool abort_ = false;  // Plans end ABORTED.
@@ -418,6 +438,34 @@ TEST_F(CommandsTest, CopyFlagsAndCopiesFilesAreChecked) {
   EXPECT_EQ(ParseCopiesJson(R"({"copies": [{"src": "a", "dest": "b"}]})").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fake_.copy_group_.copies_size(), 0);
+}
+
+TEST_F(CommandsTest, RedistributeManyFromFileRunsOneGroup) {
+  const std::string path = dir_ + "/moves.json";
+  {
+    std::ofstream f(path);
+    f << R"json({"redistributes": [{"tensor": "a", "target": {"mesh": "m", "placements_text": "S(1)"}},
+             {"tensor": "b", "target": {"flat_text": "0:4;4:8"}}]})json";
+  }
+  ASSERT_EQ(RunRedistributeManyCommand(*client_, path, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.redistribute_group_.wait());
+  ASSERT_EQ(fake_.redistribute_group_.redistributes_size(), 2);
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(0).target().mesh(), "m");
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(0).target().placements_text(), "S(1)");
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(1).target().flat_text(), "0:4;4:8");
+  EXPECT_EQ(out_.str(),
+            "redistributed 2 tensors as group g-2: COMMITTED\n"
+            "  4.0 KiB moved (lower bound 4.0 KiB)\n"
+            "  a: version 20 (plan p21)\n"
+            "  b: version 21 (plan p22)\n");
+  out_.str("");
+  ASSERT_EQ(RunRedistributeManyCommand(*client_, path, true, out_, err_), 0) << err_.str();
+  EXPECT_THAT(out_.str(), StartsWith("{\"group_id\": \"g-2\", \"state\": \"COMMITTED\", "));
+  EXPECT_THAT(out_.str(), HasSubstr("{\"tensor\": \"b\", \"version\": 21, \"plan_id\": \"p22\""));
+  EXPECT_EQ(RunRedistributeManyCommand(*client_, dir_ + "/none.json", false, out_, err_), 2);
+  EXPECT_EQ(ParseRedistributesJson("{}").status().message(), "\"redistributes\": empty");
+  EXPECT_EQ(ParseRedistributesJson(R"({"redistributes": [{"name": "a"}]})").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CommandsTest, GatherToOneRank) {

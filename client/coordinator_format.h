@@ -66,6 +66,13 @@ std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response);
 //  [{"src", "dst", "dst_version", "plan_id", "state", "bytes_moved", "lower_bound_bytes"}]}
 std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response);
 
+// After a redistribute group: "redistributed 2 tensors as group g-1: COMMITTED ...", the bytes
+// moved and their lower bound, then "  a: version 7 (plan p-3)" per member.
+std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response);
+// {"group_id", "state", "seconds", "tensors", "bytes_moved", "lower_bound_bytes", "members":
+//  [{"tensor", "version", "plan_id", "state", "bytes_moved", "lower_bound_bytes"}]}
+std::string RedistributeGroupOutcomeJson(const v1::RedistributeGroupResponse& response);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_CLIENT_COORDINATOR_FORMAT_H_

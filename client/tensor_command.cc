@@ -260,6 +260,47 @@ int RunCopyGroupCommand(CoordinatorClient& client, const CopyFlags& flags, bool 
 
 }  // namespace
 
+absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string_view json) {
+  v1::RedistributeGroupRequest request;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &request, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a redistributes file {\"redistributes\": [{\"tensor\": ..., "
+                     "\"target\": {\"mesh\": ..., \"placements_text\": ...}}, ...]}: ",
+                     std::string(parsed.message().data(), parsed.message().size())));
+  }
+  if (request.redistributes_size() == 0) {
+    return absl::InvalidArgumentError("\"redistributes\": empty");
+  }
+  request.set_wait(true);
+  return request;
+}
+
+int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
+                               std::ostream& out, std::ostream& err) {
+  std::ifstream in(from_file, std::ios::binary);
+  if (!in) {
+    return ReportFlagError(err, "tensor redistribute-many",
+                           absl::StrCat("--from-file: cannot read '", from_file, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<v1::RedistributeGroupRequest> request = ParseRedistributesJson(text.str());
+  if (!request.ok()) {
+    return ReportFlagError(
+        err, "tensor redistribute-many",
+        absl::StrCat("--from-file ", from_file, ": ", request.status().message()));
+  }
+  absl::StatusOr<v1::RedistributeGroupResponse> response = client.RedistributeGroup(*request);
+  if (!response.ok()) return ReportStatus(err, response.status(), client.address());
+  out << (json ? RedistributeGroupOutcomeJson(*response) + "\n"
+               : RedistributeGroupOutcomeText(*response));
+  return 0;
+}
+
 int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
                    std::ostream& out, std::ostream& err) {
   if (!flags.from_file.empty()) return RunCopyGroupCommand(client, flags, json, out, err);
@@ -481,6 +522,21 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       flags->flat = Value(flat);
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
+        "redistribute-many",
+        "Move many tensors to new layouts as one transaction (all or nothing)");
+    auto from_file = std::make_shared<std::string>();
+    cmd->add_option("--from-file", *from_file,
+                    "JSON {\"redistributes\": [{\"tensor\": \"a\", \"target\": {\"mesh\": "
+                    "\"m\", \"placements_text\": \"S(1)\"}}, ...]}")
+        ->required()
+        ->type_name("PATH");
+    cmd->callback([conn, from_file]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      Finish(RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
     });
   }
   {

@@ -56,6 +56,13 @@ absl::StatusOr<v1::RedistributeRequest> BuildRedistributeRequest(const Redistrib
 int RunRedistributeCommand(CoordinatorClient& client, const RedistributeFlags& flags, bool json,
                            bool progress, std::ostream& out, std::ostream& err);
 
+// `shardctl tensor redistribute-many --from-file F`: F is {"redistributes": [{"tensor": "a",
+// "target": {"mesh": "m", "placements_text": "S(1)"}}, ...]} (a RedistributeGroupRequest in
+// proto JSON; "flat_text" for flat specs), run as one transaction.
+absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string_view json);
+int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
+                               std::ostream& out, std::ostream& err);
+
 struct GatherFlags {
   std::string name;
   std::string mesh;                // Empty: the tensor's mesh.
