@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -99,6 +100,48 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status CopyGroup(grpc::ServerContext*, const v1::CopyGroupRequest* request,
+                         v1::CopyGroupResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    copy_group_ = *request;
+    if (abort_) return grpc::Status(grpc::StatusCode::ABORTED, "group g-1 aborted: copies[1]");
+    response->set_group_id("g-1");
+    response->set_state(v1::COMMITTED);
+    response->set_bytes_moved(8192);
+    response->set_lower_bound_bytes(8192);
+    int64_t version = 7;
+    for (const v1::CopyPair& c : request->copies()) {
+      v1::CopyGroupMember* m = response->add_members();
+      m->set_src(c.src());
+      m->set_dst(c.dst());
+      m->set_dst_version(version++);
+      m->mutable_progress()->set_plan_id(absl::StrCat("p", version));
+      m->mutable_progress()->set_state(v1::COMMITTED);
+      m->mutable_plan()->set_bytes_moved(4096);
+      m->mutable_plan()->set_lower_bound_bytes(4096);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RedistributeGroup(grpc::ServerContext*, const v1::RedistributeGroupRequest* request,
+                                 v1::RedistributeGroupResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    redistribute_group_ = *request;
+    response->set_group_id("g-2");
+    response->set_state(v1::COMMITTED);
+    response->set_bytes_moved(4096);
+    response->set_lower_bound_bytes(4096);
+    int64_t version = 20;
+    for (const v1::RedistributeItem& r : request->redistributes()) {
+      v1::RedistributeGroupMember* m = response->add_members();
+      m->set_tensor(r.tensor());
+      m->set_version(version++);
+      m->mutable_progress()->set_plan_id(absl::StrCat("p", version));
+      m->mutable_progress()->set_state(v1::COMMITTED);
+    }
+    return grpc::Status::OK;
+  }
+
   grpc::Status WatchPlan(grpc::ServerContext*, const v1::WatchPlanRequest* request,
                          grpc::ServerWriter<v1::PlanProgress>* writer) override {
     for (int64_t done : {0, 2048, 4096}) {
@@ -182,6 +225,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   v1::RedistributeRequest redistribute_;
   v1::GatherRequest gather_;
   v1::CopyRequest copy_;
+  v1::CopyGroupRequest copy_group_;
+  v1::RedistributeGroupRequest redistribute_group_;
   v1::TensorHeader upload_header_;
   std::string upload_data_;
   bool abort_ = false;  // Plans end ABORTED.
@@ -337,6 +382,90 @@ TEST_F(CommandsTest, CopyPrintsThePlanAndDstsNewVersion) {
   EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 1);
   EXPECT_THAT(err_.str(), HasSubstr("shardctl: ABORTED: worker w3 (rank 3) died in step 0\n"));
   EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, CopyFromFileRunsOneGroup) {
+  const std::string path = dir_ + "/copies.json";
+  {
+    std::ofstream f(path);
+    f << R"({"copies": [{"src": "a", "dst": "a_infer"}, {"src": "b", "dst": "b_infer"}]})";
+  }
+  CopyFlags flags;
+  flags.from_file = path;
+  ASSERT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.copy_group_.wait());
+  ASSERT_EQ(fake_.copy_group_.copies_size(), 2);
+  EXPECT_EQ(fake_.copy_group_.copies(1).src(), "b");
+  EXPECT_EQ(fake_.copy_group_.copies(1).dst(), "b_infer");
+  EXPECT_EQ(out_.str(),
+            "copied 2 tensors as group g-1: COMMITTED\n"
+            "  8.0 KiB moved (lower bound 8.0 KiB)\n"
+            "  a -> a_infer: version 7 (plan p8)\n"
+            "  b -> b_infer: version 8 (plan p9)\n");
+  out_.str("");
+  ASSERT_EQ(RunCopyCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_EQ(out_.str(),
+            "{\"group_id\": \"g-1\", \"state\": \"COMMITTED\", \"seconds\": 0.0, \"tensors\": 2, "
+            "\"bytes_moved\": 8192, \"lower_bound_bytes\": 8192, \"members\": [{\"src\": \"a\", "
+            "\"dst\": \"a_infer\", \"dst_version\": 7, \"plan_id\": \"p8\", \"state\": "
+            "\"COMMITTED\", \"bytes_moved\": 4096, \"lower_bound_bytes\": 4096}, {\"src\": \"b\", "
+            "\"dst\": \"b_infer\", \"dst_version\": 8, \"plan_id\": \"p9\", \"state\": "
+            "\"COMMITTED\", \"bytes_moved\": 4096, \"lower_bound_bytes\": 4096}]}\n");
+  out_.str("");
+  fake_.abort_ = true;
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("ABORTED: group g-1 aborted: copies[1]"));
+  EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, CopyFlagsAndCopiesFilesAreChecked) {
+  CopyFlags flags;
+  flags.src = "a";
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("SRC and DST are required (or --from-file)"));
+  flags.dst = "b";
+  flags.from_file = dir_ + "/none.json";
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("not both"));
+  flags = CopyFlags{};
+  flags.from_file = dir_ + "/none.json";
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("cannot read"));
+
+  EXPECT_TRUE(ParseCopiesJson(R"({"copies": [{"src": "a", "dst": "b"}]})").ok());
+  EXPECT_EQ(ParseCopiesJson("{}").status().message(), "\"copies\": empty");
+  EXPECT_EQ(ParseCopiesJson("[1]").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseCopiesJson(R"({"copies": [{"src": "a", "dest": "b"}]})").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fake_.copy_group_.copies_size(), 0);
+}
+
+TEST_F(CommandsTest, RedistributeManyFromFileRunsOneGroup) {
+  const std::string path = dir_ + "/moves.json";
+  {
+    std::ofstream f(path);
+    f << R"json({"redistributes": [{"tensor": "a", "target": {"mesh": "m", "placements_text": "S(1)"}},
+             {"tensor": "b", "target": {"flat_text": "0:4;4:8"}}]})json";
+  }
+  ASSERT_EQ(RunRedistributeManyCommand(*client_, path, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.redistribute_group_.wait());
+  ASSERT_EQ(fake_.redistribute_group_.redistributes_size(), 2);
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(0).target().mesh(), "m");
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(0).target().placements_text(), "S(1)");
+  EXPECT_EQ(fake_.redistribute_group_.redistributes(1).target().flat_text(), "0:4;4:8");
+  EXPECT_EQ(out_.str(),
+            "redistributed 2 tensors as group g-2: COMMITTED\n"
+            "  4.0 KiB moved (lower bound 4.0 KiB)\n"
+            "  a: version 20 (plan p21)\n"
+            "  b: version 21 (plan p22)\n");
+  out_.str("");
+  ASSERT_EQ(RunRedistributeManyCommand(*client_, path, true, out_, err_), 0) << err_.str();
+  EXPECT_THAT(out_.str(), StartsWith("{\"group_id\": \"g-2\", \"state\": \"COMMITTED\", "));
+  EXPECT_THAT(out_.str(), HasSubstr("{\"tensor\": \"b\", \"version\": 21, \"plan_id\": \"p22\""));
+  EXPECT_EQ(RunRedistributeManyCommand(*client_, dir_ + "/none.json", false, out_, err_), 2);
+  EXPECT_EQ(ParseRedistributesJson("{}").status().message(), "\"redistributes\": empty");
+  EXPECT_EQ(ParseRedistributesJson(R"({"redistributes": [{"name": "a"}]})").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CommandsTest, GatherToOneRank) {

@@ -135,6 +135,18 @@ absl::StatusOr<v1::CopyResponse> CoordinatorClient::Copy(const v1::CopyRequest& 
   return Unary(&Stub::Copy, request, request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::CopyGroupResponse> CoordinatorClient::CopyGroup(
+    const v1::CopyGroupRequest& request) {
+  return Unary(&Stub::CopyGroup, request,
+               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::RedistributeGroupResponse> CoordinatorClient::RedistributeGroup(
+    const v1::RedistributeGroupRequest& request) {
+  return Unary(&Stub::RedistributeGroup, request,
+               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::Plan> CoordinatorClient::PlanRedistribute(const v1::PlanRequest& request) {
   return Unary(&Stub::PlanRedistribute, request, options_.rpc_timeout);
 }

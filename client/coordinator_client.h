@@ -85,6 +85,11 @@ class CoordinatorClient {
   // Writes request.src()'s values into request.dst() (a new version of dst); waits as
   // Redistribute.
   absl::StatusOr<v1::CopyResponse> Copy(const v1::CopyRequest& request);
+  // Many copies as one transaction (see CopyGroup in proto/shardcoord.proto).
+  absl::StatusOr<v1::CopyGroupResponse> CopyGroup(const v1::CopyGroupRequest& request);
+  // Many redistributes as one transaction (see RedistributeGroup in proto/shardcoord.proto).
+  absl::StatusOr<v1::RedistributeGroupResponse> RedistributeGroup(
+      const v1::RedistributeGroupRequest& request);
   // Dry run: the plan Redistribute would execute.
   absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
 

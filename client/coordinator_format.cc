@@ -379,4 +379,87 @@ std::string CopyOutcomeJson(const v1::CopyRequest& request, const v1::CopyRespon
   return w.str();
 }
 
+std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
+  std::string out = absl::StrCat(
+      "copied ", response.members_size(), response.members_size() == 1 ? " tensor" : " tensors",
+      " as group ", response.group_id(), ": ", v1::PlanState_Name(response.state()));
+  if (response.seconds() > 0)
+    absl::StrAppend(&out, absl::StrFormat(" in %.3f s", response.seconds()));
+  absl::StrAppend(&out, "\n  ", HumanBytes(response.bytes_moved()), " moved (lower bound ",
+                  HumanBytes(response.lower_bound_bytes()), ")\n");
+  for (const v1::CopyGroupMember& m : response.members()) {
+    absl::StrAppend(&out, "  ", m.src(), " -> ", m.dst(), ": version ", m.dst_version(), " (plan ",
+                    Or(m.progress().plan_id(), m.plan().id()), ")\n");
+  }
+  return out;
+}
+
+std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("group_id").String(response.group_id());
+  w.Key("state").String(v1::PlanState_Name(response.state()));
+  w.Key("seconds").Double(response.seconds());
+  w.Key("tensors").Int(response.members_size());
+  w.Key("bytes_moved").Int(response.bytes_moved());
+  w.Key("lower_bound_bytes").Int(response.lower_bound_bytes());
+  w.Key("members").BeginArray();
+  for (const v1::CopyGroupMember& m : response.members()) {
+    w.BeginObject();
+    w.Key("src").String(m.src());
+    w.Key("dst").String(m.dst());
+    w.Key("dst_version").Int(m.dst_version());
+    w.Key("plan_id").String(Or(m.progress().plan_id(), m.plan().id()));
+    w.Key("state").String(v1::PlanState_Name(m.progress().state()));
+    w.Key("bytes_moved").Int(m.plan().bytes_moved());
+    w.Key("lower_bound_bytes").Int(m.plan().lower_bound_bytes());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str();
+}
+
+std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response) {
+  std::string out =
+      absl::StrCat("redistributed ", response.members_size(),
+                   response.members_size() == 1 ? " tensor" : " tensors", " as group ",
+                   response.group_id(), ": ", v1::PlanState_Name(response.state()));
+  if (response.seconds() > 0) {
+    absl::StrAppend(&out, absl::StrFormat(" in %.3f s", response.seconds()));
+  }
+  absl::StrAppend(&out, "\n  ", HumanBytes(response.bytes_moved()), " moved (lower bound ",
+                  HumanBytes(response.lower_bound_bytes()), ")\n");
+  for (const v1::RedistributeGroupMember& m : response.members()) {
+    absl::StrAppend(&out, "  ", m.tensor(), ": version ", m.version(), " (plan ",
+                    Or(m.progress().plan_id(), m.plan().id()), ")\n");
+  }
+  return out;
+}
+
+std::string RedistributeGroupOutcomeJson(const v1::RedistributeGroupResponse& response) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("group_id").String(response.group_id());
+  w.Key("state").String(v1::PlanState_Name(response.state()));
+  w.Key("seconds").Double(response.seconds());
+  w.Key("tensors").Int(response.members_size());
+  w.Key("bytes_moved").Int(response.bytes_moved());
+  w.Key("lower_bound_bytes").Int(response.lower_bound_bytes());
+  w.Key("members").BeginArray();
+  for (const v1::RedistributeGroupMember& m : response.members()) {
+    w.BeginObject();
+    w.Key("tensor").String(m.tensor());
+    w.Key("version").Int(m.version());
+    w.Key("plan_id").String(Or(m.progress().plan_id(), m.plan().id()));
+    w.Key("state").String(v1::PlanState_Name(m.progress().state()));
+    w.Key("bytes_moved").Int(m.plan().bytes_moved());
+    w.Key("lower_bound_bytes").Int(m.plan().lower_bound_bytes());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str();
+}
+
 }  // namespace shardcoord

@@ -1,8 +1,10 @@
 #include "client/tensor_command.h"
 
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <utility>
 
 #include "CLI/CLI.hpp"
@@ -13,6 +15,7 @@
 #include "client/json_writer.h"
 #include "client/layout_format.h"
 #include "client/npy.h"
+#include "google/protobuf/util/json_util.h"
 #include "proto/convert.h"
 #include "sharding/placement.h"
 
@@ -212,8 +215,98 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
   return ReportOutcome(client, "gathered", response, json, out, err);
 }
 
+absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json) {
+  v1::CopyGroupRequest request;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &request, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a copies file {\"copies\": [{\"src\": ..., \"dst\": ...}, ...]}: ",
+                     std::string(parsed.message().data(), parsed.message().size())));
+  }
+  if (request.copies_size() == 0) return absl::InvalidArgumentError("\"copies\": empty");
+  request.set_wait(true);
+  return request;
+}
+
+namespace {
+
+int RunCopyGroupCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
+                        std::ostream& out, std::ostream& err) {
+  if (!flags.src.empty() || !flags.dst.empty()) {
+    return ReportFlagError(err, "tensor copy",
+                           "--from-file: give SRC DST or --from-file, not both");
+  }
+  std::ifstream in(flags.from_file, std::ios::binary);
+  if (!in) {
+    return ReportFlagError(err, "tensor copy",
+                           absl::StrCat("--from-file: cannot read '", flags.from_file, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<v1::CopyGroupRequest> request = ParseCopiesJson(text.str());
+  if (!request.ok()) {
+    return ReportFlagError(
+        err, "tensor copy",
+        absl::StrCat("--from-file ", flags.from_file, ": ", request.status().message()));
+  }
+  absl::StatusOr<v1::CopyGroupResponse> response = client.CopyGroup(*request);
+  if (!response.ok()) return ReportStatus(err, response.status(), client.address());
+  out << (json ? CopyGroupOutcomeJson(*response) + "\n" : CopyGroupOutcomeText(*response));
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string_view json) {
+  v1::RedistributeGroupRequest request;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &request, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a redistributes file {\"redistributes\": [{\"tensor\": ..., "
+                     "\"target\": {\"mesh\": ..., \"placements_text\": ...}}, ...]}: ",
+                     std::string(parsed.message().data(), parsed.message().size())));
+  }
+  if (request.redistributes_size() == 0) {
+    return absl::InvalidArgumentError("\"redistributes\": empty");
+  }
+  request.set_wait(true);
+  return request;
+}
+
+int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
+                               std::ostream& out, std::ostream& err) {
+  std::ifstream in(from_file, std::ios::binary);
+  if (!in) {
+    return ReportFlagError(err, "tensor redistribute-many",
+                           absl::StrCat("--from-file: cannot read '", from_file, "'"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<v1::RedistributeGroupRequest> request = ParseRedistributesJson(text.str());
+  if (!request.ok()) {
+    return ReportFlagError(
+        err, "tensor redistribute-many",
+        absl::StrCat("--from-file ", from_file, ": ", request.status().message()));
+  }
+  absl::StatusOr<v1::RedistributeGroupResponse> response = client.RedistributeGroup(*request);
+  if (!response.ok()) return ReportStatus(err, response.status(), client.address());
+  out << (json ? RedistributeGroupOutcomeJson(*response) + "\n"
+               : RedistributeGroupOutcomeText(*response));
+  return 0;
+}
+
 int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
                    std::ostream& out, std::ostream& err) {
+  if (!flags.from_file.empty()) return RunCopyGroupCommand(client, flags, json, out, err);
+  if (flags.src.empty() || flags.dst.empty()) {
+    return ReportFlagError(err, "tensor copy", "SRC and DST are required (or --from-file)");
+  }
   v1::CopyRequest request;
   request.set_src(flags.src);
   request.set_dst(flags.dst);
@@ -433,6 +526,21 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand(
+        "redistribute-many",
+        "Move many tensors to new layouts as one transaction (all or nothing)");
+    auto from_file = std::make_shared<std::string>();
+    cmd->add_option("--from-file", *from_file,
+                    "JSON {\"redistributes\": [{\"tensor\": \"a\", \"target\": {\"mesh\": "
+                    "\"m\", \"placements_text\": \"S(1)\"}}, ...]}")
+        ->required()
+        ->type_name("PATH");
+    cmd->callback([conn, from_file]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      Finish(RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
+    });
+  }
+  {
+    CLI::App* cmd = tensor->add_subcommand(
         "gather", "Replicate a tensor on every rank of a mesh, or on one rank");
     auto flags = std::make_shared<GatherFlags>();
     add_name(cmd, &flags->name);
@@ -452,8 +560,12 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         "Write one tensor's values into another of the same shape and dtype (any "
         "mesh and layout); the destination keeps its layout and gets a new version");
     auto flags = std::make_shared<CopyFlags>();
-    cmd->add_option("src", flags->src, "Source tensor (read only)")->required()->type_name("SRC");
-    cmd->add_option("dst", flags->dst, "Destination tensor")->required()->type_name("DST");
+    cmd->add_option("src", flags->src, "Source tensor (read only)")->type_name("SRC");
+    cmd->add_option("dst", flags->dst, "Destination tensor")->type_name("DST");
+    cmd->add_option("--from-file", flags->from_file,
+                    "Copy many as one transaction (all or nothing): a JSON file "
+                    "{\"copies\": [{\"src\": \"a\", \"dst\": \"b\"}, ...]}")
+        ->type_name("PATH");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));

@@ -56,6 +56,13 @@ absl::StatusOr<v1::RedistributeRequest> BuildRedistributeRequest(const Redistrib
 int RunRedistributeCommand(CoordinatorClient& client, const RedistributeFlags& flags, bool json,
                            bool progress, std::ostream& out, std::ostream& err);
 
+// `shardctl tensor redistribute-many --from-file F`: F is {"redistributes": [{"tensor": "a",
+// "target": {"mesh": "m", "placements_text": "S(1)"}}, ...]} (a RedistributeGroupRequest in
+// proto JSON; "flat_text" for flat specs), run as one transaction.
+absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string_view json);
+int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
+                               std::ostream& out, std::ostream& err);
+
 struct GatherFlags {
   std::string name;
   std::string mesh;                // Empty: the tensor's mesh.
@@ -68,9 +75,16 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
 struct CopyFlags {
   std::string src;
   std::string dst;
+  // A JSON file {"copies": [{"src": "a", "dst": "b"}, ...]}: one CopyGroup (all or nothing)
+  // instead of src and dst.
+  std::string from_file;
 };
+// The CopyGroupRequest (wait set) of a copies file's text; INVALID_ARGUMENT naming what is
+// wrong (not JSON, unknown fields, no copies).
+absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json);
 // Writes src's values into dst; prints the plan summary and dst's new version. Progress as
-// RunRedistributeCommand.
+// RunRedistributeCommand. With from_file, runs the file's copies as one group (waiting for
+// it, no progress bar) and prints the group's summary.
 int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json, bool progress,
                    std::ostream& out, std::ostream& err);
 

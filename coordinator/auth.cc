@@ -71,6 +71,8 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/Redistribute", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Gather", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Copy", Roles(kWrite)},
+      {"/shardcoord.v1.Coordinator/CopyGroup", Roles(kWrite)},
+      {"/shardcoord.v1.Coordinator/RedistributeGroup", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/PlanRedistribute", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/WatchPlan", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/Upload", Roles(kWrite)},

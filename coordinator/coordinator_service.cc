@@ -296,6 +296,134 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
                  });
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
+    grpc::CallbackServerContext* ctx, bool wait,
+    const std::function<absl::StatusOr<StartedGroup>(PlanManager::GroupDoneCallback)>& start,
+    const std::function<void(const StartedGroup&)>& on_started,
+    std::function<void(const GroupProgress&)> on_committed) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // As RunPlan: the group may end before start() returns; whichever of the two comes second
+  // fills the final progress and finishes the reactor.
+  struct WaitState {
+    absl::Mutex mu;
+    bool started = false;
+    bool ended = false;
+    absl::Status status;
+    GroupProgress final;
+  };
+  auto state = std::make_shared<WaitState>();
+  auto finish = [reactor, on_committed](const absl::Status& s, const GroupProgress& p) {
+    if (s.ok()) on_committed(p);
+    reactor->Finish(ToGrpcStatus(s));
+  };
+  PlanManager::GroupDoneCallback done = nullptr;
+  if (wait) {
+    done = [state, finish](const absl::Status& s, const GroupProgress& p) {
+      {
+        absl::MutexLock lock(&state->mu);
+        state->ended = true;
+        state->status = s;
+        state->final = p;
+        if (!state->started) return;
+      }
+      finish(s, p);
+    };
+  }
+  absl::StatusOr<StartedGroup> started = start(std::move(done));
+  if (!started.ok()) {
+    reactor->Finish(ToGrpcStatus(started.status()));
+    return reactor;
+  }
+  on_started(*started);
+  if (!wait) {
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->started = true;
+    if (!state->ended) return reactor;
+  }
+  finish(state->status, state->final);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerContext* ctx,
+                                                        const v1::CopyGroupRequest* req,
+                                                        v1::CopyGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
+  std::vector<CopyMember> copies;
+  for (const v1::CopyPair& c : req->copies()) copies.push_back(CopyMember{c.src(), c.dst()});
+  return RunGroup(
+      ctx, req->wait(),
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->CopyGroup(copies, std::move(done));
+      },
+      [&](const StartedGroup& started) {
+        resp->set_group_id(started.id);
+        resp->set_state(v1::PENDING);
+        resp->set_bytes_moved(started.bytes_moved);
+        resp->set_lower_bound_bytes(started.lower_bound_bytes);
+        for (size_t i = 0; i < started.members.size(); ++i) {
+          const StartedPlan& m = started.members[i];
+          v1::CopyGroupMember* out = resp->add_members();
+          out->set_src(copies[i].src);
+          out->set_dst(copies[i].dst);
+          out->set_dst_version(m.target_version);
+          *out->mutable_progress() = PlanProgressToProto(m.progress);
+          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+        }
+      },
+      [resp](const GroupProgress& p) {
+        resp->set_state(static_cast<v1::PlanState>(p.state));
+        resp->set_seconds(p.seconds);
+        for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
+             ++i) {
+          *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+        }
+      });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
+    grpc::CallbackServerContext* ctx, const v1::RedistributeGroupRequest* req,
+    v1::RedistributeGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "RedistributeGroup"); !a.ok()) return Done(ctx, a);
+  std::vector<RedistributeMember> members;
+  for (int i = 0; i < req->redistributes_size(); ++i) {
+    const v1::RedistributeItem& item = req->redistributes(i);
+    absl::StatusOr<Spec> spec =
+        SpecFromProto(item.target(), absl::StrCat("redistributes[", i, "].target"));
+    if (!spec.ok()) return Done(ctx, spec.status());
+    members.push_back(RedistributeMember{item.tensor(), *std::move(spec)});
+  }
+  return RunGroup(
+      ctx, req->wait(),
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->RedistributeGroup(members, std::move(done));
+      },
+      [&](const StartedGroup& started) {
+        resp->set_group_id(started.id);
+        resp->set_state(v1::PENDING);
+        resp->set_bytes_moved(started.bytes_moved);
+        resp->set_lower_bound_bytes(started.lower_bound_bytes);
+        for (const StartedPlan& m : started.members) {
+          v1::RedistributeGroupMember* out = resp->add_members();
+          out->set_tensor(m.tensor);
+          out->set_version(m.target_version);
+          *out->mutable_progress() = PlanProgressToProto(m.progress);
+          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+        }
+      },
+      [resp](const GroupProgress& p) {
+        resp->set_state(static_cast<v1::PlanState>(p.state));
+        resp->set_seconds(p.seconds);
+        for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
+             ++i) {
+          *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+        }
+      });
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
                                                                const v1::PlanRequest* req,
                                                                v1::Plan* resp) {

@@ -76,6 +76,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                    v1::RedistributeResponse* resp) override;
   grpc::ServerUnaryReactor* Copy(grpc::CallbackServerContext* ctx, const v1::CopyRequest* req,
                                  v1::CopyResponse* resp) override;
+  grpc::ServerUnaryReactor* CopyGroup(grpc::CallbackServerContext* ctx,
+                                      const v1::CopyGroupRequest* req,
+                                      v1::CopyGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* RedistributeGroup(grpc::CallbackServerContext* ctx,
+                                              const v1::RedistributeGroupRequest* req,
+                                              v1::RedistributeGroupResponse* resp) override;
   grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
                                              const v1::PlanRequest* req, v1::Plan* resp) override;
   grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(grpc::CallbackServerContext* ctx,
@@ -95,6 +101,15 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* ctx, bool wait, v1::Plan* resp_plan,
       v1::PlanProgress* resp_progress,
       const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start);
+
+  // CopyGroup and RedistributeGroup: start the group; `on_started` fills the response from
+  // what started; with `wait`, `on_committed` adds the final progress and the call finishes
+  // when the group ends.
+  grpc::ServerUnaryReactor* RunGroup(
+      grpc::CallbackServerContext* ctx, bool wait,
+      const std::function<absl::StatusOr<StartedGroup>(PlanManager::GroupDoneCallback)>& start,
+      const std::function<void(const StartedGroup&)>& on_started,
+      std::function<void(const GroupProgress&)> on_committed);
 
   WorkerManager* const workers_;
   MeshManager* const meshes_;

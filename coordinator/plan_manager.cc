@@ -4,6 +4,7 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -192,7 +193,8 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
 
 absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
                                                const std::string& target_tensor,
-                                               const TargetFn& target_fn, DoneCallback done) {
+                                               const TargetFn& target_fn, DoneCallback done,
+                                               const std::string& group, Dispatch* deferred) {
   const bool copy = target_tensor != tensor;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor);
   if (!current.ok()) return current.status();
@@ -256,6 +258,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   Entry e;
   e.id = id;
   e.op = op;
+  e.group = group;
   e.tensor = tensor;
   e.target_tensor = target_tensor;
   e.plan = *plan;
@@ -288,7 +291,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     auto it = e.participants.find(t.rank);
     if (it != e.participants.end()) it->second.bytes_expected = t.bytes_received;
   }
-  std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> fragments;
+  Dispatch fragments;
   for (const auto& [r, p] : e.participants) {
     fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
   }
@@ -328,12 +331,278 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     Entry& stored = plans_[id] = std::move(e);
     out.progress = ProgressLocked(stored);
   }
+  if (deferred != nullptr) {
+    for (auto& f : fragments) deferred->push_back(std::move(f));
+  } else {
+    Send(id, std::move(fragments));
+  }
+  return out;
+}
+
+void PlanManager::Send(const std::string& id, Dispatch fragments) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end() || it->second.state_ended()) return;  // A group member aborted.
+  }
   for (auto& [endpoint, fragment] : fragments) {
     const int64_t rank = endpoint.rank;
     client_->Execute(endpoint, fragment,
                      [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
   }
+}
+
+void PlanManager::Discard(const std::string& id) {
+  std::string tensor, target_tensor, target_mesh;
+  Timer::Id timer = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end()) return;
+    const Entry& e = it->second;
+    tensor = e.tensor;
+    target_tensor = e.target_tensor;
+    target_mesh = e.target_mesh;
+    timer = e.timer;
+    plans_.erase(it);
+  }
+  timer_->Cancel(timer);
+  ReleaseTensors(tensor, target_tensor, id, target_mesh);
+}
+
+// ---- Groups ------------------------------------------------------------------------------
+
+absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies) {
+  if (copies.empty()) return absl::InvalidArgumentError("copies: empty group");
+  std::map<std::string, std::string> seen;  // tensor -> "copies[i].field"
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const CopyMember& c = copies[i];
+    for (const auto& [field, name] :
+         {std::make_pair("src", &c.src), std::make_pair("dst", &c.dst)}) {
+      const std::string where = absl::StrCat("copies[", i, "].", field);
+      if (name->empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty"));
+      auto [it, inserted] = seen.emplace(*name, where);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", *name, "' is also ",
+                                                       it->second,
+                                                       "; a group names each tensor once"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StartedGroup> PlanManager::CopyGroup(const std::vector<CopyMember>& copies,
+                                                    GroupDoneCallback done) {
+  if (absl::Status s = CheckCopyGroup(copies); !s.ok()) return s;
+  // "copies[i]: MESSAGE", or "copies[i].dst: ..." where MESSAGE names the field.
+  auto prefixed = [](size_t i, const absl::Status& s) {
+    const bool field =
+        absl::StartsWith(s.message(), "src: ") || absl::StartsWith(s.message(), "dst: ");
+    return absl::Status(s.code(), absl::StrCat("copies[", i, "]", field ? "." : ": ", s.message()));
+  };
+  // Every member is checked before anything is held.
+  for (size_t i = 0; i < copies.size(); ++i) {
+    absl::StatusOr<TensorRecord> src = tensors_->Get(copies[i].src);
+    if (!src.ok()) {
+      return prefixed(
+          i, absl::Status(src.status().code(), absl::StrCat("src: ", src.status().message())));
+    }
+    absl::StatusOr<TensorRecord> dst = tensors_->Get(copies[i].dst);
+    if (!dst.ok()) {
+      return prefixed(
+          i, absl::Status(dst.status().code(), absl::StrCat("dst: ", dst.status().message())));
+    }
+    if (absl::Status s = CheckCopyable(*src, *dst); !s.ok()) return prefixed(i, s);
+  }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    items.push_back(
+        GroupItem{"copy", copies[i].src, copies[i].dst,
+                  [](const TensorRecord& rec) -> absl::StatusOr<Target> {
+                    return Target{rec.layout, rec.mesh, rec.spec};
+                  },
+                  absl::StrCat("copies[", i, "]"),
+                  absl::StrCat("copies[", i, "] ('", copies[i].src, "' -> '", copies[i].dst, "'")});
+  }
+  return StartGroup(items, std::move(done));
+}
+
+absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members) {
+  if (members.empty()) return absl::InvalidArgumentError("redistributes: empty group");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string where = absl::StrCat("redistributes[", i, "].tensor");
+    if (members[i].tensor.empty())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty"));
+    auto [it, inserted] = seen.emplace(members[i].tensor, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", members[i].tensor,
+                                                     "' is also redistributes[", it->second,
+                                                     "].tensor; a group names each tensor once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
+    const std::vector<RedistributeMember>& members, GroupDoneCallback done) {
+  if (absl::Status s = CheckRedistributeGroup(members); !s.ok()) return s;
+  // Every member's tensor and spec are checked before anything is held.
+  for (size_t i = 0; i < members.size(); ++i) {
+    const std::string where = absl::StrCat("redistributes[", i, "]");
+    absl::StatusOr<TensorRecord> rec = tensors_->Get(members[i].tensor);
+    if (!rec.ok()) {
+      return absl::Status(rec.status().code(),
+                          absl::StrCat(where, ".tensor: ", rec.status().message()));
+    }
+    if (absl::StatusOr<Target> t = ResolveSpec(*rec, members[i].target); !t.ok()) {
+      const bool field = absl::StartsWith(t.status().message(), "target");
+      return absl::Status(t.status().code(),
+                          absl::StrCat(where, field ? "." : ": ", t.status().message()));
+    }
+  }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Spec spec = members[i].target;
+    items.push_back(GroupItem{
+        "redistribute", members[i].tensor, members[i].tensor,
+        [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
+        absl::StrCat("redistributes[", i, "]"),
+        absl::StrCat("redistributes[", i, "] ('", members[i].tensor, "' -> ", spec.ToString(),
+                     spec.mesh.empty() ? "" : absl::StrCat(" on ", spec.mesh))});
+  }
+  return StartGroup(items, std::move(done));
+}
+
+absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem>& items,
+                                                     GroupDoneCallback done) {
+  std::string gid;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.empty()) return absl::UnavailableError(closed_);
+    gid = absl::StrCat("g-", next_group_++);
+    Group& g = groups_[gid];
+    g.start = clock_->Now();
+    g.done = std::move(done);
+    g.finals.resize(items.size());
+  }
+  StartedGroup out;
+  out.id = gid;
+  std::vector<Dispatch> dispatch(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    absl::StatusOr<StartedPlan> started = Start(
+        items[i].op, items[i].tensor, items[i].target_tensor, items[i].target_fn,
+        [this, gid, i](const absl::Status& s, const PlanProgress& p) {
+          OnMemberDone(gid, i, s, p);
+        },
+        gid, &dispatch[i]);
+    if (!started.ok()) {
+      // Nothing was sent: the members started so far are forgotten, their tensors freed.
+      for (const StartedPlan& m : out.members) Discard(m.id);
+      absl::MutexLock lock(&mu_);
+      groups_.erase(gid);
+      return absl::Status(started.status().code(),
+                          absl::StrCat(items[i].where, ": ", started.status().message()));
+    }
+    out.bytes_moved += started->plan->bytes_moved;
+    out.lower_bound_bytes += started->plan->lower_bound_bytes;
+    {
+      absl::MutexLock lock(&mu_);
+      Group& g = groups_.at(gid);
+      g.members.push_back(started->id);
+      g.labels.push_back(absl::StrCat(items[i].label, ", plan ", started->id, ")"));
+    }
+    out.members.push_back(*std::move(started));
+  }
+  bool failed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(gid);
+    failed = it == groups_.end() || it->second.failed;
+  }
+  if (failed) {
+    // A member was aborted (a worker died) before anything was sent: end them all unsent.
+    for (const StartedPlan& m : out.members) Abort(m.id, "another member of the group aborted");
+    return out;
+  }
+  for (size_t i = 0; i < items.size(); ++i) Send(out.members[i].id, std::move(dispatch[i]));
   return out;
+}
+
+void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl::Status& status,
+                               const PlanProgress& progress) {
+  std::vector<std::string> aborts;
+  std::string reason;
+  GroupDoneCallback done;
+  GroupProgress final;
+  absl::Status final_status;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(gid);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    g.finals[index] = progress;
+    ++g.ended;
+    if (!status.ok() && !g.failed) {
+      g.failed = true;
+      g.error =
+          absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
+                       " failed: ", status.message());
+      reason = absl::StrCat("group ", gid, ": ", g.error);
+      for (size_t j = 0; j < g.members.size(); ++j) {
+        if (j != index) aborts.push_back(g.members[j]);
+      }
+    }
+    if (g.ended == g.finals.size()) {
+      final.group_id = gid;
+      final.state = g.failed ? PlanState::kAborted : PlanState::kCommitted;
+      final.error = g.error;
+      final.seconds = absl::ToDoubleSeconds(clock_->Now() - g.start);
+      for (auto& p : g.finals) final.members.push_back(p.value_or(PlanProgress{}));
+      final_status = g.failed
+                         ? absl::AbortedError(absl::StrCat("group ", gid, " aborted: ", g.error))
+                         : absl::OkStatus();
+      done = std::move(g.done);
+      groups_.erase(it);
+    }
+  }
+  for (const std::string& id : aborts) Abort(id, reason);
+  if (done) done(final_status, final);
+}
+
+void PlanManager::CommitGroup(const std::string& gid) {
+  std::vector<std::pair<std::string, CommitWork>> work;
+  std::vector<TensorManager::CommitItem> items;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end() || git->second.failed) return;
+    const Group& g = git->second;
+    for (const std::string& id : g.members) {
+      auto it = plans_.find(id);
+      if (it == plans_.end() || it->second.state_ended() || it->second.closing ||
+          !it->second.validated.has_value()) {
+        return;  // Not every member is ready (or one ended: it aborts the others).
+      }
+    }
+    for (const std::string& id : g.members) {
+      Entry& e = plans_.at(id);
+      CommitWork w = BeginCommitLocked(e, *std::move(e.validated));
+      items.push_back(TensorManager::CommitItem{w.target_tensor, id, w.state});
+      work.emplace_back(id, std::move(w));
+    }
+  }
+  for (const auto& [id, w] : work) timer_->Cancel(w.timer);
+  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, w] : work) plans_.at(id).closing = false;
+    }
+    for (const auto& [id, w] : work) Abort(id, absl::StrCat("group commit failed: ", s.message()));
+    return;
+  }
+  for (const auto& [id, w] : work) EndCommit(id, w);
 }
 
 // ---- Progress from workers ---------------------------------------------------------------
@@ -527,45 +796,60 @@ void PlanManager::Validate(const std::string& id) {
   if (!sums.ok()) {
     return Abort(id, absl::StrCat("validation failed: ", sums.status().message()));
   }
+  std::string group;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end()) return;
+    group = it->second.group;
+    // A group member waits, still abortable, until every member has validated.
+    if (!group.empty()) it->second.validated = *std::move(sums);
+  }
+  if (!group.empty()) return CommitGroup(group);
   Commit(id, *std::move(sums));
 }
 
+PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums checksums) {
+  CommitWork w;
+  e.closing = true;  // From here on deaths and timeouts no longer abort it.
+  w.tensor = e.tensor;
+  w.target_tensor = e.target_tensor;
+  w.state.mesh = e.target_mesh;
+  w.state.spec = e.target_spec;
+  w.state.layout = e.plan->target;
+  w.state.checksums = std::move(checksums);
+  w.state.version = e.target_version;
+  for (const RankChunks& rc : e.plan->target.ranks()) {
+    w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
+  }
+  for (const auto& [r, p] : e.participants) w.finish.push_back(p.endpoint);
+  w.old_target_version = e.old_target_version;
+  w.timer = e.timer;
+  return w;
+}
+
 void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
-  TensorManager::NewState state;
-  std::string tensor, target_tensor;
-  std::vector<WorkerEndpoint> finish;
-  int64_t old_target_version = 0;
-  Timer::Id timer = 0;
+  CommitWork work;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
     if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
-    Entry& e = it->second;
-    e.closing = true;  // From here on deaths and timeouts no longer abort it.
-    tensor = e.tensor;
-    target_tensor = e.target_tensor;
-    state.mesh = e.target_mesh;
-    state.spec = e.target_spec;
-    state.layout = e.plan->target;
-    state.checksums = std::move(checksums);
-    state.version = e.target_version;
-    for (const RankChunks& rc : e.plan->target.ranks()) {
-      state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
-    }
-    for (const auto& [r, p] : e.participants) finish.push_back(p.endpoint);
-    old_target_version = e.old_target_version;
-    timer = e.timer;
+    work = BeginCommitLocked(it->second, std::move(checksums));
   }
-  timer_->Cancel(timer);
-  if (absl::Status s = tensors_->Commit(target_tensor, id, std::move(state)); !s.ok()) {
+  timer_->Cancel(work.timer);
+  if (absl::Status s = tensors_->Commit(work.target_tensor, id, work.state); !s.ok()) {
     {
       absl::MutexLock lock(&mu_);
       plans_.at(id).closing = false;
     }
     return Abort(id, absl::StrCat("commit failed: ", s.message()));
   }
+  EndCommit(id, work);
+}
+
+void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
   // A Copy's source was only read: it keeps its version and is free again.
-  if (target_tensor != tensor) tensors_->Release(tensor, id);
+  if (work.target_tensor != work.tensor) tensors_->Release(work.tensor, id);
   std::vector<std::pair<WatchFn, PlanProgress>> calls;
   {
     absl::MutexLock lock(&mu_);
@@ -578,16 +862,16 @@ void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
   // Old buffers are dropped; the plan completes once every live participant has answered
   // (dead ones would only hold up the caller until the RPC deadline).
   std::vector<WorkerEndpoint> live;
-  for (const WorkerEndpoint& w : finish) {
+  for (const WorkerEndpoint& w : work.finish) {
     if (workers_->IsLive(w.rank, w.incarnation)) live.push_back(w);
   }
   if (live.empty()) return Complete(id, absl::OkStatus());
   auto remaining = std::make_shared<std::atomic<int64_t>>(static_cast<int64_t>(live.size()));
   v1::FinishPlanRequest req;
   req.set_plan_id(id);
-  req.set_tensor(target_tensor);
+  req.set_tensor(work.target_tensor);
   req.set_commit(true);
-  req.set_drop_version(old_target_version);
+  req.set_drop_version(work.old_target_version);
   for (const WorkerEndpoint& w : live) {
     client_->FinishPlan(w, req, [this, id, remaining](absl::Status) {
       if (remaining->fetch_sub(1) == 1) Complete(id, absl::OkStatus());

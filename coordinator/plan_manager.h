@@ -92,6 +92,41 @@ struct StartedPlan {
   int64_t target_version = 0;  // The tensor's version once the plan commits.
 };
 
+// One member of a CopyGroup.
+struct CopyMember {
+  std::string src;
+  std::string dst;
+};
+
+// One member of a RedistributeGroup.
+struct RedistributeMember {
+  std::string tensor;
+  Spec target;  // target.mesh empty: the tensor's mesh.
+};
+
+// A group of plans that commit together (or none does).
+struct GroupProgress {
+  std::string group_id;
+  PlanState state = PlanState::kPending;  // COMMITTED or ABORTED once every member ended.
+  std::string error;                      // Why it was aborted, naming the member.
+  double seconds = 0;
+  std::vector<PlanProgress> members;  // In the group's order.
+};
+
+struct StartedGroup {
+  std::string id;
+  std::vector<StartedPlan> members;  // In the group's order; members[i].tensor is copies[i].dst.
+  int64_t bytes_moved = 0;
+  int64_t lower_bound_bytes = 0;
+};
+
+// INVALID_ARGUMENT naming the member and field ("copies[2].dst: ...") for an empty group, an
+// empty name, src == dst, or a tensor named twice in the group (as src or dst). Pure.
+absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies);
+// As CheckCopyGroup for "redistributes[i].tensor": an empty group, an empty name, a tensor
+// named twice.
+absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members);
+
 // What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
 struct WorkerReport {
   std::string plan_id;
@@ -144,6 +179,22 @@ class PlanManager : public WorkerListener {
   // holding dst.
   absl::StatusOr<StartedPlan> Copy(const std::string& src, const std::string& dst,
                                    DoneCallback done);
+  // Many Copies as one transaction: every member is a plan of its own (its own id, fragments
+  // and reports), but none commits before every member has validated, and then all dsts get
+  // their new versions in one TensorManager::CommitAll, so no reader sees some of them new and
+  // others old. A member that fails aborts every other member; then every dst keeps its old
+  // version. All tensors are acquired before any fragment is sent. Errors as Copy's, and
+  // CheckCopyGroup's, each message prefixed with "copies[i]"; a refused group changes nothing.
+  // `done` runs once, after every member ended.
+  using GroupDoneCallback = std::function<void(const absl::Status&, const GroupProgress&)>;
+  absl::StatusOr<StartedGroup> CopyGroup(const std::vector<CopyMember>& copies,
+                                         GroupDoneCallback done);
+  // Many Redistributes as one transaction, as CopyGroup: every tensor gets its new layout
+  // and version together, or none does. Errors as Redistribute's and CheckRedistributeGroup's,
+  // prefixed with "redistributes[i]" (a bad spec: "redistributes[i].target...").
+  absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
+                                                 GroupDoneCallback done);
+
   // The plan Redistribute would run, without running it.
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
 
@@ -191,11 +242,35 @@ class PlanManager : public WorkerListener {
     ChunkChecksums checksums;
   };
 
+  struct Group {
+    std::vector<std::string> members;  // Plan ids, in the group's order.
+    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst')".
+    std::vector<std::optional<PlanProgress>> finals;
+    size_t validated = 0;
+    size_t ended = 0;
+    bool failed = false;  // A member aborted: the others are aborted too.
+    std::string error;
+    absl::Time start;
+    GroupDoneCallback done;
+  };
+
+  // What Commit needs once the plan no longer changes (closing).
+  struct CommitWork {
+    std::string tensor;
+    std::string target_tensor;
+    TensorManager::NewState state;
+    std::vector<WorkerEndpoint> finish;
+    int64_t old_target_version = 0;
+    Timer::Id timer = 0;
+  };
+
   struct Entry {
     std::string id;
-    const char* op = "";        // For metrics.
-    std::string tensor;         // Read at source_version.
-    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
+    const char* op = "";  // For metrics.
+    std::string group;    // Non-empty: a member of that group, committed with it.
+    std::optional<LayoutChecksums> validated;  // A group member's reports, checked.
+    std::string tensor;                        // Read at source_version.
+    std::string target_tensor;                 // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
     std::string target_mesh;
     std::string target_spec;
@@ -230,10 +305,37 @@ class PlanManager : public WorkerListener {
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
   // for a Copy.
+  // With `deferred`, the plan is stored but its fragments are appended there instead of sent
+  // (a group sends them once every member started), and the entry joins `group`.
+  using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
   // `op` names the operation in metrics ("redistribute", "gather", "copy").
   absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
                                     const std::string& target_tensor, const TargetFn& target_fn,
-                                    DoneCallback done);
+                                    DoneCallback done, const std::string& group = "",
+                                    Dispatch* deferred = nullptr);
+  void Send(const std::string& id, Dispatch fragments);
+  // Forgets a started plan whose fragments were never sent: releases its tensors.
+  void Discard(const std::string& id);
+  struct GroupItem {
+    const char* op = "";  // "copy", "redistribute".
+    std::string tensor;
+    std::string target_tensor;
+    TargetFn target_fn;
+    std::string where;  // "copies[2]"
+    std::string label;  // "copies[2] ('a' -> 'b'"; the plan id and ")" are added.
+  };
+  // Starts every item (fragments held back), then sends them all; on a refusal forgets the
+  // items started so far and returns it prefixed with the item's `where`.
+  absl::StatusOr<StartedGroup> StartGroup(const std::vector<GroupItem>& items,
+                                          GroupDoneCallback done);
+  void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
+                    const PlanProgress& progress);
+  void CommitGroup(const std::string& group);
+  // Under mu_: marks the plan closing and gathers what committing it takes.
+  CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the tensor manager committed: marks the plan committed and drops old buffers.
+  void EndCommit(const std::string& id, const CommitWork& work);
   // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
   static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);
   // Ends the plan's hold on its tensors without changes.
@@ -270,6 +372,8 @@ class PlanManager : public WorkerListener {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running groups.
+  int64_t next_group_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;
   // Communicators are reused across plans: their rendezvous prefix is per epoch, not per

@@ -762,5 +762,284 @@ TEST_F(PlanManagerTest, CopyOfAPartialSourceReducesIntoDst) {
   EXPECT_EQ(tensors_.Get("dst")->version, started->target_version);
 }
 
+// ---- CopyGroup ---------------------------------------------------------------------------
+
+struct GroupOutcome {
+  absl::Status status;
+  GroupProgress progress;
+  int calls = 0;
+};
+
+PlanManager::GroupDoneCallback RecordGroup(GroupOutcome* out) {
+  return [out](const absl::Status& s, const GroupProgress& p) {
+    out->status = s;
+    out->progress = p;
+    ++out->calls;
+  };
+}
+
+TEST(CheckCopyGroupTest, NamesTheMemberAndFieldOfEveryBadMember) {
+  EXPECT_TRUE(CheckCopyGroup({{"a", "b"}, {"c", "d"}}).ok());
+  absl::Status s = CheckCopyGroup({});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "copies: empty group");
+  s = CheckCopyGroup({{"a", "b"}, {"", "d"}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "copies[1].src: empty");
+  s = CheckCopyGroup({{"a", "b"}, {"c", ""}});
+  EXPECT_EQ(s.message(), "copies[1].dst: empty");
+  s = CheckCopyGroup({{"a", "a"}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "copies[0].dst: tensor 'a' is also copies[0].src; a group names each tensor once");
+  s = CheckCopyGroup({{"a", "b"}, {"c", "b"}});
+  EXPECT_EQ(s.message(),
+            "copies[1].dst: tensor 'b' is also copies[0].dst; a group names each tensor once");
+  s = CheckCopyGroup({{"a", "b"}, {"b", "c"}});
+  EXPECT_EQ(s.message(),
+            "copies[1].src: tensor 'b' is also copies[0].dst; a group names each tensor once");
+  s = CheckCopyGroup({{"a", "b"}, {"a", "c"}});
+  EXPECT_EQ(s.message(),
+            "copies[1].src: tensor 'a' is also copies[0].src; a group names each tensor once");
+}
+
+TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  CreateTensor("x", "S(1)", "N");
+  CreateTensor("y", "S(0)", "N");
+  const int64_t x_before = tensors_.Get("x")->version;
+  const int64_t y_before = tensors_.Get("y")->version;
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->members.size(), 2u);
+  EXPECT_EQ(group->members[0].tensor, "x");
+  EXPECT_EQ(group->members[1].tensor, "y");
+  EXPECT_EQ(group->bytes_moved,
+            group->members[0].plan->bytes_moved + group->members[1].plan->bytes_moved);
+  EXPECT_EQ(group->bytes_moved, group->lower_bound_bytes);
+  for (const char* name : {"a", "x"}) {
+    EXPECT_EQ(tensors_.Get(name)->busy_plan, group->members[0].id) << name;
+  }
+  for (const char* name : {"b", "y"}) {
+    EXPECT_EQ(tensors_.Get(name)->busy_plan, group->members[1].id) << name;
+  }
+
+  // The first member is done and validated, but commits only with the second.
+  ReportAll(group->members[0].id);
+  EXPECT_EQ(done.calls, 0);
+  EXPECT_EQ(tensors_.Get("x")->version, x_before);
+  EXPECT_EQ(tensors_.Get("x")->busy_plan, group->members[0].id);
+  EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kTransferred);
+  EXPECT_TRUE(client_.finishes().empty());
+
+  ReportAll(group->members[1].id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(done.progress.group_id, group->id);
+  EXPECT_EQ(done.progress.state, PlanState::kCommitted);
+  ASSERT_EQ(done.progress.members.size(), 2u);
+  EXPECT_EQ(done.progress.members[0].tensor, "x");
+  EXPECT_EQ(done.progress.members[1].state, PlanState::kCommitted);
+  EXPECT_EQ(tensors_.Get("x")->version, group->members[0].target_version);
+  EXPECT_EQ(tensors_.Get("y")->version, group->members[1].target_version);
+  EXPECT_GT(tensors_.Get("x")->version, x_before);
+  EXPECT_GT(tensors_.Get("y")->version, y_before);
+  for (const char* name : {"a", "b", "x", "y"}) {
+    EXPECT_TRUE(tensors_.Get(name)->busy_plan.empty()) << name;
+  }
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_TRUE(req.commit());
+    EXPECT_EQ(req.drop_version(), req.tensor() == "x" ? x_before : y_before);
+  }
+}
+
+TEST_F(PlanManagerTest, CopyGroupMemberFailureAbortsEveryMember) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  CreateTensor("x", "S(1)", "N");
+  CreateTensor("y", "S(0)", "N");
+  std::map<std::string, TensorRecord> before;
+  for (const char* name : {"a", "b", "x", "y"}) before[name] = *tensors_.Get(name);
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  // Member 0 validates; member 1 fails on rank 1.
+  ReportAll(group->members[0].id);
+  WorkerReport failed;
+  failed.plan_id = group->members[1].id;
+  failed.rank = 1;
+  failed.worker = "w1";
+  failed.incarnation = Incarnation(1);
+  failed.error = "step 0: gloo timeout";
+  ASSERT_TRUE(plans_.Report(failed).ok());
+  timer_.Advance(absl::Seconds(2));
+
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done.status.message(),
+              HasSubstr("copies[1] ('b' -> 'y', plan " + group->members[1].id + ") failed"));
+  EXPECT_THAT(done.status.message(), HasSubstr("worker w1 (rank 1) failed: step 0: gloo timeout"));
+  EXPECT_EQ(done.progress.state, PlanState::kAborted);
+  EXPECT_EQ(done.progress.members[0].state, PlanState::kAborted);
+  EXPECT_EQ(done.progress.members[1].state, PlanState::kAborted);
+  for (const auto& [name, b] : before) {
+    const TensorRecord after = *tensors_.Get(name);
+    EXPECT_EQ(after.version, b.version) << name;
+    EXPECT_EQ(after.layout, b.layout) << name;
+    EXPECT_EQ(after.checksums, b.checksums) << name;
+    EXPECT_TRUE(after.busy_plan.empty()) << name;
+  }
+  // Every participant of both members drops the new buffers.
+  int aborts = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_FALSE(req.commit());
+    ++aborts;
+  }
+  EXPECT_EQ(aborts, 8);
+}
+
+TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing) {
+  CreateTensor("a");
+  CreateTensor("b");
+  CreateTensor("x");
+  CreateTensor("y");
+  CreateTensor("wide", "S(0),R", "M", {8, 8});
+  CreateTensor("half", "S(0),R", "M", {8, 4}, DType::kF16);
+  absl::Status s = plans_.CopyGroup({{"a", "x"}, {"b", "nope"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "copies[1].dst: unknown tensor 'nope'");
+  s = plans_.CopyGroup({{"nope", "x"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "copies[0].src: unknown tensor 'nope'");
+  s = plans_.CopyGroup({{"a", "x"}, {"b", "wide"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "copies[1].dst: tensor 'wide' has shape [8, 8] but src 'b' has shape [8, 4]");
+  s = plans_.CopyGroup({{"half", "x"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("copies[0].dst: tensor 'x' has dtype f32"));
+  s = plans_.CopyGroup({{"a", "x"}, {"x", "y"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("copies[1].src: tensor 'x' is also copies[0].dst"));
+
+  // y is busy: the members before it were started and are forgotten, nothing was sent.
+  client_.HoldExecutes(true);
+  absl::StatusOr<StartedPlan> running = plans_.Redistribute("y", Target("R,S(1)"), nullptr);
+  ASSERT_TRUE(running.ok());
+  const int executes = client_.calls("Execute");
+  s = plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), HasSubstr("copies[1]: tensor 'y' is busy with " + running->id));
+  EXPECT_EQ(client_.calls("Execute"), executes);
+  EXPECT_TRUE(client_.finishes().empty());
+  for (const char* name : {"a", "b", "x"}) {
+    EXPECT_TRUE(tensors_.Get(name)->busy_plan.empty()) << name;
+  }
+  EXPECT_EQ(tensors_.Get("y")->busy_plan, running->id);
+  client_.HoldExecutes(false);
+  client_.ReleaseExecutes();
+  // The same group runs once y is free.
+  ReportAll(running->id);
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (const StartedPlan& m : group->members) ReportAll(m.id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+}
+
+TEST_F(PlanManagerTest, CopyGroupMemberDeathAbortsTheWholeGroup) {
+  CreateTensor("a");
+  CreateTensor("b");
+  ASSERT_TRUE(meshes_.Create("two", {2}, {}, {"w0", "w1"}).ok());
+  CreateTensor("x", "S(0)", "two");
+  CreateTensor("y", "R,R");
+  const int64_t x_before = tensors_.Get("x")->version;
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportAll(group->members[1].id);
+  Kill(3);  // Takes part in member 0 (a's rows [4:8)) and member 1.
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done.status.message(), HasSubstr("rank 3"));
+  EXPECT_EQ(tensors_.Get("x")->version, x_before);
+  EXPECT_TRUE(tensors_.Get("x")->busy_plan.empty());
+  EXPECT_TRUE(tensors_.Get("y")->busy_plan.empty());
+}
+
+// ---- RedistributeGroup -------------------------------------------------------------------
+
+TEST(CheckRedistributeGroupTest, NamesTheMemberOfEveryBadMember) {
+  EXPECT_TRUE(CheckRedistributeGroup({{"a", {}}, {"b", {}}}).ok());
+  EXPECT_EQ(CheckRedistributeGroup({}).message(), "redistributes: empty group");
+  EXPECT_EQ(CheckRedistributeGroup({{"a", {}}, {"", {}}}).message(),
+            "redistributes[1].tensor: empty");
+  absl::Status s = CheckRedistributeGroup({{"a", {}}, {"b", {}}, {"a", {}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "redistributes[2].tensor: tensor 'a' is also redistributes[0].tensor; a group names "
+            "each tensor once");
+}
+
+TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  const TensorRecord a_before = *tensors_.Get("a");
+  const TensorRecord b_before = *tensors_.Get("b");
+  // A bad spec or an unknown tensor refuses the group before anything starts.
+  absl::Status s =
+      plans_.RedistributeGroup({{"a", Target("R,R")}, {"b", Target("S(0)")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("redistributes[1].target"));
+  s = plans_.RedistributeGroup({{"a", Target("R,R")}, {"nope", Target("R,R")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "redistributes[1].tensor: unknown tensor 'nope'");
+  s = plans_.RedistributeGroup({{"a", Target("S(0)", "nomesh")}}, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("redistributes[0]: "));
+  EXPECT_EQ(client_.calls("Execute"), 0);
+
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
+      {{"a", Target("S(1)", "N")}, {"b", Target("R,R")}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportAll(group->members[0].id);
+  EXPECT_EQ(tensors_.Get("a")->version, a_before.version);
+  ReportAll(group->members[1].id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(tensors_.Get("a")->version, group->members[0].target_version);
+  EXPECT_EQ(tensors_.Get("a")->mesh, "N");
+  EXPECT_EQ(tensors_.Get("a")->spec, "S(1)");
+  EXPECT_EQ(tensors_.Get("b")->version, group->members[1].target_version);
+  EXPECT_EQ(tensors_.Get("b")->spec, "R,R");
+
+  // A failing member rolls both back.
+  const TensorRecord a_mid = *tensors_.Get("a");
+  const TensorRecord b_mid = *tensors_.Get("b");
+  GroupOutcome failed;
+  group = plans_.RedistributeGroup({{"a", Target("S(0)")}, {"b", Target("S(0),R")}},
+                                   RecordGroup(&failed));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportAll(group->members[1].id);
+  plans_.Abort(group->members[0].id, "test");
+  ASSERT_EQ(failed.calls, 1);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(failed.status.message(), HasSubstr("redistributes[0] ('a' -> S(0), plan "));
+  EXPECT_EQ(tensors_.Get("a")->version, a_mid.version);
+  EXPECT_EQ(tensors_.Get("a")->layout, a_mid.layout);
+  EXPECT_EQ(tensors_.Get("b")->version, b_mid.version);
+  EXPECT_EQ(tensors_.Get("b")->layout, b_mid.layout);
+  EXPECT_TRUE(tensors_.Get("a")->busy_plan.empty());
+  EXPECT_TRUE(tensors_.Get("b")->busy_plan.empty());
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -384,6 +384,74 @@ TEST_F(ServiceTest, CopyBumpsDstOnlyAndMapsErrors) {
   EXPECT_EQ(get("src").version(), src.version());
 }
 
+TEST_F(ServiceTest, CopyGroupCommitsEveryDstAndNamesBadMembers) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  ASSERT_TRUE(CreateMesh("N", {4}).ok());
+  v1::TensorInfo a, b, x, y;
+  ASSERT_TRUE(CreateTensor("a", "M", "S(0),R", &a).ok());
+  ASSERT_TRUE(CreateTensor("b", "M", "R,S(1)", &b).ok());
+  ASSERT_TRUE(CreateTensor("x", "N", "S(1)", &x).ok());
+  ASSERT_TRUE(CreateTensor("y", "N", "S(0)", &y).ok());
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+  });
+  auto group = [this](std::vector<std::pair<std::string, std::string>> pairs,
+                      v1::CopyGroupResponse* out) {
+    grpc::ClientContext c;
+    v1::CopyGroupRequest r;
+    for (const auto& [src, dst] : pairs) {
+      v1::CopyPair* p = r.add_copies();
+      p->set_src(src);
+      p->set_dst(dst);
+    }
+    r.set_wait(true);
+    return coordinator_->CopyGroup(&c, r, out);
+  };
+  v1::CopyGroupResponse resp;
+  grpc::Status s = group({{"a", "x"}, {"b", "y"}}, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.group_id().empty());
+  EXPECT_EQ(resp.state(), v1::COMMITTED);
+  EXPECT_EQ(resp.bytes_moved(), resp.lower_bound_bytes());
+  ASSERT_EQ(resp.members_size(), 2);
+  EXPECT_EQ(resp.members(0).dst(), "x");
+  EXPECT_EQ(resp.members(1).progress().state(), v1::COMMITTED);
+  EXPECT_EQ(resp.members(1).plan().tensor(), "y");
+  EXPECT_EQ(resp.bytes_moved(),
+            resp.members(0).plan().bytes_moved() + resp.members(1).plan().bytes_moved());
+
+  v1::CopyGroupResponse bad;
+  s = group({{"a", "x"}, {"b", "nope"}}, &bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), "copies[1].dst: unknown tensor 'nope'");
+  s = group({{"a", "x"}, {"x", "y"}}, &bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = group({}, &bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // A failing worker in one member rolls back both.
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    WorkerReport r = ToReport(FinalReport(f));
+    if (f.rank() == 2 && f.target_tensor() == "y") r.error = "out of memory";
+    plans_.Report(r).IgnoreError();
+  });
+  s = group({{"a", "x"}, {"b", "y"}}, &bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("copies[1] ('b' -> 'y'"));
+  EXPECT_THAT(s.error_message(), HasSubstr("worker w2 (rank 2) failed: out of memory"));
+  auto version = [this](const std::string& name) {
+    grpc::ClientContext get_ctx;
+    v1::GetTensorRequest get;
+    get.set_name(name);
+    v1::TensorInfo info;
+    EXPECT_TRUE(coordinator_->GetTensor(&get_ctx, get, &info).ok());
+    return info.version();
+  };
+  EXPECT_EQ(version("x"), resp.members(0).dst_version());
+  EXPECT_EQ(version("y"), resp.members(1).dst_version());
+}
+
 TEST_F(ServiceTest, WatchStreamsProgressAndReportsGoThroughTheWorkerService) {
   RegisterFour();
   ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());

@@ -396,29 +396,52 @@ void TensorManager::Release(absl::string_view name, const std::string& op,
 }
 
 absl::Status TensorManager::Commit(absl::string_view name, const std::string& op, NewState state) {
-  std::string old_mesh;
+  std::vector<CommitItem> items;
+  items.push_back(CommitItem{std::string(name), op, std::move(state)});
+  return CommitAll(std::move(items));
+}
+
+absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
+  std::vector<std::pair<std::string, std::string>> old_meshes;  // (mesh, tensor)
   {
     absl::MutexLock lock(&mu_);
-    auto it = tensors_.find(name);
-    if (it == tensors_.end() || it->second.busy_plan != op) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
+    std::vector<TensorRecord> next;
+    next.reserve(items.size());
+    for (CommitItem& item : items) {
+      auto it = tensors_.find(item.name);
+      if (it == tensors_.end() || it->second.busy_plan != item.op) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("tensor '", item.name, "' is not held by ", item.op));
+      }
+      TensorRecord t = it->second;
+      NewState& state = item.state;
+      t.mesh = std::move(state.mesh);
+      t.spec = std::move(state.spec);
+      t.layout = std::move(state.layout);
+      t.checksums = std::move(state.checksums);
+      t.version = state.version;
+      t.incarnations = std::move(state.incarnations);
+      t.busy_plan.clear();
+      next.push_back(std::move(t));
     }
-    TensorRecord t = it->second;
-    old_mesh = t.mesh;
-    t.mesh = std::move(state.mesh);
-    t.spec = std::move(state.spec);
-    t.layout = std::move(state.layout);
-    t.checksums = std::move(state.checksums);
-    t.version = state.version;
-    t.incarnations = std::move(state.incarnations);
-    t.busy_plan.clear();
-    // The commit is acknowledged only once stored; otherwise the plan aborts and the old
-    // version stays authoritative (the tensor stays held by `op` until it releases it).
-    if (absl::Status s = Persist(t); !s.ok()) return s;
-    it->second = std::move(t);
+    // The commit is acknowledged only once stored, every tensor in one batch; otherwise the
+    // plans abort and the old versions stay authoritative (the tensors stay held until their
+    // plans release them).
+    if (store_ != nullptr) {
+      StateBatch batch;
+      for (const TensorRecord& t : next) batch.Put(kTensorKind, t.name, SerializeTensor(t));
+      if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
+    }
+    for (TensorRecord& t : next) {
+      TensorRecord& cur = tensors_.find(t.name)->second;
+      old_meshes.emplace_back(cur.mesh, t.name);
+      cur = std::move(t);
+    }
   }
-  // The tensor now uses the target mesh (counted at Acquire) instead of the old one.
-  if (!old_mesh.empty()) meshes_->RemoveUser(old_mesh, name);
+  // Each tensor now uses its target mesh (counted at Acquire) instead of the old one.
+  for (const auto& [mesh, name] : old_meshes) {
+    if (!mesh.empty()) meshes_->RemoveUser(mesh, name);
+  }
   return absl::OkStatus();
 }
 

@@ -142,6 +142,16 @@ class TensorManager {
   // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
   absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
 
+  // Commits several tensors at once, each held by its own op: all or none (FAILED_PRECONDITION
+  // naming the first that is not held, and then nothing changed). Readers see either every
+  // new state or none.
+  struct CommitItem {
+    std::string name;
+    std::string op;
+    NewState state;
+  };
+  absl::Status CommitAll(std::vector<CommitItem> items);
+
   // Replaces the checksums of one rank's chunks (a chunk upload), keeping the version.
   absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
                           ChunkChecksums checksums, int64_t incarnation);

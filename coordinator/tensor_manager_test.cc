@@ -324,5 +324,82 @@ TEST(TensorManagerStoreTest, EndRecoveryLosesTheRanksStillAwaited) {
   EXPECT_TRUE(tensors.Recovering().empty());
 }
 
+// A store that refuses every batch once told to, like a full disk.
+class FailingStateStore : public MemoryStateStore {
+ public:
+  absl::Status Apply(const StateBatch& batch) override {
+    if (fail_) return absl::UnavailableError("disk full");
+    return MemoryStateStore::Apply(batch);
+  }
+  bool fail_ = false;
+};
+
+// A group's commit (CopyGroup, RedistributeGroup) is one durable batch: after a restart every
+// member's tensor is at its new version, and when the store refuses, none moves.
+TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
+  FailingStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"}).ok());
+  ASSERT_TRUE(meshes.Create("M", {1}, {}, {}).ok());
+  const Layout layout = *Layout::FromPlacements(meshes.Get("M")->mesh, {4}, {Placement::Shard(0)});
+  int64_t old_version = 0;
+  auto commit_both = [&](TensorManager& tensors, int64_t version) {
+    std::vector<TensorManager::CommitItem> items;
+    for (const char* name : {"T", "U"}) {
+      TensorManager::NewState next;
+      next.mesh = "M";
+      next.spec = "S(0)";
+      next.layout = layout;
+      next.checksums = {{static_cast<uint64_t>(version)}};
+      next.version = version;
+      next.incarnations = {{0, 1}};
+      items.push_back(TensorManager::CommitItem{name, std::string("p-") + name, std::move(next)});
+    }
+    return tensors.CommitAll(std::move(items));
+  };
+  int64_t new_version = 0;
+  {
+    TensorManager tensors(&meshes, &store);
+    for (const char* name : {"T", "U"}) {
+      TensorRecord t;
+      t.name = name;
+      t.shape = {4};
+      t.mesh = "M";
+      t.spec = "S(0)";
+      t.layout = layout;
+      t.version = tensors.NewVersion();
+      old_version = t.version;
+      ASSERT_TRUE(tensors.Reserve(t, "c").ok());
+      ASSERT_TRUE(tensors.FinishCreate(name, "c", {{5}}, {{0, 1}}).ok());
+      tensors.Release(name, "c");
+      ASSERT_TRUE(tensors.Acquire(name, std::string("p-") + name).ok());
+    }
+    store.fail_ = true;
+    absl::Status refused = commit_both(tensors, tensors.NewVersion());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+    EXPECT_EQ(tensors.Get("T")->busy_plan, "p-T");  // Still held: its plan aborts and releases.
+    store.fail_ = false;
+    const int64_t applies = store.applies();
+    new_version = tensors.NewVersion();
+    ASSERT_TRUE(commit_both(tensors, new_version).ok());
+    EXPECT_EQ(store.applies(), applies + 1);
+    EXPECT_EQ(tensors.Get("U")->version, new_version);
+  }
+  MeshManager meshes2(&workers, &store);
+  ASSERT_TRUE(meshes2.Load().ok());
+  TensorManager tensors(&meshes2, &store);
+  ASSERT_TRUE(tensors.Load([](int64_t, int64_t) { return true; }).ok());
+  tensors.EndRecovery();
+  for (const char* name : {"T", "U"}) {
+    absl::StatusOr<TensorRecord> t = tensors.Get(name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+    EXPECT_EQ(t->version, new_version) << name;
+    EXPECT_NE(t->version, old_version);
+    EXPECT_TRUE(t->busy_plan.empty());
+  }
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -120,6 +120,8 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"Redistribute", {"admin", "operator"}},
       {"Gather", {"admin", "operator"}},
       {"Copy", {"admin", "operator"}},
+      {"CopyGroup", {"admin", "operator"}},
+      {"RedistributeGroup", {"admin", "operator"}},
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},
@@ -264,6 +266,24 @@ TEST_P(AuthTest, TensorRpcs) {
   before = Version(dst);
   allowed = Check("Copy", client().Copy(copy).status());
   EXPECT_EQ(Version(dst) > before, allowed);
+
+  v1::CopyGroupRequest copy_group;
+  v1::CopyPair* pair = copy_group.add_copies();
+  pair->set_src(t);
+  pair->set_dst(dst);
+  copy_group.set_wait(true);
+  before = Version(dst);
+  allowed = Check("CopyGroup", client().CopyGroup(copy_group).status());
+  EXPECT_EQ(Version(dst) > before, allowed);
+
+  v1::RedistributeGroupRequest redistribute_group;
+  v1::RedistributeItem* item = redistribute_group.add_redistributes();
+  item->set_tensor(t);
+  *item->mutable_target() = SpecFromText("base", "S(0)");
+  redistribute_group.set_wait(true);
+  before = Version(t);
+  allowed = Check("RedistributeGroup", client().RedistributeGroup(redistribute_group).status());
+  EXPECT_EQ(Version(t) > before, allowed);
 
   v1::PlanRequest plan;
   plan.set_tensor(t);

@@ -175,6 +175,37 @@ class ShardcoordClient:
         request = pb.CopyRequest(src=src, dst=dst, wait=True)
         return self._finished(self._call(self._stub.Copy, request, self.data_timeout))
 
+    def copy_many(self, pairs):
+        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
+        transaction: every dst gets its new version together, or none does. Waits; returns
+        the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, seconds and
+        per-member dst_version). A bad or busy member refuses the whole group (ShardcoordError
+        naming copies[i]); a member that fails rolls back all (ABORTED)."""
+        copies = []
+        for pair in pairs:
+            if isinstance(pair, dict):
+                copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+            else:
+                src, dst = pair
+                copies.append(pb.CopyPair(src=src, dst=dst))
+        request = pb.CopyGroupRequest(copies=copies, wait=True)
+        return self._call(self._stub.CopyGroup, request, self.data_timeout)
+
+    def redistribute_many(self, items):
+        """Redistributes every (name, placements) or {"tensor", "placements" | "flat", "mesh"}
+        of `items` as one transaction: every tensor gets its new layout together, or none
+        does. Waits; returns the RedistributeGroupResponse."""
+        members = []
+        for item in items:
+            if isinstance(item, dict):
+                target = _spec(item.get("mesh", ""), item.get("placements"), item.get("flat"))
+                members.append(pb.RedistributeItem(tensor=item["tensor"], target=target))
+            else:
+                name, placements = item
+                members.append(pb.RedistributeItem(tensor=name, target=_spec("", placements, None)))
+        request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
+        return self._call(self._stub.RedistributeGroup, request, self.data_timeout)
+
     @staticmethod
     def _finished(response):
         if response.progress.state == pb.ABORTED:

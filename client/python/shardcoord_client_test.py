@@ -49,6 +49,22 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         return pb.CopyResponse(progress=pb.PlanProgress(
             plan_id="p3", state=state, error="rank 3 died" if self.abort else ""), dst_version=9)
 
+    def CopyGroup(self, request, context):
+        self.requests["copy_group"] = request
+        if self.abort:
+            context.abort(grpc.StatusCode.ABORTED, "group g-1 aborted: copies[1] failed")
+        return pb.CopyGroupResponse(
+            group_id="g-1", state=pb.COMMITTED, bytes_moved=8, lower_bound_bytes=8,
+            members=[pb.CopyGroupMember(src=c.src, dst=c.dst, dst_version=10 + i)
+                     for i, c in enumerate(request.copies)])
+
+    def RedistributeGroup(self, request, context):
+        self.requests["redistribute_group"] = request
+        return pb.RedistributeGroupResponse(
+            group_id="g-2", state=pb.COMMITTED,
+            members=[pb.RedistributeGroupMember(tensor=r.tensor, version=20 + i)
+                     for i, r in enumerate(request.redistributes)])
+
     def Download(self, request, context):
         data = np.arange(12, dtype="<f4").tobytes()
         yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
@@ -151,6 +167,31 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(sc.ShardcoordError) as e:
             self.client.copy("a", "b")
         self.assertEqual(e.exception.code, "ABORTED")
+
+    def test_copy_many(self):
+        r = self.client.copy_many([("a", "a_infer"), {"src": "b", "dst": "b_infer"}])
+        self.assertEqual(r.group_id, "g-1")
+        self.assertEqual([m.dst_version for m in r.members], [10, 11])
+        c = self.fake.requests["copy_group"]
+        self.assertTrue(c.wait)
+        self.assertEqual([(p.src, p.dst) for p in c.copies],
+                         [("a", "a_infer"), ("b", "b_infer")])
+        self.fake.abort = True
+        with self.assertRaises(sc.ShardcoordError) as e:
+            self.client.copy_many([("a", "a_infer")])
+        self.assertEqual(e.exception.code, "ABORTED")
+        self.assertIn("copies[1]", str(e.exception))
+
+    def test_redistribute_many(self):
+        r = self.client.redistribute_many([("a", "S(1)"),
+                                           {"tensor": "b", "placements": "R", "mesh": "m"}])
+        self.assertEqual(r.group_id, "g-2")
+        self.assertEqual([m.version for m in r.members], [20, 21])
+        req = self.fake.requests["redistribute_group"]
+        self.assertTrue(req.wait)
+        self.assertEqual([i.tensor for i in req.redistributes], ["a", "b"])
+        self.assertEqual(req.redistributes[0].target.placements_text, "S(1)")
+        self.assertEqual(req.redistributes[1].target.mesh, "m")
 
     def test_download_is_a_numpy_array(self):
         a = self.client.download("t")
