@@ -229,7 +229,10 @@ class GrpcWorkerClient::StreamCall : public grpc::ClientWriteReactor<v1::ChunkDa
     StartWrite(&message_);
   }
 
-  void Cancel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) { ctx_.TryCancel(); }
+  // Under the state's mutex, so the call cannot end (and be deleted) meanwhile.
+  static void CancelLocked(State& state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
+    if (state.call != nullptr) state.call->ctx_.TryCancel();
+  }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -387,7 +390,7 @@ class GrpcWorkerClient::StreamHandle : public ChunkWriteStream {
       // After Finish the stream ends on its own (the handle's destructor cancels).
       if (state_->ended || state_->broken || state_->finish_requested) return;
       state_->broken = true;
-      if (state_->call != nullptr) state_->call->Cancel();
+      StreamCall::CancelLocked(*state_);
       if (state_->held && !state_->writing) {
         state_->held = false;
         release = state_->call;
