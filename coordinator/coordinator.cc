@@ -55,6 +55,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       workers_(&clock_, options_.heartbeat_timeout, store_.get()),
       meshes_(&workers_, store_.get()),
       tensors_(&meshes_, store_.get()),
+      requests_(store_.get(), &clock_),
       kv_(&timer_) {
   std::string id_namespace;
   if (init_status_.ok() && !options_.state_dir.empty()) {
@@ -65,6 +66,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
         return workers_.WasLiveBeforeRestart(rank, incarnation);
       });
     }
+    if (init_status_.ok()) init_status_ = requests_.Load();
     if (init_status_.ok()) {
       absl::StatusOr<int64_t> boot = NextBoot(store_.get());
       if (boot.ok()) {
@@ -101,7 +103,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   service_ =
       std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
                                            options_.worker_client.chunk_message_bytes, &metrics_,
-                                           options_.auth ? &*options_.auth : nullptr);
+                                           options_.auth ? &*options_.auth : nullptr, &requests_);
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr,

@@ -20,6 +20,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/request_log.h"
 #include "coordinator/state_store.h"
 #include "coordinator/tensor_bands.h"
 #include "coordinator/tensor_io.h"
@@ -95,6 +96,7 @@ class Coordinator {
   WorkerManager workers_;
   MeshManager meshes_;
   TensorManager tensors_;
+  RequestLog requests_;  // Outcomes of mutating requests, for idempotent retries.
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
   std::unique_ptr<PlanManager> plans_;

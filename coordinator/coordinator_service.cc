@@ -8,8 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sha256.h"
 #include "coordinator/grpc_auth.h"
 #include "coordinator/tensor_streams.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "sharding/planner.h"
@@ -87,6 +90,53 @@ LivenessFn CoordinatorService::Liveness() const {
   return [w = workers_](int64_t rank, int64_t inc) { return w->IsLive(rank, inc); };
 }
 
+// ---- Idempotent retries ------------------------------------------------------------------
+
+template <typename Request>
+grpc::ServerUnaryReactor* CoordinatorService::Replay(grpc::CallbackServerContext* ctx,
+                                                     const char* method, const Request& req,
+                                                     google::protobuf::Message* resp) {
+  if (requests_ == nullptr || req.request_id().empty()) return nullptr;
+  Request fields = req;
+  fields.clear_request_id();
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    fields.SerializeToCodedStream(&coded);
+  }
+  absl::StatusOr<std::optional<RequestOutcome>> seen =
+      requests_->Begin(req.request_id(), method, Sha256Hex(bytes));
+  if (!seen.ok()) return Done(ctx, seen.status());
+  if (!seen->has_value()) return nullptr;
+  const RequestOutcome& first = **seen;
+  if (first.status.ok() && !resp->ParseFromString(first.response)) {
+    return Done(ctx, absl::InternalError(absl::StrCat("request_id '", req.request_id(),
+                                                      "': the stored response is corrupt")));
+  }
+  return Done(ctx, first.status);
+}
+
+void CoordinatorService::Reply(grpc::ServerUnaryReactor* reactor, const std::string& request_id,
+                               const absl::Status& s, const google::protobuf::Message& resp) {
+  if (requests_ != nullptr && !request_id.empty()) {
+    // A store failure loses only the replay after a restart; the outcome itself stands.
+    requests_->Finish(request_id, RequestOutcome{s, s.ok() ? resp.SerializeAsString() : ""})
+        .IgnoreError();
+  }
+  reactor->Finish(ToGrpcStatus(s));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext* ctx,
+                                                    const std::string& request_id,
+                                                    const absl::Status& s,
+                                                    const google::protobuf::Message& resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Reply(reactor, request_id, s, resp);
+  return reactor;
+}
+
 // ---- Workers and meshes ------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
@@ -101,12 +151,13 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerCon
                                                          const v1::CreateMeshRequest* req,
                                                          v1::MeshInfo* resp) {
   if (absl::Status a = Authorize(ctx, "CreateMesh"); !a.ok()) return Done(ctx, a);
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateMesh", *req, resp)) return r;
   absl::StatusOr<MeshRecord> m =
       meshes_->Create(req->name(), Shape(req->shape().begin(), req->shape().end()),
                       std::vector<std::string>(req->dim_names().begin(), req->dim_names().end()),
                       std::vector<std::string>(req->workers().begin(), req->workers().end()));
   if (m.ok()) *resp = MeshInfoToProto(*m);
-  return Done(ctx, m.status());
+  return Reply(ctx, req->request_id(), m.status(), *resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetMesh(grpc::CallbackServerContext* ctx,
@@ -128,9 +179,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMeshes(grpc::CallbackServerCon
 
 grpc::ServerUnaryReactor* CoordinatorService::DeleteMesh(grpc::CallbackServerContext* ctx,
                                                          const v1::DeleteMeshRequest* req,
-                                                         v1::DeleteMeshResponse*) {
+                                                         v1::DeleteMeshResponse* resp) {
   if (absl::Status a = Authorize(ctx, "DeleteMesh"); !a.ok()) return Done(ctx, a);
-  return Done(ctx, meshes_->Delete(req->name()));
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "DeleteMesh", *req, resp)) return r;
+  return Reply(ctx, req->request_id(), meshes_->Delete(req->name()), *resp);
 }
 
 // ---- Tensors -----------------------------------------------------------------------------
@@ -156,10 +208,11 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerC
   args.spec = *std::move(spec);
   args.init = req->init();
   args.seed = req->seed();
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTensor", *req, resp)) return r;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  io_->Create(args, [this, reactor, resp](absl::StatusOr<TensorRecord> t) {
+  io_->Create(args, [this, reactor, resp, id = req->request_id()](absl::StatusOr<TensorRecord> t) {
     if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
-    reactor->Finish(ToGrpcStatus(t.status()));
+    Reply(reactor, id, t.status(), *resp);
   });
   return reactor;
 }
@@ -184,25 +237,29 @@ grpc::ServerUnaryReactor* CoordinatorService::ListTensors(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* CoordinatorService::DeleteTensor(grpc::CallbackServerContext* ctx,
                                                            const v1::DeleteTensorRequest* req,
-                                                           v1::DeleteTensorResponse*) {
+                                                           v1::DeleteTensorResponse* resp) {
   if (absl::Status a = Authorize(ctx, "DeleteTensor"); !a.ok()) return Done(ctx, a);
-  return Done(ctx, io_->Delete(req->name()));
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "DeleteTensor", *req, resp)) return r;
+  return Reply(ctx, req->request_id(), io_->Delete(req->name()), *resp);
 }
 
 // ---- Plans -------------------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
-    grpc::CallbackServerContext* ctx, bool wait, v1::Plan* resp_plan,
-    v1::PlanProgress* resp_progress,
+    grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+    const google::protobuf::Message* resp, v1::Plan* resp_plan, v1::PlanProgress* resp_progress,
     const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
   if (!wait) {
     absl::StatusOr<StartedPlan> started = start(nullptr);
     if (started.ok()) {
       *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
       *resp_progress = PlanProgressToProto(started->progress);
     }
-    reactor->Finish(ToGrpcStatus(started.status()));
+    reply(started.status());
     return reactor;
   }
   // The plan may end (on another thread, or inline) before start() returns: whichever of
@@ -215,7 +272,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     PlanProgress final;
   };
   auto state = std::make_shared<WaitState>();
-  auto done = [state, reactor, resp_progress](const absl::Status& s, const PlanProgress& p) {
+  auto done = [state, reply, resp_progress](const absl::Status& s, const PlanProgress& p) {
     bool finish = false;
     {
       absl::MutexLock lock(&state->mu);
@@ -226,11 +283,11 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     }
     if (!finish) return;
     *resp_progress = PlanProgressToProto(p);
-    reactor->Finish(ToGrpcStatus(s));
+    reply(s);
   };
   absl::StatusOr<StartedPlan> started = start(done);
   if (!started.ok()) {
-    reactor->Finish(ToGrpcStatus(started.status()));
+    reply(started.status());
     return reactor;
   }
   *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
@@ -242,7 +299,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
   }
   if (finish) {
     *resp_progress = PlanProgressToProto(state->final);
-    reactor->Finish(ToGrpcStatus(state->status));
+    reply(state->status);
   }
   return reactor;
 }
@@ -254,8 +311,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerC
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
   absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
   if (!spec.ok()) return Done(ctx, spec.status());
-  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
-                 [&](PlanManager::DoneCallback done) {
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Redistribute", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
                    return plans_->Redistribute(req->tensor(), *spec, std::move(done));
                  });
 }
@@ -273,8 +331,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
     }
     to_rank = req->to_rank();
   }
-  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
-                 [&](PlanManager::DoneCallback done) {
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Gather", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
                    return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
                  });
 }
@@ -285,8 +344,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
   if (absl::Status a = Authorize(ctx, "Copy"); !a.ok()) return Done(ctx, a);
   if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
-  return RunPlan(ctx, req->wait(), resp->mutable_plan(), resp->mutable_progress(),
-                 [&](PlanManager::DoneCallback done) {
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
                    absl::StatusOr<StartedPlan> started =
                        plans_->Copy(req->src(), req->dst(), std::move(done));
                    // Before RunPlan looks at the result, so it is set before a waiting call
@@ -297,7 +357,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
-    grpc::CallbackServerContext* ctx, bool wait,
+    grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+    const google::protobuf::Message* resp,
     const std::function<absl::StatusOr<StartedGroup>(PlanManager::GroupDoneCallback)>& start,
     const std::function<void(const StartedGroup&)>& on_started,
     std::function<void(const GroupProgress&)> on_committed) {
@@ -312,9 +373,12 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
     GroupProgress final;
   };
   auto state = std::make_shared<WaitState>();
-  auto finish = [reactor, on_committed](const absl::Status& s, const GroupProgress& p) {
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
+  auto finish = [reply, on_committed](const absl::Status& s, const GroupProgress& p) {
     if (s.ok()) on_committed(p);
-    reactor->Finish(ToGrpcStatus(s));
+    reply(s);
   };
   PlanManager::GroupDoneCallback done = nullptr;
   if (wait) {
@@ -331,12 +395,12 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
   }
   absl::StatusOr<StartedGroup> started = start(std::move(done));
   if (!started.ok()) {
-    reactor->Finish(ToGrpcStatus(started.status()));
+    reply(started.status());
     return reactor;
   }
   on_started(*started);
   if (!wait) {
-    reactor->Finish(grpc::Status::OK);
+    reply(absl::OkStatus());
     return reactor;
   }
   {
@@ -354,8 +418,9 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
   if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
   std::vector<CopyMember> copies;
   for (const v1::CopyPair& c : req->copies()) copies.push_back(CopyMember{c.src(), c.dst()});
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
   return RunGroup(
-      ctx, req->wait(),
+      ctx, req->wait(), req->request_id(), resp,
       [&](PlanManager::GroupDoneCallback done) {
         return plans_->CopyGroup(copies, std::move(done));
       },
@@ -396,8 +461,9 @@ grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
     if (!spec.ok()) return Done(ctx, spec.status());
     members.push_back(RedistributeMember{item.tensor(), *std::move(spec)});
   }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "RedistributeGroup", *req, resp)) return r;
   return RunGroup(
-      ctx, req->wait(),
+      ctx, req->wait(), req->request_id(), resp,
       [&](PlanManager::GroupDoneCallback done) {
         return plans_->RedistributeGroup(members, std::move(done));
       },

@@ -9,6 +9,7 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/request_log.h"
 #include "coordinator/tensor_io.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/worker_manager.h"
@@ -27,12 +28,14 @@ v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
 // operations (create, redistribute with wait, upload, download, watch) finish their reactor
 // from the managers' completion callbacks. Streamed data messages carry at most
 // `max_message_bytes` of data. With an `auth` (not owned; null: no authentication) every
-// RPC first checks the caller's bearer token (coordinator/grpc_auth.h).
+// RPC first checks the caller's bearer token (coordinator/grpc_auth.h). With `requests` (not
+// owned; null: none), mutating RPCs with a request_id answer a retry with the first outcome.
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
                      PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
-                     CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr)
+                     CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
+                     RequestLog* requests = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -41,7 +44,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         max_message_bytes_(max_message_bytes),
         upload_bytes_(metrics == nullptr ? nullptr : metrics->upload_bytes),
         download_bytes_(metrics == nullptr ? nullptr : metrics->download_bytes),
-        auth_(auth) {}
+        auth_(auth),
+        requests_(requests) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -97,19 +101,33 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
   // Redistribute, Gather and Copy: start a plan; with `wait`, finish when it ends. Fills the
   // response's plan and progress.
+  // `request_id` and `resp` (the whole response) go to Reply.
   grpc::ServerUnaryReactor* RunPlan(
-      grpc::CallbackServerContext* ctx, bool wait, v1::Plan* resp_plan,
-      v1::PlanProgress* resp_progress,
+      grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+      const google::protobuf::Message* resp, v1::Plan* resp_plan, v1::PlanProgress* resp_progress,
       const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start);
 
   // CopyGroup and RedistributeGroup: start the group; `on_started` fills the response from
   // what started; with `wait`, `on_committed` adds the final progress and the call finishes
   // when the group ends.
   grpc::ServerUnaryReactor* RunGroup(
-      grpc::CallbackServerContext* ctx, bool wait,
+      grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+      const google::protobuf::Message* resp,
       const std::function<absl::StatusOr<StartedGroup>(PlanManager::GroupDoneCallback)>& start,
       const std::function<void(const StartedGroup&)>& on_started,
       std::function<void(const GroupProgress&)> on_committed);
+
+  // Idempotent retries. A mutating handler, once its request is valid, calls Replay: a
+  // non-null reactor (the first outcome replayed into `resp`, or an error) is returned as is;
+  // null means act, and the outcome then goes through Reply, which records it under the
+  // request's id before finishing the reactor.
+  template <typename Request>
+  grpc::ServerUnaryReactor* Replay(grpc::CallbackServerContext* ctx, const char* method,
+                                   const Request& req, google::protobuf::Message* resp);
+  void Reply(grpc::ServerUnaryReactor* reactor, const std::string& request_id,
+             const absl::Status& s, const google::protobuf::Message& resp);
+  grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const std::string& request_id,
+                                  const absl::Status& s, const google::protobuf::Message& resp);
 
   WorkerManager* const workers_;
   MeshManager* const meshes_;
@@ -121,6 +139,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Counter* const upload_bytes_;
   Counter* const download_bytes_;
   const Authenticator* const auth_;
+  RequestLog* const requests_;
 };
 
 }  // namespace shardcoord

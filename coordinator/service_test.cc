@@ -10,6 +10,8 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/fake_worker_client.h"
 #include "coordinator/kv_store.h"
+#include "coordinator/request_log.h"
+#include "coordinator/state_store.h"
 #include "coordinator/tensor_bands.h"
 #include "coordinator/timer.h"
 #include "coordinator/worker_facing_service.h"
@@ -35,7 +37,9 @@ class ServiceTest : public ::testing::Test {
         kv_(&timer_),
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
-        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice),
+        requests_(&request_store_, &clock_),
+        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice, /*metrics=*/nullptr,
+                 /*auth=*/nullptr, &requests_),
         worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
@@ -137,6 +141,8 @@ class ServiceTest : public ::testing::Test {
   FakeWorkerClient client_;
   PlanManager plans_;
   TensorIo io_;
+  MemoryStateStore request_store_;
+  RequestLog requests_;
   CoordinatorService service_;
   WorkerFacingService worker_service_;
   std::unique_ptr<grpc::Server> server_;
@@ -312,6 +318,93 @@ TEST_F(ServiceTest, RedistributeWithWaitReturnsWhenCommitted) {
   s = coordinator_->Redistribute(&ctx2, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(s.error_message(), HasSubstr("worker w2 (rank 2) failed: out of memory"));
+}
+
+// A retry with the same request_id answers the first outcome and does not act again; the
+// same id with other fields is refused.
+TEST_F(ServiceTest, RetriesWithTheSameRequestIdActOnce) {
+  RegisterFour();
+  v1::CreateMeshRequest mesh;
+  mesh.set_name("M");
+  mesh.add_shape(2);
+  mesh.add_shape(2);
+  mesh.set_request_id("mesh-1");
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    v1::MeshInfo info;
+    grpc::Status s = coordinator_->CreateMesh(&ctx, mesh, &info);
+    ASSERT_TRUE(s.ok()) << "attempt " << i << ": " << s.error_message();
+    EXPECT_EQ(info.name(), "M");
+    EXPECT_EQ(info.workers_size(), 4);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::MeshInfo info;
+    mesh.set_request_id("");  // Without an id, a repeat acts, and the mesh exists.
+    EXPECT_EQ(coordinator_->CreateMesh(&ctx, mesh, &info).error_code(),
+              grpc::StatusCode::ALREADY_EXISTS);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::MeshInfo info;
+    mesh.set_request_id("mesh-1");
+    mesh.set_name("N");
+    grpc::Status s = coordinator_->CreateMesh(&ctx, mesh, &info);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("request_id 'mesh-1' was already used"));
+  }
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+  });
+  v1::RedistributeRequest req;
+  req.set_tensor("T");
+  req.mutable_target()->set_placements_text("R,S(1)");
+  req.set_wait(true);
+  req.set_request_id("move-1");
+  v1::RedistributeResponse first;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(coordinator_->Redistribute(&ctx, req, &first).ok());
+  }
+  ASSERT_EQ(first.progress().state(), v1::COMMITTED);
+  grpc::ClientContext get_ctx;
+  v1::GetTensorRequest get;
+  get.set_name("T");
+  ASSERT_TRUE(coordinator_->GetTensor(&get_ctx, get, &info).ok());
+  const int64_t version = info.version();
+  v1::RedistributeResponse again;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(coordinator_->Redistribute(&ctx, req, &again).ok());
+  }
+  EXPECT_EQ(again.plan().id(), first.plan().id());
+  EXPECT_EQ(again.progress().state(), v1::COMMITTED);
+  grpc::ClientContext get_ctx2;
+  ASSERT_TRUE(coordinator_->GetTensor(&get_ctx2, get, &info).ok());
+  EXPECT_EQ(info.version(), version);  // No second plan ran.
+
+  v1::DeleteTensorRequest del;
+  del.set_name("T");
+  del.set_request_id("delete-1");
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    v1::DeleteTensorResponse resp;
+    grpc::Status s = coordinator_->DeleteTensor(&ctx, del, &resp);
+    EXPECT_TRUE(s.ok()) << "attempt " << i << ": " << s.error_message();
+  }
+  // A failure is replayed as it was: the tensor is gone, and a retry of a delete that found
+  // nothing still says so.
+  del.set_name("U");
+  del.set_request_id("delete-2");
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    v1::DeleteTensorResponse resp;
+    EXPECT_EQ(coordinator_->DeleteTensor(&ctx, del, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_EQ(requests_.size(), 4u);  // mesh-1, move-1, delete-1, delete-2.
 }
 
 TEST_F(ServiceTest, CopyBumpsDstOnlyAndMapsErrors) {
