@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/tls_options.h"
 
@@ -83,6 +84,14 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
       ->type_name("FILE")
       ->group(kGlobalFlagsGroup);
   RejectConflictingRepeats(
+      app->add_option("--wait", flags->wait,
+                      "Retry a call the coordinator answers UNAVAILABLE (restarting, recovering) "
+                      "for up to this long, with backoff; changes are retried with the same "
+                      "request id, so they take effect once (0s: no retry; default: "
+                      "$SHARDCOORD_WAIT, else 30s)"))
+      ->type_name("DURATION")
+      ->group(kGlobalFlagsGroup);
+  RejectConflictingRepeats(
       app->add_flag("--json", flags->json, "Print one JSON object instead of a table"))
       ->group(kGlobalFlagsGroup);
 }
@@ -117,6 +126,18 @@ std::string CoordinatorAddress(const ConnectionFlags& flags) {
 CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags) {
   CoordinatorClientOptions options;
   options.token = flags.token.empty() ? DefaultToken() : flags.token;
+  std::string wait_text = flags.wait;
+  const char* wait_env = std::getenv("SHARDCOORD_WAIT");
+  if (wait_text.empty() && wait_env != nullptr && wait_env[0] != '\0') wait_text = wait_env;
+  if (wait_text.empty()) wait_text = "30s";
+  absl::Duration wait;
+  if (!absl::ParseDuration(wait_text, &wait) || wait < absl::ZeroDuration() ||
+      wait == absl::InfiniteDuration()) {
+    throw CLI::ValidationError(absl::StrCat(flags.wait.empty() ? "$SHARDCOORD_WAIT" : "--wait",
+                                            ": '", wait_text,
+                                            "' is not a duration >= 0 (e.g. 30s, 2m, 0s)"));
+  }
+  options.retry_for = wait;
   TlsFlags tls;
   tls.ca = flags.tls_ca;
   if (tls.ca.empty()) {

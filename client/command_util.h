@@ -34,6 +34,7 @@ struct ConnectionFlags {
   std::string tls_ca;    // CA file; empty = $SHARDCOORD_TLS_CA; neither: plaintext.
   std::string tls_cert;  // Client certificate file (needs tls_key and a CA).
   std::string tls_key;
+  std::string wait;  // How long to retry UNAVAILABLE; empty = $SHARDCOORD_WAIT, else 30s.
 };
 
 // Adds the global flags --coordinator, --token and --json to the root `app`, writing into `flags`

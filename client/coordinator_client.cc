@@ -5,7 +5,10 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "proto/grpc_credentials.h"
 
 namespace shardcoord {
@@ -40,6 +43,11 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> cha
       std::clamp<size_t>(options_.upload_chunk_bytes, 1, kMaxDataMessageBytes);
 }
 
+std::string NewRequestId() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
 std::string DefaultToken() {
   const char* env = std::getenv("SHARDCOORD_TOKEN");
   return env == nullptr ? "" : env;
@@ -57,12 +65,36 @@ absl::StatusOr<Response> CoordinatorClient::Unary(grpc::Status (Stub::*method)(g
                                                                                const Request&,
                                                                                Response*),
                                                   const Request& request, absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout);
-  Response response;
-  const grpc::Status status = ((*stub_).*method)(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+  const absl::Time give_up = absl::Now() + options_.retry_for;
+  absl::Duration pause = options_.retry_backoff;
+  absl::BitGen gen;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    Response response;
+    const grpc::Status status = ((*stub_).*method)(&context, request, &response);
+    if (status.ok()) return response;
+    absl::Status s = FromGrpcStatus(status);
+    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    // Backoff with jitter, so that clients a restart stopped together do not come back
+    // together.
+    const absl::Duration sleep = pause * absl::Uniform(gen, 0.5, 1.0);
+    if (absl::Now() + sleep >= give_up) {
+      if (attempt == 1) return s;
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (after ", attempt, " attempts in ",
+                                                 absl::FormatDuration(options_.retry_for), ")"));
+    }
+    absl::SleepFor(sleep);
+    pause = std::min(pause * 2, absl::Seconds(2));
+  }
+}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> CoordinatorClient::Mutate(
+    grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*), Request request,
+    absl::Duration timeout) {
+  if (request.request_id().empty()) request.set_request_id(NewRequestId());
+  return Unary(method, request, timeout);
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
@@ -73,7 +105,7 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
 }
 
 absl::StatusOr<v1::MeshInfo> CoordinatorClient::CreateMesh(const v1::CreateMeshRequest& request) {
-  return Unary(&Stub::CreateMesh, request, options_.rpc_timeout);
+  return Mutate(&Stub::CreateMesh, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::MeshInfo> CoordinatorClient::GetMesh(const std::string& name) {
@@ -92,12 +124,12 @@ absl::StatusOr<std::vector<v1::MeshInfo>> CoordinatorClient::ListMeshes() {
 absl::Status CoordinatorClient::DeleteMesh(const std::string& name) {
   v1::DeleteMeshRequest request;
   request.set_name(name);
-  return Unary(&Stub::DeleteMesh, request, options_.rpc_timeout).status();
+  return Mutate(&Stub::DeleteMesh, request, options_.rpc_timeout).status();
 }
 
 absl::StatusOr<v1::TensorInfo> CoordinatorClient::CreateTensor(
     const v1::CreateTensorRequest& request) {
-  return Unary(&Stub::CreateTensor, request, options_.rpc_timeout);
+  return Mutate(&Stub::CreateTensor, request, options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::TensorInfo> CoordinatorClient::GetTensor(const std::string& name) {
@@ -116,35 +148,36 @@ absl::StatusOr<std::vector<v1::TensorInfo>> CoordinatorClient::ListTensors() {
 absl::Status CoordinatorClient::DeleteTensor(const std::string& name) {
   v1::DeleteTensorRequest request;
   request.set_name(name);
-  return Unary(&Stub::DeleteTensor, request, options_.rpc_timeout).status();
+  return Mutate(&Stub::DeleteTensor, request, options_.rpc_timeout).status();
 }
 
 absl::StatusOr<v1::RedistributeResponse> CoordinatorClient::Redistribute(
     const v1::RedistributeRequest& request) {
-  return Unary(&Stub::Redistribute, request,
-               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+  return Mutate(&Stub::Redistribute, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::RedistributeResponse> CoordinatorClient::Gather(
     const v1::GatherRequest& request) {
-  return Unary(&Stub::Gather, request,
-               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+  return Mutate(&Stub::Gather, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::CopyResponse> CoordinatorClient::Copy(const v1::CopyRequest& request) {
-  return Unary(&Stub::Copy, request, request.wait() ? options_.data_timeout : options_.rpc_timeout);
+  return Mutate(&Stub::Copy, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::CopyGroupResponse> CoordinatorClient::CopyGroup(
     const v1::CopyGroupRequest& request) {
-  return Unary(&Stub::CopyGroup, request,
-               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+  return Mutate(&Stub::CopyGroup, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::RedistributeGroupResponse> CoordinatorClient::RedistributeGroup(
     const v1::RedistributeGroupRequest& request) {
-  return Unary(&Stub::RedistributeGroup, request,
-               request.wait() ? options_.data_timeout : options_.rpc_timeout);
+  return Mutate(&Stub::RedistributeGroup, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
 absl::StatusOr<v1::Plan> CoordinatorClient::PlanRedistribute(const v1::PlanRequest& request) {

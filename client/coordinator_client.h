@@ -43,10 +43,19 @@ struct CoordinatorClientOptions {
   // Bearer token sent as metadata `authorization: Bearer TOKEN` on every call (a coordinator
   // started with --auth-tokens requires one); empty: none is sent.
   std::string token;
+  // Unary calls answered UNAVAILABLE (a coordinator restarting, or recovering a tensor) are
+  // tried again with backoff until `retry_for` has passed since the first attempt (zero: no
+  // retry). Mutating calls carry a request_id, chosen here when the request has none, so a
+  // retry of one that took effect answers its first outcome instead of acting twice.
+  absl::Duration retry_for = absl::Seconds(30);
+  absl::Duration retry_backoff = absl::Milliseconds(100);  // The first pause; doubles to 2 s.
   // TLS: verify the coordinator against tls.ca_pem and present tls.cert_pem when there is
   // one (LoadClientTls reads --tls-ca, --tls-cert, --tls-key); plaintext when not enabled.
   TlsOptions tls;
 };
+
+// A fresh random request_id (32 hex digits).
+std::string NewRequestId();
 
 // $SHARDCOORD_TOKEN, or "" when it is unset.
 std::string DefaultToken();
@@ -132,6 +141,11 @@ class CoordinatorClient {
   absl::StatusOr<Response> Unary(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                                               Response*),
                                  const Request& request, absl::Duration timeout);
+  // Unary with a request_id: the request's own, or a new one shared by every retry.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Mutate(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                               Response*),
+                                  Request request, absl::Duration timeout);
 
   // Sets the deadline `timeout` from now, and the token's metadata if there is one.
   void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const;

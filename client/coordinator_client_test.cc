@@ -46,6 +46,26 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
+  // UNAVAILABLE to the first `unavailable_deletes` calls, as a restarting coordinator.
+  grpc::Status DeleteMesh(grpc::ServerContext*, const v1::DeleteMeshRequest* request,
+                          v1::DeleteMeshResponse*) override {
+    absl::MutexLock lock(&mu_);
+    delete_mesh_ids_.push_back(request->request_id());
+    if (static_cast<int>(delete_mesh_ids_.size()) <= unavailable_deletes_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "recovering");
+    }
+    return grpc::Status::OK;
+  }
+  void set_unavailable_deletes(int n) {
+    absl::MutexLock lock(&mu_);
+    unavailable_deletes_ = n;
+    delete_mesh_ids_.clear();
+  }
+  std::vector<std::string> delete_mesh_ids() {
+    absl::MutexLock lock(&mu_);
+    return delete_mesh_ids_;
+  }
+
   grpc::Status CreateTensor(grpc::ServerContext*, const v1::CreateTensorRequest* request,
                             v1::TensorInfo* response) override {
     response->set_name(request->name());
@@ -161,6 +181,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   std::vector<v1::TensorData> upload_messages_ ABSL_GUARDED_BY(mu_);
   std::string upload_data_ ABSL_GUARDED_BY(mu_);
   double last_deadline_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int unavailable_deletes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> delete_mesh_ids_ ABSL_GUARDED_BY(mu_);
   std::string download_data_;  // Set before any call.
 };
 
@@ -419,10 +441,37 @@ TEST_F(CoordinatorClientTest, DownloadChecksTheStream) {
   EXPECT_THAT(h.status().message(), HasSubstr("the first message carries no header"));
 }
 
+// UNAVAILABLE is retried with one request_id for every attempt; a new call gets a new id; a
+// caller's own id is kept; retry_for bounds the retries.
+TEST_F(CoordinatorClientTest, RetriesUnavailableWithOneRequestId) {
+  CoordinatorClientOptions options;
+  options.retry_backoff = absl::Milliseconds(1);
+  std::unique_ptr<CoordinatorClient> client = Client(options);
+  service_.set_unavailable_deletes(2);
+  ASSERT_TRUE(client->DeleteMesh("M").ok());
+  std::vector<std::string> ids = service_.delete_mesh_ids();
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[0].size(), 32u);
+  EXPECT_EQ(ids[1], ids[0]);
+  EXPECT_EQ(ids[2], ids[0]);
+  service_.set_unavailable_deletes(0);
+  ASSERT_TRUE(client->DeleteMesh("M").ok());
+  ASSERT_EQ(service_.delete_mesh_ids().size(), 1u);
+  EXPECT_NE(service_.delete_mesh_ids()[0], ids[0]);
+
+  options.retry_for = absl::ZeroDuration();
+  service_.set_unavailable_deletes(1);
+  absl::Status once = Client(options)->DeleteMesh("M");
+  EXPECT_EQ(once.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(once.message(), "recovering");
+  EXPECT_EQ(service_.delete_mesh_ids().size(), 1u);
+}
+
 TEST(CoordinatorClientAddressTest, NothingListeningIsUnavailable) {
   // Port 1 on loopback: connection refused, so gRPC fails the call instead of waiting.
   CoordinatorClientOptions options;
   options.rpc_timeout = absl::Seconds(20);
+  options.retry_for = absl::ZeroDuration();
   CoordinatorClient client("127.0.0.1:1", options);
   EXPECT_EQ(client.address(), "127.0.0.1:1");
   EXPECT_EQ(client.ListWorkers().status().code(), absl::StatusCode::kUnavailable);

@@ -9,6 +9,8 @@ tmp="${TEST_TMPDIR:-$(mktemp -d)}"
 failures=0
 # Nothing listens on port 1 of loopback: connections are refused at once.
 dead=127.0.0.1:1
+# Fail at once instead of retrying the refused connections for the default 30 s.
+export SHARDCOORD_WAIT=0s
 
 fail() {
   echo "FAIL: $*" >&2
@@ -101,6 +103,7 @@ expect_exit 2 --out tensor download t
 
 # Server errors: exit 1, "shardctl: CODE: message (coordinator ADDR)".
 expect_exit 1 "shardctl: UNAVAILABLE: " workers --coordinator "$dead"
+expect_exit 2 "--wait: 'soon' is not a duration >= 0" workers --coordinator "$dead" --wait soon
 expect_exit 1 "(coordinator $dead)" mesh list --coordinator "$dead"
 expect_exit 1 "shardctl: UNAVAILABLE: " tensor show t --coordinator "$dead"
 expect_exit 1 "shardctl: UNAVAILABLE: " plan t --placements 'S(1)' --coordinator "$dead"

@@ -35,8 +35,7 @@ absl::Status RequestLog::Load() {
     e.method = stored.method();
     e.fingerprint = stored.fingerprint();
     e.running = false;
-    e.outcome.status =
-        absl::Status(static_cast<absl::StatusCode>(stored.code()), stored.message());
+    e.outcome.status = absl::Status(static_cast<absl::StatusCode>(stored.code()), stored.message());
     e.outcome.response = stored.response();
     entries_[r.name] = std::move(e);
     order.emplace_back(stored.finished_unix_ms(), r.name);
@@ -51,9 +50,8 @@ absl::StatusOr<std::optional<RequestOutcome>> RequestLog::Begin(absl::string_vie
                                                                 absl::string_view fingerprint) {
   if (request_id.empty()) return std::nullopt;
   if (request_id.size() > kMaxRequestIdBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("request_id: ", request_id.size(),
-                                                   " bytes, more than the limit of ",
-                                                   kMaxRequestIdBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id: ", request_id.size(), " bytes, more than the limit of ", kMaxRequestIdBytes));
   }
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = entries_.try_emplace(request_id);
@@ -65,13 +63,13 @@ absl::StatusOr<std::optional<RequestOutcome>> RequestLog::Begin(absl::string_vie
   }
   if (e.method != method || e.fingerprint != fingerprint) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "request_id '", request_id, "' was already used for ",
-        e.method == method ? "another " : "", e.method,
+        "request_id '", request_id, "' was already used for ", e.method == method ? "another " : "",
+        e.method,
         " request; a retry must repeat the request unchanged, a new request needs a new id"));
   }
   if (e.running) {
-    return absl::UnavailableError(absl::StrCat(
-        "request_id '", request_id, "' is still running; retry to get its outcome"));
+    return absl::UnavailableError(
+        absl::StrCat("request_id '", request_id, "' is still running; retry to get its outcome"));
   }
   return e.outcome;
 }

@@ -74,8 +74,8 @@ TEST(RequestLogTest, AnIdIsForOneRequest) {
   other = log.Begin("r", "DeleteTensor", "f1").status();
   EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(other.message(), HasSubstr("already used for CreateTensor"));
-  other = log.Begin(std::string(RequestLog::kMaxRequestIdBytes + 1, 'x'), "CreateTensor", "f")
-              .status();
+  other =
+      log.Begin(std::string(RequestLog::kMaxRequestIdBytes + 1, 'x'), "CreateTensor", "f").status();
   EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(other.message(), HasSubstr("request_id: 129 bytes"));
 }

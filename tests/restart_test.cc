@@ -183,6 +183,43 @@ TEST_F(RestartTest, KillDuringALargeMove) {
   ExpectArange("big", client().GetTensor("big")->version(), "grid", "R,S(0)", big);
 }
 
+// A client that retries a request after a restart, with its request_id, gets the first
+// outcome and the request does not act again: the move runs no second plan, and the create
+// does not bring back a tensor deleted since.
+TEST_F(RestartTest, RetriesWithARequestIdActOnceAcrossARestart) {
+  v1::CreateTensorRequest create;
+  create.set_name("C");
+  for (int64_t d : kShape) create.add_shape(d);
+  create.set_dtype(v1::F32);
+  create.mutable_spec()->set_mesh("grid");
+  create.mutable_spec()->set_placements_text("S(0),R");
+  create.set_init(v1::ARANGE);
+  create.set_request_id("create-C");
+  absl::StatusOr<v1::TensorInfo> created = client().CreateTensor(create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  v1::RedistributeRequest move = RedistributeTo("C", "line", "S(1)");
+  move.set_request_id("move-C");
+  absl::StatusOr<v1::RedistributeResponse> moved = client().Redistribute(move);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  const int64_t version = client().GetTensor("C")->version();
+
+  ASSERT_NO_FATAL_FAILURE(Restart({"C"}));
+  absl::StatusOr<v1::RedistributeResponse> again = client().Redistribute(move);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->plan().id(), moved->plan().id());
+  EXPECT_EQ(again->progress().state(), v1::COMMITTED);
+  ExpectArange("C", version, "line", "S(1)");  // No second plan made a new version.
+  // The same id with another target is another request: refused.
+  move.mutable_target()->set_placements_text("R");
+  EXPECT_EQ(client().Redistribute(move).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(client().DeleteTensor("C").ok());
+  absl::StatusOr<v1::TensorInfo> replayed = client().CreateTensor(create);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(replayed->version(), created->version());
+  EXPECT_EQ(client().GetTensor("C").status().code(), absl::StatusCode::kNotFound);
+}
+
 class RestartLosingAWorkerTest : public RestartTest {
  protected:
   void SetUp() override {

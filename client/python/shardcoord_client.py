@@ -20,10 +20,17 @@ UNAUTHENTICATED or PERMISSION_DENIED.
 A coordinator started with --tls-cert needs TLS: `connect(tls_ca="ca.pem")` (default
 $SHARDCOORD_TLS_CA) verifies it; `tls_cert=` and `tls_key=` add a client certificate (for
 --tls-client-auth=request or require). Without a CA the channel is plaintext.
+
+Calls answered UNAVAILABLE (a coordinator restarting, or recovering a tensor) are retried with
+backoff for up to `retry_for` seconds (default 30; 0: never). Changes carry a request_id
+(a fresh one per call, the same on every retry), so a retried change takes effect once.
 """
 
 import os
+import random
 import sys
+import time
+import uuid
 
 import grpc
 import numpy as np
@@ -112,8 +119,9 @@ class ShardcoordClient:
     """One method per operation; each call has a deadline (seconds)."""
 
     def __init__(self, address=None, timeout=30.0, data_timeout=1800.0, token=None,
-                 tls_ca=None, tls_cert=None, tls_key=None):
+                 tls_ca=None, tls_cert=None, tls_key=None, retry_for=30.0):
         self.address = address or default_address()
+        self.retry_for = retry_for
         token = token or default_token()
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.timeout = timeout
@@ -135,11 +143,25 @@ class ShardcoordClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _call(self, method, request, timeout):
-        try:
-            return method(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise ShardcoordError(e.code().name, e.details()) from None
+    def _call(self, method, request, timeout, retry=True):
+        give_up = time.monotonic() + (self.retry_for if retry else 0)
+        pause = 0.1
+        while True:
+            try:
+                return method(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                # Jittered, so that clients a restart stopped together do not return together.
+                sleep = pause * random.uniform(0.5, 1.0)
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + sleep >= give_up:
+                    raise ShardcoordError(e.code().name, e.details()) from None
+            time.sleep(sleep)
+            pause = min(pause * 2, 2.0)
+
+    def _mutate(self, method, request, timeout):
+        """A change: one request_id for the call and all of its retries."""
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        return self._call(method, request, timeout)
 
     def list_workers(self):
         return list(self._call(self._stub.ListWorkers, pb.ListWorkersRequest(), self.timeout).workers)
@@ -147,33 +169,33 @@ class ShardcoordClient:
     def create_mesh(self, name, shape, dim_names=(), workers=()):
         request = pb.CreateMeshRequest(name=name, shape=list(shape), dim_names=list(dim_names),
                                        workers=list(workers))
-        return self._call(self._stub.CreateMesh, request, self.timeout)
+        return self._mutate(self._stub.CreateMesh, request, self.timeout)
 
     def create_tensor(self, name, mesh, shape, dtype="f32", placements=None, flat=None,
                       init="zeros", seed=0):
         request = pb.CreateTensorRequest(name=name, shape=list(shape), dtype=_DTYPES[dtype][0],
                                          spec=_spec(mesh, placements, flat), init=_INIT[init],
                                          seed=seed)
-        return self._call(self._stub.CreateTensor, request, self.timeout)
+        return self._mutate(self._stub.CreateTensor, request, self.timeout)
 
     def redistribute(self, name, placements=None, flat=None, mesh=""):
         """Runs the plan to its end; returns the RedistributeResponse (progress and plan)."""
         request = pb.RedistributeRequest(tensor=name, target=_spec(mesh, placements, flat),
                                          wait=True)
-        return self._finished(self._call(self._stub.Redistribute, request, self.data_timeout))
+        return self._finished(self._mutate(self._stub.Redistribute, request, self.data_timeout))
 
     def gather(self, name, mesh="", to_rank=None):
         request = pb.GatherRequest(tensor=name, mesh=mesh, wait=True)
         if to_rank is not None:
             request.to_rank = to_rank
             request.has_to_rank = True
-        return self._finished(self._call(self._stub.Gather, request, self.data_timeout))
+        return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
     def copy(self, src, dst):
         """Writes src's values into dst (same shape and dtype, any mesh and layout) and waits
         for the plan; returns the CopyResponse (progress, plan and dst_version)."""
         request = pb.CopyRequest(src=src, dst=dst, wait=True)
-        return self._finished(self._call(self._stub.Copy, request, self.data_timeout))
+        return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
     def copy_many(self, pairs):
         """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
@@ -189,7 +211,7 @@ class ShardcoordClient:
                 src, dst = pair
                 copies.append(pb.CopyPair(src=src, dst=dst))
         request = pb.CopyGroupRequest(copies=copies, wait=True)
-        return self._call(self._stub.CopyGroup, request, self.data_timeout)
+        return self._mutate(self._stub.CopyGroup, request, self.data_timeout)
 
     def redistribute_many(self, items):
         """Redistributes every (name, placements) or {"tensor", "placements" | "flat", "mesh"}
@@ -204,7 +226,7 @@ class ShardcoordClient:
                 name, placements = item
                 members.append(pb.RedistributeItem(tensor=name, target=_spec("", placements, None)))
         request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
-        return self._call(self._stub.RedistributeGroup, request, self.data_timeout)
+        return self._mutate(self._stub.RedistributeGroup, request, self.data_timeout)
 
     @staticmethod
     def _finished(response):
@@ -248,12 +270,13 @@ class ShardcoordClient:
             for off in range(0, len(data), _CHUNK):
                 yield pb.TensorData(data=data[off:off + _CHUNK])
 
-        return self._call(self._stub.Upload, messages(), self.data_timeout).tensor
+        return self._call(self._stub.Upload, messages(), self.data_timeout, retry=False).tensor
 
 
 def connect(address=None, token=None, tls_ca=None, **kwargs):
     """A ShardcoordClient for `address` (default $SHARDCOORD_ADDR) sending bearer `token`
     (default $SHARDCOORD_TOKEN; none when both are unset), over TLS verified with the CA file
     `tls_ca` (default $SHARDCOORD_TLS_CA; plaintext when both are unset). kwargs: timeout,
-    data_timeout, tls_cert and tls_key (a client certificate)."""
+    data_timeout, retry_for (seconds to retry UNAVAILABLE; 0: never), tls_cert and tls_key (a
+    client certificate)."""
     return ShardcoordClient(address, token=token, tls_ca=tls_ca, **kwargs)

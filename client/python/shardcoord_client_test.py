@@ -18,6 +18,7 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.upload_messages = []
         self.abort = False
         self.required_token = None
+        self.unavailable_mesh_creates = 0
 
     def ListWorkers(self, request, context):
         self.requests["metadata"] = dict(context.invocation_metadata())
@@ -25,6 +26,12 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
                 f"Bearer {self.required_token}":
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
         return pb.ListWorkersResponse(workers=[pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE)])
+
+    def CreateMesh(self, request, context):
+        self.requests.setdefault("create_mesh", []).append(request)
+        if len(self.requests["create_mesh"]) <= self.unavailable_mesh_creates:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "recovering")
+        return pb.MeshInfo(name=request.name, shape=request.shape)
 
     def CreateTensor(self, request, context):
         self.requests["create"] = request
@@ -123,6 +130,22 @@ class ClientTest(unittest.TestCase):
             else:
                 os.environ["SHARDCOORD_TOKEN"] = old
         self.assertEqual(self.fake.requests["metadata"]["authorization"], "Bearer from-env")
+
+    def test_unavailable_is_retried_with_one_request_id(self):
+        self.fake.unavailable_mesh_creates = 2
+        info = self.client.create_mesh("m", [2, 2])
+        self.assertEqual(info.name, "m")
+        ids = [r.request_id for r in self.fake.requests["create_mesh"]]
+        self.assertEqual(len(ids), 3)
+        self.assertEqual(len(ids[0]), 32)
+        self.assertEqual(set(ids), {ids[0]})
+        self.client.create_mesh("m", [2, 2])
+        self.assertNotEqual(self.fake.requests["create_mesh"][3].request_id, ids[0])
+        self.fake.requests["create_mesh"] = []
+        with sc.ShardcoordClient(self.address, retry_for=0) as once:
+            with self.assertRaises(sc.ShardcoordError) as e:
+                once.create_mesh("m", [2, 2])
+        self.assertEqual((e.exception.code, e.exception.message), ("UNAVAILABLE", "recovering"))
 
     def test_create_tensor_request(self):
         t = self.client.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange", seed=3)
@@ -266,7 +289,7 @@ class TlsTest(unittest.TestCase):
         }
         for label, kwargs in cases.items():
             with self.subTest(label):
-                with sc.connect(self.address, timeout=10, **kwargs) as c:
+                with sc.connect(self.address, timeout=10, retry_for=0, **kwargs) as c:
                     with self.assertRaises(sc.ShardcoordError) as e:
                         c.list_workers()
                 self.assertEqual(e.exception.code, "UNAVAILABLE")
