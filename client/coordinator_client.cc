@@ -20,6 +20,9 @@ constexpr int kMaxReceiveMessageBytes = 1 << 30;
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsOptions& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  // Find a restarted coordinator within a second (gRPC's backoff grows to two minutes), so
+  // that retries of UNAVAILABLE meet it soon.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args);
 }
 

@@ -144,6 +144,8 @@ absl::StatusOr<std::string> Coordinator::Start() {
         options_.listen);
   }
   if (!init_status_.ok()) return init_status_;
+  // Until then, operations that need a worker not registered again answer UNAVAILABLE.
+  timer_.Schedule(absl::Now() + options_.recovery_timeout, [this] { workers_.EndAwaiting(); });
   if (std::vector<std::string> recovering = tensors_.Recovering(); !recovering.empty()) {
     spdlog::info("recovering {} tensors from {}: waiting up to {} for their workers",
                  recovering.size(), store_->Describe(),

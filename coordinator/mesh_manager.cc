@@ -97,10 +97,7 @@ absl::StatusOr<MeshRecord> MeshManager::Create(const std::string& name, const Sh
       }
       absl::StatusOr<WorkerRecord> w = workers_->Get(workers[i]);
       if (!w.ok()) return w.status();
-      if (!w->alive) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(w->Describe(), " is dead (", w->death_reason, ")"));
-      }
+      if (!w->alive) return w->DeadError("is dead");
       ranks.push_back(w->rank);
       record.workers.push_back(workers[i]);
     }

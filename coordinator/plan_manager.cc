@@ -209,10 +209,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   for (const RankChunks& rc : target->layout.ranks()) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return w.status();
-    if (!w->alive) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(w->Describe(), " in the target layout is dead (", w->death_reason, ")"));
-    }
+    if (!w->alive) return w->DeadError("in the target layout is dead");
   }
 
   std::string id, prefix;
@@ -279,10 +276,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   for (int64_t r : PlanParticipants(**plan)) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
-    if (!w->alive) {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          w->Describe(), " takes part in the plan but is dead (", w->death_reason, ")")));
-    }
+    if (!w->alive) return fail(w->DeadError("takes part in the plan but is dead"));
     Participant& p = e.participants[r];
     p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
     fo.incarnations[r] = w->incarnation;

@@ -39,10 +39,7 @@ absl::StatusOr<std::vector<WorkerEndpoint>> TensorIo::Endpoints(const Layout& la
   for (const RankChunks& rc : layout.ranks()) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return w.status();
-    if (!w->alive) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(w->Describe(), " is dead (", w->death_reason, ")"));
-    }
+    if (!w->alive) return w->DeadError("is dead");
     out.push_back(EndpointOf(*w));
   }
   return out;
@@ -526,10 +523,7 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   }
   absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
   if (!w.ok()) return done(w.status());
-  if (!w->alive) {
-    return done(absl::FailedPreconditionError(
-        absl::StrCat(w->Describe(), " is dead (", w->death_reason, ")")));
-  }
+  if (!w->alive) return done(w->DeadError("is dead"));
   const WorkerEndpoint ep = EndpointOf(*w);
   const std::string op = NewOp("upload");
   {

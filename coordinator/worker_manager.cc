@@ -12,6 +12,15 @@ std::string WorkerRecord::Describe() const {
   return absl::StrCat("worker ", spec.name, " (rank ", rank, ")");
 }
 
+absl::Status WorkerRecord::DeadError(absl::string_view what) const {
+  if (awaited) {
+    return absl::UnavailableError(
+        absl::StrCat(Describe(), " ", what, " (", death_reason, "); retry shortly"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(Describe(), " ", what, " (", death_reason, ")"));
+}
+
 namespace {
 constexpr char kWorkerKind[] = "worker";
 }  // namespace
@@ -54,6 +63,7 @@ absl::Status WorkerManager::Load() {
     w.rank = info.rank();
     w.incarnation = info.incarnation();
     w.alive = false;
+    w.awaited = true;
     w.death_reason = "coordinator restarted; not registered again yet";
     rank_of_[info.name()] = info.rank();
     last_incarnation_ = std::max(last_incarnation_, info.incarnation());
@@ -65,6 +75,15 @@ absl::Status WorkerManager::Load() {
     }
   }
   return absl::OkStatus();
+}
+
+void WorkerManager::EndAwaiting() {
+  absl::MutexLock lock(&mu_);
+  for (WorkerRecord& w : workers_) {
+    if (!w.awaited) continue;
+    w.awaited = false;
+    w.death_reason = "coordinator restarted; did not register again within the recovery timeout";
+  }
 }
 
 bool WorkerManager::WasLiveBeforeRestart(int64_t rank, int64_t incarnation) const {
@@ -105,6 +124,7 @@ absl::StatusOr<WorkerRecord> WorkerManager::Register(const WorkerSpec& spec) {
     next.spec = spec;
     next.incarnation = last_incarnation_ + 1;
     next.alive = true;
+    next.awaited = false;
     next.last_heartbeat = clock_->Now();
     next.death_reason.clear();
     // Durable before it takes effect: a rank handed out is never handed to another name.

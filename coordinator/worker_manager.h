@@ -34,9 +34,15 @@ struct WorkerRecord {
   bool alive = false;
   absl::Time last_heartbeat = absl::InfinitePast();
   std::string death_reason;  // Why it is dead, when it is.
+  // Dead only because the coordinator restarted: expected to register again until the
+  // recovery timeout.
+  bool awaited = false;
 
   // "worker w1 (rank 1)": how errors name a worker.
   std::string Describe() const;
+  // The error of an operation that needs this dead worker, "<Describe()> <what> (<reason>)":
+  // UNAVAILABLE while it is awaited (retry), FAILED_PRECONDITION otherwise.
+  absl::Status DeadError(absl::string_view what) const;
 };
 
 // Learns that a worker incarnation is gone: declared dead, or replaced by a new registration
@@ -66,6 +72,8 @@ class WorkerManager {
   absl::Status Load();
   // True when `rank` was live in `incarnation` when the coordinator last stopped (per Load).
   bool WasLiveBeforeRestart(int64_t rank, int64_t incarnation) const;
+  // The recovery timeout passed: workers that did not register again are plainly dead.
+  void EndAwaiting();
 
   // Not owned; must outlive the manager. Add before workers register.
   void AddListener(WorkerListener* listener);

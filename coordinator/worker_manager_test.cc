@@ -139,6 +139,10 @@ TEST(WorkerManagerStoreTest, RanksSurviveARestart) {
   for (const WorkerRecord& w : all) {
     EXPECT_FALSE(w.alive) << w.Describe();
     EXPECT_THAT(w.death_reason, HasSubstr("coordinator restarted"));
+    // Expected back: what needs it is told to retry.
+    absl::Status dead = w.DeadError("is dead");
+    EXPECT_EQ(dead.code(), absl::StatusCode::kUnavailable) << dead;
+    EXPECT_THAT(dead.message(), HasSubstr("retry shortly"));
   }
   EXPECT_TRUE(workers.WasLiveBeforeRestart(0, 1));
   EXPECT_FALSE(workers.WasLiveBeforeRestart(1, 2));  // Declared dead before the restart.
@@ -153,6 +157,13 @@ TEST(WorkerManagerStoreTest, RanksSurviveARestart) {
   absl::StatusOr<WorkerRecord> d = workers.Register(Spec("d"));
   EXPECT_EQ(d->rank, 3);
   EXPECT_EQ(workers.Register(Spec("a"))->rank, 0);
+  EXPECT_FALSE(workers.Get("c")->awaited);
+  // b never comes back: after the recovery timeout it is plainly dead.
+  EXPECT_TRUE(workers.Get("b")->awaited);
+  workers.EndAwaiting();
+  absl::Status dead = workers.Get("b")->DeadError("is dead");
+  EXPECT_EQ(dead.code(), absl::StatusCode::kFailedPrecondition) << dead;
+  EXPECT_THAT(dead.message(), HasSubstr("did not register again within the recovery timeout"));
 }
 
 }  // namespace
