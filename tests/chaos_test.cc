@@ -73,9 +73,7 @@ class Progress {
   // the count, or -1 after a failure.
   int64_t WaitPast(int64_t since, int64_t n) {
     absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return failed_ || ops_ >= since + n;
-    };
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return failed_ || ops_ >= since + n; };
     mu_.Await(absl::Condition(&enough));
     return failed_ ? -1 : ops_;
   }
@@ -126,8 +124,8 @@ class Workload {
     return kPlacements[std::uniform_int_distribution<size_t>(0, std::size(kPlacements) - 1)(rng_)];
   }
   void Fail(const std::string& what, const absl::Status& s) {
-    if (error_.ok()) error_ = absl::InternalError(absl::StrCat("client ", index_, ": ", what, ": ",
-                                                               Describe(s)));
+    if (error_.ok())
+      error_ = absl::InternalError(absl::StrCat("client ", index_, ": ", what, ": ", Describe(s)));
   }
 
   void Step() {
@@ -206,8 +204,8 @@ class Workload {
     const Placement& p = RandomPlacement();
     const uint64_t seed = rng_();
     std::string data(static_cast<size_t>(kShape[0] * kShape[1] * 4), '\0');
-    if (absl::Status s = FillBox(FillKind::kRandom, seed, kShape, Box::Whole(kShape), DType::kF32,
-                                 data.data());
+    if (absl::Status s =
+            FillBox(FillKind::kRandom, seed, kShape, Box::Whole(kShape), DType::kF32, data.data());
         !s.ok()) {
       return Fail("fill", s);
     }
@@ -280,8 +278,7 @@ TEST(ChaosTest, TwentyKillsLoseNothingAcknowledged) {
   bool stop = false;
   std::vector<std::unique_ptr<Workload>> workloads;
   for (int i = 0; i < kClients; ++i) {
-    workloads.push_back(
-        std::make_unique<Workload>(i, cluster.coordinator_address(), &progress));
+    workloads.push_back(std::make_unique<Workload>(i, cluster.coordinator_address(), &progress));
   }
   std::vector<std::thread> threads;
   for (auto& w : workloads) {

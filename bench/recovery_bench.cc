@@ -1,0 +1,199 @@
+// Recovery benchmark (issue 12): how long a restarted coordinator takes until every tensor
+// is readable again, against the same restart with no tensors, in one run.
+//
+//   bazel run -c opt //bench:recovery_bench -- [--json] [--tensors 2500] [--reps 3]
+//
+// 1. Starts a coordinator (SQLite state in a temporary directory) and four CPU workers on
+//    loopback, and a 1-d mesh of the four.
+// 2. Baseline, --reps times: SIGKILL the coordinator, start it again on the same directory,
+//    and time until every worker is registered again (ListWorkers all ALIVE): the restart
+//    itself, with nothing to recover.
+// 3. Creates --tensors small f32 tensors (S(0) over the four: 4 chunks each, so the default
+//    2500 give 10,000 chunks), then, --reps times: SIGKILL, restart, and time until no tensor
+//    is recovering any more (ListTensors; a recovering tensor reports busy_plan "recovering
+//    ..."), i.e. until every worker reported its buffers and each was reconciled.
+// 4. Checks one tensor's values at the end, so the restarts really kept the data.
+// Times are wall seconds at the client, from just before the new coordinator process is
+// spawned. Polls every 5 ms.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "client/json_writer.h"
+#include "tests/cluster.h"
+#include "tests/tensor_check.h"
+
+ABSL_FLAG(bool, json, false, "Print one JSON object with every number instead of text.");
+ABSL_FLAG(int, tensors, 2500, "Tensors to recover (4 chunks each).");
+ABSL_FLAG(int, reps, 3, "Timed restarts of each kind.");
+ABSL_FLAG(std::string, log_dir, "",
+          "Keep the daemons' logs here; default: a temporary directory.");
+
+namespace shardcoord {
+namespace {
+
+constexpr int kWorkers = 4;
+constexpr absl::Duration kTimeout = absl::Minutes(5);
+constexpr absl::Duration kPoll = absl::Milliseconds(5);
+const Shape kShape = {8, 16};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "recovery_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return *std::move(v);
+}
+void OrDie(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+struct Stats {
+  std::vector<double> seconds;
+  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
+  double Median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  }
+};
+
+bool AllAlive(CoordinatorClient& client) {
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
+  if (!workers.ok() || workers->size() != kWorkers) return false;
+  for (const v1::WorkerInfo& w : *workers) {
+    if (w.state() != v1::ALIVE) return false;
+  }
+  return true;
+}
+
+bool NoneRecovering(CoordinatorClient& client, size_t tensors) {
+  absl::StatusOr<std::vector<v1::TensorInfo>> all = client.ListTensors();
+  if (!all.ok() || all->size() != tensors) return false;
+  for (const v1::TensorInfo& t : *all) {
+    if (!t.busy_plan().empty()) return false;
+  }
+  return true;
+}
+
+// Kills and restarts the coordinator; seconds until `ready` holds.
+double TimeRestart(Cluster& cluster, const std::function<bool(CoordinatorClient&)>& ready) {
+  OrDie(cluster.KillCoordinator(), "kill");
+  const absl::Time start = absl::Now();
+  OrDie(cluster.RestartCoordinator(kTimeout), "restart");
+  CoordinatorClientOptions options;
+  options.retry_for = absl::ZeroDuration();  // The poll is the retry.
+  CoordinatorClient client(cluster.coordinator_address(), options);
+  while (!ready(client)) {
+    if (absl::Now() - start > kTimeout) Die("not recovered within 5 minutes");
+    absl::SleepFor(kPoll);
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+int Run() {
+  const bool json = absl::GetFlag(FLAGS_json);
+  const int n = std::max(1, absl::GetFlag(FLAGS_tensors));
+  const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  auto say = [&](const std::string& s) {
+    if (!json) std::fprintf(stderr, "%s\n", s.c_str());
+  };
+  const std::string tmp = std::filesystem::temp_directory_path() /
+                          absl::StrCat("shardcoord_recovery_bench.", getpid());
+  std::filesystem::create_directories(tmp);
+  const std::string log_dir =
+      absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
+  std::filesystem::create_directories(log_dir);
+
+  ClusterOptions options;
+  options.num_workers = kWorkers;
+  options.echo_stdout = false;
+  options.log_dir = log_dir;
+  options.state_dir = absl::StrCat(tmp, "/state");
+  options.coordinator_flags = {"--heartbeat-interval=200ms", "--recovery-timeout=5m"};
+  say(absl::StrCat("starting a coordinator and ", kWorkers, " workers (logs in ", log_dir, ")"));
+  std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
+  OrDie(MakeMesh(cluster->client(), "line", {kWorkers}, cluster->WorkerNames()).status(), "mesh");
+
+  Stats empty;
+  for (int r = 0; r < reps; ++r) {
+    empty.seconds.push_back(TimeRestart(*cluster, AllAlive));
+    say(absl::StrCat("restart with no tensors: ", empty.seconds.back(), " s"));
+  }
+
+  say(absl::StrCat("creating ", n, " tensors"));
+  const absl::Time create_start = absl::Now();
+  for (int i = 0; i < n; ++i) {
+    OrDie(CreateFilled(cluster->client(), absl::StrCat("t", i), kShape, DType::kF32, "line",
+                       "S(0)")
+              .status(),
+          absl::StrCat("create t", i));
+  }
+  const double create_seconds = absl::ToDoubleSeconds(absl::Now() - create_start);
+  const int64_t chunks = int64_t{n} * kWorkers;
+
+  Stats full;
+  for (int r = 0; r < reps; ++r) {
+    full.seconds.push_back(TimeRestart(
+        *cluster, [n](CoordinatorClient& c) { return NoneRecovering(c, static_cast<size_t>(n)); }));
+    say(absl::StrCat("restart with ", n, " tensors: ", full.seconds.back(), " s"));
+  }
+  OrDie(DownloadAndCheck(cluster->client(), absl::StrCat("t", n - 1), DType::kF32, kShape,
+                         FillKind::kArange),
+        "values after the restarts");
+
+  const double goal = 2.0;  // Seconds for 10,000 chunks (issue 12).
+  if (json) {
+    JsonWriter w;
+    w.BeginObject();
+    w.Key("workers").Int(kWorkers).Key("tensors").Int(n).Key("chunks").Int(chunks);
+    w.Key("reps").Int(reps).Key("create_seconds").Double(create_seconds);
+    w.Key("empty_restart").BeginObject();
+    w.Key("best_seconds").Double(empty.Best()).Key("median_seconds").Double(empty.Median());
+    w.EndObject();
+    w.Key("recovery").BeginObject();
+    w.Key("best_seconds").Double(full.Best()).Key("median_seconds").Double(full.Median());
+    w.EndObject();
+    w.Key("ratio_vs_empty_restart_median").Double(full.Median() / empty.Median());
+    w.Key("goal_seconds_for_10000_chunks").Double(goal);
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::printf("%-40s %10s %10s\n", "", "best s", "median s");
+  std::printf("%-40s %10.3f %10.3f\n", "restart, nothing to recover", empty.Best(),
+              empty.Median());
+  std::printf("%-40s %10.3f %10.3f\n",
+              absl::StrCat("restart, ", n, " tensors (", chunks, " chunks)").c_str(), full.Best(),
+              full.Median());
+  std::printf("\nrecovery / bare restart = %.2f (median); goal: <= %.0f s for 10,000 chunks\n",
+              full.Median() / empty.Median(), goal);
+  std::printf("(creating the %d tensors took %.1f s)\n", n, create_seconds);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardcoord
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return shardcoord::Run();
+}
