@@ -40,8 +40,7 @@
 ABSL_FLAG(bool, json, false, "Print one JSON object with every number instead of text.");
 ABSL_FLAG(int, tensors, 2500, "Tensors to recover (4 chunks each).");
 ABSL_FLAG(int, reps, 3, "Timed restarts of each kind.");
-ABSL_FLAG(std::string, log_dir, "",
-          "Keep the daemons' logs here; default: a temporary directory.");
+ABSL_FLAG(std::string, log_dir, "", "Keep the daemons' logs here; default: a temporary directory.");
 
 namespace shardcoord {
 namespace {
@@ -116,8 +115,8 @@ int Run() {
   auto say = [&](const std::string& s) {
     if (!json) std::fprintf(stderr, "%s\n", s.c_str());
   };
-  const std::string tmp = std::filesystem::temp_directory_path() /
-                          absl::StrCat("shardcoord_recovery_bench.", getpid());
+  const std::string tmp =
+      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_recovery_bench.", getpid());
   std::filesystem::create_directories(tmp);
   const std::string log_dir =
       absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
@@ -142,8 +141,7 @@ int Run() {
   say(absl::StrCat("creating ", n, " tensors"));
   const absl::Time create_start = absl::Now();
   for (int i = 0; i < n; ++i) {
-    OrDie(CreateFilled(cluster->client(), absl::StrCat("t", i), kShape, DType::kF32, "line",
-                       "S(0)")
+    OrDie(CreateFilled(cluster->client(), absl::StrCat("t", i), kShape, DType::kF32, "line", "S(0)")
               .status(),
           absl::StrCat("create t", i));
   }
@@ -179,8 +177,7 @@ int Run() {
     return 0;
   }
   std::printf("%-40s %10s %10s\n", "", "best s", "median s");
-  std::printf("%-40s %10.3f %10.3f\n", "restart, nothing to recover", empty.Best(),
-              empty.Median());
+  std::printf("%-40s %10.3f %10.3f\n", "restart, nothing to recover", empty.Best(), empty.Median());
   std::printf("%-40s %10.3f %10.3f\n",
               absl::StrCat("restart, ", n, " tensors (", chunks, " chunks)").c_str(), full.Best(),
               full.Median());

@@ -99,7 +99,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   plans_ = std::make_unique<PlanManager>(&clock_, &timer_, &workers_, &meshes_, &tensors_,
                                          client_.get(), std::move(po));
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
-                                   options_.io_band_bytes);
+                                   options_.io_band_bytes, options_.max_tensor_bytes);
   service_ =
       std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
                                            options_.worker_client.chunk_message_bytes, &metrics_,

@@ -41,6 +41,8 @@ struct CoordinatorOptions {
   // Whole uploads and downloads move through the coordinator in bands of at most this many
   // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
   int64_t io_band_bytes = kDefaultBandBytes;
+  // A tensor created or uploaded may not be larger (RESOURCE_EXHAUSTED).
+  int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
   // Where the state (meshes, tensors, worker ranks) lives: empty keeps it in memory (lost
   // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
   // at start (see docs/decisions.md). Two coordinators cannot share one.

@@ -151,6 +151,12 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerCon
                                                          const v1::CreateMeshRequest* req,
                                                          v1::MeshInfo* resp) {
   if (absl::Status a = Authorize(ctx, "CreateMesh"); !a.ok()) return Done(ctx, a);
+  if (absl::Status s = ValidateName(req->name()); !s.ok()) return Done(ctx, s);
+  if (req->shape_size() > kMaxDims) {
+    return Done(
+        ctx, absl::InvalidArgumentError(absl::StrCat("shape: ", req->shape_size(),
+                                                     " dims, more than the limit of ", kMaxDims)));
+  }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateMesh", *req, resp)) return r;
   absl::StatusOr<MeshRecord> m =
       meshes_->Create(req->name(), Shape(req->shape().begin(), req->shape().end()),
@@ -193,7 +199,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerC
   if (absl::Status a = Authorize(ctx, "CreateTensor"); !a.ok()) return Done(ctx, a);
   CreateTensorArgs args;
   args.name = req->name();
-  if (args.name.empty()) return Done(ctx, absl::InvalidArgumentError("name: empty"));
+  if (absl::Status s = ValidateName(args.name); !s.ok()) return Done(ctx, s);
   absl::StatusOr<Shape> shape = ShapeFromProto(req->shape(), "shape");
   if (!shape.ok()) return Done(ctx, shape.status());
   absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");

@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
                  "about two bands per transfer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-tensor-bytes", options.max_tensor_bytes,
+                 "refuse to create or upload a tensor larger than this (RESOURCE_EXHAUSTED)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--auth-tokens", auth_tokens,
                  "require bearer tokens: a file of lines 'ROLE NAME SHA256HEX' (role admin, "
                  "operator, reader or worker; the hex SHA-256 of the token, from `shardctl "

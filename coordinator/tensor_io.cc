@@ -136,8 +136,21 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
 
 // ---- Create ------------------------------------------------------------------------------
 
+absl::Status TensorIo::CheckTensorBytes(absl::string_view field, const Shape& shape, DType dtype,
+                                        int64_t bytes) const {
+  if (bytes <= max_tensor_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(field, ": ", ShapeToString(shape), " of ", DTypeName(dtype), " is ", bytes,
+                   " bytes, more than the limit of ", max_tensor_bytes_, " (--max-tensor-bytes)"));
+}
+
 void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
   if (args.name.empty()) return done(absl::InvalidArgumentError("name: empty"));
+  absl::StatusOr<int64_t> bytes = CheckedBytes(args.shape, ElementSize(args.dtype));
+  if (!bytes.ok()) return done(bytes.status());
+  if (absl::Status s = CheckTensorBytes("shape", args.shape, args.dtype, *bytes); !s.ok()) {
+    return done(s);
+  }
   if (args.spec.mesh.empty()) {
     return done(absl::InvalidArgumentError("spec.mesh: empty (name the mesh)"));
   }
@@ -212,6 +225,9 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
   const int64_t es = ElementSize(args.dtype);
   absl::StatusOr<int64_t> bytes = CheckedBytes(args.shape, es);
   if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = CheckTensorBytes("header.shape", args.shape, args.dtype, *bytes); !s.ok()) {
+    return s;
+  }
 
   absl::StatusOr<TensorRecord> existing = tensors_->Get(args.name);
   if (!existing.ok() && existing.status().code() != absl::StatusCode::kNotFound) {

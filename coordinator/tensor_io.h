@@ -60,6 +60,8 @@ struct DownloadedTensor {
 // each chunk's part in the band being assembled, an upload writes each band's parts into
 // every rank's WriteChunk stream as the band arrives, so the coordinator holds a few bands,
 // never the tensor.
+inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 40;  // 1 TiB.
+
 class TensorIo {
  public:
   using TensorCallback = std::function<void(absl::StatusOr<TensorRecord>)>;
@@ -67,13 +69,16 @@ class TensorIo {
   using StatusCallback = std::function<void(absl::Status)>;
   using BandCallback = std::function<void(absl::StatusOr<std::string>)>;
 
+  // `max_tensor_bytes` bounds a created or uploaded tensor (RESOURCE_EXHAUSTED beyond).
   TensorIo(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
-           WorkerClient* client, int64_t band_bytes = kDefaultBandBytes)
+           WorkerClient* client, int64_t band_bytes = kDefaultBandBytes,
+           int64_t max_tensor_bytes = kDefaultMaxTensorBytes)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
         client_(client),
-        band_bytes_(band_bytes > 0 ? band_bytes : kDefaultBandBytes) {}
+        band_bytes_(band_bytes > 0 ? band_bytes : kDefaultBandBytes),
+        max_tensor_bytes_(max_tensor_bytes) {}
 
   int64_t band_bytes() const { return band_bytes_; }
 
@@ -213,6 +218,10 @@ class TensorIo {
   TensorManager* const tensors_;
   WorkerClient* const client_;
   const int64_t band_bytes_;
+  const int64_t max_tensor_bytes_;
+  // RESOURCE_EXHAUSTED when a tensor of `bytes` is over max_tensor_bytes_.
+  absl::Status CheckTensorBytes(absl::string_view field, const Shape& shape, DType dtype,
+                                int64_t bytes) const;
   absl::Mutex mu_;
   int64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   // Downloads open per tensor, and tensors with a rank upload running: the two exclude

@@ -174,6 +174,35 @@ TEST_F(TensorIoTest, CreateValidation) {
   EXPECT_THAT(dead.message(), HasSubstr("worker w3 (rank 3) is dead"));
 }
 
+// --max-tensor-bytes bounds creates and uploads; nothing is sent to a worker.
+TEST_F(TensorIoTest, TensorsOverTheByteLimitAreRefused) {
+  TensorIo small(&workers_, &meshes_, &tensors_, &client_, kDefaultBandBytes,
+                 /*max_tensor_bytes=*/100);
+  CreateTensorArgs args;
+  args.name = "T";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  args.spec = MakeSpec("M", "S(0),R");
+  std::optional<absl::StatusOr<TensorRecord>> out;
+  small.Create(args, [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(out->status().message(),
+            "shape: [8, 4] of f32 is 128 bytes, more than the limit of 100 (--max-tensor-bytes)");
+  UploadArgs up;
+  up.name = "U";
+  up.shape = {8, 4};
+  up.dtype = DType::kF32;
+  up.spec = MakeSpec("N", "S(1)");
+  absl::Status refused = Upload(small, up, Floats(32, 0)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.message(), HasSubstr("header.shape: [8, 4] of f32 is 128 bytes"));
+  EXPECT_EQ(client_.calls("Fill"), 0);
+  EXPECT_EQ(client_.calls("WriteChunk"), 0);
+  up.shape = {5, 4};  // 80 bytes: under the limit.
+  EXPECT_TRUE(Upload(small, up, Floats(20, 0)).ok());
+}
+
 TEST_F(TensorIoTest, WholeUploadCreatesThenReplacesAsANewVersion) {
   UploadArgs args;
   args.name = "U";

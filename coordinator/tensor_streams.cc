@@ -16,7 +16,7 @@ absl::StatusOr<UploadHeader> ParseUploadHeader(const v1::TensorHeader& h) {
   UploadHeader out;
   UploadArgs& args = out.args;
   args.name = h.name();
-  if (args.name.empty()) return absl::InvalidArgumentError("header.name: empty");
+  if (absl::Status s = ValidateName(args.name, "header.name"); !s.ok()) return s;
   absl::StatusOr<Shape> shape = ShapeFromProto(h.shape(), "header.shape");
   if (!shape.ok()) return shape.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(h.dtype(), "header.dtype");

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -145,7 +147,30 @@ v1::StepOp StepOpToProto(StepOp op) {
   return v1::STEP_OP_UNSPECIFIED;
 }
 
+absl::Status ValidateName(absl::string_view name, absl::string_view field) {
+  if (name.empty()) return Bad(field, "empty");
+  if (name.size() > kMaxNameBytes) {
+    return Bad(field, name.size(), " bytes, more than the limit of ", kMaxNameBytes);
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ||
+        c == ':' || c == '/') {
+      continue;
+    }
+    return Bad(field, "'", absl::CHexEscape(name), "' has ",
+               absl::ascii_isprint(static_cast<unsigned char>(c))
+                   ? absl::StrCat("'", std::string(1, c), "'")
+                   : absl::StrCat("byte 0x", absl::Hex(static_cast<unsigned char>(c))),
+               " at ", i, "; names use letters, digits and _ . - : /");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field) {
+  if (dims.size() > kMaxDims) {
+    return Bad(field, dims.size(), " dims, more than the limit of ", kMaxDims);
+  }
   Shape shape = ToVector(dims);
   for (size_t i = 0; i < shape.size(); ++i) {
     if (absl::Status s = NonNegative(Index(field, i), shape[i]); !s.ok()) return s;
@@ -329,6 +354,15 @@ absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec, absl::string_vi
     if (!flat.ok()) return Prefixed(Sub(field, "flat_text"), flat.status());
     out.is_flat = true;
     out.flat = *std::move(flat);
+  }
+  if (out.placements.size() > kMaxDims) {
+    return Bad(field, out.placements.size(), " placements, more than the limit of ", kMaxDims);
+  }
+  for (size_t r = 0; r < out.flat.size(); ++r) {
+    if (out.flat[r].size() > kMaxFlatRangesPerRank) {
+      return Bad(Index(Sub(field, "flat"), r), out.flat[r].size(),
+                 " ranges, more than the limit of ", kMaxFlatRangesPerRank, " per rank");
+    }
   }
   return out;
 }

@@ -28,6 +28,20 @@ namespace shardcoord {
 
 using Int64List = google::protobuf::RepeatedField<int64_t>;
 
+// ---- Limits (issue 15): bounds on what a client controls ------------------------------
+
+// Tensor and mesh dims, and placements per spec.
+inline constexpr int kMaxDims = 16;
+// Ranges of one rank in a flat spec.
+inline constexpr int kMaxFlatRangesPerRank = 4096;
+// Mesh and tensor names.
+inline constexpr size_t kMaxNameBytes = 256;
+
+// A mesh or tensor name: 1 to kMaxNameBytes of letters, digits and `_ . - : /` (names end
+// up in logs, metrics labels of nothing, file names of checkpoints and shell commands).
+// INVALID_ARGUMENT "<field>: ..." naming the limit or the first bad character otherwise.
+absl::Status ValidateName(absl::string_view name, absl::string_view field = "name");
+
 // ---- Scalars ---------------------------------------------------------------------------
 
 // Unspecified and out-of-range values are rejected: a tensor always has a concrete dtype.
@@ -41,7 +55,7 @@ v1::ReduceOp ReduceOpToProto(ReduceOp op);
 absl::StatusOr<StepOp> StepOpFromProto(v1::StepOp op, absl::string_view field);
 v1::StepOp StepOpToProto(StepOp op);
 
-// A tensor shape: every dim >= 0 and the element count fits in int64.
+// A tensor shape: at most kMaxDims dims, every dim >= 0 and the element count fits in int64.
 absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field = "shape");
 void ShapeToProto(absl::Span<const int64_t> shape, Int64List* out);
 
@@ -75,7 +89,8 @@ struct Spec {
   std::string ToString() const;
 };
 
-// Exactly one of placements, flat, placements_text, flat_text must be given.
+// Exactly one of placements, flat, placements_text, flat_text must be given; at most
+// kMaxDims placements, at most kMaxFlatRangesPerRank ranges per rank.
 absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec, absl::string_view field = "spec");
 // Fills placements or flat and the matching text field.
 v1::ShardingSpec SpecToProto(const Spec& spec);

@@ -1,5 +1,6 @@
 #include "proto/convert.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -42,6 +43,36 @@ TEST(ConvertTest, ReduceOpUnspecifiedIsSum) {
   }
   EXPECT_THAT(ErrorOf(ReduceOpFromProto(static_cast<v1::ReduceOp>(9), "p.op")),
               HasSubstr("p.op: unknown reduce op 9"));
+}
+
+TEST(ConvertTest, NamesAreBounded) {
+  EXPECT_TRUE(ValidateName("model.layers.0/attn_qkv:w-1").ok());
+  EXPECT_EQ(ValidateName("").message(), "name: empty");
+  absl::Status s = ValidateName(std::string(kMaxNameBytes + 1, 'a'), "header.name");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "header.name: 257 bytes, more than the limit of 256");
+  EXPECT_EQ(ValidateName("a b").message(),
+            "name: 'a b' has ' ' at 1; names use letters, digits and _ . - : /");
+  EXPECT_EQ(ValidateName("a\n").message(),
+            "name: 'a\\n' has byte 0xa at 1; names use letters, digits and _ . - : /");
+  EXPECT_THAT(ValidateName(std::string("x\x01")).message(), HasSubstr("has byte 0x1 at 1"));
+}
+
+TEST(ConvertTest, ShapesAndSpecsAreBounded) {
+  Int64List dims;
+  for (int i = 0; i <= kMaxDims; ++i) dims.Add(1);
+  absl::Status s = ShapeFromProto(dims).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "shape: 17 dims, more than the limit of 16");
+  v1::ShardingSpec spec;
+  std::string text;
+  for (int i = 0; i <= kMaxFlatRangesPerRank; ++i) {
+    absl::StrAppend(&text, i == 0 ? "" : ",", 2 * i, ":", 2 * i + 1);
+  }
+  spec.set_flat_text(absl::StrCat("0:0;", text));
+  s = SpecFromProto(spec).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "spec.flat[1]: 4097 ranges, more than the limit of 4096 per rank");
 }
 
 TEST(ConvertTest, ShapeNamesTheNegativeDim) {
