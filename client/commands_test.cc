@@ -468,6 +468,31 @@ TEST_F(CommandsTest, RedistributeManyFromFileRunsOneGroup) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The issue's moves.json: {"moves": [{"tensor", "mesh", "placements" | "flat"}]}.
+TEST(ParseRedistributesJsonTest, MovesFile) {
+  absl::StatusOr<v1::RedistributeGroupRequest> r = ParseRedistributesJson(
+      R"j({"moves": [{"tensor": "a", "mesh": "m4", "placements": "S(0)"},
+                    {"tensor": "b", "flat": "0:4;4:8;;"}]})j");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->redistributes_size(), 2);
+  EXPECT_EQ(r->redistributes(0).tensor(), "a");
+  EXPECT_EQ(r->redistributes(0).target().mesh(), "m4");
+  EXPECT_EQ(r->redistributes(0).target().placements_text(), "S(0)");
+  EXPECT_EQ(r->redistributes(1).target().mesh(), "");
+  EXPECT_EQ(r->redistributes(1).target().flat_text(), "0:4;4:8;;");
+  EXPECT_TRUE(r->wait());
+  EXPECT_EQ(ParseRedistributesJson(R"j({"moves": []})j").status().message(), "\"moves\": empty");
+  EXPECT_EQ(ParseRedistributesJson(R"j({"moves": [{"tensor": "a"}]})j").status().message(),
+            "moves[0]: give exactly one of \"placements\" and \"flat\"");
+  EXPECT_EQ(
+      ParseRedistributesJson(R"j({"moves": [{"tensor": "a", "spec": "R"}]})j").status().message(),
+      "moves[0]: unknown key \"spec\" (tensor, mesh, placements or flat)");
+  EXPECT_EQ(ParseRedistributesJson(R"j({"moves": [{"mesh": "m", "placements": "R"}]})j")
+                .status()
+                .message(),
+            "moves[0].tensor: missing");
+}
+
 TEST_F(CommandsTest, GatherToOneRank) {
   GatherFlags flags;
   flags.name = "t";

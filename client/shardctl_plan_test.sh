@@ -100,6 +100,13 @@ expect_exit 2 --workers mesh create m --shape 2x2 --workers a,b,c --coordinator 
 expect_exit 2 --dims mesh create m --shape 2x2 --dims dp --coordinator "$dead"
 expect_exit 2 --mesh tensor create t --shape 4 --placements R
 expect_exit 2 --out tensor download t
+expect_exit 2 "give NAME and a spec, or --from-file, not both" tensor redistribute t \
+    --placements R --from-file moves.json --coordinator "$dead"
+expect_exit 2 "NAME is required (or --from-file)" tensor redistribute --placements R \
+    --coordinator "$dead"
+echo '{"moves": [{"tensor": "t", "spec": "R"}]}' >"$tmp/moves.json"
+expect_exit 2 'moves[0]: unknown key "spec"' tensor redistribute --from-file "$tmp/moves.json" \
+    --coordinator "$dead"
 
 # Server errors: exit 1, "shardctl: CODE: message (coordinator ADDR)".
 expect_exit 1 "shardctl: UNAVAILABLE: " workers --coordinator "$dead"

@@ -15,6 +15,7 @@
 #include "client/json_writer.h"
 #include "client/layout_format.h"
 #include "client/npy.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/convert.h"
 #include "sharding/placement.h"
@@ -260,7 +261,65 @@ int RunCopyGroupCommand(CoordinatorClient& client, const CopyFlags& flags, bool 
 
 }  // namespace
 
+namespace {
+
+// {"moves": [{"tensor": "a", "mesh": "m4", "placements": "S(0)"}, {"tensor": "b", "flat":
+// "0:4;4:8;;"}]}, read through google.protobuf.Struct so that errors name the item and key.
+absl::StatusOr<v1::RedistributeGroupRequest> ParseMovesJson(const google::protobuf::Struct& doc) {
+  v1::RedistributeGroupRequest request;
+  const google::protobuf::Value& moves = doc.fields().at("moves");
+  if (!moves.has_list_value()) return absl::InvalidArgumentError("\"moves\": not a list");
+  if (doc.fields().size() != 1) {
+    return absl::InvalidArgumentError("only \"moves\" may be given at the top level");
+  }
+  const auto& items = moves.list_value().values();
+  if (items.empty()) return absl::InvalidArgumentError("\"moves\": empty");
+  for (int i = 0; i < items.size(); ++i) {
+    const std::string where = absl::StrCat("moves[", i, "]");
+    if (!items[i].has_struct_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+    }
+    v1::RedistributeItem* item = request.add_redistributes();
+    for (const auto& [key, value] : items[i].struct_value().fields()) {
+      if (value.kind_case() != google::protobuf::Value::kStringValue) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".", key, ": not a string"));
+      }
+      const std::string& text = value.string_value();
+      if (key == "tensor") {
+        item->set_tensor(text);
+      } else if (key == "mesh") {
+        item->mutable_target()->set_mesh(text);
+      } else if (key == "placements") {
+        item->mutable_target()->set_placements_text(text);
+      } else if (key == "flat") {
+        item->mutable_target()->set_flat_text(text);
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown key \"", key, "\" (tensor, mesh, placements or flat)"));
+      }
+    }
+    if (item->tensor().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".tensor: missing"));
+    }
+    if (item->target().placements_text().empty() == item->target().flat_text().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": give exactly one of \"placements\" and \"flat\""));
+    }
+  }
+  request.set_wait(true);
+  return request;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string_view json) {
+  google::protobuf::Struct doc;
+  if (google::protobuf::util::JsonStringToMessage(
+          google::protobuf::StringPiece(json.data(), json.size()), &doc)
+          .ok() &&
+      doc.fields().count("moves") > 0) {
+    return ParseMovesJson(doc);
+  }
   v1::RedistributeGroupRequest request;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
@@ -512,14 +571,34 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     CLI::App* cmd = tensor->add_subcommand(
         "redistribute", "Move a tensor to a new layout, on its mesh or another one");
     auto flags = std::make_shared<RedistributeFlags>();
-    add_name(cmd, &flags->name);
+    cmd->add_option("name", flags->name, "Tensor name (or --from-file)")->type_name("NAME");
     cmd->add_option("--mesh", flags->mesh, "Target mesh (default: the tensor's)")
         ->type_name("MESH");
     CLI::Option *placements, *flat;
     AddSpecFlags(cmd, &placements, &flat);
-    cmd->callback([conn, flags, placements, flat, progress]() {
+    auto from_file = std::make_shared<std::string>();
+    cmd->add_option("--from-file", *from_file,
+                    "Move many as one transaction (all or nothing): a JSON file {\"moves\": "
+                    "[{\"tensor\": \"a\", \"mesh\": \"m\", \"placements\": \"S(0)\"}, "
+                    "{\"tensor\": \"b\", \"flat\": \"0:4;4:8\"}, ...]}")
+        ->type_name("PATH");
+    cmd->callback([conn, flags, placements, flat, from_file, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
+      if (!from_file->empty()) {
+        if (!flags->name.empty() || !flags->mesh.empty() || flags->placements || flags->flat) {
+          return Finish(
+              ReportFlagError(std::cerr, "tensor redistribute",
+                              "--from-file: give NAME and a spec, or --from-file, not both"));
+        }
+        CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+        return Finish(
+            RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
+      }
+      if (flags->name.empty()) {
+        return Finish(
+            ReportFlagError(std::cerr, "tensor redistribute", "NAME is required (or --from-file)"));
+      }
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
