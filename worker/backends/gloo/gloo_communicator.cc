@@ -11,6 +11,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <numeric>
@@ -479,6 +480,11 @@ absl::Status GlooCommunicator::SendRecv(absl::Span<const SendOp> sends,
 
 absl::StatusOr<std::shared_ptr<GlooCommunicatorFactory>> GlooCommunicatorFactory::Create(
     KvClient* kv, GlooOptions options) {
+  // Gloo's TCP pairs write without MSG_NOSIGNAL: when a peer closes its sockets mid-transfer
+  // (its plan was aborted, it died), the next write raises SIGPIPE, whose default action
+  // kills this process without a word. Ignored, the write fails with EPIPE, which Gloo turns
+  // into an IoException and the step into an error. Process-wide, as gRPC also does.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;

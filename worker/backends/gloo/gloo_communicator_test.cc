@@ -1,5 +1,8 @@
 #include "worker/backends/gloo/gloo_communicator.h"
 
+#include <signal.h>
+
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -520,6 +523,18 @@ TEST(GlooCommunicatorTest, CancelInterruptsSendRecv) {
   waiter.join();
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_TRUE(g.comm(0).broken());
+}
+
+// A peer that closes its sockets mid-transfer must fail the step, not kill this process:
+// Gloo writes without MSG_NOSIGNAL, so the factory ignores SIGPIPE (worker_core_test died of
+// it about once in 30 runs before).
+TEST(GlooCommunicatorTest, FactoryIgnoresSigpipe) {
+  std::signal(SIGPIPE, SIG_DFL);
+  InMemoryKvClient kv;
+  ASSERT_TRUE(GlooCommunicatorFactory::Create(&kv, GlooOptions{}).ok());
+  struct sigaction now;
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
 }
 
 TEST(GlooCommunicatorTest, RendezvousWithoutPeerTimesOut) {
