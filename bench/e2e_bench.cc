@@ -14,7 +14,9 @@
 //    machine load (on a shared 2-core machine, load from other work swamps the difference).
 // 3. Runs bench/torch_alltoall.py with /usr/bin/python3 on the same byte matrix, when that
 //    Python has torch (skipped with a message otherwise), after the cluster is stopped.
-// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)).
+// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)), each
+//    right after a bare unary RPC to the coordinator (GetMesh): the baseline of issue 10's
+//    "a 4 KiB redistribute costs at most 5x a bare round trip", paired under the same load.
 // GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
 
 #include <sys/wait.h>
@@ -347,8 +349,12 @@ int Run() {
   say(absl::StrCat("timing ", latency_runs, " redistributes of a 4 KiB tensor"));
   OrDie(CreateFilled(client, "small", {32, 32}, DType::kF32, "line", "S(0)"), "create small");
   Stats latency;
+  Stats bare_rpc;
   for (int i = 0; i < latency_runs; ++i) {
     const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
+    const absl::Time rpc_start = absl::Now();
+    OrDie(client.GetMesh("line"), "bare GetMesh");
+    bare_rpc.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
     const absl::Time start = absl::Now();
     v1::RedistributeResponse r =
         OrDie(client.Redistribute(RedistributeTo("small", "", spec)), "small redistribute");
@@ -439,6 +445,8 @@ int Run() {
     w.Key("p50_ms").Double(latency.Percentile(50) * 1e3);
     w.Key("p99_ms").Double(latency.Percentile(99) * 1e3);
     w.Key("best_ms").Double(latency.Best() * 1e3);
+    w.Key("bare_rpc_p50_ms").Double(bare_rpc.Percentile(50) * 1e3);
+    w.Key("ratio_vs_bare_rpc_p50").Double(latency.Percentile(50) / bare_rpc.Percentile(50));
     w.EndObject();
     w.EndObject();
     std::printf("%s\n", w.str().c_str());
@@ -477,6 +485,8 @@ int Run() {
   }
   std::printf("\n4 KiB redistribute through the coordinator, %d runs: p50 %.3f ms, p99 %.3f ms\n",
               latency_runs, latency.Percentile(50) * 1e3, latency.Percentile(99) * 1e3);
+  std::printf("bare unary RPC (GetMesh) p50 %.3f ms: the redistribute costs %.1fx (goal <= 5x)\n",
+              bare_rpc.Percentile(50) * 1e3, latency.Percentile(50) / bare_rpc.Percentile(50));
   return 0;
 }
 
