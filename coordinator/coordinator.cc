@@ -56,6 +56,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
       meshes_(&workers_, store_.get()),
       tensors_(&meshes_, store_.get()),
       requests_(store_.get(), &clock_),
+      watches_("watch streams", "--max-watches-per-caller", options_.max_watches_per_caller),
+      running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
       kv_(&timer_) {
   std::string id_namespace;
   if (init_status_.ok() && !options_.state_dir.empty()) {
@@ -100,10 +102,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                          client_.get(), std::move(po));
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes, options_.max_tensor_bytes);
-  service_ =
-      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
-                                           options_.worker_client.chunk_message_bytes, &metrics_,
-                                           options_.auth ? &*options_.auth : nullptr, &requests_);
+  service_ = std::make_unique<CoordinatorService>(
+      &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+      options_.worker_client.chunk_message_bytes, &metrics_,
+      options_.auth ? &*options_.auth : nullptr, &requests_, &watches_, &running_plans_);
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr,

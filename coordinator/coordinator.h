@@ -14,6 +14,7 @@
 #include "common/http_server.h"
 #include "common/metrics.h"
 #include "coordinator/auth.h"
+#include "coordinator/caller_quota.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_worker_client.h"
@@ -43,6 +44,10 @@ struct CoordinatorOptions {
   int64_t io_band_bytes = kDefaultBandBytes;
   // A tensor created or uploaded may not be larger (RESOURCE_EXHAUSTED).
   int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
+  // Per caller (token name, or host without tokens): open WatchPlan streams, and plans or
+  // groups running at once (RESOURCE_EXHAUSTED beyond).
+  int64_t max_watches_per_caller = 64;
+  int64_t max_plans_per_caller = 256;
   // Where the state (meshes, tensors, worker ranks) lives: empty keeps it in memory (lost
   // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
   // at start (see docs/decisions.md). Two coordinators cannot share one.
@@ -99,6 +104,8 @@ class Coordinator {
   MeshManager meshes_;
   TensorManager tensors_;
   RequestLog requests_;  // Outcomes of mutating requests, for idempotent retries.
+  CallerQuota watches_;
+  CallerQuota running_plans_;
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
   std::unique_ptr<PlanManager> plans_;

@@ -1,5 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -259,8 +261,20 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
   auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
     Reply(reactor, request_id, s, *resp);
   };
+  absl::StatusOr<std::function<void()>> slot = TakePlanSlot(ctx);
+  if (!slot.ok()) {
+    reply(slot.status());
+    return reactor;
+  }
+  // Given back once, when the plan ends (or at once if it does not start).
+  auto given = std::make_shared<std::atomic<bool>>(false);
+  auto give_back = [given, release = *std::move(slot)] {
+    if (!given->exchange(true)) release();
+  };
   if (!wait) {
-    absl::StatusOr<StartedPlan> started = start(nullptr);
+    absl::StatusOr<StartedPlan> started =
+        start([give_back](const absl::Status&, const PlanProgress&) { give_back(); });
+    if (!started.ok()) give_back();
     if (started.ok()) {
       *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
       *resp_progress = PlanProgressToProto(started->progress);
@@ -278,7 +292,9 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     PlanProgress final;
   };
   auto state = std::make_shared<WaitState>();
-  auto done = [state, reply, resp_progress](const absl::Status& s, const PlanProgress& p) {
+  auto done = [state, reply, resp_progress, give_back](const absl::Status& s,
+                                                       const PlanProgress& p) {
+    give_back();
     bool finish = false;
     {
       absl::MutexLock lock(&state->mu);
@@ -293,6 +309,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
   };
   absl::StatusOr<StartedPlan> started = start(done);
   if (!started.ok()) {
+    give_back();
     reply(started.status());
     return reactor;
   }
@@ -386,9 +403,22 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
     if (s.ok()) on_committed(p);
     reply(s);
   };
-  PlanManager::GroupDoneCallback done = nullptr;
+  absl::StatusOr<std::function<void()>> slot = TakePlanSlot(ctx);
+  if (!slot.ok()) {
+    reply(slot.status());
+    return reactor;
+  }
+  // A group holds one running-plan slot, given back once when it ends.
+  auto given = std::make_shared<std::atomic<bool>>(false);
+  auto give_back = [given, release = *std::move(slot)] {
+    if (!given->exchange(true)) release();
+  };
+  PlanManager::GroupDoneCallback done = [give_back](const absl::Status&, const GroupProgress&) {
+    give_back();
+  };
   if (wait) {
-    done = [state, finish](const absl::Status& s, const GroupProgress& p) {
+    done = [state, finish, give_back](const absl::Status& s, const GroupProgress& p) {
+      give_back();
       {
         absl::MutexLock lock(&state->mu);
         state->ended = true;
@@ -401,6 +431,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
   }
   absl::StatusOr<StartedGroup> started = start(std::move(done));
   if (!started.ok()) {
+    give_back();
     reply(started.status());
     return reactor;
   }
@@ -516,8 +547,12 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackSer
 // a deleted reactor.
 class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
  public:
-  WatchReactor(PlanManager* plans, std::string plan_id)
-      : plans_(plans), plan_id_(std::move(plan_id)), shared_(std::make_shared<Shared>()) {
+  // `release` runs once the call is done (it gives back the caller's watch slot).
+  WatchReactor(PlanManager* plans, std::string plan_id, std::function<void()> release)
+      : plans_(plans),
+        plan_id_(std::move(plan_id)),
+        release_(std::move(release)),
+        shared_(std::make_shared<Shared>()) {
     shared_->reactor = this;
     std::shared_ptr<Shared> shared = shared_;
     absl::StatusOr<int64_t> id = plans_->Watch(plan_id_, [shared](const PlanProgress& p) {
@@ -586,6 +621,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
       watch_id = watch_id_;
     }
     if (watch_id != 0) plans_->Unwatch(plan_id_, watch_id);
+    release_();
     delete this;
   }
 
@@ -608,6 +644,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
 
   PlanManager* const plans_;
   const std::string plan_id_;
+  const std::function<void()> release_;
   std::shared_ptr<Shared> shared_;
   int64_t watch_id_ = 0;  // Guarded by shared_->mu.
   v1::PlanProgress out_;
@@ -616,10 +653,18 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
 
 grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
     grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
-  if (absl::Status a = Authorize(ctx, "WatchPlan"); !a.ok()) {
+  std::string caller;
+  if (absl::Status a = Authorize(ctx, "WatchPlan", &caller); !a.ok()) {
     return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(a);
   }
-  return new WatchReactor(plans_, req->plan_id());
+  std::function<void()> release = [] {};
+  if (watches_ != nullptr) {
+    if (absl::Status s = watches_->Acquire(caller); !s.ok()) {
+      return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(s);
+    }
+    release = [quota = watches_, caller] { quota->Release(caller); };
+  }
+  return new WatchReactor(plans_, req->plan_id(), std::move(release));
 }
 
 // ---- Data --------------------------------------------------------------------------------
@@ -705,9 +750,23 @@ grpc::ServerWriteReactor<v1::TensorData>* CoordinatorService::Download(
   return new DownloadReactor(io_, req->name(), max_message_bytes_, download_bytes_);
 }
 
-absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx,
-                                           absl::string_view rpc) const {
-  return AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), rpc));
+absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc,
+                                           std::string* caller) const {
+  return AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), rpc),
+                       caller);
+}
+
+absl::StatusOr<std::function<void()>> CoordinatorService::TakePlanSlot(
+    grpc::CallbackServerContext* ctx) {
+  if (running_plans_ == nullptr) return std::function<void()>([] {});
+  std::string caller = auth_ == nullptr ? PeerHost(ctx->peer()) : "";
+  if (auth_ != nullptr) {
+    // Authorized already: this only reads the token's name.
+    AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), "Copy"), &caller)
+        .IgnoreError();
+  }
+  if (absl::Status s = running_plans_->Acquire(caller); !s.ok()) return s;
+  return std::function<void()>([quota = running_plans_, caller] { quota->Release(caller); });
 }
 
 }  // namespace shardcoord

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/auth.h"
+#include "coordinator/caller_quota.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
@@ -35,7 +36,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CoordinatorService(WorkerManager* workers, MeshManager* meshes, TensorManager* tensors,
                      PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
-                     RequestLog* requests = nullptr)
+                     RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
+                     CallerQuota* running_plans = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -45,7 +47,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         upload_bytes_(metrics == nullptr ? nullptr : metrics->upload_bytes),
         download_bytes_(metrics == nullptr ? nullptr : metrics->download_bytes),
         auth_(auth),
-        requests_(requests) {}
+        requests_(requests),
+        watches_(watches),
+        running_plans_(running_plans) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -97,8 +101,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   LivenessFn Liveness() const;
-  // AuthorizeCall for this service's RPC `rpc` ("ListWorkers").
-  absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
+  // AuthorizeCall for this service's RPC `rpc` ("ListWorkers"); `caller` as there.
+  absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc,
+                         std::string* caller = nullptr) const;
+  // Takes a running-plan slot of the caller of `ctx` (OK when there is no quota); the
+  // returned function gives it back (call it once, when the plan or group ended).
+  absl::StatusOr<std::function<void()>> TakePlanSlot(grpc::CallbackServerContext* ctx);
   // Redistribute, Gather and Copy: start a plan; with `wait`, finish when it ends. Fills the
   // response's plan and progress.
   // `request_id` and `resp` (the whole response) go to Reply.
@@ -140,6 +148,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   Counter* const download_bytes_;
   const Authenticator* const auth_;
   RequestLog* const requests_;
+  // Per-caller bounds (null: none): open WatchPlan streams, plans and groups running.
+  CallerQuota* const watches_;
+  CallerQuota* const running_plans_;
 };
 
 }  // namespace shardcoord

@@ -22,8 +22,12 @@ std::string FullMethodName(absl::string_view service, absl::string_view rpc);
 // OK when `auth` is null (no --auth-tokens) or the call's `authorization: Bearer TOKEN`
 // metadata authorises `method`; else UNAUTHENTICATED or PERMISSION_DENIED (auth.h). Logs
 // refusals (with the token's name, never the token) at warn and accepted calls at debug.
+// With `caller`, sets who called: the token's name, or without `auth` the peer's host.
 absl::Status AuthorizeCall(const Authenticator* auth, grpc::CallbackServerContext* ctx,
-                           absl::string_view method);
+                           absl::string_view method, std::string* caller = nullptr);
+
+// "127.0.0.1" from gRPC's peer "ipv4:127.0.0.1:5000" ("[::1]" from "ipv6:[::1]:5000").
+std::string PeerHost(absl::string_view peer);
 
 // A streaming reactor (grpc::ServerReadReactor<T> or grpc::ServerWriteReactor<T>) that ends
 // the call with `status` as soon as it is bound and reads or writes nothing.

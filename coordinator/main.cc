@@ -49,6 +49,14 @@ int main(int argc, char** argv) {
                  "refuse to create or upload a tensor larger than this (RESOURCE_EXHAUSTED)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-watches-per-caller", options.max_watches_per_caller,
+                 "open WatchPlan streams per caller (token name, or host without tokens)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-plans-per-caller", options.max_plans_per_caller,
+                 "plans and groups running at once per caller")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--auth-tokens", auth_tokens,
                  "require bearer tokens: a file of lines 'ROLE NAME SHA256HEX' (role admin, "
                  "operator, reader or worker; the hex SHA-256 of the token, from `shardctl "

@@ -15,7 +15,8 @@ constexpr char kRequestKind[] = "request";
 
 bool SaysTryAgain(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
-         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
+         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted ||
+         code == absl::StatusCode::kResourceExhausted;
 }
 
 }  // namespace

@@ -28,8 +28,8 @@ struct RequestOutcome {
 // instead of acting twice. Outcomes are stored in the StateStore before the client hears them
 // and survive a restart; the oldest are forgotten beyond `capacity`. Thread-safe, gRPC-free.
 //
-// Outcomes that say "try again" (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, ABORTED) are not
-// kept: the request did not take effect, and its retry acts anew.
+// Outcomes that say "try again" (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, ABORTED,
+// RESOURCE_EXHAUSTED) are not kept: the request did not take effect, and its retry acts anew.
 class RequestLog {
  public:
   static constexpr size_t kMaxRequestIdBytes = 128;

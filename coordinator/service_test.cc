@@ -30,7 +30,7 @@ constexpr int64_t kSlice = 64;  // Streamed data messages carry at most this man
 
 class ServiceTest : public ::testing::Test {
  protected:
-  explicit ServiceTest(int64_t band_bytes = kDefaultBandBytes)
+  explicit ServiceTest(int64_t band_bytes = kDefaultBandBytes, int64_t per_caller = 1000)
       : workers_(&clock_, absl::Minutes(10)),
         meshes_(&workers_),
         tensors_(&meshes_),
@@ -38,8 +38,10 @@ class ServiceTest : public ::testing::Test {
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
         requests_(&request_store_, &clock_),
+        watches_("watch streams", "--max-watches-per-caller", per_caller),
+        running_plans_("running plans", "--max-plans-per-caller", per_caller),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice, /*metrics=*/nullptr,
-                 /*auth=*/nullptr, &requests_),
+                 /*auth=*/nullptr, &requests_, &watches_, &running_plans_),
         worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
@@ -143,6 +145,8 @@ class ServiceTest : public ::testing::Test {
   TensorIo io_;
   MemoryStateStore request_store_;
   RequestLog requests_;
+  CallerQuota watches_;
+  CallerQuota running_plans_;
   CoordinatorService service_;
   WorkerFacingService worker_service_;
   std::unique_ptr<grpc::Server> server_;
@@ -663,6 +667,64 @@ TEST_F(ServiceTest, UploadAndDownloadStream) {
 
 // One row of an [8, 4] f32 tensor per band: 48-byte upload messages each carry three bands
 // (the fake completes writes inline), and the download sends one message per band.
+class QuotaServiceTest : public ServiceTest {
+ protected:
+  QuotaServiceTest() : ServiceTest(kDefaultBandBytes, /*per_caller=*/1) {}
+};
+
+// One caller may hold one running plan and one watch stream here: the next is refused with
+// RESOURCE_EXHAUSTED naming the flag, and the slot comes back when the plan ends.
+TEST_F(QuotaServiceTest, RunningPlansAndWatchesAreBoundedPerCaller) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  v1::TensorInfo info;
+  ASSERT_TRUE(CreateTensor("T", "M", "S(0),R", &info).ok());
+  ASSERT_TRUE(CreateTensor("U", "M", "S(0),R", &info).ok());
+  std::vector<v1::PlanFragment> sent;
+  client_.SetExecuteHook(
+      [&sent](const WorkerEndpoint&, const v1::PlanFragment& f) { sent.push_back(f); });
+  auto start = [this](const std::string& tensor, v1::RedistributeResponse* resp) {
+    grpc::ClientContext ctx;
+    v1::RedistributeRequest req;
+    req.set_tensor(tensor);
+    req.mutable_target()->set_placements_text("R,S(1)");
+    return coordinator_->Redistribute(&ctx, req, resp);
+  };
+  v1::RedistributeResponse first;
+  ASSERT_TRUE(start("T", &first).ok());
+  v1::RedistributeResponse second;
+  grpc::Status refused = start("U", &second);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("holds 1 running plans, the limit per caller "
+                                                 "(--max-plans-per-caller=1)"));
+  {
+    grpc::ClientContext ctx;
+    v1::WatchPlanRequest req;
+    req.set_plan_id(first.progress().plan_id());
+    std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> watch =
+        coordinator_->WatchPlan(&ctx, req);
+    v1::PlanProgress p;
+    ASSERT_TRUE(watch->Read(&p));  // The first stream is open...
+    grpc::ClientContext ctx2;
+    std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> again =
+        coordinator_->WatchPlan(&ctx2, req);
+    EXPECT_FALSE(again->Read(&p));
+    grpc::Status s = again->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);  // ...a second is not.
+    EXPECT_THAT(s.error_message(), HasSubstr("--max-watches-per-caller=1"));
+    // The plan ends: the first stream ends, and both slots come back.
+    for (const v1::PlanFragment& f : sent)
+      ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+    while (watch->Read(&p)) {
+    }
+    EXPECT_TRUE(watch->Finish().ok());
+  }
+  client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
+  });
+  EXPECT_TRUE(start("U", &second).ok());
+}
+
 class BandedServiceTest : public ServiceTest {
  protected:
   BandedServiceTest() : ServiceTest(/*band_bytes=*/16) {}
