@@ -101,6 +101,7 @@ class CoordinatorClient {
       const v1::RedistributeGroupRequest& request);
   // Dry run: the plan Redistribute would execute.
   absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
+  absl::StatusOr<v1::PlanTrace> GetPlanTrace(const std::string& plan_id);
 
   // Calls `on_progress` for every progress message until the plan ends, and returns the last
   // one. A plan that ended ABORTED is still OK here: the caller reads state and error.

@@ -1,5 +1,6 @@
 #include "client/plan_command.h"
 
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "client/command_util.h"
+#include "client/plan_trace.h"
 #include "client/tensor_command.h"
 #include "proto/convert.h"
 #include "sharding/planner.h"
@@ -51,6 +53,24 @@ int RunOnlinePlanCommand(CoordinatorClient& client, const OnlinePlanFlags& flags
   } else {
     out << PlanText(*plan, explain);
   }
+  return 0;
+}
+
+int RunPlanTraceCommand(CoordinatorClient& client, const std::string& plan_id,
+                        const std::string& out_path, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::PlanTrace> trace = client.GetPlanTrace(plan_id);
+  if (!trace.ok()) return ReportStatus(err, trace.status(), client.address());
+  std::ofstream file(out_path, std::ios::binary | std::ios::trunc);
+  file << ChromeTraceJson(*trace) << "\n";
+  file.close();
+  if (!file) {
+    return ReportFlagError(err, "plan trace", absl::StrCat("--out: cannot write '", out_path, "'"));
+  }
+  int64_t steps = 0;
+  for (const v1::RankTrace& r : trace->ranks()) steps += r.steps_size();
+  out << "wrote " << out_path << ": plan " << trace->plan_id() << " ("
+      << v1::PlanState_Name(trace->state()) << "), " << trace->ranks_size() << " ranks, " << steps
+      << " steps; open it in https://ui.perfetto.dev\n";
   return 0;
 }
 
@@ -119,7 +139,28 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
   // The global flag lives on the root app (`app`), which subcommands fall through to.
   CLI::Option* coordinator = app.get_option("--coordinator");
 
+  {
+    CLI::App* trace = cmd->add_subcommand(
+        "trace",
+        "Write a plan's timeline (each rank's steps, the coordinator's phases) as Chrome trace "
+        "JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open");
+    auto plan_id = std::make_shared<std::string>();
+    auto out_path = std::make_shared<std::string>();
+    trace->add_option("plan_id", *plan_id, "Plan id, as redistribute and copy print it")
+        ->required()
+        ->type_name("PLAN_ID");
+    trace->add_option("--out", *out_path, "Output file (trace.json)")
+        ->required()
+        ->type_name("PATH");
+    trace->callback([conn, plan_id, out_path]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      const int rc = RunPlanTraceCommand(client, *plan_id, *out_path, std::cout, std::cerr);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
   cmd->callback([=]() {
+    // `plan trace` ran instead.
+    if (cmd->got_subcommand("trace")) return;
     auto value = [](const CLI::Option* o) -> std::optional<std::string> {
       if (o->count() == 0) return std::nullopt;
       return o->as<std::string>();

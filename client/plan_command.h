@@ -20,6 +20,10 @@ struct ConnectionFlags;
 // daemon); with one, asks the coordinator for the plan a redistribute would run.
 void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn);
 
+// `shardctl plan trace PLAN_ID --out FILE`: the plan's timeline as Chrome trace JSON.
+int RunPlanTraceCommand(CoordinatorClient& client, const std::string& plan_id,
+                        const std::string& out_path, std::ostream& out, std::ostream& err);
+
 // Offline: the plan as JSON, or a summary (with --explain: the planner's explanation).
 // Returns 0, or 2 with one line "shardctl plan: --flag: problem" on `err`.
 int RunOfflinePlanCommand(const PlanFlags& flags, bool explain, bool json, std::ostream& out,

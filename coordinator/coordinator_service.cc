@@ -651,6 +651,16 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
   bool final_written_ = false;
 };
 
+grpc::ServerUnaryReactor* CoordinatorService::GetPlanTrace(grpc::CallbackServerContext* ctx,
+                                                           const v1::GetPlanTraceRequest* req,
+                                                           v1::PlanTrace* resp) {
+  if (absl::Status a = Authorize(ctx, "GetPlanTrace"); !a.ok()) return Done(ctx, a);
+  if (req->plan_id().empty()) return Done(ctx, absl::InvalidArgumentError("plan_id: empty"));
+  absl::StatusOr<v1::PlanTrace> trace = plans_->Trace(req->plan_id());
+  if (trace.ok()) *resp = *std::move(trace);
+  return Done(ctx, trace.status());
+}
+
 grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
     grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
   std::string caller;

@@ -94,6 +94,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                              const v1::PlanRequest* req, v1::Plan* resp) override;
   grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(grpc::CallbackServerContext* ctx,
                                                         const v1::WatchPlanRequest* req) override;
+  grpc::ServerUnaryReactor* GetPlanTrace(grpc::CallbackServerContext* ctx,
+                                         const v1::GetPlanTraceRequest* req,
+                                         v1::PlanTrace* resp) override;
   grpc::ServerReadReactor<v1::TensorData>* Upload(grpc::CallbackServerContext* ctx,
                                                   v1::UploadResponse* resp) override;
   grpc::ServerWriteReactor<v1::TensorData>* Download(grpc::CallbackServerContext* ctx,

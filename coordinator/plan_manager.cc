@@ -622,6 +622,7 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
       if (e.executed == n && e.state == PlanState::kPending) e.state = PlanState::kPrepared;
       if (e.executed == n && e.reported == n && e.failing.empty()) {
         e.state = PlanState::kTransferred;
+        e.transferred = clock_->Now();
         validate = true;
       }
       calls = ChangedLocked(e);
@@ -660,6 +661,12 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
                        " incarnation ", report.incarnation, " is stale: plan ", e.id, " runs with ",
                        Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
     }
+    if (report.final) {
+      p.timing = report.timing;
+      p.timing.set_rank(report.rank);
+      p.timing.set_worker(report.worker);
+      p.timing.set_error(report.error);
+    }
     if (!report.error.empty()) {
       const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
       if (options_.failure_grace <= absl::ZeroDuration()) {
@@ -681,6 +688,7 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
       const int64_t n = static_cast<int64_t>(e.participants.size());
       if (e.executed == n && e.reported == n && e.failing.empty()) {
         e.state = PlanState::kTransferred;
+        e.transferred = clock_->Now();
         validate = true;
       }
       calls = ChangedLocked(e);
@@ -709,6 +717,32 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
   Tell(calls);
   if (validate) Validate(report.plan_id);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = plans_.find(plan_id);
+  if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
+  const Entry& e = it->second;
+  const PlanProgress progress = ProgressLocked(e);
+  v1::PlanTrace out;
+  out.set_plan_id(e.id);
+  out.set_tensor(e.target_tensor);
+  out.set_op(e.op);
+  out.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
+  out.set_error(e.error);
+  out.set_start_unix_us(absl::ToUnixMicros(e.start));
+  if (e.transferred != absl::InfinitePast()) {
+    out.set_transferred_unix_us(absl::ToUnixMicros(e.transferred));
+  }
+  if (e.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(e.end));
+  for (const auto& [rank, p] : e.participants) {
+    v1::RankTrace* r = out.add_ranks();
+    *r = p.timing;
+    r->set_rank(rank);
+    r->set_worker(p.endpoint.name);
+  }
+  return out;
 }
 
 void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {

@@ -138,6 +138,7 @@ struct WorkerReport {
   bool final = false;      // Final reports carry chunks and checksums.
   RankChunks chunks;
   ChunkChecksums checksums;
+  v1::RankTrace timing;  // Final reports: when the fragment and its steps ran.
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
@@ -204,6 +205,8 @@ class PlanManager : public WorkerListener {
   absl::Status Report(const WorkerReport& report);
 
   absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
+  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND.
+  absl::StatusOr<v1::PlanTrace> Trace(const std::string& plan_id) const;
   // Calls `fn` with the current progress and on every change until the plan ends (the last
   // call has ended() true). Returns a watch id for Unwatch; NOT_FOUND unknown plan.
   absl::StatusOr<int64_t> Watch(const std::string& plan_id, WatchFn fn);
@@ -240,6 +243,7 @@ class PlanManager : public WorkerListener {
     int64_t bytes_expected = 0;  // What this rank receives.
     RankChunks chunks;
     ChunkChecksums checksums;
+    v1::RankTrace timing;  // From its final report.
   };
 
   struct Group {
@@ -284,6 +288,7 @@ class PlanManager : public WorkerListener {
     Timer::Id grace_timer = 0;
     std::string error;
     std::map<int64_t, Participant> participants;
+    absl::Time transferred = absl::InfinitePast();  // Every final report in.
     int64_t executed = 0;
     int64_t reported = 0;
     absl::Time start;

@@ -133,6 +133,11 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
   report.error = req->error();
   report.bytes_done = req->bytes_done();
   report.final = req->final();
+  if (report.final) {
+    report.timing.set_start_unix_us(req->start_unix_us());
+    report.timing.set_end_unix_us(req->end_unix_us());
+    *report.timing.mutable_steps() = req->steps();
+  }
   if (report.final && report.error.empty()) {
     absl::StatusOr<RankChunks> chunks =
         RankChunksFromProto(req->chunks(), "chunks", &report.checksums);

@@ -124,6 +124,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"RedistributeGroup", {"admin", "operator"}},
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
+      {"GetPlanTrace", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},
       {"Download", {"admin", "operator", "reader"}},
       {"RegisterWorker", {"worker"}},

@@ -944,6 +944,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
       if (t.src == f.rank) report.bytes_sent += t.bytes;
       if (t.dst == f.rank) report.bytes_received += t.bytes;
     }
+    report.start = start;
     report.time = absl::Now() - start;
     result.steps.push_back(report);
     result.bytes_sent += report.bytes_sent;

@@ -46,6 +46,7 @@ struct StepReport {
   StepOp method = StepOp::kPointToPoint;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  absl::Time start;  // Wall clock, for plan traces.
   absl::Duration time;
 };
 

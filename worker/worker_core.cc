@@ -160,6 +160,19 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   if (!aborted) {
     v1::ReportChunksRequest report;
     report.set_final(true);
+    report.set_start_unix_us(absl::ToUnixMicros(start));
+    report.set_end_unix_us(absl::ToUnixMicros(absl::Now()));
+    if (result.ok()) {
+      for (const StepReport& s : result->steps) {
+        v1::StepTiming* t = report.add_steps();
+        t->set_index(s.index);
+        t->set_op(StepOpName(s.method));
+        t->set_start_unix_us(absl::ToUnixMicros(s.start));
+        t->set_duration_us(absl::ToInt64Microseconds(s.time));
+        t->set_bytes_sent(s.bytes_sent);
+        t->set_bytes_received(s.bytes_received);
+      }
+    }
     if (result.ok()) {
       *report.mutable_chunks() = RankChunksToProto(result->chunks, result->checksums);
       report.mutable_chunks()->set_rank(f.rank);
