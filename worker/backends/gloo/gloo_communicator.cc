@@ -20,6 +20,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/sha256.h"
+#include "openssl/crypto.h"
+#include "openssl/rand.h"
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
 #include "worker/backends/gloo/same_host.h"
@@ -537,6 +540,48 @@ absl::StatusOr<std::vector<int64_t>> GlooCommunicatorFactory::AgreeSameHostPeers
   return pids;
 }
 
+absl::Status GlooCommunicatorFactory::VerifyPeers(gloo::Context& context, const std::string& prefix,
+                                                  int rank, int size, absl::Duration timeout) {
+  // A slot no plan uses: the communicator is fresh, but keep the proofs apart anyway.
+  constexpr uint64_t kProofSlot = 0x7072'6f6f'6600'0000;  // "proof"
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string nonce(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), 32) != 1) {
+    return absl::InternalError("no random bytes for the peer proof (RAND_bytes failed)");
+  }
+  if (absl::Status s = kv_->Set(absl::StrCat(prefix, "peerproof/", rank), nonce); !s.ok()) return s;
+  std::vector<Sha256Digest> out(size), in(size), want(size);
+  for (int g = 0; g < size; ++g) {
+    if (g == rank) continue;
+    absl::StatusOr<std::string> theirs =
+        kv_->Get(absl::StrCat(prefix, "peerproof/", g), deadline - absl::Now());
+    if (!theirs.ok()) return theirs.status();
+    out[g] = Sha256(absl::StrCat(*theirs, "|", rank));
+    want[g] = Sha256(absl::StrCat(nonce, "|", g));
+  }
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends, recvs;
+  for (int g = 0; g < size; ++g) {
+    if (g == rank) continue;
+    sends.push_back(context.createUnboundBuffer(out[g].data(), out[g].size()));
+    sends.back()->send(g, kProofSlot);
+    recvs.push_back(context.createUnboundBuffer(in[g].data(), in[g].size()));
+    recvs.back()->recv(g, kProofSlot);
+  }
+  for (auto& b : recvs)
+    b->waitRecv(ToMillis(std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  for (auto& b : sends)
+    b->waitSend(ToMillis(std::max(absl::ZeroDuration(), deadline - absl::Now())));
+  for (int g = 0; g < size; ++g) {
+    if (g != rank && CRYPTO_memcmp(in[g].data(), want[g].data(), want[g].size()) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the connection to group rank ", g,
+                       " does not prove it took part in the rendezvous "
+                       "(wrong peer proof): refusing it, as an impostor may hold it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::string GlooCommunicatorFactory::RendezvousPrefix(const CommunicatorSpec& spec) {
   return absl::StrCat(spec.key_prefix, "gloo/", absl::StrJoin(spec.ranks, ","), "/",
                       absl::StrJoin(spec.incarnations, ","), "/");
@@ -553,6 +598,10 @@ absl::StatusOr<std::shared_ptr<Communicator>> GlooCommunicatorFactory::Create(
     context->setTimeout(ToMillis(spec.timeout));
     KvGlooStore store(kv_, prefix, spec.timeout);
     context->connectFullMesh(store, device_);
+    if (absl::Status s = VerifyPeers(*context, prefix, rank, size, spec.timeout); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("Gloo rendezvous '", prefix, "' as group rank ",
+                                                 rank, "/", size, ": ", s.message()));
+    }
     absl::StatusOr<std::vector<int64_t>> pids =
         AgreeSameHostPeers(prefix, rank, size, spec.timeout);
     if (!pids.ok()) {

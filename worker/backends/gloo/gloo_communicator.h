@@ -148,6 +148,16 @@ class GlooCommunicatorFactory : public CommunicatorFactory {
   absl::StatusOr<std::vector<int64_t>> AgreeSameHostPeers(const std::string& prefix, int rank,
                                                           int size, absl::Duration timeout);
 
+  // Gloo's TCP pairs accept the first connection to their listening socket, from anyone. So
+  // before a communicator is used, each end proves to its peer that it read the peer's
+  // nonce from the rendezvous store (the coordinator's KV store, which only authenticated
+  // workers reach): every member publishes 32 random bytes under "<prefix>peerproof/<g>" and
+  // sends each peer g SHA-256(nonce_g | its own group rank) over their connection; it checks
+  // what arrives against SHA-256(own nonce | g) in constant time. PERMISSION_DENIED names
+  // the peer whose proof is wrong (an impostor holds that connection); nothing else is sent.
+  absl::Status VerifyPeers(gloo::Context& context, const std::string& prefix, int rank, int size,
+                           absl::Duration timeout);
+
   KvClient* const kv_;
   const bool same_host_copy_;
   std::shared_ptr<gloo::transport::Device> device_;

@@ -11,7 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sharding/box_copy.h"
 #include "worker/kv_client.h"
@@ -545,6 +547,55 @@ TEST(GlooCommunicatorTest, RendezvousWithoutPeerTimesOut) {
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_NE(comm.status().message().find("lonely/gloo/100,101/7,7/"), std::string::npos)
       << comm.status();
+}
+
+// A KV store that hands out wrong peer-proof nonces (those whose key ends with `key`), as an
+// impostor who never saw the rendezvous would have to guess them.
+class TamperedKvClient : public KvClient {
+ public:
+  explicit TamperedKvClient(std::string key) : key_(std::move(key)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return kv_.Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    absl::StatusOr<std::string> v = kv_.Get(key, timeout);
+    if (v.ok() && absl::StrContains(key, "peerproof/") && absl::EndsWith(key, key_)) {
+      return std::string(v->size(), 'x');
+    }
+    return v;
+  }
+
+ private:
+  const std::string key_;
+  InMemoryKvClient kv_;
+};
+
+TEST(GlooCommunicatorTest, APeerWithoutTheRendezvousNonceIsRefused) {
+  // Each rank reads a wrong nonce for its peer, as an impostor who connected to the peer's
+  // Gloo socket without taking part in the rendezvous would: each end gets a wrong proof and
+  // refuses the connection before anything else crosses it.
+  TamperedKvClient kv("");
+  std::vector<std::shared_ptr<GlooCommunicatorFactory>> factories;
+  for (int r = 0; r < 2; ++r) {
+    auto f = GlooCommunicatorFactory::Create(&kv, GlooOptions{});
+    ASSERT_TRUE(f.ok()) << f.status();
+    factories.push_back(*f);
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] =
+          factories[r]->Create(GlooGroup::SpecFor(2, r, "proof/", absl::Seconds(20))).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kPermissionDenied) << results[r];
+    EXPECT_THAT(
+        std::string(results[r].message()),
+        ::testing::HasSubstr(absl::StrCat("connection to group rank ", 1 - r, " does not prove")));
+  }
 }
 
 TEST(GlooCommunicatorTest, PeerGoneIsAnError) {
