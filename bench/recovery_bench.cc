@@ -33,7 +33,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
-#include "client/json_writer.h"
+#include "common/json_writer.h"
 #include "tests/cluster.h"
 #include "tests/tensor_check.h"
 

@@ -189,6 +189,12 @@ absl::StatusOr<v1::PlanTrace> CoordinatorClient::GetPlanTrace(const std::string&
   return Unary(&Stub::GetPlanTrace, request, options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::ListPlansResponse> CoordinatorClient::ListPlans(int64_t limit) {
+  v1::ListPlansRequest request;
+  request.set_limit(limit);
+  return Unary(&Stub::ListPlans, request, options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::Plan> CoordinatorClient::PlanRedistribute(const v1::PlanRequest& request) {
   return Unary(&Stub::PlanRedistribute, request, options_.rpc_timeout);
 }

@@ -102,6 +102,8 @@ class CoordinatorClient {
   // Dry run: the plan Redistribute would execute.
   absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
   absl::StatusOr<v1::PlanTrace> GetPlanTrace(const std::string& plan_id);
+  // Recent plans, newest first (limit 0: the coordinator's default, 100).
+  absl::StatusOr<v1::ListPlansResponse> ListPlans(int64_t limit = 0);
 
   // Calls `on_progress` for every progress message until the plan ends, and returns the last
   // one. A plan that ended ABORTED is still OK here: the caller reads state and error.

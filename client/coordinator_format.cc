@@ -8,8 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/command_util.h"
-#include "client/json_writer.h"
 #include "client/layout_format.h"
+#include "common/json_writer.h"
 #include "proto/convert.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
@@ -188,6 +188,49 @@ std::string TensorsJson(const std::vector<v1::TensorInfo>& tensors) {
     w.Key("bytes").Int(t.bytes());
     w.Key("version").Int(t.version());
     w.Key("busy_plan").String(t.busy_plan());
+    w.EndObject();
+  }
+  w.EndArray().EndObject();
+  return w.str();
+}
+
+namespace {
+std::string PlanTensors(const v1::PlanSummary& p) {
+  return p.source_tensor().empty() || p.source_tensor() == p.tensor()
+             ? p.tensor()
+             : absl::StrCat(p.source_tensor(), " -> ", p.tensor());
+}
+}  // namespace
+
+std::string PlansTable(const v1::ListPlansResponse& plans) {
+  if (plans.plans().empty()) return "no plans\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"plan", "op", "tensors", "state", "done", "moved", "lower bound", "seconds", "group"}};
+  for (const v1::PlanSummary& p : plans.plans()) {
+    rows.push_back({p.plan_id(), p.op(), PlanTensors(p), v1::PlanState_Name(p.state()),
+                    HumanBytes(p.bytes_done()), HumanBytes(p.bytes_moved()),
+                    HumanBytes(p.lower_bound_bytes()), absl::StrFormat("%.3f", p.seconds()),
+                    Or(p.group(), "-")});
+  }
+  std::string out = FormatTable(rows, {4, 5, 6, 7});
+  for (const v1::PlanSummary& p : plans.plans()) {
+    if (!p.error().empty()) absl::StrAppend(&out, p.plan_id(), ": ", p.error(), "\n");
+  }
+  return out;
+}
+
+std::string PlansJson(const v1::ListPlansResponse& plans) {
+  JsonWriter w;
+  w.BeginObject().Key("plans").BeginArray();
+  for (const v1::PlanSummary& p : plans.plans()) {
+    w.BeginObject();
+    w.Key("plan_id").String(p.plan_id()).Key("op").String(p.op());
+    w.Key("tensor").String(p.tensor()).Key("source_tensor").String(p.source_tensor());
+    w.Key("group").String(p.group()).Key("state").String(v1::PlanState_Name(p.state()));
+    w.Key("bytes_done").Int(p.bytes_done()).Key("bytes_moved").Int(p.bytes_moved());
+    w.Key("lower_bound_bytes").Int(p.lower_bound_bytes());
+    w.Key("start_unix_ms").Int(p.start_unix_ms()).Key("seconds").Double(p.seconds());
+    w.Key("error").String(p.error());
     w.EndObject();
   }
   w.EndArray().EndObject();

@@ -35,6 +35,10 @@ std::string TensorsTable(const std::vector<v1::TensorInfo>& tensors);
 // {"tensors": [{"name", "shape", "dtype", "mesh", "spec", "bytes", "version", "busy_plan"}]}
 std::string TensorsJson(const std::vector<v1::TensorInfo>& tensors);
 
+// `shardctl plan list`: one row per plan (newest first), or {"plans": [...]}.
+std::string PlansTable(const v1::ListPlansResponse& plans);
+std::string PlansJson(const v1::ListPlansResponse& plans);
+
 // `tensor show`: summary, one row per chunk with its checksum (hex; "-" when unknown), and
 // the layout picture for 1-d and 2-d tensors. Lost chunks and a running plan are called out.
 std::string TensorText(const v1::TensorInfo& tensor);

@@ -12,7 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/json_writer.h"
+#include "common/json_writer.h"
 #include "sharding/placement.h"
 
 namespace shardcoord {

@@ -8,8 +8,8 @@
 #include "absl/strings/strip.h"
 #include "client/command_util.h"
 #include "client/coordinator_format.h"
-#include "client/json_writer.h"
 #include "client/layout_format.h"
+#include "common/json_writer.h"
 
 namespace shardcoord {
 

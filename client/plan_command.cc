@@ -9,9 +9,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "client/command_util.h"
-#include "client/plan_trace.h"
+#include "client/coordinator_format.h"
 #include "client/tensor_command.h"
 #include "proto/convert.h"
+#include "proto/plan_trace.h"
 #include "sharding/planner.h"
 
 namespace shardcoord {
@@ -71,6 +72,15 @@ int RunPlanTraceCommand(CoordinatorClient& client, const std::string& plan_id,
   out << "wrote " << out_path << ": plan " << trace->plan_id() << " ("
       << v1::PlanState_Name(trace->state()) << "), " << trace->ranks_size() << " ranks, " << steps
       << " steps; open it in https://ui.perfetto.dev\n";
+  return 0;
+}
+
+int RunPlanListCommand(CoordinatorClient& client, int64_t limit, bool json, std::ostream& out,
+                       std::ostream& err) {
+  if (limit < 0) return ReportFlagError(err, "plan list", absl::StrCat("--limit: ", limit, " < 0"));
+  absl::StatusOr<v1::ListPlansResponse> plans = client.ListPlans(limit);
+  if (!plans.ok()) return ReportStatus(err, plans.status(), client.address());
+  out << (json ? PlansJson(*plans) + "\n" : PlansTable(*plans));
   return 0;
 }
 
@@ -158,9 +168,21 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
       if (rc != 0) throw CLI::RuntimeError(rc);
     });
   }
+  {
+    CLI::App* list = cmd->add_subcommand(
+        "list", "List recent plans, newest first: running ones and the last ended ones");
+    auto limit = std::make_shared<int64_t>(0);
+    list->add_option("--limit", *limit, "At most this many (0: the coordinator's default, 100)")
+        ->capture_default_str();
+    list->callback([conn, limit]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      const int rc = RunPlanListCommand(client, *limit, conn->json, std::cout, std::cerr);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
   cmd->callback([=]() {
-    // `plan trace` ran instead.
-    if (cmd->got_subcommand("trace")) return;
+    // `plan trace` or `plan list` ran instead.
+    if (cmd->got_subcommand("trace") || cmd->got_subcommand("list")) return;
     auto value = [](const CLI::Option* o) -> std::optional<std::string> {
       if (o->count() == 0) return std::nullopt;
       return o->as<std::string>();

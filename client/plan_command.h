@@ -24,6 +24,10 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn);
 int RunPlanTraceCommand(CoordinatorClient& client, const std::string& plan_id,
                         const std::string& out_path, std::ostream& out, std::ostream& err);
 
+// `shardctl plan list [--limit N]`: recent plans as a table or JSON.
+int RunPlanListCommand(CoordinatorClient& client, int64_t limit, bool json, std::ostream& out,
+                       std::ostream& err);
+
 // Offline: the plan as JSON, or a summary (with --explain: the planner's explanation).
 // Returns 0, or 2 with one line "shardctl plan: --flag: problem" on `err`.
 int RunOfflinePlanCommand(const PlanFlags& flags, bool explain, bool json, std::ostream& out,

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/command_util.h"
-#include "client/json_writer.h"
+#include "common/json_writer.h"
 #include "proto/convert.h"
 #include "sharding/cost_model.h"
 

@@ -27,11 +27,20 @@ HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Get(const std::string& path, Handler handler) {
   server_->Get(path,
-               [handler = std::move(handler)](const httplib::Request&, httplib::Response& res) {
-                 HttpResponse r = handler();
+               [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+                 HttpRequest request;
+                 request.path = req.path;
+                 for (const auto& [key, value] : req.params) request.params.emplace(key, value);
+                 request.authorization = req.get_header_value("Authorization");
+                 HttpResponse r = handler(request);
                  res.status = r.status;
+                 for (const auto& [key, value] : r.headers) res.set_header(key.c_str(), value);
                  res.set_content(r.body, r.content_type.c_str());
                });
+}
+
+void HttpServer::Get(const std::string& path, std::function<HttpResponse()> handler) {
+  Get(path, Handler([handler = std::move(handler)](const HttpRequest&) { return handler(); }));
 }
 
 absl::StatusOr<std::string> HttpServer::Start(const std::string& listen) {

@@ -5,6 +5,7 @@
 // paths, served by cpp-httplib on a few threads of its own.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,15 +20,28 @@ class Server;
 
 namespace shardcoord {
 
+struct HttpRequest {
+  std::string path;
+  std::map<std::string, std::string> params;  // Query parameters, decoded.
+  std::string authorization;                  // The Authorization header, if any.
+
+  // The parameter's value, or "" when absent.
+  std::string Param(const std::string& key) const {
+    auto it = params.find(key);
+    return it == params.end() ? "" : it->second;
+  }
+};
+
 struct HttpResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
+  std::map<std::string, std::string> headers;  // Extra response headers.
 };
 
 class HttpServer {
  public:
-  using Handler = std::function<HttpResponse()>;
+  using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
   HttpServer();
   // Stops serving.
@@ -36,6 +50,8 @@ class HttpServer {
   // Serves GET `path` with `handler` (called on the server's threads, concurrently). Add
   // every handler before Start.
   void Get(const std::string& path, Handler handler);
+  // The same for handlers that need nothing of the request.
+  void Get(const std::string& path, std::function<HttpResponse()> handler);
 
   // Binds `listen` ("HOST:PORT"; port 0 picks a free one) and serves in the background.
   // Returns the bound address ("127.0.0.1:41234"). INVALID_ARGUMENT a malformed address;

@@ -30,6 +30,24 @@ TEST(HttpServerTest, ServesHandlersOnAFreePort) {
   server.Stop();  // Idempotent.
 }
 
+TEST(HttpServerTest, HandlersSeeQueryAndAuthorizationAndSetHeaders) {
+  HttpServer server;
+  server.Get("/echo", [](const HttpRequest& req) {
+    HttpResponse r{
+        200, "text/plain",
+        req.path + "|" + req.Param("name") + "|" + req.Param("x") + "|" + req.authorization};
+    r.headers["Cache-Control"] = "no-store";
+    return r;
+  });
+  absl::StatusOr<std::string> address = server.Start("127.0.0.1:0");
+  ASSERT_TRUE(address.ok()) << address.status();
+  httplib::Client client("127.0.0.1", PortOf(*address));
+  httplib::Result res = client.Get("/echo?name=a%2Fb.c", {{"Authorization", "Bearer t0k"}});
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->body, "/echo|a/b.c||Bearer t0k");
+  EXPECT_EQ(res->get_header_value("Cache-Control"), "no-store");
+}
+
 TEST(HttpServerTest, StopRightAfterStartReturns) {
   HttpServer server;
   ASSERT_TRUE(server.Start("127.0.0.1:0").ok());

@@ -76,6 +76,7 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/PlanRedistribute", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/WatchPlan", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/GetPlanTrace", Roles(kAll)},
+      {"/shardcoord.v1.Coordinator/ListPlans", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/Upload", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Download", Roles(kAll)},
       {"/shardcoord.v1.CoordinatorWorkers/RegisterWorker", Roles(kWorkerOnly)},

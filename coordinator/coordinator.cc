@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/tls_options.h"
-#include "coordinator/dashboard.h"
 #include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
@@ -122,12 +121,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
   http_.Get("/metrics", [this] {
     return HttpResponse{200, Registry::kContentType, registry_.Render()};
   });
-  http_.Get("/", [] { return HttpResponse{200, "text/html; charset=utf-8", DashboardHtml()}; });
-  http_.Get("/api/state", [this] {
-    absl::StatusOr<std::string> json = StateJson(workers_, meshes_, tensors_);
-    if (!json.ok()) return HttpResponse{500, "text/plain; charset=utf-8", json.status().ToString()};
-    return HttpResponse{200, "application/json", *std::move(json)};
-  });
+  dashboard_ = std::make_unique<Dashboard>(&workers_, &meshes_, &tensors_, plans_.get(),
+                                           options_.auth ? &*options_.auth : nullptr);
+  dashboard_->Register(http_);
 }
 
 Coordinator::~Coordinator() { Shutdown(); }

@@ -17,6 +17,7 @@
 #include "coordinator/caller_quota.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/dashboard.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/mesh_manager.h"
@@ -110,6 +111,7 @@ class Coordinator {
   std::unique_ptr<GrpcWorkerClient> client_;
   std::unique_ptr<PlanManager> plans_;
   std::unique_ptr<TensorIo> io_;
+  std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<WorkerFacingService> worker_service_;
   std::unique_ptr<WorkerListener> death_logger_;

@@ -661,6 +661,21 @@ grpc::ServerUnaryReactor* CoordinatorService::GetPlanTrace(grpc::CallbackServerC
   return Done(ctx, trace.status());
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ListPlans(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListPlansRequest* req,
+                                                        v1::ListPlansResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListPlans"); !a.ok()) return Done(ctx, a);
+  if (req->limit() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("limit: ", req->limit(), " is negative (0: the default)")));
+  }
+  for (v1::PlanSummary& p :
+       plans_->List(req->limit() == 0 ? kDefaultPlanListLimit : req->limit())) {
+    *resp->add_plans() = std::move(p);
+  }
+  return Done(ctx, absl::OkStatus());
+}
+
 grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
     grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
   std::string caller;

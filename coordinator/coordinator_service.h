@@ -25,6 +25,9 @@ v1::MeshInfo MeshInfoToProto(const MeshRecord& m);
 v1::TensorInfo TensorInfoToProto(const TensorRecord& t, const LivenessFn& live);
 v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
 
+// ListPlans without a limit.
+inline constexpr int64_t kDefaultPlanListLimit = 100;
+
 // shardcoord.v1.Coordinator: thin adapters over the managers. No handler blocks: long
 // operations (create, redistribute with wait, upload, download, watch) finish their reactor
 // from the managers' completion callbacks. Streamed data messages carry at most
@@ -97,6 +100,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetPlanTrace(grpc::CallbackServerContext* ctx,
                                          const v1::GetPlanTraceRequest* req,
                                          v1::PlanTrace* resp) override;
+  grpc::ServerUnaryReactor* ListPlans(grpc::CallbackServerContext* ctx,
+                                      const v1::ListPlansRequest* req,
+                                      v1::ListPlansResponse* resp) override;
   grpc::ServerReadReactor<v1::TensorData>* Upload(grpc::CallbackServerContext* ctx,
                                                   v1::UploadResponse* resp) override;
   grpc::ServerWriteReactor<v1::TensorData>* Download(grpc::CallbackServerContext* ctx,

@@ -745,6 +745,37 @@ absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) con
   return out;
 }
 
+std::vector<v1::PlanSummary> PlanManager::List(size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Entry*> entries;
+  entries.reserve(plans_.size());
+  for (const auto& [id, e] : plans_) entries.push_back(&e);
+  // Ids do not sort by age ("p-9" > "p-10"); start times do, ties broken by id.
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
+    return a->start != b->start ? a->start > b->start : a->id > b->id;
+  });
+  if (entries.size() > limit) entries.resize(limit);
+  std::vector<v1::PlanSummary> out;
+  out.reserve(entries.size());
+  for (const Entry* e : entries) {
+    const PlanProgress progress = ProgressLocked(*e);
+    v1::PlanSummary& p = out.emplace_back();
+    p.set_plan_id(e->id);
+    p.set_tensor(e->target_tensor);
+    p.set_source_tensor(e->tensor);
+    p.set_op(e->op);
+    p.set_group(e->group);
+    p.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
+    p.set_bytes_done(progress.bytes_done);
+    p.set_bytes_moved(e->plan->bytes_moved);
+    p.set_lower_bound_bytes(e->plan->lower_bound_bytes);
+    p.set_start_unix_ms(absl::ToUnixMillis(e->start));
+    p.set_seconds(progress.seconds);
+    p.set_error(e->error);
+  }
+  return out;
+}
+
 void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
   std::vector<std::pair<std::string, std::string>> aborts;  // (plan, reason)
   {

@@ -207,6 +207,8 @@ class PlanManager : public WorkerListener {
   absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
   // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND.
   absl::StatusOr<v1::PlanTrace> Trace(const std::string& plan_id) const;
+  // Up to `limit` plans, running and kept ended ones, newest first.
+  std::vector<v1::PlanSummary> List(size_t limit) const;
   // Calls `fn` with the current progress and on every change until the plan ends (the last
   // call has ended() true). Returns a watch id for Unwatch; NOT_FOUND unknown plan.
   absl::StatusOr<int64_t> Watch(const std::string& plan_id, WatchFn fn);

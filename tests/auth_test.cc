@@ -125,6 +125,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
       {"GetPlanTrace", {"admin", "operator", "reader"}},
+      {"ListPlans", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},
       {"Download", {"admin", "operator", "reader"}},
       {"RegisterWorker", {"worker"}},
@@ -296,6 +297,11 @@ TEST_P(AuthTest, TensorRpcs) {
   if (Check("WatchPlan", watch, /*want_ok=*/false)) {
     EXPECT_EQ(watch.code(), absl::StatusCode::kNotFound) << watch;
   }
+  absl::Status trace = client().GetPlanTrace("no-such-plan").status();
+  if (Check("GetPlanTrace", trace, /*want_ok=*/false)) {
+    EXPECT_EQ(trace.code(), absl::StatusCode::kNotFound) << trace;
+  }
+  Check("ListPlans", client().ListPlans(10).status());
 
   // Whatever moved, t still holds arange.
   if (Check("Download", DownloadAndCheck(client(), t, DType::kF32, kShape, FillKind::kArange))) {

@@ -175,7 +175,7 @@ TEST_F(MetricsTest, TheDashboardShowsWorkersMeshesAndTensors) {
   EXPECT_EQ(page->status, 200);
   EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
   EXPECT_NE(page->body.find("<title>shardcoord</title>"), std::string::npos);
-  EXPECT_NE(page->body.find("fetch(\"/api/state\""), std::string::npos);
+  EXPECT_NE(page->body.find("get(\"/api/state\")"), std::string::npos);
   // Self-contained: nothing loaded from elsewhere.
   EXPECT_EQ(page->body.find("http://"), std::string::npos);
   EXPECT_EQ(page->body.find("https://"), std::string::npos);

@@ -6,11 +6,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "client/chrome_trace_check.h"
 #include "client/plan_command.h"
-#include "client/plan_trace.h"
+#include "common/chrome_trace_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/plan_trace.h"
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
 #include "tests/tensor_check.h"
@@ -74,6 +74,26 @@ TEST(TraceTest, ARealPlanTracesEveryRankAsChromeJson) {
   }
 
   EXPECT_EQ(client.GetPlanTrace("no-such-plan").status().code(), absl::StatusCode::kNotFound);
+
+  // The plan heads `shardctl plan list`, with its bytes against the lower bound.
+  absl::StatusOr<v1::ListPlansResponse> plans = client.ListPlans(5);
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  ASSERT_GE(plans->plans_size(), 1);
+  const v1::PlanSummary& newest = plans->plans(0);
+  EXPECT_EQ(newest.plan_id(), plan_id);
+  EXPECT_EQ(newest.op(), "redistribute");
+  EXPECT_EQ(newest.tensor(), "T");
+  EXPECT_EQ(newest.state(), v1::COMMITTED);
+  EXPECT_EQ(newest.bytes_moved(), moved->plan().bytes_moved());
+  EXPECT_EQ(newest.lower_bound_bytes(), moved->plan().lower_bound_bytes());
+  EXPECT_EQ(newest.bytes_done(), newest.bytes_moved());
+  std::ostringstream table, table_err;
+  ASSERT_EQ(RunPlanListCommand(client, 5, /*json=*/false, table, table_err), 0) << table_err.str();
+  EXPECT_THAT(table.str(),
+              ::testing::ContainsRegex(absl::StrCat(plan_id, " +redistribute +T +COMMITTED")));
+  std::ostringstream neg, neg_err;
+  EXPECT_EQ(RunPlanListCommand(client, -1, false, neg, neg_err), 2);
+  EXPECT_THAT(neg_err.str(), HasSubstr("--limit: -1"));
 }
 
 }  // namespace

@@ -15,6 +15,8 @@ PACKAGES=(
   libsqlite3-dev
   # TLS material for development and tests (tools/dev_certs.sh).
   openssl
+  # The dashboard's browser test (headless) and its PNG check.
+  chromium zlib1g-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
 )

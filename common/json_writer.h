@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_CLIENT_JSON_WRITER_H_
-#define SHARDCOORD_CLIENT_JSON_WRITER_H_
+#ifndef SHARDCOORD_COMMON_JSON_WRITER_H_
+#define SHARDCOORD_COMMON_JSON_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -75,4 +75,4 @@ std::string JsonQuote(absl::string_view value);
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_CLIENT_JSON_WRITER_H_
+#endif  // SHARDCOORD_COMMON_JSON_WRITER_H_

@@ -1,10 +1,10 @@
-#include "client/plan_trace.h"
+#include "proto/plan_trace.h"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "client/json_writer.h"
+#include "common/json_writer.h"
 
 namespace shardcoord {
 namespace {
@@ -58,7 +58,8 @@ std::string ChromeTraceJson(const v1::PlanTrace& trace) {
     const int64_t tid = r.rank() + 1;
     if (r.start_unix_us() != 0) {
       Complete(w, "fragment", tid, rel(r.start_unix_us()), rel(r.end_unix_us()));
-      if (!r.error().empty()) w.Key("args").BeginObject().Key("error").String(r.error()).EndObject();
+      if (!r.error().empty())
+        w.Key("args").BeginObject().Key("error").String(r.error()).EndObject();
       w.EndObject();
     }
     for (const v1::StepTiming& s : r.steps()) {

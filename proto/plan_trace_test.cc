@@ -1,6 +1,6 @@
-#include "client/plan_trace.h"
+#include "proto/plan_trace.h"
 
-#include "client/chrome_trace_check.h"
+#include "common/chrome_trace_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -41,8 +41,8 @@ TEST(PlanTraceTest, OneTrackPerRankPlusTheCoordinator) {
   const std::string json = ChromeTraceJson(TwoRanks());
   absl::StatusOr<ChromeTraceSummary> s = CheckChromeTrace(json);
   ASSERT_TRUE(s.ok()) << s.status() << "\n" << json;
-  EXPECT_THAT(s->thread_names, ElementsAre(Pair(0, "coordinator"), Pair(1, "rank 0 (w0)"),
-                                           Pair(2, "rank 1 (w1)")));
+  EXPECT_THAT(s->thread_names,
+              ElementsAre(Pair(0, "coordinator"), Pair(1, "rank 0 (w0)"), Pair(2, "rank 1 (w1)")));
   // transfer + validate/commit; a fragment and a step per rank.
   EXPECT_THAT(s->complete_events, ElementsAre(Pair(0, 2), Pair(1, 2), Pair(2, 2)));
   // Relative microseconds: the step starts 1.5 ms after the plan.
@@ -72,12 +72,11 @@ TEST(PlanTraceTest, AnAbortedPlanWithoutReportsIsStillValid) {
 TEST(ChromeTraceCheckTest, RefusesWhatPerfettoWouldNot) {
   EXPECT_FALSE(CheckChromeTrace("{").ok());
   EXPECT_FALSE(CheckChromeTrace("{\"events\": []}").ok());
-  EXPECT_THAT(
-      CheckChromeTrace(R"({"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0,
+  EXPECT_THAT(CheckChromeTrace(R"({"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 0,
                                             "ts": 0, "dur": -1}]})")
-          .status()
-          .message(),
-      HasSubstr("traceEvents[0]: an X event needs numeric ts and dur >= 0"));
+                  .status()
+                  .message(),
+              HasSubstr("traceEvents[0]: an X event needs numeric ts and dur >= 0"));
   EXPECT_FALSE(CheckChromeTrace(R"({"traceEvents": [{"name": "a", "ph": "X"}]})").ok());
 }
 

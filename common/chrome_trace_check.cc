@@ -1,4 +1,4 @@
-#include "client/chrome_trace_check.h"
+#include "common/chrome_trace_check.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -28,13 +28,11 @@ absl::StatusOr<ChromeTraceSummary> CheckChromeTrace(absl::string_view json) {
     const auto& f = list[i].struct_value().fields();
     auto str = [&](const char* key) -> const Value* {
       auto it = f.find(key);
-      return it != f.end() && it->second.kind_case() == Value::kStringValue ? &it->second
-                                                                             : nullptr;
+      return it != f.end() && it->second.kind_case() == Value::kStringValue ? &it->second : nullptr;
     };
     auto num = [&](const char* key) -> const Value* {
       auto it = f.find(key);
-      return it != f.end() && it->second.kind_case() == Value::kNumberValue ? &it->second
-                                                                             : nullptr;
+      return it != f.end() && it->second.kind_case() == Value::kNumberValue ? &it->second : nullptr;
     };
     if (str("name") == nullptr || str("ph") == nullptr || num("pid") == nullptr ||
         num("tid") == nullptr) {
@@ -56,8 +54,7 @@ absl::StatusOr<ChromeTraceSummary> CheckChromeTrace(absl::string_view json) {
         return absl::InvalidArgumentError(where + ": an M event names a process or thread");
       }
       if (name == "thread_name") {
-        out.thread_names[tid] =
-            args->second.struct_value().fields().at("name").string_value();
+        out.thread_names[tid] = args->second.struct_value().fields().at("name").string_value();
       }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(where, ": unexpected ph '", ph, "'"));

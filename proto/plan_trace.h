@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_CLIENT_PLAN_TRACE_H_
-#define SHARDCOORD_CLIENT_PLAN_TRACE_H_
+#ifndef SHARDCOORD_PROTO_PLAN_TRACE_H_
+#define SHARDCOORD_PROTO_PLAN_TRACE_H_
 
 #include <string>
 
@@ -18,4 +18,4 @@ std::string ChromeTraceJson(const v1::PlanTrace& trace);
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_CLIENT_PLAN_TRACE_H_
+#endif  // SHARDCOORD_PROTO_PLAN_TRACE_H_

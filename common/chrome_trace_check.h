@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_CLIENT_CHROME_TRACE_CHECK_H_
-#define SHARDCOORD_CLIENT_CHROME_TRACE_CHECK_H_
+#ifndef SHARDCOORD_COMMON_CHROME_TRACE_CHECK_H_
+#define SHARDCOORD_COMMON_CHROME_TRACE_CHECK_H_
 
 // Tests only: checks a JSON text against the Chrome trace event format's rules (JSON object
 // format), as Perfetto reads it.
@@ -25,4 +25,4 @@ absl::StatusOr<ChromeTraceSummary> CheckChromeTrace(absl::string_view json);
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_CLIENT_CHROME_TRACE_CHECK_H_
+#endif  // SHARDCOORD_COMMON_CHROME_TRACE_CHECK_H_
