@@ -161,7 +161,7 @@ absl::StatusOr<std::string> Coordinator::Start() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, MakeServerCredentials(tls), &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

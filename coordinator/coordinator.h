@@ -45,6 +45,10 @@ struct CoordinatorOptions {
   int64_t io_band_bytes = kDefaultBandBytes;
   // A tensor created or uploaded may not be larger (RESOURCE_EXHAUSTED).
   int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
+  // The largest gRPC message the coordinator accepts from clients and workers (gRPC answers
+  // RESOURCE_EXHAUSTED beyond). Data streams use 1 MiB messages; requests with large layouts
+  // (many ranks, flat ranges) and workers' reports need more.
+  int max_message_bytes = 64 << 20;
   // Per caller (token name, or host without tokens): open WatchPlan streams, and plans or
   // groups running at once (RESOURCE_EXHAUSTED beyond).
   int64_t max_watches_per_caller = 64;

@@ -22,11 +22,20 @@ std::string Escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -38,7 +47,7 @@ std::string RankList(const std::set<int64_t>& ranks) {
   for (auto it = ranks.begin(); it != ranks.end();) {
     int64_t first = *it, last = *it;
     for (++it; it != ranks.end() && *it == last + 1; ++it) last = *it;
-    parts.push_back(first == last ? absl::StrCat(first)
+    parts.push_back(first == last       ? absl::StrCat(first)
                     : last == first + 1 ? absl::StrCat(first, ",", last)
                                         : absl::StrCat(first, "-", last));
   }
@@ -76,19 +85,19 @@ std::string LayoutSvg(const Layout& layout, const std::string& title) {
   std::string out = absl::StrCat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"layout\" width=\"", kLayoutSvgWidth,
       "\" height=\"", height + kCaption + 2 * kMargin, "\" font-family=\"sans-serif\">\n");
-  std::string axes = ndim >= 2 ? absl::StrCat("rows: dim 0 (", rows, "), columns: dim ", ndim - 1,
-                                              " (", cols, ")")
-                     : ndim == 1 ? absl::StrCat("dim 0 (", cols, ")")
-                                 : std::string("a scalar");
+  std::string axes =
+      ndim >= 2 ? absl::StrCat("rows: dim 0 (", rows, "), columns: dim ", ndim - 1, " (", cols, ")")
+      : ndim == 1 ? absl::StrCat("dim 0 (", cols, ")")
+                  : std::string("a scalar");
   if (ndim > 2) absl::StrAppend(&axes, "; dims 1..", ndim - 2, " projected away");
   absl::StrAppend(&out, "<text x=\"", kMargin, "\" y=\"16\" font-size=\"14\">", Escape(title),
                   "</text>\n<text x=\"", kMargin, "\" y=\"31\" font-size=\"11\" fill=\"#555\">",
                   Escape(axes), "</text>\n");
-  absl::StrAppend(&out, "<rect x=\"", kMargin, "\" y=\"", kCaption + kMargin, "\" width=\"",
-                  width, "\" height=\"", height, "\" fill=\"#ddd\"/>\n");
+  absl::StrAppend(&out, "<rect x=\"", kMargin, "\" y=\"", kCaption + kMargin, "\" width=\"", width,
+                  "\" height=\"", height, "\" fill=\"#ddd\"/>\n");
   // Larger blocks first, so that smaller ones stay visible on top.
-  std::vector<std::pair<const std::tuple<int64_t, int64_t, int64_t, int64_t>*,
-                        const std::set<int64_t>*>>
+  std::vector<
+      std::pair<const std::tuple<int64_t, int64_t, int64_t, int64_t>*, const std::set<int64_t>*>>
       order;
   for (const auto& [box, ranks] : blocks) order.emplace_back(&box, &ranks);
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {

@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
                  "refuse to create or upload a tensor larger than this (RESOURCE_EXHAUSTED)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-message-bytes", options.max_message_bytes,
+                 "largest gRPC message accepted from clients and workers (RESOURCE_EXHAUSTED "
+                 "beyond); at least 2 MiB, as data streams use 1 MiB messages")
+      ->check(CLI::Range(2 << 20, 1 << 30))
+      ->capture_default_str();
   app.add_option("--max-watches-per-caller", options.max_watches_per_caller,
                  "open WatchPlan streams per caller (token name, or host without tokens)")
       ->check(CLI::PositiveNumber)

@@ -55,8 +55,8 @@ absl::StatusOr<std::string> RunChromium(const std::string& url, const std::strin
   static int run = 0;
   const std::string cmd = absl::StrCat(
       kChromium, " --headless --no-sandbox --disable-gpu --no-first-run --hide-scrollbars",
-      " --user-data-dir=", TmpDir(), "/chromium-profile-", ++run,
-      " --virtual-time-budget=10000 ", args, " '", url, "' 2>>", TmpDir(), "/chromium.log");
+      " --user-data-dir=", TmpDir(), "/chromium-profile-", ++run, " --virtual-time-budget=10000 ",
+      args, " '", url, "' 2>>", TmpDir(), "/chromium.log");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("popen failed");
   std::string out;
@@ -64,8 +64,8 @@ absl::StatusOr<std::string> RunChromium(const std::string& url, const std::strin
   for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
   const int rc = pclose(pipe);
   if (rc != 0) {
-    return absl::InternalError(absl::StrCat("chromium exited with ", rc, "; its log: ",
-                                            ReadFile(TmpDir() + "/chromium.log")));
+    return absl::InternalError(absl::StrCat("chromium exited with ", rc,
+                                            "; its log: ", ReadFile(TmpDir() + "/chromium.log")));
   }
   return out;
 }
@@ -154,9 +154,9 @@ TEST_F(DashboardTest, ShowsTheClusterAndFollowsARedistribute) {
   // The picture for the README: the page as a user sees it.
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   const std::string png = absl::StrCat(outputs != nullptr ? outputs : TmpDir(), "/dashboard.png");
-  ASSERT_TRUE(RunChromium(page, absl::StrCat("--window-size=", kWidth, ",", kHeight,
-                                             " --screenshot=", png))
-                  .ok());
+  ASSERT_TRUE(
+      RunChromium(page, absl::StrCat("--window-size=", kWidth, ",", kHeight, " --screenshot=", png))
+          .ok());
   absl::StatusOr<PngSummary> shot = SummarizePng(ReadFile(png));
   ASSERT_TRUE(shot.ok()) << shot.status();
   EXPECT_EQ(shot->width, kWidth);
@@ -182,10 +182,10 @@ int main(int argc, char** argv) {
   using shardcoord::Sha256Hex;
   const std::string tokens = shardcoord::TmpDir() + "/tokens";
   const std::string worker_token = shardcoord::TmpDir() + "/worker.token";
-  shardcoord::WriteFile(tokens,
-                        absl::StrCat("admin alice ", Sha256Hex(shardcoord::kAdminToken), "\n",
-                                     "reader rick ", Sha256Hex(shardcoord::kReaderToken), "\n",
-                                     "worker workers ", Sha256Hex(shardcoord::kWorkerToken), "\n"));
+  shardcoord::WriteFile(
+      tokens, absl::StrCat("admin alice ", Sha256Hex(shardcoord::kAdminToken), "\n", "reader rick ",
+                           Sha256Hex(shardcoord::kReaderToken), "\n", "worker workers ",
+                           Sha256Hex(shardcoord::kWorkerToken), "\n"));
   shardcoord::WriteFile(worker_token, absl::StrCat(shardcoord::kWorkerToken, "\n"));
   shardcoord::ClusterOptions options;
   options.coordinator_flags = {"--auth-tokens=" + tokens};

@@ -64,8 +64,8 @@ absl::StatusOr<PngSummary> SummarizePng(absl::string_view png) {
   const size_t stride = static_cast<size_t>(out.width) * channels;
   std::vector<unsigned char> raw((stride + 1) * out.height);
   uLongf raw_size = raw.size();
-  if (uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()),
-                 idat.size()) != Z_OK ||
+  if (uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) !=
+          Z_OK ||
       raw_size != raw.size()) {
     return absl::InvalidArgumentError("IDAT: not a zlib stream of the image's size");
   }
@@ -81,12 +81,22 @@ absl::StatusOr<PngSummary> SummarizePng(absl::string_view png) {
       const int b = prev[i];
       const int c = i >= static_cast<size_t>(channels) ? prev[i - channels] : 0;
       switch (filter) {
-        case 0: break;
-        case 1: px[i] += a; break;
-        case 2: px[i] += b; break;
-        case 3: px[i] += (a + b) / 2; break;
-        case 4: px[i] += Paeth(a, b, c); break;
-        default: return absl::InvalidArgumentError(absl::StrCat("row ", y, ": filter ", filter));
+        case 0:
+          break;
+        case 1:
+          px[i] += a;
+          break;
+        case 2:
+          px[i] += b;
+          break;
+        case 3:
+          px[i] += (a + b) / 2;
+          break;
+        case 4:
+          px[i] += Paeth(a, b, c);
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat("row ", y, ": filter ", filter));
       }
     }
     for (int64_t x = 0; x < out.width; ++x) {
