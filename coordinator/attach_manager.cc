@@ -9,16 +9,16 @@ absl::StatusOr<bool> AttachManager::Attach(const AttachArgs& args) {
   absl::StatusOr<WorkerRecord> w = workers_->Get(args.worker);
   if (!w.ok()) return w.status();
   if (w->rank != args.rank) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
-        "; attach through the local socket of rank ", args.rank, "'s worker"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
+                     "; attach through the local socket of rank ", args.rank, "'s worker"));
   }
   absl::StatusOr<TensorRecord> t = tensors_->Attach(args.tensor, args.rank, args.incarnation,
                                                     args.version, args.dtype, args.chunks);
   if (!t.ok()) return t.status();
-  return LostChunks(*t, [this](int64_t rank, int64_t incarnation) {
-           return workers_->IsLive(rank, incarnation);
-         }).empty();
+  return LostChunks(*t, [this](int64_t rank,
+                               int64_t incarnation) { return workers_->IsLive(rank, incarnation); })
+      .empty();
 }
 
 absl::Status AttachManager::Detach(const std::string& worker, int64_t incarnation,

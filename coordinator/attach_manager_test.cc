@@ -40,8 +40,8 @@ class AttachManagerTest : public ::testing::Test {
     t.shape = {8, 4};
     t.mesh = "N";
     t.spec = placements;
-    t.layout = *Layout::FromPlacements(meshes_.Get("N")->mesh, t.shape,
-                                       *ParsePlacements(placements));
+    t.layout =
+        *Layout::FromPlacements(meshes_.Get("N")->mesh, t.shape, *ParsePlacements(placements));
     t.version = tensors_.NewVersion();
     t.attached = attached;
     LayoutChecksums sums;
@@ -115,8 +115,8 @@ TEST_F(AttachManagerTest, ReadableOnceEveryRankIsAttached) {
   const TensorRecord t = *tensors_.Get("A");
   EXPECT_TRUE(t.attached);
   EXPECT_TRUE(t.unattached.empty());
-  EXPECT_TRUE(LostChunks(t, [this](int64_t r, int64_t i) { return workers_.IsLive(r, i); })
-                  .empty());
+  EXPECT_TRUE(
+      LostChunks(t, [this](int64_t r, int64_t i) { return workers_.IsLive(r, i); }).empty());
 }
 
 TEST_F(AttachManagerTest, RefusalsNameTheFieldAndChangeNothing) {
@@ -222,8 +222,8 @@ TEST_F(AttachManagerTest, RedistributeMovesItIntoWorkerOwnedBuffers) {
   std::optional<absl::Status> done;
   Spec target;
   target.placements = *ParsePlacements("R");
-  absl::StatusOr<StartedPlan> moved =
-      plans_.Redistribute("A", target, [&](const absl::Status& s, const PlanProgress&) { done = s; });
+  absl::StatusOr<StartedPlan> moved = plans_.Redistribute(
+      "A", target, [&](const absl::Status& s, const PlanProgress&) { done = s; });
   ASSERT_TRUE(moved.ok()) << moved.status();
   for (const v1::PlanFragment& f : client_.fragments()) EXPECT_EQ(f.attached_target_version(), 0);
   ReportAll(moved->id);

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/convert.h"
@@ -45,12 +47,9 @@ std::string Bytes(int64_t bytes) {
 // A memfd (or other sealed file) mapped shared: unmapped when the last buffer goes.
 class SharedMapping final : public LentMemory {
  public:
-  SharedMapping(void* base, size_t length, int64_t pid)
-      : base_(base), length_(length), pid_(pid) {}
+  SharedMapping(void* base, size_t length, int64_t pid) : base_(base), length_(length), pid_(pid) {}
   ~SharedMapping() override { munmap(base_, length_); }
-  std::string Describe() const override {
-    return absl::StrCat("shared memory of process ", pid_);
-  }
+  std::string Describe() const override { return absl::StrCat("shared memory of process ", pid_); }
 
  private:
   void* const base_;
@@ -63,9 +62,7 @@ class ProcessMemory final : public LentMemory {
  public:
   explicit ProcessMemory(int64_t pid) : space_(pid) {}
   ProcessMemorySpace* space() { return &space_; }
-  std::string Describe() const override {
-    return absl::StrCat("memory of process ", space_.pid());
-  }
+  std::string Describe() const override { return absl::StrCat("memory of process ", space_.pid()); }
 
  private:
   ProcessMemorySpace space_;
@@ -102,6 +99,18 @@ class NoMemory final : public LentMemory {
   const int64_t pid_;
 };
 
+// "GPU-1A2B..." and "1a2b-..." name the same device: hex digits only, lower case.
+std::string NormalizedUuid(absl::string_view uuid) {
+  if (absl::StartsWith(uuid, "GPU-")) uuid.remove_prefix(4);
+  std::string out;
+  for (char ch : uuid) {
+    if (absl::ascii_isxdigit(static_cast<unsigned char>(ch))) {
+      out.push_back(absl::ascii_tolower(static_cast<unsigned char>(ch)));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 AttachRegistry::AttachRegistry(BufferStore* buffers, MemorySpace* space, AttachRpc* rpc,
@@ -135,9 +144,9 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
             "shared: no file descriptor came with the request (SCM_RIGHTS)");
       }
       if (offset < 0 || offset % element_size != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shared.offset: ", offset, " must be >= 0 and a multiple of the element size ",
-            element_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("shared.offset: ", offset,
+                         " must be >= 0 and a multiple of the element size ", element_size));
       }
       struct stat st;
       if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -145,9 +154,9 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
             "shared: the descriptor is not a memory file (memfd_create or /dev/shm)");
       }
       if (st.st_size < offset + bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("shared: the memory file has ", st.st_size, " bytes, fewer than offset ",
-                         offset, " + ", bytes, " bytes of the buffer"));
+        return absl::InvalidArgumentError(absl::StrCat("shared: the memory file has ", st.st_size,
+                                                       " bytes, fewer than offset ", offset, " + ",
+                                                       bytes, " bytes of the buffer"));
       }
       // A file that shrinks under a mapping kills the process reading past its end (SIGBUS):
       // only files that cannot shrink are mapped.
@@ -163,11 +172,16 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
       const int64_t page = sysconf(_SC_PAGESIZE);
       const int64_t start = offset / page * page;
       const size_t length = static_cast<size_t>(offset + bytes - start);
-      void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, start);
+      // Populated now, so the first plan pays no page faults; huge pages where the host
+      // allows them for shared memory (shmem_enabled advise): process_vm_writev into 4 KiB
+      // shmem pages ran at a third of the speed into huge pages on the project's machine.
+      void* base =
+          mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, start);
       if (base == MAP_FAILED) {
         return absl::InvalidArgumentError(
             absl::StrCat("shared: cannot map ", bytes, " bytes: ", std::strerror(errno)));
       }
+      madvise(base, length, MADV_HUGEPAGE);
       out.data = static_cast<char*>(base) + (offset - start);
       out.lent = std::make_shared<SharedMapping>(base, length, peer.pid);
       out.space = &HostMemorySpace::Global();
@@ -194,10 +208,9 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
         absl::Status s = ReadPeerMemory(peer.pid, at, &probe, 1);
         if (s.code() == absl::StatusCode::kPermissionDenied) return s;
         if (!s.ok()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("process.address: 0x", absl::Hex(address), " + ", bytes,
-                           " bytes is not readable memory of process ", peer.pid, ": ",
-                           s.message()));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "process.address: 0x", absl::Hex(address), " + ", bytes,
+              " bytes is not readable memory of process ", peer.pid, ": ", s.message()));
         }
       }
       auto memory = std::make_shared<ProcessMemory>(peer.pid);
@@ -210,16 +223,16 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
       out.kind = "cuda_ipc";
       const v1::CudaIpcRegion& ipc = request.cuda_ipc();
       if (space_->is_host()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cuda_ipc: worker ", identity_().name,
-            " keeps its buffers in host memory (gloo backend); attach a CPU buffer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("cuda_ipc: worker ", identity_().name,
+                         " keeps its buffers in host memory (gloo backend); attach a CPU buffer"));
       }
       const std::string uuid = space_->device_uuid();
-      if (!ipc.device_uuid().empty() && !uuid.empty() && ipc.device_uuid() != uuid) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("cuda_ipc.device_uuid: the buffer is on ", ipc.device_uuid(),
-                         " but worker ", identity_().name, " owns ", space_->name(), " (", uuid,
-                         ")"));
+      if (!ipc.device_uuid().empty() && !uuid.empty() &&
+          NormalizedUuid(ipc.device_uuid()) != NormalizedUuid(uuid)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda_ipc.device_uuid: the buffer is on ", ipc.device_uuid(), " but worker ",
+            identity_().name, " owns ", space_->name(), " (", uuid, ")"));
       }
       if (bytes == 0) break;
       absl::StatusOr<Allocation> opened = space_->OpenShared(ipc.handle(), ipc.offset(), bytes);
@@ -275,10 +288,10 @@ absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
   absl::StatusOr<int64_t> want = CheckedMul(chunks->local_elements, esize);
   if (!want.ok()) return want.status();
   if (request.bytes() != *want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bytes: the buffer has ", request.bytes(), " bytes but rank ", request.rank(),
-        "'s chunks of '", request.tensor(), "' take ", *want, " (", chunks->local_elements, " ",
-        DTypeName(*dtype), " elements)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes: the buffer has ", request.bytes(), " bytes but rank ", request.rank(),
+                     "'s chunks of '", request.tensor(), "' take ", *want, " (",
+                     chunks->local_elements, " ", DTypeName(*dtype), " elements)"));
   }
   absl::StatusOr<Opened> opened = Open(request, *want, esize, peer, owned.get());
   if (!opened.ok()) return opened.status();

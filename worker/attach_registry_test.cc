@@ -31,9 +31,9 @@
 namespace shardcoord {
 namespace {
 
-using ::testing::HasSubstr;
 using attach_testing::FakeAttachRpc;
 using attach_testing::Memfd;
+using ::testing::HasSubstr;
 
 const Shape kShape = {8, 6};
 
@@ -62,15 +62,16 @@ v1::LocalAttachRequest Request(const std::string& tensor, int64_t rank, int64_t 
 
 struct Registry {
   explicit Registry(int64_t rank = 0, MemorySpace* space = nullptr)
-      : registry(&buffers, space, &rpc, [rank] { return WorkerIdentity{"w0", 3, rank}; }) {}
+      : registry(&buffers, space, &rpc, [rank] {
+          return WorkerIdentity{"w0", 3, rank};
+        }) {}
   FakeAttachRpc rpc;
   BufferStore buffers;
   AttachRegistry registry;
 };
 
 PeerCredentials Self() {
-  return PeerCredentials{getpid(), static_cast<int64_t>(getuid()),
-                         static_cast<int64_t>(getgid())};
+  return PeerCredentials{getpid(), static_cast<int64_t>(getuid()), static_cast<int64_t>(getgid())};
 }
 
 TEST(AttachRegistryTest, SharedMemoryIsMappedInPlaceAndDetachedWithItsSession) {
@@ -239,7 +240,8 @@ std::vector<float> Arange(const Layout& layout, int64_t rank) {
   const Box box = layout.Find(rank)->chunks[0].box;
   std::vector<float> out;
   for (int64_t i = box.offset(0); i < box.end(0); ++i) {
-    for (int64_t j = box.offset(1); j < box.end(1); ++j) out.push_back(static_cast<float>(i * 6 + j));
+    for (int64_t j = box.offset(1); j < box.end(1); ++j)
+      out.push_back(static_cast<float>(i * 6 + j));
   }
   return out;
 }

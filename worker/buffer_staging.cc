@@ -9,8 +9,8 @@ namespace shardcoord {
 
 absl::Status CopyBufferBytes(const HostBuffer& from, HostBuffer& to) {
   if (from.bytes() != to.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("copying a buffer of ", from.bytes(),
-                                                   " bytes into one of ", to.bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("copying a buffer of ", from.bytes(), " bytes into one of ", to.bytes()));
   }
   MemorySpace& src = from.space();
   MemorySpace& dst = to.space();

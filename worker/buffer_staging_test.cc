@@ -49,9 +49,9 @@ TEST(BufferStagingTest, CopiesBetweenHostDeviceAndProcessMemory) {
   // This very process as "another" process: one process_vm copy each way.
   std::vector<float> theirs(n, -1.0f);
   ProcessMemorySpace process(getpid());
-  auto lent = *HostBuffer::Wrap(DType::kF32, Chunks(n), &process,
-                                reinterpret_cast<char*>(theirs.data()),
-                                std::make_shared<NoRelease>());
+  auto lent =
+      *HostBuffer::Wrap(DType::kF32, Chunks(n), &process, reinterpret_cast<char*>(theirs.data()),
+                        std::make_shared<NoRelease>());
   ASSERT_TRUE(CopyBufferBytes(*host, *lent).ok());
   EXPECT_EQ(theirs, values);
   std::shared_ptr<HostBuffer> read = *BufferIn(lent, &HostMemorySpace::Global());

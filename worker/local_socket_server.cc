@@ -15,8 +15,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "proto/local_frame.h"
 #include "proto/shardcoord.pb.h"
-#include "worker/local_frame.h"
 
 namespace shardcoord {
 namespace {
@@ -85,8 +85,10 @@ absl::Status CheckLocalPeer(const PeerCredentials& peer, uid_t worker_uid,
     return absl::OkStatus();
   }
   return absl::PermissionDeniedError(absl::StrCat(
-      "process ", peer.pid, " of uid ", peer.uid, " may not attach buffers to this worker: only "
-      "uid ", worker_uid,
+      "process ", peer.pid, " of uid ", peer.uid,
+      " may not attach buffers to this worker: only "
+      "uid ",
+      worker_uid,
       group.has_value() ? absl::StrCat(" and members of group ", *group, " (--local-group)")
                         : std::string(" (start the worker with --local-group to admit a group)")));
 }
@@ -111,9 +113,9 @@ absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--local-socket: '", path, "' is ", path.size(), " bytes; a Unix socket path has 1 to ",
-        sizeof(addr.sun_path) - 1));
+    return absl::InvalidArgumentError(absl::StrCat("--local-socket: '", path, "' is ", path.size(),
+                                                   " bytes; a Unix socket path has 1 to ",
+                                                   sizeof(addr.sun_path) - 1));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   std::optional<gid_t> group;
@@ -142,8 +144,8 @@ absl::StatusOr<std::unique_ptr<LocalSocketServer>> LocalSocketServer::Start(
     }
     // A socket someone accepts on is another worker's; one nobody accepts on is stale.
     const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr),
-                                            sizeof(addr)) == 0;
+    const bool live =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (probe >= 0) close(probe);
     if (live) {
       return fail(absl::FailedPreconditionError(absl::StrCat(

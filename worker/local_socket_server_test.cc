@@ -17,20 +17,20 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "proto/local_frame.h"
 #include "worker/buffer_store.h"
-#include "worker/local_frame.h"
 #include "worker/testing/attach_test_util.h"
 
 namespace shardcoord {
 namespace {
 
-using ::testing::HasSubstr;
 using attach_testing::FakeAttachRpc;
 using attach_testing::Memfd;
+using ::testing::HasSubstr;
 
 TEST(LocalFrameTest, SplitsAStreamIntoPayloads) {
-  const std::string stream = EncodeLocalFrame("hello") + EncodeLocalFrame("") +
-                             EncodeLocalFrame(std::string(300, 'x'));
+  const std::string stream =
+      EncodeLocalFrame("hello") + EncodeLocalFrame("") + EncodeLocalFrame(std::string(300, 'x'));
   LocalFrameReader reader;
   std::vector<std::string> got;
   for (char c : stream) {  // One byte at a time: frames complete across reads.
@@ -56,7 +56,7 @@ TEST(CheckLocalPeerTest, SameUidOrTheGroup) {
   EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(other.message(), HasSubstr("process 42 of uid 1000"));
   EXPECT_THAT(other.message(), HasSubstr("--local-group"));
-  EXPECT_TRUE(CheckLocalPeer(peer, 0, 1000, {}).ok());         // Primary group.
+  EXPECT_TRUE(CheckLocalPeer(peer, 0, 1000, {}).ok());          // Primary group.
   EXPECT_TRUE(CheckLocalPeer(peer, 0, 27, {4, 27, 100}).ok());  // Supplementary group.
   EXPECT_EQ(CheckLocalPeer(peer, 0, 27, {4, 100}).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(ResolveGroup("0").value_or(99), 0u);

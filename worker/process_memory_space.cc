@@ -13,8 +13,8 @@ namespace shardcoord {
 std::string ProcessMemorySpace::name() const { return absl::StrCat("process ", pid_); }
 
 absl::Status ProcessMemorySpace::Unsupported(const char* op) const {
-  return absl::FailedPreconditionError(absl::StrCat(
-      op, " does not run on memory of ", name(), ": copy it into the worker's memory first"));
+  return absl::FailedPreconditionError(absl::StrCat(op, " does not run on memory of ", name(),
+                                                    ": copy it into the worker's memory first"));
 }
 
 absl::StatusOr<Allocation> ProcessMemorySpace::Allocate(int64_t) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <new>
 #include <utility>
@@ -88,6 +89,10 @@ void FakeDeviceMemorySpace::CheckHost(const void* p, int64_t bytes, const char* 
                      " overlaps memory of this space (a device pointer used as host "
                      "memory?)"));
   }
+}
+
+std::string FakeDeviceMemorySpace::device_uuid() const {
+  return absl::StrCat("GPU-", absl::Hex(std::hash<std::string>{}(name_), absl::kZeroPad16));
 }
 
 std::string FakeDeviceMemorySpace::ExportHandle(const Allocation& allocation) const {

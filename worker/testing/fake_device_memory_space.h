@@ -83,7 +83,8 @@ class FakeDeviceMemorySpace final : public MemorySpace {
   absl::StatusOr<Allocation> OpenShared(absl::string_view handle, int64_t offset,
                                         int64_t bytes) override;
   void CloseShared(const Allocation& allocation) override;
-  std::string device_uuid() const override { return "fake-uuid-" + name_; }
+  // "GPU-" and hex digits derived from the name, as nvidia-smi prints a UUID.
+  std::string device_uuid() const override;
 
  private:
   bool OwnsLocked(const void* p, int64_t bytes) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -69,6 +69,8 @@ def alloc_shared(nbytes, wire_dtype, shape, framework, name="shardcoord"):
         # Sealed against shrinking: the worker maps it, and a shrink would crash the mapper.
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
         mapping = mmap.mmap(fd, size)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            mapping.madvise(mmap.MADV_HUGEPAGE)  # Where the host allows huge shmem pages.
     except BaseException:
         os.close(fd)
         raise

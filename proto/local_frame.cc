@@ -1,4 +1,4 @@
-#include "worker/local_frame.h"
+#include "proto/local_frame.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -18,9 +18,8 @@ absl::StatusOr<std::optional<std::string>> LocalFrameReader::Next() {
   uint32_t n = 0;
   for (int i = 0; i < 4; ++i) n |= uint32_t{static_cast<unsigned char>(buffer_[i])} << (8 * i);
   if (n > kMaxLocalFrameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("local frame of ", n,
-                                                   " bytes, more than the limit of ",
-                                                   kMaxLocalFrameBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local frame of ", n, " bytes, more than the limit of ", kMaxLocalFrameBytes));
   }
   if (buffer_.size() < 4 + size_t{n}) return std::nullopt;
   std::string payload = buffer_.substr(4, n);

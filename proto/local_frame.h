@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_WORKER_LOCAL_FRAME_H_
-#define SHARDCOORD_WORKER_LOCAL_FRAME_H_
+#ifndef SHARDCOORD_PROTO_LOCAL_FRAME_H_
+#define SHARDCOORD_PROTO_LOCAL_FRAME_H_
 
 // Framing of the local attach protocol (shardcoord.proto, "Local attach protocol"): each
 // message is a 4-byte little-endian length, then that many bytes of a serialized message.
@@ -36,4 +36,4 @@ class LocalFrameReader {
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_WORKER_LOCAL_FRAME_H_
+#endif  // SHARDCOORD_PROTO_LOCAL_FRAME_H_
