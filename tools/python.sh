@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs Debian's Python (/usr/bin/python3: python3-grpcio, python3-numpy, python3-torch) with the
+# Runs Debian's Python (/usr/bin/python3: python3-grpcio, python3-numpy, python3-torch; or
+# $SHARDCOORD_PYTHON, e.g. an interpreter with a CUDA build of torch) with the
 # `shardcoord` package (client/python/shardcoord) importable, after generating its protobuf
 # and gRPC stubs when they are missing or older than proto/shardcoord.proto (protoc and
 # grpc_python_plugin from protobuf-compiler-grpc; no Bazel needed).
@@ -34,4 +35,4 @@ if [[ "${1:-}" == "--pythonpath" ]]; then
   exit 0
 fi
 export PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}"
-exec /usr/bin/python3 "$@"
+exec "${SHARDCOORD_PYTHON:-/usr/bin/python3}" "$@"

@@ -60,11 +60,11 @@ class Daemon:
 
 
 class Cluster:
-    """Coordinator + `workers` Gloo workers (w0..). `bin_dir` holds coordinator/coordinator and
-    worker/worker (bazel-bin), or give the two paths."""
+    """A coordinator and `workers` workers (w0.., `backend` gloo or nccl) from the two
+    binaries (bazel-bin's coordinator/coordinator and worker/worker)."""
 
     def __init__(self, coordinator_bin, worker_bin, workers=4, coordinator_flags=(),
-                 worker_flags=(), log_dir=None):
+                 worker_flags=(), log_dir=None, backend="gloo"):
         # Unix socket paths have at most 107 bytes: a short directory of our own under /tmp.
         self.dir = tempfile.mkdtemp(prefix="sc-", dir="/tmp")
         self.log_dir = log_dir or self.dir
@@ -85,7 +85,7 @@ class Cluster:
                 self.workers.append(Daemon(
                     name,
                     [worker_bin, f"--coordinator={self.address}", "--listen=127.0.0.1:0",
-                     f"--name={name}", "--backend=gloo",
+                     f"--name={name}", f"--backend={backend}",
                      f"--local-socket={self.dir}/{name}.sock", *worker_flags],
                     os.path.join(self.log_dir, f"{name}.log")))
             for w in self.workers:
