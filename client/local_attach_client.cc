@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "proto/local_frame.h"
@@ -121,9 +122,8 @@ absl::StatusOr<v1::LocalAttachResponse> LocalAttachClient::AttachShared(
   absl::StatusOr<int64_t> bytes = LocalBytes(tensor, rank);
   if (!bytes.ok()) return bytes.status();
   if (offset < 0 || offset + *bytes > memory.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("memory: ", memory.bytes(),
-                                                   " bytes cannot hold ", *bytes,
-                                                   " bytes from offset ", offset));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory: ", memory.bytes(), " bytes cannot hold ", *bytes, " bytes from offset ", offset));
   }
   absl::StatusOr<v1::LocalAttachRequest> attach = Request(tensor, rank, *bytes);
   if (!attach.ok()) return attach.status();
@@ -135,8 +135,10 @@ absl::StatusOr<v1::LocalAttachResponse> LocalAttachClient::AttachShared(
   return r->attach();
 }
 
-absl::StatusOr<v1::LocalAttachResponse> LocalAttachClient::AttachPlain(
-    const v1::TensorInfo& tensor, int64_t rank, const void* data, int64_t bytes) {
+absl::StatusOr<v1::LocalAttachResponse> LocalAttachClient::AttachPlain(const v1::TensorInfo& tensor,
+                                                                       int64_t rank,
+                                                                       const void* data,
+                                                                       int64_t bytes) {
   absl::StatusOr<v1::LocalAttachRequest> attach = Request(tensor, rank, bytes);
   if (!attach.ok()) return attach.status();
   attach->mutable_process()->set_address(reinterpret_cast<uint64_t>(data));
@@ -154,51 +156,24 @@ absl::Status LocalAttachClient::Detach(const std::string& tensor, int64_t rank) 
   return Call(request, -1).status();
 }
 
-absl::StatusOr<v1::LocalResponse> LocalAttachClient::Call(const v1::LocalRequest& request,
-                                                          int fd) {
-  const std::string frame = EncodeLocalFrame(request.SerializeAsString());
+absl::StatusOr<v1::LocalResponse> LocalAttachClient::Call(const v1::LocalRequest& request, int fd) {
   absl::MutexLock lock(&mu_);
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    iovec iov{const_cast<char*>(frame.data() + sent), frame.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0 && sent == 0) {  // The descriptor travels with the first bytes.
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    const ssize_t n = sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // A worker that refused this peer answered and hung up: read it.
-    sent += static_cast<size_t>(n);
-  }
+  // A worker that refused this peer has answered and hung up: a failed send still reads it.
+  SendLocalFrame(fd_, request.SerializeAsString(), fd).IgnoreError();
   LocalFrameReader reader;
-  char buf[4096];
-  while (true) {
-    absl::StatusOr<std::optional<std::string>> next = reader.Next();
-    if (!next.ok()) return absl::InternalError(next.status().message());
-    if (next->has_value()) {
-      v1::LocalResponse response;
-      if (!response.ParseFromString(**next)) {
-        return absl::InternalError("the worker sent something other than a LocalResponse");
-      }
-      if (response.code() != 0) {
-        return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
-      }
-      return response;
-    }
-    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::UnavailableError("the worker closed its local socket");
-    reader.Append(absl::string_view(buf, static_cast<size_t>(n)));
+  absl::StatusOr<std::string> frame = ReceiveLocalFrame(fd_, reader);
+  if (!frame.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the worker's local socket: ", frame.status().message()));
   }
+  v1::LocalResponse response;
+  if (!response.ParseFromString(*frame)) {
+    return absl::InternalError("the worker sent something other than a LocalResponse");
+  }
+  if (response.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+  }
+  return response;
 }
 
 }  // namespace shardcoord

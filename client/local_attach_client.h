@@ -27,8 +27,8 @@ namespace shardcoord {
 // worker maps too, so it is lent without a copy. Zeroed.
 class SharedMemory {
  public:
-  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(int64_t bytes,
-                                                              const std::string& name = "shardcoord");
+  static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(
+      int64_t bytes, const std::string& name = "shardcoord");
   ~SharedMemory();
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;
@@ -61,8 +61,8 @@ class LocalAttachClient {
   // Lends `memory` from `offset` as `rank`'s local buffer of `tensor` (as GetTensor returned
   // it: its version, dtype and the rank's chunks). The worker's and the coordinator's errors
   // come back with their codes (shardcoord.proto, LocalResponse).
-  absl::StatusOr<v1::LocalAttachResponse> AttachShared(const v1::TensorInfo& tensor,
-                                                       int64_t rank, const SharedMemory& memory,
+  absl::StatusOr<v1::LocalAttachResponse> AttachShared(const v1::TensorInfo& tensor, int64_t rank,
+                                                       const SharedMemory& memory,
                                                        int64_t offset = 0);
   // Lends plain memory of this process (`bytes` at `data`): the worker reads and writes it
   // with process_vm_readv/writev, one copy per plan.

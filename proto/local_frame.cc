@@ -1,5 +1,10 @@
 #include "proto/local_frame.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardcoord {
@@ -25,6 +30,47 @@ absl::StatusOr<std::optional<std::string>> LocalFrameReader::Next() {
   std::string payload = buffer_.substr(4, n);
   buffer_.erase(0, 4 + size_t{n});
   return payload;
+}
+
+absl::Status SendLocalFrame(int socket, absl::string_view payload, int fd) {
+  const std::string frame = EncodeLocalFrame(payload);
+  size_t sent = 0;
+  while (sent < frame.size()) {
+    iovec iov{const_cast<char*>(frame.data() + sent), frame.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0 && sent == 0) {  // The descriptor travels with the first bytes.
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    const ssize_t n = sendmsg(socket, &msg, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(absl::StrCat("sending a local frame: ", std::strerror(errno)));
+    }
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReceiveLocalFrame(int socket, LocalFrameReader& reader) {
+  char buf[4096];
+  while (true) {
+    absl::StatusOr<std::optional<std::string>> next = reader.Next();
+    if (!next.ok()) return next.status();
+    if (next->has_value()) return **std::move(next);
+    const ssize_t n = recv(socket, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::UnavailableError("the other end closed the local socket");
+    reader.Append(absl::string_view(buf, static_cast<size_t>(n)));
+  }
 }
 
 }  // namespace shardcoord

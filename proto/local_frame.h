@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -33,6 +34,15 @@ class LocalFrameReader {
  private:
   std::string buffer_;
 };
+
+// Writes `payload` as one frame to the stream socket `socket`, with `fd` (when >= 0) as
+// SCM_RIGHTS data of its first bytes. UNAVAILABLE when the peer is gone.
+absl::Status SendLocalFrame(int socket, absl::string_view payload, int fd = -1);
+
+// Reads from `socket` until `reader` holds a whole frame and returns its payload (descriptors
+// that come with it are not taken: use recvmsg for those). UNAVAILABLE when the peer closed
+// first; INVALID_ARGUMENT for a frame over the limit.
+absl::StatusOr<std::string> ReceiveLocalFrame(int socket, LocalFrameReader& reader);
 
 }  // namespace shardcoord
 

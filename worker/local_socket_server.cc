@@ -45,21 +45,10 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-bool SendAll(int fd, const std::string& bytes) {
-  size_t sent = 0;
-  while (sent < bytes.size()) {
-    const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 bool SendResponse(int fd, const absl::Status& status, v1::LocalResponse response) {
   response.set_code(static_cast<int32_t>(status.code()));
   response.set_message(std::string(status.message()));
-  return SendAll(fd, EncodeLocalFrame(response.SerializeAsString()));
+  return SendLocalFrame(fd, response.SerializeAsString()).ok();
 }
 
 std::vector<gid_t> PeerGroups(int fd) {

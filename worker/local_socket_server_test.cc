@@ -78,46 +78,24 @@ class Client {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
-  // Sends raw bytes, with `fd` in SCM_RIGHTS when >= 0.
-  void Send(const std::string& bytes, int fd = -1) {
-    iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    ASSERT_EQ(sendmsg(fd_, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  // Sends one frame of `payload`, with `fd` in SCM_RIGHTS when >= 0.
+  void Send(const std::string& payload, int fd = -1) {
+    ASSERT_TRUE(SendLocalFrame(fd_, payload, fd).ok());
   }
   // The next response; code UNKNOWN when the connection ended first.
   v1::LocalResponse Read() {
     LocalFrameReader reader;
-    char buf[4096];
-    while (true) {
-      absl::StatusOr<std::optional<std::string>> next = reader.Next();
-      if (next.ok() && next->has_value()) {
-        v1::LocalResponse r;
-        r.ParseFromString(**next);
-        return r;
-      }
-      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-      if (n <= 0) {
-        v1::LocalResponse none;
-        none.set_code(static_cast<int>(absl::StatusCode::kUnknown));
-        return none;
-      }
-      reader.Append(absl::string_view(buf, static_cast<size_t>(n)));
+    v1::LocalResponse r;
+    absl::StatusOr<std::string> frame = ReceiveLocalFrame(fd_, reader);
+    if (!frame.ok()) {
+      r.set_code(static_cast<int>(absl::StatusCode::kUnknown));
+      return r;
     }
+    r.ParseFromString(*frame);
+    return r;
   }
   v1::LocalResponse Call(const v1::LocalRequest& request, int fd = -1) {
-    Send(EncodeLocalFrame(request.SerializeAsString()), fd);
+    Send(request.SerializeAsString(), fd);
     return Read();
   }
 
@@ -196,7 +174,7 @@ TEST_F(LocalSocketServerTest, AttachesThroughTheSocketAndDetachesWhenItCloses) {
   unknown.mutable_detach()->set_rank(2);
   r = client.Call(unknown);
   EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kNotFound));
-  client.Send(EncodeLocalFrame("\xff\xff not a message"));
+  client.Send("\xff\xff not a message");
   EXPECT_EQ(client.Read().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
 
   // The connection's end is the attachment's end.

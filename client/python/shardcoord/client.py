@@ -314,7 +314,22 @@ class Client:
             request.cuda_ipc.handle = lent.handle
             request.cuda_ipc.offset = lent.offset
             request.cuda_ipc.device_uuid = lent.device_uuid
-        response = conn.request(pb.LocalRequest(attach=request), fd=fd)
+        try:
+            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
+        except Error as e:
+            if e.code != "UNAVAILABLE":
+                raise
+            # The worker went away (or restarted on the same socket): forget its connection,
+            # whose attachments ended with it, and try a new one once.
+            with self._lock:
+                if self._local.get(worker.local_socket) is conn:
+                    del self._local[worker.local_socket]
+                self._attached = {k: v for k, v in self._attached.items() if v[0] is not conn}
+            conn.close()
+            conn = self._connection(worker)
+            if lent.memory == "process":
+                conn.allow_reads()
+            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
         with self._lock:
             self._attached[(name, rank)] = (conn, buf)
         return response.attach.readable
