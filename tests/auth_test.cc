@@ -375,6 +375,7 @@ TEST_P(AuthTest, WorkerFacingRpcs) {
   v1::AttachBufferRequest attach;
   attach.set_worker("nobody");
   attach.set_tensor("t");
+  attach.set_dtype(v1::F32);
   v1::AttachBufferResponse attach_resp;
   s = FromGrpcStatus(workers_stub_->AttachBuffer(Ctx().get(), attach, &attach_resp));
   if (Check("AttachBuffer", s, /*want_ok=*/false)) EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);

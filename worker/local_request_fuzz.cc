@@ -5,12 +5,13 @@
 // stands for a 1 MiB buffer of it, so attaches can succeed). The registry must only return
 // statuses, and once the session closes nothing it registered may be left in the store.
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 #include "google/protobuf/stubs/logging.h"
 #include "proto/local_frame.h"
