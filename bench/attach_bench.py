@@ -9,8 +9,9 @@ to every other). Three kinds of the same group:
   shared  both sides lent by four user processes in shared memory (memfd, used in place)
   plain   both sides lent as plain process memory (process_vm_readv/writev, one copy each way)
 
-Each kind runs --reps times, interleaved; prints best and median seconds, GB/s, and each
-kind's ratio to `own` (best over best, median over median), or one JSON object with --json.
+Each kind runs --reps times, interleaved; prints best and median seconds, GB/s, the workers'
+CPU seconds per group (steadier than wall time on a loaded machine), and each kind's ratio to
+`own` (best over best, median over median, CPU over CPU), or one JSON object with --json.
 
     attach_bench.py --coordinator BIN --worker BIN [--tensors 8] [--shape 2048,2048] [--reps 5]
 """
@@ -29,6 +30,16 @@ import shardcoord  # noqa: E402  pylint: disable=wrong-import-position
 from cluster import Cluster, UserProcess  # noqa: E402  pylint: disable=wrong-import-position
 
 KINDS = ("own", "shared", "plain")
+
+
+def workers_cpu(pids):
+    """User + system CPU seconds the processes have used (/proc/PID/stat)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -70,12 +81,16 @@ def main():
         nbytes = args.tensors * shape[0] * shape[1] * 4
         c.copy_many(pairs["own"])  # Warm: communicators built once per epoch.
         seconds = {k: [] for k in KINDS}
+        cpu = {k: [] for k in KINDS}  # The workers' CPU seconds: steadier than wall time.
+        pids = [cluster.worker_pid(i) for i in range(4)]
         moved = {}
         for _ in range(args.reps):
             for kind in KINDS:
+                c0 = workers_cpu(pids)
                 t0 = time.monotonic()
                 group = c.copy_many(pairs[kind])
                 seconds[kind].append(time.monotonic() - t0)
+                cpu[kind].append(workers_cpu(pids) - c0)
                 moved[kind] = group.bytes_moved
         # The attached destinations hold the sources' values, in the user processes' memory.
         for kind in KINDS[1:]:
@@ -91,12 +106,16 @@ def main():
         base_best, base_median = min(seconds["own"]), statistics.median(seconds["own"])
         for kind in KINDS:
             best, median = min(seconds[kind]), statistics.median(seconds[kind])
+            cpu_median = statistics.median(cpu[kind])
             out[kind] = {"best_seconds": best, "median_seconds": median,
                          "best_gbps": moved[kind] / best / 1e9,
-                         "ratio_best": base_best / best, "ratio_median": base_median / median}
+                         "ratio_best": base_best / best, "ratio_median": base_median / median,
+                         "worker_cpu_seconds_median": cpu_median,
+                         "ratio_cpu": statistics.median(cpu["own"]) / cpu_median}
             log(f"  {kind:6s} best {best * 1000:7.1f} ms  median {median * 1000:7.1f} ms  "
-                f"{moved[kind] / best / 1e9:5.2f} GB/s  vs own: {base_best / best:.2f}x best, "
-                f"{base_median / median:.2f}x median")
+                f"{moved[kind] / best / 1e9:5.2f} GB/s  workers' CPU {cpu_median * 1000:6.1f} ms"
+                f"  vs own: {base_best / best:.2f}x best, {base_median / median:.2f}x median, "
+                f"{out[kind]['ratio_cpu']:.2f}x CPU")
         if args.json:
             print(json.dumps(out))
     finally:
