@@ -246,6 +246,15 @@ std::string TensorLine(const v1::TensorInfo& t) {
 std::string TensorText(const v1::TensorInfo& t) {
   std::string out = absl::StrCat("tensor ", TensorLine(t), "\n");
   if (!t.busy_plan().empty()) absl::StrAppend(&out, "plan ", t.busy_plan(), " is running on it\n");
+  if (t.attached()) {
+    absl::StrAppend(&out, "attached: its ranks' buffers live in user processes",
+                    t.unattached_ranks_size() > 0
+                        ? absl::StrCat("; no buffer attached on rank",
+                                       t.unattached_ranks_size() > 1 ? "s " : " ",
+                                       absl::StrJoin(t.unattached_ranks(), ", "))
+                        : std::string(),
+                    "\n");
+  }
   if (t.lost_chunks_size() > 0) {
     absl::StrAppend(&out, "LOST (no live replica): ", absl::StrJoin(t.lost_chunks(), "; "), "\n");
   }
@@ -309,6 +318,8 @@ std::string TensorJson(const v1::TensorInfo& t) {
   w.Key("busy_plan").String(t.busy_plan());
   w.Key("lost_chunks");
   StringArray(w, t.lost_chunks());
+  w.Key("attached").Bool(t.attached());
+  w.Key("unattached_ranks").IntArray(Ints(t.unattached_ranks()));
   w.Key("chunks").BeginArray();
   for (const v1::RankChunks& rc : t.layout().ranks()) {
     for (const v1::Chunk& c : rc.chunks()) {

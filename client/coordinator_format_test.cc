@@ -123,13 +123,22 @@ TEST(TensorFormatTest, ShowHasChunksChecksumsAndPicture) {
   EXPECT_THAT(lost_text, HasSubstr("LOST (no live replica): rank 1 [2:4, 0:2]\n"));
   EXPECT_THAT(lost_text, HasSubstr("   1  [1]    -       -           0  -\n"));
   EXPECT_THAT(lost_text, HasSubstr("no picture: "));
+
+  v1::TensorInfo attached = Tensor();
+  attached.set_attached(true);
+  attached.add_unattached_ranks(1);
+  EXPECT_THAT(TensorText(attached),
+              HasSubstr("attached: its ranks' buffers live in user processes; no buffer attached "
+                        "on rank 1\n"));
+  EXPECT_THAT(TensorJson(attached), HasSubstr("\"attached\": true, \"unattached_ranks\": [1]"));
 }
 
 TEST(TensorFormatTest, Json) {
   EXPECT_EQ(TensorJson(Tensor()),
             "{\"name\": \"t\", \"shape\": [4, 2], \"dtype\": \"f32\", \"mesh\": \"m1\", \"spec\": "
             "\"S(0)\", \"version\": 2, \"bytes\": 32, \"busy_plan\": \"\", \"lost_chunks\": [], "
-            "\"chunks\": [{\"rank\": 0, \"coord\": [0], \"offset\": [0, 0], \"shape\": [2, 2], "
+            "\"attached\": false, \"unattached_ranks\": [], \"chunks\": [{\"rank\": 0, \"coord\": "
+            "[0], \"offset\": [0, 0], \"shape\": [2, 2], "
             "\"local_offset\": 0, \"partial_index\": 0, \"checksum\": \"abcdef0123456789\"}, "
             "{\"rank\": 1, \"coord\": [1], \"offset\": [2, 0], \"shape\": [2, 2], "
             "\"local_offset\": 0, \"partial_index\": 0, \"checksum\": \"0000000000000000\"}]}");

@@ -76,8 +76,9 @@ absl::StatusOr<v1::InitKind> ParseInit(absl::string_view text) {
   if (t == "zeros" || t == "zero") return v1::ZEROS;
   if (t == "arange") return v1::ARANGE;
   if (t == "random" || t == "rand") return v1::RANDOM;
+  if (t == "attached") return v1::ATTACHED;
   return absl::InvalidArgumentError(
-      absl::StrCat("'", text, "' is not an init kind (zeros, arange, random)"));
+      absl::StrCat("'", text, "' is not an init kind (zeros, arange, random, attached)"));
 }
 
 void AddSpecFlags(CLI::App* cmd, CLI::Option** placements, CLI::Option** flat) {
@@ -556,7 +557,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     CLI::Option *placements, *flat;
     AddSpecFlags(cmd, &placements, &flat);
     cmd->add_option("--init", flags->init,
-                    "zeros, arange (element i = i) or random (uniform [0,1) from --seed)")
+                    "zeros, arange (element i = i), random (uniform [0,1) from --seed) or "
+                    "attached (every rank's buffer lent by a user process: the Python package's "
+                    "attach)")
         ->capture_default_str()
         ->type_name("KIND");
     cmd->add_option("--seed", flags->seed, "Seed for --init random")->capture_default_str();

@@ -85,6 +85,8 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.CoordinatorWorkers/KvGet", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/Barrier", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/ReportChunks", Roles(kWorkerOnly)},
+      {"/shardcoord.v1.CoordinatorWorkers/AttachBuffer", Roles(kWorkerOnly)},
+      {"/shardcoord.v1.CoordinatorWorkers/DetachBuffer", Roles(kWorkerOnly)},
   };
   return *table;
 }

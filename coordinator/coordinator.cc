@@ -77,7 +77,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
       }
     }
   }
-  client_ = std::make_unique<GrpcWorkerClient>(options_.worker_client);
+  GrpcWorkerClientOptions worker_client = options_.worker_client;
+  worker_client.message_bytes = metrics_.rpc_message_bytes;
+  client_ = std::make_unique<GrpcWorkerClient>(worker_client);
   PlanManagerOptions po;
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
@@ -165,7 +167,8 @@ absl::StatusOr<std::string> Coordinator::Start() {
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds));
+  interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds,
+                                                   metrics_.rpc_message_bytes));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

@@ -46,7 +46,12 @@ CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
       download_bytes(registry
                          ->AddCounter("shardcoord_download_bytes_total",
                                       "Tensor data bytes sent by Download streams.")
-                         ->WithLabels({})) {
+                         ->WithLabels({})),
+      rpc_message_bytes(registry->AddCounter(
+          "shardcoord_rpc_message_bytes_total",
+          "Bytes of the gRPC messages the coordinator received and sent (serialized), on its "
+          "services and its calls to workers, by method and direction.",
+          {"method", "direction"})) {
   for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
 }
 

@@ -31,6 +31,10 @@ struct CoordinatorMetrics {
   // Tensor data received by uploads and sent by downloads (message payload bytes).
   Counter* upload_bytes;
   Counter* download_bytes;
+  // Serialized bytes of every gRPC message the coordinator received and sent, by method and
+  // direction ("received", "sent"), on its services and on its calls to workers: all it
+  // moves. Tensor bytes of plans never pass through it (attached or not).
+  CounterFamily* rpc_message_bytes;
 };
 
 }  // namespace shardcoord

@@ -42,6 +42,7 @@ v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w) {
   out.set_incarnation(w.incarnation);
   out.set_state(w.alive ? v1::ALIVE : v1::DEAD);
   out.set_backend(w.spec.backend);
+  out.set_local_socket(w.spec.local_socket);
   out.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
   return out;
 }
@@ -67,6 +68,8 @@ v1::TensorInfo TensorInfoToProto(const TensorRecord& t, const LivenessFn& live) 
   out.set_version(t.version);
   out.set_bytes(t.bytes());
   out.set_busy_plan(t.busy_plan);
+  out.set_attached(t.attached);
+  for (int64_t r : t.unattached) out.add_unattached_ranks(r);
   if (t.recovering) {
     // Its holders have not all registered again: nothing is known lost yet.
     out.set_busy_plan("recovering after a coordinator restart");

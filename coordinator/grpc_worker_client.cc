@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
+#include "proto/rpc_metrics.h"
 
 namespace shardcoord {
 
@@ -42,8 +44,12 @@ v1::Worker::Stub* GrpcWorkerClient::StubFor(const WorkerEndpoint& worker) {
     args.SetMaxReceiveMessageSize(64 << 20);
     // With TLS the worker must present the certificate of the name it registered.
     ExpectServerName(options_.tls, worker.name, &args);
-    stub = v1::Worker::NewStub(
-        grpc::CreateCustomChannel(worker.address, MakeChannelCredentials(options_.tls), args));
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> counting;
+    if (options_.message_bytes != nullptr) {
+      counting.push_back(MakeRpcBytesClientInterceptor(options_.message_bytes));
+    }
+    stub = v1::Worker::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
+        worker.address, MakeChannelCredentials(options_.tls), args, std::move(counting)));
   }
   return stub.get();
 }

@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics.h"
 #include "common/tls_options.h"
 #include "coordinator/worker_client.h"
 #include "proto/grpc_status.h"
@@ -28,6 +29,9 @@ struct GrpcWorkerClientOptions {
   // TLS to the workers (CA, and the coordinator's certificate as a client certificate);
   // plaintext when not enabled.
   TlsOptions tls;
+  // Where the bytes of every message to and from workers are counted (labels method and
+  // direction); not owned; null: not counted.
+  CounterFamily* message_bytes = nullptr;
 };
 
 // WorkerClient over gRPC's callback API: no thread waits on a worker, every call has a

@@ -246,6 +246,21 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
           absl::StrCat("tensor '", target_tensor, "' changed while the copy was planned")));
     }
     if (absl::Status s = CheckCopyable(*rec, *dst_rec); !s.ok()) return fail(s);
+    if (dst_rec->attached) {
+      // Written in place: every rank's lent buffer must be there.
+      std::vector<int64_t> missing(dst_rec->unattached.begin(), dst_rec->unattached.end());
+      for (const LostChunk& c : LostChunks(*dst_rec, Liveness())) {
+        missing.insert(missing.end(), c.ranks.begin(), c.ranks.end());
+      }
+      std::sort(missing.begin(), missing.end());
+      missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+      if (!missing.empty()) {
+        return fail(absl::FailedPreconditionError(absl::StrCat(
+            "dst: tensor '", target_tensor, "' is attached but rank",
+            missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+            " has no buffer attached (attach ", missing.size() > 1 ? "them" : "it", " first)")));
+      }
+    }
   }
   absl::StatusOr<Layout> source = LiveLayout(*rec, Liveness());
   if (!source.ok()) return fail(source.status());
@@ -264,6 +279,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.source_version = rec->version;
   e.target_version = tensors_->NewVersion();
   e.old_target_version = dst_rec->version;
+  e.target_attached = copy && dst_rec->attached;
   e.communicator_prefix = prefix;
   FragmentOptions fo;
   fo.plan_id = id;
@@ -273,6 +289,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.target_version = e.target_version;
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
+  if (e.target_attached) fo.attached_target_version = dst_rec->version;
   for (int64_t r : PlanParticipants(**plan)) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
@@ -776,6 +793,25 @@ std::vector<v1::PlanSummary> PlanManager::List(size_t limit) const {
   return out;
 }
 
+void PlanManager::AbortUsing(const std::string& tensor, int64_t rank, const std::string& reason) {
+  auto holds = [rank](const Layout& layout) {
+    const RankChunks* rc = layout.Find(rank);
+    return rc != nullptr && !rc->chunks.empty();
+  };
+  std::vector<std::string> aborts;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : plans_) {
+      if (e.state_ended() || e.closing) continue;
+      if ((e.tensor == tensor && holds(e.plan->source)) ||
+          (e.target_tensor == tensor && e.target_attached && holds(e.plan->target))) {
+        aborts.push_back(id);
+      }
+    }
+  }
+  for (const std::string& id : aborts) Abort(id, reason);
+}
+
 void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
   std::vector<std::pair<std::string, std::string>> aborts;  // (plan, reason)
   {
@@ -878,6 +914,7 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   w.state.layout = e.plan->target;
   w.state.checksums = std::move(checksums);
   w.state.version = e.target_version;
+  w.state.attached = e.target_attached;
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }

@@ -222,6 +222,10 @@ class PlanManager : public WorkerListener {
   // Aborts every running plan and refuses new ones with UNAVAILABLE (shutdown).
   void Shutdown(const std::string& reason);
 
+  // Aborts the running plans that read `rank`'s chunks of `tensor`, or write them in place
+  // (a Copy into an attached tensor): the buffer a user process lent for them is gone.
+  void AbortUsing(const std::string& tensor, int64_t rank, const std::string& reason);
+
   // WorkerListener: aborts the running plans the lost incarnation takes part in.
   void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) override;
 
@@ -283,6 +287,9 @@ class PlanManager : public WorkerListener {
     int64_t source_version = 0;
     int64_t target_version = 0;
     int64_t old_target_version = 0;  // target_tensor's version before; dropped on commit.
+    // A Copy into an attached tensor: its lent buffers are written in place, and it stays
+    // attached on commit.
+    bool target_attached = false;
     std::string communicator_prefix;
     PlanState state = PlanState::kPending;
     bool closing = false;  // Validated, committing: no longer abortable.

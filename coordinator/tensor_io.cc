@@ -171,6 +171,19 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
   record.layout = *layout;
   record.version = tensors_->NewVersion();
   const int64_t version = record.version;
+  if (args.init == v1::ATTACHED) {
+    // No worker allocates anything: every rank waits for a user process to lend its buffer.
+    record.attached = true;
+    for (const RankChunks& rc : layout->ranks()) record.unattached.insert(rc.rank);
+    LayoutChecksums none;
+    for (const RankChunks& rc : layout->ranks()) none.emplace_back(rc.chunks.size(), 0);
+    if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
+    if (absl::Status s = tensors_->FinishCreate(args.name, op, std::move(none), {}); !s.ok()) {
+      tensors_->CancelCreate(args.name, op);
+      return done(s);
+    }
+    return done(tensors_->Get(args.name));
+  }
   if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
 
   v1::FillRequest base;
@@ -526,6 +539,11 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
                      DTypeName(t->dtype), ")")));
   }
   const int64_t rank = *args.rank;
+  if (t->attached) {
+    return done(absl::FailedPreconditionError(
+        absl::StrCat("header.rank: tensor '", args.name, "' is attached: rank ", rank,
+                     "'s buffer is its user process's memory; write it there")));
+  }
   const RankChunks* rc = t->layout.Find(rank);
   if (rc == nullptr) {
     return done(absl::InvalidArgumentError(

@@ -30,6 +30,8 @@ std::string SerializeTensor(const TensorRecord& t) {
   *info->mutable_layout() = LayoutToProto(t.layout, &t.checksums);
   info->set_version(t.version);
   info->set_bytes(t.bytes());
+  info->set_attached(t.attached);
+  for (int64_t r : t.unattached) info->add_unattached_ranks(r);
   std::map<int64_t, int64_t> holders(t.incarnations.begin(), t.incarnations.end());
   for (const auto& [rank, incarnation] : holders) {
     out.add_holder_ranks(rank);
@@ -58,6 +60,8 @@ absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
   if (!layout.ok()) return bad(layout.status().message());
   t.layout = *std::move(layout);
   t.version = in.info().version();
+  t.attached = in.info().attached();
+  t.unattached.insert(in.info().unattached_ranks().begin(), in.info().unattached_ranks().end());
   for (int i = 0; i < in.holder_ranks_size(); ++i) {
     t.incarnations[in.holder_ranks(i)] = in.holder_incarnations(i);
   }
@@ -65,13 +69,15 @@ absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
   return t;
 }
 
-// True when `held` is exactly `rank`'s committed chunks of `t`, checksums included.
+// True when `held` is exactly `rank`'s committed chunks of `t`, checksums included (but for
+// an attached tensor, whose bytes its user process changes at will).
 bool MatchesCommitted(const TensorRecord& t, int64_t rank, const HeldBuffer& held) {
   if (held.version != t.version) return false;
   const std::vector<RankChunks>& ranks = t.layout.ranks();
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i].rank != rank) continue;
     if (held.chunks.chunks != ranks[i].chunks) return false;
+    if (t.attached) return true;
     if (i >= t.checksums.size() || held.checksums != t.checksums[i]) return false;
     return true;
   }
@@ -157,6 +163,10 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
       } else {
         drop.emplace_back(h.tensor, h.version);
       }
+    } else if (t.attached && !t.unattached.count(rank) && MatchesCommitted(t, rank, h)) {
+      // A lent buffer the worker still holds: its process is still attached, whatever
+      // happened to the worker's registration.
+      next(t).incarnations[rank] = incarnation;
     } else if (h.version != t.version && (h.version <= version_floor_ || t.busy_plan.empty())) {
       // Never committed before the restart, or left by a plan of the worker's previous
       // incarnation (no operation runs on the tensor, so no other version is in use).
@@ -218,7 +228,8 @@ std::vector<LostChunk> LostChunks(const TensorRecord& tensor, const LivenessFn& 
   std::map<std::pair<Box, int64_t>, Holders> chunks;
   for (const RankChunks& rc : tensor.layout.ranks()) {
     auto inc = tensor.incarnations.find(rc.rank);
-    const bool alive = inc != tensor.incarnations.end() && live(rc.rank, inc->second);
+    const bool alive = inc != tensor.incarnations.end() && !tensor.unattached.count(rc.rank) &&
+                       live(rc.rank, inc->second);
     for (const Chunk& c : rc.chunks) {
       if (c.box.Empty()) continue;
       auto [it, inserted] = chunks.try_emplace({c.box, c.partial_index});
@@ -247,7 +258,8 @@ absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& 
   bool all_live = true;
   for (const RankChunks& rc : tensor.layout.ranks()) {
     auto inc = tensor.incarnations.find(rc.rank);
-    if (inc != tensor.incarnations.end() && live(rc.rank, inc->second)) {
+    if (inc != tensor.incarnations.end() && !tensor.unattached.count(rc.rank) &&
+        live(rc.rank, inc->second)) {
       ranks.push_back(rc);
     } else {
       all_live = false;
@@ -257,7 +269,17 @@ absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& 
   std::vector<LostChunk> lost = LostChunks(tensor, live);
   if (!lost.empty()) {
     std::vector<std::string> names;
-    for (const LostChunk& c : lost) names.push_back(c.ToString());
+    bool unattached = tensor.attached;
+    for (const LostChunk& c : lost) {
+      names.push_back(c.ToString());
+      for (int64_t r : c.ranks) unattached &= tensor.unattached.count(r) > 0;
+    }
+    if (unattached) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor '", tensor.name, "' misses ", lost.size(), " chunk", lost.size() > 1 ? "s" : "",
+          " whose ranks have no buffer attached: ", absl::StrJoin(names, "; "),
+          " (attach them first)"));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "tensor '", tensor.name, "' lost ", lost.size(), " chunk", lost.size() > 1 ? "s" : "",
         " with no live replica: ", absl::StrJoin(names, "; ")));
@@ -421,6 +443,10 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
       t.checksums = std::move(state.checksums);
       t.version = state.version;
       t.incarnations = std::move(state.incarnations);
+      t.attached = state.attached;
+      if (!t.attached) t.unattached.clear();
+      // Still attached: a rank detached while the plan committed stays unattached.
+      for (int64_t r : t.unattached) t.incarnations.erase(r);
       t.busy_plan.clear();
       next.push_back(std::move(t));
     }
@@ -453,6 +479,10 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
   }
   TensorRecord t = it->second;
+  if (t.attached) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor '", name, "' is attached: write rank ", rank, "'s buffer in its own process"));
+  }
   const std::vector<RankChunks>& ranks = t.layout.ranks();
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i].rank != rank) continue;
@@ -468,6 +498,85 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("rank ", rank, " holds nothing of '", name, "'"));
+}
+
+absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64_t rank,
+                                                   int64_t incarnation, int64_t version,
+                                                   DType dtype, const RankChunks& chunks) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end() || !it->second.ready) {
+    return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+  }
+  const TensorRecord& cur = it->second;
+  if (cur.recovering) return RecoveringError(cur);
+  if (!cur.attached) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name,
+                     "' is not attached: its buffers are the workers' (create it with init "
+                     "ATTACHED to lend buffers)"));
+  }
+  if (!cur.busy_plan.empty()) {
+    return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", cur.busy_plan));
+  }
+  if (version != cur.version) {
+    return absl::AbortedError(absl::StrCat("version: tensor '", name, "' is at version ",
+                                           cur.version, ", not ", version, "; look it up again"));
+  }
+  if (dtype != cur.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype: the buffer holds ", DTypeName(dtype),
+                                                   " but tensor '", name, "' is ",
+                                                   DTypeName(cur.dtype)));
+  }
+  const std::vector<RankChunks>& ranks = cur.layout.ranks();
+  size_t index = ranks.size();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i].rank == rank) index = i;
+  }
+  if (index == ranks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: tensor '", name, "' has no chunks on rank ", rank));
+  }
+  const RankChunks& want = ranks[index];
+  if (chunks.chunks != want.chunks || chunks.local_elements != want.local_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunks: rank ", rank, " of tensor '", name, "' holds ", want.chunks.size(), " chunks in ",
+        want.local_elements, " elements, not the ", chunks.chunks.size(), " chunks in ",
+        chunks.local_elements, " elements given (look the tensor up again)"));
+  }
+  // A holder of an older incarnation of the worker is gone (the worker registered again).
+  auto holder = cur.incarnations.find(rank);
+  if (!cur.unattached.count(rank) && holder != cur.incarnations.end() &&
+      holder->second == incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of tensor '", name,
+                                                      "' is attached already (detach it first)"));
+  }
+  TensorRecord next = cur;
+  next.unattached.erase(rank);
+  next.incarnations[rank] = incarnation;
+  if (next.checksums.size() != ranks.size()) next.checksums.resize(ranks.size());
+  // The user process owns the bytes and changes them at will: no checksum is known.
+  next.checksums[index].assign(want.chunks.size(), 0);
+  if (absl::Status s = Persist(next); !s.ok()) return s;
+  it->second = next;
+  return next;
+}
+
+absl::StatusOr<bool> TensorManager::Detach(absl::string_view name, int64_t rank,
+                                           int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end() || !it->second.attached || it->second.unattached.count(rank)) {
+    return false;
+  }
+  auto inc = it->second.incarnations.find(rank);
+  if (inc == it->second.incarnations.end() || inc->second != incarnation) return false;
+  TensorRecord next = it->second;
+  next.unattached.insert(rank);
+  next.incarnations.erase(rank);
+  if (absl::Status s = Persist(next); !s.ok()) return s;
+  it->second = std::move(next);
+  return true;
 }
 
 absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name) const {

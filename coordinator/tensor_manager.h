@@ -43,6 +43,11 @@ struct TensorRecord {
   // stopped and whose workers have not registered again yet.
   bool recovering = false;
   std::set<int64_t> awaiting;
+  // Created with init ATTACHED (and not moved into worker-owned buffers since): each rank's
+  // buffer lives in a user process. `unattached` ranks have none now (not attached yet, or
+  // detached when the process exited): their chunks are missing, as a dead worker's.
+  bool attached = false;
+  std::set<int64_t> unattached;
 
   int64_t bytes() const;
 };
@@ -60,7 +65,8 @@ struct LostChunk {
 // True when `rank` is alive in `incarnation` (WorkerManager::IsLive).
 using LivenessFn = std::function<bool(int64_t rank, int64_t incarnation)>;
 
-// Every chunk (box, partial index) of which no holder is alive, in layout order.
+// Every chunk (box, partial index) of which no holder is alive (an unattached rank of an
+// attached tensor holds nothing), in layout order.
 std::vector<LostChunk> LostChunks(const TensorRecord& tensor, const LivenessFn& live);
 
 // The tensor's layout restricted to live holders: the layout itself when all are alive;
@@ -138,6 +144,9 @@ class TensorManager {
     LayoutChecksums checksums;
     int64_t version = 0;
     absl::flat_hash_map<int64_t, int64_t> incarnations;
+    // The tensor stays attached (a Copy into an attached tensor wrote its buffers in place;
+    // ranks detached meanwhile stay unattached); false: it is in worker-owned buffers now.
+    bool attached = false;
   };
   // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
   absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
@@ -151,6 +160,18 @@ class TensorManager {
     NewState state;
   };
   absl::Status CommitAll(std::vector<CommitItem> items);
+
+  // Counts a buffer a user process lent `rank`'s worker (incarnation `incarnation`) as the
+  // rank's chunks of attached tensor `name` at `version`, and returns the tensor. NOT_FOUND;
+  // FAILED_PRECONDITION not attached, or the rank is attached already (by a live holder);
+  // ABORTED busy, or `version` is not the committed one; INVALID_ARGUMENT `dtype` or
+  // `chunks` other than the rank's (naming both); UNAVAILABLE recovering or the store.
+  absl::StatusOr<TensorRecord> Attach(absl::string_view name, int64_t rank, int64_t incarnation,
+                                      int64_t version, DType dtype, const RankChunks& chunks);
+  // The buffer lent for `rank` by holder `incarnation` is gone: the rank becomes unattached.
+  // Returns true when it changed something (false: not attached by that incarnation, or
+  // no such tensor: nothing to do). The store's error when it could not be stored.
+  absl::StatusOr<bool> Detach(absl::string_view name, int64_t rank, int64_t incarnation);
 
   // Replaces the checksums of one rank's chunks (a chunk upload), keeping the version.
   absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,

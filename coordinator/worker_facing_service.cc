@@ -49,8 +49,9 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
     b.chunks = *std::move(chunks);
     held.push_back(std::move(b));
   }
-  absl::StatusOr<WorkerRecord> w = workers_->Register(
-      WorkerSpec{req->name(), req->host(), req->device(), req->address(), req->backend()});
+  absl::StatusOr<WorkerRecord> w =
+      workers_->Register(WorkerSpec{req->name(), req->host(), req->device(), req->address(),
+                                    req->backend(), req->local_socket()});
   if (!w.ok()) return Done(ctx, w.status());
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
       tensors_->Reconcile(w->rank, w->incarnation, held);
@@ -145,6 +146,48 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
     report.chunks = *std::move(chunks);
   }
   return Done(ctx, plans_->Report(report));
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::AttachBuffer(grpc::CallbackServerContext* ctx,
+                                                            const v1::AttachBufferRequest* req,
+                                                            v1::AttachBufferResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "AttachBuffer"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
+  AttachArgs args;
+  args.worker = req->worker();
+  args.incarnation = req->incarnation();
+  args.tensor = req->tensor();
+  args.version = req->version();
+  args.rank = req->rank();
+  args.memory = req->memory();
+  args.pid = req->pid();
+  absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");
+  if (!dtype.ok()) return Done(ctx, dtype.status());
+  args.dtype = *dtype;
+  absl::StatusOr<RankChunks> chunks = RankChunksFromProto(req->chunks(), "chunks");
+  if (!chunks.ok()) return Done(ctx, chunks.status());
+  args.chunks = *std::move(chunks);
+  absl::StatusOr<bool> readable = attach_.Attach(args);
+  if (readable.ok()) {
+    resp->set_readable(*readable);
+    spdlog::info("{} attached rank {} of '{}' v{} ({} memory of process {})", args.worker,
+                 args.rank, args.tensor, args.version, args.memory, args.pid);
+  }
+  return Done(ctx, readable.status());
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::DetachBuffer(grpc::CallbackServerContext* ctx,
+                                                            const v1::DetachBufferRequest* req,
+                                                            v1::DetachBufferResponse*) {
+  if (absl::Status a = Authorize(ctx, "DetachBuffer"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
+  absl::Status s =
+      attach_.Detach(req->worker(), req->incarnation(), req->tensor(), req->rank(), req->reason());
+  if (s.ok()) {
+    spdlog::info("{} detached rank {} of '{}': {}", req->worker(), req->rank(), req->tensor(),
+                 req->reason());
+  }
+  return Done(ctx, s);
 }
 
 absl::Status WorkerFacingService::Authorize(grpc::CallbackServerContext* ctx,

@@ -5,6 +5,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/attach_manager.h"
 #include "coordinator/auth.h"
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
@@ -15,10 +16,10 @@
 namespace shardcoord {
 
 // shardcoord.v1.CoordinatorWorkers: registration, heartbeats, the rendezvous store and
-// barriers, and plan reports. Thin: convert, call a manager, convert back. Waits (KvGet,
-// Barrier) finish their reactor from the store's callback, never blocking a thread. With an
-// `auth` (not owned; null: no authentication) every RPC first checks the caller's bearer
-// token, which must have the worker role.
+// barriers, plan reports, and the buffers user processes lend (AttachManager). Thin: convert, call
+// a manager, convert back. Waits (KvGet, Barrier) finish their reactor from the store's callback,
+// never blocking a thread. With an `auth` (not owned; null: no authentication) every RPC first
+// checks the caller's bearer token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
   // `tensors` reconciles the buffers a registering worker reports (after a restart).
@@ -32,7 +33,8 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
         plans_(plans),
         heartbeat_interval_(heartbeat_interval),
         auth_(auth),
-        check_certificate_names_(check_certificate_names) {}
+        check_certificate_names_(check_certificate_names),
+        attach_(workers, tensors, plans) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -49,6 +51,12 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   grpc::ServerUnaryReactor* ReportChunks(grpc::CallbackServerContext* ctx,
                                          const v1::ReportChunksRequest* req,
                                          v1::ReportChunksResponse* resp) override;
+  grpc::ServerUnaryReactor* AttachBuffer(grpc::CallbackServerContext* ctx,
+                                         const v1::AttachBufferRequest* req,
+                                         v1::AttachBufferResponse* resp) override;
+  grpc::ServerUnaryReactor* DetachBuffer(grpc::CallbackServerContext* ctx,
+                                         const v1::DetachBufferRequest* req,
+                                         v1::DetachBufferResponse* resp) override;
 
  private:
   // AuthorizeCall for this service's RPC `rpc` ("RegisterWorker").
@@ -65,6 +73,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   const absl::Duration heartbeat_interval_;
   const Authenticator* const auth_;
   const bool check_certificate_names_;
+  AttachManager attach_;
 };
 
 }  // namespace shardcoord

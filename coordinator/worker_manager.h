@@ -24,6 +24,8 @@ struct WorkerSpec {
   std::string device;   // "cpu" or "cuda:N".
   std::string address;  // host:port of its Worker service.
   std::string backend;  // "gloo" or "nccl".
+  // Its Unix socket for user processes that attach buffers; empty: none.
+  std::string local_socket;
 };
 
 // A snapshot of one worker.

@@ -677,6 +677,10 @@ v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOpti
   }
   out.set_step_timeout_ms(options.step_timeout_ms);
   out.set_communicator_prefix(options.communicator_prefix);
+  // Only ranks of the target layout hold a lent buffer of the target tensor.
+  if (plan.target.Find(rank) != nullptr) {
+    out.set_attached_target_version(options.attached_target_version);
+  }
   return out;
 }
 
@@ -740,6 +744,11 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
   out.step_timeout_ms = f.step_timeout_ms();
   out.communicator_prefix = f.communicator_prefix();
+  if (absl::Status s = NonNegative("attached_target_version", f.attached_target_version());
+      !s.ok()) {
+    return s;
+  }
+  out.attached_target_version = f.attached_target_version();
   return out;
 }
 

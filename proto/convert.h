@@ -150,6 +150,10 @@ struct FragmentOptions {
   absl::flat_hash_map<int64_t, int64_t> incarnations;
   int64_t step_timeout_ms = 0;
   std::string communicator_prefix;
+  // A Copy into an attached tensor: its committed version, whose buffers are written in
+  // place (PlanFragment.attached_target_version, set for the target layout's ranks only);
+  // 0 = new buffers.
+  int64_t attached_target_version = 0;
 };
 
 // What `rank` does in `plan`: its source and target chunks, its local copies, and only the
@@ -177,6 +181,7 @@ struct Fragment {
   absl::flat_hash_map<int64_t, int64_t> member_incarnations;
   int64_t step_timeout_ms = 0;
   std::string communicator_prefix;
+  int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
 };
 
 // Validates that the fragment is self-consistent for its rank: every step contains the rank,

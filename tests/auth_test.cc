@@ -134,6 +134,8 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"KvGet", {"worker"}},
       {"Barrier", {"worker"}},
       {"ReportChunks", {"worker"}},
+      {"AttachBuffer", {"worker"}},
+      {"DetachBuffer", {"worker"}},
   };
   return *policy;
 }
@@ -377,6 +379,21 @@ TEST_P(AuthTest, WorkerFacingRpcs) {
     EXPECT_NE(s.code(), absl::StatusCode::kOk);  // Unknown plan.
   }
 
+  v1::AttachBufferRequest attach;
+  attach.set_worker("nobody");
+  attach.set_tensor("t");
+  attach.set_dtype(v1::F32);
+  v1::AttachBufferResponse attach_resp;
+  s = FromGrpcStatus(workers_stub_->AttachBuffer(Ctx().get(), attach, &attach_resp));
+  if (Check("AttachBuffer", s, /*want_ok=*/false)) EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+
+  v1::DetachBufferRequest detach;
+  detach.set_worker("nobody");
+  detach.set_tensor("t");
+  v1::DetachBufferResponse detach_resp;
+  s = FromGrpcStatus(workers_stub_->DetachBuffer(Ctx().get(), detach, &detach_resp));
+  if (Check("DetachBuffer", s, /*want_ok=*/false)) EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+
   // Registration changes the worker table, so only refusals are tried here (the cluster's
   // workers registered with the worker token).
   if (GetParam().role != "worker") {
@@ -438,6 +455,7 @@ TEST(AuthClusterTest, WorkerWithoutTheWorkerTokenCannotRegister) {
                                      "--listen=127.0.0.1:0",
                                      absl::StrCat("--name=", name),
                                      "--backend=gloo",
+                                     "--local-socket=off",
                                      "--register-timeout=60s"};
     if (!c.token.empty()) {
       const std::string file = absl::StrCat(TmpDir(), "/", name, ".token");

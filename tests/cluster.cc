@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -83,9 +84,13 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(ClusterOptions options) 
     std::vector<std::string> wargv = {
         *worker_bin, absl::StrCat("--coordinator=", cluster->coordinator_address_),
         "--listen=127.0.0.1:0", absl::StrCat("--name=", name), "--backend=gloo"};
+    bool local_socket = false;
     for (const std::string& flag : options.worker_flags) {
       wargv.push_back(absl::StrReplaceAll(flag, {{"{name}", name}}));
+      local_socket |= absl::StartsWith(flag, "--local-socket");
     }
+    // Tests run in parallel with the same worker names: none serves the default socket path.
+    if (!local_socket) wargv.push_back("--local-socket=off");
     absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(wargv, process_options(name));
     if (!worker.ok()) return worker.status();
     cluster->workers_.push_back(*std::move(worker));

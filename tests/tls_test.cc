@@ -142,6 +142,7 @@ TEST(TlsClusterTest, WorkersWithoutTheirCertificateAreRefused) {
                                      "--listen=127.0.0.1:0",
                                      absl::StrCat("--name=", name),
                                      "--backend=gloo",
+                                     "--local-socket=off",
                                      "--register-timeout=3s",
                                      absl::StrCat("--token-file=", token_file)};
     if (!c.cert.empty()) {

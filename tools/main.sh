@@ -10,14 +10,26 @@
 # tools/main.sh --secure runs the same job with TLS and bearer tokens: certificates from
 # tools/dev_certs.sh, mutual TLS (--tls-client-auth=require: each worker's certificate must
 # name it), a tokens file with an admin token for shardctl and a worker token for the workers.
+#
+# tools/main.sh --demo weight-sync runs the RL weight-sync demo instead
+# (tools/weight_sync_demo.sh: torch trainers and inference processes with attached tensors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secure=0
 case "${1:-}" in
   "") ;;
   --secure) secure=1 ;;
+  --demo)
+    case "${2:-}" in
+      weight-sync) exec bash tools/weight_sync_demo.sh "${@:3}" ;;
+      *)
+        echo "usage: $0 --demo weight-sync [ARGS]" >&2
+        exit 2
+        ;;
+    esac
+    ;;
   *)
-    echo "usage: $0 [--secure]" >&2
+    echo "usage: $0 [--secure | --demo weight-sync]" >&2
     exit 2
     ;;
 esac
@@ -134,7 +146,7 @@ for i in 0 1 2 3; do
   ((secure)) && own_flags=(--tls-cert="$work/certs/w$i.pem" --tls-key="$work/certs/w$i.key")
   start_daemon "w$i" "worker w$i listening on " \
     "$worker_bin" --coordinator="$address" --listen=127.0.0.1:0 --name="w$i" --backend=gloo \
-    ${worker_flags[@]+"${worker_flags[@]}"} ${own_flags[@]+"${own_flags[@]}"}
+    --local-socket="$work/w$i.sock" ${worker_flags[@]+"${worker_flags[@]}"} ${own_flags[@]+"${own_flags[@]}"}
   echo "${started_line}"
 done
 

@@ -1,5 +1,8 @@
 #include "worker/buffer_store.h"
 
+#include <iterator>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "sharding/box.h"
 
@@ -8,6 +11,27 @@ namespace shardcoord {
 absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, RankChunks chunks,
                                                                MemorySpace* space) {
   if (space == nullptr) space = &HostMemorySpace::Global();
+  absl::StatusOr<int64_t> bytes = CheckChunks(dtype, chunks);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<Allocation> allocation = space->Allocate(*bytes);
+  if (!allocation.ok()) return allocation.status();
+  return std::shared_ptr<HostBuffer>(
+      new HostBuffer(dtype, std::move(chunks), *bytes, space, *allocation, nullptr));
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Wrap(DType dtype, RankChunks chunks,
+                                                             MemorySpace* space, char* data,
+                                                             std::shared_ptr<LentMemory> lent) {
+  if (space == nullptr || data == nullptr || lent == nullptr) {
+    return absl::InvalidArgumentError("lent memory: no space, data or owner");
+  }
+  absl::StatusOr<int64_t> bytes = CheckChunks(dtype, chunks);
+  if (!bytes.ok()) return bytes.status();
+  return std::shared_ptr<HostBuffer>(new HostBuffer(dtype, std::move(chunks), *bytes, space,
+                                                    Allocation{data, 0}, std::move(lent)));
+}
+
+absl::StatusOr<int64_t> HostBuffer::CheckChunks(DType dtype, const RankChunks& chunks) {
   const int64_t element_size = ElementSize(dtype);
   if (chunks.local_elements < 0) {
     return absl::InvalidArgumentError(
@@ -26,24 +50,21 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, Rank
                        " does not fit in a local buffer of ", chunks.local_elements, " elements"));
     }
   }
-  absl::StatusOr<int64_t> bytes = CheckedMul(chunks.local_elements, element_size);
-  if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<Allocation> allocation = space->Allocate(*bytes);
-  if (!allocation.ok()) return allocation.status();
-  return std::shared_ptr<HostBuffer>(
-      new HostBuffer(dtype, std::move(chunks), *bytes, space, *allocation));
+  return CheckedMul(chunks.local_elements, element_size);
 }
 
 HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpace* space,
-                       Allocation allocation)
+                       Allocation allocation, std::shared_ptr<LentMemory> lent)
     : dtype_(dtype),
       element_size_(ElementSize(dtype)),
       chunks_(std::move(chunks)),
       bytes_(bytes),
       space_(space),
-      allocation_(allocation),
+      allocation_(lent == nullptr ? allocation : Allocation{}),
+      lent_(std::move(lent)),
       data_(allocation.data) {}
 
+// Lent memory is released by its LentMemory, after the buffer.
 HostBuffer::~HostBuffer() { space_->Free(allocation_); }
 
 absl::StatusOr<std::vector<uint64_t>> HostBuffer::Checksums() const {
@@ -96,6 +117,34 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> BufferStore::Get(absl::string_view t
   return buffer;
 }
 
+absl::Status BufferStore::Store(absl::string_view tensor, int64_t version,
+                                std::shared_ptr<HostBuffer> buffer) {
+  absl::MutexLock lock(&mu_);
+  if (buffer->lent() != nullptr && buffer->lent()->detached()) {
+    return absl::AbortedError(absl::StrCat("the buffer of tensor '", tensor, "' version ", version,
+                                           " (", buffer->lent()->Describe(), ") was detached"));
+  }
+  buffers_[std::string(tensor)][version] = std::move(buffer);
+  return absl::OkStatus();
+}
+
+int BufferStore::DropLent(const LentMemory* lent) {
+  std::vector<std::shared_ptr<HostBuffer>> dropped;  // Freed after the lock is released.
+  absl::MutexLock lock(&mu_);
+  for (auto it = buffers_.begin(); it != buffers_.end();) {
+    for (auto v = it->second.begin(); v != it->second.end();) {
+      if (v->second->lent() == lent) {
+        dropped.push_back(std::move(v->second));
+        v = it->second.erase(v);
+      } else {
+        ++v;
+      }
+    }
+    it = it->second.empty() ? buffers_.erase(it) : std::next(it);
+  }
+  return static_cast<int>(dropped.size());
+}
+
 bool BufferStore::Drop(absl::string_view tensor, int64_t version) {
   std::shared_ptr<HostBuffer> dropped;  // Freed after the lock is released.
   absl::MutexLock lock(&mu_);
@@ -134,7 +183,21 @@ int64_t BufferStore::TotalBytes() const {
   absl::MutexLock lock(&mu_);
   int64_t total = 0;
   for (const auto& [tensor, versions] : buffers_) {
-    for (const auto& [version, buffer] : versions) total += buffer->bytes();
+    for (const auto& [version, buffer] : versions) {
+      if (!buffer->attached()) total += buffer->bytes();
+    }
+  }
+  return total;
+}
+
+int64_t BufferStore::LentBytes() const {
+  absl::MutexLock lock(&mu_);
+  std::set<const LentMemory*> seen;
+  int64_t total = 0;
+  for (const auto& [tensor, versions] : buffers_) {
+    for (const auto& [version, buffer] : versions) {
+      if (buffer->attached() && seen.insert(buffer->lent()).second) total += buffer->bytes();
+    }
   }
   return total;
 }

@@ -1,6 +1,7 @@
 #ifndef SHARDCOORD_WORKER_BUFFER_STORE_H_
 #define SHARDCOORD_WORKER_BUFFER_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -19,6 +20,24 @@
 
 namespace shardcoord {
 
+// Memory a user process lent the worker for one rank's local buffer of an attached tensor
+// (worker/attach_registry.h): a mapping of its shared memory, its plain memory reached with
+// process_vm_readv/writev, or an opened CUDA IPC handle. Destroying it releases the worker's
+// access (unmaps, closes); the memory itself stays the process's. Once detached (the process
+// detached it, exited or died) no plan may store it as a new version.
+class LentMemory {
+ public:
+  virtual ~LentMemory() = default;
+  // "shared memory of process 1234" (logs and errors).
+  virtual std::string Describe() const = 0;
+
+  void MarkDetached() { detached_.store(true, std::memory_order_release); }
+  bool detached() const { return detached_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> detached_{false};
+};
+
 // One rank's local buffer of one tensor version: `chunks` says where each chunk's elements
 // live (row-major, from element `local_offset`). The bytes live in a MemorySpace (host memory
 // unless the worker keeps its buffers on a GPU; the name is historical): when
@@ -33,6 +52,12 @@ class HostBuffer {
   // `space` (null: HostMemorySpace::Global()) must outlive the buffer.
   static absl::StatusOr<std::shared_ptr<HostBuffer>> Create(DType dtype, RankChunks chunks,
                                                             MemorySpace* space = nullptr);
+  // A buffer over lent memory (not an allocation of `space`): `data` is where it starts as
+  // `space`'s memory, valid while `lent` lives (the buffer holds it). INVALID_ARGUMENT as
+  // Create. Never counts as the worker's own memory.
+  static absl::StatusOr<std::shared_ptr<HostBuffer>> Wrap(DType dtype, RankChunks chunks,
+                                                          MemorySpace* space, char* data,
+                                                          std::shared_ptr<LentMemory> lent);
 
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
@@ -54,6 +79,9 @@ class HostBuffer {
 
   // Where the bytes live.
   MemorySpace& space() const { return *space_; }
+  // Lent by a user process (Wrap), or null: the worker's own allocation.
+  LentMemory* lent() const { return lent_.get(); }
+  bool attached() const { return lent_ != nullptr; }
 
   // ChunkChecksum of every chunk, in chunk order, computed by the space (after the work
   // already queued there).
@@ -61,14 +89,17 @@ class HostBuffer {
 
  private:
   HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpace* space,
-             Allocation allocation);
+             Allocation allocation, std::shared_ptr<LentMemory> lent);
+  // The local buffer's bytes, after checking every chunk lies inside it.
+  static absl::StatusOr<int64_t> CheckChunks(DType dtype, const RankChunks& chunks);
 
   const DType dtype_;
   const int64_t element_size_;
   const RankChunks chunks_;
   const int64_t bytes_;
   MemorySpace* const space_;
-  const Allocation allocation_;
+  const Allocation allocation_;  // Empty for lent memory.
+  const std::shared_ptr<LentMemory> lent_;
   char* const data_;
 };
 
@@ -81,6 +112,11 @@ class BufferStore {
                       std::shared_ptr<HostBuffer> buffer);
   // Inserts or replaces.
   void Put(absl::string_view tensor, int64_t version, std::shared_ptr<HostBuffer> buffer);
+  // Put, but ABORTED for lent memory that was detached: checked under the store's lock, so
+  // a DropLent after MarkDetached never leaves a buffer behind.
+  absl::Status Store(absl::string_view tensor, int64_t version, std::shared_ptr<HostBuffer> buffer);
+  // Drops every version whose buffer is over `lent`; returns how many.
+  int DropLent(const LentMemory* lent);
   // NOT_FOUND naming the tensor and version.
   absl::StatusOr<std::shared_ptr<HostBuffer>> Get(absl::string_view tensor, int64_t version) const;
   // nullptr when absent.
@@ -96,7 +132,10 @@ class BufferStore {
     int64_t bytes = 0;
   };
   std::vector<Entry> List() const;
+  // Bytes of the worker's own buffers; LentBytes: of the lent ones (their processes' memory,
+  // each counted once though a Copy in place holds it under two versions until it ends).
   int64_t TotalBytes() const;
+  int64_t LentBytes() const;
 
  private:
   mutable absl::Mutex mu_;

@@ -27,6 +27,15 @@ class ChunkReporter {
   virtual absl::Status ReportChunks(const v1::ReportChunksRequest& request) = 0;
 };
 
+// Buffers user processes lent this worker for ranks of attached tensors, and their end.
+class AttachRpc {
+ public:
+  virtual ~AttachRpc() = default;
+  virtual absl::StatusOr<v1::AttachBufferResponse> AttachBuffer(
+      const v1::AttachBufferRequest& request) = 0;
+  virtual absl::Status DetachBuffer(const v1::DetachBufferRequest& request) = 0;
+};
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_WORKER_COORDINATOR_RPC_H_

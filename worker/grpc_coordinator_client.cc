@@ -72,6 +72,24 @@ absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& 
   return FromGrpc(stub_->ReportChunks(&ctx, request, &response), "ReportChunks");
 }
 
+absl::StatusOr<v1::AttachBufferResponse> GrpcCoordinatorClient::AttachBuffer(
+    const v1::AttachBufferRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_);
+  v1::AttachBufferResponse response;
+  // The coordinator's message goes to the user process as it is (it names the field).
+  absl::Status s = FromGrpcStatus(stub_->AttachBuffer(&ctx, request, &response));
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status GrpcCoordinatorClient::DetachBuffer(const v1::DetachBufferRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_);
+  v1::DetachBufferResponse response;
+  return FromGrpc(stub_->DetachBuffer(&ctx, request, &response), "DetachBuffer");
+}
+
 absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);

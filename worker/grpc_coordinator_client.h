@@ -26,7 +26,10 @@ namespace shardcoord {
 // Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`) and, when
 // `token` is not empty, the metadata `authorization: Bearer TOKEN` (a coordinator started
 // with --auth-tokens requires a token of the worker role).
-class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, public KvClient {
+class GrpcCoordinatorClient : public CoordinatorAgentRpc,
+                              public ChunkReporter,
+                              public AttachRpc,
+                              public KvClient {
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                         absl::Duration rpc_timeout = absl::Seconds(10), std::string token = "");
@@ -40,6 +43,9 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, 
       const v1::RegisterWorkerRequest& request) override;
   absl::Status Heartbeat(const v1::HeartbeatRequest& request) override;
   absl::Status ReportChunks(const v1::ReportChunksRequest& request) override;
+  absl::StatusOr<v1::AttachBufferResponse> AttachBuffer(
+      const v1::AttachBufferRequest& request) override;
+  absl::Status DetachBuffer(const v1::DetachBufferRequest& request) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
 

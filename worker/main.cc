@@ -116,11 +116,22 @@ int Main(int argc, char** argv) {
   app.add_option("--tls-client-auth", tls_flags.client_auth,
                  "client certificates on the Worker service: none, request or require")
       ->capture_default_str();
+  std::string local_socket = WorkerOptions::kDefaultLocalSocket;
+  app.add_option("--local-socket", local_socket,
+                 "Unix domain socket where user processes on this host attach their buffers "
+                 "to attached tensors ({name}: the worker's name; 'off': none). When the "
+                 "default's directory cannot be created, $TMPDIR/shardcoord-<uid>/ is used")
+      ->capture_default_str();
+  app.add_option("--local-group", options.local_group,
+                 "A group (name or gid) whose processes may attach buffers, besides the "
+                 "worker's own uid (checked with SO_PEERCRED)");
   app.add_flag("--insecure", options.insecure,
                "allow plaintext on a non-loopback --listen address (logs a warning)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.local_socket_default = app.count("--local-socket") == 0;
+  options.local_socket = local_socket == "off" ? "" : local_socket;
   if (!token_file.empty()) {
     absl::StatusOr<std::string> token = ReadTokenFile(token_file);
     if (!token.ok()) {

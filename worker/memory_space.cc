@@ -224,4 +224,11 @@ absl::StatusOr<uint64_t> HostMemorySpace::ChunkChecksum(const void* data, int64_
   return shardcoord::ChunkChecksum(data, bytes);
 }
 
+absl::StatusOr<Allocation> MemorySpace::OpenShared(absl::string_view, int64_t, int64_t) {
+  return absl::UnimplementedError(
+      absl::StrCat("memory space ", name(), " cannot open memory shared by another process"));
+}
+
+void MemorySpace::CloseShared(const Allocation&) {}
+
 }  // namespace shardcoord

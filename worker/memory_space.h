@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
@@ -110,6 +111,21 @@ class MemorySpace {
   // Waits until every operation called before has run; reports the first error of queued
   // work. A no-op on the host.
   virtual absl::Status Synchronize() = 0;
+
+  // Memory another process exported for sharing on this space's device (a CUDA IPC handle of
+  // its allocation, as cudaIpcGetMemHandle gives): the `bytes` at `offset` in that
+  // allocation, opened in this process and usable as this space's memory (in place, no
+  // copy) until CloseShared. Opening the same allocation again shares one opening.
+  // UNIMPLEMENTED for a space that cannot (host memory: the worker maps the user's file
+  // instead); INVALID_ARGUMENT a malformed handle, a negative or misaligned range, a range
+  // past the allocation's end where the device can tell; the device's error otherwise.
+  virtual absl::StatusOr<Allocation> OpenShared(absl::string_view handle, int64_t offset,
+                                                int64_t bytes);
+  // Releases what OpenShared returned (the memory stays its exporter's). Null data: no-op.
+  virtual void CloseShared(const Allocation& allocation);
+  // The device's UUID ("GPU-..." as nvidia-smi prints it), to check a shared allocation is on
+  // this device; empty for host memory.
+  virtual std::string device_uuid() const { return ""; }
 };
 
 // Host memory: allocations from HostMemoryCache::Global() (large blocks are recycled), the

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
@@ -119,6 +121,7 @@ absl::StatusOr<BackendSelection> SelectBackend(absl::string_view backend, absl::
 
 Worker::Worker(WorkerOptions options) : options_(std::move(options)) {
   if (options_.name.empty()) options_.name = absl::StrCat(options_.host, ":", getpid());
+  options_.local_socket = absl::StrReplaceAll(options_.local_socket, {{"{name}", options_.name}});
   const std::string listen_host = HostOf(options_.listen);
   if (options_.gloo_host.empty()) {
     options_.gloo_host = IsWildcard(listen_host) ? options_.host : listen_host;
@@ -183,6 +186,22 @@ absl::StatusOr<std::string> Worker::Start() {
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
       executor_options, LogInfo, device_space_.get());
   service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_);
+  attach_ = std::make_unique<AttachRegistry>(
+      &buffers_, device_space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
+  if (absl::Status s = StartLocalSocket(); !s.ok()) return s;
+  Gauge* lent = registry_
+                    .AddGauge("shardcoord_worker_attached_bytes",
+                              "Bytes of the buffers user processes lent this worker (not the "
+                              "worker's own memory).")
+                    ->WithLabels({});
+  Gauge* attachments =
+      registry_
+          .AddGauge("shardcoord_worker_attachments", "Buffers user processes lent this worker.")
+          ->WithLabels({});
+  registry_.AddCollector([this, lent, attachments] {
+    lent->Set(static_cast<double>(buffers_.LentBytes()));
+    attachments->Set(static_cast<double>(attach_->attachments()));
+  });
 
   grpc::ServerBuilder builder;
   int port = 0;
@@ -196,7 +215,11 @@ absl::StatusOr<std::string> Worker::Start() {
                            "gRPC calls handled, by method and status code.", {"method", "code"}),
       registry_.AddHistogram("shardcoord_rpc_duration_seconds",
                              "Time from a call's start to its status, by method.", {"method"},
-                             ExponentialBuckets(0.001, 2, 17))));
+                             ExponentialBuckets(0.001, 2, 17)),
+      registry_.AddCounter("shardcoord_rpc_message_bytes_total",
+                           "Bytes of the gRPC messages the Worker service received and sent "
+                           "(serialized), by method and direction.",
+                           {"method", "direction"})));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
@@ -223,6 +246,7 @@ absl::StatusOr<std::string> Worker::Start() {
   agent_options.registration.set_device(device_name);
   agent_options.registration.set_backend(nccl ? "nccl" : "gloo");
   agent_options.registration.set_address(address);
+  if (local_server_ != nullptr) agent_options.registration.set_local_socket(local_server_->path());
   agent_options.log = LogInfo;
   // Buffers survive a coordinator outage; every registration reports them so a restarted
   // coordinator can reconcile, and drops what it says never committed.
@@ -262,7 +286,9 @@ std::vector<v1::HeldBuffer> Worker::HeldBuffers() const {
   for (const BufferStore::Entry& e : buffers_.List()) {
     std::shared_ptr<HostBuffer> buffer = buffers_.Find(e.tensor, e.version);
     if (buffer == nullptr) continue;  // Dropped meanwhile.
-    absl::StatusOr<std::vector<uint64_t>> sums = buffer->Checksums();
+    absl::StatusOr<std::vector<uint64_t>> sums =
+        buffer->attached() ? std::vector<uint64_t>(buffer->chunks().chunks.size(), 0)
+                           : buffer->Checksums();
     if (!sums.ok()) {
       spdlog::warn("cannot checksum {} version {}: {}", e.tensor, e.version,
                    sums.status().ToString());
@@ -277,10 +303,34 @@ std::vector<v1::HeldBuffer> Worker::HeldBuffers() const {
   return out;
 }
 
+absl::Status Worker::StartLocalSocket() {
+  if (options_.local_socket.empty()) return absl::OkStatus();
+  LocalSocketOptions local{options_.local_socket, options_.local_group};
+  absl::StatusOr<std::unique_ptr<LocalSocketServer>> server =
+      LocalSocketServer::Start(local, attach_.get(), LogInfo);
+  if (!server.ok() && options_.local_socket_default &&
+      server.status().code() == absl::StatusCode::kUnavailable) {
+    // /run is root's: a worker of another user serves under its own temporary directory.
+    const char* tmp = std::getenv("TMPDIR");
+    local.path = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/shardcoord-", geteuid(), "/",
+                              options_.name, ".sock");
+    spdlog::info("local socket {}: {}; using {}", options_.local_socket,
+                 std::string(server.status().message()), local.path);
+    server = LocalSocketServer::Start(local, attach_.get(), LogInfo);
+  }
+  if (!server.ok()) return server.status();
+  local_server_ = *std::move(server);
+  spdlog::info("user processes attach buffers on {}", local_server_->path());
+  return absl::OkStatus();
+}
+
 bool Worker::Shutdown(absl::Duration grace) {
   if (shut_down_) return stopped_cleanly_;
   shut_down_ = true;
   if (agent_ != nullptr) agent_->Stop();
+  // The worker's end tells the coordinator about its lent buffers: no detach reports.
+  if (attach_ != nullptr) attach_->Shutdown();
+  if (local_server_ != nullptr) local_server_->Stop();
   http_.Stop();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

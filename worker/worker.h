@@ -14,10 +14,12 @@
 #include "common/tls_options.h"
 #include "grpcpp/server.h"
 #include "worker/agent.h"
+#include "worker/attach_registry.h"
 #include "worker/backends/nccl/gpu_probe.h"
 #include "worker/buffer_store.h"
 #include "worker/communicator.h"
 #include "worker/grpc_coordinator_client.h"
+#include "worker/local_socket_server.h"
 #include "worker/memory_space.h"
 #include "worker/thread_pool.h"
 #include "worker/worker_core.h"
@@ -64,6 +66,15 @@ struct WorkerOptions {
   TlsOptions tls;
   // Serve plaintext on a non-loopback --listen address (refused otherwise).
   bool insecure = false;
+  // The Unix domain socket where user processes on this host attach buffers ("{name}"
+  // stands for the worker's name); empty: none. When `local_socket_default` and its
+  // directory cannot be created (not root), $TMPDIR (or /tmp)/shardcoord-<uid>/ is used.
+  std::string local_socket = kDefaultLocalSocket;
+  bool local_socket_default = true;
+  // A group (name or gid) whose processes may attach besides the worker's own uid.
+  std::string local_group;
+
+  static constexpr const char* kDefaultLocalSocket = "/run/shardcoord/{name}.sock";
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
@@ -88,11 +99,18 @@ class Worker {
   const std::string& name() const { return options_.name; }
   // After Start: the HTTP server's bound address, empty when it is off.
   const std::string& http_address() const { return http_address_; }
+  // After Start: the local socket's path, empty when there is none.
+  std::string local_socket() const {
+    return local_server_ != nullptr ? local_server_->path() : std::string();
+  }
 
  private:
   WorkerIdentity Identity() const;
-  // Every buffer held, with its chunks' checksums (for registration).
+  // Every buffer held, with its chunks' checksums (for registration; 0 for lent memory,
+  // whose bytes its process changes at will).
   std::vector<v1::HeldBuffer> HeldBuffers() const;
+  // Serves the local socket (options_.local_socket; its fallback).
+  absl::Status StartLocalSocket();
 
   WorkerOptions options_;
   Registry registry_;
@@ -104,6 +122,8 @@ class Worker {
   ThreadPool pool_{2};
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<WorkerCore> core_;
+  std::unique_ptr<AttachRegistry> attach_;
+  std::unique_ptr<LocalSocketServer> local_server_;
   std::unique_ptr<WorkerServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   HttpServer http_;

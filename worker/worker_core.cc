@@ -10,6 +10,7 @@
 #include "proto/convert.h"
 #include "sharding/fill.h"
 #include "sharding/layout.h"
+#include "worker/buffer_staging.h"
 #include "worker/fragment.h"
 
 namespace shardcoord {
@@ -28,6 +29,9 @@ struct WorkerCore::PlanRun {
   Fragment fragment;
   std::shared_ptr<HostBuffer> source;
   std::shared_ptr<HostBuffer> target;
+  // A Copy into lent memory the executor cannot write in place (a process's plain memory):
+  // `target` is the worker's, and its bytes are copied here before the report.
+  std::shared_ptr<HostBuffer> write_back;
   CancelToken cancel;
   // Guarded by WorkerCore::mu_.
   bool aborted = false;  // FinishPlan(abort) arrived.
@@ -76,12 +80,39 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
           "tensor '", f.tensor, "' version ", f.source_version, " on rank ", f.rank,
           " is held as other chunks or another dtype than plan ", f.plan_id, " expects"));
     }
-    run->source = *source;
+    // Lent memory the executor cannot read in place is copied in (one copy).
+    absl::StatusOr<std::shared_ptr<HostBuffer>> local = BufferIn(*source, space_);
+    if (!local.ok()) {
+      return absl::Status(
+          local.status().code(),
+          absl::StrCat("reading tensor '", f.tensor, "' version ", f.source_version, " from ",
+                       (*source)->space().name(), ": ", local.status().message()));
+    }
+    run->source = *std::move(local);
   }
-  absl::StatusOr<std::shared_ptr<HostBuffer>> target =
-      HostBuffer::Create(f.dtype, f.target, space_);
-  if (!target.ok()) return target.status();
-  run->target = *target;
+  if (f.attached_target_version > 0) {
+    // A Copy into an attached tensor writes the lent buffer in place.
+    absl::StatusOr<std::shared_ptr<HostBuffer>> lent =
+        buffers_->Get(f.target_tensor, f.attached_target_version);
+    if (!lent.ok() || !(*lent)->attached() || (*lent)->dtype() != f.dtype ||
+        (*lent)->chunks().chunks != f.target.chunks) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", f.rank, " holds no attached buffer of tensor '", f.target_tensor,
+                       "' version ", f.attached_target_version, " with the chunks plan ", f.plan_id,
+                       " writes (was it detached?)"));
+    }
+    if (&(*lent)->space() == space_) {
+      run->target = *lent;
+    } else {
+      run->write_back = *lent;
+    }
+  }
+  if (run->target == nullptr) {
+    absl::StatusOr<std::shared_ptr<HostBuffer>> target =
+        HostBuffer::Create(f.dtype, f.target, space_);
+    if (!target.ok()) return target.status();
+    run->target = *target;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = check_plan_id(); !s.ok()) return s;  // Again: it may have changed.
@@ -132,6 +163,19 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   };
   const absl::Time start = absl::Now();
   absl::StatusOr<ExecuteResult> result = ExecuteFragment(in);
+  if (result.ok() && run->write_back != nullptr) {
+    // One copy into the process's memory; a process that is gone fails the plan.
+    absl::Status s =
+        run->write_back->lent()->detached()
+            ? absl::AbortedError(absl::StrCat(
+                  "the target buffer (", run->write_back->lent()->Describe(), ") was detached"))
+            : CopyBufferBytes(*run->target, *run->write_back);
+    if (!s.ok()) {
+      result =
+          absl::Status(s.code(), absl::StrCat("writing rank ", f.rank, "'s attached buffer of '",
+                                              f.target_tensor, "': ", s.message()));
+    }
+  }
   if (log_) {
     if (result.ok()) {
       std::string steps_text;
@@ -151,7 +195,16 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   {
     absl::MutexLock lock(&mu_);
     aborted = run->aborted;
-    if (result.ok() && !aborted && !f.target.chunks.empty()) {
+    std::shared_ptr<HostBuffer> keep = run->write_back ? run->write_back : run->target;
+    if (result.ok() && !aborted && keep->attached()) {
+      // Lent memory follows the tensor's versions (also with no chunks on this rank), unless
+      // it was detached meanwhile: then the plan fails.
+      if (absl::Status s = buffers_->Store(f.target_tensor, f.target_version, keep); s.ok()) {
+        run->stored = true;
+      } else {
+        result = s;
+      }
+    } else if (result.ok() && !aborted && !f.target.chunks.empty()) {
       // Stored before the report, so a commit that follows finds it.
       buffers_->Put(f.target_tensor, f.target_version, run->target);
       run->stored = true;
@@ -342,6 +395,11 @@ absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(const v1::ReadChunk
   absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
       buffers_->Get(request.tensor(), request.version());
   if (!buffer.ok()) return buffer.status();
+  if (!(*buffer)->space().is_host() && &(*buffer)->space() != space_) {
+    // Lent plain memory of a process: read through a copy (one process_vm_readv).
+    buffer = BufferIn(*std::move(buffer), &HostMemorySpace::Global());
+    if (!buffer.ok()) return buffer.status();
+  }
   absl::StatusOr<Box> box = BoxFromProto(request.box(), "box");
   if (!box.ok()) return box.status();
   const int k = FindContainingChunk((*buffer)->chunks(), *box, false, 0);

@@ -9,7 +9,11 @@
 # 2. nccl_bench: each op's time, algbw and busbw (nccl-tests formulas), plus the pack and
 #    checksum kernels; a table, or one JSON object with --json (on stdout; all else on stderr);
 # 3. when nccl-tests' binaries are on PATH (or in $NCCL_TESTS_DIR), their all_gather,
-#    reduce_scatter, all_reduce and broadcast bus bandwidth for the same sizes, to compare.
+#    reduce_scatter, all_reduce and broadcast bus bandwidth for the same sizes, to compare;
+# 4. a real attach (tests/gpu/attach_check.py): a coordinator and an NCCL worker; a torch
+#    process lends CUDA tensors (IPC handles) and checks a Copy wrote and read them in place.
+#    It needs a python with a CUDA build of torch ($SHARDCOORD_PYTHON, /usr/bin/python3 or
+#    python3 on PATH, the first whose torch sees a GPU).
 # Exits 2 when no GPU is visible, 1 when a test or the benchmark failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -93,7 +97,28 @@ else
   log "nccl-tests not found (set NCCL_TESTS_DIR to compare against all_*_perf)"
 fi
 
-if ((test_rc != 0 || bench_rc != 0)); then
+log "attach: a torch CUDA tensor lent to an NCCL worker"
+attach_rc=0
+python=""
+for p in "${SHARDCOORD_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true)"; do
+  [[ -n "$p" && -x "$p" ]] || continue
+  if "$p" -c 'import torch, grpc, numpy; assert torch.cuda.is_available()' 2>/dev/null; then
+    python=$p
+    break
+  fi
+done
+if [[ -z "$python" ]]; then
+  log "attach: no python with a CUDA torch, grpcio and numpy: not checked"
+  attach_rc=1
+else
+  bazel build -c opt //coordinator:coordinator //worker:worker >&2 || exit 1
+  SHARDCOORD_PYTHON="$python" bash tools/python.sh tests/gpu/attach_check.py \
+    --coordinator "$(bazel info -c opt bazel-bin 2>/dev/null)/coordinator/coordinator" \
+    --worker "$(bazel info -c opt bazel-bin 2>/dev/null)/worker/worker" >&2
+  attach_rc=$?
+fi
+
+if ((test_rc != 0 || bench_rc != 0 || attach_rc != 0)); then
   exit 1
 fi
 log "OK"

@@ -3,10 +3,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <iterator>
 #include <new>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "sharding/box_copy.h"
 #include "worker/checksum.h"
 
@@ -31,6 +35,9 @@ FakeDeviceMemorySpace::~FakeDeviceMemorySpace() {
   if (!blocks_.empty()) {
     Die(absl::StrCat(name_, ": destroyed with ", blocks_.size(), " live allocation(s)"));
   }
+  if (!opened_.empty()) {
+    Die(absl::StrCat(name_, ": destroyed with ", opened_.size(), " shared range(s) open"));
+  }
 }
 
 FakeDeviceMemorySpace::Stats FakeDeviceMemorySpace::stats() const {
@@ -50,11 +57,14 @@ bool FakeDeviceMemorySpace::Owns(const void* p, int64_t bytes) const {
 
 bool FakeDeviceMemorySpace::OwnsLocked(const void* p, int64_t bytes) const {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+  auto inside = [&](uintptr_t start, int64_t size) {
+    return bytes >= 0 && addr >= start &&
+           addr - start + static_cast<uint64_t>(bytes) <= static_cast<uint64_t>(size);
+  };
   auto it = blocks_.upper_bound(addr);
-  if (it == blocks_.begin()) return false;
-  --it;
-  return bytes >= 0 && addr >= it->first &&
-         addr - it->first + static_cast<uint64_t>(bytes) <= static_cast<uint64_t>(it->second);
+  if (it != blocks_.begin() && inside(std::prev(it)->first, std::prev(it)->second)) return true;
+  auto sh = opened_.upper_bound(addr);
+  return sh != opened_.begin() && inside(std::prev(sh)->first, std::prev(sh)->second.first);
 }
 
 void FakeDeviceMemorySpace::CheckDevice(const void* p, int64_t bytes, const char* what) const {
@@ -70,14 +80,66 @@ void FakeDeviceMemorySpace::CheckHost(const void* p, int64_t bytes, const char* 
   if (p == nullptr) Die(absl::StrCat(name_, ": ", what, ": null host pointer"));
   const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
   auto it = blocks_.upper_bound(addr + static_cast<uint64_t>(bytes) - 1);
-  if (it != blocks_.begin()) {
-    --it;
-    if (addr < it->first + static_cast<uint64_t>(it->second)) {
-      Die(absl::StrCat(name_, ": ", what, ": host range at ", absl::Hex(p),
-                       " overlaps memory of this space (a device pointer used as host "
-                       "memory?)"));
-    }
+  auto sh = opened_.upper_bound(addr + static_cast<uint64_t>(bytes) - 1);
+  if ((it != blocks_.begin() &&
+       addr < std::prev(it)->first + static_cast<uint64_t>(std::prev(it)->second)) ||
+      (sh != opened_.begin() &&
+       addr < std::prev(sh)->first + static_cast<uint64_t>(std::prev(sh)->second.first))) {
+    Die(absl::StrCat(name_, ": ", what, ": host range at ", absl::Hex(p),
+                     " overlaps memory of this space (a device pointer used as host "
+                     "memory?)"));
   }
+}
+
+std::string FakeDeviceMemorySpace::device_uuid() const {
+  return absl::StrCat("GPU-", absl::Hex(std::hash<std::string>{}(name_), absl::kZeroPad16));
+}
+
+std::string FakeDeviceMemorySpace::ExportHandle(const Allocation& allocation) const {
+  absl::MutexLock lock(&mu_);
+  auto it = blocks_.find(reinterpret_cast<uintptr_t>(allocation.data));
+  if (it == blocks_.end()) {
+    Die(absl::StrCat(name_, ": ExportHandle of ", absl::Hex(allocation.data),
+                     ", which is not the start of a live allocation of this space"));
+  }
+  return absl::StrCat("fake-ipc:", it->first, ":", it->second);
+}
+
+absl::StatusOr<Allocation> FakeDeviceMemorySpace::OpenShared(absl::string_view handle,
+                                                             int64_t offset, int64_t bytes) {
+  std::vector<absl::string_view> parts = absl::StrSplit(handle, ':');
+  uint64_t start = 0;
+  int64_t size = 0;
+  if (parts.size() != 3 || parts[0] != "fake-ipc" || !absl::SimpleAtoi(parts[1], &start) ||
+      !absl::SimpleAtoi(parts[2], &size)) {
+    return absl::InvalidArgumentError(absl::StrCat("handle: '", handle, "' is no fake IPC handle"));
+  }
+  if (offset < 0 || bytes < 0 || offset + bytes > size) {
+    return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " + ", bytes,
+                                                   " bytes is past the shared allocation's ", size,
+                                                   " bytes"));
+  }
+  absl::MutexLock lock(&mu_);
+  const uintptr_t at = static_cast<uintptr_t>(start + static_cast<uint64_t>(offset));
+  auto& [length, openings] = opened_[at];
+  length = std::max(length, bytes);
+  ++openings;
+  ++stats_.shared_opened;
+  ++stats_.live_shared;
+  return Allocation{reinterpret_cast<char*>(at), bytes};
+}
+
+void FakeDeviceMemorySpace::CloseShared(const Allocation& allocation) {
+  if (allocation.data == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  DrainLocked().IgnoreError();  // As the CUDA space: queued work on it finishes first.
+  auto it = opened_.find(reinterpret_cast<uintptr_t>(allocation.data));
+  if (it == opened_.end()) {
+    Die(absl::StrCat(name_, ": CloseShared of ", absl::Hex(allocation.data),
+                     ", which OpenShared did not return"));
+  }
+  if (--it->second.second == 0) opened_.erase(it);
+  --stats_.live_shared;
 }
 
 void FakeDeviceMemorySpace::Enqueue(std::function<absl::Status()> op) {

@@ -49,6 +49,8 @@ class FakeDeviceMemorySpace final : public MemorySpace {
     int64_t synchronizes = 0;
     int64_t live_allocations = 0;
     int64_t live_bytes = 0;
+    int64_t shared_opened = 0;  // OpenShared calls that succeeded.
+    int64_t live_shared = 0;    // Openings not closed yet.
   };
   Stats stats() const;
 
@@ -56,6 +58,10 @@ class FakeDeviceMemorySpace final : public MemorySpace {
   bool Owns(const void* p, int64_t bytes = 0) const;
   // Allocations beyond this many live bytes fail with RESOURCE_EXHAUSTED.
   void set_capacity(int64_t bytes);
+  // A handle of `allocation` (a live one of this space) that a FakeDeviceMemorySpace opens
+  // with OpenShared, as cudaIpcGetMemHandle exports a CUDA allocation to another process: the
+  // opener then works on this very memory, in place.
+  std::string ExportHandle(const Allocation& allocation) const;
 
   std::string name() const override { return name_; }
   bool is_host() const override { return false; }
@@ -72,6 +78,13 @@ class FakeDeviceMemorySpace final : public MemorySpace {
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override;
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override;
   absl::Status Synchronize() override;
+  // Handles of ExportHandle (of any FakeDeviceMemorySpace): the range becomes memory of this
+  // space until CloseShared. INVALID_ARGUMENT a malformed handle or a range past the block.
+  absl::StatusOr<Allocation> OpenShared(absl::string_view handle, int64_t offset,
+                                        int64_t bytes) override;
+  void CloseShared(const Allocation& allocation) override;
+  // "GPU-" and hex digits derived from the name, as nvidia-smi prints a UUID.
+  std::string device_uuid() const override;
 
  private:
   bool OwnsLocked(const void* p, int64_t bytes) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -87,6 +100,8 @@ class FakeDeviceMemorySpace final : public MemorySpace {
   const std::string name_;
   mutable absl::Mutex mu_;
   std::map<uintptr_t, int64_t> blocks_ ABSL_GUARDED_BY(mu_);  // Start -> bytes asked for.
+  // Opened shared ranges: start -> (bytes, openings).
+  std::map<uintptr_t, std::pair<int64_t, int>> opened_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
   absl::Status queued_error_ ABSL_GUARDED_BY(mu_);
   int64_t capacity_ ABSL_GUARDED_BY(mu_) = int64_t{1} << 40;

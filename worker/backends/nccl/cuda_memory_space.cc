@@ -1,6 +1,7 @@
 #include "worker/backends/nccl/cuda_memory_space.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -167,6 +168,91 @@ absl::Status CudaMemorySpace::Synchronize() {
   if (absl::Status s = Enter(); !s.ok()) return s;
   return CudaStatus(cudaStreamSynchronize(stream_),
                     absl::StrCat("work queued on ", name()).c_str());
+}
+
+namespace {
+
+// cuMemGetAddressRange through the runtime (the worker does not link the driver library):
+// the allocation's size, or 0 when the driver does not say.
+size_t AllocationSize(void* base) {
+  using GetRange = int (*)(unsigned long long*, size_t*, unsigned long long);  // NOLINT
+  static GetRange get_range = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<GetRange>(nullptr);
+    }
+    return reinterpret_cast<GetRange>(fn);
+  }();
+  if (get_range == nullptr) return 0;
+  unsigned long long start = 0;  // NOLINT
+  size_t size = 0;
+  if (get_range(&start, &size, reinterpret_cast<unsigned long long>(base)) != 0)
+    return 0;  // NOLINT
+  return size;
+}
+
+}  // namespace
+
+absl::StatusOr<Allocation> CudaMemorySpace::OpenShared(absl::string_view handle, int64_t offset,
+                                                       int64_t bytes) {
+  cudaIpcMemHandle_t h;
+  if (handle.size() != sizeof(h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle: ", handle.size(), " bytes, a cudaIpcMemHandle_t has ", sizeof(h)));
+  }
+  if (offset < 0 || bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("offset ", offset, ", bytes ", bytes));
+  }
+  std::memcpy(&h, handle.data(), sizeof(h));
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  void* base = nullptr;
+  const std::string what = absl::StrCat("cudaIpcOpenMemHandle on ", name());
+  if (absl::Status s =
+          CudaStatus(cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess), what);
+      !s.ok()) {
+    return s;
+  }
+  const size_t size = AllocationSize(base);
+  if (size != 0 && static_cast<uint64_t>(offset) + static_cast<uint64_t>(bytes) > size) {
+    (void)cudaIpcCloseMemHandle(base);
+    return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " + ", bytes,
+                                                   " bytes is past the shared allocation's ", size,
+                                                   " bytes"));
+  }
+  char* data = static_cast<char*>(base) + offset;
+  absl::MutexLock lock(&mu_);
+  opened_.emplace(data, base);
+  return Allocation{data, bytes};
+}
+
+void CudaMemorySpace::CloseShared(const Allocation& allocation) {
+  if (allocation.data == nullptr) return;
+  void* base = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = opened_.find(allocation.data);
+    if (it == opened_.end()) return;
+    base = it->second;
+    opened_.erase(it);
+  }
+  if (!Enter().ok()) return;
+  (void)cudaStreamSynchronize(stream_);  // Queued work may still use it.
+  (void)cudaIpcCloseMemHandle(base);
+}
+
+std::string CudaMemorySpace::device_uuid() const {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return "";
+  const unsigned char* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  std::string hex;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) hex += '-';
+    absl::StrAppend(&hex, absl::Hex(u[i], absl::kZeroPad2));
+  }
+  return absl::StrCat("GPU-", hex);
 }
 
 }  // namespace nccl

@@ -4,11 +4,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/memory_space.h"
 
 namespace shardcoord {
@@ -52,6 +55,13 @@ class CudaMemorySpace final : public MemorySpace {
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override;
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override;
   absl::Status Synchronize() override;
+  // A cudaIpcMemHandle_t (64 bytes) opened with cudaIpcOpenMemHandle on this device (CUDA
+  // counts repeated openings of one allocation in a process); the range is checked against
+  // the allocation's size where the driver tells it (cuMemGetAddressRange).
+  absl::StatusOr<Allocation> OpenShared(absl::string_view handle, int64_t offset,
+                                        int64_t bytes) override;
+  void CloseShared(const Allocation& allocation) override;
+  std::string device_uuid() const override;
 
  private:
   CudaMemorySpace(int device, cudaStream_t stream);
@@ -60,6 +70,9 @@ class CudaMemorySpace final : public MemorySpace {
 
   const int device_;
   const cudaStream_t stream_;
+  absl::Mutex mu_;
+  // Pointers OpenShared handed out -> the base cudaIpcOpenMemHandle returned.
+  std::multimap<char*, void*> opened_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace nccl

@@ -1,15 +1,20 @@
-"""Tests ShardcoordClient against a scripted Coordinator servicer on loopback (port 0)."""
+"""Tests the `shardcoord` package against a scripted Coordinator servicer on loopback (port 0),
+and the old `shardcoord_client` module over it. Argument: tools/dev_certs.sh (certificates for
+the TLS tests are made in $TEST_TMPDIR)."""
 
 import concurrent.futures
 import os
+import subprocess
 import sys
+import tempfile
 import unittest
 
 import grpc
 import numpy as np
 
-import shardcoord_client as sc
-from shardcoord_client import pb, pb_grpc
+import shardcoord as sc
+import shardcoord_client
+from shardcoord import pb, pb_grpc
 
 
 class FakeCoordinator(pb_grpc.CoordinatorServicer):
@@ -25,7 +30,11 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         if self.required_token and self.requests["metadata"].get("authorization") != \
                 f"Bearer {self.required_token}":
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
-        return pb.ListWorkersResponse(workers=[pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE)])
+        return pb.ListWorkersResponse(workers=[
+            pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE, device="cpu",
+                          local_socket="/nonexistent/w0.sock"),
+            pb.WorkerInfo(name="w1", rank=1, state=pb.ALIVE, device="cuda:0",
+                          local_socket="/nonexistent/w1.sock")])
 
     def CreateMesh(self, request, context):
         self.requests.setdefault("create_mesh", []).append(request)
@@ -38,7 +47,14 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         return pb.TensorInfo(name=request.name, shape=request.shape, dtype=request.dtype)
 
     def GetTensor(self, request, context):
-        context.abort(grpc.StatusCode.NOT_FOUND, f"tensor '{request.name}' does not exist")
+        if request.name != "lent":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"tensor '{request.name}' does not exist")
+        # 6x4 f32, S(0) over ranks 0 and 1 (3x4 each), attached.
+        ranks = [pb.RankChunks(rank=r, local_elements=12, chunks=[pb.Chunk(
+            box=pb.Box(offset=[3 * r, 0], shape=[3, 4]))]) for r in range(2)]
+        return pb.TensorInfo(name="lent", shape=[6, 4], dtype=pb.F32, spec="S(0)", version=4,
+                             attached=True, unattached_ranks=[0, 1],
+                             layout=pb.Layout(global_shape=[6, 4], ranks=ranks))
 
     def Redistribute(self, request, context):
         self.requests["redistribute"] = request
@@ -94,27 +110,28 @@ class ClientTest(unittest.TestCase):
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.server.start()
         self.address = f"127.0.0.1:{port}"
-        self.client = sc.ShardcoordClient(self.address, timeout=30)
+        self.client = sc.Client(self.address, timeout=30)
 
     def tearDown(self):
         self.client.close()
         self.server.stop(None)
 
-    def test_list_workers(self):
-        workers = self.client.list_workers()
-        self.assertEqual([w.name for w in workers], ["w0"])
+    def test_workers(self):
+        workers = self.client.workers()
+        self.assertEqual([w.name for w in workers], ["w0", "w1"])
+        self.assertEqual(workers[0].local_socket, "/nonexistent/w0.sock")
 
     def test_token_is_sent_as_bearer_metadata(self):
         self.assertNotIn("authorization", self.fake.requests.get("metadata", {}))
-        self.client.list_workers()
+        self.client.workers()
         self.assertNotIn("authorization", self.fake.requests["metadata"])
         self.fake.required_token = "s3cret"
         with sc.connect(self.address, token="s3cret") as c:
-            c.list_workers()
+            c.workers()
         self.assertEqual(self.fake.requests["metadata"]["authorization"], "Bearer s3cret")
         with sc.connect(self.address, token="nope") as c:
-            with self.assertRaises(sc.ShardcoordError) as e:
-                c.list_workers()
+            with self.assertRaises(sc.Error) as e:
+                c.workers()
         self.assertEqual(e.exception.code, "UNAUTHENTICATED")
 
     def test_token_from_the_environment(self):
@@ -123,7 +140,7 @@ class ClientTest(unittest.TestCase):
         os.environ["SHARDCOORD_TOKEN"] = "from-env"
         try:
             with sc.connect(self.address) as c:
-                c.list_workers()
+                c.workers()
         finally:
             if old is None:
                 del os.environ["SHARDCOORD_TOKEN"]
@@ -142,13 +159,14 @@ class ClientTest(unittest.TestCase):
         self.client.create_mesh("m", [2, 2])
         self.assertNotEqual(self.fake.requests["create_mesh"][3].request_id, ids[0])
         self.fake.requests["create_mesh"] = []
-        with sc.ShardcoordClient(self.address, retry_for=0) as once:
-            with self.assertRaises(sc.ShardcoordError) as e:
+        with sc.Client(self.address, retry_for=0) as once:
+            with self.assertRaises(sc.Error) as e:
                 once.create_mesh("m", [2, 2])
         self.assertEqual((e.exception.code, e.exception.message), ("UNAVAILABLE", "recovering"))
 
     def test_create_tensor_request(self):
-        t = self.client.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange", seed=3)
+        t = self.client.create_tensor("t", shape=[64, 48], mesh="m", placements="S(0),R",
+                                      init="arange", seed=3)
         self.assertEqual(list(t.shape), [64, 48])
         r = self.fake.requests["create"]
         self.assertEqual(r.spec.mesh, "m")
@@ -157,10 +175,47 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.init, pb.ARANGE)
         self.assertEqual(r.seed, 3)
         with self.assertRaises(ValueError):
-            self.client.create_tensor("t", "m", [4], placements="R", flat="0:4")
+            self.client.create_tensor("t", [4], mesh="m", placements="R", flat="0:4")
+        self.client.create_tensor("f", [8, 512], dtype="bf16", mesh="m", init="attached",
+                                  flat=[[(0, 4096)], [(4096, 4100), (4200, 4300)], []])
+        r = self.fake.requests["create"]
+        self.assertEqual((r.init, r.dtype), (pb.ATTACHED, pb.BF16))
+        self.assertEqual(r.spec.flat_text, "0:4096;4096:4100,4200:4300;")
+
+    def test_local_buffers_of_an_attached_tensor(self):
+        self.assertEqual(self.client.local_nbytes("lent", 1), 48)
+        self.assertEqual(self.client.local_shape("lent", 0), (3, 4))
+        buf = self.client.alloc("lent", 1)
+        self.assertEqual((buf.shape, buf.dtype), ((3, 4), np.float32))
+        self.assertFalse(buf.any())
+        with self.assertRaises(sc.Error) as e:
+            self.client.local_nbytes("lent", 7)
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+
+    def test_attach_refuses_a_wrong_buffer_before_it_reaches_a_worker(self):
+        # The workers' sockets do not exist: a refusal that reached one would be UNAVAILABLE.
+        cases = {
+            "size": np.zeros((3, 3), np.float32),
+            "dtype": np.zeros((3, 4), np.float64),
+            "non-contiguous": np.zeros((4, 3), np.float32).T,
+            "type": [0.0] * 12,
+        }
+        for label, buf in cases.items():
+            with self.subTest(label):
+                with self.assertRaises(sc.Error) as e:
+                    self.client.attach("lent", 0, buf)
+                self.assertEqual(e.exception.code, "INVALID_ARGUMENT", e.exception.message)
+        with self.assertRaises(sc.Error) as e:  # Rank 1's worker keeps its buffers on a GPU.
+            self.client.attach("lent", 1, np.zeros((3, 4), np.float32))
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+        self.assertIn("cuda:0", e.exception.message)
+        with self.assertRaises(sc.Error) as e:  # A right buffer does try the socket.
+            self.client.attach("lent", 0, np.zeros((3, 4), np.float32))
+        self.assertEqual(e.exception.code, "UNAVAILABLE")
+        self.assertIn("/nonexistent/w0.sock", e.exception.message)
 
     def test_errors_keep_code_and_message(self):
-        with self.assertRaises(sc.ShardcoordError) as e:
+        with self.assertRaises(sc.Error) as e:
             self.client._call(self.client._stub.GetTensor, pb.GetTensorRequest(name="x"), 30)
         self.assertEqual(e.exception.code, "NOT_FOUND")
         self.assertEqual(e.exception.message, "tensor 'x' does not exist")
@@ -176,7 +231,7 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(g.has_to_rank)
         self.assertEqual(g.to_rank, 2)
         self.fake.abort = True
-        with self.assertRaises(sc.ShardcoordError) as e:
+        with self.assertRaises(sc.Error) as e:
             self.client.redistribute("t", flat="0:6;6:12")
         self.assertEqual(e.exception.code, "ABORTED")
         self.assertIn("rank 3 died", e.exception.message)
@@ -187,7 +242,7 @@ class ClientTest(unittest.TestCase):
         c = self.fake.requests["copy"]
         self.assertEqual((c.src, c.dst, c.wait), ("a", "b", True))
         self.fake.abort = True
-        with self.assertRaises(sc.ShardcoordError) as e:
+        with self.assertRaises(sc.Error) as e:
             self.client.copy("a", "b")
         self.assertEqual(e.exception.code, "ABORTED")
 
@@ -200,7 +255,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([(p.src, p.dst) for p in c.copies],
                          [("a", "a_infer"), ("b", "b_infer")])
         self.fake.abort = True
-        with self.assertRaises(sc.ShardcoordError) as e:
+        with self.assertRaises(sc.Error) as e:
             self.client.copy_many([("a", "a_infer")])
         self.assertEqual(e.exception.code, "ABORTED")
         self.assertIn("copies[1]", str(e.exception))
@@ -215,6 +270,10 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([i.tensor for i in req.redistributes], ["a", "b"])
         self.assertEqual(req.redistributes[0].target.placements_text, "S(1)")
         self.assertEqual(req.redistributes[1].target.mesh, "m")
+        self.client.redistribute_many({"a": {"placements": "S(1)"}, "b": {"flat": "0:4;4:8"}})
+        req = self.fake.requests["redistribute_group"]
+        self.assertEqual([(i.tensor, i.target.placements_text, i.target.flat_text)
+                          for i in req.redistributes], [("a", "S(1)", ""), ("b", "", "0:4;4:8")])
 
     def test_download_is_a_numpy_array(self):
         a = self.client.download("t")
@@ -224,7 +283,7 @@ class ClientTest(unittest.TestCase):
 
     def test_upload_streams_at_most_one_mib(self):
         a = np.arange(600_000, dtype=np.int32).reshape(1000, 600)  # 2.4 MB
-        info = self.client.upload("u", a, "m", placements="S(1)")
+        info = self.client.upload("u", a, mesh="m", placements="S(1)")
         self.assertEqual(list(info.shape), [1000, 600])
         messages = self.fake.upload_messages
         self.assertEqual(messages[0].header.dtype, pb.I32)
@@ -234,7 +293,38 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(b"".join(m.data for m in messages[1:]), a.tobytes())
 
 
-CERTS = os.environ.get("SHARDCOORD_TEST_CERTS")
+class OldModuleTest(unittest.TestCase):
+    """shardcoord_client keeps its names and create_tensor's argument order."""
+
+    def test_old_names_over_the_package(self):
+        fake = FakeCoordinator()
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_CoordinatorServicer_to_server(fake, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            with shardcoord_client.connect(f"127.0.0.1:{port}") as c:
+                self.assertIsInstance(c, shardcoord_client.ShardcoordClient)
+                c.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange")
+                self.assertEqual(fake.requests["create"].spec.mesh, "m")
+                self.assertEqual(list(fake.requests["create"].shape), [64, 48])
+                self.assertEqual([w.name for w in c.list_workers()], ["w0", "w1"])
+                with self.assertRaises(shardcoord_client.ShardcoordError):
+                    c.tensor("nothing")
+        finally:
+            server.stop(None)
+
+
+def _make_certs():
+    """Certificates from tools/dev_certs.sh (the first argument), or None without it."""
+    if len(sys.argv) < 2:
+        return None
+    out = os.path.join(os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp(), "certs")
+    subprocess.run(["bash", sys.argv[1], out, "w0"], check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+CERTS = _make_certs()
 
 
 def read(name):
@@ -242,7 +332,7 @@ def read(name):
         return f.read()
 
 
-@unittest.skipUnless(CERTS, "no certificates (SHARDCOORD_TEST_CERTS, from tools/dev_certs.sh)")
+@unittest.skipUnless(CERTS, "no certificates (pass tools/dev_certs.sh as the first argument)")
 class TlsTest(unittest.TestCase):
     """The fake servicer behind TLS with the dev coordinator certificate (SAN 127.0.0.1)."""
 
@@ -264,7 +354,7 @@ class TlsTest(unittest.TestCase):
         with sc.connect(self.address, tls_ca=os.path.join(CERTS, "ca.pem"),
                         tls_cert=os.path.join(CERTS, "client.pem"),
                         tls_key=os.path.join(CERTS, "client.key"), timeout=10) as c:
-            self.assertEqual([w.name for w in c.list_workers()], ["w0"])
+            self.assertEqual([w.name for w in c.workers()], ["w0", "w1"])
 
     def test_ca_from_the_environment(self):
         old = os.environ.get("SHARDCOORD_TLS_CA")
@@ -272,7 +362,7 @@ class TlsTest(unittest.TestCase):
         try:
             with sc.connect(self.address, tls_cert=os.path.join(CERTS, "client.pem"),
                             tls_key=os.path.join(CERTS, "client.key"), timeout=10) as c:
-                c.list_workers()
+                c.workers()
         finally:
             if old is None:
                 del os.environ["SHARDCOORD_TLS_CA"]
@@ -290,8 +380,8 @@ class TlsTest(unittest.TestCase):
         for label, kwargs in cases.items():
             with self.subTest(label):
                 with sc.connect(self.address, timeout=10, retry_for=0, **kwargs) as c:
-                    with self.assertRaises(sc.ShardcoordError) as e:
-                        c.list_workers()
+                    with self.assertRaises(sc.Error) as e:
+                        c.workers()
                 self.assertEqual(e.exception.code, "UNAVAILABLE")
 
     def test_bad_arguments_name_argument_and_path(self):

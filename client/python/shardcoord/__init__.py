@@ -1,0 +1,23 @@
+"""shardcoord: the Python client of the shardcoord sharding coordinator.
+
+    import shardcoord
+    c = shardcoord.connect()                      # $SHARDCOORD_ADDR, then 127.0.0.1:7400
+    c.create_mesh("train", [4])
+    c.create_tensor("w", shape=[1024, 512], dtype="f32", mesh="train",
+                    placements="S(0)", init="attached")
+    buf = c.alloc("w", rank, framework="torch")   # shared memory, lent without a copy
+    c.attach("w", rank, buf)                      # or any contiguous NumPy / torch buffer
+    c.copy("w", "w_infer")                        # w_infer's attached buffers written in place
+
+Needs grpcio, protobuf and NumPy (torch for torch buffers); the generated stubs come from
+`tools/python.sh` (see shardcoord/_proto.py). Errors raise shardcoord.Error with `.code`
+(the gRPC status name) and `.message`.
+"""
+
+from ._buffers import DTYPES
+from ._errors import Error
+from ._proto import pb, pb_grpc
+from .client import Client, channel_credentials, connect, default_address, default_token, spec
+
+__all__ = ["Client", "DTYPES", "Error", "channel_credentials", "connect", "default_address",
+           "default_token", "pb", "pb_grpc", "spec"]

@@ -1,0 +1,11 @@
+"""shardcoord.Error: every failure of the package's calls."""
+
+
+class Error(Exception):
+    """A failed call: `code` is the gRPC status name ("NOT_FOUND", "INVALID_ARGUMENT"),
+    `message` the reason, naming the field and value."""
+
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,447 @@
+"""shardcoord.Client: the coordinator's operations, and attached tensors whose buffers live
+in this process."""
+
+import math
+import os
+import random
+import threading
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from . import _buffers
+from ._buffers import DTYPES, WIRE_NAMES
+from ._errors import Error
+from ._local import LocalConnection
+from ._proto import pb, pb_grpc
+
+_INIT = {"zeros": pb.ZEROS, "arange": pb.ARANGE, "random": pb.RANDOM,
+         "attached": pb.ATTACHED}
+_NUMPY_OF_WIRE = {enum: np.dtype(np_type).newbyteorder("<")
+                  for enum, np_type, _ in DTYPES.values()}
+_CHUNK = 1 << 20  # Protocol limit on one data message.
+
+
+def default_address():
+    """$SHARDCOORD_ADDR when set, else 127.0.0.1:7400."""
+    return os.environ.get("SHARDCOORD_ADDR") or "127.0.0.1:7400"
+
+
+def default_token():
+    """$SHARDCOORD_TOKEN when set, else None (no token is sent)."""
+    return os.environ.get("SHARDCOORD_TOKEN") or None
+
+
+def _flat_text(flat):
+    """A flat spec as text: "0:4,8:12;4:8" as is, or per rank a list of (start, end)."""
+    if isinstance(flat, str):
+        return flat
+    return ";".join(",".join(f"{start}:{end}" for start, end in ranges) for ranges in flat)
+
+
+def spec(mesh, placements=None, flat=None):
+    """A ShardingSpec of exactly one of `placements` ("S(0),R") or `flat` (text, or per rank
+    a list of (start, end) ranges of the flattened tensor)."""
+    if (placements is None) == (flat is None):
+        raise ValueError("give exactly one of placements or flat")
+    if placements is not None:
+        return pb.ShardingSpec(mesh=mesh or "", placements_text=placements)
+    return pb.ShardingSpec(mesh=mesh or "", flat_text=_flat_text(flat))
+
+
+def _read_pem(what, path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from e
+
+
+def channel_credentials(tls_ca=None, tls_cert=None, tls_key=None):
+    """grpc.ChannelCredentials for the CA file `tls_ca` (default $SHARDCOORD_TLS_CA) and an
+    optional client certificate; None (plaintext) without a CA. ValueError naming the argument
+    and the path when a file cannot be read or the arguments do not go together."""
+    tls_ca = tls_ca or os.environ.get("SHARDCOORD_TLS_CA") or None
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("a client certificate needs tls_cert and tls_key together")
+    if tls_ca is None:
+        if tls_cert is not None:
+            raise ValueError("tls_cert and tls_key need tls_ca (TLS)")
+        return None
+    root = _read_pem("tls_ca", tls_ca)
+    key = _read_pem("tls_key", tls_key) if tls_key else None
+    cert = _read_pem("tls_cert", tls_cert) if tls_cert else None
+    return grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                        certificate_chain=cert)
+
+
+def _rank_chunks(info, rank):
+    for rc in info.layout.ranks:
+        if rc.rank == rank:
+            return rc
+    raise Error("INVALID_ARGUMENT", f"rank: tensor '{info.name}' has no chunks on rank {rank} "
+                                    f"(its ranks: {sorted(r.rank for r in info.layout.ranks)})")
+
+
+class Client:
+    """One method per operation. Calls have deadlines (`timeout` seconds, `data_timeout` for
+    those that move data) and are retried with backoff for up to `retry_for` seconds while the
+    coordinator answers UNAVAILABLE; changes carry one request_id over their retries.
+
+    Attached buffers stay attached while this Client is open and the buffer alive: close()
+    (or the process ending) detaches them."""
+
+    def __init__(self, address=None, timeout=30.0, data_timeout=1800.0, token=None,
+                 tls_ca=None, tls_cert=None, tls_key=None, retry_for=30.0):
+        self.address = address or default_address()
+        self.retry_for = retry_for
+        token = token or default_token()
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.timeout = timeout
+        self.data_timeout = data_timeout
+        options = [("grpc.max_receive_message_length", 1 << 30)]
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        if credentials is None:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            self._channel = grpc.secure_channel(self.address, credentials, options=options)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._lock = threading.Lock()
+        self._local = {}     # socket path -> LocalConnection
+        self._attached = {}  # (tensor, rank) -> (LocalConnection, the lent buffer)
+
+    def close(self):
+        """Detaches every buffer this client attached (each answered once the coordinator
+        knows) and closes its connections."""
+        with self._lock:
+            local, self._local = self._local, {}
+            attached, self._attached = self._attached, {}
+        for (name, rank), (conn, _) in attached.items():
+            try:
+                conn.request(pb.LocalRequest(detach=pb.LocalDetachRequest(tensor=name,
+                                                                          rank=rank)))
+            except Error:
+                pass  # The worker is gone, or the tensor moved on: nothing is lent any more.
+        for conn in local.values():
+            conn.close()
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- Calls ---------------------------------------------------------------------------
+
+    def _call(self, method, request, timeout, retry=True):
+        give_up = time.monotonic() + (self.retry_for if retry else 0)
+        pause = 0.1
+        while True:
+            try:
+                return method(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                # Jittered, so that clients a restart stopped together do not return together.
+                sleep = pause * random.uniform(0.5, 1.0)
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + sleep >= give_up:
+                    raise Error(e.code().name, e.details()) from None
+            time.sleep(sleep)
+            pause = min(pause * 2, 2.0)
+
+    def _mutate(self, method, request, timeout):
+        """A change: one request_id for the call and all of its retries."""
+        if not request.request_id:
+            request.request_id = uuid.uuid4().hex
+        return self._call(method, request, timeout)
+
+    @staticmethod
+    def _finished(response):
+        if response.progress.state == pb.ABORTED:
+            raise Error("ABORTED", response.progress.error or "plan aborted")
+        return response
+
+    # ---- Workers, meshes, tensors --------------------------------------------------------
+
+    def workers(self):
+        """Every registered worker (WorkerInfo: name, rank, host, device, state,
+        local_socket, ...), in rank order."""
+        return list(self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),
+                               self.timeout).workers)
+
+    list_workers = workers
+
+    def meshes(self):
+        return list(self._call(self._stub.ListMeshes, pb.ListMeshesRequest(),
+                               self.timeout).meshes)
+
+    def create_mesh(self, name, shape, dim_names=(), workers=()):
+        request = pb.CreateMeshRequest(name=name, shape=list(shape), dim_names=list(dim_names),
+                                       workers=list(workers))
+        return self._mutate(self._stub.CreateMesh, request, self.timeout)
+
+    def delete_mesh(self, name):
+        self._mutate(self._stub.DeleteMesh, pb.DeleteMeshRequest(name=name), self.timeout)
+
+    def tensors(self):
+        return list(self._call(self._stub.ListTensors, pb.ListTensorsRequest(),
+                               self.timeout).tensors)
+
+    def tensor(self, name):
+        """The TensorInfo of `name` (layout, version, attached, unattached_ranks, ...)."""
+        return self._call(self._stub.GetTensor, pb.GetTensorRequest(name=name), self.timeout)
+
+    def create_tensor(self, name, shape, dtype="f32", mesh=None, placements=None, flat=None,
+                      init="zeros", seed=0):
+        """A new tensor on `mesh` laid out by `placements` or `flat`; init is "zeros",
+        "arange", "random" or "attached" (every rank's buffer lent by a process: attach())."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+        if init not in _INIT:
+            raise ValueError(f"init: '{init}' is not one of {', '.join(_INIT)}")
+        request = pb.CreateTensorRequest(name=name, shape=list(shape), dtype=DTYPES[dtype][0],
+                                         spec=spec(mesh, placements, flat), init=_INIT[init],
+                                         seed=seed)
+        return self._mutate(self._stub.CreateTensor, request, self.timeout)
+
+    def delete_tensor(self, name):
+        self._mutate(self._stub.DeleteTensor, pb.DeleteTensorRequest(name=name), self.timeout)
+
+    # ---- Local buffers of attached tensors -----------------------------------------------
+
+    def local_nbytes(self, name, rank):
+        """Bytes of `rank`'s local buffer of tensor `name`: its chunks as the layout places
+        them (an S(0) shard is DTensor's local tensor; a flat spec the rank's ranges
+        concatenated)."""
+        info = self.tensor(name)
+        return _rank_chunks(info, rank).local_elements * _buffers.element_size(
+            WIRE_NAMES[info.dtype])
+
+    def local_shape(self, name, rank):
+        """The shape alloc() gives `rank`'s local buffer: its one chunk's box shape, or
+        (elements,) for a flat spec or several chunks."""
+        return self._local_shape(self.tensor(name), rank)
+
+    @staticmethod
+    def _local_shape(info, rank):
+        rc = _rank_chunks(info, rank)
+        if (len(rc.chunks) == 1 and not info.spec.startswith("flat") and
+                math.prod(rc.chunks[0].box.shape) == rc.local_elements):
+            return tuple(rc.chunks[0].box.shape)
+        return (rc.local_elements,)
+
+    def alloc(self, name, rank, framework="numpy"):
+        """A zeroed buffer for `rank`'s local buffer of `name` that attach() lends without a
+        copy: a NumPy array or torch CPU tensor in shared memory (a sealed memfd the worker
+        maps). For a GPU worker, allocate a CUDA tensor of local_shape() with torch instead."""
+        info = self.tensor(name)
+        wire = WIRE_NAMES[info.dtype]
+        shape = self._local_shape(info, rank)
+        nbytes = math.prod(shape) * _buffers.element_size(wire)
+        return _buffers.alloc_shared(nbytes, wire, shape, framework,
+                                     name=f"shardcoord-{name}-{rank}")
+
+    def _worker_of(self, rank):
+        for w in self.workers():
+            if w.rank == rank:
+                return w
+        raise Error("NOT_FOUND", f"rank: no worker holds rank {rank}")
+
+    def _connection(self, worker):
+        if not worker.local_socket:
+            raise Error("FAILED_PRECONDITION", f"worker {worker.name} (rank {worker.rank}) serves "
+                                               "no local socket (started with --local-socket off?)")
+        with self._lock:
+            conn = self._local.get(worker.local_socket)
+        if conn is None:
+            conn = LocalConnection(worker.local_socket, f"worker {worker.name}")
+            with self._lock:
+                conn = self._local.setdefault(worker.local_socket, conn)
+        return conn
+
+    def attach(self, name, rank, buf):
+        """Lends `buf` (a NumPy array, or a torch CPU or CUDA tensor; contiguous, of the
+        tensor's dtype and exactly local_nbytes()) as `rank`'s local buffer of attached tensor
+        `name`, through the local socket of the worker holding `rank` (on this host). Shared
+        memory from alloc() and CUDA memory are used in place; other CPU memory is read and
+        written with process_vm_readv/writev (one copy per plan). Keep `buf` (and this client)
+        alive while attached. Returns True once every rank is attached (the tensor is
+        readable). A buffer of the wrong size, dtype or device, or not contiguous, is refused
+        with INVALID_ARGUMENT before anything is registered."""
+        give_up = time.monotonic() + self.retry_for
+        pause = 0.1
+        while True:
+            try:
+                return self._attach_once(name, rank, buf)
+            except Error as e:
+                # ABORTED: the tensor is busy or moved to a new version; look it up again.
+                sleep = pause * random.uniform(0.5, 1.0)
+                if e.code != "ABORTED" or time.monotonic() + sleep >= give_up:
+                    raise
+            time.sleep(sleep)
+            pause = min(pause * 2, 2.0)
+
+    def _attach_once(self, name, rank, buf):
+        info = self.tensor(name)
+        rc = _rank_chunks(info, rank)
+        wire = WIRE_NAMES[info.dtype]
+        want = rc.local_elements * _buffers.element_size(wire)
+        lent = _buffers.describe(buf, wire)
+        if lent.wire_dtype != wire:
+            raise Error("INVALID_ARGUMENT", f"buffer: dtype {lent.wire_dtype} but tensor '{name}'"
+                                            f" is {wire}")
+        if lent.nbytes != want:
+            raise Error("INVALID_ARGUMENT", f"buffer: {lent.nbytes} bytes but rank {rank}'s local "
+                                            f"buffer of '{name}' has {want} "
+                                            f"({rc.local_elements} {wire} elements)")
+        worker = self._worker_of(rank)
+        if worker.device != lent.device and not (worker.device.startswith("cuda") and
+                                                 lent.device.startswith("cuda")):
+            raise Error("INVALID_ARGUMENT", f"buffer: on {lent.device}, but worker {worker.name} "
+                                            f"(rank {rank}) keeps its buffers on {worker.device}")
+        conn = self._connection(worker)
+        request = pb.LocalAttachRequest(tensor=name, rank=rank, version=info.version,
+                                        dtype=info.dtype, chunks=rc, bytes=lent.nbytes)
+        fd = None
+        if lent.memory == "shared":
+            request.shared.offset = lent.offset
+            fd = lent.fd
+        elif lent.memory == "process":
+            conn.allow_reads()
+            request.process.address = lent.address
+        else:
+            request.cuda_ipc.handle = lent.handle
+            request.cuda_ipc.offset = lent.offset
+            request.cuda_ipc.device_uuid = lent.device_uuid
+        try:
+            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
+        except Error as e:
+            if e.code != "UNAVAILABLE":
+                raise
+            # The worker went away (or restarted on the same socket): forget its connection,
+            # whose attachments ended with it, and try a new one once.
+            with self._lock:
+                if self._local.get(worker.local_socket) is conn:
+                    del self._local[worker.local_socket]
+                self._attached = {k: v for k, v in self._attached.items() if v[0] is not conn}
+            conn.close()
+            conn = self._connection(worker)
+            if lent.memory == "process":
+                conn.allow_reads()
+            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
+        with self._lock:
+            self._attached[(name, rank)] = (conn, buf)
+        return response.attach.readable
+
+    def detach(self, name, rank):
+        """Ends the loan of `rank`'s buffer of `name`: the worker stops using it, and the
+        rank's chunks are missing until a buffer is attached again."""
+        with self._lock:
+            entry = self._attached.pop((name, rank), None)
+        if entry is None:
+            raise Error("NOT_FOUND", f"rank {rank} of '{name}' is not attached by this client")
+        entry[0].request(pb.LocalRequest(detach=pb.LocalDetachRequest(tensor=name, rank=rank)))
+
+    # ---- Plans ---------------------------------------------------------------------------
+
+    def redistribute(self, name, placements=None, flat=None, mesh=""):
+        """Runs the plan to its end; returns the RedistributeResponse (progress and plan). An
+        attached tensor moves into worker-owned buffers."""
+        request = pb.RedistributeRequest(tensor=name, target=spec(mesh, placements, flat),
+                                         wait=True)
+        return self._finished(self._mutate(self._stub.Redistribute, request, self.data_timeout))
+
+    def gather(self, name, mesh="", to_rank=None):
+        request = pb.GatherRequest(tensor=name, mesh=mesh, wait=True)
+        if to_rank is not None:
+            request.to_rank = to_rank
+            request.has_to_rank = True
+        return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
+
+    def copy(self, src, dst):
+        """Writes src's values into dst (same shape and dtype, any mesh and layout; in place
+        when dst is attached) and waits; returns the CopyResponse."""
+        request = pb.CopyRequest(src=src, dst=dst, wait=True)
+        return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
+
+    def copy_many(self, pairs):
+        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
+        transaction: every dst gets its new version together, or none does. Waits; returns
+        the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, seconds,
+        members)."""
+        copies = []
+        for pair in pairs:
+            if isinstance(pair, dict):
+                copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+            else:
+                src, dst = pair
+                copies.append(pb.CopyPair(src=src, dst=dst))
+        request = pb.CopyGroupRequest(copies=copies, wait=True)
+        return self._mutate(self._stub.CopyGroup, request, self.data_timeout)
+
+    def redistribute_many(self, items):
+        """Redistributes many tensors as one transaction. `items`: a dict {tensor: {"mesh",
+        "placements" | "flat"}}, or a list of (tensor, placements) tuples and {"tensor",
+        "mesh", "placements" | "flat"} dicts. Waits; returns the RedistributeGroupResponse."""
+        if isinstance(items, dict):
+            items = [dict(target, tensor=name) for name, target in items.items()]
+        members = []
+        for item in items:
+            if isinstance(item, dict):
+                target = spec(item.get("mesh", ""), item.get("placements"), item.get("flat"))
+                members.append(pb.RedistributeItem(tensor=item["tensor"], target=target))
+            else:
+                name, placements = item
+                members.append(pb.RedistributeItem(tensor=name, target=spec("", placements)))
+        request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
+        return self._mutate(self._stub.RedistributeGroup, request, self.data_timeout)
+
+    # ---- Whole tensors through the coordinator -------------------------------------------
+
+    def download(self, name):
+        """The whole tensor as a NumPy array (bf16 as uint16 bit patterns)."""
+        try:
+            stream = self._stub.Download(pb.DownloadRequest(name=name), timeout=self.data_timeout,
+                                         metadata=self._metadata)
+            header, parts = None, []
+            for message in stream:
+                if header is None:
+                    header = message.header
+                parts.append(message.data)
+        except grpc.RpcError as e:
+            raise Error(e.code().name, e.details()) from None
+        if header is None:
+            raise Error("INTERNAL", f"download of '{name}': empty stream")
+        data = b"".join(parts)
+        if len(data) != header.total_bytes:
+            raise Error("DATA_LOSS", f"download of '{name}': got {len(data)} of "
+                                     f"{header.total_bytes} bytes")
+        return np.frombuffer(data, dtype=_NUMPY_OF_WIRE[header.dtype]).reshape(tuple(header.shape))
+
+    def upload(self, name, array, mesh, placements=None, flat=None, dtype=None):
+        """Stores `array` (any order; sent C-ordered) as tensor `name`, a new version laid out
+        by `placements` or `flat` on `mesh`; `dtype` defaults to the array's."""
+        if dtype is None:
+            dtype = next((k for k, (_, npt, _) in DTYPES.items()
+                          if k != "bf16" and np.dtype(npt) == array.dtype), None)
+            if dtype is None:
+                raise ValueError(f"numpy dtype {array.dtype} has no shardcoord equivalent")
+        data = np.ascontiguousarray(array, dtype=_NUMPY_OF_WIRE[DTYPES[dtype][0]]).tobytes()
+        header = pb.TensorHeader(name=name, shape=list(array.shape), dtype=DTYPES[dtype][0],
+                                 spec=spec(mesh, placements, flat), total_bytes=len(data))
+
+        def messages():
+            yield pb.TensorData(header=header)
+            for off in range(0, len(data), _CHUNK):
+                yield pb.TensorData(data=data[off:off + _CHUNK])
+
+        return self._call(self._stub.Upload, messages(), self.data_timeout, retry=False).tensor
+
+
+def connect(address=None, token=None, tls_ca=None, **kwargs):
+    """A Client for `address` (default $SHARDCOORD_ADDR, then 127.0.0.1:7400) sending bearer
+    `token` (default $SHARDCOORD_TOKEN), over TLS verified with the CA file `tls_ca` (default
+    $SHARDCOORD_TLS_CA; plaintext when both are unset). kwargs: timeout, data_timeout,
+    retry_for (seconds to retry UNAVAILABLE; 0: never), tls_cert and tls_key."""
+    return Client(address, token=token, tls_ca=tls_ca, **kwargs)

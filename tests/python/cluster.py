@@ -1,0 +1,169 @@
+"""A real shardcoord cluster for Python tests and demos: one coordinator and N Gloo workers
+on loopback (free ports), each worker serving its local socket in a short temporary directory;
+and user processes (tests/python/user_process.py) driven over pipes."""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Daemon:
+    """A daemon whose stdout lines are collected (stderr goes to `log`)."""
+
+    def __init__(self, name, argv, log):
+        self.name = name
+        self._log = open(log, "wb")  # pylint: disable=consider-using-with
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=subprocess.DEVNULL, text=True)
+        self.lines = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for(self, marker, timeout=60):
+        """The first stdout line containing `marker`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"{self.name}: no line with {marker!r} in {timeout}s") from None
+            if line is None:
+                raise RuntimeError(f"{self.name} exited ({self.proc.wait()}) before {marker!r}")
+            if marker in line:
+                return line
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Cluster:
+    """A coordinator and `workers` workers (w0.., `backend` gloo or nccl) from the two
+    binaries (bazel-bin's coordinator/coordinator and worker/worker)."""
+
+    def __init__(self, coordinator_bin, worker_bin, workers=4, coordinator_flags=(),
+                 worker_flags=(), log_dir=None, backend="gloo"):
+        # Unix socket paths have at most 107 bytes: a short directory of our own under /tmp.
+        self.dir = tempfile.mkdtemp(prefix="sc-", dir="/tmp")
+        self.log_dir = log_dir or self.dir
+        self.workers = []
+        self.coordinator = None
+        try:
+            self.coordinator = Daemon(
+                "coordinator",
+                [coordinator_bin, "--listen=127.0.0.1:0", "--http-listen=127.0.0.1:0",
+                 "--state=memory", *coordinator_flags],
+                os.path.join(self.log_dir, "coordinator.log"))
+            metrics = self.coordinator.wait_for("coordinator metrics on http://")
+            self.metrics_url = re.search(r"(http://\S+)", metrics).group(1)
+            line = self.coordinator.wait_for("coordinator listening on ")
+            self.address = line.split("listening on ")[1].split()[0]
+            for i in range(workers):
+                name = f"w{i}"
+                self.workers.append(Daemon(
+                    name,
+                    [worker_bin, f"--coordinator={self.address}", "--listen=127.0.0.1:0",
+                     f"--name={name}", f"--backend={backend}",
+                     f"--local-socket={self.dir}/{name}.sock", *worker_flags],
+                    os.path.join(self.log_dir, f"{name}.log")))
+            for w in self.workers:
+                w.wait_for(f"worker {w.name} listening on ")
+        except BaseException:
+            self.stop()
+            raise
+
+    def worker_pid(self, index):
+        return self.workers[index].proc.pid
+
+    def metric(self, name):
+        """The sum of every sample of metric `name` on the coordinator's /metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self):
+        for w in self.workers:
+            if w.proc.poll() is None:
+                os.kill(w.proc.pid, signal.SIGCONT)  # A paused worker must see its SIGTERM.
+            w.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class UserProcess:
+    """A process that lends buffers (tests/python/user_process.py): each call sends one JSON
+    command and returns its JSON answer (raising RuntimeError with the process's error)."""
+
+    def __init__(self, address, name, torch=False):
+        env = dict(os.environ, SHARDCOORD_ADDR=address)
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(_HERE, "user_process.py")] + (["--torch"] if torch else []),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        ready = self.proc.stdout.readline()
+        if not ready.startswith("ready"):
+            raise RuntimeError(f"user process {name} did not start: {ready!r}")
+        self.pid = int(ready.split()[1])
+
+    def call(self, **command):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"user process {self.name} exited ({self.proc.wait()})")
+        answer = json.loads(line)
+        if "exception" in answer:
+            raise RuntimeError(f"user process {self.name}: {answer['exception']}")
+        return answer
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self):
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.call(op="exit")
+            except (RuntimeError, BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_pipes()

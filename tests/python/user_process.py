@@ -1,0 +1,132 @@
+"""A user process for the attach tests: lends buffers to the workers of the cluster at
+$SHARDCOORD_ADDR and checks their values in its own memory. Reads one JSON command per line
+on stdin, answers one JSON line on stdout:
+
+  {"op": "attach", "tensor", "rank", "framework": "numpy"|"torch",
+   "memory": "shared"|"plain", "scale": k}   lend rank's local buffer, filled with k * index
+  {"op": "fill", "tensor", "rank", "scale": k}   write k * index into the lent buffer in place
+  {"op": "check", "tensor", "rank", "scale": k}  count elements != k * index
+  {"op": "attach_bad", "tensor", "rank", "kind": "short"|"dtype"|"strided"}
+  {"op": "detach", "tensor", "rank"}
+  {"op": "exit"}
+
+Values are k times each element's flat index in the whole tensor, converted to its dtype, so
+any layout of the same tensor holds them and every process computes them on its own. Errors
+of the package come back as {"code", "message"}.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+import shardcoord
+
+
+def expected(info, rank, scale):
+    """Rank `rank`'s local buffer of `info` holding scale * flat index, as a 1-d array."""
+    np_dtype = shardcoord.DTYPES[WIRE[info.dtype]][1]
+    rc = next(r for r in info.layout.ranks if r.rank == rank)
+    out = np.zeros(rc.local_elements, dtype=np_dtype)
+    shape = list(info.shape)
+    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+    for chunk in rc.chunks:
+        box = chunk.box
+        if any(n == 0 for n in box.shape):
+            continue
+        index = np.zeros([1] * len(shape), dtype=np.int64)
+        for d in range(len(shape)):
+            axis = (np.arange(box.shape[d], dtype=np.int64) + box.offset[d]) * strides[d]
+            index = index + axis.reshape([-1 if e == d else 1 for e in range(len(shape))])
+        volume = int(np.prod(box.shape))
+        out[chunk.local_offset:chunk.local_offset + volume] = (
+            index.reshape(-1) * scale).astype(np_dtype)
+    return out
+
+
+WIRE = {enum: name for name, (enum, _, _) in shardcoord.DTYPES.items()}
+
+
+def flat_view(buf):
+    """The buffer's elements as a 1-d NumPy array over the same memory."""
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1)
+    return buf.numpy().reshape(-1)
+
+
+class User:
+    def __init__(self):
+        self.client = shardcoord.connect()
+        self.buffers = {}
+
+    def attach(self, tensor, rank, framework="numpy", memory="shared", scale=1):
+        info = self.client.tensor(tensor)
+        if memory == "shared":
+            buf = self.client.alloc(tensor, rank, framework=framework)
+        else:
+            shape = self.client.local_shape(tensor, rank)
+            np_dtype = shardcoord.DTYPES[WIRE[info.dtype]][1]
+            buf = np.zeros(shape, dtype=np_dtype)
+            if framework == "torch":
+                import torch  # pylint: disable=import-outside-toplevel
+                buf = torch.zeros(shape, dtype=getattr(torch, shardcoord.DTYPES[WIRE[info.dtype]][2]))
+        flat_view(buf)[:] = expected(info, rank, scale)
+        readable = self.client.attach(tensor, rank, buf)
+        self.buffers[(tensor, rank)] = buf
+        return {"readable": readable, "bytes": int(flat_view(buf).nbytes)}
+
+    def fill(self, tensor, rank, scale):
+        info = self.client.tensor(tensor)
+        flat_view(self.buffers[(tensor, rank)])[:] = expected(info, rank, scale)
+        return {}
+
+    def check(self, tensor, rank, scale):
+        info = self.client.tensor(tensor)
+        got = flat_view(self.buffers[(tensor, rank)])
+        return {"mismatches": int(np.count_nonzero(got != expected(info, rank, scale))),
+                "total": int(got.size)}
+
+    def attach_bad(self, tensor, rank, kind):
+        info = self.client.tensor(tensor)
+        shape = self.client.local_shape(tensor, rank)
+        n = int(np.prod(shape))
+        np_dtype = shardcoord.DTYPES[WIRE[info.dtype]][1]
+        if kind == "short":
+            buf = np.zeros(n - 1, dtype=np_dtype)
+        elif kind == "dtype":
+            buf = np.zeros(n, dtype=np.float64 if np_dtype != np.float64 else np.float32)
+        else:  # strided: every other element of a twice larger array
+            buf = np.zeros(2 * n, dtype=np_dtype)[::2]
+        self.client.attach(tensor, rank, buf)
+        return {}
+
+    def detach(self, tensor, rank):
+        self.client.detach(tensor, rank)
+        return {}
+
+
+def main():
+    if "--torch" in sys.argv:
+        import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    user = User()
+    print(f"ready {os.getpid()}", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "exit":
+            user.client.close()
+            print(json.dumps({}), flush=True)
+            return
+        try:
+            answer = getattr(user, op)(**command)
+        except shardcoord.Error as e:
+            answer = {"code": e.code, "message": e.message}
+        except Exception:  # pylint: disable=broad-except
+            answer = {"exception": traceback.format_exc()}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
