@@ -238,8 +238,6 @@ TEST(FromGrpcStatusTest, KeepsCodeAndMessage) {
     EXPECT_EQ(s.code(), a) << static_cast<int>(g);
     EXPECT_EQ(s.message(), "the message");
   }
-  EXPECT_EQ(FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(99), "x")).code(),
-            absl::StatusCode::kUnknown);
 }
 
 TEST(DefaultCoordinatorAddressTest, EnvironmentThenDefault) {
