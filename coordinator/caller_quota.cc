@@ -9,8 +9,8 @@ absl::Status CallerQuota::Acquire(absl::string_view caller) {
   int64_t& n = held_[caller];
   if (n >= limit_) {
     return absl::ResourceExhaustedError(absl::StrCat("caller '", caller, "' holds ", n, " ", what_,
-                                                     ", the limit per caller (", flag_, "=",
-                                                     limit_, "); wait for one to end"));
+                                                     ", the limit per caller (", flag_, "=", limit_,
+                                                     "); wait for one to end"));
   }
   ++n;
   return absl::OkStatus();
