@@ -83,6 +83,7 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.CoordinatorWorkers/KvGet", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/Barrier", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/ReportChunks", Roles(kWorkerOnly)},
+      {"/shardcoord.v1.CoordinatorWorkers/LeaveWorker", Roles(kWorkerOnly)},
   };
   return *table;
 }

@@ -195,6 +195,17 @@ class PlanManager : public WorkerListener {
   absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
                                                  GroupDoneCallback done);
 
+  // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
+  // ranks that lost their copy (a worker that died and registered again) get it back from a
+  // live replica. Run for a leaving worker (coordinator/worker_drain.h); unlike other plans
+  // it may use workers that are leaving. Errors as Redistribute's.
+  absl::StatusOr<StartedPlan> Repair(const std::string& tensor, DoneCallback done);
+
+  // How many plans run now.
+  size_t RunningPlansCount() const;
+  // Ids of the running plans `rank` takes part in.
+  std::vector<std::string> RunningPlansOf(int64_t rank) const;
+
   // The plan Redistribute would run, without running it.
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
 
@@ -216,6 +227,12 @@ class PlanManager : public WorkerListener {
   void AbortAll(const std::string& reason);
   // Aborts every running plan and refuses new ones with UNAVAILABLE (shutdown).
   void Shutdown(const std::string& reason);
+  // Refuses new plans with UNAVAILABLE `reason` and lets running ones go on (a draining
+  // coordinator; Shutdown aborts what is left).
+  void Close(const std::string& reason);
+  // Blocks until no plan runs or `deadline` (real time) passes; true when none runs. For the
+  // daemon's main thread, never a reactor.
+  bool AwaitIdle(absl::Time deadline);
 
   // WorkerListener: aborts the running plans the lost incarnation takes part in.
   void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) override;
@@ -352,6 +369,7 @@ class PlanManager : public WorkerListener {
   void Complete(const std::string& id, const absl::Status& status);
 
   PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bumps seq and returns what to tell watchers.
   std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -9,6 +9,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_manager.h"
+#include "coordinator/worker_drain.h"
 #include "coordinator/worker_manager.h"
 #include "proto/shardcoord.grpc.pb.h"
 
@@ -24,7 +25,8 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   // `tensors` reconciles the buffers a registering worker reports (after a restart).
   WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
                       KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
-                      const Authenticator* auth = nullptr, bool check_certificate_names = false)
+                      const Authenticator* auth = nullptr, bool check_certificate_names = false,
+                      WorkerDrain* drain = nullptr)
       : clock_(clock),
         workers_(workers),
         tensors_(tensors),
@@ -32,7 +34,8 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
         plans_(plans),
         heartbeat_interval_(heartbeat_interval),
         auth_(auth),
-        check_certificate_names_(check_certificate_names) {}
+        check_certificate_names_(check_certificate_names),
+        drain_(drain) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -49,6 +52,10 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   grpc::ServerUnaryReactor* ReportChunks(grpc::CallbackServerContext* ctx,
                                          const v1::ReportChunksRequest* req,
                                          v1::ReportChunksResponse* resp) override;
+  // Finishes once the worker is gone (WorkerDrain); never blocks a thread.
+  grpc::ServerUnaryReactor* LeaveWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::LeaveWorkerRequest* req,
+                                        v1::LeaveWorkerResponse* resp) override;
 
  private:
   // AuthorizeCall for this service's RPC `rpc` ("RegisterWorker").
@@ -65,6 +72,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   const absl::Duration heartbeat_interval_;
   const Authenticator* const auth_;
   const bool check_certificate_names_;
+  WorkerDrain* const drain_;  // Null: LeaveWorker answers UNIMPLEMENTED.
 };
 
 }  // namespace shardcoord

@@ -132,6 +132,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"KvGet", {"worker"}},
       {"Barrier", {"worker"}},
       {"ReportChunks", {"worker"}},
+      {"LeaveWorker", {"worker"}},
   };
   return *policy;
 }
@@ -368,6 +369,16 @@ TEST_P(AuthTest, WorkerFacingRpcs) {
   s = FromGrpcStatus(workers_stub_->ReportChunks(Ctx().get(), report, &report_resp));
   if (Check("ReportChunks", s, /*want_ok=*/false)) {
     EXPECT_NE(s.code(), absl::StatusCode::kOk);  // Unknown plan.
+  }
+
+  // An unknown worker cannot leave (NOT_FOUND) once the token lets the call through.
+  v1::LeaveWorkerRequest leave;
+  leave.set_name("nobody");
+  leave.set_drain_timeout_ms(1000);
+  v1::LeaveWorkerResponse leave_resp;
+  s = FromGrpcStatus(workers_stub_->LeaveWorker(Ctx().get(), leave, &leave_resp));
+  if (Check("LeaveWorker", s, /*want_ok=*/false)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   }
 
   // Registration changes the worker table, so only refusals are tried here (the cluster's

@@ -42,6 +42,8 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc, public ChunkReporter, 
   absl::Status ReportChunks(const v1::ReportChunksRequest& request) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  // LeaveWorker; the deadline is the drain timeout plus `rpc_timeout`.
+  absl::StatusOr<v1::LeaveWorkerResponse> Leave(const v1::LeaveWorkerRequest& request);
 
  private:
   // A context with the deadline `timeout` from now and the token's metadata.
