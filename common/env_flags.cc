@@ -7,8 +7,7 @@
 namespace shardcoord {
 
 std::string EnvNameOf(absl::string_view prefix, absl::string_view long_name) {
-  return absl::StrCat(prefix,
-                      absl::AsciiStrToUpper(absl::StrReplaceAll(long_name, {{"-", "_"}})));
+  return absl::StrCat(prefix, absl::AsciiStrToUpper(absl::StrReplaceAll(long_name, {{"-", "_"}})));
 }
 
 void BindFlagsToEnvironment(CLI::App& app, absl::string_view prefix) {

@@ -21,7 +21,8 @@ struct Parsed {
   std::string host = "h";
   bool insecure = false;
 };
-Parsed Parse(std::vector<std::string> args, const std::vector<std::pair<const char*, const char*>>& env) {
+Parsed Parse(std::vector<std::string> args,
+             const std::vector<std::pair<const char*, const char*>>& env) {
   for (const auto& [k, v] : env) setenv(k, v, 1);
   Parsed p;
   CLI::App app{"test"};

@@ -19,9 +19,8 @@ std::vector<LostChunk> LostWithout(const TensorRecord& tensor, int64_t rank,
                                    const LivenessFn& live) {
   if (!HoldsLive(tensor, rank, live)) return {};
   std::vector<LostChunk> out;
-  for (LostChunk& c : LostChunks(tensor, [&](int64_t r, int64_t inc) {
-         return r != rank && live(r, inc);
-       })) {
+  for (LostChunk& c :
+       LostChunks(tensor, [&](int64_t r, int64_t inc) { return r != rank && live(r, inc); })) {
     for (int64_t holder : c.ranks) {
       if (holder == rank) {
         out.push_back(std::move(c));
@@ -47,9 +46,8 @@ bool NeedsRepairBeforeLeave(const TensorRecord& tensor, int64_t rank, const Live
 std::string ChunksOnlyOn(const TensorRecord& tensor, int64_t rank, const LivenessFn& live) {
   std::vector<std::string> parts;
   for (const LostChunk& c : LostWithout(tensor, rank, live)) {
-    parts.push_back(absl::StrCat(c.box.ToString(),
-                                 c.partial_index ? absl::StrCat(" (partial ", c.partial_index, ")")
-                                                 : ""));
+    parts.push_back(absl::StrCat(
+        c.box.ToString(), c.partial_index ? absl::StrCat(" (partial ", c.partial_index, ")") : ""));
   }
   return absl::StrJoin(parts, "; ");
 }
@@ -59,12 +57,11 @@ WorkerDrain::~WorkerDrain() {
   for (auto& [rank, d] : drains_) timer_->Cancel(d.timer);
 }
 
-void WorkerDrain::Leave(const std::string& name, int64_t incarnation,
-                        absl::Duration drain_timeout, Done done) {
+void WorkerDrain::Leave(const std::string& name, int64_t incarnation, absl::Duration drain_timeout,
+                        Done done) {
   if (drain_timeout < absl::ZeroDuration()) {
-    done(absl::InvalidArgumentError(absl::StrCat("drain_timeout_ms: ",
-                                                 absl::ToInt64Milliseconds(drain_timeout),
-                                                 " is negative")));
+    done(absl::InvalidArgumentError(absl::StrCat(
+        "drain_timeout_ms: ", absl::ToInt64Milliseconds(drain_timeout), " is negative")));
     return;
   }
   absl::StatusOr<WorkerRecord> w = workers_->SetLeaving(name, incarnation);
@@ -104,8 +101,7 @@ void WorkerDrain::PlanEnded(int64_t rank, const std::string& plan_id) {
   Advance(rank);
 }
 
-void WorkerDrain::RepairEnded(int64_t rank, const std::string& tensor,
-                              const absl::Status& status) {
+void WorkerDrain::RepairEnded(int64_t rank, const std::string& tensor, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     auto it = drains_.find(rank);
@@ -131,7 +127,8 @@ void WorkerDrain::OnDeadline(int64_t rank) {
       if (!id.empty()) abort.push_back(id);
     }
     for (const std::string& id : abort) d.outcome.aborted_plans.push_back(id);
-    reason = absl::StrCat(d.worker.Describe(), " is leaving the cluster and its drain timeout ran out");
+    reason =
+        absl::StrCat(d.worker.Describe(), " is leaving the cluster and its drain timeout ran out");
   }
   for (const std::string& id : abort) plans_->Abort(id, reason);
 }

@@ -56,8 +56,7 @@ class WorkerDrain {
 
   // Errors (through `done`, at once): WorkerManager::SetLeaving's; INVALID_ARGUMENT a negative
   // timeout. `done` runs exactly once, on any thread, possibly before Leave returns.
-  void Leave(const std::string& name, int64_t incarnation, absl::Duration drain_timeout,
-             Done done);
+  void Leave(const std::string& name, int64_t incarnation, absl::Duration drain_timeout, Done done);
 
  private:
   struct Drain {
