@@ -4,6 +4,7 @@
 #   2. bazel build --config=threadsafety //...   (clang 14, -Werror=thread-safety-analysis)
 #   3. tools/fuzz.sh                      (every fuzz target under libFuzzer + ASan/UBSan,
 #                                          bounded runs, fixed seed; about 1.5 min)
+#   3b. deploy/check.sh                   (every Kubernetes overlay renders and validates)
 #   4. bazel test //...
 # and ends with one line "N passed, M failed": the three checks plus every test target Bazel
 # ran.
@@ -32,6 +33,7 @@ check() {  # check NAME COMMAND...: runs a check, prints its verdict, counts it.
 check format bash tools/format.sh --check
 check threadsafety bazel build --config=threadsafety //...
 check fuzz bash tools/fuzz.sh
+check deploy bash deploy/check.sh
 
 bazel test //... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
