@@ -143,8 +143,10 @@ void WorkerDrain::Advance(int64_t rank) {
     for (const auto& [id, ended] : d.plans) {
       if (!ended) return;
     }
+    if (d.repairs_starting) return;  // StartRepairs advances when it is done.
     if (!d.repairs_started) {
       d.repairs_started = true;
+      d.repairs_starting = true;
       start_repairs = true;
     } else if (!d.repairs.empty()) {
       return;
@@ -163,7 +165,7 @@ void WorkerDrain::StartRepairs(int64_t rank) {
   absl::Time deadline;
   {
     absl::MutexLock lock(&mu_);
-    deadline = drains_.at(rank).deadline;
+    deadline = drains_.at(rank).deadline;  // Cannot finish while repairs_starting.
   }
   if (clock_->Now() < deadline) {
     const LivenessFn live = [this](int64_t r, int64_t inc) { return workers_->IsLive(r, inc); };
@@ -191,6 +193,10 @@ void WorkerDrain::StartRepairs(int64_t rank) {
         it->second = started->id;
       }
     }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    drains_.at(rank).repairs_starting = false;
   }
   Advance(rank);
 }

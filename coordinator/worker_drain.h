@@ -65,6 +65,7 @@ class WorkerDrain {
     Timer::Id timer = 0;
     std::map<std::string, bool> plans;  // Running plans it takes part in -> ended.
     bool repairs_started = false;
+    bool repairs_starting = false;               // StartRepairs runs: do not finish under it.
     std::map<std::string, std::string> repairs;  // Tensor -> repair plan id ("" starting).
     bool finished = false;
     LeaveOutcome outcome;

@@ -76,11 +76,11 @@ int64_t ReadCounter(const std::string& path) {
 // One "host": a network namespace with a control and a data link, and a PID + mount
 // namespace whose init (a sleep) the workers join with nsenter.
 struct Host {
-  std::string name;       // host-a
-  std::string netns;      // sc1234-a
-  std::string ctl_ip;     // 10.X.Y.10
-  std::string data_ip;    // 10.X.Y.138
-  std::string ctl_link;   // Root-side ends of the veth pairs.
+  std::string name;      // host-a
+  std::string netns;     // sc1234-a
+  std::string ctl_ip;    // 10.X.Y.10
+  std::string data_ip;   // 10.X.Y.138
+  std::string ctl_link;  // Root-side ends of the veth pairs.
   std::string data_link;
   std::unique_ptr<Process> sandbox;
   pid_t init = 0;  // Host PID of the namespace's init.
@@ -140,7 +140,8 @@ class MultiHostCluster {
     if (Sh(absl::StrCat("ip addr add ", coordinator_ip_, "/25 dev ", ctl_bridge_)) != 0) {
       return "cannot address the control bridge";
     }
-    std::string hosts_file = absl::StrCat("127.0.0.1 localhost\n", coordinator_ip_, " coordinator\n");
+    std::string hosts_file =
+        absl::StrCat("127.0.0.1 localhost\n", coordinator_ip_, " coordinator\n");
     for (size_t i = 0; i < kHosts.size(); ++i) {
       Host h;
       h.name = kHosts[i];
@@ -163,7 +164,8 @@ class MultiHostCluster {
           absl::StrCat("ip link set ", h.data_link, "n netns ", ns),
           absl::StrCat("ip link set ", h.ctl_link, " master ", ctl_bridge_, " up"),
           absl::StrCat("ip link set ", h.data_link, " master ", data_bridge_, " up"),
-          absl::StrCat("ip netns exec ", ns, " ip addr add ", h.ctl_ip, "/25 dev ", h.ctl_link, "n"),
+          absl::StrCat("ip netns exec ", ns, " ip addr add ", h.ctl_ip, "/25 dev ", h.ctl_link,
+                       "n"),
           absl::StrCat("ip netns exec ", ns, " ip addr add ", h.data_ip, "/25 dev ", h.data_link,
                        "n"),
           absl::StrCat("ip netns exec ", ns, " ip link set ", h.ctl_link, "n up"),
@@ -282,14 +284,17 @@ class MultiHostCluster {
 
   // Bytes the data network delivered into host `i` (the root-side end's transmit counter).
   int64_t DataBytesInto(int i) const {
-    return ReadCounter(absl::StrCat("/sys/class/net/", hosts_[i].data_link, "/statistics/tx_bytes"));
+    return ReadCounter(
+        absl::StrCat("/sys/class/net/", hosts_[i].data_link, "/statistics/tx_bytes"));
   }
   // Bytes that went over host `i`'s loopback (TCP between its own workers).
   int64_t LoopbackBytes(int i) const {
     int64_t v = -1;
-    absl::SimpleAtoi(ShOut(absl::StrCat("ip netns exec ", hosts_[i].netns,
-                                        " cat /sys/class/net/lo/statistics/tx_bytes")),
-                     &v);
+    if (!absl::SimpleAtoi(ShOut(absl::StrCat("ip netns exec ", hosts_[i].netns,
+                                             " cat /sys/class/net/lo/statistics/tx_bytes")),
+                          &v)) {
+      return -1;
+    }
     return v;
   }
 
@@ -306,7 +311,8 @@ class MultiHostCluster {
       if (w.name != name || w.process == nullptr) continue;
       const pid_t n = w.process->pid();
       int64_t child = 0;
-      if (absl::SimpleAtoi(ShOut(absl::StrCat("cat /proc/", n, "/task/", n, "/children")), &child)) {
+      if (absl::SimpleAtoi(ShOut(absl::StrCat("cat /proc/", n, "/task/", n, "/children")),
+                           &child)) {
         return static_cast<pid_t>(child);
       }
     }
@@ -336,8 +342,8 @@ class MultiHostCluster {
       }
       absl::SleepFor(absl::Milliseconds(50));  // Polling the coordinator's view, not a wait.
     }
-    return absl::DeadlineExceededError(absl::StrCat("workers not ", v1::WorkerState_Name(state),
-                                                    " in time: ", last));
+    return absl::DeadlineExceededError(
+        absl::StrCat("workers not ", v1::WorkerState_Name(state), " in time: ", last));
   }
 
  private:
@@ -366,7 +372,8 @@ class MultiHostCluster {
     const pid_t u = h.sandbox->pid();
     for (int i = 0; i < 200 && h.init == 0; ++i) {
       int64_t child = 0;
-      if (absl::SimpleAtoi(ShOut(absl::StrCat("cat /proc/", u, "/task/", u, "/children")), &child)) {
+      if (absl::SimpleAtoi(ShOut(absl::StrCat("cat /proc/", u, "/task/", u, "/children")),
+                           &child)) {
         h.init = static_cast<pid_t>(child);
       } else {
         absl::SleepFor(absl::Milliseconds(10));
@@ -378,12 +385,20 @@ class MultiHostCluster {
   std::string StartWorker(Worker& w) {
     const Host& h = hosts_[w.host];
     const std::string bin = rootfs_.empty() ? worker_bin_ : "/usr/local/bin/shardcoord-worker";
-    std::vector<std::string> argv = {"/usr/bin/nsenter", "--target", absl::StrCat(h.init), "--pid",
-                                     "--mount", "--net", "--root", "--wd", "--", bin};
+    std::vector<std::string> argv = {"/usr/bin/nsenter",
+                                     "--target",
+                                     absl::StrCat(h.init),
+                                     "--pid",
+                                     "--mount",
+                                     "--net",
+                                     "--root",
+                                     "--wd",
+                                     "--",
+                                     bin};
     for (std::string a : std::vector<std::string>{
              "--coordinator=coordinator:" + port_, "--listen=" + h.ctl_ip + ":0",
-             "--gloo-host=" + h.data_ip, "--host=" + h.name, "--name=" + w.name,
-             "--backend=gloo", "--insecure", "--drain-timeout=20s"}) {
+             "--gloo-host=" + h.data_ip, "--host=" + h.name, "--name=" + w.name, "--backend=gloo",
+             "--insecure", "--drain-timeout=20s"}) {
       argv.push_back(std::move(a));
     }
     ProcessOptions po;
@@ -391,7 +406,8 @@ class MultiHostCluster {
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, po);
     if (!p.ok()) return p.status().ToString();
     w.process = *std::move(p);
-    if (absl::StatusOr<std::string> line = w.process->WaitForLine("listening on", absl::Seconds(60));
+    if (absl::StatusOr<std::string> line =
+            w.process->WaitForLine("listening on", absl::Seconds(60));
         !line.ok()) {
       return absl::StrCat(w.name, ": ", line.status().ToString());
     }
@@ -544,8 +560,8 @@ TEST(MultiHostTest, AHostCutOffMidPlanAbortsAndRejoinsWithItsData) {
   absl::StatusOr<v1::RedistributeResponse> started = c.Redistribute(move);
   ASSERT_TRUE(started.ok()) << started.status();
   absl::Time cut_at;
-  absl::StatusOr<v1::PlanProgress> last =
-      WatchAndAct(started->progress().plan_id(), [] { cluster->SetLinks(1, false); }, &cut_at);
+  absl::StatusOr<v1::PlanProgress> last = WatchAndAct(
+      started->progress().plan_id(), [] { cluster->SetLinks(1, false); }, &cut_at);
   const absl::Time ended_at = absl::Now();
   ASSERT_TRUE(last.ok()) << last.status();
   ASSERT_EQ(last->state(), v1::ABORTED) << "the plan ended before the cut";
