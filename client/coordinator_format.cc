@@ -84,7 +84,8 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers, int64_t now
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() == v1::ALIVE) ++alive;
     rows.push_back({absl::StrCat(w.rank()), w.name(), Or(w.host(), "-"), Or(w.device(), "-"),
-                    Or(w.backend(), "-"), Or(w.address(), "-"), v1::WorkerState_Name(w.state()),
+                    Or(w.backend(), "-"), Or(w.address(), "-"),
+                    w.leaving() ? "LEAVING" : v1::WorkerState_Name(w.state()),
                     absl::StrCat(w.incarnation()),
                     AgeText(now_unix_ms, w.last_heartbeat_unix_ms())});
   }
@@ -106,6 +107,7 @@ std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers) {
     w.Key("state").String(v1::WorkerState_Name(info.state()));
     w.Key("incarnation").Int(info.incarnation());
     w.Key("last_heartbeat_unix_ms").Int(info.last_heartbeat_unix_ms());
+    w.Key("leaving").Bool(info.leaving());
     w.EndObject();
   }
   w.EndArray().EndObject();

@@ -44,7 +44,10 @@ TEST(WorkersFormatTest, TableAndJson) {
   EXPECT_EQ(WorkersJson({TwoWorkers()[0]}),
             "{\"workers\": [{\"name\": \"w0\", \"rank\": 0, \"host\": \"h0\", \"device\": \"cpu\", "
             "\"address\": \"127.0.0.1:7501\", \"backend\": \"gloo\", \"state\": \"ALIVE\", "
-            "\"incarnation\": 3, \"last_heartbeat_unix_ms\": 1000000}]}");
+            "\"incarnation\": 3, \"last_heartbeat_unix_ms\": 1000000, \"leaving\": false}]}");
+  std::vector<v1::WorkerInfo> leaving = TwoWorkers();
+  leaving[0].set_leaving(true);
+  EXPECT_THAT(WorkersTable(leaving, 1'001'500), HasSubstr("127.0.0.1:7501  LEAVING"));
 }
 
 v1::MeshInfo Mesh2x2() {

@@ -187,6 +187,9 @@ std::string PlanJson(const v1::Plan& plan) {
   w.EndArray();
   w.Key("bytes_moved").Int(plan.bytes_moved());
   w.Key("lower_bound_bytes").Int(plan.lower_bound_bytes());
+  w.Key("bytes_within_hosts").Int(plan.bytes_within_hosts());
+  w.Key("bytes_across_hosts").Int(plan.bytes_across_hosts());
+  w.Key("cross_host_lower_bound_bytes").Int(plan.cross_host_lower_bound_bytes());
   w.Key("estimated_seconds").Double(plan.estimated_seconds());
   if (plan.divide_by() > 1) w.Key("divide_by").Int(plan.divide_by());
   if (plan.zero_fill_ranks_size() > 0)
@@ -221,6 +224,9 @@ std::string PlanText(const v1::Plan& plan, bool explain) {
     absl::StrAppend(&out, FormatTable(rows, {0, 3, 4, 5}));
   }
   if (explain) {
+    absl::StrAppend(&out, "hosts: ", HumanBytes(plan.bytes_within_hosts()), " within hosts, ",
+                    HumanBytes(plan.bytes_across_hosts()), " across hosts (lower bound ",
+                    HumanBytes(plan.cross_host_lower_bound_bytes()), ")\n");
     std::vector<std::vector<std::string>> rows = {{"rank", "sent", "received"}};
     for (const v1::RankTraffic& t : plan.traffic()) {
       if (t.bytes_sent() == 0 && t.bytes_received() == 0) continue;

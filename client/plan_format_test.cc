@@ -162,7 +162,9 @@ TEST(PlanFormatTest, ExactJsonOfAHandBuiltPlan) {
             "\"src\": 1, \"dst\": 0, \"offset\": [0], \"shape\": [1], \"bytes\": 4, \"reduce\": "
             "true, \"partial_index\": 1}], \"local_copies\": [{\"rank\": 0, \"offset\": [0], "
             "\"shape\": [2]}], \"traffic\": [{\"rank\": 0, \"bytes_sent\": 8, \"bytes_received\": "
-            "4}], \"bytes_moved\": 12, \"lower_bound_bytes\": 12, \"estimated_seconds\": 0.5}");
+            "4}], \"bytes_moved\": 12, \"lower_bound_bytes\": 12, \"bytes_within_hosts\": 0, "
+            "\"bytes_across_hosts\": 0, \"cross_host_lower_bound_bytes\": 0, "
+            "\"estimated_seconds\": 0.5}");
   const std::string text = PlanText(p, /*explain=*/false);
   EXPECT_THAT(text, HasSubstr("plan for tensor 't'\n"));
   EXPECT_THAT(text, HasSubstr("bytes moved 12 (12 B), lower bound 12; 2 transfers, 1 local copies; "

@@ -101,6 +101,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   };
   plans_ = std::make_unique<PlanManager>(&clock_, &timer_, &workers_, &meshes_, &tensors_,
                                          client_.get(), std::move(po));
+  drain_ = std::make_unique<WorkerDrain>(&clock_, &timer_, &workers_, &tensors_, plans_.get());
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes, options_.max_tensor_bytes);
   service_ = std::make_unique<CoordinatorService>(
@@ -110,7 +111,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr,
-      options_.worker_client.tls.client_auth == TlsClientAuth::kRequire);
+      options_.worker_client.tls.client_auth == TlsClientAuth::kRequire, drain_.get());
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());
@@ -160,6 +161,7 @@ absl::StatusOr<std::string> Coordinator::Start() {
           left.size(), absl::StrJoin(left, ", "));
     });
   }
+  HealthStatus::EnableDefaultService();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, MakeServerCredentials(tls), &port);
@@ -179,7 +181,14 @@ absl::StatusOr<std::string> Coordinator::Start() {
     if (!http.ok()) return http.status();
     http_address_ = *http;
   }
+  grpc_health_.Attach(server_.get());
+  if (!options_.health_listen.empty()) {
+    absl::StatusOr<std::string> health = grpc_health_.ServeOn(options_.health_listen);
+    if (!health.ok()) return health.status();
+    health_address_ = *health;
+  }
   health_ = std::thread([this] { HealthLoop(); });
+  grpc_health_.SetReady(true);
   const size_t colon = options_.listen.rfind(':');
   const std::string host =
       colon == std::string::npos ? options_.listen : options_.listen.substr(0, colon);
@@ -202,6 +211,13 @@ void Coordinator::HealthLoop() {
   }
 }
 
+int Coordinator::Drain(absl::Duration timeout) {
+  grpc_health_.SetReady(false);
+  plans_->Close("coordinator is draining (shutting down); retry against its replacement");
+  if (plans_->AwaitIdle(absl::Now() + timeout)) return 0;
+  return static_cast<int>(plans_->RunningPlansCount());
+}
+
 void Coordinator::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
@@ -209,6 +225,7 @@ void Coordinator::Shutdown() {
     shut_down_ = true;
     stopping_ = true;
   }
+  grpc_health_.Shutdown();
   if (health_.joinable()) health_.join();
   http_.Stop();
   // Everything a reactor may wait on completes first, so the server's shutdown returns.

@@ -28,9 +28,11 @@
 #include "coordinator/tensor_io.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/timer.h"
+#include "coordinator/worker_drain.h"
 #include "coordinator/worker_facing_service.h"
 #include "coordinator/worker_manager.h"
 #include "grpcpp/server.h"
+#include "proto/grpc_health.h"
 
 namespace shardcoord {
 
@@ -71,6 +73,10 @@ struct CoordinatorOptions {
   // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
   // one; empty: no HTTP server.
   std::string http_listen = "127.0.0.1:7401";
+  // HOST:PORT of a plaintext gRPC server that serves only grpc.health.v1.Health (for
+  // Kubernetes gRPC probes, which cannot speak TLS); port 0 picks a free one; empty: none
+  // (the health service is always served on `listen` too).
+  std::string health_listen;
 };
 
 // The composition root, as Ray's GCS server: owns one manager per concern, wires worker
@@ -91,6 +97,13 @@ class Coordinator {
 
   // What the state store is ("memory", "sqlite:DIR/state.db").
   std::string state_description() const { return store_->Describe(); }
+  // After Start: the address of the --health-listen server, empty when there is none.
+  const std::string& health_address() const { return health_address_; }
+
+  // SIGTERM's first half: readiness turns NOT_SERVING, new plans are refused (UNAVAILABLE,
+  // clients retry against the replacement), and running plans get up to `timeout` to end.
+  // Returns how many still run (Shutdown aborts them). Blocks: call from the main thread.
+  int Drain(absl::Duration timeout);
   // Aborts running plans, completes pending waits, stops serving and the health thread.
   // Idempotent.
   void Shutdown();
@@ -114,6 +127,7 @@ class Coordinator {
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
   std::unique_ptr<PlanManager> plans_;
+  std::unique_ptr<WorkerDrain> drain_;  // Workers leaving (LeaveWorker).
   std::unique_ptr<TensorIo> io_;
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
@@ -122,6 +136,8 @@ class Coordinator {
   std::unique_ptr<grpc::Server> server_;
   HttpServer http_;
   std::string http_address_;
+  HealthStatus grpc_health_;  // grpc.health.v1.Health: ready once started, not while draining.
+  std::string health_address_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

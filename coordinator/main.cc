@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
+#include "common/env_flags.h"
 #include "common/tls_options.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string auth_tokens;
   std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
+  std::string drain_timeout = "30s";
   bool no_collectives = false;
   shardcoord::TlsFlags tls_flags;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
@@ -96,9 +98,30 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--insecure", options.insecure,
                "allow plaintext on a non-loopback --listen address (logs a warning)");
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM: readiness turns NOT_SERVING, new plans are refused (UNAVAILABLE) "
+                 "and running plans get this long to end before they are aborted; then exit 0")
+      ->capture_default_str();
+  app.add_option("--health-listen", options.health_listen,
+                 "host:port of a plaintext gRPC server that serves only grpc.health.v1.Health "
+                 "(Kubernetes gRPC probes cannot speak TLS); the main port serves it too; "
+                 "default: none")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.footer(
+      "Every flag can also come from the environment: --drain-timeout from "
+      "SHARDCOORD_DRAIN_TIMEOUT and so on (a flag on the command line wins).\n"
+      "grpc.health.v1.Health: service \"\" is SERVING once the state is loaded and NOT_SERVING "
+      "while draining; \"liveness\" is SERVING until the process stops.");
+  shardcoord::BindFlagsToEnvironment(app);
   CLI11_PARSE(app, argc, argv);
+  absl::Duration drain = absl::ZeroDuration();
+  if (absl::Status s = shardcoord::ParseDurationFlag("drain-timeout", drain_timeout, &drain);
+      !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return 2;
+  }
   absl::Status durations = shardcoord::ParseDurationFlag("heartbeat-timeout", heartbeat_timeout,
                                                          &options.heartbeat_timeout);
   if (durations.ok()) {
@@ -168,6 +191,9 @@ int main(int argc, char** argv) {
     std::printf("coordinator metrics on http://%s/metrics\n", coordinator.http_address().c_str());
     spdlog::info("metrics on http://{}/metrics", coordinator.http_address());
   }
+  if (!coordinator.health_address().empty()) {
+    std::printf("coordinator health on %s\n", coordinator.health_address().c_str());
+  }
   std::printf("coordinator listening on %s\n", address->c_str());
   std::fflush(stdout);
   spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {}, state {})",
@@ -190,7 +216,14 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("signal {}: shutting down", sig);
+  if (sig == SIGTERM) {
+    spdlog::info("SIGTERM: draining (new plans refused; running ones get up to {})", drain_timeout);
+    if (int left = coordinator.Drain(drain); left > 0) {
+      spdlog::warn("drain timeout: aborting {} running plans", left);
+    }
+  } else {
+    spdlog::info("signal {}: shutting down", sig);
+  }
   coordinator.Shutdown();
   spdlog::info("stopped");
   return 0;

@@ -12,6 +12,15 @@
 namespace shardcoord {
 namespace {
 
+// The op of repair plans (metrics label, and the one op that may use leaving workers).
+constexpr char kRepairOp[] = "repair";
+
+// A plan may not start on a worker that is draining: the cluster is about to replace it.
+absl::Status LeavingError(const WorkerRecord& w) {
+  return absl::UnavailableError(absl::StrCat(
+      w.Describe(), " is leaving the cluster (draining); retry once it is replaced or gone"));
+}
+
 std::string Describe(const WorkerEndpoint& w) {
   return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
 }
@@ -130,6 +139,31 @@ absl::StatusOr<StartedPlan> PlanManager::Redistribute(const std::string& tensor,
       [this, &spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); }, std::move(done));
 }
 
+absl::StatusOr<StartedPlan> PlanManager::Repair(const std::string& tensor, DoneCallback done) {
+  return Start(
+      kRepairOp, tensor, tensor,
+      [](const TensorRecord& rec) -> absl::StatusOr<Target> {
+        return Target{rec.layout, rec.mesh, rec.spec};
+      },
+      std::move(done));
+}
+
+size_t PlanManager::RunningPlansCount() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, e] : plans_) n += e.state_ended() ? 0 : 1;
+  return n;
+}
+
+std::vector<std::string> PlanManager::RunningPlansOf(int64_t rank) const {
+  std::vector<std::string> ids;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, e] : plans_) {
+    if (!e.state_ended() && e.participants.count(rank) > 0) ids.push_back(id);
+  }
+  return ids;
+}
+
 absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor, const std::string& mesh,
                                                 std::optional<int64_t> to_rank, DoneCallback done) {
   return Start(
@@ -196,6 +230,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
                                                const TargetFn& target_fn, DoneCallback done,
                                                const std::string& group, Dispatch* deferred) {
   const bool copy = target_tensor != tensor;
+  const bool repair = absl::string_view(op) == kRepairOp;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor);
   if (!current.ok()) return current.status();
   absl::StatusOr<TensorRecord> current_dst = current;
@@ -210,6 +245,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return w.status();
     if (!w->alive) return w->DeadError("in the target layout is dead");
+    if (w->leaving && !repair) return LeavingError(*w);
   }
 
   std::string id, prefix;
@@ -294,6 +330,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
     if (!w->alive) return fail(w->DeadError("takes part in the plan but is dead"));
+    if (w->leaving && !repair) return fail(LeavingError(*w));
     Participant& p = e.participants[r];
     p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
     fo.incarnations[r] = w->incarnation;
@@ -1042,6 +1079,23 @@ void PlanManager::Shutdown(const std::string& reason) {
     closed_ = reason;
   }
   AbortAll(reason);
+}
+
+void PlanManager::Close(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  closed_ = reason;
+}
+
+bool PlanManager::IdleLocked() const {
+  for (const auto& [id, e] : plans_) {
+    if (!e.state_ended()) return false;
+  }
+  return true;
+}
+
+bool PlanManager::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(absl::Condition(this, &PlanManager::IdleLocked), deadline);
 }
 
 void PlanManager::Complete(const std::string& id, const absl::Status& status) {

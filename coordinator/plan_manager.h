@@ -196,6 +196,17 @@ class PlanManager : public WorkerListener {
   absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
                                                  GroupDoneCallback done);
 
+  // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
+  // ranks that lost their copy (a worker that died and registered again) get it back from a
+  // live replica. Run for a leaving worker (coordinator/worker_drain.h); unlike other plans
+  // it may use workers that are leaving. Errors as Redistribute's.
+  absl::StatusOr<StartedPlan> Repair(const std::string& tensor, DoneCallback done);
+
+  // How many plans run now.
+  size_t RunningPlansCount() const;
+  // Ids of the running plans `rank` takes part in.
+  std::vector<std::string> RunningPlansOf(int64_t rank) const;
+
   // The plan Redistribute would run, without running it.
   absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
 
@@ -221,6 +232,12 @@ class PlanManager : public WorkerListener {
   void AbortAll(const std::string& reason);
   // Aborts every running plan and refuses new ones with UNAVAILABLE (shutdown).
   void Shutdown(const std::string& reason);
+  // Refuses new plans with UNAVAILABLE `reason` and lets running ones go on (a draining
+  // coordinator; Shutdown aborts what is left).
+  void Close(const std::string& reason);
+  // Blocks until no plan runs or `deadline` (real time) passes; true when none runs. For the
+  // daemon's main thread, never a reactor.
+  bool AwaitIdle(absl::Time deadline);
 
   // Aborts the running plans that read `rank`'s chunks of `tensor`, or write them in place
   // (a Copy into an attached tensor): the buffer a user process lent for them is gone.
@@ -366,6 +383,7 @@ class PlanManager : public WorkerListener {
   void Complete(const std::string& id, const absl::Status& status);
 
   PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bumps seq and returns what to tell watchers.
   std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

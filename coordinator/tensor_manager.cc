@@ -167,6 +167,14 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
       // A lent buffer the worker still holds: its process is still attached, whatever
       // happened to the worker's registration.
       next(t).incarnations[rank] = incarnation;
+    } else if (h.version == t.version && t.busy_plan.empty() && MatchesCommitted(t, rank, h)) {
+      // A worker declared dead (a host cut off) that kept its buffers and registered again:
+      // its committed chunks, checksums unchanged, count again. Only while no plan runs on
+      // the tensor, whose commit would not drop this worker's copy of the old version.
+      auto holder = t.incarnations.find(rank);
+      if (holder == t.incarnations.end() || holder->second != incarnation) {
+        next(t).incarnations[rank] = incarnation;
+      }
     } else if (h.version != t.version && (h.version <= version_floor_ || t.busy_plan.empty())) {
       // Never committed before the restart, or left by a plan of the worker's previous
       // incarnation (no operation runs on the tensor, so no other version is in use).

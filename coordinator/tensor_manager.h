@@ -106,10 +106,12 @@ class TensorManager {
   // Reconciles a worker that registered as `rank` in `incarnation` and holds `held`. A
   // recovering tensor takes the rank's buffer at its committed version when its chunks and
   // checksums are exactly the committed ones; the rank's other chunks of recovering tensors
-  // stay lost. Returns the buffers the worker must drop: versions that never committed (from
-  // before the restart, or of a tensor no operation runs on), tensors that do not exist,
-  // rejected buffers of recovering tensors.
-  // The store's error (UNAVAILABLE) when the outcome could not be stored (nothing changed).
+  // stay lost. Outside a restart, an idle tensor takes the buffer back the same way (a worker
+  // declared dead while cut off, which kept its buffers, rejoins with its data). Returns the
+  // buffers the worker must drop: versions that never committed (from before the restart, or of a
+  // tensor no operation runs on), tensors that do not exist, rejected buffers of recovering
+  // tensors. The store's error (UNAVAILABLE) when the outcome could not be stored (nothing
+  // changed).
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Reconcile(
       int64_t rank, int64_t incarnation, const std::vector<HeldBuffer>& held);
   // Ends every recovery: ranks still awaited lose their chunks (as a dead worker's).

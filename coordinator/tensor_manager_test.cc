@@ -401,5 +401,50 @@ TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
   }
 }
 
+// A worker declared dead (its host cut off) that kept its buffers registers again: an idle
+// tensor takes its committed chunks back when they match, checksums included.
+TEST(TensorManagerReconcileTest, ARejoiningWorkerBringsItsCommittedChunksBack) {
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5));
+  MeshManager meshes(&workers);
+  TensorManager tensors(&meshes);
+  absl::flat_hash_map<int64_t, int64_t> holders;
+  for (const char* name : {"w0", "w1"}) {
+    absl::StatusOr<WorkerRecord> w = workers.Register(WorkerSpec{name, "h", "cpu", "a", "gloo"});
+    ASSERT_TRUE(w.ok());
+    holders[w->rank] = w->incarnation;
+  }
+  ASSERT_TRUE(meshes.Create("M", {2}, {}, {}).ok());
+  TensorRecord t;
+  t.name = "T";
+  t.shape = {8, 4};
+  t.mesh = "M";
+  t.spec = "S(0)";
+  t.layout = *Layout::FromPlacements(meshes.Get("M")->mesh, t.shape, {Placement::Shard(0)});
+  t.version = tensors.NewVersion();
+  ASSERT_TRUE(tensors.Reserve(t, "create").ok());
+  ASSERT_TRUE(tensors.FinishCreate("T", "create", {{1}, {2}}, holders).ok());
+  LivenessFn live = [&workers](int64_t r, int64_t inc) { return workers.IsLive(r, inc); };
+  ASSERT_TRUE(workers.MarkDead("w1", holders[1], "no heartbeat").ok());
+  ASSERT_EQ(LostChunks(*tensors.Get("T"), live).size(), 1u);
+
+  absl::StatusOr<WorkerRecord> back = workers.Register(WorkerSpec{"w1", "h", "cpu", "a", "gloo"});
+  ASSERT_TRUE(back.ok());
+  const HeldBuffer wrong{"T", t.version, t.layout.ranks()[1], {99}};
+  const HeldBuffer right{"T", t.version, t.layout.ranks()[1], {2}};
+  // While a plan runs on the tensor nothing is taken back; a wrong checksum never is.
+  ASSERT_TRUE(tensors.Acquire("T", "p-1").ok());
+  ASSERT_TRUE(tensors.Reconcile(1, back->incarnation, {right}).ok());
+  tensors.Release("T", "p-1");
+  ASSERT_TRUE(tensors.Reconcile(1, back->incarnation, {wrong}).ok());
+  EXPECT_EQ(LostChunks(*tensors.Get("T"), live).size(), 1u);
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drops =
+      tensors.Reconcile(1, back->incarnation, {right});
+  ASSERT_TRUE(drops.ok()) << drops.status();
+  EXPECT_TRUE(drops->empty());
+  EXPECT_TRUE(LostChunks(*tensors.Get("T"), live).empty());
+  EXPECT_EQ(tensors.Get("T")->incarnations.at(1), back->incarnation);
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -190,6 +190,40 @@ grpc::ServerUnaryReactor* WorkerFacingService::DetachBuffer(grpc::CallbackServer
   return Done(ctx, s);
 }
 
+grpc::ServerUnaryReactor* WorkerFacingService::LeaveWorker(grpc::CallbackServerContext* ctx,
+                                                           const v1::LeaveWorkerRequest* req,
+                                                           v1::LeaveWorkerResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "LeaveWorker"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
+  if (drain_ == nullptr) {
+    return Done(ctx, absl::UnimplementedError("this coordinator does not drain workers"));
+  }
+  if (req->drain_timeout_ms() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                         "drain_timeout_ms = ", req->drain_timeout_ms(), " must be >= 0")));
+  }
+  spdlog::info("worker {} (incarnation {}) is leaving; drain timeout {} ms", req->name(),
+               req->incarnation(), req->drain_timeout_ms());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  drain_->Leave(req->name(), req->incarnation(), absl::Milliseconds(req->drain_timeout_ms()),
+                [reactor, resp, name = req->name()](absl::StatusOr<LeaveOutcome> out) {
+                  if (out.ok()) {
+                    for (const std::string& id : out->aborted_plans) resp->add_aborted_plans(id);
+                    for (const std::string& t : out->repaired_tensors) {
+                      resp->add_repaired_tensors(t);
+                    }
+                    for (const std::string& l : out->lost) resp->add_lost(l);
+                    spdlog::info(
+                        "worker {} left: {} plans aborted, {} tensors repaired, {} "
+                        "tensors lost chunks",
+                        name, out->aborted_plans.size(), out->repaired_tensors.size(),
+                        out->lost.size());
+                  }
+                  reactor->Finish(ToGrpcStatus(out.status()));
+                });
+  return reactor;
+}
+
 absl::Status WorkerFacingService::Authorize(grpc::CallbackServerContext* ctx,
                                             absl::string_view rpc) const {
   return AuthorizeCall(auth_, ctx,

@@ -10,6 +10,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_manager.h"
+#include "coordinator/worker_drain.h"
 #include "coordinator/worker_manager.h"
 #include "proto/shardcoord.grpc.pb.h"
 
@@ -25,7 +26,8 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   // `tensors` reconciles the buffers a registering worker reports (after a restart).
   WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
                       KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
-                      const Authenticator* auth = nullptr, bool check_certificate_names = false)
+                      const Authenticator* auth = nullptr, bool check_certificate_names = false,
+                      WorkerDrain* drain = nullptr)
       : clock_(clock),
         workers_(workers),
         tensors_(tensors),
@@ -34,7 +36,8 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
         heartbeat_interval_(heartbeat_interval),
         auth_(auth),
         check_certificate_names_(check_certificate_names),
-        attach_(workers, tensors, plans) {}
+        attach_(workers, tensors, plans),
+        drain_(drain) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* req,
@@ -58,6 +61,11 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
                                          const v1::DetachBufferRequest* req,
                                          v1::DetachBufferResponse* resp) override;
 
+  // Finishes once the worker is gone (WorkerDrain); never blocks a thread.
+  grpc::ServerUnaryReactor* LeaveWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::LeaveWorkerRequest* req,
+                                        v1::LeaveWorkerResponse* resp) override;
+
  private:
   // AuthorizeCall for this service's RPC `rpc` ("RegisterWorker").
   absl::Status Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc) const;
@@ -74,6 +82,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   const Authenticator* const auth_;
   const bool check_certificate_names_;
   AttachManager attach_;
+  WorkerDrain* const drain_;  // Null: LeaveWorker answers UNIMPLEMENTED.
 };
 
 }  // namespace shardcoord

@@ -129,6 +129,7 @@ absl::StatusOr<WorkerRecord> WorkerManager::Register(const WorkerSpec& spec) {
     next.awaited = false;
     next.last_heartbeat = clock_->Now();
     next.death_reason.clear();
+    next.leaving = false;
     // Durable before it takes effect: a rank handed out is never handed to another name.
     if (absl::Status s = Persist(next); !s.ok()) return s;
     ++last_incarnation_;
@@ -197,6 +198,21 @@ std::vector<WorkerRecord> WorkerManager::CheckHealth(absl::Time now) {
   std::vector<WorkerRecord> dead;
   for (auto& [w, reason] : lost) dead.push_back(std::move(w));
   return dead;
+}
+
+absl::StatusOr<WorkerRecord> WorkerManager::SetLeaving(absl::string_view name,
+                                                       int64_t incarnation) {
+  if (absl::Status s = CheckCurrent(name, incarnation); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  WorkerRecord& w = workers_[rank_of_.at(name)];
+  if (w.incarnation != incarnation || !w.alive) {  // Changed since CheckCurrent.
+    return absl::AbortedError(
+        absl::StrCat(w.Describe(), ": incarnation ", incarnation, " is no longer current"));
+  }
+  if (w.leaving)
+    return absl::FailedPreconditionError(absl::StrCat(w.Describe(), " is already leaving"));
+  w.leaving = true;
+  return w;
 }
 
 absl::Status WorkerManager::MarkDead(absl::string_view name, int64_t incarnation,

@@ -39,6 +39,8 @@ struct WorkerRecord {
   // Dead only because the coordinator restarted: expected to register again until the
   // recovery timeout.
   bool awaited = false;
+  // The worker said it is leaving (SetLeaving): no new plan may use it.
+  bool leaving = false;
 
   // "worker w1 (rank 1)": how errors name a worker.
   std::string Describe() const;
@@ -96,6 +98,11 @@ class WorkerManager {
   // Declares dead every live worker whose last heartbeat is older than the timeout at `now`
   // and tells the listeners. Returns the newly dead.
   std::vector<WorkerRecord> CheckHealth(absl::Time now);
+
+  // A draining worker announced it is leaving: marks it so that no new plan uses it (until
+  // it is dead or registers again). As CheckCurrent's errors; FAILED_PRECONDITION when it is
+  // already leaving.
+  absl::StatusOr<WorkerRecord> SetLeaving(absl::string_view name, int64_t incarnation);
 
   // Declares a worker dead now (e.g. it could not be reached); NOT_FOUND unknown name.
   absl::Status MarkDead(absl::string_view name, int64_t incarnation, const std::string& reason);

@@ -623,6 +623,9 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
   out.set_bytes_moved(plan.bytes_moved);
   out.set_lower_bound_bytes(plan.lower_bound_bytes);
   out.set_estimated_seconds(plan.estimated_seconds);
+  out.set_bytes_within_hosts(plan.bytes_within_hosts);
+  out.set_bytes_across_hosts(plan.bytes_across_hosts);
+  out.set_cross_host_lower_bound_bytes(plan.cross_host_lower_bound_bytes);
   return out;
 }
 

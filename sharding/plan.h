@@ -130,6 +130,13 @@ struct Plan {
   // Sum over destinations of the bytes they need and do not hold. For Partial sources, each
   // partial contribution counts separately (the element movement a reduction implies).
   int64_t lower_bound_bytes = 0;
+  // Transfer bytes between ranks of one host and across hosts (PlanOptions' hosts; a rank of
+  // unknown host is alone on its own); within + across == bytes_moved.
+  int64_t bytes_within_hosts = 0;
+  int64_t bytes_across_hosts = 0;
+  // The part of lower_bound_bytes that must cross hosts: pieces a destination needs of which
+  // no rank on its host holds a copy. The planner meets it for non-Partial sources.
+  int64_t cross_host_lower_bound_bytes = 0;
   // Each rank runs the steps it is in one after another, different ranks in parallel: the
   // largest per-rank sum of step estimates (see EstimatePlan).
   double estimated_seconds = 0;

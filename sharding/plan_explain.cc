@@ -41,6 +41,9 @@ std::string ExplainPlan(const Plan& plan) {
   absl::StrAppend(&out, "bytes moved ", plan.bytes_moved, " (", HumanBytes(plan.bytes_moved),
                   "), lower bound ", plan.lower_bound_bytes, ", estimated ",
                   HumanSeconds(plan.estimated_seconds), "\n");
+  absl::StrAppend(&out, "hosts: ", plan.bytes_within_hosts, " bytes within hosts, ",
+                  plan.bytes_across_hosts, " across hosts (", HumanBytes(plan.bytes_across_hosts),
+                  "), cross-host lower bound ", plan.cross_host_lower_bound_bytes, "\n");
   int64_t local_bytes = 0;
   const int64_t esize = ElementSize(plan.dtype);
   for (const LocalCopy& c : plan.local_copies) local_bytes += c.box.Volume() * esize;

@@ -498,6 +498,16 @@ void CheckStructure(const Plan& plan, const PlanOptions& options) {
     }
   }
   ASSERT_EQ(plan.bytes_moved, moved);
+  // Hosts: every transfer is within or across; a piece crosses hosts only when no copy of it
+  // is on the destination's host, so the crossing bytes are exactly the cross-host bound.
+  const HostMap hosts = HostMapFor(options);
+  int64_t across = 0;
+  for (const Step& s : plan.steps) {
+    for (const Transfer& t : s.transfers) across += hosts.SameHost(t.src, t.dst) ? 0 : t.bytes;
+  }
+  ASSERT_EQ(plan.bytes_across_hosts, across);
+  ASSERT_EQ(plan.bytes_within_hosts + plan.bytes_across_hosts, plan.bytes_moved);
+  ASSERT_EQ(plan.bytes_across_hosts, plan.cross_host_lower_bound_bytes);
   const double total = EstimatePlan(options.cost, HostMapFor(options), plan);
   ASSERT_NEAR(plan.estimated_seconds, total, 1e-9 * total);
   for (const RankTraffic& t : plan.traffic) {
@@ -517,9 +527,11 @@ void CheckStructure(const Plan& plan, const PlanOptions& options) {
 
 // For placement sources (every holder set is one source box's replicas, and the sets are
 // disjoint), the busiest sender stays within 1.1x of the ideal plus the slab granularity.
-void CheckBalance(const Plan& plan) {
+// Not with hosts: a destination then reads from its own host's holders, balanced among them
+// only (locality first; CheckStructure checks the cross-host bytes instead).
+void CheckBalance(const Plan& plan, const PlanOptions& options) {
   const Layout& s = plan.source;
-  if (s.placements().empty()) return;
+  if (s.placements().empty() || HostMapFor(options).known()) return;
   const int64_t esize = ElementSize(plan.dtype);
   std::map<std::pair<int64_t, Box>, std::vector<int64_t>> classes;
   int64_t row = 0;
@@ -605,7 +617,7 @@ void RunCase(uint64_t seed) {
       ASSERT_EQ(plan->bytes_moved, plan->lower_bound_bytes);
     }
   }
-  CheckBalance(*plan);
+  CheckBalance(*plan, options);
   // Deterministic: planning again gives the same plan.
   absl::StatusOr<Plan> again = gather ? Gather(source, gather_ranks, dtype, options)
                                       : Redistribute(source, target, dtype, options);

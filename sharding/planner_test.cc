@@ -379,6 +379,34 @@ TEST(PlannerTest, SendersPreferTheDestinationsHost) {
   EXPECT_GT(cross, 0);
 }
 
+TEST(PlannerTest, ALocalCopyWinsOverBalanceAndCrossHostBytesMeetTheirBound) {
+  // Replicas on rank 0 (h0) and ranks 1-3 (h1); every destination (4-7) is on h0. Balance
+  // alone would have ranks 1-3 send three quarters across hosts; host-aware, rank 0 sends all.
+  const Layout s = Make({4}, {0, 1, 2, 3}, {64, 16}, "R");
+  const Layout t = Make({4}, {4, 5, 6, 7}, {64, 16}, "S(0)");
+  PlanOptions options;
+  options.hosts_by_rank = {"h0", "h1", "h1", "h1", "h0", "h0", "h0", "h0"};
+  const Plan plan = MustPlan(s, t, DType::kF32, options);
+  EXPECT_EQ(plan.bytes_moved, 64 * 16 * 4);
+  EXPECT_EQ(plan.bytes_across_hosts, 0);
+  EXPECT_EQ(plan.bytes_within_hosts, plan.bytes_moved);
+  EXPECT_EQ(plan.cross_host_lower_bound_bytes, 0);
+  for (const Transfer& tr : plan.AllTransfers()) EXPECT_EQ(tr.src, 0);
+  EXPECT_THAT(ExplainPlan(plan), HasSubstr("hosts: 4096 bytes within hosts, 0 across hosts"));
+
+  // A destination on h2 has no copy on its host: its piece must cross, and only its piece.
+  options.hosts_by_rank[7] = "h2";
+  const Plan mixed = MustPlan(s, t, DType::kF32, options);
+  EXPECT_EQ(mixed.cross_host_lower_bound_bytes, 16 * 16 * 4);
+  EXPECT_EQ(mixed.bytes_across_hosts, mixed.cross_host_lower_bound_bytes);
+  EXPECT_THAT(ExplainPlan(mixed), HasSubstr("cross-host lower bound 1024"));
+
+  // Hosts unknown: every rank is alone, so every byte counts as crossing.
+  const Plan blind = MustPlan(s, t);
+  EXPECT_EQ(blind.bytes_across_hosts, blind.bytes_moved);
+  EXPECT_EQ(blind.cross_host_lower_bound_bytes, blind.lower_bound_bytes);
+}
+
 TEST(PlannerTest, WithoutCollectivesEverythingIsOnePointToPointStep) {
   const Layout s = Make({2, 4}, {}, {64, 48}, "S(0),R");
   const Layout t = Make({2, 4}, {}, {64, 48}, "R,S(1)");

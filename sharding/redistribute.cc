@@ -148,6 +148,20 @@ class Planner {
     }
   }
 
+  // Whether a holder of source box `s` lives on `host` (HostOf ids; unknown hosts are
+  // distinct, so only the holder itself matches).
+  bool HolderOnHost(size_t s, int64_t host) {
+    const SourceBox& b = boxes_[s];
+    if (b.holders_end - b.holders_begin == 1) return host_[holders_[b.holders_begin]] == host;
+    if (box_hosts_.empty()) box_hosts_.resize(boxes_.size());
+    std::vector<int64_t>& hosts = box_hosts_[s];
+    if (hosts.empty()) {
+      for (size_t i = b.holders_begin; i < b.holders_end; ++i) hosts.push_back(host_[holders_[i]]);
+      std::sort(hosts.begin(), hosts.end());
+    }
+    return std::binary_search(hosts.begin(), hosts.end(), host);
+  }
+
   bool Holds(const SourceBox& b, int id) const {
     return std::binary_search(holders_.begin() + b.holders_begin, holders_.begin() + b.holders_end,
                               id);
@@ -198,6 +212,7 @@ class Planner {
             } else {
               const int64_t bytes = piece.Volume() * esize_;
               plan_->lower_bound_bytes += bytes;
+              if (!HolderOnHost(s, host_[dst])) plan_->cross_host_lower_bound_bytes += bytes;
               demands.push_back({-1, rc.rank, std::move(piece), bytes, reduce, p});
               demand_source_.push_back(s);
               demand_dst_.push_back(dst);
@@ -237,6 +252,8 @@ class Planner {
         s.bytes += t.bytes;
         sent[ranks_.Id(t.src)] += t.bytes;
         received[ranks_.Id(t.dst)] += t.bytes;
+        (hosts_.SameHost(t.src, t.dst) ? plan_->bytes_within_hosts : plan_->bytes_across_hosts) +=
+            t.bytes;
       }
       plan_->bytes_moved += s.bytes;
       for (int64_t r : s.ranks) busy[ranks_.Id(r)] += s.estimated_seconds;
@@ -257,8 +274,9 @@ class Planner {
   Plan* plan_;
   const RankIndex ranks_;
 
-  std::vector<SourceBox> boxes_;  // Sorted by (partial, box).
-  std::vector<int> holders_;      // Rank ids, per source box.
+  std::vector<SourceBox> boxes_;                 // Sorted by (partial, box).
+  std::vector<int> holders_;                     // Rank ids, per source box.
+  std::vector<std::vector<int64_t>> box_hosts_;  // Sorted holder hosts, per box (lazily).
   std::vector<size_t> partial_begin_;
   std::vector<BoxIndex> index_;        // Per partial index.
   std::vector<size_t> demand_source_;  // Per pending transfer: its source box.

@@ -27,12 +27,15 @@ struct SenderAssignmentInput {
   const std::vector<int>& demand_dst;
 };
 
-// Chooses a sender (`src`, -1 on entry) for every demand in `t`. Per source box, the demand
-// is spread over its holders by water-filling (each holder's fair level given what it
-// already sends); a piece goes whole to a holder that stays within a small slack of the
-// level, preferring the destination's host, then mesh affinity, then the lighter and lower
-// rank; a piece that fits nowhere is split into slabs across holders (the first replaces
-// the demand, the others are appended to `t`). Deterministic.
+// Chooses a sender (`src`, -1 on entry) for every demand in `t`. With hosts known, a
+// destination that has a holder of the source box on its own host reads only from holders on
+// that host, so bytes cross hosts only where no copy is on the destination's host (the
+// plan's cross_host_lower_bound_bytes); the others read from any holder. Within each such
+// group of demands the bytes are spread over the candidate holders by water-filling (each
+// holder's fair level given what it already sends); a piece goes whole to a holder that stays
+// within a small slack of the level, preferring mesh affinity, then the lighter and lower
+// rank; a piece that fits nowhere is split into slabs across the candidates (the first
+// replaces the demand, the others are appended to `t`). Deterministic.
 void AssignSenders(const SenderAssignmentInput& in, std::vector<Transfer>& t);
 
 // The level L such that raising every load below L up to L absorbs `demand`.

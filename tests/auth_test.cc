@@ -136,6 +136,8 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"ReportChunks", {"worker"}},
       {"AttachBuffer", {"worker"}},
       {"DetachBuffer", {"worker"}},
+
+      {"LeaveWorker", {"worker"}},
   };
   return *policy;
 }
@@ -393,6 +395,16 @@ TEST_P(AuthTest, WorkerFacingRpcs) {
   v1::DetachBufferResponse detach_resp;
   s = FromGrpcStatus(workers_stub_->DetachBuffer(Ctx().get(), detach, &detach_resp));
   if (Check("DetachBuffer", s, /*want_ok=*/false)) EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+
+  // An unknown worker cannot leave (NOT_FOUND) once the token lets the call through.
+  v1::LeaveWorkerRequest leave;
+  leave.set_name("nobody");
+  leave.set_drain_timeout_ms(1000);
+  v1::LeaveWorkerResponse leave_resp;
+  s = FromGrpcStatus(workers_stub_->LeaveWorker(Ctx().get(), leave, &leave_resp));
+  if (Check("LeaveWorker", s, /*want_ok=*/false)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
 
   // Registration changes the worker table, so only refusals are tried here (the cluster's
   // workers registered with the worker token).

@@ -3,7 +3,9 @@
 #   tools/dev_certs.sh DIR [WORKER_NAME...]     (default names: w0 w1 w2 w3)
 # In DIR:
 #   ca.pem, ca.key                 the CA every daemon and client trusts (--tls-ca)
-#   coordinator.pem/.key           the coordinator (CN coordinator; SAN localhost, 127.0.0.1, ::1)
+#   coordinator.pem/.key           the coordinator (CN coordinator; SAN localhost, 127.0.0.1, ::1,
+#                                  and the names in $COORDINATOR_SANS, e.g. "DNS:shardcoord" for
+#                                  a Kubernetes Service, see deploy/README.md)
 #   NAME.pem/.key per worker       CN and SAN DNS:NAME (the name it registers with)
 #   client.pem/.key                a client certificate (CN client) for shardctl --tls-cert
 #   other-ca.pem, other-ca.key     a second, unrelated CA, for negative tests
@@ -53,7 +55,7 @@ new_leaf() {
 }
 
 new_ca ca "shardcoord dev CA"
-new_leaf ca coordinator coordinator "DNS:localhost,IP:127.0.0.1,IP:::1"
+new_leaf ca coordinator coordinator "DNS:localhost,IP:127.0.0.1,IP:::1${COORDINATOR_SANS:+,$COORDINATOR_SANS}"
 for n in "${names[@]}"; do new_leaf ca "$n" "$n" "DNS:$n"; done
 new_leaf ca client client "DNS:client"
 new_ca other-ca "unrelated CA"

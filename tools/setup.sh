@@ -19,6 +19,13 @@ PACKAGES=(
   chromium zlib1g-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
+  # grpc.health.v1's .proto (test and probe stubs; the service itself is in libgrpc++).
+  grpc-proto
+  # The image's root filesystem (deploy/image/build.sh; //tests:multihost_test runs from it)
+  # and the multi-host test's namespaces, links and rate limits.
+  mmdebstrap iproute2 util-linux
+  # deploy/check.sh validates the Kubernetes manifests with npm's kubernetes-models.
+  nodejs
 )
 
 missing=()
@@ -34,6 +41,27 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# deploy/check.sh's validator, from npm into deploy/node_modules (not in git); again when the
+# lock file changed.
+# Debian's nodejs has no npm (other builds of nodejs bundle it): only when it is missing.
+if ! command -v npm >/dev/null; then
+  echo "setup: installing npm" >&2
+  DEBIAN_FRONTEND=noninteractive ${SUDO:-} apt-get install -y -qq --no-install-recommends npm >/dev/null || true
+fi
+if command -v npm >/dev/null; then
+  deploy="$(cd "$(dirname "$0")/../deploy" && pwd)"
+  stamp=$deploy/node_modules/.package-lock.json
+  if [[ ! -e $stamp || $deploy/package-lock.json -nt $stamp ]]; then
+    echo "setup: installing deploy/node_modules (npm ci)" >&2
+    (cd "$deploy" && npm ci --no-audit --no-fund --silent)
+  fi
+else
+  echo "setup: note: npm not found; deploy/check.sh will fail" >&2
+fi
+if ! command -v kubectl >/dev/null; then
+  echo "setup: note: kubectl not found; deploy/check.sh renders the manifests with it" >&2
 fi
 
 if [[ ! -e /usr/local/cuda/include/nccl.h ]]; then

@@ -4,6 +4,8 @@
 #   2. bazel build --config=threadsafety //...   (clang 14, -Werror=thread-safety-analysis)
 #   3. tools/fuzz.sh                      (every fuzz target under libFuzzer + ASan/UBSan,
 #                                          bounded runs, fixed seed; about 1.5 min)
+#   3b. deploy/check.sh                   (every Kubernetes overlay renders and validates)
+#   3c. deploy/image/build.sh             (the image's root filesystem, for multihost_test)
 #   4. bazel test //...
 # and ends with one line "N passed, M failed": the three checks plus every test target Bazel
 # ran.
@@ -32,8 +34,17 @@ check() {  # check NAME COMMAND...: runs a check, prints its verdict, counts it.
 check format bash tools/format.sh --check
 check threadsafety bazel build --config=threadsafety //...
 check fuzz bash tools/fuzz.sh
+check deploy bash deploy/check.sh
+# The image's root filesystem (Debian part cached in ~/.cache/shardcoord-image): the
+# multi-host test runs its workers from it (acceptance of issue 14).
+rootfs=$PWD/deploy/image/out/rootfs
+check image bash deploy/image/build.sh --no-import --compilation-mode fastbuild --rootfs "$rootfs"
+rootfs_env=()
+if [[ -x $rootfs/usr/local/bin/shardcoord-worker ]]; then
+  rootfs_env=(--test_env=SHARDCOORD_TEST_ROOTFS="$rootfs")
+fi
 
-bazel test //... "$@" 2>&1 | tee "$log"
+bazel test //... "${rootfs_env[@]}" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 bazel shutdown >/dev/null 2>&1 || true
 

@@ -90,13 +90,22 @@ void Agent::Loop() {
       Log(absl::StrCat("heartbeat failed: ", s.ToString()));
       continue;
     }
+    {
+      absl::MutexLock lock(&mu_);
+      if (leaving_) {
+        Log(absl::StrCat("heartbeat refused while leaving (", s.ToString(), "); stopping"));
+        return;
+      }
+    }
     Log(absl::StrCat("heartbeat refused (", s.ToString(), "); registering again"));
+    if (options_.on_registration) options_.on_registration(false);
     if (options_.before_registering_again) options_.before_registering_again();
     for (int attempt = 0;; ++attempt) {
       absl::Status r = RegisterOnce();
       if (r.ok()) {
         const WorkerIdentity id = identity();
         Log(absl::StrCat("registered again: rank ", id.rank, ", incarnation ", id.incarnation));
+        if (options_.on_registration) options_.on_registration(true);
         break;
       }
       Log(absl::StrCat("registration failed: ", r.ToString()));
@@ -111,6 +120,11 @@ void Agent::Stop() {
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+}
+
+void Agent::Leave() {
+  absl::MutexLock lock(&mu_);
+  leaving_ = true;
 }
 
 WorkerIdentity Agent::identity() const {

@@ -36,6 +36,9 @@ struct AgentOptions {
   absl::Duration default_heartbeat_interval = absl::Seconds(1);
   // Log lines (the daemon sends them to spdlog).
   std::function<void(absl::string_view)> log;
+  // Called with false when a heartbeat is refused and the agent registers again, and with
+  // true once registered again (readiness for the health service); may be null.
+  std::function<void(bool registered)> on_registration;
 };
 
 // Keeps the worker registered with the coordinator: registers, then heartbeats on its own
@@ -55,6 +58,9 @@ class Agent {
   absl::Status Start(absl::Duration timeout);
   // Stops the heartbeat thread (promptly, also mid-wait). Idempotent.
   void Stop();
+  // The worker is leaving the cluster: heartbeats go on, but once one is refused (the
+  // coordinator declared the worker gone) the agent stops instead of registering again.
+  void Leave();
 
   WorkerIdentity identity() const;
   int64_t registrations() const;
@@ -76,6 +82,7 @@ class Agent {
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -65,6 +65,16 @@ absl::Status GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& reques
   return FromGrpc(stub_->Heartbeat(&ctx, request, &response), "Heartbeat");
 }
 
+absl::StatusOr<v1::LeaveWorkerResponse> GrpcCoordinatorClient::Leave(
+    const v1::LeaveWorkerRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, absl::Milliseconds(request.drain_timeout_ms()) + rpc_timeout_);
+  v1::LeaveWorkerResponse response;
+  absl::Status s = FromGrpc(stub_->LeaveWorker(&ctx, request, &response), "LeaveWorker");
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);

@@ -48,6 +48,8 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
   absl::Status DetachBuffer(const v1::DetachBufferRequest& request) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  // LeaveWorker; the deadline is the drain timeout plus `rpc_timeout`.
+  absl::StatusOr<v1::LeaveWorkerResponse> Leave(const v1::LeaveWorkerRequest& request);
 
  private:
   // A context with the deadline `timeout` from now and the token's metadata.

@@ -10,7 +10,7 @@
 // "no CUDA device visible: <why>". Builds without the CUDA toolkit have no NCCL branch.
 //
 // When ready it prints one line to stdout: "worker <name> listening on <host:port>". Logs go
-// to stderr. SIGTERM or SIGINT shuts it down cleanly.
+// to stderr. SIGTERM drains (see --drain-timeout) and exits 0; SIGINT shuts down at once.
 //
 // This file is flags, environment and signals; Worker (worker/worker.h) wires the daemon.
 
@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
+#include "common/env_flags.h"
 #include "common/sha256.h"
 #include "common/tls_options.h"
 #include "worker/worker.h"
@@ -39,7 +40,10 @@
 namespace shardcoord {
 namespace {
 
-std::string HostName() {
+// The node a pod runs on when the manifest passes it ($NODE_NAME, the downward API's
+// spec.nodeName), else the hostname.
+std::string DefaultHost() {
+  if (const char* node = std::getenv("NODE_NAME"); node != nullptr && *node) return node;
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
@@ -59,21 +63,20 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 }
 
 int Main(int argc, char** argv) {
-  const char* env_addr = std::getenv("SHARDCOORD_ADDR");
   WorkerOptions options;
-  if (env_addr != nullptr && *env_addr) options.coordinator = env_addr;
-  options.host = HostName();
+  options.host = DefaultHost();
   std::string backend = "auto";
   std::string device;
   // Durations as the coordinator's flags take them: 60s, 500ms, 2m.
-  std::string step_timeout = "60s", register_timeout = "60s";
+  std::string step_timeout = "60s", register_timeout = "60s", drain_timeout = "30s";
   std::string log_level = "info";
   std::string token_file;
   TlsFlags tls_flags;
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
   app.add_option("--coordinator", options.coordinator,
-                 "Coordinator address (default $SHARDCOORD_ADDR, then 127.0.0.1:7400)");
+                 "Coordinator address (default $SHARDCOORD_ADDR, then 127.0.0.1:7400)")
+      ->envname("SHARDCOORD_ADDR");
   app.add_option("--listen", options.listen,
                  "Address of the Worker service; port 0 picks a free one")
       ->capture_default_str();
@@ -81,7 +84,9 @@ int Main(int argc, char** argv) {
   app.add_option("--http-listen", options.http_listen,
                  "host:port of an HTTP server for Prometheus metrics at /metrics (port 0: pick "
                  "a free one; default: off)");
-  app.add_option("--host", options.host, "Host name reported to the coordinator")
+  app.add_option("--host", options.host,
+                 "Host reported to the coordinator: the planner prefers senders on a "
+                 "destination's host (default $NODE_NAME, then the hostname)")
       ->capture_default_str();
   app.add_option("--backend", backend, "Communication backend")
       ->check(CLI::IsMember({"gloo", "nccl", "auto"}))
@@ -127,8 +132,25 @@ int Main(int argc, char** argv) {
                  "worker's own uid (checked with SO_PEERCRED)");
   app.add_flag("--insecure", options.insecure,
                "allow plaintext on a non-loopback --listen address (logs a warning)");
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM: readiness turns NOT_SERVING, the worker tells the coordinator it "
+                 "leaves, and plans it takes part in get this long to end before they are "
+                 "aborted (chunks only it holds are first copied to a live replica where the "
+                 "layout has one); then exit 0")
+      ->capture_default_str();
+  app.add_option("--health-listen", options.health_listen,
+                 "host:port of a plaintext gRPC server that serves only grpc.health.v1.Health "
+                 "(Kubernetes gRPC probes cannot speak TLS); the Worker port serves it too; "
+                 "default: none");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  app.footer(
+      "Every flag can also come from the environment: --name from SHARDCOORD_NAME, --host from "
+      "SHARDCOORD_HOST and so on (a flag on the command line wins; --coordinator reads "
+      "SHARDCOORD_ADDR).\n"
+      "grpc.health.v1.Health: service \"\" is SERVING while registered and not draining; "
+      "\"liveness\" is SERVING until the process stops.");
+  BindFlagsToEnvironment(app);
   CLI11_PARSE(app, argc, argv);
   options.local_socket_default = app.count("--local-socket") == 0;
   options.local_socket = local_socket == "off" ? "" : local_socket;
@@ -152,10 +174,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(plain.message()).c_str());
     return 2;
   }
+  absl::Duration drain = absl::ZeroDuration();
   absl::Status durations = ParseDurationFlag("step-timeout", step_timeout, &options.step_timeout);
   if (durations.ok()) {
     durations = ParseDurationFlag("register-timeout", register_timeout, &options.register_timeout);
   }
+  if (durations.ok()) durations = ParseDurationFlag("drain-timeout", drain_timeout, &drain);
   if (!durations.ok()) {
     std::fprintf(stderr, "%s\n", std::string(durations.message()).c_str());
     return 2;
@@ -193,12 +217,20 @@ int Main(int argc, char** argv) {
                 worker.http_address().c_str());
     spdlog::info("metrics on http://{}/metrics", worker.http_address());
   }
+  if (!worker.health_address().empty()) {
+    std::printf("worker %s health on %s\n", worker.name().c_str(), worker.health_address().c_str());
+  }
   std::printf("worker %s listening on %s\n", worker.name().c_str(), address->c_str());
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&signals, &sig);
-  spdlog::info("signal {}: shutting down", sig);
+  if (sig == SIGTERM) {
+    spdlog::info("SIGTERM: draining (drain timeout {})", drain_timeout);
+    worker.Drain(drain);
+  } else {
+    spdlog::info("signal {}: shutting down", sig);
+  }
   if (!worker.Shutdown(absl::Seconds(2))) {
     // A fragment is stuck in a step; its thread references the worker.
     spdlog::warn("a plan fragment is still running; exiting without waiting for it");

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <utility>
@@ -203,6 +204,7 @@ absl::StatusOr<std::string> Worker::Start() {
     attachments->Set(static_cast<double>(attach_->attachments()));
   });
 
+  HealthStatus::EnableDefaultService();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen, MakeServerCredentials(options_.tls), &port);
@@ -224,6 +226,15 @@ absl::StatusOr<std::string> Worker::Start() {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.listen));
+  }
+  grpc_health_.Attach(server_.get());  // NOT_SERVING until registered.
+  if (!options_.health_listen.empty()) {
+    absl::StatusOr<std::string> health = grpc_health_.ServeOn(options_.health_listen);
+    if (!health.ok()) {
+      server_->Shutdown(std::chrono::system_clock::now());
+      return health.status();
+    }
+    health_address_ = *health;
   }
   const std::string listen_host = HostOf(options_.listen);
   const std::string address =
@@ -262,6 +273,9 @@ absl::StatusOr<std::string> Worker::Start() {
     drop.set_version(version);
     core_->DropTensor(drop).IgnoreError();
   };
+  agent_options.on_registration = [this](bool registered) {
+    grpc_health_.SetReady(registered && !draining_);
+  };
   agent_ = std::make_unique<Agent>(client_.get(), agent_options);
   absl::Status registered = agent_->Start(options_.register_timeout);
   if (!registered.ok()) {
@@ -270,6 +284,7 @@ absl::StatusOr<std::string> Worker::Start() {
                         absl::StrCat("cannot register with the coordinator at ",
                                      options_.coordinator, ": ", registered.ToString()));
   }
+  grpc_health_.SetReady(!draining_);
   if (nccl) {
     spdlog::info("worker {} (nccl on {}, buffers in {}) serving on {}, coordinator {}",
                  options_.name, device_name, device_space_->name(), address, options_.coordinator);
@@ -324,9 +339,42 @@ absl::Status Worker::StartLocalSocket() {
   return absl::OkStatus();
 }
 
+void Worker::Drain(absl::Duration timeout) {
+  draining_ = true;
+  grpc_health_.SetReady(false);
+  if (agent_ == nullptr || core_ == nullptr) return;  // Never started.
+  const absl::Time deadline = absl::Now() + timeout;
+  agent_->Leave();
+  const WorkerIdentity id = Identity();
+  v1::LeaveWorkerRequest request;
+  request.set_name(id.name);
+  request.set_incarnation(id.incarnation);
+  request.set_drain_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  absl::StatusOr<v1::LeaveWorkerResponse> left = client_->Leave(request);
+  if (left.ok()) {
+    spdlog::info(
+        "left the cluster: {} plans aborted at the drain timeout, {} tensors copied to "
+        "a surviving replica first",
+        left->aborted_plans_size(), left->repaired_tensors_size());
+    for (const std::string& lost : left->lost()) {
+      spdlog::warn("chunks lost with this worker (no other live copy): {}", lost);
+    }
+  } else {
+    spdlog::warn(
+        "could not tell the coordinator that this worker leaves ({}); waiting for "
+        "running plans",
+        left.status().ToString());
+  }
+  if (!core_->StopAcceptingAndAwaitIdle("worker is draining (leaving the cluster)",
+                                        std::max(absl::ZeroDuration(), deadline - absl::Now()))) {
+    spdlog::warn("drain timeout: {} plan fragments still run; aborting them", core_->running());
+  }
+}
+
 bool Worker::Shutdown(absl::Duration grace) {
   if (shut_down_) return stopped_cleanly_;
   shut_down_ = true;
+  grpc_health_.Shutdown();
   if (agent_ != nullptr) agent_->Stop();
   // The worker's end tells the coordinator about its lent buffers: no detach reports.
   if (attach_ != nullptr) attach_->Shutdown();

@@ -1,6 +1,7 @@
 #ifndef SHARDCOORD_WORKER_WORKER_H_
 #define SHARDCOORD_WORKER_WORKER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/tls_options.h"
 #include "grpcpp/server.h"
+#include "proto/grpc_health.h"
 #include "worker/agent.h"
 #include "worker/attach_registry.h"
 #include "worker/backends/nccl/gpu_probe.h"
@@ -75,6 +77,11 @@ struct WorkerOptions {
   std::string local_group;
 
   static constexpr const char* kDefaultLocalSocket = "/run/shardcoord/{name}.sock";
+
+  // HOST:PORT of a plaintext gRPC server that serves only grpc.health.v1.Health (Kubernetes
+  // gRPC probes cannot speak TLS); port 0 picks a free one; empty: none (the Worker service's
+  // port serves it too).
+  std::string health_listen;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
@@ -95,6 +102,14 @@ class Worker {
   // false when one still runs (its thread references this object: the process should exit
   // without destroying it). Idempotent.
   bool Shutdown(absl::Duration grace);
+  // SIGTERM's first half: readiness turns NOT_SERVING, the worker tells the coordinator it is
+  // leaving (LeaveWorker: plans it takes part in get `timeout` to end, chunks only it holds
+  // are copied to a live replica where one can take them, then it is gone) and stops
+  // accepting plans; when the coordinator cannot be reached it waits up to `timeout` for its
+  // running fragments itself. Call Shutdown afterwards (it cancels what still runs).
+  void Drain(absl::Duration timeout);
+  // After Start: the address of the --health-listen server, empty when there is none.
+  const std::string& health_address() const { return health_address_; }
 
   const std::string& name() const { return options_.name; }
   // After Start: the HTTP server's bound address, empty when it is off.
@@ -128,6 +143,10 @@ class Worker {
   std::unique_ptr<grpc::Server> server_;
   HttpServer http_;
   std::string http_address_;
+  // grpc.health.v1.Health: ready while registered and not draining.
+  HealthStatus grpc_health_;
+  std::string health_address_;
+  std::atomic<bool> draining_{false};
   bool shut_down_ = false;
   bool stopped_cleanly_ = true;
 };

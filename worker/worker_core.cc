@@ -60,6 +60,7 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
   const Fragment& f = run->fragment;
   auto check_plan_id = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (shutting_down_) return absl::UnavailableError("worker is shutting down");
+    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
     if (ended_.contains(f.plan_id)) {
       return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " already finished"));
     }
@@ -532,6 +533,14 @@ void WorkerCore::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* running) { return *running == 0; }, &running_));
+}
+
+bool WorkerCore::StopAcceptingAndAwaitIdle(const std::string& reason, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  refusing_ = reason;
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](int* running) { return *running == 0; }, &running_),
+                              timeout);
 }
 
 int WorkerCore::running() const {

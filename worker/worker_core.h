@@ -126,6 +126,9 @@ class WorkerCore {
   bool Shutdown(absl::Duration grace);
   // Waits until no fragment runs (tests).
   void WaitIdle();
+  // A draining worker: Execute answers UNAVAILABLE `reason` from now on; running fragments go
+  // on. Waits up to `timeout` for them to end; true when none runs.
+  bool StopAcceptingAndAwaitIdle(const std::string& reason, absl::Duration timeout);
   int running() const;
 
  private:
@@ -147,6 +150,7 @@ class WorkerCore {
   absl::flat_hash_set<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string refusing_ ABSL_GUARDED_BY(mu_);  // Why Execute is refused (draining).
 };
 
 }  // namespace shardcoord
