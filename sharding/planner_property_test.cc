@@ -1,11 +1,10 @@
-// Random layouts (fixed seeds) through the planner, checked by a reference executor that
-// simulates every rank's memory and applies the plan as plan.h specifies.
+// Random layouts (fixed seeds) through the planner, checked by the reference executor
+// (sharding/reference_executor), which simulates every rank's memory and applies the plan as
+// plan.h specifies.
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <map>
-#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -21,6 +20,7 @@
 #include "sharding/placement.h"
 #include "sharding/plan.h"
 #include "sharding/planner.h"
+#include "sharding/reference_executor.h"
 
 namespace shardcoord {
 namespace {
@@ -31,30 +31,6 @@ int64_t Uniform(Rng& rng, int64_t lo, int64_t hi) {  // Inclusive.
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 bool Chance(Rng& rng, double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// Calls f(local index within the box, flat index in the tensor) for every element.
-template <typename F>
-void ForEachElement(const Box& box, const Shape& strides, F f) {
-  const int nd = box.ndim();
-  if (box.Empty()) return;
-  Shape idx(nd, 0);
-  int64_t local = 0;
-  while (true) {
-    int64_t flat = 0;
-    for (int d = 0; d < nd; ++d) flat += (box.offset(d) + idx[d]) * strides[d];
-    f(local++, flat);
-    int d = nd - 1;
-    while (d >= 0 && ++idx[d] == box.shape(d)) idx[d--] = 0;
-    if (d < 0) return;
-  }
-}
 
 // Random sizes summing to n over k pieces (zeros allowed).
 std::vector<int64_t> RandomSizes(Rng& rng, int64_t n, int64_t k) {
@@ -198,331 +174,24 @@ Layout RandomLayout(Rng& rng, const Shape& shape, const DeviceMesh* same_mesh, b
 
 // ---- Reference executor ----
 
-constexpr int64_t kPoison = std::numeric_limits<int64_t>::min() / 3;
-
-class Simulation {
- public:
-  Simulation(const Plan& plan, uint64_t seed) : plan_(plan), seed_(seed) {
-    const Layout& s = plan.source;
-    const Layout& t = plan.target;
-    shape_ = s.global_shape();
-    strides_ = RowMajorStrides(shape_);
-    total_ = Box::Whole(shape_).Volume();
-    np_ = s.num_partials();
-    noop_ = s.is_partial() && s == t;
-    for (const RankChunks& rc : s.ranks()) Id(rc.rank);
-    for (const RankChunks& rc : t.ranks()) Id(rc.rank);
-    const size_t n = ids_.size();
-    src_pos_.assign(n, std::vector<int64_t>(np_ * total_, -1));
-    src_mem_.assign(n, {});
-    tgt_mem_.assign(n, {});
-    for (const RankChunks& rc : s.ranks()) {
-      const int id = Id(rc.rank);
-      src_mem_[id].assign(rc.local_elements, kPoison);
-      for (const Chunk& c : rc.chunks) {
-        ForEachElement(c.box, strides_, [&](int64_t i, int64_t e) {
-          src_mem_[id][c.local_offset + i] = Contribution(c.partial_index, e);
-          src_pos_[id][c.partial_index * total_ + e] = c.local_offset + i;
-        });
-      }
-    }
-    for (const RankChunks& rc : t.ranks()) tgt_mem_[Id(rc.rank)].assign(rc.local_elements, kPoison);
-  }
-
-  int Id(int64_t rank) {
-    auto it = ids_.find(rank);
-    if (it != ids_.end()) return it->second;
-    const int id = static_cast<int>(ids_.size());
-    ids_[rank] = id;
-    return id;
-  }
-
-  int64_t Value(int64_t e) const {
-    return static_cast<int64_t>(Mix(seed_ * 1000003 + e) % 2000001) - 1000000;
-  }
-  // Contribution p of element e: the contributions reduce to Value(e) (avg: after division).
-  int64_t Contribution(int64_t p, int64_t e) const {
-    const Layout& s = plan_.source;
-    if (!s.is_partial()) return Value(e);
-    const uint64_t h = Mix(seed_ ^ Mix(e * 131 + p));
-    const int64_t small = static_cast<int64_t>(h % 1000) - 500;
-    const int64_t v = Value(e);
-    switch (s.partial_op()) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg: {
-        const int64_t want = s.partial_op() == ReduceOp::kAvg ? v * np_ : v;
-        if (p < np_ - 1) return small;
-        int64_t rest = want;
-        for (int64_t q = 0; q < np_ - 1; ++q) rest -= Contribution(q, e);
-        return rest;
-      }
-      case ReduceOp::kMin:
-      case ReduceOp::kMax: {
-        const int64_t exact = static_cast<int64_t>(Mix(e + seed_) % np_);
-        if (p == exact) return v;
-        const int64_t off = static_cast<int64_t>(h % 100) + 1;
-        return s.partial_op() == ReduceOp::kMin ? v + off : v - off;
-      }
-    }
-    return v;
-  }
-
-  // Which target chunks a piece of contribution p lands in: those that need a value, or in
-  // the no-op plan (target == Partial source) the chunk of the same contribution.
-  bool Receives(const Chunk& c, int64_t p) const { return noop_ ? c.partial_index == p : Needs(c); }
-
-  bool Needs(const Chunk& c) const {
-    const Layout& t = plan_.target;
-    return !(t.is_partial() && t.partial_op() == ReduceOp::kSum && c.partial_index != 0);
-  }
-
-  int64_t Combine(int64_t a, int64_t b) const {
-    switch (plan_.reduce_op) {
-      case ReduceOp::kMin:
-        return std::min(a, b);
-      case ReduceOp::kMax:
-        return std::max(a, b);
-      default:
-        return a + b;
-    }
-  }
-
-  // Moves `box` (contribution p) from src's source memory into dst's target memory.
-  void Deliver(int64_t src, int64_t dst, const Box& box, bool reduce, int64_t p,
-               const std::string& what) {
-    const RankChunks* sc = plan_.source.Find(src);
-    const RankChunks* tc = plan_.target.Find(dst);
-    ASSERT_NE(sc, nullptr) << what << ": sender holds nothing of the source";
-    ASSERT_NE(tc, nullptr) << what << ": receiver holds nothing of the target";
-    bool in_src = false, in_tgt = false;
-    for (const Chunk& c : sc->chunks) {
-      in_src |= (!plan_.source.is_partial() || c.partial_index == p) && c.box.Contains(box);
-    }
-    for (const Chunk& c : tc->chunks) in_tgt |= Receives(c, p) && c.box.Contains(box);
-    ASSERT_TRUE(in_src) << what << ": box not inside one source chunk of rank " << src;
-    ASSERT_TRUE(in_tgt) << what << ": box not inside one needing target chunk of rank " << dst;
-    const int s = Id(src), d = Id(dst);
-    ForEachElement(box, strides_, [&](int64_t, int64_t e) {
-      const int64_t pos = src_pos_[s][(plan_.source.is_partial() ? p : 0) * total_ + e];
-      ASSERT_GE(pos, 0);
-      const int64_t v = src_mem_[s][pos];
-      ++deliveries_[{dst, e, reduce ? p : 0}];
-      for (const Chunk& c : tc->chunks) {
-        if (!Receives(c, p) || !c.box.Contains(Box(Coord(e), Shape(shape_.size(), 1)))) {
-          continue;
-        }
-        int64_t& slot = tgt_mem_[d][c.local_offset + LocalIndex(c.box, e)];
-        slot = reduce ? Combine(slot, v) : v;
-      }
-    });
-  }
-
-  Shape Coord(int64_t e) const {
-    Shape c(shape_.size());
-    for (size_t d = 0; d < shape_.size(); ++d) {
-      c[d] = e / strides_[d];
-      e %= strides_[d];
-    }
-    return c;
-  }
-  int64_t LocalIndex(const Box& box, int64_t e) const {
-    const Shape c = Coord(e);
-    int64_t i = 0;
-    for (int d = 0; d < box.ndim(); ++d) i = i * box.shape(d) + (c[d] - box.offset(d));
-    return i;
-  }
-
-  // Applies the plan. With `collectives`, reducing collective steps run as the collective:
-  // their marked local copies are skipped and each receiver combines every member's
-  // contribution over the boxes it receives.
-  void Execute(bool collectives) {
-    bool any_reduce = false;
-    for (const LocalCopy& c : plan_.local_copies) any_reduce |= c.reduce;
-    for (const Step& s : plan_.steps) {
-      for (const Transfer& t : s.transfers) any_reduce |= t.reduce;
-    }
-    int64_t identity = 0;
-    if (plan_.reduce_op == ReduceOp::kMin) identity = std::numeric_limits<int64_t>::max();
-    if (plan_.reduce_op == ReduceOp::kMax) identity = std::numeric_limits<int64_t>::min();
-    for (const RankChunks& rc : plan_.target.ranks()) {
-      const int id = Id(rc.rank);
-      const bool zero =
-          std::binary_search(plan_.zero_fill_ranks.begin(), plan_.zero_fill_ranks.end(), rc.rank);
-      for (const Chunk& c : rc.chunks) {
-        const bool needs = Needs(c);
-        if (!needs && !zero) continue;
-        if (needs && !any_reduce) continue;
-        for (int64_t i = 0; i < c.box.Volume(); ++i) {
-          tgt_mem_[id][c.local_offset + i] = needs ? identity : 0;
-        }
-      }
-    }
-    for (const LocalCopy& c : plan_.local_copies) {
-      if (collectives && c.collective_step >= 0) continue;
-      Deliver(c.rank, c.rank, c.box, c.reduce, c.partial_index,
-              absl::StrCat("local copy on rank ", c.rank, " ", c.box.ToString()));
-    }
-    for (size_t si = 0; si < plan_.steps.size(); ++si) {
-      const Step& s = plan_.steps[si];
-      const bool reducing = s.op == StepOp::kAllReduce || s.op == StepOp::kReduceScatter;
-      if (collectives && reducing) {
-        RunReducingCollective(s);
-        continue;
-      }
-      for (const Transfer& t : s.transfers) {
-        Deliver(t.src, t.dst, t.box, t.reduce, t.partial_index,
-                absl::StrCat("transfer ", t.src, "->", t.dst, " ", t.box.ToString()));
-      }
-    }
-    if (plan_.divide_by > 1) {
-      for (const RankChunks& rc : plan_.target.ranks()) {
-        for (const Chunk& c : rc.chunks) {
-          if (!Needs(c)) continue;
-          for (int64_t i = 0; i < c.box.Volume(); ++i) {
-            tgt_mem_[Id(rc.rank)][c.local_offset + i] /= plan_.divide_by;
-          }
-        }
-      }
-    }
-  }
-
-  void RunReducingCollective(const Step& s) {
-    std::map<int64_t, int64_t> partial_of;
-    std::map<int64_t, std::set<Box>> received;
-    for (const Transfer& t : s.transfers) {
-      partial_of[t.src] = t.partial_index;
-      received[t.dst].insert(t.box);
-    }
-    for (const auto& [dst, boxes] : received) {
-      for (const Box& b : boxes) {
-        for (int64_t member : s.ranks) {
-          Deliver(member, dst, b, true, partial_of[member],
-                  absl::StrCat("collective ", StepOpName(s.op), " into ", dst));
-        }
-      }
-    }
-  }
-
-  // Every needed element got each contribution exactly once and holds the right value.
-  void Check() {
-    const Layout& t = plan_.target;
-    const bool noop = plan_.source.is_partial() && plan_.source == t;
-    for (const RankChunks& rc : t.ranks()) {
-      const int id = Id(rc.rank);
-      std::set<int64_t> needed;
-      for (const Chunk& c : rc.chunks) {
-        ForEachElement(c.box, strides_, [&](int64_t i, int64_t e) {
-          const int64_t got = tgt_mem_[id][c.local_offset + i];
-          int64_t want = Needs(c) ? Value(e) : 0;
-          if (noop) want = Contribution(c.partial_index, e);
-          ASSERT_EQ(got, want) << "rank " << rc.rank << " chunk " << c.box.ToString() << " partial "
-                               << c.partial_index << " element " << e;
-          if (Needs(c)) needed.insert(e);
-        });
-      }
-      const bool reduced = plan_.source.is_partial() && !noop;
-      for (int64_t e : needed) {
-        if (noop) continue;
-        for (int64_t p = 0; p < (reduced ? np_ : 1); ++p) {
-          auto it = deliveries_.find({rc.rank, e, p});
-          const int64_t n = it == deliveries_.end() ? 0 : it->second;
-          ASSERT_EQ(n, 1) << "rank " << rc.rank << " element " << e << " contribution " << p;
-        }
-      }
-    }
-  }
-
-  // Bytes each destination needs and does not hold, counted element by element.
-  int64_t BruteForceLowerBound() {
-    const Layout& t = plan_.target;
-    if (plan_.source.is_partial() && plan_.source == t) return 0;
-    const int64_t esize = ElementSize(plan_.dtype);
-    const bool reduced = plan_.source.is_partial();
-    int64_t bytes = 0;
-    for (const RankChunks& rc : t.ranks()) {
-      const int id = Id(rc.rank);
-      std::set<int64_t> needed;
-      for (const Chunk& c : rc.chunks) {
-        if (!Needs(c)) continue;
-        ForEachElement(c.box, strides_, [&](int64_t, int64_t e) { needed.insert(e); });
-      }
-      for (int64_t e : needed) {
-        for (int64_t p = 0; p < (reduced ? np_ : 1); ++p) {
-          if (src_pos_[id][p * total_ + e] < 0) bytes += esize;
-        }
-      }
-    }
-    return bytes;
-  }
-
- private:
-  const Plan& plan_;
-  uint64_t seed_;
-  Shape shape_, strides_;
-  int64_t total_ = 0, np_ = 1;
-  bool noop_ = false;
-  std::map<int64_t, int> ids_;
-  std::vector<std::vector<int64_t>> src_pos_;  // By rank id: (partial, element) -> local.
-  std::vector<std::vector<int64_t>> src_mem_, tgt_mem_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> deliveries_;
-};
-
-// Structural invariants of a plan, independent of values.
-void CheckStructure(const Plan& plan, const PlanOptions& options) {
-  const int64_t esize = ElementSize(plan.dtype);
-  int64_t moved = 0;
-  std::map<int64_t, std::pair<int64_t, int64_t>> traffic;
-  for (size_t si = 0; si < plan.steps.size(); ++si) {
-    const Step& s = plan.steps[si];
-    int64_t step_bytes = 0;
-    const std::set<int64_t> group(s.ranks.begin(), s.ranks.end());
-    ASSERT_EQ(group.size(), s.ranks.size()) << "step " << si << " lists a rank twice";
-    ASSERT_FALSE(s.transfers.empty()) << "step " << si << " moves nothing";
-    for (const Transfer& t : s.transfers) {
-      ASSERT_NE(t.src, t.dst) << "step " << si << " transfer " << t.box.ToString();
-      ASSERT_FALSE(t.box.Empty());
-      ASSERT_EQ(t.bytes, t.box.Volume() * esize);
-      ASSERT_TRUE(group.count(t.src) && group.count(t.dst))
-          << "step " << si << " transfer " << t.src << "->" << t.dst << " leaves its group";
-      ASSERT_EQ(t.reduce, plan.source.is_partial());
-      step_bytes += t.bytes;
-      traffic[t.src].first += t.bytes;
-      traffic[t.dst].second += t.bytes;
-    }
-    ASSERT_EQ(s.bytes, step_bytes);
-    const double estimate = EstimateStep(options.cost, HostMapFor(options), s);
-    ASSERT_NEAR(s.estimated_seconds, estimate, 1e-9 * estimate) << "step " << si;
-    moved += step_bytes;
-    if (s.op == StepOp::kBroadcast) {
-      for (const Transfer& t : s.transfers) ASSERT_EQ(t.src, s.root);
-    }
-  }
-  ASSERT_EQ(plan.bytes_moved, moved);
-  // Hosts: every transfer is within or across; a piece crosses hosts only when no copy of it
-  // is on the destination's host, so the crossing bytes are exactly the cross-host bound.
+// What the reference executor (sharding/reference_executor) does not know: the options the
+// plan was made with. Estimates match the cost model; every transfer is within or across
+// hosts, and a piece crosses hosts only when no copy of it is on the destination's host, so
+// the crossing bytes are exactly the cross-host bound.
+void CheckAgainstOptions(const Plan& plan, const PlanOptions& options) {
   const HostMap hosts = HostMapFor(options);
   int64_t across = 0;
-  for (const Step& s : plan.steps) {
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const Step& s = plan.steps[si];
+    const double estimate = EstimateStep(options.cost, hosts, s);
+    ASSERT_NEAR(s.estimated_seconds, estimate, 1e-9 * estimate) << "step " << si;
     for (const Transfer& t : s.transfers) across += hosts.SameHost(t.src, t.dst) ? 0 : t.bytes;
   }
   ASSERT_EQ(plan.bytes_across_hosts, across);
   ASSERT_EQ(plan.bytes_within_hosts + plan.bytes_across_hosts, plan.bytes_moved);
   ASSERT_EQ(plan.bytes_across_hosts, plan.cross_host_lower_bound_bytes);
-  const double total = EstimatePlan(options.cost, HostMapFor(options), plan);
+  const double total = EstimatePlan(options.cost, hosts, plan);
   ASSERT_NEAR(plan.estimated_seconds, total, 1e-9 * total);
-  for (const RankTraffic& t : plan.traffic) {
-    ASSERT_EQ(t.bytes_sent, traffic[t.rank].first) << "rank " << t.rank;
-    ASSERT_EQ(t.bytes_received, traffic[t.rank].second) << "rank " << t.rank;
-  }
-  for (const LocalCopy& c : plan.local_copies) {
-    ASSERT_FALSE(c.box.Empty());
-    if (c.collective_step < 0) continue;
-    ASSERT_LT(c.collective_step, static_cast<int64_t>(plan.steps.size()));
-    const Step& s = plan.steps[c.collective_step];
-    ASSERT_TRUE(s.op == StepOp::kAllReduce || s.op == StepOp::kReduceScatter);
-    ASSERT_TRUE(c.reduce);
-    ASSERT_NE(std::find(s.ranks.begin(), s.ranks.end(), c.rank), s.ranks.end());
-  }
 }
 
 // For placement sources (every holder set is one source box's replicas, and the sets are
@@ -604,19 +273,17 @@ void RunCase(uint64_t seed) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   SCOPED_TRACE(absl::StrCat("seed ", seed, " shape ", ShapeToString(shape), "\n  source ",
                             Describe(plan->source), "\n  target ", Describe(plan->target)));
-  CheckStructure(*plan, options);
+  const absl::Status structure = CheckPlanStructure(*plan);
+  ASSERT_TRUE(structure.ok()) << structure;
+  CheckAgainstOptions(*plan, options);
+  if (::testing::Test::HasFatalFailure()) return;
   for (bool collectives : {false, true}) {
-    Simulation sim(*plan, seed);
-    sim.Execute(collectives);
-    if (::testing::Test::HasFatalFailure()) return;
-    sim.Check();
-    if (::testing::Test::HasFatalFailure()) return;
-    if (!collectives) {
-      const int64_t lb = sim.BruteForceLowerBound();
-      ASSERT_EQ(plan->lower_bound_bytes, lb);
-      ASSERT_EQ(plan->bytes_moved, plan->lower_bound_bytes);
-    }
+    const absl::Status executed = CheckPlanByExecution(*plan, seed, collectives);
+    ASSERT_TRUE(executed.ok()) << (collectives ? "with" : "without")
+                               << " collectives: " << executed;
   }
+  ASSERT_EQ(plan->lower_bound_bytes, BruteForceLowerBound(*plan));
+  if (!plan->source.is_partial()) ASSERT_EQ(plan->bytes_moved, plan->lower_bound_bytes);
   CheckBalance(*plan, options);
   // Deterministic: planning again gives the same plan.
   absl::StatusOr<Plan> again = gather ? Gather(source, gather_ranks, dtype, options)
