@@ -18,8 +18,8 @@
 //                   worker binary has no --memory-budget)
 // then, after the clusters stop, torch: bench/torch_fsdp_reshard.py (all-gather the flat
 // shards with torch.distributed Gloo, each rank copies out its Megatron shards).
-// Latency: p50/p99 of a 4 KiB redistribute, each right after a bare unary RPC (GetMesh), and
-// of a RedistributeGroup of --group_tensors 4 KiB tensors.
+// Latency: p50/p99 of a 4 KiB redistribute and of a bare unary RPC (GetMesh), in blocks of 20
+// that take turns, and of a RedistributeGroup of --group_tensors 4 KiB tensors.
 // Every destination value is checked once after the timed repetitions (downloads against the
 // fill formula; attached ones inside the user processes' own memory).
 
@@ -42,6 +42,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -71,9 +72,12 @@ ABSL_FLAG(bool, budget, true, "Time the group under --memory-budget when workers
 ABSL_FLAG(int64_t, budget_slack_mib, 64, "Budget above each worker's committed bytes.");
 ABSL_FLAG(bool, torch, true, "Run the torch.distributed peer when available.");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch for the torch peer.");
-ABSL_FLAG(int, latency_runs, 200, "4 KiB redistributes (each paired with a bare RPC).");
+ABSL_FLAG(int, latency_runs, 200, "4 KiB redistributes (and as many bare RPCs).");
 ABSL_FLAG(int, group_tensors, 1000, "Tensors of 4 KiB in the small-tensor group.");
 ABSL_FLAG(int, group_reps, 10, "Repetitions of the small-tensor group.");
+ABSL_FLAG(std::string, state, "sqlite",
+          "The coordinator's state: sqlite (--state-dir in a temporary directory, durable "
+          "commits as deployed) or memory.");
 ABSL_FLAG(bool, check_values, true, "Check every destination value after the timed reps.");
 ABSL_FLAG(std::string, log_dir, "",
           "Keep the daemons' logs here; default: a temporary directory, removed.");
@@ -406,6 +410,54 @@ std::vector<std::pair<std::string, int64_t>> MemoryFields(const v1::WorkerInfo& 
   return out;
 }
 
+// ---- Where a small plan's time goes, from its trace (the coordinator's and workers' clocks:
+// one host here).
+
+struct ClientSpan {
+  std::string plan_id;
+  absl::Time start, end;  // At the client: the call and its answer.
+};
+
+struct Phase {
+  std::string name;
+  Stats stats;
+};
+
+// Medians of each phase of the last (up to 100) spans' plans: client -> coordinator (call,
+// checks, planning, version), dispatch (Execute to the first worker's fragment start), the
+// skew of fragment starts, the fragments (last start to last end: the step), reports (last
+// end to the last report in), commit (validation, the durable write) and the answer (what
+// follows the commit until the client has the reply).
+std::vector<Phase> LatencyPhases(CoordinatorClient& c, const std::vector<ClientSpan>& spans) {
+  std::vector<Phase> phases = {{"client_to_planned"}, {"dispatch"}, {"start_skew"},
+                               {"fragments"},         {"reports"},  {"validate_commit"},
+                               {"answer"}};
+  const size_t from = spans.size() > 100 ? spans.size() - 100 : 0;
+  for (size_t i = from; i < spans.size(); ++i) {
+    absl::StatusOr<v1::PlanTrace> t = c.GetPlanTrace(spans[i].plan_id);
+    if (!t.ok() || t->ranks_size() == 0 || t->end_unix_us() == 0) continue;
+    int64_t first_start = INT64_MAX, last_start = 0, last_end = 0;
+    for (const v1::RankTrace& r : t->ranks()) {
+      first_start = std::min(first_start, r.start_unix_us());
+      last_start = std::max(last_start, r.start_unix_us());
+      last_end = std::max(last_end, r.end_unix_us());
+    }
+    const int64_t marks[] = {absl::ToUnixMicros(spans[i].start),
+                             t->start_unix_us(),
+                             first_start,
+                             last_start,
+                             last_end,
+                             t->transferred_unix_us(),
+                             t->end_unix_us(),
+                             absl::ToUnixMicros(spans[i].end)};
+    for (size_t k = 0; k < phases.size(); ++k) {
+      phases[k].stats.seconds.push_back(static_cast<double>(marks[k + 1] - marks[k]) * 1e-6);
+    }
+  }
+  if (phases[0].stats.seconds.empty()) return {};
+  return phases;
+}
+
 // ---- The run.
 
 struct Kind {
@@ -471,6 +523,12 @@ int Run() {
   options.echo_stdout = false;
   options.log_dir = log_dir;
   options.worker_flags = {absl::StrCat("--local-socket=", sockets, "/{name}.sock")};
+  const std::string state = absl::GetFlag(FLAGS_state);
+  if (state == "sqlite") {
+    options.state_dir = tmp + "/state";
+  } else if (state != "memory") {
+    Die(absl::StrCat("--state ", state, ": want sqlite or memory"));
+  }
   say(absl::StrCat("starting a coordinator and ", kWorkers, " workers (logs in ", log_dir, ")"));
   std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
   CoordinatorClient& client = cluster->client();
@@ -502,6 +560,7 @@ int Run() {
     ClusterOptions b = options;
     b.worker_flags = {"--local-socket=off", absl::StrCat("--memory-budget=", budget_bytes)};
     b.log_dir = absl::StrCat(log_dir, "/budget");
+    if (!b.state_dir.empty()) b.state_dir = tmp + "/budget_state";
     std::filesystem::create_directories(b.log_dir);
     say(absl::StrCat("starting a second cluster with --memory-budget=", budget_bytes));
     budget_cluster = OrDie(Cluster::Start(b), "budget cluster");
@@ -587,17 +646,28 @@ int Run() {
   say(absl::StrCat("timing ", latency_runs, " redistributes of a 4 KiB tensor"));
   OrDie(CreateFilled(client, "small", {32, 32}, DType::kF32, kFlatMesh, "S(0)"), "create small");
   Stats latency, bare_rpc, small_group;
+  std::vector<ClientSpan> spans;
+  // Blocks of bare RPCs and of redistributes take turns, so both see the machine's load, but
+  // the bare RPCs are not measured in the tail of a plan (its asynchronous buffer drops).
+  constexpr int kBlock = 20;
   for (int i = 0; i < latency_runs; ++i) {
+    if (i % kBlock == 0) {
+      for (int k = 0; k < kBlock; ++k) {
+        const absl::Time rpc_start = absl::Now();
+        OrDie(client.GetMesh(kFlatMesh), "bare GetMesh");
+        bare_rpc.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
+      }
+    }
     const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
-    const absl::Time rpc_start = absl::Now();
-    OrDie(client.GetMesh(kFlatMesh), "bare GetMesh");
-    bare_rpc.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
     const absl::Time start = absl::Now();
     v1::RedistributeResponse r =
         OrDie(client.Redistribute(RedistributeTo("small", "", spec)), "small redistribute");
-    latency.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    const absl::Time end = absl::Now();
+    latency.seconds.push_back(absl::ToDoubleSeconds(end - start));
     if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
+    spans.push_back({r.progress().plan_id(), start, end});
   }
+  const std::vector<Phase> phases = LatencyPhases(client, spans);
   say(absl::StrCat("timing ", group_reps, " groups of ", group_tensors, " 4 KiB tensors"));
   for (int i = 0; i < group_tensors; ++i) {
     OrDie(CreateFilled(client, absl::StrCat("small/", i), {32, 32}, DType::kF32, kFlatMesh, "S(0)"),
@@ -676,6 +746,7 @@ int Run() {
     JsonWriter j;
     j.BeginObject();
     j.Key("tensors").Int(static_cast<int64_t>(w.params.size()));
+    j.Key("state").String(state);
     j.Key("model_bytes").Int(w.bytes()).Key("dtype").String(DTypeName(w.config.dtype));
     j.Key("group_kind").String("CopyGroup");
     j.Key("bytes_moved").Int(moved).Key("lower_bound_bytes").Int(first.lower_bound_bytes());
@@ -715,6 +786,9 @@ int Run() {
     j.Key("redistribute_4k_p99_ms").Double(latency.Percentile(99) * 1e3);
     j.Key("bare_rpc_p50_ms").Double(rpc_p50 * 1e3);
     j.Key("bare_rpc_p99_ms").Double(bare_rpc.Percentile(99) * 1e3);
+    j.Key("redistribute_4k_phases_median_ms").BeginObject();
+    for (const Phase& ph : phases) j.Key(ph.name).Double(ph.stats.Median() * 1e3);
+    j.EndObject();
     j.Key("group_tensors").Int(group_tensors).Key("group_reps").Int(group_reps);
     j.Key("group_p50_ms").Double(group_p50 * 1e3);
     j.Key("group_p99_ms").Double(small_group.Percentile(99) * 1e3);
@@ -762,6 +836,13 @@ int Run() {
               lat_p50 * 1e3, latency.Percentile(99) * 1e3, rpc_p50 * 1e3,
               bare_rpc.Percentile(99) * 1e3);
   std::printf("  4 KiB p50 / bare RPC p50  %6.2f  (goal <= 5)\n", lat_p50 / rpc_p50);
+  if (!phases.empty()) {
+    std::vector<std::string> parts;
+    for (const Phase& ph : phases) {
+      parts.push_back(absl::StrFormat("%s %.3f", ph.name, ph.stats.Median() * 1e3));
+    }
+    std::printf("  its phases, median ms: %s\n", absl::StrJoin(parts, ", ").c_str());
+  }
   std::printf("  group of %d x 4 KiB: p50 %.1f ms p99 %.1f ms; / one 4 KiB p50 %.1f (goal <= 20)\n",
               group_tensors, group_p50 * 1e3, small_group.Percentile(99) * 1e3,
               group_p50 / lat_p50);
