@@ -33,6 +33,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -458,6 +459,29 @@ std::vector<Phase> LatencyPhases(CoordinatorClient& c, const std::vector<ClientS
   return phases;
 }
 
+// User + system CPU seconds the processes have used so far (/proc/PID/stat).
+double CpuSeconds(const std::vector<pid_t>& pids) {
+  double total = 0;
+  for (pid_t pid : pids) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+    int64_t utime = 0, stime = 0;  // Fields 14 and 15 of the whole line.
+    if (f.size() > 12 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime)) {
+      total += static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+    }
+  }
+  return total;
+}
+
+std::vector<pid_t> WorkerPids(const Cluster& cluster) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < cluster.num_workers(); ++i) pids.push_back(cluster.worker_pid(i));
+  return pids;
+}
+
 // ---- The run.
 
 struct Kind {
@@ -465,6 +489,7 @@ struct Kind {
   bool ran = false;
   std::string skipped;
   Stats stats;
+  Stats worker_cpu;  // The workers' CPU seconds per repetition (shardcoord kinds).
 };
 
 void WriteKind(JsonWriter& w, const Kind& k, int64_t bytes) {
@@ -479,6 +504,9 @@ void WriteKind(JsonWriter& w, const Kind& k, int64_t bytes) {
   w.Key("seconds").BeginArray();
   for (double s : k.stats.seconds) w.Double(s);
   w.EndArray();
+  if (!k.worker_cpu.seconds.empty()) {
+    w.Key("worker_cpu_median_seconds").Double(k.worker_cpu.Median());
+  }
   w.EndObject();
 }
 
@@ -598,13 +626,18 @@ int Run() {
   if (budget_cluster) TimeGroup(budget_cluster->client(), group_request, "warm-up budget group");
 
   std::vector<double> paired_gloo, paired_attached;  // Per rep: other's seconds / group's.
+  const std::vector<pid_t> pids = WorkerPids(*cluster);
   for (int i = 0; i < reps; ++i) {
+    double cpu = CpuSeconds(pids);
     auto [seconds, r] = TimeGroup(client, group_request, "group");
+    group.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
     if (r.bytes_moved() != moved) Die("a repetition moved a different byte count");
     group.stats.seconds.push_back(seconds);
     std::string line = absl::StrCat("  rep ", i, ": group ", seconds, " s");
     if (absl::GetFlag(FLAGS_per_tensor)) {
+      cpu = CpuSeconds(pids);
       per_tensor.stats.seconds.push_back(TimePerTensor(client, w, kSrc, kPerTensorDst));
+      per_tensor.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
       absl::StrAppend(&line, ", per_tensor ", per_tensor.stats.seconds.back(), " s");
     }
     PeerResult g = bench::RunGlooAlltoall(matrix, kWorkers, 1, tmp);
@@ -613,13 +646,18 @@ int Run() {
     paired_gloo.push_back(g.stats.seconds[0] / seconds);
     absl::StrAppend(&line, ", gloo_floor ", g.stats.seconds[0], " s");
     if (users) {
+      cpu = CpuSeconds(pids);
       auto [a, ar] = TimeGroup(client, attached_request, "attached group");
+      attached.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
       attached.stats.seconds.push_back(a);
       paired_attached.push_back(seconds / a);
       absl::StrAppend(&line, ", group_attached ", a, " s");
     }
     if (budget_cluster) {
+      const std::vector<pid_t> budget_pids = WorkerPids(*budget_cluster);
+      cpu = CpuSeconds(budget_pids);
       auto [b, br] = TimeGroup(budget_cluster->client(), group_request, "budget group");
+      budget.worker_cpu.seconds.push_back(CpuSeconds(budget_pids) - cpu);
       budget.stats.seconds.push_back(b);
       absl::StrAppend(&line, ", group_budget ", b, " s");
     }
@@ -775,6 +813,10 @@ int Run() {
     j.Key("group_budget_vs_gloo_floor").Double(Ratio(budget, gloo));
     j.Key("group_attached_vs_group").Double(Ratio(attached, group));
     if (attached.ran) {
+      j.Key("group_attached_vs_group_worker_cpu")
+          .Double(group.worker_cpu.Median() / attached.worker_cpu.Median());
+    }
+    if (attached.ran) {
       j.Key("group_attached_vs_group_paired_median").Double(Stats{paired_attached}.Median());
     }
     j.Key("latency_4k_p50_vs_bare_rpc_p50").Double(lat_p50 / rpc_p50);
@@ -805,11 +847,15 @@ int Run() {
       w.params.size(), static_cast<long long>(w.bytes()), DTypeName(w.config.dtype).c_str(),
       static_cast<long long>(moved), static_cast<long long>(first.lower_bound_bytes()), reps,
       first_seconds);
-  std::printf("%-16s %10s %10s %10s\n", "", "best s", "median s", "GB/s");
+  std::printf("%-16s %10s %10s %10s %16s\n", "", "best s", "median s", "GB/s",
+              "workers' CPU s");
   for (const Kind* k : {&group, &per_tensor, &gloo, &torch, &attached, &budget}) {
     if (k->ran) {
-      std::printf("%-16s %10.4f %10.4f %10.3f\n", k->name.c_str(), k->stats.Best(),
-                  k->stats.Median(), GBps(moved, k->stats.Best()));
+      std::printf("%-16s %10.4f %10.4f %10.3f %16s\n", k->name.c_str(), k->stats.Best(),
+                  k->stats.Median(), GBps(moved, k->stats.Best()),
+                  k->worker_cpu.seconds.empty()
+                      ? ""
+                      : absl::StrFormat("%.3f", k->worker_cpu.Median()).c_str());
     } else {
       std::printf("%-16s skipped: %s\n", k->name.c_str(), k->skipped.c_str());
     }
@@ -830,7 +876,11 @@ int Run() {
   std::printf("  group / torch             %6.3f  (goal >= 2)\n", Ratio(group, torch));
   std::printf("  group_budget / gloo_floor %6.3f  (goal >= 0.6)\n", Ratio(budget, gloo));
   std::printf("  group_attached / group    %6.3f  (goal >= 0.9%s)\n", Ratio(attached, group),
-              attached.ran ? absl::StrCat("; paired median ", Stats{paired_attached}.Median()).c_str()
+              attached.ran ? absl::StrFormat("; paired median %.3f; workers' CPU %.3f",
+                                             Stats{paired_attached}.Median(),
+                                             group.worker_cpu.Median() /
+                                                 attached.worker_cpu.Median())
+                                 .c_str()
                            : "");
   std::printf("latency: 4 KiB redistribute p50 %.3f ms p99 %.3f ms; bare RPC p50 %.3f ms p99 %.3f ms\n",
               lat_p50 * 1e3, latency.Percentile(99) * 1e3, rpc_p50 * 1e3,
