@@ -19,7 +19,6 @@
 //    "a 4 KiB redistribute costs at most 5x a bare round trip", paired under the same load.
 // GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
 
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,9 +35,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_common.h"
 #include "client/coordinator_client.h"
 #include "common/json_writer.h"
-#include "bench/bench_common.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"

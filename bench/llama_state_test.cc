@@ -70,8 +70,7 @@ TEST(LlamaStateTest, FourRanksCutTheModelIntoEqualQuarters) {
   const std::vector<FlatRange> ranges = FsdpRankRanges(total, 4);
   for (const FlatRange& r : ranges) EXPECT_EQ(r.end - r.start, total / 4);
   // The embedding (32.8M elements) is wholly rank 0's; a quarter (67.8M) ends inside layer 2.
-  EXPECT_THAT(FsdpFlatSpec(params[0], total, 4)[0],
-              ::testing::ElementsAre(FlatRange{0, 32768000}));
+  EXPECT_THAT(FsdpFlatSpec(params[0], total, 4)[0], ::testing::ElementsAre(FlatRange{0, 32768000}));
   EXPECT_TRUE(FsdpFlatSpec(params[0], total, 4)[1].empty());
 }
 

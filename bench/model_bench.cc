@@ -41,6 +41,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -157,9 +158,8 @@ void CreateModel(CoordinatorClient& c, const Workload& w, const char* src,
                                        SeedOf(i))),
           "create " + Name(src, p));
     for (const char* dst : dsts) {
-      OrDie(c.CreateTensor(CreateRequest(Name(dst, p), p.shape, w.config.dtype, kTpMesh,
-                                         p.megatron, false, attached ? v1::ATTACHED : v1::ZEROS,
-                                         0)),
+      OrDie(c.CreateTensor(CreateRequest(Name(dst, p), p.shape, w.config.dtype, kTpMesh, p.megatron,
+                                         false, attached ? v1::ATTACHED : v1::ZEROS, 0)),
             "create " + Name(dst, p));
     }
   }
@@ -238,8 +238,8 @@ int RunAttachChild() {
   const Workload w = MakeWorkload();
   const int64_t esize = ElementSize(w.config.dtype);
   CoordinatorClient c(absl::GetFlag(FLAGS_attach_child_coordinator));
-  std::unique_ptr<LocalAttachClient> local = OrDie(
-      LocalAttachClient::Connect(absl::GetFlag(FLAGS_attach_child_socket)), "local socket");
+  std::unique_ptr<LocalAttachClient> local =
+      OrDie(LocalAttachClient::Connect(absl::GetFlag(FLAGS_attach_child_socket)), "local socket");
 
   struct Lent {
     v1::TensorInfo info;
@@ -294,7 +294,9 @@ int RunAttachChild() {
       ++attached;
     }
   }
-  std::printf("attached %d buffers of rank %lld\n", attached, static_cast<long long>(rank));
+  std::printf("attached %d buffers of rank %lld huge_pages %d\n", attached,
+              static_cast<long long>(rank),
+              src.memory->huge_pages() && dst.memory->huge_pages() ? 1 : 0);
   std::fflush(stdout);
 
   for (;;) {
@@ -331,19 +333,26 @@ class AttachedUsers {
       ProcessOptions options;
       options.name = absl::StrCat("user", info.rank());
       options.echo_stdout = false;
-      children_.push_back(OrDie(
-          Process::Start({self, absl::StrCat("--attach_child_rank=", info.rank()),
-                          absl::StrCat("--attach_child_coordinator=", cluster.coordinator_address()),
-                          absl::StrCat("--attach_child_socket=", info.local_socket()),
-                          absl::StrCat("--layers=", w.config.layers),
-                          absl::StrCat("--hidden=", w.config.hidden),
-                          absl::StrCat("--intermediate=", w.config.intermediate),
-                          absl::StrCat("--vocab=", w.config.vocab)},
-                         options),
-          "start " + options.name));
+      children_.push_back(
+          OrDie(Process::Start(
+                    {self, absl::StrCat("--attach_child_rank=", info.rank()),
+                     absl::StrCat("--attach_child_coordinator=", cluster.coordinator_address()),
+                     absl::StrCat("--attach_child_socket=", info.local_socket()),
+                     absl::StrCat("--layers=", w.config.layers),
+                     absl::StrCat("--hidden=", w.config.hidden),
+                     absl::StrCat("--intermediate=", w.config.intermediate),
+                     absl::StrCat("--vocab=", w.config.vocab)},
+                    options),
+                "start " + options.name));
     }
-    for (auto& child : children_) OrDie(child->WaitForLine("attached", kChildTimeout), child->name());
+    for (auto& child : children_) {
+      const std::string line = OrDie(child->WaitForLine("attached", kChildTimeout), child->name());
+      huge_pages_ = huge_pages_ && absl::EndsWith(line, "huge_pages 1");
+    }
   }
+
+  // Whether every lent buffer is in huge pages (hugetlbfs memfds: the host reserved them).
+  bool huge_pages() const { return huge_pages_; }
 
   // Every destination value, in the user processes' memory; dies on a mismatch. Once.
   int64_t Check() {
@@ -369,6 +378,7 @@ class AttachedUsers {
 
  private:
   std::vector<std::unique_ptr<Process>> children_;
+  bool huge_pages_ = true;
 };
 
 // ---- group_budget: whether the worker binary has --memory-budget, and what workers report.
@@ -430,9 +440,9 @@ struct Phase {
 // end to the last report in), commit (validation, the durable write) and the answer (what
 // follows the commit until the client has the reply).
 std::vector<Phase> LatencyPhases(CoordinatorClient& c, const std::vector<ClientSpan>& spans) {
-  std::vector<Phase> phases = {{"client_to_planned"}, {"dispatch"}, {"start_skew"},
-                               {"fragments"},         {"reports"},  {"validate_commit"},
-                               {"answer"}};
+  std::vector<Phase> phases = {
+      {"client_to_planned"}, {"dispatch"},        {"start_skew"}, {"fragments"},
+      {"reports"},           {"validate_commit"}, {"answer"}};
   const size_t from = spans.size() > 100 ? spans.size() - 100 : 0;
   for (size_t i = from; i < spans.size(); ++i) {
     absl::StatusOr<v1::PlanTrace> t = c.GetPlanTrace(spans[i].plan_id);
@@ -573,10 +583,12 @@ int Run() {
   const std::vector<int64_t> committed = HeldBytes(client, w, {kSrc, kDst}, ranks);
 
   std::unique_ptr<AttachedUsers> users;
+  bool attached_huge_pages = false;
   if (absl::GetFlag(FLAGS_attached)) {
     say("creating the attached model and four user processes lending its buffers");
     CreateModel(client, w, kAttachedSrc, {kAttachedDst}, /*attached=*/true);
     users = std::make_unique<AttachedUsers>(*cluster, w);
+    attached_huge_pages = users->huge_pages();
   }
 
   // The budget cluster: every worker's budget is the most any rank commits + the slack.
@@ -794,6 +806,7 @@ int Run() {
     for (const Kind* k : {&group, &per_tensor, &gloo, &torch, &attached, &budget}) {
       WriteKind(j, *k, moved);
     }
+    if (attached.ran) j.Key("attached_huge_pages").Bool(attached_huge_pages);
     if (budget.ran) {
       j.Key("budget_bytes").Int(budget_bytes);
       j.Key("budget_workers").BeginArray();
@@ -847,8 +860,7 @@ int Run() {
       w.params.size(), static_cast<long long>(w.bytes()), DTypeName(w.config.dtype).c_str(),
       static_cast<long long>(moved), static_cast<long long>(first.lower_bound_bytes()), reps,
       first_seconds);
-  std::printf("%-16s %10s %10s %10s %16s\n", "", "best s", "median s", "GB/s",
-              "workers' CPU s");
+  std::printf("%-16s %10s %10s %10s %16s\n", "", "best s", "median s", "GB/s", "workers' CPU s");
   for (const Kind* k : {&group, &per_tensor, &gloo, &torch, &attached, &budget}) {
     if (k->ran) {
       std::printf("%-16s %10.4f %10.4f %10.3f %16s\n", k->name.c_str(), k->stats.Best(),
@@ -859,6 +871,11 @@ int Run() {
     } else {
       std::printf("%-16s skipped: %s\n", k->name.c_str(), k->skipped.c_str());
     }
+  }
+  if (attached.ran) {
+    std::printf("group_attached buffers: %s\n",
+                attached_huge_pages ? "hugetlbfs memfds (reserved huge pages)"
+                                    : "memfds of 4 KiB shared pages (no huge pages reserved)");
   }
   if (budget.ran) {
     std::printf("group_budget workers (budget %lld bytes each):\n",
@@ -876,15 +893,15 @@ int Run() {
   std::printf("  group / torch             %6.3f  (goal >= 2)\n", Ratio(group, torch));
   std::printf("  group_budget / gloo_floor %6.3f  (goal >= 0.6)\n", Ratio(budget, gloo));
   std::printf("  group_attached / group    %6.3f  (goal >= 0.9%s)\n", Ratio(attached, group),
-              attached.ran ? absl::StrFormat("; paired median %.3f; workers' CPU %.3f",
-                                             Stats{paired_attached}.Median(),
-                                             group.worker_cpu.Median() /
-                                                 attached.worker_cpu.Median())
-                                 .c_str()
-                           : "");
-  std::printf("latency: 4 KiB redistribute p50 %.3f ms p99 %.3f ms; bare RPC p50 %.3f ms p99 %.3f ms\n",
-              lat_p50 * 1e3, latency.Percentile(99) * 1e3, rpc_p50 * 1e3,
-              bare_rpc.Percentile(99) * 1e3);
+              attached.ran
+                  ? absl::StrFormat("; paired median %.3f; workers' CPU %.3f",
+                                    Stats{paired_attached}.Median(),
+                                    group.worker_cpu.Median() / attached.worker_cpu.Median())
+                        .c_str()
+                  : "");
+  std::printf(
+      "latency: 4 KiB redistribute p50 %.3f ms p99 %.3f ms; bare RPC p50 %.3f ms p99 %.3f ms\n",
+      lat_p50 * 1e3, latency.Percentile(99) * 1e3, rpc_p50 * 1e3, bare_rpc.Percentile(99) * 1e3);
   std::printf("  4 KiB p50 / bare RPC p50  %6.2f  (goal <= 5)\n", lat_p50 / rpc_p50);
   if (!phases.empty()) {
     std::vector<std::string> parts;

@@ -71,10 +71,10 @@ TEST(SqliteStateStoreTest, ContractAndReopen) {
   ASSERT_TRUE(again.ok()) << again.status();
   absl::StatusOr<std::vector<StateRecord>> all = (*again)->LoadAll();
   ASSERT_TRUE(all.ok());
-  EXPECT_THAT(*all, ElementsAre(StateRecord{"mesh", "m0", "replaced"},
-                                StateRecord{"request", "r1", "outcome"},
-                                StateRecord{"tensor", "t", "x"}, StateRecord{"tensor", "u", "y"},
-                                StateRecord{"tensor", "v", "z"}));
+  EXPECT_THAT(*all,
+              ElementsAre(StateRecord{"mesh", "m0", "replaced"},
+                          StateRecord{"request", "r1", "outcome"}, StateRecord{"tensor", "t", "x"},
+                          StateRecord{"tensor", "u", "y"}, StateRecord{"tensor", "v", "z"}));
 }
 
 // A batch applied without sync survives a crash of the process that applied it: a child

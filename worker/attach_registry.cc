@@ -1,8 +1,8 @@
 #include "worker/attach_registry.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
