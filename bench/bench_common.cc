@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,7 +17,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "tests/process.h"
+#include "tests/tensor_check.h"
 
 namespace shardcoord {
 namespace bench {
@@ -159,6 +163,61 @@ absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ra
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const std::string& tensor,
+                                               const std::string& mesh, int runs, Stats* latency,
+                                               Stats* bare_rpc) {
+  constexpr int kBlock = 20;
+  std::vector<ClientSpan> spans;
+  for (int i = 0; i < runs; ++i) {
+    if (i % kBlock == 0) {
+      for (int k = 0; k < kBlock; ++k) {
+        const absl::Time rpc_start = absl::Now();
+        OrDie(client.GetMesh(mesh), "bare GetMesh");
+        bare_rpc->seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
+      }
+    }
+    const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
+    const absl::Time start = absl::Now();
+    v1::RedistributeResponse r =
+        OrDie(client.Redistribute(RedistributeTo(tensor, "", spec)), "small redistribute");
+    const absl::Time end = absl::Now();
+    latency->seconds.push_back(absl::ToDoubleSeconds(end - start));
+    if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
+    spans.push_back({r.progress().plan_id(), start, end});
+  }
+  return spans;
+}
+
+std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans) {
+  std::vector<Phase> phases = {
+      {"client_to_planned"}, {"dispatch"},        {"start_skew"}, {"fragments"},
+      {"reports"},           {"validate_commit"}, {"answer"}};
+  const size_t from = spans.size() > 100 ? spans.size() - 100 : 0;
+  for (size_t i = from; i < spans.size(); ++i) {
+    absl::StatusOr<v1::PlanTrace> t = client.GetPlanTrace(spans[i].plan_id);
+    if (!t.ok() || t->ranks_size() == 0 || t->end_unix_us() == 0) continue;
+    int64_t first_start = INT64_MAX, last_start = 0, last_end = 0;
+    for (const v1::RankTrace& r : t->ranks()) {
+      first_start = std::min(first_start, r.start_unix_us());
+      last_start = std::max(last_start, r.start_unix_us());
+      last_end = std::max(last_end, r.end_unix_us());
+    }
+    const int64_t marks[] = {absl::ToUnixMicros(spans[i].start),
+                             t->start_unix_us(),
+                             first_start,
+                             last_start,
+                             last_end,
+                             t->transferred_unix_us(),
+                             t->end_unix_us(),
+                             absl::ToUnixMicros(spans[i].end)};
+    for (size_t k = 0; k < phases.size(); ++k) {
+      phases[k].stats.seconds.push_back(static_cast<double>(marks[k + 1] - marks[k]) * 1e-6);
+    }
+  }
+  if (phases[0].stats.seconds.empty()) return {};
+  return phases;
 }
 
 }  // namespace bench

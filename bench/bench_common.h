@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/coordinator_client.h"
 #include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
@@ -70,6 +71,35 @@ PeerResult RunPythonPeer(const std::string& python, const std::string& script,
 // INVALID_ARGUMENT when a transfer names a rank outside `ranks`.
 absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ranks,
                             std::vector<int64_t>* matrix);
+
+// ---- Small-op latency (issue 10: a 4 KiB redistribute against a bare unary RPC).
+
+// One plan as the client saw it.
+struct ClientSpan {
+  std::string plan_id;
+  absl::Time start, end;  // At the client: the call and its answer.
+};
+
+// `runs` redistributes of `tensor` between S(1) and S(0) (a tensor with S(0) on a 1-d mesh),
+// timed into `latency`, and as many bare GetMesh(`mesh`) calls into `bare_rpc`: blocks of 20
+// of each take turns, so both see the machine's load but no bare RPC is timed in the tail of
+// a plan (its asynchronous buffer drops). Dies when a plan does not commit.
+std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const std::string& tensor,
+                                               const std::string& mesh, int runs, Stats* latency,
+                                               Stats* bare_rpc);
+
+struct Phase {
+  std::string name;
+  Stats stats;
+};
+
+// Where the time of the last (up to 100) spans' plans went, from their traces (the client's,
+// the coordinator's and the workers' clocks: one host here): client_to_planned (the call,
+// checks, planning, the version), dispatch (to the first fragment start), start_skew (first
+// to last fragment start), fragments (last start to last end: the step), reports (to the
+// last report in), validate_commit (validation and the durable commit), answer (until the
+// client has the reply). Empty when no trace was found.
+std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans);
 
 inline double GBps(int64_t bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0;

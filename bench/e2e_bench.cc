@@ -14,9 +14,9 @@
 //    machine load (on a shared 2-core machine, load from other work swamps the difference).
 // 3. Runs bench/torch_alltoall.py with /usr/bin/python3 on the same byte matrix, when that
 //    Python has torch (skipped with a message otherwise), after the cluster is stopped.
-// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)), each
-//    right after a bare unary RPC to the coordinator (GetMesh): the baseline of issue 10's
-//    "a 4 KiB redistribute costs at most 5x a bare round trip", paired under the same load.
+// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)) and as
+//    many bare unary RPCs to the coordinator (GetMesh), in blocks that take turns: the
+//    baseline of issue 10's "a 4 KiB redistribute costs at most 5x a bare round trip".
 // GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
 
 #include <unistd.h>
@@ -216,17 +216,7 @@ int Run() {
   OrDie(CreateFilled(client, "small", {32, 32}, DType::kF32, "line", "S(0)"), "create small");
   Stats latency;
   Stats bare_rpc;
-  for (int i = 0; i < latency_runs; ++i) {
-    const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
-    const absl::Time rpc_start = absl::Now();
-    OrDie(client.GetMesh("line"), "bare GetMesh");
-    bare_rpc.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
-    const absl::Time start = absl::Now();
-    v1::RedistributeResponse r =
-        OrDie(client.Redistribute(RedistributeTo("small", "", spec)), "small redistribute");
-    latency.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-    if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
-  }
+  bench::TimeSmallRedistributes(client, "small", "line", latency_runs, &latency, &bare_rpc);
 
   if (absl::GetFlag(FLAGS_check_values)) {
     say("checking every value of the big tensor");
