@@ -9,8 +9,8 @@ own pre-allocated tensors. The peer baseline of //bench:model_bench. Run with /u
 FILE has one parameter per line, in state-dict order: `name dims placements`, e.g.
 `model.layers.0.mlp.down_proj.weight 1024x2816 R,S(1)` (placements on the (dp, tp) mesh:
 R,S(0) rows split over tp, R,S(1) columns, R,R replicated). Rank r sits at mesh position
-(r // tp, r % tp). Elements are 2 bytes (bf16), held as int16 so values compare exactly and moved as float16 (Gloo
-has neither int16 nor bf16 in torch 1.13; an all-gather only copies them).
+(r // tp, r % tp). Elements are 2 bytes (bf16), held as int16 so values compare exactly, and
+moved as float16 (Gloo has neither int16 nor bf16 in torch 1.13; an all-gather only copies).
 Prints one JSON line from rank 0: {"torch": "1.13.0", "size": 4, "setup_seconds": ..,
 "bytes": .., "seconds": [..]} where bytes is what each rank receives in the all-gather,
 summed. Exits 3 (and says why on stderr) when torch is missing.
@@ -19,10 +19,11 @@ summed. Exits 3 (and says why on stderr) when torch is missing.
 import argparse
 import json
 import os
-import queue as queue_module
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_ranks import run_ranks  # noqa: E402  pylint: disable=wrong-import-position
 
 MODULUS = 32749  # Element i of the flat parameter holds i % MODULUS (an int16).
 
@@ -42,7 +43,7 @@ def pattern(torch, start, end):
     return (torch.arange(start, end, dtype=torch.int64) % MODULUS).to(torch.int16)
 
 
-def run_rank(rank, size, tp, store_path, params, iters, warmup, queue):
+def run_rank(rank, size, store_path, tp, params, iters, warmup, queue):
     import torch
     import torch.distributed as dist
 
@@ -134,7 +135,6 @@ def main():
     args = parser.parse_args()
     try:
         import torch.distributed as dist
-        import torch.multiprocessing as mp
     except ImportError as e:
         print(f"torch_fsdp_reshard: torch is not available to {sys.executable}: {e}",
               file=sys.stderr)
@@ -144,32 +144,9 @@ def main():
         return 3
     params = read_workload(args.workload)
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="torch_fsdp_reshard") as tmp:
-        store_path = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=run_rank,
-                             args=(r, args.size, args.tp, store_path, params, args.iters,
-                                   args.warmup, queue))
-                 for r in range(args.size)]
-        for p in procs:
-            p.start()
-        result = None
-        while result is None:
-            try:
-                result = queue.get(timeout=1.0)
-            except queue_module.Empty:
-                # A rank that died never reports: stop instead of waiting forever.
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    break
-        for p in procs:
-            p.join()
-        if result is None or any(p.exitcode != 0 for p in procs):
-            print("torch_fsdp_reshard: a rank failed: exit codes "
-                  f"{[p.exitcode for p in procs]}", file=sys.stderr)
-            return 1
+    result = run_ranks("torch_fsdp_reshard", args.size, run_rank, (args.tp, params, args.iters, args.warmup))
+    if result is None:
+        return 1
     print(json.dumps(result), flush=True)
     return 0
 
