@@ -661,10 +661,9 @@ int Run() {
     if (budget_cluster) check_model(budget_cluster->client(), kDst);
     if (users) checked += users->Check();
   }
-  users.reset();
   budget_cluster.reset();
 
-  // ---- Latency.
+  // ---- Latency (the user processes stay: their detaches would load the coordinator).
   const int latency_runs = std::max(1, absl::GetFlag(FLAGS_latency_runs));
   const int group_tensors = std::max(1, absl::GetFlag(FLAGS_group_tensors));
   const int group_reps = std::max(1, absl::GetFlag(FLAGS_group_reps));
@@ -708,6 +707,7 @@ int Run() {
       ++checked;
     }
   }
+  users.reset();
   cluster.reset();  // The torch peer runs without the daemons around.
 
   if (absl::GetFlag(FLAGS_torch)) {
