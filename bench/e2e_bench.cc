@@ -14,19 +14,16 @@
 //    machine load (on a shared 2-core machine, load from other work swamps the difference).
 // 3. Runs bench/torch_alltoall.py with /usr/bin/python3 on the same byte matrix, when that
 //    Python has torch (skipped with a message otherwise), after the cluster is stopped.
-// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)), each
-//    right after a bare unary RPC to the coordinator (GetMesh): the baseline of issue 10's
-//    "a 4 KiB redistribute costs at most 5x a bare round trip", paired under the same load.
+// 4. Times --latency_runs redistributes of a 4 KiB tensor (32x32 f32, S(0) <-> S(1)) and as
+//    many bare unary RPCs to the coordinator (GetMesh), in blocks that take turns: the
+//    baseline of issue 10's "a 4 KiB redistribute costs at most 5x a bare round trip".
 // GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -34,13 +31,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_common.h"
 #include "client/coordinator_client.h"
 #include "common/json_writer.h"
 #include "tests/cluster.h"
@@ -66,161 +61,32 @@ namespace {
 constexpr int kWorkers = 4;
 constexpr absl::Duration kPeerTimeout = absl::Minutes(5);
 
-struct Stats {
-  std::vector<double> seconds;
-  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
-  double Median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    const size_t n = s.size();
-    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-  }
-  double Percentile(double p) const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    // Nearest rank: the smallest value with at least p% of the samples at or below it.
-    size_t k = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(s.size())));
-    k = std::clamp<size_t>(k, 1, s.size());
-    return s[k - 1];
-  }
-};
+using bench::Die;
+using bench::GBps;
+using bench::OrDie;
+using bench::PeerResult;
+using bench::Stats;
 
-struct PeerResult {
-  bool ran = false;
-  std::string skipped;  // Why it did not run.
-  double setup_seconds = 0;
-  int64_t bytes = 0;
-  Stats stats;
-};
-
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "e2e_bench: %s\n", message.c_str());
-  std::exit(1);
+PeerResult RunGloo(const std::vector<int64_t>& matrix, int iters, const std::string& tmp) {
+  return bench::RunGlooAlltoall(matrix, kWorkers, iters, tmp);
 }
 
-template <typename T>
-T OrDie(absl::StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
-  return *std::move(v);
-}
-
-// The number after "key": in a one-line JSON object written by our peers.
-bool JsonNumber(const std::string& line, const std::string& key, double* out) {
-  const size_t at = line.find(absl::StrCat("\"", key, "\""));
-  if (at == std::string::npos) return false;
-  const size_t colon = line.find(':', at);
-  if (colon == std::string::npos) return false;
-  size_t end = line.find_first_of(",}", colon);
-  std::string text(absl::StripAsciiWhitespace(line.substr(colon + 1, end - colon - 1)));
-  return absl::SimpleAtod(text, out);
-}
-
-bool JsonNumbers(const std::string& line, const std::string& key, std::vector<double>* out) {
-  const size_t at = line.find(absl::StrCat("\"", key, "\""));
-  if (at == std::string::npos) return false;
-  const size_t open = line.find('[', at), close = line.find(']', at);
-  if (open == std::string::npos || close == std::string::npos) return false;
-  out->clear();
-  for (absl::string_view item : absl::StrSplit(line.substr(open + 1, close - open - 1), ',')) {
-    double v;
-    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(item), &v)) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
-PeerResult ParsePeerLine(const std::string& line) {
-  PeerResult r;
-  double bytes = 0;
-  if (!JsonNumber(line, "setup_seconds", &r.setup_seconds) || !JsonNumber(line, "bytes", &bytes) ||
-      !JsonNumbers(line, "seconds", &r.stats.seconds)) {
-    Die(absl::StrCat("cannot parse peer output '", line, "'"));
-  }
-  r.bytes = static_cast<int64_t>(bytes);
-  r.ran = true;
-  return r;
+PeerResult RunTorch(const std::vector<int64_t>& matrix, int reps) {
+  const std::string python = absl::GetFlag(FLAGS_python);
+  return bench::RunPythonPeer(
+      python, OrDie(RunfilePath("bench/torch_alltoall.py"), "torch script"),
+      {absl::StrCat("--size=", kWorkers), absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+       absl::StrCat("--iters=", reps), "--warmup=1"},
+      absl::StrCat(python, " has no torch (or no Gloo in torch.distributed)"), kPeerTimeout);
 }
 
 // bytes[i * n + j]: what mesh position i sends to position j in `plan`.
 std::vector<int64_t> TrafficMatrix(const v1::Plan& plan, const v1::MeshInfo& mesh) {
-  const int n = mesh.ranks_size();
-  auto position = [&](int64_t rank) {
-    for (int i = 0; i < n; ++i) {
-      if (mesh.ranks(i) == rank) return i;
-    }
-    Die(absl::StrCat("plan names rank ", rank, " outside the mesh"));
-  };
-  std::vector<int64_t> matrix(static_cast<size_t>(n) * n, 0);
-  for (const v1::Step& step : plan.steps()) {
-    for (const v1::Transfer& t : step.transfers()) {
-      matrix[position(t.src()) * n + position(t.dst())] += t.bytes();
-    }
-  }
+  const std::vector<int64_t> ranks(mesh.ranks().begin(), mesh.ranks().end());
+  std::vector<int64_t> matrix(ranks.size() * ranks.size(), 0);
+  if (absl::Status s = bench::AddPlanTraffic(plan, ranks, &matrix); !s.ok()) Die(s.ToString());
   return matrix;
 }
-
-// One run of kWorkers gloo_alltoall processes: `iters` timed alltoallv after one warm-up.
-PeerResult RunGloo(const std::vector<int64_t>& matrix, int iters, const std::string& tmp) {
-  static int run = 0;
-  const std::string bin = OrDie(RunfilePath("bench/gloo_alltoall"), "gloo_alltoall");
-  const std::string store = absl::StrCat(tmp, "/gloo_store_", run++);
-  std::filesystem::create_directories(store);
-  std::vector<std::unique_ptr<Process>> ranks;
-  for (int r = 0; r < kWorkers; ++r) {
-    ProcessOptions options;
-    options.name = absl::StrCat("gloo", r);
-    options.echo_stdout = false;
-    ranks.push_back(
-        OrDie(Process::Start({bin, absl::StrCat("--rank=", r), absl::StrCat("--size=", kWorkers),
-                              absl::StrCat("--store_dir=", store),
-                              absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
-                              absl::StrCat("--iters=", iters), "--warmup=1"},
-                             options),
-              "start gloo_alltoall"));
-  }
-  std::string line = OrDie(ranks[0]->WaitForLine("\"seconds\"", kPeerTimeout), "gloo rank 0");
-  for (auto& p : ranks) {
-    const int status = OrDie(p->Wait(kPeerTimeout), p->name());
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      Die(absl::StrCat(p->name(), " ", Process::DescribeWaitStatus(status)));
-    }
-  }
-  return ParsePeerLine(line);
-}
-
-PeerResult RunTorch(const std::vector<int64_t>& matrix, int reps) {
-  PeerResult r;
-  const std::string python = absl::GetFlag(FLAGS_python);
-  if (access(python.c_str(), X_OK) != 0) {
-    r.skipped = absl::StrCat(python, " not found");
-    return r;
-  }
-  const std::string script = OrDie(RunfilePath("bench/torch_alltoall.py"), "torch script");
-  ProcessOptions options;
-  options.name = "torch";
-  options.echo_stdout = false;
-  std::unique_ptr<Process> p =
-      OrDie(Process::Start({python, script, absl::StrCat("--size=", kWorkers),
-                            absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
-                            absl::StrCat("--iters=", reps), "--warmup=1"},
-                           options),
-            "start torch_alltoall.py");
-  const int status = OrDie(p->Wait(kPeerTimeout), "torch_alltoall.py");
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
-    r.skipped = absl::StrCat(python, " has no torch (or no Gloo in torch.distributed)");
-    return r;
-  }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    Die(absl::StrCat("torch_alltoall.py ", Process::DescribeWaitStatus(status), ": ",
-                     absl::StrJoin(p->Lines(), " | ")));
-  }
-  for (const std::string& line : p->Lines()) {
-    if (line.find("\"seconds\"") != std::string::npos) return ParsePeerLine(line);
-  }
-  Die("torch_alltoall.py printed no result");
-}
-
-double GBps(int64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 
 int Run() {
   const int64_t mib = absl::GetFlag(FLAGS_mib);
@@ -350,17 +216,7 @@ int Run() {
   OrDie(CreateFilled(client, "small", {32, 32}, DType::kF32, "line", "S(0)"), "create small");
   Stats latency;
   Stats bare_rpc;
-  for (int i = 0; i < latency_runs; ++i) {
-    const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
-    const absl::Time rpc_start = absl::Now();
-    OrDie(client.GetMesh("line"), "bare GetMesh");
-    bare_rpc.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
-    const absl::Time start = absl::Now();
-    v1::RedistributeResponse r =
-        OrDie(client.Redistribute(RedistributeTo("small", "", spec)), "small redistribute");
-    latency.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-    if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
-  }
+  bench::TimeSmallRedistributes(client, "small", "line", latency_runs, &latency, &bare_rpc);
 
   if (absl::GetFlag(FLAGS_check_values)) {
     say("checking every value of the big tensor");

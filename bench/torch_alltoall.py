@@ -11,10 +11,11 @@ Prints one JSON line from rank 0: {"torch": "1.13.0", "size": 4, "setup_seconds"
 import argparse
 import json
 import os
-import queue as queue_module
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_ranks import run_ranks  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def run_rank(rank, size, store_path, matrix, iters, warmup, queue):
@@ -64,7 +65,6 @@ def main():
     args = parser.parse_args()
     try:
         import torch.distributed as dist
-        import torch.multiprocessing as mp
     except ImportError as e:
         print(f"torch_alltoall: torch is not available to {sys.executable}: {e}",
               file=sys.stderr)
@@ -78,32 +78,9 @@ def main():
               file=sys.stderr)
         return 2
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="torch_alltoall") as tmp:
-        store_path = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=run_rank,
-                             args=(r, args.size, store_path, matrix, args.iters, args.warmup,
-                                   queue))
-                 for r in range(args.size)]
-        for p in procs:
-            p.start()
-        result = None
-        while result is None:
-            try:
-                result = queue.get(timeout=1.0)
-            except queue_module.Empty:
-                # A rank that died never reports: stop instead of waiting forever.
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    break
-        for p in procs:
-            p.join()
-        if result is None or any(p.exitcode != 0 for p in procs):
-            print("torch_alltoall: a rank failed: exit codes "
-                  f"{[p.exitcode for p in procs]}", file=sys.stderr)
-            return 1
+    result = run_ranks("torch_alltoall", args.size, run_rank, (matrix, args.iters, args.warmup))
+    if result is None:
+        return 1
     print(json.dumps(result), flush=True)
     return 0
 

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -47,6 +49,7 @@ const v1::RankChunks* ChunksOf(const v1::TensorInfo& tensor, int64_t rank) {
 absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(int64_t bytes,
                                                                    const std::string& name) {
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " < 0"));
+  if (std::unique_ptr<SharedMemory> huge = CreateHuge(bytes, name)) return huge;
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", strerror(errno)));
   const size_t size = static_cast<size_t>(bytes > 0 ? bytes : 1);
@@ -62,11 +65,38 @@ absl::StatusOr<std::unique_ptr<SharedMemory>> SharedMemory::Create(int64_t bytes
     return absl::ResourceExhaustedError(
         absl::StrCat("shared memory of ", bytes, " bytes: ", strerror(err)));
   }
-  return std::unique_ptr<SharedMemory>(new SharedMemory(fd, static_cast<char*>(data), bytes));
+  return std::unique_ptr<SharedMemory>(
+      new SharedMemory(fd, static_cast<char*>(data), bytes, size, /*huge_pages=*/false));
+}
+
+std::unique_ptr<SharedMemory> SharedMemory::CreateHuge(int64_t bytes, const std::string& name) {
+  const char* env = std::getenv("SHARDCOORD_HUGETLB");
+  if (env != nullptr && std::string(env) == "off") return nullptr;
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd < 0) return nullptr;  // No hugetlbfs.
+  struct stat st;
+  const int64_t page = fstat(fd, &st) == 0 ? st.st_blksize : 0;
+  if (page <= 0 || bytes < page) {  // Smaller than a huge page: not worth one.
+    close(fd);
+    return nullptr;
+  }
+  const size_t size = static_cast<size_t>((bytes + page - 1) / page * page);
+  // mmap reserves the huge pages (fails when too few are free), so no later fault can fail.
+  void* data = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(size)) == 0 &&
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0) {
+    data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (data == MAP_FAILED) {
+    close(fd);
+    return nullptr;
+  }
+  return std::unique_ptr<SharedMemory>(
+      new SharedMemory(fd, static_cast<char*>(data), bytes, size, /*huge_pages=*/true));
 }
 
 SharedMemory::~SharedMemory() {
-  munmap(data_, static_cast<size_t>(bytes_ > 0 ? bytes_ : 1));
+  munmap(data_, mapped_);
   close(fd_);
 }
 

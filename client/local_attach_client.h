@@ -25,6 +25,12 @@ namespace shardcoord {
 
 // A memfd of `bytes` sealed against shrinking and growing, mapped read-write here: memory a
 // worker maps too, so it is lent without a copy. Zeroed.
+//
+// Huge pages: when the host has reserved huge pages (vm.nr_hugepages) and enough are free,
+// a buffer of at least one huge page is a hugetlbfs memfd (MFD_HUGETLB, its size rounded up
+// to whole huge pages): the workers' process_vm_writev into it then runs as fast as into
+// their own huge-page memory, where 4 KiB shared pages took about 2.5x as long (bench/README).
+// Otherwise, or with $SHARDCOORD_HUGETLB=off, an ordinary memfd.
 class SharedMemory {
  public:
   static absl::StatusOr<std::unique_ptr<SharedMemory>> Create(
@@ -36,12 +42,18 @@ class SharedMemory {
   char* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   int fd() const { return fd_; }
+  bool huge_pages() const { return huge_pages_; }  // A hugetlbfs memfd.
 
  private:
-  SharedMemory(int fd, char* data, int64_t bytes) : fd_(fd), data_(data), bytes_(bytes) {}
+  // A hugetlbfs memfd of at least `bytes`, or null when the host has none to give.
+  static std::unique_ptr<SharedMemory> CreateHuge(int64_t bytes, const std::string& name);
+  SharedMemory(int fd, char* data, int64_t bytes, size_t mapped, bool huge_pages)
+      : fd_(fd), data_(data), bytes_(bytes), mapped_(mapped), huge_pages_(huge_pages) {}
   const int fd_;
   char* const data_;
   const int64_t bytes_;
+  const size_t mapped_;  // Bytes mapped (whole huge pages for a hugetlbfs memfd).
+  const bool huge_pages_;
 };
 
 // Bytes of `rank`'s local buffer of `tensor` (its chunks as the layout places them);

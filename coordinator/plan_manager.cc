@@ -992,23 +992,19 @@ void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
     calls = ChangedLocked(e);
   }
   Tell(calls);
-  // Old buffers are dropped; the plan completes once every live participant has answered
-  // (dead ones would only hold up the caller until the RPC deadline).
-  std::vector<WorkerEndpoint> live;
-  for (const WorkerEndpoint& w : work.finish) {
-    if (workers_->IsLive(w.rank, w.incarnation)) live.push_back(w);
-  }
-  if (live.empty()) return Complete(id, absl::OkStatus());
-  auto remaining = std::make_shared<std::atomic<int64_t>>(static_cast<int64_t>(live.size()));
+  // The commit is durable: the caller is answered now, not after a round trip to every
+  // worker. Old buffers are dropped by FinishPlan, which nothing waits for: a later plan
+  // reads the committed version (stored on every worker before its report), a drop never
+  // touches the version the plan wrote, and a FinishPlan that is lost leaves the old version
+  // to the worker's next registration, as an unanswered one did before.
+  Complete(id, absl::OkStatus());
   v1::FinishPlanRequest req;
   req.set_plan_id(id);
   req.set_tensor(work.target_tensor);
   req.set_commit(true);
   req.set_drop_version(work.old_target_version);
-  for (const WorkerEndpoint& w : live) {
-    client_->FinishPlan(w, req, [this, id, remaining](absl::Status) {
-      if (remaining->fetch_sub(1) == 1) Complete(id, absl::OkStatus());
-    });
+  for (const WorkerEndpoint& w : work.finish) {
+    if (workers_->IsLive(w.rank, w.incarnation)) client_->FinishPlan(w, req, [](absl::Status) {});
   }
 }
 

@@ -365,7 +365,8 @@ class PlanManager : public WorkerListener {
   // Under mu_: marks the plan closing and gathers what committing it takes.
   CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After the tensor manager committed: marks the plan committed and drops old buffers.
+  // After the tensor manager committed: marks the plan committed, completes it (the caller
+  // is answered) and then tells the workers to drop old buffers, without waiting for them.
   void EndCommit(const std::string& id, const CommitWork& work);
   // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
   static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);

@@ -107,6 +107,10 @@ absl::Status RequestLog::Finish(absl::string_view request_id, const RequestOutco
   StateBatch batch;
   for (std::string& name : evicted) batch.Delete(kRequestKind, std::move(name));
   batch.Put(kRequestKind, std::string(request_id), stored.SerializeAsString());
+  // Not synced: the change this outcome answers for was (the client is answered after this
+  // returns, so a crash of the coordinator never loses an outcome it gave); a crash of the
+  // host may lose the last outcomes, and a retry of one of those acts again (docs/decisions.md).
+  batch.sync = false;
   // Under the lock so that stored outcomes and evictions reach the store in order.
   return store_->Apply(batch);
 }

@@ -126,6 +126,20 @@ SqliteStateStore::~SqliteStateStore() {
 absl::Status SqliteStateStore::Apply(const StateBatch& batch) {
   if (batch.empty()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = SetSyncLocked(batch.sync); !s.ok()) return s;
+  return ApplyLocked(batch);
+}
+
+absl::Status SqliteStateStore::SetSyncLocked(bool full) {
+  if (full_sync_ == full) return absl::OkStatus();
+  // WAL with synchronous=NORMAL commits to the WAL without fsync: the commit survives a crash
+  // of this process (the OS holds it) and the next FULL commit's fsync covers it too.
+  absl::Status s = Exec(db_, full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
+  if (s.ok()) full_sync_ = full;
+  return s;
+}
+
+absl::Status SqliteStateStore::ApplyLocked(const StateBatch& batch) {
   if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
   auto run = [&]() -> absl::Status {
     if (!batch.deletes.empty()) {

@@ -16,7 +16,8 @@ struct sqlite3;
 namespace shardcoord {
 
 // StateStore in one SQLite database, DIR/state.db, in WAL mode with synchronous=FULL: Apply
-// is one transaction and returns after its commit reached the disk. Schema (version 1):
+// is one transaction and returns after its commit reached the disk (a batch with sync false:
+// after it reached the OS, synchronous=NORMAL). Schema (version 1):
 //   records(kind TEXT, name TEXT, value BLOB, PRIMARY KEY (kind, name)) WITHOUT ROWID
 //   meta(key TEXT PRIMARY KEY, value TEXT)  -- "schema_version" = "1"
 // The database is opened with locking_mode=EXCLUSIVE and locked at Open, so a second
@@ -39,9 +40,14 @@ class SqliteStateStore : public StateStore {
  private:
   SqliteStateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
 
+  absl::Status ApplyLocked(const StateBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets PRAGMA synchronous to FULL or NORMAL when it is not that already.
+  absl::Status SetSyncLocked(bool full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string path_;
   mutable absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  bool full_sync_ ABSL_GUARDED_BY(mu_) = true;  // PRAGMA synchronous is FULL (else NORMAL).
 };
 
 }  // namespace shardcoord

@@ -32,6 +32,11 @@ struct StateRecord {
 struct StateBatch {
   std::vector<StateRecord> puts;
   std::vector<std::pair<std::string, std::string>> deletes;  // (kind, name)
+  // False: Apply may return once the batch survives a crash of this process, before it
+  // survives one of the host (SQLite: no fsync; the next synced batch makes it durable too).
+  // Only for records whose loss with the host is harmless (request outcomes: the change
+  // they answer for was synced before).
+  bool sync = true;
 
   void Put(std::string kind, std::string name, std::string value) {
     puts.push_back({std::move(kind), std::move(name), std::move(value)});

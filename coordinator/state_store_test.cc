@@ -1,5 +1,8 @@
 #include "coordinator/state_store.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -40,6 +43,14 @@ void CheckContract(StateStore& store) {
   EXPECT_THAT(*meshes, ElementsAre(StateRecord{"mesh", "m0", "replaced"}));
   EXPECT_EQ(store.Load("tensor")->size(), 2u);
   EXPECT_TRUE(store.Apply(StateBatch{}).ok());
+  // An unsynced batch is applied like any other, and synced ones after it still work.
+  StateBatch unsynced;
+  unsynced.Put("request", "r1", "outcome");
+  unsynced.sync = false;
+  ASSERT_TRUE(store.Apply(unsynced).ok());
+  ASSERT_TRUE(store.Put("tensor", "v", "z").ok());
+  EXPECT_THAT(*store.Load("request"), ElementsAre(StateRecord{"request", "r1", "outcome"}));
+  EXPECT_EQ(store.Load("tensor")->size(), 3u);
 }
 
 TEST(MemoryStateStoreTest, Contract) {
@@ -60,8 +71,33 @@ TEST(SqliteStateStoreTest, ContractAndReopen) {
   ASSERT_TRUE(again.ok()) << again.status();
   absl::StatusOr<std::vector<StateRecord>> all = (*again)->LoadAll();
   ASSERT_TRUE(all.ok());
-  EXPECT_THAT(*all, ElementsAre(StateRecord{"mesh", "m0", "replaced"},
-                                StateRecord{"tensor", "t", "x"}, StateRecord{"tensor", "u", "y"}));
+  EXPECT_THAT(*all,
+              ElementsAre(StateRecord{"mesh", "m0", "replaced"},
+                          StateRecord{"request", "r1", "outcome"}, StateRecord{"tensor", "t", "x"},
+                          StateRecord{"tensor", "u", "y"}, StateRecord{"tensor", "v", "z"}));
+}
+
+// A batch applied without sync survives a crash of the process that applied it: a child
+// applies one and exits at once, without closing the database.
+TEST(SqliteStateStoreTest, UnsyncedBatchSurvivesAProcessCrash) {
+  const std::string dir = TempDir("unsynced");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
+    if (!store.ok() || !(*store)->Put("tensor", "t", "synced").ok()) _exit(2);
+    StateBatch b;
+    b.Put("request", "r", "outcome");
+    b.sync = false;
+    _exit((*store)->Apply(b).ok() ? 0 : 3);  // No destructor: the database is not closed.
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  absl::StatusOr<std::unique_ptr<SqliteStateStore>> again = SqliteStateStore::Open(dir);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(*(*again)->LoadAll(), ElementsAre(StateRecord{"request", "r", "outcome"},
+                                                StateRecord{"tensor", "t", "synced"}));
 }
 
 TEST(SqliteStateStoreTest, SecondOpenOfTheSameDirectoryIsRefused) {

@@ -1,10 +1,13 @@
 #include "worker/attach_registry.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -169,12 +172,20 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
         }
       }
       if (bytes == 0) break;
-      const int64_t page = sysconf(_SC_PAGESIZE);
+      // A hugetlbfs file (memfd_create with MFD_HUGETLB, where the host reserved huge pages)
+      // maps only in whole huge pages: its st_blksize.
+      int64_t page = sysconf(_SC_PAGESIZE);
+      struct statfs fs;
+      const bool hugetlb = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+      if (hugetlb && st.st_blksize > page) page = st.st_blksize;
       const int64_t start = offset / page * page;
-      const size_t length = static_cast<size_t>(offset + bytes - start);
+      int64_t end = offset + bytes;
+      if (hugetlb) end = std::min<int64_t>((end + page - 1) / page * page, st.st_size);
+      const size_t length = static_cast<size_t>(end - start);
       // Populated now, so the first plan pays no page faults; huge pages where the host
       // allows them for shared memory (shmem_enabled advise): process_vm_writev into 4 KiB
-      // shmem pages ran at a third of the speed into huge pages on the project's machine.
+      // shmem pages ran at a third of the speed into huge pages on the project's machine
+      // (hugetlbfs files have them already; the advice is then refused, harmlessly).
       void* base =
           mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, start);
       if (base == MAP_FAILED) {

@@ -5,8 +5,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -124,6 +126,47 @@ TEST(AttachRegistryTest, SharedMemoryIsMappedInPlaceAndDetachedWithItsSession) {
   absl::Status late = r.buffers.Store("D", 7, b);
   EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
   EXPECT_EQ(r.buffers.Find("D", 7), nullptr);
+}
+
+// A hugetlbfs memfd (MFD_HUGETLB: what the clients allocate where the host reserved huge
+// pages) maps only in whole huge pages: buffers at any offset, also across a huge page
+// boundary, are mapped in place. Skips where no huge pages are free.
+TEST(AttachRegistryTest, HugetlbMemoryIsMappedAtAnyOffset) {
+  const int fd = memfd_create("huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd < 0) GTEST_SKIP() << "no hugetlbfs: " << std::strerror(errno);
+  struct stat st;
+  ASSERT_EQ(fstat(fd, &st), 0);
+  const int64_t page = st.st_blksize;
+  ASSERT_EQ(ftruncate(fd, 2 * page), 0);
+  void* mine = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mine == MAP_FAILED) {
+    close(fd);
+    GTEST_SKIP() << "no 2 free huge pages (vm.nr_hugepages): " << std::strerror(errno);
+  }
+  float* floats = static_cast<float*>(mine);
+  Registry r;
+  const int64_t session = r.registry.OpenSession(Self());
+  int64_t version = 5;
+  for (const int64_t offset : {int64_t{3 * 4096 + 64}, page - 48}) {
+    v1::LocalAttachRequest req = Request("D" + std::to_string(version), 0, version);
+    req.mutable_shared()->set_offset(offset);
+    absl::StatusOr<v1::LocalAttachResponse> got =
+        r.registry.Attach(session, req, fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    ASSERT_TRUE(got.ok()) << "offset " << offset << ": " << got.status();
+    std::shared_ptr<HostBuffer> b = r.buffers.Find(req.tensor(), version);
+    ASSERT_NE(b, nullptr);
+    floats[offset / 4] = 7.5f;
+    float seen;
+    std::memcpy(&seen, b->data(), 4);
+    EXPECT_EQ(seen, 7.5f) << "offset " << offset;
+    const float put = -2.0f;
+    std::memcpy(b->data() + 92, &put, 4);  // The last element: past the boundary for page - 48.
+    EXPECT_EQ(floats[offset / 4 + 23], -2.0f) << "offset " << offset;
+    ++version;
+  }
+  r.registry.CloseSession(session, "done");
+  munmap(mine, 2 * page);
+  close(fd);
 }
 
 TEST(AttachRegistryTest, RefusalsRegisterNothing) {

@@ -22,6 +22,14 @@ ARGS = None
 MIB = 1 << 20
 
 
+def huge_pages_free():
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("HugePages_Free:"):
+                return int(line.split()[1])
+    return 0
+
+
 class AttachTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -103,6 +111,30 @@ class AttachTest(unittest.TestCase):
         self.assertEqual(group.state, pb.COMMITTED)
         self.check("cross", self.m2, 3)
         self.check("uneven", self.ranks, 1)  # Not in the group.
+
+    def test_big_shared_buffers_take_reserved_huge_pages(self):
+        """alloc() lends a buffer of a huge page or more from a hugetlbfs memfd where the
+        host reserved huge pages (workers write it as fast as their own memory), an ordinary
+        memfd elsewhere; either way a copy lands in place. Skips the first where none are
+        free."""
+        free = huge_pages_free()
+        self.c.create_tensor("hsrc", shape=[2048, 1024], mesh="m4", placements="S(1)",
+                             init="arange")
+        self.c.create_tensor("huge", shape=[2048, 1024], mesh="m4", placements="S(0)",
+                             init="attached")  # 2 MiB per rank: one huge page.
+        huge = []
+        for r in self.ranks:
+            a = self.users[r].call(op="attach", tensor="huge", rank=r, scale=0,
+                                   framework=self.FRAMEWORK[self.ranks.index(r)],
+                                   memory="shared")
+            self.assertNotIn("code", a, a)
+            huge.append(a["huge_pages"])
+        self.assertEqual(self.c.copy("hsrc", "huge").progress.state, pb.COMMITTED)
+        self.check("huge", self.ranks, 1)
+        if free < len(self.ranks):
+            self.assertEqual(huge, [False] * len(self.ranks))
+            self.skipTest(f"HugePages_Free is {free} (vm.nr_hugepages): ordinary memfds used")
+        self.assertEqual(huge, [True] * len(self.ranks))
 
     def test_wrong_buffers_and_strangers_are_refused_before_anything_is_registered(self):
         self.c.create_tensor("ref", shape=[8, 8], mesh="m4", placements="S(0)", init="attached")

@@ -4,6 +4,7 @@ on stdin, answers one JSON line on stdout:
 
   {"op": "attach", "tensor", "rank", "framework": "numpy"|"torch",
    "memory": "shared"|"plain", "scale": k}   lend rank's local buffer, filled with k * index
+                                             (answers readable, bytes, huge_pages)
   {"op": "fill", "tensor", "rank", "scale": k}   write k * index into the lent buffer in place
   {"op": "check", "tensor", "rank", "scale": k}  count elements != k * index
   {"op": "attach_bad", "tensor", "rank", "kind": "short"|"dtype"|"strided"}
@@ -16,6 +17,7 @@ of the package come back as {"code", "message"}.
 """
 
 import json
+import mmap
 import os
 import sys
 import traceback
@@ -23,6 +25,7 @@ import traceback
 import numpy as np
 
 import shardcoord
+import shardcoord._buffers  # pylint: disable=unused-import (huge_pages looks at its regions)
 
 
 def expected(info, rank, scale):
@@ -56,6 +59,14 @@ def flat_view(buf):
     return buf.numpy().reshape(-1)
 
 
+def huge_pages(buf):
+    """Whether alloc() put the buffer in a hugetlbfs memfd (its block size is a huge page)."""
+    arr = flat_view(buf)
+    found = shardcoord._buffers.SHARED.find(  # pylint: disable=protected-access
+        arr.__array_interface__["data"][0], arr.nbytes)
+    return found is not None and os.fstat(found[0]).st_blksize > mmap.PAGESIZE
+
+
 class User:
     def __init__(self):
         self.client = shardcoord.connect()
@@ -75,7 +86,8 @@ class User:
         flat_view(buf)[:] = expected(info, rank, scale)
         readable = self.client.attach(tensor, rank, buf)
         self.buffers[(tensor, rank)] = buf
-        return {"readable": readable, "bytes": int(flat_view(buf).nbytes)}
+        return {"readable": readable, "bytes": int(flat_view(buf).nbytes),
+                "huge_pages": huge_pages(buf)}
 
     def fill(self, tensor, rank, scale):
         info = self.client.tensor(tensor)

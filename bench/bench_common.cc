@@ -1,0 +1,224 @@
+#include "bench/bench_common.h"
+
+#include <errno.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "tests/process.h"
+#include "tests/tensor_check.h"
+
+namespace shardcoord {
+namespace bench {
+
+double Stats::Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
+
+double Stats::Median() const {
+  std::vector<double> s = seconds;
+  std::sort(s.begin(), s.end());
+  const size_t n = s.size();
+  return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+double Stats::Percentile(double p) const {
+  std::vector<double> s = seconds;
+  std::sort(s.begin(), s.end());
+  size_t k = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(s.size())));
+  k = std::clamp<size_t>(k, 1, s.size());
+  return s[k - 1];
+}
+
+void Die(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, message.c_str());
+  std::exit(1);
+}
+
+bool JsonNumber(const std::string& line, const std::string& key, double* out) {
+  const size_t at = line.find(absl::StrCat("\"", key, "\""));
+  if (at == std::string::npos) return false;
+  const size_t colon = line.find(':', at);
+  if (colon == std::string::npos) return false;
+  size_t end = line.find_first_of(",}", colon);
+  std::string text(absl::StripAsciiWhitespace(line.substr(colon + 1, end - colon - 1)));
+  return absl::SimpleAtod(text, out);
+}
+
+bool JsonNumbers(const std::string& line, const std::string& key, std::vector<double>* out) {
+  const size_t at = line.find(absl::StrCat("\"", key, "\""));
+  if (at == std::string::npos) return false;
+  const size_t open = line.find('[', at), close = line.find(']', at);
+  if (open == std::string::npos || close == std::string::npos) return false;
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(line.substr(open + 1, close - open - 1), ',')) {
+    double v;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(item), &v)) return false;
+    out->push_back(v);
+  }
+  return !out->empty();
+}
+
+PeerResult ParsePeerLine(const std::string& line) {
+  PeerResult r;
+  double bytes = 0;
+  if (!JsonNumber(line, "setup_seconds", &r.setup_seconds) || !JsonNumber(line, "bytes", &bytes) ||
+      !JsonNumbers(line, "seconds", &r.stats.seconds)) {
+    Die(absl::StrCat("cannot parse peer output '", line, "'"));
+  }
+  r.bytes = static_cast<int64_t>(bytes);
+  r.ran = true;
+  return r;
+}
+
+PeerResult RunGlooAlltoall(const std::vector<int64_t>& matrix, int size, int iters,
+                           const std::string& tmp) {
+  static int run = 0;
+  constexpr absl::Duration kTimeout = absl::Minutes(5);
+  const std::string bin = OrDie(RunfilePath("bench/gloo_alltoall"), "gloo_alltoall");
+  const std::string store = absl::StrCat(tmp, "/gloo_store_", run++);
+  std::filesystem::create_directories(store);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < size; ++r) {
+    ProcessOptions options;
+    options.name = absl::StrCat("gloo", r);
+    options.echo_stdout = false;
+    ranks.push_back(
+        OrDie(Process::Start({bin, absl::StrCat("--rank=", r), absl::StrCat("--size=", size),
+                              absl::StrCat("--store_dir=", store),
+                              absl::StrCat("--matrix=", absl::StrJoin(matrix, ",")),
+                              absl::StrCat("--iters=", iters), "--warmup=1"},
+                             options),
+              "start gloo_alltoall"));
+  }
+  std::string line = OrDie(ranks[0]->WaitForLine("\"seconds\"", kTimeout), "gloo rank 0");
+  for (auto& p : ranks) {
+    const int status = OrDie(p->Wait(kTimeout), p->name());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      Die(absl::StrCat(p->name(), " ", Process::DescribeWaitStatus(status)));
+    }
+  }
+  std::filesystem::remove_all(store);
+  return ParsePeerLine(line);
+}
+
+PeerResult RunPythonPeer(const std::string& python, const std::string& script,
+                         const std::vector<std::string>& args, const std::string& skip_reason,
+                         absl::Duration timeout) {
+  PeerResult r;
+  if (access(python.c_str(), X_OK) != 0) {
+    r.skipped = absl::StrCat(python, " not found");
+    return r;
+  }
+  std::vector<std::string> argv = {python, script};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessOptions options;
+  options.name = std::filesystem::path(script).filename();
+  options.echo_stdout = false;
+  std::unique_ptr<Process> p = OrDie(Process::Start(argv, options), "start " + options.name);
+  const int status = OrDie(p->Wait(timeout), options.name);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    r.skipped = skip_reason;
+    return r;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    Die(absl::StrCat(options.name, " ", Process::DescribeWaitStatus(status), ": ",
+                     absl::StrJoin(p->Lines(), " | ")));
+  }
+  for (const std::string& line : p->Lines()) {
+    if (line.find("\"seconds\"") != std::string::npos) return ParsePeerLine(line);
+  }
+  Die(options.name + " printed no result");
+}
+
+absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ranks,
+                            std::vector<int64_t>* matrix) {
+  const size_t n = ranks.size();
+  auto position = [&](int64_t rank) -> int64_t {
+    for (size_t i = 0; i < n; ++i) {
+      if (ranks[i] == rank) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  for (const v1::Step& step : plan.steps()) {
+    for (const v1::Transfer& t : step.transfers()) {
+      const int64_t i = position(t.src()), j = position(t.dst());
+      if (i < 0 || j < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("plan ", plan.id(), " moves rank ", t.src(),
+                                                       " -> ", t.dst(), ", outside the ranks ",
+                                                       absl::StrJoin(ranks, ",")));
+      }
+      (*matrix)[i * n + j] += t.bytes();
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const std::string& tensor,
+                                               const std::string& mesh, int runs, Stats* latency,
+                                               Stats* bare_rpc) {
+  constexpr int kBlock = 20;
+  std::vector<ClientSpan> spans;
+  for (int i = 0; i < runs; ++i) {
+    if (i % kBlock == 0) {
+      for (int k = 0; k < kBlock; ++k) {
+        const absl::Time rpc_start = absl::Now();
+        OrDie(client.GetMesh(mesh), "bare GetMesh");
+        bare_rpc->seconds.push_back(absl::ToDoubleSeconds(absl::Now() - rpc_start));
+      }
+    }
+    const std::string spec = i % 2 == 0 ? "S(1)" : "S(0)";
+    const absl::Time start = absl::Now();
+    v1::RedistributeResponse r =
+        OrDie(client.Redistribute(RedistributeTo(tensor, "", spec)), "small redistribute");
+    const absl::Time end = absl::Now();
+    latency->seconds.push_back(absl::ToDoubleSeconds(end - start));
+    if (r.progress().state() != v1::COMMITTED) Die("a small plan did not commit");
+    spans.push_back({r.progress().plan_id(), start, end});
+  }
+  return spans;
+}
+
+std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans) {
+  std::vector<Phase> phases = {
+      {"client_to_planned"}, {"dispatch"},        {"start_skew"}, {"fragments"},
+      {"reports"},           {"validate_commit"}, {"answer"}};
+  const size_t from = spans.size() > 100 ? spans.size() - 100 : 0;
+  for (size_t i = from; i < spans.size(); ++i) {
+    absl::StatusOr<v1::PlanTrace> t = client.GetPlanTrace(spans[i].plan_id);
+    if (!t.ok() || t->ranks_size() == 0 || t->end_unix_us() == 0) continue;
+    int64_t first_start = INT64_MAX, last_start = 0, last_end = 0;
+    for (const v1::RankTrace& r : t->ranks()) {
+      first_start = std::min(first_start, r.start_unix_us());
+      last_start = std::max(last_start, r.start_unix_us());
+      last_end = std::max(last_end, r.end_unix_us());
+    }
+    const int64_t marks[] = {absl::ToUnixMicros(spans[i].start),
+                             t->start_unix_us(),
+                             first_start,
+                             last_start,
+                             last_end,
+                             t->transferred_unix_us(),
+                             t->end_unix_us(),
+                             absl::ToUnixMicros(spans[i].end)};
+    for (size_t k = 0; k < phases.size(); ++k) {
+      phases[k].stats.seconds.push_back(static_cast<double>(marks[k + 1] - marks[k]) * 1e-6);
+    }
+  }
+  if (phases[0].stats.seconds.empty()) return {};
+  return phases;
+}
+
+}  // namespace bench
+}  // namespace shardcoord

@@ -1,0 +1,111 @@
+#ifndef SHARDCOORD_BENCH_BENCH_COMMON_H_
+#define SHARDCOORD_BENCH_BENCH_COMMON_H_
+
+// What the end-to-end benches share: sample statistics, failing loudly, and the peer
+// baselines they start as child processes (raw Gloo ranks, a Python torch.distributed script)
+// whose one-line JSON results they parse.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "proto/shardcoord.pb.h"
+
+namespace shardcoord {
+namespace bench {
+
+struct Stats {
+  std::vector<double> seconds;
+  double Best() const;
+  double Median() const;
+  // Nearest rank: the smallest value with at least p% of the samples at or below it.
+  double Percentile(double p) const;
+};
+
+// Prints "<program>: message" to stderr and exits 1.
+[[noreturn]] void Die(const std::string& message);
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return *std::move(v);
+}
+
+// The result of a peer run: its setup time, the bytes it moved and its timed seconds.
+struct PeerResult {
+  bool ran = false;
+  std::string skipped;  // Why it did not run.
+  double setup_seconds = 0;
+  int64_t bytes = 0;
+  Stats stats;
+};
+
+// The number after "key": in a one-line JSON object written by our peers.
+bool JsonNumber(const std::string& line, const std::string& key, double* out);
+// The numbers of the array after "key":.
+bool JsonNumbers(const std::string& line, const std::string& key, std::vector<double>* out);
+
+// A peer's {"setup_seconds": .., "bytes": .., "seconds": [..]} line (dies when malformed).
+PeerResult ParsePeerLine(const std::string& line);
+
+// One run of `size` //bench:gloo_alltoall processes (a FileStore under `tmp`): `iters` timed
+// alltoallv of `matrix` (size*size bytes, [i*size+j] = what i sends to j) after one warm-up.
+PeerResult RunGlooAlltoall(const std::vector<int64_t>& matrix, int size, int iters,
+                           const std::string& tmp);
+
+// Runs `python script args...` and parses the line of its stdout that holds "seconds".
+// Exit status 3 means the peer cannot run here (no torch): returned as skipped, with
+// `skip_reason`; any other failure dies.
+PeerResult RunPythonPeer(const std::string& python, const std::string& script,
+                         const std::vector<std::string>& args, const std::string& skip_reason,
+                         absl::Duration timeout);
+
+// Adds what each of `ranks` (global ranks, by position) sends to each other in `plan`'s
+// transfers to `matrix` ([i * n + j]: position i to position j, n = ranks.size()).
+// INVALID_ARGUMENT when a transfer names a rank outside `ranks`.
+absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ranks,
+                            std::vector<int64_t>* matrix);
+
+// ---- Small-op latency (issue 10: a 4 KiB redistribute against a bare unary RPC).
+
+// One plan as the client saw it.
+struct ClientSpan {
+  std::string plan_id;
+  absl::Time start, end;  // At the client: the call and its answer.
+};
+
+// `runs` redistributes of `tensor` between S(1) and S(0) (a tensor with S(0) on a 1-d mesh),
+// timed into `latency`, and as many bare GetMesh(`mesh`) calls into `bare_rpc`: blocks of 20
+// of each take turns, so both see the machine's load but no bare RPC is timed in the tail of
+// a plan (its asynchronous buffer drops). Dies when a plan does not commit.
+std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const std::string& tensor,
+                                               const std::string& mesh, int runs, Stats* latency,
+                                               Stats* bare_rpc);
+
+struct Phase {
+  std::string name;
+  Stats stats;
+};
+
+// Where the time of the last (up to 100) spans' plans went, from their traces (the client's,
+// the coordinator's and the workers' clocks: one host here): client_to_planned (the call,
+// checks, planning, the version), dispatch (to the first fragment start), start_skew (first
+// to last fragment start), fragments (last start to last end: the step), reports (to the
+// last report in), validate_commit (validation and the durable commit), answer (until the
+// client has the reply). Empty when no trace was found.
+std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans);
+
+inline double GBps(int64_t bytes, double seconds) {
+  return seconds > 0 ? bytes / seconds / 1e9 : 0;
+}
+
+}  // namespace bench
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_BENCH_BENCH_COMMON_H_
