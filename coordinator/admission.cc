@@ -334,4 +334,16 @@ int64_t AdmissionController::reserved_bytes(int64_t rank) const {
   return total;
 }
 
+absl::StatusOr<std::shared_ptr<AdmissionHold>> AdmitNow(AdmissionController* controller,
+                                                        const std::string& what,
+                                                        std::map<int64_t, int64_t> buffers) {
+  if (controller == nullptr) return std::shared_ptr<AdmissionHold>();
+  MemoryDemand demand;
+  demand.buffers = std::move(buffers);
+  absl::StatusOr<AdmissionController::Grant> grant =
+      controller->Request(what, std::move(demand), /*may_wait=*/false, nullptr, nullptr);
+  if (!grant.ok()) return grant.status();
+  return std::make_shared<AdmissionHold>(controller, grant->ticket);
+}
+
 }  // namespace shardcoord

@@ -13,9 +13,11 @@
 // coordinator does not know, copies of lent memory); the coordinator's own count covers what
 // happened since the last heartbeat.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -201,6 +203,32 @@ class AdmissionController {
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   size_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The admitted memory of an operation that does not wait (a create, an upload): released
+// once, by Release or when the last holder lets go. Thread-safe.
+class AdmissionHold {
+ public:
+  AdmissionHold(AdmissionController* controller, int64_t ticket)
+      : controller_(controller), ticket_(ticket) {}
+  ~AdmissionHold() { Release(); }
+  AdmissionHold(const AdmissionHold&) = delete;
+  AdmissionHold& operator=(const AdmissionHold&) = delete;
+
+  void Release() {
+    if (!released_.exchange(true)) controller_->Release(ticket_);
+  }
+
+ private:
+  AdmissionController* const controller_;
+  const int64_t ticket_;
+  std::atomic<bool> released_{false};
+};
+
+// Admits `buffers` (bytes by rank) at once for `what`, or RESOURCE_EXHAUSTED as Request
+// (never waits). Null `controller`: nothing to hold.
+absl::StatusOr<std::shared_ptr<AdmissionHold>> AdmitNow(AdmissionController* controller,
+                                                        const std::string& what,
+                                                        std::map<int64_t, int64_t> buffers);
 
 }  // namespace shardcoord
 

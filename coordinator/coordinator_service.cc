@@ -93,6 +93,8 @@ v1::PlanProgress PlanProgressToProto(const PlanProgress& p) {
   out.set_bytes_total(p.bytes_total);
   out.set_error(p.error);
   out.set_seconds(p.seconds);
+  out.set_bucket_bytes(p.bucket_bytes);
+  out.set_waiting_for_memory(p.waiting_for_memory);
   return out;
 }
 
