@@ -856,6 +856,8 @@ absl::Status TensorIo::Delete(const std::string& name) {
   absl::StatusOr<TensorRecord> t = tensors_->Remove(name);
   if (!t.ok()) return t.status();
   Drop(Holders(t->layout), name, -1);
+  // Its buffers no longer count: waiting plans may fit (the workers' next reports confirm).
+  if (admission_ != nullptr) admission_->Recheck();
   return absl::OkStatus();
 }
 
