@@ -101,8 +101,8 @@ std::map<int64_t, int64_t> AdmissionController::Reservation(const Ticket& t) {
 }
 
 AdmissionController::Fit AdmissionController::Evaluate(const MemoryDemand& demand,
-                                                       const Snapshot& s,
-                                                       bool optimistic) const {
+                                                       const Snapshot& s, bool optimistic,
+                                                       bool floor_use) const {
   Fit fit;
   const std::set<int64_t> ranks = demand.Ranks();
   // The workers' bucket sizes: the plan runs with the smallest (every member must agree).
@@ -126,9 +126,10 @@ AdmissionController::Fit AdmissionController::Evaluate(const MemoryDemand& deman
     auto w = s.workers.find(r);
     if (w == s.workers.end() || w->second.budget_bytes <= 0) continue;  // No limit known.
     const WorkerMemoryView& v = w->second;
-    const int64_t held =
-        optimistic ? std::max<int64_t>(0, get(s.committed, r) - get(s.freeing, r))
-                   : std::max(v.used_bytes, get(s.committed, r) + get(s.reserved, r));
+    const int64_t known = get(s.committed, r) + get(s.reserved, r);
+    const int64_t held = optimistic ? std::max<int64_t>(0, get(s.committed, r) - get(s.freeing, r))
+                         : floor_use ? std::max(v.used_bytes, known)
+                                     : known;
     free[r] = v.budget_bytes - held;
     auto caps = demand.staging.find(r);
     const int64_t needed = get(demand.buffers, r) +
@@ -202,7 +203,7 @@ absl::StatusOr<AdmissionController::Grant> AdmissionController::Request(const st
     if (behind) {
       fit.why = "waiting behind earlier plans for the same workers";
     } else {
-      fit = Evaluate(demand, snapshot, /*optimistic=*/false);
+      fit = Evaluate(demand, snapshot, /*optimistic=*/false, /*floor=*/may_wait);
     }
     if (!fit.fits && (!may_wait || options_.timeout <= absl::ZeroDuration())) {
       Observe("refused", now);

@@ -145,6 +145,8 @@ class AdmissionController {
   // RESOURCE_EXHAUSTED naming the worker, the bytes needed and the bytes free when the
   // buffers with the smallest buckets cannot fit even once every admitted operation has
   // ended, or when they do not fit now and `may_wait` is false or the timeout is zero.
+  // Operations that may not wait are checked against the coordinator's own count (committed
+  // + reserved), not the workers' reports, which lag behind deletes by a heartbeat.
   absl::StatusOr<Grant> Request(const std::string& what, MemoryDemand demand, bool may_wait,
                                 AdmitFn admitted, RefuseFn refused);
   // The operation ended or gave up: its reservation (or its place in line) is gone and
@@ -185,8 +187,12 @@ class AdmissionController {
 
   Snapshot TakeSnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Against what workers hold now (optimistic: against their committed buffers only, less
-  // what admitted operations free, as if every admitted operation had ended).
-  Fit Evaluate(const MemoryDemand& demand, const Snapshot& snapshot, bool optimistic) const;
+  // what admitted operations free, as if every admitted operation had ended). `floor`: count
+  // the workers' reported use as a floor (plans; creates and uploads, which cannot wait for
+  // the next report after a delete, count the coordinator's own numbers only: a worker
+  // still refuses what does not fit its budget).
+  Fit Evaluate(const MemoryDemand& demand, const Snapshot& snapshot, bool optimistic,
+               bool floor = true) const;
   static std::map<int64_t, int64_t> Reservation(const Ticket& t);
   // Admits what fits, in order; returns the callbacks to run.
   std::vector<std::function<void()>> PassLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -270,6 +270,20 @@ TEST_F(AdmissionTest, TheReportedUseIsAFloor) {
   EXPECT_TRUE(out.bucket.has_value());
 }
 
+TEST_F(AdmissionTest, CreatesCountTheCoordinatorsNumbersNotTheLaggingReport) {
+  // The worker's last report still counts a tensor deleted since.
+  view_.Set(0, 100 * kMiB, /*used=*/90 * kMiB);
+  view_.Commit(0, 10 * kMiB);
+  Outcome out;
+  auto create = Ask("creating 'x'", Demand({{0, 50 * kMiB}}), &out, /*may_wait=*/false);
+  ASSERT_TRUE(create.ok()) << create.status();
+  EXPECT_TRUE(create->admitted);
+  // A plan waits for a report instead.
+  auto plan = Ask("plan", Demand({{0, 20 * kMiB}}), &out);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->admitted);
+}
+
 TEST_F(AdmissionTest, WhatAdmittedPlansFreeCountsForTheRefusalAtOnce) {
   view_.Set(0, 100 * kMiB);
   view_.Commit(0, 80 * kMiB);
