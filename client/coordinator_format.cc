@@ -87,8 +87,7 @@ std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers, int64_t now
     rows.push_back({absl::StrCat(w.rank()), w.name(), Or(w.host(), "-"), Or(w.device(), "-"),
                     Or(w.backend(), "-"), Or(w.address(), "-"),
                     w.leaving() ? "LEAVING" : v1::WorkerState_Name(w.state()),
-                    absl::StrCat(w.incarnation()),
-                    AgeText(now_unix_ms, w.last_heartbeat_unix_ms()),
+                    absl::StrCat(w.incarnation()), AgeText(now_unix_ms, w.last_heartbeat_unix_ms()),
                     w.memory_budget_bytes() > 0
                         ? absl::StrCat(HumanBytes(w.memory_used_bytes()), " / ",
                                        HumanBytes(w.memory_budget_bytes()), ", peak ",

@@ -36,9 +36,8 @@ TEST(WorkersFormatTest, TableAndJson) {
   const std::string table = WorkersTable(TwoWorkers(), 1'001'500);
   EXPECT_THAT(
       table,
-      HasSubstr(
-          "rank  name  host  device  backend  address         state  incarnation  heartbeat  "
-          "memory (used / budget, peak)\n"));
+      HasSubstr("rank  name  host  device  backend  address         state  incarnation  heartbeat  "
+                "memory (used / budget, peak)\n"));
   EXPECT_THAT(
       table,
       HasSubstr("   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago  "

@@ -8,11 +8,20 @@
 #include "common/byte_size.h"
 
 namespace shardcoord {
+namespace {
+
+int64_t StagingAt(const std::vector<StagingNeed>& needs, int64_t bucket_bytes) {
+  int64_t total = 0;
+  for (const StagingNeed& n : needs) total += n.At(bucket_bytes);
+  return total;
+}
+
+}  // namespace
 
 void MemoryDemand::Add(const MemoryDemand& other) {
   for (const auto& [rank, bytes] : other.buffers) buffers[rank] += bytes;
   for (const auto& [rank, caps] : other.staging) {
-    std::vector<int64_t>& mine = staging[rank];
+    std::vector<StagingNeed>& mine = staging[rank];
     mine.insert(mine.end(), caps.begin(), caps.end());
   }
   for (const auto& [rank, bytes] : other.frees) frees[rank] += bytes;
@@ -35,7 +44,7 @@ std::map<int64_t, int64_t> LayoutBytesByRank(const Layout& layout, DType dtype) 
 MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced) {
   MemoryDemand d;
   if (!target_in_place) d.buffers = LayoutBytesByRank(plan.target, plan.dtype);
-  for (const auto& [rank, cap] : StagingCaps(plan)) d.staging[rank].push_back(cap);
+  for (const auto& [rank, cap] : StagingCaps(plan)) d.staging[rank].push_back(StagingNeed{cap});
   if (replaced != nullptr) d.frees = LayoutBytesByRank(*replaced, plan.dtype);
   return d;
 }
@@ -95,7 +104,7 @@ AdmissionController::Snapshot AdmissionController::TakeSnapshotLocked() const {
 std::map<int64_t, int64_t> AdmissionController::Reservation(const Ticket& t) {
   std::map<int64_t, int64_t> out = t.demand.buffers;
   for (const auto& [rank, caps] : t.demand.staging) {
-    out[rank] += StagingBytes(caps, t.bucket_bytes);
+    out[rank] += StagingAt(caps, t.bucket_bytes);
   }
   return out;
 }
@@ -119,7 +128,7 @@ AdmissionController::Fit AdmissionController::Evaluate(const MemoryDemand& deman
     auto it = m.find(r);
     return it == m.end() ? int64_t{0} : it->second;
   };
-  static const std::vector<int64_t> kNoCaps;
+  static const std::vector<StagingNeed> kNoCaps;
   // Free bytes per limited rank.
   std::map<int64_t, int64_t> free;
   for (int64_t r : ranks) {
@@ -127,22 +136,21 @@ AdmissionController::Fit AdmissionController::Evaluate(const MemoryDemand& deman
     if (w == s.workers.end() || w->second.budget_bytes <= 0) continue;  // No limit known.
     const WorkerMemoryView& v = w->second;
     const int64_t known = get(s.committed, r) + get(s.reserved, r);
-    const int64_t held = optimistic ? std::max<int64_t>(0, get(s.committed, r) - get(s.freeing, r))
+    const int64_t held = optimistic  ? std::max<int64_t>(0, get(s.committed, r) - get(s.freeing, r))
                          : floor_use ? std::max(v.used_bytes, known)
                                      : known;
     free[r] = v.budget_bytes - held;
     auto caps = demand.staging.find(r);
     const int64_t needed = get(demand.buffers, r) +
-                           StagingBytes(caps == demand.staging.end() ? kNoCaps : caps->second, floor);
+                           StagingAt(caps == demand.staging.end() ? kNoCaps : caps->second, floor);
     if (needed > free[r]) {
       const int64_t shown = std::max<int64_t>(0, free[r]);
-      fit.why = absl::StrCat("worker ", v.name, " (rank ", r, ") needs ", needed, " bytes (",
-                             FormatBytes(needed), ": new buffers ", get(demand.buffers, r),
-                             ", staging with ", floor, "-byte buckets ",
-                             needed - get(demand.buffers, r), ") but has ", shown, " bytes (",
-                             FormatBytes(shown), ") free of its ", v.budget_bytes,
-                             "-byte budget (", FormatBytes(v.budget_bytes), ")",
-                             optimistic ? " even once every running plan has ended" : "");
+      fit.why = absl::StrCat(
+          "worker ", v.name, " (rank ", r, ") needs ", needed, " bytes (", FormatBytes(needed),
+          ": new buffers ", get(demand.buffers, r), ", staging with ", floor, "-byte buckets ",
+          needed - get(demand.buffers, r), ") but has ", shown, " bytes (", FormatBytes(shown),
+          ") free of its ", v.budget_bytes, "-byte budget (", FormatBytes(v.budget_bytes), ")",
+          optimistic ? " even once every running plan has ended" : "");
       return fit;
     }
   }
@@ -151,7 +159,7 @@ AdmissionController::Fit AdmissionController::Evaluate(const MemoryDemand& deman
     for (const auto& [r, f] : free) {
       auto caps = demand.staging.find(r);
       if (caps == demand.staging.end()) continue;
-      if (get(demand.buffers, r) + StagingBytes(caps->second, bucket) > f) return false;
+      if (get(demand.buffers, r) + StagingAt(caps->second, bucket) > f) return false;
     }
     return true;
   };
@@ -176,10 +184,10 @@ void AdmissionController::Observe(const char* result, absl::Time since) const {
 }
 
 absl::StatusOr<AdmissionController::Grant> AdmissionController::Request(const std::string& what,
-                                                                         MemoryDemand demand,
-                                                                         bool may_wait,
-                                                                         AdmitFn admitted,
-                                                                         RefuseFn refused) {
+                                                                        MemoryDemand demand,
+                                                                        bool may_wait,
+                                                                        AdmitFn admitted,
+                                                                        RefuseFn refused) {
   const absl::Time now = clock_->Now();
   Grant grant;
   {

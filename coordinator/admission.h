@@ -13,6 +13,7 @@
 // coordinator does not know, copies of lent memory); the coordinator's own count covers what
 // happened since the last heartbeat.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -38,14 +39,24 @@
 
 namespace shardcoord {
 
+// The staging of one fragment: at most `buckets_in_flight` buckets at once, and never more
+// than `cap` whatever the bucket size (sharding/staging.h).
+struct StagingNeed {
+  int64_t cap = 0;
+  int64_t buckets_in_flight = kBucketsInFlight;
+
+  // Its staging with buckets of `bucket_bytes`.
+  int64_t At(int64_t bucket_bytes) const { return std::min(cap, buckets_in_flight * bucket_bytes); }
+};
+
 // What an operation takes on each worker, by global rank.
 struct MemoryDemand {
   // New buffers: held from the start until the operation ends (then committed or freed).
   std::map<int64_t, int64_t> buffers;
-  // Staging caps (sharding/staging.h StagingCaps), one per fragment that runs on the rank at
-  // the same time (the members of a group): the staging with buckets of b bytes is
-  // StagingBytes(caps, b).
-  std::map<int64_t, std::vector<int64_t>> staging;
+  // The staging of every fragment that runs on the rank at the same time (the members of a
+  // group that run as plans of their own; one entry for a fused fragment): with buckets of b
+  // bytes the rank stages the sum of their At(b).
+  std::map<int64_t, std::vector<StagingNeed>> staging;
   // Committed bytes the operation frees on each rank when it commits (the version it
   // replaces): memory a waiting operation may hope for.
   std::map<int64_t, int64_t> frees;

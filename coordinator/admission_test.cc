@@ -53,7 +53,9 @@ MemoryDemand Demand(std::map<int64_t, int64_t> buffers,
                     std::map<int64_t, int64_t> frees = {}) {
   MemoryDemand d;
   d.buffers = std::move(buffers);
-  d.staging = std::move(staging);
+  for (const auto& [rank, caps] : staging) {
+    for (int64_t cap : caps) d.staging[rank].push_back(StagingNeed{cap});
+  }
   d.frees = std::move(frees);
   return d;
 }
@@ -68,8 +70,8 @@ class AdmissionTest : public ::testing::Test {
  protected:
   AdmissionTest() : timer_(&clock_) {
     options_.timeout = absl::Seconds(30);
-    options_.metrics.wait_seconds = registry_.AddHistogram(
-        "wait", "w", {"result"}, ExponentialBuckets(0.001, 2, 17));
+    options_.metrics.wait_seconds =
+        registry_.AddHistogram("wait", "w", {"result"}, ExponentialBuckets(0.001, 2, 17));
   }
 
   AdmissionController& controller() {
@@ -134,6 +136,20 @@ TEST_F(AdmissionTest, LowersTheBucketUntilTheStagingFits) {
   EXPECT_EQ(g2->bucket_bytes, (70 - 1) * kMiB / kBucketsInFlight);
 }
 
+TEST_F(AdmissionTest, EachFragmentStagesItsOwnNumberOfBuckets) {
+  view_.Set(0, 100 * kMiB, 0, 64 * kMiB);
+  // A fused fragment staging 4 buckets at once next to a plain one staging 2: 40 MiB free
+  // for staging -> 6 buckets of 40/6 MiB.
+  MemoryDemand d;
+  d.buffers[0] = 60 * kMiB;
+  d.staging[0] = {StagingNeed{kMiB * 400, 4}, StagingNeed{kMiB * 400, 2}};
+  Outcome out;
+  auto g = controller().Request("group", d, true, nullptr, nullptr);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->bucket_bytes, 40 * kMiB / 6);
+  EXPECT_LE(controller().reserved_bytes(0), 100 * kMiB);
+}
+
 TEST_F(AdmissionTest, RefusesAtOnceWhatCannotFitEvenWhenEverythingEnds) {
   view_.Set(2, 64 * kMiB, 0, 64 * kMiB);
   view_.Commit(2, 40 * kMiB);
@@ -152,8 +168,8 @@ TEST_F(AdmissionTest, RefusesAtOnceWhatCannotFitEvenWhenEverythingEnds) {
   auto g2 = Ask("plan", Demand({{2, 24 * kMiB - 1}}, {{2, {kMiB}}}), &out);
   EXPECT_EQ(g2.status().code(), absl::StatusCode::kResourceExhausted);
   // Exactly buffers + the smallest buckets fits.
-  auto g3 = Ask("plan", Demand({{2, 24 * kMiB - StagingLimit(kMinBucketBytes)}}, {{2, {kMiB}}}),
-                &out);
+  auto g3 =
+      Ask("plan", Demand({{2, 24 * kMiB - StagingLimit(kMinBucketBytes)}}, {{2, {kMiB}}}), &out);
   ASSERT_TRUE(g3.ok()) << g3.status();
   EXPECT_EQ(g3->bucket_bytes, kMinBucketBytes);
 }
@@ -197,11 +213,11 @@ TEST_F(AdmissionTest, TimesOutWithResourceExhaustedNamingTheWorker) {
   timer_.Advance(absl::Seconds(1));
   ASSERT_TRUE(second.refused.has_value());
   EXPECT_EQ(second.refused->code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(second.refused->message(),
-              AllOf(HasSubstr("plan p-2: no memory within the admission timeout (30s)"),
-                    HasSubstr("worker w3 (rank 3) needs"),
-                    HasSubstr(absl::StrCat(50 * kMiB, " bytes")),
-                    HasSubstr(absl::StrCat("has ", 40 * kMiB, " bytes"))));
+  EXPECT_THAT(
+      second.refused->message(),
+      AllOf(HasSubstr("plan p-2: no memory within the admission timeout (30s)"),
+            HasSubstr("worker w3 (rank 3) needs"), HasSubstr(absl::StrCat(50 * kMiB, " bytes")),
+            HasSubstr(absl::StrCat("has ", 40 * kMiB, " bytes"))));
   EXPECT_FALSE(second.bucket);
   EXPECT_EQ(controller().waiting(), 0u);
   controller().Release(b->ticket);  // Gone already: ignored.
@@ -295,7 +311,7 @@ TEST_F(AdmissionTest, WhatAdmittedPlansFreeCountsForTheRefusalAtOnce) {
   auto b = Ask("plan p-2", Demand({{0, 50 * kMiB}}), &b_out);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_FALSE(b->admitted);
-  view_.Commit(0, 20 * kMiB);  // p-1 committed...
+  view_.Commit(0, 20 * kMiB);       // p-1 committed...
   controller().Release(a->ticket);  // ...and ended.
   EXPECT_TRUE(b_out.bucket.has_value());
 }
@@ -326,7 +342,8 @@ TEST(PlanMemoryDemandTest, BuffersStagingAndFrees) {
     EXPECT_EQ(d.buffers.at(r), 64 * 32 * 4);  // A whole replica each.
     EXPECT_EQ(d.frees.at(r), 16 * 32 * 4);    // Its shard goes at commit.
     ASSERT_EQ(d.staging.at(r).size(), 1u);
-    EXPECT_GT(d.staging.at(r)[0], 0);
+    EXPECT_GT(d.staging.at(r)[0].cap, 0);
+    EXPECT_EQ(d.staging.at(r)[0].buckets_in_flight, kBucketsInFlight);
   }
   const MemoryDemand in_place = PlanMemoryDemand(*plan, true, nullptr);
   EXPECT_TRUE(in_place.buffers.empty());

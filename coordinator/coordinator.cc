@@ -131,12 +131,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
       ++(w.alive ? alive : dead);
       if (w.spec.memory.budget_bytes <= 0) continue;  // Reports no budget.
       const WorkerMemory& m = w.spec.memory;
-      metrics_.worker_memory_budget->WithLabels({w.spec.name})->Set(
-          static_cast<double>(m.budget_bytes));
-      metrics_.worker_memory_used->WithLabels({w.spec.name})->Set(
-          static_cast<double>(m.used_bytes));
-      metrics_.worker_memory_peak->WithLabels({w.spec.name})->Set(
-          static_cast<double>(m.peak_bytes));
+      metrics_.worker_memory_budget->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.budget_bytes));
+      metrics_.worker_memory_used->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.used_bytes));
+      metrics_.worker_memory_peak->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.peak_bytes));
     }
     metrics_.workers->WithLabels({"alive"})->Set(static_cast<double>(alive));
     metrics_.workers->WithLabels({"dead"})->Set(static_cast<double>(dead));

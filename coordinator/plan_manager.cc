@@ -319,8 +319,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.communicator_prefix = prefix;
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
-  e.demand = PlanMemoryDemand(**plan, e.target_attached,
-                              e.target_attached ? nullptr : &dst_rec->layout);
+  e.demand =
+      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout);
   FragmentOptions fo;
   fo.plan_id = id;
   fo.tensor = tensor;
@@ -394,8 +394,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   std::vector<Dispatch> dispatch;
   dispatch.push_back(std::move(fragments));
-  if (absl::Status s = AdmitAndSend(absl::StrCat("plan ", id), {id}, std::move(dispatch),
-                                    std::move(demand));
+  if (absl::Status s =
+          AdmitAndSend(absl::StrCat("plan ", id), {id}, std::move(dispatch), std::move(demand));
       !s.ok()) {
     Discard(id);  // Nothing was sent.
     return s;
@@ -412,8 +412,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   return out;
 }
 
-absl::Status PlanManager::AdmitAndSend(const std::string& what,
-                                       const std::vector<std::string>& ids,
+absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
                                        std::vector<Dispatch> dispatch, MemoryDemand demand,
                                        const std::string& group) {
   if (options_.admission == nullptr) {
@@ -681,8 +680,8 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
       if (it != plans_.end()) demand.Add(it->second.demand);
     }
   }
-  if (absl::Status s =
-          AdmitAndSend(absl::StrCat("group ", gid), ids, std::move(dispatch), std::move(demand), gid);
+  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), ids, std::move(dispatch),
+                                    std::move(demand), gid);
       !s.ok()) {
     // Refused before anything was sent: the group changes nothing.
     for (const StartedPlan& m : out.members) Discard(m.id);
@@ -736,9 +735,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       final.error = g.error;
       final.seconds = absl::ToDoubleSeconds(clock_->Now() - g.start);
       for (auto& p : g.finals) final.members.push_back(p.value_or(PlanProgress{}));
-      final_status = g.failed ? absl::Status(g.error_code,
-                                             absl::StrCat("group ", gid, " aborted: ", g.error))
-                              : absl::OkStatus();
+      final_status =
+          g.failed ? absl::Status(g.error_code, absl::StrCat("group ", gid, " aborted: ", g.error))
+                   : absl::OkStatus();
       done = std::move(g.done);
       ticket = g.admission_ticket;
       groups_.erase(it);

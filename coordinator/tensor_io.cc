@@ -185,8 +185,9 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
     return done(tensors_->Get(args.name));
   }
   // Every rank's buffer must fit its worker's budget now; held until the create ends.
-  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory = AdmitNow(
-      admission_, absl::StrCat("creating '", args.name, "'"), LayoutBytesByRank(*layout, args.dtype));
+  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
+      AdmitNow(admission_, absl::StrCat("creating '", args.name, "'"),
+               LayoutBytesByRank(*layout, args.dtype));
   if (!memory.ok()) return done(memory.status());
   if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
 

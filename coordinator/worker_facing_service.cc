@@ -58,10 +58,10 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
       return Done(ctx, absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " < 0")));
     }
   }
-  WorkerSpec spec{req->name(),    req->host(),         req->device(), req->address(),
-                  req->backend(), req->local_socket()};
-  spec.memory = WorkerMemory{req->memory_budget_bytes(), req->memory_used_bytes(),
-                             req->memory_peak_bytes()};
+  WorkerSpec spec{req->name(),    req->host(),    req->device(),
+                  req->address(), req->backend(), req->local_socket()};
+  spec.memory =
+      WorkerMemory{req->memory_budget_bytes(), req->memory_used_bytes(), req->memory_peak_bytes()};
   spec.bucket_bytes = req->bucket_bytes();
   absl::StatusOr<WorkerRecord> w = workers_->Register(spec);
   if (!w.ok()) return Done(ctx, w.status());

@@ -94,8 +94,8 @@ TEST(MessageWindowsTest, RandomExchangesStayWithinTheLimit) {
     for (const auto& [key, value] : load) {
       const auto& [bytes, count] = value;
       EXPECT_TRUE(bytes <= limit || count == 1)
-          << "trial " << trial << " window " << key.first << " rank " << key.second << ": "
-          << bytes << " bytes in " << count << " messages, limit " << limit;
+          << "trial " << trial << " window " << key.first << " rank " << key.second << ": " << bytes
+          << " bytes in " << count << " messages, limit " << limit;
     }
   }
 }

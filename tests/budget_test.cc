@@ -76,8 +76,8 @@ class BudgetTest : public ::testing::Test {
   }
 
   void Create(const std::string& name, const Shape& shape) {
-    absl::StatusOr<v1::TensorInfo> t = CreateFilled(client(), name, shape, DType::kF32, "line",
-                                                    "S(0)");
+    absl::StatusOr<v1::TensorInfo> t =
+        CreateFilled(client(), name, shape, DType::kF32, "line", "S(0)");
     ASSERT_TRUE(t.ok()) << name << ": " << t.status();
   }
 
@@ -250,7 +250,8 @@ TEST_F(BudgetTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
   EXPECT_TRUE(p1->progress().waiting_for_memory().empty());
   EXPECT_EQ(p2->progress().state(), v1::PENDING);
   EXPECT_EQ(p2->progress().bucket_bytes(), 0);
-  EXPECT_THAT(p2->progress().waiting_for_memory(), AllOf(HasSubstr("worker w"), HasSubstr("needs")));
+  EXPECT_THAT(p2->progress().waiting_for_memory(),
+              AllOf(HasSubstr("worker w"), HasSubstr("needs")));
   absl::StatusOr<v1::PlanProgress> end1 = client().WatchPlan(p1->progress().plan_id(), nullptr);
   ASSERT_TRUE(end1.ok()) << end1.status();
   EXPECT_EQ(end1->state(), v1::COMMITTED) << end1->error();

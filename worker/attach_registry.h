@@ -105,9 +105,7 @@ class AttachRegistry {
   }
   // Where lent host memory lives: the worker's own space when that is host memory (so plans
   // see one space, budgeted or not: worker/memory_budget.h), else plain host memory.
-  MemorySpace* HostSpace() const {
-    return space_->is_host() ? space_ : &HostMemorySpace::Global();
-  }
+  MemorySpace* HostSpace() const { return space_->is_host() ? space_ : &HostMemorySpace::Global(); }
 
   BufferStore* const buffers_;
   MemorySpace* const space_;

@@ -811,7 +811,7 @@ class StepRunner {
       const Slab* slab = nullptr;
       int peer = 0;
       bool send = false;
-      const char* source = nullptr;          // Send straight from a source chunk.
+      const char* source = nullptr;           // Send straight from a source chunk.
       std::optional<Mover::Landing> landing;  // Receive straight into a target chunk.
       int64_t offset = -1;                    // Else: where in the staging buffer.
     };
@@ -955,8 +955,8 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
                                                        : input.options.default_step_timeout;
 
   // The plan's buckets bound its messages and the staging held at once (sharding/staging.h).
-  const int64_t bucket = std::max<int64_t>(
-      1, f.bucket_bytes > 0 ? f.bucket_bytes : input.options.bucket_bytes);
+  const int64_t bucket =
+      std::max<int64_t>(1, f.bucket_bytes > 0 ? f.bucket_bytes : input.options.bucket_bytes);
   const int64_t staging_limit = StagingLimit(bucket);
   const int64_t esize = ElementSize(f.dtype);
 

@@ -120,7 +120,7 @@ struct RankRun {
 // Runs every rank's fragment of `plan` with bucket `bucket` (0: the option's default), each
 // rank's buffers counted by a budget of `budget_bytes` (0: no limit).
 std::vector<RankRun> RunFragments(Cluster& cluster, const Plan& plan, const std::string& id,
-                         int64_t bucket, int64_t budget_bytes) {
+                                  int64_t bucket, int64_t budget_bytes) {
   std::vector<RankRun> runs(kRanks);
   std::vector<std::shared_ptr<MemoryBudget>> budgets;
   std::vector<std::shared_ptr<BudgetedMemorySpace>> spaces;
@@ -173,8 +173,7 @@ void CheckValues(const Plan& plan, const std::vector<RankRun>& runs) {
     for (const Chunk& c : rc->chunks) {
       const char* data = runs[r].target->data() + c.local_offset * esize;
       ForEachElement(plan.target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-        const double want =
-            Reduced(plan.source.partial_op(), flat, plan.source.num_partials());
+        const double want = Reduced(plan.source.partial_op(), flat, plan.source.num_partials());
         ASSERT_EQ(LoadAsDouble(data, plan.dtype, i), want)
             << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
       });
@@ -205,10 +204,10 @@ struct Case {
 // (64 MiB) buckets one.
 const std::vector<Case>& Cases() {
   static const std::vector<Case>* cases = new std::vector<Case>{
-      {"S(0)", "S(1)", {256, 256}},  // All-to-all.
-      {"S(1)", "R", {256, 256}},     // All-gather.
-      {"P(sum)", "R", {256, 256}},   // All-reduce.
-      {"P(sum)", "S(0)", {256, 256}},  // Reduce-scatter.
+      {"S(0)", "S(1)", {256, 256}},              // All-to-all.
+      {"S(1)", "R", {256, 256}},                 // All-gather.
+      {"P(sum)", "R", {256, 256}},               // All-reduce.
+      {"P(sum)", "S(0)", {256, 256}},            // Reduce-scatter.
       {"S(0)", "S(1,[1,255,0,0])", {256, 256}},  // Uneven point-to-point.
   };
   return *cases;
@@ -223,7 +222,8 @@ TEST_P(ExecutorBudgetTest, SmallBucketsBoundTheStagingAndMoveEveryValue) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(absl::StrCat(c.from, " -> ", c.to, GetParam() ? " (collectives)" : ""));
     const Plan plan = MakePlan(c.from, c.to, c.shape);
-    std::vector<RankRun> small = RunFragments(cluster, plan, absl::StrCat("s", serial++), kBucket, 0);
+    std::vector<RankRun> small =
+        RunFragments(cluster, plan, absl::StrCat("s", serial++), kBucket, 0);
     CheckValues(plan, small);
     EXPECT_LE(MostStaging(small), StagingLimit(kBucket));
     // The same plan with default buckets stages far more: the bound above is the buckets'.
@@ -253,7 +253,8 @@ TEST_P(ExecutorBudgetTest, ABudgetWithRoomForBuffersAndBucketsIsEnough) {
   for (const RankRun& r : fits) EXPECT_LE(r.peak, buffers + StagingLimit(kBucket));
   // Default buckets would stage the whole exchange: the same budget refuses it, naming the
   // worker, before any byte of it is sent.
-  std::vector<RankRun> refused = RunFragments(cluster, plan, "refused", 0, buffers + StagingLimit(kBucket));
+  std::vector<RankRun> refused =
+      RunFragments(cluster, plan, "refused", 0, buffers + StagingLimit(kBucket));
   bool any = false;
   for (int r = 0; r < kRanks; ++r) {
     if (refused[r].result.ok()) continue;

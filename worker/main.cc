@@ -197,9 +197,9 @@ int Main(int argc, char** argv) {
   options.memory_budget = *budget;
   if (absl::Status s = ParseByteSizeFlag("bucket-bytes", bucket_bytes, &options.bucket_bytes);
       !s.ok() || options.bucket_bytes <= 0) {
-    std::fprintf(stderr, "%s\n",
-                 s.ok() ? "--bucket-bytes: must be more than 0 bytes"
-                        : std::string(s.message()).c_str());
+    std::fprintf(
+        stderr, "%s\n",
+        s.ok() ? "--bucket-bytes: must be more than 0 bytes" : std::string(s.message()).c_str());
     return 2;
   }
   absl::Duration drain = absl::ZeroDuration();

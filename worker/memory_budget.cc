@@ -87,8 +87,7 @@ BudgetedMemorySpace::~BudgetedMemorySpace() = default;
 
 absl::StatusOr<Allocation> BudgetedMemorySpace::Allocate(int64_t bytes) {
   if (bytes < 0) return inner_->Allocate(bytes);  // The space's own INVALID_ARGUMENT.
-  if (absl::Status s = budget_->Reserve(
-          bytes, absl::StrCat("an allocation in ", inner_->name()));
+  if (absl::Status s = budget_->Reserve(bytes, absl::StrCat("an allocation in ", inner_->name()));
       !s.ok()) {
     return s;
   }
@@ -153,8 +152,8 @@ absl::StatusOr<MemoryBudgetSetting> ParseMemoryBudgetFlag(absl::string_view text
     double percent = 0;
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(number), &percent) || !(percent > 0) ||
         percent > 100) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--memory-budget: '", text, "' is not a percentage in (0, 100]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory-budget: '", text, "' is not a percentage in (0, 100]"));
     }
     setting.fraction = percent / 100;
     return setting;

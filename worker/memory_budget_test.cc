@@ -39,10 +39,10 @@ TEST(MemoryBudgetTest, RefusesBeyondTheBudgetNamingTheWorkerAndBytes) {
   ASSERT_TRUE(budget.Reserve(3 * kMiB, "first").ok());
   absl::Status s = budget.Reserve(2 * kMiB, "the target buffer");
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(s.message(), AllOf(HasSubstr("worker w3"), HasSubstr("the target buffer"),
-                                 HasSubstr("needs 2097152 bytes"),
-                                 HasSubstr("1048576 bytes (1.00 MiB) free"),
-                                 HasSubstr("4194304-byte budget")));
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("worker w3"), HasSubstr("the target buffer"),
+                    HasSubstr("needs 2097152 bytes"), HasSubstr("1048576 bytes (1.00 MiB) free"),
+                    HasSubstr("4194304-byte budget")));
   EXPECT_EQ(budget.used(), 3 * kMiB);  // Nothing changed.
   EXPECT_EQ(budget.peak(), 3 * kMiB);
   EXPECT_TRUE(budget.Reserve(kMiB, "exactly the rest").ok());
@@ -195,11 +195,8 @@ TEST(MemoryBudgetFlagTest, ResolvesAgainstTheSpace) {
     absl::Status CopyFromHost(void*, const void*, int64_t) override { return absl::OkStatus(); }
     absl::Status CopyToHost(void*, const void*, int64_t) override { return absl::OkStatus(); }
     absl::Status FillZeros(void*, int64_t) override { return absl::OkStatus(); }
-    absl::Status FillIdentity(void*, int64_t, DType, ReduceOp) override {
-      return absl::OkStatus();
-    }
-    absl::Status CopyBox(const Box&, const void*, const Box&, void*, const Box&,
-                         int64_t) override {
+    absl::Status FillIdentity(void*, int64_t, DType, ReduceOp) override { return absl::OkStatus(); }
+    absl::Status CopyBox(const Box&, const void*, const Box&, void*, const Box&, int64_t) override {
       return absl::OkStatus();
     }
     absl::Status ReduceIntoBox(const Box&, const void*, const Box&, void*, const Box&, DType,
