@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
                  "how long a plan (or group) waits for its new buffers and staging to fit the "
                  "workers' memory budgets before it fails with RESOURCE_EXHAUSTED naming the "
                  "worker, the bytes needed and free; 0: fail at once. Plans that could not fit "
-                 "even on idle workers, creates and uploads never wait")
+                 "even on idle workers, creates and uploads never wait. Keep it below "
+                 "--plan-timeout, which counts from the plan's start")
       ->capture_default_str();
   app.add_option("--io-band-bytes", options.io_band_bytes,
                  "whole uploads and downloads stream through the coordinator in bands of at "
