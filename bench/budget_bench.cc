@@ -19,8 +19,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "client/coordinator_client.h"
 #include "common/json_writer.h"
 #include "tests/cluster.h"
@@ -43,6 +42,9 @@ ABSL_FLAG(int64_t, budget_mib, 1024, "Every worker's --memory-budget in MiB.");
 ABSL_FLAG(int64_t, headroom_mib, 64,
           "What the budget run leaves free on each worker after the group's new buffers.");
 ABSL_FLAG(std::string, log_dir, "", "Keep the daemons' logs here (default: not kept).");
+ABSL_FLAG(std::string, bucket_bytes, "",
+          "The workers' --bucket-bytes (default: theirs, 64 MiB): small values show what small "
+          "buckets cost with room to spare.");
 
 namespace shardcoord {
 namespace {
@@ -50,32 +52,12 @@ namespace {
 constexpr int kWorkers = 4;
 constexpr int64_t kMiB = int64_t{1} << 20;
 
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "budget_bench: %s\n", message.c_str());
-  std::exit(1);
-}
+using bench::Die;
+using bench::OrDie;
 
-template <typename T>
-T OrDie(absl::StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
-  return *std::move(v);
-}
-
-void OrDie(const absl::Status& s, const std::string& what) {
-  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
-}
-
-struct Series {
-  std::vector<double> seconds;
+struct Series : bench::Samples {
   int64_t bucket_bytes = 0;  // Of the last run.
   int64_t peak_bytes = 0;    // The most any worker held while a member ran.
-  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
-  double Median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    const size_t n = s.size();
-    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-  }
 };
 
 std::string Name(int i) { return absl::StrCat("t", i); }
@@ -133,6 +115,10 @@ int Main() {
 
   ClusterOptions options;
   options.worker_flags = {absl::StrCat("--memory-budget=", budget)};
+  if (!absl::GetFlag(FLAGS_bucket_bytes).empty()) {
+    options.worker_flags.push_back(
+        absl::StrCat("--bucket-bytes=", absl::GetFlag(FLAGS_bucket_bytes)));
+  }
   options.coordinator_flags = {"--admission-timeout=600s"};
   options.echo_stdout = false;
   options.log_dir = absl::GetFlag(FLAGS_log_dir);
@@ -165,11 +151,16 @@ int Main() {
   if (absl::GetFlag(FLAGS_json)) {
     JsonWriter w;
     w.BeginObject();
-    w.Key("workers").Int(kWorkers).Key("tensors").Int(tensors).Key("tensor_bytes").Int(
-        tensor_mib * kMiB);
+    w.Key("workers")
+        .Int(kWorkers)
+        .Key("tensors")
+        .Int(tensors)
+        .Key("tensor_bytes")
+        .Int(tensor_mib * kMiB);
     w.Key("budget_bytes").Int(budget).Key("headroom_bytes").Int(headroom);
     w.Key("bytes_moved").Int(moved);
-    for (const auto& [name, s] : {std::make_pair("free", &free), std::make_pair("budget", &limited)}) {
+    for (const auto& [name, s] :
+         {std::make_pair("free", &free), std::make_pair("budget", &limited)}) {
       w.Key(name).BeginObject();
       w.Key("best_seconds").Double(s->Best()).Key("median_seconds").Double(s->Median());
       w.Key("seconds").BeginArray();
@@ -183,10 +174,12 @@ int Main() {
     w.EndObject();
     std::printf("%s\n", w.str().c_str());
   } else {
-    std::printf("group of %d x %lld MiB f32 S(0) -> S(1) on %d Gloo workers, budget %lld MiB each\n",
-                tensors, static_cast<long long>(tensor_mib), kWorkers,
-                static_cast<long long>(budget / kMiB));
-    for (const auto& [name, s] : {std::make_pair("free", &free), std::make_pair("budget", &limited)}) {
+    std::printf(
+        "group of %d x %lld MiB f32 S(0) -> S(1) on %d Gloo workers, budget %lld MiB each\n",
+        tensors, static_cast<long long>(tensor_mib), kWorkers,
+        static_cast<long long>(budget / kMiB));
+    for (const auto& [name, s] :
+         {std::make_pair("free", &free), std::make_pair("budget", &limited)}) {
       std::printf("%-7s best %.3f s  median %.3f s  %.2f GB/s  buckets %lld KiB  peak %lld MiB\n",
                   name, s->Best(), s->Median(), moved / s->Best() / 1e9,
                   static_cast<long long>(s->bucket_bytes >> 10),

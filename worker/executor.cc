@@ -753,15 +753,34 @@ class StepRunner {
   // bounded by the plan's buckets however large the step.
   absl::Status SendRecv() {
     std::vector<Slab> slabs;
-    std::vector<WindowMessage> messages;
+    std::map<std::pair<int, int>, std::vector<size_t>> pairs;  // Group ranks -> slabs, in order.
     for (const Transfer& t : step_.transfers) {
       for (Box& b : SplitIntoSlabs(t.box, esize_, message_bytes_)) {
+        pairs[{shape_.group_rank.at(t.src), shape_.group_rank.at(t.dst)}].push_back(slabs.size());
         const int64_t bytes = b.Volume() * esize_;
         slabs.push_back(Slab{&t, std::move(b), bytes});
-        messages.push_back(WindowMessage{t.src, t.dst, bytes});
       }
     }
-    const std::vector<int> windows = AssignMessageWindows(messages, staging_limit_);
+    // Windows are filled in the order slabs are posted (round j of every pair, peers in ring
+    // order), so each window has every rank sending and receiving, not some ranks only.
+    std::vector<size_t> order;
+    std::vector<WindowMessage> messages;
+    size_t rounds = 0;
+    for (const auto& [pair, list] : pairs) rounds = std::max(rounds, list.size());
+    for (size_t j = 0; j < rounds; ++j) {
+      for (int k = 1; k < shape_.n; ++k) {
+        for (int src = 0; src < shape_.n; ++src) {
+          auto it = pairs.find({src, (src + k) % shape_.n});
+          if (it == pairs.end() || j >= it->second.size()) continue;
+          const Slab& slab = slabs[it->second[j]];
+          order.push_back(it->second[j]);
+          messages.push_back(WindowMessage{slab.t->src, slab.t->dst, slab.bytes});
+        }
+      }
+    }
+    const std::vector<int> assigned = AssignMessageWindows(messages, staging_limit_);
+    std::vector<int> windows(slabs.size(), 0);
+    for (size_t i = 0; i < order.size(); ++i) windows[order[i]] = assigned[i];
     std::map<int, Window> mine;  // This rank's slabs by window.
     for (size_t i = 0; i < slabs.size(); ++i) {
       const Transfer& t = *slabs[i].t;
@@ -779,8 +798,18 @@ class StepRunner {
     }
     CommOptions options = options_;
     if (mine.empty()) return SendRecvWithHooks(*comm_, {}, {}, options);  // Runs while_waiting.
+    // One staging buffer for the step, as large as its largest window: windows run one after
+    // another, so they reuse it (one allocation per step, of a size the next plan reuses).
+    std::vector<std::vector<Post>> posts;
+    int64_t staged = 0;
     for (const auto& [index, window] : mine) {
-      if (absl::Status s = Exchange(window, options); !s.ok()) return s;
+      posts.emplace_back();
+      staged = std::max(staged, PlanWindow(window, &posts.back()));
+    }
+    Staging staging(mover_->space(), staged);
+    if (!staging.ok(staged)) return OutOfMemory(staged, &staging);
+    for (const std::vector<Post>& window : posts) {
+      if (absl::Status s = RunWindow(window, staging.data(), options); !s.ok()) return s;
       options.while_waiting = nullptr;  // Ran during the first window.
     }
     return absl::OkStatus();
@@ -804,18 +833,19 @@ class StepRunner {
     std::vector<std::vector<const Slab*>> out, in;
   };
 
-  // One window of SendRecv as one grouped exchange; the slabs that need staging share one
-  // buffer, freed when the window is done.
-  absl::Status Exchange(const Window& w, const CommOptions& options) {
-    struct Post {
-      const Slab* slab = nullptr;
-      int peer = 0;
-      bool send = false;
-      const char* source = nullptr;           // Send straight from a source chunk.
-      std::optional<Mover::Landing> landing;  // Receive straight into a target chunk.
-      int64_t offset = -1;                    // Else: where in the staging buffer.
-    };
-    std::vector<Post> posts;
+  // One message of a window, as posted.
+  struct Post {
+    const Slab* slab = nullptr;
+    int peer = 0;
+    bool send = false;
+    const char* source = nullptr;           // Send straight from a source chunk.
+    std::optional<Mover::Landing> landing;  // Receive straight into a target chunk.
+    int64_t offset = -1;                    // Else: where in the window's staging.
+  };
+
+  // One window's posts in posting order; returns the staging bytes they need.
+  int64_t PlanWindow(const Window& w, std::vector<Post>* out) {
+    std::vector<Post>& posts = *out;
     int64_t staged = 0;
     size_t rounds = 0;
     for (int g = 0; g < shape_.n; ++g) rounds = std::max({rounds, w.out[g].size(), w.in[g].size()});
@@ -849,13 +879,18 @@ class StepRunner {
         }
       }
     }
-    Staging staging(mover_->space(), staged);
-    if (!staging.ok(staged)) return OutOfMemory(staged, &staging);
+    return staged;
+  }
+
+  // One window as one grouped exchange, staging at `staging` (the windows run one after
+  // another and share it).
+  absl::Status RunWindow(const std::vector<Post>& posts, char* staging,
+                         const CommOptions& options) {
     std::vector<SendOp> sends;
     std::vector<RecvOp> recvs;
     for (const Post& p : posts) {
       const Slab* slab = p.slab;
-      char* buf = p.offset >= 0 ? staging.data() + p.offset : nullptr;
+      char* buf = p.offset >= 0 ? staging + p.offset : nullptr;
       if (p.send) {
         SendOp op{p.peer, p.source, slab->bytes, nullptr};
         if (buf != nullptr) {

@@ -27,6 +27,7 @@
 #include "worker/kv_client.h"
 #include "worker/memory_budget.h"
 #include "worker/testing/executor_test_util.h"
+#include "worker/testing/forwarding_communicator.h"
 
 namespace shardcoord {
 namespace {
@@ -41,57 +42,10 @@ using ::testing::HasSubstr;
 constexpr int kRanks = 4;
 
 // Gloo that asks for its collectives (as NCCL does), so the staging fallback is exercised.
-class CollectivesCommunicator final : public Communicator {
+class CollectivesCommunicator final : public ForwardingCommunicator {
  public:
-  explicit CollectivesCommunicator(std::shared_ptr<Communicator> inner)
-      : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  bool broken() const override { return inner_->broken(); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   bool PrefersSendRecvForCopies() const override { return false; }
-  bool RunsHooks() const override { return inner_->RunsHooks(); }
-  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
-                          absl::Span<const int64_t> recv_bytes,
-                          const CommOptions& options) override {
-    return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
-  }
-  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
-                         absl::Span<const int64_t> recv_bytes,
-                         const CommOptions& options) override {
-    return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
-  }
-  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
-                              DType dtype, ReduceOp op, const CommOptions& options) override {
-    return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
-  }
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
-                         const CommOptions& options) override {
-    return inner_->AllReduce(send, recv, elements, dtype, op, options);
-  }
-  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override {
-    return inner_->Broadcast(data, bytes, root, options);
-  }
-  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
-                        const CommOptions& options) override {
-    return inner_->SendRecv(sends, recvs, options);
-  }
-
- private:
-  const std::shared_ptr<Communicator> inner_;
-};
-
-class CollectivesFactory final : public CommunicatorFactory {
- public:
-  explicit CollectivesFactory(std::shared_ptr<CommunicatorFactory> inner)
-      : inner_(std::move(inner)) {}
-  absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override {
-    absl::StatusOr<std::shared_ptr<Communicator>> c = inner_->Create(spec);
-    if (!c.ok()) return c.status();
-    return std::shared_ptr<Communicator>(std::make_shared<CollectivesCommunicator>(*std::move(c)));
-  }
-
- private:
-  const std::shared_ptr<CommunicatorFactory> inner_;
 };
 
 struct Cluster {
@@ -99,7 +53,12 @@ struct Cluster {
     for (int r = 0; r < kRanks; ++r) {
       std::shared_ptr<CommunicatorFactory> gloo =
           *GlooCommunicatorFactory::Create(&kv, GlooOptions{});
-      if (collectives) gloo = std::make_shared<CollectivesFactory>(gloo);
+      if (collectives) {
+        gloo = std::make_shared<WrappingCommunicatorFactory>(
+            gloo, [](std::shared_ptr<Communicator> c) -> std::shared_ptr<Communicator> {
+              return std::make_shared<CollectivesCommunicator>(std::move(c));
+            });
+      }
       caches.push_back(std::make_unique<CommunicatorCache>(gloo));
     }
   }

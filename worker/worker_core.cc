@@ -179,6 +179,9 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
                                               f.target_tensor, "': ", s.message()));
     }
   }
+  // Done with the source: its memory goes back before the report, so the commit that drops
+  // the old version frees it (the coordinator's memory admission counts on that).
+  run->source.reset();
   if (log_) {
     if (result.ok()) {
       std::string steps_text;
@@ -213,6 +216,10 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       run->stored = true;
     }
   }
+  // Stored (the store holds it) or not kept: a failed fragment's target, and the staging
+  // copy of a lent target, are freed before the report, not when this thread ends.
+  run->target.reset();
+  run->write_back.reset();
   if (!aborted) {
     v1::ReportChunksRequest report;
     report.set_final(true);
@@ -240,7 +247,6 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     Report(*run, std::move(report));
   }
   if (budget_ != nullptr && aborted) budget_->CloseWatermark(watermark);
-  run->source.reset();
   absl::MutexLock lock(&mu_);
   --running_;
 }
