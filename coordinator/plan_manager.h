@@ -174,7 +174,9 @@ class PlanManager : public WorkerListener {
 
   // Moves `tensor` to `target` (on target.mesh, or the tensor's mesh when empty).
   // NOT_FOUND tensor or mesh; INVALID_ARGUMENT a spec the tensor cannot take; ABORTED busy;
-  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target.
+  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target;
+  // RESOURCE_EXHAUSTED its memory can never fit a worker's budget (options.admission; every
+  // plan and group: the plan may also start, wait for memory and end with that code).
   absl::StatusOr<StartedPlan> Redistribute(const std::string& tensor, const Spec& target,
                                            DoneCallback done);
   // Every rank of `mesh` (empty: the tensor's) ends with the whole tensor, or only
