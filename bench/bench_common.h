@@ -36,6 +36,9 @@ T OrDie(absl::StatusOr<T> v, const std::string& what) {
   if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
   return *std::move(v);
 }
+inline void OrDie(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
 
 // The result of a peer run: its setup time, the bytes it moved and its timed seconds.
 struct PeerResult {

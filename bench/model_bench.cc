@@ -396,29 +396,15 @@ bool WorkerHasMemoryBudget() {
   return false;
 }
 
-// The int64 fields of WorkerInfo about memory ("memory", "budget", "peak" in their names),
-// read by reflection: the budget engineer's fields, whatever they are named.
-std::vector<std::pair<std::string, int64_t>> MemoryFields(const v1::WorkerInfo& info) {
-  std::vector<std::pair<std::string, int64_t>> out;
-  const google::protobuf::Descriptor* d = info.GetDescriptor();
-  const google::protobuf::Reflection* r = info.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* f = d->field(i);
-    if (f->is_repeated()) continue;
-    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_INT64 &&
-        f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64) {
-      continue;
-    }
-    const std::string& name = f->name();
-    if (name.find("memory") == std::string::npos && name.find("budget") == std::string::npos &&
-        name.find("peak") == std::string::npos) {
-      continue;
-    }
-    out.emplace_back(name, f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_INT64
-                               ? r->GetInt64(info, f)
-                               : static_cast<int64_t>(r->GetUInt64(info, f)));
-  }
-  return out;
+// What a budget worker reports about its memory (WorkerInfo).
+struct WorkerMemory {
+  std::string name;
+  int64_t budget = 0, used = 0, peak = 0;
+  bool within() const { return peak <= budget; }
+};
+WorkerMemory MemoryOf(const v1::WorkerInfo& info) {
+  return WorkerMemory{info.name(), info.memory_budget_bytes(), info.memory_used_bytes(),
+                      info.memory_peak_bytes()};
 }
 
 // User + system CPU seconds the processes have used so far (/proc/PID/stat).
@@ -543,12 +529,17 @@ int Run() {
     attached_huge_pages = users->huge_pages();
   }
 
-  // The budget cluster: every worker's budget is the most any rank commits + the slack.
+  // The budget cluster: every worker's budget is the most any rank holds while the group runs
+  // (its committed buffers and the group's new destination buffers) + the slack, so the
+  // buckets and everything else must fit in the slack.
   std::unique_ptr<Cluster> budget_cluster;
   int64_t budget_bytes = 0;
   if (run_budget) {
-    budget_bytes = *std::max_element(committed.begin(), committed.end()) +
-                   absl::GetFlag(FLAGS_budget_slack_mib) * (int64_t{1} << 20);
+    const std::vector<int64_t> new_buffers = HeldBytes(client, w, {kDst}, ranks);
+    for (size_t r = 0; r < committed.size(); ++r) {
+      budget_bytes = std::max(budget_bytes, committed[r] + new_buffers[r]);
+    }
+    budget_bytes += absl::GetFlag(FLAGS_budget_slack_mib) * (int64_t{1} << 20);
     ClusterOptions b = options;
     b.worker_flags = {"--local-socket=off", absl::StrCat("--memory-budget=", budget_bytes)};
     b.log_dir = absl::StrCat(log_dir, "/budget");
@@ -633,13 +624,16 @@ int Run() {
   budget.ran = budget_cluster != nullptr;
 
   // What the budget workers report about their memory.
-  std::vector<std::vector<std::pair<std::string, int64_t>>> budget_memory;
+  std::vector<WorkerMemory> budget_memory;
   if (budget_cluster) {
     for (const v1::WorkerInfo& info :
          OrDie(budget_cluster->client().ListWorkers(), "budget workers")) {
-      budget_memory.push_back(MemoryFields(info));
+      budget_memory.push_back(MemoryOf(info));
     }
   }
+  const bool peaks_within_budget =
+      std::all_of(budget_memory.begin(), budget_memory.end(),
+                  [](const WorkerMemory& m) { return m.within(); });
 
   // ---- Every model destination value, once (before the small-op part, whose 1000
   // concurrent member plans have starved a worker's heartbeats on this machine).
@@ -755,12 +749,16 @@ int Run() {
     if (budget.ran) {
       j.Key("budget_bytes").Int(budget_bytes);
       j.Key("budget_workers").BeginArray();
-      for (const auto& fields : budget_memory) {
+      for (const WorkerMemory& m : budget_memory) {
         j.BeginObject();
-        for (const auto& [name, value] : fields) j.Key(name).Int(value);
+        j.Key("name").String(m.name);
+        j.Key("memory_budget_bytes").Int(m.budget);
+        j.Key("memory_used_bytes").Int(m.used);
+        j.Key("memory_peak_bytes").Int(m.peak);
         j.EndObject();
       }
       j.EndArray();
+      j.Key("budget_peaks_within_budget").Bool(peaks_within_budget);
     }
     j.Key("committed_bytes_per_worker").IntArray(committed);
     j.Key("ratios").BeginObject();
@@ -826,10 +824,10 @@ int Run() {
   if (budget.ran) {
     std::printf("group_budget workers (budget %lld bytes each):\n",
                 static_cast<long long>(budget_bytes));
-    for (const auto& fields : budget_memory) {
-      std::vector<std::string> parts;
-      for (const auto& [name, value] : fields) parts.push_back(absl::StrCat(name, "=", value));
-      std::printf("  %s\n", absl::StrJoin(parts, " ").c_str());
+    for (const WorkerMemory& m : budget_memory) {
+      std::printf("  %s: peak %lld of %lld bytes (%s), %lld held now\n", m.name.c_str(),
+                  static_cast<long long>(m.peak), static_cast<long long>(m.budget),
+                  m.within() ? "within" : "OVER", static_cast<long long>(m.used));
     }
   }
   std::printf("ratios, best vs best (throughput: baseline seconds / measured seconds):\n");

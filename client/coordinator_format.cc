@@ -79,15 +79,20 @@ std::string DTypeText(v1::DType dtype) {
 std::string WorkersTable(const std::vector<v1::WorkerInfo>& workers, int64_t now_unix_ms) {
   if (workers.empty()) return "no workers registered\n";
   std::vector<std::vector<std::string>> rows = {{"rank", "name", "host", "device", "backend",
-                                                 "address", "state", "incarnation", "heartbeat"}};
+                                                 "address", "state", "incarnation", "heartbeat",
+                                                 "memory (used / budget, peak)"}};
   int alive = 0;
   for (const v1::WorkerInfo& w : workers) {
     if (w.state() == v1::ALIVE) ++alive;
     rows.push_back({absl::StrCat(w.rank()), w.name(), Or(w.host(), "-"), Or(w.device(), "-"),
                     Or(w.backend(), "-"), Or(w.address(), "-"),
                     w.leaving() ? "LEAVING" : v1::WorkerState_Name(w.state()),
-                    absl::StrCat(w.incarnation()),
-                    AgeText(now_unix_ms, w.last_heartbeat_unix_ms())});
+                    absl::StrCat(w.incarnation()), AgeText(now_unix_ms, w.last_heartbeat_unix_ms()),
+                    w.memory_budget_bytes() > 0
+                        ? absl::StrCat(HumanBytes(w.memory_used_bytes()), " / ",
+                                       HumanBytes(w.memory_budget_bytes()), ", peak ",
+                                       HumanBytes(w.memory_peak_bytes()))
+                        : "-"});
   }
   return absl::StrCat(FormatTable(rows, {0, 7}), "\n", workers.size(), " workers, ", alive,
                       " alive\n");
@@ -108,6 +113,10 @@ std::string WorkersJson(const std::vector<v1::WorkerInfo>& workers) {
     w.Key("incarnation").Int(info.incarnation());
     w.Key("last_heartbeat_unix_ms").Int(info.last_heartbeat_unix_ms());
     w.Key("leaving").Bool(info.leaving());
+    w.Key("memory_budget_bytes").Int(info.memory_budget_bytes());
+    w.Key("memory_used_bytes").Int(info.memory_used_bytes());
+    w.Key("memory_peak_bytes").Int(info.memory_peak_bytes());
+    w.Key("bucket_bytes").Int(info.bucket_bytes());
     w.EndObject();
   }
   w.EndArray().EndObject();
@@ -370,6 +379,12 @@ std::string PlanOutcomeText(absl::string_view verb, const v1::RedistributeRespon
     for (const v1::RankChunks& rc : plan.target().ranks()) ranks.push_back(rc.rank());
     absl::StrAppend(&out, BracketList(ranks), "\n");
   }
+  if (p.bucket_bytes() > 0) {
+    absl::StrAppend(&out, "  buckets of at most ", HumanBytes(p.bucket_bytes()), "\n");
+  }
+  if (!p.waiting_for_memory().empty()) {
+    absl::StrAppend(&out, "  waiting for memory: ", p.waiting_for_memory(), "\n");
+  }
   if (!p.error().empty()) absl::StrAppend(&out, "  error: ", p.error(), "\n");
   return out;
 }
@@ -395,6 +410,7 @@ void PlanOutcomeFields(const v1::PlanProgress& p, const v1::Plan& plan, JsonWrit
     w.EndObject();
   }
   w.EndArray();
+  w.Key("bucket_bytes").Int(p.bucket_bytes());
   w.Key("error").String(p.error());
 }
 

@@ -21,6 +21,10 @@ std::vector<v1::WorkerInfo> TwoWorkers() {
   out[0].set_state(v1::ALIVE);
   out[0].set_last_heartbeat_unix_ms(1'000'000);
   out[1] = out[0];
+  out[0].set_memory_budget_bytes(int64_t{4} << 30);
+  out[0].set_memory_used_bytes(int64_t{1} << 20);
+  out[0].set_memory_peak_bytes(int64_t{2} << 20);
+  out[0].set_bucket_bytes(int64_t{64} << 20);
   out[1].set_name("w1");
   out[1].set_rank(1);
   out[1].set_state(v1::DEAD);
@@ -32,19 +36,21 @@ TEST(WorkersFormatTest, TableAndJson) {
   const std::string table = WorkersTable(TwoWorkers(), 1'001'500);
   EXPECT_THAT(
       table,
-      HasSubstr(
-          "rank  name  host  device  backend  address         state  incarnation  heartbeat\n"));
+      HasSubstr("rank  name  host  device  backend  address         state  incarnation  heartbeat  "
+                "memory (used / budget, peak)\n"));
   EXPECT_THAT(
       table,
-      HasSubstr(
-          "   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago\n"));
-  EXPECT_THAT(table, HasSubstr("DEAD             3  2 min ago\n"));
+      HasSubstr("   0  w0    h0    cpu     gloo     127.0.0.1:7501  ALIVE            3  1.5 s ago  "
+                "1.00 MiB / 4.00 GiB, peak 2.00 MiB\n"));
+  EXPECT_THAT(table, HasSubstr("DEAD             3  2 min ago  -\n"));
   EXPECT_THAT(table, HasSubstr("2 workers, 1 alive"));
   EXPECT_EQ(WorkersTable({}, 0), "no workers registered\n");
   EXPECT_EQ(WorkersJson({TwoWorkers()[0]}),
             "{\"workers\": [{\"name\": \"w0\", \"rank\": 0, \"host\": \"h0\", \"device\": \"cpu\", "
             "\"address\": \"127.0.0.1:7501\", \"backend\": \"gloo\", \"state\": \"ALIVE\", "
-            "\"incarnation\": 3, \"last_heartbeat_unix_ms\": 1000000, \"leaving\": false}]}");
+            "\"incarnation\": 3, \"last_heartbeat_unix_ms\": 1000000, \"leaving\": false, "
+            "\"memory_budget_bytes\": 4294967296, \"memory_used_bytes\": 1048576, "
+            "\"memory_peak_bytes\": 2097152, \"bucket_bytes\": 67108864}]}");
   std::vector<v1::WorkerInfo> leaving = TwoWorkers();
   leaving[0].set_leaving(true);
   EXPECT_THAT(WorkersTable(leaving, 1'001'500), HasSubstr("127.0.0.1:7501  LEAVING"));
@@ -174,7 +180,13 @@ TEST(PlanOutcomeFormatTest, TextAndJson) {
             "{\"plan_id\": \"p1\", \"tensor\": \"t\", \"state\": \"COMMITTED\", \"seconds\": 0.25, "
             "\"bytes_done\": 64, \"bytes_total\": 64, \"bytes_moved\": 64, \"lower_bound_bytes\": "
             "64, \"steps\": [{\"op\": \"all_to_all\", \"ranks\": [0, 1], \"bytes\": 32}, {\"op\": "
-            "\"all_to_all\", \"ranks\": [2, 3], \"bytes\": 32}], \"error\": \"\"}");
+            "\"all_to_all\", \"ranks\": [2, 3], \"bytes\": 32}], \"bucket_bytes\": 0, "
+            "\"error\": \"\"}");
+  r.mutable_progress()->set_bucket_bytes(int64_t{1} << 20);
+  EXPECT_THAT(PlanOutcomeText("redistributed", r), HasSubstr("  buckets of at most 1.00 MiB\n"));
+  r.mutable_progress()->set_waiting_for_memory("worker w1 (rank 1) needs 5 bytes");
+  EXPECT_THAT(PlanOutcomeText("redistributed", r),
+              HasSubstr("  waiting for memory: worker w1 (rank 1) needs 5 bytes\n"));
   r.mutable_progress()->set_state(v1::ABORTED);
   r.mutable_progress()->set_error("rank 3 died");
   EXPECT_THAT(PlanOutcomeText("redistributed", r), HasSubstr("ABORTED"));

@@ -80,7 +80,15 @@ Coordinator::Coordinator(CoordinatorOptions options)
   GrpcWorkerClientOptions worker_client = options_.worker_client;
   worker_client.message_bytes = metrics_.rpc_message_bytes;
   client_ = std::make_unique<GrpcWorkerClient>(worker_client);
+  memory_view_ = std::make_unique<ClusterMemoryView>(&workers_, &tensors_);
+  AdmissionOptions admission;
+  admission.timeout = options_.admission_timeout;
+  admission.metrics.wait_seconds = metrics_.admission_wait_seconds;
+  admission_ =
+      std::make_unique<AdmissionController>(&clock_, &timer_, memory_view_.get(), admission);
+  memory_view_->set_controller(admission_.get());
   PlanManagerOptions po;
+  po.admission = admission_.get();
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
   po.use_collectives = options_.use_collectives;
@@ -104,6 +112,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   drain_ = std::make_unique<WorkerDrain>(&clock_, &timer_, &workers_, &tensors_, plans_.get());
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes, options_.max_tensor_bytes);
+  io_->set_admission(admission_.get());
   service_ = std::make_unique<CoordinatorService>(
       &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
       options_.worker_client.chunk_message_bytes, &metrics_,
@@ -115,11 +124,23 @@ Coordinator::Coordinator(CoordinatorOptions options)
   death_logger_ = std::make_unique<DeathLogger>();
   workers_.AddListener(plans_.get());
   workers_.AddListener(death_logger_.get());
+  workers_.AddListener(memory_view_.get());  // Memory reports re-check waiting plans.
   registry_.AddCollector([this] {
     int64_t alive = 0, dead = 0;
-    for (const WorkerRecord& w : workers_.List()) ++(w.alive ? alive : dead);
+    for (const WorkerRecord& w : workers_.List()) {
+      ++(w.alive ? alive : dead);
+      if (w.spec.memory.budget_bytes <= 0) continue;  // Reports no budget.
+      const WorkerMemory& m = w.spec.memory;
+      metrics_.worker_memory_budget->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.budget_bytes));
+      metrics_.worker_memory_used->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.used_bytes));
+      metrics_.worker_memory_peak->WithLabels({w.spec.name})
+          ->Set(static_cast<double>(m.peak_bytes));
+    }
     metrics_.workers->WithLabels({"alive"})->Set(static_cast<double>(alive));
     metrics_.workers->WithLabels({"dead"})->Set(static_cast<double>(dead));
+    metrics_.admission_waiting->Set(static_cast<double>(admission_->waiting()));
   });
   http_.Get("/metrics", [this] {
     return HttpResponse{200, Registry::kContentType, registry_.Render()};

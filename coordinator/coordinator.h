@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "coordinator/admission.h"
 #include "coordinator/auth.h"
 #include "coordinator/caller_quota.h"
 #include "coordinator/coordinator_metrics.h"
@@ -68,6 +69,9 @@ struct CoordinatorOptions {
   GrpcWorkerClientOptions worker_client;
   // Serve plaintext on a non-loopback --listen address (refused otherwise).
   bool insecure = false;
+  // How long a plan waits for memory on the workers (coordinator/admission.h) before it
+  // fails with RESOURCE_EXHAUSTED; zero: it fails at once.
+  absl::Duration admission_timeout = absl::Seconds(30);
   // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
   // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
@@ -126,6 +130,9 @@ class Coordinator {
   CallerQuota running_plans_;
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
+  // Memory admission: outlives the plan manager and tensor I/O, which hold it.
+  std::unique_ptr<ClusterMemoryView> memory_view_;
+  std::unique_ptr<AdmissionController> admission_;
   std::unique_ptr<PlanManager> plans_;
   std::unique_ptr<WorkerDrain> drain_;  // Workers leaving (LeaveWorker).
   std::unique_ptr<TensorIo> io_;

@@ -51,8 +51,30 @@ CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
           "shardcoord_rpc_message_bytes_total",
           "Bytes of the gRPC messages the coordinator received and sent (serialized), on its "
           "services and its calls to workers, by method and direction.",
-          {"method", "direction"})) {
+          {"method", "direction"})),
+      admission_wait_seconds(registry->AddHistogram(
+          "shardcoord_plan_admission_wait_seconds",
+          "Time plans, groups, creates and uploads waited for memory on the workers before "
+          "they were admitted or refused, by result (admitted, waited, refused, timed_out).",
+          {"result"}, SecondsBuckets())),
+      admission_waiting(registry
+                            ->AddGauge("shardcoord_plan_admission_waiting",
+                                       "Plans and groups waiting for memory on the workers now.")
+                            ->WithLabels({})),
+      worker_memory_budget(registry->AddGauge(
+          "shardcoord_workers_memory_budget_bytes",
+          "Each worker's memory budget as it reports it (worker --memory-budget).", {"worker"})),
+      worker_memory_used(registry->AddGauge("shardcoord_workers_memory_used_bytes",
+                                            "Bytes each worker reported holding against its "
+                                            "budget at its last heartbeat.",
+                                            {"worker"})),
+      worker_memory_peak(registry->AddGauge(
+          "shardcoord_workers_memory_peak_bytes",
+          "The most bytes each worker reported having held against its budget.", {"worker"})) {
   for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
+  for (const char* result : {"admitted", "waited", "refused", "timed_out"}) {
+    admission_wait_seconds->WithLabels({result});
+  }
 }
 
 }  // namespace shardcoord

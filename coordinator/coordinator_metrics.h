@@ -35,6 +35,15 @@ struct CoordinatorMetrics {
   // direction ("received", "sent"), on its services and on its calls to workers: all it
   // moves. Tensor bytes of plans never pass through it (attached or not).
   CounterFamily* rpc_message_bytes;
+  // Memory admission (issue 10): how long operations waited for memory, by result
+  // ("admitted" at once, "waited", "refused" at once, "timed_out"; the _count is how many);
+  // how many wait now; each worker's reported budget, use and peak (by worker name, a
+  // bounded set), set when scraped.
+  HistogramFamily* admission_wait_seconds;
+  Gauge* admission_waiting;
+  GaugeFamily* worker_memory_budget;
+  GaugeFamily* worker_memory_used;
+  GaugeFamily* worker_memory_peak;
 };
 
 }  // namespace shardcoord

@@ -45,6 +45,10 @@ v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w) {
   out.set_local_socket(w.spec.local_socket);
   out.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
   out.set_leaving(w.alive && w.leaving);
+  out.set_memory_budget_bytes(w.spec.memory.budget_bytes);
+  out.set_memory_used_bytes(w.spec.memory.used_bytes);
+  out.set_memory_peak_bytes(w.spec.memory.peak_bytes);
+  out.set_bucket_bytes(w.spec.bucket_bytes);
   return out;
 }
 
@@ -89,6 +93,8 @@ v1::PlanProgress PlanProgressToProto(const PlanProgress& p) {
   out.set_bytes_total(p.bytes_total);
   out.set_error(p.error);
   out.set_seconds(p.seconds);
+  out.set_bucket_bytes(p.bucket_bytes);
+  out.set_waiting_for_memory(p.waiting_for_memory);
   return out;
 }
 

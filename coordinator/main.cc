@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string auth_tokens;
   std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
-  std::string drain_timeout = "30s";
+  std::string drain_timeout = "30s", admission_timeout = "30s";
   bool no_collectives = false;
   shardcoord::TlsFlags tls_flags;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
@@ -41,6 +41,13 @@ int main(int argc, char** argv) {
   app.add_option("--plan-timeout", plan_timeout, "a plan not done by then is aborted")
       ->capture_default_str();
   app.add_flag("--no-collectives", no_collectives, "lower every plan to point-to-point steps");
+  app.add_option("--admission-timeout", admission_timeout,
+                 "how long a plan (or group) waits for its new buffers and staging to fit the "
+                 "workers' memory budgets before it fails with RESOURCE_EXHAUSTED naming the "
+                 "worker, the bytes needed and free; 0: fail at once. Plans that could not fit "
+                 "even on idle workers, creates and uploads never wait. Keep it below "
+                 "--plan-timeout, which counts from the plan's start")
+      ->capture_default_str();
   app.add_option("--io-band-bytes", options.io_band_bytes,
                  "whole uploads and downloads stream through the coordinator in bands of at "
                  "most this many bytes along dim 0 (at least one dim-0 index each); it holds "
@@ -134,6 +141,12 @@ int main(int argc, char** argv) {
   if (durations.ok()) {
     durations = shardcoord::ParseDurationFlag("recovery-timeout", recovery_timeout,
                                               &options.recovery_timeout);
+  }
+  if (durations.ok() && admission_timeout != "0" && admission_timeout != "0s") {
+    durations = shardcoord::ParseDurationFlag("admission-timeout", admission_timeout,
+                                              &options.admission_timeout);
+  } else if (durations.ok()) {
+    options.admission_timeout = absl::ZeroDuration();
   }
   if (!durations.ok()) {
     std::cerr << durations.message() << "\n";

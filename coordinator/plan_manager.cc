@@ -317,6 +317,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.old_target_version = dst_rec->version;
   e.target_attached = copy && dst_rec->attached;
   e.communicator_prefix = prefix;
+  // A new buffer on every target rank unless written in place; the version it replaces
+  // (the target tensor's committed one) is freed at commit.
+  e.demand =
+      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout);
   FragmentOptions fo;
   fo.plan_id = id;
   fo.tensor = tensor;
@@ -381,10 +385,101 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   if (deferred != nullptr) {
     for (auto& f : fragments) deferred->push_back(std::move(f));
-  } else {
-    Send(id, std::move(fragments));
+    return out;
+  }
+  MemoryDemand demand;
+  {
+    absl::MutexLock lock(&mu_);
+    demand = plans_.at(id).demand;
+  }
+  std::vector<Dispatch> dispatch;
+  dispatch.push_back(std::move(fragments));
+  if (absl::Status s =
+          AdmitAndSend(absl::StrCat("plan ", id), {id}, std::move(dispatch), std::move(demand));
+      !s.ok()) {
+    Discard(id);  // Nothing was sent.
+    return s;
+  }
+  {
+    // The progress as started (PENDING), with what admission decided.
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it != plans_.end()) {
+      out.progress.bucket_bytes = it->second.bucket_bytes;
+      out.progress.waiting_for_memory = it->second.waiting_for_memory;
+    }
   }
   return out;
+}
+
+absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
+                                       std::vector<Dispatch> dispatch, MemoryDemand demand,
+                                       const std::string& group) {
+  if (options_.admission == nullptr) {
+    for (size_t i = 0; i < ids.size(); ++i) Send(ids[i], std::move(dispatch[i]));
+    return absl::OkStatus();
+  }
+  auto fragments = std::make_shared<std::vector<Dispatch>>(std::move(dispatch));
+  auto send = [this, ids, fragments](int64_t bucket) {
+    std::vector<std::pair<WatchFn, PlanProgress>> calls;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const std::string& id : ids) {
+        auto it = plans_.find(id);
+        if (it == plans_.end() || it->second.state_ended()) continue;
+        it->second.bucket_bytes = bucket;
+        it->second.waiting_for_memory.clear();
+        for (auto& call : ChangedLocked(it->second)) calls.push_back(std::move(call));
+      }
+    }
+    Tell(calls);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (auto& [endpoint, fragment] : (*fragments)[i]) fragment.set_bucket_bytes(bucket);
+      Send(ids[i], std::move((*fragments)[i]));
+    }
+  };
+  auto refuse = [this, ids](const absl::Status& s) {
+    for (const std::string& id : ids) AbortWith(id, std::string(s.message()), s.code());
+  };
+  absl::StatusOr<AdmissionController::Grant> grant =
+      options_.admission->Request(what, std::move(demand), /*may_wait=*/true, send, refuse);
+  if (!grant.ok()) return grant.status();
+  // The ticket is the plan's (or the group's) until it ends; if it ended already (a
+  // refusal, or an admitted plan that ran to its end meanwhile), it goes now.
+  bool release = false;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!group.empty()) {
+      auto g = groups_.find(group);
+      if (g != groups_.end()) {
+        g->second.admission_ticket = grant->ticket;
+      } else {
+        release = true;
+      }
+    } else {
+      auto it = plans_.find(ids.front());
+      if (it != plans_.end() && !it->second.completed) {
+        it->second.admission_ticket = grant->ticket;
+      } else {
+        release = true;
+      }
+    }
+    if (!grant->admitted) {
+      for (const std::string& id : ids) {
+        auto it = plans_.find(id);
+        if (it == plans_.end() || it->second.state_ended() || it->second.bucket_bytes > 0) {
+          continue;  // Ended, or admitted meanwhile.
+        }
+        it->second.waiting_for_memory = grant->waiting;
+        for (auto& call : ChangedLocked(it->second)) calls.push_back(std::move(call));
+      }
+    }
+  }
+  if (release) options_.admission->Release(grant->ticket);
+  Tell(calls);
+  if (grant->admitted) send(grant->bucket_bytes);
+  return absl::OkStatus();
 }
 
 void PlanManager::Send(const std::string& id, Dispatch fragments) {
@@ -574,7 +669,35 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     for (const StartedPlan& m : out.members) Abort(m.id, "another member of the group aborted");
     return out;
   }
-  for (size_t i = 0; i < items.size(); ++i) Send(out.members[i].id, std::move(dispatch[i]));
+  // The members run at once: their memory is admitted as one (all or nothing).
+  std::vector<std::string> ids;
+  MemoryDemand demand;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const StartedPlan& m : out.members) {
+      ids.push_back(m.id);
+      auto it = plans_.find(m.id);
+      if (it != plans_.end()) demand.Add(it->second.demand);
+    }
+  }
+  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), ids, std::move(dispatch),
+                                    std::move(demand), gid);
+      !s.ok()) {
+    // Refused before anything was sent: the group changes nothing.
+    for (const StartedPlan& m : out.members) Discard(m.id);
+    absl::MutexLock lock(&mu_);
+    groups_.erase(gid);
+    return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (StartedPlan& m : out.members) {
+      auto it = plans_.find(m.id);
+      if (it == plans_.end()) continue;
+      m.progress.bucket_bytes = it->second.bucket_bytes;
+      m.progress.waiting_for_memory = it->second.waiting_for_memory;
+    }
+  }
   return out;
 }
 
@@ -585,6 +708,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   GroupDoneCallback done;
   GroupProgress final;
   absl::Status final_status;
+  int64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(gid);
@@ -594,6 +718,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
     ++g.ended;
     if (!status.ok() && !g.failed) {
       g.failed = true;
+      g.error_code = status.code() == absl::StatusCode::kResourceExhausted
+                         ? absl::StatusCode::kResourceExhausted
+                         : absl::StatusCode::kAborted;
       g.error =
           absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
                        " failed: ", status.message());
@@ -608,14 +735,17 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       final.error = g.error;
       final.seconds = absl::ToDoubleSeconds(clock_->Now() - g.start);
       for (auto& p : g.finals) final.members.push_back(p.value_or(PlanProgress{}));
-      final_status = g.failed
-                         ? absl::AbortedError(absl::StrCat("group ", gid, " aborted: ", g.error))
-                         : absl::OkStatus();
+      final_status =
+          g.failed ? absl::Status(g.error_code, absl::StrCat("group ", gid, " aborted: ", g.error))
+                   : absl::OkStatus();
       done = std::move(g.done);
+      ticket = g.admission_ticket;
       groups_.erase(it);
     }
   }
   for (const std::string& id : aborts) Abort(id, reason);
+  // The group's memory goes back once every member ended (and committed or dropped).
+  if (ticket != 0 && options_.admission != nullptr) options_.admission->Release(ticket);
   if (done) done(final_status, final);
 }
 
@@ -1009,6 +1139,11 @@ void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
 }
 
 void PlanManager::Abort(const std::string& id, const std::string& reason) {
+  AbortWith(id, reason, absl::StatusCode::kAborted);
+}
+
+void PlanManager::AbortWith(const std::string& id, const std::string& reason,
+                            absl::StatusCode code) {
   std::vector<WorkerEndpoint> participants;
   std::string tensor, target_tensor, target_mesh;
   int64_t target_version = 0;
@@ -1045,10 +1180,11 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
   for (const WorkerEndpoint& w : participants) {
     client_->FinishPlan(w, req, [](absl::Status) {});
   }
-  Complete(id, absl::AbortedError(absl::StrCat(
-                   "plan ", id, " on tensor '", target_tensor, "'",
-                   target_tensor == tensor ? "" : absl::StrCat(" (copy of '", tensor, "')"),
-                   " aborted: ", reason)));
+  Complete(id, absl::Status(code, absl::StrCat("plan ", id, " on tensor '", target_tensor, "'",
+                                               target_tensor == tensor
+                                                   ? ""
+                                                   : absl::StrCat(" (copy of '", tensor, "')"),
+                                               " aborted: ", reason)));
 }
 
 void PlanManager::ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
@@ -1101,6 +1237,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   std::string prefix;
   const char* op = "";
   std::shared_ptr<const Plan> plan;
+  int64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -1117,8 +1254,13 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     // committed plan leaves its communicators to the next plans over the same groups.
     if (!status.ok()) prefix = e.communicator_prefix;
     e.completed = true;
+    ticket = e.admission_ticket;
+    e.admission_ticket = 0;
     RetireLocked(id);
   }
+  // Its new buffers are committed (counted from the layouts now) or dropped: waiting plans
+  // are re-checked.
+  if (ticket != 0 && options_.admission != nullptr) options_.admission->Release(ticket);
   if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
     const bool committed = progress.state == PlanState::kCommitted;
     m->plans->WithLabels({op, committed ? "committed" : "aborted"})->Increment();
@@ -1149,6 +1291,8 @@ PlanProgress PlanManager::ProgressLocked(const Entry& e) const {
   const absl::Time end = e.end == absl::InfiniteFuture() ? clock_->Now() : e.end;
   p.seconds = absl::ToDoubleSeconds(end - e.start);
   p.seq = e.seq;
+  p.bucket_bytes = e.bucket_bytes;
+  p.waiting_for_memory = e.waiting_for_memory;
   return p;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/admission.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/tensor_manager.h"
@@ -50,6 +51,9 @@ struct PlanProgress {
   // Increases with every change: updates reach watchers from several threads, and a watcher
   // keeps the one with the highest seq.
   int64_t seq = 0;
+  // Memory admission: the plan's bucket size once admitted; while it waits, why.
+  int64_t bucket_bytes = 0;
+  std::string waiting_for_memory;
 
   bool ended() const { return state == PlanState::kCommitted || state == PlanState::kAborted; }
 };
@@ -81,6 +85,11 @@ struct PlanManagerOptions {
   // Where ended plans are counted (plans by op and end state, duration, bytes); not owned,
   // may be null.
   CoordinatorMetrics* metrics = nullptr;
+  // Memory admission (coordinator/admission.h): a plan's (or a group's) fragments are sent
+  // once its new buffers and staging fit every worker's budget, with the bucket size it
+  // chose. Not owned; null: no admission, fragments go at once with the workers' default
+  // buckets.
+  AdmissionController* admission = nullptr;
 };
 
 // A plan that was started (or, for a dry run, only planned).
@@ -165,7 +174,9 @@ class PlanManager : public WorkerListener {
 
   // Moves `tensor` to `target` (on target.mesh, or the tensor's mesh when empty).
   // NOT_FOUND tensor or mesh; INVALID_ARGUMENT a spec the tensor cannot take; ABORTED busy;
-  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target.
+  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target;
+  // RESOURCE_EXHAUSTED its memory can never fit a worker's budget (options.admission; every
+  // plan and group: the plan may also start, wait for memory and end with that code).
   absl::StatusOr<StartedPlan> Redistribute(const std::string& tensor, const Spec& target,
                                            DoneCallback done);
   // Every rank of `mesh` (empty: the tensor's) ends with the whole tensor, or only
@@ -279,6 +290,8 @@ class PlanManager : public WorkerListener {
     std::string error;
     absl::Time start;
     GroupDoneCallback done;
+    int64_t admission_ticket = 0;  // The group's memory, admitted as one.
+    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Of the member that failed.
   };
 
   // What Commit needs once the plan no longer changes (closing).
@@ -324,6 +337,12 @@ class PlanManager : public WorkerListener {
     std::map<int64_t, WatchFn> watchers;
     int64_t seq = 0;
     bool completed = false;  // Callbacks and watchers have had the final state.
+    // Memory admission: what the plan allocates on its workers, its ticket (0: none, or a
+    // group member: the group holds it), its bucket once admitted, why it waits.
+    MemoryDemand demand;
+    int64_t admission_ticket = 0;
+    int64_t bucket_bytes = 0;
+    std::string waiting_for_memory;
 
     bool state_ended() const {
       return state == PlanState::kCommitted || state == PlanState::kAborted;
@@ -345,6 +364,16 @@ class PlanManager : public WorkerListener {
                                     DoneCallback done, const std::string& group = "",
                                     Dispatch* deferred = nullptr);
   void Send(const std::string& id, Dispatch fragments);
+  // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
+  // `group` then), and sends dispatch[i] to ids[i] with the bucket size it chose, now or once
+  // admitted; a later refusal (the admission timeout) aborts them with RESOURCE_EXHAUSTED.
+  // A refusal at once is returned: nothing was sent, the caller forgets the plans.
+  absl::Status AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
+                            std::vector<Dispatch> dispatch, MemoryDemand demand,
+                            const std::string& group = "");
+  // Abort with the status code the plan's callbacks get (ABORTED, or RESOURCE_EXHAUSTED when
+  // it never got memory).
+  void AbortWith(const std::string& id, const std::string& reason, absl::StatusCode code);
   // Forgets a started plan whose fragments were never sent: releases its tensors.
   void Discard(const std::string& id);
   struct GroupItem {

@@ -184,6 +184,11 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
     }
     return done(tensors_->Get(args.name));
   }
+  // Every rank's buffer must fit its worker's budget now; held until the create ends.
+  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
+      AdmitNow(admission_, absl::StrCat("creating '", args.name, "'"),
+               LayoutBytesByRank(*layout, args.dtype));
+  if (!memory.ok()) return done(memory.status());
   if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
 
   v1::FillRequest base;
@@ -214,18 +219,26 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
           cb(r->chunks());
         });
       },
-      [this, name, op, version, eps = *endpoints, done](absl::StatusOr<LayoutChecksums> sums) {
+      [this, name, op, version, eps = *endpoints, done,
+       memory = *std::move(memory)](absl::StatusOr<LayoutChecksums> sums) {
+        // Committed (counted from the layout now) or dropped: the reservation goes after.
+        auto release = [&memory] {
+          if (memory) memory->Release();
+        };
         if (!sums.ok()) {
           Drop(eps, name, version);
           tensors_->CancelCreate(name, op);
+          release();
           return done(absl::Status(sums.status().code(), absl::StrCat("creating '", name, "': ",
                                                                       sums.status().message())));
         }
         if (absl::Status s = tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
             !s.ok()) {
           Drop(eps, name, version);
+          release();
           return done(s);
         }
+        release();
         done(tensors_->Get(name));
       });
 }
@@ -283,6 +296,12 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     up->plan_ = BandPlan(args.shape, es, std::numeric_limits<int64_t>::max());
   }
   up->zero_partials_ = up->layout_.is_partial() && up->layout_.partial_op() == ReduceOp::kSum;
+  // Every rank's new buffer must fit its worker's budget now (before anything is held).
+  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
+      AdmitNow(admission_, absl::StrCat("uploading '", args.name, "'"),
+               LayoutBytesByRank(up->layout_, args.dtype));
+  if (!memory.ok()) return memory.status();
+  up->memory_ = *std::move(memory);
 
   up->op_ = NewOp("upload");
   up->version_ = tensors_->NewVersion();
@@ -453,10 +472,16 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
       },
       [io = io_, name = args_.name, op = op_, version = version_, replace = replace_,
        mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_, old_version = old_version_,
-       old_holders = old_holders_, eps = endpoints_, streams,
+       old_holders = old_holders_, eps = endpoints_, streams, memory = memory_,
        done](absl::StatusOr<LayoutChecksums> sums) {
+        // After the commit (or the drop), the admitted memory goes.
+        auto release = [&memory] {
+          if (memory) memory->Release();
+        };
         auto fail = [&](const absl::Status& s) {
-          io->FailUpload(name, op, version, replace, mesh_name, eps, s, done);
+          io->FailUpload(name, op, version, replace, mesh_name, eps, s, nullptr);
+          release();
+          done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
         };
         if (!sums.ok()) return fail(sums.status());
         if (!replace) {
@@ -465,6 +490,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
               !s.ok()) {
             return fail(s);
           }
+          release();
           return done(io->tensors_->Get(name));
         }
         TensorManager::NewState state;
@@ -478,6 +504,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
           return fail(s);
         }
         io->Drop(old_holders, name, old_version);
+        release();
         done(io->tensors_->Get(name));
       });
 }
@@ -570,6 +597,14 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
     }
     ++rank_uploads_[args.name];
   }
+  // The new buffer replaces the old one only once written: both fit, or nothing starts.
+  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
+      AdmitNow(admission_, absl::StrCat("uploading rank ", rank, " of '", args.name, "'"),
+               {{rank, rc->local_elements * es}});
+  if (!memory.ok()) {
+    EndRankUpload(args.name);
+    return done(memory.status());
+  }
   absl::StatusOr<TensorRecord> held = tensors_->Acquire(args.name, op);
   if (!held.ok()) {
     EndRankUpload(args.name);
@@ -586,7 +621,8 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   const std::vector<Chunk> want = rc->chunks;
   client_->WriteChunk(
       ep, header, std::move(data),
-      [this, name, op, ep, want, done](absl::StatusOr<v1::WriteChunkResponse> r) {
+      [this, name, op, ep, want, done,
+       memory = *std::move(memory)](absl::StatusOr<v1::WriteChunkResponse> r) {
         absl::Status s;
         ChunkChecksums sums;
         if (!r.ok()) {
@@ -601,6 +637,7 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
         if (s.ok()) s = tensors_->UpdateRank(name, op, ep.rank, sums, ep.incarnation);
         tensors_->Release(name, op);
         EndRankUpload(name);
+        if (memory) memory->Release();
         if (!s.ok()) {
           return done(absl::Status(s.code(), absl::StrCat("uploading rank ", ep.rank, " of '", name,
                                                           "': ", s.message())));
@@ -820,6 +857,8 @@ absl::Status TensorIo::Delete(const std::string& name) {
   absl::StatusOr<TensorRecord> t = tensors_->Remove(name);
   if (!t.ok()) return t.status();
   Drop(Holders(t->layout), name, -1);
+  // Its buffers no longer count: waiting plans may fit (the workers' next reports confirm).
+  if (admission_ != nullptr) admission_->Recheck();
   return absl::OkStatus();
 }
 

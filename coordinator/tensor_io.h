@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/admission.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/tensor_bands.h"
 #include "coordinator/tensor_manager.h"
@@ -81,6 +82,10 @@ class TensorIo {
         max_tensor_bytes_(max_tensor_bytes) {}
 
   int64_t band_bytes() const { return band_bytes_; }
+  // Memory admission (coordinator/admission.h): a create or upload starts only when every
+  // rank's new buffer fits its worker's budget now (RESOURCE_EXHAUSTED otherwise; they do not
+  // wait), and holds that memory until it ends. Not owned; null: none. Set before use.
+  void set_admission(AdmissionController* admission) { admission_ = admission; }
 
   // INVALID_ARGUMENT bad name or spec; ALREADY_EXISTS; NOT_FOUND mesh; FAILED_PRECONDITION
   // a dead worker in the mesh; UNAVAILABLE a worker failed to fill (nothing is left).
@@ -110,6 +115,7 @@ class TensorIo {
     explicit UploadStream(TensorIo* io) : io_(io) {}
     void Fail(const absl::Status& s, const TensorCallback& done) {
       io_->FailUpload(args_.name, op_, version_, replace_, mesh_name_, endpoints_, s, done);
+      if (memory_) memory_->Release();
     }
 
     TensorIo* const io_;
@@ -125,6 +131,7 @@ class TensorIo {
     std::vector<WorkerEndpoint> endpoints_;  // Per rank of layout_.
     BandPlan plan_{Shape{}, 1, 1};
     bool zero_partials_ = false;
+    std::shared_ptr<AdmissionHold> memory_;  // Its admitted memory; null without admission.
     std::vector<std::shared_ptr<ChunkWriteStream>> streams_;  // Per rank of layout_.
     std::vector<int64_t> written_;  // Elements streamed to each rank so far.
     int64_t next_band_ = 0;
@@ -217,6 +224,7 @@ class TensorIo {
   MeshManager* const meshes_;
   TensorManager* const tensors_;
   WorkerClient* const client_;
+  AdmissionController* admission_ = nullptr;
   const int64_t band_bytes_;
   const int64_t max_tensor_bytes_;
   // RESOURCE_EXHAUSTED when a tensor of `bytes` is over max_tensor_bytes_.

@@ -597,6 +597,21 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name) const {
   return it->second;
 }
 
+std::vector<TensorManager::HeldBytes> TensorManager::BytesByHolder() const {
+  std::vector<HeldBytes> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, t] : tensors_) {
+    if (!t.ready || t.attached) continue;
+    const int64_t esize = ElementSize(t.dtype);
+    for (const RankChunks& rc : t.layout.ranks()) {
+      auto inc = t.incarnations.find(rc.rank);
+      out.push_back(HeldBytes{rc.rank, inc == t.incarnations.end() ? -1 : inc->second,
+                              rc.local_elements * esize});
+    }
+  }
+  return out;
+}
+
 std::vector<TensorRecord> TensorManager::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<TensorRecord> out;

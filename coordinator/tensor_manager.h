@@ -179,6 +179,16 @@ class TensorManager {
   absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
                           ChunkChecksums checksums, int64_t incarnation);
 
+  // One rank's committed local buffer of a ready tensor in a worker's own memory (attached
+  // tensors' buffers are the user processes'), and the incarnation that holds it: what
+  // memory admission counts as committed (coordinator/admission.h).
+  struct HeldBytes {
+    int64_t rank = 0;
+    int64_t incarnation = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<HeldBytes> BytesByHolder() const;
+
   // Ready tensors only: NOT_FOUND while being created. Get, Acquire and Remove answer
   // UNAVAILABLE for a tensor still recovering after a restart.
   absl::StatusOr<TensorRecord> Get(absl::string_view name) const;

@@ -49,9 +49,21 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
     b.chunks = *std::move(chunks);
     held.push_back(std::move(b));
   }
-  absl::StatusOr<WorkerRecord> w =
-      workers_->Register(WorkerSpec{req->name(), req->host(), req->device(), req->address(),
-                                    req->backend(), req->local_socket()});
+  for (const auto& [field, value] :
+       {std::make_pair("memory_budget_bytes", req->memory_budget_bytes()),
+        std::make_pair("memory_used_bytes", req->memory_used_bytes()),
+        std::make_pair("memory_peak_bytes", req->memory_peak_bytes()),
+        std::make_pair("bucket_bytes", req->bucket_bytes())}) {
+    if (value < 0) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " < 0")));
+    }
+  }
+  WorkerSpec spec{req->name(),    req->host(),    req->device(),
+                  req->address(), req->backend(), req->local_socket()};
+  spec.memory =
+      WorkerMemory{req->memory_budget_bytes(), req->memory_used_bytes(), req->memory_peak_bytes()};
+  spec.bucket_bytes = req->bucket_bytes();
+  absl::StatusOr<WorkerRecord> w = workers_->Register(spec);
   if (!w.ok()) return Done(ctx, w.status());
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
       tensors_->Reconcile(w->rank, w->incarnation, held);
@@ -72,6 +84,13 @@ grpc::ServerUnaryReactor* WorkerFacingService::Heartbeat(grpc::CallbackServerCon
                                                          v1::HeartbeatResponse*) {
   if (absl::Status a = Authorize(ctx, "Heartbeat"); !a.ok()) return Done(ctx, a);
   if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
+  if (req->memory_budget_bytes() > 0) {
+    // Reported memory (a worker of before issue 10 sends none).
+    const WorkerMemory memory{req->memory_budget_bytes(),
+                              std::max<int64_t>(0, req->memory_used_bytes()),
+                              std::max<int64_t>(0, req->memory_peak_bytes())};
+    return Done(ctx, workers_->Heartbeat(req->name(), req->incarnation(), &memory));
+  }
   return Done(ctx, workers_->Heartbeat(req->name(), req->incarnation()));
 }
 
@@ -135,6 +154,13 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
   report.bytes_done = req->bytes_done();
   report.final = req->final();
   if (report.final) {
+    report.timing.set_memory_peak_bytes(req->memory_peak_bytes());
+    if (req->memory_peak_bytes() > 0) {
+      // The budget it peaked against, for the trace.
+      if (absl::StatusOr<WorkerRecord> w = workers_->Get(req->worker()); w.ok()) {
+        report.timing.set_memory_budget_bytes(w->spec.memory.budget_bytes);
+      }
+    }
     report.timing.set_start_unix_us(req->start_unix_us());
     report.timing.set_end_unix_us(req->end_unix_us());
     *report.timing.mutable_steps() = req->steps();

@@ -111,6 +111,15 @@ void WorkerManager::Notify(const std::vector<std::pair<WorkerRecord, std::string
   }
 }
 
+void WorkerManager::NotifyMemory(const WorkerRecord& worker) {
+  std::vector<WorkerListener*> listeners;
+  {
+    absl::MutexLock lock(&mu_);
+    listeners = listeners_;
+  }
+  for (WorkerListener* l : listeners) l->OnWorkerMemory(worker);
+}
+
 absl::StatusOr<WorkerRecord> WorkerManager::Register(const WorkerSpec& spec) {
   if (spec.name.empty()) return absl::InvalidArgumentError("name: empty");
   if (spec.address.empty()) return absl::InvalidArgumentError("address: empty");
@@ -146,6 +155,7 @@ absl::StatusOr<WorkerRecord> WorkerManager::Register(const WorkerSpec& spec) {
     out = w;
   }
   Notify(lost);
+  if (out.spec.memory.budget_bytes > 0) NotifyMemory(out);
   return out;
 }
 
@@ -165,16 +175,24 @@ absl::Status WorkerManager::CheckCurrent(absl::string_view name, int64_t incarna
   return absl::OkStatus();
 }
 
-absl::Status WorkerManager::Heartbeat(absl::string_view name, int64_t incarnation) {
+absl::Status WorkerManager::Heartbeat(absl::string_view name, int64_t incarnation,
+                                      const WorkerMemory* memory) {
   if (absl::Status s = CheckCurrent(name, incarnation); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  // Re-checked under this lock: a registration or death may have come in between.
-  WorkerRecord& w = workers_[rank_of_.at(name)];
-  if (w.incarnation != incarnation || !w.alive) {
-    return absl::AbortedError(absl::StrCat(w.Describe(), ": incarnation ", incarnation,
-                                           " is no longer current; register again"));
+  WorkerRecord reported;
+  {
+    absl::MutexLock lock(&mu_);
+    // Re-checked under this lock: a registration or death may have come in between.
+    WorkerRecord& w = workers_[rank_of_.at(name)];
+    if (w.incarnation != incarnation || !w.alive) {
+      return absl::AbortedError(absl::StrCat(w.Describe(), ": incarnation ", incarnation,
+                                             " is no longer current; register again"));
+    }
+    w.last_heartbeat = clock_->Now();
+    if (memory == nullptr) return absl::OkStatus();
+    w.spec.memory = *memory;
+    reported = w;
   }
-  w.last_heartbeat = clock_->Now();
+  NotifyMemory(reported);
   return absl::OkStatus();
 }
 

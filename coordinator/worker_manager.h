@@ -17,6 +17,13 @@
 
 namespace shardcoord {
 
+// A worker's memory as it last reported it (worker --memory-budget; issue 10).
+struct WorkerMemory {
+  int64_t budget_bytes = 0;  // 0: not reported (no limit known).
+  int64_t used_bytes = 0;    // What it holds against the budget.
+  int64_t peak_bytes = 0;    // The most it has held.
+};
+
 // What a worker says about itself when it registers.
 struct WorkerSpec {
   std::string name;  // Stable identity; the global rank follows the name.
@@ -26,6 +33,9 @@ struct WorkerSpec {
   std::string backend;  // "gloo" or "nccl".
   // Its Unix socket for user processes that attach buffers; empty: none.
   std::string local_socket;
+  // Its memory, updated by every heartbeat that reports it.
+  WorkerMemory memory;
+  int64_t bucket_bytes = 0;  // Its --bucket-bytes; 0: not reported.
 };
 
 // A snapshot of one worker.
@@ -56,6 +66,8 @@ class WorkerListener {
   virtual ~WorkerListener() = default;
   // `worker` is the incarnation that is gone; `reason` says why ("no heartbeat for 5s").
   virtual void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) = 0;
+  // A registration or heartbeat reported the worker's memory (spec.memory, now current).
+  virtual void OnWorkerMemory(const WorkerRecord& worker) {}
 };
 
 // Registered workers and their health, as TSL's coordination service tracks tasks: a name
@@ -88,8 +100,9 @@ class WorkerManager {
   absl::StatusOr<WorkerRecord> Register(const WorkerSpec& spec);
 
   // NOT_FOUND unknown name; ABORTED a stale incarnation or a worker declared dead (it must
-  // register again).
-  absl::Status Heartbeat(absl::string_view name, int64_t incarnation);
+  // register again). `memory`, when given, replaces spec.memory (listeners hear of it).
+  absl::Status Heartbeat(absl::string_view name, int64_t incarnation,
+                         const WorkerMemory* memory = nullptr);
 
   // As Heartbeat's checks, without refreshing: is this call from the current, live
   // incarnation?
@@ -120,6 +133,7 @@ class WorkerManager {
 
  private:
   void Notify(const std::vector<std::pair<WorkerRecord, std::string>>& lost);
+  void NotifyMemory(const WorkerRecord& worker);
   // Stores `w` (no-op without a store).
   absl::Status Persist(const WorkerRecord& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -752,6 +752,8 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
     return s;
   }
   out.attached_target_version = f.attached_target_version();
+  if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
+  out.bucket_bytes = f.bucket_bytes();
   return out;
 }
 

@@ -182,6 +182,7 @@ struct Fragment {
   int64_t step_timeout_ms = 0;
   std::string communicator_prefix;
   int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
+  int64_t bucket_bytes = 0;             // The plan's bucket size; 0: the worker's default.
 };
 
 // Validates that the fragment is self-consistent for its rank: every step contains the rank,

@@ -344,22 +344,42 @@ absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int
   return out;
 }
 
-std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes) {
-  int d = 0;
+namespace {
+
+void SplitFrom(const Box& box, int first_dim, int64_t element_size, int64_t max_bytes,
+               std::vector<Box>* slabs) {
+  int d = first_dim;
   while (d < box.ndim() && box.shape(d) == 1) ++d;
-  if (d == box.ndim() || box.Empty()) return {box};
+  if (d == box.ndim() || box.Empty()) {
+    slabs->push_back(box);
+    return;
+  }
   int64_t slab_bytes = element_size;  // Bytes of one index of dim d.
   for (int e = d + 1; e < box.ndim(); ++e) slab_bytes *= box.shape(e);
-  if (slab_bytes * box.shape(d) <= max_bytes) return {box};
+  if (slab_bytes * box.shape(d) <= max_bytes) {
+    slabs->push_back(box);
+    return;
+  }
+  // Several indices per slab, or (one index alone too big) each index cut further inside.
   const int64_t per_slab = std::max<int64_t>(1, max_bytes / slab_bytes);
-  std::vector<Box> slabs;
-  slabs.reserve(static_cast<size_t>((box.shape(d) + per_slab - 1) / per_slab));
   for (int64_t i = 0; i < box.shape(d); i += per_slab) {
     Shape offset = box.offset(), shape = box.shape();
     offset[d] += i;
     shape[d] = std::min(per_slab, box.shape(d) - i);
-    slabs.emplace_back(std::move(offset), std::move(shape));
+    Box slab(std::move(offset), std::move(shape));
+    if (slab_bytes > max_bytes) {
+      SplitFrom(slab, d + 1, element_size, max_bytes, slabs);
+    } else {
+      slabs->push_back(std::move(slab));
+    }
   }
+}
+
+}  // namespace
+
+std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes) {
+  std::vector<Box> slabs;
+  SplitFrom(box, 0, element_size, max_bytes, &slabs);
   return slabs;
 }
 

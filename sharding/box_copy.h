@@ -74,8 +74,10 @@ struct RegionRuns {
 absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int64_t element_size);
 
 // `box` cut along its outermost dim of extent > 1 into consecutive slabs of at most
-// `max_bytes` each (at least one index of that dim per slab, so a slab exceeds `max_bytes`
-// only when one index alone does), in order; `box` itself when it fits or has no such dim.
+// `max_bytes` each, in row-major order; `box` itself when it fits or has no such dim. When
+// one index of that dim alone exceeds `max_bytes`, each index is cut the same way along the
+// next dims, so no slab exceeds `max_bytes` unless one element does (staging bounded by the
+// slab size stays bounded for any shape).
 // Both ends of a transfer split it alike, so its pieces can be packed, sent, landed and
 // checked one after another. A slab of a box that is contiguous in a chunk is contiguous
 // there too. Requires element_size > 0 and max_bytes > 0.

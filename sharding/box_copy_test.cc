@@ -378,8 +378,14 @@ TEST(SplitIntoSlabsTest, KeepsBoxesThatFitOrCannotBeCut) {
   EXPECT_EQ(SplitIntoSlabs(one, 8, 1), std::vector<Box>{one});
   const Box empty({0, 0}, {0, 5});
   EXPECT_EQ(SplitIntoSlabs(empty, 8, 1), std::vector<Box>{empty});
-  // One index of the cut dim exceeds the limit: one index per slab.
-  EXPECT_EQ(SplitIntoSlabs(box, 8, 16).size(), 4u);
+  // One index of the cut dim exceeds the limit: each row is cut along the next dim.
+  std::vector<Box> rows = SplitIntoSlabs(box, 8, 16);
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(rows[0], Box({0, 0}, {1, 2}));
+  EXPECT_EQ(rows[1], Box({0, 2}, {1, 2}));
+  EXPECT_EQ(rows[7], Box({3, 2}, {1, 2}));
+  // Below one element: one element per slab.
+  EXPECT_EQ(SplitIntoSlabs(box, 8, 4).size(), 16u);
 }
 
 TEST(SplitIntoSlabsTest, SlabsTileTheBoxAndStayContiguousInAChunk) {
@@ -403,6 +409,7 @@ TEST(SplitIntoSlabsTest, SlabsTileTheBoxAndStayContiguousInAChunk) {
       EXPECT_FALSE(slabs[i].Empty());
       for (size_t j = 0; j < i; ++j) EXPECT_FALSE(slabs[i].Overlaps(slabs[j]));
       covered += slabs[i].Volume();
+      EXPECT_LE(slabs[i].Volume() * esize, std::max(limit, esize)) << slabs[i].ToString();
     }
     EXPECT_EQ(covered, volume);
     // Row-major order: a dense buffer for the box is the slabs' packed buffers concatenated.

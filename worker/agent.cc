@@ -32,6 +32,12 @@ absl::Duration Agent::Backoff(int attempt) const {
 
 absl::Status Agent::RegisterOnce() {
   v1::RegisterWorkerRequest request = options_.registration;
+  if (options_.memory) {
+    const MemoryReport m = options_.memory();
+    request.set_memory_budget_bytes(m.budget_bytes);
+    request.set_memory_used_bytes(m.used_bytes);
+    request.set_memory_peak_bytes(m.peak_bytes);
+  }
   if (options_.held) {
     for (v1::HeldBuffer& h : options_.held()) *request.add_held() = std::move(h);
   }
@@ -84,6 +90,12 @@ void Agent::Loop() {
       beat.set_incarnation(identity_.incarnation);
     }
     if (WaitOrStop(interval)) return;
+    if (options_.memory) {
+      const MemoryReport m = options_.memory();
+      beat.set_memory_budget_bytes(m.budget_bytes);
+      beat.set_memory_used_bytes(m.used_bytes);
+      beat.set_memory_peak_bytes(m.peak_bytes);
+    }
     absl::Status s = rpc_->Heartbeat(beat);
     if (s.ok()) continue;
     if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kNotFound) {

@@ -18,6 +18,14 @@
 
 namespace shardcoord {
 
+// What a worker reports about its memory (worker/memory_budget.h) with every registration
+// and heartbeat.
+struct MemoryReport {
+  int64_t budget_bytes = 0;
+  int64_t used_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
 struct AgentOptions {
   v1::RegisterWorkerRequest registration;  // name, host, device, address, backend.
   // Between registration attempts while the coordinator is unreachable: the first retry
@@ -39,6 +47,8 @@ struct AgentOptions {
   // Called with false when a heartbeat is refused and the agent registers again, and with
   // true once registered again (readiness for the health service); may be null.
   std::function<void(bool registered)> on_registration;
+  // The worker's memory now, sent with every registration and heartbeat; null: none.
+  std::function<MemoryReport()> memory;
 };
 
 // Keeps the worker registered with the coordinator: registers, then heartbeats on its own

@@ -86,6 +86,34 @@ TEST(AgentTest, RegistersAndHeartbeats) {
   }
 }
 
+TEST(AgentTest, ReportsMemoryWithRegistrationAndEveryHeartbeat) {
+  FakeRpc rpc;
+  AgentOptions o = Options();
+  std::atomic<int64_t> used{100};
+  o.memory = [&used] {
+    MemoryReport m;
+    m.budget_bytes = 1000;
+    m.used_bytes = used.fetch_add(1);
+    m.peak_bytes = 500;
+    return m;
+  };
+  Agent agent(&rpc, o);
+  ASSERT_TRUE(agent.Start(absl::Seconds(30)).ok());
+  rpc.WaitBeats(2);
+  agent.Stop();
+  absl::MutexLock lock(&rpc.mu_);
+  EXPECT_EQ(rpc.last_registration_.memory_budget_bytes(), 1000);
+  EXPECT_EQ(rpc.last_registration_.memory_used_bytes(), 100);
+  EXPECT_EQ(rpc.last_registration_.memory_peak_bytes(), 500);
+  int64_t last = 100;
+  for (const auto& b : rpc.beats_) {
+    EXPECT_EQ(b.memory_budget_bytes(), 1000);
+    EXPECT_GT(b.memory_used_bytes(), last);  // Taken when each beat is sent.
+    last = b.memory_used_bytes();
+    EXPECT_EQ(b.memory_peak_bytes(), 500);
+  }
+}
+
 TEST(AgentTest, StaleIncarnationRegistersAgain) {
   FakeRpc rpc;
   {

@@ -195,7 +195,7 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
       madvise(base, length, MADV_HUGEPAGE);
       out.data = static_cast<char*>(base) + (offset - start);
       out.lent = std::make_shared<SharedMapping>(base, length, peer.pid);
-      out.space = &HostMemorySpace::Global();
+      out.space = HostSpace();
       return out;
     }
     case v1::LocalAttachRequest::kProcess: {
@@ -262,7 +262,7 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
       return absl::InvalidArgumentError("memory: none given (shared, process or cuda_ipc)");
   }
   // No bytes: nothing to map or open.
-  MemorySpace* space = out.kind == "shared" ? &HostMemorySpace::Global() : space_;
+  MemorySpace* space = out.kind == "shared" ? HostSpace() : space_;
   absl::StatusOr<Allocation> none = space->Allocate(0);
   if (!none.ok()) return none.status();
   out.data = none->data;

@@ -103,6 +103,9 @@ class AttachRegistry {
   void Log(absl::string_view line) const {
     if (log_) log_(line);
   }
+  // Where lent host memory lives: the worker's own space when that is host memory (so plans
+  // see one space, budgeted or not: worker/memory_budget.h), else plain host memory.
+  MemorySpace* HostSpace() const { return space_->is_host() ? space_ : &HostMemorySpace::Global(); }
 
   BufferStore* const buffers_;
   MemorySpace* const space_;

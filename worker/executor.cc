@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "sharding/box_copy.h"
+#include "sharding/staging.h"
 #include "worker/checksum.h"
 #include "worker/fragment.h"
 #include "worker/memory_space.h"
@@ -435,6 +436,39 @@ int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
   return s;
 }
 
+// The most staging memory any member holds when `step` runs as `shape.method` (the buffers
+// StepRunner allocates for it): a function of the step alone, so every member decides alike
+// whether the collective fits the plan's staging limit.
+int64_t CollectiveStaging(const Step& step, const StepShape& shape, int64_t esize) {
+  int64_t sum = 0, most = 0;
+  switch (shape.method) {
+    case StepOp::kAllGather:
+    case StepOp::kAllReduce:
+    case StepOp::kReduceScatter:
+      for (const std::vector<Box>& boxes : shape.boxes) {
+        const int64_t b = BoxBytes(boxes, esize);
+        sum += b;
+        most = std::max(most, b);
+      }
+      // All-gather: own send + every piece; all-reduce: own boxes; reduce-scatter: every
+      // piece sent + own piece received.
+      return shape.method == StepOp::kAllReduce ? most : sum + most;
+    case StepOp::kBroadcast:
+      return BoxBytes(shape.boxes[shape.group_rank.at(step.root)], esize);
+    case StepOp::kAllToAll: {
+      absl::flat_hash_map<int64_t, int64_t> per_rank;
+      for (const Transfer& t : step.transfers) {
+        most = std::max(most, per_rank[t.src] += t.bytes);
+        most = std::max(most, per_rank[t.dst] += t.bytes);
+      }
+      return most;
+    }
+    case StepOp::kPointToPoint:
+      return 0;
+  }
+  return 0;
+}
+
 // Staging memory for packed pieces, from the buffers' memory space (the recycling host
 // memory cache, or device memory: the communicator reads and writes it where the chunks
 // are), not zero-filled (every byte is written before it is read), which matters at hundreds
@@ -444,7 +478,11 @@ class Staging {
   Staging(MemorySpace& space, int64_t bytes) : space_(&space) {
     if (bytes <= 0) return;
     absl::StatusOr<Allocation> a = space.Allocate(bytes);
-    if (a.ok()) allocation_ = *a;
+    if (a.ok()) {
+      allocation_ = *a;
+    } else {
+      status_ = a.status();  // E.g. the worker's memory budget, naming the bytes free.
+    }
   }
   ~Staging() { space_->Free(allocation_); }
   Staging(Staging&& other) noexcept
@@ -454,10 +492,12 @@ class Staging {
 
   bool ok(int64_t bytes) const { return bytes <= 0 || allocation_.data != nullptr; }
   char* data() { return allocation_.data != nullptr ? allocation_.data : empty_; }
+  const absl::Status& status() const { return status_; }
 
  private:
   MemorySpace* space_;
   Allocation allocation_;
+  absl::Status status_;
   char empty_[1] = {0};
 };
 
@@ -530,7 +570,8 @@ class SpaceSyncedCommunicator final : public Communicator {
 class StepRunner {
  public:
   StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
-             Communicator* comm, const CommOptions& options, int64_t message_bytes)
+             Communicator* comm, const CommOptions& options, int64_t message_bytes,
+             int64_t staging_limit)
       : f_(f),
         step_(step),
         shape_(shape),
@@ -539,7 +580,8 @@ class StepRunner {
         options_(options),
         me_(shape.group_rank.at(f.rank)),
         esize_(mover->esize()),
-        message_bytes_(message_bytes) {}
+        message_bytes_(message_bytes),
+        staging_limit_(staging_limit) {}
 
   absl::Status Run() {
     switch (shape_.method) {
@@ -589,7 +631,9 @@ class StepRunner {
     std::vector<int64_t> counts(shape_.n);
     for (int g = 0; g < shape_.n; ++g) counts[g] = BoxBytes(shape_.boxes[g], esize_);
     Staging send(mover_->space(), counts[me_]), recv(mover_->space(), Sum(counts));
-    if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) return OutOfMemory(Sum(counts));
+    if (!send.ok(counts[me_]) || !recv.ok(Sum(counts))) {
+      return OutOfMemory(Sum(counts), send.ok(counts[me_]) ? &recv : &send);
+    }
     if (absl::Status s = PackBoxes(shape_.boxes[me_], PartialFrom(me_), send.data()); !s.ok()) {
       return s;
     }
@@ -612,7 +656,7 @@ class StepRunner {
     const std::vector<Box>& boxes = shape_.boxes[root];
     const int64_t bytes = BoxBytes(boxes, esize_);
     Staging data(mover_->space(), bytes);
-    if (!data.ok(bytes)) return OutOfMemory(bytes);
+    if (!data.ok(bytes)) return OutOfMemory(bytes, &data);
     const int64_t partial = PartialFrom(root);
     if (me_ == root) {
       if (absl::Status s = PackBoxes(boxes, partial, data.data()); !s.ok()) return s;
@@ -641,7 +685,8 @@ class StepRunner {
     }
     Staging send(mover_->space(), Sum(send_bytes)), recv(mover_->space(), Sum(recv_bytes));
     if (!send.ok(Sum(send_bytes)) || !recv.ok(Sum(recv_bytes))) {
-      return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes));
+      return OutOfMemory(Sum(send_bytes) + Sum(recv_bytes),
+                         send.ok(Sum(send_bytes)) ? &recv : &send);
     }
     char* p = send.data();
     for (int g = 0; g < shape_.n; ++g) {
@@ -669,7 +714,7 @@ class StepRunner {
     const std::vector<Box>& boxes = shape_.boxes[me_];
     const int64_t bytes = BoxBytes(boxes, esize_);
     Staging data(mover_->space(), bytes);
-    if (!data.ok(bytes)) return OutOfMemory(bytes);
+    if (!data.ok(bytes)) return OutOfMemory(bytes, &data);
     if (absl::Status s = PackBoxes(boxes, shape_.partial[me_], data.data()); !s.ok()) return s;
     absl::Status s = comm_->AllReduce(data.data(), data.data(), bytes / esize_, f_.dtype,
                                       mover_->op(), options_);
@@ -683,7 +728,7 @@ class StepRunner {
     Staging send(mover_->space(), Sum(elements) * esize_),
         recv(mover_->space(), elements[me_] * esize_);
     if (!send.ok(Sum(elements) * esize_) || !recv.ok(elements[me_] * esize_)) {
-      return OutOfMemory(Sum(elements) * esize_);
+      return OutOfMemory(Sum(elements) * esize_, send.ok(Sum(elements) * esize_) ? &recv : &send);
     }
     char* p = send.data();
     for (int g = 0; g < shape_.n; ++g) {
@@ -702,88 +747,181 @@ class StepRunner {
   // slab is hashed into the target's checksum as soon as it lands. Slabs land directly in the
   // target chunk when one chunk takes them contiguously, and leave straight from a source
   // chunk when they are contiguous there; the others are packed just before their send is
-  // posted and unpacked as soon as they arrive.
+  // posted and unpacked as soon as they arrive. The exchange runs in windows
+  // (AssignMessageWindows over every transfer's slabs, so every member cuts it alike) in which
+  // no rank sends plus receives more than staging_limit_, so the staging held at once is
+  // bounded by the plan's buckets however large the step.
   absl::Status SendRecv() {
-    struct Slab {
-      const Transfer* t;
-      Box box;
-      int64_t bytes;
-      int64_t offset;  // In the transfer's packed form (its staging buffer).
-    };
-    std::vector<std::vector<Slab>> out(shape_.n), in(shape_.n);
+    std::vector<Slab> slabs;
+    std::map<std::pair<int, int>, std::vector<size_t>> pairs;  // Group ranks -> slabs, in order.
     for (const Transfer& t : step_.transfers) {
-      if (t.src != f_.rank && t.dst != f_.rank) continue;
-      std::vector<Slab>& list =
-          t.src == f_.rank ? out[shape_.group_rank.at(t.dst)] : in[shape_.group_rank.at(t.src)];
-      int64_t offset = 0;
       for (Box& b : SplitIntoSlabs(t.box, esize_, message_bytes_)) {
+        pairs[{shape_.group_rank.at(t.src), shape_.group_rank.at(t.dst)}].push_back(slabs.size());
         const int64_t bytes = b.Volume() * esize_;
-        list.push_back(Slab{&t, std::move(b), bytes, offset});
-        offset += bytes;
+        slabs.push_back(Slab{&t, std::move(b), bytes});
       }
     }
-    // One staging buffer per transfer that has a slab needing one; addresses stay put.
-    std::map<const Transfer*, Staging> staging;
-    auto staged = [&](const Transfer* t) -> char* {
-      auto it = staging.find(t);
-      if (it == staging.end()) it = staging.emplace(t, Staging(mover_->space(), t->bytes)).first;
-      return it->second.ok(t->bytes) ? it->second.data() : nullptr;
-    };
-    std::vector<SendOp> sends;
-    std::vector<RecvOp> recvs;
+    // Windows are filled in the order slabs are posted (round j of every pair, peers in ring
+    // order), so each window has every rank sending and receiving, not some ranks only.
+    std::vector<size_t> order;
+    std::vector<WindowMessage> messages;
     size_t rounds = 0;
-    for (int g = 0; g < shape_.n; ++g) rounds = std::max({rounds, out[g].size(), in[g].size()});
+    for (const auto& [pair, list] : pairs) rounds = std::max(rounds, list.size());
     for (size_t j = 0; j < rounds; ++j) {
       for (int k = 1; k < shape_.n; ++k) {
-        const int to = (me_ + k) % shape_.n;  // Peers in ring order, each starting elsewhere.
-        if (j < out[to].size()) {
-          const Slab& slab = out[to][j];
-          SendOp op{to, mover_->DirectSource(slab.box, slab.t->partial_index), slab.bytes, nullptr};
-          if (op.data == nullptr) {
-            char* buf = staged(slab.t);
-            if (buf == nullptr) return OutOfMemory(slab.t->bytes);
-            op.data = buf + slab.offset;
-            op.prepare = [this, &slab, buf] {
-              return mover_->Pack(slab.box, slab.t->partial_index, buf + slab.offset);
-            };
-            op.runs = mover_->SourceRuns(slab.box, slab.t->partial_index);
-          }
-          sends.push_back(std::move(op));
-        }
-        const int from = (me_ - k + shape_.n) % shape_.n;
-        if (j < in[from].size()) {
-          const Slab& slab = in[from][j];
-          const Transfer& t = *slab.t;
-          RecvOp op{from, nullptr, slab.bytes, nullptr};
-          if (std::optional<Mover::Landing> direct =
-                  mover_->DirectTarget(slab.box, t.reduce, t.partial_index)) {
-            op.data = mover_->Data(*direct);
-            op.done = [this, landing = *direct] {
-              mover_->Landed(landing);
-              return absl::OkStatus();
-            };
-          } else {
-            char* buf = staged(slab.t);
-            if (buf == nullptr) return OutOfMemory(t.bytes);
-            op.data = buf + slab.offset;
-            op.done = [this, &slab, buf] {
-              return mover_->Apply(slab.box, buf + slab.offset, slab.box, slab.t->reduce,
-                                   slab.t->partial_index);
-            };
-          }
-          recvs.push_back(std::move(op));
+        for (int src = 0; src < shape_.n; ++src) {
+          auto it = pairs.find({src, (src + k) % shape_.n});
+          if (it == pairs.end() || j >= it->second.size()) continue;
+          const Slab& slab = slabs[it->second[j]];
+          order.push_back(it->second[j]);
+          messages.push_back(WindowMessage{slab.t->src, slab.t->dst, slab.bytes});
         }
       }
     }
-    return SendRecvWithHooks(*comm_, sends, recvs, options_);
+    const std::vector<int> assigned = AssignMessageWindows(messages, staging_limit_);
+    std::vector<int> windows(slabs.size(), 0);
+    for (size_t i = 0; i < order.size(); ++i) windows[order[i]] = assigned[i];
+    std::map<int, Window> mine;  // This rank's slabs by window.
+    for (size_t i = 0; i < slabs.size(); ++i) {
+      const Transfer& t = *slabs[i].t;
+      if (t.src != f_.rank && t.dst != f_.rank) continue;
+      Window& w = mine[windows[i]];
+      if (w.out.empty()) {
+        w.out.resize(shape_.n);
+        w.in.resize(shape_.n);
+      }
+      if (t.src == f_.rank) {
+        w.out[shape_.group_rank.at(t.dst)].push_back(&slabs[i]);
+      } else {
+        w.in[shape_.group_rank.at(t.src)].push_back(&slabs[i]);
+      }
+    }
+    CommOptions options = options_;
+    if (mine.empty()) return SendRecvWithHooks(*comm_, {}, {}, options);  // Runs while_waiting.
+    // One staging buffer for the step, as large as its largest window: windows run one after
+    // another, so they reuse it (one allocation per step, of a size the next plan reuses).
+    std::vector<std::vector<Post>> posts;
+    int64_t staged = 0;
+    for (const auto& [index, window] : mine) {
+      posts.emplace_back();
+      staged = std::max(staged, PlanWindow(window, &posts.back()));
+    }
+    Staging staging(mover_->space(), staged);
+    if (!staging.ok(staged)) return OutOfMemory(staged, &staging);
+    for (const std::vector<Post>& window : posts) {
+      if (absl::Status s = RunWindow(window, staging.data(), options); !s.ok()) return s;
+      options.while_waiting = nullptr;  // Ran during the first window.
+    }
+    return absl::OkStatus();
   }
 
-  static absl::Status OutOfMemory(int64_t bytes) {
+  static absl::Status OutOfMemory(int64_t bytes, const Staging* failed = nullptr) {
+    const bool why = failed != nullptr && !failed->status().ok();
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes of staging memory"));
+        absl::StrCat("cannot allocate ", bytes, " bytes of staging memory",
+                     why ? absl::StrCat(": ", failed->status().message()) : std::string()));
   }
 
  private:
+  struct Slab {
+    const Transfer* t;
+    Box box;
+    int64_t bytes;
+  };
+  // One window's slabs of this rank, by peer (group rank).
+  struct Window {
+    std::vector<std::vector<const Slab*>> out, in;
+  };
+
+  // One message of a window, as posted.
+  struct Post {
+    const Slab* slab = nullptr;
+    int peer = 0;
+    bool send = false;
+    const char* source = nullptr;           // Send straight from a source chunk.
+    std::optional<Mover::Landing> landing;  // Receive straight into a target chunk.
+    int64_t offset = -1;                    // Else: where in the window's staging.
+  };
+
+  // One window's posts in posting order; returns the staging bytes they need.
+  int64_t PlanWindow(const Window& w, std::vector<Post>* out) {
+    std::vector<Post>& posts = *out;
+    int64_t staged = 0;
+    size_t rounds = 0;
+    for (int g = 0; g < shape_.n; ++g) rounds = std::max({rounds, w.out[g].size(), w.in[g].size()});
+    for (size_t j = 0; j < rounds; ++j) {
+      for (int k = 1; k < shape_.n; ++k) {
+        const int to = (me_ + k) % shape_.n;  // Peers in ring order, each starting elsewhere.
+        if (j < w.out[to].size()) {
+          Post p;
+          p.slab = w.out[to][j];
+          p.peer = to;
+          p.send = true;
+          p.source = mover_->DirectSource(p.slab->box, p.slab->t->partial_index);
+          if (p.source == nullptr) {
+            p.offset = staged;
+            staged += p.slab->bytes;
+          }
+          posts.push_back(std::move(p));
+        }
+        const int from = (me_ - k + shape_.n) % shape_.n;
+        if (j < w.in[from].size()) {
+          Post p;
+          p.slab = w.in[from][j];
+          p.peer = from;
+          const Transfer& t = *p.slab->t;
+          p.landing = mover_->DirectTarget(p.slab->box, t.reduce, t.partial_index);
+          if (!p.landing) {
+            p.offset = staged;
+            staged += p.slab->bytes;
+          }
+          posts.push_back(std::move(p));
+        }
+      }
+    }
+    return staged;
+  }
+
+  // One window as one grouped exchange, staging at `staging` (the windows run one after
+  // another and share it).
+  absl::Status RunWindow(const std::vector<Post>& posts, char* staging,
+                         const CommOptions& options) {
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (const Post& p : posts) {
+      const Slab* slab = p.slab;
+      char* buf = p.offset >= 0 ? staging + p.offset : nullptr;
+      if (p.send) {
+        SendOp op{p.peer, p.source, slab->bytes, nullptr};
+        if (buf != nullptr) {
+          op.data = buf;
+          op.prepare = [this, slab, buf] {
+            return mover_->Pack(slab->box, slab->t->partial_index, buf);
+          };
+          op.runs = mover_->SourceRuns(slab->box, slab->t->partial_index);
+        }
+        sends.push_back(std::move(op));
+      } else {
+        RecvOp op{p.peer, nullptr, slab->bytes, nullptr};
+        if (p.landing) {
+          op.data = mover_->Data(*p.landing);
+          op.done = [this, landing = *p.landing] {
+            mover_->Landed(landing);
+            return absl::OkStatus();
+          };
+        } else {
+          op.data = buf;
+          op.done = [this, slab, buf] {
+            return mover_->Apply(slab->box, buf, slab->box, slab->t->reduce,
+                                 slab->t->partial_index);
+          };
+        }
+        recvs.push_back(std::move(op));
+      }
+    }
+    return SendRecvWithHooks(*comm_, sends, recvs, options);
+  }
+
   const Fragment& f_;
   const Step& step_;
   const StepShape& shape_;
@@ -793,6 +931,7 @@ class StepRunner {
   const int me_;
   const int64_t esize_;
   const int64_t message_bytes_;
+  const int64_t staging_limit_;
 };
 
 std::string StepName(const Fragment& f, size_t i) {
@@ -850,14 +989,22 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
                                                        : input.options.default_step_timeout;
 
+  // The plan's buckets bound its messages and the staging held at once (sharding/staging.h).
+  const int64_t bucket =
+      std::max<int64_t>(1, f.bucket_bytes > 0 ? f.bucket_bytes : input.options.bucket_bytes);
+  const int64_t staging_limit = StagingLimit(bucket);
+  const int64_t esize = ElementSize(f.dtype);
+
   // Decide every step's method first: a reducing collective consumes this rank's own
-  // contribution, so the local copy that would add it is skipped.
+  // contribution, so the local copy that would add it is skipped. A collective whose buffers
+  // exceed the staging limit runs as point-to-point, which stages in bounded windows.
   std::vector<StepShape> shapes;
   shapes.reserve(f.steps.size());
   absl::flat_hash_set<std::pair<int64_t, Box>> consumed;  // (partial, box) of own copies.
   for (const Step& step : f.steps) {
     shapes.push_back(AnalyzeStep(step, input.options.force_point_to_point));
-    const StepShape& shape = shapes.back();
+    StepShape& shape = shapes.back();
+    if (CollectiveStaging(step, shape, esize) > staging_limit) shape.method = StepOp::kPointToPoint;
     if (shape.method == StepOp::kAllReduce || shape.method == StepOp::kReduceScatter) {
       const int me = shape.group_rank.at(f.rank);
       for (const Box& b : shape.boxes[me]) consumed.insert({shape.partial[me], b});
@@ -934,7 +1081,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     Communicator* step_comm = comm->get();
     if (!mover.space().is_host()) step_comm = &synced.emplace(step_comm, &mover.space());
     StepRunner runner(f, step, shapes[i], &mover, step_comm, options,
-                      std::max<int64_t>(input.options.message_bytes, 1));
+                      std::clamp<int64_t>(input.options.message_bytes, 1, bucket), staging_limit);
     if (absl::Status s = runner.Run(); !s.ok()) return Annotate(s, name);
     StepReport report;
     report.index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);

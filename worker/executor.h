@@ -12,6 +12,7 @@
 #include "proto/convert.h"
 #include "sharding/layout.h"
 #include "sharding/plan.h"
+#include "sharding/staging.h"
 #include "worker/buffer_store.h"
 #include "worker/communicator.h"
 
@@ -38,6 +39,11 @@ struct ExecutorOptions {
   // hashing pipeline. Small enough for that, large enough that per-message costs stay
   // negligible. Every member of a plan must agree.
   int64_t message_bytes = int64_t{4} << 20;
+  // The bucket size when the fragment gives none (its bucket_bytes is 0): the worker's
+  // --bucket-bytes. Messages are at most min(message_bytes, bucket) and the fragment stages
+  // at most StagingLimit(bucket) at once (sharding/staging.h): point-to-point exchanges run
+  // in windows, and a collective whose buffers would exceed it runs as point-to-point.
+  int64_t bucket_bytes = kDefaultBucketBytes;
 };
 
 struct StepReport {

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/byte_size.h"
 #include "common/duration_flag.h"
 #include "common/env_flags.h"
 #include "common/sha256.h"
@@ -71,6 +72,7 @@ int Main(int argc, char** argv) {
   std::string step_timeout = "60s", register_timeout = "60s", drain_timeout = "30s";
   std::string log_level = "info";
   std::string token_file;
+  std::string memory_budget, bucket_bytes = "64MiB";
   TlsFlags tls_flags;
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
@@ -142,6 +144,19 @@ int Main(int argc, char** argv) {
                  "host:port of a plaintext gRPC server that serves only grpc.health.v1.Health "
                  "(Kubernetes gRPC probes cannot speak TLS); the Worker port serves it too; "
                  "default: none");
+  app.add_option("--memory-budget", memory_budget,
+                 "Most bytes this worker holds in its buffers' memory (host memory for gloo, "
+                 "the GPU's for nccl): committed buffers, buffers of plans in flight and "
+                 "staging, not memory user processes lend. A byte size (4GiB, 512MiB, "
+                 "1073741824) or a percentage (50%) of the host's physical memory (or its "
+                 "cgroup's limit) for gloo, of the GPU's free memory at start for nccl. "
+                 "Beyond it allocations fail with RESOURCE_EXHAUSTED naming the worker; the "
+                 "coordinator admits plans only where they fit (default: 80%)");
+  app.add_option("--bucket-bytes", bucket_bytes,
+                 "Largest bucket of the plans this worker runs: transfers move as messages of "
+                 "at most this size, and a plan stages at most 2 of them at once; the "
+                 "coordinator lowers it per plan when a worker's free memory needs smaller ones")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   app.footer(
@@ -172,6 +187,19 @@ int Main(int argc, char** argv) {
           CheckPlaintextListen("listen", options.listen, options.tls.enabled(), options.insecure);
       !plain.ok()) {
     std::fprintf(stderr, "%s\n", std::string(plain.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<MemoryBudgetSetting> budget = ParseMemoryBudgetFlag(memory_budget);
+  if (!budget.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(budget.status().message()).c_str());
+    return 2;
+  }
+  options.memory_budget = *budget;
+  if (absl::Status s = ParseByteSizeFlag("bucket-bytes", bucket_bytes, &options.bucket_bytes);
+      !s.ok() || options.bucket_bytes <= 0) {
+    std::fprintf(
+        stderr, "%s\n",
+        s.ok() ? "--bucket-bytes: must be more than 0 bytes" : std::string(s.message()).c_str());
     return 2;
   }
   absl::Duration drain = absl::ZeroDuration();

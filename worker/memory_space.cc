@@ -231,4 +231,9 @@ absl::StatusOr<Allocation> MemorySpace::OpenShared(absl::string_view, int64_t, i
 
 void MemorySpace::CloseShared(const Allocation&) {}
 
+absl::StatusOr<int64_t> MemorySpace::DeviceFreeBytes() {
+  return absl::UnimplementedError(
+      absl::StrCat("memory space ", name(), " cannot tell its device's free memory"));
+}
+
 }  // namespace shardcoord

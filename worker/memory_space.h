@@ -126,6 +126,9 @@ class MemorySpace {
   // The device's UUID ("GPU-..." as nvidia-smi prints it), to check a shared allocation is on
   // this device; empty for host memory.
   virtual std::string device_uuid() const { return ""; }
+  // Bytes free on the device now (cudaMemGetInfo), which a worker's default memory budget is
+  // taken from. UNIMPLEMENTED for host memory and spaces that cannot tell.
+  virtual absl::StatusOr<int64_t> DeviceFreeBytes();
 };
 
 // Host memory: allocations from HostMemoryCache::Global() (large blocks are recycled), the

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/byte_size.h"
 #include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
@@ -152,6 +153,21 @@ absl::StatusOr<std::string> Worker::Start() {
       options_.backend, client_.get(), GlooOptions{options_.gloo_host, options_.same_host_copy});
   if (!backend.ok()) return backend.status();
   device_space_ = std::move(backend->space);
+  MemorySpace& base = device_space_ != nullptr ? *device_space_ : HostMemorySpace::Global();
+  absl::StatusOr<int64_t> budget_bytes = ResolveMemoryBudget(options_.memory_budget, base);
+  if (!budget_bytes.ok()) {
+    return absl::Status(budget_bytes.status().code(),
+                        absl::StrCat("--memory-budget: ", budget_bytes.status().message()));
+  }
+  budget_ = std::make_unique<MemoryBudget>(absl::StrCat("worker ", options_.name), *budget_bytes);
+  space_ = std::make_unique<BudgetedMemorySpace>(&base, budget_.get());
+  if (base.is_host()) {
+    // Freed blocks the host cache keeps mapped are not counted: keep them a small part of
+    // the budget.
+    HostMemoryCache::Global().set_limit(std::min<int64_t>(int64_t{1} << 30, *budget_bytes / 8));
+  }
+  spdlog::info("memory budget {} bytes ({}) of {}, buckets of at most {} bytes", *budget_bytes,
+               FormatBytes(*budget_bytes), base.name(), options_.bucket_bytes);
   CommunicatorCacheMetrics comm_metrics;
   comm_metrics.builds = registry_.AddCounter("shardcoord_worker_communicator_builds_total",
                                              "Communicators built (a rendezvous with the other "
@@ -180,15 +196,37 @@ absl::StatusOr<std::string> Worker::Start() {
     buffers->Set(static_cast<double>(buffers_.List().size()));
     buffer_bytes->Set(static_cast<double>(buffers_.TotalBytes()));
   });
+  Gauge* memory_budget =
+      registry_
+          .AddGauge("shardcoord_worker_memory_budget_bytes",
+                    "The worker's --memory-budget: bytes it may hold in its buffers' memory.")
+          ->WithLabels({});
+  Gauge* memory_used = registry_
+                           .AddGauge("shardcoord_worker_memory_used_bytes",
+                                     "Bytes the worker holds against its budget: buffers, "
+                                     "buffers of plans in flight, staging (not lent memory).")
+                           ->WithLabels({});
+  Gauge* memory_peak =
+      registry_
+          .AddGauge("shardcoord_worker_memory_peak_bytes",
+                    "The most bytes the worker has held against its budget since it started.")
+          ->WithLabels({});
+  registry_.AddCollector([this, memory_budget, memory_used, memory_peak] {
+    memory_budget->Set(static_cast<double>(budget_->budget()));
+    memory_used->Set(static_cast<double>(budget_->used()));
+    memory_peak->Set(static_cast<double>(budget_->peak()));
+  });
 
   ExecutorOptions executor_options;
   executor_options.default_step_timeout = options_.step_timeout;
+  executor_options.bucket_bytes = options_.bucket_bytes;
   core_ = std::make_unique<WorkerCore>(
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
-      executor_options, LogInfo, device_space_.get());
+      executor_options, LogInfo, space_.get());
+  core_->set_memory_budget(budget_.get());
   service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_);
   attach_ = std::make_unique<AttachRegistry>(
-      &buffers_, device_space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
+      &buffers_, space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
   if (absl::Status s = StartLocalSocket(); !s.ok()) return s;
   Gauge* lent = registry_
                     .AddGauge("shardcoord_worker_attached_bytes",
@@ -258,6 +296,14 @@ absl::StatusOr<std::string> Worker::Start() {
   agent_options.registration.set_backend(nccl ? "nccl" : "gloo");
   agent_options.registration.set_address(address);
   if (local_server_ != nullptr) agent_options.registration.set_local_socket(local_server_->path());
+  agent_options.registration.set_bucket_bytes(options_.bucket_bytes);
+  agent_options.memory = [this] {
+    MemoryReport m;
+    m.budget_bytes = budget_->budget();
+    m.used_bytes = budget_->used();
+    m.peak_bytes = budget_->peak();
+    return m;
+  };
   agent_options.log = LogInfo;
   // Buffers survive a coordinator outage; every registration reports them so a restarted
   // coordinator can reconcile, and drops what it says never committed.

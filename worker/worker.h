@@ -22,6 +22,7 @@
 #include "worker/communicator.h"
 #include "worker/grpc_coordinator_client.h"
 #include "worker/local_socket_server.h"
+#include "worker/memory_budget.h"
 #include "worker/memory_space.h"
 #include "worker/thread_pool.h"
 #include "worker/worker_core.h"
@@ -82,6 +83,12 @@ struct WorkerOptions {
   // gRPC probes cannot speak TLS); port 0 picks a free one; empty: none (the Worker service's
   // port serves it too).
   std::string health_listen;
+
+  // The bytes the worker may hold in its buffers' memory (worker/memory_budget.h): by
+  // default 80% of the host's (or its cgroup's) memory, of the GPU's free memory for nccl.
+  MemoryBudgetSetting memory_budget;
+  // The largest bucket its plans use (sharding/staging.h), reported to the coordinator.
+  int64_t bucket_bytes = kDefaultBucketBytes;
 };
 
 // The composition root, as Coordinator is for the coordinator: owns the coordinator client,
@@ -118,6 +125,8 @@ class Worker {
   std::string local_socket() const {
     return local_server_ != nullptr ? local_server_->path() : std::string();
   }
+  // After Start: the memory accounting of the worker's buffers' space.
+  const MemoryBudget* memory_budget() const { return budget_.get(); }
 
  private:
   WorkerIdentity Identity() const;
@@ -132,6 +141,10 @@ class Worker {
   std::unique_ptr<GrpcCoordinatorClient> client_;
   // nccl: the GPU's memory. Null for gloo (host memory).
   std::unique_ptr<MemorySpace> device_space_;
+  // Every buffer of the worker's own lives in `space_`, which counts it against `budget_`
+  // (both outlive the buffers, declared below).
+  std::unique_ptr<MemoryBudget> budget_;
+  std::unique_ptr<BudgetedMemorySpace> space_;
   std::unique_ptr<CommunicatorCache> communicators_;
   BufferStore buffers_;
   ThreadPool pool_{2};

@@ -163,6 +163,8 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     Report(*run, std::move(progress));
   };
   const absl::Time start = absl::Now();
+  // The most the worker holds while this fragment runs, from its own accounting.
+  const int64_t watermark = budget_ != nullptr ? budget_->OpenWatermark() : 0;
   absl::StatusOr<ExecuteResult> result = ExecuteFragment(in);
   if (result.ok() && run->write_back != nullptr) {
     // One copy into the process's memory; a process that is gone fails the plan.
@@ -177,6 +179,9 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
                                               f.target_tensor, "': ", s.message()));
     }
   }
+  // Done with the source: its memory goes back before the report, so the commit that drops
+  // the old version frees it (the coordinator's memory admission counts on that).
+  run->source.reset();
   if (log_) {
     if (result.ok()) {
       std::string steps_text;
@@ -211,11 +216,16 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       run->stored = true;
     }
   }
+  // Stored (the store holds it) or not kept: a failed fragment's target, and the staging
+  // copy of a lent target, are freed before the report, not when this thread ends.
+  run->target.reset();
+  run->write_back.reset();
   if (!aborted) {
     v1::ReportChunksRequest report;
     report.set_final(true);
     report.set_start_unix_us(absl::ToUnixMicros(start));
     report.set_end_unix_us(absl::ToUnixMicros(absl::Now()));
+    if (budget_ != nullptr) report.set_memory_peak_bytes(budget_->CloseWatermark(watermark));
     if (result.ok()) {
       for (const StepReport& s : result->steps) {
         v1::StepTiming* t = report.add_steps();
@@ -236,7 +246,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     }
     Report(*run, std::move(report));
   }
-  run->source.reset();
+  if (budget_ != nullptr && aborted) budget_->CloseWatermark(watermark);
   absl::MutexLock lock(&mu_);
   --running_;
 }
@@ -353,8 +363,10 @@ absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request
     default:
       return absl::InvalidArgumentError(absl::StrCat("init: unknown value ", request.init()));
   }
-  // Filled in host memory; a device space gets it in one copy.
-  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Create(*dtype, *chunks);
+  // Filled in host memory (the worker's own space when that is host memory, so it counts
+  // against its budget); a device space gets it in one copy.
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+      HostBuffer::Create(*dtype, *chunks, space_->is_host() ? space_ : nullptr);
   if (!buffer.ok()) return buffer.status();
   HostBuffer& b = **buffer;
   std::memset(b.data(), 0, static_cast<size_t>(b.bytes()));  // Also clears the gaps.
@@ -398,7 +410,7 @@ absl::StatusOr<WorkerCore::ChunkReader> WorkerCore::OpenRead(const v1::ReadChunk
   if (!buffer.ok()) return buffer.status();
   if (!(*buffer)->space().is_host() && &(*buffer)->space() != space_) {
     // Lent plain memory of a process: read through a copy (one process_vm_readv).
-    buffer = BufferIn(*std::move(buffer), &HostMemorySpace::Global());
+    buffer = BufferIn(*std::move(buffer), space_->is_host() ? space_ : &HostMemorySpace::Global());
     if (!buffer.ok()) return buffer.status();
   }
   absl::StatusOr<Box> box = BoxFromProto(request.box(), "box");

@@ -21,6 +21,7 @@
 #include "worker/communicator.h"
 #include "worker/coordinator_rpc.h"
 #include "worker/executor.h"
+#include "worker/memory_budget.h"
 #include "worker/memory_space.h"
 
 namespace shardcoord {
@@ -131,6 +132,10 @@ class WorkerCore {
   bool StopAcceptingAndAwaitIdle(const std::string& reason, absl::Duration timeout);
   int running() const;
 
+  // The worker's memory accounting (worker/memory_budget.h), when its space is budgeted:
+  // final reports then carry the most it held while the fragment ran. Set before use.
+  void set_memory_budget(MemoryBudget* budget) { budget_ = budget; }
+
  private:
   struct PlanRun;
   void Run(std::shared_ptr<PlanRun> run);
@@ -143,6 +148,7 @@ class WorkerCore {
   const ExecutorOptions options_;
   const std::function<void(absl::string_view)> log_;
   MemorySpace* const space_;
+  MemoryBudget* budget_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<PlanRun>> plans_ ABSL_GUARDED_BY(mu_);

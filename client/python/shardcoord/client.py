@@ -166,7 +166,8 @@ class Client:
 
     def workers(self):
         """Every registered worker (WorkerInfo: name, rank, host, device, state,
-        local_socket, ...), in rank order."""
+        local_socket, memory_budget_bytes, memory_used_bytes, memory_peak_bytes,
+        bucket_bytes, ...), in rank order."""
         return list(self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),
                                self.timeout).workers)
 

@@ -255,5 +255,16 @@ std::string CudaMemorySpace::device_uuid() const {
   return absl::StrCat("GPU-", hex);
 }
 
+absl::StatusOr<int64_t> CudaMemorySpace::DeviceFreeBytes() {
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (absl::Status s = CudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes),
+                                  absl::StrCat("cudaMemGetInfo on device ", device_));
+      !s.ok()) {
+    return s;
+  }
+  return static_cast<int64_t>(free_bytes);
+}
+
 }  // namespace nccl
 }  // namespace shardcoord

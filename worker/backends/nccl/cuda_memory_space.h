@@ -62,6 +62,8 @@ class CudaMemorySpace final : public MemorySpace {
                                         int64_t bytes) override;
   void CloseShared(const Allocation& allocation) override;
   std::string device_uuid() const override;
+  // cudaMemGetInfo's free bytes on the device.
+  absl::StatusOr<int64_t> DeviceFreeBytes() override;
 
  private:
   CudaMemorySpace(int device, cudaStream_t stream);
