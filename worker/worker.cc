@@ -186,7 +186,8 @@ absl::StatusOr<std::string> Worker::Start() {
   core_ = std::make_unique<WorkerCore>(
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
       executor_options, LogInfo, device_space_.get());
-  service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_);
+  checkpoints_ = std::make_unique<CheckpointIo>(&buffers_, device_space_.get());
+  service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_, checkpoints_.get());
   attach_ = std::make_unique<AttachRegistry>(
       &buffers_, device_space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
   if (absl::Status s = StartLocalSocket(); !s.ok()) return s;
