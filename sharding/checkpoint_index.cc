@@ -398,10 +398,7 @@ absl::StatusOr<CheckpointIndex> IndexFromSafetensors(
     index.files.push_back(f);
     for (const SafetensorsEntry& e : header.entries) {
       const std::string where = absl::StrCat(file, ": entry ", JsonQuote(e.name));
-      if (!e.dtype.has_value()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": dtype ", e.dtype_name, " has no shardcoord dtype"));
-      }
+      if (!e.dtype.has_value()) continue;  // BOOL, U16, ...: nothing shardcoord can hold.
       auto [it, inserted] = seen.emplace(e.name, file);
       if (!inserted) {
         return absl::InvalidArgumentError(

@@ -91,8 +91,9 @@ absl::StatusOr<CheckpointIndex> ParseCheckpointIndex(absl::string_view json);
 absl::Status ValidateCheckpointIndex(const CheckpointIndex& index);
 
 // The index of a directory of plain safetensors files (e.g. a Hugging Face model): every
-// entry is one tensor of one piece, the whole tensor, without checksums. INVALID_ARGUMENT for
-// a name in two files or a dtype shardcoord has no type for (naming file and entry).
+// entry is one tensor of one piece, the whole tensor, without checksums; entries of dtypes
+// shardcoord has no type for (BOOL, U16, F8...) are left out. INVALID_ARGUMENT for a name in
+// two files (naming both files and the entry).
 absl::StatusOr<CheckpointIndex> IndexFromSafetensors(
     const std::vector<std::pair<std::string, SafetensorsHeader>>& files);
 
