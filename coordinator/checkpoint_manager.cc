@@ -185,6 +185,13 @@ void CheckpointManager::EndProgress(const std::string& id, const absl::Status& s
   absl::MutexLock lock(&mu_);
   auto it = progress_.find(id);
   if (it == progress_.end() || it->second.ended()) return;
+  if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
+    m->checkpoints->WithLabels({it->second.op(), s.ok() ? "ok" : "failed"})->Increment();
+    if (s.ok()) {
+      m->checkpoint_bytes->WithLabels({it->second.op()})
+          ->Increment(static_cast<double>(it->second.bytes_total()));
+    }
+  }
   it->second.set_ended(true);
   it->second.set_phase(s.ok() ? "done" : "failed");
   if (s.ok()) it->second.set_bytes_done(it->second.bytes_total());

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
 #include "coordinator/tensor_manager.h"
@@ -84,6 +85,8 @@ struct CheckpointManagerOptions {
   // SavePlanOptions::min_part_bytes: replicated pieces are shared among their holders in
   // parts no smaller than this.
   int64_t min_part_bytes = int64_t{64} << 10;
+  // Where saves and loads are counted; not owned, may be null.
+  CoordinatorMetrics* metrics = nullptr;
 };
 
 class CheckpointManager {

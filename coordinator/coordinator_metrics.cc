@@ -51,7 +51,14 @@ CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
           "shardcoord_rpc_message_bytes_total",
           "Bytes of the gRPC messages the coordinator received and sent (serialized), on its "
           "services and its calls to workers, by method and direction.",
-          {"method", "direction"})) {
+          {"method", "direction"})),
+      checkpoints(registry->AddCounter("shardcoord_checkpoints_total",
+                                       "Checkpoint saves and loads that ended, by op and result.",
+                                       {"op", "result"})),
+      checkpoint_bytes(registry->AddCounter(
+          "shardcoord_checkpoint_bytes_total",
+          "Bytes workers wrote (save) or read from storage (load) for checkpoints that succeeded.",
+          {"op"})) {
   for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
 }
 

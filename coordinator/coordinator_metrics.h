@@ -35,6 +35,10 @@ struct CoordinatorMetrics {
   // direction ("received", "sent"), on its services and on its calls to workers: all it
   // moves. Tensor bytes of plans never pass through it (attached or not).
   CounterFamily* rpc_message_bytes;
+  // Checkpoint saves and loads that ended, by op ("save", "load") and result ("ok",
+  // "failed"); the bytes the workers wrote or read for them (each distinct element once).
+  CounterFamily* checkpoints;
+  CounterFamily* checkpoint_bytes;
 };
 
 }  // namespace shardcoord
