@@ -222,6 +222,13 @@ absl::Status Cluster::KillWorker(int index) {
   return s;
 }
 
+absl::Status Cluster::SignalWorker(int index, int signal) {
+  if (index < 0 || index >= num_workers() || workers_[index] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no running worker ", index));
+  }
+  return workers_[index]->Signal(signal);
+}
+
 Cluster::~Cluster() {
   // Workers first, so none of them sees its coordinator vanish mid-run and retries.
   for (auto& w : workers_) {

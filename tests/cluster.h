@@ -68,6 +68,9 @@ class Cluster {
 
   // SIGKILL worker `index` and reap it: no goodbye, as a crashed host.
   absl::Status KillWorker(int index);
+  // Sends `signal` to worker `index` (SIGSTOP holds it still so a test can kill it in the
+  // middle of an operation).
+  absl::Status SignalWorker(int index, int signal);
   bool worker_running(int index) const { return workers_[index] != nullptr; }
 
   // SIGKILL the coordinator and reap it; the workers keep running (and their buffers).
