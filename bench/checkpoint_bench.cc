@@ -39,8 +39,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -173,6 +175,46 @@ std::pair<double, double> DiskBaseline(const std::string& path, int64_t bytes,
   return {write_s, read_s};
 }
 
+// The same bytes as `files` files written by as many threads at once (fsynced), evicted, read
+// back by as many threads: the disk with the parallelism the workers have.
+std::pair<double, double> ParallelDiskBaseline(const std::string& dir, int files, int64_t bytes,
+                                               const std::string& buffer, int64_t* resident) {
+  std::vector<std::string> paths;
+  for (int i = 0; i < files; ++i) paths.push_back(absl::StrCat(dir, "/disk_parallel.", i));
+  const int64_t each = bytes / files;
+  auto run = [&](const std::function<void(int)>& work) {
+    const absl::Time t0 = absl::Now();
+    std::vector<std::thread> threads;
+    for (int i = 0; i < files; ++i) threads.emplace_back(work, i);
+    for (std::thread& t : threads) t.join();
+    return absl::ToDoubleSeconds(absl::Now() - t0);
+  };
+  const double write_s = run([&](int i) {
+    const int fd = open(paths[i].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) Die(absl::StrCat("create ", paths[i], ": ", std::strerror(errno)));
+    for (int64_t done = 0; done < each;) {
+      const ssize_t w =
+          write(fd, buffer.data(), static_cast<size_t>(std::min<int64_t>(kIoPiece, each - done)));
+      if (w <= 0) Die("write");
+      done += w;
+    }
+    if (fsync(fd) != 0) Die("fsync");
+    close(fd);
+  });
+  for (const std::string& p : paths) Evict(p);
+  for (const std::string& p : paths) *resident += ResidentBytes(p);
+  const double read_s = run([&](int i) {
+    std::string in(static_cast<size_t>(kIoPiece), '\0');
+    const int fd = open(paths[i].c_str(), O_RDONLY | O_CLOEXEC);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    while (read(fd, in.data(), in.size()) > 0) {
+    }
+    close(fd);
+  });
+  for (const std::string& p : paths) std::filesystem::remove(p);
+  return {write_s, read_s};
+}
+
 struct TorchResult {
   bool ran = false;
   std::string skipped;
@@ -211,11 +253,10 @@ TorchResult RunTorch(const std::vector<StateTensor>& state, const std::vector<st
   ProcessOptions options;
   options.name = "torch";
   options.echo_stdout = false;
-  std::unique_ptr<Process> p =
-      OrDie(Process::Start({python, script, "--layout", layout, "--dir", dir + "/torch",
-                            absl::StrCat("--reps=", reps)},
-                           options),
-            "start torch_checkpoint.py");
+  std::unique_ptr<Process> p = OrDie(Process::Start({python, script, "--layout", layout, "--dir",
+                                                     dir + "/torch", absl::StrCat("--reps=", reps)},
+                                                    options),
+                                     "start torch_checkpoint.py");
   const int status = OrDie(p->Wait(absl::Minutes(30)), "torch_checkpoint.py");
   if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
     r.skipped = absl::StrCat(python, " has no torch");
@@ -261,8 +302,8 @@ int Run() {
   }
   std::filesystem::create_directories(dir);
   dir = std::filesystem::canonical(dir).string();
-  const std::string log_dir = absl::GetFlag(FLAGS_log_dir).empty() ? dir + "/logs"
-                                                                   : absl::GetFlag(FLAGS_log_dir);
+  const std::string log_dir =
+      absl::GetFlag(FLAGS_log_dir).empty() ? dir + "/logs" : absl::GetFlag(FLAGS_log_dir);
   std::filesystem::create_directories(log_dir);
 
   LlamaConfig config;
@@ -297,7 +338,7 @@ int Run() {
 
   std::string buffer(static_cast<size_t>(kIoPiece), '\0');
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>((i * 2654435761u) >> 13);
-  Stats disk_write, disk_read, save, load, read_phase, exchange_phase;
+  Stats disk_write, disk_read, par_write, par_read, save, load, read_phase, exchange_phase;
   int64_t max_resident = 0, bytes_read = 0, exchanged = 0;
   double balance = 0;
   for (int rep = 0; rep < reps; ++rep) {
@@ -306,6 +347,10 @@ int Run() {
     max_resident = std::max(max_resident, resident);
     disk_write.seconds.push_back(w_s);
     disk_read.seconds.push_back(r_s);
+    const auto [pw_s, pr_s] = ParallelDiskBaseline(dir, kWorkers, bytes, buffer, &resident);
+    max_resident = std::max(max_resident, resident);
+    par_write.seconds.push_back(pw_s);
+    par_read.seconds.push_back(pr_s);
 
     const std::string ckpt = absl::StrCat(dir, "/ckpt", rep);
     v1::SaveCheckpointRequest save_req;
@@ -330,14 +375,16 @@ int Run() {
     bytes_read = loaded.bytes_read();
     exchanged = loaded.exchange_bytes_moved();
     if (loaded.bytes_read() != bytes) Die("the load did not read every byte exactly once");
-    say(absl::StrCat("rep ", rep + 1, ": disk write ", w_s, " s, read ", r_s, " s; save ",
-                     save.seconds.back(), " s; load ", load.seconds.back(), " s (read ",
-                     loaded.read_seconds(), " s, exchange ", loaded.exchange_seconds(), " s)"));
+    say(absl::StrCat("rep ", rep + 1, ": disk write ", w_s, " s, read ", r_s, " s; 4 files ", pw_s,
+                     " s, ", pr_s, " s; save ", save.seconds.back(), " s; load ",
+                     load.seconds.back(), " s (read ", loaded.read_seconds(), " s, exchange ",
+                     loaded.exchange_seconds(), " s)"));
     if (rep == reps - 1) {
       // The values are what was created, for a few tensors of every kind.
-      for (const char* name : {"model.embed_tokens.weight", "model.layers.3.self_attn.o_proj.weight",
-                               "model.layers.7.mlp.up_proj.weight",
-                               "model.layers.15.post_attention_layernorm.weight"}) {
+      for (const char* name :
+           {"model.embed_tokens.weight", "model.layers.3.self_attn.o_proj.weight",
+            "model.layers.7.mlp.up_proj.weight",
+            "model.layers.15.post_attention_layernorm.weight"}) {
         for (const StateTensor& t : state) {
           if (t.name != name) continue;
           absl::Status s = DownloadAndCheck(client, absl::StrCat("L.", name), t.dtype, t.shape,
@@ -365,7 +412,8 @@ int Run() {
   if (own_dir) std::filesystem::remove_all(dir);
 
   const double save_gbps = GBps(bytes, save.Best()), load_gbps = GBps(bytes, load.Best());
-  const double write_gbps = GBps(bytes, disk_write.Best()), read_gbps = GBps(bytes, disk_read.Best());
+  const double write_gbps = GBps(bytes, disk_write.Best()),
+               read_gbps = GBps(bytes, disk_read.Best());
   if (json) {
     JsonWriter w;
     w.BeginObject().Key("bytes").Int(bytes).Key("tensors").Int(static_cast<int64_t>(state.size()));
@@ -373,11 +421,16 @@ int Run() {
     auto stats = [&](const char* key, const Stats& s) {
       w.Key(key).BeginObject();
       w.Key("best_seconds").Double(s.Best()).Key("median_seconds").Double(s.Median());
-      w.Key("gbps").Double(GBps(bytes, s.Best())).Key("median_gbps").Double(GBps(bytes, s.Median()));
+      w.Key("gbps")
+          .Double(GBps(bytes, s.Best()))
+          .Key("median_gbps")
+          .Double(GBps(bytes, s.Median()));
       w.EndObject();
     };
     stats("disk_write", disk_write);
     stats("disk_read", disk_read);
+    stats("disk_write_4_files", par_write);
+    stats("disk_read_4_files", par_read);
     stats("save", save);
     stats("load", load);
     w.Key("load_read_phase_best_seconds").Double(read_phase.Best());
@@ -394,6 +447,8 @@ int Run() {
     }
     w.Key("save_vs_disk_write").Double(save_gbps / write_gbps);
     w.Key("load_vs_disk_read").Double(load_gbps / read_gbps);
+    w.Key("save_vs_disk_write_4_files").Double(par_write.Best() / save.Best());
+    w.Key("load_vs_disk_read_4_files").Double(par_read.Best() / load.Best());
     if (torch.ran) {
       w.Key("save_vs_torch").Double(torch.save.Best() / save.Best());
       w.Key("load_vs_torch").Double(torch.load.Best() / load.Best());
@@ -410,6 +465,8 @@ int Run() {
   };
   line("disk write (one file, fsync)", disk_write);
   line("disk read (page cache evicted)", disk_read);
+  line("disk write, 4 files by 4 threads", par_write);
+  line("disk read, 4 files by 4 threads", par_read);
   line("shardcoord save (FSDP flat)", save);
   line("shardcoord load (-> Megatron 2x2)", load);
   std::printf("    load phases: read %.3f s, exchange %.3f s; %lld bytes read, %lld exchanged\n",
@@ -421,14 +478,16 @@ int Run() {
   } else {
     std::printf("  torch: skipped (%s)\n", torch.skipped.c_str());
   }
-  std::printf("  save / disk write %.2fx, load / disk read %.2fx", save_gbps / write_gbps,
-              load_gbps / read_gbps);
+  std::printf("  save / disk write %.2fx (4 files: %.2fx), load / disk read %.2fx (4 files: %.2fx)",
+              save_gbps / write_gbps, par_write.Best() / save.Best(), load_gbps / read_gbps,
+              par_read.Best() / load.Best());
   if (torch.ran) {
     std::printf(", save %.2fx and load %.2fx faster than torch", torch.save.Best() / save.Best(),
                 torch.load.Best() / load.Best());
   }
-  std::printf("\n  writer balance (busiest / ideal) %.3f; page cache resident before reads: %lld B\n",
-              balance, static_cast<long long>(max_resident));
+  std::printf(
+      "\n  writer balance (busiest / ideal) %.3f; page cache resident before reads: %lld B\n",
+      balance, static_cast<long long>(max_resident));
   return 0;
 }
 

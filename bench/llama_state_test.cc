@@ -35,9 +35,8 @@ TEST(LlamaStateTest, FsdpFlatSpecsCutTheConcatenationIntoEqualRanges) {
     for (const RankChunks& rc : layout->ranks()) per_rank[rc.rank] += rc.local_elements;
     // Megatron placements are valid on a 2x2 mesh.
     absl::StatusOr<DeviceMesh> grid = DeviceMesh::Create({2, 2});
-    ASSERT_TRUE(Layout::FromPlacements(*grid, state[i].shape,
-                                       *ParsePlacements(state[i].megatron))
-                    .ok());
+    ASSERT_TRUE(
+        Layout::FromPlacements(*grid, state[i].shape, *ParsePlacements(state[i].megatron)).ok());
   }
   for (int64_t n : per_rank) EXPECT_EQ(n, 271090688 / 4);
 }

@@ -83,13 +83,13 @@ absl::StatusOr<v1::SaveCheckpointRequest> BuildSaveCheckpointRequest(
   return request;
 }
 
-int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags,
-                             bool json, bool progress, std::ostream& out, std::ostream& err) {
+int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err) {
   absl::StatusOr<v1::SaveCheckpointRequest> request = BuildSaveCheckpointRequest(flags);
   if (!request.ok()) return ReportFlagError(err, "checkpoint save", request.status().message());
-  absl::StatusOr<v1::SaveCheckpointResponse> r = WithProgress<v1::SaveCheckpointResponse>(
-      client, request->request_id(), "save", progress, err,
-      [&] { return client.SaveCheckpoint(*request); });
+  absl::StatusOr<v1::SaveCheckpointResponse> r =
+      WithProgress<v1::SaveCheckpointResponse>(client, request->request_id(), "save", progress, err,
+                                               [&] { return client.SaveCheckpoint(*request); });
   if (!r.ok()) return ReportStatus(err, r.status(), client.address());
   if (json) {
     out << ProtoJson(*r) << "\n";
@@ -97,8 +97,8 @@ int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlag
   }
   out << "saved " << r->tensors() << " tensor" << (r->tensors() == 1 ? "" : "s") << " to "
       << r->dir() << ": " << HumanBytes(r->bytes()) << " in " << r->files_size() << " file"
-      << (r->files_size() == 1 ? "" : "s") << ", " << absl::StrFormat("%.3f", r->seconds())
-      << " s" << Rate(r->bytes(), r->seconds()) << "\n";
+      << (r->files_size() == 1 ? "" : "s") << ", " << absl::StrFormat("%.3f", r->seconds()) << " s"
+      << Rate(r->bytes(), r->seconds()) << "\n";
   if (r->ideal_writer_bytes() > 0) {
     out << "  busiest writer " << HumanBytes(r->max_writer_bytes()) << ", ideal "
         << HumanBytes(static_cast<int64_t>(r->ideal_writer_bytes()))
@@ -168,8 +168,8 @@ absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
   return request;
 }
 
-int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlags& flags,
-                             bool json, bool progress, std::ostream& out, std::ostream& err) {
+int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err) {
   std::string text;
   if (!flags.from_file.empty()) {
     std::ifstream in(flags.from_file);
@@ -183,9 +183,9 @@ int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlag
   }
   absl::StatusOr<v1::LoadCheckpointRequest> request = BuildLoadCheckpointRequest(flags, text);
   if (!request.ok()) return ReportFlagError(err, "checkpoint load", request.status().message());
-  absl::StatusOr<v1::LoadCheckpointResponse> r = WithProgress<v1::LoadCheckpointResponse>(
-      client, request->request_id(), "load", progress, err,
-      [&] { return client.LoadCheckpoint(*request); });
+  absl::StatusOr<v1::LoadCheckpointResponse> r =
+      WithProgress<v1::LoadCheckpointResponse>(client, request->request_id(), "load", progress, err,
+                                               [&] { return client.LoadCheckpoint(*request); });
   if (!r.ok()) return ReportStatus(err, r.status(), client.address());
   if (json) {
     out << ProtoJson(*r) << "\n";
@@ -268,8 +268,8 @@ void AddCheckpointCommand(CLI::App& app, const ConnectionFlags* conn) {
                    "Replace an existing DIR (swapped once the new checkpoint is complete)");
     save->callback([conn, flags]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      const int rc = RunCheckpointSaveCommand(client, *flags, conn->json,
-                                              ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
+      const int rc = RunCheckpointSaveCommand(
+          client, *flags, conn->json, ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
       if (rc != 0) throw CLI::RuntimeError(rc);
     });
   }
@@ -304,8 +304,8 @@ void AddCheckpointCommand(CLI::App& app, const ConnectionFlags* conn) {
       if (placements->count() > 0) flags->placements = placements->as<std::string>();
       if (flat->count() > 0) flags->flat = flat->as<std::string>();
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      const int rc = RunCheckpointLoadCommand(client, *flags, conn->json,
-                                              ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
+      const int rc = RunCheckpointLoadCommand(
+          client, *flags, conn->json, ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
       if (rc != 0) throw CLI::RuntimeError(rc);
     });
   }

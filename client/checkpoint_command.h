@@ -33,8 +33,8 @@ struct CheckpointSaveFlags {
 absl::StatusOr<v1::SaveCheckpointRequest> BuildSaveCheckpointRequest(
     const CheckpointSaveFlags& flags);
 // With `progress`, draws a bar on `err` from GetCheckpointProgress while the save runs.
-int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags,
-                             bool json, bool progress, std::ostream& out, std::ostream& err);
+int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err);
 
 struct CheckpointLoadFlags {
   std::string dir;
@@ -48,8 +48,8 @@ struct CheckpointLoadFlags {
 };
 absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
     const CheckpointLoadFlags& flags, const std::string& from_file_text = "");
-int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlags& flags,
-                             bool json, bool progress, std::ostream& out, std::ostream& err);
+int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err);
 
 int RunCheckpointInspectCommand(CoordinatorClient& client, const std::string& dir, bool json,
                                 std::ostream& out, std::ostream& err);

@@ -161,8 +161,7 @@ absl::Status CheckpointManager::WorkerError(const WorkerEndpoint& w, const absl:
   return absl::Status(code, absl::StrCat("worker ", w.name, " (rank ", w.rank, "): ", s.message()));
 }
 
-void CheckpointManager::StartProgress(const std::string& id, const std::string& op,
-                                      int64_t total) {
+void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total) {
   absl::MutexLock lock(&mu_);
   v1::CheckpointProgress& p = progress_[id];
   p = v1::CheckpointProgress();
@@ -266,7 +265,9 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
   };
   // Held busy from here until the save ends, so no plan changes them meanwhile.
   std::vector<SaveTensor> save;
-  const LivenessFn live = [w = workers_](int64_t rank, int64_t inc) { return w->IsLive(rank, inc); };
+  const LivenessFn live = [w = workers_](int64_t rank, int64_t inc) {
+    return w->IsLive(rank, inc);
+  };
   for (const std::string& name : names) {
     absl::StatusOr<TensorRecord> rec = tensors_->Acquire(name, st->op);
     if (!rec.ok()) {
@@ -338,19 +339,21 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
         out->set_version(st->tensors[e.tensor].version);
         *out->mutable_box() = BoxToProto(e.box);
       }
-      client_->WriteCheckpoint(
-          st->writers[i], req, [this, st, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
-            bool last = false;
-            {
-              absl::MutexLock lock(&st->mu);
-              if (!r.ok() && st->error.ok()) st->error = WorkerError(st->writers[i], r.status());
-              if (r.ok()) st->written[i] = *std::move(r);
-              last = --st->remaining == 0;
-            }
-            UpdateProgress(st->args.id, "", st->plan.files[i].bytes);
-            // Every write has ended, failed or not, before the directory is touched again.
-            if (last) SaveWritten(st);
-          });
+      client_->WriteCheckpoint(st->writers[i], req,
+                               [this, st, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
+                                 bool last = false;
+                                 {
+                                   absl::MutexLock lock(&st->mu);
+                                   if (!r.ok() && st->error.ok())
+                                     st->error = WorkerError(st->writers[i], r.status());
+                                   if (r.ok()) st->written[i] = *std::move(r);
+                                   last = --st->remaining == 0;
+                                 }
+                                 UpdateProgress(st->args.id, "", st->plan.files[i].bytes);
+                                 // Every write has ended, failed or not, before the directory is
+                                 // touched again.
+                                 if (last) SaveWritten(st);
+                               });
     }
   });
 }
@@ -376,9 +379,9 @@ void CheckpointManager::SaveWritten(const std::shared_ptr<SaveState>& st) {
     const SaveFile& f = st->plan.files[i];
     const v1::WriteCheckpointResponse& r = written[i];
     if (r.entries_size() != static_cast<int>(f.entries.size())) {
-      return SaveFailed(st, absl::InternalError(absl::StrCat(
-                                "worker ", st->writers[i].name, " answered ", r.entries_size(),
-                                " entries for ", f.entries.size())));
+      return SaveFailed(st, absl::InternalError(absl::StrCat("worker ", st->writers[i].name,
+                                                             " answered ", r.entries_size(),
+                                                             " entries for ", f.entries.size())));
     }
     index.files.push_back(CheckpointFile{f.file, f.rank, st->writers[i].name, r.file_bytes()});
     for (size_t j = 0; j < f.entries.size(); ++j) {
@@ -558,19 +561,19 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
       return LoadFailed(st, s);
     }
     if (!names.insert(item.name).second) {
-      return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
-                                where, ".name: '", item.name, "' is loaded twice")));
+      return LoadFailed(st, absl::InvalidArgumentError(
+                                absl::StrCat(where, ".name: '", item.name, "' is loaded twice")));
     }
     const CheckpointTensor& ct = *item.tensor;
     if (args.into) {
       absl::StatusOr<TensorRecord> rec = tensors_->Get(item.name);
       if (!rec.ok()) return LoadFailed(st, Prefixed(absl::StrCat(where, ".name: "), rec.status()));
       if (rec->shape != ct.shape || rec->dtype != ct.dtype) {
-        return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
-                                  where, ".name: tensor '", item.name, "' is ",
-                                  ShapeToString(rec->shape), " ", DTypeName(rec->dtype),
-                                  " but the checkpoint's '", ct.name, "' is ",
-                                  ShapeToString(ct.shape), " ", DTypeName(ct.dtype))));
+        return LoadFailed(
+            st, absl::InvalidArgumentError(absl::StrCat(
+                    where, ".name: tensor '", item.name, "' is ", ShapeToString(rec->shape), " ",
+                    DTypeName(rec->dtype), " but the checkpoint's '", ct.name, "' is ",
+                    ShapeToString(ct.shape), " ", DTypeName(ct.dtype))));
       }
       item.target = rec->layout;
       item.staging = absl::StrCat("~", st->op, "/", item.name);
@@ -722,9 +725,9 @@ void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
   }
   for (const LoadState::Reader& r : st->readers) {
     if (r.response.chunks_size() != static_cast<int>(r.item_of.size())) {
-      return LoadFailed(st, absl::InternalError(absl::StrCat(
-                                "worker ", r.endpoint.name, " answered ",
-                                r.response.chunks_size(), " buffers for ", r.item_of.size())));
+      return LoadFailed(st, absl::InternalError(absl::StrCat("worker ", r.endpoint.name,
+                                                             " answered ", r.response.chunks_size(),
+                                                             " buffers for ", r.item_of.size())));
     }
     for (size_t k = 0; k < r.item_of.size(); ++k) {
       const size_t i = r.item_of[k];
@@ -881,8 +884,7 @@ void CheckpointManager::Inspect(const std::string& dir_arg, InspectCallback done
   req.set_path(*dir);
   const WorkerEndpoint w = *reader;
   client_->ReadCheckpointIndex(
-      w, req,
-      [this, w, done = std::move(done)](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
+      w, req, [this, w, done = std::move(done)](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
         if (!r.ok()) return done(WorkerError(w, r.status()));
         absl::StatusOr<CheckpointFiles> files = ParseCheckpointFiles(*r);
         if (!files.ok()) return done(files.status());

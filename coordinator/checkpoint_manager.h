@@ -36,9 +36,9 @@ struct SaveCheckpointArgs {
 };
 
 struct LoadTargetArgs {
-  std::string tensor;         // In the checkpoint.
-  std::string name;           // Empty: prefix + tensor.
-  std::optional<Spec> spec;   // Required unless into.
+  std::string tensor;        // In the checkpoint.
+  std::string name;          // Empty: prefix + tensor.
+  std::optional<Spec> spec;  // Required unless into.
 };
 
 struct LoadCheckpointArgs {

@@ -85,7 +85,8 @@ class CheckpointManagerTest : public ::testing::Test {
     t.dtype = dtype;
     t.mesh = mesh;
     t.spec = placements;
-    t.layout = *Layout::FromPlacements(meshes_.Get(mesh)->mesh, shape, *ParsePlacements(placements));
+    t.layout =
+        *Layout::FromPlacements(meshes_.Get(mesh)->mesh, shape, *ParsePlacements(placements));
     t.version = tensors_.NewVersion();
     ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
     LayoutChecksums sums;
@@ -162,8 +163,8 @@ class CheckpointManagerTest : public ::testing::Test {
 
 TEST_F(CheckpointManagerTest, SaveWritesEveryPieceOnceThenCommits) {
   Create("a", "S(0),R", "M", {64, 32});  // Replicated over dp: each half written once.
-  Create("b", "R", "N", {40, 8});         // Replicated everywhere.
-  Create("c", "S(1)", "N", {6, 10});      // Uneven columns.
+  Create("b", "R", "N", {40, 8});        // Replicated everywhere.
+  Create("c", "S(1)", "N", {6, 10});     // Uneven columns.
   absl::StatusOr<v1::SaveCheckpointResponse> r = Save("/data/ck", {"a", "b", "c"});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bytes(), (64 * 32 + 40 * 8 + 6 * 10) * 4);
@@ -333,7 +334,8 @@ TEST_F(CheckpointManagerTest, LoadsAPlainSafetensorsFileAndInspects) {
   const std::string header =
       *BuildSafetensorsHeader({{"emb", DType::kF32, {6, 4}}, {"bias", DType::kI64, {3}}}, {}, &h);
   std::string emb(24 * 4, '\0'), bias(3 * 8, '\0');
-  ASSERT_TRUE(FillBox(FillKind::kArange, 0, {6, 4}, Box::Whole({6, 4}), DType::kF32, emb.data()).ok());
+  ASSERT_TRUE(
+      FillBox(FillKind::kArange, 0, {6, 4}, Box::Whole({6, 4}), DType::kF32, emb.data()).ok());
   ASSERT_TRUE(FillBox(FillKind::kArange, 0, {3}, Box::Whole({3}), DType::kI64, bias.data()).ok());
   client_.SetFile("/data/hf/model.safetensors", header + emb + bias);
   client_.AddDir("/data/hf");
@@ -344,7 +346,8 @@ TEST_F(CheckpointManagerTest, LoadsAPlainSafetensorsFileAndInspects) {
   EXPECT_EQ(r->bytes_read(), 24 * 4 + 3 * 8);
 
   std::optional<absl::StatusOr<v1::InspectCheckpointResponse>> info;
-  checkpoints_.Inspect("/data/hf", [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
+  checkpoints_.Inspect("/data/hf",
+                       [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
   ASSERT_TRUE(info.has_value() && info->ok()) << info->status();
   EXPECT_TRUE((*info)->plain());
   ASSERT_EQ((*info)->tensors_size(), 2);
@@ -356,7 +359,8 @@ TEST_F(CheckpointManagerTest, InspectShowsPiecesAndWriters) {
   Create("a", "S(0),R", "M", {64, 32});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
   std::optional<absl::StatusOr<v1::InspectCheckpointResponse>> info;
-  checkpoints_.Inspect("/data/ck/", [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
+  checkpoints_.Inspect("/data/ck/",
+                       [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
   ASSERT_TRUE(info.has_value() && info->ok()) << info->status();
   EXPECT_FALSE((*info)->plain());
   ASSERT_EQ((*info)->tensors_size(), 1);

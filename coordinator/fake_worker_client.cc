@@ -361,15 +361,16 @@ void FakeWorkerClient::ReadCheckpoint(const WorkerEndpoint& worker,
           break;
         }
         if (run.offset() + run.bytes() > static_cast<int64_t>(f->second.size())) {
-          status = absl::DataLossError(absl::StrCat(where, ": the file ends at byte ",
-                                                    f->second.size(), " (truncated)"));
+          status = absl::DataLossError(
+              absl::StrCat(where, ": the file ends at byte ", f->second.size(), " (truncated)"));
           break;
         }
         const std::string bytes = f->second.substr(run.offset(), run.bytes());
         read += run.bytes();
         for (int k = 0; k < run.blocks_size(); ++k) {
           const int64_t at = k * run.block_bytes();
-          const size_t n = static_cast<size_t>(std::min<int64_t>(run.block_bytes(), run.bytes() - at));
+          const size_t n =
+              static_cast<size_t>(std::min<int64_t>(run.block_bytes(), run.bytes() - at));
           if (XXH64(bytes.data() + at, n, 0) != run.blocks(k)) {
             status = absl::DataLossError(absl::StrCat(where, ": block ", k, " (corrupted)"));
             break;

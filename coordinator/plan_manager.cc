@@ -259,8 +259,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     prefix = CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
-  absl::StatusOr<TensorRecord> rec =
-      tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
+  absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
   if (!rec.ok()) return rec.status();
   absl::StatusOr<TensorRecord> dst_rec = rec;
   if (copy) {
@@ -548,8 +547,8 @@ absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
       const Spec spec = m.target;
       item.target_tensor = m.staging;
       item.target_fn = [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); };
-      item.label = absl::StrCat(item.where, " ('", m.staging, "' -> ", spec.ToString(), " on ",
-                                spec.mesh);
+      item.label =
+          absl::StrCat(item.where, " ('", m.staging, "' -> ", spec.ToString(), " on ", spec.mesh);
     }
     items.push_back(std::move(item));
   }

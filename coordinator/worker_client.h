@@ -77,7 +77,8 @@ class WorkerClient {
   virtual void WriteCheckpoint(const WorkerEndpoint& worker,
                                const v1::WriteCheckpointRequest& request,
                                Callback<v1::WriteCheckpointResponse> done);
-  virtual void ReadCheckpoint(const WorkerEndpoint& worker, const v1::ReadCheckpointRequest& request,
+  virtual void ReadCheckpoint(const WorkerEndpoint& worker,
+                              const v1::ReadCheckpointRequest& request,
                               Callback<v1::ReadCheckpointResponse> done);
   virtual void ReadCheckpointIndex(const WorkerEndpoint& worker,
                                    const v1::ReadCheckpointIndexRequest& request,

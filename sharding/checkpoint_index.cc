@@ -47,7 +47,7 @@ absl::Status CheckKeys(absl::string_view field, const JsonValue& v,
   }
   for (const JsonValue::Member& m : v.members()) {
     if (std::find(keys.begin(), keys.end(), m.first) == keys.end()) {
-      return Bad(field, absl::StrCat("unknown field ", JsonQuote(m.first)));
+      return Bad(field, absl::StrCat("unknown field ", QuoteJson(m.first)));
     }
   }
   return absl::OkStatus();
@@ -165,8 +165,9 @@ absl::StatusOr<CheckpointTensor> ParseTensor(const std::string& name, const Json
 }  // namespace
 
 const CheckpointTensor* CheckpointIndex::Find(absl::string_view name) const {
-  auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
-                             [](const CheckpointTensor& t, absl::string_view n) { return t.name < n; });
+  auto it =
+      std::lower_bound(tensors.begin(), tensors.end(), name,
+                       [](const CheckpointTensor& t, absl::string_view n) { return t.name < n; });
   return it != tensors.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -198,10 +199,9 @@ std::string CheckpointFileName(int64_t rank) {
 
 absl::Status CheckCheckpointFileName(absl::string_view field, absl::string_view name) {
   if (name.empty() || name == "." || name == ".." || absl::StrContains(name, '/') ||
-      absl::StrContains(name, '\0') || name.size() > 255 ||
-      !absl::EndsWith(name, ".safetensors")) {
-    return Bad(field, absl::StrCat(JsonQuote(name),
-                                   " is not a plain file name ending in .safetensors"));
+      absl::StrContains(name, '\0') || name.size() > 255 || !absl::EndsWith(name, ".safetensors")) {
+    return Bad(field,
+               absl::StrCat(QuoteJson(name), " is not a plain file name ending in .safetensors"));
   }
   return absl::OkStatus();
 }
@@ -212,26 +212,26 @@ int64_t RowsPerBlock(int64_t row_bytes) {
 }
 
 std::string SerializeCheckpointIndex(const CheckpointIndex& index) {
-  std::string out = absl::StrCat("{\"format\": ", JsonQuote(kCheckpointFormat),
+  std::string out = absl::StrCat("{\"format\": ", QuoteJson(kCheckpointFormat),
                                  ", \"version\": ", kCheckpointFormatVersion, ",\n \"files\": [");
   for (size_t i = 0; i < index.files.size(); ++i) {
     const CheckpointFile& f = index.files[i];
-    absl::StrAppend(&out, i == 0 ? "" : ",", "\n  {\"file\": ", JsonQuote(f.file),
-                    ", \"rank\": ", f.rank, ", \"writer\": ", JsonQuote(f.writer),
+    absl::StrAppend(&out, i == 0 ? "" : ",", "\n  {\"file\": ", QuoteJson(f.file),
+                    ", \"rank\": ", f.rank, ", \"writer\": ", QuoteJson(f.writer),
                     ", \"bytes\": ", f.bytes, "}");
   }
   absl::StrAppend(&out, "],\n \"tensors\": {");
   for (size_t i = 0; i < index.tensors.size(); ++i) {
     const CheckpointTensor& t = index.tensors[i];
-    absl::StrAppend(&out, i == 0 ? "" : ",", "\n  ", JsonQuote(t.name),
-                    ": {\"dtype\": ", JsonQuote(SafetensorsDTypeName(t.dtype)), ", \"shape\": [",
+    absl::StrAppend(&out, i == 0 ? "" : ",", "\n  ", QuoteJson(t.name),
+                    ": {\"dtype\": ", QuoteJson(SafetensorsDTypeName(t.dtype)), ", \"shape\": [",
                     absl::StrJoin(t.shape, ", "), "], \"pieces\": [");
     for (size_t j = 0; j < t.pieces.size(); ++j) {
       const CheckpointPiece& p = t.pieces[j];
       absl::StrAppend(&out, j == 0 ? "" : ",", "\n    {\"box\": {\"offset\": [",
                       absl::StrJoin(p.box.offset(), ", "), "], \"shape\": [",
-                      absl::StrJoin(p.box.shape(), ", "), "]}, \"file\": ", JsonQuote(p.file),
-                      ", \"entry\": ", JsonQuote(p.entry));
+                      absl::StrJoin(p.box.shape(), ", "), "]}, \"file\": ", QuoteJson(p.file),
+                      ", \"entry\": ", QuoteJson(p.entry));
       if (p.has_xxh64) absl::StrAppend(&out, ", \"xxh64\": \"", Hex64(p.xxh64), "\"");
       if (p.rows_per_block > 0) {
         absl::StrAppend(&out, ", \"rows_per_block\": ", p.rows_per_block, ", \"blocks\": [");
@@ -255,11 +255,12 @@ absl::StatusOr<CheckpointIndex> ParseCheckpointIndex(absl::string_view json) {
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<const JsonValue*> format = Require("index", *doc, "format", JsonValue::Kind::kString);
+  absl::StatusOr<const JsonValue*> format =
+      Require("index", *doc, "format", JsonValue::Kind::kString);
   if (!format.ok()) return format.status();
   if ((*format)->text() != kCheckpointFormat) {
-    return Bad("index.format", absl::StrCat(JsonQuote((*format)->text()), " is not ",
-                                            JsonQuote(kCheckpointFormat)));
+    return Bad("index.format", absl::StrCat(QuoteJson((*format)->text()), " is not ",
+                                            QuoteJson(kCheckpointFormat)));
   }
   absl::StatusOr<const JsonValue*> version =
       Require("index", *doc, "version", JsonValue::Kind::kNumber);
@@ -276,7 +277,8 @@ absl::StatusOr<CheckpointIndex> ParseCheckpointIndex(absl::string_view json) {
   for (size_t i = 0; i < (*files)->items().size(); ++i) {
     const JsonValue& f = (*files)->items()[i];
     const std::string field = absl::StrCat("files[", i, "]");
-    if (absl::Status s = CheckKeys(field, f, {"file", "rank", "writer", "bytes"}); !s.ok()) return s;
+    if (absl::Status s = CheckKeys(field, f, {"file", "rank", "writer", "bytes"}); !s.ok())
+      return s;
     CheckpointFile out;
     absl::StatusOr<const JsonValue*> name = Require(field, f, "file", JsonValue::Kind::kString);
     if (!name.ok()) return name.status();
@@ -317,7 +319,7 @@ absl::Status ValidateCheckpointIndex(const CheckpointIndex& index) {
     }
     if (f.bytes < 0) return Bad(absl::StrCat(field, ".bytes"), "negative");
     if (!entries.emplace(f.file, std::set<std::string>{}).second) {
-      return Bad(absl::StrCat(field, ".file"), absl::StrCat(JsonQuote(f.file), " listed twice"));
+      return Bad(absl::StrCat(field, ".file"), absl::StrCat(QuoteJson(f.file), " listed twice"));
     }
   }
   for (size_t i = 0; i < index.tensors.size(); ++i) {
@@ -337,22 +339,22 @@ absl::Status ValidateCheckpointIndex(const CheckpointIndex& index) {
       const CheckpointPiece& p = t.pieces[j];
       const std::string pf = absl::StrCat(field, ".pieces[", j, "]");
       if (p.box.ndim() != static_cast<int>(t.shape.size())) {
-        return Bad(absl::StrCat(pf, ".box"), absl::StrCat("has ", p.box.ndim(), " dims, the tensor ",
-                                                         t.shape.size()));
+        return Bad(absl::StrCat(pf, ".box"),
+                   absl::StrCat("has ", p.box.ndim(), " dims, the tensor ", t.shape.size()));
       }
       for (int d = 0; d < p.box.ndim(); ++d) {
         if (p.box.offset(d) > t.shape[d] || p.box.shape(d) > t.shape[d] - p.box.offset(d)) {
-          return Bad(absl::StrCat(pf, ".box"), absl::StrCat(p.box.ToString(), " is outside shape ",
-                                                           ShapeToString(t.shape)));
+          return Bad(absl::StrCat(pf, ".box"),
+                     absl::StrCat(p.box.ToString(), " is outside shape ", ShapeToString(t.shape)));
         }
       }
       auto file = entries.find(p.file);
       if (file == entries.end()) {
-        return Bad(absl::StrCat(pf, ".file"), absl::StrCat(JsonQuote(p.file), " is not in files"));
+        return Bad(absl::StrCat(pf, ".file"), absl::StrCat(QuoteJson(p.file), " is not in files"));
       }
       if (!file->second.insert(p.entry).second) {
         return Bad(absl::StrCat(pf, ".entry"),
-                   absl::StrCat(JsonQuote(p.entry), " appears twice in ", JsonQuote(p.file)));
+                   absl::StrCat(QuoteJson(p.entry), " appears twice in ", QuoteJson(p.file)));
       }
       if (p.rows_per_block > 0) {
         const int64_t rows = BoxRows(p.box);
@@ -380,8 +382,9 @@ absl::Status ValidateCheckpointIndex(const CheckpointIndex& index) {
     std::vector<RankChunks> ranks;
     ranks.push_back(std::move(all));
     if (absl::Status s = ValidateLayout(t.shape, ranks); !s.ok()) {
-      return Bad(absl::StrCat(field, ".pieces"),
-                 absl::StrCat("do not tile the tensor (\"rank 0\" is the checkpoint): ", s.message()));
+      return Bad(
+          absl::StrCat(field, ".pieces"),
+          absl::StrCat("do not tile the tensor (\"rank 0\" is the checkpoint): ", s.message()));
     }
   }
   return absl::OkStatus();
@@ -397,7 +400,7 @@ absl::StatusOr<CheckpointIndex> IndexFromSafetensors(
     f.bytes = header.file_bytes();
     index.files.push_back(f);
     for (const SafetensorsEntry& e : header.entries) {
-      const std::string where = absl::StrCat(file, ": entry ", JsonQuote(e.name));
+      const std::string where = absl::StrCat(file, ": entry ", QuoteJson(e.name));
       if (!e.dtype.has_value()) continue;  // BOOL, U16, ...: nothing shardcoord can hold.
       auto [it, inserted] = seen.emplace(e.name, file);
       if (!inserted) {
@@ -427,11 +430,11 @@ absl::Status CheckPiecesAgainstHeader(const CheckpointIndex& index, absl::string
   for (const CheckpointTensor& t : index.tensors) {
     for (const CheckpointPiece& p : t.pieces) {
       if (p.file != file) continue;
-      const std::string where = absl::StrCat(file, ": entry ", JsonQuote(p.entry));
+      const std::string where = absl::StrCat(file, ": entry ", QuoteJson(p.entry));
       const SafetensorsEntry* e = header.Find(p.entry);
       if (e == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " (tensor '", t.name,
-                                                       "') is not in the file"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " (tensor '", t.name, "') is not in the file"));
       }
       if (e->dtype != t.dtype) {
         return absl::InvalidArgumentError(absl::StrCat(where, " has dtype ", e->dtype_name,
@@ -439,9 +442,9 @@ absl::Status CheckPiecesAgainstHeader(const CheckpointIndex& index, absl::string
                                                        SafetensorsDTypeName(t.dtype)));
       }
       if (e->shape != p.box.shape()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has shape ",
-                                                       ShapeToString(e->shape),
-                                                       " but the index's box is ", p.box.ToString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " has shape ", ShapeToString(e->shape), " but the index's box is ",
+                         p.box.ToString()));
       }
     }
   }

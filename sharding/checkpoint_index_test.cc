@@ -72,13 +72,15 @@ TEST(CheckpointIndexTest, ErrorsNameTheField) {
       {"\"dtype\": \"BF16\"", "\"dtype\": \"BOOL\"", "tensors.layer.0/w.dtype"},
       {"\"offset\": [4, 0]", "\"offset\": [3, 0]", "tensors.layer.0/w.pieces"},
       {"\"offset\": [4, 0]", "\"offset\": [5, 0]", "tensors.layer.0/w.pieces[1].box"},
-      {"\"xxh64\": \"fedcba9876543211\"", "\"xxh64\": \"xyz\"", "tensors.layer.0/w.pieces[1].xxh64"},
+      {"\"xxh64\": \"fedcba9876543211\"", "\"xxh64\": \"xyz\"",
+       "tensors.layer.0/w.pieces[1].xxh64"},
       {"\"rows_per_block\": 3", "\"rows_per_block\": 4", "pieces[0].blocks"},
-      {"\"file\": \"rank-00001.safetensors\", \"entry\"", "\"file\": \"../x.safetensors\", \"entry\"",
-       "pieces[1].file"},
+      {"\"file\": \"rank-00001.safetensors\", \"entry\"",
+       "\"file\": \"../x.safetensors\", \"entry\"", "pieces[1].file"},
       {"\"writer\": \"w1\"", "\"writer\": 1", "files[1].writer"},
       {"\"files\":", "\"extra\": 1, \"files\":", "unknown field \"extra\""},
-      {"{\"file\": \"rank-00001.safetensors\",", "{\"file\": \"x/y.safetensors\",", "files[1].file"},
+      {"{\"file\": \"rank-00001.safetensors\",", "{\"file\": \"x/y.safetensors\",",
+       "files[1].file"},
   };
   for (const Case& c : cases) {
     const std::string bad = absl::StrReplaceAll(good, {{c.from, c.to}});
@@ -124,10 +126,10 @@ TEST(CheckpointIndexTest, FromPlainSafetensors) {
 TEST(CheckpointIndexTest, HeaderMismatchNamesFileAndEntry) {
   const CheckpointIndex index = TwoPieces();
   SafetensorsHeader h;
-  ASSERT_TRUE(BuildSafetensorsHeader({{"layer.0/w[0:4,0:4]", DType::kBF16, {4, 3}},
-                                      {"step[]", DType::kI64, {}}},
-                                     {}, &h)
-                  .ok());
+  ASSERT_TRUE(
+      BuildSafetensorsHeader(
+          {{"layer.0/w[0:4,0:4]", DType::kBF16, {4, 3}}, {"step[]", DType::kI64, {}}}, {}, &h)
+          .ok());
   absl::Status s = CheckPiecesAgainstHeader(index, "rank-00000.safetensors", h);
   EXPECT_THAT(s.message(), HasSubstr("rank-00000.safetensors: entry \"layer.0/w[0:4,0:4]\""));
   EXPECT_THAT(s.message(), HasSubstr("shape [4, 3]"));

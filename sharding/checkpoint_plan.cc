@@ -63,7 +63,8 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
   SavePlan plan;
   for (size_t t = 0; t < tensors.size(); ++t) {
     const SaveTensor& st = tensors[t];
-    if (st.name.empty()) return absl::InvalidArgumentError(absl::StrCat("tensors[", t, "]: empty name"));
+    if (st.name.empty())
+      return absl::InvalidArgumentError(absl::StrCat("tensors[", t, "]: empty name"));
     if (!names.insert(st.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensors[", t, "]: tensor '", st.name, "' is named twice"));
@@ -94,9 +95,9 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
       const int dim = SplitDim(box);
       int64_t n = 1;
       if (dim >= 0 && holders.size() > 1) {
-        const int64_t by_size =
-            options.min_part_bytes > 0 ? std::max<int64_t>(1, bytes / options.min_part_bytes)
-                                       : bytes;
+        const int64_t by_size = options.min_part_bytes > 0
+                                    ? std::max<int64_t>(1, bytes / options.min_part_bytes)
+                                    : bytes;
         n = std::min({static_cast<int64_t>(holders.size()), box.shape(dim), by_size});
       }
       for (int64_t j = 0; j < n; ++j) {
@@ -198,7 +199,8 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
       cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
       std::vector<std::vector<int64_t>> needers(cuts.size() - 1);
       for (const auto& [range, rank] : wants) {
-        const size_t from = std::upper_bound(cuts.begin(), cuts.end(), range.first) - cuts.begin() - 1;
+        const size_t from =
+            std::upper_bound(cuts.begin(), cuts.end(), range.first) - cuts.begin() - 1;
         for (size_t i = from; i + 1 < cuts.size() && cuts[i] < range.second; ++i) {
           needers[i].push_back(rank);
         }
@@ -207,9 +209,9 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
         std::sort(n.begin(), n.end());
         n.erase(std::unique(n.begin(), n.end()), n.end());
         if (n.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "tensor '", ct.name, "': the target layout does not cover piece ",
-              piece.box.ToString()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor '", ct.name, "': the target layout does not cover piece ",
+                           piece.box.ToString()));
         }
       }
       // Segments of rows with the same needers, each cut into as many parts (of whole
@@ -286,9 +288,8 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
     }
     absl::StatusOr<Layout> layout = Layout::FromChunks(ct.shape, std::move(ranks));
     if (!layout.ok()) {
-      return absl::InternalError(absl::StrCat("tensor '", ct.name,
-                                              "': the read layout is invalid: ",
-                                              layout.status().message()));
+      return absl::InternalError(absl::StrCat(
+          "tensor '", ct.name, "': the read layout is invalid: ", layout.status().message()));
     }
     out.read_layout = *std::move(layout);
   }

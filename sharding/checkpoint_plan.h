@@ -67,7 +67,7 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
 
 struct LoadTensor {
   const CheckpointTensor* tensor = nullptr;  // Its pieces, from the index.
-  Layout target;  // Where it goes (any layout but Partial, same shape).
+  Layout target;                             // Where it goes (any layout but Partial, same shape).
 };
 
 // A contiguous range of rows (along dim 0 of the piece's box) of one piece, read by one rank
@@ -90,7 +90,7 @@ struct TensorRead {
 };
 
 struct LoadPlan {
-  std::vector<TensorRead> tensors;       // In the order given.
+  std::vector<TensorRead> tensors;           // In the order given.
   std::map<int64_t, int64_t> bytes_by_rank;  // Bytes each rank reads from storage.
   int64_t total_bytes = 0;                   // Every checkpoint byte of these tensors, once.
 };

@@ -197,7 +197,8 @@ TEST(PlanLoadTest, ReplicatedTargetReadsEveryByteOnceBalanced) {
 TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
   // Saved flat on 4 ranks, loaded as S(0) on 4: each rank reads exactly its quarter.
   const Shape shape = {64, 32};
-  const CheckpointTensor t = Saved("w", DType::kBF16, Flat(4, shape, "0:500;500:1024;1024:1600;1600:2048"));
+  const CheckpointTensor t =
+      Saved("w", DType::kBF16, Flat(4, shape, "0:500;500:1024;1024:1600;1600:2048"));
   const Layout target = Placed({4}, shape, "S(0)");
   absl::StatusOr<LoadPlan> plan = PlanLoad({LoadTensor{&t, target}});
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -210,14 +211,16 @@ TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
 TEST(PlanLoadTest, EveryLayoutKind) {
   const Shape shape = {10, 7};
   const std::vector<Layout> sources = {
-      Placed({4}, shape, "S(0)"),  Placed({2, 2}, shape, "S(1),R"),
-      Placed({4}, shape, "R"),     Flat(3, shape, "0:30;30:31;31:70"),
-      Placed({1}, shape, "R"),
+      Placed({4}, shape, "S(0)"),         Placed({2, 2}, shape, "S(1),R"), Placed({4}, shape, "R"),
+      Flat(3, shape, "0:30;30:31;31:70"), Placed({1}, shape, "R"),
   };
   const std::vector<Layout> targets = {
-      Placed({4}, shape, "S(0)"),     Placed({4}, shape, "S(1)"),
-      Placed({2, 2}, shape, "R,S(0)"), Placed({2, 2}, shape, "S(0),S(1)"),
-      Placed({3}, shape, "R"),         Flat(4, shape, "0:17;17:40;40:41;41:70"),
+      Placed({4}, shape, "S(0)"),
+      Placed({4}, shape, "S(1)"),
+      Placed({2, 2}, shape, "R,S(0)"),
+      Placed({2, 2}, shape, "S(0),S(1)"),
+      Placed({3}, shape, "R"),
+      Flat(4, shape, "0:17;17:40;40:41;41:70"),
       Placed({4}, shape, "S(0,[1,0,6,3])"),
   };
   for (int64_t rows_per_block : {0, 1, 2}) {

@@ -76,9 +76,9 @@ const char* JsonKindName(JsonValue::Kind kind) {
 absl::StatusOr<int64_t> JsonValue::AsInt64(absl::string_view field) const {
   int64_t v = 0;
   if (!is_integer() || !absl::SimpleAtoi(text_, &v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected an integer, got ",
-        kind_ == Kind::kNumber ? absl::StrCat("'", text_, "'") : JsonKindName(kind_)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected an integer, got ",
+                     kind_ == Kind::kNumber ? absl::StrCat("'", text_, "'") : JsonKindName(kind_)));
   }
   return v;
 }
@@ -86,9 +86,9 @@ absl::StatusOr<int64_t> JsonValue::AsInt64(absl::string_view field) const {
 absl::StatusOr<uint64_t> JsonValue::AsUint64(absl::string_view field) const {
   uint64_t v = 0;
   if (!is_integer() || text_[0] == '-' || !absl::SimpleAtoi(text_, &v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": expected a non-negative integer, got ",
-        kind_ == Kind::kNumber ? absl::StrCat("'", text_, "'") : JsonKindName(kind_)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expected a non-negative integer, got ",
+                     kind_ == Kind::kNumber ? absl::StrCat("'", text_, "'") : JsonKindName(kind_)));
   }
   return v;
 }
@@ -163,7 +163,7 @@ class Parser {
       if (!key.ok()) return key.status();
       if (!keys.insert(*key).second) {
         pos_ = key_at;
-        return Error(absl::StrCat("duplicate key ", JsonQuote(*key)));
+        return Error(absl::StrCat("duplicate key ", QuoteJson(*key)));
       }
       SkipSpace();
       if (pos_ >= s_.size() || s_[pos_] != ':') return Error("expected ':'");
@@ -377,11 +377,9 @@ class Parser {
 
 }  // namespace
 
-absl::StatusOr<JsonValue> ParseJson(absl::string_view text) {
-  return Parser(text).ParseDocument();
-}
+absl::StatusOr<JsonValue> ParseJson(absl::string_view text) { return Parser(text).ParseDocument(); }
 
-std::string JsonQuote(absl::string_view s) {
+std::string QuoteJson(absl::string_view s) {
   std::string out = "\"";
   for (char ch : s) {
     const unsigned char c = static_cast<unsigned char>(ch);

@@ -66,7 +66,7 @@ absl::StatusOr<JsonValue> ParseJson(absl::string_view text);
 
 // `s` as a JSON string literal: quotes, escapes for '"', '\\' and control characters; other
 // bytes pass through (callers give UTF-8).
-std::string JsonQuote(absl::string_view s);
+std::string QuoteJson(absl::string_view s);
 
 // "string", "number", ... for messages.
 const char* JsonKindName(JsonValue::Kind kind);

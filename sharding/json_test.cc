@@ -40,20 +40,20 @@ TEST(JsonTest, IntegersAreExactTo64Bits) {
 
 TEST(JsonTest, RefusesWhatLenientParsersAccept) {
   const char* bad[] = {
-      R"({"a": 1, "a": 2})",   // Duplicate key.
-      "{\"a\": \"\x01\"}",     // Raw control character.
-      "\"\xff\"",              // Invalid UTF-8.
-      "\"\xc0\xaf\"",          // Overlong encoding.
-      "\"\xed\xa0\x80\"",      // Encoded surrogate.
-      R"("\ud800")",           // Lone surrogate escape.
-      "[1, 2] x",              // Trailing data.
-      "[1, 2,]",               // Trailing comma.
-      "01",                    // Leading zero.
-      "1.",                    // Missing fraction digits.
-      "{'a': 1}",              // Single quotes.
-      "",                      // Nothing.
-      "nul",                   // Truncated literal.
-      R"("\x")",               // Bad escape.
+      R"({"a": 1, "a": 2})",  // Duplicate key.
+      "{\"a\": \"\x01\"}",    // Raw control character.
+      "\"\xff\"",             // Invalid UTF-8.
+      "\"\xc0\xaf\"",         // Overlong encoding.
+      "\"\xed\xa0\x80\"",     // Encoded surrogate.
+      R"("\ud800")",          // Lone surrogate escape.
+      "[1, 2] x",             // Trailing data.
+      "[1, 2,]",              // Trailing comma.
+      "01",                   // Leading zero.
+      "1.",                   // Missing fraction digits.
+      "{'a': 1}",             // Single quotes.
+      "",                     // Nothing.
+      "nul",                  // Truncated literal.
+      R"("\x")",              // Bad escape.
   };
   for (const char* text : bad) {
     absl::StatusOr<JsonValue> v = ParseJson(text);
@@ -81,7 +81,7 @@ TEST(JsonTest, BoundsNesting) {
 
 TEST(JsonTest, QuoteRoundTrips) {
   const std::string s = "a\"b\\c\n\x01\xc3\xa9";
-  absl::StatusOr<JsonValue> v = ParseJson(JsonQuote(s));
+  absl::StatusOr<JsonValue> v = ParseJson(QuoteJson(s));
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->text(), s);
 }

@@ -25,11 +25,11 @@ struct DTypeInfo {
 
 // Every dtype of the format whose elements are whole bytes.
 const DTypeInfo kDTypes[] = {
-    {"BOOL", 1, std::nullopt},    {"U8", 1, DType::kU8},       {"I8", 1, DType::kI8},
+    {"BOOL", 1, std::nullopt},    {"U8", 1, DType::kU8},        {"I8", 1, DType::kI8},
     {"F8_E5M2", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt}, {"I16", 2, std::nullopt},
-    {"U16", 2, std::nullopt},     {"F16", 2, DType::kF16},     {"BF16", 2, DType::kBF16},
-    {"I32", 4, DType::kI32},      {"U32", 4, std::nullopt},    {"F32", 4, DType::kF32},
-    {"F64", 8, DType::kF64},      {"I64", 8, DType::kI64},     {"U64", 8, std::nullopt},
+    {"U16", 2, std::nullopt},     {"F16", 2, DType::kF16},      {"BF16", 2, DType::kBF16},
+    {"I32", 4, DType::kI32},      {"U32", 4, std::nullopt},     {"F32", 4, DType::kF32},
+    {"F64", 8, DType::kF64},      {"I64", 8, DType::kI64},      {"U64", 8, std::nullopt},
 };
 
 const DTypeInfo* FindDType(absl::string_view name) {
@@ -39,7 +39,7 @@ const DTypeInfo* FindDType(absl::string_view name) {
   return nullptr;
 }
 
-std::string Quoted(absl::string_view name) { return JsonQuote(name); }
+std::string Quoted(absl::string_view name) { return QuoteJson(name); }
 
 absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const JsonValue& v) {
   const std::string where = absl::StrCat("entry ", Quoted(name));
@@ -49,8 +49,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const JsonV
   }
   for (const JsonValue::Member& m : v.members()) {
     if (m.first != "dtype" && m.first != "shape" && m.first != "data_offsets") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": unknown field ", Quoted(m.first)));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": unknown field ", Quoted(m.first)));
     }
   }
   SafetensorsEntry e;
@@ -85,8 +84,8 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const JsonV
   }
   absl::StatusOr<int64_t> bytes = CheckedBytes(e.shape, e.element_size);
   if (!bytes.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ".shape: ", ShapeToString(e.shape),
-                                                   " has too many bytes for int64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".shape: ", ShapeToString(e.shape), " has too many bytes for int64"));
   }
   const JsonValue* offsets = v.Find("data_offsets");
   if (offsets == nullptr || !offsets->is_array() || offsets->items().size() != 2) {
@@ -104,10 +103,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const JsonV
     (i == 0 ? e.begin : e.end) = *o;
   }
   if (e.end < e.begin || e.end - e.begin != *bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ".data_offsets: [", e.begin, ", ", e.end, ") holds ",
-                     e.end - e.begin, " bytes but ", ShapeToString(e.shape), " of ", e.dtype_name,
-                     " needs ", *bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".data_offsets: [", e.begin, ", ", e.end, ") holds ", e.end - e.begin, " bytes but ",
+        ShapeToString(e.shape), " of ", e.dtype_name, " needs ", *bytes));
   }
   return e;
 }
@@ -142,15 +140,14 @@ absl::StatusOr<DType> DTypeFromSafetensors(absl::string_view name) {
 
 absl::StatusOr<int64_t> ParseSafetensorsPrefix(absl::string_view first8) {
   if (first8.size() < 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("safetensors: ", first8.size(), " bytes, shorter than the 8-byte header length"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: ", first8.size(), " bytes, shorter than the 8-byte header length"));
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(first8[i]);
   if (n == 0 || n > static_cast<uint64_t>(kMaxSafetensorsHeaderBytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors: header length ", n,
-                                                   " is not in [1, ", kMaxSafetensorsHeaderBytes,
-                                                   "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors: header length ", n, " is not in [1, ", kMaxSafetensorsHeaderBytes, "]"));
   }
   return static_cast<int64_t>(n);
 }
@@ -162,8 +159,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
     return absl::InvalidArgumentError(absl::StrCat("safetensors header: ", doc.status().message()));
   }
   if (!doc->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors header: expected an object, got ",
-                                                   JsonKindName(doc->kind())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors header: expected an object, got ", JsonKindName(doc->kind())));
   }
   SafetensorsHeader out;
   out.json_bytes = static_cast<int64_t>(json.size());
@@ -174,8 +171,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
       }
       for (const JsonValue::Member& kv : m.second.members()) {
         if (!kv.second.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat("safetensors header: __metadata__.",
-                                                         kv.first, " is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("safetensors header: __metadata__.", kv.first, " is not a string"));
         }
         out.metadata.emplace_back(kv.first, kv.second.text());
       }
@@ -204,10 +201,10 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
   if (file_bytes >= 0) {
     absl::StatusOr<int64_t> want = CheckedAdd(out.data_start(), out.data_bytes);
     if (!want.ok() || *want != file_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors: the file has ", file_bytes, " bytes but its header describes ",
-          want.ok() ? absl::StrCat(*want) : std::string("more than int64"), " (",
-          file_bytes < (want.ok() ? *want : 0) ? "truncated" : "trailing data", ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors: the file has ", file_bytes, " bytes but its header describes ",
+                       want.ok() ? absl::StrCat(*want) : std::string("more than int64"), " (",
+                       file_bytes < (want.ok() ? *want : 0) ? "truncated" : "trailing data", ")"));
     }
   }
   return out;
@@ -215,8 +212,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view json,
 
 absl::StatusOr<std::string> BuildSafetensorsHeader(
     const std::vector<SafetensorsEntrySpec>& entries,
-    const std::vector<std::pair<std::string, std::string>>& metadata,
-    SafetensorsHeader* header) {
+    const std::vector<std::pair<std::string, std::string>>& metadata, SafetensorsHeader* header) {
   SafetensorsHeader h;
   std::string json = "{";
   bool first = true;

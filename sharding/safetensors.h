@@ -26,9 +26,9 @@ inline constexpr int kMaxSafetensorsDims = 16;
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype_name;        // As in the file: "F32", "BF16", "BOOL", ...
-  std::optional<DType> dtype;    // Empty for dtypes shardcoord has no type for (BOOL, I16...).
-  int64_t element_size = 0;      // Bytes per element (known for every safetensors dtype).
+  std::string dtype_name;      // As in the file: "F32", "BF16", "BOOL", ...
+  std::optional<DType> dtype;  // Empty for dtypes shardcoord has no type for (BOOL, I16...).
+  int64_t element_size = 0;    // Bytes per element (known for every safetensors dtype).
   Shape shape;
   int64_t begin = 0;  // data_offsets, relative to the start of the data.
   int64_t end = 0;
@@ -37,7 +37,7 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsHeader {
-  int64_t json_bytes = 0;               // N.
+  int64_t json_bytes = 0;                 // N.
   std::vector<SafetensorsEntry> entries;  // In data order (by begin).
   std::vector<std::pair<std::string, std::string>> metadata;
   int64_t data_bytes = 0;  // The end of the last entry.

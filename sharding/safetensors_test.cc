@@ -46,9 +46,8 @@ TEST(SafetensorsTest, BuildThenParse) {
 
 TEST(SafetensorsTest, ReadsForeignDtypesAndKeyOrder) {
   // Keys in any order, dtypes shardcoord has no type for, entries listed out of data order.
-  const std::string json =
-      R"({"z":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]},)"
-      R"("y":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
+  const std::string json = R"({"z":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]},)"
+                           R"("y":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(json, 8 + json.size() + 11);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->entries[0].name, "y");

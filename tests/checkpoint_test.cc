@@ -201,8 +201,8 @@ TEST_F(CheckpointTest, EveryLayoutKindSavesAndLoadsIntoEveryOther) {
       {"flat",
        [](const Source& s) {
          const int64_t n = Box::Whole(s.shape).Volume();
-         return SpecFromText("line_rev", absl::StrCat("0:", n / 3, ";", n / 3, ":", n - 2, ";;",
-                                                      n - 2, ":", n),
+         return SpecFromText("line_rev",
+                             absl::StrCat("0:", n / 3, ";", n / 3, ":", n - 2, ";;", n - 2, ":", n),
                              true);
        }},
       {"replicated", [](const Source&) { return SpecFromText("line", "R"); }},
@@ -329,18 +329,17 @@ TEST_F(CheckpointTest, NoTensorByteThroughTheCoordinator) {
   const double through = CoordinatorMessageBytes() - before;
   // 64 MiB written and read by the workers; the coordinator saw only control messages.
   EXPECT_LT(through, bytes / 256.0) << through << " bytes of messages for " << bytes;
-  EXPECT_TRUE(DownloadAndCheck(client(), "moved_big", DType::kF32, {2048, 4096},
-                               FillKind::kArange)
-                  .ok());
+  EXPECT_TRUE(
+      DownloadAndCheck(client(), "moved_big", DType::kF32, {2048, 4096}, FillKind::kArange).ok());
   DeleteAll({"big", "moved_big"});
 }
 
 TEST_F(CheckpointTest, CorruptedAndTruncatedFilesAreRefusedAndNothingChanges) {
   const std::vector<Source> sources = {{"c_w", {256, 64}, DType::kF32, "line", "S(0)"}};
   ASSERT_NO_FATAL_FAILURE(CreateAll(sources));
-  ASSERT_TRUE(CreateFilled(client(), "c_into", {256, 64}, DType::kF32, "grid", "R,S(1)", false,
-                           v1::ZEROS)
-                  .ok());
+  ASSERT_TRUE(
+      CreateFilled(client(), "c_into", {256, 64}, DType::kF32, "grid", "R,S(1)", false, v1::ZEROS)
+          .ok());
   const std::string dir = TmpDir() + "/corrupt";
   ASSERT_TRUE(Save(dir, sources).ok());
   absl::StatusOr<CheckpointIndex> index = ParseCheckpointIndex(ReadFile(dir + "/index.json"));
@@ -475,7 +474,8 @@ TEST(CheckpointKillTest, AWorkerKilledMidSaveLeavesThePreviousCheckpoint) {
   load.set_prefix("again_");
   absl::StatusOr<v1::LoadCheckpointResponse> loaded = client.LoadCheckpoint(load);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  EXPECT_TRUE(DownloadAndCheck(client, "again_t", DType::kF32, {1024, 256}, FillKind::kArange).ok());
+  EXPECT_TRUE(
+      DownloadAndCheck(client, "again_t", DType::kF32, {1024, 256}, FillKind::kArange).ok());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "proto/convert.h"
 #include "sharding/checkpoint_index.h"
 #include "sharding/safetensors.h"
+#include "worker/checksum.h"
 #include "worker/fragment.h"
 
 namespace shardcoord {
@@ -261,7 +263,8 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
   absl::Cleanup unlink_on_error = [&] {
     if (!keep) unlink(path.c_str());
   };
-  if (absl::Status s = WriteAll(fd.get(), header->data(), static_cast<int64_t>(header->size()), path);
+  if (absl::Status s =
+          WriteAll(fd.get(), header->data(), static_cast<int64_t>(header->size()), path);
       !s.ok()) {
     return s;
   }
@@ -284,7 +287,8 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
       // Packed (a box that is not one run) or staged (a device) in pieces of whole rows.
       const int64_t row_bytes = BoxRowElements(p.box) * esize;
       const int64_t rows = BoxRows(p.box);
-      const int64_t rows_per_piece = std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(1, row_bytes));
+      const int64_t rows_per_piece =
+          std::max<int64_t>(1, kStagingBytes / std::max<int64_t>(1, row_bytes));
       for (int64_t r = 0; r < rows; r += rows_per_piece) {
         const int64_t n = std::min(rows_per_piece, rows - r);
         Box piece = p.box;
@@ -297,16 +301,16 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
         const int64_t bytes = piece.Volume() * esize;
         staging.resize(static_cast<size_t>(bytes));
         if (space.is_host()) {
-          if (absl::Status s = space.PackBox(piece, b.chunk_data(p.chunk), chunk.box,
-                                             staging.data(), esize);
+          if (absl::Status s =
+                  space.PackBox(piece, b.chunk_data(p.chunk), chunk.box, staging.data(), esize);
               !s.ok()) {
             return s;
           }
         } else {
           const int64_t poff = ContiguousOffset(chunk.box, piece);
           if (poff >= 0) {
-            if (absl::Status s = space.CopyToHost(staging.data(), b.chunk_data(p.chunk) + poff * esize,
-                                                  bytes);
+            if (absl::Status s =
+                    space.CopyToHost(staging.data(), b.chunk_data(p.chunk) + poff * esize, bytes);
                 !s.ok()) {
               return s;
             }
@@ -314,11 +318,13 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
             absl::StatusOr<Allocation> a = space.Allocate(bytes);
             if (!a.ok()) return a.status();
             absl::Cleanup free_a = [&] { space.Free(*a); };
-            if (absl::Status s = space.PackBox(piece, b.chunk_data(p.chunk), chunk.box, a->data, esize);
+            if (absl::Status s =
+                    space.PackBox(piece, b.chunk_data(p.chunk), chunk.box, a->data, esize);
                 !s.ok()) {
               return s;
             }
-            if (absl::Status s = space.CopyToHost(staging.data(), a->data, bytes); !s.ok()) return s;
+            if (absl::Status s = space.CopyToHost(staging.data(), a->data, bytes); !s.ok())
+              return s;
           }
         }
         hasher.Update(staging.data(), bytes);
@@ -365,12 +371,12 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     }
     absl::StatusOr<DType> dtype = DTypeFromProto(rb.dtype(), absl::StrCat(bf, ".dtype"));
     if (!dtype.ok()) return dtype.status();
-    absl::StatusOr<RankChunks> chunks = RankChunksFromProto(rb.chunks(), absl::StrCat(bf, ".chunks"));
+    absl::StatusOr<RankChunks> chunks =
+        RankChunksFromProto(rb.chunks(), absl::StrCat(bf, ".chunks"));
     if (!chunks.ok()) return chunks.status();
     if (rb.runs_size() != static_cast<int>(chunks->chunks.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(bf, ".runs: ", rb.runs_size(),
-                                                     " runs for ", chunks->chunks.size(),
-                                                     " chunks"));
+      return absl::InvalidArgumentError(absl::StrCat(bf, ".runs: ", rb.runs_size(), " runs for ",
+                                                     chunks->chunks.size(), " chunks"));
     }
     const int64_t esize = ElementSize(*dtype);
     for (int i = 0; i < rb.runs_size(); ++i) {
@@ -409,6 +415,9 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
   std::map<std::string, Fd> files;
   std::string staging;
   int64_t bytes_read = 0;
+  // Host buffers: each chunk's checksum is built as its bytes arrive (while they are in
+  // cache), instead of in a pass over every buffer at the end.
+  std::map<const HostBuffer*, std::vector<uint64_t>> chunk_sums;
   for (const Run& r : runs) {
     const v1::CheckpointReadRun& run = *r.run;
     HostBuffer& b = *r.buffer;
@@ -423,6 +432,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     const std::string where = absl::StrCat(run.file(), ": entry \"", run.entry(), "\"");
     EntryHasher hasher(run.blocks_size() > 0 ? run.block_bytes() : kStagingBytes);
     char* dst = b.chunk_data(r.chunk);
+    std::optional<ChunkChecksumBuilder> sum;
+    if (space.is_host()) sum.emplace(dst, run.bytes());
     for (int64_t done = 0; done < run.bytes();) {
       const int64_t n = std::min(kStagingBytes, run.bytes() - done);
       char* into = dst + done;
@@ -441,10 +452,17 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
       hasher.Update(into, n);
       if (!space.is_host()) {
         if (absl::Status s = space.CopyFromHost(dst + done, into, n); !s.ok()) return s;
+      } else {
+        sum->Final(done, done + n);
       }
       done += n;
     }
     hasher.Finish();
+    if (sum.has_value()) {
+      std::vector<uint64_t>& sums = chunk_sums[&b];
+      sums.resize(b.chunks().chunks.size());
+      sums[r.chunk] = sum->Finish();
+    }
     if (run.blocks_size() > 0) {
       for (int k = 0; k < run.blocks_size(); ++k) {
         if (hasher.blocks()[k] != run.blocks(k)) {
@@ -464,6 +482,11 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
   }
   v1::ReadCheckpointResponse response;
   for (const std::shared_ptr<HostBuffer>& b : buffers) {
+    auto built = chunk_sums.find(b.get());
+    if (built != chunk_sums.end()) {
+      *response.add_chunks() = RankChunksToProto(b->chunks(), built->second);
+      continue;
+    }
     absl::StatusOr<std::vector<uint64_t>> sums = b->Checksums();
     if (!sums.ok()) return sums.status();
     *response.add_chunks() = RankChunksToProto(b->chunks(), *sums);
@@ -539,9 +562,8 @@ absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
     struct stat ist;
     if (fstat(index.get(), &ist) != 0) return IoError(errno, "stat of", index_path);
     if (ist.st_size > kMaxIndexBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", ist.st_size,
-                                                     " bytes, more than the limit of ",
-                                                     kMaxIndexBytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          index_path, ": ", ist.st_size, " bytes, more than the limit of ", kMaxIndexBytes));
     }
     std::string text(static_cast<size_t>(ist.st_size), '\0');
     absl::StatusOr<int64_t> got = PreadFull(index.get(), text.data(), ist.st_size, 0, index_path);
@@ -565,8 +587,8 @@ absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
     if (absl::Status s = ReadHeader(Join(request.path(), name), h); !s.ok()) return s;
   }
   if (response.index_json().empty() && names.empty()) {
-    return absl::NotFoundError(absl::StrCat("dir: ", request.path(),
-                                            " holds neither index.json nor .safetensors files"));
+    return absl::NotFoundError(
+        absl::StrCat("dir: ", request.path(), " holds neither index.json nor .safetensors files"));
   }
   return response;
 }
@@ -586,8 +608,8 @@ absl::Status CheckpointIo::Dir(const v1::CheckpointDirRequest& request) {
   switch (request.action()) {
     case v1::CHECKPOINT_DIR_PREPARE: {
       if (exists(dir) && !request.overwrite()) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("dir: ", dir, " exists (overwrite replaces it once the new one is complete)"));
+        return absl::AlreadyExistsError(absl::StrCat(
+            "dir: ", dir, " exists (overwrite replaces it once the new one is complete)"));
       }
       struct stat st;
       const std::string parent = ParentOf(dir);

@@ -188,9 +188,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpointIndex(
       ctx, response, [this, request] { return checkpoints_->ReadIndex(*request); });
 }
 
-grpc::ServerUnaryReactor* WorkerServiceImpl::CheckpointDir(
-    grpc::CallbackServerContext* ctx, const v1::CheckpointDirRequest* request,
-    v1::CheckpointDirResponse* response) {
+grpc::ServerUnaryReactor* WorkerServiceImpl::CheckpointDir(grpc::CallbackServerContext* ctx,
+                                                           const v1::CheckpointDirRequest* request,
+                                                           v1::CheckpointDirResponse* response) {
   return OnPool<v1::CheckpointDirResponse>(
       ctx, response, [this, request]() -> absl::StatusOr<v1::CheckpointDirResponse> {
         absl::Status s = checkpoints_->Dir(*request);
