@@ -183,6 +183,30 @@ absl::StatusOr<v1::RedistributeGroupResponse> CoordinatorClient::RedistributeGro
                 request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::SaveCheckpointResponse> CoordinatorClient::SaveCheckpoint(
+    const v1::SaveCheckpointRequest& request) {
+  return Mutate(&Stub::SaveCheckpoint, request, options_.data_timeout);
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> CoordinatorClient::LoadCheckpoint(
+    const v1::LoadCheckpointRequest& request) {
+  return Mutate(&Stub::LoadCheckpoint, request, options_.data_timeout);
+}
+
+absl::StatusOr<v1::InspectCheckpointResponse> CoordinatorClient::InspectCheckpoint(
+    const std::string& dir) {
+  v1::InspectCheckpointRequest request;
+  request.set_dir(dir);
+  return Unary(&Stub::InspectCheckpoint, request, options_.data_timeout);
+}
+
+absl::StatusOr<v1::CheckpointProgress> CoordinatorClient::GetCheckpointProgress(
+    const std::string& request_id) {
+  v1::GetCheckpointProgressRequest request;
+  request.set_request_id(request_id);
+  return Unary(&Stub::GetCheckpointProgress, request, options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::PlanTrace> CoordinatorClient::GetPlanTrace(const std::string& plan_id) {
   v1::GetPlanTraceRequest request;
   request.set_plan_id(plan_id);

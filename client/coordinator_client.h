@@ -105,6 +105,16 @@ class CoordinatorClient {
   // Recent plans, newest first (limit 0: the coordinator's default, 100).
   absl::StatusOr<v1::ListPlansResponse> ListPlans(int64_t limit = 0);
 
+  // Checkpoints (see SaveCheckpoint in proto/shardcoord.proto). Save and load return when
+  // they ended (data deadline); set request.request_id first to follow one with
+  // GetCheckpointProgress from another thread.
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request);
+  absl::StatusOr<v1::LoadCheckpointResponse> LoadCheckpoint(
+      const v1::LoadCheckpointRequest& request);
+  absl::StatusOr<v1::InspectCheckpointResponse> InspectCheckpoint(const std::string& dir);
+  absl::StatusOr<v1::CheckpointProgress> GetCheckpointProgress(const std::string& request_id);
+
   // Calls `on_progress` for every progress message until the plan ends, and returns the last
   // one. A plan that ended ABORTED is still OK here: the caller reads state and error.
   absl::StatusOr<v1::PlanProgress> WatchPlan(

@@ -6,6 +6,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "client/checkpoint_command.h"
 #include "client/command_util.h"
 #include "client/layout_command.h"
 #include "client/mesh_command.h"
@@ -31,6 +32,7 @@ int ShardctlMain(int argc, const char* const* argv) {
   AddMeshCommand(app, &globals);
   AddTensorCommand(app, &globals);
   AddPlanCommand(app, &globals);
+  AddCheckpointCommand(app, &globals);
   AddTokenCommand(app);
   DescribeGlobalFlags(&app);
   try {

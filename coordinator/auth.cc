@@ -79,6 +79,11 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/ListPlans", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/Upload", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Download", Roles(kAll)},
+      // Checkpoints write and read files on every worker's storage: admins only.
+      {"/shardcoord.v1.Coordinator/SaveCheckpoint", Roles(kAdminOnly)},
+      {"/shardcoord.v1.Coordinator/LoadCheckpoint", Roles(kAdminOnly)},
+      {"/shardcoord.v1.Coordinator/InspectCheckpoint", Roles(kAll)},
+      {"/shardcoord.v1.Coordinator/GetCheckpointProgress", Roles(kAll)},
       {"/shardcoord.v1.CoordinatorWorkers/RegisterWorker", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/Heartbeat", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/KvSet", Roles(kWorkerOnly)},

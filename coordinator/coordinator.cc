@@ -113,10 +113,15 @@ Coordinator::Coordinator(CoordinatorOptions options)
   io_ = std::make_unique<TensorIo>(&workers_, &meshes_, &tensors_, client_.get(),
                                    options_.io_band_bytes, options_.max_tensor_bytes);
   io_->set_admission(admission_.get());
-  service_ = std::make_unique<CoordinatorService>(
-      &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
-      options_.worker_client.chunk_message_bytes, &metrics_,
-      options_.auth ? &*options_.auth : nullptr, &requests_, &watches_, &running_plans_);
+  CheckpointManagerOptions co;
+  co.metrics = &metrics_;
+  checkpoints_ = std::make_unique<CheckpointManager>(&clock_, &workers_, &meshes_, &tensors_,
+                                                     plans_.get(), client_.get(), co);
+  service_ =
+      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+                                           options_.worker_client.chunk_message_bytes, &metrics_,
+                                           options_.auth ? &*options_.auth : nullptr, &requests_,
+                                           &watches_, &running_plans_, checkpoints_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr,

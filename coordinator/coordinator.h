@@ -16,6 +16,7 @@
 #include "coordinator/admission.h"
 #include "coordinator/auth.h"
 #include "coordinator/caller_quota.h"
+#include "coordinator/checkpoint_manager.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/dashboard.h"
@@ -136,6 +137,7 @@ class Coordinator {
   std::unique_ptr<PlanManager> plans_;
   std::unique_ptr<WorkerDrain> drain_;  // Workers leaving (LeaveWorker).
   std::unique_ptr<TensorIo> io_;
+  std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<WorkerFacingService> worker_service_;

@@ -70,7 +70,14 @@ CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
                                             {"worker"})),
       worker_memory_peak(registry->AddGauge(
           "shardcoord_workers_memory_peak_bytes",
-          "The most bytes each worker reported having held against its budget.", {"worker"})) {
+          "The most bytes each worker reported having held against its budget.", {"worker"})),
+      checkpoints(registry->AddCounter("shardcoord_checkpoints_total",
+                                       "Checkpoint saves and loads that ended, by op and result.",
+                                       {"op", "result"})),
+      checkpoint_bytes(registry->AddCounter(
+          "shardcoord_checkpoint_bytes_total",
+          "Bytes workers wrote (save) or read from storage (load) for checkpoints that succeeded.",
+          {"op"})) {
   for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
   for (const char* result : {"admitted", "waited", "refused", "timed_out"}) {
     admission_wait_seconds->WithLabels({result});

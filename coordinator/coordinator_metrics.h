@@ -44,6 +44,10 @@ struct CoordinatorMetrics {
   GaugeFamily* worker_memory_budget;
   GaugeFamily* worker_memory_used;
   GaugeFamily* worker_memory_peak;
+  // Checkpoint saves and loads that ended, by op ("save", "load") and result ("ok",
+  // "failed"); the bytes the workers wrote or read for them (each distinct element once).
+  CounterFamily* checkpoints;
+  CounterFamily* checkpoint_bytes;
 };
 
 }  // namespace shardcoord

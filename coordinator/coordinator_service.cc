@@ -804,4 +804,99 @@ absl::StatusOr<std::function<void()>> CoordinatorService::TakePlanSlot(
   return std::function<void()>([quota = running_plans_, caller] { quota->Release(caller); });
 }
 
+// ---- Checkpoints ---------------------------------------------------------------------------
+
+namespace {
+
+absl::Status NoCheckpoints() {
+  return absl::UnimplementedError("this coordinator has no checkpoint support");
+}
+
+// A spec when one is given (into loads need none).
+absl::StatusOr<std::optional<Spec>> OptionalSpec(const v1::ShardingSpec& spec,
+                                                 const std::string& field) {
+  if (spec.ByteSizeLong() == 0) return std::optional<Spec>();
+  absl::StatusOr<Spec> s = SpecFromProto(spec, field);
+  if (!s.ok()) return s.status();
+  return std::optional<Spec>(*std::move(s));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::SaveCheckpoint(grpc::CallbackServerContext* ctx,
+                                                             const v1::SaveCheckpointRequest* req,
+                                                             v1::SaveCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "SaveCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "SaveCheckpoint", *req, resp)) return r;
+  SaveCheckpointArgs args;
+  args.id = req->request_id();
+  args.dir = req->dir();
+  args.tensors.assign(req->tensors().begin(), req->tensors().end());
+  args.all = req->all();
+  args.overwrite = req->overwrite();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Save(std::move(args), [this, reactor, resp, id = req->request_id()](
+                                          absl::StatusOr<v1::SaveCheckpointResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    Reply(reactor, id, r.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::LoadCheckpoint(grpc::CallbackServerContext* ctx,
+                                                             const v1::LoadCheckpointRequest* req,
+                                                             v1::LoadCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "LoadCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  LoadCheckpointArgs args;
+  args.id = req->request_id();
+  args.dir = req->dir();
+  args.all = req->all();
+  args.prefix = req->prefix();
+  args.into = req->into();
+  absl::StatusOr<std::optional<Spec>> spec = OptionalSpec(req->spec(), "spec");
+  if (!spec.ok()) return Done(ctx, spec.status());
+  args.spec = *std::move(spec);
+  for (int i = 0; i < req->targets_size(); ++i) {
+    const v1::LoadTarget& t = req->targets(i);
+    absl::StatusOr<std::optional<Spec>> ts =
+        OptionalSpec(t.target(), absl::StrCat("targets[", i, "].target"));
+    if (!ts.ok()) return Done(ctx, ts.status());
+    args.targets.push_back(LoadTargetArgs{t.tensor(), t.name(), *std::move(ts)});
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "LoadCheckpoint", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Load(std::move(args), [this, reactor, resp, id = req->request_id()](
+                                          absl::StatusOr<v1::LoadCheckpointResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    Reply(reactor, id, r.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::InspectCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::InspectCheckpointRequest* req,
+    v1::InspectCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "InspectCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Inspect(req->dir(),
+                        [reactor, resp](absl::StatusOr<v1::InspectCheckpointResponse> r) {
+                          if (r.ok()) *resp = *std::move(r);
+                          reactor->Finish(ToGrpcStatus(r.status()));
+                        });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetCheckpointProgress(
+    grpc::CallbackServerContext* ctx, const v1::GetCheckpointProgressRequest* req,
+    v1::CheckpointProgress* resp) {
+  if (absl::Status a = Authorize(ctx, "GetCheckpointProgress"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  absl::StatusOr<v1::CheckpointProgress> p = checkpoints_->Progress(req->request_id());
+  if (p.ok()) *resp = *std::move(p);
+  return Done(ctx, p.status());
+}
+
 }  // namespace shardcoord

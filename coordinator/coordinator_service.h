@@ -7,6 +7,7 @@
 #include "absl/strings/string_view.h"
 #include "coordinator/auth.h"
 #include "coordinator/caller_quota.h"
+#include "coordinator/checkpoint_manager.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
@@ -40,7 +41,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
                      RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
-                     CallerQuota* running_plans = nullptr)
+                     CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -52,7 +53,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         auth_(auth),
         requests_(requests),
         watches_(watches),
-        running_plans_(running_plans) {}
+        running_plans_(running_plans),
+        checkpoints_(checkpoints) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -107,6 +109,19 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                                   v1::UploadResponse* resp) override;
   grpc::ServerWriteReactor<v1::TensorData>* Download(grpc::CallbackServerContext* ctx,
                                                      const v1::DownloadRequest* req) override;
+  // Checkpoints (issue 13): adapters over CheckpointManager (UNIMPLEMENTED without one).
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext* ctx,
+                                           const v1::SaveCheckpointRequest* req,
+                                           v1::SaveCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext* ctx,
+                                           const v1::LoadCheckpointRequest* req,
+                                           v1::LoadCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* InspectCheckpoint(grpc::CallbackServerContext* ctx,
+                                              const v1::InspectCheckpointRequest* req,
+                                              v1::InspectCheckpointResponse* resp) override;
+  grpc::ServerUnaryReactor* GetCheckpointProgress(grpc::CallbackServerContext* ctx,
+                                                  const v1::GetCheckpointProgressRequest* req,
+                                                  v1::CheckpointProgress* resp) override;
 
  private:
   LivenessFn Liveness() const;
@@ -160,6 +175,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // Per-caller bounds (null: none): open WatchPlan streams, plans and groups running.
   CallerQuota* const watches_;
   CallerQuota* const running_plans_;
+  CheckpointManager* const checkpoints_;
 };
 
 }  // namespace shardcoord

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -36,6 +37,27 @@ class FakeWorkerClient : public WorkerClient {
                  Callback<std::string> done) override;
   void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header, std::string data,
                   Callback<v1::WriteChunkResponse> done) override;
+  // Checkpoints, on a simulated shared file system (below) with the real file format:
+  // safetensors files cut from the simulated buffers, XXH64s of entries and blocks, reads
+  // checked against them (DATA_LOSS naming file and entry), directories created, committed
+  // (index.json, then renamed over the old one with overwrite) and removed.
+  void WriteCheckpoint(const WorkerEndpoint& worker, const v1::WriteCheckpointRequest& request,
+                       Callback<v1::WriteCheckpointResponse> done) override;
+  void ReadCheckpoint(const WorkerEndpoint& worker, const v1::ReadCheckpointRequest& request,
+                      Callback<v1::ReadCheckpointResponse> done) override;
+  void ReadCheckpointIndex(const WorkerEndpoint& worker,
+                           const v1::ReadCheckpointIndexRequest& request,
+                           Callback<v1::ReadCheckpointIndexResponse> done) override;
+  void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
+                     StatusCallback done) override;
+
+  // The simulated file system: files by absolute path, and directories.
+  std::string File(const std::string& path) const;
+  void SetFile(const std::string& path, std::string bytes);
+  void AddDir(const std::string& path);
+  bool HasDir(const std::string& path) const;
+  // Every directory and file path, sorted.
+  std::vector<std::string> Paths() const;
 
   // Calls of `method` ("Execute", "Fill", ...) to `rank` fail with `status` from now on.
   void Fail(const std::string& method, int64_t rank, absl::Status status);
@@ -54,6 +76,8 @@ class FakeWorkerClient : public WorkerClient {
   // Simulated buffers by (rank, tensor, version).
   bool HasBuffer(int64_t rank, absl::string_view tensor, int64_t version) const;
   std::string Buffer(int64_t rank, absl::string_view tensor, int64_t version) const;
+  // Buffers of `tensor` on every rank, any version.
+  int BufferCount(absl::string_view tensor) const;
 
   // The fake's checksum of a chunk's bytes (the coordinator only compares checksums).
   static uint64_t Checksum(absl::string_view bytes);
@@ -80,6 +104,8 @@ class FakeWorkerClient : public WorkerClient {
   std::vector<std::pair<int64_t, v1::FinishPlanRequest>> finishes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, v1::DropTensorRequest>> drops_ ABSL_GUARDED_BY(mu_);
   std::map<Key, Buf> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

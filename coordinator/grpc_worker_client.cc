@@ -131,6 +131,49 @@ void GrpcWorkerClient::DropTensor(const WorkerEndpoint& worker,
       [done = std::move(done)](absl::StatusOr<v1::DropTensorResponse> r) { done(r.status()); });
 }
 
+void GrpcWorkerClient::WriteCheckpoint(const WorkerEndpoint& worker,
+                                       const v1::WriteCheckpointRequest& request,
+                                       Callback<v1::WriteCheckpointResponse> done) {
+  Unary<v1::WriteCheckpointRequest, v1::WriteCheckpointResponse>(
+      worker, options_.data_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
+         const v1::WriteCheckpointRequest* q, v1::WriteCheckpointResponse* p,
+         std::function<void(grpc::Status)> f) { a->WriteCheckpoint(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
+void GrpcWorkerClient::ReadCheckpoint(const WorkerEndpoint& worker,
+                                      const v1::ReadCheckpointRequest& request,
+                                      Callback<v1::ReadCheckpointResponse> done) {
+  Unary<v1::ReadCheckpointRequest, v1::ReadCheckpointResponse>(
+      worker, options_.data_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
+         const v1::ReadCheckpointRequest* q, v1::ReadCheckpointResponse* p,
+         std::function<void(grpc::Status)> f) { a->ReadCheckpoint(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
+void GrpcWorkerClient::ReadCheckpointIndex(const WorkerEndpoint& worker,
+                                           const v1::ReadCheckpointIndexRequest& request,
+                                           Callback<v1::ReadCheckpointIndexResponse> done) {
+  Unary<v1::ReadCheckpointIndexRequest, v1::ReadCheckpointIndexResponse>(
+      worker, options_.data_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
+         const v1::ReadCheckpointIndexRequest* q, v1::ReadCheckpointIndexResponse* p,
+         std::function<void(grpc::Status)> f) { a->ReadCheckpointIndex(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
+void GrpcWorkerClient::CheckpointDir(const WorkerEndpoint& worker,
+                                     const v1::CheckpointDirRequest& request, StatusCallback done) {
+  Unary<v1::CheckpointDirRequest, v1::CheckpointDirResponse>(
+      worker, options_.data_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
+         const v1::CheckpointDirRequest* q, v1::CheckpointDirResponse* p,
+         std::function<void(grpc::Status)> f) { a->CheckpointDir(c, q, p, std::move(f)); },
+      [done = std::move(done)](absl::StatusOr<v1::CheckpointDirResponse> r) { done(r.status()); });
+}
+
 // Collects a streamed box into one buffer.
 class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData> {
  public:

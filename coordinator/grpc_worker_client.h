@@ -61,6 +61,17 @@ class GrpcWorkerClient : public WorkerClient {
   // callback runs once gRPC took the last of them (one message in flight per stream).
   std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
                                                    const v1::ChunkData& header) override;
+  // Checkpoint calls move data (or, for CheckpointDir, may remove a large old checkpoint):
+  // data_timeout.
+  void WriteCheckpoint(const WorkerEndpoint& worker, const v1::WriteCheckpointRequest& request,
+                       Callback<v1::WriteCheckpointResponse> done) override;
+  void ReadCheckpoint(const WorkerEndpoint& worker, const v1::ReadCheckpointRequest& request,
+                      Callback<v1::ReadCheckpointResponse> done) override;
+  void ReadCheckpointIndex(const WorkerEndpoint& worker,
+                           const v1::ReadCheckpointIndexRequest& request,
+                           Callback<v1::ReadCheckpointIndexResponse> done) override;
+  void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
+                     StatusCallback done) override;
 
  private:
   class ReadCall;

@@ -228,14 +228,15 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
 absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
                                                const std::string& target_tensor,
                                                const TargetFn& target_fn, DoneCallback done,
-                                               const std::string& group, Dispatch* deferred) {
+                                               const std::string& group, Dispatch* deferred,
+                                               const std::string& owner) {
   const bool copy = target_tensor != tensor;
   const bool repair = absl::string_view(op) == kRepairOp;
-  absl::StatusOr<TensorRecord> current = tensors_->Get(tensor);
+  absl::StatusOr<TensorRecord> current = tensors_->Get(tensor, owner);
   if (!current.ok()) return current.status();
   absl::StatusOr<TensorRecord> current_dst = current;
   if (copy) {
-    current_dst = tensors_->Get(target_tensor);
+    current_dst = tensors_->Get(target_tensor, owner);
     if (!current_dst.ok()) return current_dst.status();
     if (absl::Status s = CheckCopyable(*current, *current_dst); !s.ok()) return s;
   }
@@ -258,11 +259,11 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     prefix = CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
-  absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh);
+  absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
   if (!rec.ok()) return rec.status();
   absl::StatusOr<TensorRecord> dst_rec = rec;
   if (copy) {
-    dst_rec = tensors_->Acquire(target_tensor, id, target->mesh);
+    dst_rec = tensors_->Acquire(target_tensor, id, target->mesh, owner);
     if (!dst_rec.ok()) {
       tensors_->Release(tensor, id);
       return dst_rec.status();
@@ -307,6 +308,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.id = id;
   e.op = op;
   e.group = group;
+  e.owner = owner;
   e.tensor = tensor;
   e.target_tensor = target_tensor;
   e.plan = *plan;
@@ -618,6 +620,36 @@ absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
   return StartGroup(items, std::move(done));
 }
 
+absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
+                                                    const std::vector<LoadMember>& members,
+                                                    GroupDoneCallback done) {
+  if (members.empty()) return absl::InvalidArgumentError("tensors: empty group");
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const LoadMember& m = members[i];
+    GroupItem item;
+    item.op = "load";
+    item.tensor = m.staging;
+    item.where = absl::StrCat("tensors[", i, "]");
+    item.owner = owner;
+    if (!m.into.empty()) {
+      item.target_tensor = m.into;
+      item.target_fn = [](const TensorRecord& rec) -> absl::StatusOr<Target> {
+        return Target{rec.layout, rec.mesh, rec.spec};
+      };
+      item.label = absl::StrCat(item.where, " (into '", m.into, "'");
+    } else {
+      const Spec spec = m.target;
+      item.target_tensor = m.staging;
+      item.target_fn = [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); };
+      item.label =
+          absl::StrCat(item.where, " ('", m.staging, "' -> ", spec.ToString(), " on ", spec.mesh);
+    }
+    items.push_back(std::move(item));
+  }
+  return StartGroup(items, std::move(done));
+}
+
 absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem>& items,
                                                      GroupDoneCallback done) {
   std::string gid;
@@ -639,7 +671,7 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
         [this, gid, i](const absl::Status& s, const PlanProgress& p) {
           OnMemberDone(gid, i, s, p);
         },
-        gid, &dispatch[i]);
+        gid, &dispatch[i], items[i].owner);
     if (!started.ok()) {
       // Nothing was sent: the members started so far are forgotten, their tensors freed.
       for (const StartedPlan& m : out.members) Discard(m.id);
@@ -1082,6 +1114,7 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   w.state.checksums = std::move(checksums);
   w.state.version = e.target_version;
   w.state.attached = e.target_attached;
+  w.state.publish = !e.owner.empty();
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }

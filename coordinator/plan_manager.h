@@ -113,6 +113,16 @@ struct RedistributeMember {
   Spec target;  // target.mesh empty: the tensor's mesh.
 };
 
+// One member of a checkpoint load's exchange (coordinator/checkpoint_manager.h): `staging`
+// is a tensor hidden by the load (TensorRecord::owner) holding what the readers read. With
+// `into`, its values are copied into that existing tensor (as CopyGroup); otherwise it moves
+// to `target` (on target.mesh) and becomes an ordinary tensor when the group commits.
+struct LoadMember {
+  std::string staging;
+  std::string into;
+  Spec target;
+};
+
 // A group of plans that commit together (or none does).
 struct GroupProgress {
   std::string group_id;
@@ -206,6 +216,13 @@ class PlanManager : public WorkerListener {
   // prefixed with "redistributes[i]" (a bad spec: "redistributes[i].target...").
   absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
                                                  GroupDoneCallback done);
+  // A checkpoint load's exchange as one group: every member a copy into its `into` tensor or
+  // a move of its staging tensor to its target, committed together; staging tensors are those
+  // `owner` hides, and the moved ones are published (visible, stored) by the commit. Errors as
+  // CopyGroup's and RedistributeGroup's, prefixed with "tensors[i]" (op "load" in metrics).
+  absl::StatusOr<StartedGroup> LoadGroup(const std::string& owner,
+                                         const std::vector<LoadMember>& members,
+                                         GroupDoneCallback done);
 
   // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
   // ranks that lost their copy (a worker that died and registered again) get it back from a
@@ -308,6 +325,7 @@ class PlanManager : public WorkerListener {
     std::string id;
     const char* op = "";  // For metrics.
     std::string group;    // Non-empty: a member of that group, committed with it.
+    std::string owner;    // Non-empty: a checkpoint load's plan; its target is published.
     std::optional<LayoutChecksums> validated;  // A group member's reports, checked.
     std::string tensor;                        // Read at source_version.
     std::string target_tensor;                 // Written at target_version: `tensor` unless a Copy.
@@ -359,10 +377,11 @@ class PlanManager : public WorkerListener {
   // (a group sends them once every member started), and the entry joins `group`.
   using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
   // `op` names the operation in metrics ("redistribute", "gather", "copy").
+  // `owner`: the plan may use the tensors it hides, and publishes its target on commit.
   absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
                                     const std::string& target_tensor, const TargetFn& target_fn,
                                     DoneCallback done, const std::string& group = "",
-                                    Dispatch* deferred = nullptr);
+                                    Dispatch* deferred = nullptr, const std::string& owner = "");
   void Send(const std::string& id, Dispatch fragments);
   // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
   // `group` then), and sends dispatch[i] to ids[i] with the bucket size it chose, now or once
@@ -383,6 +402,7 @@ class PlanManager : public WorkerListener {
     TargetFn target_fn;
     std::string where;  // "copies[2]"
     std::string label;  // "copies[2] ('a' -> 'b'"; the plan id and ")" are added.
+    std::string owner;  // Hidden tensors it may use (a checkpoint load).
   };
   // Starts every item (fragments held back), then sends them all; on a refusal forgets the
   // items started so far and returns it prefixed with the item's `where`.

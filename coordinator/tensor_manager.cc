@@ -87,7 +87,7 @@ bool MatchesCommitted(const TensorRecord& t, int64_t rank, const HeldBuffer& hel
 }  // namespace
 
 absl::Status TensorManager::Persist(const TensorRecord& t) const {
-  if (store_ == nullptr) return absl::OkStatus();
+  if (store_ == nullptr || !t.owner.empty()) return absl::OkStatus();  // Hidden: never stored.
   return store_->Put(kTensorKind, t.name, SerializeTensor(t));
 }
 
@@ -188,7 +188,7 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
   StateBatch batch;
   for (auto& [name, t] : changed) {
     t.recovering = !t.awaiting.empty();
-    batch.Put(kTensorKind, name, SerializeTensor(t));
+    if (t.owner.empty()) batch.Put(kTensorKind, name, SerializeTensor(t));
   }
   if (store_ != nullptr) {
     if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
@@ -386,11 +386,15 @@ void TensorManager::CancelCreate(absl::string_view name, const std::string& op) 
 }
 
 absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name, const std::string& op,
-                                                    const std::string& target_mesh) {
+                                                    const std::string& target_mesh,
+                                                    const std::string& owner) {
   TensorRecord out;
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
+    if (it != tensors_.end() && !it->second.owner.empty() && it->second.owner != owner) {
+      return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+    }
     if (it == tensors_.end() || !it->second.ready) {
       if (it != tensors_.end()) {
         return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy being created"));
@@ -452,6 +456,7 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
       t.version = state.version;
       t.incarnations = std::move(state.incarnations);
       t.attached = state.attached;
+      if (state.publish) t.owner.clear();
       if (!t.attached) t.unattached.clear();
       // Still attached: a rank detached while the plan committed stays unattached.
       for (int64_t r : t.unattached) t.incarnations.erase(r);
@@ -463,7 +468,9 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
     // plans release them).
     if (store_ != nullptr) {
       StateBatch batch;
-      for (const TensorRecord& t : next) batch.Put(kTensorKind, t.name, SerializeTensor(t));
+      for (const TensorRecord& t : next) {
+        if (t.owner.empty()) batch.Put(kTensorKind, t.name, SerializeTensor(t));
+      }
       if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
     }
     for (TensorRecord& t : next) {
@@ -587,10 +594,12 @@ absl::StatusOr<bool> TensorManager::Detach(absl::string_view name, int64_t rank,
   return true;
 }
 
-absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name) const {
+absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
+                                                const std::string& owner) const {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(name);
-  if (it == tensors_.end() || !it->second.ready) {
+  if (it == tensors_.end() || !it->second.ready ||
+      (!it->second.owner.empty() && it->second.owner != owner)) {
     return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
   }
   if (it->second.recovering) return RecoveringError(it->second);
@@ -616,17 +625,19 @@ std::vector<TensorRecord> TensorManager::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<TensorRecord> out;
   for (const auto& [name, t] : tensors_) {
-    if (t.ready) out.push_back(t);
+    if (t.ready && t.owner.empty()) out.push_back(t);
   }
   return out;
 }
 
-absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name) {
+absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name,
+                                                   const std::string& owner) {
   TensorRecord out;
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
-    if (it == tensors_.end() || !it->second.ready) {
+    if (it == tensors_.end() || !it->second.ready ||
+        (!it->second.owner.empty() && it->second.owner != owner)) {
       return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
     }
     if (it->second.recovering) return RecoveringError(it->second);
@@ -634,7 +645,7 @@ absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name) {
       return absl::AbortedError(
           absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
     }
-    if (store_ != nullptr) {
+    if (store_ != nullptr && it->second.owner.empty()) {
       if (absl::Status s = store_->Delete(kTensorKind, it->first); !s.ok()) return s;
     }
     out = std::move(it->second);

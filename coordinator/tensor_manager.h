@@ -48,6 +48,10 @@ struct TensorRecord {
   // detached when the process exited): their chunks are missing, as a dead worker's.
   bool attached = false;
   std::set<int64_t> unattached;
+  // Non-empty: the work in progress of that operation (a checkpoint load), hidden from
+  // everyone else: Get, Acquire and Remove see it only when given this owner, List never,
+  // and it is never stored. A commit with NewState::publish makes it an ordinary tensor.
+  std::string owner;
 
   int64_t bytes() const;
 };
@@ -133,9 +137,10 @@ class TensorManager {
 
   // Marks a ready tensor busy with `op` and returns it. NOT_FOUND; ABORTED busy.
   // `target_mesh`, when not empty, counts as used by the tensor until Commit or Release
-  // (NOT_FOUND when it does not exist).
+  // (NOT_FOUND when it does not exist). `owner` also finds the tensors it hides.
   absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& op,
-                                       const std::string& target_mesh = "");
+                                       const std::string& target_mesh = "",
+                                       const std::string& owner = "");
   // Ends `op` without changes. No-op when `op` does not hold the tensor.
   void Release(absl::string_view name, const std::string& op, const std::string& target_mesh = "");
 
@@ -149,6 +154,8 @@ class TensorManager {
     // The tensor stays attached (a Copy into an attached tensor wrote its buffers in place;
     // ranks detached meanwhile stay unattached); false: it is in worker-owned buffers now.
     bool attached = false;
+    // A hidden tensor (TensorRecord::owner) becomes an ordinary, stored one.
+    bool publish = false;
   };
   // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
   absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
@@ -190,11 +197,13 @@ class TensorManager {
   std::vector<HeldBytes> BytesByHolder() const;
 
   // Ready tensors only: NOT_FOUND while being created. Get, Acquire and Remove answer
-  // UNAVAILABLE for a tensor still recovering after a restart.
-  absl::StatusOr<TensorRecord> Get(absl::string_view name) const;
+  // UNAVAILABLE for a tensor still recovering after a restart. Hidden tensors are found only
+  // with their `owner`.
+  absl::StatusOr<TensorRecord> Get(absl::string_view name, const std::string& owner = "") const;
+  // Ready tensors that are not hidden.
   std::vector<TensorRecord> List() const;
   // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
-  absl::StatusOr<TensorRecord> Remove(absl::string_view name);
+  absl::StatusOr<TensorRecord> Remove(absl::string_view name, const std::string& owner = "");
 
  private:
   // Stores `t` (no-op without a store).

@@ -448,3 +448,58 @@ TEST(TensorManagerReconcileTest, ARejoiningWorkerBringsItsCommittedChunksBack) {
 
 }  // namespace
 }  // namespace shardcoord
+
+namespace shardcoord {
+namespace {
+
+// A checkpoint load's staging tensor (TensorRecord::owner): seen only by its owner, never
+// listed or stored, and an ordinary stored tensor once a commit publishes it.
+TEST(TensorManagerHiddenTest, OnlyTheOwnerSeesItUntilACommitPublishesIt) {
+  MemoryStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"}).ok());
+  ASSERT_TRUE(meshes.Create("M", {1}, {}, {}).ok());
+  const Layout layout = *Layout::FromPlacements(meshes.Get("M")->mesh, {4}, {Placement::Shard(0)});
+  TensorManager tensors(&meshes, &store);
+  TensorRecord t;
+  t.name = "w";
+  t.shape = {4};
+  t.layout = layout;
+  t.version = tensors.NewVersion();
+  t.owner = "load-1";
+  ASSERT_TRUE(tensors.Reserve(t, "load-1").ok());
+  ASSERT_TRUE(tensors.FinishCreate("w", "load-1", {{5}}, {{0, 1}}).ok());
+  EXPECT_EQ(tensors.Get("w").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(tensors.Get("w", "load-1").ok());
+  EXPECT_TRUE(tensors.List().empty());
+  EXPECT_EQ(tensors.Acquire("w", "p-1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tensors.Remove("w").status().code(), absl::StatusCode::kNotFound);
+  // The name is taken all the same.
+  TensorRecord other = t;
+  other.owner.clear();
+  EXPECT_EQ(tensors.Reserve(other, "create").code(), absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<std::vector<StateRecord>> stored = store.Load("tensor");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty());
+
+  ASSERT_TRUE(tensors.Acquire("w", "p-1", "M", "load-1").ok());
+  TensorManager::NewState next;
+  next.mesh = "M";
+  next.spec = "S(0)";
+  next.layout = layout;
+  next.checksums = {{6}};
+  next.version = tensors.NewVersion();
+  next.incarnations = {{0, 1}};
+  next.publish = true;
+  ASSERT_TRUE(tensors.Commit("w", "p-1", next).ok());
+  EXPECT_TRUE(tensors.Get("w").ok());
+  EXPECT_EQ(tensors.List().size(), 1u);
+  stored = store.Load("tensor");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->size(), 1u);
+}
+
+}  // namespace
+}  // namespace shardcoord

@@ -71,6 +71,20 @@ class WorkerClient {
   // it holds the whole local buffer; GrpcWorkerClient streams for real.
   virtual std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
                                                            const v1::ChunkData& header);
+
+  // Checkpoints (issue 13; worker/checkpoint_io.h). Only workers touch storage. The defaults
+  // answer UNIMPLEMENTED, for fakes that do not simulate files.
+  virtual void WriteCheckpoint(const WorkerEndpoint& worker,
+                               const v1::WriteCheckpointRequest& request,
+                               Callback<v1::WriteCheckpointResponse> done);
+  virtual void ReadCheckpoint(const WorkerEndpoint& worker,
+                              const v1::ReadCheckpointRequest& request,
+                              Callback<v1::ReadCheckpointResponse> done);
+  virtual void ReadCheckpointIndex(const WorkerEndpoint& worker,
+                                   const v1::ReadCheckpointIndexRequest& request,
+                                   Callback<v1::ReadCheckpointIndexResponse> done);
+  virtual void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
+                             StatusCallback done);
 };
 
 namespace internal_worker_client {
@@ -102,6 +116,24 @@ class CollectingChunkWriteStream : public ChunkWriteStream {
 inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(const WorkerEndpoint& worker,
                                                                       const v1::ChunkData& header) {
   return std::make_shared<internal_worker_client::CollectingChunkWriteStream>(this, worker, header);
+}
+
+inline void WorkerClient::WriteCheckpoint(const WorkerEndpoint&, const v1::WriteCheckpointRequest&,
+                                          Callback<v1::WriteCheckpointResponse> done) {
+  done(absl::UnimplementedError("WriteCheckpoint"));
+}
+inline void WorkerClient::ReadCheckpoint(const WorkerEndpoint&, const v1::ReadCheckpointRequest&,
+                                         Callback<v1::ReadCheckpointResponse> done) {
+  done(absl::UnimplementedError("ReadCheckpoint"));
+}
+inline void WorkerClient::ReadCheckpointIndex(const WorkerEndpoint&,
+                                              const v1::ReadCheckpointIndexRequest&,
+                                              Callback<v1::ReadCheckpointIndexResponse> done) {
+  done(absl::UnimplementedError("ReadCheckpointIndex"));
+}
+inline void WorkerClient::CheckpointDir(const WorkerEndpoint&, const v1::CheckpointDirRequest&,
+                                        StatusCallback done) {
+  done(absl::UnimplementedError("CheckpointDir"));
 }
 
 }  // namespace shardcoord

@@ -128,6 +128,10 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"ListPlans", {"admin", "operator", "reader"}},
       {"Upload", {"admin", "operator"}},
       {"Download", {"admin", "operator", "reader"}},
+      {"SaveCheckpoint", {"admin"}},
+      {"LoadCheckpoint", {"admin"}},
+      {"InspectCheckpoint", {"admin", "operator", "reader"}},
+      {"GetCheckpointProgress", {"admin", "operator", "reader"}},
       {"RegisterWorker", {"worker"}},
       {"Heartbeat", {"worker"}},
       {"KvSet", {"worker"}},
@@ -329,6 +333,37 @@ TEST_P(AuthTest, TensorRpcs) {
   EXPECT_EQ(admin().GetTensor(uploaded).ok(), upload_allowed);
   if (upload_allowed) {
     EXPECT_TRUE(DownloadAndCheck(admin(), uploaded, DType::kF32, kShape, FillKind::kArange).ok());
+  }
+}
+
+TEST_P(AuthTest, CheckpointRpcs) {
+  const std::string t = Name("ck");
+  ASSERT_TRUE(CreateFilled(admin(), t, kShape, DType::kF32, "base", "S(0)").ok());
+  const std::string dir = absl::StrCat(TmpDir(), "/", Name("ckpt"));
+  v1::SaveCheckpointRequest save;
+  save.set_dir(dir);
+  save.add_tensors(t);
+  const bool save_allowed = Check("SaveCheckpoint", client().SaveCheckpoint(save).status());
+  EXPECT_EQ(admin().InspectCheckpoint(dir).ok(), save_allowed);
+  if (!save_allowed) ASSERT_TRUE(admin().SaveCheckpoint(save).ok());
+
+  Check("InspectCheckpoint", client().InspectCheckpoint(dir).status());
+  absl::Status progress = client().GetCheckpointProgress("no-such-operation").status();
+  if (Check("GetCheckpointProgress", progress, /*want_ok=*/false)) {
+    EXPECT_EQ(progress.code(), absl::StatusCode::kNotFound) << progress;
+  }
+
+  const std::string loaded = Name("ckl");
+  v1::LoadCheckpointRequest load;
+  load.set_dir(dir);
+  v1::LoadTarget* target = load.add_targets();
+  target->set_tensor(t);
+  target->set_name(loaded);
+  *target->mutable_target() = SpecFromText("base", "S(1)");
+  const bool load_allowed = Check("LoadCheckpoint", client().LoadCheckpoint(load).status());
+  EXPECT_EQ(admin().GetTensor(loaded).ok(), load_allowed);
+  if (load_allowed) {
+    EXPECT_TRUE(DownloadAndCheck(admin(), loaded, DType::kF32, kShape, FillKind::kArange).ok());
   }
 }
 

@@ -68,7 +68,8 @@ class Cluster {
 
   // SIGKILL worker `index` and reap it: no goodbye, as a crashed host.
   absl::Status KillWorker(int index);
-  // Sends `signal` to worker `index` (SIGSTOP / SIGCONT to hold a plan in flight).
+  // Sends `signal` to worker `index` (SIGSTOP / SIGCONT to hold a plan in flight, or to hold
+  // a worker still so that a test can kill it in the middle of an operation).
   absl::Status SignalWorker(int index, int signal);
   bool worker_running(int index) const { return workers_[index] != nullptr; }
   // The process id of worker `index` (benchmarks read its CPU time); 0 when it is stopped.

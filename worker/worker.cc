@@ -224,7 +224,8 @@ absl::StatusOr<std::string> Worker::Start() {
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
       executor_options, LogInfo, space_.get());
   core_->set_memory_budget(budget_.get());
-  service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_);
+  checkpoints_ = std::make_unique<CheckpointIo>(&buffers_, space_.get());
+  service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_, checkpoints_.get());
   attach_ = std::make_unique<AttachRegistry>(
       &buffers_, space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
   if (absl::Status s = StartLocalSocket(); !s.ok()) return s;

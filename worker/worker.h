@@ -19,6 +19,7 @@
 #include "worker/attach_registry.h"
 #include "worker/backends/nccl/gpu_probe.h"
 #include "worker/buffer_store.h"
+#include "worker/checkpoint_io.h"
 #include "worker/communicator.h"
 #include "worker/grpc_coordinator_client.h"
 #include "worker/local_socket_server.h"
@@ -150,6 +151,7 @@ class Worker {
   ThreadPool pool_{2};
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<WorkerCore> core_;
+  std::unique_ptr<CheckpointIo> checkpoints_;
   std::unique_ptr<AttachRegistry> attach_;
   std::unique_ptr<LocalSocketServer> local_server_;
   std::unique_ptr<WorkerServiceImpl> service_;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -145,6 +146,57 @@ grpc::ServerWriteReactor<v1::ChunkData>* WorkerServiceImpl::ReadChunk(
 grpc::ServerReadReactor<v1::ChunkData>* WorkerServiceImpl::WriteChunk(
     grpc::CallbackServerContext* /*ctx*/, v1::WriteChunkResponse* response) {
   return new WriteChunkReactor(core_, pool_, response);
+}
+
+// ---- Checkpoints: file I/O is long work, on the pool ---------------------------------------
+
+template <typename Response>
+grpc::ServerUnaryReactor* WorkerServiceImpl::OnPool(
+    grpc::CallbackServerContext* ctx, Response* response,
+    std::function<absl::StatusOr<Response>()> work) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (checkpoints_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no checkpoint support"));
+    return reactor;
+  }
+  pool_->Schedule([reactor, response, work = std::move(work)] {
+    absl::StatusOr<Response> r = work();
+    if (r.ok()) *response = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::WriteCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::WriteCheckpointRequest* request,
+    v1::WriteCheckpointResponse* response) {
+  return OnPool<v1::WriteCheckpointResponse>(
+      ctx, response, [this, request] { return checkpoints_->Write(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* request,
+    v1::ReadCheckpointResponse* response) {
+  return OnPool<v1::ReadCheckpointResponse>(
+      ctx, response, [this, request] { return checkpoints_->Read(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpointIndex(
+    grpc::CallbackServerContext* ctx, const v1::ReadCheckpointIndexRequest* request,
+    v1::ReadCheckpointIndexResponse* response) {
+  return OnPool<v1::ReadCheckpointIndexResponse>(
+      ctx, response, [this, request] { return checkpoints_->ReadIndex(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::CheckpointDir(grpc::CallbackServerContext* ctx,
+                                                           const v1::CheckpointDirRequest* request,
+                                                           v1::CheckpointDirResponse* response) {
+  return OnPool<v1::CheckpointDirResponse>(
+      ctx, response, [this, request]() -> absl::StatusOr<v1::CheckpointDirResponse> {
+        absl::Status s = checkpoints_->Dir(*request);
+        if (!s.ok()) return s;
+        return v1::CheckpointDirResponse();
+      });
 }
 
 }  // namespace shardcoord

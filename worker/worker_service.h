@@ -3,16 +3,19 @@
 
 #include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
+#include "worker/checkpoint_io.h"
 #include "worker/thread_pool.h"
 #include "worker/worker_core.h"
 
 namespace shardcoord {
 
 // shardcoord.v1.Worker over WorkerCore with the callback API. Long work (fills, the final
-// checksum of a write) runs on `pool`, never on a reactor thread.
+// checksum of a write, checkpoint file I/O) runs on `pool`, never on a reactor thread.
+// Without `checkpoints` the checkpoint RPCs answer UNIMPLEMENTED.
 class WorkerServiceImpl final : public v1::Worker::CallbackService {
  public:
-  WorkerServiceImpl(WorkerCore* core, ThreadPool* pool) : core_(core), pool_(pool) {}
+  WorkerServiceImpl(WorkerCore* core, ThreadPool* pool, CheckpointIo* checkpoints = nullptr)
+      : core_(core), pool_(pool), checkpoints_(checkpoints) {}
 
   grpc::ServerUnaryReactor* Execute(grpc::CallbackServerContext* ctx,
                                     const v1::PlanFragment* request,
@@ -29,10 +32,28 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
                                                      const v1::ReadChunkRequest* request) override;
   grpc::ServerReadReactor<v1::ChunkData>* WriteChunk(grpc::CallbackServerContext* ctx,
                                                      v1::WriteChunkResponse* response) override;
+  grpc::ServerUnaryReactor* WriteCheckpoint(grpc::CallbackServerContext* ctx,
+                                            const v1::WriteCheckpointRequest* request,
+                                            v1::WriteCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ReadCheckpoint(grpc::CallbackServerContext* ctx,
+                                           const v1::ReadCheckpointRequest* request,
+                                           v1::ReadCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ReadCheckpointIndex(grpc::CallbackServerContext* ctx,
+                                                const v1::ReadCheckpointIndexRequest* request,
+                                                v1::ReadCheckpointIndexResponse* response) override;
+  grpc::ServerUnaryReactor* CheckpointDir(grpc::CallbackServerContext* ctx,
+                                          const v1::CheckpointDirRequest* request,
+                                          v1::CheckpointDirResponse* response) override;
 
  private:
+  // Runs `work` (the checkpoint call) on the pool and finishes with its outcome.
+  template <typename Response>
+  grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx, Response* response,
+                                   std::function<absl::StatusOr<Response>()> work);
+
   WorkerCore* const core_;
   ThreadPool* const pool_;
+  CheckpointIo* const checkpoints_;
 };
 
 }  // namespace shardcoord

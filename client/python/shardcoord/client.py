@@ -398,6 +398,52 @@ class Client:
         request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
         return self._mutate(self._stub.RedistributeGroup, request, self.data_timeout)
 
+    # ---- Checkpoints (workers write and read the files) -----------------------------------
+
+    def save_checkpoint(self, dir, names=None, overwrite=False):
+        """Saves tensors `names` (None: every tensor) into checkpoint directory `dir` (made
+        absolute here; every worker must reach it): safetensors files and index.json, every
+        distinct piece written once. With `overwrite`, replaces an existing `dir` once the new
+        one is complete. Waits; returns the SaveCheckpointResponse."""
+        request = pb.SaveCheckpointRequest(dir=os.path.abspath(dir), tensors=list(names or ()),
+                                           all=names is None, overwrite=overwrite)
+        return self._mutate(self._stub.SaveCheckpoint, request, self.data_timeout)
+
+    def load_checkpoint(self, dir, targets=None, mesh=None, placements=None, flat=None,
+                        prefix="", into=False):
+        """Loads tensors of checkpoint `dir` (or a .safetensors file, or a directory of them).
+        `targets`: a dict {tensor: {"mesh", "placements" | "flat", optional "name"}}, or a list
+        of tensor names all laid out by `mesh` and `placements` / `flat`; None: every tensor,
+        laid out so. Created as `prefix` + name (or the target's "name"); with `into`, copied
+        into those existing tensors (no layout needed). All or nothing. Waits; returns the
+        LoadCheckpointResponse."""
+        request = pb.LoadCheckpointRequest(dir=os.path.abspath(dir), prefix=prefix, into=into)
+        default = None
+        if not into and not isinstance(targets, dict):
+            default = spec(mesh, placements, flat)
+        if targets is None:
+            request.all = True
+            if default is not None:
+                request.spec.CopyFrom(default)
+        elif isinstance(targets, dict):
+            for tensor, t in targets.items():
+                target = pb.LoadTarget(tensor=tensor, name=t.get("name", ""))
+                if not into:
+                    target.target.CopyFrom(spec(t["mesh"], t.get("placements"), t.get("flat")))
+                request.targets.append(target)
+        else:
+            for tensor in targets:
+                target = pb.LoadTarget(tensor=tensor)
+                if default is not None:
+                    target.target.CopyFrom(default)
+                request.targets.append(target)
+        return self._mutate(self._stub.LoadCheckpoint, request, self.data_timeout)
+
+    def inspect_checkpoint(self, dir):
+        """The checkpoint's tensors, pieces and writers (InspectCheckpointResponse)."""
+        request = pb.InspectCheckpointRequest(dir=os.path.abspath(dir))
+        return self._call(self._stub.InspectCheckpoint, request, self.data_timeout)
+
     # ---- Whole tensors through the coordinator -------------------------------------------
 
     def download(self, name):

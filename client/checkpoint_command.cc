@@ -1,0 +1,327 @@
+#include "client/checkpoint_command.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "client/command_util.h"
+#include "client/tensor_command.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/convert.h"
+
+namespace shardcoord {
+namespace {
+
+std::string ProtoJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
+  return out;
+}
+
+std::string Rate(int64_t bytes, double seconds) {
+  if (seconds <= 0) return "";
+  return absl::StrFormat(" (%.0f MB/s)", static_cast<double>(bytes) / seconds / 1e6);
+}
+
+// Runs `call` while drawing the operation's progress (polled by request id) on `err`.
+template <typename T>
+absl::StatusOr<T> WithProgress(CoordinatorClient& client, const std::string& request_id,
+                               const std::string& label, bool progress, std::ostream& err,
+                               const std::function<absl::StatusOr<T>()>& call) {
+  if (!progress) return call();
+  absl::Notification finished;
+  std::thread poller([&] {
+    ProgressBar bar(err, true, label);
+    while (!finished.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+      absl::StatusOr<v1::CheckpointProgress> p = client.GetCheckpointProgress(request_id);
+      if (p.ok()) bar.Update(p->bytes_done(), p->bytes_total());
+    }
+    bar.Finish();
+  });
+  absl::StatusOr<T> r = call();
+  finished.Notify();
+  poller.join();
+  return r;
+}
+
+}  // namespace
+
+std::string AbsoluteCheckpointPath(const std::string& dir) {
+  if (dir.empty()) return dir;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  if (ec) return dir;
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
+absl::StatusOr<v1::SaveCheckpointRequest> BuildSaveCheckpointRequest(
+    const CheckpointSaveFlags& flags) {
+  if (flags.dir.empty()) return absl::InvalidArgumentError("DIR: missing");
+  if (flags.all == !flags.tensors.empty()) {
+    return absl::InvalidArgumentError("name the tensors to save, or pass --all (not both)");
+  }
+  v1::SaveCheckpointRequest request;
+  request.set_dir(AbsoluteCheckpointPath(flags.dir));
+  for (const std::string& t : flags.tensors) request.add_tensors(t);
+  request.set_all(flags.all);
+  request.set_overwrite(flags.overwrite);
+  request.set_request_id(NewRequestId());
+  return request;
+}
+
+int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::SaveCheckpointRequest> request = BuildSaveCheckpointRequest(flags);
+  if (!request.ok()) return ReportFlagError(err, "checkpoint save", request.status().message());
+  absl::StatusOr<v1::SaveCheckpointResponse> r =
+      WithProgress<v1::SaveCheckpointResponse>(client, request->request_id(), "save", progress, err,
+                                               [&] { return client.SaveCheckpoint(*request); });
+  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+  if (json) {
+    out << ProtoJson(*r) << "\n";
+    return 0;
+  }
+  out << "saved " << r->tensors() << " tensor" << (r->tensors() == 1 ? "" : "s") << " to "
+      << r->dir() << ": " << HumanBytes(r->bytes()) << " in " << r->files_size() << " file"
+      << (r->files_size() == 1 ? "" : "s") << ", " << absl::StrFormat("%.3f", r->seconds()) << " s"
+      << Rate(r->bytes(), r->seconds()) << "\n";
+  if (r->ideal_writer_bytes() > 0) {
+    out << "  busiest writer " << HumanBytes(r->max_writer_bytes()) << ", ideal "
+        << HumanBytes(static_cast<int64_t>(r->ideal_writer_bytes()))
+        << absl::StrFormat(" (%.2fx)", r->max_writer_bytes() / r->ideal_writer_bytes()) << "\n";
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"  file", "worker", "rank", "bytes", "entries", "seconds"}};
+  for (const v1::CheckpointFileInfo& f : r->files()) {
+    rows.push_back({"  " + f.file(), f.worker(), absl::StrCat(f.rank()), HumanBytes(f.bytes()),
+                    absl::StrCat(f.entries()), absl::StrFormat("%.3f", f.seconds())});
+  }
+  out << FormatTable(rows, {2, 3, 4, 5});
+  return 0;
+}
+
+absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
+    const CheckpointLoadFlags& flags, const std::string& from_file_text) {
+  if (flags.dir.empty()) return absl::InvalidArgumentError("DIR: missing");
+  v1::LoadCheckpointRequest request;
+  request.set_dir(AbsoluteCheckpointPath(flags.dir));
+  request.set_prefix(flags.prefix);
+  request.set_into(flags.into);
+  request.set_request_id(NewRequestId());
+  const bool has_spec = flags.placements.has_value() || flags.flat.has_value();
+  if (!flags.from_file.empty()) {
+    if (!flags.tensors.empty() || has_spec || !flags.mesh.empty()) {
+      return absl::InvalidArgumentError(
+          "--from-file: give the tensors and their layouts in the file, not as flags");
+    }
+    absl::StatusOr<v1::RedistributeGroupRequest> moves = ParseRedistributesJson(from_file_text);
+    if (!moves.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--from-file ", flags.from_file, ": ", moves.status().message()));
+    }
+    for (const v1::RedistributeItem& item : moves->redistributes()) {
+      v1::LoadTarget* t = request.add_targets();
+      t->set_tensor(item.tensor());
+      *t->mutable_target() = item.target();
+      if (!flags.into && t->target().mesh().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--from-file ", flags.from_file, ": tensor '", item.tensor(), "' has no \"mesh\""));
+      }
+    }
+    return request;
+  }
+  v1::ShardingSpec spec;
+  if (flags.into) {
+    if (has_spec || !flags.mesh.empty()) {
+      return absl::InvalidArgumentError(
+          "--into: the tensors keep their own layouts (drop --mesh, --placements, --flat)");
+    }
+  } else {
+    if (flags.mesh.empty()) return absl::InvalidArgumentError("--mesh: missing");
+    absl::StatusOr<v1::ShardingSpec> s = BuildSpec(flags.mesh, flags.placements, flags.flat);
+    if (!s.ok()) return s.status();
+    spec = *std::move(s);
+  }
+  if (flags.tensors.empty()) {
+    request.set_all(true);
+    *request.mutable_spec() = spec;
+  }
+  for (const std::string& name : flags.tensors) {
+    v1::LoadTarget* t = request.add_targets();
+    t->set_tensor(name);
+    if (!flags.into) *t->mutable_target() = spec;
+  }
+  return request;
+}
+
+int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlags& flags, bool json,
+                             bool progress, std::ostream& out, std::ostream& err) {
+  std::string text;
+  if (!flags.from_file.empty()) {
+    std::ifstream in(flags.from_file);
+    if (!in) {
+      return ReportFlagError(err, "checkpoint load",
+                             absl::StrCat("--from-file: cannot read '", flags.from_file, "'"));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  absl::StatusOr<v1::LoadCheckpointRequest> request = BuildLoadCheckpointRequest(flags, text);
+  if (!request.ok()) return ReportFlagError(err, "checkpoint load", request.status().message());
+  absl::StatusOr<v1::LoadCheckpointResponse> r =
+      WithProgress<v1::LoadCheckpointResponse>(client, request->request_id(), "load", progress, err,
+                                               [&] { return client.LoadCheckpoint(*request); });
+  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+  if (json) {
+    out << ProtoJson(*r) << "\n";
+    return 0;
+  }
+  out << "loaded " << r->tensors_size() << " tensor" << (r->tensors_size() == 1 ? "" : "s")
+      << (flags.into ? " into existing tensors" : "") << ": " << HumanBytes(r->bytes()) << " in "
+      << absl::StrFormat("%.3f", r->seconds()) << " s" << Rate(r->bytes(), r->seconds()) << "\n"
+      << "  read " << HumanBytes(r->bytes_read()) << " from storage by " << r->readers_size()
+      << " worker" << (r->readers_size() == 1 ? "" : "s") << " in "
+      << absl::StrFormat("%.3f", r->read_seconds()) << " s; exchanged "
+      << HumanBytes(r->exchange_bytes_moved()) << " (lower bound "
+      << HumanBytes(r->exchange_lower_bound_bytes()) << ") in "
+      << absl::StrFormat("%.3f", r->exchange_seconds()) << " s as group " << r->group_id() << "\n";
+  std::vector<std::vector<std::string>> rows = {{"  reader", "rank", "read", "runs", "seconds"}};
+  for (const v1::CheckpointFileInfo& f : r->readers()) {
+    rows.push_back({"  " + f.worker(), absl::StrCat(f.rank()), HumanBytes(f.bytes()),
+                    absl::StrCat(f.entries()), absl::StrFormat("%.3f", f.seconds())});
+  }
+  out << FormatTable(rows, {1, 2, 3, 4});
+  if (r->tensors_size() <= 20) {
+    for (const v1::LoadedTensor& t : r->tensors()) {
+      out << "  " << t.name() << (t.name() == t.tensor() ? "" : absl::StrCat(" (", t.tensor(), ")"))
+          << ": version " << t.version() << "\n";
+    }
+  }
+  return 0;
+}
+
+int RunCheckpointInspectCommand(CoordinatorClient& client, const std::string& dir, bool json,
+                                std::ostream& out, std::ostream& err) {
+  if (dir.empty()) return ReportFlagError(err, "checkpoint inspect", "DIR: missing");
+  absl::StatusOr<v1::InspectCheckpointResponse> r =
+      client.InspectCheckpoint(AbsoluteCheckpointPath(dir));
+  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+  if (json) {
+    out << ProtoJson(*r) << "\n";
+    return 0;
+  }
+  out << (r->plain() ? "safetensors files in " : "checkpoint ") << r->dir() << ": "
+      << r->tensors_size() << " tensor" << (r->tensors_size() == 1 ? "" : "s") << ", "
+      << HumanBytes(r->bytes()) << " in " << r->files_size() << " file"
+      << (r->files_size() == 1 ? "" : "s") << "\n";
+  std::vector<std::vector<std::string>> rows = {{"tensor", "shape", "dtype", "bytes", "pieces"}};
+  for (const v1::CheckpointTensorInfo& t : r->tensors()) {
+    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
+    rows.push_back({t.name(), ShapeToString(Shape(t.shape().begin(), t.shape().end())),
+                    dtype.ok() ? DTypeName(*dtype) : "?", HumanBytes(t.bytes()),
+                    absl::StrCat(t.pieces_size())});
+  }
+  out << FormatTable(rows, {3, 4});
+  std::vector<std::vector<std::string>> files = {{"file", "writer", "rank", "bytes", "entries"}};
+  for (const v1::CheckpointFileInfo& f : r->files()) {
+    files.push_back({f.file(), f.worker().empty() ? "-" : f.worker(),
+                     f.rank() < 0 ? "-" : absl::StrCat(f.rank()), HumanBytes(f.bytes()),
+                     absl::StrCat(f.entries())});
+  }
+  out << FormatTable(files, {2, 3, 4});
+  return 0;
+}
+
+void AddCheckpointCommand(CLI::App& app, const ConnectionFlags* conn) {
+  CLI::App* cmd = app.add_subcommand(
+      "checkpoint",
+      "Save tensors to a directory of safetensors files and load them back into any layout "
+      "(workers read and write the files; DIR must be reachable by every worker)");
+  cmd->require_subcommand(1);
+  {
+    CLI::App* save = cmd->add_subcommand(
+        "save",
+        "Save tensors: every distinct piece written once, writers balanced; DIR appears "
+        "complete or not at all");
+    auto flags = std::make_shared<CheckpointSaveFlags>();
+    save->add_option("dir", flags->dir, "Checkpoint directory (created)")
+        ->required()
+        ->type_name("DIR");
+    save->add_option("tensors", flags->tensors, "Tensors to save")->type_name("T ...");
+    save->add_flag("--all", flags->all, "Save every tensor");
+    save->add_flag("--overwrite", flags->overwrite,
+                   "Replace an existing DIR (swapped once the new checkpoint is complete)");
+    save->callback([conn, flags]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      const int rc = RunCheckpointSaveCommand(
+          client, *flags, conn->json, ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
+  {
+    CLI::App* load = cmd->add_subcommand(
+        "load",
+        "Create tensors (or --into: copy into existing ones) from a checkpoint, a "
+        ".safetensors file or a directory of them, in any layout: each byte is read once, then "
+        "exchanged between workers; all tensors appear together or none does");
+    auto flags = std::make_shared<CheckpointLoadFlags>();
+    load->add_option("dir", flags->dir, "Checkpoint directory or .safetensors file")
+        ->required()
+        ->type_name("DIR");
+    load->add_option("tensors", flags->tensors, "Tensors to load (default: all)")
+        ->type_name("T ...");
+    load->add_option("--mesh", flags->mesh, "Target mesh")->type_name("MESH");
+    CLI::Option* placements = load->add_option("--placements", "Target placements: S(0),R");
+    placements->type_name("SPEC");
+    CLI::Option* flat = load->add_option("--flat", "Target flat ranges: '0:4;4:8'");
+    flat->type_name("SPEC");
+    load->add_option("--prefix", flags->prefix, "Prefix of the names created (p_ makes p_T)")
+        ->type_name("P");
+    load->add_option("--from-file", flags->from_file,
+                     "Per-tensor targets: {\"moves\": [{\"tensor\": \"a\", \"mesh\": \"m\", "
+                     "\"placements\": \"S(0)\"}, {\"tensor\": \"b\", \"mesh\": \"m\", \"flat\": "
+                     "\"0:4;4:8\"}]}")
+        ->type_name("FILE");
+    load->add_flag("--into", flags->into,
+                   "Copy into existing tensors of the same names (prefix included), shapes and "
+                   "dtypes; each keeps its layout");
+    load->callback([conn, flags, placements, flat]() {
+      if (placements->count() > 0) flags->placements = placements->as<std::string>();
+      if (flat->count() > 0) flags->flat = flat->as<std::string>();
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      const int rc = RunCheckpointLoadCommand(
+          client, *flags, conn->json, ProgressBar::StderrIsTerminal(), std::cout, std::cerr);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
+  {
+    CLI::App* inspect = cmd->add_subcommand(
+        "inspect", "Show a checkpoint's tensors, pieces and writers (read by a worker)");
+    auto dir = std::make_shared<std::string>();
+    inspect->add_option("dir", *dir, "Checkpoint directory or .safetensors file")
+        ->required()
+        ->type_name("DIR");
+    inspect->callback([conn, dir]() {
+      CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+      const int rc = RunCheckpointInspectCommand(client, *dir, conn->json, std::cout, std::cerr);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
+}
+
+}  // namespace shardcoord

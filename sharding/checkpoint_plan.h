@@ -1,0 +1,108 @@
+#ifndef SHARDCOORD_SHARDING_CHECKPOINT_PLAN_H_
+#define SHARDCOORD_SHARDING_CHECKPOINT_PLAN_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "sharding/box.h"
+#include "sharding/checkpoint_index.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+
+namespace shardcoord {
+
+// Who writes what in a checkpoint save, and who reads what in a load (the format is
+// sharding/checkpoint_index.h). Both are global: every tensor of the operation is planned at
+// once and the work is balanced over all ranks with DistributeShardsToRanks.
+
+// ---- Save ---------------------------------------------------------------------------------
+
+struct SaveTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  Layout layout;  // Live holders only (a dead rank's copy is not there to write).
+};
+
+struct SaveEntry {
+  size_t tensor = 0;  // Index into the planned tensors.
+  Box box;            // Lies inside one chunk of the writer.
+  std::string entry;  // PieceEntryName(tensor, box).
+  int64_t bytes = 0;
+};
+
+// One writer's file: its entries in file order.
+struct SaveFile {
+  int64_t rank = 0;
+  std::string file;  // CheckpointFileName(rank).
+  std::vector<SaveEntry> entries;
+  int64_t bytes = 0;  // Data bytes (without the header).
+};
+
+struct SavePlan {
+  std::vector<SaveFile> files;  // By rank; only ranks that write something.
+  int64_t total_bytes = 0;      // Every distinct element once.
+  // Ranks that hold any data (the candidates), and total / candidates.
+  int64_t candidate_writers = 0;
+  double ideal_writer_bytes = 0;
+  int64_t max_writer_bytes = 0;
+};
+
+struct SavePlanOptions {
+  // A piece held by k replicas is cut into k parts (along its outermost dim longer than 1)
+  // so that k ranks share its writing, but into no parts smaller than this.
+  int64_t min_part_bytes = int64_t{64} << 10;
+};
+
+// Every distinct piece (replicas deduplicated) is written once, by one rank holding it.
+// FAILED_PRECONDITION for a Partial tensor (its value is a reduction: redistribute it
+// first); INVALID_ARGUMENT for an empty or repeated name.
+absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
+                                  const SavePlanOptions& options = {});
+
+// ---- Load ---------------------------------------------------------------------------------
+
+struct LoadTensor {
+  const CheckpointTensor* tensor = nullptr;  // Its pieces, from the index.
+  Layout target;                             // Where it goes (any layout but Partial, same shape).
+};
+
+// A contiguous range of rows (along dim 0 of the piece's box) of one piece, read by one rank
+// with one pread into its staging buffer.
+struct ReadRun {
+  int64_t rank = 0;
+  size_t piece = 0;  // Index into the tensor's pieces.
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  Box box;                   // The rows' global box.
+  int64_t local_offset = 0;  // Elements, in the reader's staging buffer.
+};
+
+struct TensorRead {
+  // What every reader holds once it has read: each rank's runs as chunks (no mesh). Every
+  // element of the tensor is in exactly one run, so this is a valid layout, and the planner
+  // moves it to the target (the exchange).
+  Layout read_layout;
+  std::vector<ReadRun> runs;  // By rank, then local offset.
+};
+
+struct LoadPlan {
+  std::vector<TensorRead> tensors;           // In the order given.
+  std::map<int64_t, int64_t> bytes_by_rank;  // Bytes each rank reads from storage.
+  int64_t total_bytes = 0;                   // Every checkpoint byte of these tensors, once.
+};
+
+// Every row of every piece is read by exactly one rank, chosen among the ranks whose target
+// chunks need part of that row (so no rank reads rows its layout holds nothing of), the rows a
+// set of ranks all need being shared among them to balance the bytes each reads. A piece with
+// block checksums is read in whole blocks (a reader checks what it read), each block by a
+// rank needing part of it. INVALID_ARGUMENT for a target of another shape or a Partial
+// target.
+absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors);
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_SHARDING_CHECKPOINT_PLAN_H_

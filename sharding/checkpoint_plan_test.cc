@@ -1,0 +1,263 @@
+#include "sharding/checkpoint_plan.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sharding/checkpoint_index.h"
+#include "sharding/layout.h"
+#include "sharding/mesh.h"
+#include "sharding/placement.h"
+#include "sharding/planner.h"
+#include "sharding/reference_executor.h"
+
+namespace shardcoord {
+namespace {
+
+using ::testing::HasSubstr;
+
+Layout Placed(const Shape& mesh_shape, const Shape& shape, const std::string& spec) {
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(mesh_shape);
+  EXPECT_TRUE(mesh.ok());
+  absl::StatusOr<std::vector<Placement>> p = ParsePlacements(spec);
+  EXPECT_TRUE(p.ok()) << spec;
+  absl::StatusOr<Layout> layout = Layout::FromPlacements(*mesh, shape, *p);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *layout;
+}
+
+Layout Flat(int64_t ranks, const Shape& shape, const std::string& spec) {
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create({ranks});
+  absl::StatusOr<FlatSpec> f = ParseFlatSpec(spec);
+  EXPECT_TRUE(f.ok()) << spec;
+  absl::StatusOr<Layout> layout = Layout::FromFlat(*mesh, shape, *f);
+  EXPECT_TRUE(layout.ok()) << layout.status();
+  return *layout;
+}
+
+// Checks a save plan: every element of every tensor in exactly one entry, each entry inside a
+// chunk its writer holds.
+void CheckSaveCovers(const std::vector<SaveTensor>& tensors, const SavePlan& plan) {
+  std::vector<int64_t> covered(tensors.size(), 0);
+  for (const SaveFile& f : plan.files) {
+    EXPECT_EQ(f.file, CheckpointFileName(f.rank));
+    int64_t bytes = 0;
+    for (const SaveEntry& e : f.entries) {
+      const Layout& layout = tensors[e.tensor].layout;
+      const RankChunks* rc = layout.Find(f.rank);
+      ASSERT_NE(rc, nullptr) << "rank " << f.rank << " writes what it does not hold";
+      bool inside = false;
+      for (const Chunk& c : rc->chunks) inside = inside || c.box.Contains(e.box);
+      EXPECT_TRUE(inside) << e.entry;
+      EXPECT_EQ(e.entry, PieceEntryName(tensors[e.tensor].name, e.box));
+      covered[e.tensor] += e.box.Volume();
+      bytes += e.bytes;
+    }
+    EXPECT_EQ(bytes, f.bytes);
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    EXPECT_EQ(covered[t], tensors[t].layout.num_elements()) << tensors[t].name;
+  }
+}
+
+TEST(PlanSaveTest, ReplicatedIsWrittenOnceAndShared) {
+  // R on 4 ranks: each writes a quarter.
+  std::vector<SaveTensor> tensors = {{"r", DType::kF32, Placed({4}, {1024, 256}, "R")}};
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CheckSaveCovers(tensors, *plan);
+  ASSERT_EQ(plan->files.size(), 4u);
+  for (const SaveFile& f : plan->files) EXPECT_EQ(f.bytes, 1024 * 256 * 4 / 4);
+  EXPECT_EQ(plan->total_bytes, 1024 * 256 * 4);
+}
+
+TEST(PlanSaveTest, DedupesReplicasOfShards) {
+  // S(0),R on 2x2: two distinct halves, each held by two ranks: all four write a quarter.
+  std::vector<SaveTensor> tensors = {{"m", DType::kBF16, Placed({2, 2}, {512, 512}, "S(0),R")}};
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors);
+  ASSERT_TRUE(plan.ok());
+  CheckSaveCovers(tensors, *plan);
+  ASSERT_EQ(plan->files.size(), 4u);
+  for (const SaveFile& f : plan->files) EXPECT_EQ(f.bytes, 512 * 512 * 2 / 4);
+}
+
+TEST(PlanSaveTest, UnevenFlatAndSmallPieces) {
+  std::vector<SaveTensor> tensors = {
+      {"uneven", DType::kF32, Placed({4}, {10, 7}, "S(0)")},  // 3,3,3,1 rows.
+      {"flat", DType::kF64, Flat(2, {5, 3}, "0:7;7:15")},
+      {"norm", DType::kF32, Placed({4}, {16}, "R")},  // Too small to split: one writer.
+      {"scalar", DType::kI64, Placed({2}, {}, "R")},
+  };
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  CheckSaveCovers(tensors, *plan);
+  int norm_entries = 0;
+  for (const SaveFile& f : plan->files) {
+    for (const SaveEntry& e : f.entries) norm_entries += tensors[e.tensor].name == "norm";
+  }
+  EXPECT_EQ(norm_entries, 1);
+}
+
+TEST(PlanSaveTest, BalancedWithinTenPercentOnAModel) {
+  // A small decoder's state dict on a 2x2 (dp, tp) Megatron layout: replicated over dp, row or
+  // column parallel over tp, norms replicated everywhere.
+  std::vector<SaveTensor> tensors;
+  const int64_t h = 256, ffn = 704, vocab = 1000;
+  tensors.push_back({"embed", DType::kBF16, Placed({2, 2}, {vocab, h}, "R,S(0)")});
+  for (int l = 0; l < 4; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    tensors.push_back({p + "q", DType::kBF16, Placed({2, 2}, {h, h}, "R,S(0)")});
+    tensors.push_back({p + "o", DType::kBF16, Placed({2, 2}, {h, h}, "R,S(1)")});
+    tensors.push_back({p + "up", DType::kBF16, Placed({2, 2}, {ffn, h}, "R,S(0)")});
+    tensors.push_back({p + "down", DType::kBF16, Placed({2, 2}, {h, ffn}, "R,S(1)")});
+    tensors.push_back({p + "norm", DType::kBF16, Placed({2, 2}, {h}, "R,R")});
+  }
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors, SavePlanOptions{4096});
+  ASSERT_TRUE(plan.ok());
+  CheckSaveCovers(tensors, *plan);
+  EXPECT_EQ(plan->candidate_writers, 4);
+  EXPECT_LE(static_cast<double>(plan->max_writer_bytes), 1.1 * plan->ideal_writer_bytes);
+}
+
+TEST(PlanSaveTest, RefusesPartial) {
+  std::vector<SaveTensor> tensors = {{"p", DType::kF32, Placed({2}, {4}, "P")}};
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("'p'"));
+}
+
+// The index a save of `layout` writes (without checksums).
+CheckpointTensor Saved(const std::string& name, DType dtype, const Layout& layout,
+                       int64_t rows_per_block = 0) {
+  std::vector<SaveTensor> tensors = {{name, dtype, layout}};
+  absl::StatusOr<SavePlan> plan = PlanSave(tensors, SavePlanOptions{1});
+  EXPECT_TRUE(plan.ok());
+  CheckpointTensor t;
+  t.name = name;
+  t.shape = layout.global_shape();
+  t.dtype = dtype;
+  for (const SaveFile& f : plan->files) {
+    for (const SaveEntry& e : f.entries) {
+      CheckpointPiece p;
+      p.box = e.box;
+      p.file = f.file;
+      p.entry = e.entry;
+      if (rows_per_block > 0) {
+        p.rows_per_block = rows_per_block;
+        p.blocks.assign((BoxRows(e.box) + rows_per_block - 1) / rows_per_block, 0);
+      }
+      t.pieces.push_back(p);
+    }
+  }
+  return t;
+}
+
+// Checks a load plan for one tensor: the read layout tiles the tensor, each run lies in one
+// piece and whole blocks of it, its reader's target needs part of it, and the exchange from
+// the read layout to the target delivers every value.
+void CheckLoad(const CheckpointTensor& t, const Layout& target, const TensorRead& read) {
+  int64_t elements = 0;
+  for (const ReadRun& r : read.runs) {
+    const CheckpointPiece& p = t.pieces[r.piece];
+    EXPECT_TRUE(p.box.Contains(r.box));
+    if (p.rows_per_block > 0) {
+      EXPECT_EQ(r.row_begin % p.rows_per_block, 0);
+      EXPECT_TRUE(r.row_end % p.rows_per_block == 0 || r.row_end == BoxRows(p.box));
+    }
+    const RankChunks* mine = target.Find(r.rank);
+    ASSERT_NE(mine, nullptr) << "rank " << r.rank << " reads but is not in the target";
+    bool needed = false;
+    for (const Chunk& c : mine->chunks) needed = needed || c.box.Overlaps(r.box);
+    EXPECT_TRUE(needed) << "rank " << r.rank << " reads " << r.box.ToString();
+    elements += r.box.Volume();
+  }
+  EXPECT_EQ(elements, Box::Whole(t.shape).Volume());
+  absl::StatusOr<Plan> exchange = Redistribute(read.read_layout, target, t.dtype);
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  EXPECT_TRUE(CheckPlanByExecution(*exchange, 7, true).ok());
+  EXPECT_EQ(exchange->bytes_moved, exchange->lower_bound_bytes);
+}
+
+TEST(PlanLoadTest, ReplicatedTargetReadsEveryByteOnceBalanced) {
+  const Layout source = Placed({2}, {256, 16}, "S(0)");
+  const CheckpointTensor t = Saved("w", DType::kF32, source);
+  const Layout target = Placed({4}, {256, 16}, "R");
+  absl::StatusOr<LoadPlan> plan = PlanLoad({LoadTensor{&t, target}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->total_bytes, 256 * 16 * 4);
+  ASSERT_EQ(plan->bytes_by_rank.size(), 4u);
+  for (const auto& [rank, bytes] : plan->bytes_by_rank) {
+    EXPECT_EQ(bytes, 256 * 16 * 4 / 4) << "rank " << rank;
+  }
+  CheckLoad(t, target, plan->tensors[0]);
+}
+
+TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
+  // Saved flat on 4 ranks, loaded as S(0) on 4: each rank reads exactly its quarter.
+  const Shape shape = {64, 32};
+  const CheckpointTensor t =
+      Saved("w", DType::kBF16, Flat(4, shape, "0:500;500:1024;1024:1600;1600:2048"));
+  const Layout target = Placed({4}, shape, "S(0)");
+  absl::StatusOr<LoadPlan> plan = PlanLoad({LoadTensor{&t, target}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const ReadRun& r : plan->tensors[0].runs) {
+    EXPECT_TRUE(target.Find(r.rank)->chunks[0].box.Contains(r.box)) << r.box.ToString();
+  }
+  CheckLoad(t, target, plan->tensors[0]);
+}
+
+TEST(PlanLoadTest, EveryLayoutKind) {
+  const Shape shape = {10, 7};
+  const std::vector<Layout> sources = {
+      Placed({4}, shape, "S(0)"),         Placed({2, 2}, shape, "S(1),R"), Placed({4}, shape, "R"),
+      Flat(3, shape, "0:30;30:31;31:70"), Placed({1}, shape, "R"),
+  };
+  const std::vector<Layout> targets = {
+      Placed({4}, shape, "S(0)"),
+      Placed({4}, shape, "S(1)"),
+      Placed({2, 2}, shape, "R,S(0)"),
+      Placed({2, 2}, shape, "S(0),S(1)"),
+      Placed({3}, shape, "R"),
+      Flat(4, shape, "0:17;17:40;40:41;41:70"),
+      Placed({4}, shape, "S(0,[1,0,6,3])"),
+  };
+  for (int64_t rows_per_block : {0, 1, 2}) {
+    for (const Layout& s : sources) {
+      const CheckpointTensor t = Saved("x", DType::kI32, s, rows_per_block);
+      for (const Layout& target : targets) {
+        absl::StatusOr<LoadPlan> plan = PlanLoad({LoadTensor{&t, target}});
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        EXPECT_EQ(plan->total_bytes, 70 * 4);
+        SCOPED_TRACE(s.SpecString() + " -> " + target.SpecString());
+        CheckLoad(t, target, plan->tensors[0]);
+      }
+    }
+  }
+}
+
+TEST(PlanLoadTest, ScalarsAndEmptyTensors) {
+  const CheckpointTensor s = Saved("s", DType::kF64, Placed({2}, {}, "R"));
+  const Layout target = Placed({3}, {}, "R");
+  absl::StatusOr<LoadPlan> plan = PlanLoad({LoadTensor{&s, target}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->total_bytes, 8);
+  CheckLoad(s, target, plan->tensors[0]);
+  CheckpointTensor empty;
+  empty.name = "e";
+  empty.shape = {0, 4};
+  absl::StatusOr<LoadPlan> none = PlanLoad({LoadTensor{&empty, Placed({2}, {0, 4}, "S(0)")}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->total_bytes, 0);
+}
+
+TEST(PlanLoadTest, RefusesShapeMismatchAndPartial) {
+  const CheckpointTensor t = Saved("w", DType::kF32, Placed({2}, {4, 4}, "S(0)"));
+  EXPECT_THAT(PlanLoad({LoadTensor{&t, Placed({2}, {4, 5}, "S(0)")}}).status().message(),
+              HasSubstr("shape"));
+  EXPECT_FALSE(PlanLoad({LoadTensor{&t, Placed({2}, {4, 4}, "P")}}).ok());
+}
+
+}  // namespace
+}  // namespace shardcoord

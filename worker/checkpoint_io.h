@@ -1,0 +1,44 @@
+#ifndef SHARDCOORD_WORKER_CHECKPOINT_IO_H_
+#define SHARDCOORD_WORKER_CHECKPOINT_IO_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/shardcoord.pb.h"
+#include "worker/buffer_store.h"
+#include "worker/memory_space.h"
+
+namespace shardcoord {
+
+// A worker's side of checkpoints (issue 13): the only code that touches checkpoint storage.
+// The coordinator plans who writes and reads what (sharding/checkpoint_plan.h) and sends each
+// worker its part; no tensor byte passes through the coordinator. gRPC-free; the Worker
+// service adapts it. Thread-safe (each call works on its own files; buffers are shared_ptrs).
+//
+// Files are written with write(2) from the buffers' memory and fsynced before the call
+// returns, and read with pread(2) straight into the new buffer (host memory) or through a
+// host staging buffer of at most kStagingBytes (other memory spaces: a GPU). Every byte
+// written is hashed (XXH64 of each entry, and of each block of rows) and every byte read is
+// checked against the hashes the coordinator took from index.json.
+class CheckpointIo {
+ public:
+  static constexpr int64_t kStagingBytes = int64_t{8} << 20;
+
+  // `space` (null: host memory) is where new buffers go; both must outlive this.
+  CheckpointIo(BufferStore* buffers, MemorySpace* space = nullptr);
+
+  absl::StatusOr<v1::WriteCheckpointResponse> Write(const v1::WriteCheckpointRequest& request);
+  absl::StatusOr<v1::ReadCheckpointResponse> Read(const v1::ReadCheckpointRequest& request);
+  absl::StatusOr<v1::ReadCheckpointIndexResponse> ReadIndex(
+      const v1::ReadCheckpointIndexRequest& request);
+  absl::Status Dir(const v1::CheckpointDirRequest& request);
+
+ private:
+  BufferStore* const buffers_;
+  MemorySpace* const space_;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_WORKER_CHECKPOINT_IO_H_
