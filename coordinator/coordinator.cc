@@ -22,7 +22,9 @@ class DeathLogger : public WorkerListener {
   }
 };
 
-std::unique_ptr<StateStore> OpenStore(const std::string& dir, absl::Status* status) {
+std::shared_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
+  if (options.store != nullptr) return options.store;
+  const std::string& dir = options.state_dir;
   if (dir.empty()) return std::make_unique<MemoryStateStore>();
   absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
   if (store.ok()) return *std::move(store);
@@ -50,7 +52,7 @@ absl::StatusOr<int64_t> NextBoot(StateStore* store) {
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       metrics_(&registry_),
-      store_(OpenStore(options_.state_dir, &init_status_)),
+      store_(OpenStore(options_, &init_status_)),
       workers_(&clock_, options_.heartbeat_timeout, store_.get()),
       meshes_(&workers_, store_.get()),
       tensors_(&meshes_, store_.get()),
@@ -59,7 +61,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
       kv_(&timer_) {
   std::string id_namespace;
-  if (init_status_.ok() && !options_.state_dir.empty()) {
+  if (init_status_.ok() && (!options_.state_dir.empty() || options_.store != nullptr)) {
     init_status_ = workers_.Load();
     if (init_status_.ok()) init_status_ = meshes_.Load();
     if (init_status_.ok()) {

@@ -253,10 +253,15 @@ absl::Status LeaderElection::Resign() {
 LeaderElection::State LeaderElection::AwaitDecided(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   auto decided = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return state_ != State::kCampaigning || stop_;
+    return state_ != State::kCampaigning || stop_ || interrupted_;
   };
   mu_.AwaitWithDeadline(absl::Condition(&decided), deadline);
   return state_;
+}
+
+void LeaderElection::Interrupt() {
+  absl::MutexLock lock(&mu_);
+  interrupted_ = true;
 }
 
 LeaderElection::State LeaderElection::state() const {

@@ -67,8 +67,10 @@ class LeaderElection : public LeaderFence {
   // leader key, so another coordinator can win without waiting for the TTL.
   absl::Status Resign();
 
-  // Blocks until this process leads, lost, or stopped, or until `deadline`.
+  // Blocks until this process leads, lost, or stopped, or until `deadline` or Interrupt.
   State AwaitDecided(absl::Time deadline = absl::InfiniteFuture()) const;
+  // Makes every AwaitDecided return now and from now on (a signal while standing by).
+  void Interrupt();
   State state() const;
   std::string lost_reason() const;
   // The leader key's value when it was last read (this process's own while it leads); ""
@@ -112,6 +114,7 @@ class LeaderElection : public LeaderFence {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
