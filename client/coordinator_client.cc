@@ -115,7 +115,13 @@ absl::StatusOr<Response> CoordinatorClient::Unary(grpc::Status (Stub::*method)(g
     const bool redirected = Note(index, context, status);
     if (status.ok()) return response;
     absl::Status s = FromGrpcStatus(status);
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    // CANCELLED: this client never cancels a unary call, so the server did. gRPC cancels the
+    // calls a server had not handed to a handler yet when it shut down (grpc/grpc#41785): a
+    // standby handing its port to the leader, a coordinator stopping. Retried as UNAVAILABLE
+    // (a change keeps its request_id, so it still takes effect once).
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kCancelled) {
+      return s;
+    }
     // A standby named the leader: go there at once (it counts as an attempt).
     if (redirected && absl::Now() < give_up) continue;
     // Backoff with jitter, so that clients a restart stopped together do not come back

@@ -43,15 +43,14 @@ void CoordinatorAddresses::Unavailable(size_t used, absl::string_view leader) {
     auto it = std::find(addresses_.begin(), addresses_.end(), leader);
     if (it != addresses_.end()) {
       current_ = static_cast<size_t>(it - addresses_.begin());
-      if (current_ != used) return;
-    } else if (addresses_.size() < kMaxAddresses) {
+      return;
+    }
+    if (addresses_.size() < kMaxAddresses) {
       addresses_.emplace_back(leader);
       current_ = addresses_.size() - 1;
       return;
     }
   }
-  // No leader named (or the one called names itself, having just lost or not yet won): the
-  // next in the list.
   current_ = (used + 1) % addresses_.size();
 }
 

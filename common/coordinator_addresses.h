@@ -38,8 +38,10 @@ class CoordinatorAddresses {
   // Index of the coordinator to call.
   size_t current() const;
   // The call to `used` was answered UNAVAILABLE, naming `leader` ("" when it named none):
-  // the next call goes to the leader (added when not in the list), or else to the address
-  // after `used`. Does nothing when another call already moved on from `used`.
+  // the next call goes to the leader (added when not in the list); when the leader named is
+  // `used` itself (the leader busy: a tensor recovering, etcd away), it stays; without a name
+  // (a coordinator that did not answer, or one just elected), the next address. Does nothing
+  // when another call already moved on from `used`.
   void Unavailable(size_t used, absl::string_view leader);
   // The call to `used` succeeded: keep calling it.
   void Succeeded(size_t used);

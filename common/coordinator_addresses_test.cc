@@ -25,7 +25,9 @@ TEST(CoordinatorAddressesTest, RotatesWithoutAHintAndFollowsOne) {
   EXPECT_EQ(a.current(), 1u);
   a.Unavailable(1, "c:3");  // b:2 is a standby naming c:3.
   EXPECT_EQ(a.at(a.current()), "c:3");
-  a.Unavailable(2, "c:3");  // c:3 names itself (it just lost leadership): move on.
+  a.Unavailable(2, "c:3");  // The leader itself is busy (a tensor recovering): stay.
+  EXPECT_EQ(a.current(), 2u);
+  a.Unavailable(2, "");  // c:3 does not answer: move on.
   EXPECT_EQ(a.current(), 0u);
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/tls_options.h"
+#include "coordinator/grpc_leader_hint.h"
 #include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
@@ -173,6 +174,9 @@ absl::StatusOr<std::string> Coordinator::Start() {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds,
                                                    metrics_.rpc_message_bytes));
+  if (!options_.leader_hint.empty()) {
+    interceptors.push_back(MakeLeaderHintInterceptor(options_.leader_hint));
+  }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

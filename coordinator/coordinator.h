@@ -63,6 +63,9 @@ struct CoordinatorOptions {
   // (coordinator/etcd_state_store.h) for a coordinator that won the leader election; it is
   // loaded and recovered exactly as a restarted coordinator's SQLite state.
   std::shared_ptr<StateStore> store;
+  // The elected leader's advertised HOST:PORT: every answer names it in the trailing metadata
+  // shardcoord-leader (coordinator/grpc_leader_hint.h); empty: nothing is added.
+  std::string leader_hint;
   // After a restart, how long a recovered tensor waits for the workers that held its
   // chunks to register again; chunks of those still missing then are lost.
   absl::Duration recovery_timeout = absl::Seconds(15);

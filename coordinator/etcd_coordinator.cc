@@ -49,7 +49,8 @@ std::string EtcdCoordinator::state_description() const {
 }
 
 std::string EtcdCoordinator::leader_address() const {
-  return election_ == nullptr ? "" : LeaderAddress(election_->leader_value());
+  if (election_ == nullptr || election_->state() == LeaderElection::State::kLeading) return "";
+  return LeaderAddress(election_->leader_value());
 }
 
 absl::StatusOr<std::string> EtcdCoordinator::Start() {
@@ -92,23 +93,27 @@ absl::StatusOr<bool> EtcdCoordinator::AwaitLeadership() {
   }
   spdlog::info("elected leader ({}, lease {}); loading the state", state_description(),
                election_->lease_id());
-  // The leader's servers take over the standby's ports.
-  const std::string health = standby_->health_address();
-  standby_->Shutdown();
   EtcdStateStoreOptions so;
   so.prefix = etcd_options_.prefix;
   absl::StatusOr<std::unique_ptr<EtcdStateStore>> store =
       EtcdStateStore::Open(etcd_, election_.get(), &clock_, so);
   if (!store.ok()) {
+    standby_->Shutdown();
     election_->Resign().IgnoreError();
     return store.status();
   }
   CoordinatorOptions o = options_;
   o.store = *std::move(store);
   o.listen = address_;
-  if (!health.empty()) o.health_listen = health;
+  o.leader_hint = advertise_;
+  if (!standby_->health_address().empty()) o.health_listen = standby_->health_address();
+  // Loads and reconciles the state while the standby still answers ("no leader serves yet").
   coordinator_ = std::make_unique<Coordinator>(std::move(o));
+  // The leader's servers bind the standby's ports beside it (gRPC sets SO_REUSEPORT), then the
+  // standby stops: no moment without a listener, and calls the standby had not taken yet
+  // when it stopped are few (gRPC cancels those: clients retry CANCELLED as UNAVAILABLE).
   absl::StatusOr<std::string> serving = coordinator_->Start();
+  standby_->Shutdown();
   if (!serving.ok()) {
     coordinator_->Shutdown();
     election_->Resign().IgnoreError();

@@ -16,8 +16,8 @@ class Refusal : public grpc::ServerGenericBidiReactor {
           const std::string& where) {
     std::string message;
     if (leader.empty()) {
-      message = absl::StrCat(ctx->method(), ": this coordinator is a standby and no leader is ",
-                             "elected yet (", where, "); retry");
+      message = absl::StrCat(ctx->method(), ": this coordinator is a standby and no leader ",
+                             "serves yet (", where, "); retry");
     } else {
       ctx->AddTrailingMetadata(kLeaderMetadataKey, leader);
       message = absl::StrCat(ctx->method(), ": this coordinator is a standby; the leader is ",

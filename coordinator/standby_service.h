@@ -23,8 +23,9 @@ namespace shardcoord {
 
 class StandbyService : public grpc::CallbackGenericService {
  public:
-  // `leader` returns the leader's HOST:PORT ("" when none is known); `where` names the
-  // election for messages ("etcd://127.0.0.1:2379 /shardcoord/default").
+  // `leader` returns the leader's HOST:PORT ("" when none is known, or when this coordinator
+  // was just elected and loads the state: nobody serves yet); `where` names the election for
+  // messages ("etcd://127.0.0.1:2379 /shardcoord/default").
   StandbyService(std::function<std::string()> leader, std::string where);
 
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;

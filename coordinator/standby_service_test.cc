@@ -107,7 +107,8 @@ TEST_F(StandbyServiceTest, NoLeaderYetSaysSoWithoutAHint) {
   v1::ListTensorsResponse resp;
   grpc::Status s = coordinator->ListTensors(&ctx, v1::ListTensorsRequest(), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(s.error_message().find("no leader"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("no leader serves yet"), std::string::npos)
+      << s.error_message();
   EXPECT_EQ(Trailer(ctx), "");
 }
 
@@ -116,15 +117,24 @@ TEST_F(StandbyServiceTest, NotReadyButAliveAndShutdownFreesThePorts) {
   EXPECT_EQ(Health(server_->address(), "liveness"), HealthCheckResponse::SERVING);
   EXPECT_EQ(Health(server_->health_address(), ""), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(Health(server_->health_address(), "liveness"), HealthCheckResponse::SERVING);
+  // The leader's server binds the same port while the standby still serves (gRPC sets
+  // SO_REUSEPORT), then the standby stops: its health port too is free afterwards.
   const std::string address = server_->address();
-  server_->Shutdown();
-  // The leader's server binds the same port next.
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   std::unique_ptr<grpc::Server> next = builder.BuildAndStart();
   ASSERT_NE(next, nullptr);
   EXPECT_EQ(address.substr(address.rfind(':') + 1), std::to_string(port));
+  const std::string health = server_->health_address();
+  server_->Shutdown();
+  grpc::ServerBuilder health_builder;
+  int health_port = 0;
+  health_builder.AddListeningPort(health, grpc::InsecureServerCredentials(), &health_port);
+  std::unique_ptr<grpc::Server> health_next = health_builder.BuildAndStart();
+  ASSERT_NE(health_next, nullptr);
+  EXPECT_NE(health_port, 0);
+  health_next->Shutdown();
   next->Shutdown();
 }
 
