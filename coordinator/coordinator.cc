@@ -211,8 +211,12 @@ void Coordinator::HealthLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick);
     if (stopping_) break;
     mu_.Unlock();
-    metrics_.heartbeats_missed->Increment(
-        static_cast<double>(workers_.CheckHealth(clock_.Now()).size()));
+    const absl::Time now = clock_.Now();
+    // Heartbeats missed while handlers waited on the state store (etcd away) are not the
+    // workers' fault: no deaths until a heartbeat timeout after the trouble.
+    if (now - store_->LastTrouble() >= options_.heartbeat_timeout) {
+      metrics_.heartbeats_missed->Increment(static_cast<double>(workers_.CheckHealth(now).size()));
+    }
     mu_.Lock();
   }
 }

@@ -65,6 +65,11 @@ std::string EtcdStateStore::Describe() const {
   return absl::StrCat(etcd_->Describe(), " ", options_.prefix);
 }
 
+absl::Time EtcdStateStore::LastTrouble() const {
+  const int64_t ns = trouble_unix_ns_;
+  return ns == std::numeric_limits<int64_t>::min() ? absl::InfinitePast() : absl::FromUnixNanos(ns);
+}
+
 int64_t EtcdStateStore::transactions() const {
   absl::MutexLock lock(&mu_);
   return transactions_;
@@ -120,10 +125,17 @@ absl::Status EtcdStateStore::Commit(std::vector<etcdv3::RequestOp> ops) {
     return CompareFailed(*fence, *r, token, &applied);
   }
   const absl::Status& s = r.status();
+  NoteTrouble();
   if (s.code() == absl::StatusCode::kUnavailable) {
     return absl::UnavailableError(absl::StrCat(s.message(), " (nothing was written)"));
   }
-  if (Transient(s.code())) return Resolve(*fence, token);
+  if (Transient(s.code())) {
+    waiting_ = true;
+    absl::Status resolved = Resolve(*fence, token);
+    waiting_ = false;
+    NoteTrouble();
+    return resolved;
+  }
   return absl::InternalError(absl::StrCat("etcd refused a state write: ", s.message()));
 }
 
@@ -183,6 +195,10 @@ absl::Status EtcdStateStore::CommitInPieces(const std::vector<etcdv3::RequestOp>
 absl::Status EtcdStateStore::CommitUntilDone(const std::vector<etcdv3::RequestOp>& ops) {
   // Commits are idempotent (puts and deletes of fixed keys): repeating a piece that applied
   // is harmless, so pieces are simply retried from the start.
+  struct Done {
+    std::atomic<bool>* waiting;
+    ~Done() { *waiting = false; }
+  } done{&waiting_};
   while (true) {
     absl::Status s = CommitInPieces(ops);
     if (s.ok()) return s;
@@ -192,6 +208,7 @@ absl::Status EtcdStateStore::CommitUntilDone(const std::vector<etcdv3::RequestOp
           absl::StrCat("a committed batch cannot be applied (", s.message(), ")"));
       return s;
     }
+    waiting_ = true;
     clock_->SleepFor(options_.retry);
   }
 }
@@ -298,6 +315,11 @@ absl::Status EtcdStateStore::Apply(const StateBatch& batch) {
           " per record here (raise etcd's --max-request-bytes and the coordinator's budget)"));
     }
     bytes += size;
+  }
+  if (waiting_) {
+    NoteTrouble();
+    return absl::UnavailableError(
+        "an earlier state write still waits for etcd's answer; nothing was written, retry");
   }
   absl::MutexLock lock(&mu_);
   if (static_cast<int>(ops.size()) + 1 <= options_.max_txn_ops &&

@@ -1,8 +1,10 @@
 #ifndef SHARDCOORD_COORDINATOR_ETCD_STATE_STORE_H_
 #define SHARDCOORD_COORDINATOR_ETCD_STATE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,12 +63,14 @@ class EtcdStateStore : public StateStore {
                                                               LeaderFence* fence, Clock* clock,
                                                               EtcdStateStoreOptions options);
 
-  // UNAVAILABLE: etcd unreachable, or this process does not lead (then nothing was applied);
+  // UNAVAILABLE: etcd unreachable, or this process does not lead, or an earlier write still
+  // waits for etcd's answer (then nothing was applied: such writes do not queue behind it);
   // RESOURCE_EXHAUSTED: one record exceeds max_txn_bytes; INTERNAL: etcd refused the write.
   absl::Status Apply(const StateBatch& batch) override;
   absl::StatusOr<std::vector<StateRecord>> LoadAll() const override;
   // "etcd://127.0.0.1:2379 /shardcoord/default".
   std::string Describe() const override;
+  absl::Time LastTrouble() const override;
 
   // Transactions written so far (tests: one per small batch).
   int64_t transactions() const;
@@ -107,6 +111,10 @@ class EtcdStateStore : public StateStore {
   int64_t token_mod_revision_ ABSL_GUARDED_BY(mu_) = 0;  // PREFIX/write after our last write.
   int64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t transactions_ ABSL_GUARDED_BY(mu_) = 0;
+  // A write waits for etcd (an unknown outcome, a journal being finished): others fail fast.
+  std::atomic<bool> waiting_{false};
+  std::atomic<int64_t> trouble_unix_ns_{std::numeric_limits<int64_t>::min()};
+  void NoteTrouble() { trouble_unix_ns_ = absl::ToUnixNanos(clock_->Now()); }
 };
 
 }  // namespace shardcoord

@@ -144,11 +144,18 @@ TEST_F(EtcdStateStoreTest, AWriteWhoseAnswerWasLostAndNotAppliedCanNeverApply) {
 
 TEST_F(EtcdStateStoreTest, EtcdUnreachableIsUnavailableAndWritesNothing) {
   std::unique_ptr<EtcdStateStore> store = Open(&election_);
+  EXPECT_EQ(store->LastTrouble(), absl::InfinitePast());
+  ASSERT_TRUE(store->Put("mesh", "a", "1").ok());
+  EXPECT_EQ(store->LastTrouble(), absl::InfinitePast());
   etcd_.set_down(true);
+  clock_.Advance(absl::Seconds(1));
+  const absl::Time failed_at = clock_.Now();
   EXPECT_EQ(store->Put("mesh", "m", "1").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(store->LoadAll().status().code(), absl::StatusCode::kUnavailable);
+  // The health check holds back deaths after such trouble.
+  EXPECT_EQ(store->LastTrouble(), failed_at);
   etcd_.set_down(false);
-  EXPECT_TRUE(etcd_.GetPrefix("/t/records/").empty());
+  EXPECT_FALSE(etcd_.Get("/t/records/mesh/m").has_value());
   ASSERT_TRUE(store->Put("mesh", "m", "1").ok());
 }
 

@@ -2,6 +2,11 @@
 // etcd-server, started on free ports in TEST_TMPDIR): the JSON gateway's field names and
 // encodings, its errors, and endpoints that do not answer. Skips when etcd is not installed.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -116,6 +121,29 @@ TEST_F(EtcdClientTest, ADeadEndpointIsSkippedAndNoneAnsweringIsUnavailable) {
   EXPECT_NE(r.status().message().find(nobody), std::string::npos) << r.status();
   ASSERT_TRUE(etcd_->Restart().ok());
   EXPECT_TRUE(two.Range(get).ok());  // A kept connection to the old process is replaced.
+}
+
+TEST(HttpEtcdClientTest, AnEndpointThatNeverAnswersIsAnUnknownOutcome) {
+  // A listener that accepts connections (the kernel does) but never answers: an etcd that is
+  // starting, or stopped. The call ends with the request timeout, as an unknown outcome.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  HttpEtcdClientOptions o;
+  o.request_timeout = absl::Milliseconds(300);
+  HttpEtcdClient client({absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))}, o);
+  etcdv3::TxnRequest txn;
+  *txn.add_success() = PutOp("/k", "v");
+  absl::StatusOr<etcdv3::TxnResponse> r = client.Txn(txn);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnknown) << r.status();
+  EXPECT_EQ(client.LeaseKeepAlive(1).status().code(), absl::StatusCode::kUnknown);
+  close(fd);
 }
 
 TEST_F(EtcdClientTest, ElectionAndFencedStoreOnRealEtcd) {

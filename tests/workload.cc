@@ -162,8 +162,10 @@ void Workload::Upload() {
   while (true) {
     absl::StatusOr<v1::TensorInfo> t = client_->Upload(header, data);
     if (t.ok()) break;
+    // CANCELLED: a coordinator that stopped before taking the stream (grpc/grpc#41785).
     const absl::StatusCode code = t.status().code();
-    if ((code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kAborted) ||
+    if ((code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kAborted &&
+         code != absl::StatusCode::kCancelled) ||
         absl::Now() > give_up) {
       return Fail(absl::StrCat("upload ", name), t.status());
     }
