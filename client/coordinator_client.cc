@@ -252,8 +252,7 @@ absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
   request.set_plan_id(plan_id);
   size_t index;
   std::shared_ptr<Stub> stub = Current(&index);
-  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader =
-      stub->WatchPlan(&context, request);
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader = stub->WatchPlan(&context, request);
   v1::PlanProgress last;
   bool any = false;
   v1::PlanProgress progress;

@@ -27,8 +27,8 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdUrl(absl::string_view flag,
                                                       absl::string_view url) {
   constexpr absl::string_view kScheme = "etcd://";
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", flag, ": '", url, "' ", why, " (expected etcd://HOST:PORT[,HOST:PORT...])"));
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", url, "' ", why,
+                                                   " (expected etcd://HOST:PORT[,HOST:PORT...])"));
   };
   if (!absl::StartsWith(url, kScheme)) return bad("does not start with etcd://");
   std::vector<std::string> endpoints;

@@ -46,8 +46,8 @@ class EtcdCoordinatorTest : public ::testing::Test {
 
   static grpc::Status ListWorkers(const std::string& address, v1::ListWorkersResponse* resp,
                                   std::string* trailer) {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    auto stub =
+        v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), resp);
     *trailer = Trailer(ctx);

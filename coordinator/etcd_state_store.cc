@@ -39,8 +39,7 @@ EtcdStateStore::EtcdStateStore(EtcdClient* etcd, LeaderFence* fence, Clock* cloc
 
 absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(
     EtcdClient* etcd, LeaderFence* fence, Clock* clock, EtcdStateStoreOptions options) {
-  std::unique_ptr<EtcdStateStore> store(
-      new EtcdStateStore(etcd, fence, clock, std::move(options)));
+  std::unique_ptr<EtcdStateStore> store(new EtcdStateStore(etcd, fence, clock, std::move(options)));
   etcdv3::RangeRequest read;
   read.set_key(store->TokenKey());
   absl::StatusOr<etcdv3::RangeResponse> token = etcd->Range(read);
@@ -166,7 +165,8 @@ absl::Status EtcdStateStore::Resolve(const etcdv3::Compare& fence, const std::st
       return CompareFailed(fence, *r, token, &applied);
     }
     if (!Transient(r.status().code())) {
-      return absl::InternalError(absl::StrCat("etcd refused a state write: ", r.status().message()));
+      return absl::InternalError(
+          absl::StrCat("etcd refused a state write: ", r.status().message()));
     }
     clock_->SleepFor(options_.retry);
   }
@@ -204,8 +204,7 @@ absl::Status EtcdStateStore::CommitUntilDone(const std::vector<etcdv3::RequestOp
     if (s.ok()) return s;
     if (!fence_->Fence().ok()) return s;  // The next leader finishes the journal.
     if (s.code() != absl::StatusCode::kUnavailable) {
-      fence_->FenceFailed(
-          absl::StrCat("a committed batch cannot be applied (", s.message(), ")"));
+      fence_->FenceFailed(absl::StrCat("a committed batch cannot be applied (", s.message(), ")"));
       return s;
     }
     waiting_ = true;
@@ -276,14 +275,15 @@ absl::Status EtcdStateStore::ReplayJournals() {
       for (int64_t i = 0; i < commit->second; ++i) {
         auto it = pieces.find(i);
         if (it == pieces.end()) {
-          return absl::InternalError(absl::StrCat("state store: journal ", journal,
-                                                  " is committed but misses part ", i));
+          return absl::InternalError(
+              absl::StrCat("state store: journal ", journal, " is committed but misses part ", i));
         }
         bytes += it->second;
       }
       etcdv3::TxnRequest payload;
       if (!payload.ParseFromString(bytes)) {
-        return absl::InternalError(absl::StrCat("state store: journal ", journal, " does not parse"));
+        return absl::InternalError(
+            absl::StrCat("state store: journal ", journal, " does not parse"));
       }
       std::vector<etcdv3::RequestOp> ops(payload.success().begin(), payload.success().end());
       if (absl::Status s = CommitUntilDone(ops); !s.ok()) return s;
@@ -347,8 +347,8 @@ absl::StatusOr<std::vector<StateRecord>> EtcdStateStore::LoadAll() const {
       if (slash == absl::string_view::npos) {
         return absl::InternalError(absl::StrCat("state store: bad key '", kv.key(), "'"));
       }
-      out.push_back({std::string(rest.substr(0, slash)), std::string(rest.substr(slash + 1)),
-                     kv.value()});
+      out.push_back(
+          {std::string(rest.substr(0, slash)), std::string(rest.substr(slash + 1)), kv.value()});
     }
     if (!r->more() || r->kvs_size() == 0) break;
     read.set_key(r->kvs(r->kvs_size() - 1).key() + std::string(1, '\0'));

@@ -59,8 +59,8 @@ class EtcdStateStore : public StateStore {
  public:
   // Call once this process leads: finishes or discards a journal a previous leader left,
   // then returns the store. Errors as Apply's.
-  static absl::StatusOr<std::unique_ptr<EtcdStateStore>> Open(EtcdClient* etcd,
-                                                              LeaderFence* fence, Clock* clock,
+  static absl::StatusOr<std::unique_ptr<EtcdStateStore>> Open(EtcdClient* etcd, LeaderFence* fence,
+                                                              Clock* clock,
                                                               EtcdStateStoreOptions options);
 
   // UNAVAILABLE: etcd unreachable, or this process does not lead, or an earlier write still
@@ -76,8 +76,7 @@ class EtcdStateStore : public StateStore {
   int64_t transactions() const;
 
  private:
-  EtcdStateStore(EtcdClient* etcd, LeaderFence* fence, Clock* clock,
-                 EtcdStateStoreOptions options);
+  EtcdStateStore(EtcdClient* etcd, LeaderFence* fence, Clock* clock, EtcdStateStoreOptions options);
 
   std::string RecordKey(const std::string& kind, const std::string& name) const;
   std::string TokenKey() const;

@@ -96,7 +96,8 @@ std::optional<etcdv3::KeyValue> FakeEtcd::Get(const std::string& key) const {
 std::vector<etcdv3::KeyValue> FakeEtcd::GetPrefix(const std::string& prefix) const {
   absl::MutexLock lock(&mu_);
   std::vector<etcdv3::KeyValue> out;
-  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+  for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.rfind(prefix, 0) == 0;
+       ++it) {
     out.push_back(it->second);
   }
   return out;

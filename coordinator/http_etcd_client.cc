@@ -134,8 +134,7 @@ absl::Status HttpEtcdClient::Call(absl::string_view path, const google::protobuf
     }
     return absl::OkStatus();
   }
-  return absl::UnavailableError(
-      absl::StrCat("etcd unreachable: ", absl::StrJoin(refused, "; ")));
+  return absl::UnavailableError(absl::StrCat("etcd unreachable: ", absl::StrJoin(refused, "; ")));
 }
 
 absl::StatusOr<etcdv3::RangeResponse> HttpEtcdClient::Range(const etcdv3::RangeRequest& request) {

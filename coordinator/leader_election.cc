@@ -26,7 +26,8 @@ std::string LeaderValue(absl::string_view address, absl::string_view name) {
 
 std::string LeaderAddress(absl::string_view value) {
   for (absl::string_view line : absl::StrSplit(value, '\n')) {
-    if (absl::StartsWith(line, kAddressField)) return std::string(line.substr(kAddressField.size()));
+    if (absl::StartsWith(line, kAddressField))
+      return std::string(line.substr(kAddressField.size()));
   }
   return "";
 }

@@ -43,8 +43,7 @@ void PrintServing(const shardcoord::Coordinator& coordinator, const std::string&
   }
   std::printf("coordinator listening on %s\n", address.c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {} ({}, state {})", address, timings,
-               coordinator.state_description());
+  spdlog::info("listening on {} ({}, state {})", address, timings, coordinator.state_description());
   if (options.auth.has_value()) {
     spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
     if (options.auth->size() == 0)
@@ -287,8 +286,8 @@ int main(int argc, char** argv) {
     eo.advertise = advertise;
     eo.on_lost = [](const std::string& why) {
       // Stop acting at once: no answer, plan or write of this process may follow.
-      spdlog::critical("lost leadership: {}; exiting with status {} (restart me as a standby)",
-                       why, kLostLeadershipExit);
+      spdlog::critical("lost leadership: {}; exiting with status {} (restart me as a standby)", why,
+                       kLostLeadershipExit);
       spdlog::default_logger()->flush();
       std::_Exit(kLostLeadershipExit);
     };

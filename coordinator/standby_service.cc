@@ -53,8 +53,8 @@ absl::StatusOr<std::unique_ptr<StandbyServer>> StandbyServer::Start(
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   }
   const size_t colon = listen.rfind(':');
-  s->address_ = absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":",
-                             port);
+  s->address_ =
+      absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
   s->health_.Attach(s->server_.get());
   s->health_.SetReady(false);
   if (!health_listen.empty()) {

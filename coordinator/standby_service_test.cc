@@ -96,8 +96,7 @@ TEST_F(StandbyServiceTest, EveryCallIsUnavailableNamingTheLeader) {
   v1::RegisterWorkerRequest req;
   req.set_name("w0");
   v1::RegisterWorkerResponse resp;
-  EXPECT_EQ(workers->RegisterWorker(&ctx, req, &resp).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(workers->RegisterWorker(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(Trailer(ctx), "10.1.2.3:7400");
 }
 
@@ -107,8 +106,7 @@ TEST_F(StandbyServiceTest, NoLeaderYetSaysSoWithoutAHint) {
   v1::ListTensorsResponse resp;
   grpc::Status s = coordinator->ListTensors(&ctx, v1::ListTensorsRequest(), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_NE(s.error_message().find("no leader serves yet"), std::string::npos)
-      << s.error_message();
+  EXPECT_NE(s.error_message().find("no leader serves yet"), std::string::npos) << s.error_message();
   EXPECT_EQ(Trailer(ctx), "");
 }
 

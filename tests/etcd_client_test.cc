@@ -27,8 +27,9 @@ class EtcdClientTest : public ::testing::Test {
   void SetUp() override {
     absl::StatusOr<std::string> binary = EtcdProcess::FindBinary();
     if (!binary.ok()) GTEST_SKIP() << binary.status().message();
-    const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/etcd-",
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    const std::string dir =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/etcd-",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd =
         EtcdProcess::Start(dir, absl::StrCat(dir, ".log"));
     ASSERT_TRUE(etcd.ok()) << etcd.status();

@@ -26,10 +26,8 @@ class EtcdProcess {
   static absl::StatusOr<std::string> FindBinary();
 
   // `log_path`: where etcd's log goes (its stderr); empty: discarded.
-  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(std::string data_dir,
-                                                            std::string log_path = "",
-                                                            absl::Duration timeout =
-                                                                absl::Seconds(60));
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
+      std::string data_dir, std::string log_path = "", absl::Duration timeout = absl::Seconds(60));
 
   // "127.0.0.1:PORT" of its client URL.
   const std::string& endpoint() const { return endpoint_; }

@@ -86,10 +86,10 @@ class HaCluster {
       po.name = wname;
       po.echo_stdout = false;
       po.stderr_path = absl::StrCat(LogDir(), "/", name, "-", wname, ".log");
-      absl::StatusOr<std::unique_ptr<Process>> w = Process::Start(
-          {*worker, absl::StrCat("--coordinator=", c->all()), "--listen=127.0.0.1:0",
-           absl::StrCat("--name=", wname), "--backend=gloo", "--local-socket=off"},
-          po);
+      absl::StatusOr<std::unique_ptr<Process>> w =
+          Process::Start({*worker, absl::StrCat("--coordinator=", c->all()), "--listen=127.0.0.1:0",
+                          absl::StrCat("--name=", wname), "--backend=gloo", "--local-socket=off"},
+                         po);
       if (!w.ok()) return w.status();
       c->workers_.push_back(*std::move(w));
     }
@@ -123,10 +123,8 @@ class HaCluster {
     po.name = absl::StrCat("c", i);
     po.echo_stdout = false;
     po.stderr_path = absl::StrCat(LogDir(), "/", name_, "-c", i, ".", starts_++, ".log");
-    std::vector<std::string> argv = {coordinator_bin_,
-                                     absl::StrCat("--listen=", addresses_[i]),
-                                     "--http-listen=off",
-                                     absl::StrCat("--state=", etcd_->url()),
+    std::vector<std::string> argv = {coordinator_bin_, absl::StrCat("--listen=", addresses_[i]),
+                                     "--http-listen=off", absl::StrCat("--state=", etcd_->url()),
                                      absl::StrCat("--etcd-prefix=/", name_)};
     argv.insert(argv.end(), flags_.begin(), flags_.end());
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, po);
@@ -202,10 +200,10 @@ class HaTest : public ::testing::Test {
 };
 
 TEST_F(HaTest, LeaderKilledMidWorkload) {
-  constexpr int kKills = 3;
-  absl::StatusOr<std::unique_ptr<HaCluster>> started = HaCluster::Start(
-      "kill", {"--leader-ttl=5s", "--heartbeat-timeout=3s", "--heartbeat-interval=200ms",
-               "--recovery-timeout=60s"});
+  constexpr int kKills = 5;
+  absl::StatusOr<std::unique_ptr<HaCluster>> started =
+      HaCluster::Start("kill", {"--leader-ttl=5s", "--heartbeat-timeout=3s",
+                                "--heartbeat-interval=200ms", "--recovery-timeout=60s"});
   ASSERT_TRUE(started.ok()) << started.status();
   HaCluster& cluster = **started;
   ASSERT_TRUE(cluster.WaitForWorkersAlive(kStartTimeout).ok());
@@ -254,12 +252,12 @@ TEST_F(HaTest, LeaderKilledMidWorkload) {
 }
 
 TEST_F(HaTest, EtcdRestartedMidWorkload) {
-  constexpr int kRestarts = 3;
+  constexpr int kRestarts = 5;
   // The TTL bounds how long etcd may be away before the leader must stop acting (5/6 of it):
   // a restart of etcd takes about a second.
-  absl::StatusOr<std::unique_ptr<HaCluster>> started = HaCluster::Start(
-      "etcd", {"--leader-ttl=20s", "--heartbeat-timeout=3s", "--heartbeat-interval=200ms",
-               "--recovery-timeout=60s"});
+  absl::StatusOr<std::unique_ptr<HaCluster>> started =
+      HaCluster::Start("etcd", {"--leader-ttl=20s", "--heartbeat-timeout=3s",
+                                "--heartbeat-interval=200ms", "--recovery-timeout=60s"});
   ASSERT_TRUE(started.ok()) << started.status();
   HaCluster& cluster = **started;
   ASSERT_TRUE(cluster.WaitForWorkersAlive(kStartTimeout).ok());
@@ -303,8 +301,8 @@ TEST_F(HaTest, EtcdRestartedMidWorkload) {
   const WorkloadTotals totals = ExpectAcknowledgedState(cluster.client(), runner);
   EXPECT_EQ(cluster.Ranks(), ranks);
   std::cerr << "ha: etcd restarted after operations " << absl::StrJoin(points, ",") << "; "
-            << totals.acknowledged << " operations acknowledged, " << totals.refused
-            << " aborted, " << totals.checked << " tensors checked value by value\n";
+            << totals.acknowledged << " operations acknowledged, " << totals.refused << " aborted, "
+            << totals.checked << " tensors checked value by value\n";
 }
 
 }  // namespace

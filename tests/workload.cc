@@ -60,7 +60,7 @@ std::string Workload::Pick() {
 }
 
 const Workload::Placement& Workload::RandomPlacement() {
-  static const Placement kPlacements[] = {{"grid", "S(0),R"}, {"grid", "R,S(1)"},
+  static const Placement kPlacements[] = {{"grid", "S(0),R"},    {"grid", "R,S(1)"},
                                           {"grid", "S(1),S(0)"}, {"line", "S(0)"},
                                           {"line", "S(1)"},      {"line", "R"}};
   return kPlacements[std::uniform_int_distribution<size_t>(0, std::size(kPlacements) - 1)(rng_)];

@@ -61,7 +61,8 @@ std::shared_ptr<GrpcCoordinatorClient::Stub> GrpcCoordinatorClient::Current(size
   absl::MutexLock lock(&mu_);
   if (stubs_.size() <= *index) stubs_.resize(*index + 1);
   std::shared_ptr<Stub>& stub = stubs_[*index];
-  if (stub == nullptr) stub = v1::CoordinatorWorkers::NewStub(MakeChannel(addresses_.at(*index), tls_));
+  if (stub == nullptr)
+    stub = v1::CoordinatorWorkers::NewStub(MakeChannel(addresses_.at(*index), tls_));
   return stub;
 }
 

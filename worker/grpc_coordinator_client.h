@@ -61,8 +61,8 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
 
  private:
   using Stub = v1::CoordinatorWorkers::Stub;
-  GrpcCoordinatorClient(const std::string& addresses, absl::Duration rpc_timeout,
-                        std::string token, const TlsOptions& tls);
+  GrpcCoordinatorClient(const std::string& addresses, absl::Duration rpc_timeout, std::string token,
+                        const TlsOptions& tls);
 
   // A context with the deadline `timeout` from now and the token's metadata.
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
