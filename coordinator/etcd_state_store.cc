@@ -222,7 +222,7 @@ absl::Status EtcdStateStore::ApplyJournaled(const std::vector<etcdv3::RequestOp>
   const std::string bytes = payload.SerializeAsString();
   const size_t part_bytes = static_cast<size_t>(options_.max_txn_bytes - kTxnOverhead);
   const size_t parts = (bytes.size() + part_bytes - 1) / part_bytes;
-  auto discard = [&] {
+  auto discard = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     CommitInPieces({DeleteRangeOp(journal, PrefixRangeEnd(journal))}).IgnoreError();
   };
   for (size_t i = 0; i < parts; ++i) {
