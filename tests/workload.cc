@@ -247,7 +247,9 @@ WorkloadTotals ExpectAcknowledgedState(CoordinatorClient& client, const Workload
   // Only our tensors exist: nothing acted twice into a tensor the record does not know.
   absl::StatusOr<std::vector<v1::TensorInfo>> all = client.ListTensors();
   EXPECT_TRUE(all.ok()) << all.status();
-  if (all.ok()) EXPECT_EQ(static_cast<int64_t>(all->size()), totals.checked);
+  if (all.ok()) {
+    EXPECT_EQ(static_cast<int64_t>(all->size()), totals.checked);
+  }
   return totals;
 }
 
