@@ -61,7 +61,7 @@ HaClusterOptions Options(const std::string& name, std::vector<std::string> flags
 }
 
 std::map<std::string, int64_t> Ranks(HaCluster& cluster) {
-  absl::StatusOr<std::map<std::string, int64_t>> ranks = Ranks(cluster);
+  absl::StatusOr<std::map<std::string, int64_t>> ranks = cluster.Ranks();
   EXPECT_TRUE(ranks.ok()) << ranks.status();
   return ranks.value_or(std::map<std::string, int64_t>{});
 }
