@@ -189,7 +189,8 @@ Takeover RunTakeovers(const std::string& tmp, const std::string& log_dir, int re
     say(absl::StrCat("etcd takeover with ", out.tensors, " tensors: ", out.full.seconds.back(),
                      " s"));
   }
-  OrDie(DownloadAndCheck(cluster->client(), absl::StrCat("t", out.tensors - 1), DType::kF32, kShape,
+  CoordinatorClient leading(cluster->address(leader));  // Downloads are not retried.
+  OrDie(DownloadAndCheck(leading, absl::StrCat("t", out.tensors - 1), DType::kF32, kShape,
                          FillKind::kArange),
         "values after the takeovers");
   return out;

@@ -49,8 +49,13 @@ std::string EtcdCoordinator::state_description() const {
 }
 
 std::string EtcdCoordinator::leader_address() const {
-  if (election_ == nullptr || election_->state() == LeaderElection::State::kLeading) return "";
-  return LeaderAddress(election_->leader_value());
+  LeaderElection* election;
+  {
+    absl::MutexLock lock(&mu_);
+    election = election_view_;  // The standby's threads ask before the election exists.
+  }
+  if (election == nullptr || election->state() == LeaderElection::State::kLeading) return "";
+  return LeaderAddress(election->leader_value());
 }
 
 absl::StatusOr<std::string> EtcdCoordinator::Start() {
@@ -69,6 +74,10 @@ absl::StatusOr<std::string> EtcdCoordinator::Start() {
   eo.on_lost = etcd_options_.on_lost;
   eo.log = [](absl::string_view line) { spdlog::warn("{}", std::string(line)); };
   election_ = std::make_unique<LeaderElection>(etcd_, &clock_, std::move(eo));
+  {
+    absl::MutexLock lock(&mu_);
+    election_view_ = election_.get();
+  }
   election_->Start();
   return address_;
 }

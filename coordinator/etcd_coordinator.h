@@ -83,8 +83,9 @@ class EtcdCoordinator {
   std::string address_;
   std::string advertise_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  LeaderElection* election_view_ ABSL_GUARDED_BY(mu_) = nullptr;  // election_, once made.
 };
 
 }  // namespace shardcoord

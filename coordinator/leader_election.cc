@@ -1,6 +1,7 @@
 #include "coordinator/leader_election.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -115,12 +116,10 @@ void LeaderElection::Campaign() {
   }
   // Reading first: a transaction is a Raft write (a disk sync in etcd) even when its compare
   // fails, and a standby polls.
-  etcdv3::RangeRequest read;
-  read.set_key(options_.key);
-  absl::StatusOr<etcdv3::RangeResponse> current = etcd_->Range(read);
-  if (!current.ok()) return NoteError("read leader key", current.status());
+  std::optional<etcdv3::KeyValue> current;
+  if (!ReadKey(&current)) return;
   etcdv3::KeyValue kv;
-  if (current->kvs_size() == 0) {
+  if (!current.has_value()) {
     etcdv3::TxnRequest txn;
     *txn.add_compare() = CreateRevisionIs(options_.key, 0);
     *txn.add_success() = PutOp(options_.key, options_.value, lease);
@@ -147,7 +146,7 @@ void LeaderElection::Campaign() {
       kv = r->responses(0).response_range().kvs(0);
     }
   } else {
-    kv = current->kvs(0);
+    kv = *std::move(current);
   }
   absl::MutexLock lock(&mu_);
   if (kv.lease() != 0 && kv.lease() == lease) {
@@ -166,15 +165,25 @@ void LeaderElection::CheckKey() {
     absl::MutexLock lock(&mu_);
     mine = create_revision_;
   }
+  std::optional<etcdv3::KeyValue> key;
+  if (!ReadKey(&key)) return;
+  absl::MutexLock lock(&mu_);
+  if (!key.has_value() || key->create_revision() != mine) {
+    LoseLocked(!key.has_value() ? "the leader key was deleted"
+                                : "the leader key was taken over by another coordinator");
+  }
+}
+
+bool LeaderElection::ReadKey(std::optional<etcdv3::KeyValue>* key) {
   etcdv3::RangeRequest read;
   read.set_key(options_.key);
   absl::StatusOr<etcdv3::RangeResponse> r = etcd_->Range(read);
-  if (!r.ok()) return NoteError("read leader key", r.status());
-  absl::MutexLock lock(&mu_);
-  if (r->kvs_size() == 0 || r->kvs(0).create_revision() != mine) {
-    LoseLocked(r->kvs_size() == 0 ? "the leader key was deleted"
-                                  : "the leader key was taken over by another coordinator");
+  if (!r.ok()) {
+    NoteError("read leader key", r.status());
+    return false;
   }
+  if (r->kvs_size() > 0) *key = r->kvs(0);
+  return true;
 }
 
 absl::Time LeaderElection::Step() {

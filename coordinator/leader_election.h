@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -95,6 +96,8 @@ class LeaderElection : public LeaderFence {
   bool RenewLease(absl::Time now);
   void Campaign();
   void CheckKey();
+  // Reads the leader key into *key (nullopt: absent); false after an error (noted).
+  bool ReadKey(std::optional<etcdv3::KeyValue>* key);
 
   EtcdClient* const etcd_;
   Clock* const clock_;

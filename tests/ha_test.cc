@@ -72,19 +72,30 @@ class HaTest : public ::testing::Test {
     absl::StatusOr<std::string> etcd = EtcdProcess::FindBinary();
     if (!etcd.ok()) GTEST_SKIP() << etcd.status().message();
   }
+
+  // etcd, c0 leading and c1 standing by with `leader_ttl`, every worker alive, the
+  // workload's meshes; records the ranks.
+  void StartCluster(const std::string& name, const std::string& leader_ttl) {
+    absl::StatusOr<std::unique_ptr<HaCluster>> started = HaCluster::Start(
+        Options(name, {absl::StrCat("--leader-ttl=", leader_ttl), "--heartbeat-timeout=3s",
+                       "--heartbeat-interval=200ms", "--recovery-timeout=60s"}));
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = *std::move(started);
+    ASSERT_TRUE(cluster_->WaitForWorkersAlive(kStartTimeout).ok());
+    ASSERT_TRUE(MakeWorkloadMeshes(cluster_->client()).ok());
+    ranks_ = Ranks(*cluster_);
+    ASSERT_EQ(ranks_.size(), static_cast<size_t>(kWorkers));
+  }
+
+  std::unique_ptr<HaCluster> cluster_;
+  std::map<std::string, int64_t> ranks_;
 };
 
 TEST_F(HaTest, LeaderKilledMidWorkload) {
   constexpr int kKills = 5;
-  absl::StatusOr<std::unique_ptr<HaCluster>> started =
-      HaCluster::Start(Options("kill", {"--leader-ttl=5s", "--heartbeat-timeout=3s",
-                                        "--heartbeat-interval=200ms", "--recovery-timeout=60s"}));
-  ASSERT_TRUE(started.ok()) << started.status();
-  HaCluster& cluster = **started;
-  ASSERT_TRUE(cluster.WaitForWorkersAlive(kStartTimeout).ok());
-  ASSERT_TRUE(MakeWorkloadMeshes(cluster.client()).ok());
-  const std::map<std::string, int64_t> ranks = Ranks(cluster);
-  ASSERT_EQ(ranks.size(), static_cast<size_t>(kWorkers));
+  ASSERT_NO_FATAL_FAILURE(StartCluster("kill", "5s"));
+  HaCluster& cluster = *cluster_;
+  const std::map<std::string, int64_t>& ranks = ranks_;
 
   WorkloadRunner runner(kClients, cluster.all(), kSeed, kRetryFor);
   Progress& progress = runner.progress();
@@ -130,14 +141,9 @@ TEST_F(HaTest, EtcdRestartedMidWorkload) {
   constexpr int kRestarts = 5;
   // The TTL bounds how long etcd may be away before the leader must stop acting (5/6 of it):
   // a restart of etcd takes about a second.
-  absl::StatusOr<std::unique_ptr<HaCluster>> started =
-      HaCluster::Start(Options("etcd", {"--leader-ttl=20s", "--heartbeat-timeout=3s",
-                                        "--heartbeat-interval=200ms", "--recovery-timeout=60s"}));
-  ASSERT_TRUE(started.ok()) << started.status();
-  HaCluster& cluster = **started;
-  ASSERT_TRUE(cluster.WaitForWorkersAlive(kStartTimeout).ok());
-  ASSERT_TRUE(MakeWorkloadMeshes(cluster.client()).ok());
-  const std::map<std::string, int64_t> ranks = Ranks(cluster);
+  ASSERT_NO_FATAL_FAILURE(StartCluster("etcd", "20s"));
+  HaCluster& cluster = *cluster_;
+  const std::map<std::string, int64_t>& ranks = ranks_;
 
   WorkloadRunner runner(kClients, cluster.all(), kSeed + 1, kRetryFor);
   Progress& progress = runner.progress();
