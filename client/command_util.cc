@@ -57,9 +57,10 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
   app->fallthrough();
   RejectConflictingRepeats(
       app->add_option("--coordinator", flags->coordinator,
-                      "Coordinator address host:port (default: $SHARDCOORD_ADDR, then "
-                      "127.0.0.1:7400)"))
-      ->type_name("HOST:PORT")
+                      "Coordinator address host:port, or all of several coordinators on etcd "
+                      "(host:port,host:port: calls follow the leader) (default: "
+                      "$SHARDCOORD_ADDR, then 127.0.0.1:7400)"))
+      ->type_name("HOST:PORT[,...]")
       ->group(kGlobalFlagsGroup);
   RejectConflictingRepeats(
       app->add_option("--token", flags->token,
@@ -85,8 +86,9 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
       ->group(kGlobalFlagsGroup);
   RejectConflictingRepeats(
       app->add_option("--wait", flags->wait,
-                      "Retry a call the coordinator answers UNAVAILABLE (restarting, recovering) "
-                      "for up to this long, with backoff; changes are retried with the same "
+                      "Retry a call the coordinator answers UNAVAILABLE (restarting, recovering, "
+                      "a standby: then at the leader) for up to this long, with backoff; changes "
+                      "are retried with the same "
                       "request id, so they take effect once (0s: no retry; default: "
                       "$SHARDCOORD_WAIT, else 30s)"))
       ->type_name("DURATION")

@@ -35,15 +35,49 @@ std::string DefaultCoordinatorAddress() {
 }
 
 CoordinatorClient::CoordinatorClient(const std::string& address, CoordinatorClientOptions options)
-    : CoordinatorClient(MakeChannel(address, options.tls), address, options) {}
+    : address_(address),
+      options_(options),
+      addresses_(std::make_unique<CoordinatorAddresses>(address)) {
+  options_.upload_chunk_bytes =
+      std::clamp<size_t>(options_.upload_chunk_bytes, 1, kMaxDataMessageBytes);
+}
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel,
                                      std::string address, CoordinatorClientOptions options)
-    : address_(std::move(address)),
-      options_(options),
-      stub_(v1::Coordinator::NewStub(std::move(channel))) {
-  options_.upload_chunk_bytes =
-      std::clamp<size_t>(options_.upload_chunk_bytes, 1, kMaxDataMessageBytes);
+    : CoordinatorClient(address, options) {
+  absl::MutexLock lock(&mu_);
+  stubs_.push_back(v1::Coordinator::NewStub(std::move(channel)));
+}
+
+std::string CoordinatorClient::current_address() const {
+  return addresses_->at(addresses_->current());
+}
+
+std::shared_ptr<CoordinatorClient::Stub> CoordinatorClient::Current(size_t* index) {
+  *index = addresses_->current();
+  absl::MutexLock lock(&mu_);
+  if (stubs_.size() <= *index) stubs_.resize(*index + 1);
+  std::shared_ptr<Stub>& stub = stubs_[*index];
+  if (stub == nullptr) {
+    stub = v1::Coordinator::NewStub(MakeChannel(addresses_->at(*index), options_.tls));
+  }
+  return stub;
+}
+
+bool CoordinatorClient::Note(size_t index, const grpc::ClientContext& context,
+                             const grpc::Status& status) {
+  if (status.ok()) {
+    addresses_->Succeeded(index);
+    return false;
+  }
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  std::string leader;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kLeaderMetadataKey); it != trailers.end()) {
+    leader.assign(it->second.data(), it->second.size());
+  }
+  addresses_->Unavailable(index, leader);
+  return !leader.empty() && addresses_->current() != index;
 }
 
 std::string NewRequestId() {
@@ -75,10 +109,21 @@ absl::StatusOr<Response> CoordinatorClient::Unary(grpc::Status (Stub::*method)(g
     grpc::ClientContext context;
     SetDeadline(&context, timeout);
     Response response;
-    const grpc::Status status = ((*stub_).*method)(&context, request, &response);
+    size_t index;
+    std::shared_ptr<Stub> stub = Current(&index);
+    const grpc::Status status = ((*stub).*method)(&context, request, &response);
+    const bool redirected = Note(index, context, status);
     if (status.ok()) return response;
     absl::Status s = FromGrpcStatus(status);
-    if (s.code() != absl::StatusCode::kUnavailable) return s;
+    // CANCELLED: this client never cancels a unary call, so the server did. gRPC cancels the
+    // calls a server had not handed to a handler yet when it shut down (grpc/grpc#41785): a
+    // standby handing its port to the leader, a coordinator stopping. Retried as UNAVAILABLE
+    // (a change keeps its request_id, so it still takes effect once).
+    if (s.code() != absl::StatusCode::kUnavailable && s.code() != absl::StatusCode::kCancelled) {
+      return s;
+    }
+    // A standby named the leader: go there at once (it counts as an attempt).
+    if (redirected && absl::Now() < give_up) continue;
     // Backoff with jitter, so that clients a restart stopped together do not come back
     // together.
     const absl::Duration sleep = pause * absl::Uniform(gen, 0.5, 1.0);
@@ -229,8 +274,9 @@ absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
   SetDeadline(&context, options_.data_timeout);
   v1::WatchPlanRequest request;
   request.set_plan_id(plan_id);
-  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader =
-      stub_->WatchPlan(&context, request);
+  size_t index;
+  std::shared_ptr<Stub> stub = Current(&index);
+  std::unique_ptr<grpc::ClientReader<v1::PlanProgress>> reader = stub->WatchPlan(&context, request);
   v1::PlanProgress last;
   bool any = false;
   v1::PlanProgress progress;
@@ -240,6 +286,7 @@ absl::StatusOr<v1::PlanProgress> CoordinatorClient::WatchPlan(
     any = true;
   }
   const grpc::Status status = reader->Finish();
+  Note(index, context, status);
   if (!status.ok()) return FromGrpcStatus(status);
   if (!any) {
     return absl::InternalError(absl::StrCat("WatchPlan '", plan_id, "' ended without progress"));
@@ -275,7 +322,9 @@ absl::StatusOr<v1::TensorInfo> CoordinatorClient::UploadFrom(const v1::TensorHea
   grpc::ClientContext context;
   SetDeadline(&context, options_.data_timeout);
   v1::UploadResponse response;
-  std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = stub_->Upload(&context, &response);
+  size_t index;
+  std::shared_ptr<Stub> stub = Current(&index);
+  std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = stub->Upload(&context, &response);
   const int64_t total = header.total_bytes();
 
   // The header travels alone so that the server can reject it before any data arrives.
@@ -302,6 +351,7 @@ absl::StatusOr<v1::TensorInfo> CoordinatorClient::UploadFrom(const v1::TensorHea
   }
   if (open) writer->WritesDone();
   const grpc::Status status = writer->Finish();
+  Note(index, context, status);
   if (!status.ok()) return FromGrpcStatus(status);
   if (sent != total) {
     return absl::InternalError(absl::StrCat("upload of '", header.name(), "': the server accepted ",
@@ -336,7 +386,9 @@ absl::StatusOr<v1::TensorHeader> CoordinatorClient::DownloadTo(const std::string
   SetDeadline(&context, options_.data_timeout);
   v1::DownloadRequest request;
   request.set_name(name);
-  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = stub_->Download(&context, request);
+  size_t index;
+  std::shared_ptr<Stub> stub = Current(&index);
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = stub->Download(&context, request);
   v1::TensorHeader header;
   bool have_header = false;
   int64_t received = 0;
@@ -376,6 +428,7 @@ absl::StatusOr<v1::TensorHeader> CoordinatorClient::DownloadTo(const std::string
     return error;
   }
   const grpc::Status status = reader->Finish();
+  Note(index, context, status);
   if (!status.ok()) return FromGrpcStatus(status);
   if (!have_header) {
     return absl::InternalError(absl::StrCat("download of '", name, "': the stream was empty"));

@@ -13,10 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/coordinator_addresses.h"
 #include "common/tls_options.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -25,7 +28,8 @@
 
 namespace shardcoord {
 
-// $SHARDCOORD_ADDR when set and non-empty, else "127.0.0.1:7400".
+// $SHARDCOORD_ADDR when set and non-empty, else "127.0.0.1:7400". Either may list several
+// coordinators: "host:port,host:port".
 std::string DefaultCoordinatorAddress();
 
 // Protocol limit on the data carried by one TensorData message.
@@ -66,13 +70,19 @@ using ProgressCallback = std::function<void(int64_t done, int64_t total)>;
 class CoordinatorClient {
  public:
   // Connects (lazily, on the first RPC) to `address` ("host:port"), with TLS when
-  // options.tls is enabled.
+  // options.tls is enabled. Several coordinators on etcd, one leading: `address` lists them
+  // all ("host:port,host:port"); a call answered UNAVAILABLE goes next to the leader the
+  // answer named (a standby's trailing metadata `shardcoord-leader`) or else to the next
+  // address, within the retry loop (retry_for). Streams are not retried but move on likewise.
   explicit CoordinatorClient(const std::string& address, CoordinatorClientOptions options = {});
   // Uses an existing channel (tests use a server's in-process channel).
   CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel, std::string address,
                     CoordinatorClientOptions options = {});
 
+  // The address (list) given.
   const std::string& address() const { return address_; }
+  // The coordinator the next call goes to.
+  std::string current_address() const;
   const CoordinatorClientOptions& options() const { return options_; }
 
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
@@ -162,10 +172,18 @@ class CoordinatorClient {
 
   // Sets the deadline `timeout` from now, and the token's metadata if there is one.
   void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const;
+  // The stub of the coordinator to call now, and its index in addresses_.
+  std::shared_ptr<Stub> Current(size_t* index);
+  // A call to addresses_[index] ended with `status`: after UNAVAILABLE the next call goes to
+  // the leader it named, or the next address. True when that is another coordinator because
+  // a leader was named (worth trying at once).
+  bool Note(size_t index, const grpc::ClientContext& context, const grpc::Status& status);
 
   std::string address_;
   CoordinatorClientOptions options_;
-  std::unique_ptr<Stub> stub_;
+  std::unique_ptr<CoordinatorAddresses> addresses_;
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<Stub>> stubs_ ABSL_GUARDED_BY(mu_);  // By address index.
 };
 
 }  // namespace shardcoord

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/tls_options.h"
+#include "coordinator/grpc_leader_hint.h"
 #include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
@@ -22,7 +23,9 @@ class DeathLogger : public WorkerListener {
   }
 };
 
-std::unique_ptr<StateStore> OpenStore(const std::string& dir, absl::Status* status) {
+std::shared_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
+  if (options.store != nullptr) return options.store;
+  const std::string& dir = options.state_dir;
   if (dir.empty()) return std::make_unique<MemoryStateStore>();
   absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
   if (store.ok()) return *std::move(store);
@@ -50,7 +53,7 @@ absl::StatusOr<int64_t> NextBoot(StateStore* store) {
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)),
       metrics_(&registry_),
-      store_(OpenStore(options_.state_dir, &init_status_)),
+      store_(OpenStore(options_, &init_status_)),
       workers_(&clock_, options_.heartbeat_timeout, store_.get()),
       meshes_(&workers_, store_.get()),
       tensors_(&meshes_, store_.get()),
@@ -59,7 +62,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
       kv_(&timer_) {
   std::string id_namespace;
-  if (init_status_.ok() && !options_.state_dir.empty()) {
+  if (init_status_.ok() && (!options_.state_dir.empty() || options_.store != nullptr)) {
     init_status_ = workers_.Load();
     if (init_status_.ok()) init_status_ = meshes_.Load();
     if (init_status_.ok()) {
@@ -197,6 +200,9 @@ absl::StatusOr<std::string> Coordinator::Start() {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds,
                                                    metrics_.rpc_message_bytes));
+  if (!options_.leader_hint.empty()) {
+    interceptors.push_back(MakeLeaderHintInterceptor(options_.leader_hint));
+  }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
@@ -231,8 +237,12 @@ void Coordinator::HealthLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick);
     if (stopping_) break;
     mu_.Unlock();
-    metrics_.heartbeats_missed->Increment(
-        static_cast<double>(workers_.CheckHealth(clock_.Now()).size()));
+    const absl::Time now = clock_.Now();
+    // Heartbeats missed while handlers waited on the state store (etcd away) are not the
+    // workers' fault: no deaths until a heartbeat timeout after the trouble.
+    if (now - store_->LastTrouble() >= options_.heartbeat_timeout) {
+      metrics_.heartbeats_missed->Increment(static_cast<double>(workers_.CheckHealth(now).size()));
+    }
     mu_.Lock();
   }
 }

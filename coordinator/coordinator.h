@@ -61,6 +61,13 @@ struct CoordinatorOptions {
   // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
   // at start (see docs/decisions.md). Two coordinators cannot share one.
   std::string state_dir;
+  // When set, the state lives there instead (and state_dir is unused): an EtcdStateStore
+  // (coordinator/etcd_state_store.h) for a coordinator that won the leader election; it is
+  // loaded and recovered exactly as a restarted coordinator's SQLite state.
+  std::shared_ptr<StateStore> store;
+  // The elected leader's advertised HOST:PORT: every answer names it in the trailing metadata
+  // shardcoord-leader (coordinator/grpc_leader_hint.h); empty: nothing is added.
+  std::string leader_hint;
   // After a restart, how long a recovered tensor waits for the workers that held its
   // chunks to register again; chunks of those still missing then are lost.
   absl::Duration recovery_timeout = absl::Seconds(15);
@@ -100,7 +107,7 @@ class Coordinator {
   // The metrics registry (e.g. for in-process tests).
   const Registry& registry() const { return registry_; }
 
-  // What the state store is ("memory", "sqlite:DIR/state.db").
+  // What the state store is ("memory", "sqlite:DIR/state.db", "etcd://HOST:PORT PREFIX").
   std::string state_description() const { return store_->Describe(); }
   // After Start: the address of the --health-listen server, empty when there is none.
   const std::string& health_address() const { return health_address_; }
@@ -120,7 +127,7 @@ class Coordinator {
   Registry registry_;
   CoordinatorMetrics metrics_;
   absl::Status init_status_;  // Why the store could not be opened or loaded.
-  std::unique_ptr<StateStore> store_;
+  std::shared_ptr<StateStore> store_;
   RealClock clock_;
   ThreadTimer timer_;
   WorkerManager workers_;

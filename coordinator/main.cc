@@ -5,20 +5,80 @@
 #include <malloc.h>
 #endif
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/duration_flag.h"
 #include "common/env_flags.h"
 #include "common/tls_options.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/etcd_client.h"
+#include "coordinator/etcd_coordinator.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+
+namespace {
+
+// What the operator and scripts read once the coordinator serves; stdout carries these lines.
+void PrintServing(const shardcoord::Coordinator& coordinator, const std::string& address,
+                  const shardcoord::CoordinatorOptions& options, const std::string& auth_tokens,
+                  const shardcoord::TlsFlags& tls_flags, const std::string& timings) {
+  // The metrics line comes first: whoever waits for the listening line has both.
+  if (!coordinator.http_address().empty()) {
+    std::printf("coordinator metrics on http://%s/metrics\n", coordinator.http_address().c_str());
+    spdlog::info("metrics on http://{}/metrics", coordinator.http_address());
+  }
+  if (!coordinator.health_address().empty()) {
+    std::printf("coordinator health on %s\n", coordinator.health_address().c_str());
+  }
+  std::printf("coordinator listening on %s\n", address.c_str());
+  std::fflush(stdout);
+  spdlog::info("listening on {} ({}, state {})", address, timings, coordinator.state_description());
+  if (options.auth.has_value()) {
+    spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
+    if (options.auth->size() == 0)
+      spdlog::warn("{} holds no token: every call is refused", auth_tokens);
+  } else {
+    spdlog::info("authentication off (no --auth-tokens): every call is allowed");
+  }
+  if (options.worker_client.tls.enabled()) {
+    spdlog::info("TLS on (certificate {}, CA {}, client certificates: {})", tls_flags.cert,
+                 tls_flags.ca,
+                 std::string(shardcoord::TlsClientAuthName(options.worker_client.tls.client_auth)));
+  } else {
+    spdlog::info("TLS off: plaintext");
+  }
+}
+
+// SIGTERM drains (running plans get `drain`), SIGINT stops at once.
+void Stop(shardcoord::Coordinator& coordinator, int sig, absl::Duration drain,
+          const std::string& drain_timeout) {
+  if (sig == SIGTERM) {
+    spdlog::info("SIGTERM: draining (new plans refused; running ones get up to {})", drain_timeout);
+    if (int left = coordinator.Drain(drain); left > 0) {
+      spdlog::warn("drain timeout: aborting {} running plans", left);
+    }
+  } else {
+    spdlog::info("signal {}: shutting down", sig);
+  }
+  coordinator.Shutdown();
+}
+
+// Exit status of a leader that lost its lease: its supervisor starts it again, as a standby.
+constexpr int kLostLeadershipExit = 75;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shardcoord coordinator: meshes, tensors, plans, worker health"};
@@ -28,6 +88,7 @@ int main(int argc, char** argv) {
   std::string auth_tokens;
   std::string state = "sqlite", state_dir = "./shardcoord-state", recovery_timeout = "15s";
   std::string drain_timeout = "30s", admission_timeout = "30s";
+  std::string etcd_prefix = "/shardcoord/default", leader_ttl = "10s", advertise;
   bool no_collectives = false;
   shardcoord::TlsFlags tls_flags;
   app.add_option("--listen", options.listen, "host:port to serve on (port 0: pick a free one)")
@@ -80,10 +141,33 @@ int main(int argc, char** argv) {
                  "pick a free one; \"off\": no HTTP server)")
       ->capture_default_str();
   app.add_option("--state", state,
-                 "where meshes, tensors and worker ranks live: sqlite (durable, in --state-dir; "
-                 "a restarted coordinator recovers them) or memory (lost on exit)")
-      ->check(CLI::IsMember({"sqlite", "memory"}))
+                 "where meshes, tensors, worker ranks and request outcomes live: sqlite "
+                 "(durable, in --state-dir; a restarted coordinator recovers them), memory "
+                 "(lost on exit), or etcd://HOST:PORT[,HOST:PORT...] (several coordinators, "
+                 "one leads: see --etcd-prefix, --leader-ttl, --advertise)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "sqlite" || v == "memory") return "";
+            absl::StatusOr<std::vector<std::string>> e = shardcoord::ParseEtcdUrl("state", v);
+            return e.ok() ? "" : std::string(e.status().message());
+          },
+          "sqlite|memory|etcd://HOST:PORT[,...]", "state"))
       ->capture_default_str();
+  app.add_option("--etcd-prefix", etcd_prefix,
+                 "with --state etcd://...: every key of this cluster lives under it (the leader "
+                 "key PREFIX/leader, the state PREFIX/records/...); the coordinators of one "
+                 "cluster share it, another cluster on the same etcd takes another")
+      ->capture_default_str();
+  app.add_option("--leader-ttl", leader_ttl,
+                 "with --state etcd://...: TTL of the etcd lease the leader holds; a leader that "
+                 "cannot renew it stops acting after 5/6 of it (and exits with status 75 for its "
+                 "supervisor to restart it as a standby); a dead leader's standby takes over "
+                 "after at most this long")
+      ->capture_default_str();
+  app.add_option("--advertise", advertise,
+                 "with --state etcd://...: HOST:PORT that the leader key names for clients and "
+                 "workers (standbys point them there); default: the --listen address with the "
+                 "bound port, the host name for a wildcard host");
   app.add_option("--state-dir", state_dir,
                  "directory of the SQLite state (state.db, WAL mode); created if missing; one "
                  "coordinator per directory")
@@ -120,7 +204,12 @@ int main(int argc, char** argv) {
       "Every flag can also come from the environment: --drain-timeout from "
       "SHARDCOORD_DRAIN_TIMEOUT and so on (a flag on the command line wins).\n"
       "grpc.health.v1.Health: service \"\" is SERVING once the state is loaded and NOT_SERVING "
-      "while draining; \"liveness\" is SERVING until the process stops.");
+      "while draining; \"liveness\" is SERVING until the process stops.\n"
+      "Several coordinators on one etcd (--state etcd://HOST:PORT, the same --etcd-prefix): one "
+      "leads; the others print 'coordinator standby on ADDR', answer every call UNAVAILABLE "
+      "naming the leader (trailing metadata shardcoord-leader) and report readiness "
+      "NOT_SERVING; workers and clients take all their addresses (--coordinator A,B). A "
+      "leader that loses its lease exits with status 75.");
   shardcoord::BindFlagsToEnvironment(app);
   CLI11_PARSE(app, argc, argv);
   absl::Duration drain = absl::ZeroDuration();
@@ -147,6 +236,14 @@ int main(int argc, char** argv) {
                                               &options.admission_timeout);
   } else if (durations.ok()) {
     options.admission_timeout = absl::ZeroDuration();
+  }
+  absl::Duration leader_ttl_value = absl::ZeroDuration();
+  if (durations.ok()) {
+    durations = shardcoord::ParseDurationFlag("leader-ttl", leader_ttl, &leader_ttl_value);
+  }
+  if (durations.ok() && leader_ttl_value < absl::Seconds(2)) {
+    durations = absl::InvalidArgumentError(absl::StrCat(
+        "--leader-ttl: ", leader_ttl, " is below 2s (etcd grants leases of at least ~1.5 s)"));
   }
   if (!durations.ok()) {
     std::cerr << durations.message() << "\n";
@@ -193,51 +290,71 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  const std::string timings = absl::StrCat("heartbeat timeout ", heartbeat_timeout, ", interval ",
+                                           heartbeat_interval, ", plan timeout ", plan_timeout);
+  if (absl::StartsWith(state, "etcd://")) {
+    shardcoord::EtcdCoordinatorOptions eo;
+    eo.endpoints = *shardcoord::ParseEtcdUrl("state", state);
+    eo.prefix = etcd_prefix;
+    eo.leader_ttl = leader_ttl_value;
+    eo.advertise = advertise;
+    eo.on_lost = [](const std::string& why) {
+      // Stop acting at once: no answer, plan or write of this process may follow.
+      spdlog::critical("lost leadership: {}; exiting with status {} (restart me as a standby)", why,
+                       kLostLeadershipExit);
+      spdlog::default_logger()->flush();
+      std::_Exit(kLostLeadershipExit);
+    };
+    shardcoord::EtcdCoordinator ha(options, eo);
+    absl::StatusOr<std::string> bound = ha.Start();
+    if (!bound.ok()) {
+      spdlog::error("{}", bound.status().ToString());
+      return 1;
+    }
+    std::printf("coordinator standby on %s (state %s)\n", bound->c_str(),
+                ha.state_description().c_str());
+    std::fflush(stdout);
+    spdlog::info("standing by on {} as {} (state {}, leader TTL {})", *bound, ha.advertise(),
+                 ha.state_description(), leader_ttl);
+    // A signal thread: the main thread waits for leadership, then for the signal.
+    std::atomic<int> sig{0};
+    absl::Notification signaled;
+    std::thread signal_thread([&] {
+      int s = 0;
+      sigwait(&signals, &s);
+      sig = s;
+      ha.Interrupt();
+      signaled.Notify();
+    });
+    signal_thread.detach();  // Blocked in sigwait until a signal; ends with the process.
+    absl::StatusOr<bool> leading = ha.AwaitLeadership();
+    if (!leading.ok()) {
+      spdlog::error("could not lead: {}", leading.status().ToString());
+      ha.Shutdown();
+      return 1;
+    }
+    if (*leading) {
+      PrintServing(*ha.coordinator(), *bound, options, auth_tokens, tls_flags, timings);
+      signaled.WaitForNotification();
+      Stop(*ha.coordinator(), sig, drain, drain_timeout);
+    } else {
+      spdlog::info("signal {} while standing by", sig.load());
+    }
+    ha.Shutdown();  // Resigns: a standby takes over at once.
+    spdlog::info("stopped");
+    return 0;
+  }
+
   shardcoord::Coordinator coordinator(options);
   absl::StatusOr<std::string> address = coordinator.Start();
   if (!address.ok()) {
     spdlog::error("{}", address.status().ToString());
     return 1;
   }
-  // The metrics line comes first: whoever waits for the listening line has both.
-  if (!coordinator.http_address().empty()) {
-    std::printf("coordinator metrics on http://%s/metrics\n", coordinator.http_address().c_str());
-    spdlog::info("metrics on http://{}/metrics", coordinator.http_address());
-  }
-  if (!coordinator.health_address().empty()) {
-    std::printf("coordinator health on %s\n", coordinator.health_address().c_str());
-  }
-  std::printf("coordinator listening on %s\n", address->c_str());
-  std::fflush(stdout);
-  spdlog::info("listening on {} (heartbeat timeout {}, interval {}, plan timeout {}, state {})",
-               *address, heartbeat_timeout, heartbeat_interval, plan_timeout,
-               coordinator.state_description());
-  if (options.auth.has_value()) {
-    spdlog::info("authentication on: {} tokens from {}", options.auth->size(), auth_tokens);
-    if (options.auth->size() == 0)
-      spdlog::warn("{} holds no token: every call is refused", auth_tokens);
-  } else {
-    spdlog::info("authentication off (no --auth-tokens): every call is allowed");
-  }
-  if (options.worker_client.tls.enabled()) {
-    spdlog::info("TLS on (certificate {}, CA {}, client certificates: {})", tls_flags.cert,
-                 tls_flags.ca,
-                 std::string(shardcoord::TlsClientAuthName(options.worker_client.tls.client_auth)));
-  } else {
-    spdlog::info("TLS off: plaintext");
-  }
-
+  PrintServing(coordinator, *address, options, auth_tokens, tls_flags, timings);
   int sig = 0;
   sigwait(&signals, &sig);
-  if (sig == SIGTERM) {
-    spdlog::info("SIGTERM: draining (new plans refused; running ones get up to {})", drain_timeout);
-    if (int left = coordinator.Drain(drain); left > 0) {
-      spdlog::warn("drain timeout: aborting {} running plans", left);
-    }
-  } else {
-    spdlog::info("signal {}: shutting down", sig);
-  }
-  coordinator.Shutdown();
+  Stop(coordinator, sig, drain, drain_timeout);
   spdlog::info("stopped");
   return 0;
 }

@@ -1263,6 +1263,13 @@ bool PlanManager::AwaitIdle(absl::Time deadline) {
   return mu_.AwaitWithDeadline(absl::Condition(this, &PlanManager::IdleLocked), deadline);
 }
 
+bool PlanManager::EpochInUseLocked(const std::string& prefix) const {
+  for (const auto& [id, e] : plans_) {
+    if (!e.completed && e.communicator_prefix == prefix) return true;
+  }
+  return false;
+}
+
 void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   std::vector<DoneCallback> done;
   std::vector<WatchFn> watchers;
@@ -1284,12 +1291,19 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
     // Only an abort retires the epoch's rendezvous keys (Abort moved the epoch on); a
-    // committed plan leaves its communicators to the next plans over the same groups.
-    if (!status.ok()) prefix = e.communicator_prefix;
+    // committed plan leaves its communicators to the next plans over the same groups. Other
+    // plans of the retired epoch may still be meeting under its keys: they go once the last
+    // of them ended.
+    const std::string epoch = e.communicator_prefix;
+    if (!status.ok()) retired_epochs_.insert(epoch);
     e.completed = true;
     ticket = e.admission_ticket;
     e.admission_ticket = 0;
     RetireLocked(id);
+    if (retired_epochs_.count(epoch) > 0 && !EpochInUseLocked(epoch)) {
+      retired_epochs_.erase(epoch);
+      prefix = epoch;
+    }
   }
   // Its new buffers are committed (counted from the layouts now) or dropped: waiting plans
   // are re-checked.

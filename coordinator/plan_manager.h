@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -438,6 +439,8 @@ class PlanManager : public WorkerListener {
   std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A plan that has not completed meets under rendezvous `prefix`.
+  bool EpochInUseLocked(const std::string& prefix) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string CommPrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls);
 
@@ -462,6 +465,8 @@ class PlanManager : public WorkerListener {
   // plan, and the epoch moves on after every abort, because after a failure some members may
   // hold broken communicators and others healthy ones, and only new keys meet again.
   int64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Rendezvous prefixes of epochs an abort retired while other plans still used them.
+  std::set<std::string> retired_epochs_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string closed_ ABSL_GUARDED_BY(mu_);  // Why new plans are refused, after Shutdown.
 };

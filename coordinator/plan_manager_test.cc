@@ -287,6 +287,33 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   EXPECT_EQ(Fragments(next->id)[0].communicator_prefix(), "shardcoord/comm/1/");
 }
 
+TEST_F(PlanManagerTest, AnAbortKeepsItsEpochsKeysUntilTheEpochsOtherPlansEnd) {
+  CreateTensor("T");
+  CreateTensor("U");
+  std::optional<Outcome> t_done, u_done;
+  absl::StatusOr<StartedPlan> t = plans_.Redistribute("T", Target("R,S(1)"), Record(&t_done));
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<StartedPlan> u = plans_.Redistribute("U", Target("R,S(1)"), Record(&u_done));
+  ASSERT_TRUE(u.ok()) << u.status();
+  ASSERT_EQ(Fragments(u->id)[0].communicator_prefix(), "shardcoord/comm/0/");
+  WorkerReport failed;
+  failed.plan_id = t->id;
+  failed.rank = 2;
+  failed.worker = "w2";
+  failed.incarnation = Incarnation(2);
+  failed.error = "step 0 (all_to_all): gloo timeout";
+  ASSERT_TRUE(plans_.Report(failed).ok());
+  timer_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(t_done.has_value());
+  EXPECT_EQ(t_done->progress.state, PlanState::kAborted);
+  // U's ranks may still be meeting under epoch 0's keys: they stay.
+  EXPECT_THAT(ended_prefixes_, ElementsAre(""));
+  ReportAll(u->id);
+  ASSERT_TRUE(u_done.has_value());
+  EXPECT_EQ(u_done->progress.state, PlanState::kCommitted);
+  EXPECT_THAT(ended_prefixes_, ElementsAre("", "shardcoord/comm/0/"));
+}
+
 TEST_F(PlanManagerTest, APeerErrorFollowedByADeathNamesTheDeadRank) {
   CreateTensor("T");
   std::optional<Outcome> done;

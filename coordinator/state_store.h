@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace shardcoord {
 
@@ -62,6 +63,11 @@ class StateStore {
   virtual absl::StatusOr<std::vector<StateRecord>> LoadAll() const = 0;
   // "memory" or "sqlite:<path>", for logs.
   virtual std::string Describe() const = 0;
+  // When writes last met trouble outside the coordinator (etcd away, a write whose answer
+  // did not come); InfinitePast when never. While a write waits on the store, the handlers
+  // behind it wait too and heartbeats go unanswered: the health check declares no worker dead
+  // until a heartbeat timeout after such trouble (Coordinator::HealthLoop).
+  virtual absl::Time LastTrouble() const { return absl::InfinitePast(); }
 
   absl::Status Put(std::string kind, std::string name, std::string value);
   absl::Status Delete(std::string kind, std::string name);

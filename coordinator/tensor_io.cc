@@ -234,7 +234,9 @@ void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
         }
         if (absl::Status s = tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
             !s.ok()) {
+          // Not stored (etcd away): nothing was created, and a retry may create it.
           Drop(eps, name, version);
+          tensors_->CancelCreate(name, op);
           release();
           return done(s);
         }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/fake_worker_client.h"
+#include "coordinator/state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sharding/fill.h"
@@ -426,6 +427,41 @@ TEST_F(TensorIoTest, RankUploadsWaitForDownloadsToEnd) {
   EXPECT_EQ(client_.calls("WriteChunk"), 0);
   d->reset();
   EXPECT_TRUE(Upload(banded_, args, Floats(8, 0)).ok());
+}
+
+// A state store whose writes fail while `down` (etcd away).
+class FlakyStore : public MemoryStateStore {
+ public:
+  absl::Status Apply(const StateBatch& batch) override {
+    if (down) return absl::UnavailableError("etcd unreachable");
+    return MemoryStateStore::Apply(batch);
+  }
+  bool down = false;
+};
+
+// A create whose record cannot be stored is undone, so that its retry creates the tensor
+// (and does not find a half-created one: ALREADY_EXISTS for a tensor nobody can see).
+TEST_F(TensorIoTest, ACreateThatCannotBeStoredLeavesNothing) {
+  FlakyStore store;
+  TensorManager stored(&meshes_, &store);
+  TensorIo io(&workers_, &meshes_, &stored, &client_);
+  CreateTensorArgs args;
+  args.name = "T";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  args.spec = MakeSpec("M", "S(0),R");
+  args.init = v1::ARANGE;
+  std::optional<absl::StatusOr<TensorRecord>> out;
+  store.down = true;
+  io.Create(args, [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->status().code(), absl::StatusCode::kUnavailable) << out->status();
+  EXPECT_EQ(stored.Get("T").status().code(), absl::StatusCode::kNotFound);
+  store.down = false;
+  out.reset();
+  io.Create(args, [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
+  ASSERT_TRUE(out.has_value());
+  EXPECT_TRUE(out->ok()) << out->status();
 }
 
 }  // namespace

@@ -11,8 +11,9 @@ PACKAGES=(
   # Core libraries.
   libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libgloo-dev libcli11-dev libxxhash-dev libssl-dev libcpp-httplib-dev
-  # The coordinator's durable state.
-  libsqlite3-dev
+  # The coordinator's durable state; etcd for several coordinators with a leader (tests
+  # start Debian's etcd server; etcdctl to look at what they stored).
+  libsqlite3-dev etcd-server etcd-client
   # TLS material for development and tests (tools/dev_certs.sh).
   openssl
   # The dashboard's browser test (headless) and its PNG check.

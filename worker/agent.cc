@@ -64,8 +64,11 @@ absl::Status Agent::Start(absl::Duration timeout) {
   for (int attempt = 0;; ++attempt) {
     absl::Status s = RegisterOnce();
     if (s.ok()) break;
+    // CANCELLED: a coordinator that stopped before taking the call (gRPC cancels those;
+    // grpc/grpc#41785), e.g. a standby handing its port to a new leader.
     const bool transient = s.code() == absl::StatusCode::kUnavailable ||
-                           s.code() == absl::StatusCode::kDeadlineExceeded;
+                           s.code() == absl::StatusCode::kDeadlineExceeded ||
+                           s.code() == absl::StatusCode::kCancelled;
     if (!transient || absl::Now() >= deadline) return s;
     Log(absl::StrCat("registration failed, retrying: ", s.ToString()));
     if (WaitOrStop(std::min(Backoff(attempt), deadline - absl::Now()))) {

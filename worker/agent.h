@@ -63,8 +63,8 @@ class Agent {
   Agent(CoordinatorAgentRpc* rpc, AgentOptions options);
   ~Agent();
 
-  // Registers, retrying UNAVAILABLE and DEADLINE_EXCEEDED until `timeout`, then starts the
-  // heartbeat thread. Other errors (INVALID_ARGUMENT) return at once.
+  // Registers, retrying UNAVAILABLE, DEADLINE_EXCEEDED and CANCELLED until `timeout`, then starts
+  // the heartbeat thread. Other errors (INVALID_ARGUMENT) return at once.
   absl::Status Start(absl::Duration timeout);
   // Stops the heartbeat thread (promptly, also mid-wait). Idempotent.
   void Stop();

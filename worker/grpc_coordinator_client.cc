@@ -18,14 +18,30 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsOptions& tls) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // A restarted coordinator is found within a second, however long it was away (gRPC's
+  // reconnect backoff otherwise grows to two minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args);
+}
+
 }  // namespace
 
 GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                                              absl::Duration rpc_timeout, std::string token)
-    : channel_(std::move(channel)),
-      stub_(v1::CoordinatorWorkers::NewStub(channel_)),
-      rpc_timeout_(rpc_timeout),
-      token_(std::move(token)) {}
+    : rpc_timeout_(rpc_timeout), token_(std::move(token)), addresses_("") {
+  absl::MutexLock lock(&mu_);
+  stubs_.push_back(v1::CoordinatorWorkers::NewStub(std::move(channel)));
+}
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(const std::string& addresses,
+                                             absl::Duration rpc_timeout, std::string token,
+                                             const TlsOptions& tls)
+    : rpc_timeout_(rpc_timeout), token_(std::move(token)), tls_(tls), addresses_(addresses) {}
 
 void GrpcCoordinatorClient::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
@@ -36,16 +52,29 @@ std::unique_ptr<GrpcCoordinatorClient> GrpcCoordinatorClient::Connect(const std:
                                                                       absl::Duration rpc_timeout,
                                                                       std::string token,
                                                                       const TlsOptions& tls) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // A restarted coordinator is found within a second, however long it was away (gRPC's
-  // reconnect backoff otherwise grows to two minutes).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return std::make_unique<GrpcCoordinatorClient>(
-      grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args), rpc_timeout,
-      std::move(token));
+  return std::unique_ptr<GrpcCoordinatorClient>(
+      new GrpcCoordinatorClient(address, rpc_timeout, std::move(token), tls));
+}
+
+std::shared_ptr<GrpcCoordinatorClient::Stub> GrpcCoordinatorClient::Current(size_t* index) {
+  *index = addresses_.current();
+  absl::MutexLock lock(&mu_);
+  if (stubs_.size() <= *index) stubs_.resize(*index + 1);
+  std::shared_ptr<Stub>& stub = stubs_[*index];
+  if (stub == nullptr)
+    stub = v1::CoordinatorWorkers::NewStub(MakeChannel(addresses_.at(*index), tls_));
+  return stub;
+}
+
+void GrpcCoordinatorClient::Note(size_t index, const grpc::ClientContext& ctx,
+                                 const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return;
+  std::string leader;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  if (auto it = trailers.find(kLeaderMetadataKey); it != trailers.end()) {
+    leader.assign(it->second.data(), it->second.size());
+  }
+  addresses_.Unavailable(index, leader);
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
@@ -53,7 +82,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);
   v1::RegisterWorkerResponse response;
-  grpc::Status s = stub_->RegisterWorker(&ctx, request, &response);
+  size_t index;
+  grpc::Status s = Current(&index)->RegisterWorker(&ctx, request, &response);
+  Note(index, ctx, s);
   if (!s.ok()) return FromGrpc(s, "RegisterWorker");
   return response;
 }
@@ -62,7 +93,10 @@ absl::Status GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& reques
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);
   v1::HeartbeatResponse response;
-  return FromGrpc(stub_->Heartbeat(&ctx, request, &response), "Heartbeat");
+  size_t index;
+  grpc::Status s = Current(&index)->Heartbeat(&ctx, request, &response);
+  Note(index, ctx, s);
+  return FromGrpc(s, "Heartbeat");
 }
 
 absl::StatusOr<v1::LeaveWorkerResponse> GrpcCoordinatorClient::Leave(
@@ -70,7 +104,10 @@ absl::StatusOr<v1::LeaveWorkerResponse> GrpcCoordinatorClient::Leave(
   grpc::ClientContext ctx;
   Prepare(&ctx, absl::Milliseconds(request.drain_timeout_ms()) + rpc_timeout_);
   v1::LeaveWorkerResponse response;
-  absl::Status s = FromGrpc(stub_->LeaveWorker(&ctx, request, &response), "LeaveWorker");
+  size_t index;
+  grpc::Status g = Current(&index)->LeaveWorker(&ctx, request, &response);
+  Note(index, ctx, g);
+  absl::Status s = FromGrpc(g, "LeaveWorker");
   if (!s.ok()) return s;
   return response;
 }
@@ -79,7 +116,10 @@ absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& 
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);
   v1::ReportChunksResponse response;
-  return FromGrpc(stub_->ReportChunks(&ctx, request, &response), "ReportChunks");
+  size_t index;
+  grpc::Status s = Current(&index)->ReportChunks(&ctx, request, &response);
+  Note(index, ctx, s);
+  return FromGrpc(s, "ReportChunks");
 }
 
 absl::StatusOr<v1::AttachBufferResponse> GrpcCoordinatorClient::AttachBuffer(
@@ -88,7 +128,10 @@ absl::StatusOr<v1::AttachBufferResponse> GrpcCoordinatorClient::AttachBuffer(
   Prepare(&ctx, rpc_timeout_);
   v1::AttachBufferResponse response;
   // The coordinator's message goes to the user process as it is (it names the field).
-  absl::Status s = FromGrpcStatus(stub_->AttachBuffer(&ctx, request, &response));
+  size_t index;
+  grpc::Status g = Current(&index)->AttachBuffer(&ctx, request, &response);
+  Note(index, ctx, g);
+  absl::Status s = FromGrpcStatus(g);
   if (!s.ok()) return s;
   return response;
 }
@@ -97,7 +140,10 @@ absl::Status GrpcCoordinatorClient::DetachBuffer(const v1::DetachBufferRequest& 
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);
   v1::DetachBufferResponse response;
-  return FromGrpc(stub_->DetachBuffer(&ctx, request, &response), "DetachBuffer");
+  size_t index;
+  grpc::Status s = Current(&index)->DetachBuffer(&ctx, request, &response);
+  Note(index, ctx, s);
+  return FromGrpc(s, "DetachBuffer");
 }
 
 absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
@@ -107,7 +153,10 @@ absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::KvSetResponse response;
-  return FromGrpc(stub_->KvSet(&ctx, request, &response), absl::StrCat("KvSet '", key, "'"));
+  size_t index;
+  grpc::Status s = Current(&index)->KvSet(&ctx, request, &response);
+  Note(index, ctx, s);
+  return FromGrpc(s, absl::StrCat("KvSet '", key, "'"));
 }
 
 absl::StatusOr<std::string> GrpcCoordinatorClient::Get(absl::string_view key,
@@ -118,7 +167,9 @@ absl::StatusOr<std::string> GrpcCoordinatorClient::Get(absl::string_view key,
   request.set_key(std::string(key));
   request.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
   v1::KvGetResponse response;
-  grpc::Status s = stub_->KvGet(&ctx, request, &response);
+  size_t index;
+  grpc::Status s = Current(&index)->KvGet(&ctx, request, &response);
+  Note(index, ctx, s);
   if (!s.ok()) return FromGrpc(s, absl::StrCat("KvGet '", key, "'"));
   return std::move(*response.mutable_value());
 }

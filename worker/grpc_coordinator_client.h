@@ -6,10 +6,14 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/coordinator_addresses.h"
 #include "common/tls_options.h"
 #include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
@@ -19,13 +23,17 @@
 namespace grpc {
 class Channel;
 class ClientContext;
+class Status;
 }  // namespace grpc
 
 namespace shardcoord {
 
 // Every call has a deadline (`rpc_timeout`; KvGet: its wait plus `rpc_timeout`) and, when
 // `token` is not empty, the metadata `authorization: Bearer TOKEN` (a coordinator started
-// with --auth-tokens requires a token of the worker role).
+// with --auth-tokens requires a token of the worker role). Several coordinators on etcd
+// (Connect("A,B")): a call answered UNAVAILABLE moves the next one to the leader the answer
+// named (a standby's trailing metadata `shardcoord-leader`), or to the next address; the
+// agent's retries and heartbeats then reach the leader.
 class GrpcCoordinatorClient : public CoordinatorAgentRpc,
                               public ChunkReporter,
                               public AttachRpc,
@@ -33,8 +41,8 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
  public:
   GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
                         absl::Duration rpc_timeout = absl::Seconds(10), std::string token = "");
-  // A channel to "host:port": TLS when `tls` is enabled (verifying the coordinator against
-  // its CA and presenting the worker's certificate), plaintext otherwise.
+  // Channels to "host:port[,host:port...]": TLS when `tls` is enabled (verifying the
+  // coordinator against its CA and presenting the worker's certificate), plaintext otherwise.
   static std::unique_ptr<GrpcCoordinatorClient> Connect(
       const std::string& address, absl::Duration rpc_timeout = absl::Seconds(10),
       std::string token = "", const TlsOptions& tls = {});
@@ -52,13 +60,23 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
   absl::StatusOr<v1::LeaveWorkerResponse> Leave(const v1::LeaveWorkerRequest& request);
 
  private:
+  using Stub = v1::CoordinatorWorkers::Stub;
+  GrpcCoordinatorClient(const std::string& addresses, absl::Duration rpc_timeout, std::string token,
+                        const TlsOptions& tls);
+
   // A context with the deadline `timeout` from now and the token's metadata.
   void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  // The stub of the coordinator to call now, and its index.
+  std::shared_ptr<Stub> Current(size_t* index);
+  // After a call to `index`: UNAVAILABLE moves on (to the named leader or the next address).
+  void Note(size_t index, const grpc::ClientContext& ctx, const grpc::Status& status);
 
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
   const absl::Duration rpc_timeout_;
   const std::string token_;
+  const TlsOptions tls_;
+  CoordinatorAddresses addresses_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Stub>> stubs_ ABSL_GUARDED_BY(mu_);  // By address index.
 };
 
 }  // namespace shardcoord

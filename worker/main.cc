@@ -77,7 +77,9 @@ int Main(int argc, char** argv) {
 
   CLI::App app{"shardcoord worker: holds chunk buffers and executes plan fragments"};
   app.add_option("--coordinator", options.coordinator,
-                 "Coordinator address (default $SHARDCOORD_ADDR, then 127.0.0.1:7400)")
+                 "Coordinator address HOST:PORT, or all of several coordinators on etcd "
+                 "(HOST:PORT,HOST:PORT: the worker follows the leader a standby names) "
+                 "(default $SHARDCOORD_ADDR, then 127.0.0.1:7400)")
       ->envname("SHARDCOORD_ADDR");
   app.add_option("--listen", options.listen,
                  "Address of the Worker service; port 0 picks a free one")

@@ -315,6 +315,79 @@ class OldModuleTest(unittest.TestCase):
             server.stop(None)
 
 
+class Standby(pb_grpc.CoordinatorServicer):
+    """A coordinator that does not lead: every call UNAVAILABLE naming `leader` (as the
+    daemon's StandbyService does), counted."""
+
+    def __init__(self, leader):
+        self.leader = leader
+        self.calls = 0
+
+    def _refuse(self, context):
+        self.calls += 1
+        if self.leader:
+            context.set_trailing_metadata(((sc.LEADER_METADATA, self.leader),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"standby; the leader is {self.leader}")
+
+    def CreateMesh(self, request, context):
+        self._refuse(context)
+
+    def ListWorkers(self, request, context):
+        self._refuse(context)
+
+    def Download(self, request, context):
+        self._refuse(context)
+        yield pb.TensorData()
+
+
+class LeaderTest(unittest.TestCase):
+    """Several coordinators ("A,B"): calls follow the leader a standby names."""
+
+    def setUp(self):
+        self.servers = []
+        self.fake = FakeCoordinator()
+        self.leader = self._serve(lambda server: pb_grpc.add_CoordinatorServicer_to_server(
+            self.fake, server))
+        self.standby = Standby(self.leader)
+        self.standby_address = self._serve(lambda server: pb_grpc.add_CoordinatorServicer_to_server(
+            self.standby, server))
+
+    def tearDown(self):
+        for server in self.servers:
+            server.stop(None)
+
+    def _serve(self, add):
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        add(server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self.servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    def test_a_change_follows_the_hint_with_one_request_id(self):
+        with sc.connect(f"{self.standby_address}, {self.leader}", retry_for=30) as c:
+            self.assertEqual(c.create_mesh("m", [2]).name, "m")
+            self.assertEqual(self.standby.calls, 1)
+            self.assertEqual(len(self.fake.requests["create_mesh"]), 1)
+            self.assertEqual(len(self.fake.requests["create_mesh"][0].request_id), 32)
+            self.assertEqual([w.name for w in c.workers()], ["w0", "w1"])
+            self.assertEqual(self.standby.calls, 1)  # The next call went to the leader.
+
+    def test_a_leader_outside_the_list_and_a_refused_stream(self):
+        with sc.connect(self.standby_address, retry_for=30) as c:
+            with self.assertRaises(sc.Error) as e:
+                c.download("t")  # Streams are not retried...
+            self.assertEqual(e.exception.code, "UNAVAILABLE")
+            self.assertEqual(c.download("t").shape, (3, 4))  # ...but move to the leader.
+
+    def test_no_leader_and_no_retry_is_unavailable(self):
+        self.standby.leader = ""
+        with sc.connect(self.standby_address, retry_for=0) as c:
+            with self.assertRaises(sc.Error) as e:
+                c.workers()
+        self.assertEqual(e.exception.code, "UNAVAILABLE")
+
+
 def _make_certs():
     """Certificates from tools/dev_certs.sh (the first argument), or None without it."""
     if len(sys.argv) < 2:

@@ -2,6 +2,7 @@
 
     import shardcoord
     c = shardcoord.connect()                      # $SHARDCOORD_ADDR, then 127.0.0.1:7400
+                                                  # ("host:port,host:port": follows the leader)
     c.create_mesh("train", [4])
     c.create_tensor("w", shape=[1024, 512], dtype="f32", mesh="train",
                     placements="S(0)", init="attached")
@@ -17,7 +18,8 @@ Needs grpcio, protobuf and NumPy (torch for torch buffers); the generated stubs 
 from ._buffers import DTYPES
 from ._errors import Error
 from ._proto import pb, pb_grpc
-from .client import Client, channel_credentials, connect, default_address, default_token, spec
+from .client import (LEADER_METADATA, Client, channel_credentials, connect, default_address,
+                     default_token, spec)
 
-__all__ = ["Client", "DTYPES", "Error", "channel_credentials", "connect", "default_address",
-           "default_token", "pb", "pb_grpc", "spec"]
+__all__ = ["Client", "DTYPES", "Error", "LEADER_METADATA", "channel_credentials", "connect",
+           "default_address", "default_token", "pb", "pb_grpc", "spec"]

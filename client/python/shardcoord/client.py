@@ -29,6 +29,97 @@ def default_address():
     return os.environ.get("SHARDCOORD_ADDR") or "127.0.0.1:7400"
 
 
+# Trailing metadata of a standby coordinator's UNAVAILABLE: the leader's HOST:PORT.
+LEADER_METADATA = "shardcoord-leader"
+
+
+class _Coordinators:
+    """The coordinators of an address list ("A" or "A,B": several coordinators on etcd, one
+    leading) and the one calls go to. A call answered UNAVAILABLE moves the next one to the
+    leader the answer named (trailing metadata `shardcoord-leader`, added to the list when it
+    is not in it; a leader names itself), or without a name to the next address.
+    Thread-safe."""
+
+    def __init__(self, address, make_channel):
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self._make_channel = make_channel
+        self._lock = threading.Lock()
+        self._stubs = {}     # index -> (channel, stub)
+        self._current = 0
+
+    def current(self):
+        """(index, stub) of the coordinator to call now."""
+        with self._lock:
+            index = self._current
+            if index not in self._stubs:
+                channel = self._make_channel(self.addresses[index])
+                self._stubs[index] = (channel, pb_grpc.CoordinatorStub(channel))
+            return index, self._stubs[index][1]
+
+    def note(self, index, error):
+        """After `error` from the coordinator at `index`; True when the next call goes to a
+        leader the answer named (worth trying at once)."""
+        if error.code() != grpc.StatusCode.UNAVAILABLE:
+            return False
+        leader = ""
+        try:
+            for key, value in error.trailing_metadata() or ():
+                if key == LEADER_METADATA:
+                    leader = value
+        except (AttributeError, TypeError):
+            pass
+        with self._lock:
+            if self._current != index:
+                return False  # Another call already moved on.
+            if leader:
+                # The leader named; when that is the coordinator called (the leader busy: a
+                # tensor recovering, etcd away), stay.
+                if leader not in self.addresses:
+                    self.addresses.append(leader)
+                self._current = self.addresses.index(leader)
+                return self._current != index
+            self._current = (index + 1) % len(self.addresses)
+            return False
+
+    def close(self):
+        with self._lock:
+            stubs, self._stubs = self._stubs, {}
+        for channel, _ in stubs.values():
+            channel.close()
+
+
+class _Stub:
+    """CoordinatorStub's methods, each sent to the coordinator _Coordinators picks; errors
+    are noted there (a response stream's too, as it is read)."""
+
+    def __init__(self, coordinators):
+        self._coordinators = coordinators
+
+    def __getattr__(self, name):
+        coordinators = self._coordinators
+
+        def call(request, **kwargs):
+            index, stub = coordinators.current()
+            try:
+                result = getattr(stub, name)(request, **kwargs)
+            except grpc.RpcError as e:
+                e.shardcoord_redirected = coordinators.note(index, e)
+                raise
+            if isinstance(result, grpc.Call) and hasattr(result, "__next__"):
+                return _noted_stream(coordinators, index, result)
+            return result
+
+        return call
+
+
+def _noted_stream(coordinators, index, stream):
+    try:
+        yield from stream
+    except grpc.RpcError as e:
+        coordinators.note(index, e)
+        raise
+
+
 def default_token():
     """$SHARDCOORD_TOKEN when set, else None (no token is sent)."""
     return os.environ.get("SHARDCOORD_TOKEN") or None
@@ -89,6 +180,8 @@ class Client:
     """One method per operation. Calls have deadlines (`timeout` seconds, `data_timeout` for
     those that move data) and are retried with backoff for up to `retry_for` seconds while the
     coordinator answers UNAVAILABLE; changes carry one request_id over their retries.
+    `address` may list several coordinators on etcd ("host:port,host:port"): calls follow
+    the leader.
 
     Attached buffers stay attached while this Client is open and the buffer alive: close()
     (or the process ending) detaches them."""
@@ -101,13 +194,18 @@ class Client:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.timeout = timeout
         self.data_timeout = data_timeout
-        options = [("grpc.max_receive_message_length", 1 << 30)]
+        options = [("grpc.max_receive_message_length", 1 << 30),
+                   # Find a restarted coordinator (or a new leader) within a second.
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
         credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-        if credentials is None:
-            self._channel = grpc.insecure_channel(self.address, options=options)
-        else:
-            self._channel = grpc.secure_channel(self.address, credentials, options=options)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+
+        def make_channel(address):
+            if credentials is None:
+                return grpc.insecure_channel(address, options=options)
+            return grpc.secure_channel(address, credentials, options=options)
+
+        self._coordinators = _Coordinators(self.address, make_channel)
+        self._stub = _Stub(self._coordinators)
         self._lock = threading.Lock()
         self._local = {}     # socket path -> LocalConnection
         self._attached = {}  # (tensor, rank) -> (LocalConnection, the lent buffer)
@@ -126,7 +224,7 @@ class Client:
                 pass  # The worker is gone, or the tensor moved on: nothing is lent any more.
         for conn in local.values():
             conn.close()
-        self._channel.close()
+        self._coordinators.close()
 
     def __enter__(self):
         return self
@@ -145,8 +243,14 @@ class Client:
             except grpc.RpcError as e:
                 # Jittered, so that clients a restart stopped together do not return together.
                 sleep = pause * random.uniform(0.5, 1.0)
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + sleep >= give_up:
+                # CANCELLED: gRPC cancels the calls a server had not handed to a handler yet
+                # when it shut down (grpc/grpc#41785: a standby handing its port to the
+                # leader); this client cancels none, so it is retried as UNAVAILABLE.
+                transient = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                if not transient or time.monotonic() + sleep >= give_up:
                     raise Error(e.code().name, e.details()) from None
+                if getattr(e, "shardcoord_redirected", False):
+                    continue  # A standby named the leader: call it at once.
             time.sleep(sleep)
             pause = min(pause * 2, 2.0)
 
@@ -487,7 +591,8 @@ class Client:
 
 
 def connect(address=None, token=None, tls_ca=None, **kwargs):
-    """A Client for `address` (default $SHARDCOORD_ADDR, then 127.0.0.1:7400) sending bearer
+    """A Client for `address` (default $SHARDCOORD_ADDR, then 127.0.0.1:7400; "A,B" for
+    several coordinators on etcd, of which calls follow the leader) sending bearer
     `token` (default $SHARDCOORD_TOKEN), over TLS verified with the CA file `tls_ca` (default
     $SHARDCOORD_TLS_CA; plaintext when both are unset). kwargs: timeout, data_timeout,
     retry_for (seconds to retry UNAVAILABLE; 0: never), tls_cert and tls_key."""
