@@ -48,6 +48,21 @@ void FakeWorkerClient::ReleaseExecutes() {
   for (StatusCallback& cb : held) cb(absl::OkStatus());
 }
 
+void FakeWorkerClient::HoldFinishes(bool hold) {
+  absl::MutexLock lock(&mu_);
+  hold_finishes_ = hold;
+}
+
+void FakeWorkerClient::ReleaseFinishes() {
+  std::vector<std::pair<Key, StatusCallback>> held;
+  {
+    absl::MutexLock lock(&mu_);
+    held.swap(held_finishes_);
+    for (const auto& [key, cb] : held) buffers_.erase(key);
+  }
+  for (auto& [key, cb] : held) cb(absl::OkStatus());
+}
+
 v1::RankChunks FakeWorkerClient::WithChecksums(const v1::RankChunks& chunks,
                                                const std::string& bytes, int64_t element_size) {
   v1::RankChunks out = chunks;
@@ -95,7 +110,12 @@ void FakeWorkerClient::FinishPlan(const WorkerEndpoint& worker,
     ++calls_["FinishPlan"];
     finishes_.emplace_back(worker.rank, request);
     status = Injected("FinishPlan", worker.rank);
-    if (status.ok()) buffers_.erase(Key{worker.rank, request.tensor(), request.drop_version()});
+    const Key key{worker.rank, request.tensor(), request.drop_version()};
+    if (status.ok() && hold_finishes_) {
+      held_finishes_.emplace_back(key, std::move(done));
+      return;
+    }
+    if (status.ok()) buffers_.erase(key);
   }
   done(status);
 }

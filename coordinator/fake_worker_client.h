@@ -66,6 +66,10 @@ class FakeWorkerClient : public WorkerClient {
   // While held, Execute callbacks are queued; ReleaseExecutes answers them (OK).
   void HoldExecutes(bool hold);
   void ReleaseExecutes();
+  // While held, FinishPlan requests are recorded but neither applied nor answered;
+  // ReleaseFinishes applies and answers them (OK).
+  void HoldFinishes(bool hold);
+  void ReleaseFinishes();
 
   // The fragments sent, in order.
   std::vector<v1::PlanFragment> fragments() const;
@@ -100,6 +104,8 @@ class FakeWorkerClient : public WorkerClient {
   bool hold_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook_ ABSL_GUARDED_BY(mu_);
   std::vector<StatusCallback> held_ ABSL_GUARDED_BY(mu_);
+  bool hold_finishes_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::pair<Key, StatusCallback>> held_finishes_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::PlanFragment> fragments_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, v1::FinishPlanRequest>> finishes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<int64_t, v1::DropTensorRequest>> drops_ ABSL_GUARDED_BY(mu_);

@@ -214,6 +214,25 @@ TEST_F(PlanAdmissionTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
   EXPECT_TRUE(second->status.ok()) << second->status;
 }
 
+TEST_F(PlanAdmissionTest, AWaitingPlanIsSentOnlyOnceTheWorkersDroppedWhatACommitReplaced) {
+  ASSERT_TRUE(Create("a").ok());
+  ASSERT_TRUE(Create("b").ok());
+  std::optional<Outcome> first;
+  absl::StatusOr<StartedPlan> p1 = plans_.Redistribute("a", MakeSpec("R"), Record(&first));
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  absl::StatusOr<StartedPlan> p2 = plans_.Redistribute("b", MakeSpec("R"), nullptr);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  client_.HoldFinishes(true);
+  ReportAll(p1->id);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->status.ok()) << first->status;  // The caller is answered at the commit,
+  EXPECT_EQ(admission_.waiting(), 1u);                // but p2 waits until every worker
+  EXPECT_TRUE(Fragments(p2->id).empty());             // has dropped a's old version.
+  client_.ReleaseFinishes();
+  EXPECT_EQ(admission_.waiting(), 0u);
+  EXPECT_EQ(Fragments(p2->id).size(), 4u);
+}
+
 TEST_F(PlanAdmissionTest, AWaitingPlanFailsWithResourceExhaustedAtTheTimeout) {
   ASSERT_TRUE(Create("a").ok());
   ASSERT_TRUE(Create("b").ok());

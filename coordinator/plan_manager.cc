@@ -777,7 +777,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   }
   for (const std::string& id : aborts) Abort(id, reason);
   // The group's memory goes back once every member ended (and committed or dropped).
-  if (ticket != 0 && options_.admission != nullptr) options_.admission->Release(ticket);
+  ReleaseTicket(ticket);
   if (done) done(final_status, final);
 }
 
@@ -1147,12 +1147,14 @@ void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
   // A Copy's source was only read: it keeps its version and is free again.
   if (work.target_tensor != work.tensor) tensors_->Release(work.tensor, id);
   std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  int64_t held = 0;
   {
     absl::MutexLock lock(&mu_);
     Entry& e = plans_.at(id);
     e.state = PlanState::kCommitted;
     e.end = clock_->Now();
     calls = ChangedLocked(e);
+    held = HoldTicketLocked(e);
   }
   Tell(calls);
   // The commit is durable: the caller is answered now, not after a round trip to every
@@ -1166,8 +1168,55 @@ void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
   req.set_tensor(work.target_tensor);
   req.set_commit(true);
   req.set_drop_version(work.old_target_version);
+  std::vector<WorkerEndpoint> live;
   for (const WorkerEndpoint& w : work.finish) {
-    if (workers_->IsLive(w.rank, w.incarnation)) client_->FinishPlan(w, req, [](absl::Status) {});
+    if (workers_->IsLive(w.rank, w.incarnation)) live.push_back(w);
+  }
+  FinishOnWorkers(req, std::move(live), held);
+}
+
+int64_t PlanManager::HoldTicketLocked(const Entry& e) {
+  int64_t ticket = e.admission_ticket;
+  if (ticket == 0 && !e.group.empty()) {
+    auto g = groups_.find(e.group);
+    if (g != groups_.end()) ticket = g->second.admission_ticket;
+  }
+  if (ticket != 0) ++ticket_holds_[ticket];
+  return ticket;
+}
+
+void PlanManager::Unhold(int64_t ticket) {
+  if (ticket == 0) return;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ticket_holds_.find(ticket);
+    if (it == ticket_holds_.end() || --it->second > 0) return;
+    ticket_holds_.erase(it);
+    if (tickets_to_release_.erase(ticket) == 0) return;
+  }
+  if (options_.admission != nullptr) options_.admission->Release(ticket);
+}
+
+void PlanManager::ReleaseTicket(int64_t ticket) {
+  if (ticket == 0 || options_.admission == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ticket_holds_.count(ticket) > 0) {
+      tickets_to_release_.insert(ticket);
+      return;
+    }
+  }
+  options_.admission->Release(ticket);
+}
+
+void PlanManager::FinishOnWorkers(const v1::FinishPlanRequest& req,
+                                  std::vector<WorkerEndpoint> workers, int64_t ticket) {
+  if (workers.empty()) return Unhold(ticket);
+  auto left = std::make_shared<std::atomic<size_t>>(workers.size());
+  for (const WorkerEndpoint& w : workers) {
+    client_->FinishPlan(w, req, [this, left, ticket](absl::Status) {
+      if (left->fetch_sub(1) == 1) Unhold(ticket);
+    });
   }
 }
 
@@ -1181,12 +1230,14 @@ void PlanManager::AbortWith(const std::string& id, const std::string& reason,
   std::string tensor, target_tensor, target_mesh;
   int64_t target_version = 0;
   Timer::Id timer = 0, grace_timer = 0;
+  int64_t held = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
     if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
     Entry& e = it->second;
     e.state = PlanState::kAborted;
+    held = HoldTicketLocked(e);
     e.error = reason;
     // Before the tensor is released below, so no later plan reuses this epoch's keys.
     if (e.communicator_prefix == CommPrefixLocked()) {
@@ -1210,9 +1261,7 @@ void PlanManager::AbortWith(const std::string& id, const std::string& reason,
   req.set_tensor(target_tensor);
   req.set_commit(false);
   req.set_drop_version(target_version);
-  for (const WorkerEndpoint& w : participants) {
-    client_->FinishPlan(w, req, [](absl::Status) {});
-  }
+  FinishOnWorkers(req, std::move(participants), held);
   Complete(id, absl::Status(code, absl::StrCat("plan ", id, " on tensor '", target_tensor, "'",
                                                target_tensor == tensor
                                                    ? ""
@@ -1307,7 +1356,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   }
   // Its new buffers are committed (counted from the layouts now) or dropped: waiting plans
   // are re-checked.
-  if (ticket != 0 && options_.admission != nullptr) options_.admission->Release(ticket);
+  ReleaseTicket(ticket);
   if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
     const bool committed = progress.state == PlanState::kCommitted;
     m->plans->WithLabels({op, committed ? "committed" : "aborted"})->Increment();

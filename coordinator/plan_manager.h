@@ -432,6 +432,16 @@ class PlanManager : public WorkerListener {
   static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
   void Commit(const std::string& id, LayoutChecksums checksums);
   void Complete(const std::string& id, const absl::Status& status);
+  // Admission tickets outlive their plans until the workers have dropped what the plans
+  // replaced: a FinishPlan in flight holds the plan's (or its group's) ticket, whose release
+  // waits for the last hold. Without this a plan admitted right after a commit could reach a
+  // worker before that worker dropped the old version, and find its budget still full.
+  int64_t HoldTicketLocked(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unhold(int64_t ticket);
+  void ReleaseTicket(int64_t ticket);
+  // Sends `req` to `workers`; the hold on `ticket` goes when every answer is in.
+  void FinishOnWorkers(const v1::FinishPlanRequest& req, std::vector<WorkerEndpoint> workers,
+                       int64_t ticket);
 
   PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -467,6 +477,8 @@ class PlanManager : public WorkerListener {
   int64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // Rendezvous prefixes of epochs an abort retired while other plans still used them.
   std::set<std::string> retired_epochs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> ticket_holds_ ABSL_GUARDED_BY(mu_);   // Ticket -> FinishPlans out.
+  std::set<int64_t> tickets_to_release_ ABSL_GUARDED_BY(mu_);  // Ended, waiting for holds.
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
   std::string closed_ ABSL_GUARDED_BY(mu_);  // Why new plans are refused, after Shutdown.
 };
