@@ -307,9 +307,9 @@ int Run() {
   std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
   CoordinatorClient& client = cluster->client();
   OrDie(MakeMesh(client, "fsdp", {kWorkers}, cluster->WorkerNames()), "mesh fsdp");
-  OrDie(MakeMesh(client, "megatron", MegatronMeshShape(), cluster->WorkerNames(),
-                 MegatronMeshDims()),
-        "mesh megatron");
+  OrDie(
+      MakeMesh(client, "megatron", MegatronMeshShape(), cluster->WorkerNames(), MegatronMeshDims()),
+      "mesh megatron");
   say(absl::StrCat("creating ", state.size(), " tensors (", bytes, " bytes) in FSDP flat layout"));
   for (size_t i = 0; i < state.size(); ++i) {
     OrDie(CreateFilled(client, state[i].name, state[i].shape, config.dtype, "fsdp", flat[i],

@@ -631,9 +631,8 @@ int Run() {
       budget_memory.push_back(MemoryOf(info));
     }
   }
-  const bool peaks_within_budget =
-      std::all_of(budget_memory.begin(), budget_memory.end(),
-                  [](const WorkerMemory& m) { return m.within(); });
+  const bool peaks_within_budget = std::all_of(budget_memory.begin(), budget_memory.end(),
+                                               [](const WorkerMemory& m) { return m.within(); });
 
   // ---- Every model destination value, once (before the small-op part, whose 1000
   // concurrent member plans have starved a worker's heartbeats on this machine).

@@ -226,8 +226,8 @@ TEST_F(PlanAdmissionTest, AWaitingPlanIsSentOnlyOnceTheWorkersDroppedWhatACommit
   ReportAll(p1->id);
   ASSERT_TRUE(first.has_value());
   EXPECT_TRUE(first->status.ok()) << first->status;  // The caller is answered at the commit,
-  EXPECT_EQ(admission_.waiting(), 1u);                // but p2 waits until every worker
-  EXPECT_TRUE(Fragments(p2->id).empty());             // has dropped a's old version.
+  EXPECT_EQ(admission_.waiting(), 1u);               // but p2 waits until every worker
+  EXPECT_TRUE(Fragments(p2->id).empty());            // has dropped a's old version.
   client_.ReleaseFinishes();
   EXPECT_EQ(admission_.waiting(), 0u);
   EXPECT_EQ(Fragments(p2->id).size(), 4u);
