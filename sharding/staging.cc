@@ -42,7 +42,11 @@ std::vector<int> AssignMessageWindows(absl::Span<const WindowMessage> messages, 
   };
   for (size_t i = 0; i < messages.size(); ++i) {
     const WindowMessage& m = messages[i];
-    int w = std::max(current[m.src], current[m.dst]);
+    // Two lookups by value: operator[] may rehash, so a reference from the first would
+    // dangle by the time std::max read it (ASan caught it).
+    const int src_window = current[m.src];
+    const int dst_window = current[m.dst];
+    int w = std::max(src_window, dst_window);
     while (!fits(w, m.src, m.bytes) || !fits(w, m.dst, m.bytes)) ++w;
     if (w >= static_cast<int>(load.size())) load.resize(w + 1);
     load[w][m.src] += m.bytes;
