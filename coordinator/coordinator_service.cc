@@ -43,6 +43,7 @@ v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w) {
   out.set_state(w.alive ? v1::ALIVE : v1::DEAD);
   out.set_backend(w.spec.backend);
   out.set_local_socket(w.spec.local_socket);
+  out.set_bucket_bytes(w.spec.bucket_bytes);
   out.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
   out.set_leaving(w.alive && w.leaving);
   return out;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "sharding/fused_stream.h"
 
 namespace shardcoord {
 namespace {
@@ -68,9 +69,13 @@ PlanManager::~PlanManager() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, e] : plans_) {
     if (!e.state_ended()) {
-      timer_->Cancel(e.timer);
+      if (e.timer != 0) timer_->Cancel(e.timer);
       if (e.grace_timer != 0) timer_->Cancel(e.grace_timer);
     }
+  }
+  for (auto& [id, g] : groups_) {
+    if (g.timer != 0) timer_->Cancel(g.timer);
+    if (g.grace_timer != 0) timer_->Cancel(g.grace_timer);
   }
 }
 
@@ -164,36 +169,38 @@ std::vector<std::string> PlanManager::RunningPlansOf(int64_t rank) const {
   return ids;
 }
 
+absl::StatusOr<PlanManager::Target> PlanManager::GatherTarget(
+    const TensorRecord& rec, const std::string& mesh, std::optional<int64_t> to_rank) const {
+  if (to_rank.has_value()) {
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
+    if (!w.ok()) return w.status();
+    RankChunks rc;
+    rc.rank = *to_rank;
+    rc.chunks.push_back(Chunk{Box::Whole(rec.shape), 0, 0});
+    rc.local_elements = Box::Whole(rec.shape).Volume();
+    absl::StatusOr<Layout> layout = Layout::FromChunks(rec.shape, {std::move(rc)});
+    if (!layout.ok()) return layout.status();
+    return Target{*std::move(layout), "", absl::StrCat("rank ", *to_rank)};
+  }
+  absl::StatusOr<MeshRecord> m = meshes_->Get(mesh.empty() ? rec.mesh : mesh);
+  if (!m.ok()) {
+    if (mesh.empty() && rec.mesh.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
+    }
+    return m.status();
+  }
+  Spec spec;
+  spec.mesh = m->name;
+  spec.placements.assign(m->mesh.ndim(), Placement::Replicate());
+  return ResolveSpec(rec, spec);
+}
+
 absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor, const std::string& mesh,
                                                 std::optional<int64_t> to_rank, DoneCallback done) {
   return Start(
       "gather", tensor, tensor,
-      [&](const TensorRecord& rec) -> absl::StatusOr<Target> {
-        if (to_rank.has_value()) {
-          absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
-          if (!w.ok()) return w.status();
-          RankChunks rc;
-          rc.rank = *to_rank;
-          rc.chunks.push_back(Chunk{Box::Whole(rec.shape), 0, 0});
-          rc.local_elements = Box::Whole(rec.shape).Volume();
-          absl::StatusOr<Layout> layout = Layout::FromChunks(rec.shape, {std::move(rc)});
-          if (!layout.ok()) return layout.status();
-          return Target{*std::move(layout), "", absl::StrCat("rank ", *to_rank)};
-        }
-        absl::StatusOr<MeshRecord> m = meshes_->Get(mesh.empty() ? rec.mesh : mesh);
-        if (!m.ok()) {
-          if (mesh.empty() && rec.mesh.empty()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
-          }
-          return m.status();
-        }
-        Spec spec;
-        spec.mesh = m->name;
-        spec.placements.assign(m->mesh.ndim(), Placement::Replicate());
-        return ResolveSpec(rec, spec);
-      },
-      std::move(done));
+      [&](const TensorRecord& rec) { return GatherTarget(rec, mesh, to_rank); }, std::move(done));
 }
 
 absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std::string& dst,
@@ -228,7 +235,7 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
 absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
                                                const std::string& target_tensor,
                                                const TargetFn& target_fn, DoneCallback done,
-                                               const std::string& group, Dispatch* deferred) {
+                                               const std::string& group, FusedMember* fused) {
   const bool copy = target_tensor != tensor;
   const bool repair = absl::string_view(op) == kRepairOp;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor);
@@ -255,7 +262,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     id = options_.id_namespace.empty()
              ? absl::StrCat("p-", next_plan_++)
              : absl::StrCat("p-", options_.id_namespace, ".", next_plan_++);
-    prefix = CommPrefixLocked();
+    prefix = fused != nullptr ? fused->communicator_prefix : CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh);
@@ -326,6 +333,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
   if (e.target_attached) fo.attached_target_version = dst_rec->version;
+  int64_t bucket_bytes = 0;
   for (int64_t r : PlanParticipants(**plan)) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
@@ -334,20 +342,33 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     Participant& p = e.participants[r];
     p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
     fo.incarnations[r] = w->incarnation;
+    const int64_t b = w->spec.bucket_bytes > 0 ? w->spec.bucket_bytes : kDefaultBucketBytes;
+    bucket_bytes = bucket_bytes == 0 ? b : std::min(bucket_bytes, b);
   }
   for (const RankTraffic& t : (*plan)->traffic) {
     auto it = e.participants.find(t.rank);
     if (it != e.participants.end()) it->second.bytes_expected = t.bytes_received;
   }
   Dispatch fragments;
-  for (const auto& [r, p] : e.participants) {
-    fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+  if (fused == nullptr) {
+    for (const auto& [r, p] : e.participants) {
+      fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+    }
+  } else {
+    fused->options.plan_id = id;
+    fused->options.tensor = tensor;
+    fused->options.target_tensor = target_tensor;
+    fused->options.source_version = e.source_version;
+    fused->options.target_version = e.target_version;
+    fused->options.attached_target_version = fo.attached_target_version;
+    fused->bucket_bytes = bucket_bytes;
   }
 
   const absl::Time now = clock_->Now();
   e.start = now;
   if (done) e.done.push_back(std::move(done));
-  e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
+  // A group member is timed by its group.
+  if (fused == nullptr) e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
     std::string reason;
     {
       absl::MutexLock lock(&mu_);
@@ -379,11 +400,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     Entry& stored = plans_[id] = std::move(e);
     out.progress = ProgressLocked(stored);
   }
-  if (deferred != nullptr) {
-    for (auto& f : fragments) deferred->push_back(std::move(f));
-  } else {
-    Send(id, std::move(fragments));
-  }
+  if (fused == nullptr) Send(id, std::move(fragments));
   return out;
 }
 
@@ -414,7 +431,7 @@ void PlanManager::Discard(const std::string& id) {
     timer = e.timer;
     plans_.erase(it);
   }
-  timer_->Cancel(timer);
+  if (timer != 0) timer_->Cancel(timer);
   ReleaseTensors(tensor, target_tensor, id, target_mesh);
 }
 
@@ -523,28 +540,78 @@ absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
   return StartGroup(items, std::move(done));
 }
 
+absl::Status CheckGatherGroup(const std::vector<std::string>& tensors) {
+  if (tensors.empty()) return absl::InvalidArgumentError("tensors: empty group");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = absl::StrCat("tensors[", i, "]");
+    if (tensors[i].empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty"));
+    auto [it, inserted] = seen.emplace(tensors[i], i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", tensors[i],
+                                                     "' is also tensors[", it->second,
+                                                     "]; a group names each tensor once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StartedGroup> PlanManager::GatherGroup(const std::vector<std::string>& tensors,
+                                                      const std::string& mesh,
+                                                      std::optional<int64_t> to_rank,
+                                                      GroupDoneCallback done) {
+  if (absl::Status s = CheckGatherGroup(tensors); !s.ok()) return s;
+  // Every tensor and its target are checked before anything is held.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = absl::StrCat("tensors[", i, "]");
+    absl::StatusOr<TensorRecord> rec = tensors_->Get(tensors[i]);
+    if (!rec.ok()) {
+      return absl::Status(rec.status().code(), absl::StrCat(where, ": ", rec.status().message()));
+    }
+    if (absl::StatusOr<Target> t = GatherTarget(*rec, mesh, to_rank); !t.ok()) {
+      return absl::Status(t.status().code(), absl::StrCat(where, ": ", t.status().message()));
+    }
+  }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    items.push_back(GroupItem{
+        "gather", tensors[i], tensors[i],
+        [this, mesh, to_rank](const TensorRecord& rec) { return GatherTarget(rec, mesh, to_rank); },
+        absl::StrCat("tensors[", i, "]"), absl::StrCat("tensors[", i, "] ('", tensors[i], "'")});
+  }
+  return StartGroup(items, std::move(done));
+}
+
 absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem>& items,
                                                      GroupDoneCallback done) {
-  std::string gid;
+  std::string gid, prefix;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    gid = absl::StrCat("g-", next_group_++);
+    gid = options_.id_namespace.empty() ? absl::StrCat("g-", next_group_++)
+                                        : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
+    prefix = CommPrefixLocked();
     Group& g = groups_[gid];
+    g.id = gid;
     g.start = clock_->Now();
     g.done = std::move(done);
     g.finals.resize(items.size());
+    g.communicator_prefix = prefix;
   }
   StartedGroup out;
   out.id = gid;
-  std::vector<Dispatch> dispatch(items.size());
+  std::vector<FragmentMemberOptions> options(items.size());
+  int64_t bucket_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
+    FusedMember fused;
+    fused.communicator_prefix = prefix;
+    fused.options.index = static_cast<int32_t>(i);
     absl::StatusOr<StartedPlan> started = Start(
         items[i].op, items[i].tensor, items[i].target_tensor, items[i].target_fn,
         [this, gid, i](const absl::Status& s, const PlanProgress& p) {
           OnMemberDone(gid, i, s, p);
         },
-        gid, &dispatch[i]);
+        gid, &fused);
     if (!started.ok()) {
       // Nothing was sent: the members started so far are forgotten, their tensors freed.
       for (const StartedPlan& m : out.members) Discard(m.id);
@@ -553,6 +620,8 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
       return absl::Status(started.status().code(),
                           absl::StrCat(items[i].where, ": ", started.status().message()));
     }
+    options[i] = fused.options;
+    bucket_bytes = bucket_bytes == 0 ? fused.bucket_bytes : std::min(bucket_bytes, fused.bucket_bytes);
     out.bytes_moved += started->plan->bytes_moved;
     out.lower_bound_bytes += started->plan->lower_bound_bytes;
     {
@@ -563,25 +632,421 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     }
     out.members.push_back(*std::move(started));
   }
+  std::vector<const Plan*> plans;
+  plans.reserve(out.members.size());
+  for (const StartedPlan& m : out.members) plans.push_back(m.plan.get());
+  const StreamLimits limits = StreamLimitsFor(bucket_bytes);
+  const FusedExchangeStats stats = FusedExchange(plans, limits);
+  out.bucket_bytes = limits.bucket_bytes;
+  out.buckets = stats.messages;
   bool failed = false;
+  std::string error;
+  {
+    absl::MutexLock lock(&mu_);
+    Group& g = groups_.at(gid);
+    g.bucket_bytes = limits.bucket_bytes;
+    g.buckets = stats.messages;
+    failed = g.failed;
+    error = g.error;
+  }
+  if (failed) {
+    // A member was aborted (a worker died) before anything was sent: end the rest unsent.
+    AbortGroup(gid, error);
+    return out;
+  }
+  SendGroup(gid, out.members, options);
+  return out;
+}
+
+void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPlan>& members,
+                            const std::vector<FragmentMemberOptions>& options) {
+  std::vector<const Plan*> plans;
+  plans.reserve(members.size());
+  for (const StartedPlan& m : members) plans.push_back(m.plan.get());
+  GroupFragmentOptions go;
+  go.plan_id = gid;
+  go.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+  std::vector<std::pair<WorkerEndpoint, int64_t>> endpoints;  // (worker, rank)
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end() || git->second.failed) return;
+    Group& g = git->second;
+    go.communicator_prefix = g.communicator_prefix;
+    go.bucket_bytes = g.bucket_bytes;
+    // The group's workers: every member's participants, expecting what they all receive.
+    for (const std::string& id : g.members) {
+      const Entry& e = plans_.at(id);
+      for (const auto& [r, p] : e.participants) {
+        Participant& gp = g.participants[r];
+        gp.endpoint = p.endpoint;
+        gp.bytes_expected += p.bytes_expected;
+      }
+    }
+    for (const auto& [r, p] : g.participants) {
+      go.incarnations[r] = p.endpoint.incarnation;
+      endpoints.emplace_back(p.endpoint, r);
+    }
+    g.sent = true;
+    g.timer = timer_->Schedule(g.start + options_.plan_timeout, [this, gid] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = groups_.find(gid);
+        if (it == groups_.end()) return;
+        const Group& pg = it->second;
+        std::vector<std::string> waiting;
+        for (const auto& [r, p] : pg.participants) {
+          if (!p.executed) {
+            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
+          } else if (!p.reported) {
+            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
+          }
+        }
+        reason = absl::StrCat("group ", gid, " timed out after ",
+                              absl::FormatDuration(options_.plan_timeout), " in state ",
+                              PlanStateName(pg.state), "; waiting for ",
+                              waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
+      }
+      AbortGroup(gid, reason);
+    });
+  }
+  std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, options, go);
+  for (const auto& [endpoint, rank] : endpoints) {
+    const int64_t r = rank;
+    client_->Execute(endpoint, fragments[rank],
+                     [this, gid, r](absl::Status s) { OnGroupExecuteDone(gid, r, s); });
+  }
+}
+
+std::vector<std::pair<PlanManager::WatchFn, PlanProgress>> PlanManager::MembersToLocked(
+    const Group& g, PlanState state) {
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  for (const std::string& id : g.members) {
+    auto it = plans_.find(id);
+    if (it == plans_.end() || it->second.state_ended()) continue;
+    Entry& e = it->second;
+    if (static_cast<int>(e.state) >= static_cast<int>(state)) continue;
+    e.state = state;
+    if (state == PlanState::kTransferred) e.transferred = g.transferred;
+    for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
+  }
+  return calls;
+}
+
+void PlanManager::OnGroupExecuteDone(const std::string& gid, int64_t rank,
+                                     const absl::Status& status) {
+  std::string abort_reason;
+  bool validate = false;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(gid);
-    failed = it == groups_.end() || it->second.failed;
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    if (g.failed || g.closing || g.over) return;
+    Participant& p = g.participants.at(rank);
+    if (!status.ok()) {
+      abort_reason =
+          absl::StrCat(Describe(p.endpoint), " could not start its fragment: ", status.ToString());
+    } else if (!p.executed) {
+      p.executed = true;
+      ++g.executed;
+      for (const std::string& id : g.members) {
+        Entry& e = plans_.at(id);
+        auto pit = e.participants.find(rank);
+        if (pit != e.participants.end()) pit->second.executed = true;
+      }
+      const int64_t n = static_cast<int64_t>(g.participants.size());
+      if (g.executed == n && g.state == PlanState::kPending) {
+        g.state = PlanState::kPrepared;
+        calls = MembersToLocked(g, PlanState::kPrepared);
+      }
+      if (g.executed == n && g.reported == n && g.failing.empty()) {
+        g.state = PlanState::kTransferred;
+        g.transferred = clock_->Now();
+        for (auto& c : MembersToLocked(g, PlanState::kTransferred)) calls.push_back(std::move(c));
+        validate = true;
+      }
+    }
   }
-  if (failed) {
-    // A member was aborted (a worker died) before anything was sent: end them all unsent.
-    for (const StartedPlan& m : out.members) Abort(m.id, "another member of the group aborted");
-    return out;
+  if (!abort_reason.empty()) return AbortGroup(gid, abort_reason);
+  Tell(calls);
+  if (validate) ValidateGroup(gid);
+}
+
+absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
+  const std::string& gid = report.plan_id;
+  std::string abort_reason;
+  bool validate = false;
+  bool start_grace = false;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown plan '", gid, "'"));
+    }
+    Group& g = git->second;
+    if (g.failed || g.closing || g.over) {
+      return absl::AbortedError(absl::StrCat("plan ", gid, " already ended (",
+                                             g.closing ? "committing" : PlanStateName(g.state),
+                                             ")"));
+    }
+    auto pit = g.participants.find(report.rank);
+    if (pit == g.participants.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", report.rank, " takes no part in plan ", gid));
+    }
+    Participant& p = pit->second;
+    if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
+      return absl::AbortedError(
+          absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
+                       " incarnation ", report.incarnation, " is stale: plan ", gid, " runs with ",
+                       Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
+    }
+    if (report.final) {
+      p.timing = report.timing;
+      p.timing.set_rank(report.rank);
+      p.timing.set_worker(report.worker);
+      p.timing.set_error(report.error);
+    }
+    if (!report.error.empty()) {
+      const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+      if (options_.failure_grace <= absl::ZeroDuration()) {
+        abort_reason = reason;
+      } else if (g.failing.empty()) {
+        g.failing = reason;
+        start_grace = true;
+      }
+    } else if (!report.final) {
+      p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
+    } else if (!p.reported) {
+      p.reported = true;
+      ++g.reported;
+      p.bytes_done = p.bytes_expected;
+      for (const WorkerReport::Member& m : report.members) {
+        Entry* e = m.index >= 0 && static_cast<size_t>(m.index) < g.members.size()
+                       ? &plans_.at(g.members[m.index])
+                       : nullptr;
+        auto mp = e != nullptr ? e->participants.find(report.rank)
+                               : std::map<int64_t, Participant>::iterator();
+        if (e == nullptr || mp == e->participants.end()) {
+          abort_reason = absl::StrCat(Describe(p.endpoint), " reported member ", m.index,
+                                      ", which it takes no part in");
+          break;
+        }
+        mp->second.reported = true;
+        mp->second.chunks = m.chunks;
+        mp->second.chunks.rank = report.rank;
+        mp->second.checksums = m.checksums;
+        mp->second.bytes_done = mp->second.bytes_expected;
+        mp->second.timing = p.timing;
+      }
+      const int64_t n = static_cast<int64_t>(g.participants.size());
+      if (abort_reason.empty() && g.executed == n && g.reported == n && g.failing.empty()) {
+        g.state = PlanState::kTransferred;
+        g.transferred = clock_->Now();
+        calls = MembersToLocked(g, PlanState::kTransferred);
+        validate = true;
+      }
+    }
   }
-  for (size_t i = 0; i < items.size(); ++i) Send(out.members[i].id, std::move(dispatch[i]));
-  return out;
+  if (!abort_reason.empty()) {
+    AbortGroup(gid, abort_reason);
+    return absl::OkStatus();
+  }
+  if (start_grace) {
+    const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, gid] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = groups_.find(gid);
+        if (it == groups_.end()) return;
+        reason = it->second.failing;
+      }
+      AbortGroup(gid, reason);
+    });
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(gid);
+    if (it != groups_.end()) it->second.grace_timer = t;
+  }
+  Tell(calls);
+  if (validate) ValidateGroup(gid);
+  return absl::OkStatus();
+}
+
+void PlanManager::ValidateGroup(const std::string& gid) {
+  std::string failure;
+  std::vector<std::pair<std::string, CommitWork>> work;
+  std::vector<TensorManager::CommitItem> items;
+  Timer::Id timer = 0, grace_timer = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) return;
+    Group& g = git->second;
+    if (g.failed || g.closing || g.over || !g.failing.empty()) return;
+    // Reports are complete and no longer change; checking under the lock costs O(chunks).
+    std::vector<LayoutChecksums> sums;
+    sums.reserve(g.members.size());
+    for (size_t i = 0; i < g.members.size() && failure.empty(); ++i) {
+      const Entry& e = plans_.at(g.members[i]);
+      if (e.state_ended()) {
+        failure = absl::StrCat(g.labels[i], " ended");
+        break;
+      }
+      absl::StatusOr<LayoutChecksums> checked = CheckReports(e);
+      if (!checked.ok()) {
+        failure =
+            absl::StrCat(g.labels[i], ": validation failed: ", checked.status().message());
+        break;
+      }
+      sums.push_back(*std::move(checked));
+    }
+    if (failure.empty()) {
+      g.closing = true;  // From here on deaths and timeouts no longer abort it.
+      timer = std::exchange(g.timer, 0);
+      grace_timer = std::exchange(g.grace_timer, 0);
+      work.reserve(g.members.size());
+      items.reserve(g.members.size());
+      for (size_t i = 0; i < g.members.size(); ++i) {
+        Entry& e = plans_.at(g.members[i]);
+        CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
+        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
+        work.emplace_back(e.id, std::move(w));
+      }
+    }
+  }
+  if (!failure.empty()) return AbortGroup(gid, failure);
+  if (timer != 0) timer_->Cancel(timer);
+  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      groups_.at(gid).closing = false;
+      for (const auto& [id, w] : work) plans_.at(id).closing = false;
+    }
+    return AbortGroup(gid, absl::StrCat("group commit failed: ", s.message()));
+  }
+  EndGroupCommit(gid, std::move(work));
+}
+
+void PlanManager::EndGroupCommit(const std::string& gid,
+                                 std::vector<std::pair<std::string, CommitWork>> work) {
+  // Copies' sources were only read: they keep their versions and are free again.
+  for (const auto& [id, w] : work) {
+    if (w.target_tensor != w.tensor) tensors_->Release(w.tensor, id);
+  }
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  std::vector<WorkerEndpoint> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    Group& g = groups_.at(gid);
+    const absl::Time now = clock_->Now();
+    g.state = PlanState::kCommitted;
+    g.end = now;
+    for (const auto& [id, w] : work) {
+      Entry& e = plans_.at(id);
+      e.state = PlanState::kCommitted;
+      e.end = now;
+      for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
+    }
+    for (const auto& [r, p] : g.participants) finish.push_back(p.endpoint);
+  }
+  Tell(calls);
+  // One FinishPlan per worker drops every member's old version it may hold; the members
+  // complete once every live worker has answered.
+  std::map<int64_t, v1::FinishPlanRequest> requests;
+  for (const auto& [id, w] : work) {
+    for (const WorkerEndpoint& e : w.finish) {
+      v1::FinishMember* m = requests[e.rank].add_members();
+      m->set_tensor(w.target_tensor);
+      m->set_drop_version(w.old_target_version);
+    }
+  }
+  std::vector<WorkerEndpoint> live;
+  for (const WorkerEndpoint& w : finish) {
+    if (workers_->IsLive(w.rank, w.incarnation)) live.push_back(w);
+  }
+  auto ids = std::make_shared<std::vector<std::string>>();
+  for (const auto& [id, w] : work) ids->push_back(id);
+  auto complete = [this, ids] {
+    for (const std::string& id : *ids) Complete(id, absl::OkStatus());
+  };
+  if (live.empty()) return complete();
+  auto remaining = std::make_shared<std::atomic<int64_t>>(static_cast<int64_t>(live.size()));
+  for (const WorkerEndpoint& w : live) {
+    v1::FinishPlanRequest& req = requests[w.rank];
+    req.set_plan_id(gid);
+    req.set_commit(true);
+    req.set_drop_version(-1);
+    client_->FinishPlan(w, req, [remaining, complete](absl::Status) {
+      if (remaining->fetch_sub(1) == 1) complete();
+    });
+  }
+}
+
+void PlanManager::AbortGroup(const std::string& gid, const std::string& reason) {
+  std::vector<std::string> aborted;  // Member ids.
+  struct Release {
+    std::string tensor, target_tensor, id, target_mesh;
+  };
+  std::vector<Release> releases;
+  std::vector<WorkerEndpoint> participants;
+  Timer::Id timer = 0, grace_timer = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) return;
+    Group& g = git->second;
+    if (g.closing || g.over) return;
+    const bool first = !g.failed;
+    if (first) {
+      g.failed = true;
+      g.error = reason;
+      g.state = PlanState::kAborted;
+      g.end = clock_->Now();
+      timer = std::exchange(g.timer, 0);
+      grace_timer = std::exchange(g.grace_timer, 0);
+      // Before the tensors are released below, so no later plan reuses this epoch's keys.
+      if (g.communicator_prefix == CommPrefixLocked()) ++comm_epoch_;
+      if (g.sent) {
+        for (const auto& [r, p] : g.participants) participants.push_back(p.endpoint);
+      }
+    }
+    const std::string why = absl::StrCat("group ", gid, ": ", g.error);
+    for (const std::string& id : g.members) {
+      auto it = plans_.find(id);
+      if (it == plans_.end() || it->second.state_ended() || it->second.closing) continue;
+      Entry& e = it->second;
+      e.state = PlanState::kAborted;
+      e.error = why;
+      e.end = clock_->Now();
+      releases.push_back(Release{e.tensor, e.target_tensor, id, e.target_mesh});
+      aborted.push_back(id);
+    }
+  }
+  if (timer != 0) timer_->Cancel(timer);
+  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  // The old layouts were never replaced; the tensors are free again at once.
+  for (const Release& r : releases) ReleaseTensors(r.tensor, r.target_tensor, r.id, r.target_mesh);
+  v1::FinishPlanRequest req;
+  req.set_plan_id(gid);
+  req.set_commit(false);
+  for (const WorkerEndpoint& w : participants) client_->FinishPlan(w, req, [](absl::Status) {});
+  for (size_t i = 0; i < aborted.size(); ++i) {
+    const Release& r = releases[i];
+    Complete(aborted[i],
+             absl::AbortedError(absl::StrCat(
+                 "plan ", r.id, " on tensor '", r.target_tensor, "'",
+                 r.target_tensor == r.tensor ? "" : absl::StrCat(" (copy of '", r.tensor, "')"),
+                 " aborted: group ", gid, ": ", reason)));
+  }
 }
 
 void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl::Status& status,
                                const PlanProgress& progress) {
-  std::vector<std::string> aborts;
-  std::string reason;
   GroupDoneCallback done;
   GroupProgress final;
   absl::Status final_status;
@@ -593,14 +1058,10 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
     g.finals[index] = progress;
     ++g.ended;
     if (!status.ok() && !g.failed) {
+      // Members abort only with their group (AbortGroup marks it first).
       g.failed = true;
-      g.error =
-          absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
-                       " failed: ", status.message());
-      reason = absl::StrCat("group ", gid, ": ", g.error);
-      for (size_t j = 0; j < g.members.size(); ++j) {
-        if (j != index) aborts.push_back(g.members[j]);
-      }
+      g.error = absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
+                             " failed: ", status.message());
     }
     if (g.ended == g.finals.size()) {
       final.group_id = gid;
@@ -612,45 +1073,17 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
                          ? absl::AbortedError(absl::StrCat("group ", gid, " aborted: ", g.error))
                          : absl::OkStatus();
       done = std::move(g.done);
-      groups_.erase(it);
-    }
-  }
-  for (const std::string& id : aborts) Abort(id, reason);
-  if (done) done(final_status, final);
-}
-
-void PlanManager::CommitGroup(const std::string& gid) {
-  std::vector<std::pair<std::string, CommitWork>> work;
-  std::vector<TensorManager::CommitItem> items;
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end() || git->second.failed) return;
-    const Group& g = git->second;
-    for (const std::string& id : g.members) {
-      auto it = plans_.find(id);
-      if (it == plans_.end() || it->second.state_ended() || it->second.closing ||
-          !it->second.validated.has_value()) {
-        return;  // Not every member is ready (or one ended: it aborts the others).
+      g.over = true;
+      g.done = nullptr;
+      if (g.end == absl::InfiniteFuture()) g.end = clock_->Now();
+      ended_groups_.push_back(gid);
+      while (ended_groups_.size() > options_.keep_ended_plans) {
+        groups_.erase(ended_groups_.front());
+        ended_groups_.pop_front();
       }
     }
-    for (const std::string& id : g.members) {
-      Entry& e = plans_.at(id);
-      CommitWork w = BeginCommitLocked(e, *std::move(e.validated));
-      items.push_back(TensorManager::CommitItem{w.target_tensor, id, w.state});
-      work.emplace_back(id, std::move(w));
-    }
   }
-  for (const auto& [id, w] : work) timer_->Cancel(w.timer);
-  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [id, w] : work) plans_.at(id).closing = false;
-    }
-    for (const auto& [id, w] : work) Abort(id, absl::StrCat("group commit failed: ", s.message()));
-    return;
-  }
-  for (const auto& [id, w] : work) EndCommit(id, w);
+  if (done) done(final_status, final);
 }
 
 // ---- Progress from workers ---------------------------------------------------------------
@@ -688,6 +1121,12 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
 }
 
 absl::Status PlanManager::Report(const WorkerReport& report) {
+  bool group = false;
+  {
+    absl::MutexLock lock(&mu_);
+    group = groups_.count(report.plan_id) > 0;
+  }
+  if (group) return ReportGroup(report);
   std::string abort_reason;
   bool validate = false;
   bool start_grace = false;
@@ -775,6 +1214,28 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
 
 absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
   absl::MutexLock lock(&mu_);
+  if (auto git = groups_.find(plan_id); git != groups_.end()) {
+    // The fused plan: the group's phases and each worker's exchange rounds.
+    const Group& g = git->second;
+    v1::PlanTrace out;
+    out.set_plan_id(g.id);
+    out.set_tensor(absl::StrCat(g.members.size(), g.members.size() == 1 ? " tensor" : " tensors"));
+    out.set_op("group");
+    out.set_state(static_cast<v1::PlanState>(static_cast<int>(g.state)));
+    out.set_error(g.error);
+    out.set_start_unix_us(absl::ToUnixMicros(g.start));
+    if (g.transferred != absl::InfinitePast()) {
+      out.set_transferred_unix_us(absl::ToUnixMicros(g.transferred));
+    }
+    if (g.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(g.end));
+    for (const auto& [rank, p] : g.participants) {
+      v1::RankTrace* r = out.add_ranks();
+      *r = p.timing;
+      r->set_rank(rank);
+      r->set_worker(p.endpoint.name);
+    }
+    return out;
+  }
   auto it = plans_.find(plan_id);
   if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
   const Entry& e = it->second;
@@ -858,9 +1319,10 @@ void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& re
       auto it = e.participants.find(worker.rank);
       if (it != e.participants.end() && it->second.endpoint.incarnation == worker.incarnation) {
         // The death is the cause; a peer's error seen in the grace is its echo.
-        aborts.emplace_back(id,
-                            absl::StrCat(worker.Describe(), " ", reason,
-                                         e.failing.empty() ? "" : "; before that, ", e.failing));
+        std::string failing = e.failing;
+        if (auto g = groups_.find(e.group); g != groups_.end()) failing = g->second.failing;
+        aborts.emplace_back(id, absl::StrCat(worker.Describe(), " ", reason,
+                                             failing.empty() ? "" : "; before that, ", failing));
       }
     }
   }
@@ -928,16 +1390,6 @@ void PlanManager::Validate(const std::string& id) {
   if (!sums.ok()) {
     return Abort(id, absl::StrCat("validation failed: ", sums.status().message()));
   }
-  std::string group;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end()) return;
-    group = it->second.group;
-    // A group member waits, still abortable, until every member has validated.
-    if (!group.empty()) it->second.validated = *std::move(sums);
-  }
-  if (!group.empty()) return CommitGroup(group);
   Commit(id, *std::move(sums));
 }
 
@@ -1017,6 +1469,28 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
   std::string tensor, target_tensor, target_mesh;
   int64_t target_version = 0;
   Timer::Id timer = 0, grace_timer = 0;
+  std::string group;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
+    Entry& e = it->second;
+    group = e.group;
+  }
+  // A group member runs inside its group's fused plan: the group aborts as a whole, the
+  // reason naming the member.
+  if (!group.empty()) {
+    std::string label = id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto g = groups_.find(group); g != groups_.end()) {
+        const auto& members = g->second.members;
+        auto at = std::find(members.begin(), members.end(), id);
+        if (at != members.end()) label = g->second.labels[at - members.begin()];
+      }
+    }
+    return AbortGroup(group, absl::StrCat(label, ": ", reason));
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -1037,7 +1511,7 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
     timer = e.timer;
     grace_timer = e.grace_timer;
   }
-  timer_->Cancel(timer);
+  if (timer != 0) timer_->Cancel(timer);
   if (grace_timer != 0) timer_->Cancel(grace_timer);
   // The old layout was never replaced; the tensors are free again at once.
   ReleaseTensors(tensor, target_tensor, id, target_mesh);

@@ -118,6 +118,9 @@ struct StartedGroup {
   std::vector<StartedPlan> members;  // In the group's order; members[i].tensor is copies[i].dst.
   int64_t bytes_moved = 0;
   int64_t lower_bound_bytes = 0;
+  // The fused exchange: messages over all pairs of ranks, cut with this bucket size.
+  int64_t buckets = 0;
+  int64_t bucket_bytes = 0;
 };
 
 // INVALID_ARGUMENT naming the member and field ("copies[2].dst: ...") for an empty group, an
@@ -126,6 +129,8 @@ absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies);
 // As CheckCopyGroup for "redistributes[i].tensor": an empty group, an empty name, a tensor
 // named twice.
 absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members);
+// As CheckCopyGroup for "tensors[i]" of a GatherGroup.
+absl::Status CheckGatherGroup(const std::vector<std::string>& tensors);
 
 // What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
 struct WorkerReport {
@@ -139,6 +144,13 @@ struct WorkerReport {
   RankChunks chunks;
   ChunkChecksums checksums;
   v1::RankTrace timing;  // Final reports: when the fragment and its steps ran.
+  // A fused group's final report: chunks and checksums per member (FragmentMember.index).
+  struct Member {
+    int32_t index = 0;
+    RankChunks chunks;
+    ChunkChecksums checksums;
+  };
+  std::vector<Member> members;
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
@@ -180,13 +192,17 @@ class PlanManager : public WorkerListener {
   // holding dst.
   absl::StatusOr<StartedPlan> Copy(const std::string& src, const std::string& dst,
                                    DoneCallback done);
-  // Many Copies as one transaction: every member is a plan of its own (its own id, fragments
-  // and reports), but none commits before every member has validated, and then all dsts get
-  // their new versions in one TensorManager::CommitAll, so no reader sees some of them new and
-  // others old. A member that fails aborts every other member; then every dst keeps its old
-  // version. All tensors are acquired before any fragment is sent. Errors as Copy's, and
-  // CheckCopyGroup's, each message prefixed with "copies[i]"; a refused group changes nothing.
-  // `done` runs once, after every member ended.
+  // Many Copies as one transaction and one fused plan. Each member is planned as a Copy and
+  // keeps its own plan id (Progress, Watch, List, Trace and metrics see it), but the workers
+  // get one fragment per worker for the whole group (the group's id, every member's section,
+  // sharding/fused_stream.h cuts the transfers between each pair of ranks into buckets) and
+  // send one report each. Every member is validated on its own (CheckReports); none commits
+  // before every member has validated, and then all dsts get their new versions in one
+  // TensorManager::CommitAll, so no reader sees some of them new and others old. Any failure
+  // (a worker error or death, a member that does not validate, the plan timeout) aborts the
+  // whole group; then every dst keeps its old version. All tensors are acquired before any
+  // fragment is sent. Errors as Copy's, and CheckCopyGroup's, each message prefixed with
+  // "copies[i]"; a refused group changes nothing. `done` runs once, after every member ended.
   using GroupDoneCallback = std::function<void(const absl::Status&, const GroupProgress&)>;
   absl::StatusOr<StartedGroup> CopyGroup(const std::vector<CopyMember>& copies,
                                          GroupDoneCallback done);
@@ -195,6 +211,12 @@ class PlanManager : public WorkerListener {
   // prefixed with "redistributes[i]" (a bad spec: "redistributes[i].target...").
   absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
                                                  GroupDoneCallback done);
+  // Many Gathers (to every rank of `mesh`, empty: each tensor's own; or to `to_rank`) as one
+  // group, as RedistributeGroup. Errors as Gather's and CheckGatherGroup's, prefixed with
+  // "tensors[i]".
+  absl::StatusOr<StartedGroup> GatherGroup(const std::vector<std::string>& tensors,
+                                           const std::string& mesh,
+                                           std::optional<int64_t> to_rank, GroupDoneCallback done);
 
   // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
   // ranks that lost their copy (a worker that died and registered again) get it back from a
@@ -216,7 +238,9 @@ class PlanManager : public WorkerListener {
   absl::Status Report(const WorkerReport& report);
 
   absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
-  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND.
+  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND. A group's
+  // id gives the fused plan's timeline (its exchange rounds per rank, op "group"); a group
+  // member's id gives the same rank tracks under the member's id, tensor and op.
   absl::StatusOr<v1::PlanTrace> Trace(const std::string& plan_id) const;
   // Up to `limit` plans, running and kept ended ones, newest first.
   std::vector<v1::PlanSummary> List(size_t limit) const;
@@ -269,16 +293,41 @@ class PlanManager : public WorkerListener {
     v1::RankTrace timing;  // From its final report.
   };
 
+  // A group runs on the workers as one fused plan under the group's id: one fragment, one
+  // report and one FinishPlan per worker. Its members keep their plan entries (ids,
+  // progress, validation, the commit's items), which it moves through their states.
   struct Group {
+    std::string id;
     std::vector<std::string> members;  // Plan ids, in the group's order.
-    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst')".
+    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst', plan p-3)".
     std::vector<std::optional<PlanProgress>> finals;
-    size_t validated = 0;
     size_t ended = 0;
-    bool failed = false;  // A member aborted: the others are aborted too.
+    bool failed = false;  // Aborted (every member is aborted with it).
     std::string error;
     absl::Time start;
     GroupDoneCallback done;
+    // The fused plan.
+    std::string communicator_prefix;
+    int64_t bucket_bytes = 0;
+    int64_t buckets = 0;
+    std::map<int64_t, Participant> participants;  // Every worker of any member.
+    int64_t executed = 0;
+    int64_t reported = 0;
+    bool sent = false;     // Fragments dispatched.
+    bool closing = false;  // Validated, committing: no longer abortable.
+    bool over = false;     // Every member ended; kept for traces.
+    std::string failing;   // First worker error, while in the failure grace.
+    Timer::Id timer = 0;
+    Timer::Id grace_timer = 0;
+    PlanState state = PlanState::kPending;
+    absl::Time transferred = absl::InfinitePast();
+    absl::Time end = absl::InfiniteFuture();
+  };
+  // What Start hands a group about a fused member.
+  struct FusedMember {
+    std::string communicator_prefix;  // In: the group's.
+    FragmentMemberOptions options;    // Out.
+    int64_t bucket_bytes = 0;         // Out: the smallest --bucket-bytes of its workers.
   };
 
   // What Commit needs once the plan no longer changes (closing).
@@ -295,7 +344,6 @@ class PlanManager : public WorkerListener {
     std::string id;
     const char* op = "";  // For metrics.
     std::string group;    // Non-empty: a member of that group, committed with it.
-    std::optional<LayoutChecksums> validated;  // A group member's reports, checked.
     std::string tensor;                        // Read at source_version.
     std::string target_tensor;                 // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
@@ -336,14 +384,14 @@ class PlanManager : public WorkerListener {
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
   // for a Copy.
-  // With `deferred`, the plan is stored but its fragments are appended there instead of sent
-  // (a group sends them once every member started), and the entry joins `group`.
+  // With `fused`, the plan is stored as a member of `group` (no timer, nothing sent: the
+  // group dispatches one fused fragment per worker once every member started).
   using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
   // `op` names the operation in metrics ("redistribute", "gather", "copy").
   absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
                                     const std::string& target_tensor, const TargetFn& target_fn,
                                     DoneCallback done, const std::string& group = "",
-                                    Dispatch* deferred = nullptr);
+                                    FusedMember* fused = nullptr);
   void Send(const std::string& id, Dispatch fragments);
   // Forgets a started plan whose fragments were never sent: releases its tensors.
   void Discard(const std::string& id);
@@ -361,7 +409,23 @@ class PlanManager : public WorkerListener {
                                           GroupDoneCallback done);
   void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
                     const PlanProgress& progress);
-  void CommitGroup(const std::string& group);
+  // Sends every worker its fused fragment.
+  void SendGroup(const std::string& group, const std::vector<StartedPlan>& members,
+                 const std::vector<FragmentMemberOptions>& options);
+  void OnGroupExecuteDone(const std::string& group, int64_t rank, const absl::Status& status);
+  absl::Status ReportGroup(const WorkerReport& report);
+  // Every member validates, then all commit in one CommitAll; else the group aborts.
+  void ValidateGroup(const std::string& group);
+  void EndGroupCommit(const std::string& group,
+                      std::vector<std::pair<std::string, CommitWork>> work);
+  // Aborts every member not ended yet (idempotent; a no-op once the group is committing).
+  void AbortGroup(const std::string& group, const std::string& reason);
+  // The target of a Gather (to every rank of `mesh`, empty: the tensor's; or to `to_rank`).
+  absl::StatusOr<Target> GatherTarget(const TensorRecord& rec, const std::string& mesh,
+                                      std::optional<int64_t> to_rank) const;
+  // Members' states follow the group's; returns what to tell watchers.
+  std::vector<std::pair<WatchFn, PlanProgress>> MembersToLocked(const Group& g, PlanState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under mu_: marks the plan closing and gathers what committing it takes.
   CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -404,7 +468,8 @@ class PlanManager : public WorkerListener {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running groups.
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running and kept groups.
+  std::deque<std::string> ended_groups_ ABSL_GUARDED_BY(mu_);
   int64_t next_group_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;

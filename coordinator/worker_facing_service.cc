@@ -33,6 +33,10 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
                                                               v1::RegisterWorkerResponse* resp) {
   if (absl::Status a = Authorize(ctx, "RegisterWorker"); !a.ok()) return Done(ctx, a);
   if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
+  if (req->bucket_bytes() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                         "bucket_bytes = ", req->bucket_bytes(), " must be >= 0")));
+  }
   std::vector<HeldBuffer> held;
   held.reserve(req->held_size());
   for (int i = 0; i < req->held_size(); ++i) {
@@ -51,7 +55,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
   }
   absl::StatusOr<WorkerRecord> w =
       workers_->Register(WorkerSpec{req->name(), req->host(), req->device(), req->address(),
-                                    req->backend(), req->local_socket()});
+                                    req->backend(), req->local_socket(), req->bucket_bytes()});
   if (!w.ok()) return Done(ctx, w.status());
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
       tensors_->Reconcile(w->rank, w->incarnation, held);
@@ -144,6 +148,14 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
         RankChunksFromProto(req->chunks(), "chunks", &report.checksums);
     if (!chunks.ok()) return Done(ctx, chunks.status());
     report.chunks = *std::move(chunks);
+    for (int i = 0; i < req->members_size(); ++i) {
+      WorkerReport::Member& m = report.members.emplace_back();
+      m.index = req->members(i).index();
+      absl::StatusOr<RankChunks> member = RankChunksFromProto(
+          req->members(i).chunks(), absl::StrCat("members[", i, "].chunks"), &m.checksums);
+      if (!member.ok()) return Done(ctx, member.status());
+      m.chunks = *std::move(member);
+    }
   }
   return Done(ctx, plans_->Report(report));
 }

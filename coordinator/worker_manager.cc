@@ -39,6 +39,7 @@ absl::Status WorkerManager::Persist(const WorkerRecord& w) {
   info.set_address(w.spec.address);
   info.set_backend(w.spec.backend);
   info.set_local_socket(w.spec.local_socket);
+  info.set_bucket_bytes(w.spec.bucket_bytes);
   info.set_incarnation(w.incarnation);
   info.set_state(w.alive ? v1::ALIVE : v1::DEAD);
   return store_->Put(kWorkerKind, w.spec.name, info.SerializeAsString());
@@ -60,8 +61,8 @@ absl::Status WorkerManager::Load() {
       return absl::InternalError(absl::StrCat("state store: workers '", w.spec.name, "' and '",
                                               info.name(), "' both have rank ", info.rank()));
     }
-    w.spec = WorkerSpec{info.name(),    info.host(),    info.device(),
-                        info.address(), info.backend(), info.local_socket()};
+    w.spec = WorkerSpec{info.name(),    info.host(),    info.device(),      info.address(),
+                        info.backend(), info.local_socket(), info.bucket_bytes()};
     w.rank = info.rank();
     w.incarnation = info.incarnation();
     w.alive = false;

@@ -26,6 +26,8 @@ struct WorkerSpec {
   std::string backend;  // "gloo" or "nccl".
   // Its Unix socket for user processes that attach buffers; empty: none.
   std::string local_socket;
+  // Its --bucket-bytes for fused group exchanges; 0: unknown (the default).
+  int64_t bucket_bytes = 0;
 };
 
 // A snapshot of one worker.

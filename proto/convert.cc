@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -687,38 +688,65 @@ v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOpti
   return out;
 }
 
-absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
-  Fragment out;
-  if (f.plan_id().empty()) return Bad("plan_id", "empty");
-  if (f.tensor().empty()) return Bad("tensor", "empty");
-  out.plan_id = f.plan_id();
-  out.tensor = f.tensor();
-  out.target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
-  absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), "dtype");
+namespace {
+
+// The fields PlanFragment and FragmentMember share (same names), for `rank`; error fields
+// start with `prefix` ("" or "members[2].").
+template <typename P>
+absl::Status ParseFragmentBody(const P& f, int64_t rank, absl::string_view prefix,
+                               Fragment* out) {
+  auto field = [prefix](absl::string_view name) { return absl::StrCat(prefix, name); };
+  if (f.tensor().empty()) return Bad(field("tensor"), "empty");
+  out->tensor = f.tensor();
+  out->target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
+  absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), field("dtype"));
   if (!dtype.ok()) return dtype.status();
-  out.dtype = *dtype;
-  if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
-  out.rank = f.rank();
-  out.source_version = f.source_version();
-  out.target_version = f.target_version();
-  for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out.source),
-                               std::make_tuple("target", &f.target(), &out.target)}) {
-    absl::StatusOr<RankChunks> parsed = RankChunksFromProto(*rc, name);
+  out->dtype = *dtype;
+  out->rank = rank;
+  out->source_version = f.source_version();
+  out->target_version = f.target_version();
+  for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out->source),
+                               std::make_tuple("target", &f.target(), &out->target)}) {
+    absl::StatusOr<RankChunks> parsed = RankChunksFromProto(*rc, field(name));
     if (!parsed.ok()) return parsed.status();
-    if (!parsed->chunks.empty() && parsed->rank != f.rank()) {
-      return Bad(absl::StrCat(name, ".rank"), parsed->rank, " but the fragment is for rank ",
-                 f.rank());
+    if (!parsed->chunks.empty() && parsed->rank != rank) {
+      return Bad(field(absl::StrCat(name, ".rank")), parsed->rank,
+                 " but the fragment is for rank ", rank);
     }
-    parsed->rank = f.rank();
+    parsed->rank = rank;
     *dst = *std::move(parsed);
   }
   for (int i = 0; i < f.local_copies_size(); ++i) {
-    const std::string item = Index("local_copies", i);
+    const std::string item = Index(field("local_copies"), i);
     absl::StatusOr<LocalCopy> c = LocalCopyFromProto(f.local_copies(i), item);
     if (!c.ok()) return c.status();
-    if (c->rank != f.rank()) return Bad(item, "rank ", c->rank, " in a fragment for ", f.rank());
-    out.local_copies.push_back(*std::move(c));
+    if (c->rank != rank) return Bad(item, "rank ", c->rank, " in a fragment for ", rank);
+    out->local_copies.push_back(*std::move(c));
   }
+  out->zero_fill = f.zero_fill();
+  out->divide_by = f.divide_by() == 0 ? 1 : f.divide_by();
+  if (out->divide_by < 0) return Bad(field("divide_by"), out->divide_by, " < 0");
+  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(f.reduce_op(), field("reduce_op"));
+  if (!op.ok()) return op.status();
+  out->reduce_op = *op;
+  out->num_partials = f.num_partials() == 0 ? 1 : f.num_partials();
+  if (out->num_partials < 1) return Bad(field("num_partials"), out->num_partials, " < 1");
+  if (absl::Status s = NonNegative(field("attached_target_version"), f.attached_target_version());
+      !s.ok()) {
+    return s;
+  }
+  out->attached_target_version = f.attached_target_version();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
+  Fragment out;
+  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+  out.plan_id = f.plan_id();
+  if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
+  if (absl::Status s = ParseFragmentBody(f, f.rank(), "", &out); !s.ok()) return s;
   for (int i = 0; i < f.steps_size(); ++i) {
     const std::string item = Index("steps", i);
     absl::StatusOr<Step> s = StepFromProto(f.steps(i), item);
@@ -729,14 +757,6 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
     out.steps.push_back(*std::move(s));
     out.step_indices.push_back(f.steps(i).index());
   }
-  out.zero_fill = f.zero_fill();
-  out.divide_by = f.divide_by() == 0 ? 1 : f.divide_by();
-  if (out.divide_by < 0) return Bad("divide_by", out.divide_by, " < 0");
-  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(f.reduce_op(), "reduce_op");
-  if (!op.ok()) return op.status();
-  out.reduce_op = *op;
-  out.num_partials = f.num_partials() == 0 ? 1 : f.num_partials();
-  if (out.num_partials < 1) return Bad("num_partials", out.num_partials, " < 1");
   if (f.member_ranks_size() != f.member_incarnations_size()) {
     return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
                f.member_ranks_size(), " member_ranks");
@@ -747,11 +767,147 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
   out.step_timeout_ms = f.step_timeout_ms();
   out.communicator_prefix = f.communicator_prefix();
-  if (absl::Status s = NonNegative("attached_target_version", f.attached_target_version());
-      !s.ok()) {
-    return s;
+  return out;
+}
+
+std::map<int64_t, v1::FragmentMember> MakeFragmentMembers(const Plan& plan,
+                                                          const FragmentMemberOptions& options) {
+  std::map<int64_t, v1::FragmentMember> out;
+  const std::vector<int64_t>& zero_fill = plan.zero_fill_ranks;  // Sorted.
+  for (int64_t rank : PlanParticipants(plan)) {
+    v1::FragmentMember& m = out[rank];
+    m.set_index(options.index);
+    m.set_plan_id(options.plan_id);
+    m.set_tensor(options.tensor);
+    if (!options.target_tensor.empty() && options.target_tensor != options.tensor) {
+      m.set_target_tensor(options.target_tensor);
+    }
+    m.set_dtype(DTypeToProto(plan.dtype));
+    m.set_source_version(options.source_version);
+    m.set_target_version(options.target_version);
+    if (const RankChunks* rc = plan.source.Find(rank)) *m.mutable_source() = RankChunksToProto(*rc);
+    m.mutable_source()->set_rank(rank);
+    if (const RankChunks* rc = plan.target.Find(rank)) {
+      *m.mutable_target() = RankChunksToProto(*rc);
+      m.set_attached_target_version(options.attached_target_version);
+    }
+    m.mutable_target()->set_rank(rank);
+    m.set_zero_fill(std::binary_search(zero_fill.begin(), zero_fill.end(), rank));
+    m.set_divide_by(plan.divide_by);
+    m.set_reduce_op(ReduceOpToProto(plan.source.partial_op()));
+    m.set_num_partials(plan.source.num_partials());
   }
-  out.attached_target_version = f.attached_target_version();
+  for (const LocalCopy& c : plan.local_copies) {
+    *out[c.rank].add_local_copies() = LocalCopyToProto(c);
+  }
+  for (const Step& step : plan.steps) {
+    for (const Transfer& t : step.transfers) {
+      const v1::Transfer proto = TransferToProto(t);
+      *out[t.src].add_transfers() = proto;
+      *out[t.dst].add_transfers() = proto;
+    }
+  }
+  return out;
+}
+
+std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
+    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
+    const GroupFragmentOptions& options) {
+  std::set<int64_t> exchange;
+  for (const Plan* plan : plans) {
+    for (const Step& step : plan->steps) {
+      for (const Transfer& t : step.transfers) {
+        if (t.bytes == 0) continue;
+        exchange.insert(t.src);
+        exchange.insert(t.dst);
+      }
+    }
+  }
+  std::map<int64_t, v1::PlanFragment> out;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (auto& [rank, member] : MakeFragmentMembers(*plans[i], members[i])) {
+      *out[rank].add_members() = std::move(member);
+    }
+  }
+  for (auto& [rank, f] : out) {
+    f.set_plan_id(options.plan_id);
+    f.set_rank(rank);
+    f.set_step_timeout_ms(options.step_timeout_ms);
+    f.set_communicator_prefix(options.communicator_prefix);
+    f.set_bucket_bytes(options.bucket_bytes);
+    if (exchange.count(rank) == 0) continue;
+    for (int64_t r : exchange) {
+      f.add_exchange_ranks(r);
+      f.add_member_ranks(r);
+      auto it = options.incarnations.find(r);
+      f.add_member_incarnations(it == options.incarnations.end() ? 0 : it->second);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) {
+  GroupFragment out;
+  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+  out.plan_id = f.plan_id();
+  if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
+  out.rank = f.rank();
+  if (f.member_ranks_size() != f.member_incarnations_size()) {
+    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
+               f.member_ranks_size(), " member_ranks");
+  }
+  for (int i = 0; i < f.member_ranks_size(); ++i) {
+    out.member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
+  }
+  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
+  out.step_timeout_ms = f.step_timeout_ms();
+  out.communicator_prefix = f.communicator_prefix();
+  if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
+  out.bucket_bytes = f.bucket_bytes();
+  for (int i = 0; i < f.exchange_ranks_size(); ++i) {
+    const int64_t r = f.exchange_ranks(i);
+    const std::string item = Index("exchange_ranks", i);
+    if (absl::Status s = NonNegative(item, r); !s.ok()) return s;
+    if (i > 0 && r <= f.exchange_ranks(i - 1)) return Bad(item, r, " is not sorted or repeats");
+    if (!out.member_incarnations.contains(r)) {
+      return Bad(item, "rank ", r, " has no entry in member_ranks/member_incarnations");
+    }
+    out.exchange_ranks.push_back(r);
+  }
+  const bool in_exchange = std::binary_search(out.exchange_ranks.begin(),
+                                              out.exchange_ranks.end(), out.rank);
+  absl::flat_hash_set<int32_t> indices;
+  out.members.reserve(f.members_size());
+  for (int i = 0; i < f.members_size(); ++i) {
+    const v1::FragmentMember& m = f.members(i);
+    const std::string prefix = absl::StrCat(Index("members", i), ".");
+    if (m.index() < 0 || !indices.insert(m.index()).second) {
+      return Bad(absl::StrCat(prefix, "index"), m.index(), " is negative or repeats");
+    }
+    Fragment member;
+    member.plan_id = m.plan_id().empty() ? f.plan_id() : m.plan_id();
+    if (absl::Status s = ParseFragmentBody(m, f.rank(), prefix, &member); !s.ok()) return s;
+    for (int j = 0; j < m.transfers_size(); ++j) {
+      const std::string item = absl::StrCat(prefix, Index("transfers", j));
+      absl::StatusOr<Transfer> t = TransferFromProto(m.transfers(j), item);
+      if (!t.ok()) return t.status();
+      if (t->src != out.rank && t->dst != out.rank) {
+        return Bad(item, t->src, " -> ", t->dst, " does not involve rank ", out.rank);
+      }
+      const int64_t peer = t->src == out.rank ? t->dst : t->src;
+      if (!in_exchange ||
+          !std::binary_search(out.exchange_ranks.begin(), out.exchange_ranks.end(), peer)) {
+        return Bad(item, t->src, " -> ", t->dst, " leaves exchange_ranks [",
+                   absl::StrJoin(out.exchange_ranks, ","), "]");
+      }
+      member.transfers.push_back(*std::move(t));
+    }
+    member.member_incarnations = out.member_incarnations;
+    member.step_timeout_ms = out.step_timeout_ms;
+    member.communicator_prefix = out.communicator_prefix;
+    out.members.push_back(std::move(member));
+    out.indices.push_back(m.index());
+  }
   return out;
 }
 

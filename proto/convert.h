@@ -8,6 +8,7 @@
 // return the status as is.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,37 @@ struct FragmentOptions {
 // steps whose process group contains it (with their plan-wide index).
 v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options);
 
+// One member of a fused group (issue 10): what each participant of `plan` does, as the
+// FragmentMember sections of the workers' group fragments, by rank (every rank of
+// PlanParticipants). Each section lists only the transfers its rank sends or receives, in
+// plan order. One pass over the plan's transfers.
+struct FragmentMemberOptions {
+  int32_t index = 0;  // Position in the group.
+  std::string plan_id;
+  std::string tensor;
+  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  int64_t attached_target_version = 0;  // As FragmentOptions'.
+};
+std::map<int64_t, v1::FragmentMember> MakeFragmentMembers(const Plan& plan,
+                                                          const FragmentMemberOptions& options);
+
+// Every worker's fragment of a fused group of `plans` (members[i] describes plans[i]), by
+// rank: the members' sections merged in the group's order, exchange_ranks (every rank that
+// sends or receives any transfer) with their incarnations for the ranks among them, and the
+// group-wide fields.
+struct GroupFragmentOptions {
+  std::string plan_id;  // The group's id.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;  // Missing ranks get 0.
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+  int64_t bucket_bytes = 0;
+};
+std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
+    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
+    const GroupFragmentOptions& options);
+
 // A fragment as sharding types, for workers.
 struct Fragment {
   std::string plan_id;
@@ -182,7 +214,33 @@ struct Fragment {
   int64_t step_timeout_ms = 0;
   std::string communicator_prefix;
   int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
+  // A member of a fused group: the transfers this rank sends or receives, in plan order
+  // (`steps` is empty; the group's exchange moves them).
+  std::vector<Transfer> transfers;
 };
+
+// A fused group's fragment (PlanFragment with `members`), for workers.
+struct GroupFragment {
+  std::string plan_id;  // The group's id.
+  int64_t rank = 0;
+  // Each member this rank takes part in, in the group's order: plan_id is the member's own,
+  // rank, member_incarnations, step_timeout_ms and communicator_prefix the group's.
+  std::vector<Fragment> members;
+  std::vector<int32_t> indices;  // FragmentMember.index of members[i].
+  std::vector<int64_t> exchange_ranks;
+  absl::flat_hash_map<int64_t, int64_t> member_incarnations;  // Of exchange_ranks.
+  int64_t bucket_bytes = 0;
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+};
+
+// Whether a PlanFragment is a fused group's.
+inline bool IsGroupFragment(const v1::PlanFragment& f) { return f.members_size() > 0; }
+
+// Field by field, checking each member as FragmentFromProto does ("members[2].source: ...")
+// and that exchange_ranks is sorted, distinct, holds this rank when it moves anything, and
+// every transfer's peer, each with an incarnation; indices are distinct.
+absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& fragment);
 
 // Validates that the fragment is self-consistent for its rank: every step contains the rank,
 // every transfer's ends are members of its step, local copies

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/convert.h"
+#include "sharding/fused_stream.h"
 #include "sharding/layout.h"
 #include "sharding/plan.h"
 #include "worker/buffer_store.h"
@@ -38,6 +39,9 @@ struct ExecutorOptions {
   // hashing pipeline. Small enough for that, large enough that per-message costs stay
   // negligible. Every member of a plan must agree.
   int64_t message_bytes = int64_t{4} << 20;
+  // The worker's --bucket-bytes: the bucket size of a fused group whose fragment gives none
+  // (sharding/fused_stream.h).
+  int64_t bucket_bytes = kDefaultBucketBytes;
 };
 
 struct StepReport {

@@ -102,6 +102,12 @@ int Main(int argc, char** argv) {
                  "their memory with process_vm_writev instead of over loopback TCP, where the "
                  "peer allows it")
       ->capture_default_str();
+  app.add_option("--bucket-bytes", options.bucket_bytes,
+                 "Largest bucket of a fused group exchange (transfers of many tensors between "
+                 "two workers packed into one message stream); a plan's staging stays within 4 "
+                 "buckets. The coordinator gives a group the smallest of its workers' values")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--step-timeout", step_timeout,
                  "How long one plan step may take when the plan gives no timeout")
       ->capture_default_str();

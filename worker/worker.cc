@@ -183,6 +183,7 @@ absl::StatusOr<std::string> Worker::Start() {
 
   ExecutorOptions executor_options;
   executor_options.default_step_timeout = options_.step_timeout;
+  executor_options.bucket_bytes = options_.bucket_bytes;
   core_ = std::make_unique<WorkerCore>(
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
       executor_options, LogInfo, device_space_.get());
@@ -257,6 +258,7 @@ absl::StatusOr<std::string> Worker::Start() {
   agent_options.registration.set_device(device_name);
   agent_options.registration.set_backend(nccl ? "nccl" : "gloo");
   agent_options.registration.set_address(address);
+  agent_options.registration.set_bucket_bytes(options_.bucket_bytes);
   if (local_server_ != nullptr) agent_options.registration.set_local_socket(local_server_->path());
   agent_options.log = LogInfo;
   // Buffers survive a coordinator outage; every registration reports them so a restarted

@@ -57,6 +57,9 @@ struct WorkerOptions {
   std::string gloo_host;
   bool same_host_copy = true;
   absl::Duration step_timeout = absl::Seconds(60);  // When a plan gives none.
+  // Largest bucket of a fused group exchange, reported at registration; the coordinator
+  // gives each group the smallest of its workers' (sharding/fused_stream.h).
+  int64_t bucket_bytes = kDefaultBucketBytes;
   absl::Duration register_timeout = absl::Seconds(60);
   // Bearer token (worker role) for a coordinator started with --auth-tokens; empty: none.
   std::string token;

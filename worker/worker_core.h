@@ -132,7 +132,12 @@ class WorkerCore {
   int running() const;
 
  private:
+  struct RunPart;
   struct PlanRun;
+  absl::Status CheckPlanIdLocked(const std::string& plan_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finds the fragment's source buffer and makes (or finds, attached) its target.
+  absl::Status PrepareBuffers(const Fragment& f, RunPart* part);
   void Run(std::shared_ptr<PlanRun> run);
   void Report(const PlanRun& run, v1::ReportChunksRequest request);
 
