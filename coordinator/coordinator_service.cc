@@ -471,6 +471,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
         resp->set_state(v1::PENDING);
         resp->set_bytes_moved(started.bytes_moved);
         resp->set_lower_bound_bytes(started.lower_bound_bytes);
+        resp->set_buckets(started.buckets);
+        resp->set_bucket_bytes(started.bucket_bytes);
         for (size_t i = 0; i < started.members.size(); ++i) {
           const StartedPlan& m = started.members[i];
           v1::CopyGroupMember* out = resp->add_members();
@@ -491,6 +493,35 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
       });
 }
 
+namespace {
+
+// RedistributeGroupResponse from a started group (RedistributeGroup, GatherGroup).
+void FillGroupResponse(const StartedGroup& started, v1::RedistributeGroupResponse* resp) {
+  resp->set_group_id(started.id);
+  resp->set_state(v1::PENDING);
+  resp->set_bytes_moved(started.bytes_moved);
+  resp->set_lower_bound_bytes(started.lower_bound_bytes);
+  resp->set_buckets(started.buckets);
+  resp->set_bucket_bytes(started.bucket_bytes);
+  for (const StartedPlan& m : started.members) {
+    v1::RedistributeGroupMember* out = resp->add_members();
+    out->set_tensor(m.tensor);
+    out->set_version(m.target_version);
+    *out->mutable_progress() = PlanProgressToProto(m.progress);
+    *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+  }
+}
+
+void FinishGroupResponse(const GroupProgress& p, v1::RedistributeGroupResponse* resp) {
+  resp->set_state(static_cast<v1::PlanState>(p.state));
+  resp->set_seconds(p.seconds);
+  for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size(); ++i) {
+    *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+  }
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
     grpc::CallbackServerContext* ctx, const v1::RedistributeGroupRequest* req,
     v1::RedistributeGroupResponse* resp) {
@@ -509,27 +540,31 @@ grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
       [&](PlanManager::GroupDoneCallback done) {
         return plans_->RedistributeGroup(members, std::move(done));
       },
-      [&](const StartedGroup& started) {
-        resp->set_group_id(started.id);
-        resp->set_state(v1::PENDING);
-        resp->set_bytes_moved(started.bytes_moved);
-        resp->set_lower_bound_bytes(started.lower_bound_bytes);
-        for (const StartedPlan& m : started.members) {
-          v1::RedistributeGroupMember* out = resp->add_members();
-          out->set_tensor(m.tensor);
-          out->set_version(m.target_version);
-          *out->mutable_progress() = PlanProgressToProto(m.progress);
-          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
-        }
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GatherGroup(grpc::CallbackServerContext* ctx,
+                                                          const v1::GatherGroupRequest* req,
+                                                          v1::RedistributeGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "GatherGroup"); !a.ok()) return Done(ctx, a);
+  std::optional<int64_t> to_rank;
+  if (req->has_to_rank()) {
+    if (req->to_rank() < 0) {
+      return Done(ctx, absl::InvalidArgumentError(
+                           absl::StrCat("to_rank = ", req->to_rank(), " must be >= 0")));
+    }
+    to_rank = req->to_rank();
+  }
+  std::vector<std::string> tensors(req->tensors().begin(), req->tensors().end());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "GatherGroup", *req, resp)) return r;
+  return RunGroup(
+      ctx, req->wait(), req->request_id(), resp,
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->GatherGroup(tensors, req->mesh(), to_rank, std::move(done));
       },
-      [resp](const GroupProgress& p) {
-        resp->set_state(static_cast<v1::PlanState>(p.state));
-        resp->set_seconds(p.seconds);
-        for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
-             ++i) {
-          *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
-        }
-      });
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
