@@ -440,11 +440,11 @@ namespace {
 // "  4.00 MiB moved (lower bound 4.00 MiB) in 12 buckets of at most 64.00 MiB\n"
 std::string GroupBytesLine(int64_t moved, int64_t lower_bound, int64_t buckets,
                            int64_t bucket_bytes) {
-  std::string out = absl::StrCat("  ", HumanBytes(moved), " moved (lower bound ",
-                                 HumanBytes(lower_bound), ")");
+  std::string out =
+      absl::StrCat("  ", HumanBytes(moved), " moved (lower bound ", HumanBytes(lower_bound), ")");
   if (bucket_bytes > 0) {
-    absl::StrAppend(&out, " in ", buckets, buckets == 1 ? " bucket" : " buckets",
-                    " of at most ", HumanBytes(bucket_bytes));
+    absl::StrAppend(&out, " in ", buckets, buckets == 1 ? " bucket" : " buckets", " of at most ",
+                    HumanBytes(bucket_bytes));
   }
   return out + "\n";
 }
@@ -476,10 +476,10 @@ void GroupJsonFields(JsonWriter& w, const std::string& group_id, v1::PlanState s
 }  // namespace
 
 std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
-  std::string out = GroupHeader("copied", response.members_size(), response.group_id(),
-                                response.state(), response.seconds(), response.bytes_moved(),
-                                response.lower_bound_bytes(), response.buckets(),
-                                response.bucket_bytes());
+  std::string out =
+      GroupHeader("copied", response.members_size(), response.group_id(), response.state(),
+                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   for (const v1::CopyGroupMember& m : response.members()) {
     absl::StrAppend(&out, "  ", m.src(), " -> ", m.dst(), ": version ", m.dst_version(), " (plan ",
                     Or(m.progress().plan_id(), m.plan().id()), ")\n");
@@ -512,10 +512,10 @@ std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
 
 std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response,
                                          absl::string_view verb) {
-  std::string out = GroupHeader(verb, response.members_size(), response.group_id(),
-                                response.state(), response.seconds(), response.bytes_moved(),
-                                response.lower_bound_bytes(), response.buckets(),
-                                response.bucket_bytes());
+  std::string out =
+      GroupHeader(verb, response.members_size(), response.group_id(), response.state(),
+                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   for (const v1::RedistributeGroupMember& m : response.members()) {
     absl::StrAppend(&out, "  ", m.tensor(), ": version ", m.version(), " (plan ",
                     Or(m.progress().plan_id(), m.plan().id()), ")\n");

@@ -480,7 +480,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
           out->set_dst(copies[i].dst);
           out->set_dst_version(m.target_version);
           *out->mutable_progress() = PlanProgressToProto(m.progress);
-          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+          *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
         }
       },
       [resp](const GroupProgress& p) {
@@ -508,7 +508,7 @@ void FillGroupResponse(const StartedGroup& started, v1::RedistributeGroupRespons
     out->set_tensor(m.tensor);
     out->set_version(m.target_version);
     *out->mutable_progress() = PlanProgressToProto(m.progress);
-    *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+    *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
   }
 }
 

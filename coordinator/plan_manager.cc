@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -185,8 +186,8 @@ absl::StatusOr<PlanManager::Target> PlanManager::GatherTarget(
   absl::StatusOr<MeshRecord> m = meshes_->Get(mesh.empty() ? rec.mesh : mesh);
   if (!m.ok()) {
     if (mesh.empty() && rec.mesh.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
     }
     return m.status();
   }
@@ -368,27 +369,28 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.start = now;
   if (done) e.done.push_back(std::move(done));
   // A group member is timed by its group.
-  if (fused == nullptr) e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
-    std::string reason;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = plans_.find(id);
-      if (it == plans_.end()) return;
-      const Entry& pe = it->second;
-      std::vector<std::string> waiting;
-      for (const auto& [r, p] : pe.participants) {
-        if (!p.executed) {
-          waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
-        } else if (!p.reported) {
-          waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
+  if (fused == nullptr)
+    e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = plans_.find(id);
+        if (it == plans_.end()) return;
+        const Entry& pe = it->second;
+        std::vector<std::string> waiting;
+        for (const auto& [r, p] : pe.participants) {
+          if (!p.executed) {
+            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
+          } else if (!p.reported) {
+            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
+          }
         }
+        reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
+                              " in state ", PlanStateName(pe.state), "; waiting for ",
+                              waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
       }
-      reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
-                            " in state ", PlanStateName(pe.state), "; waiting for ",
-                            waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
-    }
-    Abort(id, reason);
-  });
+      Abort(id, reason);
+    });
 
   StartedPlan out;
   out.id = id;
@@ -412,7 +414,7 @@ void PlanManager::Send(const std::string& id, Dispatch fragments) {
   }
   for (auto& [endpoint, fragment] : fragments) {
     const int64_t rank = endpoint.rank;
-    client_->Execute(endpoint, fragment,
+    client_->Execute(endpoint, std::move(fragment),
                      [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
   }
 }
@@ -588,8 +590,9 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    gid = options_.id_namespace.empty() ? absl::StrCat("g-", next_group_++)
-                                        : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
+    gid = options_.id_namespace.empty()
+              ? absl::StrCat("g-", next_group_++)
+              : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
     prefix = CommPrefixLocked();
     Group& g = groups_[gid];
     g.id = gid;
@@ -621,7 +624,8 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
                           absl::StrCat(items[i].where, ": ", started.status().message()));
     }
     options[i] = fused.options;
-    bucket_bytes = bucket_bytes == 0 ? fused.bucket_bytes : std::min(bucket_bytes, fused.bucket_bytes);
+    bucket_bytes =
+        bucket_bytes == 0 ? fused.bucket_bytes : std::min(bucket_bytes, fused.bucket_bytes);
     out.bytes_moved += started->plan->bytes_moved;
     out.lower_bound_bytes += started->plan->lower_bound_bytes;
     {
@@ -687,6 +691,9 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
       go.incarnations[r] = p.endpoint.incarnation;
       endpoints.emplace_back(p.endpoint, r);
     }
+    // Members' entries stay put (and are not retired) until they end, with the group.
+    g.entries.reserve(g.members.size());
+    for (const std::string& id : g.members) g.entries.push_back(&plans_.at(id));
     g.sent = true;
     g.timer = timer_->Schedule(g.start + options_.plan_timeout, [this, gid] {
       std::string reason;
@@ -714,7 +721,7 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
   std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, options, go);
   for (const auto& [endpoint, rank] : endpoints) {
     const int64_t r = rank;
-    client_->Execute(endpoint, fragments[rank],
+    client_->Execute(endpoint, std::move(fragments[rank]),
                      [this, gid, r](absl::Status s) { OnGroupExecuteDone(gid, r, s); });
   }
 }
@@ -722,11 +729,9 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
 std::vector<std::pair<PlanManager::WatchFn, PlanProgress>> PlanManager::MembersToLocked(
     const Group& g, PlanState state) {
   std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  for (const std::string& id : g.members) {
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended()) continue;
-    Entry& e = it->second;
-    if (static_cast<int>(e.state) >= static_cast<int>(state)) continue;
+  for (Entry* member : g.entries) {
+    Entry& e = *member;
+    if (e.state_ended() || static_cast<int>(e.state) >= static_cast<int>(state)) continue;
     e.state = state;
     if (state == PlanState::kTransferred) e.transferred = g.transferred;
     for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
@@ -752,11 +757,6 @@ void PlanManager::OnGroupExecuteDone(const std::string& gid, int64_t rank,
     } else if (!p.executed) {
       p.executed = true;
       ++g.executed;
-      for (const std::string& id : g.members) {
-        Entry& e = plans_.at(id);
-        auto pit = e.participants.find(rank);
-        if (pit != e.participants.end()) pit->second.executed = true;
-      }
       const int64_t n = static_cast<int64_t>(g.participants.size());
       if (g.executed == n && g.state == PlanState::kPending) {
         g.state = PlanState::kPrepared;
@@ -825,9 +825,13 @@ absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
       p.reported = true;
       ++g.reported;
       p.bytes_done = p.bytes_expected;
+      // A shape's chunks are compared with a plan's target for this rank once, however
+      // many members share both.
+      std::set<std::pair<const Plan*, int32_t>> matched;
+      static const RankChunks kNothing;
       for (const WorkerReport::Member& m : report.members) {
-        Entry* e = m.index >= 0 && static_cast<size_t>(m.index) < g.members.size()
-                       ? &plans_.at(g.members[m.index])
+        Entry* e = m.index >= 0 && static_cast<size_t>(m.index) < g.entries.size()
+                       ? g.entries[m.index]
                        : nullptr;
         auto mp = e != nullptr ? e->participants.find(report.rank)
                                : std::map<int64_t, Participant>::iterator();
@@ -836,12 +840,34 @@ absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
                                       ", which it takes no part in");
           break;
         }
+        const std::string& label = g.labels[m.index];
+        if (m.shape < 0 || static_cast<size_t>(m.shape) >= report.shapes.size()) {
+          abort_reason = absl::StrCat(label, ": ", Describe(p.endpoint), " reported shape ",
+                                      m.shape, " of ", report.shapes.size());
+          break;
+        }
+        const RankChunks& got = report.shapes[m.shape];
+        if (matched.insert({e->plan.get(), m.shape}).second) {
+          const RankChunks* planned = e->plan->target.Find(report.rank);
+          const RankChunks& want = planned != nullptr ? *planned : kNothing;
+          if (got.chunks != want.chunks ||
+              (planned != nullptr && got.local_elements != want.local_elements)) {
+            abort_reason =
+                absl::StrCat(label, ": validation failed: ", Describe(p.endpoint),
+                             " reported chunks ", ChunksString(got.chunks),
+                             " but the plan's target for it is ", ChunksString(want.chunks));
+            break;
+          }
+        }
+        if (m.checksums.size() != got.chunks.size()) {
+          abort_reason =
+              absl::StrCat(label, ": validation failed: ", Describe(p.endpoint), " reported ",
+                           m.checksums.size(), " checksums for ", got.chunks.size(), " chunks");
+          break;
+        }
         mp->second.reported = true;
-        mp->second.chunks = m.chunks;
-        mp->second.chunks.rank = report.rank;
         mp->second.checksums = m.checksums;
         mp->second.bytes_done = mp->second.bytes_expected;
-        mp->second.timing = p.timing;
       }
       const int64_t n = static_cast<int64_t>(g.participants.size());
       if (abort_reason.empty() && g.executed == n && g.reported == n && g.failing.empty()) {
@@ -876,6 +902,29 @@ absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<LayoutChecksums> PlanManager::CheckMemberReports(const Entry& e) {
+  // Each report's chunks were checked against the plan's target as it came in (ReportGroup).
+  const Layout& target = e.plan->target;
+  LayoutChecksums sums;
+  sums.reserve(target.ranks().size());
+  for (const RankChunks& rc : target.ranks()) {
+    const Participant& p = e.participants.at(rc.rank);
+    if (!p.reported) {
+      return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint),
+                                                        " reported nothing of its target chunks ",
+                                                        ChunksString(rc.chunks)));
+    }
+    sums.push_back(p.checksums);
+  }
+  // Replicas (same box, same partial index) must hold the same bytes.
+  if (absl::Status s = CheckReplicaChecksums(
+          target, sums, [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
+      !s.ok()) {
+    return s;
+  }
+  return sums;
+}
+
 void PlanManager::ValidateGroup(const std::string& gid) {
   std::string failure;
   std::vector<std::pair<std::string, CommitWork>> work;
@@ -890,16 +939,15 @@ void PlanManager::ValidateGroup(const std::string& gid) {
     // Reports are complete and no longer change; checking under the lock costs O(chunks).
     std::vector<LayoutChecksums> sums;
     sums.reserve(g.members.size());
-    for (size_t i = 0; i < g.members.size() && failure.empty(); ++i) {
-      const Entry& e = plans_.at(g.members[i]);
+    for (size_t i = 0; i < g.entries.size() && failure.empty(); ++i) {
+      const Entry& e = *g.entries[i];
       if (e.state_ended()) {
         failure = absl::StrCat(g.labels[i], " ended");
         break;
       }
-      absl::StatusOr<LayoutChecksums> checked = CheckReports(e);
+      absl::StatusOr<LayoutChecksums> checked = CheckMemberReports(e);
       if (!checked.ok()) {
-        failure =
-            absl::StrCat(g.labels[i], ": validation failed: ", checked.status().message());
+        failure = absl::StrCat(g.labels[i], ": validation failed: ", checked.status().message());
         break;
       }
       sums.push_back(*std::move(checked));
@@ -910,8 +958,8 @@ void PlanManager::ValidateGroup(const std::string& gid) {
       grace_timer = std::exchange(g.grace_timer, 0);
       work.reserve(g.members.size());
       items.reserve(g.members.size());
-      for (size_t i = 0; i < g.members.size(); ++i) {
-        Entry& e = plans_.at(g.members[i]);
+      for (size_t i = 0; i < g.entries.size(); ++i) {
+        Entry& e = *g.entries[i];
         CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
         items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
         work.emplace_back(e.id, std::move(w));
@@ -959,8 +1007,8 @@ void PlanManager::EndGroupCommit(const std::string& gid,
   // complete once every live worker has answered.
   std::map<int64_t, v1::FinishPlanRequest> requests;
   for (const auto& [id, w] : work) {
-    for (const WorkerEndpoint& e : w.finish) {
-      v1::FinishMember* m = requests[e.rank].add_members();
+    for (int64_t rank : w.finish_ranks) {
+      v1::FinishMember* m = requests[rank].add_members();
       m->set_tensor(w.target_tensor);
       m->set_drop_version(w.old_target_version);
     }
@@ -1050,6 +1098,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   GroupDoneCallback done;
   GroupProgress final;
   absl::Status final_status;
+  PlanProgress summary;  // For on_plan_end.
+  std::string prefix;
+  bool over = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(gid);
@@ -1060,8 +1111,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
     if (!status.ok() && !g.failed) {
       // Members abort only with their group (AbortGroup marks it first).
       g.failed = true;
-      g.error = absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
-                             " failed: ", status.message());
+      g.error =
+          absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
+                       " failed: ", status.message());
     }
     if (g.ended == g.finals.size()) {
       final.group_id = gid;
@@ -1073,6 +1125,15 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
                          ? absl::AbortedError(absl::StrCat("group ", gid, " aborted: ", g.error))
                          : absl::OkStatus();
       done = std::move(g.done);
+      over = true;
+      summary.plan_id = gid;
+      summary.tensor = absl::StrCat(g.finals.size(), g.finals.size() == 1 ? " tensor" : " tensors");
+      summary.state = final.state;
+      summary.error = g.error;
+      summary.seconds = final.seconds;
+      for (const PlanProgress& m : final.members) summary.bytes_total += m.bytes_total;
+      summary.bytes_done = g.failed ? 0 : summary.bytes_total;
+      if (g.failed) prefix = g.communicator_prefix;
       g.over = true;
       g.done = nullptr;
       if (g.end == absl::InfiniteFuture()) g.end = clock_->Now();
@@ -1083,6 +1144,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       }
     }
   }
+  if (over && options_.on_plan_end) options_.on_plan_end(summary, prefix);
   if (done) done(final_status, final);
 }
 
@@ -1240,6 +1302,9 @@ absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) con
   if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
   const Entry& e = it->second;
   const PlanProgress progress = ProgressLocked(e);
+  // A group member ran inside its group's fused plan: its ranks' tracks are the group's.
+  const Group* group = nullptr;
+  if (auto g = groups_.find(e.group); !e.group.empty() && g != groups_.end()) group = &g->second;
   v1::PlanTrace out;
   out.set_plan_id(e.id);
   out.set_tensor(e.target_tensor);
@@ -1254,6 +1319,10 @@ absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) con
   for (const auto& [rank, p] : e.participants) {
     v1::RankTrace* r = out.add_ranks();
     *r = p.timing;
+    if (group != nullptr) {
+      auto gp = group->participants.find(rank);
+      if (gp != group->participants.end()) *r = gp->second.timing;
+    }
     r->set_rank(rank);
     r->set_worker(p.endpoint.name);
   }
@@ -1407,7 +1476,14 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }
-  for (const auto& [r, p] : e.participants) w.finish.push_back(p.endpoint);
+  for (const auto& [r, p] : e.participants) {
+    // A group's FinishPlans go per worker, not per member: ranks are enough.
+    if (e.group.empty()) {
+      w.finish.push_back(p.endpoint);
+    } else {
+      w.finish_ranks.push_back(r);
+    }
+  }
   w.old_target_version = e.old_target_version;
   w.timer = e.timer;
   return w;
@@ -1579,6 +1655,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   std::string prefix;
   const char* op = "";
   std::shared_ptr<const Plan> plan;
+  bool member = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -1588,6 +1665,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     progress = ProgressLocked(e);
     op = e.op;
     plan = e.plan;
+    member = !e.group.empty();
     done.swap(e.done);
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
@@ -1607,7 +1685,8 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
       m->lower_bound_bytes->Increment(static_cast<double>(plan->lower_bound_bytes));
     }
   }
-  if (options_.on_plan_end) options_.on_plan_end(progress, prefix);
+  // A group's members end with their group, which is told once (OnMemberDone).
+  if (options_.on_plan_end && !member) options_.on_plan_end(progress, prefix);
   for (DoneCallback& d : done) d(status, progress);
   for (WatchFn& w : watchers) w(progress);
 }

@@ -77,6 +77,8 @@ struct PlanManagerOptions {
   // Called when a plan ends (before its callbacks) with its final progress and, for an
   // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
   // communicators stay in use); the daemon logs it and deletes those keys from the KvStore.
+  // A group calls it once, when its last member ended, with plan_id the group's id, tensor
+  // "N tensors" and bytes_total the members' sum; not for each member.
   std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
   // Where ended plans are counted (plans by op and end state, duration, bytes); not owned,
   // may be null.
@@ -144,13 +146,15 @@ struct WorkerReport {
   RankChunks chunks;
   ChunkChecksums checksums;
   v1::RankTrace timing;  // Final reports: when the fragment and its steps ran.
-  // A fused group's final report: chunks and checksums per member (FragmentMember.index).
+  // A fused group's final report: the chunks of each shape of the rank's fragment, and each
+  // member's shape and checksums (FragmentMember.index).
   struct Member {
     int32_t index = 0;
-    RankChunks chunks;
+    int32_t shape = 0;
     ChunkChecksums checksums;
   };
   std::vector<Member> members;
+  std::vector<RankChunks> shapes;
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
@@ -215,8 +219,8 @@ class PlanManager : public WorkerListener {
   // group, as RedistributeGroup. Errors as Gather's and CheckGatherGroup's, prefixed with
   // "tensors[i]".
   absl::StatusOr<StartedGroup> GatherGroup(const std::vector<std::string>& tensors,
-                                           const std::string& mesh,
-                                           std::optional<int64_t> to_rank, GroupDoneCallback done);
+                                           const std::string& mesh, std::optional<int64_t> to_rank,
+                                           GroupDoneCallback done);
 
   // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
   // ranks that lost their copy (a worker that died and registered again) get it back from a
@@ -293,6 +297,7 @@ class PlanManager : public WorkerListener {
     v1::RankTrace timing;  // From its final report.
   };
 
+  struct Entry;
   // A group runs on the workers as one fused plan under the group's id: one fragment, one
   // report and one FinishPlan per worker. Its members keep their plan entries (ids,
   // progress, validation, the commit's items), which it moves through their states.
@@ -311,6 +316,8 @@ class PlanManager : public WorkerListener {
     int64_t bucket_bytes = 0;
     int64_t buckets = 0;
     std::map<int64_t, Participant> participants;  // Every worker of any member.
+    // The members' entries, set when the fragments are sent; valid while the group runs.
+    std::vector<Entry*> entries;
     int64_t executed = 0;
     int64_t reported = 0;
     bool sent = false;     // Fragments dispatched.
@@ -335,17 +342,18 @@ class PlanManager : public WorkerListener {
     std::string tensor;
     std::string target_tensor;
     TensorManager::NewState state;
-    std::vector<WorkerEndpoint> finish;
+    std::vector<WorkerEndpoint> finish;  // A plan's participants...
+    std::vector<int64_t> finish_ranks;   // ...or a group member's, by rank.
     int64_t old_target_version = 0;
     Timer::Id timer = 0;
   };
 
   struct Entry {
     std::string id;
-    const char* op = "";  // For metrics.
-    std::string group;    // Non-empty: a member of that group, committed with it.
-    std::string tensor;                        // Read at source_version.
-    std::string target_tensor;                 // Written at target_version: `tensor` unless a Copy.
+    const char* op = "";        // For metrics.
+    std::string group;          // Non-empty: a member of that group, committed with it.
+    std::string tensor;         // Read at source_version.
+    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
     std::string target_mesh;
     std::string target_spec;
@@ -443,6 +451,9 @@ class PlanManager : public WorkerListener {
   void Validate(const std::string& id);
   // The new layout's checksums, or why the reports do not validate.
   static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
+  // A group member's: every target rank reported (its chunks were matched against the plan
+  // as the report came in), and replicas agree.
+  static absl::StatusOr<LayoutChecksums> CheckMemberReports(const Entry& entry);
   void Commit(const std::string& id, LayoutChecksums checksums);
   void Complete(const std::string& id, const absl::Status& status);
 

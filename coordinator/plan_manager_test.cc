@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/fake_worker_client.h"
-#include "sharding/fused_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/fused_stream.h"
 
 namespace shardcoord {
 namespace {
@@ -125,11 +125,14 @@ class PlanManagerTest : public ::testing::Test {
     r.worker = workers_.GetByRank(f.rank())->spec.name;
     r.incarnation = Incarnation(f.rank());
     r.final = true;
+    for (const v1::FragmentShape& shape : f.shapes()) {
+      r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
+    }
     for (const v1::FragmentMember& m : f.members()) {
       WorkerReport::Member& out = r.members.emplace_back();
       out.index = m.index();
-      out.chunks = *RankChunksFromProto(m.target(), "target");
-      for (const Chunk& c : out.chunks.chunks) {
+      out.shape = m.shape();
+      for (const Chunk& c : r.shapes[m.shape()].chunks) {
         out.checksums.push_back(c.box.offset(0) * 131 + c.box.offset(1) + 7 * c.partial_index);
       }
     }
@@ -992,16 +995,37 @@ TEST_F(PlanManagerTest, AGroupMemberThatDoesNotValidateAbortsTheGroupNamingIt) {
   ReportGroup(group->id, {3});
   WorkerReport bad = GroupFinalReport(Fragments(group->id).at(3));
   ASSERT_EQ(bad.members.size(), 2u);
-  bad.members[1].chunks.chunks.clear();  // Rank 3 claims it holds nothing of y.
-  bad.members[1].checksums.clear();
+  ASSERT_EQ(bad.shapes.size(), 2u);
+  bad.members[1].shape = bad.members[0].shape;  // Rank 3 claims y's chunks are x's.
   ASSERT_TRUE(plans_.Report(bad).ok());
   ASSERT_EQ(done.calls, 1);
   EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(done.status.message(),
               HasSubstr("copies[1] ('b' -> 'y', plan " + group->members[1].id +
-                        "): validation failed: worker w3 (rank 3) reported chunks {}"));
+                        "): validation failed: worker w3 (rank 3) reported chunks {[0:8, 3:4]"));
   EXPECT_EQ(tensors_.Get("x")->version, x_before);
   EXPECT_TRUE(tensors_.Get("x")->busy_plan.empty());
+}
+
+TEST_F(PlanManagerTest, MembersWithTheSamePlanShareOneShapePerWorker) {
+  for (const char* name : {"s0", "s1", "s2"}) CreateTensor(name, "S(0),R");
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
+      {{"s0", Target("S(1)", "N")}, {"s1", Target("S(1)", "N")}, {"s2", Target("R,R")}},
+      RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->members[0].plan, group->members[1].plan);  // The plan cache's one object.
+  for (const auto& [rank, f] : Fragments(group->id)) {
+    EXPECT_EQ(f.shapes_size(), 2) << rank;
+    ASSERT_EQ(f.members_size(), 3) << rank;
+    EXPECT_EQ(f.members(0).shape(), f.members(1).shape());
+    EXPECT_NE(f.members(0).shape(), f.members(2).shape());
+  }
+  ReportGroup(group->id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(tensors_.Get("s1")->spec, "S(1)");
+  EXPECT_EQ(tensors_.Get("s2")->spec, "R,R");
 }
 
 TEST_F(PlanManagerTest, GroupReportsAreCheckedAgainstTheGroup) {

@@ -111,13 +111,14 @@ class ServiceTest : public ::testing::Test {
     for (v1::Chunk& c : *r.mutable_chunks()->mutable_chunks()) {
       c.set_checksum(1 + c.box().offset(0) * 100 + c.box().offset(1));
     }
-    // A fused group's fragment: every member's target.
+    // A fused group's fragment: every shape's target, every member's checksums.
+    for (const v1::FragmentShape& shape : f.shapes()) *r.add_shapes() = shape.target();
     for (const v1::FragmentMember& m : f.members()) {
       v1::MemberChunks* out = r.add_members();
       out->set_index(m.index());
-      *out->mutable_chunks() = m.target();
-      for (v1::Chunk& c : *out->mutable_chunks()->mutable_chunks()) {
-        c.set_checksum(1 + c.box().offset(0) * 100 + c.box().offset(1));
+      out->set_shape(m.shape());
+      for (const v1::Chunk& c : f.shapes(m.shape()).target().chunks()) {
+        out->add_checksums(1 + c.box().offset(0) * 100 + c.box().offset(1));
       }
     }
     return r;
@@ -131,10 +132,14 @@ class ServiceTest : public ::testing::Test {
     w.rank = r.rank();
     w.final = true;
     w.chunks = *RankChunksFromProto(r.chunks(), "chunks", &w.checksums);
+    for (const v1::RankChunks& shape : r.shapes()) {
+      w.shapes.push_back(*RankChunksFromProto(shape, "shapes"));
+    }
     for (const v1::MemberChunks& m : r.members()) {
       WorkerReport::Member& out = w.members.emplace_back();
       out.index = m.index();
-      out.chunks = *RankChunksFromProto(m.chunks(), "chunks", &out.checksums);
+      out.shape = m.shape();
+      out.checksums.assign(m.checksums().begin(), m.checksums().end());
     }
     return w;
   }

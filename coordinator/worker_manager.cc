@@ -61,7 +61,7 @@ absl::Status WorkerManager::Load() {
       return absl::InternalError(absl::StrCat("state store: workers '", w.spec.name, "' and '",
                                               info.name(), "' both have rank ", info.rank()));
     }
-    w.spec = WorkerSpec{info.name(),    info.host(),    info.device(),      info.address(),
+    w.spec = WorkerSpec{info.name(),    info.host(),         info.device(),      info.address(),
                         info.backend(), info.local_socket(), info.bucket_bytes()};
     w.rank = info.rank();
     w.incarnation = info.incarnation();

@@ -36,8 +36,8 @@ void SplitInto(const Box& box, int64_t element_size, int64_t max_bytes, std::vec
 
 StreamLimits StreamLimitsFor(int64_t bucket_bytes) {
   StreamLimits l;
-  l.bucket_bytes = bucket_bytes <= 0 ? kDefaultBucketBytes
-                                     : std::max<int64_t>(bucket_bytes, kMinBucketBytes);
+  l.bucket_bytes =
+      bucket_bytes <= 0 ? kDefaultBucketBytes : std::max<int64_t>(bucket_bytes, kMinBucketBytes);
   l.message_bytes = std::min(l.bucket_bytes, kMaxStreamMessageBytes);
   l.pack_below = std::min(l.bucket_bytes, kPackBelowBytes);
   l.window_bytes = l.bucket_bytes * (kStagingBuckets / 2);
@@ -52,6 +52,38 @@ std::vector<Box> SplitIntoPieces(const Box& box, int64_t element_size, int64_t m
   }
   SplitInto(box, element_size, std::max(max_bytes, element_size), &out);
   return out;
+}
+
+int64_t CountPieces(const Box& box, int64_t element_size, int64_t max_bytes) {
+  if (box.Empty() || box.ndim() == 0) return 1;
+  max_bytes = std::max(max_bytes, element_size);
+  if (box.Volume() * element_size <= max_bytes) return 1;
+  int d = 0;
+  while (box.shape(d) == 1) ++d;
+  int64_t index_bytes = element_size;
+  for (int e = d + 1; e < box.ndim(); ++e) index_bytes *= box.shape(e);
+  if (index_bytes <= max_bytes) {
+    const int64_t per_piece = max_bytes / index_bytes;
+    return (box.shape(d) + per_piece - 1) / per_piece;
+  }
+  // Every index of dim d is cut alike.
+  Shape shape = box.shape();
+  shape[d] = 1;
+  return box.shape(d) * CountPieces(Box(box.offset(), std::move(shape)), element_size, max_bytes);
+}
+
+void StreamCounter::Add(const Box& box, int64_t element_size) {
+  if (box.Empty()) return;
+  const int64_t bytes = box.Volume() * element_size;
+  if (bytes < limits_.pack_below) {
+    if (open_bytes_ > 0 && open_bytes_ + bytes > limits_.message_bytes) {
+      ++messages_;
+      open_bytes_ = 0;
+    }
+    open_bytes_ += bytes;
+    return;
+  }
+  messages_ += CountPieces(box, element_size, limits_.message_bytes);
 }
 
 std::vector<StreamMessage> CutStream(absl::Span<const StreamItem> items,
@@ -100,14 +132,14 @@ std::vector<size_t> CutWindows(absl::Span<const StreamMessage> messages,
 }
 
 FusedExchangeStats FusedExchange(absl::Span<const Plan* const> plans, const StreamLimits& limits) {
-  std::map<std::pair<int64_t, int64_t>, std::vector<StreamItem>> streams;
+  std::map<std::pair<int64_t, int64_t>, StreamCounter> streams;
   std::set<int64_t> ranks;
   for (const Plan* plan : plans) {
     const int64_t esize = ElementSize(plan->dtype);
     for (const Step& step : plan->steps) {
       for (const Transfer& t : step.transfers) {
         if (t.box.Empty()) continue;
-        streams[{t.src, t.dst}].push_back(StreamItem{t.box, esize});
+        streams.try_emplace({t.src, t.dst}, limits).first->second.Add(t.box, esize);
         ranks.insert(t.src);
         ranks.insert(t.dst);
       }
@@ -116,9 +148,7 @@ FusedExchangeStats FusedExchange(absl::Span<const Plan* const> plans, const Stre
   FusedExchangeStats out;
   out.ranks.assign(ranks.begin(), ranks.end());
   out.pairs = static_cast<int64_t>(streams.size());
-  for (const auto& [pair, items] : streams) {
-    out.messages += static_cast<int64_t>(CutStream(items, limits).size());
-  }
+  for (const auto& [pair, counter] : streams) out.messages += counter.messages();
   return out;
 }
 

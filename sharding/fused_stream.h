@@ -82,6 +82,23 @@ std::vector<Box> SplitIntoPieces(const Box& box, int64_t element_size, int64_t m
 std::vector<StreamMessage> CutStream(absl::Span<const StreamItem> items,
                                      const StreamLimits& limits);
 
+// How many pieces SplitIntoPieces cuts `box` into, without cutting it.
+int64_t CountPieces(const Box& box, int64_t element_size, int64_t max_bytes);
+
+// Counts the messages CutStream would make of the items added in order, without making them
+// (the coordinator's bucket count of a whole group).
+class StreamCounter {
+ public:
+  explicit StreamCounter(const StreamLimits& limits) : limits_(limits) {}
+  void Add(const Box& box, int64_t element_size);
+  int64_t messages() const { return messages_ + (open_bytes_ > 0 ? 1 : 0); }
+
+ private:
+  StreamLimits limits_;
+  int64_t open_bytes_ = 0;
+  int64_t messages_ = 0;
+};
+
 // The first message of each window of `messages` (empty for no messages).
 std::vector<size_t> CutWindows(absl::Span<const StreamMessage> messages,
                                const StreamLimits& limits);

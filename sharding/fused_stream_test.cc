@@ -52,9 +52,9 @@ TEST(SplitIntoPiecesTest, PiecesAreRowMajorRunsOfAtMostTheLimit) {
   const Shape shape = {9, 7, 5};
   const Box box({1, 2, 0}, {6, 4, 5});
   std::mt19937_64 rng(7);
-  for (int64_t max_bytes : {int64_t{1}, int64_t{4}, int64_t{12}, int64_t{20}, int64_t{79},
-                            int64_t{80}, int64_t{81}, int64_t{400}, int64_t{479}, int64_t{480},
-                            int64_t{100000}}) {
+  for (int64_t max_bytes :
+       {int64_t{1}, int64_t{4}, int64_t{12}, int64_t{20}, int64_t{79}, int64_t{80}, int64_t{81},
+        int64_t{400}, int64_t{479}, int64_t{480}, int64_t{100000}}) {
     std::vector<Box> pieces = SplitIntoPieces(box, 4, max_bytes);
     std::vector<int64_t> joined;
     for (const Box& p : pieces) {
@@ -123,6 +123,33 @@ TEST(CutStreamTest, ManySmallItemsGoAsFewMessages) {
   EXPECT_EQ(CutStream(items, StreamLimitsFor(0)).size(), 1u);
   // 1 KiB buckets hold four.
   EXPECT_EQ(CutStream(items, StreamLimitsFor(1024)).size(), 75u);
+}
+
+TEST(StreamCounterTest, CountsWhatCutStreamCuts) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t bucket = std::uniform_int_distribution<int64_t>(1, 600)(rng);
+    const StreamLimits limits = StreamLimitsFor(bucket);
+    std::vector<StreamItem> items;
+    StreamCounter counter(limits);
+    const int n = std::uniform_int_distribution<int>(0, 12)(rng);
+    for (int i = 0; i < n; ++i) {
+      const int64_t esize = int64_t{1} << std::uniform_int_distribution<int>(0, 3)(rng);
+      Shape shape;
+      for (int d = 0; d < 3; ++d)
+        shape.push_back(std::uniform_int_distribution<int64_t>(0, 7)(rng));
+      Box box(Shape(3, 0), shape);
+      items.push_back({box, esize});
+      counter.Add(box, esize);
+      EXPECT_EQ(CountPieces(box, esize, limits.message_bytes),
+                box.Empty() ? 1
+                            : static_cast<int64_t>(
+                                  SplitIntoPieces(box, esize, limits.message_bytes).size()))
+          << box.ToString() << " " << esize << " " << limits.message_bytes;
+    }
+    EXPECT_EQ(counter.messages(), static_cast<int64_t>(CutStream(items, limits).size()))
+        << "trial " << trial << ", bucket " << bucket;
+  }
 }
 
 TEST(CutWindowsTest, WindowsHoldAtMostTheirBytesAndAtLeastOneMessage) {

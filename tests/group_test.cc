@@ -41,8 +41,10 @@ void EnsureMeshes(CoordinatorClient& client) {
     std::vector<std::string> workers;
   };
   const std::vector<Def> defs = {
-      {"line", {4}, {"w0", "w1", "w2", "w3"}},     {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
-      {"line_rev", {4}, {"w3", "w2", "w1", "w0"}}, {"trio", {3}, {"w0", "w2", "w3"}},
+      {"line", {4}, {"w0", "w1", "w2", "w3"}},
+      {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
+      {"line_rev", {4}, {"w3", "w2", "w1", "w0"}},
+      {"trio", {3}, {"w0", "w2", "w3"}},
   };
   for (const Def& d : defs) {
     absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client, d.name, d.shape, d.workers);

@@ -499,7 +499,11 @@ uint32_t StepTag(const std::string& plan_id, int step_index) {
 absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   const Fragment& f = *input.fragment;
   if (absl::Status s = ValidateFragment(f); !s.ok()) return s;
-  if (absl::Status s = CheckBuffers(f, input.source, input.target); !s.ok()) return s;
+  if (absl::Status s =
+          CheckBuffers(f, f.tensor, f.source_version, f.target_tensor, input.source, input.target);
+      !s.ok()) {
+    return s;
+  }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
   const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
                                                        : input.options.default_step_timeout;

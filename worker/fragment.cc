@@ -143,9 +143,9 @@ absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto) {
 absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto) {
   absl::StatusOr<GroupFragment> g = GroupFragmentFromProto(proto);
   if (!g.ok()) return g.status();
-  for (size_t i = 0; i < g->members.size(); ++i) {
-    if (absl::Status s = ValidateFragment(g->members[i]); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("members[", i, "].", s.message()));
+  for (size_t i = 0; i < g->shapes.size(); ++i) {
+    if (absl::Status s = ValidateFragment(g->shapes[i]); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("shapes[", i, "].", s.message()));
     }
   }
   return g;

@@ -23,8 +23,8 @@ absl::Status ValidateFragment(const Fragment& fragment);
 // FragmentFromProto, then ValidateFragment.
 absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto);
 
-// A fused group's fragment: GroupFragmentFromProto, then ValidateFragment of every member
-// (its errors prefixed with "members[i].").
+// A fused group's fragment: GroupFragmentFromProto, then ValidateFragment of every shape
+// (its errors prefixed with "shapes[i].").
 absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto);
 
 // Whether the source is Partial (contributions are told apart by partial_index).

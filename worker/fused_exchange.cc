@@ -30,9 +30,9 @@ struct Entry {
 enum class Via { kInPlace, kRuns, kStaged };
 struct MessagePlan {
   Via via = Via::kStaged;
-  const char* source = nullptr;               // kInPlace sends: where it lies.
-  std::optional<Mover::Landing> landing;      // kInPlace receives: where it lands.
-  int64_t staged_offset = 0;                  // kStaged: in its window's staging area.
+  const char* source = nullptr;           // kInPlace sends: where it lies.
+  std::optional<Mover::Landing> landing;  // kInPlace receives: where it lands.
+  int64_t staged_offset = 0;              // kStaged: in its window's staging area.
 };
 
 // One direction of one round: the stream, its messages and windows, and how each moves.
@@ -51,8 +51,9 @@ struct Stream {
   }
 };
 
-std::string MemberName(const Fragment& f, size_t i) {
-  return absl::StrCat("member ", i, " (plan ", f.plan_id, ", tensor '", f.target_tensor, "')");
+std::string MemberName(const GroupMember& m) {
+  return absl::StrCat("member ", m.index, " (plan ", m.plan_id, ", tensor '", m.target_tensor,
+                      "')");
 }
 
 absl::Status Annotate(const absl::Status& s, const std::string& where) {
@@ -77,19 +78,28 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     return absl::InvalidArgumentError(
         absl::StrCat(input.buffers.size(), " buffer pairs for ", nm, " group members"));
   }
+  for (size_t k = 0; k < g.shapes.size(); ++k) {
+    if (absl::Status s = ValidateFragment(g.shapes[k]); !s.ok()) {
+      return Annotate(s, absl::StrCat("shapes[", k, "]"));
+    }
+  }
   MemorySpace* space = nullptr;
   for (size_t i = 0; i < nm; ++i) {
-    const Fragment& f = g.members[i];
-    if (absl::Status s = ValidateFragment(f); !s.ok()) return Annotate(s, MemberName(f, i));
+    const GroupMember& m = g.members[i];
+    if (m.shape < 0 || static_cast<size_t>(m.shape) >= g.shapes.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(MemberName(m), ": no shape ", m.shape));
+    }
     const GroupMemberBuffers& b = input.buffers[i];
-    if (absl::Status s = CheckBuffers(f, b.source, b.target); !s.ok()) {
-      return Annotate(s, MemberName(f, i));
+    if (absl::Status s = CheckBuffers(g.shapes[m.shape], m.tensor, m.source_version,
+                                      m.target_tensor, b.source, b.target);
+        !s.ok()) {
+      return Annotate(s, MemberName(m));
     }
     if (space == nullptr) space = &b.target->space();
     if (&b.target->space() != space) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          MemberName(f, i), ": its target buffer is in ", b.target->space().name(),
-          " but another member's is in ", space->name()));
+      return absl::FailedPreconditionError(
+          absl::StrCat(MemberName(m), ": its target buffer is in ", b.target->space().name(),
+                       " but another member's is in ", space->name()));
     }
   }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
@@ -106,9 +116,9 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
                      ? static_cast<int>(mine - g.exchange_ranks.begin())
                      : -1;
   auto group_rank = [&](int64_t rank) {
-    return static_cast<int>(std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(),
-                                             rank) -
-                            g.exchange_ranks.begin());
+    return static_cast<int>(
+        std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(), rank) -
+        g.exchange_ranks.begin());
   };
 
   // Per member: its mover, the reduction rule's identity where anything reduces, and its
@@ -118,9 +128,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   std::vector<std::vector<Entry>> out(std::max(n, 0)), in(std::max(n, 0));
   int64_t bytes_total = 0;
   for (size_t i = 0; i < nm; ++i) {
-    const Fragment& f = g.members[i];
-    movers.push_back(
-        std::make_unique<Mover>(f, input.buffers[i].source, input.buffers[i].target));
+    const Fragment& f = g.shapes[g.members[i].shape];
+    movers.push_back(std::make_unique<Mover>(f, input.buffers[i].source, input.buffers[i].target));
     bool reducing = false;
     for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
     for (const Transfer& t : f.transfers) {
@@ -134,18 +143,18 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
       }
     }
     if (absl::Status s = movers.back()->Initialise(reducing); !s.ok()) {
-      return Annotate(s, MemberName(f, i));
+      return Annotate(s, MemberName(g.members[i]));
     }
   }
   // Local copies touch only elements no transfer writes (or combine commutatively), so they
   // run while the first window is on the wire.
   auto local_copies = [&]() -> absl::Status {
     for (size_t i = 0; i < nm; ++i) {
-      const Fragment& f = g.members[i];
+      const Fragment& f = g.shapes[g.members[i].shape];
       for (size_t j = 0; j < f.local_copies.size(); ++j) {
         if (absl::Status s = movers[i]->LocalCopy(f.local_copies[j]); !s.ok()) {
-          return Annotate(s, absl::StrCat(MemberName(f, i), " local_copies[", j, "] on rank ",
-                                          g.rank));
+          return Annotate(
+              s, absl::StrCat(MemberName(g.members[i]), " local_copies[", j, "] on rank ", g.rank));
         }
       }
     }
@@ -164,9 +173,9 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     spec.timeout = timeout;
     absl::StatusOr<std::shared_ptr<Communicator>> held = input.communicators->Get(spec);
     if (!held.ok()) {
-      return Annotate(held.status(), absl::StrCat("fused exchange over ranks [",
-                                                  absl::StrJoin(g.exchange_ranks, ","),
-                                                  "] on rank ", g.rank));
+      return Annotate(held.status(),
+                      absl::StrCat("fused exchange over ranks [",
+                                   absl::StrJoin(g.exchange_ranks, ","), "] on rank ", g.rank));
     }
     std::optional<SpaceSyncedCommunicator> synced;  // Device buffers only.
     Communicator* comm = held->get();
@@ -249,10 +258,10 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
 
     Staging send_staging(*space, send_area), recv_staging(*space, recv_area);
     if (!send_staging.ok(send_area) || !recv_staging.ok(recv_area)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "rank ", g.rank, " cannot allocate ", send_area + recv_area,
-          " bytes of staging memory for plan ", g.plan_id, " (bucket_bytes ",
-          limits.bucket_bytes, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("rank ", g.rank, " cannot allocate ", send_area + recv_area,
+                       " bytes of staging memory for plan ", g.plan_id, " (bucket_bytes ",
+                       limits.bucket_bytes, ")"));
     }
     result.staging_bytes = send_area + recv_area;
 
@@ -264,14 +273,13 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
       report.start = absl::Now();
       if (!send.messages.empty()) report.send_peer = g.exchange_ranks[send.peer];
       if (!recv.messages.empty()) report.recv_peer = g.exchange_ranks[recv.peer];
-      const std::string where = absl::StrCat(
-          "fused exchange round ", round.r, " (to rank ", report.send_peer, ", from rank ",
-          report.recv_peer, ") on rank ", g.rank);
+      const std::string where =
+          absl::StrCat("fused exchange round ", round.r, " (to rank ", report.send_peer,
+                       ", from rank ", report.recv_peer, ") on rank ", g.rank);
       const size_t windows = std::max(send.windows.size(), recv.windows.size());
       for (size_t w = 0; w < windows; ++w) {
         if (cancelled()) {
-          return absl::AbortedError(
-              absl::StrCat("plan ", g.plan_id, " cancelled before ", where));
+          return absl::AbortedError(absl::StrCat("plan ", g.plan_id, " cancelled before ", where));
         }
         std::vector<SendOp> sends;
         std::vector<RecvOp> recvs;
@@ -286,8 +294,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
             const Entry& e = send.entries[m->pieces[0].item];
             op.runs = movers[e.member]->SourceRuns(m->pieces[0].box, e.transfer->partial_index);
             if (op.runs.empty()) {
-              return absl::InternalError(absl::StrCat(where, ": no source rows for ",
-                                                      m->pieces[0].box.ToString()));
+              return absl::InternalError(
+                  absl::StrCat(where, ": no source rows for ", m->pieces[0].box.ToString()));
             }
             op.data = op.runs.front().first;
           } else if (p.via == Via::kStaged) {
@@ -296,8 +304,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
             op.prepare = [m, base, &send, &movers]() -> absl::Status {
               for (const StreamPiece& piece : m->pieces) {
                 const Entry& e = send.entries[piece.item];
-                if (absl::Status s = movers[e.member]->Pack(
-                        piece.box, e.transfer->partial_index, base + piece.offset);
+                if (absl::Status s = movers[e.member]->Pack(piece.box, e.transfer->partial_index,
+                                                            base + piece.offset);
                     !s.ok()) {
                   return s;
                 }
@@ -328,8 +336,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
                 const Entry& e = recv.entries[piece.item];
                 const Transfer& t = *e.transfer;
                 if (absl::Status s = movers[e.member]->Apply(piece.box, base + piece.offset,
-                                                              piece.box, t.reduce,
-                                                              t.partial_index);
+                                                             piece.box, t.reduce, t.partial_index);
                     !s.ok()) {
                   return s;
                 }
@@ -369,7 +376,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", g.plan_id, " cancelled"));
   for (size_t i = 0; i < nm; ++i) {
     if (absl::Status s = movers[i]->Divide(); !s.ok()) {
-      return Annotate(s, absl::StrCat(MemberName(g.members[i], i), " divide_by"));
+      return Annotate(s, absl::StrCat(MemberName(g.members[i]), " divide_by"));
     }
   }
   if (space != nullptr) {
@@ -379,7 +386,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   for (size_t i = 0; i < nm; ++i) {
     result.members[i].chunks = input.buffers[i].target->chunks();
     absl::StatusOr<std::vector<uint64_t>> sums = movers[i]->Checksums();
-    if (!sums.ok()) return Annotate(sums.status(), MemberName(g.members[i], i));
+    if (!sums.ok()) return Annotate(sums.status(), MemberName(g.members[i]));
     result.members[i].checksums = *std::move(sums);
   }
   return result;

@@ -145,10 +145,11 @@ GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t 
     if (!g.ok()) return run;
     MemorySpace* space = devices != nullptr ? devices->spaces[rank].get() : nullptr;
     for (size_t i = 0; i < g->members.size(); ++i) {
-      const Member& mb = members[g->indices[i]];
-      sources[rank].push_back(
-          Source(run.plans[g->indices[i]].source, rank, mb.dtype, mb.offset, space));
-      targets[rank].push_back(*HostBuffer::Create(mb.dtype, g->members[i].target, space));
+      const int m = g->members[i].index;
+      const Member& mb = members[m];
+      sources[rank].push_back(Source(run.plans[m].source, rank, mb.dtype, mb.offset, space));
+      targets[rank].push_back(
+          *HostBuffer::Create(mb.dtype, g->shapes[g->members[i].shape].target, space));
     }
     if (devices != nullptr) before[rank] = devices->spaces[rank]->stats();
     run.fragments[static_cast<int>(rank)] = *std::move(g);
@@ -209,7 +210,7 @@ void CheckGroup(const std::vector<Member>& members, const GroupRun& run) {
     ASSERT_EQ(res->members.size(), g.members.size());
     EXPECT_LE(res->staging_bytes, kStagingBuckets * run.limits.bucket_bytes) << "rank " << rank;
     for (size_t i = 0; i < g.members.size(); ++i) {
-      const int m = g.indices[i];
+      const int m = g.members[i].index;
       const Plan& plan = run.plans[m];
       const Member& mb = members[m];
       const RankChunks* rc = plan.target.Find(rank);
@@ -240,8 +241,8 @@ void CheckGroup(const std::vector<Member>& members, const GroupRun& run) {
             if (p > 1 && source.partial_op() == ReduceOp::kSum) want += mb.offset * (p - 1);
           }
           ASSERT_EQ(LoadAsDouble(data, mb.dtype, e), want)
-              << "member " << m << " (" << mb.from.spec << " -> " << mb.to.spec << ") rank "
-              << rank << " chunk " << c.box.ToString() << " element " << e;
+              << "member " << m << " (" << mb.from.spec << " -> " << mb.to.spec << ") rank " << rank
+              << " chunk " << c.box.ToString() << " element " << e;
         });
       }
     }
@@ -356,6 +357,39 @@ TEST(FusedExchangeTest, ManySmallTensorsGoAsOneBucketPerPair) {
   }
 }
 
+TEST(FusedExchangeTest, MembersWithTheSamePlanShareOneShape) {
+  Layout from = MakeLayout({4}, {}, "S(0)", {8, 8});
+  Layout to = MakeLayout({4}, {}, "S(1)", {8, 8});
+  const Plan a = *Redistribute(from, to, DType::kF32);
+  const Plan b = *Redistribute(to, from, DType::kF32);
+  const Plan* plans[] = {&a, &a, &b, &a};
+  std::vector<FragmentMemberOptions> options(4);
+  for (int i = 0; i < 4; ++i) {
+    options[i].index = i;
+    options[i].tensor = absl::StrCat("T", i);
+  }
+  GroupFragmentOptions go;
+  go.plan_id = "g";
+  std::map<int64_t, v1::PlanFragment> protos = MakeGroupFragments(plans, options, go);
+  ASSERT_EQ(protos.size(), 4u);
+  for (const auto& [rank, f] : protos) {
+    EXPECT_EQ(f.shapes_size(), 2) << rank;
+    ASSERT_EQ(f.members_size(), 4) << rank;
+    EXPECT_EQ(f.members(0).shape(), 0);
+    EXPECT_EQ(f.members(1).shape(), 0);
+    EXPECT_EQ(f.members(2).shape(), 1);
+    EXPECT_EQ(f.members(3).shape(), 0);
+    EXPECT_EQ(f.members(2).tensor(), "T2");
+    absl::StatusOr<GroupFragment> g = ParseGroupFragment(f);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->members[3].index, 3);
+  }
+  // A member naming a shape that is not there is refused.
+  v1::PlanFragment bad = protos.at(0);
+  bad.mutable_members(1)->set_shape(7);
+  EXPECT_EQ(ParseGroupFragment(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(FusedExchangeTest, DeviceBuffersAndAnNcclLikeBackend) {
   for (bool nccl_like : {false, true}) {
     SCOPED_TRACE(nccl_like ? "NCCL-like" : "Gloo");
@@ -395,7 +429,7 @@ TEST(FusedExchangeTest, ABrokenPeerFailsTheGroupNamingTheRound) {
   std::map<int64_t, v1::PlanFragment> protos = MakeGroupFragments(plans, {o}, go);
   GroupFragment g = *ParseGroupFragment(protos.at(0));
   std::shared_ptr<HostBuffer> source = Source(run.plans[0].source, 0, DType::kF32, 0, nullptr);
-  std::shared_ptr<HostBuffer> target = *HostBuffer::Create(DType::kF32, g.members[0].target);
+  std::shared_ptr<HostBuffer> target = *HostBuffer::Create(DType::kF32, g.shapes[0].target);
   GroupExecuteInput in;
   in.group = &g;
   in.buffers.push_back({source.get(), target.get()});

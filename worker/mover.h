@@ -281,30 +281,29 @@ inline int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
 
 // FAILED_PRECONDITION when `source` is missing or does not hold f.source (or lies in another
 // memory space than `target`); INVALID_ARGUMENT when `target` does not hold f.target.
-inline absl::Status CheckBuffers(const Fragment& f, const HostBuffer* source,
-                                 const HostBuffer* target) {
+inline absl::Status CheckBuffers(const Fragment& f, const std::string& tensor,
+                                 int64_t source_version, const std::string& target_tensor,
+                                 const HostBuffer* source, const HostBuffer* target) {
   if (!f.source.chunks.empty()) {
     if (source == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", f.rank, " has no buffer of tensor '", f.tensor, "' version ", f.source_version));
+          "rank ", f.rank, " has no buffer of tensor '", tensor, "' version ", source_version));
     }
     if (source->dtype() != f.dtype || !SameChunks(source->chunks(), f.source)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version, " as ",
+          "rank ", f.rank, " holds tensor '", tensor, "' version ", source_version, " as ",
           DTypeName(source->dtype()), " chunks [", ChunkList(source->chunks()),
           "] but the plan expects ", DTypeName(f.dtype), " chunks [", ChunkList(f.source), "]"));
     }
   }
-  if (target == nullptr || target->dtype() != f.dtype ||
-      !SameChunks(target->chunks(), f.target)) {
-    return absl::InvalidArgumentError(absl::StrCat("target buffer of tensor '", f.target_tensor,
+  if (target == nullptr || target->dtype() != f.dtype || !SameChunks(target->chunks(), f.target)) {
+    return absl::InvalidArgumentError(absl::StrCat("target buffer of tensor '", target_tensor,
                                                    "' does not match the fragment's target"));
   }
   if (source != nullptr && &source->space() != &target->space()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", f.rank, " holds tensor '", f.tensor, "' version ", f.source_version,
-                     " in ", source->space().name(), " but its target buffer is in ",
-                     target->space().name()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", f.rank, " holds tensor '", tensor, "' version ", source_version, " in ",
+        source->space().name(), " but its target buffer is in ", target->space().name()));
   }
   return absl::OkStatus();
 }
@@ -400,7 +399,6 @@ class SpaceSyncedCommunicator final : public Communicator {
   Communicator* const inner_;
   MemorySpace* const space_;
 };
-
 
 }  // namespace executor_internal
 }  // namespace shardcoord

@@ -41,6 +41,7 @@ struct WorkerCore::PlanRun {
   Fragment fragment;                   // A plain fragment...
   std::optional<GroupFragment> group;  // ...or a fused group's.
   std::vector<RunPart> parts;          // One per fragment / group member.
+  std::vector<GroupMember> ids;        // Part i's tensors and versions.
   CancelToken cancel;
   // Guarded by WorkerCore::mu_.
   bool aborted = false;  // FinishPlan(abort) arrived.
@@ -50,8 +51,10 @@ struct WorkerCore::PlanRun {
   const std::string& prefix() const {
     return group ? group->communicator_prefix : fragment.communicator_prefix;
   }
-  // The fragment of part i.
-  const Fragment& part(size_t i) const { return group ? group->members[i] : fragment; }
+  // What part i does: the fragment, or its member's shape.
+  const Fragment& shape(size_t i) const {
+    return group ? group->shapes[group->members[i].shape] : fragment;
+  }
 };
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
@@ -80,7 +83,21 @@ absl::Status WorkerCore::CheckPlanIdLocked(const std::string& plan_id) const {
   return absl::OkStatus();
 }
 
-absl::Status WorkerCore::PrepareBuffers(const Fragment& f, RunPart* part) {
+absl::Status WorkerCore::PrepareBuffers(const Fragment& shape, const GroupMember& ids,
+                                        RunPart* part) {
+  // The names and versions are the member's; chunks and dtype the shape's.
+  struct {
+    const std::string& tensor;
+    const std::string& target_tensor;
+    int64_t source_version, attached_target_version;
+    const std::string& plan_id;
+    int64_t rank;
+    DType dtype;
+    const RankChunks& source;
+    const RankChunks& target;
+  } f{ids.tensor,  ids.target_tensor, ids.source_version, ids.attached_target_version,
+      ids.plan_id, shape.rank,        shape.dtype,        shape.source,
+      shape.target};
   if (!f.source.chunks.empty()) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> source = buffers_->Get(f.tensor, f.source_version);
     if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
@@ -140,14 +157,20 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
   }
-  const size_t parts = run->group ? run->group->members.size() : 1;
+  if (run->group) {
+    run->ids = run->group->members;
+  } else {
+    const Fragment& f = run->fragment;
+    run->ids.push_back(GroupMember{0, f.plan_id, f.tensor, f.target_tensor, f.source_version,
+                                   f.target_version, f.attached_target_version, 0});
+  }
+  const size_t parts = run->ids.size();
   run->parts.resize(parts);
   for (size_t i = 0; i < parts; ++i) {
-    if (absl::Status s = PrepareBuffers(run->part(i), &run->parts[i]); !s.ok()) {
+    if (absl::Status s = PrepareBuffers(run->shape(i), run->ids[i], &run->parts[i]); !s.ok()) {
       if (!run->group) return s;
-      const Fragment& f = run->part(i);
-      return absl::Status(s.code(), absl::StrCat("member ", run->group->indices[i], " (plan ",
-                                                 f.plan_id, "): ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("member ", run->ids[i].index, " (plan ",
+                                                 run->ids[i].plan_id, "): ", s.message()));
     }
   }
   {
@@ -161,10 +184,12 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
     if (run->group) {
       const GroupFragment& g = *run->group;
       int64_t transfers = 0;
-      for (const Fragment& m : g.members) transfers += static_cast<int64_t>(m.transfers.size());
+      for (const GroupMember& m : g.members) {
+        transfers += static_cast<int64_t>(g.shapes[m.shape].transfers.size());
+      }
       log_(absl::StrCat("plan ", g.plan_id, ": rank ", g.rank, " executes a fused group of ",
-                        g.members.size(), " members, ", transfers, " transfers over ",
-                        g.exchange_ranks.size(), " exchange ranks"));
+                        g.members.size(), " members (", g.shapes.size(), " shapes), ", transfers,
+                        " transfers over ", g.exchange_ranks.size(), " exchange ranks"));
     } else {
       const Fragment& f = run->fragment;
       log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
@@ -254,8 +279,8 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
                         round.buckets_received, " buckets, ", round.windows, " windows, ",
                         absl::FormatDuration(round.time), "]");
       }
-      absl::StrAppend(&out.summary, " staging ", r->staging_bytes, " B (bucket ",
-                      r->bucket_bytes, " B)");
+      absl::StrAppend(&out.summary, " staging ", r->staging_bytes, " B (bucket ", r->bucket_bytes,
+                      " B)");
       result = std::move(out);
     }
   } else {
@@ -296,16 +321,16 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   for (size_t i = 0; i < run->parts.size() && result.ok(); ++i) {
     const RunPart& p = run->parts[i];
     if (p.write_back == nullptr) continue;
-    const Fragment& f = run->part(i);
-    absl::Status s = p.write_back->lent()->detached()
-                         ? absl::AbortedError(absl::StrCat("the target buffer (",
-                                                           p.write_back->lent()->Describe(),
-                                                           ") was detached"))
-                         : CopyBufferBytes(*p.target, *p.write_back);
+    const GroupMember& f = run->ids[i];
+    absl::Status s =
+        p.write_back->lent()->detached()
+            ? absl::AbortedError(absl::StrCat("the target buffer (",
+                                              p.write_back->lent()->Describe(), ") was detached"))
+            : CopyBufferBytes(*p.target, *p.write_back);
     if (!s.ok()) {
-      result =
-          absl::Status(s.code(), absl::StrCat("writing rank ", f.rank, "'s attached buffer of '",
-                                              f.target_tensor, "': ", s.message()));
+      result = absl::Status(s.code(),
+                            absl::StrCat("writing rank ", run->rank(), "'s attached buffer of '",
+                                         f.target_tensor, "': ", s.message()));
     }
   }
   if (log_) {
@@ -324,7 +349,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     // Stored before the report, so a commit that follows finds them.
     for (size_t i = 0; i < run->parts.size() && result.ok() && !aborted; ++i) {
       RunPart& p = run->parts[i];
-      const Fragment& f = run->part(i);
+      const GroupMember& f = run->ids[i];
       std::shared_ptr<HostBuffer> keep = p.write_back ? p.write_back : p.target;
       if (keep->attached()) {
         // Lent memory follows the tensor's versions (also with no chunks on this rank),
@@ -334,7 +359,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
         } else {
           result = s;
         }
-      } else if (!f.target.chunks.empty()) {
+      } else if (!run->shape(i).target.chunks.empty()) {
         buffers_->Put(f.target_tensor, f.target_version, p.target);
         p.stored = true;
       }
@@ -343,7 +368,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       // A later part failed to store: the plan fails, so none of it stays.
       for (size_t i = 0; i < run->parts.size(); ++i) {
         if (!run->parts[i].stored) continue;
-        buffers_->Drop(run->part(i).target_tensor, run->part(i).target_version);
+        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
         run->parts[i].stored = false;
       }
     }
@@ -357,11 +382,18 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       for (v1::StepTiming& t : result->steps) *report.add_steps() = std::move(t);
       report.set_bytes_done(result->bytes_received);
       if (run->group) {
+        // Every member holds its shape's target chunks (its buffer was made of them): the
+        // chunks go once per shape, the checksums per member.
+        for (const Fragment& shape : run->group->shapes) {
+          v1::RankChunks* rc = report.add_shapes();
+          *rc = RankChunksToProto(shape.target);
+          rc->set_rank(run->rank());
+        }
         for (size_t i = 0; i < run->parts.size(); ++i) {
           v1::MemberChunks* m = report.add_members();
-          m->set_index(run->group->indices[i]);
-          *m->mutable_chunks() = RankChunksToProto(result->chunks[i], result->checksums[i]);
-          m->mutable_chunks()->set_rank(run->rank());
+          m->set_index(run->ids[i].index);
+          m->set_shape(run->ids[i].shape);
+          m->mutable_checksums()->Add(result->checksums[i].begin(), result->checksums[i].end());
         }
       } else {
         *report.mutable_chunks() = RankChunksToProto(result->chunks[0], result->checksums[0]);
@@ -397,21 +429,17 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
       run->aborted = true;
       for (size_t i = 0; i < run->parts.size(); ++i) {
         if (!run->parts[i].stored) continue;
-        buffers_->Drop(run->part(i).target_tensor, run->part(i).target_version);
+        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
         run->parts[i].stored = false;
       }
     }
   }
   if (request.commit()) {
     // Never a version the plan just wrote.
-    auto written = [&run](const std::string& tensor, int64_t version) {
-      if (run == nullptr) return false;
-      for (size_t i = 0; i < run->parts.size(); ++i) {
-        const Fragment& f = run->part(i);
-        if (f.target_tensor == tensor && f.target_version == version) return true;
-      }
-      return false;
-    };
+    absl::flat_hash_set<std::pair<std::string, int64_t>> written;
+    for (size_t i = 0; run != nullptr && i < run->parts.size(); ++i) {
+      written.emplace(run->ids[i].target_tensor, run->ids[i].target_version);
+    }
     std::vector<std::pair<std::string, int64_t>> drops;
     if (request.drop_version() >= 0 && !request.tensor().empty()) {
       drops.emplace_back(request.tensor(), request.drop_version());
@@ -422,7 +450,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
       }
     }
     for (const auto& [tensor, version] : drops) {
-      if (!written(tensor, version)) buffers_->Drop(tensor, version);
+      if (!written.contains({tensor, version})) buffers_->Drop(tensor, version);
     }
   }
   // Outside the lock: it interrupts the fragment's waits.

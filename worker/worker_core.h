@@ -136,8 +136,9 @@ class WorkerCore {
   struct PlanRun;
   absl::Status CheckPlanIdLocked(const std::string& plan_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finds the fragment's source buffer and makes (or finds, attached) its target.
-  absl::Status PrepareBuffers(const Fragment& f, RunPart* part);
+  // Finds the source buffer of `ids`' tensor and version with `shape`'s chunks and makes (or
+  // finds, attached) its target.
+  absl::Status PrepareBuffers(const Fragment& shape, const GroupMember& ids, RunPart* part);
   void Run(std::shared_ptr<PlanRun> run);
   void Report(const PlanRun& run, v1::ReportChunksRequest request);
 

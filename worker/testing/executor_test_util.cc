@@ -108,9 +108,8 @@ absl::Status NcclLikeCommunicator::AllGatherV(const void* send, int64_t send_byt
   return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
 }
 
-absl::Status NcclLikeCommunicator::AllToAllV(const void* send,
-                                             absl::Span<const int64_t> send_bytes, void* recv,
-                                             absl::Span<const int64_t> recv_bytes,
+absl::Status NcclLikeCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
+                                             void* recv, absl::Span<const int64_t> recv_bytes,
                                              const CommOptions& options) {
   return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
 }
@@ -123,8 +122,7 @@ absl::Status NcclLikeCommunicator::ReduceScatterV(const void* send, void* recv,
 }
 
 absl::Status NcclLikeCommunicator::AllReduce(const void* send, void* recv, int64_t elements,
-                                             DType dtype, ReduceOp op,
-                                             const CommOptions& options) {
+                                             DType dtype, ReduceOp op, const CommOptions& options) {
   return inner_->AllReduce(send, recv, elements, dtype, op, options);
 }
 
