@@ -28,6 +28,15 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return r;
 }
 
+// A gather's one destination rank, when given: INVALID_ARGUMENT when negative.
+absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank) {
+  if (!has_to_rank) return std::optional<int64_t>();
+  if (to_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("to_rank = ", to_rank, " must be >= 0"));
+  }
+  return std::optional<int64_t>(to_rank);
+}
+
 }  // namespace
 
 // ---- Conversions -------------------------------------------------------------------------
@@ -351,18 +360,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
                                                      v1::RedistributeResponse* resp) {
   if (absl::Status a = Authorize(ctx, "Gather"); !a.ok()) return Done(ctx, a);
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
-  std::optional<int64_t> to_rank;
-  if (req->has_to_rank()) {
-    if (req->to_rank() < 0) {
-      return Done(ctx, absl::InvalidArgumentError(
-                           absl::StrCat("to_rank = ", req->to_rank(), " must be >= 0")));
-    }
-    to_rank = req->to_rank();
-  }
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "Gather", *req, resp)) return r;
   return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
                  resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
-                   return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
+                   return plans_->Gather(req->tensor(), req->mesh(), *to_rank, std::move(done));
                  });
 }
 
@@ -548,20 +551,14 @@ grpc::ServerUnaryReactor* CoordinatorService::GatherGroup(grpc::CallbackServerCo
                                                           const v1::GatherGroupRequest* req,
                                                           v1::RedistributeGroupResponse* resp) {
   if (absl::Status a = Authorize(ctx, "GatherGroup"); !a.ok()) return Done(ctx, a);
-  std::optional<int64_t> to_rank;
-  if (req->has_to_rank()) {
-    if (req->to_rank() < 0) {
-      return Done(ctx, absl::InvalidArgumentError(
-                           absl::StrCat("to_rank = ", req->to_rank(), " must be >= 0")));
-    }
-    to_rank = req->to_rank();
-  }
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
   std::vector<std::string> tensors(req->tensors().begin(), req->tensors().end());
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "GatherGroup", *req, resp)) return r;
   return RunGroup(
       ctx, req->wait(), req->request_id(), resp,
       [&](PlanManager::GroupDoneCallback done) {
-        return plans_->GatherGroup(tensors, req->mesh(), to_rank, std::move(done));
+        return plans_->GatherGroup(tensors, req->mesh(), *to_rank, std::move(done));
       },
       [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
       [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });

@@ -369,7 +369,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.start = now;
   if (done) e.done.push_back(std::move(done));
   // A group member is timed by its group.
-  if (fused == nullptr)
+  if (fused == nullptr) {
     e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
       std::string reason;
       {
@@ -377,20 +377,13 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
         auto it = plans_.find(id);
         if (it == plans_.end()) return;
         const Entry& pe = it->second;
-        std::vector<std::string> waiting;
-        for (const auto& [r, p] : pe.participants) {
-          if (!p.executed) {
-            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
-          } else if (!p.reported) {
-            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
-          }
-        }
         reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
                               " in state ", PlanStateName(pe.state), "; waiting for ",
-                              waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
+                              Waiting(pe.participants));
       }
       Abort(id, reason);
     });
+  }
 
   StartedPlan out;
   out.id = id;
@@ -702,18 +695,9 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
         auto it = groups_.find(gid);
         if (it == groups_.end()) return;
         const Group& pg = it->second;
-        std::vector<std::string> waiting;
-        for (const auto& [r, p] : pg.participants) {
-          if (!p.executed) {
-            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
-          } else if (!p.reported) {
-            waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
-          }
-        }
         reason = absl::StrCat("group ", gid, " timed out after ",
                               absl::FormatDuration(options_.plan_timeout), " in state ",
-                              PlanStateName(pg.state), "; waiting for ",
-                              waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
+                              PlanStateName(pg.state), "; waiting for ", Waiting(pg.participants));
       }
       AbortGroup(gid, reason);
     });
@@ -775,6 +759,79 @@ void PlanManager::OnGroupExecuteDone(const std::string& gid, int64_t rank,
   if (validate) ValidateGroup(gid);
 }
 
+absl::StatusOr<PlanManager::Participant*> PlanManager::Reporter(
+    std::map<int64_t, Participant>& participants, const WorkerReport& report,
+    const std::string& plan_id) {
+  auto pit = participants.find(report.rank);
+  if (pit == participants.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", report.rank, " takes no part in plan ", plan_id));
+  }
+  Participant& p = pit->second;
+  if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
+    return absl::AbortedError(
+        absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
+                     " incarnation ", report.incarnation, " is stale: plan ", plan_id,
+                     " runs with ", Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
+  }
+  if (report.final) {
+    p.timing = report.timing;
+    p.timing.set_rank(report.rank);
+    p.timing.set_worker(report.worker);
+    p.timing.set_error(report.error);
+  }
+  return &p;
+}
+
+std::string PlanManager::FailingLocked(const Participant& p, const WorkerReport& report,
+                                       std::string* failing, bool* start_grace) const {
+  std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+  if (options_.failure_grace <= absl::ZeroDuration()) return reason;
+  if (failing->empty()) {
+    *failing = std::move(reason);
+    *start_grace = true;
+  }
+  return "";
+}
+
+void PlanManager::StartGrace(const std::string& id, bool group) {
+  const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id, group] {
+    std::string reason;
+    {
+      absl::MutexLock lock(&mu_);
+      if (group) {
+        auto it = groups_.find(id);
+        if (it == groups_.end()) return;
+        reason = it->second.failing;
+      } else {
+        auto it = plans_.find(id);
+        if (it == plans_.end()) return;
+        reason = it->second.failing;
+      }
+    }
+    if (group) return AbortGroup(id, reason);
+    Abort(id, reason);
+  });
+  absl::MutexLock lock(&mu_);
+  if (group) {
+    if (auto it = groups_.find(id); it != groups_.end()) it->second.grace_timer = t;
+  } else if (auto it = plans_.find(id); it != plans_.end()) {
+    it->second.grace_timer = t;
+  }
+}
+
+std::string PlanManager::Waiting(const std::map<int64_t, Participant>& participants) {
+  std::vector<std::string> waiting;
+  for (const auto& [r, p] : participants) {
+    if (!p.executed) {
+      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
+    } else if (!p.reported) {
+      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
+    }
+  }
+  return waiting.empty() ? "validation" : absl::StrJoin(waiting, ", ");
+}
+
 absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
   const std::string& gid = report.plan_id;
   std::string abort_reason;
@@ -793,32 +850,11 @@ absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
                                              g.closing ? "committing" : PlanStateName(g.state),
                                              ")"));
     }
-    auto pit = g.participants.find(report.rank);
-    if (pit == g.participants.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", report.rank, " takes no part in plan ", gid));
-    }
-    Participant& p = pit->second;
-    if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
-      return absl::AbortedError(
-          absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
-                       " incarnation ", report.incarnation, " is stale: plan ", gid, " runs with ",
-                       Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
-    }
-    if (report.final) {
-      p.timing = report.timing;
-      p.timing.set_rank(report.rank);
-      p.timing.set_worker(report.worker);
-      p.timing.set_error(report.error);
-    }
+    absl::StatusOr<Participant*> reporter = Reporter(g.participants, report, gid);
+    if (!reporter.ok()) return reporter.status();
+    Participant& p = **reporter;
     if (!report.error.empty()) {
-      const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
-      if (options_.failure_grace <= absl::ZeroDuration()) {
-        abort_reason = reason;
-      } else if (g.failing.empty()) {
-        g.failing = reason;
-        start_grace = true;
-      }
+      abort_reason = FailingLocked(p, report, &g.failing, &start_grace);
     } else if (!report.final) {
       p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
     } else if (!p.reported) {
@@ -882,21 +918,7 @@ absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
     AbortGroup(gid, abort_reason);
     return absl::OkStatus();
   }
-  if (start_grace) {
-    const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, gid] {
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = groups_.find(gid);
-        if (it == groups_.end()) return;
-        reason = it->second.failing;
-      }
-      AbortGroup(gid, reason);
-    });
-    absl::MutexLock lock(&mu_);
-    auto it = groups_.find(gid);
-    if (it != groups_.end()) it->second.grace_timer = t;
-  }
+  if (start_grace) StartGrace(gid, /*group=*/true);
   Tell(calls);
   if (validate) ValidateGroup(gid);
   return absl::OkStatus();
@@ -1204,32 +1226,11 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
       return absl::AbortedError(
           absl::StrCat("plan ", e.id, " already ended (", PlanStateName(e.state), ")"));
     }
-    auto pit = e.participants.find(report.rank);
-    if (pit == e.participants.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", report.rank, " takes no part in plan ", e.id));
-    }
-    Participant& p = pit->second;
-    if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
-      return absl::AbortedError(
-          absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
-                       " incarnation ", report.incarnation, " is stale: plan ", e.id, " runs with ",
-                       Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
-    }
-    if (report.final) {
-      p.timing = report.timing;
-      p.timing.set_rank(report.rank);
-      p.timing.set_worker(report.worker);
-      p.timing.set_error(report.error);
-    }
+    absl::StatusOr<Participant*> reporter = Reporter(e.participants, report, e.id);
+    if (!reporter.ok()) return reporter.status();
+    Participant& p = **reporter;
     if (!report.error.empty()) {
-      const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
-      if (options_.failure_grace <= absl::ZeroDuration()) {
-        abort_reason = reason;
-      } else if (e.failing.empty()) {
-        e.failing = reason;
-        start_grace = true;
-      }
+      abort_reason = FailingLocked(p, report, &e.failing, &start_grace);
     } else if (!report.final) {
       p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
       calls = ChangedLocked(e);
@@ -1253,22 +1254,7 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
     Abort(report.plan_id, abort_reason);
     return absl::OkStatus();
   }
-  if (start_grace) {
-    const std::string id = report.plan_id;
-    const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id] {
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = plans_.find(id);
-        if (it == plans_.end()) return;
-        reason = it->second.failing;
-      }
-      Abort(id, reason);
-    });
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it != plans_.end()) it->second.grace_timer = t;
-  }
+  if (start_grace) StartGrace(report.plan_id, /*group=*/false);
   Tell(calls);
   if (validate) Validate(report.plan_id);
   return absl::OkStatus();

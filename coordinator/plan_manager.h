@@ -446,6 +446,20 @@ class PlanManager : public WorkerListener {
                       const std::string& id, const std::string& target_mesh);
   LivenessFn Liveness() const;
 
+  // The participant a report comes from, once it passed the checks every report gets (a rank
+  // of the plan, not stale); a final report's timing is kept.
+  static absl::StatusOr<Participant*> Reporter(std::map<int64_t, Participant>& participants,
+                                               const WorkerReport& report,
+                                               const std::string& plan_id);
+  // A worker's error: the reason to abort at once (no failure grace), or "" with the grace
+  // started (*start_grace) by the first error (*failing).
+  std::string FailingLocked(const Participant& p, const WorkerReport& report, std::string* failing,
+                            bool* start_grace) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the failure grace, aborts the plan (or group) with its first error.
+  void StartGrace(const std::string& id, bool group);
+  // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
+  static std::string Waiting(const std::map<int64_t, Participant>& participants);
+
   void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);
   // Runs when every fragment was accepted and every final report is in.
   void Validate(const std::string& id);

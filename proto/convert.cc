@@ -735,6 +735,27 @@ absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix
 
 }  // namespace
 
+namespace {
+
+// member_ranks/member_incarnations, step_timeout_ms and communicator_prefix: a plain
+// fragment's and a fused group's alike.
+template <typename Out>
+absl::Status ParseGroupFields(const v1::PlanFragment& f, Out* out) {
+  if (f.member_ranks_size() != f.member_incarnations_size()) {
+    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
+               f.member_ranks_size(), " member_ranks");
+  }
+  for (int i = 0; i < f.member_ranks_size(); ++i) {
+    out->member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
+  }
+  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
+  out->step_timeout_ms = f.step_timeout_ms();
+  out->communicator_prefix = f.communicator_prefix();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   Fragment out;
   if (f.plan_id().empty()) return Bad("plan_id", "empty");
@@ -756,16 +777,7 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
     out.steps.push_back(*std::move(s));
     out.step_indices.push_back(f.steps(i).index());
   }
-  if (f.member_ranks_size() != f.member_incarnations_size()) {
-    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
-               f.member_ranks_size(), " member_ranks");
-  }
-  for (int i = 0; i < f.member_ranks_size(); ++i) {
-    out.member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
-  }
-  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
-  out.step_timeout_ms = f.step_timeout_ms();
-  out.communicator_prefix = f.communicator_prefix();
+  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
   if (absl::Status s = NonNegative("attached_target_version", f.attached_target_version());
       !s.ok()) {
     return s;
@@ -874,16 +886,7 @@ absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) 
   out.plan_id = f.plan_id();
   if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
   out.rank = f.rank();
-  if (f.member_ranks_size() != f.member_incarnations_size()) {
-    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
-               f.member_ranks_size(), " member_ranks");
-  }
-  for (int i = 0; i < f.member_ranks_size(); ++i) {
-    out.member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
-  }
-  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
-  out.step_timeout_ms = f.step_timeout_ms();
-  out.communicator_prefix = f.communicator_prefix();
+  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
   if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
   out.bucket_bytes = f.bucket_bytes();
   for (int i = 0; i < f.exchange_ranks_size(); ++i) {

@@ -40,7 +40,7 @@ StreamLimits StreamLimitsFor(int64_t bucket_bytes) {
       bucket_bytes <= 0 ? kDefaultBucketBytes : std::max<int64_t>(bucket_bytes, kMinBucketBytes);
   l.message_bytes = std::min(l.bucket_bytes, kMaxStreamMessageBytes);
   l.pack_below = std::min(l.bucket_bytes, kPackBelowBytes);
-  l.window_bytes = l.bucket_bytes * (kStagingBuckets / 2);
+  l.window_bytes = l.bucket_bytes * (kBucketsInFlight / 2);
   return l;
 }
 

@@ -16,8 +16,8 @@
 //   that lies contiguously in the receiver's target lands there in place, and one that lies
 //   in the sender's source leaves from there.
 // - messages go in windows: consecutive messages of at most window_bytes = B *
-//   kStagingBuckets / 2 bytes (at least one message), one grouped send/recv per window, so
-//   a worker's staging in one exchange is at most kStagingBuckets * B: a window's worth to
+//   kBucketsInFlight / 2 bytes (at least one message), one grouped send/recv per window, so
+//   a worker's staging in one exchange is at most kBucketsInFlight * B: a window's worth to
 //   send and one to receive.
 
 #include <cstdint>
@@ -29,8 +29,8 @@
 
 namespace shardcoord {
 
-// Staging of a fused exchange, per worker and plan: at most kStagingBuckets * bucket_bytes.
-inline constexpr int64_t kStagingBuckets = 4;
+// Staging of a fused exchange, per worker and plan: at most kBucketsInFlight * bucket_bytes.
+inline constexpr int64_t kBucketsInFlight = 4;
 // The workers' default --bucket-bytes.
 inline constexpr int64_t kDefaultBucketBytes = int64_t{64} << 20;
 // Smaller values are raised to this (the largest element), so every message holds at least
@@ -46,7 +46,7 @@ struct StreamLimits {
   int64_t bucket_bytes = kDefaultBucketBytes;
   int64_t message_bytes = kMaxStreamMessageBytes;
   int64_t pack_below = kPackBelowBytes;
-  int64_t window_bytes = kDefaultBucketBytes * kStagingBuckets / 2;
+  int64_t window_bytes = kDefaultBucketBytes * kBucketsInFlight / 2;
 };
 // The limits for a bucket size (<= 0: kDefaultBucketBytes).
 StreamLimits StreamLimitsFor(int64_t bucket_bytes);

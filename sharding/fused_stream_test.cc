@@ -45,7 +45,7 @@ TEST(StreamLimitsTest, ClampsAndDerivesFromTheBucketSize) {
   EXPECT_EQ(tiny.window_bytes, 48);
   EXPECT_EQ(StreamLimitsFor(3).bucket_bytes, kMinBucketBytes);
   // Staging of a worker in one exchange: a window to send and one to receive.
-  EXPECT_EQ(2 * StreamLimitsFor(1 << 20).window_bytes, kStagingBuckets * (1 << 20));
+  EXPECT_EQ(2 * StreamLimitsFor(1 << 20).window_bytes, kBucketsInFlight * (1 << 20));
 }
 
 TEST(SplitIntoPiecesTest, PiecesAreRowMajorRunsOfAtMostTheLimit) {

@@ -25,6 +25,7 @@ using executor_internal::BoxBytes;
 using executor_internal::CheckBuffers;
 using executor_internal::Mover;
 using executor_internal::SpaceSyncedCommunicator;
+using executor_internal::SpecOf;
 using executor_internal::Staging;
 using executor_internal::Sum;
 
@@ -563,13 +564,8 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     // make a later step rebuild a group this plan already uses.
     std::shared_ptr<Communicator>& held = held_communicators[step.ranks];
     if (held == nullptr) {
-      CommunicatorSpec spec;
-      spec.ranks = step.ranks;
-      for (int64_t r : step.ranks) spec.incarnations.push_back(f.member_incarnations.at(r));
-      spec.my_rank = f.rank;
-      spec.key_prefix = f.communicator_prefix;
-      spec.timeout = timeout;
-      absl::StatusOr<std::shared_ptr<Communicator>> got = input.communicators->Get(spec);
+      absl::StatusOr<std::shared_ptr<Communicator>> got = input.communicators->Get(
+          SpecOf(step.ranks, f.member_incarnations, f.rank, f.communicator_prefix, timeout));
       if (!got.ok()) return Annotate(got.status(), name);
       held = *std::move(got);
     }

@@ -17,6 +17,7 @@ namespace {
 using executor_internal::CheckBuffers;
 using executor_internal::Mover;
 using executor_internal::SpaceSyncedCommunicator;
+using executor_internal::SpecOf;
 using executor_internal::Staging;
 
 // A transfer of the stream with the member it belongs to.
@@ -165,13 +166,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   if (me >= 0 && n > 1) {
     // Every exchange rank builds the communicator, also one with nothing to move: the others
     // meet it in the rendezvous.
-    CommunicatorSpec spec;
-    spec.ranks = g.exchange_ranks;
-    for (int64_t r : g.exchange_ranks) spec.incarnations.push_back(g.member_incarnations.at(r));
-    spec.my_rank = g.rank;
-    spec.key_prefix = g.communicator_prefix;
-    spec.timeout = timeout;
-    absl::StatusOr<std::shared_ptr<Communicator>> held = input.communicators->Get(spec);
+    absl::StatusOr<std::shared_ptr<Communicator>> held = input.communicators->Get(
+        SpecOf(g.exchange_ranks, g.member_incarnations, g.rank, g.communicator_prefix, timeout));
     if (!held.ok()) {
       return Annotate(held.status(),
                       absl::StrCat("fused exchange over ranks [",

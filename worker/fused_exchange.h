@@ -20,7 +20,7 @@
 //
 // Memory. Staging comes from the buffers' MemorySpace: one area for a window's messages to
 // send that need packing and one for a window's arrivals that do not land in place, each at
-// most window_bytes, so at most kStagingBuckets * bucket_bytes per plan. None is needed for
+// most window_bytes, so at most kBucketsInFlight * bucket_bytes per plan. None is needed for
 // a message that lies contiguously in its source chunk (sent from there), that the
 // backend sends from strided rows (Communicator::SendsFromRuns: Gloo's same-host copies),
 // or that lands contiguously in one target chunk without a reduction.
@@ -78,7 +78,7 @@ struct GroupExecuteResult {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   int64_t bucket_bytes = 0;   // As used (StreamLimitsFor).
-  int64_t staging_bytes = 0;  // Staging allocated (<= kStagingBuckets * bucket_bytes).
+  int64_t staging_bytes = 0;  // Staging allocated (<= kBucketsInFlight * bucket_bytes).
   // How this rank's messages moved: sent packed (several transfers in one), sent from
   // strided source rows (SendsFromRuns), received in place in a target chunk.
   int64_t messages_packed = 0;

@@ -208,7 +208,7 @@ void CheckGroup(const std::vector<Member>& members, const GroupRun& run) {
     const absl::StatusOr<GroupExecuteResult>& res = run.results.at(rank);
     ASSERT_TRUE(res.ok()) << "rank " << rank << ": " << res.status();
     ASSERT_EQ(res->members.size(), g.members.size());
-    EXPECT_LE(res->staging_bytes, kStagingBuckets * run.limits.bucket_bytes) << "rank " << rank;
+    EXPECT_LE(res->staging_bytes, kBucketsInFlight * run.limits.bucket_bytes) << "rank " << rank;
     for (size_t i = 0; i < g.members.size(); ++i) {
       const int m = g.members[i].index;
       const Plan& plan = run.plans[m];

@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "proto/convert.h"
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
@@ -306,6 +308,20 @@ inline absl::Status CheckBuffers(const Fragment& f, const std::string& tensor,
         source->space().name(), " but its target buffer is in ", target->space().name()));
   }
   return absl::OkStatus();
+}
+
+// The spec of a communicator over `ranks` for rank `me`, whose incarnations come from
+// `incarnations` (every rank must have one: ValidateFragment and GroupFragmentFromProto check).
+inline CommunicatorSpec SpecOf(const std::vector<int64_t>& ranks,
+                               const absl::flat_hash_map<int64_t, int64_t>& incarnations,
+                               int64_t me, const std::string& prefix, absl::Duration timeout) {
+  CommunicatorSpec spec;
+  spec.ranks = ranks;
+  for (int64_t r : ranks) spec.incarnations.push_back(incarnations.at(r));
+  spec.my_rank = me;
+  spec.key_prefix = prefix;
+  spec.timeout = timeout;
+  return spec;
 }
 
 // Staging memory for packed pieces, from the buffers' memory space (the recycling host
