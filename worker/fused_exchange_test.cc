@@ -390,6 +390,61 @@ TEST(FusedExchangeTest, MembersWithTheSamePlanShareOneShape) {
   EXPECT_EQ(ParseGroupFragment(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The stream from a to b is what a's fragment sends to b and what b's receives from a, in
+// member then plan order: both ends must list the same transfers in the same order.
+TEST(FusedExchangeTest, BothEndsOfAPairListItsTransfersInTheSameOrder) {
+  std::vector<Plan> plans;
+  for (const Member& m : EveryLayoutKind()) {
+    plans.push_back(*Redistribute(MakeLayout(m.from.mesh, m.from.ranks, m.from.spec, m.shape),
+                                  MakeLayout(m.to.mesh, m.to.ranks, m.to.spec, m.shape), m.dtype));
+  }
+  std::vector<const Plan*> pointers;
+  std::vector<FragmentMemberOptions> options(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    pointers.push_back(&plans[i]);
+    options[i].index = static_cast<int32_t>(i);
+    options[i].tensor = absl::StrCat("T", i);
+  }
+  GroupFragmentOptions go;
+  go.plan_id = "g";
+  for (int r = 0; r < kRanks; ++r) go.incarnations[r] = 1;
+  std::map<int64_t, GroupFragment> groups;
+  for (const auto& [rank, proto] : MakeGroupFragments(pointers, options, go)) {
+    groups[rank] = *ParseGroupFragment(proto);
+  }
+  // The stream of (src, dst) as `rank` sees it: (member index, box) in its fragment's order.
+  auto stream = [&](int64_t rank, int64_t src, int64_t dst) {
+    std::vector<std::pair<int32_t, Box>> out;
+    const GroupFragment& g = groups.at(rank);
+    for (const GroupMember& m : g.members) {
+      for (const Transfer& t : g.shapes[m.shape].transfers) {
+        if (t.src == src && t.dst == dst) out.emplace_back(m.index, t.box);
+      }
+    }
+    return out;
+  };
+  int pairs = 0;
+  for (int64_t a = 0; a < kRanks; ++a) {
+    for (int64_t b = 0; b < kRanks; ++b) {
+      if (a == b || !groups.count(a) || !groups.count(b)) continue;
+      const auto sent = stream(a, a, b);
+      EXPECT_EQ(sent, stream(b, a, b)) << a << " -> " << b;
+      // And in the plans' own order.
+      std::vector<std::pair<int32_t, Box>> want;
+      for (size_t i = 0; i < plans.size(); ++i) {
+        for (const Step& st : plans[i].steps) {
+          for (const Transfer& t : st.transfers) {
+            if (t.src == a && t.dst == b) want.emplace_back(static_cast<int32_t>(i), t.box);
+          }
+        }
+      }
+      EXPECT_EQ(sent, want) << a << " -> " << b;
+      pairs += sent.empty() ? 0 : 1;
+    }
+  }
+  EXPECT_EQ(pairs, 12);
+}
+
 TEST(FusedExchangeTest, DeviceBuffersAndAnNcclLikeBackend) {
   for (bool nccl_like : {false, true}) {
     SCOPED_TRACE(nccl_like ? "NCCL-like" : "Gloo");
