@@ -232,6 +232,7 @@ void CheckGroup(const std::vector<Member>& members, const GroupRun& run) {
         const bool zero =
             target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
         const Layout& source = plan.source;
+        const int where = rank;  // A structured binding cannot be captured (C++17).
         ForEachElement(target.global_shape(), c.box, [&](int64_t e, int64_t flat) {
           double want = 0;
           if (!zero) {
@@ -241,8 +242,8 @@ void CheckGroup(const std::vector<Member>& members, const GroupRun& run) {
             if (p > 1 && source.partial_op() == ReduceOp::kSum) want += mb.offset * (p - 1);
           }
           ASSERT_EQ(LoadAsDouble(data, mb.dtype, e), want)
-              << "member " << m << " (" << mb.from.spec << " -> " << mb.to.spec << ") rank " << rank
-              << " chunk " << c.box.ToString() << " element " << e;
+              << "member " << m << " (" << mb.from.spec << " -> " << mb.to.spec << ") rank "
+              << where << " chunk " << c.box.ToString() << " element " << e;
         });
       }
     }
