@@ -165,6 +165,30 @@ absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ra
   return absl::OkStatus();
 }
 
+absl::Status AddGroupTraffic(const v1::PlanTrace& trace, const std::vector<int64_t>& ranks,
+                             std::vector<int64_t>* matrix) {
+  const size_t n = ranks.size();
+  auto position = [&](int64_t rank) -> int64_t {
+    for (size_t i = 0; i < n; ++i) {
+      if (ranks[i] == rank) return static_cast<int64_t>(i);
+    }
+    return -1;
+  };
+  for (const v1::RankTrace& rank : trace.ranks()) {
+    for (const v1::StepTiming& step : rank.steps()) {
+      if (step.op() != "fused_exchange" || step.send_peer() < 0) continue;
+      const int64_t i = position(rank.rank()), j = position(step.send_peer());
+      if (i < 0 || j < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("group ", trace.plan_id(), " moves rank ", rank.rank(), " -> ",
+                         step.send_peer(), ", outside the ranks ", absl::StrJoin(ranks, ",")));
+      }
+      (*matrix)[i * n + j] += step.bytes_sent();
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const std::string& tensor,
                                                const std::string& mesh, int runs, Stats* latency,
                                                Stats* bare_rpc) {

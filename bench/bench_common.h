@@ -75,6 +75,13 @@ PeerResult RunPythonPeer(const std::string& python, const std::string& script,
 absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ranks,
                             std::vector<int64_t>* matrix);
 
+// As AddPlanTraffic, from a fused group's trace (GetPlanTrace of the group's id): what each
+// rank's exchange rounds sent to their peers (steps of op "fused_exchange"). A group's
+// members report only their totals, so their transfers are read here, as the workers moved
+// them.
+absl::Status AddGroupTraffic(const v1::PlanTrace& trace, const std::vector<int64_t>& ranks,
+                             std::vector<int64_t>* matrix);
+
 // ---- Small-op latency (issue 10: a 4 KiB redistribute against a bare unary RPC).
 
 // One plan as the client saw it.

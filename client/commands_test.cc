@@ -109,6 +109,8 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     response->set_state(v1::COMMITTED);
     response->set_bytes_moved(8192);
     response->set_lower_bound_bytes(8192);
+    response->set_buckets(3);
+    response->set_bucket_bytes(int64_t{64} << 20);
     int64_t version = 7;
     for (const v1::CopyPair& c : request->copies()) {
       v1::CopyGroupMember* m = response->add_members();
@@ -135,6 +137,28 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     for (const v1::RedistributeItem& r : request->redistributes()) {
       v1::RedistributeGroupMember* m = response->add_members();
       m->set_tensor(r.tensor());
+      m->set_version(version++);
+      m->mutable_progress()->set_plan_id(absl::StrCat("p", version));
+      m->mutable_progress()->set_state(v1::COMMITTED);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GatherGroup(grpc::ServerContext*, const v1::GatherGroupRequest* request,
+                           v1::RedistributeGroupResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    gather_group_ = *request;
+    response->set_group_id("g-3");
+    response->set_state(v1::COMMITTED);
+    response->set_seconds(0.25);
+    response->set_bytes_moved(12288);
+    response->set_lower_bound_bytes(12288);
+    response->set_buckets(1);
+    response->set_bucket_bytes(int64_t{1} << 20);
+    int64_t version = 30;
+    for (const std::string& t : request->tensors()) {
+      v1::RedistributeGroupMember* m = response->add_members();
+      m->set_tensor(t);
       m->set_version(version++);
       m->mutable_progress()->set_plan_id(absl::StrCat("p", version));
       m->mutable_progress()->set_state(v1::COMMITTED);
@@ -226,6 +250,7 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   v1::GatherRequest gather_;
   v1::CopyRequest copy_;
   v1::CopyGroupRequest copy_group_;
+  v1::GatherGroupRequest gather_group_;
   v1::RedistributeGroupRequest redistribute_group_;
   v1::TensorHeader upload_header_;
   std::string upload_data_;
@@ -399,14 +424,15 @@ TEST_F(CommandsTest, CopyFromFileRunsOneGroup) {
   EXPECT_EQ(fake_.copy_group_.copies(1).dst(), "b_infer");
   EXPECT_EQ(out_.str(),
             "copied 2 tensors as group g-1: COMMITTED\n"
-            "  8.0 KiB moved (lower bound 8.0 KiB)\n"
+            "  8.0 KiB moved (lower bound 8.0 KiB) in 3 buckets of at most 64.0 MiB\n"
             "  a -> a_infer: version 7 (plan p8)\n"
             "  b -> b_infer: version 8 (plan p9)\n");
   out_.str("");
   ASSERT_EQ(RunCopyCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
   EXPECT_EQ(out_.str(),
             "{\"group_id\": \"g-1\", \"state\": \"COMMITTED\", \"seconds\": 0.0, \"tensors\": 2, "
-            "\"bytes_moved\": 8192, \"lower_bound_bytes\": 8192, \"members\": [{\"src\": \"a\", "
+            "\"bytes_moved\": 8192, \"lower_bound_bytes\": 8192, \"buckets\": 3, "
+            "\"bucket_bytes\": 67108864, \"members\": [{\"src\": \"a\", "
             "\"dst\": \"a_infer\", \"dst_version\": 7, \"plan_id\": \"p8\", \"state\": "
             "\"COMMITTED\", \"bytes_moved\": 4096, \"lower_bound_bytes\": 4096}, {\"src\": \"b\", "
             "\"dst\": \"b_infer\", \"dst_version\": 8, \"plan_id\": \"p9\", \"state\": "
@@ -506,6 +532,32 @@ TEST_F(CommandsTest, GatherToOneRank) {
   ASSERT_EQ(RunGatherCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
   EXPECT_FALSE(fake_.gather_.has_to_rank());
   EXPECT_EQ(fake_.gather_.mesh(), "m");
+}
+
+TEST_F(CommandsTest, GatherOfSeveralTensorsIsOneGroup) {
+  GatherFlags flags;
+  flags.name = "a";
+  flags.more = {"b", "c"};
+  flags.to_rank = 1;
+  ASSERT_EQ(RunGatherCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  ASSERT_EQ(fake_.gather_group_.tensors_size(), 3);
+  EXPECT_EQ(fake_.gather_group_.tensors(2), "c");
+  EXPECT_TRUE(fake_.gather_group_.has_to_rank());
+  EXPECT_EQ(fake_.gather_group_.to_rank(), 1);
+  EXPECT_TRUE(fake_.gather_group_.wait());
+  EXPECT_EQ(out_.str(),
+            "gathered 3 tensors as group g-3: COMMITTED in 0.250 s\n"
+            "  12.0 KiB moved (lower bound 12.0 KiB) in 1 bucket of at most 1.00 MiB\n"
+            "  a: version 30 (plan p31)\n"
+            "  b: version 31 (plan p32)\n"
+            "  c: version 32 (plan p33)\n");
+  out_.str("");
+  ASSERT_EQ(RunGatherCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_THAT(out_.str(), StartsWith("{\"group_id\": \"g-3\", \"state\": \"COMMITTED\", "
+                                     "\"seconds\": 0.25, \"tensors\": 3, \"bytes_moved\": "
+                                     "12288, \"lower_bound_bytes\": 12288, \"buckets\": 1, "
+                                     "\"bucket_bytes\": 1048576, \"members\": [{\"tensor\": "
+                                     "\"a\""));
 }
 
 TEST_F(CommandsTest, DownloadWritesAnNpyFile) {

@@ -252,6 +252,12 @@ absl::StatusOr<v1::CheckpointProgress> CoordinatorClient::GetCheckpointProgress(
   return Unary(&Stub::GetCheckpointProgress, request, options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::RedistributeGroupResponse> CoordinatorClient::GatherGroup(
+    const v1::GatherGroupRequest& request) {
+  return Mutate(&Stub::GatherGroup, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
 absl::StatusOr<v1::PlanTrace> CoordinatorClient::GetPlanTrace(const std::string& plan_id) {
   v1::GetPlanTraceRequest request;
   request.set_plan_id(plan_id);

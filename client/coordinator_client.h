@@ -109,6 +109,8 @@ class CoordinatorClient {
   // Many redistributes as one transaction (see RedistributeGroup in proto/shardcoord.proto).
   absl::StatusOr<v1::RedistributeGroupResponse> RedistributeGroup(
       const v1::RedistributeGroupRequest& request);
+  // Gathers of several tensors as one transaction (see GatherGroup in the proto).
+  absl::StatusOr<v1::RedistributeGroupResponse> GatherGroup(const v1::GatherGroupRequest& request);
   // Dry run: the plan Redistribute would execute.
   absl::StatusOr<v1::Plan> PlanRedistribute(const v1::PlanRequest& request);
   absl::StatusOr<v1::PlanTrace> GetPlanTrace(const std::string& plan_id);

@@ -451,14 +451,51 @@ std::string CopyOutcomeJson(const v1::CopyRequest& request, const v1::CopyRespon
   return w.str();
 }
 
+namespace {
+
+// "  4.00 MiB moved (lower bound 4.00 MiB) in 12 buckets of at most 64.00 MiB\n"
+std::string GroupBytesLine(int64_t moved, int64_t lower_bound, int64_t buckets,
+                           int64_t bucket_bytes) {
+  std::string out =
+      absl::StrCat("  ", HumanBytes(moved), " moved (lower bound ", HumanBytes(lower_bound), ")");
+  if (bucket_bytes > 0) {
+    absl::StrAppend(&out, " in ", buckets, buckets == 1 ? " bucket" : " buckets", " of at most ",
+                    HumanBytes(bucket_bytes));
+  }
+  return out + "\n";
+}
+
+// "<verb> N tensors as group g-1: STATE in S s\n" and the bytes line.
+std::string GroupHeader(absl::string_view verb, int members, const std::string& group_id,
+                        v1::PlanState state, double seconds, int64_t moved, int64_t lower_bound,
+                        int64_t buckets, int64_t bucket_bytes) {
+  std::string out = absl::StrCat(verb, " ", members, members == 1 ? " tensor" : " tensors",
+                                 " as group ", group_id, ": ", v1::PlanState_Name(state));
+  if (seconds > 0) absl::StrAppend(&out, absl::StrFormat(" in %.3f s", seconds));
+  absl::StrAppend(&out, "\n", GroupBytesLine(moved, lower_bound, buckets, bucket_bytes));
+  return out;
+}
+
+void GroupJsonFields(JsonWriter& w, const std::string& group_id, v1::PlanState state,
+                     double seconds, int members, int64_t moved, int64_t lower_bound,
+                     int64_t buckets, int64_t bucket_bytes) {
+  w.Key("group_id").String(group_id);
+  w.Key("state").String(v1::PlanState_Name(state));
+  w.Key("seconds").Double(seconds);
+  w.Key("tensors").Int(members);
+  w.Key("bytes_moved").Int(moved);
+  w.Key("lower_bound_bytes").Int(lower_bound);
+  w.Key("buckets").Int(buckets);
+  w.Key("bucket_bytes").Int(bucket_bytes);
+}
+
+}  // namespace
+
 std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
-  std::string out = absl::StrCat(
-      "copied ", response.members_size(), response.members_size() == 1 ? " tensor" : " tensors",
-      " as group ", response.group_id(), ": ", v1::PlanState_Name(response.state()));
-  if (response.seconds() > 0)
-    absl::StrAppend(&out, absl::StrFormat(" in %.3f s", response.seconds()));
-  absl::StrAppend(&out, "\n  ", HumanBytes(response.bytes_moved()), " moved (lower bound ",
-                  HumanBytes(response.lower_bound_bytes()), ")\n");
+  std::string out =
+      GroupHeader("copied", response.members_size(), response.group_id(), response.state(),
+                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   for (const v1::CopyGroupMember& m : response.members()) {
     absl::StrAppend(&out, "  ", m.src(), " -> ", m.dst(), ": version ", m.dst_version(), " (plan ",
                     Or(m.progress().plan_id(), m.plan().id()), ")\n");
@@ -469,12 +506,9 @@ std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
 std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
   JsonWriter w;
   w.BeginObject();
-  w.Key("group_id").String(response.group_id());
-  w.Key("state").String(v1::PlanState_Name(response.state()));
-  w.Key("seconds").Double(response.seconds());
-  w.Key("tensors").Int(response.members_size());
-  w.Key("bytes_moved").Int(response.bytes_moved());
-  w.Key("lower_bound_bytes").Int(response.lower_bound_bytes());
+  GroupJsonFields(w, response.group_id(), response.state(), response.seconds(),
+                  response.members_size(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   w.Key("members").BeginArray();
   for (const v1::CopyGroupMember& m : response.members()) {
     w.BeginObject();
@@ -492,16 +526,12 @@ std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
   return w.str();
 }
 
-std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response) {
+std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response,
+                                         absl::string_view verb) {
   std::string out =
-      absl::StrCat("redistributed ", response.members_size(),
-                   response.members_size() == 1 ? " tensor" : " tensors", " as group ",
-                   response.group_id(), ": ", v1::PlanState_Name(response.state()));
-  if (response.seconds() > 0) {
-    absl::StrAppend(&out, absl::StrFormat(" in %.3f s", response.seconds()));
-  }
-  absl::StrAppend(&out, "\n  ", HumanBytes(response.bytes_moved()), " moved (lower bound ",
-                  HumanBytes(response.lower_bound_bytes()), ")\n");
+      GroupHeader(verb, response.members_size(), response.group_id(), response.state(),
+                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   for (const v1::RedistributeGroupMember& m : response.members()) {
     absl::StrAppend(&out, "  ", m.tensor(), ": version ", m.version(), " (plan ",
                     Or(m.progress().plan_id(), m.plan().id()), ")\n");
@@ -512,12 +542,9 @@ std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& re
 std::string RedistributeGroupOutcomeJson(const v1::RedistributeGroupResponse& response) {
   JsonWriter w;
   w.BeginObject();
-  w.Key("group_id").String(response.group_id());
-  w.Key("state").String(v1::PlanState_Name(response.state()));
-  w.Key("seconds").Double(response.seconds());
-  w.Key("tensors").Int(response.members_size());
-  w.Key("bytes_moved").Int(response.bytes_moved());
-  w.Key("lower_bound_bytes").Int(response.lower_bound_bytes());
+  GroupJsonFields(w, response.group_id(), response.state(), response.seconds(),
+                  response.members_size(), response.bytes_moved(), response.lower_bound_bytes(),
+                  response.buckets(), response.bucket_bytes());
   w.Key("members").BeginArray();
   for (const v1::RedistributeGroupMember& m : response.members()) {
     w.BeginObject();

@@ -63,18 +63,23 @@ std::string CopyOutcomeText(const v1::CopyRequest& request, const v1::CopyRespon
 // PlanOutcomeJson's fields (tensor is dst) and "src", "dst", "dst_version".
 std::string CopyOutcomeJson(const v1::CopyRequest& request, const v1::CopyResponse& response);
 
-// After a copy group: "copied 2 tensors as group g-1: COMMITTED in 0.012 s", the bytes moved
-// and their lower bound, then "  a -> b: version 7 (plan p-3)" per member.
+// After a copy group: "copied 2 tensors as group g-1: COMMITTED in 0.012 s", the bytes moved,
+// their lower bound and the fused exchange's buckets ("4.00 MiB moved (lower bound 4.00 MiB)
+// in 12 buckets of at most 64.00 MiB"), then "  a -> b: version 7 (plan p-3)" per member.
 std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response);
-// {"group_id", "state", "seconds", "tensors", "bytes_moved", "lower_bound_bytes", "members":
-//  [{"src", "dst", "dst_version", "plan_id", "state", "bytes_moved", "lower_bound_bytes"}]}
+// {"group_id", "state", "seconds", "tensors", "bytes_moved", "lower_bound_bytes", "buckets",
+//  "bucket_bytes", "members": [{"src", "dst", "dst_version", "plan_id", "state",
+//  "bytes_moved", "lower_bound_bytes"}]}
 std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response);
 
-// After a redistribute group: "redistributed 2 tensors as group g-1: COMMITTED ...", the bytes
-// moved and their lower bound, then "  a: version 7 (plan p-3)" per member.
-std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response);
-// {"group_id", "state", "seconds", "tensors", "bytes_moved", "lower_bound_bytes", "members":
-//  [{"tensor", "version", "plan_id", "state", "bytes_moved", "lower_bound_bytes"}]}
+// After a redistribute group (or, with verb "gathered", a gather group): "redistributed 2
+// tensors as group g-1: COMMITTED ...", the bytes, lower bound and buckets as for a copy
+// group, then "  a: version 7 (plan p-3)" per member.
+std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response,
+                                         absl::string_view verb = "redistributed");
+// {"group_id", "state", "seconds", "tensors", "bytes_moved", "lower_bound_bytes", "buckets",
+//  "bucket_bytes", "members": [{"tensor", "version", "plan_id", "state", "bytes_moved",
+//  "lower_bound_bytes"}]}
 std::string RedistributeGroupOutcomeJson(const v1::RedistributeGroupResponse& response);
 
 }  // namespace shardcoord

@@ -206,6 +206,22 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
     return ReportFlagError(err, "tensor gather",
                            absl::StrCat("--to-rank: ", *flags.to_rank, " is negative"));
   }
+  if (!flags.more.empty()) {
+    v1::GatherGroupRequest group;
+    group.add_tensors(flags.name);
+    for (const std::string& name : flags.more) group.add_tensors(name);
+    group.set_mesh(flags.mesh);
+    if (flags.to_rank.has_value()) {
+      group.set_has_to_rank(true);
+      group.set_to_rank(*flags.to_rank);
+    }
+    group.set_wait(true);
+    absl::StatusOr<v1::RedistributeGroupResponse> response = client.GatherGroup(group);
+    if (!response.ok()) return ReportStatus(err, response.status(), client.address());
+    out << (json ? RedistributeGroupOutcomeJson(*response) + "\n"
+                 : RedistributeGroupOutcomeText(*response, "gathered"));
+    return 0;
+  }
   v1::GatherRequest request = BuildGatherRequest(flags);
   absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
       client,
@@ -623,15 +639,20 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   }
   {
     CLI::App* cmd = tensor->add_subcommand(
-        "gather", "Replicate a tensor on every rank of a mesh, or on one rank");
+        "gather",
+        "Replicate a tensor on every rank of a mesh, or on one rank; several tensors go as one "
+        "group (one plan, all or nothing)");
     auto flags = std::make_shared<GatherFlags>();
-    add_name(cmd, &flags->name);
+    auto names = std::make_shared<std::vector<std::string>>();
+    cmd->add_option("names", *names, "Tensor names")->required()->type_name("NAME...");
     cmd->add_option("--mesh", flags->mesh, "Mesh to gather on (default: the tensor's)")
         ->type_name("MESH");
     CLI::Option* to_rank = cmd->add_option("--to-rank", "Gather to this one global rank");
     to_rank->type_name("RANK");
-    cmd->callback([conn, flags, to_rank, progress]() {
+    cmd->callback([conn, flags, names, to_rank, progress]() {
       if (to_rank->count() > 0) flags->to_rank = to_rank->as<int64_t>();
+      flags->name = names->front();
+      flags->more.assign(names->begin() + 1, names->end());
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });

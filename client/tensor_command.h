@@ -10,6 +10,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/coordinator_client.h"
@@ -65,6 +66,8 @@ int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& fro
 
 struct GatherFlags {
   std::string name;
+  // More tensors: all are gathered as one group (GatherGroup), with a group summary.
+  std::vector<std::string> more;
   std::string mesh;                // Empty: the tensor's mesh.
   std::optional<int64_t> to_rank;  // One rank instead of every rank of the mesh.
 };

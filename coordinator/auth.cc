@@ -73,6 +73,7 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/Copy", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/CopyGroup", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/RedistributeGroup", Roles(kWrite)},
+      {"/shardcoord.v1.Coordinator/GatherGroup", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/PlanRedistribute", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/WatchPlan", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/GetPlanTrace", Roles(kAll)},

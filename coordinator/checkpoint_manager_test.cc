@@ -59,13 +59,31 @@ class CheckpointManagerTest : public ::testing::Test {
     r.worker = workers_.GetByRank(f.rank())->spec.name;
     r.incarnation = workers_.GetByRank(f.rank())->incarnation;
     r.final = true;
-    r.chunks = *RankChunksFromProto(f.target(), "target");
-    for (const Chunk& c : r.chunks.chunks) {
-      uint64_t h = 7;
-      for (int64_t v : c.box.offset()) h = h * 131 + v;
-      for (int64_t v : c.box.shape()) h = h * 131 + v;
-      r.checksums.push_back(h);
+    auto sums = [](const RankChunks& chunks) {
+      ChunkChecksums out;
+      for (const Chunk& c : chunks.chunks) {
+        uint64_t h = 7;
+        for (int64_t v : c.box.offset()) h = h * 131 + v;
+        for (int64_t v : c.box.shape()) h = h * 131 + v;
+        out.push_back(h);
+      }
+      return out;
+    };
+    if (f.members_size() > 0) {
+      // A fused group's fragment (a load's exchange): every shape's chunks, each member's sums.
+      for (const v1::FragmentShape& shape : f.shapes()) {
+        r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
+      }
+      for (const v1::FragmentMember& m : f.members()) {
+        WorkerReport::Member& out = r.members.emplace_back();
+        out.index = m.index();
+        out.shape = m.shape();
+        out.checksums = sums(r.shapes[m.shape()]);
+      }
+      return r;
     }
+    r.chunks = *RankChunksFromProto(f.target(), "target");
+    r.checksums = sums(r.chunks);
     return r;
   }
 

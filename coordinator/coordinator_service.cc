@@ -28,6 +28,15 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Sta
   return r;
 }
 
+// A gather's one destination rank, when given: INVALID_ARGUMENT when negative.
+absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank) {
+  if (!has_to_rank) return std::optional<int64_t>();
+  if (to_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("to_rank = ", to_rank, " must be >= 0"));
+  }
+  return std::optional<int64_t>(to_rank);
+}
+
 }  // namespace
 
 // ---- Conversions -------------------------------------------------------------------------
@@ -43,6 +52,7 @@ v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w) {
   out.set_state(w.alive ? v1::ALIVE : v1::DEAD);
   out.set_backend(w.spec.backend);
   out.set_local_socket(w.spec.local_socket);
+  out.set_bucket_bytes(w.spec.bucket_bytes);
   out.set_last_heartbeat_unix_ms(absl::ToUnixMillis(w.last_heartbeat));
   out.set_leaving(w.alive && w.leaving);
   out.set_memory_budget_bytes(w.spec.memory.budget_bytes);
@@ -356,18 +366,12 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
                                                      v1::RedistributeResponse* resp) {
   if (absl::Status a = Authorize(ctx, "Gather"); !a.ok()) return Done(ctx, a);
   if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
-  std::optional<int64_t> to_rank;
-  if (req->has_to_rank()) {
-    if (req->to_rank() < 0) {
-      return Done(ctx, absl::InvalidArgumentError(
-                           absl::StrCat("to_rank = ", req->to_rank(), " must be >= 0")));
-    }
-    to_rank = req->to_rank();
-  }
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "Gather", *req, resp)) return r;
   return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
                  resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
-                   return plans_->Gather(req->tensor(), req->mesh(), to_rank, std::move(done));
+                   return plans_->Gather(req->tensor(), req->mesh(), *to_rank, std::move(done));
                  });
 }
 
@@ -476,6 +480,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
         resp->set_state(v1::PENDING);
         resp->set_bytes_moved(started.bytes_moved);
         resp->set_lower_bound_bytes(started.lower_bound_bytes);
+        resp->set_buckets(started.buckets);
+        resp->set_bucket_bytes(started.bucket_bytes);
         for (size_t i = 0; i < started.members.size(); ++i) {
           const StartedPlan& m = started.members[i];
           v1::CopyGroupMember* out = resp->add_members();
@@ -483,7 +489,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
           out->set_dst(copies[i].dst);
           out->set_dst_version(m.target_version);
           *out->mutable_progress() = PlanProgressToProto(m.progress);
-          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
+          *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
         }
       },
       [resp](const GroupProgress& p) {
@@ -495,6 +501,35 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
         }
       });
 }
+
+namespace {
+
+// RedistributeGroupResponse from a started group (RedistributeGroup, GatherGroup).
+void FillGroupResponse(const StartedGroup& started, v1::RedistributeGroupResponse* resp) {
+  resp->set_group_id(started.id);
+  resp->set_state(v1::PENDING);
+  resp->set_bytes_moved(started.bytes_moved);
+  resp->set_lower_bound_bytes(started.lower_bound_bytes);
+  resp->set_buckets(started.buckets);
+  resp->set_bucket_bytes(started.bucket_bytes);
+  for (const StartedPlan& m : started.members) {
+    v1::RedistributeGroupMember* out = resp->add_members();
+    out->set_tensor(m.tensor);
+    out->set_version(m.target_version);
+    *out->mutable_progress() = PlanProgressToProto(m.progress);
+    *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
+  }
+}
+
+void FinishGroupResponse(const GroupProgress& p, v1::RedistributeGroupResponse* resp) {
+  resp->set_state(static_cast<v1::PlanState>(p.state));
+  resp->set_seconds(p.seconds);
+  for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size(); ++i) {
+    *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+  }
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
     grpc::CallbackServerContext* ctx, const v1::RedistributeGroupRequest* req,
@@ -514,27 +549,25 @@ grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
       [&](PlanManager::GroupDoneCallback done) {
         return plans_->RedistributeGroup(members, std::move(done));
       },
-      [&](const StartedGroup& started) {
-        resp->set_group_id(started.id);
-        resp->set_state(v1::PENDING);
-        resp->set_bytes_moved(started.bytes_moved);
-        resp->set_lower_bound_bytes(started.lower_bound_bytes);
-        for (const StartedPlan& m : started.members) {
-          v1::RedistributeGroupMember* out = resp->add_members();
-          out->set_tensor(m.tensor);
-          out->set_version(m.target_version);
-          *out->mutable_progress() = PlanProgressToProto(m.progress);
-          *out->mutable_plan() = PlanToProto(*m.plan, m.id, m.tensor);
-        }
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GatherGroup(grpc::CallbackServerContext* ctx,
+                                                          const v1::GatherGroupRequest* req,
+                                                          v1::RedistributeGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "GatherGroup"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
+  std::vector<std::string> tensors(req->tensors().begin(), req->tensors().end());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "GatherGroup", *req, resp)) return r;
+  return RunGroup(
+      ctx, req->wait(), req->request_id(), resp,
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->GatherGroup(tensors, req->mesh(), *to_rank, std::move(done));
       },
-      [resp](const GroupProgress& p) {
-        resp->set_state(static_cast<v1::PlanState>(p.state));
-        resp->set_seconds(p.seconds);
-        for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
-             ++i) {
-          *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
-        }
-      });
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,

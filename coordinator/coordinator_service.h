@@ -95,6 +95,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* RedistributeGroup(grpc::CallbackServerContext* ctx,
                                               const v1::RedistributeGroupRequest* req,
                                               v1::RedistributeGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* GatherGroup(grpc::CallbackServerContext* ctx,
+                                        const v1::GatherGroupRequest* req,
+                                        v1::RedistributeGroupResponse* resp) override;
   grpc::ServerUnaryReactor* PlanRedistribute(grpc::CallbackServerContext* ctx,
                                              const v1::PlanRequest* req, v1::Plan* resp) override;
   grpc::ServerWriteReactor<v1::PlanProgress>* WatchPlan(grpc::CallbackServerContext* ctx,

@@ -77,7 +77,7 @@ v1::RankChunks FakeWorkerClient::WithChecksums(const v1::RankChunks& chunks,
   return out;
 }
 
-void FakeWorkerClient::Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+void FakeWorkerClient::Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                                StatusCallback done) {
   absl::Status status;
   std::function<void(const WorkerEndpoint&, const v1::PlanFragment&)> hook;

@@ -25,7 +25,7 @@ namespace shardcoord {
 // rank. Replies are inline unless held. Thread-safe.
 class FakeWorkerClient : public WorkerClient {
  public:
-  void Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+  void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                StatusCallback done) override;
   void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
                   StatusCallback done) override;

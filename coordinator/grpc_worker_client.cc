@@ -66,15 +66,15 @@ void GrpcWorkerClient::End(grpc::ClientContext* ctx) {
 }
 
 template <typename Req, typename Resp>
-void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeout,
-                             const Req& request, StartFn<Req, Resp> start, Callback<Resp> done) {
+void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeout, Req request,
+                             StartFn<Req, Resp> start, Callback<Resp> done) {
   struct Call {
     grpc::ClientContext ctx;
     Req request;
     Resp response;
   };
   auto* call = new Call;
-  call->request = request;
+  call->request = std::move(request);
   call->ctx.set_deadline(DeadlineIn(timeout));
   v1::Worker::Stub* stub = StubFor(worker);
   Begin(&call->ctx);
@@ -91,10 +91,10 @@ void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeou
         });
 }
 
-void GrpcWorkerClient::Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+void GrpcWorkerClient::Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                                StatusCallback done) {
   Unary<v1::PlanFragment, v1::ExecuteResponse>(
-      worker, options_.rpc_timeout, fragment,
+      worker, options_.rpc_timeout, std::move(fragment),
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::PlanFragment* q,
          v1::ExecuteResponse* p,
          std::function<void(grpc::Status)> f) { a->Execute(c, q, p, std::move(f)); },

@@ -45,7 +45,7 @@ class GrpcWorkerClient : public WorkerClient {
   // Cancels every call in flight and every later one (shutdown); callbacks still run.
   void CancelAll();
 
-  void Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+  void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                StatusCallback done) override;
   void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
                   StatusCallback done) override;
@@ -88,7 +88,7 @@ class GrpcWorkerClient : public WorkerClient {
   using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*,
                                      const Req*, Resp*, std::function<void(grpc::Status)>)>;
   template <typename Req, typename Resp>
-  void Unary(const WorkerEndpoint& worker, absl::Duration timeout, const Req& request,
+  void Unary(const WorkerEndpoint& worker, absl::Duration timeout, Req request,
              StartFn<Req, Resp> start, Callback<Resp> done);
 
   const GrpcWorkerClientOptions options_;

@@ -173,11 +173,13 @@ TEST_F(PlanAdmissionTest, AGroupIsAdmittedAsOneWithOneBucket) {
   std::vector<RedistributeMember> members = {{"a", MakeSpec("R")}, {"b", MakeSpec("R")}};
   absl::StatusOr<StartedGroup> g = plans_.RedistributeGroup(members, nullptr);
   ASSERT_TRUE(g.ok()) << g.status();
-  // 3000 - 512 - 2048 = 440 for two members' staging: 4 buckets of 110.
-  for (const StartedPlan& m : g->members) {
-    EXPECT_EQ(m.progress.bucket_bytes, 110);
-    for (const auto& [rank, f] : Fragments(m.id)) EXPECT_EQ(f.bucket_bytes(), 110);
-  }
+  // 3000 - 512 - 2048 = 440 for the fused fragment's staging (a stream of 512 bytes to each
+  // peer and one from each): kBucketsInFlight buckets of 220, the same on every worker.
+  EXPECT_EQ(g->bucket_bytes, 220);
+  for (const StartedPlan& m : g->members) EXPECT_EQ(m.progress.bucket_bytes, 220);
+  const std::map<int64_t, v1::PlanFragment> sent = Fragments(g->id);
+  ASSERT_EQ(sent.size(), 4u);
+  for (const auto& [rank, f] : sent) EXPECT_EQ(f.bucket_bytes(), 220) << rank;
 }
 
 TEST_F(PlanAdmissionTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
@@ -228,6 +230,47 @@ TEST_F(PlanAdmissionTest, AWaitingPlanIsSentOnlyOnceTheWorkersDroppedWhatACommit
   EXPECT_TRUE(first->status.ok()) << first->status;  // The caller is answered at the commit,
   EXPECT_EQ(admission_.waiting(), 1u);               // but p2 waits until every worker
   EXPECT_TRUE(Fragments(p2->id).empty());            // has dropped a's old version.
+  client_.ReleaseFinishes();
+  EXPECT_EQ(admission_.waiting(), 0u);
+  EXPECT_EQ(Fragments(p2->id).size(), 4u);
+}
+
+// A fused group's commit sends one FinishPlan per worker; until every one is answered the
+// group's ticket holds its memory, as a plan's does.
+TEST_F(PlanAdmissionTest, APlanWaitingBehindAGroupIsSentOnlyOnceTheWorkersDroppedItsOldVersions) {
+  ASSERT_TRUE(Create("a").ok());
+  ASSERT_TRUE(Create("b").ok());
+  std::optional<absl::Status> group_done;
+  absl::StatusOr<StartedGroup> g = plans_.RedistributeGroup(
+      {{"a", MakeSpec("R")}}, [&](const absl::Status& s, const GroupProgress&) { group_done = s; });
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<StartedPlan> p2 = plans_.Redistribute("b", MakeSpec("R"), nullptr);
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  EXPECT_EQ(admission_.waiting(), 1u);
+  client_.HoldFinishes(true);
+  for (const auto& [rank, f] : Fragments(g->id)) {
+    WorkerReport r;
+    r.plan_id = g->id;
+    r.rank = rank;
+    r.worker = absl::StrCat("w", rank);
+    r.incarnation = Incarnation(rank);
+    r.final = true;
+    for (const v1::FragmentShape& shape : f.shapes()) {
+      r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
+    }
+    for (const v1::FragmentMember& m : f.members()) {
+      WorkerReport::Member& out = r.members.emplace_back();
+      out.index = m.index();
+      out.shape = m.shape();
+      for (const Chunk& c : r.shapes[m.shape()].chunks)
+        out.checksums.push_back(c.box.offset(0) + 1);
+    }
+    ASSERT_TRUE(plans_.Report(r).ok()) << rank;
+  }
+  ASSERT_TRUE(group_done.has_value());
+  EXPECT_TRUE(group_done->ok()) << *group_done;  // Answered at the commit,
+  EXPECT_EQ(admission_.waiting(), 1u);           // but p2 waits for the workers' drops.
+  EXPECT_TRUE(Fragments(p2->id).empty());
   client_.ReleaseFinishes();
   EXPECT_EQ(admission_.waiting(), 0u);
   EXPECT_EQ(Fragments(p2->id).size(), 4u);

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "sharding/fused_stream.h"
 
 namespace shardcoord {
 namespace {
@@ -68,9 +70,13 @@ PlanManager::~PlanManager() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, e] : plans_) {
     if (!e.state_ended()) {
-      timer_->Cancel(e.timer);
+      if (e.timer != 0) timer_->Cancel(e.timer);
       if (e.grace_timer != 0) timer_->Cancel(e.grace_timer);
     }
+  }
+  for (auto& [id, g] : groups_) {
+    if (g.timer != 0) timer_->Cancel(g.timer);
+    if (g.grace_timer != 0) timer_->Cancel(g.grace_timer);
   }
 }
 
@@ -164,36 +170,38 @@ std::vector<std::string> PlanManager::RunningPlansOf(int64_t rank) const {
   return ids;
 }
 
+absl::StatusOr<PlanManager::Target> PlanManager::GatherTarget(
+    const TensorRecord& rec, const std::string& mesh, std::optional<int64_t> to_rank) const {
+  if (to_rank.has_value()) {
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
+    if (!w.ok()) return w.status();
+    RankChunks rc;
+    rc.rank = *to_rank;
+    rc.chunks.push_back(Chunk{Box::Whole(rec.shape), 0, 0});
+    rc.local_elements = Box::Whole(rec.shape).Volume();
+    absl::StatusOr<Layout> layout = Layout::FromChunks(rec.shape, {std::move(rc)});
+    if (!layout.ok()) return layout.status();
+    return Target{*std::move(layout), "", absl::StrCat("rank ", *to_rank)};
+  }
+  absl::StatusOr<MeshRecord> m = meshes_->Get(mesh.empty() ? rec.mesh : mesh);
+  if (!m.ok()) {
+    if (mesh.empty() && rec.mesh.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
+    }
+    return m.status();
+  }
+  Spec spec;
+  spec.mesh = m->name;
+  spec.placements.assign(m->mesh.ndim(), Placement::Replicate());
+  return ResolveSpec(rec, spec);
+}
+
 absl::StatusOr<StartedPlan> PlanManager::Gather(const std::string& tensor, const std::string& mesh,
                                                 std::optional<int64_t> to_rank, DoneCallback done) {
   return Start(
       "gather", tensor, tensor,
-      [&](const TensorRecord& rec) -> absl::StatusOr<Target> {
-        if (to_rank.has_value()) {
-          absl::StatusOr<WorkerRecord> w = workers_->GetByRank(*to_rank);
-          if (!w.ok()) return w.status();
-          RankChunks rc;
-          rc.rank = *to_rank;
-          rc.chunks.push_back(Chunk{Box::Whole(rec.shape), 0, 0});
-          rc.local_elements = Box::Whole(rec.shape).Volume();
-          absl::StatusOr<Layout> layout = Layout::FromChunks(rec.shape, {std::move(rc)});
-          if (!layout.ok()) return layout.status();
-          return Target{*std::move(layout), "", absl::StrCat("rank ", *to_rank)};
-        }
-        absl::StatusOr<MeshRecord> m = meshes_->Get(mesh.empty() ? rec.mesh : mesh);
-        if (!m.ok()) {
-          if (mesh.empty() && rec.mesh.empty()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "mesh: tensor '", rec.name, "' is on no mesh; name the mesh to gather to"));
-          }
-          return m.status();
-        }
-        Spec spec;
-        spec.mesh = m->name;
-        spec.placements.assign(m->mesh.ndim(), Placement::Replicate());
-        return ResolveSpec(rec, spec);
-      },
-      std::move(done));
+      [&](const TensorRecord& rec) { return GatherTarget(rec, mesh, to_rank); }, std::move(done));
 }
 
 absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std::string& dst,
@@ -228,7 +236,7 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
 absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
                                                const std::string& target_tensor,
                                                const TargetFn& target_fn, DoneCallback done,
-                                               const std::string& group, Dispatch* deferred,
+                                               const std::string& group, FusedMember* fused,
                                                const std::string& owner) {
   const bool copy = target_tensor != tensor;
   const bool repair = absl::string_view(op) == kRepairOp;
@@ -256,7 +264,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     id = options_.id_namespace.empty()
              ? absl::StrCat("p-", next_plan_++)
              : absl::StrCat("p-", options_.id_namespace, ".", next_plan_++);
-    prefix = CommPrefixLocked();
+    prefix = fused != nullptr ? fused->communicator_prefix : CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
@@ -332,6 +340,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
   if (e.target_attached) fo.attached_target_version = dst_rec->version;
+  int64_t bucket_bytes = 0;
   for (int64_t r : PlanParticipants(**plan)) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
     if (!w.ok()) return fail(w.status());
@@ -340,40 +349,47 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     Participant& p = e.participants[r];
     p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
     fo.incarnations[r] = w->incarnation;
+    const int64_t b = w->spec.bucket_bytes > 0 ? w->spec.bucket_bytes : kDefaultBucketBytes;
+    bucket_bytes = bucket_bytes == 0 ? b : std::min(bucket_bytes, b);
   }
   for (const RankTraffic& t : (*plan)->traffic) {
     auto it = e.participants.find(t.rank);
     if (it != e.participants.end()) it->second.bytes_expected = t.bytes_received;
   }
   Dispatch fragments;
-  for (const auto& [r, p] : e.participants) {
-    fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+  if (fused == nullptr) {
+    for (const auto& [r, p] : e.participants) {
+      fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+    }
+  } else {
+    fused->options.plan_id = id;
+    fused->options.tensor = tensor;
+    fused->options.target_tensor = target_tensor;
+    fused->options.source_version = e.source_version;
+    fused->options.target_version = e.target_version;
+    fused->options.attached_target_version = fo.attached_target_version;
+    fused->bucket_bytes = bucket_bytes;
   }
 
   const absl::Time now = clock_->Now();
   e.start = now;
   if (done) e.done.push_back(std::move(done));
-  e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
-    std::string reason;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = plans_.find(id);
-      if (it == plans_.end()) return;
-      const Entry& pe = it->second;
-      std::vector<std::string> waiting;
-      for (const auto& [r, p] : pe.participants) {
-        if (!p.executed) {
-          waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
-        } else if (!p.reported) {
-          waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
-        }
+  // A group member is timed by its group.
+  if (fused == nullptr) {
+    e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = plans_.find(id);
+        if (it == plans_.end()) return;
+        const Entry& pe = it->second;
+        reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
+                              " in state ", PlanStateName(pe.state), "; waiting for ",
+                              Waiting(pe.participants));
       }
-      reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
-                            " in state ", PlanStateName(pe.state), "; waiting for ",
-                            waiting.empty() ? "validation" : absl::StrJoin(waiting, ", "));
-    }
-    Abort(id, reason);
-  });
+      Abort(id, reason);
+    });
+  }
 
   StartedPlan out;
   out.id = id;
@@ -385,19 +401,20 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     Entry& stored = plans_[id] = std::move(e);
     out.progress = ProgressLocked(stored);
   }
-  if (deferred != nullptr) {
-    for (auto& f : fragments) deferred->push_back(std::move(f));
-    return out;
-  }
+  if (fused != nullptr) return out;  // The group admits and sends it.
   MemoryDemand demand;
   {
     absl::MutexLock lock(&mu_);
     demand = plans_.at(id).demand;
   }
-  std::vector<Dispatch> dispatch;
-  dispatch.push_back(std::move(fragments));
-  if (absl::Status s =
-          AdmitAndSend(absl::StrCat("plan ", id), {id}, std::move(dispatch), std::move(demand));
+  auto dispatch = std::make_shared<Dispatch>(std::move(fragments));
+  auto send = [this, id, dispatch](int64_t bucket) {
+    if (bucket > 0) {
+      for (auto& [endpoint, fragment] : *dispatch) fragment.set_bucket_bytes(bucket);
+    }
+    Send(id, std::move(*dispatch));
+  };
+  if (absl::Status s = AdmitAndSend(absl::StrCat("plan ", id), {id}, send, std::move(demand));
       !s.ok()) {
     Discard(id);  // Nothing was sent.
     return s;
@@ -415,14 +432,13 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
 }
 
 absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
-                                       std::vector<Dispatch> dispatch, MemoryDemand demand,
-                                       const std::string& group) {
+                                       std::function<void(int64_t bucket_bytes)> send,
+                                       MemoryDemand demand, const std::string& group) {
   if (options_.admission == nullptr) {
-    for (size_t i = 0; i < ids.size(); ++i) Send(ids[i], std::move(dispatch[i]));
+    send(0);
     return absl::OkStatus();
   }
-  auto fragments = std::make_shared<std::vector<Dispatch>>(std::move(dispatch));
-  auto send = [this, ids, fragments](int64_t bucket) {
+  auto admitted = [this, ids, send](int64_t bucket) {
     std::vector<std::pair<WatchFn, PlanProgress>> calls;
     {
       absl::MutexLock lock(&mu_);
@@ -435,16 +451,14 @@ absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vecto
       }
     }
     Tell(calls);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      for (auto& [endpoint, fragment] : (*fragments)[i]) fragment.set_bucket_bytes(bucket);
-      Send(ids[i], std::move((*fragments)[i]));
-    }
+    send(bucket);
   };
-  auto refuse = [this, ids](const absl::Status& s) {
+  auto refuse = [this, ids, group](const absl::Status& s) {
+    if (!group.empty()) return AbortGroup(group, std::string(s.message()), s.code());
     for (const std::string& id : ids) AbortWith(id, std::string(s.message()), s.code());
   };
   absl::StatusOr<AdmissionController::Grant> grant =
-      options_.admission->Request(what, std::move(demand), /*may_wait=*/true, send, refuse);
+      options_.admission->Request(what, std::move(demand), /*may_wait=*/true, admitted, refuse);
   if (!grant.ok()) return grant.status();
   // The ticket is the plan's (or the group's) until it ends; if it ended already (a
   // refusal, or an admitted plan that ran to its end meanwhile), it goes now.
@@ -454,7 +468,7 @@ absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vecto
     absl::MutexLock lock(&mu_);
     if (!group.empty()) {
       auto g = groups_.find(group);
-      if (g != groups_.end()) {
+      if (g != groups_.end() && !g->second.over) {
         g->second.admission_ticket = grant->ticket;
       } else {
         release = true;
@@ -480,7 +494,7 @@ absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vecto
   }
   if (release) options_.admission->Release(grant->ticket);
   Tell(calls);
-  if (grant->admitted) send(grant->bucket_bytes);
+  if (grant->admitted) admitted(grant->bucket_bytes);
   return absl::OkStatus();
 }
 
@@ -492,7 +506,7 @@ void PlanManager::Send(const std::string& id, Dispatch fragments) {
   }
   for (auto& [endpoint, fragment] : fragments) {
     const int64_t rank = endpoint.rank;
-    client_->Execute(endpoint, fragment,
+    client_->Execute(endpoint, std::move(fragment),
                      [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
   }
 }
@@ -511,7 +525,7 @@ void PlanManager::Discard(const std::string& id) {
     timer = e.timer;
     plans_.erase(it);
   }
-  timer_->Cancel(timer);
+  if (timer != 0) timer_->Cancel(timer);
   ReleaseTensors(tensor, target_tensor, id, target_mesh);
 }
 
@@ -650,28 +664,79 @@ absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
   return StartGroup(items, std::move(done));
 }
 
+absl::Status CheckGatherGroup(const std::vector<std::string>& tensors) {
+  if (tensors.empty()) return absl::InvalidArgumentError("tensors: empty group");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = absl::StrCat("tensors[", i, "]");
+    if (tensors[i].empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty"));
+    auto [it, inserted] = seen.emplace(tensors[i], i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", tensors[i],
+                                                     "' is also tensors[", it->second,
+                                                     "]; a group names each tensor once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StartedGroup> PlanManager::GatherGroup(const std::vector<std::string>& tensors,
+                                                      const std::string& mesh,
+                                                      std::optional<int64_t> to_rank,
+                                                      GroupDoneCallback done) {
+  if (absl::Status s = CheckGatherGroup(tensors); !s.ok()) return s;
+  // Every tensor and its target are checked before anything is held.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = absl::StrCat("tensors[", i, "]");
+    absl::StatusOr<TensorRecord> rec = tensors_->Get(tensors[i]);
+    if (!rec.ok()) {
+      return absl::Status(rec.status().code(), absl::StrCat(where, ": ", rec.status().message()));
+    }
+    if (absl::StatusOr<Target> t = GatherTarget(*rec, mesh, to_rank); !t.ok()) {
+      return absl::Status(t.status().code(), absl::StrCat(where, ": ", t.status().message()));
+    }
+  }
+  std::vector<GroupItem> items;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    items.push_back(GroupItem{
+        "gather", tensors[i], tensors[i],
+        [this, mesh, to_rank](const TensorRecord& rec) { return GatherTarget(rec, mesh, to_rank); },
+        absl::StrCat("tensors[", i, "]"), absl::StrCat("tensors[", i, "] ('", tensors[i], "'")});
+  }
+  return StartGroup(items, std::move(done));
+}
+
 absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem>& items,
                                                      GroupDoneCallback done) {
-  std::string gid;
+  std::string gid, prefix;
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    gid = absl::StrCat("g-", next_group_++);
+    gid = options_.id_namespace.empty()
+              ? absl::StrCat("g-", next_group_++)
+              : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
+    prefix = CommPrefixLocked();
     Group& g = groups_[gid];
+    g.id = gid;
     g.start = clock_->Now();
     g.done = std::move(done);
     g.finals.resize(items.size());
+    g.communicator_prefix = prefix;
   }
   StartedGroup out;
   out.id = gid;
-  std::vector<Dispatch> dispatch(items.size());
+  std::vector<FragmentMemberOptions> options(items.size());
+  int64_t bucket_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
+    FusedMember fused;
+    fused.communicator_prefix = prefix;
+    fused.options.index = static_cast<int32_t>(i);
     absl::StatusOr<StartedPlan> started = Start(
         items[i].op, items[i].tensor, items[i].target_tensor, items[i].target_fn,
         [this, gid, i](const absl::Status& s, const PlanProgress& p) {
           OnMemberDone(gid, i, s, p);
         },
-        gid, &dispatch[i], items[i].owner);
+        gid, &fused, items[i].owner);
     if (!started.ok()) {
       // Nothing was sent: the members started so far are forgotten, their tensors freed.
       for (const StartedPlan& m : out.members) Discard(m.id);
@@ -680,6 +745,9 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
       return absl::Status(started.status().code(),
                           absl::StrCat(items[i].where, ": ", started.status().message()));
     }
+    options[i] = fused.options;
+    bucket_bytes =
+        bucket_bytes == 0 ? fused.bucket_bytes : std::min(bucket_bytes, fused.bucket_bytes);
     out.bytes_moved += started->plan->bytes_moved;
     out.lower_bound_bytes += started->plan->lower_bound_bytes;
     {
@@ -690,18 +758,24 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     }
     out.members.push_back(*std::move(started));
   }
+  auto plans = std::make_shared<std::vector<const Plan*>>();
+  plans->reserve(out.members.size());
+  for (const StartedPlan& m : out.members) plans->push_back(m.plan.get());
   bool failed = false;
+  std::string error;
   {
     absl::MutexLock lock(&mu_);
-    auto it = groups_.find(gid);
-    failed = it == groups_.end() || it->second.failed;
+    Group& g = groups_.at(gid);
+    failed = g.failed;
+    error = g.error;
   }
   if (failed) {
-    // A member was aborted (a worker died) before anything was sent: end them all unsent.
-    for (const StartedPlan& m : out.members) Abort(m.id, "another member of the group aborted");
+    // A member was aborted (a worker died) before anything was sent: end the rest unsent.
+    AbortGroup(gid, error);
     return out;
   }
-  // The members run at once: their memory is admitted as one (all or nothing).
+  // The group's memory is admitted as one (all or nothing): every member's new buffers, and
+  // one fused fragment's staging per rank.
   std::vector<std::string> ids;
   MemoryDemand demand;
   {
@@ -709,11 +783,30 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     for (const StartedPlan& m : out.members) {
       ids.push_back(m.id);
       auto it = plans_.find(m.id);
-      if (it != plans_.end()) demand.Add(it->second.demand);
+      if (it == plans_.end()) continue;
+      MemoryDemand d = it->second.demand;
+      d.staging.clear();  // A member's own fragment's: the fused fragment stages instead.
+      demand.Add(d);
     }
   }
-  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), ids, std::move(dispatch),
-                                    std::move(demand), gid);
+  for (const auto& [rank, cap] : FusedStagingCaps(*plans)) {
+    demand.staging[rank].push_back(StagingNeed{cap, kBucketsInFlight});
+  }
+  // Both ends of every pair cut the streams alike: one bucket size for every worker, the
+  // admitted one, or without admission the smallest of the workers' --bucket-bytes.
+  auto send = [this, gid, plans, members = out.members, options, bucket_bytes](int64_t admitted) {
+    const StreamLimits limits = StreamLimitsFor(admitted > 0 ? admitted : bucket_bytes);
+    const FusedExchangeStats stats = FusedExchange(*plans, limits);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = groups_.find(gid);
+      if (it == groups_.end()) return;
+      it->second.bucket_bytes = limits.bucket_bytes;
+      it->second.buckets = stats.messages;
+    }
+    SendGroup(gid, members, options);
+  };
+  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), ids, send, std::move(demand), gid);
       !s.ok()) {
     // Refused before anything was sent: the group changes nothing.
     for (const StartedPlan& m : out.members) Discard(m.id);
@@ -722,7 +815,12 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     return s;
   }
   {
+    // As started, with what admission decided (buckets are known once admitted).
     absl::MutexLock lock(&mu_);
+    if (auto it = groups_.find(gid); it != groups_.end()) {
+      out.bucket_bytes = it->second.bucket_bytes;
+      out.buckets = it->second.buckets;
+    }
     for (StartedPlan& m : out.members) {
       auto it = plans_.find(m.id);
       if (it == plans_.end()) continue;
@@ -733,14 +831,478 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   return out;
 }
 
+void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPlan>& members,
+                            const std::vector<FragmentMemberOptions>& options) {
+  std::vector<const Plan*> plans;
+  plans.reserve(members.size());
+  for (const StartedPlan& m : members) plans.push_back(m.plan.get());
+  GroupFragmentOptions go;
+  go.plan_id = gid;
+  go.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+  std::vector<std::pair<WorkerEndpoint, int64_t>> endpoints;  // (worker, rank)
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end() || git->second.failed) return;
+    Group& g = git->second;
+    go.communicator_prefix = g.communicator_prefix;
+    go.bucket_bytes = g.bucket_bytes;
+    // The group's workers: every member's participants, expecting what they all receive.
+    for (const std::string& id : g.members) {
+      const Entry& e = plans_.at(id);
+      for (const auto& [r, p] : e.participants) {
+        Participant& gp = g.participants[r];
+        gp.endpoint = p.endpoint;
+        gp.bytes_expected += p.bytes_expected;
+      }
+    }
+    for (const auto& [r, p] : g.participants) {
+      go.incarnations[r] = p.endpoint.incarnation;
+      endpoints.emplace_back(p.endpoint, r);
+    }
+    // Members' entries stay put (and are not retired) until they end, with the group.
+    g.entries.reserve(g.members.size());
+    for (const std::string& id : g.members) g.entries.push_back(&plans_.at(id));
+    g.sent = true;
+    g.timer = timer_->Schedule(g.start + options_.plan_timeout, [this, gid] {
+      std::string reason;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = groups_.find(gid);
+        if (it == groups_.end()) return;
+        const Group& pg = it->second;
+        reason = absl::StrCat("group ", gid, " timed out after ",
+                              absl::FormatDuration(options_.plan_timeout), " in state ",
+                              PlanStateName(pg.state), "; waiting for ", Waiting(pg.participants));
+      }
+      AbortGroup(gid, reason);
+    });
+  }
+  std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, options, go);
+  for (const auto& [endpoint, rank] : endpoints) {
+    const int64_t r = rank;
+    client_->Execute(endpoint, std::move(fragments[rank]),
+                     [this, gid, r](absl::Status s) { OnGroupExecuteDone(gid, r, s); });
+  }
+}
+
+std::vector<std::pair<PlanManager::WatchFn, PlanProgress>> PlanManager::MembersToLocked(
+    const Group& g, PlanState state) {
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  for (Entry* member : g.entries) {
+    Entry& e = *member;
+    if (e.state_ended() || static_cast<int>(e.state) >= static_cast<int>(state)) continue;
+    e.state = state;
+    if (state == PlanState::kTransferred) e.transferred = g.transferred;
+    for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
+  }
+  return calls;
+}
+
+void PlanManager::OnGroupExecuteDone(const std::string& gid, int64_t rank,
+                                     const absl::Status& status) {
+  std::string abort_reason;
+  bool validate = false;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(gid);
+    if (it == groups_.end()) return;
+    Group& g = it->second;
+    if (g.failed || g.closing || g.over) return;
+    Participant& p = g.participants.at(rank);
+    if (!status.ok()) {
+      abort_reason =
+          absl::StrCat(Describe(p.endpoint), " could not start its fragment: ", status.ToString());
+    } else if (!p.executed) {
+      p.executed = true;
+      ++g.executed;
+      const int64_t n = static_cast<int64_t>(g.participants.size());
+      if (g.executed == n && g.state == PlanState::kPending) {
+        g.state = PlanState::kPrepared;
+        calls = MembersToLocked(g, PlanState::kPrepared);
+      }
+      if (g.executed == n && g.reported == n && g.failing.empty()) {
+        g.state = PlanState::kTransferred;
+        g.transferred = clock_->Now();
+        for (auto& c : MembersToLocked(g, PlanState::kTransferred)) calls.push_back(std::move(c));
+        validate = true;
+      }
+    }
+  }
+  if (!abort_reason.empty()) return AbortGroup(gid, abort_reason);
+  Tell(calls);
+  if (validate) ValidateGroup(gid);
+}
+
+absl::StatusOr<PlanManager::Participant*> PlanManager::Reporter(
+    std::map<int64_t, Participant>& participants, const WorkerReport& report,
+    const std::string& plan_id) {
+  auto pit = participants.find(report.rank);
+  if (pit == participants.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", report.rank, " takes no part in plan ", plan_id));
+  }
+  Participant& p = pit->second;
+  if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
+    return absl::AbortedError(
+        absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
+                     " incarnation ", report.incarnation, " is stale: plan ", plan_id,
+                     " runs with ", Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
+  }
+  if (report.final) {
+    p.timing = report.timing;
+    p.timing.set_rank(report.rank);
+    p.timing.set_worker(report.worker);
+    p.timing.set_error(report.error);
+  }
+  return &p;
+}
+
+std::string PlanManager::FailingLocked(const Participant& p, const WorkerReport& report,
+                                       std::string* failing, bool* start_grace) const {
+  std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+  if (options_.failure_grace <= absl::ZeroDuration()) return reason;
+  if (failing->empty()) {
+    *failing = std::move(reason);
+    *start_grace = true;
+  }
+  return "";
+}
+
+void PlanManager::StartGrace(const std::string& id, bool group) {
+  const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id, group] {
+    std::string reason;
+    {
+      absl::MutexLock lock(&mu_);
+      if (group) {
+        auto it = groups_.find(id);
+        if (it == groups_.end()) return;
+        reason = it->second.failing;
+      } else {
+        auto it = plans_.find(id);
+        if (it == plans_.end()) return;
+        reason = it->second.failing;
+      }
+    }
+    if (group) return AbortGroup(id, reason);
+    Abort(id, reason);
+  });
+  absl::MutexLock lock(&mu_);
+  if (group) {
+    if (auto it = groups_.find(id); it != groups_.end()) it->second.grace_timer = t;
+  } else if (auto it = plans_.find(id); it != plans_.end()) {
+    it->second.grace_timer = t;
+  }
+}
+
+std::string PlanManager::Waiting(const std::map<int64_t, Participant>& participants) {
+  std::vector<std::string> waiting;
+  for (const auto& [r, p] : participants) {
+    if (!p.executed) {
+      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
+    } else if (!p.reported) {
+      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
+    }
+  }
+  return waiting.empty() ? "validation" : absl::StrJoin(waiting, ", ");
+}
+
+absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
+  const std::string& gid = report.plan_id;
+  std::string abort_reason;
+  bool validate = false;
+  bool start_grace = false;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown plan '", gid, "'"));
+    }
+    Group& g = git->second;
+    if (g.failed || g.closing || g.over) {
+      return absl::AbortedError(absl::StrCat("plan ", gid, " already ended (",
+                                             g.closing ? "committing" : PlanStateName(g.state),
+                                             ")"));
+    }
+    absl::StatusOr<Participant*> reporter = Reporter(g.participants, report, gid);
+    if (!reporter.ok()) return reporter.status();
+    Participant& p = **reporter;
+    if (!report.error.empty()) {
+      abort_reason = FailingLocked(p, report, &g.failing, &start_grace);
+    } else if (!report.final) {
+      p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
+    } else if (!p.reported) {
+      p.reported = true;
+      ++g.reported;
+      p.bytes_done = p.bytes_expected;
+      // A shape's chunks are compared with a plan's target for this rank once, however
+      // many members share both.
+      std::set<std::pair<const Plan*, int32_t>> matched;
+      static const RankChunks kNothing;
+      for (const WorkerReport::Member& m : report.members) {
+        Entry* e = m.index >= 0 && static_cast<size_t>(m.index) < g.entries.size()
+                       ? g.entries[m.index]
+                       : nullptr;
+        auto mp = e != nullptr ? e->participants.find(report.rank)
+                               : std::map<int64_t, Participant>::iterator();
+        if (e == nullptr || mp == e->participants.end()) {
+          abort_reason = absl::StrCat(Describe(p.endpoint), " reported member ", m.index,
+                                      ", which it takes no part in");
+          break;
+        }
+        const std::string& label = g.labels[m.index];
+        if (m.shape < 0 || static_cast<size_t>(m.shape) >= report.shapes.size()) {
+          abort_reason = absl::StrCat(label, ": ", Describe(p.endpoint), " reported shape ",
+                                      m.shape, " of ", report.shapes.size());
+          break;
+        }
+        const RankChunks& got = report.shapes[m.shape];
+        if (matched.insert({e->plan.get(), m.shape}).second) {
+          const RankChunks* planned = e->plan->target.Find(report.rank);
+          const RankChunks& want = planned != nullptr ? *planned : kNothing;
+          if (got.chunks != want.chunks ||
+              (planned != nullptr && got.local_elements != want.local_elements)) {
+            abort_reason =
+                absl::StrCat(label, ": validation failed: ", Describe(p.endpoint),
+                             " reported chunks ", ChunksString(got.chunks),
+                             " but the plan's target for it is ", ChunksString(want.chunks));
+            break;
+          }
+        }
+        if (m.checksums.size() != got.chunks.size()) {
+          abort_reason =
+              absl::StrCat(label, ": validation failed: ", Describe(p.endpoint), " reported ",
+                           m.checksums.size(), " checksums for ", got.chunks.size(), " chunks");
+          break;
+        }
+        mp->second.reported = true;
+        mp->second.checksums = m.checksums;
+        mp->second.bytes_done = mp->second.bytes_expected;
+      }
+      const int64_t n = static_cast<int64_t>(g.participants.size());
+      if (abort_reason.empty() && g.executed == n && g.reported == n && g.failing.empty()) {
+        g.state = PlanState::kTransferred;
+        g.transferred = clock_->Now();
+        calls = MembersToLocked(g, PlanState::kTransferred);
+        validate = true;
+      }
+    }
+  }
+  if (!abort_reason.empty()) {
+    AbortGroup(gid, abort_reason);
+    return absl::OkStatus();
+  }
+  if (start_grace) StartGrace(gid, /*group=*/true);
+  Tell(calls);
+  if (validate) ValidateGroup(gid);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayoutChecksums> PlanManager::CheckMemberReports(const Entry& e) {
+  // Each report's chunks were checked against the plan's target as it came in (ReportGroup).
+  const Layout& target = e.plan->target;
+  LayoutChecksums sums;
+  sums.reserve(target.ranks().size());
+  for (const RankChunks& rc : target.ranks()) {
+    const Participant& p = e.participants.at(rc.rank);
+    if (!p.reported) {
+      return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint),
+                                                        " reported nothing of its target chunks ",
+                                                        ChunksString(rc.chunks)));
+    }
+    sums.push_back(p.checksums);
+  }
+  // Replicas (same box, same partial index) must hold the same bytes.
+  if (absl::Status s = CheckReplicaChecksums(
+          target, sums, [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
+      !s.ok()) {
+    return s;
+  }
+  return sums;
+}
+
+void PlanManager::ValidateGroup(const std::string& gid) {
+  std::string failure;
+  std::vector<std::pair<std::string, CommitWork>> work;
+  std::vector<TensorManager::CommitItem> items;
+  Timer::Id timer = 0, grace_timer = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) return;
+    Group& g = git->second;
+    if (g.failed || g.closing || g.over || !g.failing.empty()) return;
+    // Reports are complete and no longer change; checking under the lock costs O(chunks).
+    std::vector<LayoutChecksums> sums;
+    sums.reserve(g.members.size());
+    for (size_t i = 0; i < g.entries.size() && failure.empty(); ++i) {
+      const Entry& e = *g.entries[i];
+      if (e.state_ended()) {
+        failure = absl::StrCat(g.labels[i], " ended");
+        break;
+      }
+      absl::StatusOr<LayoutChecksums> checked = CheckMemberReports(e);
+      if (!checked.ok()) {
+        failure = absl::StrCat(g.labels[i], ": validation failed: ", checked.status().message());
+        break;
+      }
+      sums.push_back(*std::move(checked));
+    }
+    if (failure.empty()) {
+      g.closing = true;  // From here on deaths and timeouts no longer abort it.
+      timer = std::exchange(g.timer, 0);
+      grace_timer = std::exchange(g.grace_timer, 0);
+      work.reserve(g.members.size());
+      items.reserve(g.members.size());
+      for (size_t i = 0; i < g.entries.size(); ++i) {
+        Entry& e = *g.entries[i];
+        CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
+        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
+        work.emplace_back(e.id, std::move(w));
+      }
+    }
+  }
+  if (!failure.empty()) return AbortGroup(gid, failure);
+  if (timer != 0) timer_->Cancel(timer);
+  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      groups_.at(gid).closing = false;
+      for (const auto& [id, w] : work) plans_.at(id).closing = false;
+    }
+    return AbortGroup(gid, absl::StrCat("group commit failed: ", s.message()));
+  }
+  EndGroupCommit(gid, std::move(work));
+}
+
+void PlanManager::EndGroupCommit(const std::string& gid,
+                                 std::vector<std::pair<std::string, CommitWork>> work) {
+  // Copies' sources were only read: they keep their versions and are free again.
+  for (const auto& [id, w] : work) {
+    if (w.target_tensor != w.tensor) tensors_->Release(w.tensor, id);
+  }
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  std::vector<WorkerEndpoint> finish;
+  int64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Group& g = groups_.at(gid);
+    const absl::Time now = clock_->Now();
+    g.state = PlanState::kCommitted;
+    g.end = now;
+    for (const auto& [id, w] : work) {
+      Entry& e = plans_.at(id);
+      e.state = PlanState::kCommitted;
+      e.end = now;
+      for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
+    }
+    for (const auto& [r, p] : g.participants) finish.push_back(p.endpoint);
+    // The FinishPlans below hold the group's admission ticket until answered, as a plan's.
+    held = g.admission_ticket;
+    if (held != 0) ++ticket_holds_[held];
+  }
+  Tell(calls);
+  // The commit is durable: the members complete (the caller is answered) now, as a single
+  // plan's (EndCommit). One FinishPlan per worker then drops every member's old version it
+  // may hold, without anything waiting for it.
+  for (const auto& [id, w] : work) Complete(id, absl::OkStatus());
+  std::map<int64_t, v1::FinishPlanRequest> requests;
+  for (const auto& [id, w] : work) {
+    for (int64_t rank : w.finish_ranks) {
+      v1::FinishMember* m = requests[rank].add_members();
+      m->set_tensor(w.target_tensor);
+      m->set_drop_version(w.old_target_version);
+    }
+  }
+  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> live;
+  for (const WorkerEndpoint& w : finish) {
+    if (!workers_->IsLive(w.rank, w.incarnation)) continue;
+    v1::FinishPlanRequest& req = requests[w.rank];
+    req.set_plan_id(gid);
+    req.set_commit(true);
+    req.set_drop_version(-1);
+    live.emplace_back(w, std::move(req));
+  }
+  FinishOnWorkers(std::move(live), held);
+}
+
+void PlanManager::AbortGroup(const std::string& gid, const std::string& reason,
+                             absl::StatusCode code) {
+  std::vector<std::string> aborted;  // Member ids.
+  struct Release {
+    std::string tensor, target_tensor, id, target_mesh;
+  };
+  std::vector<Release> releases;
+  std::vector<WorkerEndpoint> participants;
+  Timer::Id timer = 0, grace_timer = 0;
+  int64_t held = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto git = groups_.find(gid);
+    if (git == groups_.end()) return;
+    Group& g = git->second;
+    if (g.closing || g.over) return;
+    const bool first = !g.failed;
+    if (first) {
+      g.failed = true;
+      g.error = reason;
+      g.error_code = code;
+      g.state = PlanState::kAborted;
+      g.end = clock_->Now();
+      timer = std::exchange(g.timer, 0);
+      grace_timer = std::exchange(g.grace_timer, 0);
+      // Before the tensors are released below, so no later plan reuses this epoch's keys.
+      if (g.communicator_prefix == CommPrefixLocked()) ++comm_epoch_;
+      if (g.sent) {
+        for (const auto& [r, p] : g.participants) participants.push_back(p.endpoint);
+        // Until the workers dropped the new buffers, the group's memory stays reserved.
+        held = g.admission_ticket;
+        if (held != 0) ++ticket_holds_[held];
+      }
+    }
+    const std::string why = absl::StrCat("group ", gid, ": ", g.error);
+    for (const std::string& id : g.members) {
+      auto it = plans_.find(id);
+      if (it == plans_.end() || it->second.state_ended() || it->second.closing) continue;
+      Entry& e = it->second;
+      e.state = PlanState::kAborted;
+      e.error = why;
+      e.end = clock_->Now();
+      releases.push_back(Release{e.tensor, e.target_tensor, id, e.target_mesh});
+      aborted.push_back(id);
+    }
+  }
+  if (timer != 0) timer_->Cancel(timer);
+  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  // The old layouts were never replaced; the tensors are free again at once.
+  for (const Release& r : releases) ReleaseTensors(r.tensor, r.target_tensor, r.id, r.target_mesh);
+  v1::FinishPlanRequest req;
+  req.set_plan_id(gid);
+  req.set_commit(false);
+  FinishOnWorkers(req, std::move(participants), held);
+  for (size_t i = 0; i < aborted.size(); ++i) {
+    const Release& r = releases[i];
+    Complete(aborted[i],
+             absl::Status(code, absl::StrCat("plan ", r.id, " on tensor '", r.target_tensor, "'",
+                                             r.target_tensor == r.tensor
+                                                 ? ""
+                                                 : absl::StrCat(" (copy of '", r.tensor, "')"),
+                                             " aborted: group ", gid, ": ", reason)));
+  }
+}
+
 void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl::Status& status,
                                const PlanProgress& progress) {
-  std::vector<std::string> aborts;
-  std::string reason;
   GroupDoneCallback done;
   GroupProgress final;
   absl::Status final_status;
   int64_t ticket = 0;
+  PlanProgress summary;  // For on_plan_end.
+  std::string prefix;
+  bool over = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(gid);
@@ -749,6 +1311,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
     g.finals[index] = progress;
     ++g.ended;
     if (!status.ok() && !g.failed) {
+      // Members abort only with their group (AbortGroup marks it first).
       g.failed = true;
       g.error_code = status.code() == absl::StatusCode::kResourceExhausted
                          ? absl::StatusCode::kResourceExhausted
@@ -756,10 +1319,6 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       g.error =
           absl::StrCat(index < g.labels.size() ? g.labels[index] : absl::StrCat("member ", index),
                        " failed: ", status.message());
-      reason = absl::StrCat("group ", gid, ": ", g.error);
-      for (size_t j = 0; j < g.members.size(); ++j) {
-        if (j != index) aborts.push_back(g.members[j]);
-      }
     }
     if (g.ended == g.finals.size()) {
       final.group_id = gid;
@@ -771,48 +1330,31 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
           g.failed ? absl::Status(g.error_code, absl::StrCat("group ", gid, " aborted: ", g.error))
                    : absl::OkStatus();
       done = std::move(g.done);
-      ticket = g.admission_ticket;
-      groups_.erase(it);
-    }
-  }
-  for (const std::string& id : aborts) Abort(id, reason);
-  // The group's memory goes back once every member ended (and committed or dropped).
-  ReleaseTicket(ticket);
-  if (done) done(final_status, final);
-}
-
-void PlanManager::CommitGroup(const std::string& gid) {
-  std::vector<std::pair<std::string, CommitWork>> work;
-  std::vector<TensorManager::CommitItem> items;
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end() || git->second.failed) return;
-    const Group& g = git->second;
-    for (const std::string& id : g.members) {
-      auto it = plans_.find(id);
-      if (it == plans_.end() || it->second.state_ended() || it->second.closing ||
-          !it->second.validated.has_value()) {
-        return;  // Not every member is ready (or one ended: it aborts the others).
+      ticket = std::exchange(g.admission_ticket, 0);
+      over = true;
+      summary.plan_id = gid;
+      summary.tensor = absl::StrCat(g.finals.size(), g.finals.size() == 1 ? " tensor" : " tensors");
+      summary.state = final.state;
+      summary.error = g.error;
+      summary.seconds = final.seconds;
+      for (const PlanProgress& m : final.members) summary.bytes_total += m.bytes_total;
+      summary.bytes_done = g.failed ? 0 : summary.bytes_total;
+      prefix = std::move(g.retired_prefix);  // Complete retired it, once no plan used it.
+      g.over = true;
+      g.done = nullptr;
+      if (g.end == absl::InfiniteFuture()) g.end = clock_->Now();
+      ended_groups_.push_back(gid);
+      while (ended_groups_.size() > options_.keep_ended_plans) {
+        groups_.erase(ended_groups_.front());
+        ended_groups_.pop_front();
       }
     }
-    for (const std::string& id : g.members) {
-      Entry& e = plans_.at(id);
-      CommitWork w = BeginCommitLocked(e, *std::move(e.validated));
-      items.push_back(TensorManager::CommitItem{w.target_tensor, id, w.state});
-      work.emplace_back(id, std::move(w));
-    }
   }
-  for (const auto& [id, w] : work) timer_->Cancel(w.timer);
-  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [id, w] : work) plans_.at(id).closing = false;
-    }
-    for (const auto& [id, w] : work) Abort(id, absl::StrCat("group commit failed: ", s.message()));
-    return;
-  }
-  for (const auto& [id, w] : work) EndCommit(id, w);
+  // The group's memory goes back once every member ended (and the workers dropped what the
+  // commit replaced, or the new buffers of an abort).
+  ReleaseTicket(ticket);
+  if (over && options_.on_plan_end) options_.on_plan_end(summary, prefix);
+  if (done) done(final_status, final);
 }
 
 // ---- Progress from workers ---------------------------------------------------------------
@@ -850,6 +1392,12 @@ void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl:
 }
 
 absl::Status PlanManager::Report(const WorkerReport& report) {
+  bool group = false;
+  {
+    absl::MutexLock lock(&mu_);
+    group = groups_.count(report.plan_id) > 0;
+  }
+  if (group) return ReportGroup(report);
   std::string abort_reason;
   bool validate = false;
   bool start_grace = false;
@@ -865,32 +1413,11 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
       return absl::AbortedError(
           absl::StrCat("plan ", e.id, " already ended (", PlanStateName(e.state), ")"));
     }
-    auto pit = e.participants.find(report.rank);
-    if (pit == e.participants.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", report.rank, " takes no part in plan ", e.id));
-    }
-    Participant& p = pit->second;
-    if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
-      return absl::AbortedError(
-          absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
-                       " incarnation ", report.incarnation, " is stale: plan ", e.id, " runs with ",
-                       Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
-    }
-    if (report.final) {
-      p.timing = report.timing;
-      p.timing.set_rank(report.rank);
-      p.timing.set_worker(report.worker);
-      p.timing.set_error(report.error);
-    }
+    absl::StatusOr<Participant*> reporter = Reporter(e.participants, report, e.id);
+    if (!reporter.ok()) return reporter.status();
+    Participant& p = **reporter;
     if (!report.error.empty()) {
-      const std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
-      if (options_.failure_grace <= absl::ZeroDuration()) {
-        abort_reason = reason;
-      } else if (e.failing.empty()) {
-        e.failing = reason;
-        start_grace = true;
-      }
+      abort_reason = FailingLocked(p, report, &e.failing, &start_grace);
     } else if (!report.final) {
       p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
       calls = ChangedLocked(e);
@@ -914,22 +1441,7 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
     Abort(report.plan_id, abort_reason);
     return absl::OkStatus();
   }
-  if (start_grace) {
-    const std::string id = report.plan_id;
-    const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id] {
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = plans_.find(id);
-        if (it == plans_.end()) return;
-        reason = it->second.failing;
-      }
-      Abort(id, reason);
-    });
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it != plans_.end()) it->second.grace_timer = t;
-  }
+  if (start_grace) StartGrace(report.plan_id, /*group=*/false);
   Tell(calls);
   if (validate) Validate(report.plan_id);
   return absl::OkStatus();
@@ -937,10 +1449,35 @@ absl::Status PlanManager::Report(const WorkerReport& report) {
 
 absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
   absl::MutexLock lock(&mu_);
+  if (auto git = groups_.find(plan_id); git != groups_.end()) {
+    // The fused plan: the group's phases and each worker's exchange rounds.
+    const Group& g = git->second;
+    v1::PlanTrace out;
+    out.set_plan_id(g.id);
+    out.set_tensor(absl::StrCat(g.members.size(), g.members.size() == 1 ? " tensor" : " tensors"));
+    out.set_op("group");
+    out.set_state(static_cast<v1::PlanState>(static_cast<int>(g.state)));
+    out.set_error(g.error);
+    out.set_start_unix_us(absl::ToUnixMicros(g.start));
+    if (g.transferred != absl::InfinitePast()) {
+      out.set_transferred_unix_us(absl::ToUnixMicros(g.transferred));
+    }
+    if (g.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(g.end));
+    for (const auto& [rank, p] : g.participants) {
+      v1::RankTrace* r = out.add_ranks();
+      *r = p.timing;
+      r->set_rank(rank);
+      r->set_worker(p.endpoint.name);
+    }
+    return out;
+  }
   auto it = plans_.find(plan_id);
   if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
   const Entry& e = it->second;
   const PlanProgress progress = ProgressLocked(e);
+  // A group member ran inside its group's fused plan: its ranks' tracks are the group's.
+  const Group* group = nullptr;
+  if (auto g = groups_.find(e.group); !e.group.empty() && g != groups_.end()) group = &g->second;
   v1::PlanTrace out;
   out.set_plan_id(e.id);
   out.set_tensor(e.target_tensor);
@@ -955,6 +1492,10 @@ absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) con
   for (const auto& [rank, p] : e.participants) {
     v1::RankTrace* r = out.add_ranks();
     *r = p.timing;
+    if (group != nullptr) {
+      auto gp = group->participants.find(rank);
+      if (gp != group->participants.end()) *r = gp->second.timing;
+    }
     r->set_rank(rank);
     r->set_worker(p.endpoint.name);
   }
@@ -1020,9 +1561,10 @@ void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& re
       auto it = e.participants.find(worker.rank);
       if (it != e.participants.end() && it->second.endpoint.incarnation == worker.incarnation) {
         // The death is the cause; a peer's error seen in the grace is its echo.
-        aborts.emplace_back(id,
-                            absl::StrCat(worker.Describe(), " ", reason,
-                                         e.failing.empty() ? "" : "; before that, ", e.failing));
+        std::string failing = e.failing;
+        if (auto g = groups_.find(e.group); g != groups_.end()) failing = g->second.failing;
+        aborts.emplace_back(id, absl::StrCat(worker.Describe(), " ", reason,
+                                             failing.empty() ? "" : "; before that, ", failing));
       }
     }
   }
@@ -1090,16 +1632,6 @@ void PlanManager::Validate(const std::string& id) {
   if (!sums.ok()) {
     return Abort(id, absl::StrCat("validation failed: ", sums.status().message()));
   }
-  std::string group;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end()) return;
-    group = it->second.group;
-    // A group member waits, still abortable, until every member has validated.
-    if (!group.empty()) it->second.validated = *std::move(sums);
-  }
-  if (!group.empty()) return CommitGroup(group);
   Commit(id, *std::move(sums));
 }
 
@@ -1118,7 +1650,14 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }
-  for (const auto& [r, p] : e.participants) w.finish.push_back(p.endpoint);
+  for (const auto& [r, p] : e.participants) {
+    // A group's FinishPlans go per worker, not per member: ranks are enough.
+    if (e.group.empty()) {
+      w.finish.push_back(p.endpoint);
+    } else {
+      w.finish_ranks.push_back(r);
+    }
+  }
   w.old_target_version = e.old_target_version;
   w.timer = e.timer;
   return w;
@@ -1220,6 +1759,17 @@ void PlanManager::FinishOnWorkers(const v1::FinishPlanRequest& req,
   }
 }
 
+void PlanManager::FinishOnWorkers(
+    std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests, int64_t ticket) {
+  if (requests.empty()) return Unhold(ticket);
+  auto left = std::make_shared<std::atomic<size_t>>(requests.size());
+  for (const auto& [w, req] : requests) {
+    client_->FinishPlan(w, req, [this, left, ticket](absl::Status) {
+      if (left->fetch_sub(1) == 1) Unhold(ticket);
+    });
+  }
+}
+
 void PlanManager::Abort(const std::string& id, const std::string& reason) {
   AbortWith(id, reason, absl::StatusCode::kAborted);
 }
@@ -1231,6 +1781,28 @@ void PlanManager::AbortWith(const std::string& id, const std::string& reason,
   int64_t target_version = 0;
   Timer::Id timer = 0, grace_timer = 0;
   int64_t held = 0;
+  std::string group;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
+    Entry& e = it->second;
+    group = e.group;
+  }
+  // A group member runs inside its group's fused plan: the group aborts as a whole, the
+  // reason naming the member.
+  if (!group.empty()) {
+    std::string label = id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto g = groups_.find(group); g != groups_.end()) {
+        const auto& members = g->second.members;
+        auto at = std::find(members.begin(), members.end(), id);
+        if (at != members.end()) label = g->second.labels[at - members.begin()];
+      }
+    }
+    return AbortGroup(group, absl::StrCat(label, ": ", reason));
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -1252,7 +1824,7 @@ void PlanManager::AbortWith(const std::string& id, const std::string& reason,
     timer = e.timer;
     grace_timer = e.grace_timer;
   }
-  timer_->Cancel(timer);
+  if (timer != 0) timer_->Cancel(timer);
   if (grace_timer != 0) timer_->Cancel(grace_timer);
   // The old layout was never replaced; the tensors are free again at once.
   ReleaseTensors(tensor, target_tensor, id, target_mesh);
@@ -1327,6 +1899,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
   const char* op = "";
   std::shared_ptr<const Plan> plan;
   int64_t ticket = 0;
+  bool member = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
@@ -1336,6 +1909,7 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     progress = ProgressLocked(e);
     op = e.op;
     plan = e.plan;
+    member = !e.group.empty();
     done.swap(e.done);
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
@@ -1348,10 +1922,15 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     e.completed = true;
     ticket = e.admission_ticket;
     e.admission_ticket = 0;
+    const std::string group = e.group;
     RetireLocked(id);
     if (retired_epochs_.count(epoch) > 0 && !EpochInUseLocked(epoch)) {
       retired_epochs_.erase(epoch);
       prefix = epoch;
+      // A group member's ending is told with its group's (OnMemberDone), keys included.
+      if (auto g = groups_.find(group); member && g != groups_.end()) {
+        g->second.retired_prefix = std::exchange(prefix, "");
+      }
     }
   }
   // Its new buffers are committed (counted from the layouts now) or dropped: waiting plans
@@ -1367,7 +1946,8 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
       m->lower_bound_bytes->Increment(static_cast<double>(plan->lower_bound_bytes));
     }
   }
-  if (options_.on_plan_end) options_.on_plan_end(progress, prefix);
+  // A group's members end with their group, which is told once (OnMemberDone).
+  if (options_.on_plan_end && !member) options_.on_plan_end(progress, prefix);
   for (DoneCallback& d : done) d(status, progress);
   for (WatchFn& w : watchers) w(progress);
 }

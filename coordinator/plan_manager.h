@@ -82,6 +82,8 @@ struct PlanManagerOptions {
   // Called when a plan ends (before its callbacks) with its final progress and, for an
   // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
   // communicators stay in use); the daemon logs it and deletes those keys from the KvStore.
+  // A group calls it once, when its last member ended, with plan_id the group's id, tensor
+  // "N tensors" and bytes_total the members' sum; not for each member.
   std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
   // Where ended plans are counted (plans by op and end state, duration, bytes); not owned,
   // may be null.
@@ -138,6 +140,9 @@ struct StartedGroup {
   std::vector<StartedPlan> members;  // In the group's order; members[i].tensor is copies[i].dst.
   int64_t bytes_moved = 0;
   int64_t lower_bound_bytes = 0;
+  // The fused exchange: messages over all pairs of ranks, cut with this bucket size.
+  int64_t buckets = 0;
+  int64_t bucket_bytes = 0;
 };
 
 // INVALID_ARGUMENT naming the member and field ("copies[2].dst: ...") for an empty group, an
@@ -146,6 +151,8 @@ absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies);
 // As CheckCopyGroup for "redistributes[i].tensor": an empty group, an empty name, a tensor
 // named twice.
 absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members);
+// As CheckCopyGroup for "tensors[i]" of a GatherGroup.
+absl::Status CheckGatherGroup(const std::vector<std::string>& tensors);
 
 // What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
 struct WorkerReport {
@@ -159,6 +166,15 @@ struct WorkerReport {
   RankChunks chunks;
   ChunkChecksums checksums;
   v1::RankTrace timing;  // Final reports: when the fragment and its steps ran.
+  // A fused group's final report: the chunks of each shape of the rank's fragment, and each
+  // member's shape and checksums (FragmentMember.index).
+  struct Member {
+    int32_t index = 0;
+    int32_t shape = 0;
+    ChunkChecksums checksums;
+  };
+  std::vector<Member> members;
+  std::vector<RankChunks> shapes;
 };
 
 // Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
@@ -202,13 +218,17 @@ class PlanManager : public WorkerListener {
   // holding dst.
   absl::StatusOr<StartedPlan> Copy(const std::string& src, const std::string& dst,
                                    DoneCallback done);
-  // Many Copies as one transaction: every member is a plan of its own (its own id, fragments
-  // and reports), but none commits before every member has validated, and then all dsts get
-  // their new versions in one TensorManager::CommitAll, so no reader sees some of them new and
-  // others old. A member that fails aborts every other member; then every dst keeps its old
-  // version. All tensors are acquired before any fragment is sent. Errors as Copy's, and
-  // CheckCopyGroup's, each message prefixed with "copies[i]"; a refused group changes nothing.
-  // `done` runs once, after every member ended.
+  // Many Copies as one transaction and one fused plan. Each member is planned as a Copy and
+  // keeps its own plan id (Progress, Watch, List, Trace and metrics see it), but the workers
+  // get one fragment per worker for the whole group (the group's id, every member's section,
+  // sharding/fused_stream.h cuts the transfers between each pair of ranks into buckets) and
+  // send one report each. Every member is validated on its own (CheckReports); none commits
+  // before every member has validated, and then all dsts get their new versions in one
+  // TensorManager::CommitAll, so no reader sees some of them new and others old. Any failure
+  // (a worker error or death, a member that does not validate, the plan timeout) aborts the
+  // whole group; then every dst keeps its old version. All tensors are acquired before any
+  // fragment is sent. Errors as Copy's, and CheckCopyGroup's, each message prefixed with
+  // "copies[i]"; a refused group changes nothing. `done` runs once, after every member ended.
   using GroupDoneCallback = std::function<void(const absl::Status&, const GroupProgress&)>;
   absl::StatusOr<StartedGroup> CopyGroup(const std::vector<CopyMember>& copies,
                                          GroupDoneCallback done);
@@ -224,6 +244,12 @@ class PlanManager : public WorkerListener {
   absl::StatusOr<StartedGroup> LoadGroup(const std::string& owner,
                                          const std::vector<LoadMember>& members,
                                          GroupDoneCallback done);
+  // Many Gathers (to every rank of `mesh`, empty: each tensor's own; or to `to_rank`) as one
+  // group, as RedistributeGroup. Errors as Gather's and CheckGatherGroup's, prefixed with
+  // "tensors[i]".
+  absl::StatusOr<StartedGroup> GatherGroup(const std::vector<std::string>& tensors,
+                                           const std::string& mesh, std::optional<int64_t> to_rank,
+                                           GroupDoneCallback done);
 
   // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
   // ranks that lost their copy (a worker that died and registered again) get it back from a
@@ -245,7 +271,9 @@ class PlanManager : public WorkerListener {
   absl::Status Report(const WorkerReport& report);
 
   absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
-  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND.
+  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND. A group's
+  // id gives the fused plan's timeline (its exchange rounds per rank, op "group"); a group
+  // member's id gives the same rank tracks under the member's id, tensor and op.
   absl::StatusOr<v1::PlanTrace> Trace(const std::string& plan_id) const;
   // Up to `limit` plans, running and kept ended ones, newest first.
   std::vector<v1::PlanSummary> List(size_t limit) const;
@@ -298,18 +326,48 @@ class PlanManager : public WorkerListener {
     v1::RankTrace timing;  // From its final report.
   };
 
+  struct Entry;
+  // A group runs on the workers as one fused plan under the group's id: one fragment, one
+  // report and one FinishPlan per worker. Its members keep their plan entries (ids,
+  // progress, validation, the commit's items), which it moves through their states.
   struct Group {
+    std::string id;
     std::vector<std::string> members;  // Plan ids, in the group's order.
-    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst')".
+    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst', plan p-3)".
     std::vector<std::optional<PlanProgress>> finals;
-    size_t validated = 0;
     size_t ended = 0;
-    bool failed = false;  // A member aborted: the others are aborted too.
+    bool failed = false;  // Aborted (every member is aborted with it).
     std::string error;
     absl::Time start;
     GroupDoneCallback done;
     int64_t admission_ticket = 0;  // The group's memory, admitted as one.
-    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Of the member that failed.
+    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Its members' callbacks get it.
+    // The epoch's rendezvous prefix once no plan uses it, when a member retired it.
+    std::string retired_prefix;
+    // The fused plan.
+    std::string communicator_prefix;
+    int64_t bucket_bytes = 0;
+    int64_t buckets = 0;
+    std::map<int64_t, Participant> participants;  // Every worker of any member.
+    // The members' entries, set when the fragments are sent; valid while the group runs.
+    std::vector<Entry*> entries;
+    int64_t executed = 0;
+    int64_t reported = 0;
+    bool sent = false;     // Fragments dispatched.
+    bool closing = false;  // Validated, committing: no longer abortable.
+    bool over = false;     // Every member ended; kept for traces.
+    std::string failing;   // First worker error, while in the failure grace.
+    Timer::Id timer = 0;
+    Timer::Id grace_timer = 0;
+    PlanState state = PlanState::kPending;
+    absl::Time transferred = absl::InfinitePast();
+    absl::Time end = absl::InfiniteFuture();
+  };
+  // What Start hands a group about a fused member.
+  struct FusedMember {
+    std::string communicator_prefix;  // In: the group's.
+    FragmentMemberOptions options;    // Out.
+    int64_t bucket_bytes = 0;         // Out: the smallest --bucket-bytes of its workers.
   };
 
   // What Commit needs once the plan no longer changes (closing).
@@ -317,19 +375,19 @@ class PlanManager : public WorkerListener {
     std::string tensor;
     std::string target_tensor;
     TensorManager::NewState state;
-    std::vector<WorkerEndpoint> finish;
+    std::vector<WorkerEndpoint> finish;  // A plan's participants...
+    std::vector<int64_t> finish_ranks;   // ...or a group member's, by rank.
     int64_t old_target_version = 0;
     Timer::Id timer = 0;
   };
 
   struct Entry {
     std::string id;
-    const char* op = "";  // For metrics.
-    std::string group;    // Non-empty: a member of that group, committed with it.
-    std::string owner;    // Non-empty: a checkpoint load's plan; its target is published.
-    std::optional<LayoutChecksums> validated;  // A group member's reports, checked.
-    std::string tensor;                        // Read at source_version.
-    std::string target_tensor;                 // Written at target_version: `tensor` unless a Copy.
+    const char* op = "";        // For metrics.
+    std::string group;          // Non-empty: a member of that group, committed with it.
+    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published.
+    std::string tensor;         // Read at source_version.
+    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
     std::string target_mesh;
     std::string target_spec;
@@ -374,22 +432,23 @@ class PlanManager : public WorkerListener {
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
   // for a Copy.
-  // With `deferred`, the plan is stored but its fragments are appended there instead of sent
-  // (a group sends them once every member started), and the entry joins `group`.
+  // With `fused`, the plan is stored as a member of `group` (no timer, nothing sent: the
+  // group dispatches one fused fragment per worker once every member started).
   using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
   // `op` names the operation in metrics ("redistribute", "gather", "copy").
   // `owner`: the plan may use the tensors it hides, and publishes its target on commit.
   absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
                                     const std::string& target_tensor, const TargetFn& target_fn,
                                     DoneCallback done, const std::string& group = "",
-                                    Dispatch* deferred = nullptr, const std::string& owner = "");
+                                    FusedMember* fused = nullptr, const std::string& owner = "");
   void Send(const std::string& id, Dispatch fragments);
   // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
-  // `group` then), and sends dispatch[i] to ids[i] with the bucket size it chose, now or once
-  // admitted; a later refusal (the admission timeout) aborts them with RESOURCE_EXHAUSTED.
-  // A refusal at once is returned: nothing was sent, the caller forgets the plans.
+  // `group` then), and calls `send` with the bucket size it chose (0 without admission: the
+  // workers' default), now or once admitted; a later refusal (the admission timeout) aborts
+  // them (the group) with RESOURCE_EXHAUSTED. A refusal at once is returned: nothing was
+  // sent, the caller forgets the plans.
   absl::Status AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
-                            std::vector<Dispatch> dispatch, MemoryDemand demand,
+                            std::function<void(int64_t bucket_bytes)> send, MemoryDemand demand,
                             const std::string& group = "");
   // Abort with the status code the plan's callbacks get (ABORTED, or RESOURCE_EXHAUSTED when
   // it never got memory).
@@ -411,7 +470,25 @@ class PlanManager : public WorkerListener {
                                           GroupDoneCallback done);
   void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
                     const PlanProgress& progress);
-  void CommitGroup(const std::string& group);
+  // Sends every worker its fused fragment.
+  void SendGroup(const std::string& group, const std::vector<StartedPlan>& members,
+                 const std::vector<FragmentMemberOptions>& options);
+  void OnGroupExecuteDone(const std::string& group, int64_t rank, const absl::Status& status);
+  absl::Status ReportGroup(const WorkerReport& report);
+  // Every member validates, then all commit in one CommitAll; else the group aborts.
+  void ValidateGroup(const std::string& group);
+  void EndGroupCommit(const std::string& group,
+                      std::vector<std::pair<std::string, CommitWork>> work);
+  // Aborts every member not ended yet (idempotent; a no-op once the group is committing);
+  // `code` is what the members' and the group's callbacks get.
+  void AbortGroup(const std::string& group, const std::string& reason,
+                  absl::StatusCode code = absl::StatusCode::kAborted);
+  // The target of a Gather (to every rank of `mesh`, empty: the tensor's; or to `to_rank`).
+  absl::StatusOr<Target> GatherTarget(const TensorRecord& rec, const std::string& mesh,
+                                      std::optional<int64_t> to_rank) const;
+  // Members' states follow the group's; returns what to tell watchers.
+  std::vector<std::pair<WatchFn, PlanProgress>> MembersToLocked(const Group& g, PlanState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Under mu_: marks the plan closing and gathers what committing it takes.
   CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -425,11 +502,28 @@ class PlanManager : public WorkerListener {
                       const std::string& id, const std::string& target_mesh);
   LivenessFn Liveness() const;
 
+  // The participant a report comes from, once it passed the checks every report gets (a rank
+  // of the plan, not stale); a final report's timing is kept.
+  static absl::StatusOr<Participant*> Reporter(std::map<int64_t, Participant>& participants,
+                                               const WorkerReport& report,
+                                               const std::string& plan_id);
+  // A worker's error: the reason to abort at once (no failure grace), or "" with the grace
+  // started (*start_grace) by the first error (*failing).
+  std::string FailingLocked(const Participant& p, const WorkerReport& report, std::string* failing,
+                            bool* start_grace) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the failure grace, aborts the plan (or group) with its first error.
+  void StartGrace(const std::string& id, bool group);
+  // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
+  static std::string Waiting(const std::map<int64_t, Participant>& participants);
+
   void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);
   // Runs when every fragment was accepted and every final report is in.
   void Validate(const std::string& id);
   // The new layout's checksums, or why the reports do not validate.
   static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
+  // A group member's: every target rank reported (its chunks were matched against the plan
+  // as the report came in), and replicas agree.
+  static absl::StatusOr<LayoutChecksums> CheckMemberReports(const Entry& entry);
   void Commit(const std::string& id, LayoutChecksums checksums);
   void Complete(const std::string& id, const absl::Status& status);
   // Admission tickets outlive their plans until the workers have dropped what the plans
@@ -441,6 +535,9 @@ class PlanManager : public WorkerListener {
   void ReleaseTicket(int64_t ticket);
   // Sends `req` to `workers`; the hold on `ticket` goes when every answer is in.
   void FinishOnWorkers(const v1::FinishPlanRequest& req, std::vector<WorkerEndpoint> workers,
+                       int64_t ticket);
+  // As FinishOnWorkers, a request of its own per worker (a fused group's commit).
+  void FinishOnWorkers(std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests,
                        int64_t ticket);
 
   PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -467,7 +564,8 @@ class PlanManager : public WorkerListener {
 
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running groups.
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running and kept groups.
+  std::deque<std::string> ended_groups_ ABSL_GUARDED_BY(mu_);
   int64_t next_group_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
   int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;

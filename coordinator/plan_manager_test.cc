@@ -7,6 +7,7 @@
 #include "coordinator/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/fused_stream.h"
 
 namespace shardcoord {
 namespace {
@@ -112,6 +113,39 @@ class PlanManagerTest : public ::testing::Test {
     for (const auto& [rank, f] : Fragments(plan_id)) {
       if (skip.count(rank)) continue;
       ASSERT_TRUE(plans_.Report(FinalReport(f)).ok()) << rank;
+    }
+  }
+
+  // What a worker that ran its fused group fragment correctly reports: every member's
+  // target chunks with the same checksums as FinalReport's.
+  WorkerReport GroupFinalReport(const v1::PlanFragment& f) {
+    WorkerReport r;
+    r.plan_id = f.plan_id();
+    r.rank = f.rank();
+    r.worker = workers_.GetByRank(f.rank())->spec.name;
+    r.incarnation = Incarnation(f.rank());
+    r.final = true;
+    for (const v1::FragmentShape& shape : f.shapes()) {
+      r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
+    }
+    for (const v1::FragmentMember& m : f.members()) {
+      WorkerReport::Member& out = r.members.emplace_back();
+      out.index = m.index();
+      out.shape = m.shape();
+      for (const Chunk& c : r.shapes[m.shape()].chunks) {
+        out.checksums.push_back(c.box.offset(0) * 131 + c.box.offset(1) + 7 * c.partial_index);
+      }
+    }
+    v1::StepTiming* round = r.timing.add_steps();
+    round->set_op("fused_exchange");
+    round->set_index(1);
+    return r;
+  }
+
+  void ReportGroup(const std::string& group_id, std::set<int64_t> skip = {}) {
+    for (const auto& [rank, f] : Fragments(group_id)) {
+      if (skip.count(rank)) continue;
+      ASSERT_TRUE(plans_.Report(GroupFinalReport(f)).ok()) << rank;
     }
   }
 
@@ -847,6 +881,10 @@ TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
   EXPECT_EQ(group->bytes_moved,
             group->members[0].plan->bytes_moved + group->members[1].plan->bytes_moved);
   EXPECT_EQ(group->bytes_moved, group->lower_bound_bytes);
+  EXPECT_EQ(group->bucket_bytes, kDefaultBucketBytes);
+  const Plan* plans[] = {group->members[0].plan.get(), group->members[1].plan.get()};
+  EXPECT_EQ(group->buckets, FusedExchange(plans, StreamLimitsFor(0)).messages);
+  EXPECT_GT(group->buckets, 0);
   for (const char* name : {"a", "x"}) {
     EXPECT_EQ(tensors_.Get(name)->busy_plan, group->members[0].id) << name;
   }
@@ -854,15 +892,33 @@ TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
     EXPECT_EQ(tensors_.Get(name)->busy_plan, group->members[1].id) << name;
   }
 
-  // The first member is done and validated, but commits only with the second.
-  ReportAll(group->members[0].id);
+  // One fragment per worker for the whole group, holding each member it takes part in.
+  EXPECT_TRUE(Fragments(group->members[0].id).empty());
+  std::map<int64_t, v1::PlanFragment> fragments = Fragments(group->id);
+  ASSERT_EQ(fragments.size(), 4u);
+  EXPECT_EQ(client_.calls("Execute"), 4);
+  for (const auto& [rank, f] : fragments) {
+    ASSERT_EQ(f.members_size(), 2) << rank;
+    EXPECT_EQ(f.members(0).plan_id(), group->members[0].id);
+    EXPECT_EQ(f.members(1).index(), 1);
+    EXPECT_EQ(f.members(1).target_tensor(), "y");
+    EXPECT_EQ(f.bucket_bytes(), kDefaultBucketBytes);
+    EXPECT_EQ(f.communicator_prefix(), "shardcoord/comm/0/");
+    EXPECT_THAT(f.exchange_ranks(), ElementsAre(0, 1, 2, 3));
+    EXPECT_EQ(f.member_ranks_size(), 4);
+  }
+  // Every worker accepted: every member is PREPARED.
+  EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kPrepared);
+
+  // Reports from all but one worker: nothing commits yet.
+  ReportGroup(group->id, {2});
   EXPECT_EQ(done.calls, 0);
   EXPECT_EQ(tensors_.Get("x")->version, x_before);
   EXPECT_EQ(tensors_.Get("x")->busy_plan, group->members[0].id);
-  EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kTransferred);
+  EXPECT_EQ(plans_.Progress(group->members[1].id)->state, PlanState::kPrepared);
   EXPECT_TRUE(client_.finishes().empty());
 
-  ReportAll(group->members[1].id);
+  ReportGroup(group->id, {0, 1, 3});
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(done.progress.group_id, group->id);
@@ -870,6 +926,7 @@ TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
   ASSERT_EQ(done.progress.members.size(), 2u);
   EXPECT_EQ(done.progress.members[0].tensor, "x");
   EXPECT_EQ(done.progress.members[1].state, PlanState::kCommitted);
+  EXPECT_EQ(done.progress.members[1].bytes_done, group->members[1].plan->bytes_moved);
   EXPECT_EQ(tensors_.Get("x")->version, group->members[0].target_version);
   EXPECT_EQ(tensors_.Get("y")->version, group->members[1].target_version);
   EXPECT_GT(tensors_.Get("x")->version, x_before);
@@ -877,10 +934,28 @@ TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
   for (const char* name : {"a", "b", "x", "y"}) {
     EXPECT_TRUE(tensors_.Get(name)->busy_plan.empty()) << name;
   }
+  // One FinishPlan per worker, naming every member's old version.
+  ASSERT_EQ(client_.finishes().size(), 4u);
   for (const auto& [rank, req] : client_.finishes()) {
     EXPECT_TRUE(req.commit());
-    EXPECT_EQ(req.drop_version(), req.tensor() == "x" ? x_before : y_before);
+    EXPECT_EQ(req.plan_id(), group->id);
+    ASSERT_EQ(req.members_size(), 2) << rank;
+    EXPECT_EQ(req.members(0).tensor(), "x");
+    EXPECT_EQ(req.members(0).drop_version(), x_before);
+    EXPECT_EQ(req.members(1).drop_version(), y_before);
   }
+  // Traces: the group's and its members' show the workers' exchange rounds.
+  absl::StatusOr<v1::PlanTrace> trace = plans_.Trace(group->id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->op(), "group");
+  EXPECT_EQ(trace->state(), v1::COMMITTED);
+  ASSERT_EQ(trace->ranks_size(), 4);
+  EXPECT_EQ(trace->ranks(0).steps(0).op(), "fused_exchange");
+  trace = plans_.Trace(group->members[1].id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->tensor(), "y");
+  EXPECT_EQ(trace->ranks(0).steps(0).op(), "fused_exchange");
+  EXPECT_EQ(metrics_.plans->WithLabels({"copy", "committed"})->Value(), 2);
 }
 
 TEST_F(PlanManagerTest, CopyGroupMemberFailureAbortsEveryMember) {
@@ -894,22 +969,22 @@ TEST_F(PlanManagerTest, CopyGroupMemberFailureAbortsEveryMember) {
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  // Member 0 validates; member 1 fails on rank 1.
-  ReportAll(group->members[0].id);
+  // Three workers report; rank 1 fails.
+  ReportGroup(group->id, {1});
   WorkerReport failed;
-  failed.plan_id = group->members[1].id;
+  failed.plan_id = group->id;
   failed.rank = 1;
   failed.worker = "w1";
   failed.incarnation = Incarnation(1);
-  failed.error = "step 0: gloo timeout";
+  failed.final = true;
+  failed.error = "fused exchange round 1: gloo timeout";
   ASSERT_TRUE(plans_.Report(failed).ok());
   timer_.Advance(absl::Seconds(2));
 
   ASSERT_EQ(done.calls, 1);
   EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(done.status.message(),
-              HasSubstr("copies[1] ('b' -> 'y', plan " + group->members[1].id + ") failed"));
-  EXPECT_THAT(done.status.message(), HasSubstr("worker w1 (rank 1) failed: step 0: gloo timeout"));
+              HasSubstr("worker w1 (rank 1) failed: fused exchange round 1: gloo timeout"));
   EXPECT_EQ(done.progress.state, PlanState::kAborted);
   EXPECT_EQ(done.progress.members[0].state, PlanState::kAborted);
   EXPECT_EQ(done.progress.members[1].state, PlanState::kAborted);
@@ -920,13 +995,102 @@ TEST_F(PlanManagerTest, CopyGroupMemberFailureAbortsEveryMember) {
     EXPECT_EQ(after.checksums, b.checksums) << name;
     EXPECT_TRUE(after.busy_plan.empty()) << name;
   }
-  // Every participant of both members drops the new buffers.
+  // Every worker of the group drops its new buffers: one FinishPlan each.
   int aborts = 0;
   for (const auto& [rank, req] : client_.finishes()) {
     EXPECT_FALSE(req.commit());
+    EXPECT_EQ(req.plan_id(), group->id);
     ++aborts;
   }
-  EXPECT_EQ(aborts, 8);
+  EXPECT_EQ(aborts, 4);
+  EXPECT_EQ(metrics_.plans->WithLabels({"copy", "aborted"})->Value(), 2);
+  // The abort retired the epoch's communicators.
+  EXPECT_EQ(Fragments(group->id).begin()->second.communicator_prefix(), "shardcoord/comm/0/");
+  EXPECT_FALSE(ended_prefixes_.empty());
+}
+
+TEST_F(PlanManagerTest, AGroupMemberThatDoesNotValidateAbortsTheGroupNamingIt) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  CreateTensor("x", "S(1)", "N");
+  CreateTensor("y", "S(0)", "N");
+  const int64_t x_before = tensors_.Get("x")->version;
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportGroup(group->id, {3});
+  WorkerReport bad = GroupFinalReport(Fragments(group->id).at(3));
+  ASSERT_EQ(bad.members.size(), 2u);
+  ASSERT_EQ(bad.shapes.size(), 2u);
+  bad.members[1].shape = bad.members[0].shape;  // Rank 3 claims y's chunks are x's.
+  ASSERT_TRUE(plans_.Report(bad).ok());
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done.status.message(),
+              HasSubstr("copies[1] ('b' -> 'y', plan " + group->members[1].id +
+                        "): validation failed: worker w3 (rank 3) reported chunks {[0:8, 3:4]"));
+  EXPECT_EQ(tensors_.Get("x")->version, x_before);
+  EXPECT_TRUE(tensors_.Get("x")->busy_plan.empty());
+}
+
+TEST_F(PlanManagerTest, MembersWithTheSamePlanShareOneShapePerWorker) {
+  for (const char* name : {"s0", "s1", "s2"}) CreateTensor(name, "S(0),R");
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
+      {{"s0", Target("S(1)", "N")}, {"s1", Target("S(1)", "N")}, {"s2", Target("R,R")}},
+      RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->members[0].plan, group->members[1].plan);  // The plan cache's one object.
+  for (const auto& [rank, f] : Fragments(group->id)) {
+    EXPECT_EQ(f.shapes_size(), 2) << rank;
+    ASSERT_EQ(f.members_size(), 3) << rank;
+    EXPECT_EQ(f.members(0).shape(), f.members(1).shape());
+    EXPECT_NE(f.members(0).shape(), f.members(2).shape());
+  }
+  ReportGroup(group->id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(tensors_.Get("s1")->spec, "S(1)");
+  EXPECT_EQ(tensors_.Get("s2")->spec, "R,R");
+}
+
+TEST_F(PlanManagerTest, GroupReportsAreCheckedAgainstTheGroup) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("x", "S(1)", "N");
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkerReport stale = GroupFinalReport(Fragments(group->id).at(0));
+  stale.incarnation += 7;
+  EXPECT_EQ(plans_.Report(stale).code(), absl::StatusCode::kAborted);
+  // A member index the worker takes no part in aborts the group.
+  WorkerReport wrong = GroupFinalReport(Fragments(group->id).at(0));
+  wrong.members[0].index = 5;
+  ASSERT_TRUE(plans_.Report(wrong).ok());
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_THAT(done.status.message(), HasSubstr("reported member 5, which it takes no part in"));
+  // Later reports for the ended group are refused.
+  EXPECT_EQ(plans_.Report(GroupFinalReport(Fragments(group->id).at(1))).code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST_F(PlanManagerTest, AGroupUsesTheSmallestBucketSizeOfItsWorkers) {
+  WorkerSpec w2{"w2", "h", "cpu", "w2:1", "gloo"};
+  w2.bucket_bytes = int64_t{1} << 20;
+  ASSERT_TRUE(workers_.Register(w2).ok());
+  WorkerSpec w1{"w1", "h", "cpu", "w1:1", "gloo"};
+  w1.bucket_bytes = int64_t{4} << 20;
+  ASSERT_TRUE(workers_.Register(w1).ok());
+  CreateTensor("a", "S(0),R");
+  CreateTensor("x", "S(1)", "N");
+  absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, nullptr);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->bucket_bytes, int64_t{1} << 20);
+  for (const auto& [rank, f] : Fragments(group->id)) {
+    EXPECT_EQ(f.bucket_bytes(), int64_t{1} << 20) << rank;
+    EXPECT_EQ(f.member_incarnations(f.member_ranks_size() - 1), Incarnation(3));
+  }
 }
 
 TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing) {
@@ -975,7 +1139,7 @@ TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing)
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  for (const StartedPlan& m : group->members) ReportAll(m.id);
+  ReportGroup(group->id);
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
 }
@@ -991,7 +1155,7 @@ TEST_F(PlanManagerTest, CopyGroupMemberDeathAbortsTheWholeGroup) {
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportAll(group->members[1].id);
+  ReportGroup(group->id, {3});
   Kill(3);  // Takes part in member 0 (a's rows [4:8)) and member 1.
   ASSERT_EQ(done.calls, 1);
   EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
@@ -999,6 +1163,54 @@ TEST_F(PlanManagerTest, CopyGroupMemberDeathAbortsTheWholeGroup) {
   EXPECT_EQ(tensors_.Get("x")->version, x_before);
   EXPECT_TRUE(tensors_.Get("x")->busy_plan.empty());
   EXPECT_TRUE(tensors_.Get("y")->busy_plan.empty());
+  // The group timed nothing out afterwards.
+  timer_.Advance(absl::Minutes(2));
+  EXPECT_EQ(done.calls, 1);
+}
+
+TEST_F(PlanManagerTest, AGroupThatDoesNotEndInTimeIsAborted) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("x", "S(1)", "N");
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportGroup(group->id, {2});
+  timer_.Advance(absl::Minutes(2));
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_THAT(done.status.message(), HasSubstr("timed out"));
+  EXPECT_THAT(done.status.message(), HasSubstr("worker w2 (rank 2) (no final report)"));
+}
+
+// ---- GatherGroup -------------------------------------------------------------------------
+
+TEST_F(PlanManagerTest, GatherGroupReplicatesEveryTensorTogether) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("b", "R,S(1)");
+  EXPECT_EQ(CheckGatherGroup({}).message(), "tensors: empty group");
+  EXPECT_EQ(CheckGatherGroup({"a", ""}).message(), "tensors[1]: empty");
+  EXPECT_THAT(CheckGatherGroup({"a", "b", "a"}).message(),
+              HasSubstr("tensors[2]: tensor 'a' is also tensors[0]"));
+  absl::Status s = plans_.GatherGroup({"a", "nope"}, "", std::nullopt, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "tensors[1]: unknown tensor 'nope'");
+  s = plans_.GatherGroup({"a"}, "nomesh", std::nullopt, nullptr).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_.calls("Execute"), 0);
+
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group =
+      plans_.GatherGroup({"a", "b"}, "", int64_t{2}, RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  ReportGroup(group->id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  for (const char* name : {"a", "b"}) {
+    const TensorRecord t = *tensors_.Get(name);
+    EXPECT_EQ(t.spec, "rank 2") << name;
+    ASSERT_EQ(t.layout.ranks().size(), 1u);
+    EXPECT_EQ(t.layout.ranks()[0].rank, 2);
+  }
+  EXPECT_EQ(metrics_.plans->WithLabels({"gather", "committed"})->Value(), 2);
 }
 
 // ---- RedistributeGroup -------------------------------------------------------------------
@@ -1037,9 +1249,9 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
       {{"a", Target("S(1)", "N")}, {"b", Target("R,R")}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportAll(group->members[0].id);
+  ReportGroup(group->id, {0});
   EXPECT_EQ(tensors_.Get("a")->version, a_before.version);
-  ReportAll(group->members[1].id);
+  ReportGroup(group->id, {1, 2, 3});
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(tensors_.Get("a")->version, group->members[0].target_version);
@@ -1055,7 +1267,7 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   group = plans_.RedistributeGroup({{"a", Target("S(0)")}, {"b", Target("S(0),R")}},
                                    RecordGroup(&failed));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportAll(group->members[1].id);
+  ReportGroup(group->id, {3});
   plans_.Abort(group->members[0].id, "test");
   ASSERT_EQ(failed.calls, 1);
   EXPECT_EQ(failed.status.code(), absl::StatusCode::kAborted);

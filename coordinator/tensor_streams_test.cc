@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 // Single-threaded: the tests release what is held.
 class HoldingClient : public WorkerClient {
  public:
-  void Execute(const WorkerEndpoint& w, const v1::PlanFragment& f, StatusCallback done) override {
+  void Execute(const WorkerEndpoint& w, v1::PlanFragment f, StatusCallback done) override {
     fake_.Execute(w, f, std::move(done));
   }
   void FinishPlan(const WorkerEndpoint& w, const v1::FinishPlanRequest& r,

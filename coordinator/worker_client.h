@@ -50,8 +50,9 @@ class WorkerClient {
 
   virtual ~WorkerClient() = default;
 
-  // Starts a fragment; its outcome comes through CoordinatorWorkers.ReportChunks.
-  virtual void Execute(const WorkerEndpoint& worker, const v1::PlanFragment& fragment,
+  // Starts a fragment; its outcome comes through CoordinatorWorkers.ReportChunks. By value:
+  // a fused group's fragment can be large, and callers move it in.
+  virtual void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                        StatusCallback done) = 0;
   virtual void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
                           StatusCallback done) = 0;

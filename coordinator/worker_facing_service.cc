@@ -33,6 +33,10 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
                                                               v1::RegisterWorkerResponse* resp) {
   if (absl::Status a = Authorize(ctx, "RegisterWorker"); !a.ok()) return Done(ctx, a);
   if (absl::Status n = CheckWorkerName(ctx, req->name()); !n.ok()) return Done(ctx, n);
+  if (req->bucket_bytes() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("bucket_bytes = ", req->bucket_bytes(), " must be >= 0")));
+  }
   std::vector<HeldBuffer> held;
   held.reserve(req->held_size());
   for (int i = 0; i < req->held_size(); ++i) {
@@ -170,6 +174,19 @@ grpc::ServerUnaryReactor* WorkerFacingService::ReportChunks(grpc::CallbackServer
         RankChunksFromProto(req->chunks(), "chunks", &report.checksums);
     if (!chunks.ok()) return Done(ctx, chunks.status());
     report.chunks = *std::move(chunks);
+    for (int i = 0; i < req->shapes_size(); ++i) {
+      absl::StatusOr<RankChunks> shape =
+          RankChunksFromProto(req->shapes(i), absl::StrCat("shapes[", i, "]"));
+      if (!shape.ok()) return Done(ctx, shape.status());
+      report.shapes.push_back(*std::move(shape));
+    }
+    report.members.reserve(req->members_size());
+    for (const v1::MemberChunks& in : req->members()) {
+      WorkerReport::Member& m = report.members.emplace_back();
+      m.index = in.index();
+      m.shape = in.shape();
+      m.checksums.assign(in.checksums().begin(), in.checksums().end());
+    }
   }
   return Done(ctx, plans_->Report(report));
 }

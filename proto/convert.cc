@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -601,18 +602,11 @@ absl::StatusOr<Step> StepFromProto(const v1::Step& step, absl::string_view field
   return out;
 }
 
-v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view tensor) {
+v1::Plan PlanSummaryToProto(const Plan& plan, absl::string_view id, absl::string_view tensor) {
   v1::Plan out;
   out.set_id(std::string(id));
   out.set_tensor(std::string(tensor));
   out.set_dtype(DTypeToProto(plan.dtype));
-  *out.mutable_source() = LayoutToProto(plan.source);
-  *out.mutable_target() = LayoutToProto(plan.target);
-  for (const LocalCopy& c : plan.local_copies) *out.add_local_copies() = LocalCopyToProto(c);
-  for (size_t i = 0; i < plan.steps.size(); ++i) {
-    *out.add_steps() = StepToProto(plan.steps[i], static_cast<int>(i));
-  }
-  out.mutable_zero_fill_ranks()->Add(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end());
   out.set_divide_by(plan.divide_by);
   for (const RankTraffic& t : plan.traffic) {
     v1::RankTraffic* rt = out.add_traffic();
@@ -626,6 +620,18 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
   out.set_bytes_within_hosts(plan.bytes_within_hosts);
   out.set_bytes_across_hosts(plan.bytes_across_hosts);
   out.set_cross_host_lower_bound_bytes(plan.cross_host_lower_bound_bytes);
+  return out;
+}
+
+v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view tensor) {
+  v1::Plan out = PlanSummaryToProto(plan, id, tensor);
+  *out.mutable_source() = LayoutToProto(plan.source);
+  *out.mutable_target() = LayoutToProto(plan.target);
+  for (const LocalCopy& c : plan.local_copies) *out.add_local_copies() = LocalCopyToProto(c);
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    *out.add_steps() = StepToProto(plan.steps[i], static_cast<int>(i));
+  }
+  out.mutable_zero_fill_ranks()->Add(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end());
   return out;
 }
 
@@ -687,6 +693,69 @@ v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOpti
   return out;
 }
 
+namespace {
+
+// The fields PlanFragment and FragmentShape share (same names), for `rank`; error fields
+// start with `prefix` ("" or "shapes[2].").
+template <typename P>
+absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix, Fragment* out) {
+  auto field = [prefix](absl::string_view name) { return absl::StrCat(prefix, name); };
+  absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), field("dtype"));
+  if (!dtype.ok()) return dtype.status();
+  out->dtype = *dtype;
+  out->rank = rank;
+  for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out->source),
+                               std::make_tuple("target", &f.target(), &out->target)}) {
+    absl::StatusOr<RankChunks> parsed = RankChunksFromProto(*rc, field(name));
+    if (!parsed.ok()) return parsed.status();
+    if (!parsed->chunks.empty() && parsed->rank != rank) {
+      return Bad(field(absl::StrCat(name, ".rank")), parsed->rank, " but the fragment is for rank ",
+                 rank);
+    }
+    parsed->rank = rank;
+    *dst = *std::move(parsed);
+  }
+  for (int i = 0; i < f.local_copies_size(); ++i) {
+    const std::string item = Index(field("local_copies"), i);
+    absl::StatusOr<LocalCopy> c = LocalCopyFromProto(f.local_copies(i), item);
+    if (!c.ok()) return c.status();
+    if (c->rank != rank) return Bad(item, "rank ", c->rank, " in a fragment for ", rank);
+    out->local_copies.push_back(*std::move(c));
+  }
+  out->zero_fill = f.zero_fill();
+  out->divide_by = f.divide_by() == 0 ? 1 : f.divide_by();
+  if (out->divide_by < 0) return Bad(field("divide_by"), out->divide_by, " < 0");
+  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(f.reduce_op(), field("reduce_op"));
+  if (!op.ok()) return op.status();
+  out->reduce_op = *op;
+  out->num_partials = f.num_partials() == 0 ? 1 : f.num_partials();
+  if (out->num_partials < 1) return Bad(field("num_partials"), out->num_partials, " < 1");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+
+// member_ranks/member_incarnations, step_timeout_ms and communicator_prefix: a plain
+// fragment's and a fused group's alike.
+template <typename Out>
+absl::Status ParseGroupFields(const v1::PlanFragment& f, Out* out) {
+  if (f.member_ranks_size() != f.member_incarnations_size()) {
+    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
+               f.member_ranks_size(), " member_ranks");
+  }
+  for (int i = 0; i < f.member_ranks_size(); ++i) {
+    out->member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
+  }
+  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
+  out->step_timeout_ms = f.step_timeout_ms();
+  out->communicator_prefix = f.communicator_prefix();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   Fragment out;
   if (f.plan_id().empty()) return Bad("plan_id", "empty");
@@ -694,31 +763,10 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   out.plan_id = f.plan_id();
   out.tensor = f.tensor();
   out.target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
-  absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), "dtype");
-  if (!dtype.ok()) return dtype.status();
-  out.dtype = *dtype;
   if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
-  out.rank = f.rank();
+  if (absl::Status s = ParseShapeFields(f, f.rank(), "", &out); !s.ok()) return s;
   out.source_version = f.source_version();
   out.target_version = f.target_version();
-  for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out.source),
-                               std::make_tuple("target", &f.target(), &out.target)}) {
-    absl::StatusOr<RankChunks> parsed = RankChunksFromProto(*rc, name);
-    if (!parsed.ok()) return parsed.status();
-    if (!parsed->chunks.empty() && parsed->rank != f.rank()) {
-      return Bad(absl::StrCat(name, ".rank"), parsed->rank, " but the fragment is for rank ",
-                 f.rank());
-    }
-    parsed->rank = f.rank();
-    *dst = *std::move(parsed);
-  }
-  for (int i = 0; i < f.local_copies_size(); ++i) {
-    const std::string item = Index("local_copies", i);
-    absl::StatusOr<LocalCopy> c = LocalCopyFromProto(f.local_copies(i), item);
-    if (!c.ok()) return c.status();
-    if (c->rank != f.rank()) return Bad(item, "rank ", c->rank, " in a fragment for ", f.rank());
-    out.local_copies.push_back(*std::move(c));
-  }
   for (int i = 0; i < f.steps_size(); ++i) {
     const std::string item = Index("steps", i);
     absl::StatusOr<Step> s = StepFromProto(f.steps(i), item);
@@ -729,24 +777,7 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
     out.steps.push_back(*std::move(s));
     out.step_indices.push_back(f.steps(i).index());
   }
-  out.zero_fill = f.zero_fill();
-  out.divide_by = f.divide_by() == 0 ? 1 : f.divide_by();
-  if (out.divide_by < 0) return Bad("divide_by", out.divide_by, " < 0");
-  absl::StatusOr<ReduceOp> op = ReduceOpFromProto(f.reduce_op(), "reduce_op");
-  if (!op.ok()) return op.status();
-  out.reduce_op = *op;
-  out.num_partials = f.num_partials() == 0 ? 1 : f.num_partials();
-  if (out.num_partials < 1) return Bad("num_partials", out.num_partials, " < 1");
-  if (f.member_ranks_size() != f.member_incarnations_size()) {
-    return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
-               f.member_ranks_size(), " member_ranks");
-  }
-  for (int i = 0; i < f.member_ranks_size(); ++i) {
-    out.member_incarnations[f.member_ranks(i)] = f.member_incarnations(i);
-  }
-  if (absl::Status s = NonNegative("step_timeout_ms", f.step_timeout_ms()); !s.ok()) return s;
-  out.step_timeout_ms = f.step_timeout_ms();
-  out.communicator_prefix = f.communicator_prefix();
+  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
   if (absl::Status s = NonNegative("attached_target_version", f.attached_target_version());
       !s.ok()) {
     return s;
@@ -754,6 +785,180 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   out.attached_target_version = f.attached_target_version();
   if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
   out.bucket_bytes = f.bucket_bytes();
+  return out;
+}
+
+std::map<int64_t, v1::FragmentShape> MakeFragmentShapes(const Plan& plan) {
+  std::map<int64_t, v1::FragmentShape> out;
+  const std::vector<int64_t>& zero_fill = plan.zero_fill_ranks;  // Sorted.
+  for (int64_t rank : PlanParticipants(plan)) {
+    v1::FragmentShape& m = out[rank];
+    m.set_dtype(DTypeToProto(plan.dtype));
+    if (const RankChunks* rc = plan.source.Find(rank)) *m.mutable_source() = RankChunksToProto(*rc);
+    m.mutable_source()->set_rank(rank);
+    if (const RankChunks* rc = plan.target.Find(rank)) *m.mutable_target() = RankChunksToProto(*rc);
+    m.mutable_target()->set_rank(rank);
+    m.set_zero_fill(std::binary_search(zero_fill.begin(), zero_fill.end(), rank));
+    m.set_divide_by(plan.divide_by);
+    m.set_reduce_op(ReduceOpToProto(plan.source.partial_op()));
+    m.set_num_partials(plan.source.num_partials());
+  }
+  for (const LocalCopy& c : plan.local_copies) {
+    *out[c.rank].add_local_copies() = LocalCopyToProto(c);
+  }
+  for (const Step& step : plan.steps) {
+    for (const Transfer& t : step.transfers) {
+      const v1::Transfer proto = TransferToProto(t);
+      *out[t.src].add_transfers() = proto;
+      *out[t.dst].add_transfers() = proto;
+    }
+  }
+  return out;
+}
+
+std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
+    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
+    const GroupFragmentOptions& options) {
+  std::set<int64_t> exchange;
+  std::map<int64_t, v1::PlanFragment> out;
+  // Members with the same plan (the plan cache hands out one object per distinct plan)
+  // share its shapes: each rank's shape of a plan is made and sent once.
+  struct Shapes {
+    std::map<int64_t, v1::FragmentShape> by_rank;
+    std::map<int64_t, int32_t> index;  // Rank -> position in that rank's fragment.
+  };
+  absl::flat_hash_map<const Plan*, Shapes> shapes;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& plan = *plans[i];
+    auto [it, inserted] = shapes.try_emplace(&plan);
+    Shapes& s = it->second;
+    if (inserted) {
+      s.by_rank = MakeFragmentShapes(plan);
+      for (const Step& step : plan.steps) {
+        for (const Transfer& t : step.transfers) {
+          if (t.bytes == 0) continue;
+          exchange.insert(t.src);
+          exchange.insert(t.dst);
+        }
+      }
+      for (auto& [rank, shape] : s.by_rank) {
+        v1::PlanFragment& f = out[rank];
+        s.index[rank] = f.shapes_size();
+        *f.add_shapes() = std::move(shape);
+      }
+    }
+    const FragmentMemberOptions& o = members[i];
+    for (const auto& [rank, index] : s.index) {
+      v1::FragmentMember* m = out[rank].add_members();
+      m->set_index(o.index);
+      m->set_plan_id(o.plan_id);
+      m->set_tensor(o.tensor);
+      if (!o.target_tensor.empty() && o.target_tensor != o.tensor) {
+        m->set_target_tensor(o.target_tensor);
+      }
+      m->set_source_version(o.source_version);
+      m->set_target_version(o.target_version);
+      // Only ranks of the target layout hold a lent buffer of the target tensor.
+      if (plan.target.Find(rank) != nullptr) {
+        m->set_attached_target_version(o.attached_target_version);
+      }
+      m->set_shape(index);
+    }
+  }
+  for (auto& [rank, f] : out) {
+    f.set_plan_id(options.plan_id);
+    f.set_rank(rank);
+    f.set_step_timeout_ms(options.step_timeout_ms);
+    f.set_communicator_prefix(options.communicator_prefix);
+    f.set_bucket_bytes(options.bucket_bytes);
+    if (exchange.count(rank) == 0) continue;
+    for (int64_t r : exchange) {
+      f.add_exchange_ranks(r);
+      f.add_member_ranks(r);
+      auto it = options.incarnations.find(r);
+      f.add_member_incarnations(it == options.incarnations.end() ? 0 : it->second);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) {
+  GroupFragment out;
+  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+  out.plan_id = f.plan_id();
+  if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
+  out.rank = f.rank();
+  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
+  if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
+  out.bucket_bytes = f.bucket_bytes();
+  for (int i = 0; i < f.exchange_ranks_size(); ++i) {
+    const int64_t r = f.exchange_ranks(i);
+    const std::string item = Index("exchange_ranks", i);
+    if (absl::Status s = NonNegative(item, r); !s.ok()) return s;
+    if (i > 0 && r <= f.exchange_ranks(i - 1)) return Bad(item, r, " is not sorted or repeats");
+    if (!out.member_incarnations.contains(r)) {
+      return Bad(item, "rank ", r, " has no entry in member_ranks/member_incarnations");
+    }
+    out.exchange_ranks.push_back(r);
+  }
+  const bool in_exchange =
+      std::binary_search(out.exchange_ranks.begin(), out.exchange_ranks.end(), out.rank);
+  out.shapes.reserve(f.shapes_size());
+  for (int i = 0; i < f.shapes_size(); ++i) {
+    const v1::FragmentShape& sp = f.shapes(i);
+    const std::string prefix = absl::StrCat(Index("shapes", i), ".");
+    Fragment shape;
+    shape.plan_id = f.plan_id();
+    if (absl::Status s = ParseShapeFields(sp, f.rank(), prefix, &shape); !s.ok()) return s;
+    for (int j = 0; j < sp.transfers_size(); ++j) {
+      const std::string item = absl::StrCat(prefix, Index("transfers", j));
+      absl::StatusOr<Transfer> t = TransferFromProto(sp.transfers(j), item);
+      if (!t.ok()) return t.status();
+      if (t->src != out.rank && t->dst != out.rank) {
+        return Bad(item, t->src, " -> ", t->dst, " does not involve rank ", out.rank);
+      }
+      const int64_t peer = t->src == out.rank ? t->dst : t->src;
+      if (!in_exchange ||
+          !std::binary_search(out.exchange_ranks.begin(), out.exchange_ranks.end(), peer)) {
+        return Bad(item, t->src, " -> ", t->dst, " leaves exchange_ranks [",
+                   absl::StrJoin(out.exchange_ranks, ","), "]");
+      }
+      shape.transfers.push_back(*std::move(t));
+    }
+    shape.step_timeout_ms = out.step_timeout_ms;
+    shape.communicator_prefix = out.communicator_prefix;
+    out.shapes.push_back(std::move(shape));
+  }
+  absl::flat_hash_set<int32_t> indices;
+  out.members.reserve(f.members_size());
+  for (int i = 0; i < f.members_size(); ++i) {
+    const v1::FragmentMember& m = f.members(i);
+    const std::string prefix = absl::StrCat(Index("members", i), ".");
+    if (m.index() < 0 || !indices.insert(m.index()).second) {
+      return Bad(absl::StrCat(prefix, "index"), m.index(), " is negative or repeats");
+    }
+    if (m.shape() < 0 || m.shape() >= f.shapes_size()) {
+      return Bad(absl::StrCat(prefix, "shape"), m.shape(), " is not one of the ", f.shapes_size(),
+                 " shapes");
+    }
+    if (m.tensor().empty()) return Bad(absl::StrCat(prefix, "tensor"), "empty");
+    for (auto [name, v] :
+         {std::make_pair("source_version", m.source_version()),
+          std::make_pair("target_version", m.target_version()),
+          std::make_pair("attached_target_version", m.attached_target_version())}) {
+      if (absl::Status s = NonNegative(absl::StrCat(prefix, name), v); !s.ok()) return s;
+    }
+    GroupMember member;
+    member.index = m.index();
+    member.plan_id = m.plan_id().empty() ? f.plan_id() : m.plan_id();
+    member.tensor = m.tensor();
+    member.target_tensor = m.target_tensor().empty() ? m.tensor() : m.target_tensor();
+    member.source_version = m.source_version();
+    member.target_version = m.target_version();
+    member.attached_target_version = m.attached_target_version();
+    member.shape = m.shape();
+    out.members.push_back(std::move(member));
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@
 // return the status as is.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,10 @@ absl::StatusOr<Step> StepFromProto(const v1::Step& step, absl::string_view field
 
 // Without `explain` (the planner's text, if any, is the caller's to add).
 v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view tensor);
+// Only the plan's totals (id, tensor, dtype, traffic, bytes, bounds, estimate): no layouts,
+// local copies or steps. What group responses carry per member, which for a thousand members
+// would otherwise be most of the coordinator's work (PlanRedistribute shows a full plan).
+v1::Plan PlanSummaryToProto(const Plan& plan, absl::string_view id, absl::string_view tensor);
 
 // Every rank that takes part in a plan, sorted: holders of source or target chunks, members
 // of any step, ranks with local copies or zero fills.
@@ -160,6 +165,37 @@ struct FragmentOptions {
 // steps whose process group contains it (with their plan-wide index).
 v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options);
 
+// What each participant of `plan` does in it, by rank (every rank of PlanParticipants), as the
+// FragmentShape of a fused group's fragments (issue 10): the rank's chunks, local copies and
+// only the transfers it sends or receives, in plan order. One pass over the transfers.
+std::map<int64_t, v1::FragmentShape> MakeFragmentShapes(const Plan& plan);
+
+// Who a member of a fused group is, besides its plan.
+struct FragmentMemberOptions {
+  int32_t index = 0;  // Position in the group.
+  std::string plan_id;
+  std::string tensor;
+  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  int64_t attached_target_version = 0;  // As FragmentOptions'.
+};
+
+// Every worker's fragment of a fused group of `plans` (members[i] describes plans[i]), by
+// rank: the shape of every distinct plan (members whose plans are the same object share it),
+// the members in the group's order, exchange_ranks (every rank that sends or receives any
+// transfer) with their incarnations for the ranks among them, and the group-wide fields.
+struct GroupFragmentOptions {
+  std::string plan_id;                                 // The group's id.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;  // Missing ranks get 0.
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+  int64_t bucket_bytes = 0;
+};
+std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
+    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
+    const GroupFragmentOptions& options);
+
 // A fragment as sharding types, for workers.
 struct Fragment {
   std::string plan_id;
@@ -183,7 +219,47 @@ struct Fragment {
   std::string communicator_prefix;
   int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
   int64_t bucket_bytes = 0;             // The plan's bucket size; 0: the worker's default.
+  // A member of a fused group: the transfers this rank sends or receives, in plan order
+  // (`steps` is empty; the group's exchange moves them).
+  std::vector<Transfer> transfers;
 };
+
+// A member of a fused group's fragment, for workers.
+struct GroupMember {
+  int32_t index = 0;  // FragmentMember.index.
+  std::string plan_id;
+  std::string tensor;         // Read at source_version.
+  std::string target_tensor;  // Written at target_version.
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  int64_t attached_target_version = 0;
+  int shape = 0;  // Index into GroupFragment::shapes.
+};
+
+// A fused group's fragment (PlanFragment with `members`), for workers.
+struct GroupFragment {
+  std::string plan_id;  // The group's id.
+  int64_t rank = 0;
+  // What this rank does in each distinct plan: a Fragment without tensor names, versions or
+  // steps (its `transfers` hold the rank's), with the group's plan id, rank, step timeout and
+  // communicator prefix (member_incarnations empty).
+  std::vector<Fragment> shapes;
+  std::vector<GroupMember> members;  // In the group's order.
+  std::vector<int64_t> exchange_ranks;
+  absl::flat_hash_map<int64_t, int64_t> member_incarnations;  // Of exchange_ranks.
+  int64_t bucket_bytes = 0;
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+};
+
+// Whether a PlanFragment is a fused group's.
+inline bool IsGroupFragment(const v1::PlanFragment& f) { return f.members_size() > 0; }
+
+// Field by field, checking each shape as FragmentFromProto does ("shapes[2].source: ...") and
+// each member ("members[3].shape: ..."), and that exchange_ranks is sorted, distinct, holds
+// this rank when it moves anything, and every transfer's peer, each with an incarnation;
+// member indices are distinct.
+absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& fragment);
 
 // Validates that the fragment is self-consistent for its rank: every step contains the rank,
 // every transfer's ends are members of its step, local copies

@@ -67,6 +67,12 @@ std::string ChromeTraceJson(const v1::PlanTrace& trace) {
                rel(s.start_unix_us() + s.duration_us()));
       w.Key("args").BeginObject();
       w.Key("bytes_sent").Int(s.bytes_sent()).Key("bytes_received").Int(s.bytes_received());
+      if (s.buckets_sent() > 0 || s.buckets_received() > 0) {
+        // A fused group's exchange round: with whom, in how many buckets.
+        w.Key("send_peer").Int(s.send_peer()).Key("recv_peer").Int(s.recv_peer());
+        w.Key("buckets_sent").Int(s.buckets_sent());
+        w.Key("buckets_received").Int(s.buckets_received());
+      }
       w.EndObject();
       w.EndObject();
     }

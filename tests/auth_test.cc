@@ -122,6 +122,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"Copy", {"admin", "operator"}},
       {"CopyGroup", {"admin", "operator"}},
       {"RedistributeGroup", {"admin", "operator"}},
+      {"GatherGroup", {"admin", "operator"}},
       {"PlanRedistribute", {"admin", "operator", "reader"}},
       {"WatchPlan", {"admin", "operator", "reader"}},
       {"GetPlanTrace", {"admin", "operator", "reader"}},
@@ -293,6 +294,13 @@ TEST_P(AuthTest, TensorRpcs) {
   redistribute_group.set_wait(true);
   before = Version(t);
   allowed = Check("RedistributeGroup", client().RedistributeGroup(redistribute_group).status());
+  EXPECT_EQ(Version(t) > before, allowed);
+
+  v1::GatherGroupRequest gather_group;
+  gather_group.add_tensors(t);
+  gather_group.set_wait(true);
+  before = Version(t);
+  allowed = Check("GatherGroup", client().GatherGroup(gather_group).status());
   EXPECT_EQ(Version(t) > before, allowed);
 
   v1::PlanRequest plan;

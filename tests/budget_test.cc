@@ -151,8 +151,8 @@ TEST_F(BudgetTest, AGroupThatDoesNotFitIsRefusedNamingTheWorkerAndChangesNothing
 
 TEST_F(BudgetTest, AGroupThatFitsOnlyWithSmallBucketsCompletesWithinEveryBudget) {
   // Ballast: 7 MiB per worker; with a and b, 11 of 16 MiB are committed. Moving a and b to
-  // S(1) takes 4 MiB of new buffers, leaving 1 MiB for both members' staging, where
-  // default 64 MiB buckets would stage 3 MiB (every strided piece at once).
+  // S(1) takes 4 MiB of new buffers, leaving 1 MiB for the group's staging, where default
+  // 64 MiB buckets would stage 2 MiB (a window of every stream each way).
   const Shape ballast = {7 * 1024, 1024};
   ASSERT_NO_FATAL_FAILURE(Create("ballast", ballast));
   ASSERT_NO_FATAL_FAILURE(Create("a", kEight));
@@ -170,9 +170,12 @@ TEST_F(BudgetTest, AGroupThatFitsOnlyWithSmallBucketsCompletesWithinEveryBudget)
   ASSERT_EQ(r->members_size(), 2);
   for (const v1::RedistributeGroupMember& m : r->members()) {
     EXPECT_EQ(m.progress().state(), v1::COMMITTED) << m.tensor();
-    // Both members run at once with the bucket that fits: 2 x kBucketsInFlight x 256 KiB.
+    // The group runs as one fused fragment per worker with the bucket that fits: its
+    // kBucketsInFlight buckets within the 1 MiB left (its streams, 1 MiB to each peer and
+    // from each, would stage 2 MiB with the default buckets).
     EXPECT_GE(m.progress().bucket_bytes(), kMinBucketBytes) << m.tensor();
-    EXPECT_LE(m.progress().bucket_bytes(), kMiB / 4) << m.tensor();
+    EXPECT_LE(m.progress().bucket_bytes(), kMiB / kBucketsInFlight) << m.tensor();
+    EXPECT_EQ(m.progress().bucket_bytes(), r->bucket_bytes()) << m.tensor();
     // Each worker's own accounting while its fragment ran: the buffers (ballast, a, b and
     // this member's new 2 MiB at least) were counted, and the peak stayed in the budget.
     absl::StatusOr<v1::PlanTrace> trace = client().GetPlanTrace(m.progress().plan_id());

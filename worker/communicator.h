@@ -134,6 +134,11 @@ class Communicator {
   // SendRecvWithHooks and PrepareOptions below, which run them around the call.
   virtual bool RunsHooks() const { return false; }
 
+  // Whether a SendRecv message of `bytes` to group rank `peer` goes from SendOp::runs when
+  // they are given (then `prepare` is not called and `data` not read), so a caller needs no
+  // staging to pack it (Gloo's same-host copies).
+  virtual bool SendsFromRuns(int peer, int64_t bytes) const { return false; }
+
   // `send` (send_bytes) from every rank, concatenated in rank order into `recv`;
   // recv_bytes[r] is rank r's contribution and recv_bytes[rank()] == send_bytes.
   virtual absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/convert.h"
+#include "sharding/fused_stream.h"
 #include "sharding/layout.h"
 #include "sharding/plan.h"
 #include "sharding/staging.h"
@@ -42,7 +43,8 @@ struct ExecutorOptions {
   // The bucket size when the fragment gives none (its bucket_bytes is 0): the worker's
   // --bucket-bytes. Messages are at most min(message_bytes, bucket) and the fragment stages
   // at most StagingLimit(bucket) at once (sharding/staging.h): point-to-point exchanges run
-  // in windows, and a collective whose buffers would exceed it runs as point-to-point.
+  // in windows, and a collective whose buffers would exceed it runs as point-to-point. A
+  // fused group cuts its streams with it too (sharding/fused_stream.h).
   int64_t bucket_bytes = kDefaultBucketBytes;
 };
 

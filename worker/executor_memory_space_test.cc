@@ -36,64 +36,10 @@ using executor_testing::ForEachElement;
 using executor_testing::Fragments;
 using executor_testing::MakeLayout;
 using executor_testing::MakeSource;
+using executor_testing::NcclLikeFactory;
 using executor_testing::Reduced;
 
 constexpr int kRanks = 4;
-
-// Gloo with NCCL's manners: copies run as their collectives, and the hooks are run around
-// the call by SendRecvWithHooks rather than by the backend.
-class NcclLikeCommunicator final : public Communicator {
- public:
-  explicit NcclLikeCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  bool broken() const override { return inner_->broken(); }
-  bool PrefersSendRecvForCopies() const override { return false; }
-  bool RunsHooks() const override { return false; }
-  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
-                          absl::Span<const int64_t> recv_bytes,
-                          const CommOptions& options) override {
-    return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
-  }
-  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
-                         absl::Span<const int64_t> recv_bytes,
-                         const CommOptions& options) override {
-    return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
-  }
-  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
-                              DType dtype, ReduceOp op, const CommOptions& options) override {
-    return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
-  }
-  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
-                         const CommOptions& options) override {
-    return inner_->AllReduce(send, recv, elements, dtype, op, options);
-  }
-  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override {
-    return inner_->Broadcast(data, bytes, root, options);
-  }
-  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
-                        const CommOptions& options) override {
-    for (const SendOp& op : sends) EXPECT_FALSE(op.prepare);  // Run by SendRecvWithHooks.
-    for (const RecvOp& op : recvs) EXPECT_FALSE(op.done);
-    return inner_->SendRecv(sends, recvs, options);
-  }
-
- private:
-  const std::shared_ptr<Communicator> inner_;
-};
-
-class NcclLikeFactory final : public CommunicatorFactory {
- public:
-  explicit NcclLikeFactory(std::shared_ptr<CommunicatorFactory> inner) : inner_(std::move(inner)) {}
-  absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override {
-    absl::StatusOr<std::shared_ptr<Communicator>> c = inner_->Create(spec);
-    if (!c.ok()) return c.status();
-    return std::shared_ptr<Communicator>(std::make_shared<NcclLikeCommunicator>(*std::move(c)));
-  }
-
- private:
-  const std::shared_ptr<CommunicatorFactory> inner_;
-};
 
 struct Cluster {
   explicit Cluster(bool nccl_like = false) {

@@ -42,6 +42,39 @@ absl::Status CheckTargetPiece(const Fragment& f, const std::string& field, const
                                  f.rank, " that takes a value"));
 }
 
+// Checks transfers' boxes and byte counts, and the pieces this rank reads and writes;
+// returns their bytes.
+absl::StatusOr<int64_t> CheckTransfers(const Fragment& f, int ndim, const std::string& field_name,
+                                       const std::vector<Transfer>& transfers) {
+  const int64_t esize = ElementSize(f.dtype);
+  int64_t bytes = 0;
+  for (size_t j = 0; j < transfers.size(); ++j) {
+    const Transfer& t = transfers[j];
+    const std::string field = absl::StrCat(field_name, "[", j, "]");
+    if (ndim >= 0 && t.box.ndim() != ndim) {
+      return Bad(field, absl::StrCat("box ", t.box.ToString(), " does not have ", ndim, " dims"));
+    }
+    // Checked: a box's element count fits in int64 but its bytes need not, and a wrapped
+    // product could match a bogus `bytes`.
+    absl::StatusOr<int64_t> box_bytes = CheckedBytes(t.box.shape(), esize);
+    if (!box_bytes.ok()) return Bad(field, std::string(box_bytes.status().message()));
+    if (t.bytes != *box_bytes) {
+      return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(), " holds ",
+                                     *box_bytes, " bytes of ", DTypeName(f.dtype)));
+    }
+    absl::StatusOr<int64_t> sum = CheckedAdd(bytes, t.bytes);
+    if (!sum.ok()) return Bad(field_name, "transfers move more than 2^63 bytes");
+    bytes = *sum;
+    if (t.src == f.rank) {
+      if (absl::Status s = CheckSourcePiece(f, field, t.box, t.partial_index); !s.ok()) return s;
+    }
+    if (t.dst == f.rank) {
+      if (absl::Status s = CheckTargetPiece(f, field, t.box); !s.ok()) return s;
+    }
+  }
+  return bytes;
+}
+
 }  // namespace
 
 int FindContainingChunk(const RankChunks& chunks, const Box& box, bool match_partial,
@@ -56,7 +89,6 @@ int FindContainingChunk(const RankChunks& chunks, const Box& box, bool match_par
 
 absl::Status ValidateFragment(const Fragment& f) {
   const int ndim = FragmentNdim(f);
-  const int64_t esize = ElementSize(f.dtype);
   if (f.divide_by < 1) return Bad("divide_by", absl::StrCat(f.divide_by, " < 1"));
   for (const auto& [name, rc] : {std::pair<const char*, const RankChunks*>{"source", &f.source},
                                  std::pair<const char*, const RankChunks*>{"target", &f.target}}) {
@@ -87,36 +119,16 @@ absl::Status ValidateFragment(const Fragment& f) {
                                         " has no entry in member_ranks/member_incarnations"));
       }
     }
-    int64_t bytes = 0;
-    for (size_t j = 0; j < step.transfers.size(); ++j) {
-      const Transfer& t = step.transfers[j];
-      const std::string field = absl::StrCat(sfield, ".transfers[", j, "]");
-      if (ndim >= 0 && t.box.ndim() != ndim) {
-        return Bad(field, absl::StrCat("box ", t.box.ToString(), " does not have ", ndim, " dims"));
-      }
-      // Checked: a box's element count fits in int64 but its bytes need not, and a wrapped
-      // product could match a bogus `bytes`.
-      absl::StatusOr<int64_t> box_bytes = CheckedBytes(t.box.shape(), esize);
-      if (!box_bytes.ok()) return Bad(field, std::string(box_bytes.status().message()));
-      if (t.bytes != *box_bytes) {
-        return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(), " holds ",
-                                       *box_bytes, " bytes of ", DTypeName(f.dtype)));
-      }
-      absl::StatusOr<int64_t> sum = CheckedAdd(bytes, t.bytes);
-      if (!sum.ok()) return Bad(sfield, absl::StrCat("transfers move more than 2^63 bytes"));
-      bytes = *sum;
-      if (t.src == f.rank) {
-        if (absl::Status s = CheckSourcePiece(f, field, t.box, t.partial_index); !s.ok()) {
-          return s;
-        }
-      }
-      if (t.dst == f.rank) {
-        if (absl::Status s = CheckTargetPiece(f, field, t.box); !s.ok()) return s;
-      }
+    absl::StatusOr<int64_t> bytes = CheckTransfers(f, ndim, sfield + ".transfers", step.transfers);
+    if (!bytes.ok()) return bytes.status();
+    if (step.bytes != 0 && step.bytes != *bytes) {
+      return Bad(sfield + ".bytes", absl::StrCat(step.bytes, " but its transfers move ", *bytes));
     }
-    if (step.bytes != 0 && step.bytes != bytes) {
-      return Bad(sfield + ".bytes", absl::StrCat(step.bytes, " but its transfers move ", bytes));
-    }
+  }
+  // A fused group member's own transfers.
+  if (absl::StatusOr<int64_t> bytes = CheckTransfers(f, ndim, "transfers", f.transfers);
+      !bytes.ok()) {
+    return bytes.status();
   }
   return absl::OkStatus();
 }
@@ -126,6 +138,17 @@ absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto) {
   if (!f.ok()) return f.status();
   if (absl::Status s = ValidateFragment(*f); !s.ok()) return s;
   return f;
+}
+
+absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto) {
+  absl::StatusOr<GroupFragment> g = GroupFragmentFromProto(proto);
+  if (!g.ok()) return g.status();
+  for (size_t i = 0; i < g->shapes.size(); ++i) {
+    if (absl::Status s = ValidateFragment(g->shapes[i]); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("shapes[", i, "].", s.message()));
+    }
+  }
+  return g;
 }
 
 }  // namespace shardcoord

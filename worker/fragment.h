@@ -23,6 +23,10 @@ absl::Status ValidateFragment(const Fragment& fragment);
 // FragmentFromProto, then ValidateFragment.
 absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto);
 
+// A fused group's fragment: GroupFragmentFromProto, then ValidateFragment of every shape
+// (its errors prefixed with "shapes[i].").
+absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto);
+
 // Whether the source is Partial (contributions are told apart by partial_index).
 inline bool SourceIsPartial(const Fragment& f) { return f.num_partials > 1; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -12,6 +13,7 @@
 #include "sharding/layout.h"
 #include "worker/buffer_staging.h"
 #include "worker/fragment.h"
+#include "worker/fused_exchange.h"
 
 namespace shardcoord {
 namespace {
@@ -25,17 +27,34 @@ std::string StatusText(const absl::Status& s) {
 
 }  // namespace
 
-struct WorkerCore::PlanRun {
-  Fragment fragment;
+// One member's buffers (a plain fragment has one part).
+struct WorkerCore::RunPart {
   std::shared_ptr<HostBuffer> source;
   std::shared_ptr<HostBuffer> target;
   // A Copy into lent memory the executor cannot write in place (a process's plain memory):
   // `target` is the worker's, and its bytes are copied here before the report.
   std::shared_ptr<HostBuffer> write_back;
+  bool stored = false;  // The target buffer is in the store (guarded by WorkerCore::mu_).
+};
+
+struct WorkerCore::PlanRun {
+  Fragment fragment;                   // A plain fragment...
+  std::optional<GroupFragment> group;  // ...or a fused group's.
+  std::vector<RunPart> parts;          // One per fragment / group member.
+  std::vector<GroupMember> ids;        // Part i's tensors and versions.
   CancelToken cancel;
   // Guarded by WorkerCore::mu_.
   bool aborted = false;  // FinishPlan(abort) arrived.
-  bool stored = false;   // The target buffer is in the store.
+
+  const std::string& plan_id() const { return group ? group->plan_id : fragment.plan_id; }
+  int64_t rank() const { return group ? group->rank : fragment.rank; }
+  const std::string& prefix() const {
+    return group ? group->communicator_prefix : fragment.communicator_prefix;
+  }
+  // What part i does: the fragment, or its member's shape.
+  const Fragment& shape(size_t i) const {
+    return group ? group->shapes[group->members[i].shape] : fragment;
+  }
 };
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
@@ -52,27 +71,33 @@ WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
 
 WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
 
-absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
-  absl::StatusOr<Fragment> fragment = ParseFragment(proto);
-  if (!fragment.ok()) return fragment.status();
-  auto run = std::make_shared<PlanRun>();
-  run->fragment = *std::move(fragment);
-  const Fragment& f = run->fragment;
-  auto check_plan_id = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    if (shutting_down_) return absl::UnavailableError("worker is shutting down");
-    if (!refusing_.empty()) return absl::UnavailableError(refusing_);
-    if (ended_.contains(f.plan_id)) {
-      return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " already finished"));
-    }
-    if (plans_.contains(f.plan_id)) {
-      return absl::AlreadyExistsError(absl::StrCat("plan ", f.plan_id, " is already running"));
-    }
-    return absl::OkStatus();
-  };
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = check_plan_id(); !s.ok()) return s;
+absl::Status WorkerCore::CheckPlanIdLocked(const std::string& plan_id) const {
+  if (shutting_down_) return absl::UnavailableError("worker is shutting down");
+  if (!refusing_.empty()) return absl::UnavailableError(refusing_);
+  if (ended_.contains(plan_id)) {
+    return absl::AbortedError(absl::StrCat("plan ", plan_id, " already finished"));
   }
+  if (plans_.contains(plan_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("plan ", plan_id, " is already running"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::PrepareBuffers(const Fragment& shape, const GroupMember& ids,
+                                        RunPart* part) {
+  // The names and versions are the member's; chunks and dtype the shape's.
+  struct {
+    const std::string& tensor;
+    const std::string& target_tensor;
+    int64_t source_version, attached_target_version;
+    const std::string& plan_id;
+    int64_t rank;
+    DType dtype;
+    const RankChunks& source;
+    const RankChunks& target;
+  } f{ids.tensor,  ids.target_tensor, ids.source_version, ids.attached_target_version,
+      ids.plan_id, shape.rank,        shape.dtype,        shape.source,
+      shape.target};
   if (!f.source.chunks.empty()) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> source = buffers_->Get(f.tensor, f.source_version);
     if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
@@ -89,7 +114,7 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
           absl::StrCat("reading tensor '", f.tensor, "' version ", f.source_version, " from ",
                        (*source)->space().name(), ": ", local.status().message()));
     }
-    run->source = *std::move(local);
+    part->source = *std::move(local);
   }
   if (f.attached_target_version > 0) {
     // A Copy into an attached tensor writes the lent buffer in place.
@@ -103,28 +128,75 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
                        " writes (was it detached?)"));
     }
     if (&(*lent)->space() == space_) {
-      run->target = *lent;
+      part->target = *lent;
     } else {
-      run->write_back = *lent;
+      part->write_back = *lent;
     }
   }
-  if (run->target == nullptr) {
+  if (part->target == nullptr) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> target =
         HostBuffer::Create(f.dtype, f.target, space_);
     if (!target.ok()) return target.status();
-    run->target = *target;
+    part->target = *target;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
+  auto run = std::make_shared<PlanRun>();
+  if (IsGroupFragment(proto)) {
+    absl::StatusOr<GroupFragment> group = ParseGroupFragment(proto);
+    if (!group.ok()) return group.status();
+    run->group = *std::move(group);
+  } else {
+    absl::StatusOr<Fragment> fragment = ParseFragment(proto);
+    if (!fragment.ok()) return fragment.status();
+    run->fragment = *std::move(fragment);
   }
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = check_plan_id(); !s.ok()) return s;  // Again: it may have changed.
-    plans_.emplace(f.plan_id, run);
+    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
+  }
+  if (run->group) {
+    run->ids = run->group->members;
+  } else {
+    const Fragment& f = run->fragment;
+    run->ids.push_back(GroupMember{0, f.plan_id, f.tensor, f.target_tensor, f.source_version,
+                                   f.target_version, f.attached_target_version, 0});
+  }
+  const size_t parts = run->ids.size();
+  run->parts.resize(parts);
+  for (size_t i = 0; i < parts; ++i) {
+    if (absl::Status s = PrepareBuffers(run->shape(i), run->ids[i], &run->parts[i]); !s.ok()) {
+      if (!run->group) return s;
+      return absl::Status(s.code(), absl::StrCat("member ", run->ids[i].index, " (plan ",
+                                                 run->ids[i].plan_id, "): ", s.message()));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // Again: it may have changed.
+    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
+    plans_.emplace(run->plan_id(), run);
     ++running_;
   }
   if (log_) {
-    log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
-                      " steps of tensor '", f.tensor, "' v", f.source_version, " -> ",
-                      f.target_tensor == f.tensor ? "" : absl::StrCat("'", f.target_tensor, "' "),
-                      "v", f.target_version));
+    if (run->group) {
+      const GroupFragment& g = *run->group;
+      int64_t transfers = 0;
+      for (const GroupMember& m : g.members) {
+        transfers += static_cast<int64_t>(g.shapes[m.shape].transfers.size());
+      }
+      log_(absl::StrCat("plan ", g.plan_id, ": rank ", g.rank, " executes a fused group of ",
+                        g.members.size(), " members (", g.shapes.size(), " shapes), ", transfers,
+                        " transfers over ", g.exchange_ranks.size(), " exchange ranks"));
+    } else {
+      const Fragment& f = run->fragment;
+      log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
+                        " steps of tensor '", f.tensor, "' v", f.source_version, " -> ",
+                        f.target_tensor == f.tensor ? "" : absl::StrCat("'", f.target_tensor, "' "),
+                        "v", f.target_version));
+    }
   }
   std::thread([this, run] { Run(run); }).detach();
   return absl::OkStatus();
@@ -132,10 +204,10 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
 
 void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
   const WorkerIdentity id = identity_();
-  request.set_plan_id(run.fragment.plan_id);
+  request.set_plan_id(run.plan_id());
   request.set_worker(id.name);
   request.set_incarnation(id.incarnation);
-  request.set_rank(run.fragment.rank);
+  request.set_rank(run.rank());
   const int attempts = request.final() ? kFinalReportAttempts : 1;
   for (int i = 0; i < attempts; ++i) {
     absl::Status s = reporter_->ReportChunks(request);
@@ -143,57 +215,135 @@ void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
   }
 }
 
+namespace {
+
+// The chunks and checksums a plan produced, per part, and its timings for the report.
+struct RunOutcome {
+  std::vector<RankChunks> chunks;
+  std::vector<std::vector<uint64_t>> checksums;
+  int64_t bytes_received = 0;
+  std::vector<v1::StepTiming> steps;
+  std::string summary;  // For the log.
+};
+
+}  // namespace
+
 void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
-  const Fragment& f = run->fragment;
-  const size_t steps = f.steps.size();
-  size_t steps_done = 0;
-  ExecuteInput in;
-  in.fragment = &f;
-  in.source = run->source.get();
-  in.target = run->target.get();
-  in.communicators = communicators_;
-  in.cancel = &run->cancel;
-  in.options = options_;
-  in.progress = [&](int64_t done, int64_t /*total*/) {
+  size_t steps = 0, steps_done = 0;
+  ProgressCallback progress = [&](int64_t done, int64_t /*total*/) {
     // The final report follows the last step at once.
     if (++steps_done >= steps) return;
-    v1::ReportChunksRequest progress;
-    progress.set_bytes_done(done);
-    progress.set_final(false);
-    Report(*run, std::move(progress));
+    v1::ReportChunksRequest request;
+    request.set_bytes_done(done);
+    request.set_final(false);
+    Report(*run, std::move(request));
   };
   const absl::Time start = absl::Now();
   // The most the worker holds while this fragment runs, from its own accounting.
   const int64_t watermark = budget_ != nullptr ? budget_->OpenWatermark() : 0;
-  absl::StatusOr<ExecuteResult> result = ExecuteFragment(in);
-  if (result.ok() && run->write_back != nullptr) {
-    // One copy into the process's memory; a process that is gone fails the plan.
+  absl::StatusOr<RunOutcome> result;
+  if (run->group) {
+    const GroupFragment& g = *run->group;
+    // One progress report per exchange round but the last.
+    steps = g.exchange_ranks.size() > 1 ? g.exchange_ranks.size() - 1 : 0;
+    GroupExecuteInput in;
+    in.group = &g;
+    for (const RunPart& p : run->parts) in.buffers.push_back({p.source.get(), p.target.get()});
+    in.communicators = communicators_;
+    in.cancel = &run->cancel;
+    in.options = options_;
+    in.progress = progress;
+    absl::StatusOr<GroupExecuteResult> r = ExecuteGroup(in);
+    if (!r.ok()) {
+      result = r.status();
+    } else {
+      RunOutcome out;
+      for (GroupMemberResult& m : r->members) {
+        out.chunks.push_back(std::move(m.chunks));
+        out.checksums.push_back(std::move(m.checksums));
+      }
+      out.bytes_received = r->bytes_received;
+      for (const ExchangeRound& round : r->rounds) {
+        v1::StepTiming& t = out.steps.emplace_back();
+        t.set_index(round.round);
+        t.set_op("fused_exchange");
+        t.set_start_unix_us(absl::ToUnixMicros(round.start));
+        t.set_duration_us(absl::ToInt64Microseconds(round.time));
+        t.set_bytes_sent(round.bytes_sent);
+        t.set_bytes_received(round.bytes_received);
+        t.set_send_peer(round.send_peer);
+        t.set_recv_peer(round.recv_peer);
+        t.set_buckets_sent(round.buckets_sent);
+        t.set_buckets_received(round.buckets_received);
+        absl::StrAppend(&out.summary, " [round ", round.round, " to ", round.send_peer, " ",
+                        round.bytes_sent, " B in ", round.buckets_sent, " buckets, from ",
+                        round.recv_peer, " ", round.bytes_received, " B in ",
+                        round.buckets_received, " buckets, ", round.windows, " windows, ",
+                        absl::FormatDuration(round.time), "]");
+      }
+      absl::StrAppend(&out.summary, " staging ", r->staging_bytes, " B (bucket ", r->bucket_bytes,
+                      " B)");
+      result = std::move(out);
+    }
+  } else {
+    steps = run->fragment.steps.size();
+    ExecuteInput in;
+    in.fragment = &run->fragment;
+    in.source = run->parts[0].source.get();
+    in.target = run->parts[0].target.get();
+    in.communicators = communicators_;
+    in.cancel = &run->cancel;
+    in.options = options_;
+    in.progress = progress;
+    absl::StatusOr<ExecuteResult> r = ExecuteFragment(in);
+    if (!r.ok()) {
+      result = r.status();
+    } else {
+      RunOutcome out;
+      out.chunks.push_back(std::move(r->chunks));
+      out.checksums.push_back(std::move(r->checksums));
+      out.bytes_received = r->bytes_received;
+      for (const StepReport& s : r->steps) {
+        v1::StepTiming& t = out.steps.emplace_back();
+        t.set_index(s.index);
+        t.set_op(StepOpName(s.method));
+        t.set_start_unix_us(absl::ToUnixMicros(s.start));
+        t.set_duration_us(absl::ToInt64Microseconds(s.time));
+        t.set_bytes_sent(s.bytes_sent);
+        t.set_bytes_received(s.bytes_received);
+        absl::StrAppend(&out.summary, " [step ", s.index, " ", StepOpName(s.method), " sent ",
+                        s.bytes_sent, " B recv ", s.bytes_received, " B in ",
+                        absl::FormatDuration(s.time), "]");
+      }
+      result = std::move(out);
+    }
+  }
+  // Copies into lent memory the executor could not write in place: one copy into the
+  // process's memory each; a process that is gone fails the plan.
+  for (size_t i = 0; i < run->parts.size() && result.ok(); ++i) {
+    const RunPart& p = run->parts[i];
+    if (p.write_back == nullptr) continue;
+    const GroupMember& f = run->ids[i];
     absl::Status s =
-        run->write_back->lent()->detached()
-            ? absl::AbortedError(absl::StrCat(
-                  "the target buffer (", run->write_back->lent()->Describe(), ") was detached"))
-            : CopyBufferBytes(*run->target, *run->write_back);
+        p.write_back->lent()->detached()
+            ? absl::AbortedError(absl::StrCat("the target buffer (",
+                                              p.write_back->lent()->Describe(), ") was detached"))
+            : CopyBufferBytes(*p.target, *p.write_back);
     if (!s.ok()) {
-      result =
-          absl::Status(s.code(), absl::StrCat("writing rank ", f.rank, "'s attached buffer of '",
-                                              f.target_tensor, "': ", s.message()));
+      result = absl::Status(s.code(),
+                            absl::StrCat("writing rank ", run->rank(), "'s attached buffer of '",
+                                         f.target_tensor, "': ", s.message()));
     }
   }
   // Done with the source: its memory goes back before the report, so the commit that drops
   // the old version frees it (the coordinator's memory admission counts on that).
-  run->source.reset();
+  for (RunPart& p : run->parts) p.source.reset();
   if (log_) {
     if (result.ok()) {
-      std::string steps_text;
-      for (const StepReport& s : result->steps) {
-        absl::StrAppend(&steps_text, " [step ", s.index, " ", StepOpName(s.method), " sent ",
-                        s.bytes_sent, " B recv ", s.bytes_received, " B in ",
-                        absl::FormatDuration(s.time), "]");
-      }
-      log_(absl::StrCat("plan ", f.plan_id, ": done in ", absl::FormatDuration(absl::Now() - start),
-                        steps_text));
+      log_(absl::StrCat("plan ", run->plan_id(), ": done in ",
+                        absl::FormatDuration(absl::Now() - start), result->summary));
     } else {
-      log_(absl::StrCat("plan ", f.plan_id, ": failed: ", result.status().ToString()));
+      log_(absl::StrCat("plan ", run->plan_id(), ": failed: ", result.status().ToString()));
     }
   }
 
@@ -201,25 +351,39 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   {
     absl::MutexLock lock(&mu_);
     aborted = run->aborted;
-    std::shared_ptr<HostBuffer> keep = run->write_back ? run->write_back : run->target;
-    if (result.ok() && !aborted && keep->attached()) {
-      // Lent memory follows the tensor's versions (also with no chunks on this rank), unless
-      // it was detached meanwhile: then the plan fails.
-      if (absl::Status s = buffers_->Store(f.target_tensor, f.target_version, keep); s.ok()) {
-        run->stored = true;
-      } else {
-        result = s;
+    // Stored before the report, so a commit that follows finds them.
+    for (size_t i = 0; i < run->parts.size() && result.ok() && !aborted; ++i) {
+      RunPart& p = run->parts[i];
+      const GroupMember& f = run->ids[i];
+      std::shared_ptr<HostBuffer> keep = p.write_back ? p.write_back : p.target;
+      if (keep->attached()) {
+        // Lent memory follows the tensor's versions (also with no chunks on this rank),
+        // unless it was detached meanwhile: then the plan fails.
+        if (absl::Status s = buffers_->Store(f.target_tensor, f.target_version, keep); s.ok()) {
+          p.stored = true;
+        } else {
+          result = s;
+        }
+      } else if (!run->shape(i).target.chunks.empty()) {
+        buffers_->Put(f.target_tensor, f.target_version, p.target);
+        p.stored = true;
       }
-    } else if (result.ok() && !aborted && !f.target.chunks.empty()) {
-      // Stored before the report, so a commit that follows finds it.
-      buffers_->Put(f.target_tensor, f.target_version, run->target);
-      run->stored = true;
+    }
+    if (!result.ok()) {
+      // A later part failed to store: the plan fails, so none of it stays.
+      for (size_t i = 0; i < run->parts.size(); ++i) {
+        if (!run->parts[i].stored) continue;
+        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
+        run->parts[i].stored = false;
+      }
     }
   }
   // Stored (the store holds it) or not kept: a failed fragment's target, and the staging
   // copy of a lent target, are freed before the report, not when this thread ends.
-  run->target.reset();
-  run->write_back.reset();
+  for (RunPart& p : run->parts) {
+    p.target.reset();
+    p.write_back.reset();
+  }
   if (!aborted) {
     v1::ReportChunksRequest report;
     report.set_final(true);
@@ -227,20 +391,26 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     report.set_end_unix_us(absl::ToUnixMicros(absl::Now()));
     if (budget_ != nullptr) report.set_memory_peak_bytes(budget_->CloseWatermark(watermark));
     if (result.ok()) {
-      for (const StepReport& s : result->steps) {
-        v1::StepTiming* t = report.add_steps();
-        t->set_index(s.index);
-        t->set_op(StepOpName(s.method));
-        t->set_start_unix_us(absl::ToUnixMicros(s.start));
-        t->set_duration_us(absl::ToInt64Microseconds(s.time));
-        t->set_bytes_sent(s.bytes_sent);
-        t->set_bytes_received(s.bytes_received);
-      }
-    }
-    if (result.ok()) {
-      *report.mutable_chunks() = RankChunksToProto(result->chunks, result->checksums);
-      report.mutable_chunks()->set_rank(f.rank);
+      for (v1::StepTiming& t : result->steps) *report.add_steps() = std::move(t);
       report.set_bytes_done(result->bytes_received);
+      if (run->group) {
+        // Every member holds its shape's target chunks (its buffer was made of them): the
+        // chunks go once per shape, the checksums per member.
+        for (const Fragment& shape : run->group->shapes) {
+          v1::RankChunks* rc = report.add_shapes();
+          *rc = RankChunksToProto(shape.target);
+          rc->set_rank(run->rank());
+        }
+        for (size_t i = 0; i < run->parts.size(); ++i) {
+          v1::MemberChunks* m = report.add_members();
+          m->set_index(run->ids[i].index);
+          m->set_shape(run->ids[i].shape);
+          m->mutable_checksums()->Add(result->checksums[i].begin(), result->checksums[i].end());
+        }
+      } else {
+        *report.mutable_chunks() = RankChunksToProto(result->chunks[0], result->checksums[0]);
+        report.mutable_chunks()->set_rank(run->rank());
+      }
     } else {
       report.set_error(StatusText(result.status()));
     }
@@ -269,17 +439,30 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     }
     if (run != nullptr && !request.commit()) {
       run->aborted = true;
-      if (run->stored) {
-        buffers_->Drop(run->fragment.target_tensor, run->fragment.target_version);
-        run->stored = false;
+      for (size_t i = 0; i < run->parts.size(); ++i) {
+        if (!run->parts[i].stored) continue;
+        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
+        run->parts[i].stored = false;
       }
     }
   }
-  if (request.commit() && request.drop_version() >= 0 && !request.tensor().empty()) {
-    // Never the version the plan just wrote.
-    if (run == nullptr || run->fragment.target_version != request.drop_version() ||
-        run->fragment.target_tensor != request.tensor()) {
-      buffers_->Drop(request.tensor(), request.drop_version());
+  if (request.commit()) {
+    // Never a version the plan just wrote.
+    absl::flat_hash_set<std::pair<std::string, int64_t>> written;
+    for (size_t i = 0; run != nullptr && i < run->parts.size(); ++i) {
+      written.emplace(run->ids[i].target_tensor, run->ids[i].target_version);
+    }
+    std::vector<std::pair<std::string, int64_t>> drops;
+    if (request.drop_version() >= 0 && !request.tensor().empty()) {
+      drops.emplace_back(request.tensor(), request.drop_version());
+    }
+    for (const v1::FinishMember& m : request.members()) {
+      if (m.drop_version() >= 0 && !m.tensor().empty()) {
+        drops.emplace_back(m.tensor(), m.drop_version());
+      }
+    }
+    for (const auto& [tensor, version] : drops) {
+      if (!written.contains({tensor, version})) buffers_->Drop(tensor, version);
     }
   }
   // Outside the lock: it interrupts the fragment's waits.
@@ -290,11 +473,9 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   }
   // Communicators outlive a committed plan: the coordinator reuses the rendezvous prefix for
   // later plans over the same groups (one rendezvous per group, not per plan). An abort
-  // retires the prefix everywhere, so drop them. The run (and its target buffer, unless
+  // retires the prefix everywhere, so drop them. The run (and its target buffers, unless
   // stored) goes when its thread is done with it.
-  if (run != nullptr && !request.commit()) {
-    communicators_->ReleasePrefix(run->fragment.communicator_prefix);
-  }
+  if (run != nullptr && !request.commit()) communicators_->ReleasePrefix(run->prefix());
   return absl::OkStatus();
 }
 
@@ -320,8 +501,8 @@ int WorkerCore::AbortAll() {
   }
   for (const std::shared_ptr<PlanRun>& run : runs) {
     run->cancel.Cancel();
-    communicators_->ReleasePrefix(run->fragment.communicator_prefix);
-    if (log_) log_(absl::StrCat("plan ", run->fragment.plan_id, ": abandoned"));
+    communicators_->ReleasePrefix(run->prefix());
+    if (log_) log_(absl::StrCat("plan ", run->plan_id(), ": abandoned"));
   }
   return static_cast<int>(runs.size());
 }

@@ -137,7 +137,13 @@ class WorkerCore {
   void set_memory_budget(MemoryBudget* budget) { budget_ = budget; }
 
  private:
+  struct RunPart;
   struct PlanRun;
+  absl::Status CheckPlanIdLocked(const std::string& plan_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finds the source buffer of `ids`' tensor and version with `shape`'s chunks and makes (or
+  // finds, attached) its target.
+  absl::Status PrepareBuffers(const Fragment& shape, const GroupMember& ids, RunPart* part);
   void Run(std::shared_ptr<PlanRun> run);
   void Report(const PlanRun& run, v1::ReportChunksRequest request);
 

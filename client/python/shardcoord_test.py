@@ -88,6 +88,13 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
             members=[pb.RedistributeGroupMember(tensor=r.tensor, version=20 + i)
                      for i, r in enumerate(request.redistributes)])
 
+    def GatherGroup(self, request, context):
+        self.requests["gather_group"] = request
+        return pb.RedistributeGroupResponse(
+            group_id="g-3", state=pb.COMMITTED, buckets=1, bucket_bytes=1 << 20,
+            members=[pb.RedistributeGroupMember(tensor=t, version=30 + i)
+                     for i, t in enumerate(request.tensors)])
+
     def Download(self, request, context):
         data = np.arange(12, dtype="<f4").tobytes()
         yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
@@ -274,6 +281,20 @@ class ClientTest(unittest.TestCase):
         req = self.fake.requests["redistribute_group"]
         self.assertEqual([(i.tensor, i.target.placements_text, i.target.flat_text)
                           for i in req.redistributes], [("a", "S(1)", ""), ("b", "", "0:4;4:8")])
+
+    def test_gather_many_is_one_group(self):
+        r = self.client.gather_many(["a", "b"], to_rank=2)
+        self.assertEqual((r.group_id, r.buckets), ("g-3", 1))
+        self.assertEqual([m.version for m in r.members], [30, 31])
+        req = self.fake.requests["gather_group"]
+        self.assertEqual((list(req.tensors), req.has_to_rank, req.to_rank, req.wait),
+                         (["a", "b"], True, 2, True))
+        # gather() of a list is the same group; of one name, a plain Gather.
+        self.client.gather(["c", "d"], mesh="m")
+        req = self.fake.requests["gather_group"]
+        self.assertEqual((list(req.tensors), req.mesh, req.has_to_rank), (["c", "d"], "m", False))
+        self.client.gather("e")
+        self.assertEqual(self.fake.requests["gather"].tensor, "e")
 
     def test_download_is_a_numpy_array(self):
         a = self.client.download("t")

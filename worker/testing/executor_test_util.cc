@@ -102,5 +102,49 @@ std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id,
   return out;
 }
 
+absl::Status NcclLikeCommunicator::AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                                              absl::Span<const int64_t> recv_bytes,
+                                              const CommOptions& options) {
+  return inner_->AllGatherV(send, send_bytes, recv, recv_bytes, options);
+}
+
+absl::Status NcclLikeCommunicator::AllToAllV(const void* send, absl::Span<const int64_t> send_bytes,
+                                             void* recv, absl::Span<const int64_t> recv_bytes,
+                                             const CommOptions& options) {
+  return inner_->AllToAllV(send, send_bytes, recv, recv_bytes, options);
+}
+
+absl::Status NcclLikeCommunicator::ReduceScatterV(const void* send, void* recv,
+                                                  absl::Span<const int64_t> recv_elements,
+                                                  DType dtype, ReduceOp op,
+                                                  const CommOptions& options) {
+  return inner_->ReduceScatterV(send, recv, recv_elements, dtype, op, options);
+}
+
+absl::Status NcclLikeCommunicator::AllReduce(const void* send, void* recv, int64_t elements,
+                                             DType dtype, ReduceOp op, const CommOptions& options) {
+  return inner_->AllReduce(send, recv, elements, dtype, op, options);
+}
+
+absl::Status NcclLikeCommunicator::Broadcast(void* data, int64_t bytes, int root,
+                                             const CommOptions& options) {
+  return inner_->Broadcast(data, bytes, root, options);
+}
+
+absl::Status NcclLikeCommunicator::SendRecv(absl::Span<const SendOp> sends,
+                                            absl::Span<const RecvOp> recvs,
+                                            const CommOptions& options) {
+  for (const SendOp& op : sends) EXPECT_FALSE(op.prepare);  // Run by SendRecvWithHooks.
+  for (const RecvOp& op : recvs) EXPECT_FALSE(op.done);
+  return inner_->SendRecv(sends, recvs, options);
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> NcclLikeFactory::Create(
+    const CommunicatorSpec& spec) {
+  absl::StatusOr<std::shared_ptr<Communicator>> c = inner_->Create(spec);
+  if (!c.ok()) return c.status();
+  return std::shared_ptr<Communicator>(std::make_shared<NcclLikeCommunicator>(*std::move(c)));
+}
+
 }  // namespace executor_testing
 }  // namespace shardcoord

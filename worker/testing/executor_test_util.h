@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/shardcoord.pb.h"
@@ -17,6 +18,7 @@
 #include "sharding/placement.h"
 #include "sharding/plan.h"
 #include "worker/buffer_store.h"
+#include "worker/communicator.h"
 #include "worker/memory_space.h"
 
 namespace shardcoord {
@@ -45,6 +47,45 @@ Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
 // The fragments of ranks 0..ranks-1 for plan `id` of tensor "T", version 1 -> 2, every
 // incarnation 1, a 30 s step timeout and a communicator prefix of its own.
 std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id, int ranks = 4);
+
+// Gloo with NCCL's manners, for tests of the device paths: copies run as their collectives
+// (PrefersSendRecvForCopies false), and SendRecv's hooks are run around the call by
+// SendRecvWithHooks rather than by the backend (RunsHooks false; a hook handed to SendRecv
+// fails the test).
+class NcclLikeCommunicator final : public Communicator {
+ public:
+  explicit NcclLikeCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool broken() const override { return inner_->broken(); }
+  bool PrefersSendRecvForCopies() const override { return false; }
+  bool RunsHooks() const override { return false; }
+  absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
+                          absl::Span<const int64_t> recv_bytes,
+                          const CommOptions& options) override;
+  absl::Status AllToAllV(const void* send, absl::Span<const int64_t> send_bytes, void* recv,
+                         absl::Span<const int64_t> recv_bytes, const CommOptions& options) override;
+  absl::Status ReduceScatterV(const void* send, void* recv, absl::Span<const int64_t> recv_elements,
+                              DType dtype, ReduceOp op, const CommOptions& options) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t elements, DType dtype, ReduceOp op,
+                         const CommOptions& options) override;
+  absl::Status Broadcast(void* data, int64_t bytes, int root, const CommOptions& options) override;
+  absl::Status SendRecv(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs,
+                        const CommOptions& options) override;
+
+ private:
+  const std::shared_ptr<Communicator> inner_;
+};
+
+// Wraps every communicator `inner` builds in an NcclLikeCommunicator.
+class NcclLikeFactory final : public CommunicatorFactory {
+ public:
+  explicit NcclLikeFactory(std::shared_ptr<CommunicatorFactory> inner) : inner_(std::move(inner)) {}
+  absl::StatusOr<std::shared_ptr<Communicator>> Create(const CommunicatorSpec& spec) override;
+
+ private:
+  const std::shared_ptr<CommunicatorFactory> inner_;
+};
 
 }  // namespace executor_testing
 }  // namespace shardcoord

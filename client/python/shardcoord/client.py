@@ -458,6 +458,10 @@ class Client:
         return self._finished(self._mutate(self._stub.Redistribute, request, self.data_timeout))
 
     def gather(self, name, mesh="", to_rank=None):
+        """Gathers `name` to every rank of `mesh` (empty: its own) or to `to_rank` and waits.
+        A list of names goes as one group (gather_many)."""
+        if not isinstance(name, str):
+            return self.gather_many(name, mesh=mesh, to_rank=to_rank)
         request = pb.GatherRequest(tensor=name, mesh=mesh, wait=True)
         if to_rank is not None:
             request.to_rank = to_rank
@@ -473,8 +477,8 @@ class Client:
     def copy_many(self, pairs):
         """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
         transaction: every dst gets its new version together, or none does. Waits; returns
-        the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, seconds,
-        members)."""
+        the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
+        bucket_bytes, seconds, members)."""
         copies = []
         for pair in pairs:
             if isinstance(pair, dict):
@@ -501,6 +505,17 @@ class Client:
                 members.append(pb.RedistributeItem(tensor=name, target=spec("", placements)))
         request = pb.RedistributeGroupRequest(redistributes=members, wait=True)
         return self._mutate(self._stub.RedistributeGroup, request, self.data_timeout)
+
+    def gather_many(self, names, mesh="", to_rank=None):
+        """Gathers every tensor of `names` as one transaction and one fused plan (to every
+        rank of `mesh`, empty: each tensor's own, or to `to_rank`). Waits; returns the
+        RedistributeGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
+        bucket_bytes, seconds, members)."""
+        request = pb.GatherGroupRequest(tensors=list(names), mesh=mesh, wait=True)
+        if to_rank is not None:
+            request.to_rank = to_rank
+            request.has_to_rank = True
+        return self._mutate(self._stub.GatherGroup, request, self.data_timeout)
 
     # ---- Checkpoints (workers write and read the files) -----------------------------------
 

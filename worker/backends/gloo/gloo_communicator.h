@@ -89,6 +89,7 @@ class GlooCommunicator : public Communicator {
   // the throughput of alltoallv through staging buffers; all-gather similar.
   bool PrefersSendRecvForCopies() const override { return true; }
   bool RunsHooks() const override { return true; }
+  bool SendsFromRuns(int peer, int64_t bytes) const override { return SameHost(peer, bytes); }
 
   absl::Status AllGatherV(const void* send, int64_t send_bytes, void* recv,
                           absl::Span<const int64_t> recv_bytes,
