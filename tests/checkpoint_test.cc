@@ -103,23 +103,8 @@ class CheckpointTest : public ::testing::Test {
   CoordinatorClient& client() { return cluster_->client(); }
 
   void EnsureMeshes() {
-    static bool made = false;
-    if (made) return;
-    struct Def {
-      std::string name;
-      Shape shape;
-      std::vector<std::string> workers;
-    };
-    const std::vector<Def> defs = {
-        {"line", {4}, {"w0", "w1", "w2", "w3"}},     {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
-        {"line_rev", {4}, {"w3", "w2", "w1", "w0"}}, {"pair", {2}, {"w1", "w2"}},
-        {"trio", {3}, {"w0", "w2", "w3"}},
-    };
-    for (const Def& d : defs) {
-      absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client(), d.name, d.shape, d.workers);
-      ASSERT_TRUE(mesh.ok()) << d.name << ": " << mesh.status();
-    }
-    made = true;
+    absl::StatusOr<std::map<std::string, v1::MeshInfo>> meshes = MakeTestMeshes(client());
+    ASSERT_TRUE(meshes.ok()) << meshes.status();
   }
 
   void CreateAll(const std::vector<Source>& sources) {

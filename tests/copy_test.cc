@@ -54,21 +54,9 @@ class CopyTest : public ::testing::Test {
     static auto* meshes = new absl::flat_hash_map<std::string, v1::MeshInfo>();
     meshes_ = meshes;
     if (!meshes->empty()) return;
-    struct Def {
-      std::string name;
-      Shape shape;
-      std::vector<std::string> workers;
-    };
-    const std::vector<Def> defs = {
-        {"line", {4}, {"w0", "w1", "w2", "w3"}},     {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
-        {"line_rev", {4}, {"w3", "w2", "w1", "w0"}}, {"pair", {2}, {"w1", "w2"}},
-        {"trio", {3}, {"w0", "w2", "w3"}},
-    };
-    for (const Def& d : defs) {
-      absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client(), d.name, d.shape, d.workers);
-      ASSERT_TRUE(mesh.ok()) << d.name << ": " << mesh.status();
-      (*meshes)[d.name] = *mesh;
-    }
+    absl::StatusOr<std::map<std::string, v1::MeshInfo>> made = MakeTestMeshes(client());
+    ASSERT_TRUE(made.ok()) << made.status();
+    meshes->insert(made->begin(), made->end());
   }
 
   const v1::MeshInfo& Mesh(const std::string& name) { return meshes_->at(name); }

@@ -33,24 +33,8 @@ using ::testing::HasSubstr;
 const Shape kShape = {10, 7};
 
 void EnsureMeshes(CoordinatorClient& client) {
-  static bool made = false;
-  if (made) return;
-  struct Def {
-    std::string name;
-    Shape shape;
-    std::vector<std::string> workers;
-  };
-  const std::vector<Def> defs = {
-      {"line", {4}, {"w0", "w1", "w2", "w3"}},
-      {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
-      {"line_rev", {4}, {"w3", "w2", "w1", "w0"}},
-      {"trio", {3}, {"w0", "w2", "w3"}},
-  };
-  for (const Def& d : defs) {
-    absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client, d.name, d.shape, d.workers);
-    ASSERT_TRUE(mesh.ok()) << d.name << ": " << mesh.status();
-  }
-  made = true;
+  absl::StatusOr<std::map<std::string, v1::MeshInfo>> meshes = MakeTestMeshes(client);
+  ASSERT_TRUE(meshes.ok()) << meshes.status();
 }
 
 // The buckets each rank's exchange rounds report, checking that every rank sends to each

@@ -179,6 +179,32 @@ absl::StatusOr<v1::MeshInfo> MakeMesh(CoordinatorClient& client, const std::stri
   return client.CreateMesh(request);
 }
 
+absl::StatusOr<std::map<std::string, v1::MeshInfo>> MakeTestMeshes(CoordinatorClient& client) {
+  static auto* made = new std::map<std::string, v1::MeshInfo>();
+  if (!made->empty()) return *made;
+  struct Def {
+    std::string name;
+    Shape shape;
+    std::vector<std::string> workers;
+  };
+  const std::vector<Def> defs = {
+      {"line", {4}, {"w0", "w1", "w2", "w3"}},     {"grid", {2, 2}, {"w0", "w1", "w2", "w3"}},
+      {"line_rev", {4}, {"w3", "w2", "w1", "w0"}}, {"pair", {2}, {"w1", "w2"}},
+      {"trio", {3}, {"w0", "w2", "w3"}},
+  };
+  std::map<std::string, v1::MeshInfo> meshes;
+  for (const Def& d : defs) {
+    absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client, d.name, d.shape, d.workers);
+    if (!mesh.ok()) {
+      return absl::Status(mesh.status().code(),
+                          absl::StrCat("mesh ", d.name, ": ", mesh.status().message()));
+    }
+    meshes[d.name] = *std::move(mesh);
+  }
+  *made = meshes;
+  return meshes;
+}
+
 absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std::string& name,
                                             const Shape& shape, DType dtype,
                                             const std::string& mesh, const std::string& spec_text,

@@ -6,6 +6,7 @@
 // formula, and layout comparisons.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ v1::ShardingSpec SpecFromText(const std::string& mesh, const std::string& text, 
 absl::StatusOr<v1::MeshInfo> MakeMesh(CoordinatorClient& client, const std::string& name,
                                       const Shape& shape, const std::vector<std::string>& workers,
                                       const std::vector<std::string>& dim_names = {});
+
+// The meshes the layout tests share, over a cluster of workers w0..w3: "line" (4), "grid"
+// (2x2), "line_rev" (4, workers reversed), "pair" (2: w1, w2), "trio" (3: w0, w2, w3).
+// Creates them once per process; returns them by name.
+absl::StatusOr<std::map<std::string, v1::MeshInfo>> MakeTestMeshes(CoordinatorClient& client);
 
 // Creates tensor `name` filled with `init` (seed 0) on `mesh` with the spec in CLI syntax.
 absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std::string& name,
