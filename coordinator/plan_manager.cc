@@ -1750,13 +1750,10 @@ void PlanManager::ReleaseTicket(int64_t ticket) {
 
 void PlanManager::FinishOnWorkers(const v1::FinishPlanRequest& req,
                                   std::vector<WorkerEndpoint> workers, int64_t ticket) {
-  if (workers.empty()) return Unhold(ticket);
-  auto left = std::make_shared<std::atomic<size_t>>(workers.size());
-  for (const WorkerEndpoint& w : workers) {
-    client_->FinishPlan(w, req, [this, left, ticket](absl::Status) {
-      if (left->fetch_sub(1) == 1) Unhold(ticket);
-    });
-  }
+  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests;
+  requests.reserve(workers.size());
+  for (WorkerEndpoint& w : workers) requests.emplace_back(std::move(w), req);
+  FinishOnWorkers(std::move(requests), ticket);
 }
 
 void PlanManager::FinishOnWorkers(

@@ -3,10 +3,10 @@
 // rank for Partial sources) and dst with other values, copies, and checks every value of
 // dst against arange, dst's layout and mesh unchanged with a new version, and src unchanged.
 
+#include <map>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -51,15 +51,12 @@ class CopyTest : public ::testing::Test {
   CoordinatorClient& client() { return cluster_->client(); }
 
   void EnsureMeshes() {
-    static auto* meshes = new absl::flat_hash_map<std::string, v1::MeshInfo>();
-    meshes_ = meshes;
-    if (!meshes->empty()) return;
     absl::StatusOr<std::map<std::string, v1::MeshInfo>> made = MakeTestMeshes(client());
     ASSERT_TRUE(made.ok()) << made.status();
-    meshes->insert(made->begin(), made->end());
+    meshes_ = *std::move(made);
   }
 
-  const v1::MeshInfo& Mesh(const std::string& name) { return meshes_->at(name); }
+  const v1::MeshInfo& Mesh(const std::string& name) { return meshes_.at(name); }
 
   // src holds arange in `from`; dst holds random values (or zeros when Partial) in `to`;
   // then src is copied into dst and everything is checked.
@@ -115,7 +112,7 @@ class CopyTest : public ::testing::Test {
   }
 
   Cluster* cluster_ = nullptr;
-  absl::flat_hash_map<std::string, v1::MeshInfo>* meshes_ = nullptr;
+  std::map<std::string, v1::MeshInfo> meshes_;
 };
 
 TEST_F(CopyTest, ShardedIntoReplicated) { CopyAndCheck("s0_r", {"line", "S(0)"}, {"line", "R"}); }
