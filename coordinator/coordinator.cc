@@ -95,6 +95,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   po.plan_timeout = options_.plan_timeout;
   po.step_timeout = options_.plan_timeout;
   po.use_collectives = options_.use_collectives;
+  po.relay_max_bytes = options_.relay_max_bytes;
   po.id_namespace = id_namespace;
   // A dead peer is declared at most heartbeat_timeout + one health tick (<= one interval)
   // after its last heartbeat, which came at most one interval before it died; its echo in a

@@ -24,6 +24,7 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
+#include "coordinator/plan_relay.h"
 #include "coordinator/request_log.h"
 #include "coordinator/state_store.h"
 #include "coordinator/tensor_bands.h"
@@ -49,6 +50,10 @@ struct CoordinatorOptions {
   int64_t io_band_bytes = kDefaultBandBytes;
   // A tensor created or uploaded may not be larger (RESOURCE_EXHAUSTED).
   int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
+  // Plans of tensors up to this size (plain copies: no Partial, no in-place target) are
+  // relayed through the coordinator instead of running on the workers
+  // (coordinator/plan_relay.h); 0: never.
+  int64_t relay_max_bytes = kDefaultRelayMaxBytes;
   // The largest gRPC message the coordinator accepts from clients and workers (gRPC answers
   // RESOURCE_EXHAUSTED beyond). Data streams use 1 MiB messages; requests with large layouts
   // (many ranks, flat ranges) and workers' reports need more.

@@ -101,6 +101,26 @@ void GrpcWorkerClient::Execute(const WorkerEndpoint& worker, v1::PlanFragment fr
       [done = std::move(done)](absl::StatusOr<v1::ExecuteResponse> r) { done(r.status()); });
 }
 
+void GrpcWorkerClient::ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
+                                 Callback<v1::ReadBoxesResponse> done) {
+  Unary<v1::ReadBoxesRequest, v1::ReadBoxesResponse>(
+      worker, options_.rpc_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::ReadBoxesRequest* q,
+         v1::ReadBoxesResponse* p,
+         std::function<void(grpc::Status)> f) { a->ReadBoxes(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
+void GrpcWorkerClient::WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
+                                   Callback<v1::WriteChunkResponse> done) {
+  Unary<v1::ChunkData, v1::WriteChunkResponse>(
+      worker, options_.rpc_timeout, std::move(message),
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::ChunkData* q,
+         v1::WriteChunkResponse* p,
+         std::function<void(grpc::Status)> f) { a->WriteBuffer(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
 void GrpcWorkerClient::FinishPlan(const WorkerEndpoint& worker,
                                   const v1::FinishPlanRequest& request, StatusCallback done) {
   Unary<v1::FinishPlanRequest, v1::FinishPlanResponse>(

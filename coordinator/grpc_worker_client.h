@@ -51,6 +51,10 @@ class GrpcWorkerClient : public WorkerClient {
                   StatusCallback done) override;
   void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
             Callback<v1::FillResponse> done) override;
+  void ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
+                 Callback<v1::ReadBoxesResponse> done) override;
+  void WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
+                   Callback<v1::WriteChunkResponse> done) override;
   void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
                   StatusCallback done) override;
   void ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,

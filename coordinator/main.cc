@@ -115,6 +115,14 @@ int main(int argc, char** argv) {
                  "about two bands per transfer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--relay-max-bytes", options.relay_max_bytes,
+                 "a plan whose tensor holds at most this many bytes (and no Partial layout, "
+                 "no attached target) is moved by the coordinator itself: it reads the source "
+                 "chunks and writes the new buffers, two parallel RPC rounds instead of a "
+                 "fragment, a rendezvous and a report on every worker; 0: every plan runs on "
+                 "the workers; at most 1 MiB")
+      ->check(CLI::Range(int64_t{0}, shardcoord::kMaxRelayMaxBytes))
+      ->capture_default_str();
   app.add_option("--max-tensor-bytes", options.max_tensor_bytes,
                  "refuse to create or upload a tensor larger than this (RESOURCE_EXHAUSTED)")
       ->check(CLI::PositiveNumber)

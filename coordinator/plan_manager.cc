@@ -23,10 +23,6 @@ absl::Status LeavingError(const WorkerRecord& w) {
       w.Describe(), " is leaving the cluster (draining); retry once it is replaced or gone"));
 }
 
-std::string Describe(const WorkerEndpoint& w) {
-  return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
-}
-
 std::string ChunksString(const std::vector<Chunk>& chunks) {
   std::vector<std::string> parts;
   for (const Chunk& c : chunks) {
@@ -331,6 +327,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   // (the target tensor's committed one) is freed at commit.
   e.demand =
       PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout);
+  // A tiny plain copy moves faster through the coordinator than through a fragment on every
+  // worker (plan_relay.h); a group member always runs in its group's fused plan.
+  e.relay = fused == nullptr && !repair &&
+            RelayEligible(**plan, e.target_attached, options_.relay_max_bytes);
   FragmentOptions fo;
   fo.plan_id = id;
   fo.tensor = tensor;
@@ -356,10 +356,13 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     auto it = e.participants.find(t.rank);
     if (it != e.participants.end()) it->second.bytes_expected = t.bytes_received;
   }
+  for (const RankChunks& rc : (*plan)->target.ranks()) {
+    if (e.participants.count(rc.rank) == 0) e.relay = false;  // Each target rank reports.
+  }
   Dispatch fragments;
   if (fused == nullptr) {
     for (const auto& [r, p] : e.participants) {
-      fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+      if (!e.relay) fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
     }
   } else {
     fused->options.plan_id = id;
@@ -403,12 +406,15 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   if (fused != nullptr) return out;  // The group admits and sends it.
   MemoryDemand demand;
+  bool relay = false;
   {
     absl::MutexLock lock(&mu_);
     demand = plans_.at(id).demand;
+    relay = plans_.at(id).relay;
   }
   auto dispatch = std::make_shared<Dispatch>(std::move(fragments));
-  auto send = [this, id, dispatch](int64_t bucket) {
+  auto send = [this, id, dispatch, relay](int64_t bucket) {
+    if (relay) return Relay(id);
     if (bucket > 0) {
       for (auto& [endpoint, fragment] : *dispatch) fragment.set_bucket_bytes(bucket);
     }
@@ -509,6 +515,106 @@ void PlanManager::Send(const std::string& id, Dispatch fragments) {
     client_->Execute(endpoint, std::move(fragment),
                      [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
   }
+}
+
+void PlanManager::Relay(const std::string& id) {
+  RelayRequest q;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end() || it->second.state_ended()) return;
+    const Entry& e = it->second;
+    q.plan_id = id;
+    q.tensor = e.tensor;
+    q.source_version = e.source_version;
+    q.target_tensor = e.target_tensor;
+    q.target_version = e.target_version;
+    q.dtype = e.plan->dtype;
+    q.source = e.plan->source;
+    q.target = e.plan->target;
+    for (const auto& [r, p] : e.participants) q.workers[r] = p.endpoint;
+  }
+  // A holder the relay reads from may have no part in the plan's own transfers.
+  for (const RankChunks& rc : q.source.ranks()) {
+    if (q.workers.count(rc.rank) > 0) continue;
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
+    if (!w.ok()) return Abort(id, std::string(w.status().message()));
+    if (!w->alive) return Abort(id, std::string(w->DeadError("holds a source chunk").message()));
+    q.workers[rc.rank] = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+  }
+  std::map<int64_t, WorkerEndpoint> workers = q.workers;
+  RunRelay(client_, std::move(q),
+           [this, id, workers](RelayResult r) { OnRelayDone(id, workers, std::move(r)); });
+}
+
+void PlanManager::OnRelayDone(const std::string& id,
+                              const std::map<int64_t, WorkerEndpoint>& workers,
+                              RelayResult result) {
+  std::string abort_reason;
+  bool drop = false, validate = false;
+  std::string target_tensor;
+  int64_t target_version = 0;
+  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(id);
+    if (it == plans_.end()) return;
+    Entry& e = it->second;
+    target_tensor = e.target_tensor;
+    target_version = e.target_version;
+    if (e.state_ended() || e.closing) {
+      drop = true;  // Aborted meanwhile (a timeout, a death): what was written goes.
+    } else if (!result.status.ok()) {
+      drop = true;
+      abort_reason = absl::StrCat("relay failed: ", result.status.message());
+    } else {
+      // The workers' answers are their reports: every participant ran and reported.
+      for (auto& [r, p] : e.participants) {
+        p.executed = true;
+        p.reported = true;
+        p.bytes_done = p.bytes_expected;
+        p.timing.set_rank(r);
+        p.timing.set_worker(p.endpoint.name);
+        auto w = result.written.find(r);
+        if (w == result.written.end()) {
+          // Only read from: no buffer of the new version.
+          p.chunks = RankChunks{};
+          p.chunks.rank = r;
+          p.checksums.clear();
+          p.timing.set_start_unix_us(absl::ToUnixMicros(result.reads_done));
+          p.timing.set_end_unix_us(absl::ToUnixMicros(result.reads_done));
+          continue;
+        }
+        p.chunks = w->second.chunks;
+        p.checksums = w->second.checksums;
+        p.timing.set_start_unix_us(absl::ToUnixMicros(w->second.start));
+        p.timing.set_end_unix_us(absl::ToUnixMicros(w->second.end));
+        v1::StepTiming* t = p.timing.add_steps();
+        t->set_op("relay_write");
+        t->set_start_unix_us(absl::ToUnixMicros(w->second.start));
+        t->set_duration_us(absl::ToInt64Microseconds(w->second.end - w->second.start));
+        t->set_bytes_received(w->second.bytes);
+      }
+      e.executed = e.reported = static_cast<int64_t>(e.participants.size());
+      e.state = PlanState::kTransferred;
+      e.transferred = clock_->Now();
+      validate = true;
+      calls = ChangedLocked(e);
+    }
+  }
+  if (drop) {
+    // The new version is this plan's alone: dropping it never touches another's.
+    v1::DropTensorRequest req;
+    req.set_tensor(target_tensor);
+    req.set_version(target_version);
+    for (int64_t r : result.attempted) {
+      auto w = workers.find(r);
+      if (w != workers.end()) client_->DropTensor(w->second, req, [](absl::Status) {});
+    }
+  }
+  if (!abort_reason.empty()) return Abort(id, abort_reason);
+  Tell(calls);
+  if (validate) Validate(id);
 }
 
 void PlanManager::Discard(const std::string& id) {

@@ -20,6 +20,7 @@
 #include "coordinator/admission.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
+#include "coordinator/plan_relay.h"
 #include "coordinator/tensor_manager.h"
 #include "coordinator/timer.h"
 #include "coordinator/worker_client.h"
@@ -93,6 +94,11 @@ struct PlanManagerOptions {
   // chose. Not owned; null: no admission, fragments go at once with the workers' default
   // buckets.
   AdmissionController* admission = nullptr;
+  // A single plan whose tensor holds at most this many bytes, with no Partial layout and no
+  // target written in place, is relayed: the coordinator reads the source chunks and writes
+  // the new buffers itself (coordinator/plan_relay.h) instead of sending fragments. 0: never
+  // (every plan runs on the workers); the daemon's default is kDefaultRelayMaxBytes.
+  int64_t relay_max_bytes = 0;
 };
 
 // A plan that was started (or, for a dry run, only planned).
@@ -420,6 +426,7 @@ class PlanManager : public WorkerListener {
     int64_t admission_ticket = 0;
     int64_t bucket_bytes = 0;
     std::string waiting_for_memory;
+    bool relay = false;  // Moved by the coordinator (Relay), not by fragments.
 
     bool state_ended() const {
       return state == PlanState::kCommitted || state == PlanState::kAborted;
@@ -442,6 +449,10 @@ class PlanManager : public WorkerListener {
                                     DoneCallback done, const std::string& group = "",
                                     FusedMember* fused = nullptr, const std::string& owner = "");
   void Send(const std::string& id, Dispatch fragments);
+  // A relayed plan's data step (RunRelay); its outcome stands in for the workers' reports.
+  void Relay(const std::string& id);
+  void OnRelayDone(const std::string& id, const std::map<int64_t, WorkerEndpoint>& workers,
+                   RelayResult result);
   // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
   // `group` then), and calls `send` with the bucket size it chose (0 without admission: the
   // workers' default), now or once admitted; a later refusal (the admission timeout) aborts

@@ -7,6 +7,7 @@
 #include "coordinator/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/box_copy.h"
 #include "sharding/fused_stream.h"
 
 namespace shardcoord {
@@ -1278,6 +1279,123 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   EXPECT_EQ(tensors_.Get("b")->layout, b_mid.layout);
   EXPECT_TRUE(tensors_.Get("a")->busy_plan.empty());
   EXPECT_TRUE(tensors_.Get("b")->busy_plan.empty());
+}
+
+// ---- Small plans relayed through the coordinator (plan_relay.h) ------------------------------
+
+class RelayedPlanTest : public PlanManagerTest {
+ protected:
+  RelayedPlanTest() : relay_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, With()) {}
+
+  PlanManagerOptions With() {
+    PlanManagerOptions o = Options();
+    o.relay_max_bytes = kDefaultRelayMaxBytes;
+    return o;
+  }
+
+  // Stores tensor `name`'s buffers in the fake workers: element i of the whole f32 tensor
+  // holds the value i.
+  void StoreBuffers(const std::string& name) {
+    const TensorRecord t = *tensors_.Get(name);
+    for (const RankChunks& rc : t.layout.ranks()) {
+      v1::ChunkData header;
+      header.set_tensor(name);
+      header.set_version(t.version);
+      header.set_dtype(DTypeToProto(t.dtype));
+      *header.mutable_chunks() = RankChunksToProto(rc);
+      header.set_total_bytes(rc.local_elements * 4);
+      client_.WriteChunk(*Endpoint(rc.rank), header, Local(rc, t.shape),
+                         [](absl::StatusOr<v1::WriteChunkResponse> r) { ASSERT_TRUE(r.ok()); });
+    }
+  }
+
+  std::optional<WorkerEndpoint> Endpoint(int64_t rank) {
+    absl::StatusOr<WorkerRecord> w = workers_.GetByRank(rank);
+    if (!w.ok()) return std::nullopt;
+    return WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+  }
+
+  static std::string Local(const RankChunks& rc, const Shape& shape) {
+    std::string out(static_cast<size_t>(rc.local_elements * 4), '\0');
+    for (const Chunk& c : rc.chunks) {
+      std::vector<float> whole(static_cast<size_t>(Box::Whole(shape).Volume()));
+      for (size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
+      EXPECT_TRUE(
+          PackBox(c.box, whole.data(), Box::Whole(shape), out.data() + c.local_offset * 4, 4).ok());
+    }
+    return out;
+  }
+
+  PlanManager relay_;
+};
+
+TEST_F(RelayedPlanTest, ASmallPlanIsMovedByTheCoordinatorAndCommitsLikeAnExecutedOne) {
+  CreateTensor("T");
+  StoreBuffers("T");
+  const TensorRecord before = *tensors_.Get("T");
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = relay_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  // The fake answers inline: read, laid out, written, validated and committed.
+  ASSERT_TRUE(done.has_value());
+  ASSERT_TRUE(done->status.ok()) << done->status;
+  EXPECT_EQ(done->progress.state, PlanState::kCommitted);
+  EXPECT_EQ(client_.calls("Execute"), 0);  // No fragment went to any worker.
+  const TensorRecord after = *tensors_.Get("T");
+  EXPECT_EQ(after.version, started->target_version);
+  EXPECT_EQ(after.layout, started->plan->target);
+  for (const RankChunks& rc : after.layout.ranks()) {
+    EXPECT_EQ(client_.Buffer(rc.rank, "T", after.version), Local(rc, after.shape))
+        << "rank " << rc.rank;
+  }
+  // FinishPlan drops the old version everywhere, as after an executed plan.
+  int commits = 0;
+  for (const auto& [rank, req] : client_.finishes()) {
+    EXPECT_TRUE(req.commit());
+    EXPECT_EQ(req.drop_version(), before.version);
+    ++commits;
+  }
+  EXPECT_EQ(commits, 4);
+  EXPECT_EQ(client_.BufferCount("T"), 4);
+  // Its trace says who got what.
+  absl::StatusOr<v1::PlanTrace> trace = relay_.Trace(started->id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  ASSERT_EQ(trace->ranks_size(), 4);
+  EXPECT_EQ(trace->ranks(0).steps(0).op(), "relay_write");
+  EXPECT_GT(trace->ranks(0).end_unix_us(), 0);
+}
+
+TEST_F(RelayedPlanTest, AFailedWriteAbortsAndDropsTheNewVersionEverywhere) {
+  CreateTensor("T");
+  StoreBuffers("T");
+  const TensorRecord before = *tensors_.Get("T");
+  client_.Fail("WriteChunk", 3, absl::UnavailableError("connection reset"));
+  std::optional<Outcome> done;
+  absl::StatusOr<StartedPlan> started = relay_.Redistribute("T", Target("R,S(1)"), Record(&done));
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->status.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(done->status.message(), HasSubstr("relay failed"));
+  EXPECT_THAT(done->status.message(), HasSubstr("worker w3 (rank 3)"));
+  // The old version is still the tensor's, and only its buffers remain.
+  EXPECT_EQ(tensors_.Get("T")->version, before.version);
+  EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
+  int drops = 0;
+  for (const auto& [rank, req] : client_.drops()) {
+    EXPECT_EQ(req.version(), started->target_version);
+    ++drops;
+  }
+  EXPECT_EQ(drops, 4);
+  EXPECT_EQ(client_.BufferCount("T"), 4);
+  for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(client_.HasBuffer(r, "T", started->target_version));
+}
+
+TEST_F(RelayedPlanTest, PartialLayoutsStillRunOnTheWorkers) {
+  CreateTensor("T", "S(0),R");
+  StoreBuffers("T");
+  ASSERT_TRUE(relay_.Redistribute("T", Target("P,R"), nullptr).ok());
+  EXPECT_EQ(client_.calls("Execute"), 4);
+  EXPECT_EQ(client_.calls("ReadChunk"), 0);
 }
 
 }  // namespace

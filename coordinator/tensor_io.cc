@@ -13,10 +13,6 @@
 namespace shardcoord {
 namespace {
 
-std::string Describe(const WorkerEndpoint& w) {
-  return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
-}
-
 WorkerEndpoint EndpointOf(const WorkerRecord& w) {
   return WorkerEndpoint{w.spec.name, w.rank, w.spec.address, w.incarnation};
 }

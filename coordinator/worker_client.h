@@ -7,8 +7,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
@@ -20,6 +23,11 @@ struct WorkerEndpoint {
   std::string address;
   int64_t incarnation = 0;
 };
+
+// "worker NAME (rank R)", as errors name a worker.
+inline std::string Describe(const WorkerEndpoint& w) {
+  return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
+}
 
 // One WriteChunk stream to a worker, opened with its header: Write appends bytes to the local
 // buffer front to back, Finish ends the stream. Callbacks run on any thread, possibly inline,
@@ -73,6 +81,14 @@ class WorkerClient {
   virtual std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
                                                            const v1::ChunkData& header);
 
+  // Small relayed plans (coordinator/plan_relay.h): several boxes of one buffer in one unary
+  // call, and a whole local buffer in one message. The defaults use ReadChunk per box and
+  // WriteChunk, for fakes; GrpcWorkerClient makes the unary calls.
+  virtual void ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
+                         Callback<v1::ReadBoxesResponse> done);
+  virtual void WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
+                           Callback<v1::WriteChunkResponse> done);
+
   // Checkpoints (issue 13; worker/checkpoint_io.h). Only workers touch storage. The defaults
   // answer UNIMPLEMENTED, for fakes that do not simulate files.
   virtual void WriteCheckpoint(const WorkerEndpoint& worker,
@@ -117,6 +133,52 @@ class CollectingChunkWriteStream : public ChunkWriteStream {
 inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(const WorkerEndpoint& worker,
                                                                       const v1::ChunkData& header) {
   return std::make_shared<internal_worker_client::CollectingChunkWriteStream>(this, worker, header);
+}
+
+inline void WorkerClient::ReadBoxes(const WorkerEndpoint& worker,
+                                    const v1::ReadBoxesRequest& request,
+                                    Callback<v1::ReadBoxesResponse> done) {
+  struct State {
+    absl::Mutex mu;
+    v1::ReadBoxesResponse response ABSL_GUARDED_BY(mu);
+    absl::Status status ABSL_GUARDED_BY(mu);
+    int pending ABSL_GUARDED_BY(mu) = 0;
+  };
+  if (request.boxes_size() == 0) return done(v1::ReadBoxesResponse());
+  auto st = std::make_shared<State>();
+  {
+    absl::MutexLock lock(&st->mu);
+    st->pending = request.boxes_size();
+    for (int i = 0; i < request.boxes_size(); ++i) st->response.add_data();
+  }
+  for (int i = 0; i < request.boxes_size(); ++i) {
+    v1::ReadChunkRequest one;
+    one.set_tensor(request.tensor());
+    one.set_version(request.version());
+    *one.mutable_box() = request.boxes(i);
+    ReadChunk(worker, one, [st, i, done](absl::StatusOr<std::string> r) {
+      absl::StatusOr<v1::ReadBoxesResponse> out;
+      {
+        absl::MutexLock lock(&st->mu);
+        if (r.ok()) {
+          *st->response.mutable_data(i) = *std::move(r);
+        } else if (st->status.ok()) {
+          st->status = r.status();
+        }
+        if (--st->pending > 0) return;
+        out = st->status.ok() ? absl::StatusOr<v1::ReadBoxesResponse>(std::move(st->response))
+                              : absl::StatusOr<v1::ReadBoxesResponse>(st->status);
+      }
+      done(std::move(out));
+    });
+  }
+}
+
+inline void WorkerClient::WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
+                                      Callback<v1::WriteChunkResponse> done) {
+  std::string data = std::move(*message.mutable_data());
+  message.clear_data();
+  WriteChunk(worker, message, std::move(data), std::move(done));
 }
 
 inline void WorkerClient::WriteCheckpoint(const WorkerEndpoint&, const v1::WriteCheckpointRequest&,

@@ -173,6 +173,7 @@ absl::Status Cluster::StartCoordinator(const std::string& listen) {
   } else {
     argv.push_back(absl::StrCat("--state-dir=", options_.state_dir));
   }
+  argv.push_back(absl::StrCat("--relay-max-bytes=", options_.relay_max_bytes));
   argv.insert(argv.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(argv, po);
   if (!coordinator.ok()) return coordinator.status();

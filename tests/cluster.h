@@ -25,6 +25,10 @@ struct ClusterOptions {
   // worker flag, "{name}" stands for that worker's name ("--tls-cert=DIR/{name}.pem").
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> worker_flags;
+  // The coordinator's --relay-max-bytes. 0 (unlike the daemon's 64 KiB default) keeps the
+  // small tensors of tests on the workers' data path, which they exist to check; the relay
+  // has its own runs (redistribute_relay_test).
+  int64_t relay_max_bytes = 0;
   // The coordinator's state: empty keeps it in memory (--state memory); otherwise a
   // directory of its own (--state-dir), e.g. under TEST_TMPDIR, never shared between tests.
   std::string state_dir;

@@ -9,7 +9,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
@@ -32,6 +34,9 @@ struct Endpoint {
   std::string spec;
   bool flat = false;
 };
+
+// The coordinator's --relay-max-bytes in this run (main sets it).
+int64_t relay_max_bytes = 0;
 
 bool HasPartial(const Endpoint& e) { return !e.flat && absl::StrContains(e.spec, "P"); }
 
@@ -112,6 +117,17 @@ class RedistributeTest : public ::testing::Test {
     ASSERT_TRUE(response.ok()) << "redistribute " << name << " to " << to.spec << " on " << to.mesh
                                << ": " << response.status();
     EXPECT_EQ(response->progress().state(), v1::COMMITTED) << response->progress().error();
+    // Which path moved it: the coordinator's relay for small plans without Partial when it is
+    // on (its trace has relay_write steps), the workers' fragments otherwise.
+    const bool relay = !partial_source && !HasPartial(to) &&
+                       Box::Whole(shape).Volume() * ElementSize(dtype) <= relay_max_bytes;
+    absl::StatusOr<v1::PlanTrace> trace = client().GetPlanTrace(response->progress().plan_id());
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    bool relayed = false;
+    for (const v1::RankTrace& r : trace->ranks()) {
+      for (const v1::StepTiming& step : r.steps()) relayed |= step.op() == "relay_write";
+    }
+    EXPECT_EQ(relayed, relay) << "relay_max_bytes " << relay_max_bytes;
     if (!partial_source) {
       // Every needed element arrives once (the planner's contract for non-Partial sources).
       EXPECT_EQ(response->plan().bytes_moved(), response->plan().lower_bound_bytes());
@@ -340,7 +356,15 @@ TEST_F(RedistributeTest, ChainsMovesOnOneTensor) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   shardcoord::ClusterOptions options;
-  for (int i = 1; i < argc; ++i) options.worker_flags.push_back(argv[i]);
+  for (int i = 1; i < argc; ++i) {
+    // --relay-max-bytes=N is the coordinator's (redistribute_relay_test); the rest, workers'.
+    int64_t relay = 0;
+    if (absl::SimpleAtoi(absl::StripPrefix(argv[i], "--relay-max-bytes="), &relay)) {
+      options.relay_max_bytes = shardcoord::relay_max_bytes = relay;
+      continue;
+    }
+    options.worker_flags.push_back(argv[i]);
+  }
   ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
   return RUN_ALL_TESTS();
 }

@@ -708,6 +708,44 @@ absl::StatusOr<v1::WriteChunkResponse> WorkerCore::ChunkWriter::Finish() {
   return response;
 }
 
+absl::StatusOr<v1::ReadBoxesResponse> WorkerCore::ReadBoxes(const v1::ReadBoxesRequest& request) {
+  v1::ReadBoxesResponse out;
+  int64_t total = 0;
+  v1::ReadChunkRequest one;
+  one.set_tensor(request.tensor());
+  one.set_version(request.version());
+  for (int i = 0; i < request.boxes_size(); ++i) {
+    *one.mutable_box() = request.boxes(i);
+    absl::StatusOr<ChunkReader> reader = OpenRead(one);
+    if (!reader.ok()) {
+      return absl::Status(reader.status().code(),
+                          absl::StrCat("boxes[", i, "]: ", reader.status().message()));
+    }
+    total += reader->total_bytes();
+    if (total > kMaxRelayBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "boxes: more than ", kMaxRelayBytes, " bytes in all (read large boxes with ReadChunk)"));
+    }
+    std::string* data = out.add_data();
+    data->reserve(static_cast<size_t>(reader->total_bytes()));
+    while (!reader->done()) {
+      if (absl::Status s = reader->Next(kMaxRelayBytes, data); !s.ok()) return s;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::WriteChunkResponse> WorkerCore::WriteBuffer(const v1::ChunkData& message) {
+  if (static_cast<int64_t>(message.data().size()) > kMaxRelayBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data: ", message.data().size(),
+                                                   " bytes, more than ", kMaxRelayBytes,
+                                                   " (write large buffers with WriteChunk)"));
+  }
+  absl::StatusOr<std::unique_ptr<ChunkWriter>> writer = OpenWrite(message);  // Appends data.
+  if (!writer.ok()) return writer.status();
+  return (*writer)->Finish();
+}
+
 bool WorkerCore::Shutdown(absl::Duration grace) {
   std::vector<std::shared_ptr<PlanRun>> runs;
   {

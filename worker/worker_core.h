@@ -35,6 +35,8 @@ struct WorkerIdentity {
 
 // Largest data payload of one ReadChunk / WriteChunk message.
 constexpr int64_t kMaxChunkMessageBytes = int64_t{1} << 20;
+// Largest ReadBoxes answer or WriteBuffer request.
+constexpr int64_t kMaxRelayBytes = int64_t{1} << 20;
 
 // The Worker service's logic, without gRPC: plans in flight, buffers, fills, chunk reads and
 // writes. Thread-safe.
@@ -121,6 +123,13 @@ class WorkerCore {
   // INVALID_ARGUMENT header; RESOURCE_EXHAUSTED allocation. Data in the header message is
   // appended too.
   absl::StatusOr<std::unique_ptr<ChunkWriter>> OpenWrite(const v1::ChunkData& header);
+
+  // The unary calls of small relayed plans (coordinator/plan_relay.h), done in place: every
+  // box of `request` read whole (NOT_FOUND / INVALID_ARGUMENT as OpenRead), and a whole local
+  // buffer written from one message (as OpenWrite, Append, Finish). INVALID_ARGUMENT beyond
+  // kMaxRelayBytes in either, so they stay short enough for a reactor thread.
+  absl::StatusOr<v1::ReadBoxesResponse> ReadBoxes(const v1::ReadBoxesRequest& request);
+  absl::StatusOr<v1::WriteChunkResponse> WriteBuffer(const v1::ChunkData& message);
 
   // Cancels every running fragment and waits up to `grace` for them to end; false if some
   // still run (their threads reference this object: the process should exit).

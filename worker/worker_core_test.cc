@@ -216,6 +216,58 @@ TEST(WorkerCoreTest, WriteChunkChecksBytes) {
   EXPECT_NE(w.buffers.Find("W", 4), nullptr);
 }
 
+TEST(WorkerCoreTest, WriteBufferThenReadBoxesRoundTripsAndRefusesLargeCalls) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {2, 3}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({4, 0}, {1, 3}), 6, 0});
+  rc.local_elements = 9;
+  const int32_t values[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  v1::ChunkData message;
+  message.set_tensor("W");
+  message.set_version(2);
+  message.set_dtype(v1::I32);
+  *message.mutable_chunks() = RankChunksToProto(rc);
+  message.set_total_bytes(36);
+  message.set_data(std::string(reinterpret_cast<const char*>(values), 32));
+  EXPECT_EQ(w.core.WriteBuffer(message).status().code(), absl::StatusCode::kInvalidArgument);
+  message.set_data(std::string(reinterpret_cast<const char*>(values), 36));
+  absl::StatusOr<v1::WriteChunkResponse> wrote = w.core.WriteBuffer(message);
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  EXPECT_EQ(wrote->chunks().chunks(1).checksum(), ChunkChecksum(values + 6, 12));
+
+  v1::ReadBoxesRequest read;
+  read.set_tensor("W");
+  read.set_version(2);
+  *read.add_boxes() = BoxToProto(Box({1, 1}, {1, 2}));  // Inside the first chunk.
+  *read.add_boxes() = BoxToProto(Box({4, 0}, {1, 3}));  // The second chunk whole.
+  absl::StatusOr<v1::ReadBoxesResponse> got = w.core.ReadBoxes(read);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->data_size(), 2);
+  EXPECT_EQ(got->data(0), std::string(reinterpret_cast<const char*>(values + 4), 8));
+  EXPECT_EQ(got->data(1), std::string(reinterpret_cast<const char*>(values + 6), 12));
+  // A box outside every chunk names its index.
+  *read.add_boxes() = BoxToProto(Box({2, 0}, {1, 3}));
+  got = w.core.ReadBoxes(read);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("boxes[2]"), std::string::npos) << got.status();
+
+  // Beyond kMaxRelayBytes: refused, pointing at the streaming calls.
+  RankChunks big;
+  big.chunks.push_back(Chunk{Box({0}, {kMaxRelayBytes / 4 + 1}), 0, 0});
+  big.local_elements = kMaxRelayBytes / 4 + 1;
+  message.set_tensor("B");
+  *message.mutable_chunks() = RankChunksToProto(big);
+  message.set_total_bytes(kMaxRelayBytes + 4);
+  message.set_data(std::string(static_cast<size_t>(kMaxRelayBytes + 4), '\0'));
+  absl::StatusOr<v1::WriteChunkResponse> refused = w.core.WriteBuffer(message);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("WriteChunk"), std::string::npos) << refused.status();
+  EXPECT_EQ(w.buffers.Find("B", 2), nullptr);
+}
+
 // Four workers run a planner-made S(0) -> S(1) plan end to end: fill, execute, report,
 // commit, read back.
 class LifecycleTest : public ::testing::Test {

@@ -148,6 +148,27 @@ grpc::ServerReadReactor<v1::ChunkData>* WorkerServiceImpl::WriteChunk(
   return new WriteChunkReactor(core_, pool_, response);
 }
 
+// Small, bounded by kMaxRelayBytes: answered on the reactor, no hop to the pool.
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadBoxes(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReadBoxesRequest* request,
+                                                       v1::ReadBoxesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::ReadBoxesResponse> r = core_->ReadBoxes(*request);
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::WriteBuffer(grpc::CallbackServerContext* ctx,
+                                                         const v1::ChunkData* request,
+                                                         v1::WriteChunkResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::WriteChunkResponse> r = core_->WriteBuffer(*request);
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
 // ---- Checkpoints: file I/O is long work, on the pool ---------------------------------------
 
 template <typename Response>

@@ -32,6 +32,12 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
                                                      const v1::ReadChunkRequest* request) override;
   grpc::ServerReadReactor<v1::ChunkData>* WriteChunk(grpc::CallbackServerContext* ctx,
                                                      v1::WriteChunkResponse* response) override;
+  grpc::ServerUnaryReactor* ReadBoxes(grpc::CallbackServerContext* ctx,
+                                      const v1::ReadBoxesRequest* request,
+                                      v1::ReadBoxesResponse* response) override;
+  grpc::ServerUnaryReactor* WriteBuffer(grpc::CallbackServerContext* ctx,
+                                        const v1::ChunkData* request,
+                                        v1::WriteChunkResponse* response) override;
   grpc::ServerUnaryReactor* WriteCheckpoint(grpc::CallbackServerContext* ctx,
                                             const v1::WriteCheckpointRequest* request,
                                             v1::WriteCheckpointResponse* response) override;
