@@ -120,6 +120,16 @@ std::vector<std::string> FilesIn(const std::string& dir) {
   return out;
 }
 
+// CPU seconds all CPUs of the machine spent busy (not idle or waiting for I/O) so far, from
+// /proc/stat: the load's share of the machine (with whatever else runs on it).
+double BusyCpuSeconds() {
+  std::ifstream in("/proc/stat");
+  std::string cpu;
+  int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  return static_cast<double>(user + nice + system + irq + softirq) / sysconf(_SC_CLK_TCK);
+}
+
 // One file of `bytes` written (fsynced), evicted, read back: {write, read} seconds.
 std::pair<double, double> DiskBaseline(const std::string& path, int64_t bytes,
                                        const std::string& buffer, int64_t* resident) {
@@ -327,6 +337,7 @@ int Run() {
   std::string buffer(static_cast<size_t>(kIoPiece), '\0');
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>((i * 2654435761u) >> 13);
   Stats disk_write, disk_read, par_write, par_read, save, load, read_phase, exchange_phase;
+  Stats load_cpu;  // Busy CPU-seconds of the machine during each load.
   int64_t max_resident = 0, bytes_read = 0, exchanged = 0;
   double balance = 0;
   for (int rep = 0; rep < reps; ++rep) {
@@ -356,8 +367,10 @@ int Run() {
     v1::LoadCheckpointRequest load_req = load_base;
     load_req.set_dir(ckpt);
     t0 = absl::Now();
+    const double cpu0 = BusyCpuSeconds();
     const v1::LoadCheckpointResponse loaded = OrDie(client.LoadCheckpoint(load_req), "load");
     load.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    load_cpu.seconds.push_back(BusyCpuSeconds() - cpu0);
     read_phase.seconds.push_back(loaded.read_seconds());
     exchange_phase.seconds.push_back(loaded.exchange_seconds());
     bytes_read = loaded.bytes_read();
@@ -366,7 +379,13 @@ int Run() {
     say(absl::StrCat("rep ", rep + 1, ": disk write ", w_s, " s, read ", r_s, " s; 4 files ", pw_s,
                      " s, ", pr_s, " s; save ", save.seconds.back(), " s; load ",
                      load.seconds.back(), " s (read ", loaded.read_seconds(), " s, exchange ",
-                     loaded.exchange_seconds(), " s)"));
+                     loaded.exchange_seconds(), " s; ", load_cpu.seconds.back(),
+                     " CPU-seconds busy of ",
+                     load.seconds.back() * std::thread::hardware_concurrency(), ")"));
+    for (const v1::CheckpointFileInfo& r : loaded.readers()) {
+      say(absl::StrCat("  reader ", r.worker(), ": ", r.bytes(), " bytes in ", r.entries(),
+                       " runs, ", r.seconds(), " s"));
+    }
     if (rep == reps - 1) {
       // The values are what was created, for a few tensors of every kind.
       for (const char* name :
@@ -423,6 +442,8 @@ int Run() {
     stats("load", load);
     w.Key("load_read_phase_best_seconds").Double(read_phase.Best());
     w.Key("load_exchange_phase_best_seconds").Double(exchange_phase.Best());
+    w.Key("load_busy_cpu_seconds_median").Double(load_cpu.Median());
+    w.Key("cpus").Int(std::thread::hardware_concurrency());
     w.Key("load_bytes_read").Int(bytes_read).Key("load_bytes_exchanged").Int(exchanged);
     w.Key("writer_balance").Double(balance);
     w.Key("max_resident_bytes_before_reads").Int(max_resident);

@@ -474,7 +474,6 @@ struct CheckpointManager::LoadState {
   LoadCallback done;
   std::string op;
   absl::Time start;
-  absl::Time read_end;
   CheckpointFiles files;
   struct Item {
     const CheckpointTensor* tensor = nullptr;
@@ -487,7 +486,7 @@ struct CheckpointManager::LoadState {
   };
   std::vector<Item> items;
   LoadPlan plan;
-  // One ReadCheckpoint per reading rank: buffers[k] of it is items[item_of[k]].
+  // One ReadCheckpoint per reading rank and batch: buffers[k] of it is items[item_of[k]].
   struct Reader {
     WorkerEndpoint endpoint;
     v1::ReadCheckpointRequest request;
@@ -495,11 +494,23 @@ struct CheckpointManager::LoadState {
     v1::ReadCheckpointResponse response;
     bool ok = false;
   };
-  std::vector<Reader> readers;
-  StartedGroup group;
+  // Batches are read one after another; each one's exchange (its own group) starts when its
+  // reads are done, while the next batch is read.
+  struct Batch {
+    std::vector<size_t> items;
+    std::vector<Reader> readers;
+    StartedGroup group;
+  };
+  std::vector<Batch> batches;
   absl::Mutex mu;
-  size_t remaining ABSL_GUARDED_BY(mu) = 0;
+  std::vector<size_t> reads_left ABSL_GUARDED_BY(mu);  // Per batch: readers not answered.
+  // Batches started and not ended (their reads, then their group).
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  size_t exchanged ABSL_GUARDED_BY(mu) = 0;  // Batches whose group committed.
   absl::Status error ABSL_GUARDED_BY(mu);
+  absl::Time read_end ABSL_GUARDED_BY(mu);
+  absl::Time exchange_start ABSL_GUARDED_BY(mu);
+  absl::Time exchange_end ABSL_GUARDED_BY(mu);
 };
 
 void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
@@ -627,51 +638,66 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
     }
     item.reserved = true;
   }
-  // One read per reading rank, all its buffers at once (the worker reads in file order).
-  std::map<int64_t, size_t> reader_of;
-  for (size_t i = 0; i < st->items.size(); ++i) {
-    const LoadState::Item& item = st->items[i];
-    const CheckpointTensor& ct = *item.tensor;
-    const TensorRead& tr = st->plan.tensors[i];
-    const int64_t esize = ElementSize(ct.dtype);
-    std::map<int64_t, v1::CheckpointReadBuffer*> buffer_of;
-    for (const RankChunks& rc : tr.read_layout.ranks()) {
-      auto [it, inserted] = reader_of.emplace(rc.rank, st->readers.size());
-      if (inserted) {
-        LoadState::Reader r;
-        absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
-        if (!e.ok()) return LoadFailed(st, e.status());
-        r.endpoint = *e;
-        r.request.set_dir(st->files.dir);
-        st->readers.push_back(std::move(r));
+  // The items in batches of about load_batch_bytes (one batch with into: each group commits
+  // its copies, so only one group keeps the load all or nothing).
+  std::vector<int64_t> item_bytes;
+  for (const LoadState::Item& item : st->items) {
+    item_bytes.push_back(Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype));
+  }
+  for (std::vector<size_t>& items :
+       CutLoadBatches(item_bytes, st->args.into ? 0 : options_.load_batch_bytes)) {
+    LoadState::Batch batch;
+    batch.items = std::move(items);
+    st->batches.push_back(std::move(batch));
+  }
+  // One read per reading rank and batch, all its buffers at once (the worker reads in file
+  // order).
+  for (LoadState::Batch& batch : st->batches) {
+    std::map<int64_t, size_t> reader_of;
+    for (size_t i : batch.items) {
+      const LoadState::Item& item = st->items[i];
+      const CheckpointTensor& ct = *item.tensor;
+      const TensorRead& tr = st->plan.tensors[i];
+      const int64_t esize = ElementSize(ct.dtype);
+      std::map<int64_t, v1::CheckpointReadBuffer*> buffer_of;
+      for (const RankChunks& rc : tr.read_layout.ranks()) {
+        auto [it, inserted] = reader_of.emplace(rc.rank, batch.readers.size());
+        if (inserted) {
+          LoadState::Reader r;
+          absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
+          if (!e.ok()) return LoadFailed(st, e.status());
+          r.endpoint = *e;
+          r.request.set_dir(st->files.dir);
+          batch.readers.push_back(std::move(r));
+        }
+        LoadState::Reader& r = batch.readers[it->second];
+        v1::CheckpointReadBuffer* b = r.request.add_buffers();
+        b->set_tensor(item.staging);
+        b->set_version(item.version);
+        b->set_dtype(DTypeToProto(ct.dtype));
+        *b->mutable_chunks() = RankChunksToProto(rc);
+        r.item_of.push_back(i);
+        buffer_of[rc.rank] = b;
       }
-      LoadState::Reader& r = st->readers[it->second];
-      v1::CheckpointReadBuffer* b = r.request.add_buffers();
-      b->set_tensor(item.staging);
-      b->set_version(item.version);
-      b->set_dtype(DTypeToProto(ct.dtype));
-      *b->mutable_chunks() = RankChunksToProto(rc);
-      r.item_of.push_back(i);
-      buffer_of[rc.rank] = b;
-    }
-    for (const ReadRun& run : tr.runs) {
-      const CheckpointPiece& piece = ct.pieces[run.piece];
-      const SafetensorsHeader& h = st->files.headers.at(piece.file);
-      const SafetensorsEntry* e = h.Find(piece.entry);
-      const int64_t row_bytes = BoxRowElements(piece.box) * esize;
-      v1::CheckpointReadRun* out = buffer_of.at(run.rank)->add_runs();
-      out->set_file(piece.file);
-      out->set_entry(piece.entry);
-      out->set_offset(h.data_start() + e->begin + run.row_begin * row_bytes);
-      out->set_bytes(run.box.Volume() * esize);
-      if (piece.rows_per_block > 0) {
-        out->set_block_bytes(piece.rows_per_block * row_bytes);
-        const int64_t k0 = run.row_begin / piece.rows_per_block;
-        const int64_t k1 = (run.row_end + piece.rows_per_block - 1) / piece.rows_per_block;
-        for (int64_t k = k0; k < k1; ++k) out->add_blocks(piece.blocks[static_cast<size_t>(k)]);
-      } else if (piece.has_xxh64 && run.row_begin == 0 && run.row_end == BoxRows(piece.box)) {
-        out->set_has_xxh64(true);
-        out->set_xxh64(piece.xxh64);
+      for (const ReadRun& run : tr.runs) {
+        const CheckpointPiece& piece = ct.pieces[run.piece];
+        const SafetensorsHeader& h = st->files.headers.at(piece.file);
+        const SafetensorsEntry* e = h.Find(piece.entry);
+        const int64_t row_bytes = BoxRowElements(piece.box) * esize;
+        v1::CheckpointReadRun* out = buffer_of.at(run.rank)->add_runs();
+        out->set_file(piece.file);
+        out->set_entry(piece.entry);
+        out->set_offset(h.data_start() + e->begin + run.row_begin * row_bytes);
+        out->set_bytes(run.box.Volume() * esize);
+        if (piece.rows_per_block > 0) {
+          out->set_block_bytes(piece.rows_per_block * row_bytes);
+          const int64_t k0 = run.row_begin / piece.rows_per_block;
+          const int64_t k1 = (run.row_end + piece.rows_per_block - 1) / piece.rows_per_block;
+          for (int64_t k = k0; k < k1; ++k) out->add_blocks(piece.blocks[static_cast<size_t>(k)]);
+        } else if (piece.has_xxh64 && run.row_begin == 0 && run.row_end == BoxRows(piece.box)) {
+          out->set_has_xxh64(true);
+          out->set_xxh64(piece.xxh64);
+        }
       }
     }
   }
@@ -683,17 +709,28 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   UpdateProgress(st->args.id, "reading", 0);
   {
     absl::MutexLock lock(&st->mu);
-    st->remaining = st->readers.size();
+    st->reads_left.resize(st->batches.size());
   }
-  if (st->readers.empty()) return LoadRead(st);
-  for (size_t k = 0; k < st->readers.size(); ++k) {
-    client_->ReadCheckpoint(st->readers[k].endpoint, st->readers[k].request,
-                            [this, st, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
+  ReadBatch(st, 0);
+}
+
+void CheckpointManager::ReadBatch(const std::shared_ptr<LoadState>& st, size_t b) {
+  LoadState::Batch& batch = st->batches[b];
+  {
+    absl::MutexLock lock(&st->mu);
+    if (!st->error.ok()) return;  // A batch in flight fails the load when it ends.
+    ++st->in_flight;
+    st->reads_left[b] = batch.readers.size();
+  }
+  if (batch.readers.empty()) return BatchRead(st, b);
+  for (size_t k = 0; k < batch.readers.size(); ++k) {
+    client_->ReadCheckpoint(batch.readers[k].endpoint, batch.readers[k].request,
+                            [this, st, b, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
                               bool last = false;
                               int64_t got = 0;
                               {
                                 absl::MutexLock lock(&st->mu);
-                                LoadState::Reader& reader = st->readers[k];
+                                LoadState::Reader& reader = st->batches[b].readers[k];
                                 if (r.ok()) {
                                   reader.response = *std::move(r);
                                   reader.ok = true;
@@ -701,33 +738,35 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
                                 } else if (st->error.ok()) {
                                   st->error = WorkerError(reader.endpoint, r.status());
                                 }
-                                last = --st->remaining == 0;
+                                last = --st->reads_left[b] == 0;
                               }
                               UpdateProgress(st->args.id, "", got);
-                              if (last) LoadRead(st);
+                              if (last) BatchRead(st, b);
                             });
   }
 }
 
-void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
-  absl::Status error;
+void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b) {
+  bool failed;
   {
     absl::MutexLock lock(&st->mu);
-    error = st->error;
+    failed = !st->error.ok();
+    st->read_end = clock_->Now();
   }
-  if (!error.ok()) return LoadFailed(st, error);
-  st->read_end = clock_->Now();
+  if (failed) return BatchEnded(st, b, absl::OkStatus());
+  // The disk goes on with the next batch while this one is exchanged.
+  if (b + 1 < st->batches.size()) ReadBatch(st, b + 1);
+  LoadState::Batch& batch = st->batches[b];
   // Every reader's chunks, checked against the read layout, as each staging tensor's.
-  std::vector<LayoutChecksums> sums(st->items.size());
-  std::vector<absl::flat_hash_map<int64_t, int64_t>> holders(st->items.size());
-  for (size_t i = 0; i < st->items.size(); ++i) {
-    sums[i].resize(st->plan.tensors[i].read_layout.ranks().size());
-  }
-  for (const LoadState::Reader& r : st->readers) {
+  std::map<size_t, LayoutChecksums> sums;
+  std::map<size_t, absl::flat_hash_map<int64_t, int64_t>> holders;
+  for (size_t i : batch.items) sums[i].resize(st->plan.tensors[i].read_layout.ranks().size());
+  for (const LoadState::Reader& r : batch.readers) {
     if (r.response.chunks_size() != static_cast<int>(r.item_of.size())) {
-      return LoadFailed(st, absl::InternalError(absl::StrCat("worker ", r.endpoint.name,
-                                                             " answered ", r.response.chunks_size(),
-                                                             " buffers for ", r.item_of.size())));
+      return BatchEnded(st, b,
+                        absl::InternalError(absl::StrCat("worker ", r.endpoint.name, " answered ",
+                                                         r.response.chunks_size(), " buffers for ",
+                                                         r.item_of.size())));
     }
     for (size_t k = 0; k < r.item_of.size(); ++k) {
       const size_t i = r.item_of[k];
@@ -737,9 +776,10 @@ void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
           RankChunksFromProto(r.response.chunks(static_cast<int>(k)), "chunks", &got_sums);
       const RankChunks* want = layout.Find(r.endpoint.rank);
       if (!got.ok() || want == nullptr || got->chunks != want->chunks) {
-        return LoadFailed(st, absl::InternalError(absl::StrCat(
-                                  "worker ", r.endpoint.name,
-                                  " answered with other chunks than it was asked to read")));
+        return BatchEnded(st, b,
+                          absl::InternalError(absl::StrCat(
+                              "worker ", r.endpoint.name,
+                              " answered with other chunks than it was asked to read")));
       }
       for (size_t j = 0; j < layout.ranks().size(); ++j) {
         if (layout.ranks()[j].rank == r.endpoint.rank) sums[i][j] = got_sums;
@@ -748,12 +788,12 @@ void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
     }
   }
   std::vector<LoadMember> members;
-  for (size_t i = 0; i < st->items.size(); ++i) {
+  for (size_t i : batch.items) {
     LoadState::Item& item = st->items[i];
     if (absl::Status s =
             tensors_->FinishCreate(item.staging, st->op, std::move(sums[i]), std::move(holders[i]));
         !s.ok()) {
-      return LoadFailed(st, s);
+      return BatchEnded(st, b, s);
     }
     LoadMember m;
     m.staging = item.staging;
@@ -761,10 +801,16 @@ void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
       m.into = item.name;
     } else {
       m.target = *item.spec;
+      // Published with every other batch's tensors once all committed.
+      m.keep_hidden = true;
     }
     members.push_back(std::move(m));
   }
   UpdateProgress(st->args.id, "exchanging", 0);
+  {
+    absl::MutexLock lock(&st->mu);
+    if (st->exchange_start == absl::Time()) st->exchange_start = clock_->Now();
+  }
   // The group may end before LoadGroup returns (callbacks may run inline): whichever of the
   // two comes second goes on.
   struct Wait {
@@ -772,107 +818,155 @@ void CheckpointManager::LoadRead(const std::shared_ptr<LoadState>& st) {
     bool started ABSL_GUARDED_BY(mu) = false;
     bool ended ABSL_GUARDED_BY(mu) = false;
     absl::Status status ABSL_GUARDED_BY(mu);
-    GroupProgress progress ABSL_GUARDED_BY(mu);
   };
   auto wait = std::make_shared<Wait>();
   absl::StatusOr<StartedGroup> group = plans_->LoadGroup(
-      st->op, members, [this, st, wait](const absl::Status& s, const GroupProgress& p) {
+      st->op, members, [this, st, b, wait](const absl::Status& s, const GroupProgress&) {
         {
           absl::MutexLock lock(&wait->mu);
           wait->ended = true;
           wait->status = s;
-          wait->progress = p;
           if (!wait->started) return;
         }
-        LoadExchanged(st, s, p);
+        BatchEnded(st, b, s, /*exchanged=*/true);
       });
-  if (!group.ok()) return LoadFailed(st, group.status());
-  st->group = *std::move(group);
+  if (!group.ok()) return BatchEnded(st, b, group.status());
+  batch.group = *std::move(group);
   absl::Status status;
-  GroupProgress progress;
   {
     absl::MutexLock lock(&wait->mu);
     wait->started = true;
     if (!wait->ended) return;
     status = wait->status;
-    progress = wait->progress;
   }
-  LoadExchanged(st, status, progress);
+  BatchEnded(st, b, status, /*exchanged=*/true);
 }
 
-void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st, const absl::Status& s,
-                                      const GroupProgress& progress) {
-  if (!s.ok()) return LoadFailed(st, s);
-  // Into: the copies committed; the staging tensors and their buffers go.
+void CheckpointManager::BatchEnded(const std::shared_ptr<LoadState>& st, size_t b,
+                                   const absl::Status& s, bool exchanged) {
+  absl::Status error;
+  bool done = false;
+  {
+    absl::MutexLock lock(&st->mu);
+    if (!s.ok() && st->error.ok()) st->error = Prefixed(absl::StrCat("batch ", b, ": "), s);
+    if (exchanged) st->exchange_end = clock_->Now();
+    if (exchanged && s.ok()) ++st->exchanged;
+    done = --st->in_flight == 0 && (!st->error.ok() || st->exchanged == st->batches.size());
+    error = st->error;
+  }
+  if (!done) return;
+  if (!error.ok()) return LoadFailed(st, error);
+  LoadExchanged(st);
+}
+
+void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st) {
   if (st->args.into) {
+    // The copies committed; the staging tensors and their buffers go.
     for (const LoadState::Item& item : st->items) {
       tensors_->Remove(item.staging, st->op).IgnoreError();
     }
-  }
-  for (const LoadState::Reader& r : st->readers) {
-    for (size_t i : r.item_of) {
-      if (!st->args.into) break;  // Moved staging buffers were dropped by the commit.
-      v1::DropTensorRequest drop;
-      drop.set_tensor(st->items[i].staging);
-      drop.set_version(st->items[i].version);
-      client_->DropTensor(r.endpoint, drop, [](absl::Status) {});
+    for (const LoadState::Batch& batch : st->batches) {
+      for (const LoadState::Reader& r : batch.readers) {
+        for (size_t i : r.item_of) {
+          v1::DropTensorRequest drop;
+          drop.set_tensor(st->items[i].staging);
+          drop.set_version(st->items[i].version);
+          client_->DropTensor(r.endpoint, drop, [](absl::Status) {});
+        }
+      }
     }
+  } else {
+    // Every batch committed its tensors hidden: they appear together, or (the store refused)
+    // none does and the load fails.
+    std::vector<std::string> names;
+    for (const LoadState::Item& item : st->items) names.push_back(item.name);
+    if (absl::Status s = tensors_->PublishAll(names, st->op); !s.ok()) return LoadFailed(st, s);
   }
   v1::LoadCheckpointResponse resp;
   int64_t bytes = 0, read = 0;
+  std::map<size_t, int64_t> target_version;
+  for (const LoadState::Batch& batch : st->batches) {
+    for (size_t k = 0; k < batch.items.size() && k < batch.group.members.size(); ++k) {
+      target_version[batch.items[k]] = batch.group.members[k].target_version;
+    }
+  }
   for (size_t i = 0; i < st->items.size(); ++i) {
     const LoadState::Item& item = st->items[i];
     v1::LoadedTensor* t = resp.add_tensors();
     t->set_tensor(item.tensor->name);
     t->set_name(item.name);
-    t->set_version(i < st->group.members.size() ? st->group.members[i].target_version : 0);
+    t->set_version(target_version.count(i) ? target_version.at(i) : 0);
     const int64_t b = Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype);
     t->set_bytes(b);
     bytes += b;
   }
-  for (const LoadState::Reader& r : st->readers) {
-    v1::CheckpointFileInfo* out = resp.add_readers();
-    out->set_worker(r.endpoint.name);
-    out->set_rank(r.endpoint.rank);
-    out->set_bytes(r.response.bytes_read());
-    int64_t runs = 0;
-    for (const v1::CheckpointReadBuffer& b : r.request.buffers()) runs += b.runs_size();
-    out->set_entries(runs);
-    out->set_seconds(r.response.seconds());
-    read += r.response.bytes_read();
+  // Per reading rank, over every batch.
+  std::map<int64_t, v1::CheckpointFileInfo> readers;
+  int64_t moved = 0, lower_bound = 0;
+  for (const LoadState::Batch& batch : st->batches) {
+    for (const LoadState::Reader& r : batch.readers) {
+      v1::CheckpointFileInfo& out = readers[r.endpoint.rank];
+      out.set_worker(r.endpoint.name);
+      out.set_rank(r.endpoint.rank);
+      out.set_bytes(out.bytes() + r.response.bytes_read());
+      int64_t runs = 0;
+      for (const v1::CheckpointReadBuffer& b : r.request.buffers()) runs += b.runs_size();
+      out.set_entries(out.entries() + runs);
+      out.set_seconds(out.seconds() + r.response.seconds());
+      read += r.response.bytes_read();
+    }
+    moved += batch.group.bytes_moved;
+    lower_bound += batch.group.lower_bound_bytes;
+    resp.add_group_ids(batch.group.id);
   }
+  for (auto& [rank, info] : readers) *resp.add_readers() = std::move(info);
   resp.set_bytes(bytes);
   resp.set_bytes_read(read);
-  resp.set_exchange_bytes_moved(st->group.bytes_moved);
-  resp.set_exchange_lower_bound_bytes(st->group.lower_bound_bytes);
-  resp.set_read_seconds(absl::ToDoubleSeconds(st->read_end - st->start));
-  resp.set_exchange_seconds(progress.seconds);
+  resp.set_exchange_bytes_moved(moved);
+  resp.set_exchange_lower_bound_bytes(lower_bound);
+  {
+    absl::MutexLock lock(&st->mu);
+    resp.set_read_seconds(absl::ToDoubleSeconds(st->read_end - st->start));
+    resp.set_exchange_seconds(absl::ToDoubleSeconds(st->exchange_end - st->exchange_start));
+  }
   resp.set_seconds(absl::ToDoubleSeconds(clock_->Now() - st->start));
-  resp.set_group_id(st->group.id);
+  if (!st->batches.empty()) resp.set_group_id(st->batches.front().group.id);
   EndProgress(st->args.id, absl::OkStatus());
   st->done(std::move(resp));
 }
 
 void CheckpointManager::LoadFailed(const std::shared_ptr<LoadState>& st, absl::Status s) {
-  // Nothing may stay: hidden staging tensors (reserved or made ready) and every buffer read.
+  // Nothing may stay: hidden tensors (reserved, made ready, or committed hidden at their target
+  // by a batch's group) and every buffer read or moved.
   for (const LoadState::Item& item : st->items) {
     if (!item.reserved) continue;
     tensors_->CancelCreate(item.staging, st->op);
-    tensors_->Remove(item.staging, st->op).IgnoreError();
-  }
-  for (const LoadState::Reader& r : st->readers) {
-    if (!r.ok) continue;
-    for (size_t i : r.item_of) {
+    absl::StatusOr<TensorRecord> rec = tensors_->Remove(item.staging, st->op);
+    if (!rec.ok() || rec->version == item.version) continue;
+    // Its batch's group committed it: its target buffers go too.
+    for (const RankChunks& rc : rec->layout.ranks()) {
+      absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
+      if (!e.ok()) continue;
       v1::DropTensorRequest drop;
-      drop.set_tensor(st->items[i].staging);
-      drop.set_version(st->items[i].version);
-      client_->DropTensor(r.endpoint, drop, [](absl::Status) {});
+      drop.set_tensor(rec->name);
+      drop.set_version(rec->version);
+      client_->DropTensor(*e, drop, [](absl::Status) {});
+    }
+  }
+  for (const LoadState::Batch& batch : st->batches) {
+    for (const LoadState::Reader& r : batch.readers) {
+      if (!r.ok) continue;
+      for (size_t i : r.item_of) {
+        v1::DropTensorRequest drop;
+        drop.set_tensor(st->items[i].staging);
+        drop.set_version(st->items[i].version);
+        client_->DropTensor(r.endpoint, drop, [](absl::Status) {});
+      }
     }
   }
   EndProgress(st->args.id, s);
   st->done(s);
 }
-
 // ---- Inspect ---------------------------------------------------------------------------------
 
 void CheckpointManager::Inspect(const std::string& dir_arg, InspectCallback done) {

@@ -75,16 +75,23 @@ absl::StatusOr<CheckpointFiles> ParseCheckpointFiles(const v1::ReadCheckpointInd
 //
 // Load: a worker reads index.json and the file headers; PlanLoad picks who reads which rows
 // (each once, by a rank that needs them); each reader reads its rows into hidden staging
-// tensors (TensorRecord::owner), checking every block against the index's XXH64; then one
-// group plan (PlanManager::LoadGroup) moves the staging tensors to their targets, or copies
-// them into existing tensors (into), committing every tensor together. A failure at any
-// point drops the staging buffers and hidden tensors: nothing is created or changed.
+// tensors (TensorRecord::owner), checking every block against the index's XXH64; then group
+// plans (PlanManager::LoadGroup) move the staging tensors to their targets, or copy them into
+// existing tensors (into). The tensors are read in batches (load_batch_bytes), each batch's
+// group running while the next batch is read; the groups keep their results hidden and the
+// load publishes every tensor at once when all committed (TensorManager::PublishAll). Into
+// loads run as one batch (a group's commit is their copies'). A failure at any point, once
+// nothing is in flight, drops the staging and target buffers and hidden tensors: nothing is
+// created or changed.
 //
 // Asynchronous: callbacks run on any thread, with no lock held. Thread-safe.
 struct CheckpointManagerOptions {
   // SavePlanOptions::min_part_bytes: replicated pieces are shared among their holders in
   // parts no smaller than this.
   int64_t min_part_bytes = int64_t{64} << 10;
+  // A load (not into) reads in batches of about this many checkpoint bytes (CutLoadBatches),
+  // each batch's exchange running while the next one is read; <= 0: one batch.
+  int64_t load_batch_bytes = int64_t{128} << 20;
   // Where saves and loads are counted; not owned, may be null.
   CoordinatorMetrics* metrics = nullptr;
 };
@@ -128,10 +135,16 @@ class CheckpointManager {
 
   void LoadIndexRead(const std::shared_ptr<LoadState>& st,
                      absl::StatusOr<v1::ReadCheckpointIndexResponse> read);
-  void LoadRead(const std::shared_ptr<LoadState>& st);
+  // Sends batch b's reads (nothing once the load failed).
+  void ReadBatch(const std::shared_ptr<LoadState>& st, size_t b);
+  // Batch b was read: starts reading b + 1, then b's exchange group.
+  void BatchRead(const std::shared_ptr<LoadState>& st, size_t b);
+  // Batch b ended (its reads failed, or its group ended: `exchanged`). The last batch to end
+  // finishes the load: failed (after everything in flight ended) or published.
+  void BatchEnded(const std::shared_ptr<LoadState>& st, size_t b, const absl::Status& s,
+                  bool exchanged = false);
   void LoadFailed(const std::shared_ptr<LoadState>& st, absl::Status s);
-  void LoadExchanged(const std::shared_ptr<LoadState>& st, const absl::Status& s,
-                     const GroupProgress& progress);
+  void LoadExchanged(const std::shared_ptr<LoadState>& st);
 
   const Clock* const clock_;
   WorkerManager* const workers_;

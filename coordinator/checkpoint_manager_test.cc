@@ -30,7 +30,7 @@ class CheckpointManagerTest : public ::testing::Test {
         tensors_(&meshes_),
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
         checkpoints_(&clock_, &workers_, &meshes_, &tensors_, &plans_, &client_,
-                     CheckpointManagerOptions{256}) {
+                     CheckpointManagerOptions{256, /*load_batch_bytes=*/64}) {
     workers_.AddListener(&plans_);
     for (int i = 0; i < 4; ++i) {
       const std::string name = absl::StrCat("w", i);
@@ -42,7 +42,7 @@ class CheckpointManagerTest : public ::testing::Test {
     // Workers that execute every fragment correctly (the fake moves no bytes): each reports
     // its target chunks with a checksum that depends only on the box, so replicas agree.
     client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
-      if (fail_exchange_rank_ == f.rank()) {
+      if (fail_exchange_rank_ == f.rank() && skip_failures_-- <= 0) {
         WorkerReport r = Report(f);
         r.error = "injected failure";
         plans_.Report(r).IgnoreError();
@@ -177,6 +177,7 @@ class CheckpointManagerTest : public ::testing::Test {
   PlanManager plans_;
   CheckpointManager checkpoints_;
   int64_t fail_exchange_rank_ = -1;
+  int skip_failures_ = 0;  // Fragments of fail_exchange_rank_ that still succeed.
 };
 
 TEST_F(CheckpointManagerTest, SaveWritesEveryPieceOnceThenCommits) {
@@ -343,6 +344,33 @@ TEST_F(CheckpointManagerTest, AFailedExchangeCreatesNothing) {
   EXPECT_EQ(client_.BufferCount("x_b"), 0);
   fail_exchange_rank_ = -1;
   ASSERT_TRUE(Load(LoadAll("/data/ck", "R,R", "M", "x_")).ok());
+  EXPECT_EQ(TensorNames(), (std::set<std::string>{"a", "b", "x_a", "x_b"}));
+}
+
+// The load reads in batches (64 bytes here: a batch per tensor), each batch's group committing
+// its tensors hidden: a later batch's failure removes what earlier batches committed, with
+// their target buffers.
+TEST_F(CheckpointManagerTest, ALaterBatchFailingRemovesWhatEarlierBatchesCommitted) {
+  Create("a", "S(0)", "N", {64, 32});
+  Create("b", "S(1)", "N", {8, 32});
+  ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
+  fail_exchange_rank_ = 3;
+  // One batch's group commits (hidden), the other one's aborts (the fake answers inline, so
+  // batch 1's group, started as soon as it is read, runs before batch 0's).
+  skip_failures_ = 1;
+  const int executes = client_.calls("Execute");
+  absl::StatusOr<v1::LoadCheckpointResponse> r = Load(LoadAll("/data/ck", "R,R", "M", "x_"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(r.status().message(), HasSubstr("batch 0: "));
+  EXPECT_GT(client_.calls("Execute"), executes);
+  EXPECT_EQ(TensorNames(), (std::set<std::string>{"a", "b"}));
+  EXPECT_FALSE(tensors_.Get("x_a").ok());
+  EXPECT_EQ(client_.BufferCount("x_a"), 0);
+  EXPECT_EQ(client_.BufferCount("x_b"), 0);
+  fail_exchange_rank_ = -1;
+  r = Load(LoadAll("/data/ck", "R,R", "M", "x_"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->group_ids_size(), 2);
   EXPECT_EQ(TensorNames(), (std::set<std::string>{"a", "b", "x_a", "x_b"}));
 }
 

@@ -752,6 +752,7 @@ absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
     item.tensor = m.staging;
     item.where = absl::StrCat("tensors[", i, "]");
     item.owner = owner;
+    item.keep_hidden = m.keep_hidden;
     if (!m.into.empty()) {
       item.target_tensor = m.into;
       item.target_fn = [](const TensorRecord& rec) -> absl::StatusOr<Target> {
@@ -859,6 +860,10 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     {
       absl::MutexLock lock(&mu_);
       Group& g = groups_.at(gid);
+      // Before any fragment is sent, so before it can commit.
+      if (auto it = plans_.find(started->id); it != plans_.end()) {
+        it->second.keep_hidden = items[i].keep_hidden;
+      }
       g.members.push_back(started->id);
       g.labels.push_back(absl::StrCat(items[i].label, ", plan ", started->id, ")"));
     }
@@ -1752,7 +1757,7 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   w.state.checksums = std::move(checksums);
   w.state.version = e.target_version;
   w.state.attached = e.target_attached;
-  w.state.publish = !e.owner.empty();
+  w.state.publish = !e.owner.empty() && !e.keep_hidden;
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }

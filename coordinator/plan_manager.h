@@ -125,11 +125,14 @@ struct RedistributeMember {
 // One member of a checkpoint load's exchange (coordinator/checkpoint_manager.h): `staging`
 // is a tensor hidden by the load (TensorRecord::owner) holding what the readers read. With
 // `into`, its values are copied into that existing tensor (as CopyGroup); otherwise it moves
-// to `target` (on target.mesh) and becomes an ordinary tensor when the group commits.
+// to `target` (on target.mesh) and becomes an ordinary tensor when the group commits, unless
+// `keep_hidden`: then it stays hidden (owned by the load) at its target layout, for the load to
+// publish with TensorManager::PublishAll once every group of the load committed.
 struct LoadMember {
   std::string staging;
   std::string into;
   Spec target;
+  bool keep_hidden = false;
 };
 
 // A group of plans that commit together (or none does).
@@ -391,7 +394,8 @@ class PlanManager : public WorkerListener {
     std::string id;
     const char* op = "";        // For metrics.
     std::string group;          // Non-empty: a member of that group, committed with it.
-    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published.
+    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published
+    bool keep_hidden = false;   // ... unless this (LoadMember::keep_hidden).
     std::string tensor;         // Read at source_version.
     std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
     std::shared_ptr<const Plan> plan;
@@ -474,6 +478,7 @@ class PlanManager : public WorkerListener {
     std::string where;  // "copies[2]"
     std::string label;  // "copies[2] ('a' -> 'b'"; the plan id and ")" are added.
     std::string owner;  // Hidden tensors it may use (a checkpoint load).
+    bool keep_hidden = false;
   };
   // Starts every item (fragments held back), then sends them all; on a refusal forgets the
   // items started so far and returns it prefixed with the item's `where`.

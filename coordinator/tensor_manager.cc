@@ -486,6 +486,31 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
   return absl::OkStatus();
 }
 
+absl::Status TensorManager::PublishAll(const std::vector<std::string>& names,
+                                       const std::string& owner) {
+  if (owner.empty()) return absl::InvalidArgumentError("owner: empty");
+  absl::MutexLock lock(&mu_);
+  std::vector<TensorRecord> next;
+  next.reserve(names.size());
+  for (const std::string& name : names) {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end() || !it->second.ready || it->second.owner != owner ||
+        !it->second.busy_plan.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor '", name, "' is not a ready, idle tensor hidden by ", owner));
+    }
+    next.push_back(it->second);
+    next.back().owner.clear();
+  }
+  if (store_ != nullptr) {
+    StateBatch batch;
+    for (const TensorRecord& t : next) batch.Put(kTensorKind, t.name, SerializeTensor(t));
+    if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
+  }
+  for (TensorRecord& t : next) tensors_.find(t.name)->second = std::move(t);
+  return absl::OkStatus();
+}
+
 absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
                                        ChunkChecksums checksums, int64_t incarnation) {
   absl::MutexLock lock(&mu_);

@@ -170,6 +170,11 @@ class TensorManager {
   };
   absl::Status CommitAll(std::vector<CommitItem> items);
 
+  // Makes tensors hidden by `owner` (ready and idle) ordinary, stored ones: all or none, stored
+  // in one batch. FAILED_PRECONDITION naming the first that is not a ready, idle tensor hidden
+  // by `owner` (and then nothing changed); the store's error.
+  absl::Status PublishAll(const std::vector<std::string>& names, const std::string& owner);
+
   // Counts a buffer a user process lent `rank`'s worker (incarnation `incarnation`) as the
   // rank's chunks of attached tensor `name` at `version`, and returns the tensor. NOT_FOUND;
   // FAILED_PRECONDITION not attached, or the rank is attached already (by a live holder);

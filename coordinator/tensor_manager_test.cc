@@ -503,3 +503,52 @@ TEST(TensorManagerHiddenTest, OnlyTheOwnerSeesItUntilACommitPublishesIt) {
 
 }  // namespace
 }  // namespace shardcoord
+
+namespace shardcoord {
+namespace {
+
+// A load that overlaps reading and exchange keeps each group's results hidden, then publishes
+// them all at once: all or none, and only the owner's ready, idle tensors.
+TEST(TensorManagerHiddenTest, PublishAllIsAllOrNothing) {
+  MemoryStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"}).ok());
+  ASSERT_TRUE(meshes.Create("M", {1}, {}, {}).ok());
+  const Layout layout = *Layout::FromPlacements(meshes.Get("M")->mesh, {4}, {Placement::Shard(0)});
+  TensorManager tensors(&meshes, &store);
+  for (const char* name : {"a", "b"}) {
+    TensorRecord t;
+    t.name = name;
+    t.shape = {4};
+    t.layout = layout;
+    t.version = tensors.NewVersion();
+    t.owner = "load-1";
+    ASSERT_TRUE(tensors.Reserve(t, "load-1").ok());
+    ASSERT_TRUE(tensors.FinishCreate(name, "load-1", {{5}}, {{0, 1}}).ok());
+  }
+  // Another owner, a missing name, a busy tensor: refused, and nothing published.
+  EXPECT_EQ(tensors.PublishAll({"a", "b"}, "load-2").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tensors.PublishAll({"a", "c"}, "load-1").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(tensors.Acquire("b", "p-1", "", "load-1").ok());
+  absl::Status busy = tensors.PublishAll({"a", "b"}, "load-1");
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(busy.message()), ::testing::HasSubstr("'b'"));
+  EXPECT_TRUE(tensors.List().empty());
+  absl::StatusOr<std::vector<StateRecord>> stored = store.Load("tensor");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_TRUE(stored->empty());
+  tensors.Release("b", "p-1");
+
+  ASSERT_TRUE(tensors.PublishAll({"a", "b"}, "load-1").ok());
+  EXPECT_TRUE(tensors.Get("a").ok());
+  EXPECT_TRUE(tensors.Get("b").ok());
+  EXPECT_EQ(tensors.List().size(), 2u);
+  stored = store.Load("tensor");
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->size(), 2u);
+}
+
+}  // namespace
+}  // namespace shardcoord

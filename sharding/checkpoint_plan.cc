@@ -296,4 +296,29 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
   return plan;
 }
 
+std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
+                                                int64_t batch_bytes) {
+  std::vector<std::vector<size_t>> out;
+  if (bytes.empty()) return out;
+  int64_t total = 0;
+  for (int64_t b : bytes) total += std::max<int64_t>(b, 0);
+  int64_t k = 1;
+  if (batch_bytes > 0) k = std::max<int64_t>(1, (total + batch_bytes / 2) / batch_bytes);
+  k = std::min<int64_t>(k, static_cast<int64_t>(bytes.size()));
+  out.resize(static_cast<size_t>(k));
+  int64_t before = 0;
+  for (size_t t = 0; t < bytes.size(); ++t) {
+    const int64_t b = std::max<int64_t>(bytes[t], 0);
+    // The batch holding byte before + b/2 of `total` cut into k even ranges.
+    int64_t batch = total == 0 ? 0 : (2 * before + b) * k / (2 * total);
+    batch = std::min(batch, k - 1);
+    out[static_cast<size_t>(batch)].push_back(t);
+    before += b;
+  }
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [](const std::vector<size_t>& v) { return v.empty(); }),
+            out.end());
+  return out;
+}
+
 }  // namespace shardcoord

@@ -103,6 +103,14 @@ struct LoadPlan {
 // target.
 absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors);
 
+// The tensors of a load (their bytes, in load order) cut into consecutive batches of about
+// `batch_bytes` each, no tensor split: round(total / batch_bytes) batches (at least one, at
+// most one per tensor), each tensor in the batch where the middle of its bytes falls, so
+// batches are even up to one tensor. A load reads batch k+1 while batch k's exchange runs.
+// `batch_bytes` <= 0: one batch. Empty batches are left out.
+std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
+                                                int64_t batch_bytes);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_SHARDING_CHECKPOINT_PLAN_H_

@@ -259,5 +259,31 @@ TEST(PlanLoadTest, RefusesShapeMismatchAndPartial) {
   EXPECT_FALSE(PlanLoad({LoadTensor{&t, Placed({2}, {4, 4}, "P")}}).ok());
 }
 
+TEST(CutLoadBatchesTest, EvenBatchesInOrderNoTensorSplit) {
+  using Batches = std::vector<std::vector<size_t>>;
+  // 8 tensors of 10 bytes in batches of 20: four batches of two, in order.
+  const std::vector<int64_t> even(8, 10);
+  EXPECT_EQ(CutLoadBatches(even, 20), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // No batch size, or one larger than everything: one batch.
+  EXPECT_EQ(CutLoadBatches(even, 0), (Batches{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  EXPECT_EQ(CutLoadBatches(even, 1000), (Batches{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  // Never more batches than tensors.
+  EXPECT_EQ(CutLoadBatches({5, 5}, 1), (Batches{{0}, {1}}));
+  // A big tensor goes where its middle falls; every tensor is in exactly one batch, in order.
+  const std::vector<int64_t> mixed = {1, 1, 60, 1, 1, 30, 3, 3};
+  const Batches cut = CutLoadBatches(mixed, 25);
+  ASSERT_EQ(cut.size(), 4u);
+  std::vector<size_t> all;
+  for (const std::vector<size_t>& b : cut) {
+    EXPECT_FALSE(b.empty());
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  EXPECT_EQ(all, (std::vector<size_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(cut, (Batches{{0, 1}, {2}, {3, 4}, {5, 6, 7}}));
+  EXPECT_TRUE(CutLoadBatches({}, 10).empty());
+  // Empty tensors ride along.
+  EXPECT_EQ(CutLoadBatches({0, 0, 0}, 10), (Batches{{0, 1, 2}}));
+}
+
 }  // namespace
 }  // namespace shardcoord
