@@ -42,6 +42,9 @@
 #include "tests/process.h"
 #include "tests/tensor_check.h"
 
+ABSL_FLAG(int64_t, relay_max_bytes, 64 << 10,
+          "The coordinator's --relay-max-bytes (its default: small plans are relayed by the "
+          "coordinator); 0 runs every plan on the workers.");
 ABSL_FLAG(bool, json, false, "Print one JSON object with every number instead of text.");
 ABSL_FLAG(int64_t, mib, 256, "Size of the big tensor in MiB (f32, square-ish 2-d).");
 ABSL_FLAG(int, reps, 5, "Timed repetitions of each throughput measurement.");
@@ -114,6 +117,7 @@ int Run() {
   options.num_workers = kWorkers;
   options.echo_stdout = false;
   options.log_dir = log_dir;
+  options.relay_max_bytes = absl::GetFlag(FLAGS_relay_max_bytes);
   say(absl::StrCat("starting a coordinator and ", kWorkers, " workers (logs in ", log_dir, ")"));
   std::unique_ptr<Cluster> cluster = OrDie(Cluster::Start(options), "cluster");
   CoordinatorClient& client = cluster->client();

@@ -62,6 +62,9 @@
 #include "tests/process.h"
 #include "tests/tensor_check.h"
 
+ABSL_FLAG(int64_t, relay_max_bytes, 64 << 10,
+          "The coordinator's --relay-max-bytes (its default: small plans are relayed by the "
+          "coordinator); 0 runs every plan on the workers.");
 ABSL_FLAG(bool, json, false, "Print one JSON object with every number instead of text.");
 ABSL_FLAG(int, reps, 5, "Timed repetitions of each throughput kind (after one warm-up).");
 ABSL_FLAG(int, layers, 16, "Decoder layers of the model.");
@@ -499,6 +502,7 @@ int Run() {
   options.echo_stdout = false;
   options.log_dir = log_dir;
   options.worker_flags = {absl::StrCat("--local-socket=", sockets, "/{name}.sock")};
+  options.relay_max_bytes = absl::GetFlag(FLAGS_relay_max_bytes);
   const std::string state = absl::GetFlag(FLAGS_state);
   if (state == "sqlite") {
     options.state_dir = tmp + "/state";
@@ -735,6 +739,7 @@ int Run() {
     j.BeginObject();
     j.Key("tensors").Int(static_cast<int64_t>(w.params.size()));
     j.Key("state").String(state);
+    j.Key("relay_max_bytes").Int(absl::GetFlag(FLAGS_relay_max_bytes));
     j.Key("model_bytes").Int(w.bytes()).Key("dtype").String(DTypeName(w.config.dtype));
     j.Key("group_kind").String("CopyGroup");
     j.Key("bytes_moved").Int(moved).Key("lower_bound_bytes").Int(first.lower_bound_bytes());

@@ -30,8 +30,7 @@ absl::StatusOr<std::string> AssembleLocalBuffer(const RankChunks& rc,
       const Box region = c.box.Intersect(sources[i].box);
       if (region.Empty()) continue;
       // Source chunks of one contribution do not overlap, so intersections add up.
-      absl::Status s =
-          CopyBox(region, data[i].data(), sources[i].box, dst, c.box, element_size);
+      absl::Status s = CopyBox(region, data[i].data(), sources[i].box, dst, c.box, element_size);
       if (!s.ok()) return absl::InternalError(s.message());
       covered += region.Volume();
     }
@@ -62,17 +61,16 @@ struct RelayState {
 void Write(const std::shared_ptr<RelayState>& st);
 
 // One holder's ReadBoxes answered; the last answer starts the writes (or ends the relay).
-void OnRead(const std::shared_ptr<RelayState>& st, int64_t rank,
-            const std::vector<size_t>& indices, absl::StatusOr<v1::ReadBoxesResponse> got) {
+void OnRead(const std::shared_ptr<RelayState>& st, int64_t rank, const std::vector<size_t>& indices,
+            absl::StatusOr<v1::ReadBoxesResponse> got) {
   const WorkerEndpoint& from = st->request.workers.at(rank);
   absl::Status s;
   if (!got.ok()) {
     s = absl::UnavailableError(
         absl::StrCat("reading from ", Describe(from), ": ", got.status().ToString()));
   } else if (got->data_size() != static_cast<int>(indices.size())) {
-    s = absl::UnavailableError(absl::StrCat("reading from ", Describe(from), ": ",
-                                            got->data_size(), " boxes answered, want ",
-                                            indices.size()));
+    s = absl::UnavailableError(absl::StrCat("reading from ", Describe(from), ": ", got->data_size(),
+                                            " boxes answered, want ", indices.size()));
   }
   for (size_t k = 0; s.ok() && k < indices.size(); ++k) {
     const BandSource& src = st->sources[indices[k]];
@@ -113,8 +111,8 @@ void Write(const std::shared_ptr<RelayState>& st) {
   std::vector<Out> outs;
   absl::Status error;
   for (const RankChunks& rc : q.target.ranks()) {
-    absl::StatusOr<std::string> buf = AssembleLocalBuffer(rc, st->sources, st->data,
-                                                          st->element_size);
+    absl::StatusOr<std::string> buf =
+        AssembleLocalBuffer(rc, st->sources, st->data, st->element_size);
     if (!buf.ok()) {
       error = buf.status();
       break;
@@ -194,8 +192,7 @@ void Write(const std::shared_ptr<RelayState>& st) {
 
 }  // namespace
 
-void RunRelay(WorkerClient* client, RelayRequest request,
-              std::function<void(RelayResult)> done) {
+void RunRelay(WorkerClient* client, RelayRequest request, std::function<void(RelayResult)> done) {
   auto st = std::make_shared<RelayState>();
   st->client = client;
   st->element_size = ElementSize(request.dtype);
@@ -232,11 +229,11 @@ void RunRelay(WorkerClient* client, RelayRequest request,
     req.set_tensor(st->request.tensor);
     req.set_version(st->request.source_version);
     for (size_t i : indices) *req.add_boxes() = BoxToProto(st->sources[i].box);
-    client->ReadBoxes(st->request.workers.at(rank), req,
-                      [st, rank = rank, indices = indices](
-                          absl::StatusOr<v1::ReadBoxesResponse> got) {
-                        OnRead(st, rank, indices, std::move(got));
-                      });
+    client->ReadBoxes(
+        st->request.workers.at(rank), req,
+        [st, rank = rank, indices = indices](absl::StatusOr<v1::ReadBoxesResponse> got) {
+          OnRead(st, rank, indices, std::move(got));
+        });
   }
 }
 

@@ -86,8 +86,7 @@ struct RelayResult {
 // Reads, lays out and writes as described above; `done` runs once, after every call it made
 // has been answered (so a failure never leaves a write in flight), on any thread, no lock
 // held.
-void RunRelay(WorkerClient* client, RelayRequest request,
-              std::function<void(RelayResult)> done);
+void RunRelay(WorkerClient* client, RelayRequest request, std::function<void(RelayResult)> done);
 
 }  // namespace shardcoord
 

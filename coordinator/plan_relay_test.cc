@@ -41,9 +41,8 @@ std::string Global(const Shape& shape) {
 std::string Local(const RankChunks& rc, const std::string& global, const Shape& shape) {
   std::string out(static_cast<size_t>(rc.local_elements * 4), '\0');
   for (const Chunk& c : rc.chunks) {
-    EXPECT_TRUE(PackBox(c.box, global.data(), Box::Whole(shape), out.data() + c.local_offset * 4,
-                        4)
-                    .ok());
+    EXPECT_TRUE(
+        PackBox(c.box, global.data(), Box::Whole(shape), out.data() + c.local_offset * 4, 4).ok());
   }
   return out;
 }
@@ -118,7 +117,7 @@ TEST_F(PlanRelayTest, MovesEveryValueBetweenUnevenShardings) {
     EXPECT_EQ(w.bytes, target.Find(rank)->local_elements * 4);
   }
   ExpectTargetValues(target, shape);
-  EXPECT_EQ(workers_.calls("ReadChunk"), 4);  // One read per distinct source chunk.
+  EXPECT_EQ(workers_.calls("ReadChunk"), 4);   // One read per distinct source chunk.
   EXPECT_EQ(workers_.calls("WriteChunk"), 8);  // 4 to store the source, 4 relayed.
 }
 
@@ -169,8 +168,8 @@ TEST(RelayEligibleTest, OnlySmallPlainCopies) {
   plan.source = Placed({4}, {}, {16, 16}, "S(0)");
   plan.target = Placed({4}, {}, {16, 16}, "S(1)");
   EXPECT_TRUE(RelayEligible(plan, false, 1024));
-  EXPECT_FALSE(RelayEligible(plan, false, 1023));  // 1 KiB of f32.
-  EXPECT_FALSE(RelayEligible(plan, false, 0));     // Disabled.
+  EXPECT_FALSE(RelayEligible(plan, false, 1023));    // 1 KiB of f32.
+  EXPECT_FALSE(RelayEligible(plan, false, 0));       // Disabled.
   EXPECT_FALSE(RelayEligible(plan, true, 1 << 20));  // Written in place.
   Plan partial = plan;
   partial.source = Placed({4}, {}, {16, 16}, "P");
