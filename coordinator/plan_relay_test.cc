@@ -12,20 +12,10 @@
 #include "sharding/box_copy.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/test_layouts.h"
 
 namespace shardcoord {
 namespace {
-
-Layout Placed(const Shape& mesh_shape, std::vector<int64_t> ranks, const Shape& shape,
-              const std::string& placements) {
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(mesh_shape, std::move(ranks));
-  EXPECT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<std::vector<Placement>> p = ParsePlacements(placements);
-  EXPECT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<Layout> l = Layout::FromPlacements(*mesh, shape, *p);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
-}
 
 // Element i of the whole tensor is the f32 value i.
 std::string Global(const Shape& shape) {

@@ -10,19 +10,10 @@
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
 #include "sharding/tensor_split.h"
+#include "sharding/test_layouts.h"
 
 namespace shardcoord {
 namespace {
-
-Layout Placed(const Shape& mesh_shape, const Shape& shape, const std::string& placements) {
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(mesh_shape);
-  EXPECT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<std::vector<Placement>> p = ParsePlacements(placements);
-  EXPECT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<Layout> l = Layout::FromPlacements(*mesh, shape, *p);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
-}
 
 TEST(BandPlanTest, CutsDimZeroIntoBandsOfAtMostTheBudget) {
   // Rows of 4 f32 = 16 bytes; 40 bytes fit 2 rows.

@@ -12,21 +12,12 @@
 #include "sharding/placement.h"
 #include "sharding/planner.h"
 #include "sharding/reference_executor.h"
+#include "sharding/test_layouts.h"
 
 namespace shardcoord {
 namespace {
 
 using ::testing::HasSubstr;
-
-Layout Placed(const Shape& mesh_shape, const Shape& shape, const std::string& spec) {
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(mesh_shape);
-  EXPECT_TRUE(mesh.ok());
-  absl::StatusOr<std::vector<Placement>> p = ParsePlacements(spec);
-  EXPECT_TRUE(p.ok()) << spec;
-  absl::StatusOr<Layout> layout = Layout::FromPlacements(*mesh, shape, *p);
-  EXPECT_TRUE(layout.ok()) << layout.status();
-  return *layout;
-}
 
 Layout Flat(int64_t ranks, const Shape& shape, const std::string& spec) {
   absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create({ranks});

@@ -12,6 +12,7 @@
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/test_layouts.h"
 
 namespace shardcoord {
 namespace {
@@ -19,17 +20,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-Layout Make(const Shape& mesh_shape, std::vector<int64_t> ranks, const Shape& shape,
-            const std::string& placements) {
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(mesh_shape, std::move(ranks));
-  EXPECT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<std::vector<Placement>> p = ParsePlacements(placements);
-  EXPECT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<Layout> l = Layout::FromPlacements(*mesh, shape, *p);
-  EXPECT_TRUE(l.ok()) << l.status();
-  return *l;
-}
 
 Plan MustPlan(const Layout& s, const Layout& t, DType dtype = DType::kF32,
               const PlanOptions& options = {}) {
@@ -51,8 +41,8 @@ int64_t MaxSent(const Plan& plan) {
 }
 
 TEST(PlannerTest, ShardSwapOn2dMeshIsAllToAllNeverAllGather) {
-  const Layout s = Make({2, 4}, {}, {64, 48}, "S(0),S(1)");
-  const Layout t = Make({2, 4}, {}, {64, 48}, "S(1),S(0)");
+  const Layout s = Placed({2, 4}, {}, {64, 48}, "S(0),S(1)");
+  const Layout t = Placed({2, 4}, {}, {64, 48}, "S(1),S(0)");
   const Plan plan = MustPlan(s, t);
   const auto ops = CountOps(plan);
   EXPECT_GE(ops.count(StepOp::kAllToAll) ? ops.at(StepOp::kAllToAll) : 0, 1);
@@ -82,8 +72,8 @@ TEST(PlannerTest, ShardSwapOn2dMeshIsAllToAllNeverAllGather) {
 }
 
 TEST(PlannerTest, ShardToShardWithinSubGroupsIsAllToAllPerGroup) {
-  const Layout s = Make({2, 4}, {}, {16, 16}, "S(0),S(1)");
-  const Layout t = Make({2, 4}, {}, {16, 16}, "S(0),S(0)");
+  const Layout s = Placed({2, 4}, {}, {16, 16}, "S(0),S(1)");
+  const Layout t = Placed({2, 4}, {}, {16, 16}, "S(0),S(0)");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kAllToAll);
@@ -96,8 +86,8 @@ TEST(PlannerTest, ShardToShardWithinSubGroupsIsAllToAllPerGroup) {
 }
 
 TEST(PlannerTest, ShardSwapOn3dMeshStaysInAffectedSubGroups) {
-  const Layout s = Make({2, 2, 2}, {}, {8, 8}, "R,S(0),R");
-  const Layout t = Make({2, 2, 2}, {}, {8, 8}, "R,S(1),R");
+  const Layout s = Placed({2, 2, 2}, {}, {8, 8}, "R,S(0),R");
+  const Layout t = Placed({2, 2, 2}, {}, {8, 8}, "R,S(1),R");
   const Plan plan = MustPlan(s, t);
   absl::StatusOr<std::vector<std::vector<int64_t>>> groups =
       s.mesh()->SubGroups(std::vector<int>{1});
@@ -112,8 +102,8 @@ TEST(PlannerTest, ShardSwapOn3dMeshStaysInAffectedSubGroups) {
 }
 
 TEST(PlannerTest, ShardReplicateToReplicateShardIsAllGatherAlongDim0) {
-  const Layout s = Make({2, 4}, {}, {64, 48}, "S(0),R");
-  const Layout t = Make({2, 4}, {}, {64, 48}, "R,S(1)");
+  const Layout s = Placed({2, 4}, {}, {64, 48}, "S(0),R");
+  const Layout t = Placed({2, 4}, {}, {64, 48}, "R,S(1)");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 4u);
   for (const Step& step : plan.steps) {
@@ -127,8 +117,8 @@ TEST(PlannerTest, ShardReplicateToReplicateShardIsAllGatherAlongDim0) {
 }
 
 TEST(PlannerTest, CrossMeshToDisjointAndOverlappingRanks) {
-  const Layout s = Make({2, 4}, {0, 1, 2, 3, 4, 5, 6, 7}, {64, 48}, "S(0),R");
-  const Layout t = Make({4}, {4, 5, 6, 7}, {64, 48}, "S(1)");
+  const Layout s = Placed({2, 4}, {0, 1, 2, 3, 4, 5, 6, 7}, {64, 48}, "S(0),R");
+  const Layout t = Placed({4}, {4, 5, 6, 7}, {64, 48}, "S(1)");
   const Plan plan = MustPlan(s, t);
   // Ranks 4..7 hold rows 32..63; each needs rows 0..31 of its 12 columns from ranks 0..3.
   EXPECT_EQ(plan.lower_bound_bytes, 4 * 32 * 12 * 4);
@@ -142,8 +132,8 @@ TEST(PlannerTest, CrossMeshToDisjointAndOverlappingRanks) {
 }
 
 TEST(PlannerTest, CrossMeshPermutedRanks) {
-  const Layout s = Make({4}, {3, 1, 0, 2}, {8, 8}, "S(0)");
-  const Layout t = Make({4}, {0, 1, 2, 3}, {8, 8}, "S(0)");
+  const Layout s = Placed({4}, {3, 1, 0, 2}, {8, 8}, "S(0)");
+  const Layout t = Placed({4}, {0, 1, 2, 3}, {8, 8}, "S(0)");
   const Plan plan = MustPlan(s, t);
   // Rank 1 holds rows 2..3 on both sides; the other three ranks each need 2x8 elements.
   EXPECT_EQ(plan.bytes_moved, 3 * 2 * 8 * 4);
@@ -151,8 +141,8 @@ TEST(PlannerTest, CrossMeshPermutedRanks) {
 }
 
 TEST(PlannerTest, ReplicateToShardIsALocalSlice) {
-  const Layout s = Make({4}, {}, {64, 48}, "R");
-  const Layout t = Make({4}, {}, {64, 48}, "S(0)");
+  const Layout s = Placed({4}, {}, {64, 48}, "R");
+  const Layout t = Placed({4}, {}, {64, 48}, "S(0)");
   const Plan plan = MustPlan(s, t);
   EXPECT_TRUE(plan.steps.empty());
   EXPECT_EQ(plan.bytes_moved, 0);
@@ -163,8 +153,8 @@ TEST(PlannerTest, ReplicateToShardIsALocalSlice) {
 }
 
 TEST(PlannerTest, UnevenShardsAreNotPadded) {
-  const Layout s = Make({2}, {}, {8, 4}, "S(0,[1,7])");
-  const Layout t = Make({2}, {}, {8, 4}, "S(0)");
+  const Layout s = Placed({2}, {}, {8, 4}, "S(0,[1,7])");
+  const Layout t = Placed({2}, {}, {8, 4}, "S(0)");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 1u);
   ASSERT_EQ(plan.steps[0].transfers.size(), 1u);
@@ -182,7 +172,7 @@ TEST(PlannerTest, FlatToPlacements) {
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<Layout> s = Layout::FromFlat(*mesh, {4, 8}, *spec);
   ASSERT_TRUE(s.ok()) << s.status();
-  const Layout t = Make({2}, {}, {4, 8}, "S(1)");
+  const Layout t = Placed({2}, {}, {4, 8}, "S(1)");
   const Plan plan = MustPlan(*s, t, DType::kBF16);
   // Rank 0 holds flat 0..9 (row 0, row 1 cols 0..1) and needs cols 0..3 of every row: it
   // holds 6 of those 16. Rank 1 holds the rest and lacks only row 0 cols 4..7 of its 16.
@@ -191,7 +181,7 @@ TEST(PlannerTest, FlatToPlacements) {
 }
 
 TEST(PlannerTest, GatherToOneRank) {
-  const Layout s = Make({4}, {}, {64, 48}, "S(0)");
+  const Layout s = Placed({4}, {}, {64, 48}, "S(0)");
   absl::StatusOr<Plan> plan = Gather(s, {2}, DType::kF32);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->bytes_moved, 3 * 16 * 48 * 4);
@@ -202,7 +192,7 @@ TEST(PlannerTest, GatherToOneRank) {
 }
 
 TEST(PlannerTest, GatherToAllSourceRanksIsAllGather) {
-  const Layout s = Make({4}, {}, {64, 48}, "S(0)");
+  const Layout s = Placed({4}, {}, {64, 48}, "S(0)");
   absl::StatusOr<Plan> plan = Gather(s, {0, 1, 2, 3}, DType::kF32);
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan->steps.size(), 1u);
@@ -211,7 +201,7 @@ TEST(PlannerTest, GatherToAllSourceRanksIsAllGather) {
 }
 
 TEST(PlannerTest, GatherRejectsBadDestinations) {
-  const Layout s = Make({4}, {}, {8}, "S(0)");
+  const Layout s = Placed({4}, {}, {8}, "S(0)");
   EXPECT_EQ(Gather(s, {}, DType::kF32).status().code(), absl::StatusCode::kInvalidArgument);
   absl::Status dup = Gather(s, {1, 1}, DType::kF32).status();
   EXPECT_EQ(dup.code(), absl::StatusCode::kInvalidArgument);
@@ -219,8 +209,8 @@ TEST(PlannerTest, GatherRejectsBadDestinations) {
 }
 
 TEST(PlannerTest, BroadcastFromTheOnlyHolder) {
-  const Layout s = Make({1}, {0}, {1024}, "R");
-  const Layout t = Make({4}, {}, {1024}, "R");
+  const Layout s = Placed({1}, {0}, {1024}, "R");
+  const Layout t = Placed({4}, {}, {1024}, "R");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kBroadcast);
@@ -228,8 +218,8 @@ TEST(PlannerTest, BroadcastFromTheOnlyHolder) {
 }
 
 TEST(PlannerTest, PartialSumToReplicateIsAllReduce) {
-  const Layout s = Make({4}, {}, {1024, 1024}, "P(sum)");
-  const Layout t = Make({4}, {}, {1024, 1024}, "R");
+  const Layout s = Placed({4}, {}, {1024, 1024}, "P(sum)");
+  const Layout t = Placed({4}, {}, {1024, 1024}, "R");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kAllReduce);
@@ -255,8 +245,8 @@ TEST(PlannerTest, PartialSumToReplicateIsAllReduce) {
 TEST(PlannerTest, TinyAllReduceOnTwoRanksIsCheaperAsExchange) {
   // The cost model picks between equivalent lowerings: with two ranks the ring pays two
   // latencies for the same bytes a single exchange moves.
-  const Layout s = Make({2}, {}, {16}, "P(sum)");
-  const Layout t = Make({2}, {}, {16}, "R");
+  const Layout s = Placed({2}, {}, {16}, "P(sum)");
+  const Layout t = Placed({2}, {}, {16}, "R");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kPointToPoint);
@@ -264,8 +254,8 @@ TEST(PlannerTest, TinyAllReduceOnTwoRanksIsCheaperAsExchange) {
 }
 
 TEST(PlannerTest, PartialSumToShardIsReduceScatter) {
-  const Layout s = Make({4}, {}, {64, 48}, "P(sum)");
-  const Layout t = Make({4}, {}, {64, 48}, "S(0)");
+  const Layout s = Placed({4}, {}, {64, 48}, "P(sum)");
+  const Layout t = Placed({4}, {}, {64, 48}, "S(0)");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 1u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kReduceScatter);
@@ -275,8 +265,8 @@ TEST(PlannerTest, PartialSumToShardIsReduceScatter) {
 }
 
 TEST(PlannerTest, PartialOnOneDimReducesWithinItsSubGroups) {
-  const Layout s = Make({2, 4}, {}, {1024, 512}, "R,P(max)");
-  const Layout t = Make({2, 4}, {}, {1024, 512}, "R,R");
+  const Layout s = Placed({2, 4}, {}, {1024, 512}, "R,P(max)");
+  const Layout t = Placed({2, 4}, {}, {1024, 512}, "R,R");
   const Plan plan = MustPlan(s, t);
   ASSERT_EQ(plan.steps.size(), 2u);
   EXPECT_EQ(plan.steps[0].op, StepOp::kAllReduce);
@@ -286,8 +276,8 @@ TEST(PlannerTest, PartialOnOneDimReducesWithinItsSubGroups) {
 }
 
 TEST(PlannerTest, PartialAvgSumsThenDivides) {
-  const Layout s = Make({4}, {}, {8}, "P(avg)");
-  const Layout t = Make({2}, {10, 11}, {8}, "S(0)");
+  const Layout s = Placed({4}, {}, {8}, "P(avg)");
+  const Layout t = Placed({2}, {10, 11}, {8}, "S(0)");
   const Plan plan = MustPlan(s, t);
   EXPECT_EQ(plan.divide_by, 4);
   EXPECT_EQ(plan.reduce_op, ReduceOp::kSum);
@@ -297,8 +287,8 @@ TEST(PlannerTest, PartialAvgSumsThenDivides) {
 }
 
 TEST(PlannerTest, PartialTargets) {
-  const Layout s = Make({4}, {}, {8}, "R");
-  const Layout t = Make({4}, {}, {8}, "P(sum)");
+  const Layout s = Placed({4}, {}, {8}, "R");
+  const Layout t = Placed({4}, {}, {8}, "P(sum)");
   const Plan plan = MustPlan(s, t);
   EXPECT_TRUE(plan.steps.empty());
   EXPECT_THAT(plan.zero_fill_ranks, ElementsAre(1, 2, 3));
@@ -314,15 +304,15 @@ TEST(PlannerTest, PartialTargets) {
     EXPECT_EQ(c.partial_index, c.rank);
   }
 
-  const Layout tmax = Make({4}, {}, {8}, "P(max)");
+  const Layout tmax = Placed({4}, {}, {8}, "P(max)");
   const Plan to_max = MustPlan(s, tmax);  // Every contribution holds the value.
   EXPECT_TRUE(to_max.zero_fill_ranks.empty());
   EXPECT_EQ(to_max.local_copies.size(), 4u);
 }
 
 TEST(PlannerTest, ShapeMismatchIsInvalidArgument) {
-  const Layout s = Make({2}, {}, {8, 4}, "S(0)");
-  const Layout t = Make({2}, {}, {8, 5}, "S(0)");
+  const Layout s = Placed({2}, {}, {8, 4}, "S(0)");
+  const Layout t = Placed({2}, {}, {8, 5}, "S(0)");
   absl::StatusOr<Plan> plan = Redistribute(s, t, DType::kF32);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(plan.status().message()), HasSubstr("[8, 4]"));
@@ -333,16 +323,16 @@ TEST(PlannerTest, ShapeMismatchIsInvalidArgument) {
 
 TEST(PlannerTest, SendersAreBalancedAcrossReplicas) {
   // Four replicas feed twelve new ranks: three pieces each.
-  const Layout s = Make({4}, {0, 1, 2, 3}, {1200, 100}, "R");
+  const Layout s = Placed({4}, {0, 1, 2, 3}, {1200, 100}, "R");
   std::vector<int64_t> dst;
   for (int64_t r = 4; r < 16; ++r) dst.push_back(r);
-  const Layout t = Make({12}, dst, {1200, 100}, "S(0)");
+  const Layout t = Placed({12}, dst, {1200, 100}, "S(0)");
   const Plan plan = MustPlan(s, t);
   EXPECT_EQ(MaxSent(plan), 3 * 100 * 100 * 4);
 
   // Three replicas feed one new rank: the tensor is split three ways.
-  const Layout s3 = Make({3}, {0, 1, 2}, {999, 100}, "R");
-  const Layout t1 = Make({1}, {7}, {999, 100}, "R");
+  const Layout s3 = Placed({3}, {0, 1, 2}, {999, 100}, "R");
+  const Layout t1 = Placed({1}, {7}, {999, 100}, "R");
   const Plan split = MustPlan(s3, t1);
   const double ideal = 999.0 * 100 * 4 / 3;
   EXPECT_LE(MaxSent(split), 1.1 * ideal);
@@ -351,8 +341,8 @@ TEST(PlannerTest, SendersAreBalancedAcrossReplicas) {
 }
 
 TEST(PlannerTest, SendersPreferTheDestinationsHost) {
-  const Layout s = Make({2}, {0, 4}, {256, 64}, "R");
-  const Layout t = Make({8}, {}, {256, 64}, "R");
+  const Layout s = Placed({2}, {0, 4}, {256, 64}, "R");
+  const Layout t = Placed({8}, {}, {256, 64}, "R");
   PlanOptions options;
   //             rank: 0     1     2     3     4     5     6     7
   options.hosts_by_rank = {"h0", "h1", "h1", "h1", "h1", "h0", "h0", "h0"};
@@ -382,8 +372,8 @@ TEST(PlannerTest, SendersPreferTheDestinationsHost) {
 TEST(PlannerTest, ALocalCopyWinsOverBalanceAndCrossHostBytesMeetTheirBound) {
   // Replicas on rank 0 (h0) and ranks 1-3 (h1); every destination (4-7) is on h0. Balance
   // alone would have ranks 1-3 send three quarters across hosts; host-aware, rank 0 sends all.
-  const Layout s = Make({4}, {0, 1, 2, 3}, {64, 16}, "R");
-  const Layout t = Make({4}, {4, 5, 6, 7}, {64, 16}, "S(0)");
+  const Layout s = Placed({4}, {0, 1, 2, 3}, {64, 16}, "R");
+  const Layout t = Placed({4}, {4, 5, 6, 7}, {64, 16}, "S(0)");
   PlanOptions options;
   options.hosts_by_rank = {"h0", "h1", "h1", "h1", "h0", "h0", "h0", "h0"};
   const Plan plan = MustPlan(s, t, DType::kF32, options);
@@ -408,8 +398,8 @@ TEST(PlannerTest, ALocalCopyWinsOverBalanceAndCrossHostBytesMeetTheirBound) {
 }
 
 TEST(PlannerTest, WithoutCollectivesEverythingIsOnePointToPointStep) {
-  const Layout s = Make({2, 4}, {}, {64, 48}, "S(0),R");
-  const Layout t = Make({2, 4}, {}, {64, 48}, "R,S(1)");
+  const Layout s = Placed({2, 4}, {}, {64, 48}, "S(0),R");
+  const Layout t = Placed({2, 4}, {}, {64, 48}, "R,S(1)");
   PlanOptions options;
   options.use_collectives = false;
   const Plan plan = MustPlan(s, t, DType::kF32, options);
@@ -420,8 +410,8 @@ TEST(PlannerTest, WithoutCollectivesEverythingIsOnePointToPointStep) {
 }
 
 TEST(PlannerTest, Deterministic) {
-  const Layout s = Make({2, 3}, {5, 0, 3, 1, 4, 2}, {30, 20}, "S(1),R");
-  const Layout t = Make({3, 2}, {2, 3, 4, 5, 6, 7}, {30, 20}, "S(0),S(1)");
+  const Layout s = Placed({2, 3}, {5, 0, 3, 1, 4, 2}, {30, 20}, "S(1),R");
+  const Layout t = Placed({3, 2}, {2, 3, 4, 5, 6, 7}, {30, 20}, "S(0),S(1)");
   PlanOptions options;
   options.ranks_per_host = 4;
   const Plan a = MustPlan(s, t, DType::kF32, options);
@@ -437,8 +427,8 @@ TEST(PlannerTest, Deterministic) {
 }
 
 TEST(PlannerTest, ExplainShowsStepsBytesAndEstimates) {
-  const Layout s = Make({2, 4}, {}, {64, 48}, "S(0),S(1)");
-  const Layout t = Make({2, 4}, {}, {64, 48}, "S(1),S(0)");
+  const Layout s = Placed({2, 4}, {}, {64, 48}, "S(0),S(1)");
+  const Layout t = Placed({2, 4}, {}, {64, 48}, "S(1),S(0)");
   const std::string text = ExplainPlan(MustPlan(s, t));
   EXPECT_THAT(text, HasSubstr("S(0),S(1) on mesh 2x4 -> S(1),S(0) on mesh 2x4"));
   EXPECT_THAT(text, HasSubstr("lower bound"));
@@ -448,9 +438,9 @@ TEST(PlannerTest, ExplainShowsStepsBytesAndEstimates) {
 }
 
 TEST(PlanCacheTest, HitsMissesAndEviction) {
-  const Layout a = Make({4}, {}, {64}, "S(0)");
-  const Layout b = Make({4}, {}, {64}, "R");
-  const Layout c = Make({2}, {}, {64}, "S(0)");
+  const Layout a = Placed({4}, {}, {64}, "S(0)");
+  const Layout b = Placed({4}, {}, {64}, "R");
+  const Layout c = Placed({2}, {}, {64}, "S(0)");
   PlanCache cache(2);
   absl::StatusOr<std::shared_ptr<const Plan>> p1 = cache.GetOrPlan(a, b, DType::kF32);
   ASSERT_TRUE(p1.ok());
@@ -469,7 +459,7 @@ TEST(PlanCacheTest, HitsMissesAndEviction) {
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_EQ(cache.Find(PlanCache::Key(a, b, DType::kF32, {})), nullptr);
   EXPECT_NE(cache.Find(PlanCache::Key(a, c, DType::kF32, {})), nullptr);
-  EXPECT_FALSE(cache.GetOrPlan(a, Make({2}, {}, {65}, "R"), DType::kF32).ok());
+  EXPECT_FALSE(cache.GetOrPlan(a, Placed({2}, {}, {65}, "R"), DType::kF32).ok());
 }
 
 TEST(CostModelTest, Formulas) {
