@@ -142,18 +142,24 @@ PeerResult RunPythonPeer(const std::string& python, const std::string& script,
   Die(options.name + " printed no result");
 }
 
+namespace {
+
+// Index of `rank` in `ranks`, or -1.
+int64_t PositionOf(const std::vector<int64_t>& ranks, int64_t rank) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == rank) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
 absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ranks,
                             std::vector<int64_t>* matrix) {
   const size_t n = ranks.size();
-  auto position = [&](int64_t rank) -> int64_t {
-    for (size_t i = 0; i < n; ++i) {
-      if (ranks[i] == rank) return static_cast<int64_t>(i);
-    }
-    return -1;
-  };
   for (const v1::Step& step : plan.steps()) {
     for (const v1::Transfer& t : step.transfers()) {
-      const int64_t i = position(t.src()), j = position(t.dst());
+      const int64_t i = PositionOf(ranks, t.src()), j = PositionOf(ranks, t.dst());
       if (i < 0 || j < 0) {
         return absl::InvalidArgumentError(absl::StrCat("plan ", plan.id(), " moves rank ", t.src(),
                                                        " -> ", t.dst(), ", outside the ranks ",
@@ -168,16 +174,10 @@ absl::Status AddPlanTraffic(const v1::Plan& plan, const std::vector<int64_t>& ra
 absl::Status AddGroupTraffic(const v1::PlanTrace& trace, const std::vector<int64_t>& ranks,
                              std::vector<int64_t>* matrix) {
   const size_t n = ranks.size();
-  auto position = [&](int64_t rank) -> int64_t {
-    for (size_t i = 0; i < n; ++i) {
-      if (ranks[i] == rank) return static_cast<int64_t>(i);
-    }
-    return -1;
-  };
   for (const v1::RankTrace& rank : trace.ranks()) {
     for (const v1::StepTiming& step : rank.steps()) {
       if (step.op() != "fused_exchange" || step.send_peer() < 0) continue;
-      const int64_t i = position(rank.rank()), j = position(step.send_peer());
+      const int64_t i = PositionOf(ranks, rank.rank()), j = PositionOf(ranks, step.send_peer());
       if (i < 0 || j < 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("group ", trace.plan_id(), " moves rank ", rank.rank(), " -> ",

@@ -34,10 +34,6 @@ absl::StatusOr<std::string> CleanDir(const std::string& dir) {
   return d;
 }
 
-WorkerEndpoint EndpointOf(const WorkerRecord& w) {
-  return WorkerEndpoint{w.spec.name, w.rank, w.spec.address, w.incarnation};
-}
-
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
 }
@@ -135,7 +131,7 @@ absl::StatusOr<WorkerEndpoint> CheckpointManager::Endpoint(int64_t rank) const {
   absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
   if (!w.ok()) return w.status();
   if (!w->alive) return w->DeadError("is dead");
-  return EndpointOf(*w);
+  return w->Endpoint();
 }
 
 absl::StatusOr<WorkerEndpoint> CheckpointManager::AnyLiveWorker(
@@ -145,7 +141,7 @@ absl::StatusOr<WorkerEndpoint> CheckpointManager::AnyLiveWorker(
     if (e.ok()) return e;
   }
   for (const WorkerRecord& w : workers_->List()) {
-    if (w.alive) return EndpointOf(w);
+    if (w.alive) return w.Endpoint();
   }
   return absl::FailedPreconditionError("no live worker to reach the checkpoint's storage");
 }

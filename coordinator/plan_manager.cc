@@ -347,7 +347,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     if (!w->alive) return fail(w->DeadError("takes part in the plan but is dead"));
     if (w->leaving && !repair) return fail(LeavingError(*w));
     Participant& p = e.participants[r];
-    p.endpoint = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+    p.endpoint = w->Endpoint();
     fo.incarnations[r] = w->incarnation;
     const int64_t b = w->spec.bucket_bytes > 0 ? w->spec.bucket_bytes : kDefaultBucketBytes;
     bucket_bytes = bucket_bytes == 0 ? b : std::min(bucket_bytes, b);
@@ -540,7 +540,7 @@ void PlanManager::Relay(const std::string& id) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return Abort(id, std::string(w.status().message()));
     if (!w->alive) return Abort(id, std::string(w->DeadError("holds a source chunk").message()));
-    q.workers[rc.rank] = WorkerEndpoint{w->spec.name, w->rank, w->spec.address, w->incarnation};
+    q.workers[rc.rank] = w->Endpoint();
   }
   std::map<int64_t, WorkerEndpoint> workers = q.workers;
   RunRelay(client_, std::move(q),

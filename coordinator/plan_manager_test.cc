@@ -110,6 +110,18 @@ class PlanManagerTest : public ::testing::Test {
     return r;
   }
 
+  // How many FinishPlans were sent, each expected to commit (or abort) and drop
+  // `drop_version`.
+  int CountFinishes(bool commit, int64_t drop_version) {
+    int n = 0;
+    for (const auto& [rank, req] : client_.finishes()) {
+      EXPECT_EQ(req.commit(), commit) << "rank " << rank;
+      EXPECT_EQ(req.drop_version(), drop_version) << "rank " << rank;
+      ++n;
+    }
+    return n;
+  }
+
   void ReportAll(const std::string& plan_id, std::set<int64_t> skip = {}) {
     for (const auto& [rank, f] : Fragments(plan_id)) {
       if (skip.count(rank)) continue;
@@ -248,13 +260,7 @@ TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
   EXPECT_EQ(after.checksums[1][0], static_cast<uint64_t>(0 * 131 + 2));
 
   // Every participant was told to commit and drop the source version.
-  int commits = 0;
-  for (const auto& [rank, req] : client_.finishes()) {
-    EXPECT_TRUE(req.commit());
-    EXPECT_EQ(req.drop_version(), before.version);
-    ++commits;
-  }
-  EXPECT_EQ(commits, 4);
+  EXPECT_EQ(CountFinishes(/*commit=*/true, before.version), 4);
 
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(seen.back().state, PlanState::kCommitted);
@@ -297,13 +303,7 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   EXPECT_EQ(done->progress.state, PlanState::kAborted);
   EXPECT_THAT(done->progress.error, HasSubstr("worker w2 (rank 2)"));
 
-  int aborts = 0;
-  for (const auto& [rank, req] : client_.finishes()) {
-    EXPECT_FALSE(req.commit());
-    EXPECT_EQ(req.drop_version(), fragments[0].target_version());
-    ++aborts;
-  }
-  EXPECT_EQ(aborts, 4);
+  EXPECT_EQ(CountFinishes(/*commit=*/false, fragments[0].target_version()), 4);
 
   const TensorRecord after = *tensors_.Get("T");
   EXPECT_EQ(after.layout, before.layout);
@@ -1349,13 +1349,7 @@ TEST_F(RelayedPlanTest, ASmallPlanIsMovedByTheCoordinatorAndCommitsLikeAnExecute
         << "rank " << rc.rank;
   }
   // FinishPlan drops the old version everywhere, as after an executed plan.
-  int commits = 0;
-  for (const auto& [rank, req] : client_.finishes()) {
-    EXPECT_TRUE(req.commit());
-    EXPECT_EQ(req.drop_version(), before.version);
-    ++commits;
-  }
-  EXPECT_EQ(commits, 4);
+  EXPECT_EQ(CountFinishes(/*commit=*/true, before.version), 4);
   EXPECT_EQ(client_.BufferCount("T"), 4);
   // Its trace says who got what.
   absl::StatusOr<v1::PlanTrace> trace = relay_.Trace(started->id);

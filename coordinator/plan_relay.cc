@@ -60,6 +60,18 @@ struct RelayState {
 
 void Write(const std::shared_ptr<RelayState>& st);
 
+// Hands the result to the caller once the last call was answered: nothing is written unless
+// everything was.
+void Finish(const std::shared_ptr<RelayState>& st) {
+  RelayResult r;
+  {
+    absl::MutexLock lock(&st->mu);
+    r = std::move(st->result);
+  }
+  if (!r.status.ok()) r.written.clear();
+  st->done(std::move(r));
+}
+
 // One holder's ReadBoxes answered; the last answer starts the writes (or ends the relay).
 void OnRead(const std::shared_ptr<RelayState>& st, int64_t rank, const std::vector<size_t>& indices,
             absl::StatusOr<v1::ReadBoxesResponse> got) {
@@ -91,14 +103,7 @@ void OnRead(const std::shared_ptr<RelayState>& st, int64_t rank, const std::vect
     if (--st->pending > 0) return;
     failed = !st->result.status.ok();
   }
-  if (failed) {
-    RelayResult r;
-    {
-      absl::MutexLock lock(&st->mu);
-      r = std::move(st->result);
-    }
-    return st->done(std::move(r));
-  }
+  if (failed) return Finish(st);
   Write(st);
 }
 
@@ -129,14 +134,7 @@ void Write(const std::shared_ptr<RelayState>& st) {
     }
   }
   st->data.clear();
-  if (!error.ok() || outs.empty()) {
-    RelayResult r;
-    {
-      absl::MutexLock lock(&st->mu);
-      r = std::move(st->result);
-    }
-    return st->done(std::move(r));
-  }
+  if (!error.ok() || outs.empty()) return Finish(st);
   for (Out& o : outs) {
     const RankChunks& rc = *o.rc;
     const WorkerEndpoint& to = q.workers.at(rc.rank);
@@ -178,14 +176,7 @@ void Write(const std::shared_ptr<RelayState>& st) {
             if (s.ok()) st->result.written[rc.rank] = std::move(out);
             last = --st->pending == 0;
           }
-          if (!last) return;
-          RelayResult result;
-          {
-            absl::MutexLock lock(&st->mu);
-            result = std::move(st->result);
-          }
-          if (!result.status.ok()) result.written.clear();
-          st->done(std::move(result));
+          if (last) Finish(st);
         });
   }
 }
@@ -200,21 +191,16 @@ void RunRelay(WorkerClient* client, RelayRequest request, std::function<void(Rel
   st->done = std::move(done);
   st->sources = ChooseSources(st->request.source, [](int64_t) { return true; });
   st->data.resize(st->sources.size());
-  for (const BandSource& src : st->sources) {
-    if (st->request.workers.count(src.rank) == 0) {
-      RelayResult r;
-      r.status = absl::InternalError(
-          absl::StrCat("plan ", st->request.plan_id, ": no endpoint for rank ", src.rank));
-      return st->done(std::move(r));
-    }
-  }
-  for (const RankChunks& rc : st->request.target.ranks()) {
-    if (st->request.workers.count(rc.rank) == 0) {
-      RelayResult r;
-      r.status = absl::InternalError(
-          absl::StrCat("plan ", st->request.plan_id, ": no endpoint for rank ", rc.rank));
-      return st->done(std::move(r));
-    }
+  // Every rank read from or written to needs an endpoint.
+  std::vector<int64_t> ranks;
+  for (const BandSource& src : st->sources) ranks.push_back(src.rank);
+  for (const RankChunks& rc : st->request.target.ranks()) ranks.push_back(rc.rank);
+  for (int64_t r : ranks) {
+    if (st->request.workers.count(r) > 0) continue;
+    RelayResult out;
+    out.status = absl::InternalError(
+        absl::StrCat("plan ", st->request.plan_id, ": no endpoint for rank ", r));
+    return st->done(std::move(out));
   }
   if (st->sources.empty()) return Write(st);  // An empty tensor: only (empty) writes.
   // One call per holder, with all of its boxes.

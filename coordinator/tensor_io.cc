@@ -13,10 +13,6 @@
 namespace shardcoord {
 namespace {
 
-WorkerEndpoint EndpointOf(const WorkerRecord& w) {
-  return WorkerEndpoint{w.spec.name, w.rank, w.spec.address, w.incarnation};
-}
-
 absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpoint>& eps) {
   absl::flat_hash_map<int64_t, int64_t> out;
   for (const WorkerEndpoint& e : eps) out[e.rank] = e.incarnation;
@@ -36,7 +32,7 @@ absl::StatusOr<std::vector<WorkerEndpoint>> TensorIo::Endpoints(const Layout& la
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
     if (!w.ok()) return w.status();
     if (!w->alive) return w->DeadError("is dead");
-    out.push_back(EndpointOf(*w));
+    out.push_back(w->Endpoint());
   }
   return out;
 }
@@ -45,7 +41,7 @@ std::vector<WorkerEndpoint> TensorIo::Holders(const Layout& layout) const {
   std::vector<WorkerEndpoint> out;
   for (const RankChunks& rc : layout.ranks()) {
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-    if (w.ok()) out.push_back(EndpointOf(*w));
+    if (w.ok()) out.push_back(w->Endpoint());
   }
   return out;
 }
@@ -583,7 +579,7 @@ void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallba
   absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
   if (!w.ok()) return done(w.status());
   if (!w->alive) return done(w->DeadError("is dead"));
-  const WorkerEndpoint ep = EndpointOf(*w);
+  const WorkerEndpoint ep = w->Endpoint();
   const std::string op = NewOp("upload");
   {
     absl::MutexLock lock(&mu_);
@@ -672,7 +668,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload
     if (d->endpoints_.contains(src.rank)) continue;
     absl::StatusOr<WorkerRecord> w = workers_->GetByRank(src.rank);
     if (!w.ok()) return w.status();
-    d->endpoints_[src.rank] = EndpointOf(*w);
+    d->endpoints_[src.rank] = w->Endpoint();
   }
   d->plan_ = BandPlan(t->shape, ElementSize(t->dtype), band_bytes_);
   d->tensor_ = *std::move(t);

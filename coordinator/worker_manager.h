@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/state_store.h"
+#include "coordinator/worker_client.h"
 
 namespace shardcoord {
 
@@ -57,6 +58,10 @@ struct WorkerRecord {
   // The error of an operation that needs this dead worker, "<Describe()> <what> (<reason>)":
   // UNAVAILABLE while it is awaited (retry), FAILED_PRECONDITION otherwise.
   absl::Status DeadError(absl::string_view what) const;
+  // Where calls to this incarnation go.
+  WorkerEndpoint Endpoint() const {
+    return WorkerEndpoint{spec.name, rank, spec.address, incarnation};
+  }
 };
 
 // Learns that a worker incarnation is gone: declared dead, or replaced by a new registration
