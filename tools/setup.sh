@@ -14,6 +14,8 @@ PACKAGES=(
   # The coordinator's durable state; etcd for several coordinators with a leader (tests
   # start Debian's etcd server; etcdctl to look at what they stored).
   libsqlite3-dev etcd-server etcd-client
+  # The daemons' allocator (third_party:tcmalloc).
+  libtcmalloc-minimal4
   # TLS material for development and tests (tools/dev_certs.sh).
   openssl
   # The dashboard's browser test (headless) and its PNG check.

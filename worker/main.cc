@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/byte_size.h"
 #include "common/duration_flag.h"
@@ -64,6 +65,10 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
 }
 
 int Main(int argc, char** argv) {
+#ifdef NDEBUG
+  // As the coordinator's: no lock-order graph in optimised builds.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
   WorkerOptions options;
   options.host = DefaultHost();
   std::string backend = "auto";
