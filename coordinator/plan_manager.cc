@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -82,6 +83,28 @@ LivenessFn PlanManager::Liveness() const {
   };
 }
 
+PlanManager::WorkerView PlanManager::ViewWorkers() const {
+  WorkerView view;
+  view.workers = workers_->List();
+  view.hosts.reserve(view.workers.size());
+  for (const WorkerRecord& w : view.workers) view.hosts.push_back(w.spec.host);
+  return view;
+}
+
+absl::StatusOr<const WorkerRecord*> PlanManager::WorkerView::ByRank(int64_t rank) const {
+  if (rank < 0 || rank >= static_cast<int64_t>(workers.size())) {
+    return absl::NotFoundError(absl::StrCat("no worker has rank ", rank));
+  }
+  return &workers[rank];
+}
+
+LivenessFn PlanManager::WorkerView::Liveness() const {
+  return [this](int64_t rank, int64_t incarnation) {
+    absl::StatusOr<const WorkerRecord*> w = ByRank(rank);
+    return w.ok() && (*w)->alive && (*w)->incarnation == incarnation;
+  };
+}
+
 // ---- Planning ----------------------------------------------------------------------------
 
 absl::StatusOr<PlanManager::Target> PlanManager::ResolveSpec(const TensorRecord& tensor,
@@ -100,9 +123,10 @@ absl::StatusOr<PlanManager::Target> PlanManager::ResolveSpec(const TensorRecord&
 
 absl::StatusOr<std::shared_ptr<const Plan>> PlanManager::MakePlan(const TensorRecord& tensor,
                                                                   const Layout& source,
-                                                                  const Layout& target) {
+                                                                  const Layout& target,
+                                                                  std::vector<std::string> hosts) {
   PlanOptions options;
-  options.hosts_by_rank = workers_->HostsByRank();
+  options.hosts_by_rank = std::move(hosts);
   options.cost = options_.cost;
   options.use_collectives = options_.use_collectives;
   absl::StatusOr<std::shared_ptr<const Plan>> plan;
@@ -124,7 +148,8 @@ absl::StatusOr<StartedPlan> PlanManager::DryRun(const std::string& tensor, const
   if (!target.ok()) return target.status();
   absl::StatusOr<Layout> source = LiveLayout(*rec, Liveness());
   if (!source.ok()) return source.status();
-  absl::StatusOr<std::shared_ptr<const Plan>> plan = MakePlan(*rec, *source, target->layout);
+  absl::StatusOr<std::shared_ptr<const Plan>> plan =
+      MakePlan(*rec, *source, target->layout, workers_->HostsByRank());
   if (!plan.ok()) return plan.status();
   StartedPlan out;
   out.tensor = tensor;
@@ -246,11 +271,14 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   absl::StatusOr<Target> target = target_fn(*current_dst);
   if (!target.ok()) return target.status();
+  std::optional<WorkerView> own_view;
+  if (fused == nullptr || fused->workers == nullptr) own_view = ViewWorkers();
+  const WorkerView& view = own_view.has_value() ? *own_view : *fused->workers;
   for (const RankChunks& rc : target->layout.ranks()) {
-    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
+    absl::StatusOr<const WorkerRecord*> w = view.ByRank(rc.rank);
     if (!w.ok()) return w.status();
-    if (!w->alive) return w->DeadError("in the target layout is dead");
-    if (w->leaving && !repair) return LeavingError(*w);
+    if (!(*w)->alive) return (*w)->DeadError("in the target layout is dead");
+    if ((*w)->leaving && !repair) return LeavingError(**w);
   }
 
   std::string id, prefix;
@@ -290,7 +318,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     if (dst_rec->attached) {
       // Written in place: every rank's lent buffer must be there.
       std::vector<int64_t> missing(dst_rec->unattached.begin(), dst_rec->unattached.end());
-      for (const LostChunk& c : LostChunks(*dst_rec, Liveness())) {
+      for (const LostChunk& c : LostChunks(*dst_rec, view.Liveness())) {
         missing.insert(missing.end(), c.ranks.begin(), c.ranks.end());
       }
       std::sort(missing.begin(), missing.end());
@@ -303,9 +331,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
       }
     }
   }
-  absl::StatusOr<Layout> source = LiveLayout(*rec, Liveness());
+  absl::StatusOr<Layout> source = LiveLayout(*rec, view.Liveness());
   if (!source.ok()) return fail(source.status());
-  absl::StatusOr<std::shared_ptr<const Plan>> plan = MakePlan(*rec, *source, target->layout);
+  absl::StatusOr<std::shared_ptr<const Plan>> plan =
+      MakePlan(*rec, *source, target->layout, view.hosts);
   if (!plan.ok()) return fail(plan.status());
 
   Entry e;
@@ -342,14 +371,15 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   if (e.target_attached) fo.attached_target_version = dst_rec->version;
   int64_t bucket_bytes = 0;
   for (int64_t r : PlanParticipants(**plan)) {
-    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(r);
-    if (!w.ok()) return fail(w.status());
-    if (!w->alive) return fail(w->DeadError("takes part in the plan but is dead"));
-    if (w->leaving && !repair) return fail(LeavingError(*w));
+    absl::StatusOr<const WorkerRecord*> found = view.ByRank(r);
+    if (!found.ok()) return fail(found.status());
+    const WorkerRecord& w = **found;
+    if (!w.alive) return fail(w.DeadError("takes part in the plan but is dead"));
+    if (w.leaving && !repair) return fail(LeavingError(w));
     Participant& p = e.participants[r];
-    p.endpoint = w->Endpoint();
-    fo.incarnations[r] = w->incarnation;
-    const int64_t b = w->spec.bucket_bytes > 0 ? w->spec.bucket_bytes : kDefaultBucketBytes;
+    p.endpoint = w.Endpoint();
+    fo.incarnations[r] = w.incarnation;
+    const int64_t b = w.spec.bucket_bytes > 0 ? w.spec.bucket_bytes : kDefaultBucketBytes;
     bucket_bytes = bucket_bytes == 0 ? b : std::min(bucket_bytes, b);
   }
   for (const RankTraffic& t : (*plan)->traffic) {
@@ -713,6 +743,18 @@ absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& membe
 absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
     const std::vector<RedistributeMember>& members, GroupDoneCallback done) {
   if (absl::Status s = CheckRedistributeGroup(members); !s.ok()) return s;
+  // Members of one shape sent to one spec on one mesh (a model's layers) share their target
+  // layout: it is resolved once. Used only during this call, on this thread.
+  auto targets = std::make_shared<absl::flat_hash_map<std::string, Target>>();
+  auto resolve = [this, targets](const TensorRecord& rec,
+                                 const Spec& spec) -> absl::StatusOr<Target> {
+    std::string key = absl::StrCat(spec.mesh.empty() ? rec.mesh : spec.mesh, "|",
+                                   absl::StrJoin(rec.shape, ","), "|", spec.ToString());
+    if (auto it = targets->find(key); it != targets->end()) return it->second;
+    absl::StatusOr<Target> t = ResolveSpec(rec, spec);
+    if (t.ok()) targets->emplace(std::move(key), *t);
+    return t;
+  };
   // Every member's tensor and spec are checked before anything is held.
   for (size_t i = 0; i < members.size(); ++i) {
     const std::string where = absl::StrCat("redistributes[", i, "]");
@@ -721,7 +763,7 @@ absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
       return absl::Status(rec.status().code(),
                           absl::StrCat(where, ".tensor: ", rec.status().message()));
     }
-    if (absl::StatusOr<Target> t = ResolveSpec(*rec, members[i].target); !t.ok()) {
+    if (absl::StatusOr<Target> t = resolve(*rec, members[i].target); !t.ok()) {
       const bool field = absl::StartsWith(t.status().message(), "target");
       return absl::Status(t.status().code(),
                           absl::StrCat(where, field ? "." : ": ", t.status().message()));
@@ -732,7 +774,7 @@ absl::StatusOr<StartedGroup> PlanManager::RedistributeGroup(
     const Spec spec = members[i].target;
     items.push_back(GroupItem{
         "redistribute", members[i].tensor, members[i].tensor,
-        [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); },
+        [resolve, spec](const TensorRecord& rec) { return resolve(rec, spec); },
         absl::StrCat("redistributes[", i, "]"),
         absl::StrCat("redistributes[", i, "] ('", members[i].tensor, "' -> ", spec.ToString(),
                      spec.mesh.empty() ? "" : absl::StrCat(" on ", spec.mesh))});
@@ -832,10 +874,13 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   }
   StartedGroup out;
   out.id = gid;
+  out.members.reserve(items.size());
   std::vector<FragmentMemberOptions> options(items.size());
   int64_t bucket_bytes = 0;
+  const WorkerView view = ViewWorkers();
   for (size_t i = 0; i < items.size(); ++i) {
     FusedMember fused;
+    fused.workers = &view;
     fused.communicator_prefix = prefix;
     fused.options.index = static_cast<int32_t>(i);
     absl::StatusOr<StartedPlan> started = Start(
@@ -1414,6 +1459,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   PlanProgress summary;  // For on_plan_end.
   std::string prefix;
   bool over = false;
+  std::vector<std::string> retire;  // The members, once all ended.
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(gid);
@@ -1436,7 +1482,9 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       final.state = g.failed ? PlanState::kAborted : PlanState::kCommitted;
       final.error = g.error;
       final.seconds = absl::ToDoubleSeconds(clock_->Now() - g.start);
-      for (auto& p : g.finals) final.members.push_back(p.value_or(PlanProgress{}));
+      final.members.reserve(g.finals.size());
+      for (auto& p : g.finals) final.members.push_back(std::move(p).value_or(PlanProgress{}));
+      retire = g.members;
       final_status =
           g.failed ? absl::Status(g.error_code, absl::StrCat("group ", gid, " aborted: ", g.error))
                    : absl::OkStatus();
@@ -1466,6 +1514,11 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   ReleaseTicket(ticket);
   if (over && options_.on_plan_end) options_.on_plan_end(summary, prefix);
   if (done) done(final_status, final);
+  if (retire.empty()) return;
+  // After the answer: retiring a large group's members frees as many of the oldest kept
+  // plans, which costs about as much as their bookkeeping did.
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : retire) RetireLocked(id);
 }
 
 // ---- Progress from workers ---------------------------------------------------------------
@@ -2031,7 +2084,8 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     ticket = e.admission_ticket;
     e.admission_ticket = 0;
     const std::string group = e.group;
-    RetireLocked(id);
+    // A group's members are retired together once its caller is answered (OnMemberDone).
+    if (!member) RetireLocked(id);
     if (retired_epochs_.count(epoch) > 0 && !EpochInUseLocked(epoch)) {
       retired_epochs_.erase(epoch);
       prefix = epoch;

@@ -372,11 +372,24 @@ class PlanManager : public WorkerListener {
     absl::Time transferred = absl::InfinitePast();
     absl::Time end = absl::InfiniteFuture();
   };
+  // The workers as one plan (or a whole group) sees them: one copy under WorkerManager's lock
+  // instead of one per rank and member. A worker that dies meanwhile aborts the plan through
+  // OnWorkerLost, as it would after any lookup.
+  struct WorkerView {
+    std::vector<WorkerRecord> workers;  // Index = rank.
+    std::vector<std::string> hosts;     // Index = rank (PlanOptions::hosts_by_rank).
+    // NOT_FOUND as WorkerManager::GetByRank.
+    absl::StatusOr<const WorkerRecord*> ByRank(int64_t rank) const;
+    LivenessFn Liveness() const;
+  };
+  WorkerView ViewWorkers() const;
+
   // What Start hands a group about a fused member.
   struct FusedMember {
-    std::string communicator_prefix;  // In: the group's.
-    FragmentMemberOptions options;    // Out.
-    int64_t bucket_bytes = 0;         // Out: the smallest --bucket-bytes of its workers.
+    const WorkerView* workers = nullptr;  // In: the group's.
+    std::string communicator_prefix;      // In: the group's.
+    FragmentMemberOptions options;        // Out.
+    int64_t bucket_bytes = 0;             // Out: the smallest --bucket-bytes of its workers.
   };
 
   // What Commit needs once the plan no longer changes (closing).
@@ -438,7 +451,8 @@ class PlanManager : public WorkerListener {
   };
 
   absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
-                                                       const Layout& source, const Layout& target);
+                                                       const Layout& source, const Layout& target,
+                                                       std::vector<std::string> hosts_by_rank);
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
