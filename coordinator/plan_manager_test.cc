@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/fake_reports.h"
 #include "coordinator/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -94,20 +95,9 @@ class PlanManagerTest : public ::testing::Test {
     return out;
   }
 
-  // What a worker that executed its fragment correctly reports: its target chunks, with a
-  // checksum that depends only on the chunk (so replicas agree).
+  // What a worker that executed its fragment correctly reports (fake_reports.h).
   WorkerReport FinalReport(const v1::PlanFragment& f) {
-    WorkerReport r;
-    r.plan_id = f.plan_id();
-    r.rank = f.rank();
-    r.worker = workers_.GetByRank(f.rank())->spec.name;
-    r.incarnation = Incarnation(f.rank());
-    r.final = true;
-    r.chunks = *RankChunksFromProto(f.target(), "target");
-    for (const Chunk& c : r.chunks.chunks) {
-      r.checksums.push_back(c.box.offset(0) * 131 + c.box.offset(1) + 7 * c.partial_index);
-    }
-    return r;
+    return FakeFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
   }
 
   // How many FinishPlans were sent, each expected to commit (or abort) and drop
@@ -129,30 +119,9 @@ class PlanManagerTest : public ::testing::Test {
     }
   }
 
-  // What a worker that ran its fused group fragment correctly reports: every member's
-  // target chunks with the same checksums as FinalReport's.
+  // What a worker that ran its fused group fragment correctly reports (fake_reports.h).
   WorkerReport GroupFinalReport(const v1::PlanFragment& f) {
-    WorkerReport r;
-    r.plan_id = f.plan_id();
-    r.rank = f.rank();
-    r.worker = workers_.GetByRank(f.rank())->spec.name;
-    r.incarnation = Incarnation(f.rank());
-    r.final = true;
-    for (const v1::FragmentShape& shape : f.shapes()) {
-      r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
-    }
-    for (const v1::FragmentMember& m : f.members()) {
-      WorkerReport::Member& out = r.members.emplace_back();
-      out.index = m.index();
-      out.shape = m.shape();
-      for (const Chunk& c : r.shapes[m.shape()].chunks) {
-        out.checksums.push_back(c.box.offset(0) * 131 + c.box.offset(1) + 7 * c.partial_index);
-      }
-    }
-    v1::StepTiming* round = r.timing.add_steps();
-    round->set_op("fused_exchange");
-    round->set_index(1);
-    return r;
+    return FakeGroupFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
   }
 
   void ReportGroup(const std::string& group_id, std::set<int64_t> skip = {}) {
