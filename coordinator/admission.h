@@ -68,8 +68,10 @@ struct MemoryDemand {
 // The demand of one plan: a new buffer for every rank of its target layout unless
 // `target_in_place` (a Copy into an attached tensor writes the lent buffers), its staging
 // caps, and `replaced` (the target tensor's current layout, null when nothing is freed at
-// commit) as what it frees.
-MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced);
+// commit) as what it frees. Without `staging` (a fused group's member: its group's fragment
+// stages for it) the staging caps are left out.
+MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced,
+                              bool staging = true);
 
 // Bytes of every rank's local buffer of `layout` (dtype `dtype`), by rank.
 std::map<int64_t, int64_t> LayoutBytesByRank(const Layout& layout, DType dtype);

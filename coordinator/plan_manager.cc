@@ -354,8 +354,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.communicator_prefix = prefix;
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
-  e.demand =
-      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout);
+  // A group member's staging is its group's fused fragment's (StartGroup).
+  e.demand = PlanMemoryDemand(**plan, e.target_attached,
+                              e.target_attached ? nullptr : &dst_rec->layout,
+                              /*staging=*/fused == nullptr);
   // A tiny plain copy moves faster through the coordinator than through a fragment on every
   // worker (plan_relay.h); a group member always runs in its group's fused plan.
   e.relay = fused == nullptr && !repair &&
@@ -933,16 +935,15 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   // The group's memory is admitted as one (all or nothing): every member's new buffers, and
   // one fused fragment's staging per rank.
   std::vector<std::string> ids;
+  ids.reserve(out.members.size());
   MemoryDemand demand;
   {
     absl::MutexLock lock(&mu_);
     for (const StartedPlan& m : out.members) {
       ids.push_back(m.id);
       auto it = plans_.find(m.id);
-      if (it == plans_.end()) continue;
-      MemoryDemand d = it->second.demand;
-      d.staging.clear();  // A member's own fragment's: the fused fragment stages instead.
-      demand.Add(d);
+      // A member's demand has no staging (Start): the fused fragment stages instead.
+      if (it != plans_.end()) demand.Add(it->second.demand);
     }
   }
   for (const auto& [rank, cap] : FusedStagingCaps(*plans)) {
