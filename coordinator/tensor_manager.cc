@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -632,17 +633,28 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
 }
 
 std::vector<TensorManager::HeldBytes> TensorManager::BytesByHolder() const {
-  std::vector<HeldBytes> out;
-  absl::MutexLock lock(&mu_);
-  for (const auto& [name, t] : tensors_) {
-    if (!t.ready || t.attached) continue;
-    const int64_t esize = ElementSize(t.dtype);
-    for (const RankChunks& rc : t.layout.ranks()) {
-      auto inc = t.incarnations.find(rc.rank);
-      out.push_back(HeldBytes{rc.rank, inc == t.incarnations.end() ? -1 : inc->second,
-                              rc.local_elements * esize});
+  // Summed per holder here, under one lock: admission asks before every plan, and a caller
+  // that looked at every buffer (and asked WorkerManager about each) paid per tensor.
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held;  // (rank, incarnation)
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, t] : tensors_) {
+      if (!t.ready || t.attached) continue;
+      const int64_t esize = ElementSize(t.dtype);
+      for (const RankChunks& rc : t.layout.ranks()) {
+        auto inc = t.incarnations.find(rc.rank);
+        held[{rc.rank, inc == t.incarnations.end() ? -1 : inc->second}] +=
+            rc.local_elements * esize;
+      }
     }
   }
+  std::vector<HeldBytes> out;
+  out.reserve(held.size());
+  for (const auto& [holder, bytes] : held)
+    out.push_back(HeldBytes{holder.first, holder.second, bytes});
+  std::sort(out.begin(), out.end(), [](const HeldBytes& a, const HeldBytes& b) {
+    return std::make_pair(a.rank, a.incarnation) < std::make_pair(b.rank, b.incarnation);
+  });
   return out;
 }
 

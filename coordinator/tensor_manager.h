@@ -199,6 +199,7 @@ class TensorManager {
     int64_t incarnation = 0;
     int64_t bytes = 0;
   };
+  // One entry per (rank, incarnation), its bytes summed over tensors; by rank, incarnation.
   std::vector<HeldBytes> BytesByHolder() const;
 
   // Ready tensors only: NOT_FOUND while being created. Get, Acquire and Remove answer

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "coordinator/sqlite_state_store.h"
@@ -63,6 +64,19 @@ TEST_F(TensorManagerTest, CreateIsInvisibleUntilFinished) {
   EXPECT_EQ(tensors_.Get("T").status().code(), absl::StatusCode::kNotFound);
   // The cancelled reservation and the rejected duplicate left no mesh users behind.
   EXPECT_TRUE(meshes_.Delete("M").ok());
+}
+
+TEST_F(TensorManagerTest, BytesByHolderSumsEveryReadyTensorPerHolder) {
+  ASSERT_TRUE(Create("T").ok());
+  ASSERT_TRUE(Create("U").ok());
+  ASSERT_TRUE(tensors_.Reserve(Record("V"), "create").ok());  // Not ready: not counted.
+  // Each S(0),R rank of an 8x4 f32 tensor holds 4x4 elements: 64 bytes, twice.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> got;
+  for (const TensorManager::HeldBytes& h : tensors_.BytesByHolder()) {
+    got.emplace_back(h.rank, h.incarnation, h.bytes);
+  }
+  EXPECT_THAT(got, ElementsAre(std::make_tuple(0, 10, 128), std::make_tuple(1, 11, 128),
+                               std::make_tuple(2, 12, 128), std::make_tuple(3, 13, 128)));
 }
 
 TEST_F(TensorManagerTest, BusyTensorRejectsASecondPlan) {
