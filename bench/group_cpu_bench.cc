@@ -114,9 +114,9 @@ class Harness {
     t.dtype = DType::kF32;
     t.mesh = "N";
     t.spec = "S(0)";
-    t.layout = OrDie(
-        Layout::FromPlacements(OrDie(meshes_.Get("N"), "mesh").mesh, t.shape, Parse("S(0)")),
-        "layout");
+    t.layout =
+        OrDie(Layout::FromPlacements(OrDie(meshes_.Get("N"), "mesh").mesh, t.shape, Parse("S(0)")),
+              "layout");
     t.version = tensors_.NewVersion();
     OrDie(tensors_.Reserve(t, "create"), "reserve");
     LayoutChecksums sums;
@@ -196,11 +196,10 @@ int Main() {
     for (const std::string& name : names) members.push_back(RedistributeMember{name, target});
     bool committed = false;
     const double start = ThreadCpuSeconds();
-    bench::OrDie(h.plans().RedistributeGroup(
-                     members, [&](const absl::Status& s, const GroupProgress&) {
-                       committed = s.ok();
-                     }),
-                 "group");
+    bench::OrDie(
+        h.plans().RedistributeGroup(
+            members, [&](const absl::Status& s, const GroupProgress&) { committed = s.ok(); }),
+        "group");
     h.ReportAll(/*group=*/true);
     const double seconds = ThreadCpuSeconds() - start;
     if (!committed) bench::Die("a group did not commit");
@@ -211,10 +210,10 @@ int Main() {
     int commits = 0;
     const double start = ThreadCpuSeconds();
     for (const std::string& name : names) {
-      bench::OrDie(h.plans().Redistribute(
-                       name, target,
-                       [&](const absl::Status& s, const PlanProgress&) { commits += s.ok(); }),
-                   "redistribute");
+      bench::OrDie(
+          h.plans().Redistribute(
+              name, target, [&](const absl::Status& s, const PlanProgress&) { commits += s.ok(); }),
+          "redistribute");
       h.ReportAll(/*group=*/false);
     }
     const double seconds = ThreadCpuSeconds() - start;

@@ -355,9 +355,9 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
   // A group member's staging is its group's fused fragment's (StartGroup).
-  e.demand = PlanMemoryDemand(**plan, e.target_attached,
-                              e.target_attached ? nullptr : &dst_rec->layout,
-                              /*staging=*/fused == nullptr);
+  e.demand =
+      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout,
+                       /*staging=*/fused == nullptr);
   // A tiny plain copy moves faster through the coordinator than through a fragment on every
   // worker (plan_relay.h); a group member always runs in its group's fused plan.
   e.relay = fused == nullptr && !repair &&
