@@ -1,6 +1,7 @@
 #include "coordinator/tensor_manager.h"
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <utility>
 
@@ -127,7 +128,7 @@ absl::Status TensorManager::Load(const LivenessFn& was_live) {
       }
       t->recovering = !t->awaiting.empty();
       if (!t->mesh.empty()) users.emplace_back(t->mesh, t->name);
-      tensors_[r.name] = *std::move(t);
+      PutLocked(*std::move(t));
     }
     reserved_versions_ = last_version_;
     version_floor_ = last_version_;
@@ -194,7 +195,7 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
   if (store_ != nullptr) {
     if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
   }
-  for (auto& [name, t] : changed) tensors_[name] = std::move(t);
+  for (auto& [name, t] : changed) PutLocked(std::move(t));
   return drop;
 }
 
@@ -347,7 +348,7 @@ absl::Status TensorManager::Reserve(TensorRecord record, const std::string& op) 
     if (tensors_.find(name) == tensors_.end()) {
       record.ready = false;
       record.busy_plan = op;
-      tensors_.emplace(name, std::move(record));
+      PutLocked(std::move(record));
       return absl::OkStatus();
     }
   }
@@ -370,7 +371,7 @@ absl::Status TensorManager::FinishCreate(absl::string_view name, const std::stri
   next.checksums = std::move(checksums);
   next.incarnations = std::move(incarnations);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  it->second = std::move(next);
+  PutLocked(std::move(next));
   return absl::OkStatus();
 }
 
@@ -381,7 +382,7 @@ void TensorManager::CancelCreate(absl::string_view name, const std::string& op) 
     auto it = tensors_.find(name);
     if (it == tensors_.end() || it->second.ready || it->second.busy_plan != op) return;
     mesh = it->second.mesh;
-    tensors_.erase(it);
+    EraseLocked(it);
   }
   if (!mesh.empty()) meshes_->RemoveUser(mesh, name);
 }
@@ -475,9 +476,8 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
       if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
     }
     for (TensorRecord& t : next) {
-      TensorRecord& cur = tensors_.find(t.name)->second;
-      old_meshes.emplace_back(cur.mesh, t.name);
-      cur = std::move(t);
+      old_meshes.emplace_back(tensors_.find(t.name)->second.mesh, t.name);
+      PutLocked(std::move(t));
     }
   }
   // Each tensor now uses its target mesh (counted at Acquire) instead of the old one.
@@ -508,7 +508,7 @@ absl::Status TensorManager::PublishAll(const std::vector<std::string>& names,
     for (const TensorRecord& t : next) batch.Put(kTensorKind, t.name, SerializeTensor(t));
     if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
   }
-  for (TensorRecord& t : next) tensors_.find(t.name)->second = std::move(t);
+  for (TensorRecord& t : next) PutLocked(std::move(t));
   return absl::OkStatus();
 }
 
@@ -535,7 +535,7 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     t.checksums[i] = std::move(checksums);
     t.incarnations[rank] = incarnation;
     if (absl::Status s = Persist(t); !s.ok()) return s;
-    it->second = std::move(t);
+    PutLocked(std::move(t));
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("rank ", rank, " holds nothing of '", name, "'"));
@@ -599,7 +599,7 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
   // The user process owns the bytes and changes them at will: no checksum is known.
   next.checksums[index].assign(want.chunks.size(), 0);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  it->second = next;
+  PutLocked(next);
   return next;
 }
 
@@ -616,7 +616,7 @@ absl::StatusOr<bool> TensorManager::Detach(absl::string_view name, int64_t rank,
   next.unattached.insert(rank);
   next.incarnations.erase(rank);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  it->second = std::move(next);
+  PutLocked(std::move(next));
   return true;
 }
 
@@ -632,26 +632,66 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
   return it->second;
 }
 
-std::vector<TensorManager::HeldBytes> TensorManager::BytesByHolder() const {
-  // Summed per holder here, under one lock: admission asks before every plan, and a caller
-  // that looked at every buffer (and asked WorkerManager about each) paid per tensor.
-  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held;  // (rank, incarnation)
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [name, t] : tensors_) {
-      if (!t.ready || t.attached) continue;
-      const int64_t esize = ElementSize(t.dtype);
-      for (const RankChunks& rc : t.layout.ranks()) {
-        auto inc = t.incarnations.find(rc.rank);
-        held[{rc.rank, inc == t.incarnations.end() ? -1 : inc->second}] +=
-            rc.local_elements * esize;
-      }
+void TensorManager::CountLocked(const TensorRecord& t, int64_t sign) {
+  if (!t.ready || t.attached) return;
+  const int64_t esize = ElementSize(t.dtype);
+  for (const RankChunks& rc : t.layout.ranks()) {
+    auto inc = t.incarnations.find(rc.rank);
+    const std::pair<int64_t, int64_t> holder{rc.rank,
+                                             inc == t.incarnations.end() ? -1 : inc->second};
+    int64_t& bytes = held_[holder];
+    bytes += sign * rc.local_elements * esize;
+    if (bytes == 0) held_.erase(holder);
+  }
+}
+
+void TensorManager::PutLocked(TensorRecord record) {
+  auto it = tensors_.find(record.name);
+  if (it == tensors_.end()) {
+    it = tensors_.emplace(record.name, TensorRecord{}).first;
+  } else {
+    CountLocked(it->second, -1);
+  }
+  it->second = std::move(record);
+  CountLocked(it->second, +1);
+}
+
+void TensorManager::EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it) {
+  CountLocked(it->second, -1);
+  tensors_.erase(it);
+}
+
+absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> TensorManager::RecountLocked() const {
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held;
+  for (const auto& [name, t] : tensors_) {
+    if (!t.ready || t.attached) continue;
+    const int64_t esize = ElementSize(t.dtype);
+    for (const RankChunks& rc : t.layout.ranks()) {
+      auto inc = t.incarnations.find(rc.rank);
+      held[{rc.rank, inc == t.incarnations.end() ? -1 : inc->second}] += rc.local_elements * esize;
     }
   }
+  for (auto it = held.begin(); it != held.end();) {
+    if (it->second == 0) {
+      held.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return held;
+}
+
+std::vector<TensorManager::HeldBytes> TensorManager::BytesByHolder() const {
   std::vector<HeldBytes> out;
-  out.reserve(held.size());
-  for (const auto& [holder, bytes] : held)
-    out.push_back(HeldBytes{holder.first, holder.second, bytes});
+  {
+    absl::MutexLock lock(&mu_);
+    // Debug builds (the tests') check that every change kept the tally (PutLocked).
+    assert(held_ == RecountLocked());
+    out.reserve(held_.size());
+    for (const auto& [holder, bytes] : held_) {
+      out.push_back(HeldBytes{holder.first, holder.second, bytes});
+    }
+  }
   std::sort(out.begin(), out.end(), [](const HeldBytes& a, const HeldBytes& b) {
     return std::make_pair(a.rank, a.incarnation) < std::make_pair(b.rank, b.incarnation);
   });
@@ -685,8 +725,8 @@ absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name,
     if (store_ != nullptr && it->second.owner.empty()) {
       if (absl::Status s = store_->Delete(kTensorKind, it->first); !s.ok()) return s;
     }
-    out = std::move(it->second);
-    tensors_.erase(it);
+    out = it->second;
+    EraseLocked(it);
   }
   if (!out.mesh.empty()) meshes_->RemoveUser(out.mesh, out.name);
   return out;

@@ -214,12 +214,24 @@ class TensorManager {
  private:
   // Stores `t` (no-op without a store).
   absl::Status Persist(const TensorRecord& t) const;
+  // Every change of a record in tensors_ goes through these, so held_ follows it. PutLocked
+  // inserts or replaces the record under its name.
+  void PutLocked(TensorRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountLocked(const TensorRecord& t, int64_t sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // held_ recomputed from every record (debug builds check the tally against it).
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> RecountLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status RecoveringError(const TensorRecord& t);
 
   MeshManager* const meshes_;
   StateStore* const store_;
   mutable absl::Mutex mu_;
   std::map<std::string, TensorRecord, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  // What BytesByHolder answers, kept as records change (PutLocked, EraseLocked): bytes of
+  // ready, not attached tensors per (rank, incarnation). Admission asks before every plan.
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held_ ABSL_GUARDED_BY(mu_);
   int64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Versions up to this one are stored as used (handed out in blocks).
   int64_t reserved_versions_ ABSL_GUARDED_BY(mu_) = 0;
