@@ -70,6 +70,9 @@ ABSL_FLAG(bool, torch, true, "Also run the torch recipe when /usr/bin/python3 ha
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch.");
 ABSL_FLAG(int, layers, 16, "Decoder layers of the state dict.");
 ABSL_FLAG(std::string, log_dir, "", "Keep the daemons' logs here (default: in --dir).");
+ABSL_FLAG(std::string, perf_control, "",
+          "A FIFO of `perf record --control fifo:FIFO,ACK -D -1`: perf samples only the loads "
+          "(\"enable\" is written to it before each load, \"disable\" after; ACK is FIFO.ack).");
 
 namespace shardcoord {
 namespace {
@@ -82,6 +85,15 @@ using bench::OrDie;
 using bench::Stats;
 
 double GBps(int64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+// Sends `command` to perf through --perf_control's FIFO and waits for its ack (no-op without).
+void PerfControl(const char* command) {
+  const std::string fifo = absl::GetFlag(FLAGS_perf_control);
+  if (fifo.empty()) return;
+  std::ofstream(fifo) << command << "\n" << std::flush;
+  std::string ack;
+  std::ifstream(fifo + ".ack") >> ack;
+}
 
 // Drops a (fsynced) file's pages from the page cache.
 void Evict(const std::string& path) {
@@ -366,11 +378,13 @@ int Run() {
     max_resident = std::max(max_resident, resident_ckpt);
     v1::LoadCheckpointRequest load_req = load_base;
     load_req.set_dir(ckpt);
+    PerfControl("enable");
     t0 = absl::Now();
     const double cpu0 = BusyCpuSeconds();
     const v1::LoadCheckpointResponse loaded = OrDie(client.LoadCheckpoint(load_req), "load");
     load.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     load_cpu.seconds.push_back(BusyCpuSeconds() - cpu0);
+    PerfControl("disable");
     read_phase.seconds.push_back(loaded.read_seconds());
     exchange_phase.seconds.push_back(loaded.exchange_seconds());
     bytes_read = loaded.bytes_read();
