@@ -143,27 +143,27 @@ std::string ParentOf(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
-// XXH64 of an entry's bytes and of each block of `block_bytes`, fed in order in pieces of
-// any size.
-class EntryHasher {
+// XXH64 of each consecutive block of `block_bytes` (the last one may be shorter) of bytes fed
+// in order in pieces of any size. A block that arrives whole is hashed in one call.
+class BlockHasher {
  public:
-  explicit EntryHasher(int64_t block_bytes)
-      : block_bytes_(block_bytes), whole_(XXH64_createState()), block_(XXH64_createState()) {
-    XXH64_reset(whole_, 0);
-    XXH64_reset(block_, 0);
-  }
-  ~EntryHasher() {
-    XXH64_freeState(whole_);
-    XXH64_freeState(block_);
-  }
-  EntryHasher(const EntryHasher&) = delete;
-  EntryHasher& operator=(const EntryHasher&) = delete;
+  explicit BlockHasher(int64_t block_bytes)
+      : block_bytes_(std::max<int64_t>(1, block_bytes)), state_(XXH64_createState()) {}
+  ~BlockHasher() { XXH64_freeState(state_); }
+  BlockHasher(const BlockHasher&) = delete;
+  BlockHasher& operator=(const BlockHasher&) = delete;
 
   void Update(const char* p, int64_t n) {
-    XXH64_update(whole_, p, static_cast<size_t>(n));
     while (n > 0) {
+      if (in_block_ == 0 && n >= block_bytes_) {
+        blocks_.push_back(XXH64(p, static_cast<size_t>(block_bytes_), 0));
+        p += block_bytes_;
+        n -= block_bytes_;
+        continue;
+      }
+      if (in_block_ == 0) XXH64_reset(state_, 0);
       const int64_t take = std::min(n, block_bytes_ - in_block_);
-      XXH64_update(block_, p, static_cast<size_t>(take));
+      XXH64_update(state_, p, static_cast<size_t>(take));
       in_block_ += take;
       p += take;
       n -= take;
@@ -174,21 +174,43 @@ class EntryHasher {
   void Finish() {
     if (in_block_ > 0) EndBlock();
   }
-  uint64_t whole() const { return XXH64_digest(whole_); }
   const std::vector<uint64_t>& blocks() const { return blocks_; }
 
  private:
   void EndBlock() {
-    blocks_.push_back(XXH64_digest(block_));
-    XXH64_reset(block_, 0);
+    blocks_.push_back(XXH64_digest(state_));
     in_block_ = 0;
   }
 
   const int64_t block_bytes_;
-  XXH64_state_t* whole_;
-  XXH64_state_t* block_;
+  XXH64_state_t* state_;
   int64_t in_block_ = 0;
   std::vector<uint64_t> blocks_;
+};
+
+// XXH64 of an entry's bytes and of each block of `block_bytes`, fed in order in pieces of
+// any size.
+class EntryHasher {
+ public:
+  explicit EntryHasher(int64_t block_bytes) : whole_(XXH64_createState()), blocks_(block_bytes) {
+    XXH64_reset(whole_, 0);
+  }
+  ~EntryHasher() { XXH64_freeState(whole_); }
+  EntryHasher(const EntryHasher&) = delete;
+  EntryHasher& operator=(const EntryHasher&) = delete;
+
+  void Update(const char* p, int64_t n) {
+    XXH64_update(whole_, p, static_cast<size_t>(n));
+    blocks_.Update(p, n);
+  }
+  // After the last Update.
+  void Finish() { blocks_.Finish(); }
+  uint64_t whole() const { return XXH64_digest(whole_); }
+  const std::vector<uint64_t>& blocks() const { return blocks_.blocks(); }
+
+ private:
+  XXH64_state_t* whole_;
+  BlockHasher blocks_;
 };
 
 // Element offset of `box` in a chunk stored row-major over `chunk`, when the box's elements
@@ -205,6 +227,23 @@ int64_t ContiguousOffset(const Box& chunk, const Box& box) {
   for (int d = 0; d < nd; ++d) off += (box.offset(d) - chunk.offset(d)) * strides[d];
   return off;
 }
+
+// Host memory reused for every piece of a call, grown as needed and never initialised (each
+// piece overwrites it before it is read).
+class StagingBuffer {
+ public:
+  char* Get(int64_t n) {
+    if (n > capacity_) {
+      data_.reset(new char[static_cast<size_t>(n)]);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  int64_t capacity_ = 0;
+};
 
 struct PlannedEntry {
   std::shared_ptr<HostBuffer> buffer;
@@ -269,7 +308,7 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
     return s;
   }
   v1::WriteCheckpointResponse response;
-  std::string staging;
+  StagingBuffer staging;
   for (size_t i = 0; i < planned.size(); ++i) {
     PlannedEntry& p = planned[i];
     HostBuffer& b = *p.buffer;
@@ -299,10 +338,9 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
           piece = Box(std::move(o), std::move(s));
         }
         const int64_t bytes = piece.Volume() * esize;
-        staging.resize(static_cast<size_t>(bytes));
+        char* const host = staging.Get(bytes);
         if (space.is_host()) {
-          if (absl::Status s =
-                  space.PackBox(piece, b.chunk_data(p.chunk), chunk.box, staging.data(), esize);
+          if (absl::Status s = space.PackBox(piece, b.chunk_data(p.chunk), chunk.box, host, esize);
               !s.ok()) {
             return s;
           }
@@ -310,7 +348,7 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
           const int64_t poff = ContiguousOffset(chunk.box, piece);
           if (poff >= 0) {
             if (absl::Status s =
-                    space.CopyToHost(staging.data(), b.chunk_data(p.chunk) + poff * esize, bytes);
+                    space.CopyToHost(host, b.chunk_data(p.chunk) + poff * esize, bytes);
                 !s.ok()) {
               return s;
             }
@@ -323,12 +361,11 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
                 !s.ok()) {
               return s;
             }
-            if (absl::Status s = space.CopyToHost(staging.data(), a->data, bytes); !s.ok())
-              return s;
+            if (absl::Status s = space.CopyToHost(host, a->data, bytes); !s.ok()) return s;
           }
         }
-        hasher.Update(staging.data(), bytes);
-        if (absl::Status s = WriteAll(fd.get(), staging.data(), bytes, path); !s.ok()) return s;
+        hasher.Update(host, bytes);
+        if (absl::Status s = WriteAll(fd.get(), host, bytes, path); !s.ok()) return s;
       }
     }
     hasher.Finish();
@@ -413,7 +450,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     return a.run->offset() < b.run->offset();
   });
   std::map<std::string, Fd> files;
-  std::string staging;
+  StagingBuffer staging;  // Host bytes on their way to another space.
   int64_t bytes_read = 0;
   // Host buffers: each chunk's checksum is built as its bytes arrive (while they are in
   // cache), instead of in a pass over every buffer at the end.
@@ -430,16 +467,29 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
       posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     }
     const std::string where = absl::StrCat(run.file(), ": entry \"", run.entry(), "\"");
-    EntryHasher hasher(run.blocks_size() > 0 ? run.block_bytes() : kStagingBytes);
+    // Every byte is hashed once, as it arrives: in blocks to check against the index (or
+    // whole, for an entry with only its xxh64), and on the host also in the chunk checksum's
+    // blocks; when the index's blocks are the chunk checksum's (1 MiB), their hashes are the
+    // chunk's too and the bytes are hashed only once.
+    const bool by_blocks = run.blocks_size() > 0;
+    const bool check_whole = !by_blocks && run.has_xxh64();
+    const int64_t block_bytes = by_blocks ? run.block_bytes() : run.bytes();
+    const bool blocks_are_chunk_blocks =
+        space.is_host() && by_blocks && block_bytes == kChecksumBlockBytes;
+    std::optional<BlockHasher> hasher;
+    if (by_blocks || check_whole) hasher.emplace(block_bytes);
     char* dst = b.chunk_data(r.chunk);
     std::optional<ChunkChecksumBuilder> sum;
-    if (space.is_host()) sum.emplace(dst, run.bytes());
+    if (space.is_host() && !blocks_are_chunk_blocks) sum.emplace(dst, run.bytes());
+    // Pieces of whole blocks when blocks fit, so that each is hashed in one call.
+    const int64_t piece = by_blocks && block_bytes <= kStagingBytes
+                              ? kStagingBytes / block_bytes * block_bytes
+                              : kStagingBytes;
     for (int64_t done = 0; done < run.bytes();) {
-      const int64_t n = std::min(kStagingBytes, run.bytes() - done);
+      const int64_t n = std::min(piece, run.bytes() - done);
       char* into = dst + done;
       if (!space.is_host()) {
-        staging.resize(static_cast<size_t>(n));
-        into = staging.data();
+        into = staging.Get(n);
       }
       absl::StatusOr<int64_t> got = PreadFull(fd.get(), into, n, run.offset() + done, path);
       if (!got.ok()) return got.status();
@@ -449,35 +499,39 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
             where, ": the file ends at byte ", run.offset() + done + *got, ", inside bytes [",
             run.offset(), ", ", run.offset() + run.bytes(), ") of the entry's rows (truncated)"));
       }
-      hasher.Update(into, n);
+      if (hasher.has_value()) hasher->Update(into, n);
       if (!space.is_host()) {
         if (absl::Status s = space.CopyFromHost(dst + done, into, n); !s.ok()) return s;
-      } else {
+      } else if (sum.has_value()) {
         sum->Final(done, done + n);
       }
       done += n;
     }
-    hasher.Finish();
-    if (sum.has_value()) {
+    if (hasher.has_value()) hasher->Finish();
+    if (space.is_host()) {
       std::vector<uint64_t>& sums = chunk_sums[&b];
       sums.resize(b.chunks().chunks.size());
-      sums[r.chunk] = sum->Finish();
+      sums[r.chunk] =
+          blocks_are_chunk_blocks ? ChunkChecksumOfBlocks(hasher->blocks()) : sum->Finish();
     }
-    if (run.blocks_size() > 0) {
+    if (by_blocks) {
       for (int k = 0; k < run.blocks_size(); ++k) {
-        if (hasher.blocks()[k] != run.blocks(k)) {
+        if (hasher->blocks()[k] != run.blocks(k)) {
           const int64_t a = run.offset() + k * run.block_bytes();
           return absl::DataLossError(absl::StrFormat(
               "%s: bytes [%d, %d) of the file have xxh64 %016x but the index says %016x "
               "(corrupted)",
               where, a, std::min(a + run.block_bytes(), run.offset() + run.bytes()),
-              hasher.blocks()[k], run.blocks(k)));
+              hasher->blocks()[k], run.blocks(k)));
         }
       }
-    } else if (run.has_xxh64() && hasher.whole() != run.xxh64()) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: the entry has xxh64 %016x but the index says %016x (corrupted)",
-                          where, hasher.whole(), run.xxh64()));
+    } else if (check_whole) {
+      const uint64_t whole = hasher->blocks().empty() ? XXH64(nullptr, 0, 0) : hasher->blocks()[0];
+      if (whole != run.xxh64()) {
+        return absl::DataLossError(
+            absl::StrFormat("%s: the entry has xxh64 %016x but the index says %016x (corrupted)",
+                            where, whole, run.xxh64()));
+      }
     }
   }
   v1::ReadCheckpointResponse response;

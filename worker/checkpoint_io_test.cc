@@ -20,6 +20,7 @@
 #include "sharding/fill.h"
 #include "sharding/safetensors.h"
 #include "worker/buffer_store.h"
+#include "worker/checksum.h"
 #include "worker/memory_space.h"
 #include "worker/testing/fake_device_memory_space.h"
 
@@ -219,6 +220,109 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   EXPECT_THAT(bad.status().message(), HasSubstr("f.safetensors: entry \"rows\""));
   EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
   EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+}
+
+// Runs of several MiB, read in several pieces: checked in the index's blocks, both when those
+// are the chunk checksum's 1 MiB blocks (rows of 1 KiB) and when they are not (rows of
+// 2800 bytes); the chunk checksums the read reports are the buffer's own either way.
+TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
+  const Shape shape = {3000, 700};
+  auto arange = [&](const Box& box) {
+    std::string out(static_cast<size_t>(box.Volume() * 4), '\0');
+    EXPECT_TRUE(FillBox(FillKind::kArange, 0, shape, box, DType::kF32, out.data()).ok());
+    return out;
+  };
+  RankChunks src;
+  src.chunks.push_back(Chunk{Box::Whole(shape), 0, 0});
+  src.local_elements = 3000 * 700;
+  absl::StatusOr<std::shared_ptr<HostBuffer>> big = HostBuffer::Create(DType::kF32, src, space_);
+  ASSERT_TRUE(big.ok());
+  const std::string all = arange(Box::Whole(shape));
+  ASSERT_TRUE(space_->CopyFromHost((*big)->data(), all.data(), all.size()).ok());
+  buffers_.Put("big", 1, *big);
+  v1::WriteCheckpointRequest wreq;
+  wreq.set_dir(dir_);
+  wreq.set_file("big.safetensors");
+  *wreq.add_entries() = Entry("whole", Box::Whole(shape));
+  *wreq.add_entries() = Entry("left", Box({0, 0}, {3000, 256}));
+  for (v1::CheckpointWriteEntry& e : *wreq.mutable_entries()) {
+    e.set_tensor("big");
+    e.set_version(1);
+  }
+  absl::StatusOr<v1::WriteCheckpointResponse> w = io_->Write(wreq);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->entries(0).rows_per_block(), RowsPerBlock(2800));
+  ASSERT_EQ(w->entries(1).rows_per_block() * 1024, kChecksumBlockBytes);
+  const std::string path = dir_ + "/big.safetensors";
+  const std::string file = ReadFile(path);
+  absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
+  ASSERT_TRUE(h.ok());
+
+  // All of "whole" (8.4 MB, more than one read piece) and rows [1024, 3000) of "left" (its
+  // blocks 1 and 2).
+  v1::ReadCheckpointRequest req;
+  req.set_dir(dir_);
+  v1::CheckpointReadBuffer* b = req.add_buffers();
+  b->set_tensor("r");
+  b->set_version(9);
+  b->set_dtype(v1::F32);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box::Whole(shape), 0, 0});
+  rc.chunks.push_back(Chunk{Box({1024, 0}, {1976, 256}), 3000 * 700, 0});
+  rc.local_elements = 3000 * 700 + 1976 * 256;
+  *b->mutable_chunks() = RankChunksToProto(rc);
+  v1::CheckpointReadRun* run = b->add_runs();
+  run->set_file("big.safetensors");
+  run->set_entry("whole");
+  run->set_offset(h->data_start() + h->Find("whole")->begin);
+  run->set_bytes(3000 * 2800);
+  run->set_block_bytes(w->entries(0).rows_per_block() * 2800);
+  *run->mutable_blocks() = w->entries(0).blocks();
+  run = b->add_runs();
+  run->set_file("big.safetensors");
+  run->set_entry("left");
+  run->set_offset(h->data_start() + h->Find("left")->begin + 1024 * 1024);
+  run->set_bytes(1976 * 1024);
+  run->set_block_bytes(kChecksumBlockBytes);
+  run->add_blocks(w->entries(1).blocks(1));
+  run->add_blocks(w->entries(1).blocks(2));
+  absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_read(), 3000 * 2800 + 1976 * 1024);
+  std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
+  ASSERT_NE(got, nullptr);
+  std::string host(static_cast<size_t>(got->bytes()), '\0');
+  ASSERT_TRUE(space_->CopyToHost(host.data(), got->data(), got->bytes()).ok());
+  EXPECT_TRUE(host == all + arange(Box({1024, 0}, {1976, 256})));
+  absl::StatusOr<std::vector<uint64_t>> sums = got->Checksums();
+  ASSERT_TRUE(sums.ok());
+  ASSERT_EQ(r->chunks(0).chunks_size(), 2);
+  EXPECT_EQ(r->chunks(0).chunks(0).checksum(), (*sums)[0]);
+  EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
+  buffers_.DropTensor("r");
+
+  // A flipped byte in the last block of each run: DATA_LOSS naming the file, entry and bytes.
+  for (const auto& [entry, at] : {std::pair<std::string, int64_t>{"whole", 3000 * 2800 - 5},
+                                  std::pair<std::string, int64_t>{"left", 3000 * 1024 - 5}}) {
+    const int64_t pos = h->data_start() + h->Find(entry)->begin + at;
+    const int fd = open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    char x = 0;
+    ASSERT_EQ(pread(fd, &x, 1, pos), 1);
+    x ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+    absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(bad.status().message(),
+                HasSubstr(absl::StrCat("big.safetensors: entry \"", entry, "\": bytes [")));
+    EXPECT_THAT(bad.status().message(), HasSubstr("corrupted"));
+    EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+    x ^= 0x10;
+    ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+    close(fd);
+  }
+  buffers_.DropTensor("big");
 }
 
 TEST_P(CheckpointIoTest, RefusesBadWrites) {
