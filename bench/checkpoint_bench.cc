@@ -350,7 +350,7 @@ int Run() {
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>((i * 2654435761u) >> 13);
   Stats disk_write, disk_read, par_write, par_read, save, load, read_phase, exchange_phase;
   Stats load_cpu;  // Busy CPU-seconds of the machine during each load.
-  int64_t max_resident = 0, bytes_read = 0, exchanged = 0;
+  int64_t max_resident = 0, bytes_read = 0, exchanged = 0, read_direct = 0;
   double balance = 0;
   for (int rep = 0; rep < reps; ++rep) {
     int64_t resident = 0;
@@ -388,6 +388,7 @@ int Run() {
     read_phase.seconds.push_back(loaded.read_seconds());
     exchange_phase.seconds.push_back(loaded.exchange_seconds());
     bytes_read = loaded.bytes_read();
+    read_direct = loaded.bytes_read_direct();
     exchanged = loaded.exchange_bytes_moved();
     if (loaded.bytes_read() != bytes) Die("the load did not read every byte exactly once");
     say(absl::StrCat("rep ", rep + 1, ": disk write ", w_s, " s, read ", r_s, " s; 4 files ", pw_s,
@@ -459,6 +460,7 @@ int Run() {
     w.Key("load_busy_cpu_seconds_median").Double(load_cpu.Median());
     w.Key("cpus").Int(std::thread::hardware_concurrency());
     w.Key("load_bytes_read").Int(bytes_read).Key("load_bytes_exchanged").Int(exchanged);
+    w.Key("load_bytes_read_direct").Int(read_direct);
     w.Key("writer_balance").Double(balance);
     w.Key("max_resident_bytes_before_reads").Int(max_resident);
     if (torch.ran) {
@@ -492,9 +494,11 @@ int Run() {
   line("disk read, 4 files by 4 threads", par_read);
   line("shardcoord save (FSDP flat)", save);
   line("shardcoord load (-> Megatron 2x2)", load);
-  std::printf("    load phases: read %.3f s, exchange %.3f s; %lld bytes read, %lld exchanged\n",
-              read_phase.Best(), exchange_phase.Best(), static_cast<long long>(bytes_read),
-              static_cast<long long>(exchanged));
+  std::printf(
+      "    load phases: read %.3f s, exchange %.3f s; %lld bytes read (%lld with O_DIRECT), %lld "
+      "exchanged\n",
+      read_phase.Best(), exchange_phase.Best(), static_cast<long long>(bytes_read),
+      static_cast<long long>(read_direct), static_cast<long long>(exchanged));
   if (torch.ran) {
     line("torch.save of each rank's shards", torch.save);
     line("torch.load of all + slice", torch.load);

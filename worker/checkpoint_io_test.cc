@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/checkpoint_index.h"
+#include "sharding/checkpoint_plan.h"
 #include "sharding/fill.h"
 #include "sharding/safetensors.h"
 #include "worker/buffer_store.h"
@@ -287,41 +288,86 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
   run->set_block_bytes(kChecksumBlockBytes);
   run->add_blocks(w->entries(1).blocks(1));
   run->add_blocks(w->entries(1).blocks(2));
-  absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(req);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->bytes_read(), 3000 * 2800 + 1976 * 1024);
-  std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
-  ASSERT_NE(got, nullptr);
-  std::string host(static_cast<size_t>(got->bytes()), '\0');
-  ASSERT_TRUE(space_->CopyToHost(host.data(), got->data(), got->bytes()).ok());
-  EXPECT_TRUE(host == all + arange(Box({1024, 0}, {1976, 256})));
-  absl::StatusOr<std::vector<uint64_t>> sums = got->Checksums();
-  ASSERT_TRUE(sums.ok());
-  ASSERT_EQ(r->chunks(0).chunks_size(), 2);
-  EXPECT_EQ(r->chunks(0).chunks(0).checksum(), (*sums)[0]);
-  EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
-  buffers_.DropTensor("r");
-
-  // A flipped byte in the last block of each run: DATA_LOSS naming the file, entry and bytes.
-  for (const auto& [entry, at] : {std::pair<std::string, int64_t>{"whole", 3000 * 2800 - 5},
-                                  std::pair<std::string, int64_t>{"left", 3000 * 1024 - 5}}) {
-    const int64_t pos = h->data_start() + h->Find(entry)->begin + at;
-    const int fd = open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    char x = 0;
-    ASSERT_EQ(pread(fd, &x, 1, pos), 1);
-    x ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
-    absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
-    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
-    EXPECT_THAT(bad.status().message(),
-                HasSubstr(absl::StrCat("big.safetensors: entry \"", entry, "\": bytes [")));
-    EXPECT_THAT(bad.status().message(), HasSubstr("corrupted"));
-    EXPECT_EQ(buffers_.Find("r", 9), nullptr);
-    x ^= 0x10;
-    ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
-    close(fd);
+  // The same runs placed in the buffer at their file offsets' residues modulo
+  // kDirectIoAlignment, as the load plan places large runs: on the host their aligned middles
+  // are read with O_DIRECT (where the file system has it), with the same bytes and checks.
+  v1::ReadCheckpointRequest aligned = req;
+  {
+    RankChunks placed = rc;
+    int64_t at = 0;
+    for (int i = 0; i < 2; ++i) {
+      const int64_t file_offset = b->runs(i).offset();
+      ASSERT_EQ(file_offset % 4, 0);
+      at += ((file_offset - at * 4) % kDirectIoAlignment + kDirectIoAlignment) %
+            kDirectIoAlignment / 4;
+      placed.chunks[i].local_offset = at;
+      at += placed.chunks[i].box.Volume();
+    }
+    placed.local_elements = at;
+    *aligned.mutable_buffers(0)->mutable_chunks() = RankChunksToProto(placed);
   }
+  const int direct_fd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  const bool direct = !GetParam() && direct_fd >= 0;
+  if (direct_fd >= 0) close(direct_fd);
+  const std::string want = all + arange(Box({1024, 0}, {1976, 256}));
+  for (const v1::ReadCheckpointRequest* request : {&req, &aligned}) {
+    SCOPED_TRACE(request == &req ? "packed" : "aligned");
+    absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(*request);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes_read(), 3000 * 2800 + 1976 * 1024);
+    if (request == &aligned && direct) {
+      // All but the partial pages at the runs' ends.
+      EXPECT_GE(r->bytes_read_direct(), r->bytes_read() - 4 * kDirectIoAlignment);
+    } else if (GetParam()) {
+      EXPECT_EQ(r->bytes_read_direct(), 0);
+    }
+    std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
+    ASSERT_NE(got, nullptr);
+    std::string host;
+    for (int i = 0; i < 2; ++i) {
+      std::string chunk(static_cast<size_t>(got->chunk_bytes(i)), '\0');
+      ASSERT_TRUE(space_->CopyToHost(chunk.data(), got->chunk_data(i), chunk.size()).ok());
+      host += chunk;
+    }
+    EXPECT_TRUE(host == want);
+    absl::StatusOr<std::vector<uint64_t>> sums = got->Checksums();
+    ASSERT_TRUE(sums.ok());
+    ASSERT_EQ(r->chunks(0).chunks_size(), 2);
+    EXPECT_EQ(r->chunks(0).chunks(0).checksum(), (*sums)[0]);
+    EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
+    buffers_.DropTensor("r");
+
+    // A flipped byte inside each run (the middle of "whole", the last block of "left"):
+    // DATA_LOSS naming the file, entry and bytes, and no buffer.
+    for (const auto& [entry, at] : {std::pair<std::string, int64_t>{"whole", 4000001},
+                                    std::pair<std::string, int64_t>{"left", 3000 * 1024 - 5}}) {
+      const int64_t pos = h->data_start() + h->Find(entry)->begin + at;
+      const int fd = open(path.c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      char x = 0;
+      ASSERT_EQ(pread(fd, &x, 1, pos), 1);
+      x ^= 0x10;
+      ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+      fsync(fd);  // O_DIRECT reads the device.
+      absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(*request);
+      EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(bad.status().message(),
+                  HasSubstr(absl::StrCat("big.safetensors: entry \"", entry, "\": bytes [")));
+      EXPECT_THAT(bad.status().message(), HasSubstr("corrupted"));
+      EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+      x ^= 0x10;
+      ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+      fsync(fd);
+      close(fd);
+    }
+  }
+  // Truncated inside the aligned middle of "whole": DATA_LOSS naming the file and entry.
+  ASSERT_EQ(truncate(path.c_str(), h->data_start() + h->Find("whole")->begin + 5000000), 0);
+  absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(aligned);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("big.safetensors: entry \"whole\""));
+  EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
+  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
   buffers_.DropTensor("big");
 }
 
