@@ -349,7 +349,10 @@ int Run() {
   std::string buffer(static_cast<size_t>(kIoPiece), '\0');
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>((i * 2654435761u) >> 13);
   Stats disk_write, disk_read, par_write, par_read, save, load, read_phase, exchange_phase;
-  Stats load_cpu;  // Busy CPU-seconds of the machine during each load.
+  Stats load_cpu;          // Busy CPU-seconds of the machine during each load.
+  Stats load_process_cpu;  // CPU-seconds of the coordinator and the workers during each load.
+  std::vector<pid_t> pids = {cluster->coordinator_pid()};
+  for (int i = 0; i < kWorkers; ++i) pids.push_back(cluster->worker_pid(i));
   int64_t max_resident = 0, bytes_read = 0, exchanged = 0, read_direct = 0;
   double balance = 0;
   for (int rep = 0; rep < reps; ++rep) {
@@ -380,10 +383,11 @@ int Run() {
     load_req.set_dir(ckpt);
     PerfControl("enable");
     t0 = absl::Now();
-    const double cpu0 = BusyCpuSeconds();
+    const double cpu0 = BusyCpuSeconds(), process_cpu0 = bench::ProcessCpuSeconds(pids);
     const v1::LoadCheckpointResponse loaded = OrDie(client.LoadCheckpoint(load_req), "load");
     load.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     load_cpu.seconds.push_back(BusyCpuSeconds() - cpu0);
+    load_process_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - process_cpu0);
     PerfControl("disable");
     read_phase.seconds.push_back(loaded.read_seconds());
     exchange_phase.seconds.push_back(loaded.exchange_seconds());
@@ -396,7 +400,8 @@ int Run() {
                      load.seconds.back(), " s (read ", loaded.read_seconds(), " s, exchange ",
                      loaded.exchange_seconds(), " s; ", load_cpu.seconds.back(),
                      " CPU-seconds busy of ",
-                     load.seconds.back() * std::thread::hardware_concurrency(), ")"));
+                     load.seconds.back() * std::thread::hardware_concurrency(), ", ",
+                     load_process_cpu.seconds.back(), " in the coordinator and workers)"));
     for (const v1::CheckpointFileInfo& r : loaded.readers()) {
       say(absl::StrCat("  reader ", r.worker(), ": ", r.bytes(), " bytes in ", r.entries(),
                        " runs, ", r.seconds(), " s"));
@@ -458,6 +463,8 @@ int Run() {
     w.Key("load_read_phase_best_seconds").Double(read_phase.Best());
     w.Key("load_exchange_phase_best_seconds").Double(exchange_phase.Best());
     w.Key("load_busy_cpu_seconds_median").Double(load_cpu.Median());
+    w.Key("load_process_cpu_seconds_best").Double(load_process_cpu.Best());
+    w.Key("load_process_cpu_seconds_median").Double(load_process_cpu.Median());
     w.Key("cpus").Int(std::thread::hardware_concurrency());
     w.Key("load_bytes_read").Int(bytes_read).Key("load_bytes_exchanged").Int(exchanged);
     w.Key("load_bytes_read_direct").Int(read_direct);
@@ -499,6 +506,8 @@ int Run() {
       "exchanged\n",
       read_phase.Best(), exchange_phase.Best(), static_cast<long long>(bytes_read),
       static_cast<long long>(read_direct), static_cast<long long>(exchanged));
+  std::printf("    load CPU-seconds of the coordinator and workers: best %.3f, median %.3f\n",
+              load_process_cpu.Best(), load_process_cpu.Median());
   if (torch.ran) {
     line("torch.save of each rank's shards", torch.save);
     line("torch.load of all + slice", torch.load);
