@@ -47,6 +47,25 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// The safetensors header of the file at `path`.
+SafetensorsHeader HeaderOf(const std::string& path) {
+  const std::string file = ReadFile(path);
+  absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
+  EXPECT_TRUE(h.ok()) << h.status();
+  return h.ok() ? *h : SafetensorsHeader();
+}
+
+// `req` reads from `dir` into one new f32 buffer, tensor "r" version 9: returns it.
+v1::CheckpointReadBuffer* ReadIntoR(const std::string& dir, v1::ReadCheckpointRequest* req) {
+  req->set_dir(dir);
+  v1::CheckpointReadBuffer* b = req->add_buffers();
+  b->set_tensor("r");
+  b->set_version(9);
+  b->set_dtype(v1::F32);
+  return b;
+}
+
 // The bytes of `box` of the arange tensor of kShape in f32.
 std::string Arange(const Box& box) {
   std::string out(static_cast<size_t>(box.Volume() * 4), '\0');
@@ -144,18 +163,11 @@ TEST_P(CheckpointIoTest, WritesASafetensorsFileAnyReaderCanRead) {
 
 TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   const v1::WriteCheckpointResponse w = WriteThree();
-  const std::string file = ReadFile(dir_ + "/f.safetensors");
-  absl::StatusOr<SafetensorsHeader> h =
-      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
-  ASSERT_TRUE(h.ok());
+  const SafetensorsHeader h = HeaderOf(dir_ + "/f.safetensors");
   // Rows [5, 13) of "whole", checked in blocks of 4 rows, and all of "rows", checked by the
   // entry's hash.
   v1::ReadCheckpointRequest req;
-  req.set_dir(dir_);
-  v1::CheckpointReadBuffer* b = req.add_buffers();
-  b->set_tensor("r");
-  b->set_version(9);
-  b->set_dtype(v1::F32);
+  v1::CheckpointReadBuffer* b = ReadIntoR(dir_, &req);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({5, 0}, {8, 12}), 0, 0});
   rc.chunks.push_back(Chunk{Box({25, 0}, {10, 12}), 96, 0});
@@ -164,7 +176,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   v1::CheckpointReadRun* run = b->add_runs();
   run->set_file("f.safetensors");
   run->set_entry("whole");
-  run->set_offset(h->data_start() + h->Find("whole")->begin + 5 * 48);
+  run->set_offset(h.data_start() + h.Find("whole")->begin + 5 * 48);
   run->set_bytes(8 * 48);
   run->set_block_bytes(4 * 48);
   for (int k = 0; k < 2; ++k) {
@@ -174,7 +186,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   run = b->add_runs();
   run->set_file("f.safetensors");
   run->set_entry("rows");
-  run->set_offset(h->data_start() + h->Find("rows")->begin);
+  run->set_offset(h.data_start() + h.Find("rows")->begin);
   run->set_bytes(120 * 4);
   run->set_has_xxh64(true);
   run->set_xxh64(w.entries(1).xxh64());
@@ -204,7 +216,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
     const int fd = open((dir_ + "/f.safetensors").c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
     const char x = 0x5a;
-    ASSERT_EQ(pwrite(fd, &x, 1, h->data_start() + h->Find("rows")->begin + 77), 1);
+    ASSERT_EQ(pwrite(fd, &x, 1, h.data_start() + h.Find("rows")->begin + 77), 1);
     close(fd);
   }
   absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
@@ -214,8 +226,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
 
   // Truncated inside the run: DATA_LOSS naming file and entry.
   ASSERT_EQ(
-      truncate((dir_ + "/f.safetensors").c_str(), h->data_start() + h->Find("rows")->begin + 100),
-      0);
+      truncate((dir_ + "/f.safetensors").c_str(), h.data_start() + h.Find("rows")->begin + 100), 0);
   bad = io_->Read(req);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(bad.status().message(), HasSubstr("f.safetensors: entry \"rows\""));
@@ -255,19 +266,12 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
   ASSERT_EQ(w->entries(0).rows_per_block(), RowsPerBlock(2800));
   ASSERT_EQ(w->entries(1).rows_per_block() * 1024, kChecksumBlockBytes);
   const std::string path = dir_ + "/big.safetensors";
-  const std::string file = ReadFile(path);
-  absl::StatusOr<SafetensorsHeader> h =
-      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
-  ASSERT_TRUE(h.ok());
+  const SafetensorsHeader h = HeaderOf(path);
 
   // All of "whole" (8.4 MB, more than one read piece) and rows [1024, 3000) of "left" (its
   // blocks 1 and 2).
   v1::ReadCheckpointRequest req;
-  req.set_dir(dir_);
-  v1::CheckpointReadBuffer* b = req.add_buffers();
-  b->set_tensor("r");
-  b->set_version(9);
-  b->set_dtype(v1::F32);
+  v1::CheckpointReadBuffer* b = ReadIntoR(dir_, &req);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box::Whole(shape), 0, 0});
   rc.chunks.push_back(Chunk{Box({1024, 0}, {1976, 256}), 3000 * 700, 0});
@@ -276,14 +280,14 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
   v1::CheckpointReadRun* run = b->add_runs();
   run->set_file("big.safetensors");
   run->set_entry("whole");
-  run->set_offset(h->data_start() + h->Find("whole")->begin);
+  run->set_offset(h.data_start() + h.Find("whole")->begin);
   run->set_bytes(3000 * 2800);
   run->set_block_bytes(w->entries(0).rows_per_block() * 2800);
   *run->mutable_blocks() = w->entries(0).blocks();
   run = b->add_runs();
   run->set_file("big.safetensors");
   run->set_entry("left");
-  run->set_offset(h->data_start() + h->Find("left")->begin + 1024 * 1024);
+  run->set_offset(h.data_start() + h.Find("left")->begin + 1024 * 1024);
   run->set_bytes(1976 * 1024);
   run->set_block_bytes(kChecksumBlockBytes);
   run->add_blocks(w->entries(1).blocks(1));
@@ -341,7 +345,7 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
     // DATA_LOSS naming the file, entry and bytes, and no buffer.
     for (const auto& [entry, at] : {std::pair<std::string, int64_t>{"whole", 4000001},
                                     std::pair<std::string, int64_t>{"left", 3000 * 1024 - 5}}) {
-      const int64_t pos = h->data_start() + h->Find(entry)->begin + at;
+      const int64_t pos = h.data_start() + h.Find(entry)->begin + at;
       const int fd = open(path.c_str(), O_RDWR);
       ASSERT_GE(fd, 0);
       char x = 0;
@@ -362,7 +366,7 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
     }
   }
   // Truncated inside the aligned middle of "whole": DATA_LOSS naming the file and entry.
-  ASSERT_EQ(truncate(path.c_str(), h->data_start() + h->Find("whole")->begin + 5000000), 0);
+  ASSERT_EQ(truncate(path.c_str(), h.data_start() + h.Find("whole")->begin + 5000000), 0);
   absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(aligned);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(bad.status().message(), HasSubstr("big.safetensors: entry \"whole\""));
