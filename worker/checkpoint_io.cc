@@ -9,12 +9,14 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -347,6 +349,94 @@ struct PlannedEntry {
   int64_t rows_per_block = 0;
 };
 
+// One reader's open files, staging buffer and count of bytes read.
+struct RunReader {
+  std::map<std::string, std::unique_ptr<CheckpointFileReader>> files;
+  StagingBuffer staging;  // Host bytes on their way to another space.
+  int64_t bytes_read = 0;
+};
+
+// Reads one run into its chunk of `b` and checks it; for host memory also sets *chunk_sum.
+absl::Status ReadOneRun(const std::string& dir, const v1::CheckpointReadRun& run, HostBuffer& b,
+                        size_t chunk, RunReader& reader, uint64_t* chunk_sum) {
+  MemorySpace& space = b.space();
+  std::map<std::string, std::unique_ptr<CheckpointFileReader>>& files = reader.files;
+  StagingBuffer& staging = reader.staging;
+  int64_t& bytes_read = reader.bytes_read;
+  const std::string path = Join(dir, run.file());
+  std::unique_ptr<CheckpointFileReader>& file = files[run.file()];
+  if (file == nullptr) {
+    absl::StatusOr<std::unique_ptr<CheckpointFileReader>> opened = CheckpointFileReader::Open(path);
+    if (!opened.ok()) return opened.status();
+    file = *std::move(opened);
+  }
+  const std::string where = absl::StrCat(run.file(), ": entry \"", run.entry(), "\"");
+  // Every byte is hashed once, as it arrives: in blocks to check against the index (or
+  // whole, for an entry with only its xxh64), and on the host also in the chunk checksum's
+  // blocks; when the index's blocks are the chunk checksum's (1 MiB), their hashes are the
+  // chunk's too and the bytes are hashed only once.
+  const bool by_blocks = run.blocks_size() > 0;
+  const bool check_whole = !by_blocks && run.has_xxh64();
+  const int64_t block_bytes = by_blocks ? run.block_bytes() : run.bytes();
+  const bool blocks_are_chunk_blocks =
+      space.is_host() && by_blocks && block_bytes == kChecksumBlockBytes;
+  std::optional<BlockHasher> hasher;
+  if (by_blocks || check_whole) hasher.emplace(block_bytes);
+  char* dst = b.chunk_data(chunk);
+  std::optional<ChunkChecksumBuilder> sum;
+  if (space.is_host() && !blocks_are_chunk_blocks) sum.emplace(dst, run.bytes());
+  // Pieces of whole blocks when blocks fit, so that each is hashed in one call.
+  constexpr int64_t kPiece = CheckpointIo::kStagingBytes;
+  const int64_t piece =
+      by_blocks && block_bytes <= kPiece ? kPiece / block_bytes * block_bytes : kPiece;
+  for (int64_t done = 0; done < run.bytes();) {
+    const int64_t n = std::min(piece, run.bytes() - done);
+    char* into = dst + done;
+    if (!space.is_host()) {
+      into = staging.Get(n);
+    }
+    absl::StatusOr<int64_t> got = file->Read(into, n, run.offset() + done);
+    if (!got.ok()) return got.status();
+    bytes_read += *got;
+    if (*got < n) {
+      return absl::DataLossError(absl::StrCat(
+          where, ": the file ends at byte ", run.offset() + done + *got, ", inside bytes [",
+          run.offset(), ", ", run.offset() + run.bytes(), ") of the entry's rows (truncated)"));
+    }
+    if (hasher.has_value()) hasher->Update(into, n);
+    if (!space.is_host()) {
+      if (absl::Status s = space.CopyFromHost(dst + done, into, n); !s.ok()) return s;
+    } else if (sum.has_value()) {
+      sum->Final(done, done + n);
+    }
+    done += n;
+  }
+  if (hasher.has_value()) hasher->Finish();
+  if (space.is_host()) {
+    *chunk_sum = blocks_are_chunk_blocks ? ChunkChecksumOfBlocks(hasher->blocks()) : sum->Finish();
+  }
+  if (by_blocks) {
+    for (int k = 0; k < run.blocks_size(); ++k) {
+      if (hasher->blocks()[k] != run.blocks(k)) {
+        const int64_t a = run.offset() + k * run.block_bytes();
+        return absl::DataLossError(absl::StrFormat(
+            "%s: bytes [%d, %d) of the file have xxh64 %016x but the index says %016x "
+            "(corrupted)",
+            where, a, std::min(a + run.block_bytes(), run.offset() + run.bytes()),
+            hasher->blocks()[k], run.blocks(k)));
+      }
+    }
+  } else if (check_whole) {
+    const uint64_t whole = hasher->blocks().empty() ? XXH64(nullptr, 0, 0) : hasher->blocks()[0];
+    if (whole != run.xxh64()) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: the entry has xxh64 %016x but the index says %016x (corrupted)",
+                          where, whole, run.xxh64()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CheckpointIo::CheckpointIo(BufferStore* buffers, MemorySpace* space)
@@ -542,91 +632,50 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     if (a.run->file() != b.run->file()) return a.run->file() < b.run->file();
     return a.run->offset() < b.run->offset();
   });
-  std::map<std::string, std::unique_ptr<CheckpointFileReader>> files;
-  StagingBuffer staging;  // Host bytes on their way to another space.
-  int64_t bytes_read = 0;
-  // Host buffers: each chunk's checksum is built as its bytes arrive (while they are in
+  // Runs are read by up to kReadThreads threads at once (each run on one thread, its bytes
+  // in order): a reader's runs are many and often small, and each O_DIRECT read waits for the
+  // device, so several in flight keep it busy. Device memory: one thread (its copies are
+  // queued in order).
+  bool all_host = true;
+  for (const std::shared_ptr<HostBuffer>& b : buffers) all_host = all_host && b->space().is_host();
+  const size_t threads =
+      all_host ? std::min(kReadThreads, runs.size()) : std::min<size_t>(1, runs.size());
+  std::vector<absl::Status> results(runs.size());
+  std::vector<uint64_t> sums(runs.size(), 0);
+  std::vector<RunReader> readers(threads);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto work = [&](size_t t) {
+    for (size_t i = next++; i < runs.size() && !failed.load(); i = next++) {
+      const Run& r = runs[i];
+      results[i] = ReadOneRun(request.dir(), *r.run, *r.buffer, r.chunk, readers[t], &sums[i]);
+      if (!results[i].ok()) failed.store(true);
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+    if (threads > 0) work(0);
+    for (std::thread& t : pool) t.join();
+  }
+  // The first failure in file order (runs not read after a failure stay OK and unused).
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  int64_t bytes_read = 0, bytes_direct = 0;
+  for (const RunReader& reader : readers) {
+    bytes_read += reader.bytes_read;
+    for (const auto& [name, file] : reader.files) bytes_direct += file->direct_bytes();
+  }
+  // Host buffers: each chunk's checksum was built as its bytes arrived (while they were in
   // cache), instead of in a pass over every buffer at the end.
   std::map<const HostBuffer*, std::vector<uint64_t>> chunk_sums;
-  for (const Run& r : runs) {
-    const v1::CheckpointReadRun& run = *r.run;
-    HostBuffer& b = *r.buffer;
-    MemorySpace& space = b.space();
-    const std::string path = Join(request.dir(), run.file());
-    std::unique_ptr<CheckpointFileReader>& file = files[run.file()];
-    if (file == nullptr) {
-      absl::StatusOr<std::unique_ptr<CheckpointFileReader>> opened =
-          CheckpointFileReader::Open(path);
-      if (!opened.ok()) return opened.status();
-      file = *std::move(opened);
-    }
-    const std::string where = absl::StrCat(run.file(), ": entry \"", run.entry(), "\"");
-    // Every byte is hashed once, as it arrives: in blocks to check against the index (or
-    // whole, for an entry with only its xxh64), and on the host also in the chunk checksum's
-    // blocks; when the index's blocks are the chunk checksum's (1 MiB), their hashes are the
-    // chunk's too and the bytes are hashed only once.
-    const bool by_blocks = run.blocks_size() > 0;
-    const bool check_whole = !by_blocks && run.has_xxh64();
-    const int64_t block_bytes = by_blocks ? run.block_bytes() : run.bytes();
-    const bool blocks_are_chunk_blocks =
-        space.is_host() && by_blocks && block_bytes == kChecksumBlockBytes;
-    std::optional<BlockHasher> hasher;
-    if (by_blocks || check_whole) hasher.emplace(block_bytes);
-    char* dst = b.chunk_data(r.chunk);
-    std::optional<ChunkChecksumBuilder> sum;
-    if (space.is_host() && !blocks_are_chunk_blocks) sum.emplace(dst, run.bytes());
-    // Pieces of whole blocks when blocks fit, so that each is hashed in one call.
-    const int64_t piece = by_blocks && block_bytes <= kStagingBytes
-                              ? kStagingBytes / block_bytes * block_bytes
-                              : kStagingBytes;
-    for (int64_t done = 0; done < run.bytes();) {
-      const int64_t n = std::min(piece, run.bytes() - done);
-      char* into = dst + done;
-      if (!space.is_host()) {
-        into = staging.Get(n);
-      }
-      absl::StatusOr<int64_t> got = file->Read(into, n, run.offset() + done);
-      if (!got.ok()) return got.status();
-      bytes_read += *got;
-      if (*got < n) {
-        return absl::DataLossError(absl::StrCat(
-            where, ": the file ends at byte ", run.offset() + done + *got, ", inside bytes [",
-            run.offset(), ", ", run.offset() + run.bytes(), ") of the entry's rows (truncated)"));
-      }
-      if (hasher.has_value()) hasher->Update(into, n);
-      if (!space.is_host()) {
-        if (absl::Status s = space.CopyFromHost(dst + done, into, n); !s.ok()) return s;
-      } else if (sum.has_value()) {
-        sum->Final(done, done + n);
-      }
-      done += n;
-    }
-    if (hasher.has_value()) hasher->Finish();
-    if (space.is_host()) {
-      std::vector<uint64_t>& sums = chunk_sums[&b];
-      sums.resize(b.chunks().chunks.size());
-      sums[r.chunk] =
-          blocks_are_chunk_blocks ? ChunkChecksumOfBlocks(hasher->blocks()) : sum->Finish();
-    }
-    if (by_blocks) {
-      for (int k = 0; k < run.blocks_size(); ++k) {
-        if (hasher->blocks()[k] != run.blocks(k)) {
-          const int64_t a = run.offset() + k * run.block_bytes();
-          return absl::DataLossError(absl::StrFormat(
-              "%s: bytes [%d, %d) of the file have xxh64 %016x but the index says %016x "
-              "(corrupted)",
-              where, a, std::min(a + run.block_bytes(), run.offset() + run.bytes()),
-              hasher->blocks()[k], run.blocks(k)));
-        }
-      }
-    } else if (check_whole) {
-      const uint64_t whole = hasher->blocks().empty() ? XXH64(nullptr, 0, 0) : hasher->blocks()[0];
-      if (whole != run.xxh64()) {
-        return absl::DataLossError(
-            absl::StrFormat("%s: the entry has xxh64 %016x but the index says %016x (corrupted)",
-                            where, whole, run.xxh64()));
-      }
-    }
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    if (!r.buffer->space().is_host()) continue;
+    std::vector<uint64_t>& v = chunk_sums[r.buffer];
+    v.resize(r.buffer->chunks().chunks.size());
+    v[r.chunk] = sums[i];
   }
   v1::ReadCheckpointResponse response;
   for (const std::shared_ptr<HostBuffer>& b : buffers) {
@@ -650,9 +699,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     }
   }
   response.set_bytes_read(bytes_read);
-  for (const auto& [name, file] : files) {
-    response.set_bytes_read_direct(response.bytes_read_direct() + file->direct_bytes());
-  }
+  response.set_bytes_read_direct(bytes_direct);
   response.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   return response;
 }
