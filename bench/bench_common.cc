@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "absl/strings/ascii.h"
@@ -44,6 +46,22 @@ double Stats::Percentile(double p) const {
 void Die(const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, message.c_str());
   std::exit(1);
+}
+
+double ProcessCpuSeconds(const std::vector<pid_t>& pids) {
+  double total = 0;
+  for (pid_t pid : pids) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
+    int64_t utime = 0, stime = 0;  // Fields 14 and 15 of the whole line.
+    if (f.size() > 12 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime)) {
+      total += static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+    }
+  }
+  return total;
 }
 
 bool JsonNumber(const std::string& line, const std::string& key, double* out) {

@@ -5,6 +5,8 @@
 // baselines they start as child processes (raw Gloo ranks, a Python torch.distributed script)
 // whose one-line JSON results they parse.
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -48,6 +50,9 @@ struct PeerResult {
   int64_t bytes = 0;
   Stats stats;
 };
+
+// User + system CPU seconds the processes have used so far (/proc/PID/stat).
+double ProcessCpuSeconds(const std::vector<pid_t>& pids);
 
 // The number after "key": in a one-line JSON object written by our peers.
 bool JsonNumber(const std::string& line, const std::string& key, double* out);

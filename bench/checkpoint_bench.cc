@@ -70,6 +70,9 @@ ABSL_FLAG(bool, torch, true, "Also run the torch recipe when /usr/bin/python3 ha
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "Python with torch.");
 ABSL_FLAG(int, layers, 16, "Decoder layers of the state dict.");
 ABSL_FLAG(std::string, log_dir, "", "Keep the daemons' logs here (default: in --dir).");
+ABSL_FLAG(std::string, perf_control, "",
+          "A FIFO of `perf record --control fifo:FIFO,ACK -D -1`: perf samples only the loads "
+          "(\"enable\" is written to it before each load, \"disable\" after; ACK is FIFO.ack).");
 
 namespace shardcoord {
 namespace {
@@ -82,6 +85,15 @@ using bench::OrDie;
 using bench::Stats;
 
 double GBps(int64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+
+// Sends `command` to perf through --perf_control's FIFO and waits for its ack (no-op without).
+void PerfControl(const char* command) {
+  const std::string fifo = absl::GetFlag(FLAGS_perf_control);
+  if (fifo.empty()) return;
+  std::ofstream(fifo) << command << "\n" << std::flush;
+  std::string ack;
+  std::ifstream(fifo + ".ack") >> ack;
+}
 
 // Drops a (fsynced) file's pages from the page cache.
 void Evict(const std::string& path) {
@@ -337,8 +349,11 @@ int Run() {
   std::string buffer(static_cast<size_t>(kIoPiece), '\0');
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>((i * 2654435761u) >> 13);
   Stats disk_write, disk_read, par_write, par_read, save, load, read_phase, exchange_phase;
-  Stats load_cpu;  // Busy CPU-seconds of the machine during each load.
-  int64_t max_resident = 0, bytes_read = 0, exchanged = 0;
+  Stats load_cpu;          // Busy CPU-seconds of the machine during each load.
+  Stats load_process_cpu;  // CPU-seconds of the coordinator and the workers during each load.
+  std::vector<pid_t> pids = {cluster->coordinator_pid()};
+  for (int i = 0; i < kWorkers; ++i) pids.push_back(cluster->worker_pid(i));
+  int64_t max_resident = 0, bytes_read = 0, exchanged = 0, read_direct = 0;
   double balance = 0;
   for (int rep = 0; rep < reps; ++rep) {
     int64_t resident = 0;
@@ -366,14 +381,18 @@ int Run() {
     max_resident = std::max(max_resident, resident_ckpt);
     v1::LoadCheckpointRequest load_req = load_base;
     load_req.set_dir(ckpt);
+    PerfControl("enable");
     t0 = absl::Now();
-    const double cpu0 = BusyCpuSeconds();
+    const double cpu0 = BusyCpuSeconds(), process_cpu0 = bench::ProcessCpuSeconds(pids);
     const v1::LoadCheckpointResponse loaded = OrDie(client.LoadCheckpoint(load_req), "load");
     load.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     load_cpu.seconds.push_back(BusyCpuSeconds() - cpu0);
+    load_process_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - process_cpu0);
+    PerfControl("disable");
     read_phase.seconds.push_back(loaded.read_seconds());
     exchange_phase.seconds.push_back(loaded.exchange_seconds());
     bytes_read = loaded.bytes_read();
+    read_direct = loaded.bytes_read_direct();
     exchanged = loaded.exchange_bytes_moved();
     if (loaded.bytes_read() != bytes) Die("the load did not read every byte exactly once");
     say(absl::StrCat("rep ", rep + 1, ": disk write ", w_s, " s, read ", r_s, " s; 4 files ", pw_s,
@@ -381,7 +400,8 @@ int Run() {
                      load.seconds.back(), " s (read ", loaded.read_seconds(), " s, exchange ",
                      loaded.exchange_seconds(), " s; ", load_cpu.seconds.back(),
                      " CPU-seconds busy of ",
-                     load.seconds.back() * std::thread::hardware_concurrency(), ")"));
+                     load.seconds.back() * std::thread::hardware_concurrency(), ", ",
+                     load_process_cpu.seconds.back(), " in the coordinator and workers)"));
     for (const v1::CheckpointFileInfo& r : loaded.readers()) {
       say(absl::StrCat("  reader ", r.worker(), ": ", r.bytes(), " bytes in ", r.entries(),
                        " runs, ", r.seconds(), " s"));
@@ -443,8 +463,11 @@ int Run() {
     w.Key("load_read_phase_best_seconds").Double(read_phase.Best());
     w.Key("load_exchange_phase_best_seconds").Double(exchange_phase.Best());
     w.Key("load_busy_cpu_seconds_median").Double(load_cpu.Median());
+    w.Key("load_process_cpu_seconds_best").Double(load_process_cpu.Best());
+    w.Key("load_process_cpu_seconds_median").Double(load_process_cpu.Median());
     w.Key("cpus").Int(std::thread::hardware_concurrency());
     w.Key("load_bytes_read").Int(bytes_read).Key("load_bytes_exchanged").Int(exchanged);
+    w.Key("load_bytes_read_direct").Int(read_direct);
     w.Key("writer_balance").Double(balance);
     w.Key("max_resident_bytes_before_reads").Int(max_resident);
     if (torch.ran) {
@@ -478,9 +501,13 @@ int Run() {
   line("disk read, 4 files by 4 threads", par_read);
   line("shardcoord save (FSDP flat)", save);
   line("shardcoord load (-> Megatron 2x2)", load);
-  std::printf("    load phases: read %.3f s, exchange %.3f s; %lld bytes read, %lld exchanged\n",
-              read_phase.Best(), exchange_phase.Best(), static_cast<long long>(bytes_read),
-              static_cast<long long>(exchanged));
+  std::printf(
+      "    load phases: read %.3f s, exchange %.3f s; %lld bytes read (%lld with O_DIRECT), %lld "
+      "exchanged\n",
+      read_phase.Best(), exchange_phase.Best(), static_cast<long long>(bytes_read),
+      static_cast<long long>(read_direct), static_cast<long long>(exchanged));
+  std::printf("    load CPU-seconds of the coordinator and workers: best %.3f, median %.3f\n",
+              load_process_cpu.Best(), load_process_cpu.Median());
   if (torch.ran) {
     line("torch.save of each rank's shards", torch.save);
     line("torch.load of all + slice", torch.load);

@@ -410,23 +410,6 @@ WorkerMemory MemoryOf(const v1::WorkerInfo& info) {
                       info.memory_peak_bytes()};
 }
 
-// User + system CPU seconds the processes have used so far (/proc/PID/stat).
-double CpuSeconds(const std::vector<pid_t>& pids) {
-  double total = 0;
-  for (pid_t pid : pids) {
-    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ');
-    int64_t utime = 0, stime = 0;  // Fields 14 and 15 of the whole line.
-    if (f.size() > 12 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime)) {
-      total += static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
-    }
-  }
-  return total;
-}
-
 std::vector<pid_t> WorkerPids(const Cluster& cluster) {
   std::vector<pid_t> pids;
   for (int i = 0; i < cluster.num_workers(); ++i) pids.push_back(cluster.worker_pid(i));
@@ -587,16 +570,16 @@ int Run() {
   std::vector<double> paired_gloo, paired_attached;  // Per rep: other's seconds / group's.
   const std::vector<pid_t> pids = WorkerPids(*cluster);
   for (int i = 0; i < reps; ++i) {
-    double cpu = CpuSeconds(pids);
+    double cpu = bench::ProcessCpuSeconds(pids);
     auto [seconds, r] = TimeGroup(client, group_request, "group");
-    group.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
+    group.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - cpu);
     if (r.bytes_moved() != moved) Die("a repetition moved a different byte count");
     group.stats.seconds.push_back(seconds);
     std::string line = absl::StrCat("  rep ", i, ": group ", seconds, " s");
     if (absl::GetFlag(FLAGS_per_tensor)) {
-      cpu = CpuSeconds(pids);
+      cpu = bench::ProcessCpuSeconds(pids);
       per_tensor.stats.seconds.push_back(TimePerTensor(client, w, kSrc, kPerTensorDst));
-      per_tensor.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
+      per_tensor.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - cpu);
       absl::StrAppend(&line, ", per_tensor ", per_tensor.stats.seconds.back(), " s");
     }
     PeerResult g = bench::RunGlooAlltoall(matrix, kWorkers, 1, tmp);
@@ -605,18 +588,18 @@ int Run() {
     paired_gloo.push_back(g.stats.seconds[0] / seconds);
     absl::StrAppend(&line, ", gloo_floor ", g.stats.seconds[0], " s");
     if (users) {
-      cpu = CpuSeconds(pids);
+      cpu = bench::ProcessCpuSeconds(pids);
       auto [a, ar] = TimeGroup(client, attached_request, "attached group");
-      attached.worker_cpu.seconds.push_back(CpuSeconds(pids) - cpu);
+      attached.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - cpu);
       attached.stats.seconds.push_back(a);
       paired_attached.push_back(seconds / a);
       absl::StrAppend(&line, ", group_attached ", a, " s");
     }
     if (budget_cluster) {
       const std::vector<pid_t> budget_pids = WorkerPids(*budget_cluster);
-      cpu = CpuSeconds(budget_pids);
+      cpu = bench::ProcessCpuSeconds(budget_pids);
       auto [b, br] = TimeGroup(budget_cluster->client(), group_request, "budget group");
-      budget.worker_cpu.seconds.push_back(CpuSeconds(budget_pids) - cpu);
+      budget.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(budget_pids) - cpu);
       budget.stats.seconds.push_back(b);
       absl::StrAppend(&line, ", group_budget ", b, " s");
     }
@@ -690,8 +673,8 @@ int Run() {
       *item->mutable_target() = SpecFromText("", rep % 2 == 0 ? "S(1)" : "S(0)");
     }
     r.set_wait(true);
-    const double coordinator_cpu = CpuSeconds({cluster->coordinator_pid()});
-    const double workers_cpu = CpuSeconds(worker_pids);
+    const double coordinator_cpu = bench::ProcessCpuSeconds({cluster->coordinator_pid()});
+    const double workers_cpu = bench::ProcessCpuSeconds(worker_pids);
     const absl::Time start = absl::Now();
     absl::StatusOr<v1::RedistributeGroupResponse> done = client.RedistributeGroup(r);
     if (!done.ok() || done->state() != v1::COMMITTED) {
@@ -703,8 +686,9 @@ int Run() {
     }
     const absl::Time end = absl::Now();
     small_group.seconds.push_back(absl::ToDoubleSeconds(end - start));
-    group_coordinator_cpu += CpuSeconds({cluster->coordinator_pid()}) - coordinator_cpu;
-    group_workers_cpu += CpuSeconds(worker_pids) - workers_cpu;
+    group_coordinator_cpu +=
+        bench::ProcessCpuSeconds({cluster->coordinator_pid()}) - coordinator_cpu;
+    group_workers_cpu += bench::ProcessCpuSeconds(worker_pids) - workers_cpu;
     group_spans.push_back({done->group_id(), start, end});
   }
   if (!small_group.seconds.empty()) {

@@ -607,13 +607,24 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
       absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
       if (!e.ok()) return LoadFailed(st, Prefixed(absl::StrCat(where, ": "), e.status()));
     }
-    load.push_back(LoadTensor{item.tensor, item.target});
+    LoadTensor lt{item.tensor, item.target};
+    // Where each piece starts in its file, so that large runs can be read with O_DIRECT.
+    for (const CheckpointPiece& piece : ct.pieces) {
+      const SafetensorsHeader& h = st->files.headers.at(piece.file);
+      const SafetensorsEntry* e = h.Find(piece.entry);
+      if (e == nullptr) {
+        lt.piece_file_offsets.clear();
+        break;
+      }
+      lt.piece_file_offsets.push_back(h.data_start() + e->begin);
+    }
+    load.push_back(std::move(lt));
     st->items.push_back(std::move(item));
   }
   if (st->items.empty()) {
     return LoadFailed(st, absl::InvalidArgumentError("the checkpoint holds no tensors"));
   }
-  absl::StatusOr<LoadPlan> plan = PlanLoad(load);
+  absl::StatusOr<LoadPlan> plan = PlanLoad(load, LoadPlanOptions{kDirectIoAlignment});
   if (!plan.ok()) return LoadFailed(st, plan.status());
   st->plan = *std::move(plan);
 
@@ -898,7 +909,7 @@ void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st) {
   }
   // Per reading rank, over every batch.
   std::map<int64_t, v1::CheckpointFileInfo> readers;
-  int64_t moved = 0, lower_bound = 0;
+  int64_t moved = 0, lower_bound = 0, direct = 0;
   for (const LoadState::Batch& batch : st->batches) {
     for (const LoadState::Reader& r : batch.readers) {
       v1::CheckpointFileInfo& out = readers[r.endpoint.rank];
@@ -910,6 +921,7 @@ void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st) {
       out.set_entries(out.entries() + runs);
       out.set_seconds(out.seconds() + r.response.seconds());
       read += r.response.bytes_read();
+      direct += r.response.bytes_read_direct();
     }
     moved += batch.group.bytes_moved;
     lower_bound += batch.group.lower_bound_bytes;
@@ -918,6 +930,7 @@ void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st) {
   for (auto& [rank, info] : readers) *resp.add_readers() = std::move(info);
   resp.set_bytes(bytes);
   resp.set_bytes_read(read);
+  resp.set_bytes_read_direct(direct);
   resp.set_exchange_bytes_moved(moved);
   resp.set_exchange_lower_bound_bytes(lower_bound);
   {

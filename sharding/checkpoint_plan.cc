@@ -141,7 +141,8 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
   return plan;
 }
 
-absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
+absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
+                                  const LoadPlanOptions& options) {
   // A unit: rows [begin, end) of one piece, needed by `needers`.
   struct Shard {
     size_t tensor;
@@ -262,8 +263,20 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
     r.row_end = s.row_end;
     mine.push_back(r);
   }
+  const int64_t align = options.align_bytes;
+  if (align < 0 || (align & (align - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("align_bytes: ", align, " is not a power of two"));
+  }
   for (size_t t = 0; t < tensors.size(); ++t) {
     const CheckpointTensor& ct = *tensors[t].tensor;
+    const std::vector<int64_t>& offsets = tensors[t].piece_file_offsets;
+    if (!offsets.empty() && offsets.size() != ct.pieces.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", ct.name, "': ", offsets.size(),
+                                                     " piece offsets for ", ct.pieces.size(),
+                                                     " pieces"));
+    }
+    const int64_t esize = ElementSize(ct.dtype);
     std::vector<RankChunks> ranks;
     TensorRead& out = plan.tensors[t];
     for (auto& [rank, list] : runs[t]) {
@@ -280,8 +293,16 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors) {
           r.box = Box(std::move(offset), std::move(shape));
         }
         r.local_offset = rc.local_elements;
+        if (!offsets.empty()) {
+          r.file_offset = offsets[r.piece] + r.row_begin * BoxRowElements(pb) * esize;
+          const int64_t bytes = r.box.Volume() * esize;
+          // Bytes of gap that bring the run's local byte offset to its file offset's residue.
+          const int64_t gap =
+              align > 0 ? ((r.file_offset - r.local_offset * esize) % align + align) % align : 0;
+          if (bytes >= kAlignedRunBytes && gap % esize == 0) r.local_offset += gap / esize;
+        }
         rc.chunks.push_back(Chunk{r.box, r.local_offset, 0});
-        rc.local_elements += r.box.Volume();
+        rc.local_elements = r.local_offset + r.box.Volume();
         out.runs.push_back(r);
       }
       ranks.push_back(std::move(rc));

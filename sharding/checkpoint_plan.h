@@ -68,6 +68,9 @@ absl::StatusOr<SavePlan> PlanSave(absl::Span<const SaveTensor> tensors,
 struct LoadTensor {
   const CheckpointTensor* tensor = nullptr;  // Its pieces, from the index.
   Layout target;                             // Where it goes (any layout but Partial, same shape).
+  // Optional, one per piece: the byte offset of the piece's first byte in its file (for
+  // LoadPlanOptions::align_bytes).
+  std::vector<int64_t> piece_file_offsets = {};
 };
 
 // A contiguous range of rows (along dim 0 of the piece's box) of one piece, read by one rank
@@ -79,6 +82,7 @@ struct ReadRun {
   int64_t row_end = 0;
   Box box;                   // The rows' global box.
   int64_t local_offset = 0;  // Elements, in the reader's staging buffer.
+  int64_t file_offset = -1;  // Of its first byte, when the tensor's piece offsets are given.
 };
 
 struct TensorRead {
@@ -95,13 +99,26 @@ struct LoadPlan {
   int64_t total_bytes = 0;                   // Every checkpoint byte of these tensors, once.
 };
 
+struct LoadPlanOptions {
+  // > 0 (a power of two): a run of at least kAlignedRunBytes whose file offset is known is
+  // placed in its reader's buffer at a byte offset congruent to its file offset modulo
+  // align_bytes (a gap of less than align_bytes before it), so that a reader whose buffer
+  // starts aligned can read its aligned middle with O_DIRECT straight into place.
+  int64_t align_bytes = 0;
+};
+inline constexpr int64_t kAlignedRunBytes = int64_t{64} << 10;
+// The alignment a load plans with and a worker reads with O_DIRECT at: the page size, which
+// satisfies devices of 512- and 4096-byte sectors.
+inline constexpr int64_t kDirectIoAlignment = 4096;
+
 // Every row of every piece is read by exactly one rank, chosen among the ranks whose target
 // chunks need part of that row (so no rank reads rows its layout holds nothing of), the rows a
 // set of ranks all need being shared among them to balance the bytes each reads. A piece with
 // block checksums is read in whole blocks (a reader checks what it read), each block by a
 // rank needing part of it. INVALID_ARGUMENT for a target of another shape or a Partial
 // target.
-absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors);
+absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
+                                  const LoadPlanOptions& options = {});
 
 // The tensors of a load (their bytes, in load order) cut into consecutive batches of about
 // `batch_bytes` each, no tensor split: round(total / batch_bytes) batches (at least one, at

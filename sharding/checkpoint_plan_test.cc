@@ -228,6 +228,45 @@ TEST(PlanLoadTest, EveryLayoutKind) {
   }
 }
 
+TEST(PlanLoadTest, AlignsLargeRunsWithTheirFileOffsets) {
+  const Shape shape = {1024, 512};  // bf16 rows of 1 KiB.
+  const CheckpointTensor t =
+      Saved("w", DType::kBF16, Flat(3, shape, "0:100001;100001:300000;300000:524288"), 64);
+  const Layout target = Placed({2, 2}, shape, "R,S(0)");
+  LoadTensor load{&t, target};
+  // Arbitrary offsets; the last piece's is odd, which no gap of whole bf16 elements can match.
+  for (size_t p = 0; p < t.pieces.size(); ++p) {
+    load.piece_file_offsets.push_back(p + 1 == t.pieces.size() ? 777777 : 1000 + 4242 * p);
+  }
+  absl::StatusOr<LoadPlan> plan = PlanLoad({load}, LoadPlanOptions{4096});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int aligned = 0;
+  for (const ReadRun& r : plan->tensors[0].runs) {
+    const int64_t piece_offset = load.piece_file_offsets[r.piece];
+    const CheckpointPiece& p = t.pieces[r.piece];
+    EXPECT_EQ(r.file_offset, piece_offset + r.row_begin * BoxRowElements(p.box) * 2);
+    if (r.box.Volume() * 2 < kAlignedRunBytes || piece_offset % 2 != 0) continue;
+    EXPECT_EQ(((r.local_offset * 2 - r.file_offset) % 4096 + 4096) % 4096, 0) << r.box.ToString();
+    ++aligned;
+  }
+  EXPECT_GT(aligned, 2);
+  // The gaps leave the read layout valid and the exchange exact.
+  CheckLoad(t, target, plan->tensors[0]);
+  // Without offsets, or without alignment: no gaps.
+  for (const LoadPlanOptions& options : {LoadPlanOptions{0}, LoadPlanOptions{4096}}) {
+    LoadTensor plain = load;
+    if (options.align_bytes > 0) plain.piece_file_offsets.clear();
+    plan = PlanLoad({plain}, options);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const RankChunks& rc : plan->tensors[0].read_layout.ranks()) {
+      int64_t sum = 0;
+      for (const Chunk& c : rc.chunks) sum += c.box.Volume();
+      EXPECT_EQ(rc.local_elements, sum);
+    }
+  }
+  EXPECT_FALSE(PlanLoad({load}, LoadPlanOptions{1000}).ok());
+}
+
 TEST(PlanLoadTest, ScalarsAndEmptyTensors) {
   const CheckpointTensor s = Saved("s", DType::kF64, Placed({2}, {}, "R"));
   const Layout target = Placed({3}, {}, "R");

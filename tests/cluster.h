@@ -78,6 +78,7 @@ class Cluster {
   bool worker_running(int index) const { return workers_[index] != nullptr; }
   // The process id of worker `index` (benchmarks read its CPU time); 0 when it is stopped.
   pid_t worker_pid(int index) const { return workers_[index] ? workers_[index]->pid() : 0; }
+  // The coordinator's process id (benchmarks read its CPU time); 0 when it is stopped.
   pid_t coordinator_pid() const { return coordinator_ ? coordinator_->pid() : 0; }
 
   // SIGKILL the coordinator and reap it; the workers keep running (and their buffers).

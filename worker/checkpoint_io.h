@@ -17,13 +17,16 @@ namespace shardcoord {
 // service adapts it. Thread-safe (each call works on its own files; buffers are shared_ptrs).
 //
 // Files are written with write(2) from the buffers' memory and fsynced before the call
-// returns, and read with pread(2) straight into the new buffer (host memory) or through a
-// host staging buffer of at most kStagingBytes (other memory spaces: a GPU). Every byte
-// written is hashed (XXH64 of each entry, and of each block of rows) and every byte read is
-// checked against the hashes the coordinator took from index.json.
+// returns, and read straight into the new buffer (host memory: with O_DIRECT where the plan
+// aligned the run, up to kReadThreads runs at once) or through a host staging buffer of at
+// most kStagingBytes (other memory spaces: a GPU). Every byte written is hashed (XXH64 of each
+// entry, and of each block of rows) and every byte read is checked against the hashes the
+// coordinator took from index.json.
 class CheckpointIo {
  public:
   static constexpr int64_t kStagingBytes = int64_t{8} << 20;
+  // Runs of one Read in flight at once (host memory).
+  static constexpr size_t kReadThreads = 4;
 
   // `space` (null: host memory) is where new buffers go; both must outlive this.
   CheckpointIo(BufferStore* buffers, MemorySpace* space = nullptr);

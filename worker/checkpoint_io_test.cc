@@ -17,9 +17,11 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/checkpoint_index.h"
+#include "sharding/checkpoint_plan.h"
 #include "sharding/fill.h"
 #include "sharding/safetensors.h"
 #include "worker/buffer_store.h"
+#include "worker/checksum.h"
 #include "worker/memory_space.h"
 #include "worker/testing/fake_device_memory_space.h"
 
@@ -43,6 +45,25 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The safetensors header of the file at `path`.
+SafetensorsHeader HeaderOf(const std::string& path) {
+  const std::string file = ReadFile(path);
+  absl::StatusOr<SafetensorsHeader> h =
+      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
+  EXPECT_TRUE(h.ok()) << h.status();
+  return h.ok() ? *h : SafetensorsHeader();
+}
+
+// `req` reads from `dir` into one new f32 buffer, tensor "r" version 9: returns it.
+v1::CheckpointReadBuffer* ReadIntoR(const std::string& dir, v1::ReadCheckpointRequest* req) {
+  req->set_dir(dir);
+  v1::CheckpointReadBuffer* b = req->add_buffers();
+  b->set_tensor("r");
+  b->set_version(9);
+  b->set_dtype(v1::F32);
+  return b;
 }
 
 // The bytes of `box` of the arange tensor of kShape in f32.
@@ -142,18 +163,11 @@ TEST_P(CheckpointIoTest, WritesASafetensorsFileAnyReaderCanRead) {
 
 TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   const v1::WriteCheckpointResponse w = WriteThree();
-  const std::string file = ReadFile(dir_ + "/f.safetensors");
-  absl::StatusOr<SafetensorsHeader> h =
-      ParseSafetensorsHeader(file.substr(8, *ParseSafetensorsPrefix(file.substr(0, 8))));
-  ASSERT_TRUE(h.ok());
+  const SafetensorsHeader h = HeaderOf(dir_ + "/f.safetensors");
   // Rows [5, 13) of "whole", checked in blocks of 4 rows, and all of "rows", checked by the
   // entry's hash.
   v1::ReadCheckpointRequest req;
-  req.set_dir(dir_);
-  v1::CheckpointReadBuffer* b = req.add_buffers();
-  b->set_tensor("r");
-  b->set_version(9);
-  b->set_dtype(v1::F32);
+  v1::CheckpointReadBuffer* b = ReadIntoR(dir_, &req);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({5, 0}, {8, 12}), 0, 0});
   rc.chunks.push_back(Chunk{Box({25, 0}, {10, 12}), 96, 0});
@@ -162,7 +176,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   v1::CheckpointReadRun* run = b->add_runs();
   run->set_file("f.safetensors");
   run->set_entry("whole");
-  run->set_offset(h->data_start() + h->Find("whole")->begin + 5 * 48);
+  run->set_offset(h.data_start() + h.Find("whole")->begin + 5 * 48);
   run->set_bytes(8 * 48);
   run->set_block_bytes(4 * 48);
   for (int k = 0; k < 2; ++k) {
@@ -172,7 +186,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   run = b->add_runs();
   run->set_file("f.safetensors");
   run->set_entry("rows");
-  run->set_offset(h->data_start() + h->Find("rows")->begin);
+  run->set_offset(h.data_start() + h.Find("rows")->begin);
   run->set_bytes(120 * 4);
   run->set_has_xxh64(true);
   run->set_xxh64(w.entries(1).xxh64());
@@ -202,7 +216,7 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
     const int fd = open((dir_ + "/f.safetensors").c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
     const char x = 0x5a;
-    ASSERT_EQ(pwrite(fd, &x, 1, h->data_start() + h->Find("rows")->begin + 77), 1);
+    ASSERT_EQ(pwrite(fd, &x, 1, h.data_start() + h.Find("rows")->begin + 77), 1);
     close(fd);
   }
   absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
@@ -212,13 +226,153 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
 
   // Truncated inside the run: DATA_LOSS naming file and entry.
   ASSERT_EQ(
-      truncate((dir_ + "/f.safetensors").c_str(), h->data_start() + h->Find("rows")->begin + 100),
-      0);
+      truncate((dir_ + "/f.safetensors").c_str(), h.data_start() + h.Find("rows")->begin + 100), 0);
   bad = io_->Read(req);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(bad.status().message(), HasSubstr("f.safetensors: entry \"rows\""));
   EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
   EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+}
+
+// Runs of several MiB, read in several pieces: checked in the index's blocks, both when those
+// are the chunk checksum's 1 MiB blocks (rows of 1 KiB) and when they are not (rows of
+// 2800 bytes); the chunk checksums the read reports are the buffer's own either way.
+TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
+  const Shape shape = {3000, 700};
+  auto arange = [&](const Box& box) {
+    std::string out(static_cast<size_t>(box.Volume() * 4), '\0');
+    EXPECT_TRUE(FillBox(FillKind::kArange, 0, shape, box, DType::kF32, out.data()).ok());
+    return out;
+  };
+  RankChunks src;
+  src.chunks.push_back(Chunk{Box::Whole(shape), 0, 0});
+  src.local_elements = 3000 * 700;
+  absl::StatusOr<std::shared_ptr<HostBuffer>> big = HostBuffer::Create(DType::kF32, src, space_);
+  ASSERT_TRUE(big.ok());
+  const std::string all = arange(Box::Whole(shape));
+  ASSERT_TRUE(space_->CopyFromHost((*big)->data(), all.data(), all.size()).ok());
+  buffers_.Put("big", 1, *big);
+  v1::WriteCheckpointRequest wreq;
+  wreq.set_dir(dir_);
+  wreq.set_file("big.safetensors");
+  *wreq.add_entries() = Entry("whole", Box::Whole(shape));
+  *wreq.add_entries() = Entry("left", Box({0, 0}, {3000, 256}));
+  for (v1::CheckpointWriteEntry& e : *wreq.mutable_entries()) {
+    e.set_tensor("big");
+    e.set_version(1);
+  }
+  absl::StatusOr<v1::WriteCheckpointResponse> w = io_->Write(wreq);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_EQ(w->entries(0).rows_per_block(), RowsPerBlock(2800));
+  ASSERT_EQ(w->entries(1).rows_per_block() * 1024, kChecksumBlockBytes);
+  const std::string path = dir_ + "/big.safetensors";
+  const SafetensorsHeader h = HeaderOf(path);
+
+  // All of "whole" (8.4 MB, more than one read piece) and rows [1024, 3000) of "left" (its
+  // blocks 1 and 2).
+  v1::ReadCheckpointRequest req;
+  v1::CheckpointReadBuffer* b = ReadIntoR(dir_, &req);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box::Whole(shape), 0, 0});
+  rc.chunks.push_back(Chunk{Box({1024, 0}, {1976, 256}), 3000 * 700, 0});
+  rc.local_elements = 3000 * 700 + 1976 * 256;
+  *b->mutable_chunks() = RankChunksToProto(rc);
+  v1::CheckpointReadRun* run = b->add_runs();
+  run->set_file("big.safetensors");
+  run->set_entry("whole");
+  run->set_offset(h.data_start() + h.Find("whole")->begin);
+  run->set_bytes(3000 * 2800);
+  run->set_block_bytes(w->entries(0).rows_per_block() * 2800);
+  *run->mutable_blocks() = w->entries(0).blocks();
+  run = b->add_runs();
+  run->set_file("big.safetensors");
+  run->set_entry("left");
+  run->set_offset(h.data_start() + h.Find("left")->begin + 1024 * 1024);
+  run->set_bytes(1976 * 1024);
+  run->set_block_bytes(kChecksumBlockBytes);
+  run->add_blocks(w->entries(1).blocks(1));
+  run->add_blocks(w->entries(1).blocks(2));
+  // The same runs placed in the buffer at their file offsets' residues modulo
+  // kDirectIoAlignment, as the load plan places large runs: on the host their aligned middles
+  // are read with O_DIRECT (where the file system has it), with the same bytes and checks.
+  v1::ReadCheckpointRequest aligned = req;
+  {
+    RankChunks placed = rc;
+    int64_t at = 0;
+    for (int i = 0; i < 2; ++i) {
+      const int64_t file_offset = b->runs(i).offset();
+      ASSERT_EQ(file_offset % 4, 0);
+      at += ((file_offset - at * 4) % kDirectIoAlignment + kDirectIoAlignment) %
+            kDirectIoAlignment / 4;
+      placed.chunks[i].local_offset = at;
+      at += placed.chunks[i].box.Volume();
+    }
+    placed.local_elements = at;
+    *aligned.mutable_buffers(0)->mutable_chunks() = RankChunksToProto(placed);
+  }
+  const int direct_fd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  const bool direct = !GetParam() && direct_fd >= 0;
+  if (direct_fd >= 0) close(direct_fd);
+  const std::string want = all + arange(Box({1024, 0}, {1976, 256}));
+  for (const v1::ReadCheckpointRequest* request : {&req, &aligned}) {
+    SCOPED_TRACE(request == &req ? "packed" : "aligned");
+    absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(*request);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->bytes_read(), 3000 * 2800 + 1976 * 1024);
+    if (request == &aligned && direct) {
+      // All but the partial pages at the runs' ends.
+      EXPECT_GE(r->bytes_read_direct(), r->bytes_read() - 4 * kDirectIoAlignment);
+    } else if (GetParam()) {
+      EXPECT_EQ(r->bytes_read_direct(), 0);
+    }
+    std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
+    ASSERT_NE(got, nullptr);
+    std::string host;
+    for (int i = 0; i < 2; ++i) {
+      std::string chunk(static_cast<size_t>(got->chunk_bytes(i)), '\0');
+      ASSERT_TRUE(space_->CopyToHost(chunk.data(), got->chunk_data(i), chunk.size()).ok());
+      host += chunk;
+    }
+    EXPECT_TRUE(host == want);
+    absl::StatusOr<std::vector<uint64_t>> sums = got->Checksums();
+    ASSERT_TRUE(sums.ok());
+    ASSERT_EQ(r->chunks(0).chunks_size(), 2);
+    EXPECT_EQ(r->chunks(0).chunks(0).checksum(), (*sums)[0]);
+    EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
+    buffers_.DropTensor("r");
+
+    // A flipped byte inside each run (the middle of "whole", the last block of "left"):
+    // DATA_LOSS naming the file, entry and bytes, and no buffer.
+    for (const auto& [entry, at] : {std::pair<std::string, int64_t>{"whole", 4000001},
+                                    std::pair<std::string, int64_t>{"left", 3000 * 1024 - 5}}) {
+      const int64_t pos = h.data_start() + h.Find(entry)->begin + at;
+      const int fd = open(path.c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      char x = 0;
+      ASSERT_EQ(pread(fd, &x, 1, pos), 1);
+      x ^= 0x10;
+      ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+      fsync(fd);  // O_DIRECT reads the device.
+      absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(*request);
+      EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_THAT(bad.status().message(),
+                  HasSubstr(absl::StrCat("big.safetensors: entry \"", entry, "\": bytes [")));
+      EXPECT_THAT(bad.status().message(), HasSubstr("corrupted"));
+      EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+      x ^= 0x10;
+      ASSERT_EQ(pwrite(fd, &x, 1, pos), 1);
+      fsync(fd);
+      close(fd);
+    }
+  }
+  // Truncated inside the aligned middle of "whole": DATA_LOSS naming the file and entry.
+  ASSERT_EQ(truncate(path.c_str(), h.data_start() + h.Find("whole")->begin + 5000000), 0);
+  absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(aligned);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("big.safetensors: entry \"whole\""));
+  EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
+  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+  buffers_.DropTensor("big");
 }
 
 TEST_P(CheckpointIoTest, RefusesBadWrites) {

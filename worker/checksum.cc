@@ -38,6 +38,10 @@ uint64_t ChunkChecksum(const void* data, int64_t bytes) {
   return Combine(hashes);
 }
 
+uint64_t ChunkChecksumOfBlocks(const std::vector<uint64_t>& block_hashes) {
+  return Combine(block_hashes);
+}
+
 ChunkChecksumBuilder::ChunkChecksumBuilder(const void* data, int64_t bytes)
     : data_(static_cast<const unsigned char*>(data)),
       bytes_(std::max<int64_t>(bytes, 0)),

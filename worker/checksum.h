@@ -24,6 +24,10 @@ constexpr int64_t kChecksumBlockBytes = int64_t{1} << 20;
 // on the bytes, not on the dtype or the chunk's box. `data` may be null when `bytes` is 0.
 uint64_t ChunkChecksum(const void* data, int64_t bytes);
 
+// ChunkChecksum of a chunk given h[0..k-1], its blocks' XXH64s (for code that already hashed
+// the blocks, e.g. to check them against stored hashes: the bytes are hashed once).
+uint64_t ChunkChecksumOfBlocks(const std::vector<uint64_t>& block_hashes);
+
 // ChunkChecksum of a chunk that is being written, built as its bytes become final: a block
 // is hashed as soon as all its bytes are, while the rest of the chunk is still arriving
 // (and while the block is likely still in cache), so little is left to hash at the end.

@@ -52,6 +52,18 @@ TEST(ChunkChecksumTest, BlockBoundaries) {
   EXPECT_EQ(HashOfHashes({XXH64(data.data(), b, 0)}), ChunkChecksum(data.data(), b));
 }
 
+TEST(ChunkChecksumTest, OfBlocksMatchesChunkChecksum) {
+  const int64_t b = kChecksumBlockBytes;
+  auto data = RandomBytes(2 * b + 17, 6);
+  for (int64_t n : {int64_t{0}, int64_t{5}, b, 2 * b + 17}) {
+    std::vector<uint64_t> hashes;
+    for (int64_t off = 0; off < n; off += b) {
+      hashes.push_back(XXH64(data.data() + off, std::min(b, n - off), 0));
+    }
+    EXPECT_EQ(ChunkChecksumOfBlocks(hashes), ChunkChecksum(data.data(), n)) << "n=" << n;
+  }
+}
+
 TEST(ChunkChecksumTest, EqualDataEqualChecksum) {
   auto a = RandomBytes(3 * kChecksumBlockBytes + 5, 3);
   auto b = a;  // A different buffer with the same bytes.

@@ -20,9 +20,14 @@ constexpr std::align_val_t kAlignment{64};
 // project's 2-vCPU machine.
 constexpr int64_t kHugePageBytes = int64_t{2} << 20;
 constexpr std::align_val_t kHugeAlignment{kHugePageBytes};
+// Blocks of at least this size start on a page, so that a checkpoint load can read into them
+// with O_DIRECT (worker/checkpoint_io.cc).
+constexpr int64_t kPageAlignedBytes = int64_t{64} << 10;
+constexpr std::align_val_t kPageAlignment{4096};
 
 std::align_val_t AlignmentFor(int64_t capacity) {
-  return capacity >= kHugePageBytes ? kHugeAlignment : kAlignment;
+  if (capacity >= kHugePageBytes) return kHugeAlignment;
+  return capacity >= kPageAlignedBytes ? kPageAlignment : kAlignment;
 }
 
 template <typename T>

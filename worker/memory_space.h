@@ -19,8 +19,8 @@ namespace shardcoord {
 // Recycles large host allocations: freed blocks of at least kMinBytes stay mapped (up to a
 // limit) and serve the next allocation that fits, so a worker that redistributes again and
 // again does not pay the kernel's page faults and zeroing for every new buffer. Blocks are
-// 64-byte aligned; those of 2 MiB or more are 2 MiB aligned and advised to use transparent
-// huge pages. Thread-safe.
+// 64-byte aligned, those of 64 KiB or more 4 KiB aligned (a page, for O_DIRECT), and those of
+// 2 MiB or more 2 MiB aligned and advised to use transparent huge pages. Thread-safe.
 class HostMemoryCache {
  public:
   static constexpr int64_t kMinBytes = int64_t{1} << 20;
