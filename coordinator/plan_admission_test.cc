@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/admission.h"
+#include "coordinator/fake_reports.h"
 #include "coordinator/fake_worker_client.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
@@ -249,23 +250,9 @@ TEST_F(PlanAdmissionTest, APlanWaitingBehindAGroupIsSentOnlyOnceTheWorkersDroppe
   EXPECT_EQ(admission_.waiting(), 1u);
   client_.HoldFinishes(true);
   for (const auto& [rank, f] : Fragments(g->id)) {
-    WorkerReport r;
-    r.plan_id = g->id;
-    r.rank = rank;
-    r.worker = absl::StrCat("w", rank);
-    r.incarnation = Incarnation(rank);
-    r.final = true;
-    for (const v1::FragmentShape& shape : f.shapes()) {
-      r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
-    }
-    for (const v1::FragmentMember& m : f.members()) {
-      WorkerReport::Member& out = r.members.emplace_back();
-      out.index = m.index();
-      out.shape = m.shape();
-      for (const Chunk& c : r.shapes[m.shape()].chunks)
-        out.checksums.push_back(c.box.offset(0) + 1);
-    }
-    ASSERT_TRUE(plans_.Report(r).ok()) << rank;
+    ASSERT_TRUE(
+        plans_.Report(FakeGroupFinalReport(f, absl::StrCat("w", rank), Incarnation(rank))).ok())
+        << rank;
   }
   ASSERT_TRUE(group_done.has_value());
   EXPECT_TRUE(group_done->ok()) << *group_done;  // Answered at the commit,
