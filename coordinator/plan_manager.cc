@@ -86,23 +86,16 @@ LivenessFn PlanManager::Liveness() const {
 PlanManager::WorkerView PlanManager::ViewWorkers() const {
   WorkerView view;
   view.workers = workers_->List();
-  view.hosts.reserve(view.workers.size());
-  for (const WorkerRecord& w : view.workers) view.hosts.push_back(w.spec.host);
+  view.hosts = HostsOf(view.workers);
   return view;
 }
 
 absl::StatusOr<const WorkerRecord*> PlanManager::WorkerView::ByRank(int64_t rank) const {
-  if (rank < 0 || rank >= static_cast<int64_t>(workers.size())) {
-    return absl::NotFoundError(absl::StrCat("no worker has rank ", rank));
-  }
-  return &workers[rank];
+  return WorkerOfRank(workers, rank);
 }
 
 LivenessFn PlanManager::WorkerView::Liveness() const {
-  return [this](int64_t rank, int64_t incarnation) {
-    absl::StatusOr<const WorkerRecord*> w = ByRank(rank);
-    return w.ok() && (*w)->alive && (*w)->incarnation == incarnation;
-  };
+  return [this](int64_t rank, int64_t incarnation) { return IsLiveIn(workers, rank, incarnation); };
 }
 
 // ---- Planning ----------------------------------------------------------------------------

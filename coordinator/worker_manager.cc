@@ -268,23 +268,38 @@ absl::StatusOr<WorkerRecord> WorkerManager::Get(absl::string_view name) const {
 
 absl::StatusOr<WorkerRecord> WorkerManager::GetByRank(int64_t rank) const {
   absl::MutexLock lock(&mu_);
-  if (rank < 0 || rank >= static_cast<int64_t>(workers_.size())) {
-    return absl::NotFoundError(absl::StrCat("no worker has rank ", rank));
-  }
-  return workers_[rank];
+  absl::StatusOr<const WorkerRecord*> w = WorkerOfRank(workers_, rank);
+  if (!w.ok()) return w.status();
+  return **w;
 }
 
 bool WorkerManager::IsLive(int64_t rank, int64_t incarnation) const {
   absl::MutexLock lock(&mu_);
-  if (rank < 0 || rank >= static_cast<int64_t>(workers_.size())) return false;
-  return workers_[rank].alive && workers_[rank].incarnation == incarnation;
+  return IsLiveIn(workers_, rank, incarnation);
 }
 
 std::vector<std::string> WorkerManager::HostsByRank() const {
   absl::MutexLock lock(&mu_);
+  return HostsOf(workers_);
+}
+
+absl::StatusOr<const WorkerRecord*> WorkerOfRank(const std::vector<WorkerRecord>& workers,
+                                                 int64_t rank) {
+  if (rank < 0 || rank >= static_cast<int64_t>(workers.size())) {
+    return absl::NotFoundError(absl::StrCat("no worker has rank ", rank));
+  }
+  return &workers[rank];
+}
+
+bool IsLiveIn(const std::vector<WorkerRecord>& workers, int64_t rank, int64_t incarnation) {
+  if (rank < 0 || rank >= static_cast<int64_t>(workers.size())) return false;
+  return workers[rank].alive && workers[rank].incarnation == incarnation;
+}
+
+std::vector<std::string> HostsOf(const std::vector<WorkerRecord>& workers) {
   std::vector<std::string> hosts;
-  hosts.reserve(workers_.size());
-  for (const WorkerRecord& w : workers_) hosts.push_back(w.spec.host);
+  hosts.reserve(workers.size());
+  for (const WorkerRecord& w : workers) hosts.push_back(w.spec.host);
   return hosts;
 }
 

@@ -64,6 +64,14 @@ struct WorkerRecord {
   }
 };
 
+// Lookups in a list of workers indexed by rank (WorkerManager's own, or a List() copy a
+// caller reads many times): the worker of `rank`, NOT_FOUND "no worker has rank N" otherwise;
+// whether it is alive in exactly `incarnation`; every rank's host (empty where unknown).
+absl::StatusOr<const WorkerRecord*> WorkerOfRank(const std::vector<WorkerRecord>& workers,
+                                                 int64_t rank);
+bool IsLiveIn(const std::vector<WorkerRecord>& workers, int64_t rank, int64_t incarnation);
+std::vector<std::string> HostsOf(const std::vector<WorkerRecord>& workers);
+
 // Learns that a worker incarnation is gone: declared dead, or replaced by a new registration
 // under the same name. Called without any manager lock held, on the thread that noticed.
 class WorkerListener {
