@@ -632,18 +632,27 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
   return it->second;
 }
 
-void TensorManager::CountLocked(const TensorRecord& t, int64_t sign) {
+namespace {
+
+// Adds `sign` x each of `t`'s committed local buffers to its holder's bytes in `held`, when
+// admission counts them (ready, in the workers' own memory); holders at 0 are removed.
+void AddHeld(const TensorRecord& t, int64_t sign,
+             absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t>* held) {
   if (!t.ready || t.attached) return;
   const int64_t esize = ElementSize(t.dtype);
   for (const RankChunks& rc : t.layout.ranks()) {
     auto inc = t.incarnations.find(rc.rank);
     const std::pair<int64_t, int64_t> holder{rc.rank,
                                              inc == t.incarnations.end() ? -1 : inc->second};
-    int64_t& bytes = held_[holder];
+    int64_t& bytes = (*held)[holder];
     bytes += sign * rc.local_elements * esize;
-    if (bytes == 0) held_.erase(holder);
+    if (bytes == 0) held->erase(holder);
   }
 }
+
+}  // namespace
+
+void TensorManager::CountLocked(const TensorRecord& t, int64_t sign) { AddHeld(t, sign, &held_); }
 
 void TensorManager::PutLocked(TensorRecord record) {
   auto it = tensors_.find(record.name);
@@ -663,21 +672,7 @@ void TensorManager::EraseLocked(std::map<std::string, TensorRecord, std::less<>>
 
 absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> TensorManager::RecountLocked() const {
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held;
-  for (const auto& [name, t] : tensors_) {
-    if (!t.ready || t.attached) continue;
-    const int64_t esize = ElementSize(t.dtype);
-    for (const RankChunks& rc : t.layout.ranks()) {
-      auto inc = t.incarnations.find(rc.rank);
-      held[{rc.rank, inc == t.incarnations.end() ? -1 : inc->second}] += rc.local_elements * esize;
-    }
-  }
-  for (auto it = held.begin(); it != held.end();) {
-    if (it->second == 0) {
-      held.erase(it++);
-    } else {
-      ++it;
-    }
-  }
+  for (const auto& [name, t] : tensors_) AddHeld(t, +1, &held);
   return held;
 }
 
