@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/fake_reports.h"
 #include "coordinator/fake_worker_client.h"
 #include "coordinator/timer.h"
 #include "gmock/gmock.h"
@@ -52,39 +53,19 @@ class CheckpointManagerTest : public ::testing::Test {
     });
   }
 
+  // A correct worker's report (fake_reports.h), with checksums that hash each chunk's box.
   WorkerReport Report(const v1::PlanFragment& f) {
-    WorkerReport r;
-    r.plan_id = f.plan_id();
-    r.rank = f.rank();
-    r.worker = workers_.GetByRank(f.rank())->spec.name;
-    r.incarnation = workers_.GetByRank(f.rank())->incarnation;
-    r.final = true;
-    auto sums = [](const RankChunks& chunks) {
-      ChunkChecksums out;
-      for (const Chunk& c : chunks.chunks) {
-        uint64_t h = 7;
-        for (int64_t v : c.box.offset()) h = h * 131 + v;
-        for (int64_t v : c.box.shape()) h = h * 131 + v;
-        out.push_back(h);
-      }
-      return out;
+    const std::string worker = workers_.GetByRank(f.rank())->spec.name;
+    const int64_t incarnation = workers_.GetByRank(f.rank())->incarnation;
+    auto sum = [](const Chunk& c) {
+      uint64_t h = 7;
+      for (int64_t v : c.box.offset()) h = h * 131 + v;
+      for (int64_t v : c.box.shape()) h = h * 131 + v;
+      return h;
     };
-    if (f.members_size() > 0) {
-      // A fused group's fragment (a load's exchange): every shape's chunks, each member's sums.
-      for (const v1::FragmentShape& shape : f.shapes()) {
-        r.shapes.push_back(*RankChunksFromProto(shape.target(), "target"));
-      }
-      for (const v1::FragmentMember& m : f.members()) {
-        WorkerReport::Member& out = r.members.emplace_back();
-        out.index = m.index();
-        out.shape = m.shape();
-        out.checksums = sums(r.shapes[m.shape()]);
-      }
-      return r;
-    }
-    r.chunks = *RankChunksFromProto(f.target(), "target");
-    r.checksums = sums(r.chunks);
-    return r;
+    // A fused group's fragment (a load's exchange): every shape's chunks, each member's sums.
+    if (f.members_size() > 0) return FakeGroupFinalReport(f, worker, incarnation, sum);
+    return FakeFinalReport(f, worker, incarnation, sum);
   }
 
   Spec SpecOf(const std::string& placements, const std::string& mesh) {
