@@ -165,9 +165,12 @@ TEST_F(KernelsTest, DeviceChecksumEqualsHostChecksum) {
   const int64_t mib = kChecksumBlockBytes;
   const std::vector<unsigned char> data = RandomBytes(static_cast<size_t>(9 * mib + 64), rng);
   DeviceBuffer d = Upload(data);
-  for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{8}}) {
-    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{1000}, mib - 1, mib,
-                      mib + 1, 5 * mib + 3, 9 * mib}) {
+  // Offsets: aligned, odd (the byte-wise loop) and 8-aligned; sizes around the kernel's
+  // 256-byte load groups, the 32-byte stripes and the 1 MiB blocks.
+  for (int64_t offset : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{24}}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{31}, int64_t{32}, int64_t{255}, int64_t{256},
+                      int64_t{257}, int64_t{1000}, int64_t{4133}, mib - 1, mib, mib + 1, mib + 256,
+                      5 * mib + 3, 9 * mib}) {
       absl::StatusOr<uint64_t> got =
           DeviceChunkChecksum(static_cast<const char*>(d.data()) + offset, n, stream_);
       ASSERT_TRUE(got.ok()) << got.status();

@@ -59,12 +59,54 @@ cudaError_t LaunchReduce(const BoxCopyGeometry& g, int op, const void* src, void
   return cudaGetLastError();
 }
 
+// XXH64 of one checksum block by one thread, as Xxh64 computes it, with the loads issued a
+// group of 8 stripes (256 bytes) ahead of the arithmetic: a GPU thread does not run ahead of a
+// stalled load, and one 8-byte load per round left each thread waiting on memory for every
+// stripe (about 0.1 GB/s per thread, 10 ms per MiB block, on an H200). 8-byte aligned data
+// only; the rest (attached tensors at odd offsets) takes the plain loop.
+__device__ uint64_t BlockXxh64(const unsigned char* p, int64_t len) {
+  if (len < 32 || (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
+    return Xxh64(p, static_cast<uint64_t>(len), 0);
+  }
+  constexpr int kGroupWords = 32;  // 8 stripes of 4 words
+  const unsigned long long* w = reinterpret_cast<const unsigned long long*>(p);  // NOLINT
+  const int64_t stripes = len / 32;
+  const int64_t groups = stripes / 8;
+  XxhLanes lanes = XxhStartLanes(0);
+  unsigned long long cur[kGroupWords];  // NOLINT
+  if (groups > 0) {
+#pragma unroll
+    for (int i = 0; i < kGroupWords; ++i) cur[i] = __ldg(w + i);
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    // The last group loads itself again rather than past the block.
+    const unsigned long long* ahead = w + (g + 1 < groups ? g + 1 : g) * kGroupWords;  // NOLINT
+    unsigned long long next[kGroupWords];                                              // NOLINT
+#pragma unroll
+    for (int i = 0; i < kGroupWords; ++i) next[i] = __ldg(ahead + i);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      XxhStripe(&lanes, cur[4 * s], cur[4 * s + 1], cur[4 * s + 2], cur[4 * s + 3]);
+    }
+#pragma unroll
+    for (int i = 0; i < kGroupWords; ++i) cur[i] = next[i];
+  }
+  for (int64_t s = groups * 8; s < stripes; ++s) {
+    XxhStripe(&lanes, __ldg(w + 4 * s), __ldg(w + 4 * s + 1), __ldg(w + 4 * s + 2),
+              __ldg(w + 4 * s + 3));
+  }
+  return XxhFinish(&lanes, p + stripes * 32, p + len, static_cast<uint64_t>(len), 0);
+}
+
 __global__ void BlockHashKernel(const unsigned char* data, int64_t bytes, int64_t blocks,
                                 uint64_t* hashes) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += stride) {
-    hashes[b] = ChecksumBlockHash(data, bytes, b);
+    const int64_t begin = b * kDeviceChecksumBlockBytes;
+    const int64_t left = bytes - begin;
+    hashes[b] = BlockXxh64(data + begin,
+                           left < kDeviceChecksumBlockBytes ? left : kDeviceChecksumBlockBytes);
   }
 }
 
@@ -135,8 +177,10 @@ cudaError_t LaunchChunkChecksum(const void* data, int64_t bytes, uint64_t* block
                                 uint64_t* result, cudaStream_t stream) {
   const int64_t blocks = ChecksumBlockCount(bytes);
   if (blocks > 0) {
-    // Few threads per CUDA block: each thread hashes a whole MiB, so spread them over SMs.
-    constexpr int kHashThreads = 32;
+    // Each thread hashes a whole MiB: the threads of one warp would each stream a different
+    // MiB (one memory transaction per thread per load) through one SM, so spread them over
+    // every SM instead: 32 per block put 256 MiB on 8 SMs at 47 GB/s on an H200.
+    constexpr int kHashThreads = 2;
     BlockHashKernel<<<Blocks(blocks, kHashThreads), kHashThreads, 0, stream>>>(
         static_cast<const unsigned char*>(data), bytes, blocks, block_hashes);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;

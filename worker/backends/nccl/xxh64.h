@@ -53,30 +53,35 @@ SC_HD inline uint64_t XxhMerge(uint64_t acc, uint64_t lane_acc) {
   return acc * kXxhPrime1 + kXxhPrime4;
 }
 
-// XXH64 of `len` bytes at `data`.
-SC_HD inline uint64_t Xxh64(const void* data, uint64_t len, uint64_t seed) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  const unsigned char* const end = p + len;
+// XXH64's four accumulators over 32-byte stripes (inputs of at least 32 bytes).
+struct XxhLanes {
+  uint64_t v1, v2, v3, v4;
+};
+
+SC_HD inline XxhLanes XxhStartLanes(uint64_t seed) {
+  return XxhLanes{seed + kXxhPrime1 + kXxhPrime2, seed + kXxhPrime2, seed, seed - kXxhPrime1};
+}
+
+// One stripe: its four little-endian words.
+SC_HD inline void XxhStripe(XxhLanes* l, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  l->v1 = XxhRound(l->v1, a);
+  l->v2 = XxhRound(l->v2, b);
+  l->v3 = XxhRound(l->v3, c);
+  l->v4 = XxhRound(l->v4, d);
+}
+
+// The rest of XXH64 once every whole stripe went through `lanes` (null when len < 32): the
+// lanes' merge, the tail [p, end) and the avalanche.
+SC_HD inline uint64_t XxhFinish(const XxhLanes* lanes, const unsigned char* p,
+                                const unsigned char* end, uint64_t len, uint64_t seed) {
   uint64_t acc;
-  if (len >= 32) {
-    // Four lanes over 32-byte stripes.
-    uint64_t v1 = seed + kXxhPrime1 + kXxhPrime2;
-    uint64_t v2 = seed + kXxhPrime2;
-    uint64_t v3 = seed;
-    uint64_t v4 = seed - kXxhPrime1;
-    const unsigned char* const last_stripe = end - 32;
-    do {
-      v1 = XxhRound(v1, XxhRead64(p));
-      v2 = XxhRound(v2, XxhRead64(p + 8));
-      v3 = XxhRound(v3, XxhRead64(p + 16));
-      v4 = XxhRound(v4, XxhRead64(p + 24));
-      p += 32;
-    } while (p <= last_stripe);
-    acc = XxhRotl(v1, 1) + XxhRotl(v2, 7) + XxhRotl(v3, 12) + XxhRotl(v4, 18);
-    acc = XxhMerge(acc, v1);
-    acc = XxhMerge(acc, v2);
-    acc = XxhMerge(acc, v3);
-    acc = XxhMerge(acc, v4);
+  if (lanes != nullptr) {
+    acc = XxhRotl(lanes->v1, 1) + XxhRotl(lanes->v2, 7) + XxhRotl(lanes->v3, 12) +
+          XxhRotl(lanes->v4, 18);
+    acc = XxhMerge(acc, lanes->v1);
+    acc = XxhMerge(acc, lanes->v2);
+    acc = XxhMerge(acc, lanes->v3);
+    acc = XxhMerge(acc, lanes->v4);
   } else {
     acc = seed + kXxhPrime5;
   }
@@ -104,6 +109,20 @@ SC_HD inline uint64_t Xxh64(const void* data, uint64_t len, uint64_t seed) {
   acc *= kXxhPrime3;
   acc ^= acc >> 32;
   return acc;
+}
+
+// XXH64 of `len` bytes at `data`.
+SC_HD inline uint64_t Xxh64(const void* data, uint64_t len, uint64_t seed) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  const unsigned char* const end = p + len;
+  if (len < 32) return XxhFinish(nullptr, p, end, len, seed);
+  XxhLanes lanes = XxhStartLanes(seed);
+  const unsigned char* const last_stripe = end - 32;
+  do {
+    XxhStripe(&lanes, XxhRead64(p), XxhRead64(p + 8), XxhRead64(p + 16), XxhRead64(p + 24));
+    p += 32;
+  } while (p <= last_stripe);
+  return XxhFinish(&lanes, p, end, len, seed);
 }
 
 // The chunk checksum of worker/checksum.h, split the way the device computes it: one XXH64
