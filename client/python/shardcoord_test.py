@@ -221,6 +221,19 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code, "UNAVAILABLE")
         self.assertIn("/nonexistent/w0.sock", e.exception.message)
 
+    def test_cuda_ipc_handles_of_every_torch_layout(self):
+        from shardcoord._buffers import cuda_ipc_handle  # pylint: disable=import-outside-toplevel
+        handle = bytes(range(64))
+        self.assertEqual(cuda_ipc_handle(handle), handle)  # torch < 2.2: the bare handle
+        for version in (1, 2, 3):  # then a version byte and the block's type
+            self.assertEqual(cuda_ipc_handle(bytes([version]) + b"c" + handle), handle)
+        for bad, words in ((b"\x02e" + bytes(40), "expandable_segments:False"),
+                           (b"\x02c" + bytes(10), "12 bytes"), (b"", "0 bytes")):
+            with self.assertRaises(sc.Error) as e:
+                cuda_ipc_handle(bad)
+            self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
+            self.assertIn(words, e.exception.message)
+
     def test_errors_keep_code_and_message(self):
         with self.assertRaises(sc.Error) as e:
             self.client._call(self.client._stub.GetTensor, pb.GetTensorRequest(name="x"), 30)

@@ -191,7 +191,7 @@ def describe(buf, want_dtype):
         storage = buf.untyped_storage() if hasattr(buf, "untyped_storage") else buf.storage()
         shared = storage._share_cuda_()  # pylint: disable=protected-access
         # (device, handle, storage bytes, storage offset in the allocation, ...)
-        lent.handle = bytes(shared[1])
+        lent.handle = cuda_ipc_handle(bytes(shared[1]))
         lent.offset = int(shared[3]) + buf.storage_offset() * buf.element_size()
     props = torch.cuda.get_device_properties(buf.device)
     uuid = getattr(props, "uuid", None)
@@ -199,6 +199,27 @@ def describe(buf, want_dtype):
         uuid = str(uuid)
         lent.device_uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
     return lent
+
+
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+def cuda_ipc_handle(torch_handle):
+    """The cudaIpcMemHandle_t inside what torch's `_share_cuda_` returns: the bare 64 bytes
+    (torch before 2.2), or a version byte, a type byte and then the handle for a plain
+    cudaMalloc block ('c'). Blocks of expandable segments ('e') are shared through file
+    descriptors of the driver's virtual memory API, which a worker cannot open."""
+    if len(torch_handle) == CUDA_IPC_HANDLE_BYTES:
+        return torch_handle
+    kind = chr(torch_handle[1]) if len(torch_handle) >= 2 else ""
+    if kind == "c" and len(torch_handle) == CUDA_IPC_HANDLE_BYTES + 2:
+        return torch_handle[2:]
+    if kind == "e":
+        raise _invalid("buffer: the torch CUDA tensor lives in an expandable segment "
+                       "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), which has no CUDA IPC "
+                       "handle; lend a tensor allocated with expandable_segments:False")
+    raise _invalid(f"buffer: torch's CUDA sharing handle has an unknown layout "
+                   f"({len(torch_handle)} bytes, type byte {kind!r})")
 
 
 def _shared_or_plain(lent):
