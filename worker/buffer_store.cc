@@ -68,18 +68,16 @@ HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpac
 HostBuffer::~HostBuffer() { space_->Free(allocation_); }
 
 absl::StatusOr<std::vector<uint64_t>> HostBuffer::Checksums() const {
-  std::vector<uint64_t> out;
-  out.reserve(chunks_.chunks.size());
+  return space_->ChunkChecksums(ChecksumRegions());
+}
+
+std::vector<ChecksumRegion> HostBuffer::ChecksumRegions() const {
+  std::vector<ChecksumRegion> regions;
+  regions.reserve(chunks_.chunks.size());
   for (size_t i = 0; i < chunks_.chunks.size(); ++i) {
-    absl::StatusOr<uint64_t> sum = space_->ChunkChecksum(chunk_data(i), chunk_bytes(i));
-    if (!sum.ok()) {
-      return absl::Status(sum.status().code(),
-                          absl::StrCat("checksum of chunk ", i, " in ", space_->name(), ": ",
-                                       sum.status().message()));
-    }
-    out.push_back(*sum);
+    regions.push_back(ChecksumRegion{chunk_data(i), chunk_bytes(i)});
   }
-  return out;
+  return regions;
 }
 
 absl::Status BufferStore::Insert(absl::string_view tensor, int64_t version,

@@ -86,6 +86,8 @@ class HostBuffer {
   // ChunkChecksum of every chunk, in chunk order, computed by the space (after the work
   // already queued there).
   absl::StatusOr<std::vector<uint64_t>> Checksums() const;
+  // Every chunk's bytes, for a space's ChunkChecksums over several buffers at once.
+  std::vector<ChecksumRegion> ChecksumRegions() const;
 
  private:
   HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpace* space,

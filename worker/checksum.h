@@ -24,6 +24,12 @@ constexpr int64_t kChecksumBlockBytes = int64_t{1} << 20;
 // on the bytes, not on the dtype or the chunk's box. `data` may be null when `bytes` is 0.
 uint64_t ChunkChecksum(const void* data, int64_t bytes);
 
+// A chunk to checksum: `bytes` at `data` (in whatever memory a MemorySpace says).
+struct ChecksumRegion {
+  const void* data = nullptr;
+  int64_t bytes = 0;
+};
+
 // ChunkChecksum of a chunk given h[0..k-1], its blocks' XXH64s (for code that already hashed
 // the blocks, e.g. to check them against stored hashes: the bytes are hashed once).
 uint64_t ChunkChecksumOfBlocks(const std::vector<uint64_t>& block_hashes);

@@ -229,6 +229,21 @@ absl::StatusOr<uint64_t> HostMemorySpace::ChunkChecksum(const void* data, int64_
   return shardcoord::ChunkChecksum(data, bytes);
 }
 
+absl::StatusOr<std::vector<uint64_t>> MemorySpace::ChunkChecksums(
+    absl::Span<const ChecksumRegion> regions) {
+  std::vector<uint64_t> out;
+  out.reserve(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    absl::StatusOr<uint64_t> sum = ChunkChecksum(regions[i].data, regions[i].bytes);
+    if (!sum.ok()) {
+      return absl::Status(sum.status().code(), absl::StrCat("checksum of region ", i, " in ",
+                                                            name(), ": ", sum.status().message()));
+    }
+    out.push_back(*sum);
+  }
+  return out;
+}
+
 absl::StatusOr<Allocation> MemorySpace::OpenShared(absl::string_view, int64_t, int64_t) {
   return absl::UnimplementedError(
       absl::StrCat("memory space ", name(), " cannot open memory shared by another process"));

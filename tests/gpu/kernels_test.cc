@@ -179,6 +179,31 @@ TEST_F(KernelsTest, DeviceChecksumEqualsHostChecksum) {
   }
 }
 
+TEST_F(KernelsTest, ChecksumsOfManyRegionsInOneLaunch) {
+  std::mt19937 rng(4);
+  const int64_t mib = kChecksumBlockBytes;
+  const std::vector<unsigned char> data = RandomBytes(static_cast<size_t>(6 * mib + 64), rng);
+  DeviceBuffer d = Upload(data);
+  const char* base = static_cast<const char*>(d.data());
+  // Empty regions first, between and last; odd and aligned offsets; overlapping regions;
+  // regions of one and of several blocks.
+  const std::vector<std::pair<int64_t, int64_t>> spans = {
+      {0, 0},     {0, 1000}, {3, mib + 5},      {5, 0},          {8, 2 * mib}, {64, 3 * mib},
+      {mib, 256}, {1, 31},   {0, 6 * mib + 64}, {2 * mib + 7, 0}};
+  std::vector<ChecksumRegion> regions;
+  for (const auto& [offset, n] : spans) regions.push_back({base + offset, n});
+  absl::StatusOr<std::vector<uint64_t>> got = DeviceChunkChecksums(regions, stream_);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    EXPECT_EQ((*got)[i], ChunkChecksum(data.data() + spans[i].first, spans[i].second))
+        << "region " << i;
+  }
+  EXPECT_TRUE(DeviceChunkChecksums({}, stream_)->empty());
+  const std::vector<ChecksumRegion> bad = {{base, 8}, {base, -8}};
+  EXPECT_EQ(DeviceChunkChecksums(bad, stream_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(KernelsTest, InvalidArgumentsAreCheckedBeforeLaunching) {
   absl::Status s = DevicePackBox(Box({0}, {5}), nullptr, Box({0}, {4}), nullptr, 4, stream_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

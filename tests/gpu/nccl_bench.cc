@@ -226,6 +226,13 @@ int Run(const Flags& flags) {
       });
       time_kernel("checksum",
                   [&] { return DeviceChunkChecksum(k.send.data(), moved, stream).status(); });
+      // The same bytes as 64 chunks (a plan's or a group's chunks) in one launch.
+      std::vector<ChecksumRegion> parts;
+      for (int64_t i = 0; i < 64; ++i) {
+        parts.push_back({static_cast<const char*>(k.send.data()) + moved * i / 64,
+                         moved * (i + 1) / 64 - moved * i / 64});
+      }
+      time_kernel("checksum_x64", [&] { return DeviceChunkChecksums(parts, stream).status(); });
     }
     cudaStreamDestroy(stream);
   }

@@ -77,6 +77,29 @@ TEST(FakeDeviceMemorySpaceTest, MatchesTheHostSpace) {
   EXPECT_EQ(results[0][5], -std::numeric_limits<float>::infinity());  // Identity, untouched.
 }
 
+TEST(FakeDeviceMemorySpaceTest, ChecksumsOfManyRegionsAreEachRegionsChecksum) {
+  FakeDeviceMemorySpace space;
+  std::vector<unsigned char> host(3000);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>(i * 7 + 1);
+  Allocation a = *space.Allocate(3000);
+  ASSERT_TRUE(space.CopyFromHost(a.data, host.data(), 3000).ok());
+  const std::vector<ChecksumRegion> regions = {
+      {a.data, 1000}, {a.data + 1000, 0}, {a.data + 1001, 1999}, {a.data, 3000}};
+  absl::StatusOr<std::vector<uint64_t>> sums = space.ChunkChecksums(regions);
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  EXPECT_EQ(*sums, (std::vector<uint64_t>{
+                       ChunkChecksum(host.data(), 1000), ChunkChecksum(nullptr, 0),
+                       ChunkChecksum(host.data() + 1001, 1999), ChunkChecksum(host.data(), 3000)}));
+  EXPECT_TRUE(space.ChunkChecksums({}).ok());
+  // An error names the region.
+  const std::vector<ChecksumRegion> bad = {{host.data(), 10}, {host.data(), -1}};
+  absl::StatusOr<std::vector<uint64_t>> refused = HostMemorySpace::Global().ChunkChecksums(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("region 1"), std::string::npos) << refused.status();
+  space.Free(a);
+}
+
 TEST(FakeDeviceMemorySpaceTest, ArgumentErrorsAtTheCall) {
   FakeDeviceMemorySpace space;
   Allocation a = *space.Allocate(64);

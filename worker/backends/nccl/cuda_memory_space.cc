@@ -164,6 +164,12 @@ absl::StatusOr<uint64_t> CudaMemorySpace::ChunkChecksum(const void* data, int64_
   return DeviceChunkChecksum(data, bytes, stream_);
 }
 
+absl::StatusOr<std::vector<uint64_t>> CudaMemorySpace::ChunkChecksums(
+    absl::Span<const ChecksumRegion> regions) {
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  return DeviceChunkChecksums(regions, stream_);
+}
+
 absl::Status CudaMemorySpace::Synchronize() {
   if (absl::Status s = Enter(); !s.ok()) return s;
   return CudaStatus(cudaStreamSynchronize(stream_),

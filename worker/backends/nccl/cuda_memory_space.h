@@ -54,6 +54,8 @@ class CudaMemorySpace final : public MemorySpace {
                              const Box& dst_box, DType dtype, ReduceOp op) override;
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override;
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override;
+  absl::StatusOr<std::vector<uint64_t>> ChunkChecksums(
+      absl::Span<const ChecksumRegion> regions) override;
   absl::Status Synchronize() override;
   // A cudaIpcMemHandle_t (64 bytes) opened with cudaIpcOpenMemHandle on this device (CUDA
   // counts repeated openings of one allocation in a process); the range is checked against

@@ -66,15 +66,36 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
 }
 
 absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("checksum of ", bytes, " bytes"));
-  if (bytes > 0 && data == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("null buffer for a checksum of ", bytes, " bytes"));
+  const ChecksumRegion region{data, bytes};
+  absl::StatusOr<std::vector<uint64_t>> sums = DeviceChunkChecksums({&region, 1}, stream);
+  if (!sums.ok()) return sums.status();
+  return sums->front();
+}
+
+absl::StatusOr<std::vector<uint64_t>> DeviceChunkChecksums(absl::Span<const ChecksumRegion> regions,
+                                                           cudaStream_t stream) {
+  std::vector<HashRegion> table;
+  table.reserve(regions.size());
+  int64_t blocks = 0;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const ChecksumRegion& r = regions[i];
+    if (r.bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksum of ", r.bytes, " bytes (region ", i, ")"));
+    }
+    if (r.bytes > 0 && r.data == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("null buffer for a checksum of ", r.bytes, " bytes (region ", i, ")"));
+    }
+    table.push_back(HashRegion{static_cast<const unsigned char*>(r.data), r.bytes, blocks});
+    blocks += ChecksumBlockCount(r.bytes);
   }
-  // Block hashes followed by the result word, from the device's memory pool: a cudaMalloc and
-  // cudaFree per checksum cost ~130 us (cudaFree synchronises the device). The pool keeps a
-  // little memory across synchronisations (its default threshold, 0, returns it to the driver
-  // at each one, and the next checksum maps it again).
+  std::vector<uint64_t> results(regions.size());
+  if (regions.empty()) return results;
+  // The region table, the block hashes and the results in one scratch buffer from the
+  // device's memory pool: a cudaMalloc and cudaFree per checksum cost ~130 us (cudaFree
+  // synchronises the device). The pool keeps a little memory across synchronisations (its
+  // default threshold, 0, returns it to the driver at each one).
   int device = 0;
   cudaMemPool_t pool = nullptr;
   if (absl::Status s = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !s.ok()) return s;
@@ -89,30 +110,37 @@ absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cu
       !s.ok()) {
     return s;
   }
-  const int64_t blocks = ChecksumBlockCount(bytes);
+  const size_t table_bytes = table.size() * sizeof(HashRegion);
+  const size_t words = static_cast<size_t>(blocks) + regions.size();
   void* scratch = nullptr;
-  if (absl::Status s =
-          CudaStatus(cudaMallocAsync(&scratch, static_cast<size_t>((blocks + 1) * 8), stream),
-                     "cudaMallocAsync of the checksum's scratch");
+  if (absl::Status s = CudaStatus(cudaMallocAsync(&scratch, table_bytes + words * 8, stream),
+                                  "cudaMallocAsync of the checksum's scratch");
       !s.ok()) {
     return s;
   }
-  uint64_t* words = static_cast<uint64_t*>(scratch);
-  absl::Status launched = CudaStatus(
-      LaunchChunkChecksum(data, bytes, words, words + blocks, stream), "checksum kernel");
-  uint64_t result = 0;
-  if (launched.ok()) {
-    launched =
-        CudaStatus(cudaMemcpyAsync(&result, words + blocks, 8, cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync of the checksum");
+  auto* device_table = static_cast<HashRegion*>(scratch);
+  uint64_t* hashes = reinterpret_cast<uint64_t*>(static_cast<char*>(scratch) + table_bytes);
+  uint64_t* sums = hashes + blocks;
+  absl::Status done = CudaStatus(
+      cudaMemcpyAsync(device_table, table.data(), table_bytes, cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync of the checksum's regions");
+  if (done.ok()) {
+    done = CudaStatus(LaunchChunkChecksums(device_table, static_cast<int64_t>(table.size()), blocks,
+                                           hashes, sums, stream),
+                      "checksum kernel");
   }
-  // Freed in stream order whatever happened, then waited for with the result.
+  if (done.ok()) {
+    done = CudaStatus(
+        cudaMemcpyAsync(results.data(), sums, results.size() * 8, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync of the checksums");
+  }
+  // Freed in stream order whatever happened, then waited for with the results.
   const absl::Status freed = CudaStatus(cudaFreeAsync(scratch, stream), "cudaFreeAsync");
   const absl::Status synced = CudaStatus(cudaStreamSynchronize(stream), "checksum on the device");
-  if (!launched.ok()) return launched;
+  if (!done.ok()) return done;
   if (!freed.ok()) return freed;
   if (!synced.ok()) return synced;
-  return result;
+  return results;
 }
 
 }  // namespace nccl

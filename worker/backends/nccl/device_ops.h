@@ -9,12 +9,15 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
 #include "sharding/placement.h"
+#include "worker/checksum.h"
 
 namespace shardcoord {
 namespace nccl {
@@ -31,8 +34,12 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
 
 // ChunkChecksum of `bytes` of device memory at `data` (on the calling thread's current
 // device), computed on the device; waits for `stream`, so work already on it that writes
-// `data` finishes first. Allocates a small scratch buffer (8 bytes per MiB) per call.
+// `data` finishes first.
 absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream);
+// The same for many chunks in one launch and one wait (a plan's chunks: their blocks' hash
+// chains run side by side). One result per region, in order.
+absl::StatusOr<std::vector<uint64_t>> DeviceChunkChecksums(absl::Span<const ChecksumRegion> regions,
+                                                           cudaStream_t stream);
 
 }  // namespace nccl
 }  // namespace shardcoord

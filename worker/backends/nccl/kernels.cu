@@ -98,23 +98,39 @@ __device__ uint64_t BlockXxh64(const unsigned char* p, int64_t len) {
   return XxhFinish(&lanes, p + stripes * 32, p + len, static_cast<uint64_t>(len), 0);
 }
 
-__global__ void BlockHashKernel(const unsigned char* data, int64_t bytes, int64_t blocks,
+__global__ void BlockHashKernel(const HashRegion* regions, int64_t count, int64_t blocks,
                                 uint64_t* hashes) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks;
        b += stride) {
-    const int64_t begin = b * kDeviceChecksumBlockBytes;
-    const int64_t left = bytes - begin;
-    hashes[b] = BlockXxh64(data + begin,
+    // The last region whose first block is at most b (regions of 0 bytes have no blocks).
+    int64_t lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (regions[mid].first_block <= b) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const HashRegion& r = regions[lo];
+    const int64_t begin = (b - r.first_block) * kDeviceChecksumBlockBytes;
+    const int64_t left = r.bytes - begin;
+    hashes[b] = BlockXxh64(r.data + begin,
                            left < kDeviceChecksumBlockBytes ? left : kDeviceChecksumBlockBytes);
   }
 }
 
 // The device is little-endian, so the hash words in memory are already the bytes the
 // definition hashes.
-__global__ void CombineKernel(const uint64_t* hashes, int64_t blocks, uint64_t* result) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    *result = Xxh64(hashes, static_cast<uint64_t>(blocks) * 8, 0);
+__global__ void CombineKernel(const HashRegion* regions, int64_t count, const uint64_t* hashes,
+                              uint64_t* results) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const HashRegion& r = regions[i];
+    results[i] =
+        Xxh64(hashes + r.first_block, static_cast<uint64_t>(ChecksumBlockCount(r.bytes)) * 8, 0);
   }
 }
 
@@ -173,19 +189,21 @@ cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const v
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchChunkChecksum(const void* data, int64_t bytes, uint64_t* block_hashes,
-                                uint64_t* result, cudaStream_t stream) {
-  const int64_t blocks = ChecksumBlockCount(bytes);
+cudaError_t LaunchChunkChecksums(const HashRegion* regions, int64_t count, int64_t blocks,
+                                 uint64_t* block_hashes, uint64_t* results, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
   if (blocks > 0) {
     // Each thread hashes a whole MiB: the threads of one warp would each stream a different
     // MiB (one memory transaction per thread per load) through one SM, so spread them over
     // every SM instead: 32 per block put 256 MiB on 8 SMs at 47 GB/s on an H200.
     constexpr int kHashThreads = 2;
     BlockHashKernel<<<Blocks(blocks, kHashThreads), kHashThreads, 0, stream>>>(
-        static_cast<const unsigned char*>(data), bytes, blocks, block_hashes);
+        regions, count, blocks, block_hashes);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
-  CombineKernel<<<1, 1, 0, stream>>>(block_hashes, blocks, result);
+  constexpr int kCombineThreads = 32;
+  CombineKernel<<<Blocks(count, kCombineThreads), kCombineThreads, 0, stream>>>(
+      regions, count, block_hashes, results);
   return cudaGetLastError();
 }
 

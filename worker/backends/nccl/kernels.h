@@ -24,11 +24,20 @@ cudaError_t LaunchCopyBox(const BoxCopyGeometry& g, const void* src, void* dst,
 cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src, void* dst,
                             cudaStream_t stream);
 
-// The chunk checksum of worker/checksum.h over `bytes` at `data`: one thread per 1 MiB block
-// writes block_hashes[i] (ChecksumBlockCount(bytes) words), then one thread hashes them into
-// *result. Both outputs are device memory.
-cudaError_t LaunchChunkChecksum(const void* data, int64_t bytes, uint64_t* block_hashes,
-                                uint64_t* result, cudaStream_t stream);
+// One chunk of a batched checksum: `bytes` at `data`, whose 1 MiB blocks are blocks
+// [first_block, first_block + ChecksumBlockCount(bytes)) of the batch.
+struct HashRegion {
+  const unsigned char* data;
+  int64_t bytes;
+  int64_t first_block;
+};
+
+// The chunk checksums of worker/checksum.h of `count` regions (a device array, first_block
+// ascending, `blocks` blocks in all): one thread per 1 MiB block of any region writes
+// block_hashes[b], then one thread per region hashes its blocks' words into results[r]. One
+// launch for a plan's chunks, so their blocks' serial XXH64 chains run side by side.
+cudaError_t LaunchChunkChecksums(const HashRegion* regions, int64_t count, int64_t blocks,
+                                 uint64_t* block_hashes, uint64_t* results, cudaStream_t stream);
 
 }  // namespace nccl
 }  // namespace shardcoord
