@@ -54,10 +54,10 @@ strip --strip-unneeded "$out"/lib/* 2>/dev/null || true
 bash tools/python.sh --pythonpath >/dev/null  # generates the client's stubs
 cp -r client/python/shardcoord "$out/python/"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp tests/python/cluster.py tests/gpu/attach_check.py "$out/python/"
-# attach_check.py finds cluster.py in ../python from its own folder.
+cp tests/python/cluster.py tests/gpu/attach_check.py tests/gpu/worker_check.py "$out/python/"
+# The checks find cluster.py in ../python from their own folder.
 sed -i 's|os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")|os.path.dirname(os.path.abspath(__file__))|' \
-  "$out/python/attach_check.py"
+  "$out/python/attach_check.py" "$out/python/worker_check.py"
 cp tests/gpu/bundle_run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 

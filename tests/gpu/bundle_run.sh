@@ -4,8 +4,9 @@
 #   BUNDLE/run.sh [OUT_DIR]     # OUT_DIR (default ./gpu-out) gets the logs and nccl_bench.json
 #
 # 1. every GPU test (gtest), failing if one fails or skips for a reason other than needing
-#    more GPUs; 2. nccl_bench --json; 3. attach_check.py with the machine's CUDA torch: a
-#    coordinator and an NCCL worker, a torch CUDA tensor lent and written in place.
+#    more GPUs; 2. nccl_bench --json; 3. worker_check.py: a coordinator and an NCCL worker,
+#    uploads, groups and a checkpoint through device memory; 4. attach_check.py with the
+#    machine's CUDA torch: a torch CUDA tensor lent to the worker and written in place.
 # Prints one line per step and "gpu bundle: N passed, M failed" last; exits 1 if M > 0.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,12 +67,14 @@ LD_LIBRARY_PATH=$libpath timeout 300 "$here/bin/nccl_bench" --json >"$out/nccl_b
 step nccl_bench $?
 LD_LIBRARY_PATH=$libpath timeout 300 "$here/bin/nccl_bench" >&2 2>>"$out/nccl_bench.log"
 
-PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 \
-  "$here/python/attach_check.py" --coordinator "$here/wrapped/coordinator" \
-  --worker "$here/wrapped/worker" >"$out/attach_check.log" 2>&1
-rc=$?
-tail -5 "$out/attach_check.log" >&2
-step attach_check "$rc"
+for check in worker_check attach_check; do
+  PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 \
+    "$here/python/$check.py" --coordinator "$here/wrapped/coordinator" \
+    --worker "$here/wrapped/worker" >"$out/$check.log" 2>&1
+  rc=$?
+  tail -5 "$out/$check.log" >&2
+  step "$check" "$rc"
+done
 # The daemons' own logs (the cluster's temporary folders).
 tar -czf "$out/daemon_logs.tar.gz" /tmp/sc-* 2>/dev/null || true
 

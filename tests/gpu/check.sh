@@ -10,7 +10,9 @@
 #    checksum kernels; a table, or one JSON object with --json (on stdout; all else on stderr);
 # 3. when nccl-tests' binaries are on PATH (or in $NCCL_TESTS_DIR), their all_gather,
 #    reduce_scatter, all_reduce and broadcast bus bandwidth for the same sizes, to compare;
-# 4. a real attach (tests/gpu/attach_check.py): a coordinator and an NCCL worker; a torch
+# 4. tests/gpu/worker_check.py: a coordinator and an NCCL worker; uploads, a copy group, a
+#    gather group and a checkpoint through the worker's device memory, every value checked;
+# 5. a real attach (tests/gpu/attach_check.py): a coordinator and an NCCL worker; a torch
 #    process lends CUDA tensors (IPC handles) and checks a Copy wrote and read them in place.
 #    It needs a python with a CUDA build of torch ($SHARDCOORD_PYTHON, /usr/bin/python3 or
 #    python3 on PATH, the first whose torch sees a GPU).
@@ -112,10 +114,13 @@ if [[ -z "$python" ]]; then
   attach_rc=1
 else
   bazel build -c opt //coordinator:coordinator //worker:worker >&2 || exit 1
-  SHARDCOORD_PYTHON="$python" bash tools/python.sh tests/gpu/attach_check.py \
-    --coordinator "$(bazel info -c opt bazel-bin 2>/dev/null)/coordinator/coordinator" \
-    --worker "$(bazel info -c opt bazel-bin 2>/dev/null)/worker/worker" >&2
-  attach_rc=$?
+  bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+  # The worker's data paths on device memory (uploads, groups, a checkpoint), then the attach.
+  for check in worker_check attach_check; do
+    SHARDCOORD_PYTHON="$python" bash tools/python.sh "tests/gpu/$check.py" \
+      --coordinator "$bin/coordinator/coordinator" --worker "$bin/worker/worker" >&2 ||
+      attach_rc=1
+  done
 fi
 
 if ((test_rc != 0 || bench_rc != 0 || attach_rc != 0)); then
