@@ -68,6 +68,11 @@ def main():
                   f"{loaded.bytes_read} bytes")
             for name, values in want.items():
                 assert np.array_equal(c.download(f"l_{name}"), values), f"checkpoint of {name}"
+        w = c.workers()[0]
+        # The default budget: 80% of the GPU's free memory (of physical memory on the CPU).
+        print(f"worker_check: worker on {w.device}, memory budget "
+              f"{w.memory_budget_bytes / 2**30:.1f} GiB")
+        assert w.memory_budget_bytes > 0, w
         print("worker_check: OK (uploads, a copy group, a gather group and a checkpoint "
               "through an NCCL worker's device memory, every value checked)")
         return 0
