@@ -33,6 +33,13 @@ std::string ChunksString(const std::vector<Chunk>& chunks) {
   return absl::StrCat("{", absl::StrJoin(parts, " "), "}");
 }
 
+// The same chunks from the same spec: a plan between such layouts serves both (the plan
+// carries its layouts, which the commit stores). Flat specs are not compared: never equal.
+bool SameLayout(const Layout& a, const Layout& b) {
+  if (a.flat_spec().has_value() || b.flat_spec().has_value()) return false;
+  return a == b && a.placements() == b.placements() && a.mesh() == b.mesh();
+}
+
 }  // namespace
 
 std::string PlanStateName(PlanState state) {
@@ -326,9 +333,24 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   absl::StatusOr<Layout> source = LiveLayout(*rec, view.Liveness());
   if (!source.ok()) return fail(source.status());
-  absl::StatusOr<std::shared_ptr<const Plan>> plan =
-      MakePlan(*rec, *source, target->layout, view.hosts);
-  if (!plan.ok()) return fail(plan.status());
+  GroupMemo* const memo = fused != nullptr ? fused->memo : nullptr;
+  std::optional<std::shared_ptr<const Plan>> plan;  // Set from here on.
+  if (memo != nullptr && memo->plan != nullptr && memo->dtype == rec->dtype &&
+      SameLayout(memo->source, *source) && SameLayout(memo->target, target->layout)) {
+    plan = memo->plan;  // The previous member's: same inputs, same plan.
+  } else {
+    absl::StatusOr<std::shared_ptr<const Plan>> made =
+        MakePlan(*rec, *source, target->layout, view.hosts);
+    if (!made.ok()) return fail(made.status());
+    plan = *std::move(made);
+    if (memo != nullptr) {
+      memo->plan = *plan;
+      memo->dtype = rec->dtype;
+      memo->source = *std::move(source);
+      memo->target = target->layout;
+      memo->participants = PlanParticipants(**plan);
+    }
+  }
 
   Entry e;
   e.id = id;
@@ -348,9 +370,22 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
   // A group member's staging is its group's fused fragment's (StartGroup).
-  e.demand =
-      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout,
-                       /*staging=*/fused == nullptr);
+  if (memo == nullptr) {
+    e.demand =
+        PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout,
+                         /*staging=*/fused == nullptr);
+  } else {
+    if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
+        (!e.target_attached && !SameLayout(memo->replaced, dst_rec->layout))) {
+      memo->demand =
+          PlanMemoryDemand(**plan, e.target_attached,
+                           e.target_attached ? nullptr : &dst_rec->layout, /*staging=*/false);
+      memo->demand_plan = plan->get();
+      memo->in_place = e.target_attached;
+      if (!e.target_attached) memo->replaced = dst_rec->layout;
+    }
+    e.demand = memo->demand;
+  }
   // A tiny plain copy moves faster through the coordinator than through a fragment on every
   // worker (plan_relay.h); a group member always runs in its group's fused plan.
   e.relay = fused == nullptr && !repair &&
@@ -365,7 +400,10 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.communicator_prefix = e.communicator_prefix;
   if (e.target_attached) fo.attached_target_version = dst_rec->version;
   int64_t bucket_bytes = 0;
-  for (int64_t r : PlanParticipants(**plan)) {
+  std::vector<int64_t> own_participants;
+  const std::vector<int64_t>& participants =
+      memo != nullptr ? memo->participants : (own_participants = PlanParticipants(**plan));
+  for (int64_t r : participants) {
     absl::StatusOr<const WorkerRecord*> found = view.ByRank(r);
     if (!found.ok()) return fail(found.status());
     const WorkerRecord& w = **found;
@@ -873,8 +911,10 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   std::vector<FragmentMemberOptions> options(items.size());
   int64_t bucket_bytes = 0;
   const WorkerView view = ViewWorkers();
+  GroupMemo memo;
   for (size_t i = 0; i < items.size(); ++i) {
     FusedMember fused;
+    fused.memo = &memo;
     fused.workers = &view;
     fused.communicator_prefix = prefix;
     fused.options.index = static_cast<int32_t>(i);

@@ -237,7 +237,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
           if (m.pieces.size() == 1) {
             const Entry& e = round.recv.entries[m.pieces[0].item];
             p.landing = movers[e.member].DirectTarget(m.pieces[0].box, e.transfer->reduce,
-                                                       e.transfer->partial_index);
+                                                      e.transfer->partial_index);
             if (p.landing.has_value()) {
               p.via = Via::kInPlace;
               continue;
@@ -301,7 +301,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
               for (const StreamPiece& piece : m->pieces) {
                 const Entry& e = send.entries[piece.item];
                 if (absl::Status s = movers[e.member].Pack(piece.box, e.transfer->partial_index,
-                                                            base + piece.offset);
+                                                           base + piece.offset);
                     !s.ok()) {
                   return s;
                 }
@@ -332,7 +332,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
                 const Entry& e = recv.entries[piece.item];
                 const Transfer& t = *e.transfer;
                 if (absl::Status s = movers[e.member].Apply(piece.box, base + piece.offset,
-                                                             piece.box, t.reduce, t.partial_index);
+                                                            piece.box, t.reduce, t.partial_index);
                     !s.ok()) {
                   return s;
                 }
