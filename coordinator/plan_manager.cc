@@ -1958,8 +1958,8 @@ void PlanManager::FinishOnWorkers(
     std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests, int64_t ticket) {
   if (requests.empty()) return Unhold(ticket);
   auto left = std::make_shared<std::atomic<size_t>>(requests.size());
-  for (const auto& [w, req] : requests) {
-    client_->FinishPlan(w, req, [this, left, ticket](absl::Status) {
+  for (auto& [w, req] : requests) {
+    client_->FinishPlan(w, std::move(req), [this, left, ticket](absl::Status) {
       if (left->fetch_sub(1) == 1) Unhold(ticket);
     });
   }
