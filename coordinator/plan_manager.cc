@@ -263,13 +263,17 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   const bool repair = absl::string_view(op) == kRepairOp;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor, owner);
   if (!current.ok()) return current.status();
-  absl::StatusOr<TensorRecord> current_dst = current;
+  // A Copy's target's record; otherwise the tensor's own serves (not copied: a group starts
+  // a member per tensor).
+  std::optional<TensorRecord> copy_dst;
   if (copy) {
-    current_dst = tensors_->Get(target_tensor, owner);
-    if (!current_dst.ok()) return current_dst.status();
-    if (absl::Status s = CheckCopyable(*current, *current_dst); !s.ok()) return s;
+    absl::StatusOr<TensorRecord> got = tensors_->Get(target_tensor, owner);
+    if (!got.ok()) return got.status();
+    copy_dst = *std::move(got);
+    if (absl::Status s = CheckCopyable(*current, *copy_dst); !s.ok()) return s;
   }
-  absl::StatusOr<Target> target = target_fn(*current_dst);
+  const TensorRecord& current_dst = copy ? *copy_dst : *current;
+  absl::StatusOr<Target> target = target_fn(current_dst);
   if (!target.ok()) return target.status();
   std::optional<WorkerView> own_view;
   if (fused == nullptr || fused->workers == nullptr) own_view = ViewWorkers();
@@ -293,14 +297,16 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
   if (!rec.ok()) return rec.status();
-  absl::StatusOr<TensorRecord> dst_rec = rec;
+  std::optional<TensorRecord> acquired_dst;  // As copy_dst.
   if (copy) {
-    dst_rec = tensors_->Acquire(target_tensor, id, target->mesh, owner);
-    if (!dst_rec.ok()) {
+    absl::StatusOr<TensorRecord> got = tensors_->Acquire(target_tensor, id, target->mesh, owner);
+    if (!got.ok()) {
       tensors_->Release(tensor, id);
-      return dst_rec.status();
+      return got.status();
     }
+    acquired_dst = *std::move(got);
   }
+  const TensorRecord& dst_rec = copy ? *acquired_dst : *rec;
   auto fail = [&](absl::Status s) {
     ReleaseTensors(tensor, target_tensor, id, target->mesh);
     return s;
@@ -310,15 +316,15 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   if (copy) {
     // The target was dst's layout when looked up; a plan that committed since moved it.
-    if (dst_rec->version != current_dst->version) {
+    if (dst_rec.version != current_dst.version) {
       return fail(absl::AbortedError(
           absl::StrCat("tensor '", target_tensor, "' changed while the copy was planned")));
     }
-    if (absl::Status s = CheckCopyable(*rec, *dst_rec); !s.ok()) return fail(s);
-    if (dst_rec->attached) {
+    if (absl::Status s = CheckCopyable(*rec, dst_rec); !s.ok()) return fail(s);
+    if (dst_rec.attached) {
       // Written in place: every rank's lent buffer must be there.
-      std::vector<int64_t> missing(dst_rec->unattached.begin(), dst_rec->unattached.end());
-      for (const LostChunk& c : LostChunks(*dst_rec, view.Liveness())) {
+      std::vector<int64_t> missing(dst_rec.unattached.begin(), dst_rec.unattached.end());
+      for (const LostChunk& c : LostChunks(dst_rec, view.Liveness())) {
         missing.insert(missing.end(), c.ranks.begin(), c.ranks.end());
       }
       std::sort(missing.begin(), missing.end());
@@ -364,25 +370,25 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.target_spec = target->spec;
   e.source_version = rec->version;
   e.target_version = tensors_->NewVersion();
-  e.old_target_version = dst_rec->version;
-  e.target_attached = copy && dst_rec->attached;
+  e.old_target_version = dst_rec.version;
+  e.target_attached = copy && dst_rec.attached;
   e.communicator_prefix = prefix;
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
   // A group member's staging is its group's fused fragment's (StartGroup).
   if (memo == nullptr) {
     e.demand =
-        PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout,
+        PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
                          /*staging=*/fused == nullptr);
   } else {
     if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
-        (!e.target_attached && !SameLayout(memo->replaced, dst_rec->layout))) {
+        (!e.target_attached && !SameLayout(memo->replaced, dst_rec.layout))) {
       memo->demand =
-          PlanMemoryDemand(**plan, e.target_attached,
-                           e.target_attached ? nullptr : &dst_rec->layout, /*staging=*/false);
+          PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
+                           /*staging=*/false);
       memo->demand_plan = plan->get();
       memo->in_place = e.target_attached;
-      if (!e.target_attached) memo->replaced = dst_rec->layout;
+      if (!e.target_attached) memo->replaced = dst_rec.layout;
     }
     e.demand = memo->demand;
   }
@@ -398,7 +404,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.target_version = e.target_version;
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
-  if (e.target_attached) fo.attached_target_version = dst_rec->version;
+  if (e.target_attached) fo.attached_target_version = dst_rec.version;
   int64_t bucket_bytes = 0;
   std::vector<int64_t> own_participants;
   const std::vector<int64_t>& participants =
