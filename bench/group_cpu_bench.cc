@@ -58,8 +58,7 @@ class QueueingWorkerClient : public WorkerClient {
     queued_.push_back(std::move(fragment));
     done(absl::OkStatus());
   }
-  void FinishPlan(const WorkerEndpoint&, const v1::FinishPlanRequest&,
-                  StatusCallback done) override {
+  void FinishPlan(const WorkerEndpoint&, v1::FinishPlanRequest, StatusCallback done) override {
     done(absl::OkStatus());
   }
   void Fill(const WorkerEndpoint&, const v1::FillRequest&,

@@ -102,8 +102,8 @@ void FakeWorkerClient::SetExecuteHook(
   hook_ = std::move(hook);
 }
 
-void FakeWorkerClient::FinishPlan(const WorkerEndpoint& worker,
-                                  const v1::FinishPlanRequest& request, StatusCallback done) {
+void FakeWorkerClient::FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
+                                  StatusCallback done) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);

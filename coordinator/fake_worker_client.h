@@ -27,7 +27,7 @@ class FakeWorkerClient : public WorkerClient {
  public:
   void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                StatusCallback done) override;
-  void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
+  void FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
                   StatusCallback done) override;
   void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
             Callback<v1::FillResponse> done) override;

@@ -121,10 +121,10 @@ void GrpcWorkerClient::WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData m
       std::move(done));
 }
 
-void GrpcWorkerClient::FinishPlan(const WorkerEndpoint& worker,
-                                  const v1::FinishPlanRequest& request, StatusCallback done) {
+void GrpcWorkerClient::FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
+                                  StatusCallback done) {
   Unary<v1::FinishPlanRequest, v1::FinishPlanResponse>(
-      worker, options_.rpc_timeout, request,
+      worker, options_.rpc_timeout, std::move(request),
       [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FinishPlanRequest* q,
          v1::FinishPlanResponse* p,
          std::function<void(grpc::Status)> f) { a->FinishPlan(c, q, p, std::move(f)); },

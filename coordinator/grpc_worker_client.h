@@ -47,7 +47,7 @@ class GrpcWorkerClient : public WorkerClient {
 
   void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                StatusCallback done) override;
-  void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
+  void FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
                   StatusCallback done) override;
   void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
             Callback<v1::FillResponse> done) override;

@@ -33,6 +33,13 @@ std::string ChunksString(const std::vector<Chunk>& chunks) {
   return absl::StrCat("{", absl::StrJoin(parts, " "), "}");
 }
 
+// The same chunks from the same spec: a plan between such layouts serves both (the plan
+// carries its layouts, which the commit stores). Flat specs are not compared: never equal.
+bool SameLayout(const Layout& a, const Layout& b) {
+  if (a.flat_spec().has_value() || b.flat_spec().has_value()) return false;
+  return a == b && a.placements() == b.placements() && a.mesh() == b.mesh();
+}
+
 }  // namespace
 
 std::string PlanStateName(PlanState state) {
@@ -256,13 +263,17 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   const bool repair = absl::string_view(op) == kRepairOp;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor, owner);
   if (!current.ok()) return current.status();
-  absl::StatusOr<TensorRecord> current_dst = current;
+  // A Copy's target's record; otherwise the tensor's own serves (not copied: a group starts
+  // a member per tensor).
+  std::optional<TensorRecord> copy_dst;
   if (copy) {
-    current_dst = tensors_->Get(target_tensor, owner);
-    if (!current_dst.ok()) return current_dst.status();
-    if (absl::Status s = CheckCopyable(*current, *current_dst); !s.ok()) return s;
+    absl::StatusOr<TensorRecord> got = tensors_->Get(target_tensor, owner);
+    if (!got.ok()) return got.status();
+    copy_dst = *std::move(got);
+    if (absl::Status s = CheckCopyable(*current, *copy_dst); !s.ok()) return s;
   }
-  absl::StatusOr<Target> target = target_fn(*current_dst);
+  const TensorRecord& current_dst = copy ? *copy_dst : *current;
+  absl::StatusOr<Target> target = target_fn(current_dst);
   if (!target.ok()) return target.status();
   std::optional<WorkerView> own_view;
   if (fused == nullptr || fused->workers == nullptr) own_view = ViewWorkers();
@@ -286,14 +297,16 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
   if (!rec.ok()) return rec.status();
-  absl::StatusOr<TensorRecord> dst_rec = rec;
+  std::optional<TensorRecord> acquired_dst;  // As copy_dst.
   if (copy) {
-    dst_rec = tensors_->Acquire(target_tensor, id, target->mesh, owner);
-    if (!dst_rec.ok()) {
+    absl::StatusOr<TensorRecord> got = tensors_->Acquire(target_tensor, id, target->mesh, owner);
+    if (!got.ok()) {
       tensors_->Release(tensor, id);
-      return dst_rec.status();
+      return got.status();
     }
+    acquired_dst = *std::move(got);
   }
+  const TensorRecord& dst_rec = copy ? *acquired_dst : *rec;
   auto fail = [&](absl::Status s) {
     ReleaseTensors(tensor, target_tensor, id, target->mesh);
     return s;
@@ -303,15 +316,15 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   if (copy) {
     // The target was dst's layout when looked up; a plan that committed since moved it.
-    if (dst_rec->version != current_dst->version) {
+    if (dst_rec.version != current_dst.version) {
       return fail(absl::AbortedError(
           absl::StrCat("tensor '", target_tensor, "' changed while the copy was planned")));
     }
-    if (absl::Status s = CheckCopyable(*rec, *dst_rec); !s.ok()) return fail(s);
-    if (dst_rec->attached) {
+    if (absl::Status s = CheckCopyable(*rec, dst_rec); !s.ok()) return fail(s);
+    if (dst_rec.attached) {
       // Written in place: every rank's lent buffer must be there.
-      std::vector<int64_t> missing(dst_rec->unattached.begin(), dst_rec->unattached.end());
-      for (const LostChunk& c : LostChunks(*dst_rec, view.Liveness())) {
+      std::vector<int64_t> missing(dst_rec.unattached.begin(), dst_rec.unattached.end());
+      for (const LostChunk& c : LostChunks(dst_rec, view.Liveness())) {
         missing.insert(missing.end(), c.ranks.begin(), c.ranks.end());
       }
       std::sort(missing.begin(), missing.end());
@@ -326,9 +339,24 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   absl::StatusOr<Layout> source = LiveLayout(*rec, view.Liveness());
   if (!source.ok()) return fail(source.status());
-  absl::StatusOr<std::shared_ptr<const Plan>> plan =
-      MakePlan(*rec, *source, target->layout, view.hosts);
-  if (!plan.ok()) return fail(plan.status());
+  GroupMemo* const memo = fused != nullptr ? fused->memo : nullptr;
+  std::optional<std::shared_ptr<const Plan>> plan;  // Set from here on.
+  if (memo != nullptr && memo->plan != nullptr && memo->dtype == rec->dtype &&
+      SameLayout(memo->source, *source) && SameLayout(memo->target, target->layout)) {
+    plan = memo->plan;  // The previous member's: same inputs, same plan.
+  } else {
+    absl::StatusOr<std::shared_ptr<const Plan>> made =
+        MakePlan(*rec, *source, target->layout, view.hosts);
+    if (!made.ok()) return fail(made.status());
+    plan = *std::move(made);
+    if (memo != nullptr) {
+      memo->plan = *plan;
+      memo->dtype = rec->dtype;
+      memo->source = *std::move(source);
+      memo->target = target->layout;
+      memo->participants = PlanParticipants(**plan);
+    }
+  }
 
   Entry e;
   e.id = id;
@@ -342,15 +370,28 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   e.target_spec = target->spec;
   e.source_version = rec->version;
   e.target_version = tensors_->NewVersion();
-  e.old_target_version = dst_rec->version;
-  e.target_attached = copy && dst_rec->attached;
+  e.old_target_version = dst_rec.version;
+  e.target_attached = copy && dst_rec.attached;
   e.communicator_prefix = prefix;
   // A new buffer on every target rank unless written in place; the version it replaces
   // (the target tensor's committed one) is freed at commit.
   // A group member's staging is its group's fused fragment's (StartGroup).
-  e.demand =
-      PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec->layout,
-                       /*staging=*/fused == nullptr);
+  if (memo == nullptr) {
+    e.demand =
+        PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
+                         /*staging=*/fused == nullptr);
+  } else {
+    if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
+        (!e.target_attached && !SameLayout(memo->replaced, dst_rec.layout))) {
+      memo->demand =
+          PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
+                           /*staging=*/false);
+      memo->demand_plan = plan->get();
+      memo->in_place = e.target_attached;
+      if (!e.target_attached) memo->replaced = dst_rec.layout;
+    }
+    e.demand = memo->demand;
+  }
   // A tiny plain copy moves faster through the coordinator than through a fragment on every
   // worker (plan_relay.h); a group member always runs in its group's fused plan.
   e.relay = fused == nullptr && !repair &&
@@ -363,9 +404,12 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   fo.target_version = e.target_version;
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
-  if (e.target_attached) fo.attached_target_version = dst_rec->version;
+  if (e.target_attached) fo.attached_target_version = dst_rec.version;
   int64_t bucket_bytes = 0;
-  for (int64_t r : PlanParticipants(**plan)) {
+  std::vector<int64_t> own_participants;
+  const std::vector<int64_t>& participants =
+      memo != nullptr ? memo->participants : (own_participants = PlanParticipants(**plan));
+  for (int64_t r : participants) {
     absl::StatusOr<const WorkerRecord*> found = view.ByRank(r);
     if (!found.ok()) return fail(found.status());
     const WorkerRecord& w = **found;
@@ -873,8 +917,10 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   std::vector<FragmentMemberOptions> options(items.size());
   int64_t bucket_bytes = 0;
   const WorkerView view = ViewWorkers();
+  GroupMemo memo;
   for (size_t i = 0; i < items.size(); ++i) {
     FusedMember fused;
+    fused.memo = &memo;
     fused.workers = &view;
     fused.communicator_prefix = prefix;
     fused.options.index = static_cast<int32_t>(i);
@@ -1918,8 +1964,8 @@ void PlanManager::FinishOnWorkers(
     std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests, int64_t ticket) {
   if (requests.empty()) return Unhold(ticket);
   auto left = std::make_shared<std::atomic<size_t>>(requests.size());
-  for (const auto& [w, req] : requests) {
-    client_->FinishPlan(w, req, [this, left, ticket](absl::Status) {
+  for (auto& [w, req] : requests) {
+    client_->FinishPlan(w, std::move(req), [this, left, ticket](absl::Status) {
       if (left->fetch_sub(1) == 1) Unhold(ticket);
     });
   }

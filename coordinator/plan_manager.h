@@ -384,8 +384,28 @@ class PlanManager : public WorkerListener {
   };
   WorkerView ViewWorkers() const;
 
+  // What a group's members share while they start, one after another (StartGroup): the last
+  // member's plan and what follows from it alone. A model's layers are mostly equal tensors
+  // moved alike, so the next member reuses them after comparing its inputs (no fingerprints,
+  // no plan cache lookup, no recount of the same layouts).
+  struct GroupMemo {
+    // The plan of `source` -> `target` in `dtype` (with the group's worker view).
+    std::shared_ptr<const Plan> plan;
+    DType dtype = DType::kF32;
+    Layout source;
+    Layout target;
+    std::vector<int64_t> participants;  // PlanParticipants(*plan).
+    // PlanMemoryDemand(*plan, in_place, in_place ? nullptr : &replaced, false), when
+    // demand_plan is plan.
+    const Plan* demand_plan = nullptr;
+    bool in_place = false;
+    Layout replaced;
+    MemoryDemand demand;
+  };
+
   // What Start hands a group about a fused member.
   struct FusedMember {
+    GroupMemo* memo = nullptr;            // In/out: the group's, or null.
     const WorkerView* workers = nullptr;  // In: the group's.
     std::string communicator_prefix;      // In: the group's.
     FragmentMemberOptions options;        // Out.

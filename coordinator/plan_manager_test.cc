@@ -1250,6 +1250,43 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   EXPECT_TRUE(tensors_.Get("b")->busy_plan.empty());
 }
 
+TEST_F(PlanManagerTest, GroupMembersWithEqualInputsShareOnePlanOthersGetTheirOwn) {
+  // a, b: equal tensors moved alike (the second reuses the first's plan); c: the same layout
+  // in another dtype; d: from another layout; e: to another spec; f: alike again.
+  CreateTensor("a");
+  CreateTensor("b");
+  CreateTensor("c", "S(0),R", "M", {8, 4}, DType::kF64);
+  CreateTensor("d", "R,S(1)");
+  CreateTensor("e");
+  CreateTensor("f");
+  const Spec to = Target("S(1)", "N");
+  GroupOutcome done;
+  absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
+      {{"a", to}, {"b", to}, {"c", to}, {"d", to}, {"e", Target("R,R")}, {"f", Target("R,R")}},
+      RecordGroup(&done));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::vector<StartedPlan>& m = group->members;
+  ASSERT_EQ(m.size(), 6u);
+  EXPECT_EQ(m[0].plan, m[1].plan);
+  EXPECT_NE(m[1].plan, m[2].plan);
+  EXPECT_EQ(m[2].plan->dtype, DType::kF64);
+  EXPECT_NE(m[2].plan, m[3].plan);
+  EXPECT_EQ(m[3].plan->source, tensors_.Get("d")->layout);
+  EXPECT_NE(m[3].plan, m[4].plan);
+  EXPECT_EQ(m[4].plan, m[5].plan);
+  const Layout on_n =
+      *Layout::FromPlacements(meshes_.Get("N")->mesh, {8, 4}, *ParsePlacements("S(1)"));
+  const Layout replicated =
+      *Layout::FromPlacements(meshes_.Get("M")->mesh, {8, 4}, *ParsePlacements("R,R"));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(m[i].plan->target, on_n) << i;
+  EXPECT_EQ(m[4].plan->target, replicated);
+  ReportGroup(group->id);
+  ASSERT_EQ(done.calls, 1);
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  for (const char* t : {"a", "b", "c", "d"}) EXPECT_EQ(tensors_.Get(t)->spec, "S(1)") << t;
+  for (const char* t : {"e", "f"}) EXPECT_EQ(tensors_.Get(t)->layout, replicated) << t;
+}
+
 // ---- Small plans relayed through the coordinator (plan_relay.h) ------------------------------
 
 class RelayedPlanTest : public PlanManagerTest {

@@ -47,12 +47,23 @@ class Statement {
   int rc_ = SQLITE_OK;
 };
 
+// The batch outlives the statement's step (Apply holds it), so SQLite need not copy it.
 absl::Status BindText(sqlite3_stmt* stmt, int index, const std::string& text, bool blob = false) {
   const int rc = blob ? sqlite3_bind_blob(stmt, index, text.data(), static_cast<int>(text.size()),
-                                          SQLITE_TRANSIENT)
+                                          SQLITE_STATIC)
                       : sqlite3_bind_text(stmt, index, text.data(), static_cast<int>(text.size()),
-                                          SQLITE_TRANSIENT);
+                                          SQLITE_STATIC);
   if (rc != SQLITE_OK) return absl::InternalError(absl::StrCat("state store: bind: ", rc));
+  return absl::OkStatus();
+}
+
+// Steps a cached statement once, expecting SQLITE_DONE; it is reset and unbound after, so
+// no bound pointer outlives the call.
+absl::Status StepDone(sqlite3* db, sqlite3_stmt* stmt, absl::string_view what) {
+  const int rc = sqlite3_step(stmt);
+  sqlite3_reset(stmt);
+  sqlite3_clear_bindings(stmt);
+  if (rc != SQLITE_DONE) return SqliteError(db, rc, what);
   return absl::OkStatus();
 }
 
@@ -120,7 +131,17 @@ absl::StatusOr<std::unique_ptr<SqliteStateStore>> SqliteStateStore::Open(const s
 
 SqliteStateStore::~SqliteStateStore() {
   absl::MutexLock lock(&mu_);
+  for (sqlite3_stmt* stmt : {put_, delete_, begin_, commit_}) sqlite3_finalize(stmt);
   sqlite3_close(db_);
+}
+
+absl::Status SqliteStateStore::PreparedLocked(sqlite3_stmt** stmt, const char* sql) {
+  if (*stmt != nullptr) return absl::OkStatus();
+  const int rc = sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, stmt, nullptr);
+  if (rc == SQLITE_OK) return absl::OkStatus();
+  sqlite3_finalize(*stmt);
+  *stmt = nullptr;
+  return SqliteError(db_, rc, absl::StrCat("prepare ", sql));
 }
 
 absl::Status SqliteStateStore::Apply(const StateBatch& batch) {
@@ -140,36 +161,44 @@ absl::Status SqliteStateStore::SetSyncLocked(bool full) {
 }
 
 absl::Status SqliteStateStore::ApplyLocked(const StateBatch& batch) {
-  if (absl::Status s = Exec(db_, "BEGIN IMMEDIATE"); !s.ok()) return s;
-  auto run = [&]() -> absl::Status {
-    if (!batch.deletes.empty()) {
-      Statement del(db_, "DELETE FROM records WHERE kind = ?1 AND name = ?2");
-      if (del.rc() != SQLITE_OK) return SqliteError(db_, del.rc(), "prepare delete");
-      for (const auto& [kind, name] : batch.deletes) {
-        sqlite3_reset(del.get());
-        if (absl::Status s = BindText(del.get(), 1, kind); !s.ok()) return s;
-        if (absl::Status s = BindText(del.get(), 2, name); !s.ok()) return s;
-        if (int rc = sqlite3_step(del.get()); rc != SQLITE_DONE) {
-          return SqliteError(db_, rc, "delete");
-        }
-      }
-    }
-    if (!batch.puts.empty()) {
-      Statement put(db_, "INSERT OR REPLACE INTO records (kind, name, value) VALUES (?1, ?2, ?3)");
-      if (put.rc() != SQLITE_OK) return SqliteError(db_, put.rc(), "prepare put");
-      for (const StateRecord& r : batch.puts) {
-        sqlite3_reset(put.get());
-        if (absl::Status s = BindText(put.get(), 1, r.kind); !s.ok()) return s;
-        if (absl::Status s = BindText(put.get(), 2, r.name); !s.ok()) return s;
-        if (absl::Status s = BindText(put.get(), 3, r.value, /*blob=*/true); !s.ok()) return s;
-        if (int rc = sqlite3_step(put.get()); rc != SQLITE_DONE) return SqliteError(db_, rc, "put");
-      }
-    }
-    return Exec(db_, "COMMIT");
-  };
-  absl::Status s = run();
+  // Every statement is compiled once per store, not per batch (a group commits 1000 records).
+  if (absl::Status s = PreparedLocked(&begin_, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  if (absl::Status s = PreparedLocked(&commit_, "COMMIT"); !s.ok()) return s;
+  if (absl::Status s = StepDone(db_, begin_, "BEGIN IMMEDIATE"); !s.ok()) return s;
+  absl::Status s = WriteLocked(batch);
+  // Synced here (synchronous=FULL) unless the batch asked otherwise: returns once durable.
+  if (s.ok()) s = StepDone(db_, commit_, "COMMIT");
   if (!s.ok()) Exec(db_, "ROLLBACK").IgnoreError();
   return s;
+}
+
+absl::Status SqliteStateStore::WriteLocked(const StateBatch& batch) {
+  if (!batch.deletes.empty()) {
+    if (absl::Status s =
+            PreparedLocked(&delete_, "DELETE FROM records WHERE kind = ?1 AND name = ?2");
+        !s.ok()) {
+      return s;
+    }
+    for (const auto& [kind, name] : batch.deletes) {
+      if (absl::Status s = BindText(delete_, 1, kind); !s.ok()) return s;
+      if (absl::Status s = BindText(delete_, 2, name); !s.ok()) return s;
+      if (absl::Status s = StepDone(db_, delete_, "delete"); !s.ok()) return s;
+    }
+  }
+  if (!batch.puts.empty()) {
+    if (absl::Status s = PreparedLocked(
+            &put_, "INSERT OR REPLACE INTO records (kind, name, value) VALUES (?1, ?2, ?3)");
+        !s.ok()) {
+      return s;
+    }
+    for (const StateRecord& r : batch.puts) {
+      if (absl::Status s = BindText(put_, 1, r.kind); !s.ok()) return s;
+      if (absl::Status s = BindText(put_, 2, r.name); !s.ok()) return s;
+      if (absl::Status s = BindText(put_, 3, r.value, /*blob=*/true); !s.ok()) return s;
+      if (absl::Status s = StepDone(db_, put_, "put"); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {

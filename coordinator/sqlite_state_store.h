@@ -12,6 +12,7 @@
 #include "coordinator/state_store.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace shardcoord {
 
@@ -41,13 +42,23 @@ class SqliteStateStore : public StateStore {
   SqliteStateStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
 
   absl::Status ApplyLocked(const StateBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The batch's deletes and puts, inside ApplyLocked's transaction.
+  absl::Status WriteLocked(const StateBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets PRAGMA synchronous to FULL or NORMAL when it is not that already.
   absl::Status SetSyncLocked(bool full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `*stmt`, prepared on first use and kept until close: a batch of 1000 records (a group's
+  // commit) and every small one reuse the same compiled statement.
+  absl::Status PreparedLocked(sqlite3_stmt** stmt, const char* sql)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   mutable absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   bool full_sync_ ABSL_GUARDED_BY(mu_) = true;  // PRAGMA synchronous is FULL (else NORMAL).
+  sqlite3_stmt* put_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* delete_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* begin_ ABSL_GUARDED_BY(mu_) = nullptr;
+  sqlite3_stmt* commit_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace shardcoord

@@ -27,9 +27,8 @@ class HoldingClient : public WorkerClient {
   void Execute(const WorkerEndpoint& w, v1::PlanFragment f, StatusCallback done) override {
     fake_.Execute(w, f, std::move(done));
   }
-  void FinishPlan(const WorkerEndpoint& w, const v1::FinishPlanRequest& r,
-                  StatusCallback done) override {
-    fake_.FinishPlan(w, r, std::move(done));
+  void FinishPlan(const WorkerEndpoint& w, v1::FinishPlanRequest r, StatusCallback done) override {
+    fake_.FinishPlan(w, std::move(r), std::move(done));
   }
   void Fill(const WorkerEndpoint& w, const v1::FillRequest& r,
             Callback<v1::FillResponse> done) override {

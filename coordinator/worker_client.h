@@ -62,7 +62,8 @@ class WorkerClient {
   // a fused group's fragment can be large, and callers move it in.
   virtual void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                        StatusCallback done) = 0;
-  virtual void FinishPlan(const WorkerEndpoint& worker, const v1::FinishPlanRequest& request,
+  // By value, as Execute: a fused group's FinishPlan lists every member's old version.
+  virtual void FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
                           StatusCallback done) = 0;
   virtual void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
                     Callback<v1::FillResponse> done) = 0;

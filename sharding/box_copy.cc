@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
@@ -24,8 +25,26 @@ absl::Status CheckBox(const Box& box, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, const Box& dst_box,
-                                        int64_t element_size) {
+namespace {
+
+// BoxCopyRuns with its dims inline: the per-copy plan of CopyBox, ReduceIntoBox and
+// RegionByteRuns allocates nothing for boxes of up to kInlineDims outer dims (a fused group
+// copies thousands of small boxes, where the allocations cost as much as the bytes).
+constexpr size_t kInlineDims = 6;
+struct InlineRuns {
+  bool empty = false;
+  int64_t run_elems = 0;
+  int64_t run_bytes = 0;
+  int64_t src_start = 0;
+  int64_t dst_start = 0;
+  absl::InlinedVector<int64_t, kInlineDims> count;
+  absl::InlinedVector<int64_t, kInlineDims> src_stride;
+  absl::InlinedVector<int64_t, kInlineDims> dst_stride;
+};
+
+template <typename Runs>
+absl::Status PlanRuns(const Box& region, const Box& src_box, const Box& dst_box,
+                      int64_t element_size, Runs* out) {
   if (element_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("element size ", element_size, " <= 0"));
   }
@@ -40,10 +59,10 @@ absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, c
   // Buffers whose byte size overflows cannot exist; checking here keeps all offsets in range.
   if (absl::Status s = CheckedBytes(src_box.shape(), element_size).status(); !s.ok()) return s;
   if (absl::Status s = CheckedBytes(dst_box.shape(), element_size).status(); !s.ok()) return s;
-  BoxCopyRuns plan;
+  Runs& plan = *out;
   if (region.Empty()) {
     plan.empty = true;
-    return plan;
+    return absl::OkStatus();
   }
   if (!src_box.Contains(region)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -64,18 +83,39 @@ absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, c
   plan.run_elems = 1;
   for (int d = inner < 0 ? 0 : inner; d < nd; ++d) plan.run_elems *= region.shape(d);
   plan.run_bytes = plan.run_elems * element_size;
-  const Shape src_strides = RowMajorStrides(src_box.shape());
-  const Shape dst_strides = RowMajorStrides(dst_box.shape());
-  for (int d = 0; d < nd; ++d) {
-    plan.src_start += (region.offset(d) - src_box.offset(d)) * src_strides[d] * element_size;
-    plan.dst_start += (region.offset(d) - dst_box.offset(d)) * dst_strides[d] * element_size;
+  // Row-major strides in bytes, innermost first (no overflow: both byte sizes were checked).
+  int64_t src_stride = element_size, dst_stride = element_size;
+  absl::InlinedVector<int64_t, kInlineDims> src_strides(nd), dst_strides(nd);
+  for (int d = nd - 1; d >= 0; --d) {
+    src_strides[d] = src_stride;
+    dst_strides[d] = dst_stride;
+    plan.src_start += (region.offset(d) - src_box.offset(d)) * src_stride;
+    plan.dst_start += (region.offset(d) - dst_box.offset(d)) * dst_stride;
+    src_stride *= src_box.shape(d);
+    dst_stride *= dst_box.shape(d);
   }
   for (int d = 0; d < inner; ++d) {
     if (region.shape(d) == 1) continue;
     plan.count.push_back(region.shape(d));
-    plan.src_stride.push_back(src_strides[d] * element_size);
-    plan.dst_stride.push_back(dst_strides[d] * element_size);
+    plan.src_stride.push_back(src_strides[d]);
+    plan.dst_stride.push_back(dst_strides[d]);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InlineRuns> PlanInline(const Box& region, const Box& src_box, const Box& dst_box,
+                                      int64_t element_size) {
+  InlineRuns plan;
+  if (absl::Status s = PlanRuns(region, src_box, dst_box, element_size, &plan); !s.ok()) return s;
+  return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<BoxCopyRuns> PlanBoxCopy(const Box& region, const Box& src_box, const Box& dst_box,
+                                        int64_t element_size) {
+  BoxCopyRuns plan;
+  if (absl::Status s = PlanRuns(region, src_box, dst_box, element_size, &plan); !s.ok()) return s;
   return plan;
 }
 
@@ -83,8 +123,8 @@ namespace {
 
 // Calls fn(src_run, dst_run) for every run: a tight loop over the innermost outer dim and an
 // odometer over the rest. Src and Dst are pointers, or byte offsets (int64_t).
-template <typename Src, typename Dst, typename Fn>
-void ForEachRun(const BoxCopyRuns& p, Src src, Dst dst, Fn fn) {
+template <typename Runs, typename Src, typename Dst, typename Fn>
+void ForEachRun(const Runs& p, Src src, Dst dst, Fn fn) {
   src += p.src_start;
   dst += p.dst_start;
   const int n = static_cast<int>(p.count.size());
@@ -95,7 +135,7 @@ void ForEachRun(const BoxCopyRuns& p, Src src, Dst dst, Fn fn) {
   const int last = n - 1;
   const int64_t rows = p.count[last];
   const int64_t ss = p.src_stride[last], ds = p.dst_stride[last];
-  std::vector<int64_t> idx(last, 0);
+  absl::InlinedVector<int64_t, kInlineDims> idx(last, 0);
   while (true) {
     Src s = src;
     Dst d = dst;
@@ -116,7 +156,7 @@ void ForEachRun(const BoxCopyRuns& p, Src src, Dst dst, Fn fn) {
 // A compile-time run length lets the compiler turn memcpy into plain loads and stores,
 // which matters when the run is a single small element.
 template <int64_t kBytes>
-void CopyFixed(const BoxCopyRuns& p, const char* src, char* dst) {
+void CopyFixed(const InlineRuns& p, const char* src, char* dst) {
   ForEachRun(p, src, dst, [](const char* s, char* d) { std::memcpy(d, s, kBytes); });
 }
 
@@ -179,7 +219,7 @@ void CombineRun16(char* dst, const char* src, int64_t n, Op op) {
 }
 
 template <typename Op>
-void ReduceWith(const BoxCopyRuns& p, const char* src, char* dst, DType dtype, Op op) {
+void ReduceWith(const InlineRuns& p, const char* src, char* dst, DType dtype, Op op) {
   const int64_t n = p.run_elems;
   auto run = [&](auto combine) { ForEachRun(p, src, dst, combine); };
   switch (dtype) {
@@ -249,7 +289,7 @@ void Divide16(char* data, int64_t count, int64_t divisor) {
 
 absl::Status CopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
                      const Box& dst_box, int64_t element_size) {
-  absl::StatusOr<BoxCopyRuns> plan = PlanBoxCopy(region, src_box, dst_box, element_size);
+  absl::StatusOr<InlineRuns> plan = PlanInline(region, src_box, dst_box, element_size);
   if (!plan.ok()) return plan.status();
   if (plan->empty) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
@@ -305,7 +345,7 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
         absl::StrCat("reduce op ", ReduceOpName(op),
                      " is not element-wise; reduce with sum and then DivideBox"));
   }
-  absl::StatusOr<BoxCopyRuns> plan = PlanBoxCopy(region, src_box, dst_box, element_size);
+  absl::StatusOr<InlineRuns> plan = PlanInline(region, src_box, dst_box, element_size);
   if (!plan.ok()) return plan.status();
   if (plan->empty) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
@@ -331,7 +371,7 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
 }
 
 absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int64_t element_size) {
-  absl::StatusOr<BoxCopyRuns> p = PlanBoxCopy(region, box, region, element_size);
+  absl::StatusOr<InlineRuns> p = PlanInline(region, box, region, element_size);
   if (!p.ok()) return p.status();
   RegionRuns out;
   if (p->empty) return out;

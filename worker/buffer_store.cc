@@ -1,7 +1,9 @@
 #include "worker/buffer_store.h"
 
+#include <algorithm>
 #include <iterator>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "sharding/box.h"
@@ -138,7 +140,11 @@ int BufferStore::DropLent(const LentMemory* lent) {
         ++v;
       }
     }
-    it = it->second.empty() ? buffers_.erase(it) : std::next(it);
+    if (it->second.empty()) {
+      buffers_.erase(it++);  // Invalidates only the erased element's iterator.
+    } else {
+      ++it;
+    }
   }
   return static_cast<int>(dropped.size());
 }
@@ -174,6 +180,10 @@ std::vector<BufferStore::Entry> BufferStore::List() const {
       out.push_back(Entry{tensor, version, buffer->bytes()});
     }
   }
+  // By tensor name, then version (the map is unordered).
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.tensor, a.version) < std::tie(b.tensor, b.version);
+  });
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -133,7 +134,7 @@ class BufferStore {
     int64_t version = 0;
     int64_t bytes = 0;
   };
-  std::vector<Entry> List() const;
+  std::vector<Entry> List() const;  // By tensor, then version.
   // Bytes of the worker's own buffers; LentBytes: of the lent ones (their processes' memory,
   // each counted once though a Copy in place holds it under two versions until it ends).
   int64_t TotalBytes() const;
@@ -141,7 +142,9 @@ class BufferStore {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, std::map<int64_t, std::shared_ptr<HostBuffer>>, std::less<>> buffers_
+  // Hashed by name: a fused group looks up, stores and drops a buffer per member on every
+  // worker, among thousands of tensors (a tree walk was a cache miss per level).
+  absl::flat_hash_map<std::string, std::map<int64_t, std::shared_ptr<HostBuffer>>> buffers_
       ABSL_GUARDED_BY(mu_);
 };
 

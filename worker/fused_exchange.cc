@@ -124,13 +124,13 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
 
   // Per member: its mover, the reduction rule's identity where anything reduces, and its
   // transfers sorted into the streams to and from each peer (in member, then plan order).
-  std::vector<std::unique_ptr<Mover>> movers;
+  std::vector<Mover> movers;  // One allocation for all members, not one each.
   movers.reserve(nm);
   std::vector<std::vector<Entry>> out(std::max(n, 0)), in(std::max(n, 0));
   int64_t bytes_total = 0;
   for (size_t i = 0; i < nm; ++i) {
     const Fragment& f = g.shapes[g.members[i].shape];
-    movers.push_back(std::make_unique<Mover>(f, input.buffers[i].source, input.buffers[i].target));
+    movers.emplace_back(f, input.buffers[i].source, input.buffers[i].target);
     bool reducing = false;
     for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
     for (const Transfer& t : f.transfers) {
@@ -143,7 +143,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
         bytes_total += t.bytes;
       }
     }
-    if (absl::Status s = movers.back()->Initialise(reducing); !s.ok()) {
+    if (absl::Status s = movers.back().Initialise(reducing); !s.ok()) {
       return Annotate(s, MemberName(g.members[i]));
     }
   }
@@ -153,7 +153,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     for (size_t i = 0; i < nm; ++i) {
       const Fragment& f = g.shapes[g.members[i].shape];
       for (size_t j = 0; j < f.local_copies.size(); ++j) {
-        if (absl::Status s = movers[i]->LocalCopy(f.local_copies[j]); !s.ok()) {
+        if (absl::Status s = movers[i].LocalCopy(f.local_copies[j]); !s.ok()) {
           return Annotate(
               s, absl::StrCat(MemberName(g.members[i]), " local_copies[", j, "] on rank ", g.rank));
         }
@@ -190,7 +190,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
       std::vector<StreamItem> items;
       items.reserve(s.entries.size());
       for (const Entry& e : s.entries) {
-        items.push_back(StreamItem{e.transfer->box, movers[e.member]->esize()});
+        items.push_back(StreamItem{e.transfer->box, movers[e.member].esize()});
         s.bytes += e.transfer->bytes;
       }
       s.messages = CutStream(items, limits);
@@ -211,7 +211,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
           MessagePlan& p = round.send.plans[j];
           if (m.pieces.size() == 1) {
             const Entry& e = round.send.entries[m.pieces[0].item];
-            const Mover& mover = *movers[e.member];
+            const Mover& mover = movers[e.member];
             p.source = mover.DirectSource(m.pieces[0].box, e.transfer->partial_index);
             if (p.source != nullptr) {
               p.via = Via::kInPlace;
@@ -236,8 +236,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
           MessagePlan& p = round.recv.plans[j];
           if (m.pieces.size() == 1) {
             const Entry& e = round.recv.entries[m.pieces[0].item];
-            p.landing = movers[e.member]->DirectTarget(m.pieces[0].box, e.transfer->reduce,
-                                                       e.transfer->partial_index);
+            p.landing = movers[e.member].DirectTarget(m.pieces[0].box, e.transfer->reduce,
+                                                      e.transfer->partial_index);
             if (p.landing.has_value()) {
               p.via = Via::kInPlace;
               continue;
@@ -288,7 +288,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
           if (p.via == Via::kRuns) {
             ++result.messages_from_rows;
             const Entry& e = send.entries[m->pieces[0].item];
-            op.runs = movers[e.member]->SourceRuns(m->pieces[0].box, e.transfer->partial_index);
+            op.runs = movers[e.member].SourceRuns(m->pieces[0].box, e.transfer->partial_index);
             if (op.runs.empty()) {
               return absl::InternalError(
                   absl::StrCat(where, ": no source rows for ", m->pieces[0].box.ToString()));
@@ -300,8 +300,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
             op.prepare = [m, base, &send, &movers]() -> absl::Status {
               for (const StreamPiece& piece : m->pieces) {
                 const Entry& e = send.entries[piece.item];
-                if (absl::Status s = movers[e.member]->Pack(piece.box, e.transfer->partial_index,
-                                                            base + piece.offset);
+                if (absl::Status s = movers[e.member].Pack(piece.box, e.transfer->partial_index,
+                                                           base + piece.offset);
                     !s.ok()) {
                   return s;
                 }
@@ -318,7 +318,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
           RecvOp op{recv.peer, nullptr, m->bytes, nullptr};
           if (p.via == Via::kInPlace) {
             ++result.messages_landed_in_place;
-            Mover* mover = movers[recv.entries[m->pieces[0].item].member].get();
+            Mover* mover = &movers[recv.entries[m->pieces[0].item].member];
             op.data = mover->Data(*p.landing);
             op.done = [mover, landing = *p.landing] {
               mover->Landed(landing);
@@ -331,8 +331,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
               for (const StreamPiece& piece : m->pieces) {
                 const Entry& e = recv.entries[piece.item];
                 const Transfer& t = *e.transfer;
-                if (absl::Status s = movers[e.member]->Apply(piece.box, base + piece.offset,
-                                                             piece.box, t.reduce, t.partial_index);
+                if (absl::Status s = movers[e.member].Apply(piece.box, base + piece.offset,
+                                                            piece.box, t.reduce, t.partial_index);
                     !s.ok()) {
                   return s;
                 }
@@ -371,7 +371,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   }
   if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", g.plan_id, " cancelled"));
   for (size_t i = 0; i < nm; ++i) {
-    if (absl::Status s = movers[i]->Divide(); !s.ok()) {
+    if (absl::Status s = movers[i].Divide(); !s.ok()) {
       return Annotate(s, absl::StrCat(MemberName(g.members[i]), " divide_by"));
     }
   }
@@ -379,7 +379,6 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     if (absl::Status s = space->Synchronize(); !s.ok()) return Annotate(s, space->name());
   }
   result.members.resize(nm);
-  for (size_t i = 0; i < nm; ++i) result.members[i].chunks = input.buffers[i].target->chunks();
   if (space != nullptr && !space->is_host()) {
     // Every member's chunks in one device checksum: each chunk's 1 MiB blocks hash serially
     // (~2 ms per block on an H200), so member after member would add those up.
@@ -400,7 +399,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     return result;
   }
   for (size_t i = 0; i < nm; ++i) {
-    absl::StatusOr<std::vector<uint64_t>> sums = movers[i]->Checksums();
+    absl::StatusOr<std::vector<uint64_t>> sums = movers[i].Checksums();
     if (!sums.ok()) return Annotate(sums.status(), MemberName(g.members[i]));
     result.members[i].checksums = *std::move(sums);
   }

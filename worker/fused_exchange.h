@@ -67,8 +67,9 @@ struct ExchangeRound {
   absl::Duration time;
 };
 
+// The member's target buffer holds its shape's target chunks (it was made of them): the
+// result carries only their checksums, index for index.
 struct GroupMemberResult {
-  RankChunks chunks;
   std::vector<uint64_t> checksums;
 };
 

@@ -81,14 +81,15 @@ int64_t MemoryBudget::CloseWatermark(int64_t id) {
 }
 
 BudgetedMemorySpace::BudgetedMemorySpace(MemorySpace* inner, MemoryBudget* budget)
-    : inner_(inner), budget_(budget) {}
+    : inner_(inner),
+      budget_(budget),
+      allocation_name_(absl::StrCat("an allocation in ", inner->name())) {}
 
 BudgetedMemorySpace::~BudgetedMemorySpace() = default;
 
 absl::StatusOr<Allocation> BudgetedMemorySpace::Allocate(int64_t bytes) {
   if (bytes < 0) return inner_->Allocate(bytes);  // The space's own INVALID_ARGUMENT.
-  if (absl::Status s = budget_->Reserve(bytes, absl::StrCat("an allocation in ", inner_->name()));
-      !s.ok()) {
+  if (absl::Status s = budget_->Reserve(bytes, allocation_name_); !s.ok()) {
     return s;
   }
   absl::StatusOr<Allocation> a = inner_->Allocate(bytes);

@@ -121,6 +121,9 @@ class BudgetedMemorySpace final : public MemorySpace {
  private:
   MemorySpace* const inner_;
   MemoryBudget* const budget_;
+  // What an allocation is called in a refusal, built once: a fused group allocates a buffer
+  // per member, and naming each one cost two string allocations.
+  const std::string allocation_name_;
   absl::Mutex mu_;
   // Live allocations -> the bytes they were counted as (what was asked, not the capacity a
   // cache rounded it up to, so the worker's count matches the coordinator's).

@@ -141,7 +141,11 @@ class Mover {
     for (size_t i = 0; i < chunks.size(); ++i) {
       const Chunk& c = chunks[i];
       if (!Takes(c, reduce, partial)) continue;
-      Box region = c.box.Intersect(box);
+      // Mostly the chunk holds the whole box: no intersection to build (and allocate).
+      Box part;
+      const bool whole = c.box.ndim() == box.ndim() && c.box.Contains(box);
+      if (!whole) part = c.box.Intersect(box);
+      const Box& region = whole ? box : part;
       if (region.Empty()) continue;
       absl::Status s =
           reduce ? space_.ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,

@@ -217,7 +217,8 @@ void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
 
 namespace {
 
-// The chunks and checksums a plan produced, per part, and its timings for the report.
+// The chunks (a plain fragment's; a group's are its shapes') and checksums a plan produced,
+// per part, and its timings for the report.
 struct RunOutcome {
   std::vector<RankChunks> chunks;
   std::vector<std::vector<uint64_t>> checksums;
@@ -248,6 +249,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     steps = g.exchange_ranks.size() > 1 ? g.exchange_ranks.size() - 1 : 0;
     GroupExecuteInput in;
     in.group = &g;
+    in.buffers.reserve(run->parts.size());
     for (const RunPart& p : run->parts) in.buffers.push_back({p.source.get(), p.target.get()});
     in.communicators = communicators_;
     in.cancel = &run->cancel;
@@ -258,10 +260,9 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       result = r.status();
     } else {
       RunOutcome out;
-      for (GroupMemberResult& m : r->members) {
-        out.chunks.push_back(std::move(m.chunks));
-        out.checksums.push_back(std::move(m.checksums));
-      }
+      // The chunks are the shapes' (the report sends them once per shape).
+      out.checksums.reserve(r->members.size());
+      for (GroupMemberResult& m : r->members) out.checksums.push_back(std::move(m.checksums));
       out.bytes_received = r->bytes_received;
       for (const ExchangeRound& round : r->rounds) {
         v1::StepTiming& t = out.steps.emplace_back();
@@ -447,23 +448,19 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     }
   }
   if (request.commit()) {
-    // Never a version the plan just wrote.
-    absl::flat_hash_set<std::pair<std::string, int64_t>> written;
+    // Never a version the plan just wrote. Views of the run's and the request's names (both
+    // outlive this): a group's 1000 members cost no string copies.
+    absl::flat_hash_set<std::pair<absl::string_view, int64_t>> written;
+    if (run != nullptr) written.reserve(run->parts.size());
     for (size_t i = 0; run != nullptr && i < run->parts.size(); ++i) {
       written.emplace(run->ids[i].target_tensor, run->ids[i].target_version);
     }
-    std::vector<std::pair<std::string, int64_t>> drops;
-    if (request.drop_version() >= 0 && !request.tensor().empty()) {
-      drops.emplace_back(request.tensor(), request.drop_version());
-    }
-    for (const v1::FinishMember& m : request.members()) {
-      if (m.drop_version() >= 0 && !m.tensor().empty()) {
-        drops.emplace_back(m.tensor(), m.drop_version());
-      }
-    }
-    for (const auto& [tensor, version] : drops) {
-      if (!written.contains({tensor, version})) buffers_->Drop(tensor, version);
-    }
+    auto drop = [&](absl::string_view tensor, int64_t version) {
+      if (version < 0 || tensor.empty() || written.contains({tensor, version})) return;
+      buffers_->Drop(tensor, version);
+    };
+    drop(request.tensor(), request.drop_version());
+    for (const v1::FinishMember& m : request.members()) drop(m.tensor(), m.drop_version());
   }
   // Outside the lock: it interrupts the fragment's waits.
   if (run != nullptr && !request.commit()) run->cancel.Cancel();
