@@ -151,7 +151,8 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
     int64_t row_end;
   };
   absl::btree_map<std::string, Shard> shards;
-  absl::btree_map<std::string, std::vector<int64_t>> needers_of;
+  // By group: each is balanced on its own.
+  absl::btree_map<int64_t, absl::btree_map<std::string, std::vector<int64_t>>> needers_of;
   absl::btree_map<std::string, int64_t> size_of;
   int64_t max_rank = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -232,23 +233,27 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
           const int64_t re = std::min(last, first + (off + len) * grain);
           const std::string id = ShardId(t, p, seg, static_cast<size_t>(j));
           shards.emplace(id, Shard{t, p, rb, re});
-          needers_of.emplace(id, who);
+          needers_of[tensors[t].group].emplace(id, who);
           size_of.emplace(id, (re - rb) * row_bytes);
         }
         u = v;
       }
     }
   }
-  absl::StatusOr<absl::btree_map<std::string, int64_t>> readers =
-      DistributeShardsToRanks(needers_of, size_of, max_rank + 1);
-  if (!readers.ok()) return readers.status();
+  absl::btree_map<std::string, int64_t> readers;
+  for (const auto& [group, needers] : needers_of) {
+    absl::StatusOr<absl::btree_map<std::string, int64_t>> picked =
+        DistributeShardsToRanks(needers, size_of, max_rank + 1);
+    if (!picked.ok()) return picked.status();
+    readers.merge(*picked);
+  }
 
   LoadPlan plan;
   plan.tensors.resize(tensors.size());
   // Per tensor, per rank: runs in (piece, row) order, adjacent ones merged.
   std::vector<std::map<int64_t, std::vector<ReadRun>>> runs(tensors.size());
   for (const auto& [id, s] : shards) {  // Id order: tensor, piece, rows.
-    const int64_t rank = readers->at(id);
+    const int64_t rank = readers.at(id);
     std::vector<ReadRun>& mine = runs[s.tensor][rank];
     plan.bytes_by_rank[rank] += size_of.at(id);
     plan.total_bytes += size_of.at(id);
@@ -318,9 +323,27 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
 }
 
 std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
-                                                int64_t batch_bytes) {
+                                                int64_t batch_bytes, int64_t first_batch_bytes) {
   std::vector<std::vector<size_t>> out;
   if (bytes.empty()) return out;
+  if (first_batch_bytes > 0 && batch_bytes > 0) {
+    size_t n = 0;
+    int64_t before = 0;
+    while (n < bytes.size()) {
+      const int64_t b = std::max<int64_t>(bytes[n], 0);
+      if (n > 0 && 2 * before + b >= 2 * first_batch_bytes) break;
+      before += b;
+      ++n;
+    }
+    std::vector<size_t> first(n);
+    for (size_t i = 0; i < n; ++i) first[i] = i;
+    out.push_back(std::move(first));
+    for (std::vector<size_t>& batch : CutLoadBatches(bytes.subspan(n), batch_bytes)) {
+      for (size_t& i : batch) i += n;
+      out.push_back(std::move(batch));
+    }
+    return out;
+  }
   int64_t total = 0;
   for (int64_t b : bytes) total += std::max<int64_t>(b, 0);
   int64_t k = 1;

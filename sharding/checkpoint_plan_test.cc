@@ -185,6 +185,40 @@ TEST(PlanLoadTest, ReplicatedTargetReadsEveryByteOnceBalanced) {
   CheckLoad(t, target, plan->tensors[0]);
 }
 
+// Bytes each rank reads of tensor `t` of a plan.
+std::map<int64_t, int64_t> BytesByRank(const LoadPlan& plan, size_t t, int64_t element_size) {
+  std::map<int64_t, int64_t> out;
+  for (const ReadRun& r : plan.tensors[t].runs) out[r.rank] += r.box.Volume() * element_size;
+  return out;
+}
+
+TEST(PlanLoadTest, BalancedWithinEachGroup) {
+  // `a` goes to ranks 0 and 1 only (each reads its own half); `b` is replicated on all four.
+  // Balanced over both tensors at once, ranks 2 and 3 read all of `b` (0 and 1 have their
+  // half of `a` already); a load reading `a` and `b` in separate batches wants each batch
+  // spread over every rank that can read it, which separate groups give.
+  const CheckpointTensor a = Saved("a", DType::kF32, Placed({1}, {256, 16}, "R"));
+  const CheckpointTensor b = Saved("b", DType::kF32, Placed({1}, {256, 16}, "R"));
+  const Layout a_target = Placed({2}, {256, 16}, "S(0)");
+  const Layout b_target = Placed({4}, {256, 16}, "R");
+  absl::StatusOr<LoadPlan> together =
+      PlanLoad({LoadTensor{&a, a_target}, LoadTensor{&b, b_target}});
+  ASSERT_TRUE(together.ok()) << together.status();
+  EXPECT_EQ(BytesByRank(*together, 1, 4), (std::map<int64_t, int64_t>{{2, 8192}, {3, 8192}}));
+
+  LoadTensor la{&a, a_target}, lb{&b, b_target};
+  la.group = 0;
+  lb.group = 1;
+  absl::StatusOr<LoadPlan> grouped = PlanLoad({la, lb});
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(BytesByRank(*grouped, 0, 4), (std::map<int64_t, int64_t>{{0, 8192}, {1, 8192}}));
+  EXPECT_EQ(BytesByRank(*grouped, 1, 4),
+            (std::map<int64_t, int64_t>{{0, 4096}, {1, 4096}, {2, 4096}, {3, 4096}}));
+  EXPECT_EQ(grouped->total_bytes, 2 * 256 * 16 * 4);
+  CheckLoad(a, a_target, grouped->tensors[0]);
+  CheckLoad(b, b_target, grouped->tensors[1]);
+}
+
 TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
   // Saved flat on 4 ranks, loaded as S(0) on 4: each rank reads exactly its quarter.
   const Shape shape = {64, 32};
@@ -313,6 +347,20 @@ TEST(CutLoadBatchesTest, EvenBatchesInOrderNoTensorSplit) {
   EXPECT_TRUE(CutLoadBatches({}, 10).empty());
   // Empty tensors ride along.
   EXPECT_EQ(CutLoadBatches({0, 0, 0}, 10), (Batches{{0, 1, 2}}));
+}
+
+TEST(CutLoadBatchesTest, SmallFirstBatch) {
+  using Batches = std::vector<std::vector<size_t>>;
+  const std::vector<int64_t> even(8, 10);
+  // The tensors whose middle falls in the first 15 bytes, then batches of about 20 (7 tensors
+  // in round(70 / 20) = 4 batches).
+  EXPECT_EQ(CutLoadBatches(even, 20, 15), (Batches{{0}, {1, 2}, {3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(CutLoadBatches(even, 20, 25), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // At least one tensor, however large.
+  EXPECT_EQ(CutLoadBatches({60, 1, 1, 30}, 40, 10), (Batches{{0}, {1, 2, 3}}));
+  // Everything fits the first batch; no batch size means one batch.
+  EXPECT_EQ(CutLoadBatches({1, 2, 3}, 20, 100), (Batches{{0, 1, 2}}));
+  EXPECT_EQ(CutLoadBatches(even, 0, 15), (Batches{{0, 1, 2, 3, 4, 5, 6, 7}}));
 }
 
 }  // namespace
