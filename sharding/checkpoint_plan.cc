@@ -298,16 +298,21 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
           r.box = Box(std::move(offset), std::move(shape));
         }
         r.local_offset = rc.local_elements;
+        int64_t end = r.local_offset + r.box.Volume();
         if (!offsets.empty()) {
           r.file_offset = offsets[r.piece] + r.row_begin * BoxRowElements(pb) * esize;
           const int64_t bytes = r.box.Volume() * esize;
-          // Bytes of gap that bring the run's local byte offset to its file offset's residue.
-          const int64_t gap =
-              align > 0 ? ((r.file_offset - r.local_offset * esize) % align + align) % align : 0;
-          if (bytes >= kAlignedRunBytes && gap % esize == 0) r.local_offset += gap / esize;
+          const int64_t residue = align > 0 ? r.file_offset % align : 0;
+          if (align > 0 && bytes >= kAlignedRunBytes && residue % esize == 0) {
+            // Its own pages: it starts at its file offset's residue past the first page
+            // boundary after the run before, and the next run starts after its last page.
+            const int64_t start = (rc.local_elements * esize + align - 1) / align * align + residue;
+            r.local_offset = start / esize;
+            end = (start + bytes + align - 1) / align * align / esize;
+          }
         }
         rc.chunks.push_back(Chunk{r.box, r.local_offset, 0});
-        rc.local_elements = r.local_offset + r.box.Volume();
+        rc.local_elements = end;
         out.runs.push_back(r);
       }
       ranks.push_back(std::move(rc));

@@ -104,10 +104,11 @@ struct LoadPlan {
 };
 
 struct LoadPlanOptions {
-  // > 0 (a power of two): a run of at least kAlignedRunBytes whose file offset is known is
-  // placed in its reader's buffer at a byte offset congruent to its file offset modulo
-  // align_bytes (a gap of less than align_bytes before it), so that a reader whose buffer
-  // starts aligned can read its aligned middle with O_DIRECT straight into place.
+  // > 0 (a power of two, at least the element size): a run of at least kAlignedRunBytes
+  // whose file offset is known is placed in its reader's buffer at a byte offset congruent to
+  // its file offset modulo align_bytes, on pages of its own (no other run on its first and
+  // last page: gaps of less than 2 * align_bytes around it), so that a reader whose buffer
+  // starts aligned reads it with one O_DIRECT read of those whole pages straight into place.
   int64_t align_bytes = 0;
 };
 inline constexpr int64_t kAlignedRunBytes = int64_t{64} << 10;

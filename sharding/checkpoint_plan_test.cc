@@ -281,6 +281,17 @@ TEST(PlanLoadTest, AlignsLargeRunsWithTheirFileOffsets) {
     EXPECT_EQ(r.file_offset, piece_offset + r.row_begin * BoxRowElements(p.box) * 2);
     if (r.box.Volume() * 2 < kAlignedRunBytes || piece_offset % 2 != 0) continue;
     EXPECT_EQ(((r.local_offset * 2 - r.file_offset) % 4096 + 4096) % 4096, 0) << r.box.ToString();
+    // Its pages hold no other run's bytes and lie inside the buffer.
+    const int64_t first = r.local_offset * 2 / 4096 * 4096;
+    const int64_t last = ((r.local_offset + r.box.Volume()) * 2 + 4095) / 4096 * 4096;
+    const RankChunks* rc = plan->tensors[0].read_layout.Find(r.rank);
+    ASSERT_NE(rc, nullptr);
+    EXPECT_LE(last, rc->local_elements * 2);
+    for (const Chunk& c : rc->chunks) {
+      if (c.local_offset == r.local_offset) continue;
+      const int64_t begin = c.local_offset * 2, end = (c.local_offset + c.box.Volume()) * 2;
+      EXPECT_TRUE(end <= first || begin >= last) << r.box.ToString() << " and " << c.box.ToString();
+    }
     ++aligned;
   }
   EXPECT_GT(aligned, 2);
