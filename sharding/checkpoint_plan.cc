@@ -332,19 +332,27 @@ std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
   std::vector<std::vector<size_t>> out;
   if (bytes.empty()) return out;
   if (first_batch_bytes > 0 && batch_bytes > 0) {
-    size_t n = 0;
-    int64_t before = 0;
-    while (n < bytes.size()) {
-      const int64_t b = std::max<int64_t>(bytes[n], 0);
-      if (n > 0 && 2 * before + b >= 2 * first_batch_bytes) break;
-      before += b;
-      ++n;
+    // In load order, every tensor that still fits (larger ones wait for a later batch).
+    std::vector<size_t> first, rest;
+    int64_t used = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const int64_t b = std::max<int64_t>(bytes[i], 0);
+      if (used + b <= first_batch_bytes) {
+        first.push_back(i);
+        used += b;
+      } else {
+        rest.push_back(i);
+      }
     }
-    std::vector<size_t> first(n);
-    for (size_t i = 0; i < n; ++i) first[i] = i;
+    if (first.empty()) {  // Nothing fits: the first tensor alone.
+      first.push_back(0);
+      rest.erase(rest.begin());
+    }
     out.push_back(std::move(first));
-    for (std::vector<size_t>& batch : CutLoadBatches(bytes.subspan(n), batch_bytes)) {
-      for (size_t& i : batch) i += n;
+    std::vector<int64_t> rest_bytes;
+    for (size_t i : rest) rest_bytes.push_back(bytes[i]);
+    for (std::vector<size_t>& batch : CutLoadBatches(rest_bytes, batch_bytes)) {
+      for (size_t& i : batch) i = rest[i];
       out.push_back(std::move(batch));
     }
     return out;

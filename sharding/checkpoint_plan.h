@@ -131,10 +131,10 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
 // batches are even up to one tensor. A load reads batch k+1 while batch k's exchange runs.
 // `batch_bytes` <= 0: one batch. Empty batches are left out.
 //
-// `first_batch_bytes` > 0 (with batch_bytes > 0): the first batch is only the leading tensors
-// whose middle falls within the first first_batch_bytes (at least one tensor), and the rest
-// is cut as above: the exchange can start only once the first batch is read, so a small one
-// starts it sooner.
+// `first_batch_bytes` > 0 (with batch_bytes > 0): the first batch is small, every tensor in
+// load order that still fits within first_batch_bytes (the first tensor alone when none
+// fits), and the rest is cut as above: the exchange can start only once the first batch is
+// read, so a small one starts it sooner.
 std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
                                                 int64_t batch_bytes, int64_t first_batch_bytes = 0);
 

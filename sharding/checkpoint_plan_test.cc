@@ -363,12 +363,14 @@ TEST(CutLoadBatchesTest, EvenBatchesInOrderNoTensorSplit) {
 TEST(CutLoadBatchesTest, SmallFirstBatch) {
   using Batches = std::vector<std::vector<size_t>>;
   const std::vector<int64_t> even(8, 10);
-  // The tensors whose middle falls in the first 15 bytes, then batches of about 20 (7 tensors
-  // in round(70 / 20) = 4 batches).
+  // The tensors that fit in 15 bytes, then batches of about 20 (7 tensors in
+  // round(70 / 20) = 4 batches, each tensor where its middle falls).
   EXPECT_EQ(CutLoadBatches(even, 20, 15), (Batches{{0}, {1, 2}, {3}, {4, 5}, {6, 7}}));
   EXPECT_EQ(CutLoadBatches(even, 20, 25), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
-  // At least one tensor, however large.
-  EXPECT_EQ(CutLoadBatches({60, 1, 1, 30}, 40, 10), (Batches{{0}, {1, 2, 3}}));
+  // A large tensor waits for the next batch; the small ones after it still go first.
+  EXPECT_EQ(CutLoadBatches({60, 1, 1, 30, 2}, 40, 10), (Batches{{1, 2, 4}, {0}, {3}}));
+  // None fits: the first tensor alone.
+  EXPECT_EQ(CutLoadBatches({60, 20, 30}, 40, 10), (Batches{{0}, {1, 2}}));
   // Everything fits the first batch; no batch size means one batch.
   EXPECT_EQ(CutLoadBatches({1, 2, 3}, 20, 100), (Batches{{0, 1, 2}}));
   EXPECT_EQ(CutLoadBatches(even, 0, 15), (Batches{{0, 1, 2, 3, 4, 5, 6, 7}}));
