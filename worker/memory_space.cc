@@ -24,7 +24,6 @@ constexpr std::align_val_t kAlignment{64};
 // O_DIRECT read (a checkpoint load, worker/checkpoint_io.cc) runs at 2.1-2.7 GB/s into huge
 // pages but 1.2-1.6 GB/s into small ones (the device maps fewer, larger segments).
 constexpr int64_t kHugePageBytes = int64_t{2} << 20;
-constexpr std::align_val_t kHugeAlignment{kHugePageBytes};
 // Blocks of at least this size start on a page, so that a checkpoint load can read into them
 // with O_DIRECT (worker/checkpoint_io.cc).
 constexpr int64_t kPageAlignedBytes = int64_t{64} << 10;
@@ -42,7 +41,8 @@ std::align_val_t AlignmentFor(int64_t capacity) {
 // instead, so that its redzones and leak checks still cover them.
 void* MapHugeBlock(int64_t bytes) {
 #ifdef ABSL_HAVE_ADDRESS_SANITIZER
-  void* data = ::operator new(static_cast<size_t>(bytes), kHugeAlignment, std::nothrow);
+  void* data =
+      ::operator new (static_cast<size_t>(bytes), std::align_val_t{kHugePageBytes}, std::nothrow);
   if (data != nullptr) madvise(data, static_cast<size_t>(bytes), MADV_HUGEPAGE);
   return data;
 #else
@@ -62,7 +62,7 @@ void* MapHugeBlock(int64_t bytes) {
 
 void UnmapHugeBlock(void* data, int64_t bytes) {
 #ifdef ABSL_HAVE_ADDRESS_SANITIZER
-  ::operator delete(data, kHugeAlignment);
+  ::operator delete (data, std::align_val_t{kHugePageBytes});
 #else
   munmap(data, static_cast<size_t>(bytes));
 #endif
