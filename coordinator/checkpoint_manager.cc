@@ -624,6 +624,21 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   if (st->items.empty()) {
     return LoadFailed(st, absl::InvalidArgumentError("the checkpoint holds no tensors"));
   }
+  // The items in batches of about load_batch_bytes (one batch with into: each group commits
+  // its copies, so only one group keeps the load all or nothing), each batch's reading
+  // balanced over its readers (a batch ends with its slowest reader).
+  std::vector<int64_t> item_bytes;
+  for (const LoadState::Item& item : st->items) {
+    item_bytes.push_back(Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype));
+  }
+  for (std::vector<size_t>& items :
+       CutLoadBatches(item_bytes, st->args.into ? 0 : options_.load_batch_bytes,
+                      options_.load_first_batch_bytes)) {
+    for (size_t i : items) load[i].group = static_cast<int64_t>(st->batches.size());
+    LoadState::Batch batch;
+    batch.items = std::move(items);
+    st->batches.push_back(std::move(batch));
+  }
   absl::StatusOr<LoadPlan> plan = PlanLoad(load, LoadPlanOptions{kDirectIoAlignment});
   if (!plan.ok()) return LoadFailed(st, plan.status());
   st->plan = *std::move(plan);
@@ -644,18 +659,6 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
       return LoadFailed(st, s);
     }
     item.reserved = true;
-  }
-  // The items in batches of about load_batch_bytes (one batch with into: each group commits
-  // its copies, so only one group keeps the load all or nothing).
-  std::vector<int64_t> item_bytes;
-  for (const LoadState::Item& item : st->items) {
-    item_bytes.push_back(Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype));
-  }
-  for (std::vector<size_t>& items :
-       CutLoadBatches(item_bytes, st->args.into ? 0 : options_.load_batch_bytes)) {
-    LoadState::Batch batch;
-    batch.items = std::move(items);
-    st->batches.push_back(std::move(batch));
   }
   // One read per reading rank and batch, all its buffers at once (the worker reads in file
   // order).

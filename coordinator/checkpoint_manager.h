@@ -92,6 +92,9 @@ struct CheckpointManagerOptions {
   // A load (not into) reads in batches of about this many checkpoint bytes (CutLoadBatches),
   // each batch's exchange running while the next one is read; <= 0: one batch.
   int64_t load_batch_bytes = int64_t{128} << 20;
+  // > 0: the first batch is only about this many bytes (CutLoadBatches), so the exchange
+  // starts sooner.
+  int64_t load_first_batch_bytes = int64_t{32} << 20;
   // Where saves and loads are counted; not owned, may be null.
   CoordinatorMetrics* metrics = nullptr;
 };

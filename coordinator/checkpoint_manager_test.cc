@@ -31,7 +31,8 @@ class CheckpointManagerTest : public ::testing::Test {
         tensors_(&meshes_),
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
         checkpoints_(&clock_, &workers_, &meshes_, &tensors_, &plans_, &client_,
-                     CheckpointManagerOptions{256, /*load_batch_bytes=*/64}) {
+                     CheckpointManagerOptions{256, /*load_batch_bytes=*/64,
+                                              /*load_first_batch_bytes=*/0}) {
     workers_.AddListener(&plans_);
     for (int i = 0; i < 4; ++i) {
       const std::string name = absl::StrCat("w", i);

@@ -151,7 +151,8 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
     int64_t row_end;
   };
   absl::btree_map<std::string, Shard> shards;
-  absl::btree_map<std::string, std::vector<int64_t>> needers_of;
+  // By group: each is balanced on its own.
+  absl::btree_map<int64_t, absl::btree_map<std::string, std::vector<int64_t>>> needers_of;
   absl::btree_map<std::string, int64_t> size_of;
   int64_t max_rank = 0;
   for (size_t t = 0; t < tensors.size(); ++t) {
@@ -232,23 +233,27 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
           const int64_t re = std::min(last, first + (off + len) * grain);
           const std::string id = ShardId(t, p, seg, static_cast<size_t>(j));
           shards.emplace(id, Shard{t, p, rb, re});
-          needers_of.emplace(id, who);
+          needers_of[tensors[t].group].emplace(id, who);
           size_of.emplace(id, (re - rb) * row_bytes);
         }
         u = v;
       }
     }
   }
-  absl::StatusOr<absl::btree_map<std::string, int64_t>> readers =
-      DistributeShardsToRanks(needers_of, size_of, max_rank + 1);
-  if (!readers.ok()) return readers.status();
+  absl::btree_map<std::string, int64_t> readers;
+  for (const auto& [group, needers] : needers_of) {
+    absl::StatusOr<absl::btree_map<std::string, int64_t>> picked =
+        DistributeShardsToRanks(needers, size_of, max_rank + 1);
+    if (!picked.ok()) return picked.status();
+    readers.merge(*picked);
+  }
 
   LoadPlan plan;
   plan.tensors.resize(tensors.size());
   // Per tensor, per rank: runs in (piece, row) order, adjacent ones merged.
   std::vector<std::map<int64_t, std::vector<ReadRun>>> runs(tensors.size());
   for (const auto& [id, s] : shards) {  // Id order: tensor, piece, rows.
-    const int64_t rank = readers->at(id);
+    const int64_t rank = readers.at(id);
     std::vector<ReadRun>& mine = runs[s.tensor][rank];
     plan.bytes_by_rank[rank] += size_of.at(id);
     plan.total_bytes += size_of.at(id);
@@ -293,16 +298,21 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
           r.box = Box(std::move(offset), std::move(shape));
         }
         r.local_offset = rc.local_elements;
+        int64_t end = r.local_offset + r.box.Volume();
         if (!offsets.empty()) {
           r.file_offset = offsets[r.piece] + r.row_begin * BoxRowElements(pb) * esize;
           const int64_t bytes = r.box.Volume() * esize;
-          // Bytes of gap that bring the run's local byte offset to its file offset's residue.
-          const int64_t gap =
-              align > 0 ? ((r.file_offset - r.local_offset * esize) % align + align) % align : 0;
-          if (bytes >= kAlignedRunBytes && gap % esize == 0) r.local_offset += gap / esize;
+          const int64_t residue = align > 0 ? r.file_offset % align : 0;
+          if (align > 0 && bytes >= kAlignedRunBytes && residue % esize == 0) {
+            // Its own pages: it starts at its file offset's residue past the first page
+            // boundary after the run before, and the next run starts after its last page.
+            const int64_t start = (rc.local_elements * esize + align - 1) / align * align + residue;
+            r.local_offset = start / esize;
+            end = (start + bytes + align - 1) / align * align / esize;
+          }
         }
         rc.chunks.push_back(Chunk{r.box, r.local_offset, 0});
-        rc.local_elements = r.local_offset + r.box.Volume();
+        rc.local_elements = end;
         out.runs.push_back(r);
       }
       ranks.push_back(std::move(rc));
@@ -318,9 +328,35 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
 }
 
 std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
-                                                int64_t batch_bytes) {
+                                                int64_t batch_bytes, int64_t first_batch_bytes) {
   std::vector<std::vector<size_t>> out;
   if (bytes.empty()) return out;
+  if (first_batch_bytes > 0 && batch_bytes > 0) {
+    // In load order, every tensor that still fits (larger ones wait for a later batch).
+    std::vector<size_t> first, rest;
+    int64_t used = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const int64_t b = std::max<int64_t>(bytes[i], 0);
+      if (used + b <= first_batch_bytes) {
+        first.push_back(i);
+        used += b;
+      } else {
+        rest.push_back(i);
+      }
+    }
+    if (first.empty()) {  // Nothing fits: the first tensor alone.
+      first.push_back(0);
+      rest.erase(rest.begin());
+    }
+    out.push_back(std::move(first));
+    std::vector<int64_t> rest_bytes;
+    for (size_t i : rest) rest_bytes.push_back(bytes[i]);
+    for (std::vector<size_t>& batch : CutLoadBatches(rest_bytes, batch_bytes)) {
+      for (size_t& i : batch) i = rest[i];
+      out.push_back(std::move(batch));
+    }
+    return out;
+  }
   int64_t total = 0;
   for (int64_t b : bytes) total += std::max<int64_t>(b, 0);
   int64_t k = 1;

@@ -71,6 +71,10 @@ struct LoadTensor {
   // Optional, one per piece: the byte offset of the piece's first byte in its file (for
   // LoadPlanOptions::align_bytes).
   std::vector<int64_t> piece_file_offsets = {};
+  // The reading is balanced within each group of tensors (and so over all): a load that reads
+  // its tensors in batches (CutLoadBatches) gives each batch its own group, so that no reader
+  // of a batch holds up the others.
+  int64_t group = 0;
 };
 
 // A contiguous range of rows (along dim 0 of the piece's box) of one piece, read by one rank
@@ -100,10 +104,11 @@ struct LoadPlan {
 };
 
 struct LoadPlanOptions {
-  // > 0 (a power of two): a run of at least kAlignedRunBytes whose file offset is known is
-  // placed in its reader's buffer at a byte offset congruent to its file offset modulo
-  // align_bytes (a gap of less than align_bytes before it), so that a reader whose buffer
-  // starts aligned can read its aligned middle with O_DIRECT straight into place.
+  // > 0 (a power of two, at least the element size): a run of at least kAlignedRunBytes
+  // whose file offset is known is placed in its reader's buffer at a byte offset congruent to
+  // its file offset modulo align_bytes, on pages of its own (no other run on its first and
+  // last page: gaps of less than 2 * align_bytes around it), so that a reader whose buffer
+  // starts aligned reads it with one O_DIRECT read of those whole pages straight into place.
   int64_t align_bytes = 0;
 };
 inline constexpr int64_t kAlignedRunBytes = int64_t{64} << 10;
@@ -115,8 +120,8 @@ inline constexpr int64_t kDirectIoAlignment = 4096;
 // chunks need part of that row (so no rank reads rows its layout holds nothing of), the rows a
 // set of ranks all need being shared among them to balance the bytes each reads. A piece with
 // block checksums is read in whole blocks (a reader checks what it read), each block by a
-// rank needing part of it. INVALID_ARGUMENT for a target of another shape or a Partial
-// target.
+// rank needing part of it. The bytes are balanced within each LoadTensor::group.
+// INVALID_ARGUMENT for a target of another shape or a Partial target.
 absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
                                   const LoadPlanOptions& options = {});
 
@@ -125,8 +130,13 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
 // most one per tensor), each tensor in the batch where the middle of its bytes falls, so
 // batches are even up to one tensor. A load reads batch k+1 while batch k's exchange runs.
 // `batch_bytes` <= 0: one batch. Empty batches are left out.
+//
+// `first_batch_bytes` > 0 (with batch_bytes > 0): the first batch is small, every tensor in
+// load order that still fits within first_batch_bytes (the first tensor alone when none
+// fits), and the rest is cut as above: the exchange can start only once the first batch is
+// read, so a small one starts it sooner.
 std::vector<std::vector<size_t>> CutLoadBatches(absl::Span<const int64_t> bytes,
-                                                int64_t batch_bytes);
+                                                int64_t batch_bytes, int64_t first_batch_bytes = 0);
 
 }  // namespace shardcoord
 

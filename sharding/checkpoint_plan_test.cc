@@ -185,6 +185,40 @@ TEST(PlanLoadTest, ReplicatedTargetReadsEveryByteOnceBalanced) {
   CheckLoad(t, target, plan->tensors[0]);
 }
 
+// Bytes each rank reads of tensor `t` of a plan.
+std::map<int64_t, int64_t> BytesByRank(const LoadPlan& plan, size_t t, int64_t element_size) {
+  std::map<int64_t, int64_t> out;
+  for (const ReadRun& r : plan.tensors[t].runs) out[r.rank] += r.box.Volume() * element_size;
+  return out;
+}
+
+TEST(PlanLoadTest, BalancedWithinEachGroup) {
+  // `a` goes to ranks 0 and 1 only (each reads its own half); `b` is replicated on all four.
+  // Balanced over both tensors at once, ranks 2 and 3 read all of `b` (0 and 1 have their
+  // half of `a` already); a load reading `a` and `b` in separate batches wants each batch
+  // spread over every rank that can read it, which separate groups give.
+  const CheckpointTensor a = Saved("a", DType::kF32, Placed({1}, {256, 16}, "R"));
+  const CheckpointTensor b = Saved("b", DType::kF32, Placed({1}, {256, 16}, "R"));
+  const Layout a_target = Placed({2}, {256, 16}, "S(0)");
+  const Layout b_target = Placed({4}, {256, 16}, "R");
+  absl::StatusOr<LoadPlan> together =
+      PlanLoad({LoadTensor{&a, a_target}, LoadTensor{&b, b_target}});
+  ASSERT_TRUE(together.ok()) << together.status();
+  EXPECT_EQ(BytesByRank(*together, 1, 4), (std::map<int64_t, int64_t>{{2, 8192}, {3, 8192}}));
+
+  LoadTensor la{&a, a_target}, lb{&b, b_target};
+  la.group = 0;
+  lb.group = 1;
+  absl::StatusOr<LoadPlan> grouped = PlanLoad({la, lb});
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(BytesByRank(*grouped, 0, 4), (std::map<int64_t, int64_t>{{0, 8192}, {1, 8192}}));
+  EXPECT_EQ(BytesByRank(*grouped, 1, 4),
+            (std::map<int64_t, int64_t>{{0, 4096}, {1, 4096}, {2, 4096}, {3, 4096}}));
+  EXPECT_EQ(grouped->total_bytes, 2 * 256 * 16 * 4);
+  CheckLoad(a, a_target, grouped->tensors[0]);
+  CheckLoad(b, b_target, grouped->tensors[1]);
+}
+
 TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
   // Saved flat on 4 ranks, loaded as S(0) on 4: each rank reads exactly its quarter.
   const Shape shape = {64, 32};
@@ -247,6 +281,17 @@ TEST(PlanLoadTest, AlignsLargeRunsWithTheirFileOffsets) {
     EXPECT_EQ(r.file_offset, piece_offset + r.row_begin * BoxRowElements(p.box) * 2);
     if (r.box.Volume() * 2 < kAlignedRunBytes || piece_offset % 2 != 0) continue;
     EXPECT_EQ(((r.local_offset * 2 - r.file_offset) % 4096 + 4096) % 4096, 0) << r.box.ToString();
+    // Its pages hold no other run's bytes and lie inside the buffer.
+    const int64_t first = r.local_offset * 2 / 4096 * 4096;
+    const int64_t last = ((r.local_offset + r.box.Volume()) * 2 + 4095) / 4096 * 4096;
+    const RankChunks* rc = plan->tensors[0].read_layout.Find(r.rank);
+    ASSERT_NE(rc, nullptr);
+    EXPECT_LE(last, rc->local_elements * 2);
+    for (const Chunk& c : rc->chunks) {
+      if (c.local_offset == r.local_offset) continue;
+      const int64_t begin = c.local_offset * 2, end = (c.local_offset + c.box.Volume()) * 2;
+      EXPECT_TRUE(end <= first || begin >= last) << r.box.ToString() << " and " << c.box.ToString();
+    }
     ++aligned;
   }
   EXPECT_GT(aligned, 2);
@@ -313,6 +358,22 @@ TEST(CutLoadBatchesTest, EvenBatchesInOrderNoTensorSplit) {
   EXPECT_TRUE(CutLoadBatches({}, 10).empty());
   // Empty tensors ride along.
   EXPECT_EQ(CutLoadBatches({0, 0, 0}, 10), (Batches{{0, 1, 2}}));
+}
+
+TEST(CutLoadBatchesTest, SmallFirstBatch) {
+  using Batches = std::vector<std::vector<size_t>>;
+  const std::vector<int64_t> even(8, 10);
+  // The tensors that fit in 15 bytes, then batches of about 20 (7 tensors in
+  // round(70 / 20) = 4 batches, each tensor where its middle falls).
+  EXPECT_EQ(CutLoadBatches(even, 20, 15), (Batches{{0}, {1, 2}, {3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(CutLoadBatches(even, 20, 25), (Batches{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // A large tensor waits for the next batch; the small ones after it still go first.
+  EXPECT_EQ(CutLoadBatches({60, 1, 1, 30, 2}, 40, 10), (Batches{{1, 2, 4}, {0}, {3}}));
+  // None fits: the first tensor alone.
+  EXPECT_EQ(CutLoadBatches({60, 20, 30}, 40, 10), (Batches{{0}, {1, 2}}));
+  // Everything fits the first batch; no batch size means one batch.
+  EXPECT_EQ(CutLoadBatches({1, 2, 3}, 20, 100), (Batches{{0, 1, 2}}));
+  EXPECT_EQ(CutLoadBatches(even, 0, 15), (Batches{{0, 1, 2, 3, 4, 5, 6, 7}}));
 }
 
 }  // namespace

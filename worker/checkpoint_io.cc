@@ -169,7 +169,30 @@ class CheckpointFileReader {
     return (e - offset) + *tail;
   }
 
-  // Bytes Read got with O_DIRECT.
+  // Bytes [offset, offset + n) into host memory at `dst` with one O_DIRECT read of the whole
+  // pages that hold them, for a destination congruent to `offset` modulo kDirectIoAlignment
+  // whose partial first and last pages are free to overwrite (no other data of the buffer
+  // there): no edges through the page cache, one request instead of three. How many bytes of
+  // the run it got (fewer only at the end of the file), or nullopt when it cannot (misaligned,
+  // too small, no O_DIRECT here): then Read.
+  absl::StatusOr<std::optional<int64_t>> ReadPages(char* dst, int64_t n, int64_t offset) {
+    constexpr int64_t kAlign = kDirectIoAlignment;
+    const int64_t head = offset % kAlign;
+    if (n < 2 * kAlign ||
+        (reinterpret_cast<uintptr_t>(dst) - static_cast<uintptr_t>(offset)) % kAlign != 0 ||
+        !UseDirect()) {
+      return std::nullopt;
+    }
+    const int64_t pages = (head + n + kAlign - 1) / kAlign * kAlign;
+    const int64_t direct_before = direct_bytes_;
+    absl::StatusOr<int64_t> got = ReadDirect(dst - head, pages, offset - head);
+    if (!got.ok()) return got.status();
+    // Count the run's bytes only (ReadDirect counted the pages it read with O_DIRECT, a prefix).
+    direct_bytes_ = direct_before + std::clamp<int64_t>(direct_bytes_ - direct_before - head, 0, n);
+    return std::clamp<int64_t>(*got - head, 0, n);
+  }
+
+  // Bytes Read and ReadPages got with O_DIRECT (of the runs, not the pages around them).
   int64_t direct_bytes() const { return direct_bytes_; }
 
  private:
@@ -356,9 +379,39 @@ struct RunReader {
   int64_t bytes_read = 0;
 };
 
+// For each chunk of `b`, whether the pages its bytes touch (kDirectIoAlignment, from the
+// buffer's start) hold no byte of another chunk and lie inside the buffer, so that a read of
+// those whole pages overwrites nothing else. The load plan places large runs so.
+std::vector<bool> ChunksWithPagesToThemselves(const HostBuffer& b) {
+  constexpr int64_t kAlign = kDirectIoAlignment;
+  const std::vector<Chunk>& chunks = b.chunks().chunks;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // Bytes [begin, end) of each chunk.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t begin = chunks[i].local_offset * b.element_size();
+    spans.push_back({begin, begin + b.chunk_bytes(i)});
+  }
+  std::vector<size_t> order;  // The non-empty chunks by offset.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (spans[i].first < spans[i].second) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return spans[x] < spans[y]; });
+  std::vector<bool> out(chunks.size(), false);
+  int64_t ends_before = 0;  // The furthest end of the chunks before.
+  for (size_t k = 0; k < order.size(); ++k) {
+    const auto [begin, end] = spans[order[k]];
+    const int64_t first = begin / kAlign * kAlign;
+    const int64_t last = (end + kAlign - 1) / kAlign * kAlign;
+    const int64_t next = k + 1 < order.size() ? spans[order[k + 1]].first : b.bytes();
+    out[order[k]] = ends_before <= first && last <= next && last <= b.bytes();
+    ends_before = std::max(ends_before, end);
+  }
+  return out;
+}
+
 // Reads one run into its chunk of `b` and checks it; for host memory also sets *chunk_sum.
+// `whole_pages`: the chunk's partial first and last pages are free to overwrite.
 absl::Status ReadOneRun(const std::string& dir, const v1::CheckpointReadRun& run, HostBuffer& b,
-                        size_t chunk, RunReader& reader, uint64_t* chunk_sum) {
+                        size_t chunk, bool whole_pages, RunReader& reader, uint64_t* chunk_sum) {
   MemorySpace& space = b.space();
   std::map<std::string, std::unique_ptr<CheckpointFileReader>>& files = reader.files;
   StagingBuffer& staging = reader.staging;
@@ -389,13 +442,22 @@ absl::Status ReadOneRun(const std::string& dir, const v1::CheckpointReadRun& run
   constexpr int64_t kPiece = CheckpointIo::kStagingBytes;
   const int64_t piece =
       by_blocks && block_bytes <= kPiece ? kPiece / block_bytes * block_bytes : kPiece;
+  // A run with its pages to itself is read whole at once; then hashed piece by piece below.
+  std::optional<int64_t> read_whole;
+  if (whole_pages && space.is_host()) {
+    absl::StatusOr<std::optional<int64_t>> got = file->ReadPages(dst, run.bytes(), run.offset());
+    if (!got.ok()) return got.status();
+    read_whole = *got;
+  }
   for (int64_t done = 0; done < run.bytes();) {
     const int64_t n = std::min(piece, run.bytes() - done);
     char* into = dst + done;
     if (!space.is_host()) {
       into = staging.Get(n);
     }
-    absl::StatusOr<int64_t> got = file->Read(into, n, run.offset() + done);
+    absl::StatusOr<int64_t> got = read_whole.has_value()
+                                      ? std::clamp<int64_t>(*read_whole - done, 0, n)
+                                      : file->Read(into, n, run.offset() + done);
     if (!got.ok()) return got.status();
     bytes_read += *got;
     if (*got < n) {
@@ -576,6 +638,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     HostBuffer* buffer;
     size_t chunk;
     const v1::CheckpointReadRun* run;
+    bool whole_pages;  // Its partial first and last pages hold no other chunk's bytes.
   };
   std::vector<std::shared_ptr<HostBuffer>> buffers;
   std::vector<Run> runs;
@@ -622,8 +685,9 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
         HostBuffer::Create(*dtype, *std::move(chunks), space_);
     if (!buffer.ok()) return buffer.status();
+    const std::vector<bool> whole_pages = ChunksWithPagesToThemselves(**buffer);
     for (int i = 0; i < rb.runs_size(); ++i) {
-      runs.push_back(Run{buffer->get(), static_cast<size_t>(i), &rb.runs(i)});
+      runs.push_back(Run{buffer->get(), static_cast<size_t>(i), &rb.runs(i), whole_pages[i]});
     }
     buffers.push_back(*std::move(buffer));
   }
@@ -648,7 +712,8 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
   auto work = [&](size_t t) {
     for (size_t i = next++; i < runs.size() && !failed.load(); i = next++) {
       const Run& r = runs[i];
-      results[i] = ReadOneRun(request.dir(), *r.run, *r.buffer, r.chunk, readers[t], &sums[i]);
+      results[i] = ReadOneRun(request.dir(), *r.run, *r.buffer, r.chunk, r.whole_pages, readers[t],
+                              &sums[i]);
       if (!results[i].ok()) failed.store(true);
     }
   };

@@ -310,18 +310,37 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
     placed.local_elements = at;
     *aligned.mutable_buffers(0)->mutable_chunks() = RankChunksToProto(placed);
   }
+  // And on pages of their own (as the load plan places them now): each is read whole with one
+  // O_DIRECT read of its pages, nothing through the page cache.
+  v1::ReadCheckpointRequest own_pages = req;
+  {
+    RankChunks placed = rc;
+    int64_t at = 0;  // Bytes.
+    for (int i = 0; i < 2; ++i) {
+      const int64_t file_offset = b->runs(i).offset();
+      at = (at + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment +
+           file_offset % kDirectIoAlignment;
+      placed.chunks[i].local_offset = at / 4;
+      at += placed.chunks[i].box.Volume() * 4;
+    }
+    placed.local_elements =
+        (at + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment / 4;
+    *own_pages.mutable_buffers(0)->mutable_chunks() = RankChunksToProto(placed);
+  }
   const int direct_fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   const bool direct = !GetParam() && direct_fd >= 0;
   if (direct_fd >= 0) close(direct_fd);
   const std::string want = all + arange(Box({1024, 0}, {1976, 256}));
-  for (const v1::ReadCheckpointRequest* request : {&req, &aligned}) {
-    SCOPED_TRACE(request == &req ? "packed" : "aligned");
+  for (const v1::ReadCheckpointRequest* request : {&req, &aligned, &own_pages}) {
+    SCOPED_TRACE(request == &req ? "packed" : request == &aligned ? "aligned" : "own pages");
     absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(*request);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->bytes_read(), 3000 * 2800 + 1976 * 1024);
     if (request == &aligned && direct) {
       // All but the partial pages at the runs' ends.
       EXPECT_GE(r->bytes_read_direct(), r->bytes_read() - 4 * kDirectIoAlignment);
+    } else if (request == &own_pages && direct) {
+      EXPECT_EQ(r->bytes_read_direct(), r->bytes_read());
     } else if (GetParam()) {
       EXPECT_EQ(r->bytes_read_direct(), 0);
     }
@@ -367,11 +386,13 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
   }
   // Truncated inside the aligned middle of "whole": DATA_LOSS naming the file and entry.
   ASSERT_EQ(truncate(path.c_str(), h.data_start() + h.Find("whole")->begin + 5000000), 0);
-  absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(aligned);
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(bad.status().message(), HasSubstr("big.safetensors: entry \"whole\""));
-  EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
-  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+  for (const v1::ReadCheckpointRequest* request : {&aligned, &own_pages}) {
+    absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(*request);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(bad.status().message(), HasSubstr("big.safetensors: entry \"whole\""));
+    EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
+    EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+  }
   buffers_.DropTensor("big");
 }
 
