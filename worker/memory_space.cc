@@ -34,11 +34,11 @@ std::align_val_t AlignmentFor(int64_t capacity) {
   return capacity >= kPageAlignedBytes ? kPageAlignment : kAlignment;
 }
 
-// `bytes` (a multiple of kHugePageBytes) of fresh anonymous memory at a huge page boundary,
-// advised to be backed by huge pages; nullptr when the kernel refuses. Mapped directly rather
-// than through malloc, which may hand out memory already touched in small pages (advice does
-// not change pages that exist). Under AddressSanitizer the blocks come from operator new
-// instead, so that its redzones and leak checks still cover them.
+// `bytes` (whole 4 KiB pages) of fresh anonymous memory at a huge page boundary, advised to
+// be backed by huge pages (those of its 2 MiB extents that are whole); nullptr when the kernel
+// refuses. Mapped directly rather than through malloc, which may hand out memory already touched in
+// small pages (advice does not change pages that exist). Under AddressSanitizer the blocks come
+// from operator new instead, so that its redzones and leak checks still cover them.
 void* MapHugeBlock(int64_t bytes) {
 #ifdef ABSL_HAVE_ADDRESS_SANITIZER
   void* data =
@@ -83,8 +83,11 @@ HostMemoryCache& HostMemoryCache::Global() {
 
 void* HostMemoryCache::Allocate(int64_t bytes, int64_t* capacity) {
   if (bytes >= kMinBytes) {
-    // Whole huge pages; nearly equal sizes share blocks.
-    const int64_t want = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    // Whole huge pages where that wastes at most an eighth (a 1.1 MiB tensor must not hold
+    // 2 MiB: the memory budget counts the bytes asked for); else whole small pages, huge
+    // only over the block's whole 2 MiB extents. Nearly equal sizes share blocks.
+    const int64_t huge = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    const int64_t want = huge - bytes <= bytes / 8 ? huge : (bytes + 4095) / 4096 * 4096;
     {
       absl::MutexLock lock(&mu_);
       auto it = free_.lower_bound(want);

@@ -23,8 +23,9 @@ namespace shardcoord {
 // limit) and serve the next allocation that fits, so a worker that redistributes again and
 // again does not pay the kernel's page faults and zeroing for every new buffer. Blocks are
 // 64-byte aligned, those of 64 KiB or more 4 KiB aligned (a page, for O_DIRECT), and those of
-// kMinBytes or more whole 2 MiB transparent huge pages (the size rounded up to a multiple of
-// 2 MiB, aligned to it, advised huge before first touch). Thread-safe.
+// kMinBytes or more mapped at a 2 MiB boundary and advised huge before first touch, their size
+// rounded up to whole 2 MiB transparent huge pages where that wastes at most an eighth, else
+// to whole 4 KiB pages. Thread-safe.
 class HostMemoryCache {
  public:
   static constexpr int64_t kMinBytes = int64_t{1} << 20;
