@@ -114,10 +114,9 @@ __global__ void BlockHashKernel(const HashRegion* regions, int64_t count, int64_
       }
     }
     const HashRegion& r = regions[lo];
-    const int64_t begin = (b - r.first_block) * kDeviceChecksumBlockBytes;
-    const int64_t left = r.bytes - begin;
-    hashes[b] = BlockXxh64(r.data + begin,
-                           left < kDeviceChecksumBlockBytes ? left : kDeviceChecksumBlockBytes);
+    const int64_t block = b - r.first_block;
+    hashes[b] =
+        BlockXxh64(r.data + block * kDeviceChecksumBlockBytes, ChecksumBlockLength(r.bytes, block));
   }
 }
 

@@ -134,11 +134,16 @@ SC_HD inline int64_t ChecksumBlockCount(int64_t bytes) {
   return bytes <= 0 ? 0 : (bytes + kDeviceChecksumBlockBytes - 1) / kDeviceChecksumBlockBytes;
 }
 
+// Bytes of block `block` of a chunk of `bytes`: B, or what is left for the last block.
+SC_HD inline int64_t ChecksumBlockLength(int64_t bytes, int64_t block) {
+  const int64_t left = bytes - block * kDeviceChecksumBlockBytes;
+  return left < kDeviceChecksumBlockBytes ? left : kDeviceChecksumBlockBytes;
+}
+
+// h[block] with the portable loop (the device kernel loads ahead: kernels.cu).
 SC_HD inline uint64_t ChecksumBlockHash(const void* data, int64_t bytes, int64_t block) {
-  const int64_t begin = block * kDeviceChecksumBlockBytes;
-  const int64_t left = bytes - begin;
-  const int64_t len = left < kDeviceChecksumBlockBytes ? left : kDeviceChecksumBlockBytes;
-  return Xxh64(static_cast<const unsigned char*>(data) + begin, static_cast<uint64_t>(len), 0);
+  return Xxh64(static_cast<const unsigned char*>(data) + block * kDeviceChecksumBlockBytes,
+               static_cast<uint64_t>(ChecksumBlockLength(bytes, block)), 0);
 }
 
 }  // namespace nccl
