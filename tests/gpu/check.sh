@@ -100,7 +100,7 @@ else
 fi
 
 log "attach: a torch CUDA tensor lent to an NCCL worker"
-attach_rc=0
+python_rc=0
 python=""
 for p in "${SHARDCOORD_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true)"; do
   [[ -n "$p" && -x "$p" ]] || continue
@@ -111,7 +111,7 @@ for p in "${SHARDCOORD_PYTHON:-}" /usr/bin/python3 "$(command -v python3 || true
 done
 if [[ -z "$python" ]]; then
   log "attach: no python with a CUDA torch, grpcio and numpy: not checked"
-  attach_rc=1
+  python_rc=1
 else
   bazel build -c opt //coordinator:coordinator //worker:worker >&2 || exit 1
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
@@ -119,11 +119,11 @@ else
   for check in worker_check attach_check; do
     SHARDCOORD_PYTHON="$python" bash tools/python.sh "tests/gpu/$check.py" \
       --coordinator "$bin/coordinator/coordinator" --worker "$bin/worker/worker" >&2 ||
-      attach_rc=1
+      python_rc=1
   done
 fi
 
-if ((test_rc != 0 || bench_rc != 0 || attach_rc != 0)); then
+if ((test_rc != 0 || bench_rc != 0 || python_rc != 0)); then
   exit 1
 fi
 log "OK"
