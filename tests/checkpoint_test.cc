@@ -463,6 +463,48 @@ TEST(CheckpointKillTest, AWorkerKilledMidSaveLeavesThePreviousCheckpoint) {
       DownloadAndCheck(client, "again_t", DType::kF32, {1024, 256}, FillKind::kArange).ok());
 }
 
+// Its own cluster: workers restricted to a checkpoint root.
+TEST(CheckpointRootTest, WorkersRefuseCheckpointPathsOutsideTheirRoot) {
+  const std::string root = TmpDir() + "/root", outside = TmpDir() + "/outside";
+  ASSERT_EQ(std::system(absl::StrCat("mkdir -p '", root, "' '", outside, "'").c_str()), 0);
+  ClusterOptions options;
+  options.num_workers = 2;
+  options.worker_flags = {"--checkpoint-root=" + root};
+  absl::StatusOr<std::unique_ptr<Cluster>> cluster = Cluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  CoordinatorClient& client = (*cluster)->client();
+  ASSERT_TRUE(MakeMesh(client, "m", {2}, (*cluster)->WorkerNames()).ok());
+  ASSERT_TRUE(CreateFilled(client, "t", {64, 16}, DType::kF32, "m", "S(0)").ok());
+  v1::SaveCheckpointRequest save;
+  save.add_tensors("t");
+  save.set_dir(outside + "/ckpt");
+  absl::Status refused = client.SaveCheckpoint(save).status();
+  // The worker's PERMISSION_DENIED reaches the client as any file system permission error
+  // does: FAILED_PRECONDITION naming the worker (PERMISSION_DENIED is the caller's own).
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("outside the worker's --checkpoint-root"));
+  EXPECT_THAT(refused.message(), HasSubstr(outside + "/ckpt"));
+  EXPECT_TRUE(Entries(outside, "").empty());  // Nothing was created there.
+  // Inside: saved, and loaded back with every value checked.
+  save.set_dir(root + "/ckpt");
+  ASSERT_TRUE(client.SaveCheckpoint(save).ok());
+  v1::LoadCheckpointRequest load;
+  load.set_dir(root + "/ckpt");
+  load.set_all(true);
+  *load.mutable_spec() = SpecFromText("m", "R");
+  load.set_prefix("in_");
+  ASSERT_TRUE(client.LoadCheckpoint(load).ok());
+  EXPECT_TRUE(DownloadAndCheck(client, "in_t", DType::kF32, {64, 16}, FillKind::kArange).ok());
+  // A checkpoint outside (copied there by other means) is not read, and nothing is created.
+  ASSERT_EQ(std::system(absl::StrCat("cp -r '", root, "/ckpt' '", outside, "/copy'").c_str()), 0);
+  load.set_dir(outside + "/copy");
+  load.set_prefix("out_");
+  absl::Status denied = client.LoadCheckpoint(load).status();
+  EXPECT_EQ(denied.code(), absl::StatusCode::kFailedPrecondition) << denied;
+  EXPECT_THAT(denied.message(), HasSubstr("outside the worker's --checkpoint-root"));
+  EXPECT_FALSE(client.GetTensor("out_t").ok());
+}
+
 }  // namespace
 }  // namespace shardcoord
 

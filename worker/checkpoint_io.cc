@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -501,13 +503,72 @@ absl::Status ReadOneRun(const std::string& dir, const v1::CheckpointReadRun& run
 
 }  // namespace
 
-CheckpointIo::CheckpointIo(BufferStore* buffers, MemorySpace* space)
-    : buffers_(buffers), space_(space != nullptr ? space : &HostMemorySpace::Global()) {}
+CheckpointIo::CheckpointIo(BufferStore* buffers, MemorySpace* space, std::string root)
+    : buffers_(buffers),
+      space_(space != nullptr ? space : &HostMemorySpace::Global()),
+      root_(std::move(root)) {}
+
+namespace {
+
+// `path` (absolute) as the kernel resolves it: its longest existing prefix through realpath
+// (every symbolic link, "." and ".." resolved in order, so "link/.." is the link target's
+// parent), then the rest, which does not exist yet, appended. nullopt when that rest holds "."
+// or "..", which only the file system could resolve.
+std::optional<std::string> ResolvePath(const std::string& path) {
+  std::string head = path;
+  std::vector<std::string> tail;  // Innermost last.
+  while (true) {
+    char resolved[PATH_MAX];
+    if (realpath(head.c_str(), resolved) != nullptr) {
+      std::string out = resolved;
+      for (auto it = tail.rbegin(); it != tail.rend(); ++it) {
+        if (*it == "." || *it == "..") return std::nullopt;
+        out = absl::StrCat(out == "/" ? "" : out, "/", *it);
+      }
+      return out;
+    }
+    while (head.size() > 1 && head.back() == '/') head.pop_back();
+    if (head == "/") return std::nullopt;  // Unreachable: "/" exists.
+    const size_t slash = head.rfind('/');
+    if (slash + 1 < head.size()) tail.push_back(head.substr(slash + 1));
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+}
+
+bool IsUnder(const std::string& path, const std::string& root) {
+  return root == "/" || path == root || absl::StartsWith(path, absl::StrCat(root, "/"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> CheckpointIo::CanonicalRoot(const std::string& root) {
+  if (root.empty()) return root;
+  if (absl::Status s = CheckAbsolute("--checkpoint-root", root); !s.ok()) return s;
+  char resolved[PATH_MAX];
+  struct stat st;
+  if (realpath(root.c_str(), resolved) == nullptr || stat(resolved, &st) != 0 ||
+      !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--checkpoint-root: '", root, "' is not an existing directory"));
+  }
+  return std::string(resolved);
+}
+
+absl::Status CheckpointIo::CheckPath(absl::string_view field, const std::string& path) const {
+  if (absl::Status s = CheckAbsolute(field, path); !s.ok()) return s;
+  if (root_.empty()) return absl::OkStatus();
+  const std::optional<std::string> resolved = ResolvePath(path);
+  if (!resolved.has_value() || !IsUnder(*resolved, root_)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": '", path, "' is outside the worker's --checkpoint-root '", root_, "'"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
     const v1::WriteCheckpointRequest& request) {
   const absl::Time start = absl::Now();
-  if (absl::Status s = CheckAbsolute("dir", request.dir()); !s.ok()) return s;
+  if (absl::Status s = CheckPath("dir", request.dir()); !s.ok()) return s;
   if (absl::Status s = CheckCheckpointFileName("file", request.file()); !s.ok()) return s;
   std::vector<SafetensorsEntrySpec> specs;
   std::vector<PlannedEntry> planned;
@@ -633,7 +694,7 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
 absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     const v1::ReadCheckpointRequest& request) {
   const absl::Time start = absl::Now();
-  if (absl::Status s = CheckAbsolute("dir", request.dir()); !s.ok()) return s;
+  if (absl::Status s = CheckPath("dir", request.dir()); !s.ok()) return s;
   struct Run {
     HostBuffer* buffer;
     size_t chunk;
@@ -690,6 +751,14 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
       runs.push_back(Run{buffer->get(), static_cast<size_t>(i), &rb.runs(i), whole_pages[i]});
     }
     buffers.push_back(*std::move(buffer));
+  }
+  // The files may be links: where they lead must be under the root too.
+  if (!root_.empty()) {
+    absl::flat_hash_set<std::string> files;
+    for (const Run& r : runs) files.insert(r.run->file());
+    for (const std::string& file : files) {
+      if (absl::Status s = CheckPath("file", Join(request.dir(), file)); !s.ok()) return s;
+    }
   }
   // In file order, so each file is read front to back.
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
@@ -799,7 +868,7 @@ absl::Status ReadHeader(const std::string& path, v1::CheckpointFileHeader* out) 
 
 absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
     const v1::ReadCheckpointIndexRequest& request) {
-  if (absl::Status s = CheckAbsolute("dir", request.path()); !s.ok()) return s;
+  if (absl::Status s = CheckPath("dir", request.path()); !s.ok()) return s;
   struct stat st;
   if (stat(request.path().c_str(), &st) != 0) return IoError(errno, "stat of", request.path());
   v1::ReadCheckpointIndexResponse response;
@@ -820,6 +889,9 @@ absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
   }
   response.set_dir(request.path());
   const std::string index_path = Join(request.path(), kCheckpointIndexFile);
+  // A file of the directory may be a link (a Hugging Face cache's are): where it leads must
+  // be under the root too.
+  if (absl::Status s = CheckPath("dir", index_path); !s.ok()) return s;
   Fd index(open(index_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (index.ok()) {
     struct stat ist;
@@ -847,7 +919,9 @@ absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
   for (const std::string& name : names) {
     v1::CheckpointFileHeader* h = response.add_files();
     h->set_file(name);
-    if (absl::Status s = ReadHeader(Join(request.path(), name), h); !s.ok()) return s;
+    const std::string path = Join(request.path(), name);
+    if (absl::Status s = CheckPath("dir", path); !s.ok()) return s;
+    if (absl::Status s = ReadHeader(path, h); !s.ok()) return s;
   }
   if (response.index_json().empty() && names.empty()) {
     return absl::NotFoundError(
@@ -857,8 +931,8 @@ absl::StatusOr<v1::ReadCheckpointIndexResponse> CheckpointIo::ReadIndex(
 }
 
 absl::Status CheckpointIo::Dir(const v1::CheckpointDirRequest& request) {
-  if (absl::Status s = CheckAbsolute("dir", request.dir()); !s.ok()) return s;
-  if (absl::Status s = CheckAbsolute("tmp", request.tmp()); !s.ok()) return s;
+  if (absl::Status s = CheckPath("dir", request.dir()); !s.ok()) return s;
+  if (absl::Status s = CheckPath("tmp", request.tmp()); !s.ok()) return s;
   if (ParentOf(request.tmp()) != ParentOf(request.dir())) {
     return absl::InvalidArgumentError("tmp: must be next to dir");
   }

@@ -2,9 +2,11 @@
 #define SHARDCOORD_WORKER_CHECKPOINT_IO_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/shardcoord.pb.h"
 #include "worker/buffer_store.h"
 #include "worker/memory_space.h"
@@ -28,8 +30,14 @@ class CheckpointIo {
   // Runs of one Read in flight at once (host memory).
   static constexpr size_t kReadThreads = 4;
 
-  // `space` (null: host memory) is where new buffers go; both must outlive this.
-  CheckpointIo(BufferStore* buffers, MemorySpace* space = nullptr);
+  // `space` (null: host memory) is where new buffers go; both must outlive this. `root`
+  // (from CanonicalRoot; empty: anywhere) is the directory every checkpoint path must lie
+  // in: others are refused with PERMISSION_DENIED naming the field, the path and the root.
+  CheckpointIo(BufferStore* buffers, MemorySpace* space = nullptr, std::string root = "");
+
+  // The worker's --checkpoint-root as CheckpointIo takes it: an existing directory, absolute,
+  // with every symbolic link resolved. INVALID_ARGUMENT naming the flag otherwise.
+  static absl::StatusOr<std::string> CanonicalRoot(const std::string& root);
 
   absl::StatusOr<v1::WriteCheckpointResponse> Write(const v1::WriteCheckpointRequest& request);
   absl::StatusOr<v1::ReadCheckpointResponse> Read(const v1::ReadCheckpointRequest& request);
@@ -38,8 +46,14 @@ class CheckpointIo {
   absl::Status Dir(const v1::CheckpointDirRequest& request);
 
  private:
+  // CheckAbsolute, then under root_ once the part of `path` that exists is resolved as the
+  // kernel would (links, "." and ".."): a path that leaves the root through a link is refused,
+  // and so is a "." or ".." in the part that does not exist yet.
+  absl::Status CheckPath(absl::string_view field, const std::string& path) const;
+
   BufferStore* const buffers_;
   MemorySpace* const space_;
+  const std::string root_;
 };
 
 }  // namespace shardcoord

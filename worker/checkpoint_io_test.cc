@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -442,6 +443,102 @@ TEST_P(CheckpointIoTest, IndexOfADirectoryAndOfAFile) {
   absl::StatusOr<v1::ReadCheckpointIndexResponse> cut = io_->ReadIndex(req);
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(cut.status().message(), HasSubstr("f.safetensors"));
+}
+
+TEST_P(CheckpointIoTest, ARootKeepsEveryPathAndLinkInsideIt) {
+  // dir_/root is the root; dir_/out is outside it, reached directly, through "..", and
+  // through links inside the root (a directory and a file).
+  const std::string root = dir_ + "/root", out = dir_ + "/out";
+  ASSERT_EQ(
+      std::system(absl::StrCat("mkdir -p '", root, "/in' '", root, "/in2' '", out, "'").c_str()),
+      0);
+  EXPECT_EQ(CheckpointIo::CanonicalRoot("relative").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::string> missing = CheckpointIo::CanonicalRoot(dir_ + "/missing");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(missing.status().message(), HasSubstr("--checkpoint-root"));
+  // The root itself through a link: stored resolved.
+  ASSERT_EQ(symlink(root.c_str(), (dir_ + "/root-link").c_str()), 0);
+  absl::StatusOr<std::string> canonical = CheckpointIo::CanonicalRoot(dir_ + "/root-link/");
+  ASSERT_TRUE(canonical.ok()) << canonical.status();
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(root.c_str(), real), nullptr);
+  EXPECT_EQ(*canonical, real);
+  CheckpointIo io(&buffers_, space_, *canonical);
+
+  auto write = [&](const std::string& dir) {
+    v1::WriteCheckpointRequest req;
+    req.set_dir(dir);
+    req.set_file("f.safetensors");
+    *req.add_entries() = Entry("whole", Box({0, 0}, {20, 12}));
+    return io.Write(req).status();
+  };
+  EXPECT_TRUE(write(root + "/in").ok());
+  EXPECT_TRUE(write(dir_ + "/root-link/./in/../in2").ok());  // The root's "in2".
+  absl::Status outside = write(out);
+  EXPECT_EQ(outside.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(outside.message(), HasSubstr("dir: '" + out +
+                                           "' is outside the worker's "
+                                           "--checkpoint-root '" +
+                                           std::string(real) + "'"));
+  EXPECT_EQ(write(root + "/../out").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(write(dir_ + "/root-linkx").code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_EQ(symlink(out.c_str(), (root + "/escape").c_str()), 0);
+  EXPECT_EQ(write(root + "/escape").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(write(root + "/escape/not-yet").code(), absl::StatusCode::kPermissionDenied);
+  // "escape/.." is the link target's parent, dir_, as the kernel resolves it, not the root.
+  EXPECT_EQ(write(root + "/escape/../out").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(write(root + "/new/../in").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(access((out + "/f.safetensors").c_str(), F_OK), 0);  // Nothing written outside.
+
+  // Saves' directories, indexes and reads alike.
+  v1::CheckpointDirRequest d;
+  d.set_dir(out + "/ckpt");
+  d.set_tmp(out + "/ckpt.tmp-1");
+  d.set_action(v1::CHECKPOINT_DIR_PREPARE);
+  EXPECT_EQ(io.Dir(d).code(), absl::StatusCode::kPermissionDenied);
+  d.set_dir(root + "/ckpt");
+  d.set_tmp(root + "/ckpt.tmp-1");
+  EXPECT_TRUE(io.Dir(d).ok());
+  v1::ReadCheckpointIndexRequest index;
+  index.set_path(root + "/in");
+  EXPECT_TRUE(io.ReadIndex(index).ok());
+  index.set_path(root + "/escape");
+  EXPECT_EQ(io.ReadIndex(index).status().code(), absl::StatusCode::kPermissionDenied);
+  // A file inside the root that links out: neither listed nor read.
+  ASSERT_EQ(std::system(
+                absl::StrCat("cp '", root, "/in/f.safetensors' '", out, "/g.safetensors'").c_str()),
+            0);
+  ASSERT_EQ(symlink((out + "/g.safetensors").c_str(), (root + "/in/g.safetensors").c_str()), 0);
+  index.set_path(root + "/in");
+  absl::StatusOr<v1::ReadCheckpointIndexResponse> listed = io.ReadIndex(index);
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(listed.status().message(), HasSubstr("g.safetensors"));
+  index.set_path(root + "/in/g.safetensors");
+  EXPECT_EQ(io.ReadIndex(index).status().code(), absl::StatusCode::kPermissionDenied);
+  // Nor read into a buffer.
+  const SafetensorsHeader h = HeaderOf(root + "/in/f.safetensors");
+  v1::ReadCheckpointRequest read;
+  v1::CheckpointReadBuffer* b = ReadIntoR(root + "/in", &read);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {20, 12}), 0, 0});
+  rc.local_elements = 240;
+  *b->mutable_chunks() = RankChunksToProto(rc);
+  v1::CheckpointReadRun* run = b->add_runs();
+  run->set_file("g.safetensors");
+  run->set_entry("whole");
+  run->set_offset(h.data_start() + h.Find("whole")->begin);
+  run->set_bytes(240 * 4);
+  absl::StatusOr<v1::ReadCheckpointResponse> denied = io.Read(read);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(denied.status().message(), HasSubstr("file: '" + root + "/in/g.safetensors'"));
+  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+  run->set_file("f.safetensors");
+  EXPECT_TRUE(io.Read(read).ok());
+  // A link that stays inside the root is fine.
+  ASSERT_EQ(unlink((root + "/in/g.safetensors").c_str()), 0);
+  ASSERT_EQ(symlink((root + "/in/f.safetensors").c_str(), (root + "/in/g.safetensors").c_str()), 0);
+  EXPECT_TRUE(io.ReadIndex(index).ok());
 }
 
 TEST_P(CheckpointIoTest, DirectoryLifecycle) {

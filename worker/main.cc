@@ -136,6 +136,10 @@ int Main(int argc, char** argv) {
                  "to attached tensors ({name}: the worker's name; 'off': none). When the "
                  "default's directory cannot be created, $TMPDIR/shardcoord-<uid>/ is used")
       ->capture_default_str();
+  app.add_option("--checkpoint-root", options.checkpoint_root,
+                 "An existing directory: checkpoints may only be saved to, loaded from and "
+                 "inspected in paths under it (links resolved; others are refused with "
+                 "PERMISSION_DENIED). Empty: any path the worker process may use");
   app.add_option("--local-group", options.local_group,
                  "A group (name or gid) whose processes may attach buffers, besides the "
                  "worker's own uid (checked with SO_PEERCRED)");

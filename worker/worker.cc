@@ -224,7 +224,11 @@ absl::StatusOr<std::string> Worker::Start() {
       &buffers_, communicators_.get(), client_.get(), [this] { return Identity(); },
       executor_options, LogInfo, space_.get());
   core_->set_memory_budget(budget_.get());
-  checkpoints_ = std::make_unique<CheckpointIo>(&buffers_, space_.get());
+  absl::StatusOr<std::string> checkpoint_root =
+      CheckpointIo::CanonicalRoot(options_.checkpoint_root);
+  if (!checkpoint_root.ok()) return checkpoint_root.status();
+  checkpoints_ = std::make_unique<CheckpointIo>(&buffers_, space_.get(), *checkpoint_root);
+  if (!checkpoint_root->empty()) spdlog::info("checkpoints only under {}", *checkpoint_root);
   service_ = std::make_unique<WorkerServiceImpl>(core_.get(), &pool_, checkpoints_.get());
   attach_ = std::make_unique<AttachRegistry>(
       &buffers_, space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);

@@ -77,6 +77,9 @@ struct WorkerOptions {
   bool local_socket_default = true;
   // A group (name or gid) whose processes may attach besides the worker's own uid.
   std::string local_group;
+  // Checkpoints (save, load, inspect) may only use paths under this directory; empty:
+  // anywhere the worker process may write and read (CheckpointIo).
+  std::string checkpoint_root;
 
   static constexpr const char* kDefaultLocalSocket = "/run/shardcoord/{name}.sock";
 
