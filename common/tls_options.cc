@@ -1,15 +1,18 @@
 #include "common/tls_options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace shardcoord {
 namespace {
@@ -157,6 +160,36 @@ absl::Status CheckPeerName(absl::string_view name, const std::vector<std::string
   return absl::PermissionDeniedError(absl::StrCat(
       "worker name '", name, "' does not match its TLS certificate (names: ",
       peer_names.empty() ? std::string("none") : absl::StrJoin(peer_names, ", "), ")"));
+}
+
+absl::Status CheckCallerIsCoordinator(const std::vector<std::string>& coordinator_hosts,
+                                      const std::vector<std::string>& peer_names) {
+  for (const std::string& p : peer_names) {
+    for (const std::string& h : coordinator_hosts) {
+      if (p == h) return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("only the coordinator may call a worker: the caller's TLS certificate (names: ",
+                   peer_names.empty() ? std::string("none") : absl::StrJoin(peer_names, ", "),
+                   ") names none of the worker's --coordinator hosts (",
+                   absl::StrJoin(coordinator_hosts, ", "), ")"));
+}
+
+std::vector<std::string> CoordinatorHosts(absl::string_view list) {
+  std::vector<std::string> hosts;
+  for (absl::string_view address : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    address = absl::StripAsciiWhitespace(address);
+    absl::string_view host = address;
+    if (absl::ConsumePrefix(&host, "[")) {
+      host = host.substr(0, host.find(']'));
+    } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+      host = host.substr(0, colon);
+    }
+    if (host.empty()) continue;
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.emplace_back(host);
+  }
+  return hosts;
 }
 
 }  // namespace shardcoord

@@ -63,6 +63,15 @@ absl::Status CheckPlaintextListen(absl::string_view flag, absl::string_view list
 // name and the certificate's names otherwise.
 absl::Status CheckPeerName(absl::string_view name, const std::vector<std::string>& peer_names);
 
+// A worker with --tls-client-auth=require serves only the coordinator: the caller's
+// certificate must name (CN or SAN) one of the hosts the worker itself dials as its
+// coordinators (CoordinatorHosts of --coordinator), as the worker's own calls there check the
+// other way. PERMISSION_DENIED naming the certificate's names and the hosts otherwise.
+absl::Status CheckCallerIsCoordinator(const std::vector<std::string>& coordinator_hosts,
+                                      const std::vector<std::string>& peer_names);
+// The hosts of "HOST:PORT[,HOST:PORT...]" ("[::1]:7400" gives "::1"), without duplicates.
+std::vector<std::string> CoordinatorHosts(absl::string_view list);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_COMMON_TLS_OPTIONS_H_

@@ -151,6 +151,21 @@ TEST(LoopbackTest, PlaintextOffLoopbackNeedsInsecure) {
   EXPECT_THAT(s.message(), HasSubstr("--insecure"));
 }
 
+TEST(CheckCallerIsCoordinatorTest, TheCallerMustBeACoordinatorTheWorkerDials) {
+  EXPECT_EQ(CoordinatorHosts("c0:7400, c1.example:7400,[::1]:7400,c0:7401"),
+            (std::vector<std::string>{"c0", "c1.example", "::1"}));
+  EXPECT_EQ(CoordinatorHosts("127.0.0.1:7400"), std::vector<std::string>{"127.0.0.1"});
+  const std::vector<std::string> hosts = {"c0", "127.0.0.1"};
+  EXPECT_TRUE(CheckCallerIsCoordinator(hosts, {"coordinator", "localhost", "127.0.0.1"}).ok());
+  EXPECT_TRUE(CheckCallerIsCoordinator(hosts, {"c0"}).ok());
+  absl::Status s = CheckCallerIsCoordinator(hosts, {"client"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(s.message(),
+            "only the coordinator may call a worker: the caller's TLS certificate (names: "
+            "client) names none of the worker's --coordinator hosts (c0, 127.0.0.1)");
+  EXPECT_THAT(CheckCallerIsCoordinator(hosts, {}).message(), HasSubstr("(names: none)"));
+}
+
 TEST(CheckPeerNameTest, NameMustBeOneOfTheCertificateNames) {
   EXPECT_TRUE(CheckPeerName("w1", {"w1", "w1"}).ok());
   absl::Status s = CheckPeerName("w1", {"w2"});

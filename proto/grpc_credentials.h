@@ -16,7 +16,11 @@ namespace shardcoord {
 // The one place that turns TlsOptions into gRPC credentials; every server and channel of
 // the daemons and clients goes through it. Plaintext (insecure credentials) when
 // !tls.enabled().
-std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const TlsOptions& tls);
+// With --tls-client-auth=require and `only_coordinators` (hosts), every call must come with
+// a certificate naming one of them (CheckCallerIsCoordinator), checked before any handler
+// runs: a worker serves the coordinator alone.
+std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(
+    const TlsOptions& tls, std::vector<std::string> only_coordinators = {});
 // Verifies the server against tls.ca_pem and presents tls.cert_pem when there is one.
 std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const TlsOptions& tls);
 // With TLS, makes the channel check that the server's certificate is for `name` (its CN or

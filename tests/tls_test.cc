@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -18,7 +19,10 @@
 #include "common/sha256.h"
 #include "common/tls_options.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/grpc_credentials.h"
+#include "proto/shardcoord.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
 #include "tests/process.h"
@@ -169,6 +173,41 @@ TEST(TlsClusterTest, WorkersWithoutTheirCertificateAreRefused) {
     ASSERT_TRUE(workers.ok()) << workers.status();
     for (const v1::WorkerInfo& w : *workers) EXPECT_NE(w.name(), name);
   }
+}
+
+// A worker serves the coordinator alone: a call with a client's certificate (signed by the
+// cluster CA, so the handshake succeeds) is refused before any handler runs; the same call
+// with the coordinator's certificate is served.
+TEST(TlsClusterTest, OnlyTheCoordinatorMayCallAWorker) {
+  Cluster* cluster = ClusterEnvironment::Get();
+  ASSERT_NE(cluster, nullptr);
+  const v1::WorkerInfo& worker = cluster->worker_info(0);
+  auto drop = [&](const std::string& cert) {
+    TlsFlags flags;
+    flags.ca = Cert("ca");
+    flags.cert = Cert(cert);
+    flags.key = Key(cert);
+    absl::StatusOr<TlsOptions> tls = LoadClientTls(flags);
+    EXPECT_TRUE(tls.ok()) << tls.status();
+    grpc::ChannelArguments args;
+    ExpectServerName(*tls, worker.name(), &args);
+    std::unique_ptr<v1::Worker::Stub> stub = v1::Worker::NewStub(
+        grpc::CreateCustomChannel(worker.address(), MakeChannelCredentials(*tls), args));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::DropTensorRequest req;
+    req.set_tensor("no_such_tensor");
+    req.set_version(1);
+    v1::DropTensorResponse resp;
+    return stub->DropTensor(&ctx, req, &resp);
+  };
+  const grpc::Status refused = drop("client");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(),
+              HasSubstr("only the coordinator may call a worker: the caller's TLS certificate "
+                        "(names: client) names none of the worker's --coordinator hosts"));
+  const grpc::Status served = drop("coordinator");
+  EXPECT_TRUE(served.ok()) << served.error_message();
 }
 
 // Startup stops with status 2 and a message naming the flag: a missing TLS file, part of the

@@ -250,7 +250,10 @@ absl::StatusOr<std::string> Worker::Start() {
   HealthStatus::EnableDefaultService();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options_.listen, MakeServerCredentials(options_.tls), &port);
+  // With --tls-client-auth=require, only a coordinator this worker dials may call it.
+  builder.AddListeningPort(
+      options_.listen, MakeServerCredentials(options_.tls, CoordinatorHosts(options_.coordinator)),
+      &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   builder.RegisterService(service_.get());
