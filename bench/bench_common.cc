@@ -232,6 +232,15 @@ std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const 
   return spans;
 }
 
+void WarnIfUnoptimized(const char* bench) {
+  if (kOptimizedBuild) return;
+  std::fprintf(
+      stderr,
+      "%s: WARNING: not an optimized build (no -c opt): its numbers (and those of the daemons "
+      "it starts) are several times slower than with `bazel run -c opt //bench:%s`\n",
+      bench, bench);
+}
+
 std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans) {
   std::vector<Phase> phases = {
       {"client_to_planned"}, {"dispatch"},        {"start_skew"}, {"fragments"},

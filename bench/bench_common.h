@@ -103,6 +103,18 @@ std::vector<ClientSpan> TimeSmallRedistributes(CoordinatorClient& client, const 
                                                const std::string& mesh, int runs, Stats* latency,
                                                Stats* bare_rpc);
 
+// Whether this binary was built with -c opt (NDEBUG). The daemons a bench starts come from
+// its runfiles, built in the same configuration; and bazel-bin follows the configuration
+// of the last build, so bazel-bin/bench/... after `bazel test //...` is a fastbuild, several
+// times slower. Benches call WarnIfUnoptimized first, and their JSON says "optimized".
+#ifdef NDEBUG
+inline constexpr bool kOptimizedBuild = true;
+#else
+inline constexpr bool kOptimizedBuild = false;
+#endif
+// A warning on stderr naming `bench` when !kOptimizedBuild.
+void WarnIfUnoptimized(const char* bench);
+
 struct Phase {
   std::string name;
   Stats stats;

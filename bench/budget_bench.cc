@@ -151,6 +151,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_json)) {
     JsonWriter w;
     w.BeginObject();
+    w.Key("optimized").Bool(bench::kOptimizedBuild);
     w.Key("workers")
         .Int(kWorkers)
         .Key("tensors")
@@ -197,5 +198,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardcoord::bench::WarnIfUnoptimized("budget_bench");
   return shardcoord::Main();
 }

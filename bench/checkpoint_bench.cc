@@ -445,7 +445,13 @@ int Run() {
                read_gbps = GBps(bytes, disk_read.Best());
   if (json) {
     JsonWriter w;
-    w.BeginObject().Key("bytes").Int(bytes).Key("tensors").Int(static_cast<int64_t>(state.size()));
+    w.BeginObject()
+        .Key("optimized")
+        .Bool(bench::kOptimizedBuild)
+        .Key("bytes")
+        .Int(bytes)
+        .Key("tensors")
+        .Int(static_cast<int64_t>(state.size()));
     w.Key("reps").Int(reps).Key("workers").Int(kWorkers);
     auto stats = [&](const char* key, const Stats& s) {
       w.Key(key).BeginObject();
@@ -534,5 +540,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardcoord::bench::WarnIfUnoptimized("checkpoint_bench");
   return shardcoord::Run();
 }

@@ -255,6 +255,7 @@ int Run() {
   if (json) {
     JsonWriter w;
     w.BeginObject();
+    w.Key("optimized").Bool(bench::kOptimizedBuild);
     w.Key("tensor_bytes").Int(elements * 4).Key("shape").IntArray(shape);
     w.Key("bytes_moved").Int(moved).Key("lower_bound_bytes").Int(plan.lower_bound_bytes());
     w.Key("plan_steps").BeginArray();
@@ -355,5 +356,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardcoord::bench::WarnIfUnoptimized("e2e_bench");
   return shardcoord::Run();
 }

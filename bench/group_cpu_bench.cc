@@ -248,6 +248,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardcoord::bench::WarnIfUnoptimized("group_cpu_bench");
 #ifdef NDEBUG
   // As the coordinator's optimised build (coordinator/main.cc).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

@@ -738,6 +738,7 @@ int Run() {
   if (json) {
     JsonWriter j;
     j.BeginObject();
+    j.Key("optimized").Bool(bench::kOptimizedBuild);
     j.Key("tensors").Int(static_cast<int64_t>(w.params.size()));
     j.Key("state").String(state);
     j.Key("relay_max_bytes").Int(absl::GetFlag(FLAGS_relay_max_bytes));
@@ -885,6 +886,7 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  shardcoord::bench::WarnIfUnoptimized("model_bench");
   if (absl::GetFlag(FLAGS_attach_child_rank) >= 0) return shardcoord::RunAttachChild();
   return shardcoord::Run();
 }
