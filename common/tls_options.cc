@@ -180,6 +180,19 @@ std::vector<std::string> CoordinatorHosts(absl::string_view list) {
   std::vector<std::string> hosts;
   for (absl::string_view address : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
     address = absl::StripAsciiWhitespace(address);
+    // gRPC target URIs: "dns:///host:port", "dns:host:port", "ipv4:a.b.c.d:port",
+    // "ipv6:[::1]:port"; a Unix socket names no host.
+    if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+      continue;
+    }
+    for (absl::string_view scheme : {"dns:", "ipv4:", "ipv6:"}) {
+      if (absl::ConsumePrefix(&address, scheme)) {
+        if (absl::ConsumePrefix(&address, "//")) {
+          address = address.substr(std::min(address.find('/') + 1, address.size()));
+        }
+        break;
+      }
+    }
     absl::string_view host = address;
     if (absl::ConsumePrefix(&host, "[")) {
       host = host.substr(0, host.find(']'));

@@ -69,7 +69,8 @@ absl::Status CheckPeerName(absl::string_view name, const std::vector<std::string
 // other way. PERMISSION_DENIED naming the certificate's names and the hosts otherwise.
 absl::Status CheckCallerIsCoordinator(const std::vector<std::string>& coordinator_hosts,
                                       const std::vector<std::string>& peer_names);
-// The hosts of "HOST:PORT[,HOST:PORT...]" ("[::1]:7400" gives "::1"), without duplicates.
+// The hosts of "HOST:PORT[,HOST:PORT...]" ("[::1]:7400" gives "::1"; gRPC's "dns:///HOST:PORT"
+// and "ipv4:" / "ipv6:" forms too; "unix:" addresses name none), without duplicates.
 std::vector<std::string> CoordinatorHosts(absl::string_view list);
 
 }  // namespace shardcoord

@@ -155,6 +155,9 @@ TEST(CheckCallerIsCoordinatorTest, TheCallerMustBeACoordinatorTheWorkerDials) {
   EXPECT_EQ(CoordinatorHosts("c0:7400, c1.example:7400,[::1]:7400,c0:7401"),
             (std::vector<std::string>{"c0", "c1.example", "::1"}));
   EXPECT_EQ(CoordinatorHosts("127.0.0.1:7400"), std::vector<std::string>{"127.0.0.1"});
+  EXPECT_EQ(CoordinatorHosts("dns:///c0.example:7400,dns:c1:7400,ipv4:10.0.0.1:7400,"
+                             "ipv6:[::1]:7400,dns://8.8.8.8/c2:7400,unix:/run/c.sock"),
+            (std::vector<std::string>{"c0.example", "c1", "10.0.0.1", "::1", "c2"}));
   const std::vector<std::string> hosts = {"c0", "127.0.0.1"};
   EXPECT_TRUE(CheckCallerIsCoordinator(hosts, {"coordinator", "localhost", "127.0.0.1"}).ok());
   EXPECT_TRUE(CheckCallerIsCoordinator(hosts, {"c0"}).ok());
