@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -39,6 +40,27 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& p
         absl::StrCat("--", flag, ": ", path, " is not a PEM file holding a ", marker));
   }
   return pem;
+}
+
+// The host of "HOST:PORT" or "[V6]:PORT" (a bare IPv6 address, with more than one colon and
+// no port, is its own host); nullopt for an unclosed '['.
+std::optional<absl::string_view> HostOf(absl::string_view address) {
+  absl::string_view host = address;
+  if (absl::ConsumePrefix(&host, "[")) {
+    const size_t close = host.find(']');
+    if (close == absl::string_view::npos) return std::nullopt;
+    return host.substr(0, close);
+  }
+  if (const size_t colon = host.rfind(':');
+      colon != absl::string_view::npos && host.find(':') == colon) {
+    host = host.substr(0, colon);
+  }
+  return host;
+}
+
+// A certificate's names for a message: "a, b", or "none".
+std::string NamesOrNone(const std::vector<std::string>& names) {
+  return names.empty() ? std::string("none") : absl::StrJoin(names, ", ");
 }
 
 }  // namespace
@@ -125,15 +147,9 @@ absl::StatusOr<TlsOptions> LoadClientTls(const TlsFlags& flags) {
 }
 
 bool IsLoopbackListenAddress(absl::string_view listen) {
-  absl::string_view host = listen;
-  if (absl::StartsWith(host, "[")) {
-    const size_t close = host.find(']');
-    if (close == absl::string_view::npos) return false;
-    host = host.substr(1, close - 1);
-  } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
-    // "host:port"; a bare IPv6 address has more than one colon and no port.
-    if (host.find(':') == colon) host = host.substr(0, colon);
-  }
+  const std::optional<absl::string_view> found = HostOf(listen);
+  if (!found.has_value()) return false;
+  const absl::string_view host = *found;
   if (host == "localhost" || host == "::1") return true;
   std::vector<absl::string_view> octets = absl::StrSplit(host, '.');
   if (octets.size() != 4 || octets[0] != "127") return false;
@@ -157,9 +173,9 @@ absl::Status CheckPeerName(absl::string_view name, const std::vector<std::string
   for (const std::string& p : peer_names) {
     if (p == name) return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      "worker name '", name, "' does not match its TLS certificate (names: ",
-      peer_names.empty() ? std::string("none") : absl::StrJoin(peer_names, ", "), ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("worker name '", name,
+                   "' does not match its TLS certificate (names: ", NamesOrNone(peer_names), ")"));
 }
 
 absl::Status CheckCallerIsCoordinator(const std::vector<std::string>& coordinator_hosts,
@@ -171,8 +187,7 @@ absl::Status CheckCallerIsCoordinator(const std::vector<std::string>& coordinato
   }
   return absl::PermissionDeniedError(
       absl::StrCat("only the coordinator may call a worker: the caller's TLS certificate (names: ",
-                   peer_names.empty() ? std::string("none") : absl::StrJoin(peer_names, ", "),
-                   ") names none of the worker's --coordinator hosts (",
+                   NamesOrNone(peer_names), ") names none of the worker's --coordinator hosts (",
                    absl::StrJoin(coordinator_hosts, ", "), ")"));
 }
 
@@ -193,14 +208,9 @@ std::vector<std::string> CoordinatorHosts(absl::string_view list) {
         break;
       }
     }
-    absl::string_view host = address;
-    if (absl::ConsumePrefix(&host, "[")) {
-      host = host.substr(0, host.find(']'));
-    } else if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
-      host = host.substr(0, colon);
-    }
-    if (host.empty()) continue;
-    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.emplace_back(host);
+    const std::optional<absl::string_view> host = HostOf(address);
+    if (!host.has_value() || host->empty()) continue;
+    if (std::find(hosts.begin(), hosts.end(), *host) == hosts.end()) hosts.emplace_back(*host);
   }
   return hosts;
 }
