@@ -59,7 +59,9 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcMe
 
 // A client interceptor factory counting, into `message_bytes` as above, the bytes of every
 // message a channel's calls send and receive: with the server side's, every byte a daemon
-// moves over gRPC, whichever side started the call.
+// moves over gRPC, whichever side started the call. On a client the type of a received
+// message is the stub's, not the method's: `methods` names those the channel calls only
+// through protobuf stubs (generated code); a generic stub's calls must not be among them.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>
 MakeRpcBytesClientInterceptor(RpcMethods methods, CounterFamily* message_bytes);
 

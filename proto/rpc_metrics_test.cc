@@ -58,22 +58,28 @@ class RpcMetricsTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     health_.Attach(server_.get());
     health_.SetReady(true);
+    // Two channels: one for the Worker stub, one for generic calls, whose received messages
+    // are ByteBuffers whatever the method.
+    const std::string address = "127.0.0.1:" + std::to_string(port);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> c;
     c.push_back(MakeRpcBytesClientInterceptor(RpcMethods::Of({v1::Worker::service_full_name()}),
                                               client_bytes_));
     channel_ = grpc::experimental::CreateCustomChannelWithInterceptors(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
-        grpc::ChannelArguments(), std::move(c));
+        address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(), std::move(c));
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> r;
+    r.push_back(MakeRpcBytesClientInterceptor(RpcMethods::Of({}), client_bytes_));
+    raw_channel_ = grpc::experimental::CreateCustomChannelWithInterceptors(
+        address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(), std::move(r));
   }
   void TearDown() override {
     health_.Shutdown();
     server_->Shutdown();
   }
 
-  // A unary call of `method` with `request` as raw bytes, through the counting channel.
+  // A unary call of `method` with `request` as raw bytes, through the generic channel.
   grpc::Status RawCall(const std::string& method, const std::string& request,
                        std::string* response) {
-    grpc::GenericStub stub(channel_);
+    grpc::GenericStub stub(raw_channel_);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Slice slice(request);
@@ -112,6 +118,7 @@ class RpcMetricsTest : public ::testing::Test {
   HealthStatus health_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> raw_channel_;
 };
 
 // The default health service exchanges raw ByteBuffers: a Check of zero bytes (the
@@ -127,8 +134,8 @@ TEST_F(RpcMetricsTest, RawHealthCheckIsAnsweredAndCounted) {
   EXPECT_EQ(ValueOf(server_bytes_, {"grpc.health.v1.Health/Check", "sent"}),
             static_cast<double>(response.size()));
   EXPECT_EQ(ValueOf(server_bytes_, {"grpc.health.v1.Health/Check", "received"}), 0);
-  // The client channel's generic call is not protobuf either: its received message is not
-  // read, its sent one is counted.
+  // The generic channel knows no method: its received message is not read, its sent one
+  // (zero bytes here) is counted.
   EXPECT_EQ(ValueOf(client_bytes_, {"unknown", "received"}), 0);
 }
 
@@ -146,13 +153,24 @@ TEST_F(RpcMetricsTest, ProtobufMessagesAreCountedBothWays) {
   EXPECT_EQ(ValueOf(client_bytes_, {"shardcoord.v1.Worker/Fill", "sent"}), size);
 }
 
+// A generic call of a protobuf method that answers: the generic channel receives a ByteBuffer
+// and must not read it as protobuf.
+TEST_F(RpcMetricsTest, GenericCallOfAProtobufMethodIsCountedSafely) {
+  v1::FillRequest req;
+  req.set_tensor("t");
+  std::string response;
+  ASSERT_TRUE(RawCall("/shardcoord.v1.Worker/Fill", req.SerializeAsString(), &response).ok());
+  EXPECT_EQ(ValueOf(server_bytes_, {"shardcoord.v1.Worker/Fill", "received"}),
+            static_cast<double>(req.ByteSizeLong()));
+  EXPECT_EQ(ValueOf(calls_, {"shardcoord.v1.Worker/Fill", "OK"}), 1);
+}
+
 // Random bytes to a protobuf method fail to parse before any handler or interceptor sees a
 // message (gRPC 1.51's callback handlers answer UNIMPLEMENTED then); an unimplemented method
 // of a known service answers UNIMPLEMENTED too.
 TEST_F(RpcMetricsTest, MalformedAndUnimplementedCallsLeaveTheServerUp) {
   std::string response;
-  EXPECT_EQ(RawCall("/shardcoord.v1.Worker/Fill", std::string("\xff\xff\xff\xff\x0f", 5),
-                    &response)
+  EXPECT_EQ(RawCall("/shardcoord.v1.Worker/Fill", std::string("\xff\xff\xff\xff\x0f", 5), &response)
                 .error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(RawCall("/shardcoord.v1.Worker/Execute", "", &response).error_code(),
