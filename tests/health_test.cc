@@ -234,9 +234,9 @@ absl::Status AwaitWorker(CoordinatorClient& client, const std::string& name,
     }
     absl::SleepFor(absl::Milliseconds(20));  // ListWorkers has no push: poll the condition.
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("worker ", name, " not ", what, " within ", absl::FormatDuration(kWaitTimeout),
-                   "; last: ", last));
+  return absl::DeadlineExceededError(absl::StrCat("worker ", name, " not ", what, " within ",
+                                                  absl::FormatDuration(kWaitTimeout),
+                                                  "; last: ", last));
 }
 
 // ---- Health clients ------------------------------------------------------------------------
@@ -307,7 +307,8 @@ absl::StatusOr<Serving> RawCheck(const std::shared_ptr<grpc::Channel>& channel,
   std::vector<grpc::Slice> slices;
   if (!received.Dump(&slices).ok()) return absl::InternalError("cannot read the answer");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   HealthCheckResponse response;
   if (!response.ParseFromString(bytes)) return absl::InternalError("unparsable answer");
   return response.status();
@@ -348,10 +349,10 @@ class Watch {
     while (true) {
       absl::StatusOr<Serving> s = Next();
       if (!s.ok()) {
-        return absl::Status(s.status().code(),
-                            absl::StrCat("no ", HealthCheckResponse::ServingStatus_Name(want),
-                                         " after [", absl::StrJoin(seen_, ", "),
-                                         "]: ", s.status().ToString()));
+        return absl::Status(
+            s.status().code(),
+            absl::StrCat("no ", HealthCheckResponse::ServingStatus_Name(want), " after [",
+                         absl::StrJoin(seen_, ", "), "]: ", s.status().ToString()));
       }
       if (*s == want) return absl::OkStatus();
     }
@@ -453,9 +454,9 @@ class HealthEverywhereTest : public ::testing::TestWithParam<Config> {
       cflags.insert(cflags.end(), {absl::StrCat("--tls-cert=", Cert("coordinator")),
                                    absl::StrCat("--tls-key=", Key("coordinator")),
                                    absl::StrCat("--tls-ca=", Cert("ca"))});
-      wflags.insert(wflags.end(), {absl::StrCat("--tls-cert=", Cert("w0")),
-                                   absl::StrCat("--tls-key=", Key("w0")),
-                                   absl::StrCat("--tls-ca=", Cert("ca"))});
+      wflags.insert(wflags.end(),
+                    {absl::StrCat("--tls-cert=", Cert("w0")), absl::StrCat("--tls-key=", Key("w0")),
+                     absl::StrCat("--tls-ca=", Cert("ca"))});
       if (c.require_client_certs) cflags.push_back("--tls-client-auth=require");
     }
     if (c.tokens) {
@@ -590,12 +591,11 @@ TEST(ReadinessTest, WorkerBeforeItsCoordinatorThenDrainingWithAPlanRunning) {
   absl::StatusOr<int> health_port = PickFreePort();
   ASSERT_TRUE(coordinator_port.ok() && main_port.ok() && health_port.ok());
   const std::string coordinator_address = absl::StrCat("127.0.0.1:", *coordinator_port);
-  absl::StatusOr<Daemon> w0 = StartWorker(
-      "w0", coordinator_address,
-      {absl::StrCat("--listen=127.0.0.1:", *main_port),
-       absl::StrCat("--health-listen=127.0.0.1:", *health_port), "--register-timeout=300s",
-       kLongDrain},
-      /*wait=*/false);
+  absl::StatusOr<Daemon> w0 = StartWorker("w0", coordinator_address,
+                                          {absl::StrCat("--listen=127.0.0.1:", *main_port),
+                                           absl::StrCat("--health-listen=127.0.0.1:", *health_port),
+                                           "--register-timeout=300s", kLongDrain},
+                                          /*wait=*/false);
   ASSERT_TRUE(w0.ok()) << w0.status();
   const std::vector<Endpoint> ports = {
       {"worker main port", absl::StrCat("127.0.0.1:", *main_port)},
@@ -655,8 +655,8 @@ TEST(ReadinessTest, WorkerBeforeItsCoordinatorThenDrainingWithAPlanRunning) {
   }
   absl::StatusOr<std::string> shardctl = RunfilePath("client/shardctl");
   ASSERT_TRUE(shardctl.ok()) << shardctl.status();
-  const CommandResult listed =
-      RunCommand(absl::StrCat(Quote(*shardctl), " --coordinator ", coordinator_address, " workers"));
+  const CommandResult listed = RunCommand(
+      absl::StrCat(Quote(*shardctl), " --coordinator ", coordinator_address, " workers"));
   EXPECT_EQ(listed.exit_code, 0) << listed.output;
   EXPECT_THAT(listed.output, HasSubstr("LEAVING")) << listed.output;
   // A worker leaving does not make its coordinator unready.
@@ -672,10 +672,10 @@ TEST(ReadinessTest, WorkerBeforeItsCoordinatorThenDrainingWithAPlanRunning) {
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
       << Process::DescribeWaitStatus(*status);
   EXPECT_THAT(ReadFile(w0->log), HasSubstr("left the cluster"));
-  EXPECT_TRUE(AwaitWorker(
-                  client, "w0", [](const v1::WorkerInfo& w) { return w.state() == v1::DEAD; },
-                  "DEAD")
-                  .ok());
+  EXPECT_TRUE(
+      AwaitWorker(
+          client, "w0", [](const v1::WorkerInfo& w) { return w.state() == v1::DEAD; }, "DEAD")
+          .ok());
 }
 
 // A coordinator on SIGTERM with a plan running: readiness NOT_SERVING on both ports while

@@ -90,8 +90,8 @@ absl::Status Promtool(const std::string& label, const std::string& text) {
   while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
   const int status = pclose(pipe);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !output.empty()) {
-    return absl::InternalError(absl::StrCat("promtool on ", label, "'s /metrics (", file,
-                                            ", exit ", WEXITSTATUS(status), "):\n", output));
+    return absl::InternalError(absl::StrCat("promtool on ", label, "'s /metrics (", file, ", exit ",
+                                            WEXITSTATUS(status), "):\n", output));
   }
   return absl::OkStatus();
 }
@@ -205,9 +205,9 @@ class PrometheusServer {
       if (ready.ok()) break;
       const bool exited = server->process_->Wait(absl::ZeroDuration()).ok();
       if (exited || absl::Now() > deadline) {
-        return absl::UnavailableError(absl::StrCat("prometheus not ready: ",
-                                                   ready.status().ToString(), "; its log:\n",
-                                                   ReadFile(server->log_)));
+        return absl::UnavailableError(
+            absl::StrCat("prometheus not ready: ", ready.status().ToString(), "; its log:\n",
+                         ReadFile(server->log_)));
       }
       absl::SleepFor(kPoll);  // Polling its readiness endpoint.
     }
@@ -310,8 +310,8 @@ TEST_F(PrometheusTest, APrometheusServerScrapesTheCoordinatorAndEveryWorker) {
   for (const std::string& w : workers) EXPECT_EQ(job_of[w], "shardcoord-workers") << w;
 
   // Nothing planned yet: no committed plan in what was scraped.
-  absl::StatusOr<std::vector<PrometheusServer::Series>> none = p.Query(
-      "sum(shardcoord_plans_total{job=\"shardcoord-coordinator\",op=\"redistribute\"})");
+  absl::StatusOr<std::vector<PrometheusServer::Series>> none =
+      p.Query("sum(shardcoord_plans_total{job=\"shardcoord-coordinator\",op=\"redistribute\"})");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->empty() || (*none)[0].value == 0);
 
