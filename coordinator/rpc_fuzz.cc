@@ -126,8 +126,9 @@ class Harness {
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> client;
     // A generic stub's received messages are ByteBuffers: no method is protobuf to it.
     client.push_back(MakeRpcBytesClientInterceptor(RpcMethods::Of({}), bytes));
-    stub_ = std::make_unique<grpc::GenericStub>(server_->experimental().InProcessChannelWithInterceptors(
-        grpc::ChannelArguments(), std::move(client)));
+    stub_ = std::make_unique<grpc::GenericStub>(
+        server_->experimental().InProcessChannelWithInterceptors(grpc::ChannelArguments(),
+                                                                 std::move(client)));
     const google::protobuf::DescriptorPool* pool =
         google::protobuf::DescriptorPool::generated_pool();
     for (const std::string& name : services) {
