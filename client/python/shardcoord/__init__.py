@@ -10,10 +10,21 @@
     c.attach("w", rank, buf)                      # or any contiguous NumPy / torch buffer
     c.copy("w", "w_infer")                        # w_infer's attached buffers written in place
 
-Needs grpcio, protobuf and NumPy (torch for torch buffers); the generated stubs come from
-`tools/python.sh` (see shardcoord/_proto.py). Errors raise shardcoord.Error with `.code`
+Needs grpcio, protobuf and NumPy (torch for torch buffers). Installed with
+`pip install --no-build-isolation ./client/python` (stubs generated at build time), or run
+from a checkout with `tools/python.sh` (see shardcoord/_proto.py). `shardcoord.__version__`
+is the daemons' and shardctl's version (client/version.h); `shardcoord.layouts` turns
+FSDP/Megatron/ColossalAI/DTensor layouts into shardctl spec text; `python -m shardcoord.check
+ADDR` prints a cluster's health. Errors raise shardcoord.Error with `.code`
 (the gRPC status name) and `.message`.
 """
+
+try:
+    from ._version import __version__  # Written by setup.py into an installed package.
+except ImportError:
+    from ._checkout_version import version as _version
+
+    __version__ = _version()
 
 from ._buffers import DTYPES
 from ._errors import Error
@@ -22,4 +33,4 @@ from .client import (LEADER_METADATA, Client, channel_credentials, connect, defa
                      default_token, spec)
 
 __all__ = ["Client", "DTYPES", "Error", "LEADER_METADATA", "channel_credentials", "connect",
-           "default_address", "default_token", "pb", "pb_grpc", "spec"]
+           "default_address", "default_token", "pb", "pb_grpc", "spec", "__version__"]

@@ -1,9 +1,11 @@
 """The generated shardcoord.v1 stubs (protoc's Python output and grpc_python_plugin's).
 
 They are looked up in $SHARDCOORD_PY_STUBS (a directory holding shardcoord_pb2.py), else in
-this package's _gen/ directory, which `tools/python.sh` fills (and refreshes when
-proto/shardcoord.proto changes). Both are generated with --proto_path=proto, so the modules
-are the top-level `shardcoord_pb2` and `shardcoord_pb2_grpc`.
+this package's _gen/ directory: setup.py generates it into an installed package
+(`pip install --no-build-isolation ./client/python`), `tools/python.sh` into the checkout
+(and refreshes it when proto/shardcoord.proto changes). Both are generated with
+--proto_path=proto, so the modules are the top-level `shardcoord_pb2` and
+`shardcoord_pb2_grpc`.
 """
 
 import os
