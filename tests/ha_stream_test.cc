@@ -175,7 +175,8 @@ TEST_F(HaStreamTest, ShardctlDownloadAndUploadAfterTheLeaderIsKilled) {
   ASSERT_NO_FATAL_FAILURE(StartCluster("shardctl"));
   CoordinatorClient& client = cluster_->client();
   const std::string first = RandomF32(kShape, kSeed);
-  absl::StatusOr<v1::TensorInfo> up = client.Upload(Header("t", kShape, "grid", "S(0),S(1)"), first);
+  absl::StatusOr<v1::TensorInfo> up =
+      client.Upload(Header("t", kShape, "grid", "S(0),S(1)"), first);
   ASSERT_TRUE(up.ok()) << up.status();
 
   // SIGKILL, and shardctl at once: its first calls meet a dead leader and a standby that does
@@ -210,16 +211,16 @@ TEST_F(HaStreamTest, ShardctlDownloadAndUploadAfterTheLeaderIsKilled) {
   h = client.Download("t", &got);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(CompareF32(got, first), "");
-  std::cerr << "ha_stream: shardctl download and upload through two failovers, " << kShape[0]
-            << "x" << kShape[1] << " f32 each, every value checked\n";
+  std::cerr << "ha_stream: shardctl download and upload through two failovers, " << kShape[0] << "x"
+            << kShape[1] << " f32 each, every value checked\n";
 }
 
 TEST_F(HaStreamTest, StreamsBrokenMidwayBySigkillResumeOrRestart) {
   ASSERT_NO_FATAL_FAILURE(StartCluster("midway"));
   CoordinatorClient& client = cluster_->client();
   const std::string first = RandomF32(kBigShape, kSeed + 2);
-  absl::StatusOr<v1::TensorInfo> up = client.Upload(Header("t", kBigShape, "grid", "S(0),S(1)"),
-                                                    first);
+  absl::StatusOr<v1::TensorInfo> up =
+      client.Upload(Header("t", kBigShape, "grid", "S(0),S(1)"), first);
   ASSERT_TRUE(up.ok()) << up.status();
   const int64_t version = up->version();
 
@@ -263,15 +264,14 @@ TEST_F(HaStreamTest, StreamsBrokenMidwayBySigkillResumeOrRestart) {
     std::vector<int64_t> progress;
     absl::Status killed;
     bool did_kill = false;
-    absl::StatusOr<v1::TensorInfo> info =
-        writer.Upload(Header("t", kBigShape, "grid", "S(1),S(0)"), second,
-                      [&](int64_t done, int64_t) {
-          progress.push_back(done);
-          if (!did_kill) {
-            did_kill = true;
-            killed = FailOver();
-          }
-        });
+    absl::StatusOr<v1::TensorInfo> info = writer.Upload(Header("t", kBigShape, "grid", "S(1),S(0)"),
+                                                        second, [&](int64_t done, int64_t) {
+                                                          progress.push_back(done);
+                                                          if (!did_kill) {
+                                                            did_kill = true;
+                                                            killed = FailOver();
+                                                          }
+                                                        });
     ASSERT_TRUE(killed.ok()) << killed;
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_GT(info->version(), version);
