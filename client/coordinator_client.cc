@@ -80,7 +80,8 @@ class RetryClock {
 // its own errors (returned before this), so the server did: gRPC cancels the calls a server
 // had not handed to a handler yet when it shut down (grpc/grpc#41785), a standby handing its
 // port to the leader, a coordinator stopping; retried as UNAVAILABLE (a change keeps its
-// request_id, so it still takes effect once), but not once a stream moved data (`moved`).
+// request_id, so it still takes effect once), but not once a response stream handed data
+// to the caller (`moved`).
 bool Transient(const absl::Status& s, bool moved) {
   if (s.code() == absl::StatusCode::kUnavailable) return true;
   return s.code() == absl::StatusCode::kCancelled && !moved;
@@ -479,7 +480,11 @@ absl::StatusOr<v1::TensorInfo> CoordinatorClient::UploadAttempts(const v1::Tenso
       return response.tensor();
     }
     absl::Status s = FromGrpcStatus(status);
-    if (!Transient(s, read_any)) return s;
+    // As a unary change, not as a download: the caller has consumed nothing partial, the
+    // upload commits whole or not at all and its request_id makes a retry answer a commit
+    // it missed. So CANCELLED is retried even after data was sent: a standby that took the
+    // stream and handed its port to the new leader cancels it (grpc/grpc#41785).
+    if (!Transient(s, /*moved=*/false)) return s;
     if (read_any && !restartable) {
       return absl::Status(s.code(), absl::StrCat(s.message(),
                                                  " (not retried: the upload's data source "

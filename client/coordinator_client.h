@@ -142,7 +142,8 @@ class CoordinatorClient {
   //
   // All or nothing: the coordinator commits an upload as one new version only once all of
   // its data arrived. An upload that fails UNAVAILABLE (the coordinator gone, a worker
-  // failed) is sent again from its first byte, at the leader, within retry_for of the
+  // failed) or CANCELLED by the server (a standby handing its port to the new leader), as a
+  // unary change would, is sent again from its first byte, at the leader, within retry_for of the
   // furthest it got (`progress` starts again at 0). Every attempt carries one
   // header.request_id (chosen here when empty), so a retry of an upload that committed but
   // whose answer was lost answers that first outcome (UploadResponse.replayed) instead of

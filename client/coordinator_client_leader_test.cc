@@ -171,6 +171,7 @@ class StreamServer final : public v1::Coordinator::Service {
     size_t slice = 5;
     int64_t fail_after = -1;
     grpc::StatusCode fail_code = grpc::StatusCode::UNAVAILABLE;
+    bool fail_once = false;  // Uploads: only the first one fails.
     bool replay = false;
     std::vector<v1::PlanProgress> progress;
   };
@@ -231,6 +232,10 @@ class StreamServer final : public v1::Coordinator::Service {
         seen.data += m.data();
         if (script.fail_after >= 0 && static_cast<int64_t>(seen.data.size()) >= script.fail_after) {
           status = grpc::Status(script.fail_code, "scripted failure");
+          if (script.fail_once) {
+            absl::MutexLock lock(&mu_);
+            script_.fail_after = -1;
+          }
           break;
         }
       }
@@ -460,6 +465,26 @@ TEST_F(StreamFailoverTest, AOnePassSourceIsNotReadTwice) {
   EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable) << info.status();
   EXPECT_NE(info.status().message().find("not retried"), std::string::npos) << info.status();
   EXPECT_EQ(services_[1].calls(), 0);
+}
+
+TEST_F(StreamFailoverTest, AnUploadCancelledByTheServerIsRestartedAsAUnaryChangeWouldBe) {
+  // A standby handing its port to the new leader cancels the calls it holds; the leader then
+  // answers on that same address.
+  services_[0].Set({.fail_after = 14, .fail_code = grpc::StatusCode::CANCELLED, .fail_once = true});
+  services_[1].Set({});
+  CoordinatorClient client(Both(), Quick());
+  v1::TensorHeader header;
+  header.set_name("t");
+  const std::string data = Pattern(100);
+  absl::StatusOr<v1::TensorInfo> info = client.Upload(header, data);
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::vector<std::string> sent;
+  for (int i = 0; i < 2; ++i) {
+    for (const auto& u : services_[i].uploads()) sent.push_back(u.data);
+  }
+  ASSERT_EQ(sent.size(), 2u);  // The cancelled attempt, then all of it again.
+  EXPECT_LT(sent[0].size(), data.size());
+  EXPECT_EQ(sent[1], data);
 }
 
 TEST_F(StreamFailoverTest, AnUploadRefusedOtherwiseIsNotRetried) {

@@ -675,10 +675,12 @@ class Client:
         def call(attempt):
             sent = [0]
 
+            # attempt.moved stays False: as a unary change, CANCELLED is retried even after
+            # data was sent (the upload commits whole or not at all; its request_id answers a
+            # commit whose answer was lost).
             def messages():
                 yield pb.TensorData(header=header)
                 for off in range(0, len(data), _CHUNK):
-                    attempt.moved = True
                     chunk = data[off:off + _CHUNK]
                     yield pb.TensorData(data=chunk)
                     sent[0] = off + len(chunk)
