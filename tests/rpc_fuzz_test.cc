@@ -53,6 +53,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -200,6 +201,100 @@ constexpr char kExtraProtos[] = R"pb(
   }
 )pb";
 
+// Valid requests to start from ("{sandbox}" stands for the test's sandbox directory), by
+// method path, in text format; a client-streaming method's seed is its messages separated by
+// "|". The fuzz mutates a few fields of them (Generator::MutateFields), which reaches the
+// handlers' code past their first checks (a mesh exists, a tensor is on it, an upload's header
+// is whole) far more often than random messages do. Names "fa", "fb", "fz" are the fuzz's own.
+const std::map<std::string, std::vector<std::string>>& Seeds() {
+  static const auto* seeds = new std::map<std::string, std::vector<std::string>>{
+      {"/shardcoord.v1.Coordinator/CreateMesh",
+       {R"seed(name: "fa" shape: 2 workers: "w0" workers: "w1")seed",
+        R"seed(name: "fb" shape: 3)seed"}},
+      {"/shardcoord.v1.Coordinator/CreateTensor",
+       {R"seed(name: "fa" shape: 4 shape: 3 dtype: F32 spec { mesh: "fa" placements_text: )seed"
+        R"seed("S(0)" } init: ARANGE)seed",
+        R"seed(name: "fb" shape: 6 dtype: BF16 spec { mesh: "fb" placements_text: "P" } init: )seed"
+        R"seed(RANDOM seed: 7)seed"}},
+      {"/shardcoord.v1.Coordinator/Upload",
+       {R"seed(header { name: "fc" shape: 4 dtype: F32 spec { mesh: "fa" placements_text: )seed"
+        R"seed("S(0)" } } | data: "0123456789abcdef")seed",
+        R"seed(header { name: "fa" has_rank: true rank: 0 total_bytes: 24 } | data: )seed"
+        R"seed("0123456789abcdef01234567")seed",
+        R"seed(header { name: "fa" has_rank: true rank: 1 total_bytes: )seed"
+        R"seed(1099511627776 } | data: )seed"
+        R"seed("x")seed",
+        R"seed(header { name: "ghost" shape: 1048576 shape: 1048576 dtype: F64 spec { mesh: )seed"
+        R"seed("fb" placements_text: "R" } total_bytes: 8796093022208 })seed"}},
+      {"/shardcoord.v1.Coordinator/Download", {R"seed(name: "fa")seed", R"seed(name: "fc")seed"}},
+      {"/shardcoord.v1.Coordinator/Redistribute",
+       {R"seed(tensor: "fa" target { placements_text: "R" } wait: true)seed",
+        R"seed(tensor: "fb" target { mesh: "fa" placements_text: "S(0)" })seed"}},
+      {"/shardcoord.v1.Coordinator/Gather", {R"seed(tensor: "fa" wait: true)seed"}},
+      {"/shardcoord.v1.Coordinator/Copy", {R"seed(src: "fa" dst: "fc" wait: true)seed"}},
+      {"/shardcoord.v1.Coordinator/DeleteTensor", {R"seed(name: "fc")seed"}},
+      {"/shardcoord.v1.Coordinator/DeleteMesh", {R"seed(name: "fb")seed"}},
+      {"/shardcoord.v1.Coordinator/PlanRedistribute",
+       {R"seed(tensor: "fa" target { placements_text: "S(1)" })seed"}},
+      {"/shardcoord.v1.Coordinator/SaveCheckpoint",
+       {R"seed(dir: "{sandbox}/0" tensors: "fa" tensors: "fb")seed",
+        R"seed(dir: "{sandbox}/1" all: true overwrite: true)seed"}},
+      {"/shardcoord.v1.Coordinator/LoadCheckpoint",
+       {R"seed(dir: "{sandbox}/0" all: true prefix: "l_" spec { mesh: "fa" )seed"
+        R"seed(placements_text: "R" )seed"
+        R"seed(})seed"}},
+      {"/shardcoord.v1.Coordinator/InspectCheckpoint", {R"seed(dir: "{sandbox}/0")seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/RegisterWorker",
+       {R"seed(name: "fake0" host: "127.0.0.1" address: "127.0.0.1:1" backend: "gloo")seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/Heartbeat", {R"seed(name: "fake0" incarnation: 1)seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/LeaveWorker",
+       {R"seed(name: "fake0" incarnation: 1 drain_timeout_ms: 10)seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/KvSet", {R"seed(key: "k" value: "v")seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/KvGet", {R"seed(key: "k" timeout_ms: 10)seed"}},
+      {"/shardcoord.v1.CoordinatorWorkers/Barrier",
+       {R"seed(key: "b" participants: 2 member: "m" timeout_ms: 50)seed"}},
+      {"/shardcoord.v1.Worker/Fill",
+       {R"seed(tensor: "fz" version: 1 dtype: F32 global_shape: 4 init: ARANGE )seed"
+        R"seed(chunks { rank: 0 )seed"
+        R"seed(chunks { box { offset: 0 shape: 4 } } local_elements: 4 })seed"}},
+      {"/shardcoord.v1.Worker/WriteChunk",
+       {R"seed(tensor: "fz" version: 2 dtype: F32 total_bytes: 16 chunks { rank: )seed"
+        R"seed(0 chunks { box )seed"
+        R"seed({ offset: 0 shape: 4 } } local_elements: 4 } | data: "0123456789abcdef")seed",
+        R"seed(tensor: "fz" version: 3 dtype: F32 total_bytes: 1099511627776 chunks { rank: 0 )seed"
+        R"seed(chunks { box { offset: 0 shape: 4 } } local_elements: 4 } | data: "0123")seed"}},
+      {"/shardcoord.v1.Worker/WriteBuffer",
+       {R"seed(tensor: "fz" version: 4 dtype: F32 total_bytes: 16 data: "0123456789abcdef" )seed"
+        R"seed(chunks { rank: 0 chunks { box { offset: 0 shape: 4 } } local_elements: 4 })seed"}},
+      {"/shardcoord.v1.Worker/ReadChunk",
+       {R"seed(tensor: "fz" version: 1 box { offset: 0 shape: 4 })seed"}},
+      {"/shardcoord.v1.Worker/ReadBoxes",
+       {R"seed(tensor: "fz" version: 1 boxes { offset: 1 shape: 2 } boxes { )seed"
+        R"seed(offset: 0 shape: 4 )seed"
+        R"seed(})seed"}},
+      {"/shardcoord.v1.Worker/DropTensor", {R"seed(tensor: "fz" version: 2)seed"}},
+      {"/shardcoord.v1.Worker/Execute",
+       {R"seed(plan_id: "p1" tensor: "fz" dtype: F32 rank: 0 source_version: 1 )seed"
+        R"seed(target_version: )seed"
+        R"seed(5 step_timeout_ms: 100 source { rank: 0 chunks { box { offset: 0 shape: 4 } } )seed"
+        R"seed(local_elements: 4 } target { rank: 0 chunks { box { offset: 0 shape: 4 } } )seed"
+        R"seed(local_elements: 4 } local_copies {})seed"}},
+      {"/shardcoord.v1.Worker/FinishPlan", {R"seed(plan_id: "p1" tensor: "fz" commit: true)seed"}},
+      {"/shardcoord.v1.Worker/WriteCheckpoint",
+       {R"seed(dir: "{sandbox}/{worker}" file: "a.safetensors" entries { entry: "e" tensor: )seed"
+        R"seed("fz" version: 1 box { offset: 0 shape: 4 } })seed"}},
+      {"/shardcoord.v1.Worker/ReadCheckpointIndex", {R"seed(path: "{sandbox}/{worker}")seed"}},
+      {"/grpc.health.v1.Health/Check",
+       {R"seed(service: "")seed", R"seed(service: "liveness")seed"}},
+      {"/grpc.health.v1.Health/Watch", {R"seed(service: "liveness")seed"}},
+      {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+       {R"seed(list_services: "")seed",
+        R"seed(file_containing_symbol: "shardcoord.v1.Coordinator")seed",
+        R"seed(file_by_filename: "proto/shardcoord.proto")seed"}},
+  };
+  return *seeds;
+}
+
 int64_t EnvInt(const char* name, int64_t fallback) {
   const char* value = std::getenv(name);
   int64_t parsed = 0;
@@ -233,6 +328,9 @@ struct Method {
   bool server_streaming = false;
   bool must_be_unimplemented = false;
   const Protected* protect = nullptr;  // What its requests must not hold.
+  // Valid request sequences to mutate (from Seeds()); each one message unless the method is
+  // client-streaming.
+  std::vector<std::vector<std::shared_ptr<const Message>>> seeds;
 };
 
 // What the generator must never produce (exact strings), and where paths may point. The
@@ -262,8 +360,8 @@ bool PathField(const FieldDescriptor* f) {
 // Whether `value` in field `f` is one the generator may send (see Protected).
 bool SafeString(const FieldDescriptor* f, const std::string& value, const Protected& p) {
   if (p.names.count(value) > 0 || p.addresses.count(value) > 0) return false;
-  if (AddressField(f) && !value.empty() && !absl::StartsWith(value, "127.0.0.1:") &&
-      !absl::StartsWith(value, "[::1]:")) {
+  if (AddressField(f) && !value.empty() && value != "127.0.0.1" && value != "::1" &&
+      !absl::StartsWith(value, "127.0.0.1:") && !absl::StartsWith(value, "[::1]:")) {
     return false;
   }
   if (absl::StrContains(value, "..") && absl::StrContains(value, "/")) return false;
@@ -277,6 +375,12 @@ bool SafeString(const FieldDescriptor* f, const std::string& value, const Protec
 // Whether every string anywhere in `m` is safe.
 bool SafeMessage(const Message& m, const Protected& p) {
   const Reflection* r = m.GetReflection();
+  // A load `into` existing tensors writes whatever tensor the checkpoint names, which a save
+  // of `all` tensors made the checked one.
+  if (m.GetDescriptor()->full_name() == "shardcoord.v1.LoadCheckpointRequest") {
+    const FieldDescriptor* into = m.GetDescriptor()->FindFieldByName("into");
+    if (into != nullptr && r->GetBool(m, into)) return false;
+  }
   std::vector<const FieldDescriptor*> fields;
   r->ListFields(m, &fields);
   for (const FieldDescriptor* f : fields) {
@@ -315,6 +419,24 @@ class Generator {
     std::string s(Below(max_len + 1), '\0');
     for (char& c : s) c = static_cast<char>(rng_());
     return s;
+  }
+
+  // A seed's messages with a few fields changed (none, sometimes), each sometimes mutated as
+  // bytes; sometimes a message dropped.
+  std::vector<std::string> FromSeed(const Method& method,
+                                    const std::vector<std::shared_ptr<const Message>>& seed) {
+    std::vector<std::string> out;
+    for (const std::shared_ptr<const Message>& s : seed) {
+      if (seed.size() > 1 && Chance(1, 10)) continue;
+      std::unique_ptr<Message> m(s->New());
+      m->CopyFrom(*s);
+      plausible_ = Chance(2, 3);
+      for (int64_t i = 0, n = Below(4); i < n; ++i) MutateField(m.get(), 0);
+      std::string bytes = m->SerializeAsString();
+      if (Chance(1, 6) && !bytes.empty()) bytes = Mutate(std::move(bytes));
+      out.push_back(Checked(method, std::move(bytes)));
+    }
+    return out;
   }
 
   // One serialized request for `method` (or arbitrary bytes for an unknown method).
@@ -557,7 +679,7 @@ class Generator {
         // Mostly a declared value, sometimes any number (proto3 enums are open).
         const google::protobuf::EnumDescriptor* e = f->enum_type();
         const int v = plausible_ || Chance(4, 5) ? e->value(Below(e->value_count()))->number()
-                                   : static_cast<int>(Int64());
+                                                 : static_cast<int>(Int64());
         add ? r->AddEnumValue(m, f, v) : r->SetEnumValue(m, f, v);
         break;
       }
@@ -569,6 +691,49 @@ class Generator {
       case FieldDescriptor::CPPTYPE_MESSAGE:
         break;
     }
+  }
+
+  // Changes one field of `m` or of a message inside it: a new value, one more element, or
+  // the field cleared.
+  void MutateField(Message* m, int depth) {
+    const Descriptor* d = m->GetDescriptor();
+    const Reflection* r = m->GetReflection();
+    if (d->field_count() == 0) return;
+    const FieldDescriptor* f = d->field(Below(d->field_count()));
+    if (Chance(1, 8)) {
+      r->ClearField(m, f);
+      return;
+    }
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (depth >= 4) return;
+      Message* sub = nullptr;
+      if (f->is_repeated()) {
+        const int size = r->FieldSize(*m, f);
+        sub = size > 0 && Chance(2, 3) ? r->MutableRepeatedMessage(m, f, Below(size))
+                                       : r->AddMessage(m, f);
+      } else {
+        sub = r->MutableMessage(m, f);
+      }
+      if (Chance(1, 4)) {
+        Fill(sub, depth + 1);
+      } else {
+        MutateField(sub, depth + 1);
+      }
+      return;
+    }
+    if (f->is_repeated()) {
+      if (r->FieldSize(*m, f) > 0 && Chance(1, 2)) {
+        // Replace the last element: set a new one and swap it into place.
+        SetScalar(m, f);
+        const int size = r->FieldSize(*m, f);
+        r->SwapElements(m, f, size - 2, size - 1);
+        r->RemoveLast(m, f);
+      } else {
+        SetScalar(m, f);
+      }
+      return;
+    }
+    SetScalar(m, f);
   }
 
   void Fill(Message* m, int depth) {
@@ -623,8 +788,8 @@ struct CallResult {
 };
 
 CallResult Call(grpc::GenericStub& stub, const std::string& method,
-                const std::vector<std::string>& messages, bool half_close,
-                absl::Duration deadline, int max_reads = 64) {
+                const std::vector<std::string>& messages, bool half_close, absl::Duration deadline,
+                int max_reads = 64) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   grpc::CompletionQueue cq;
@@ -693,8 +858,9 @@ struct Target {
   std::map<std::string, int64_t> bytes_by_method;        // Request bytes sent.
   // The first message of each code that no handler documents for bad input, for the log.
   std::map<std::pair<std::string, grpc::StatusCode>, std::string> odd_messages;
-  std::vector<std::string> failures;  // Unknown methods not UNIMPLEMENTED.
-  std::string death;                  // Set when the daemon died under the fuzz.
+  // Unknown methods not UNIMPLEMENTED; statuses too large for a client to read.
+  std::vector<std::string> failures;
+  std::string death;  // Set when the daemon died under the fuzz.
 };
 
 std::string Histogram(const std::map<grpc::StatusCode, int64_t>& codes) {
@@ -728,11 +894,26 @@ void FuzzTarget(Target* target, uint64_t seed, int calls) {
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(target->address, grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
-  std::string last_call = "none";
-  for (const Method& method : target->methods) {
+  // Every method `calls` times, in a shuffled order, so that calls build state (a mesh, a
+  // tensor on it, a checkpoint of it) that later calls of other methods find.
+  std::vector<Generator> generators;
+  std::vector<int> order;
+  for (size_t m = 0; m < target->methods.size(); ++m) {
+    const Method& method = target->methods[m];
+    generators.emplace_back(seed ^ std::hash<std::string>()(target->label + method.path),
+                            method.protect);
     if (Skipped(method.path)) continue;
-    Generator gen(seed ^ std::hash<std::string>()(target->label + method.path), method.protect);
-    for (int i = 0; i < calls; ++i) {
+    order.insert(order.end(), calls, static_cast<int>(m));
+  }
+  std::mt19937_64 shuffle(seed ^ std::hash<std::string>()(target->label));
+  std::shuffle(order.begin(), order.end(), shuffle);
+  std::vector<int> calls_made(target->methods.size(), 0);
+  std::string last_call = "none";
+  for (const int m : order) {
+    const Method& method = target->methods[m];
+    Generator& gen = generators[m];
+    const int i = calls_made[m]++;
+    {
       int count = 1;
       const int shape = static_cast<int>(gen.Below(20));
       if (method.client_streaming) {
@@ -743,7 +924,11 @@ void FuzzTarget(Target* target, uint64_t seed, int calls) {
         count = 2;  // ... or with two.
       }
       std::vector<std::string> messages;
-      for (int k = 0; k < count; ++k) messages.push_back(gen.Request(method));
+      if (!method.seeds.empty() && gen.Chance(1, 3)) {
+        messages = gen.FromSeed(method, method.seeds[gen.Below(method.seeds.size())]);
+      } else {
+        for (int k = 0; k < count; ++k) messages.push_back(gen.Request(method));
+      }
       const bool half_close = method.must_be_unimplemented || !gen.Chance(1, 12);
       const absl::Duration deadline =
           method.must_be_unimplemented
@@ -753,23 +938,34 @@ void FuzzTarget(Target* target, uint64_t seed, int calls) {
       CallResult result = Call(stub, method.path, messages, half_close, deadline);
       target->time_by_method[method.path] += absl::Now() - start;
       for (const std::string& m : messages) target->bytes_by_method[method.path] += m.size();
-      if (result.code == grpc::StatusCode::UNAVAILABLE || result.code == grpc::StatusCode::UNKNOWN ||
-          result.code == grpc::StatusCode::INTERNAL || result.code == grpc::StatusCode::DATA_LOSS) {
-        target->odd_messages.emplace(std::make_pair(method.path, result.code), result.message);
+      if (result.code == grpc::StatusCode::UNAVAILABLE ||
+          result.code == grpc::StatusCode::UNKNOWN || result.code == grpc::StatusCode::INTERNAL ||
+          result.code == grpc::StatusCode::DATA_LOSS) {
+        int64_t sent = 0;
+        for (const std::string& m : messages) sent += m.size();
+        target->odd_messages.emplace(std::make_pair(method.path, result.code),
+                                     absl::StrCat(result.message, " (call ", i, ": ",
+                                                  messages.size(), " messages, ", sent, " bytes)"));
       }
       ++target->requests;
       ++target->codes[result.code];
       ++target->codes_by_method[method.path][result.code];
+      // A status whose message is too long for a client's metadata limit: the caller never
+      // learns what went wrong (and the connection may break for the calls after it).
+      if (result.code == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          absl::StrContains(result.message, "metadata size exceeds limit")) {
+        target->failures.push_back(absl::StrCat(
+            method.path, " call ", i, " answered a status too large to read: ", result.message));
+      }
       if (method.must_be_unimplemented && result.code != grpc::StatusCode::UNIMPLEMENTED) {
-        target->failures.push_back(absl::StrCat(method.path, " answered ", CodeName(result.code),
-                                                ": ", result.message));
+        target->failures.push_back(
+            absl::StrCat(method.path, " answered ", CodeName(result.code), ": ", result.message));
       }
       std::vector<std::string> sent;
       for (const std::string& m : messages) sent.push_back(Preview(m));
-      std::string this_call = absl::StrCat("call ", i, " of ", method.path, " (answered ",
-                                           CodeName(result.code), ": ", result.message, "; ",
-                                           messages.size(), " messages [",
-                                           absl::StrJoin(sent, "; "), "])");
+      std::string this_call = absl::StrCat(
+          "call ", i, " of ", method.path, " (answered ", CodeName(result.code), ": ",
+          result.message, "; ", messages.size(), " messages [", absl::StrJoin(sent, "; "), "])");
       if (!Running(target->pid)) {
         target->death = absl::StrCat(target->label, " died during ", this_call,
                                      "; the call before: ", last_call);
@@ -781,10 +977,10 @@ void FuzzTarget(Target* target, uint64_t seed, int calls) {
 }
 
 // Every method of every service in `services`, then health, reflection and unknown methods.
-std::vector<Method> MethodsOf(const std::vector<const google::protobuf::ServiceDescriptor*>& services,
-                              google::protobuf::MessageFactory* generated,
-                              google::protobuf::MessageFactory* dynamic, const Protected* strict,
-                              const Protected* coordinator_service) {
+std::vector<Method> MethodsOf(
+    const std::vector<const google::protobuf::ServiceDescriptor*>& services,
+    google::protobuf::MessageFactory* generated, google::protobuf::MessageFactory* dynamic,
+    const Protected* strict, const Protected* coordinator_service, const std::string& worker) {
   std::vector<Method> methods;
   for (const google::protobuf::ServiceDescriptor* s : services) {
     const bool ours = s->file()->pool() == google::protobuf::DescriptorPool::generated_pool();
@@ -797,6 +993,23 @@ std::vector<Method> MethodsOf(const std::vector<const google::protobuf::ServiceD
       m.client_streaming = md->client_streaming();
       m.server_streaming = md->server_streaming();
       m.protect = s->full_name() == "shardcoord.v1.Coordinator" ? coordinator_service : strict;
+      auto seeds = Seeds().find(m.path);
+      if (seeds != Seeds().end()) {
+        for (const std::string& text : seeds->second) {
+          std::vector<std::shared_ptr<const Message>> sequence;
+          for (absl::string_view part : absl::StrSplit(text, '|')) {
+            std::shared_ptr<Message> message(m.prototype->New());
+            const std::string filled =
+                absl::StrReplaceAll(part, {{"{sandbox}", strict->sandbox}, {"{worker}", worker}});
+            EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(filled, message.get()))
+                << m.path << ": seed " << filled;
+            EXPECT_TRUE(SafeMessage(*message, *m.protect)) << m.path << ": seed " << filled;
+            sequence.push_back(std::move(message));
+          }
+          EXPECT_TRUE(sequence.size() == 1 || m.client_streaming) << m.path << ": " << text;
+          m.seeds.push_back(std::move(sequence));
+        }
+      }
       methods.push_back(m);
     }
   }
@@ -820,9 +1033,8 @@ void CreateChecked(Cluster& cluster) {
   absl::StatusOr<v1::MeshInfo> mesh =
       MakeMesh(cluster.client(), kCheckedMesh, {kNumWorkers}, cluster.WorkerNames());
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  absl::StatusOr<v1::TensorInfo> tensor = CreateFilled(cluster.client(), kCheckedTensor,
-                                                       kCheckedShape, DType::kF32, kCheckedMesh,
-                                                       "S(0)");
+  absl::StatusOr<v1::TensorInfo> tensor = CreateFilled(
+      cluster.client(), kCheckedTensor, kCheckedShape, DType::kF32, kCheckedMesh, "S(0)");
   ASSERT_TRUE(tensor.ok()) << tensor.status();
 }
 
@@ -831,11 +1043,12 @@ void ExpectServing(const std::string& address, const std::string& service) {
   if (Skipped("/grpc.health.v1.Health/Check")) return;
   grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   std::string request;
-  if (!service.empty()) request = absl::StrCat("\x0a", std::string(1, static_cast<char>(service.size())), service);
-  CallResult result = Call(stub, "/grpc.health.v1.Health/Check", {request}, true,
-                           absl::Seconds(10));
-  ASSERT_EQ(result.code, grpc::StatusCode::OK) << address << " '" << service << "': "
-                                               << result.message;
+  if (!service.empty())
+    request = absl::StrCat("\x0a", std::string(1, static_cast<char>(service.size())), service);
+  CallResult result =
+      Call(stub, "/grpc.health.v1.Health/Check", {request}, true, absl::Seconds(10));
+  ASSERT_EQ(result.code, grpc::StatusCode::OK)
+      << address << " '" << service << "': " << result.message;
   ASSERT_EQ(result.responses.size(), 1u);
   EXPECT_EQ(result.responses[0], std::string("\x08\x01", 2))
       << address << " '" << service << "' answered " << Preview(result.responses[0]);
@@ -857,7 +1070,7 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
   ClusterOptions options;
   options.num_workers = kNumWorkers;
   options.worker_flags = {"--http-listen=127.0.0.1:0",
-                          absl::StrCat("--checkpoint-root=", p.sandbox, "/{name}")};
+                          absl::StrCat("--checkpoint-root=", p.sandbox)};
   absl::StatusOr<std::unique_ptr<Cluster>> started = Cluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
@@ -876,8 +1089,7 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
 
   // The services: which daemon registers which (coordinator/coordinator.cc, worker/worker.cc).
   const google::protobuf::FileDescriptor* file =
-      google::protobuf::DescriptorPool::generated_pool()->FindFileByName(
-          "proto/shardcoord.proto");
+      google::protobuf::DescriptorPool::generated_pool()->FindFileByName("proto/shardcoord.proto");
   ASSERT_NE(file, nullptr);
   google::protobuf::FileDescriptorSet extra_set;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kExtraProtos, &extra_set));
@@ -915,16 +1127,26 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
   targets[0].label = "coordinator";
   targets[0].address = cluster.coordinator_address();
   targets[0].pid = cluster.coordinator_pid();
-  targets[0].methods = MethodsOf(coordinator_services, generated, &dynamic, &p, &coordinator_service);
+  targets[0].methods =
+      MethodsOf(coordinator_services, generated, &dynamic, &p, &coordinator_service, "");
   for (int i = 0; i < kNumWorkers; ++i) {
     Target& t = targets[1 + i];
     t.label = Cluster::WorkerName(i);
     t.address = cluster.worker_info(i).address();
     t.pid = cluster.worker_pid(i);
-    t.methods = MethodsOf(worker_services, generated, &dynamic, &p, &coordinator_service);
+    t.methods = MethodsOf(worker_services, generated, &dynamic, &p, &coordinator_service, t.label);
   }
-  std::fprintf(stderr, "rpc_fuzz: seed %llu, %d calls per method; %zu coordinator methods, %zu "
-                       "worker methods, %d workers\n",
+  std::set<std::string> paths;
+  for (const Target& t : targets) {
+    for (const Method& m : t.methods) paths.insert(m.path);
+  }
+  for (const auto& [path, seeds] : Seeds()) {
+    EXPECT_EQ(paths.count(path), 1u) << "a seed for " << path << ", which is not fuzzed";
+  }
+  if (::testing::Test::HasFailure()) return;
+  std::fprintf(stderr,
+               "rpc_fuzz: seed %llu, %d calls per method; %zu coordinator methods, %zu "
+               "worker methods, %d workers\n",
                static_cast<unsigned long long>(seed), calls, targets[0].methods.size(),
                targets[1].methods.size(), kNumWorkers);
 
@@ -938,8 +1160,7 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
   for (const Target& t : targets) {
     total += t.requests;
     std::fprintf(stderr, "rpc_fuzz: %s (%s): %lld requests: %s\n", t.label.c_str(),
-                 t.address.c_str(), static_cast<long long>(t.requests),
-                 Histogram(t.codes).c_str());
+                 t.address.c_str(), static_cast<long long>(t.requests), Histogram(t.codes).c_str());
     for (const auto& [path, codes] : t.codes_by_method) {
       std::fprintf(stderr, "rpc_fuzz:   %s %s: %s (%lld request bytes, %s)\n", t.label.c_str(),
                    path.c_str(), Histogram(codes).c_str(),
@@ -949,8 +1170,8 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
   }
   for (const Target& t : targets) {
     for (const auto& [key, message] : t.odd_messages) {
-      std::fprintf(stderr, "rpc_fuzz: %s %s answered %s: %s\n", t.label.c_str(),
-                   key.first.c_str(), CodeName(key.second).c_str(), message.c_str());
+      std::fprintf(stderr, "rpc_fuzz: %s %s answered %s: %s\n", t.label.c_str(), key.first.c_str(),
+                   CodeName(key.second).c_str(), message.c_str());
     }
   }
   std::fprintf(stderr, "rpc_fuzz: %lld requests in all\n", static_cast<long long>(total));
@@ -970,8 +1191,7 @@ TEST(RpcFuzzTest, EveryMethodOfBothDaemonsSurvivesMalformedAndRandomRequests) {
     ExpectServing(t.address, "");
     ExpectServing(t.address, "liveness");
   }
-  absl::Status alive =
-      cluster.WaitForWorkers(cluster.WorkerNames(), v1::ALIVE, absl::Seconds(30));
+  absl::Status alive = cluster.WaitForWorkers(cluster.WorkerNames(), v1::ALIVE, absl::Seconds(30));
   EXPECT_TRUE(alive.ok()) << alive;
   absl::StatusOr<v1::TensorInfo> after = cluster.client().GetTensor(kCheckedTensor);
   ASSERT_TRUE(after.ok()) << after.status();
