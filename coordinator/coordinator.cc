@@ -10,7 +10,9 @@
 #include "coordinator/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
+#include "proto/malformed_log.h"
 #include "proto/rpc_metrics.h"
+#include "proto/shardcoord.grpc.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcoord {
@@ -199,8 +201,11 @@ absl::StatusOr<std::string> Coordinator::Start() {
   builder.RegisterService(service_.get());
   builder.RegisterService(worker_service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(MakeRpcMetricsInterceptor(metrics_.rpcs, metrics_.rpc_duration_seconds,
-                                                   metrics_.rpc_message_bytes));
+  interceptors.push_back(MakeRpcMetricsInterceptor(
+      RpcMethods::Of(
+          {v1::Coordinator::service_full_name(), v1::CoordinatorWorkers::service_full_name()}),
+      metrics_.rpcs, metrics_.rpc_duration_seconds, metrics_.rpc_message_bytes,
+      LogMalformedCallsRateLimited()));
   if (!options_.leader_hint.empty()) {
     interceptors.push_back(MakeLeaderHintInterceptor(options_.leader_hint));
   }

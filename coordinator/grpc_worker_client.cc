@@ -9,6 +9,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
 #include "proto/rpc_metrics.h"
+#include "proto/shardcoord.grpc.pb.h"
 
 namespace shardcoord {
 
@@ -46,7 +47,8 @@ v1::Worker::Stub* GrpcWorkerClient::StubFor(const WorkerEndpoint& worker) {
     ExpectServerName(options_.tls, worker.name, &args);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> counting;
     if (options_.message_bytes != nullptr) {
-      counting.push_back(MakeRpcBytesClientInterceptor(options_.message_bytes));
+      counting.push_back(MakeRpcBytesClientInterceptor(
+          RpcMethods::Of({v1::Worker::service_full_name()}), options_.message_bytes));
     }
     stub = v1::Worker::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
         worker.address, MakeChannelCredentials(options_.tls), args, std::move(counting)));

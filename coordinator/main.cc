@@ -26,6 +26,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/etcd_client.h"
 #include "coordinator/etcd_coordinator.h"
+#include "proto/malformed_log.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -296,6 +297,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   // Logs go to stderr: stdout carries only the ready line that scripts and tests read.
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
+  shardcoord::RouteProtobufLogsToSpdlog();  // Malformed requests must not flood the log.
 
   // Every thread started from here on inherits the blocked signals; this thread takes them.
   sigset_t signals;

@@ -279,8 +279,9 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     up->spec_text_ = existing->spec;
     up->layout_ = existing->layout;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header.spec: required to upload new tensor '", args.name, "'"));
+    // Nothing to replace and nothing to create it from: the tensor named is not there.
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", args.name, "' not found (header.spec creates it by upload)"));
   }
   absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = Endpoints(up->layout_);
   if (!endpoints.ok()) return endpoints.status();
@@ -550,26 +551,39 @@ void TensorIo::Upload(const UploadArgs& args, std::string data, TensorCallback d
   (*next)(0);
 }
 
-void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallback done) {
+absl::StatusOr<TensorRecord> TensorIo::RankUploadTarget(const UploadArgs& args) const {
   absl::StatusOr<TensorRecord> t = tensors_->Get(args.name);
-  if (!t.ok()) return done(t.status());
+  if (!t.ok()) return t.status();
   if (t->shape != args.shape || t->dtype != args.dtype) {
-    return done(absl::InvalidArgumentError(
+    return absl::InvalidArgumentError(
         absl::StrCat("header: ", ShapeToString(args.shape), " ", DTypeName(args.dtype),
                      " does not match tensor '", args.name, "' (", ShapeToString(t->shape), " ",
-                     DTypeName(t->dtype), ")")));
+                     DTypeName(t->dtype), ")"));
   }
-  const int64_t rank = *args.rank;
+  const int64_t rank = args.rank.value_or(-1);
   if (t->attached) {
-    return done(absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         absl::StrCat("header.rank: tensor '", args.name, "' is attached: rank ", rank,
-                     "'s buffer is its user process's memory; write it there")));
+                     "'s buffer is its user process's memory; write it there"));
   }
+  if (t->layout.Find(rank) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.rank: rank ", rank, " holds nothing of '", args.name, "'"));
+  }
+  return t;
+}
+
+absl::StatusOr<int64_t> TensorIo::RankUploadBytes(const UploadArgs& args) const {
+  absl::StatusOr<TensorRecord> t = RankUploadTarget(args);
+  if (!t.ok()) return t.status();
+  return t->layout.Find(*args.rank)->local_elements * ElementSize(t->dtype);
+}
+
+void TensorIo::UploadRank(const UploadArgs& args, std::string data, TensorCallback done) {
+  absl::StatusOr<TensorRecord> t = RankUploadTarget(args);
+  if (!t.ok()) return done(t.status());
+  const int64_t rank = *args.rank;
   const RankChunks* rc = t->layout.Find(rank);
-  if (rc == nullptr) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("header.rank: rank ", rank, " holds nothing of '", args.name, "'")));
-  }
   const int64_t es = ElementSize(t->dtype);
   if (static_cast<int64_t>(data.size()) != rc->local_elements * es) {
     return done(absl::InvalidArgumentError(absl::StrCat("data: ", data.size(), " bytes but rank ",

@@ -156,6 +156,11 @@ class TensorIo {
   // of the tensor is running; UNAVAILABLE a worker.
   void Upload(const UploadArgs& args, std::string data, TensorCallback done);
 
+  // The exact size of the rank's local buffer a rank upload (args.rank set) replaces, checked
+  // against the tensor before any data is taken: NOT_FOUND tensor; INVALID_ARGUMENT shape or
+  // dtype mismatch, a rank that holds nothing; FAILED_PRECONDITION attached.
+  absl::StatusOr<int64_t> RankUploadBytes(const UploadArgs& args) const;
+
   // A download in progress: one version of the tensor, read band by band. While it lives,
   // rank uploads (which rewrite a version in place) are refused with ABORTED. A plan or
   // whole upload may commit a new version meanwhile: then reads of the old one fail and
@@ -215,6 +220,8 @@ class TensorIo {
                   const absl::Status& s, const TensorCallback& done);
   void Drop(const std::vector<WorkerEndpoint>& endpoints, const std::string& tensor,
             int64_t version);
+  // The tensor a rank upload writes, checked as RankUploadBytes says.
+  absl::StatusOr<TensorRecord> RankUploadTarget(const UploadArgs& args) const;
   void UploadRank(const UploadArgs& args, std::string data, TensorCallback done);
   std::string NewOp(const char* kind);
   void EndRankUpload(const std::string& name);

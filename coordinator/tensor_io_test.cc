@@ -250,8 +250,8 @@ TEST_F(TensorIoTest, UploadValidationChangesNothing) {
   absl::Status short_data = Upload(args, Floats(31, 0)).status();
   EXPECT_EQ(short_data.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(short_data.message(), "data: 124 bytes for a [8, 4] f32 tensor of 128 bytes");
-  args.name = "new";
-  EXPECT_EQ(Upload(args, Floats(32, 0)).status().code(), absl::StatusCode::kInvalidArgument);
+  args.name = "new";  // No spec to create it from.
+  EXPECT_EQ(Upload(args, Floats(32, 0)).status().code(), absl::StatusCode::kNotFound);
   args.name = "T";
   ASSERT_TRUE(tensors_.Acquire("T", "p-9").ok());
   EXPECT_EQ(Upload(args, Floats(32, 0)).status().code(), absl::StatusCode::kAborted);

@@ -78,7 +78,18 @@ void UploadSession::OnMessage(v1::TensorData message) {
     absl::StatusOr<UploadHeader> header = ParseUploadHeader(message.header());
     if (!header.ok()) return Fail(header.status());
     std::shared_ptr<TensorIo::UploadStream> stream;
-    if (!header->args.rank.has_value()) {
+    if (header->args.rank.has_value()) {
+      // The caller's total_bytes is only a claim: the buffer collected is the rank's real
+      // one, checked against the tensor before a byte is taken or reserved.
+      absl::StatusOr<int64_t> bytes = io_->RankUploadBytes(header->args);
+      if (!bytes.ok()) return Fail(bytes.status());
+      if (message.header().total_bytes() != 0 && message.header().total_bytes() != *bytes) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat(
+            "header.total_bytes = ", message.header().total_bytes(), " but rank ",
+            *header->args.rank, "'s local buffer of '", header->args.name, "' holds ", *bytes)));
+      }
+      header->limit = *bytes;
+    } else {
       // Opening takes TensorManager's lock and opens the workers' streams: not under ours.
       absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> up = io_->StartUpload(header->args);
       if (!up.ok()) return Fail(up.status());

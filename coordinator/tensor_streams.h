@@ -26,7 +26,8 @@ namespace shardcoord {
 // An Upload stream's header, checked: what to upload and how many data bytes may follow.
 struct UploadHeader {
   UploadArgs args;
-  // Whole uploads: the tensor's size; rank uploads: total_bytes, or the tensor's size if 0.
+  // Whole uploads: the tensor's size; rank uploads: the size of the rank's local buffer once
+  // the session checked it against the tensor (until then total_bytes, or the tensor's size).
   int64_t limit = 0;
 };
 

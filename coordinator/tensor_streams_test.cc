@@ -510,6 +510,52 @@ TEST_F(TensorStreamsTest, RankUploadOfTheWrongSizeFails) {
   EXPECT_EQ(t.result->status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A caller's total_bytes is a claim: an unknown tensor answers NOT_FOUND before any data is
+// read, whatever size it declares (it used to reserve that many bytes first).
+TEST_F(TensorStreamsTest, RankUploadOfAnUnknownTensorFailsBeforeReading) {
+  v1::TensorHeader h = Header("nope", "");
+  h.clear_shape();
+  h.add_shape(int64_t{1} << 38);  // 1 TiB of f32.
+  h.set_has_rank(true);
+  h.set_rank(0);
+  h.set_total_bytes(int64_t{1} << 40);
+  FakeUploadTransport t;
+  UploadSession s(&io_, &t);
+  s.OnMessage(HeaderMessage(h));
+  ASSERT_TRUE(t.result.has_value());
+  EXPECT_EQ(t.result->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.reads, 0);
+}
+
+TEST_F(TensorStreamsTest, RankUploadDeclaringAnotherSizeThanTheBufferFailsBeforeReading) {
+  UploadT(Pattern(kBytes));
+  v1::TensorHeader h = Header("T", "");
+  h.set_has_rank(true);
+  h.set_rank(2);
+  h.set_total_bytes(int64_t{1} << 40);
+  FakeUploadTransport t;
+  UploadSession s(&io_, &t);
+  s.OnMessage(HeaderMessage(h));
+  ASSERT_TRUE(t.result.has_value());
+  EXPECT_EQ(t.result->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.result->status().message()),
+              HasSubstr("header.total_bytes = 1099511627776 but rank 2's local buffer of 'T' "
+                        "holds 32"));
+  EXPECT_EQ(t.reads, 0);
+}
+
+TEST_F(TensorStreamsTest, WholeUploadOfAnUnknownTensorWithoutSpecIsNotFound) {
+  v1::TensorHeader h = Header("nope", "");
+  h.clear_spec();
+  FakeUploadTransport t;
+  UploadSession s(&io_, &t);
+  s.OnMessage(HeaderMessage(h));
+  ASSERT_TRUE(t.result.has_value());
+  EXPECT_EQ(t.result->status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(t.result->status().message()), HasSubstr("tensor 'nope' not found"));
+  EXPECT_EQ(t.reads, 0);
+}
+
 // ---- DownloadSession ---------------------------------------------------------------------
 
 TEST_F(TensorStreamsTest, DownloadOfAMissingTensorEndsWithoutSending) {

@@ -241,9 +241,10 @@ grpc::ServerUnaryReactor* WorkerFacingService::LeaveWorker(grpc::CallbackServerC
   if (drain_ == nullptr) {
     return Done(ctx, absl::UnimplementedError("this coordinator does not drain workers"));
   }
-  if (req->drain_timeout_ms() < 0) {
+  if (req->drain_timeout_ms() < 0 || absl::Milliseconds(req->drain_timeout_ms()) > kMaxWait) {
     return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                         "drain_timeout_ms = ", req->drain_timeout_ms(), " must be >= 0")));
+                         "drain_timeout_ms = ", req->drain_timeout_ms(), " must be in [0, ",
+                         absl::ToInt64Milliseconds(kMaxWait), "]")));
   }
   spdlog::info("worker {} (incarnation {}) is leaving; drain timeout {} ms", req->name(),
                req->incarnation(), req->drain_timeout_ms());
@@ -275,6 +276,7 @@ absl::Status WorkerFacingService::Authorize(grpc::CallbackServerContext* ctx,
 
 absl::Status WorkerFacingService::CheckWorkerName(grpc::CallbackServerContext* ctx,
                                                   absl::string_view name) const {
+  if (absl::Status s = ValidateWorkerName(name); !s.ok()) return s;
   if (!check_certificate_names_) return absl::OkStatus();
   absl::Status s = CheckPeerName(name, PeerCertificateNames(*ctx));
   if (!s.ok()) spdlog::warn("refused worker from {}: {}", ctx->peer(), std::string(s.message()));

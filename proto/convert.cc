@@ -168,6 +168,25 @@ absl::Status ValidateName(absl::string_view name, absl::string_view field) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateWorkerName(absl::string_view name, absl::string_view field) {
+  if (name.empty()) return Bad(field, "empty");
+  if (name.size() > kMaxWorkerNameBytes) {
+    return Bad(field, name.size(), " bytes, more than the limit of ", kMaxWorkerNameBytes);
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (absl::ascii_isalnum(c) || (i > 0 && (c == '_' || c == '.' || c == '-' || c == ':'))) {
+      continue;
+    }
+    return Bad(field, "'", absl::CHexEscape(name), "' has ",
+               absl::ascii_isprint(c) ? absl::StrCat("'", std::string(1, name[i]), "'")
+                                      : absl::StrCat("byte 0x", absl::Hex(c)),
+               " at ", i,
+               "; worker names use letters, digits and _ . - : and start with a letter or digit");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field) {
   if (dims.size() > kMaxDims) {
     return Bad(field, dims.size(), " dims, more than the limit of ", kMaxDims);

@@ -43,6 +43,14 @@ inline constexpr size_t kMaxNameBytes = 256;
 // INVALID_ARGUMENT "<field>: ..." naming the limit or the first bad character otherwise.
 absl::Status ValidateName(absl::string_view name, absl::string_view field = "name");
 
+// Worker names.
+inline constexpr size_t kMaxWorkerNameBytes = 253;
+
+// A worker name: 1 to kMaxWorkerNameBytes of letters, digits and `_ . - :`, starting with a
+// letter or digit (a host name, a pod name, or the default "host:pid"; it names the worker's
+// certificate and its "{name}" in flags, so no '/'). INVALID_ARGUMENT "<field>: ..." else.
+absl::Status ValidateWorkerName(absl::string_view name, absl::string_view field = "name");
+
 // ---- Scalars ---------------------------------------------------------------------------
 
 // Unspecified and out-of-range values are rejected: a tensor always has a concrete dtype.

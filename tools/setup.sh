@@ -22,6 +22,9 @@ PACKAGES=(
   chromium zlib1g-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
+  # //tests:prometheus_test lints both daemons' /metrics (promtool) and scrapes a live cluster
+  # with a real Prometheus server on loopback.
+  prometheus
   # grpc.health.v1's .proto (test and probe stubs; the service itself is in libgrpc++).
   grpc-proto
   # The image's root filesystem (deploy/image/build.sh; //tests:multihost_test runs from it)

@@ -37,6 +37,8 @@
 #include "common/env_flags.h"
 #include "common/sha256.h"
 #include "common/tls_options.h"
+#include "proto/convert.h"
+#include "proto/malformed_log.h"
 #include "worker/worker.h"
 
 namespace shardcoord {
@@ -213,6 +215,12 @@ int Main(int argc, char** argv) {
         s.ok() ? "--bucket-bytes: must be more than 0 bytes" : std::string(s.message()).c_str());
     return 2;
   }
+  if (!options.name.empty()) {
+    if (absl::Status s = shardcoord::ValidateWorkerName(options.name, "--name"); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   absl::Duration drain = absl::ZeroDuration();
   absl::Status durations = ParseDurationFlag("step-timeout", step_timeout, &options.step_timeout);
   if (durations.ok()) {
@@ -226,6 +234,7 @@ int Main(int argc, char** argv) {
 
   auto logger = spdlog::stderr_color_mt("worker");
   spdlog::set_default_logger(logger);
+  shardcoord::RouteProtobufLogsToSpdlog();  // Malformed requests must not flood the log.
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Backend choice comes first: its log line is the first one.

@@ -16,7 +16,9 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
 #include "proto/grpc_credentials.h"
+#include "proto/malformed_log.h"
 #include "proto/rpc_metrics.h"
+#include "proto/shardcoord.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "worker/backends/gloo/gloo_communicator.h"
 
@@ -259,6 +261,7 @@ absl::StatusOr<std::string> Worker::Start() {
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeRpcMetricsInterceptor(
+      RpcMethods::Of({v1::Worker::service_full_name()}),
       registry_.AddCounter("shardcoord_rpcs_total",
                            "gRPC calls handled, by method and status code.", {"method", "code"}),
       registry_.AddHistogram("shardcoord_rpc_duration_seconds",
@@ -267,7 +270,8 @@ absl::StatusOr<std::string> Worker::Start() {
       registry_.AddCounter("shardcoord_rpc_message_bytes_total",
                            "Bytes of the gRPC messages the Worker service received and sent "
                            "(serialized), by method and direction.",
-                           {"method", "direction"})));
+                           {"method", "direction"}),
+      LogMalformedCallsRateLimited()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
