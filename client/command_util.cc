@@ -89,7 +89,8 @@ void AddGlobalFlags(CLI::App* app, ConnectionFlags* flags) {
                       "Retry a call the coordinator answers UNAVAILABLE (restarting, recovering, "
                       "a standby: then at the leader) for up to this long, with backoff; changes "
                       "are retried with the same "
-                      "request id, so they take effect once (0s: no retry; default: "
+                      "request id, so they take effect once; a download resumes where it "
+                      "stopped, an upload starts again (0s: no retry; default: "
                       "$SHARDCOORD_WAIT, else 30s)"))
       ->type_name("DURATION")
       ->group(kGlobalFlagsGroup);

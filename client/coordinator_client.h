@@ -73,7 +73,8 @@ class CoordinatorClient {
   // options.tls is enabled. Several coordinators on etcd, one leading: `address` lists them
   // all ("host:port,host:port"); a call answered UNAVAILABLE goes next to the leader the
   // answer named (a standby's trailing metadata `shardcoord-leader`) or else to the next
-  // address, within the retry loop (retry_for). Streams are not retried but move on likewise.
+  // address, within the retry loop (retry_for). Streams (Upload, Download, WatchPlan) follow
+  // the leader and retry likewise, resuming or restarting cleanly (see each).
   explicit CoordinatorClient(const std::string& address, CoordinatorClientOptions options = {});
   // Uses an existing channel (tests use a server's in-process channel).
   CoordinatorClient(std::shared_ptr<grpc::ChannelInterface> channel, std::string address,
@@ -128,31 +129,59 @@ class CoordinatorClient {
   absl::StatusOr<v1::CheckpointProgress> GetCheckpointProgress(const std::string& request_id);
 
   // Calls `on_progress` for every progress message until the plan ends, and returns the last
-  // one. A plan that ended ABORTED is still OK here: the caller reads state and error.
+  // one. A plan that ended ABORTED is still OK here: the caller reads state and error. A watch
+  // broken by UNAVAILABLE (the coordinator gone) is opened again, at the leader, within
+  // retry_for of the last news; `on_progress` then sees the plan's progress from there (a
+  // message may repeat). Other errors end it (NOT_FOUND: the new leader does not know the
+  // plan).
   absl::StatusOr<v1::PlanProgress> WatchPlan(
       const std::string& plan_id, const std::function<void(const v1::PlanProgress&)>& on_progress);
 
   // Streams `data` after `header` (header.total_bytes is set to data.size() when 0) in
   // messages of at most upload_chunk_bytes. `progress` (may be empty) runs after each one.
+  //
+  // All or nothing: the coordinator commits an upload as one new version only once all of
+  // its data arrived. An upload that fails UNAVAILABLE (the coordinator gone, a worker
+  // failed) or CANCELLED by the server (a standby handing its port to the new leader), as a
+  // unary change would, is sent again from its first byte, at the leader, within retry_for of the
+  // furthest it got (`progress` starts again at 0). Every attempt carries one
+  // header.request_id (chosen here when empty), so a retry of an upload that committed but
+  // whose answer was lost answers that first outcome (UploadResponse.replayed) instead of
+  // making a second version; only a coordinator that dies between committing the upload and
+  // recording its outcome (one store write apart) leaves a retry to upload it again.
   absl::StatusOr<v1::TensorInfo> Upload(const v1::TensorHeader& header, absl::string_view data,
                                         const ProgressCallback& progress = nullptr);
 
-  // As Upload, with the data coming from `read` in pieces, so the caller need not hold the
-  // tensor: `read(max, &piece)` replaces `piece` with the next at most `max` bytes (empty at
-  // the end); its error ends the call (the server drops what it received) and is returned.
+  // As Upload, with the data coming in pieces, so the caller need not hold the tensor:
+  // `read(max, &piece)` replaces `piece` with the next at most `max` bytes (empty at the
+  // end); its error ends the call (the server drops what it received) and is returned.
   // header.total_bytes must be set.
   using ReadFn = std::function<absl::Status(size_t max_bytes, std::string* piece)>;
+  // Each attempt calls `open` for a ReadFn that reads the data from its first byte (a file
+  // rewound or opened again), so an upload is restarted as Upload's; an error from `open`
+  // ends the call and is returned.
+  using OpenFn = std::function<absl::StatusOr<ReadFn>()>;
+  absl::StatusOr<v1::TensorInfo> UploadFrom(const v1::TensorHeader& header, const OpenFn& open,
+                                            const ProgressCallback& progress = nullptr);
+  // A source read once: retried only while none of it was read (a refusing standby, a
+  // coordinator not answering); after that its UNAVAILABLE is returned.
   absl::StatusOr<v1::TensorInfo> UploadFrom(const v1::TensorHeader& header, const ReadFn& read,
                                             const ProgressCallback& progress = nullptr);
 
   // Replaces `*data` with the tensor's bytes (row-major) and returns its header. DATA_LOSS if
   // the stream does not carry exactly header.total_bytes.
+  //
+  // A download broken by UNAVAILABLE (the coordinator gone, a worker failed) is opened again,
+  // at the leader, within retry_for of the last byte received, and resumed: the bytes already
+  // delivered are skipped, so the caller never gets one twice, and only a stream of the same
+  // tensor version (header.version) is resumed; another version ends the call ABORTED, as a
+  // download that meets a newer version does.
   absl::StatusOr<v1::TensorHeader> Download(const std::string& name, std::string* data,
                                             const ProgressCallback& progress = nullptr);
 
-  // As Download, handing the header to `on_header` and then each message's data to
-  // `on_data` as it arrives (the client holds one message at a time). An error from either
-  // cancels the call and is returned.
+  // As Download, handing the header to `on_header` (once, also when resumed) and then each
+  // message's data to `on_data` as it arrives (the client holds one message at a time). An
+  // error from either cancels the call and is returned.
   using HeaderFn = std::function<absl::Status(const v1::TensorHeader& header)>;
   using DataFn = std::function<absl::Status(absl::string_view data)>;
   absl::StatusOr<v1::TensorHeader> DownloadTo(const std::string& name, const HeaderFn& on_header,
@@ -171,6 +200,11 @@ class CoordinatorClient {
   absl::StatusOr<Response> Mutate(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
                                                                Response*),
                                   Request request, absl::Duration timeout);
+
+  // Upload's attempts; `restartable`: `open` gives a reader from the first byte each time
+  // (false: the same reader, called again only while it has read nothing).
+  absl::StatusOr<v1::TensorInfo> UploadAttempts(const v1::TensorHeader& header, const OpenFn& open,
+                                                bool restartable, const ProgressCallback& progress);
 
   // Sets the deadline `timeout` from now, and the token's metadata if there is one.
   void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const;

@@ -484,6 +484,14 @@ absl::Status NpyFileReader::Read(size_t max_bytes, std::string* out) {
   return absl::OkStatus();
 }
 
+absl::Status NpyFileReader::Rewind() {
+  in_.clear();  // A read that hit the end set eofbit.
+  in_.seekg(header_.data_offset, std::ios::beg);
+  if (!in_) return IoError(path_, "seek", errno);
+  done_ = 0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<NpyFileWriter>> NpyFileWriter::Create(const std::string& path,
                                                                      DType dtype,
                                                                      const Shape& shape) {

@@ -86,6 +86,9 @@ class NpyFileReader {
   // The next at most `max_bytes` bytes of data into `*out` (replaced); empty at the end.
   // INTERNAL on an I/O error.
   absl::Status Read(size_t max_bytes, std::string* out);
+  // Back to the first data byte (an upload restarted after a failover sends it all again).
+  // INTERNAL on an I/O error.
+  absl::Status Rewind();
 
  private:
   NpyFileReader() = default;

@@ -314,6 +314,21 @@ TEST(NpyTest, StreamedFilesMatchWholeOnes) {
     got += piece;
   } while (!piece.empty());
   EXPECT_EQ(got, data);
+
+  // Rewound (a restarted upload), after the end and from the middle: the data again, whole.
+  for (int read_first : {0, 1, 0}) {
+    ASSERT_TRUE((*r)->Rewind().ok());
+    got.clear();
+    for (int i = 0; i < read_first; ++i) ASSERT_TRUE((*r)->Read(300, &piece).ok());
+    if (read_first > 0) {
+      ASSERT_TRUE((*r)->Rewind().ok());
+    }
+    do {
+      ASSERT_TRUE((*r)->Read(300, &piece).ok());
+      got += piece;
+    } while (!piece.empty());
+    EXPECT_EQ(got, data) << "after reading " << read_first;
+  }
 }
 
 TEST(NpyTest, UncommittedWriterLeavesTheOldFileAndReaderChecksTheSize) {

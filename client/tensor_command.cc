@@ -509,12 +509,21 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
   bool read_failed = false;
   {
     ProgressBar bar(err, progress, absl::StrCat("upload ", flags.name));
+    // Each attempt reads the file from its first data byte: an upload restarted after a
+    // failover sends it all again (the coordinator commits only a whole one).
+    NpyFileReader* reader = file->get();
     tensor = client.UploadFrom(
         header,
-        [&](size_t max_bytes, std::string* piece) {
-          absl::Status s = (*file)->Read(max_bytes, piece);
-          read_failed = !s.ok();
-          return s;
+        [&]() -> absl::StatusOr<CoordinatorClient::ReadFn> {
+          if (absl::Status s = reader->Rewind(); !s.ok()) {
+            read_failed = true;
+            return s;
+          }
+          return CoordinatorClient::ReadFn([&](size_t max_bytes, std::string* piece) {
+            absl::Status s = reader->Read(max_bytes, piece);
+            read_failed = !s.ok();
+            return s;
+          });
         },
         [&](int64_t done, int64_t total) { bar.Update(done, total); });
   }

@@ -37,6 +37,18 @@ absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank)
   return std::optional<int64_t>(to_rank);
 }
 
+// The SHA-256 of `m` serialized deterministically: what a request_id's retry must repeat.
+std::string Fingerprint(const google::protobuf::Message& m) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    m.SerializeToCodedStream(&coded);
+  }
+  return Sha256Hex(bytes);
+}
+
 }  // namespace
 
 // ---- Conversions -------------------------------------------------------------------------
@@ -121,15 +133,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Replay(grpc::CallbackServerContext
   if (requests_ == nullptr || req.request_id().empty()) return nullptr;
   Request fields = req;
   fields.clear_request_id();
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream out(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&out);
-    coded.SetSerializationDeterministic(true);
-    fields.SerializeToCodedStream(&coded);
-  }
   absl::StatusOr<std::optional<RequestOutcome>> seen =
-      requests_->Begin(req.request_id(), method, Sha256Hex(bytes));
+      requests_->Begin(req.request_id(), method, Fingerprint(fields));
   if (!seen.ok()) return Done(ctx, seen.status());
   if (!seen->has_value()) return nullptr;
   const RequestOutcome& first = **seen;
@@ -738,24 +743,71 @@ grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
 // ---- Data --------------------------------------------------------------------------------
 
 // Moves messages between the call and an UploadSession (coordinator/tensor_streams.h),
-// which holds the upload's logic.
+// which holds the upload's logic. With `requests` (null: none), a header with a request_id
+// seen before answers the first outcome (replayed) without reading the data, and the outcome
+// of an upload that acts is kept before the client hears it.
 class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
                       private UploadSession::Transport {
  public:
-  UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live, Counter* bytes)
-      : resp_(resp), live_(std::move(live)), bytes_(bytes), session_(io, this) {
+  UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live, Counter* bytes,
+                RequestLog* requests)
+      : resp_(resp),
+        live_(std::move(live)),
+        bytes_(bytes),
+        requests_(requests),
+        session_(io, this) {
     StartRead(&message_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return session_.OnEnd();
     if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(message_.data().size()));
+    if (first_) {
+      first_ = false;
+      if (Replayed()) return;
+    }
     session_.OnMessage(std::move(message_));
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    // Every session ends through End; should one not, its id must not stay "running".
+    if (!request_id_.empty()) {
+      requests_->Finish(request_id_, RequestOutcome{absl::CancelledError("upload ended"), ""})
+          .IgnoreError();
+    }
+    delete this;
+  }
 
  private:
+  // The first message: true when it was answered from the request log (the call is ended).
+  bool Replayed() {
+    if (requests_ == nullptr || !message_.has_header() || message_.header().request_id().empty()) {
+      return false;
+    }
+    v1::TensorHeader fields = message_.header();
+    fields.clear_request_id();
+    absl::StatusOr<std::optional<RequestOutcome>> seen =
+        requests_->Begin(message_.header().request_id(), "Upload", Fingerprint(fields));
+    if (seen.ok() && !seen->has_value()) {
+      request_id_ = message_.header().request_id();  // Acts now; End records the outcome.
+      return false;
+    }
+    absl::Status s = seen.status();
+    if (seen.ok()) {
+      s = (*seen)->status;
+      if (s.ok()) {
+        if (resp_->ParseFromString((*seen)->response)) {
+          resp_->set_replayed(true);
+        } else {
+          s = absl::InternalError(absl::StrCat("request_id '", message_.header().request_id(),
+                                               "': the stored response is corrupt"));
+        }
+      }
+    }
+    Finish(ToGrpcStatus(s));
+    return true;
+  }
+
   void ReadNext() override {
     message_.Clear();
     StartRead(&message_);
@@ -763,12 +815,24 @@ class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
 
   void End(absl::StatusOr<TensorRecord> t) override {
     if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
+    if (!request_id_.empty()) {
+      // Kept before the client hears it; a store failure loses only the replay after a
+      // restart.
+      requests_
+          ->Finish(request_id_,
+                   RequestOutcome{t.status(), t.ok() ? resp_->SerializeAsString() : ""})
+          .IgnoreError();
+      request_id_.clear();
+    }
     Finish(ToGrpcStatus(t.status()));
   }
 
   v1::UploadResponse* const resp_;
   const LivenessFn live_;
   Counter* const bytes_;
+  RequestLog* const requests_;
+  bool first_ = true;       // Only reactor callbacks touch these, one at a time.
+  std::string request_id_;  // Begun in the request log, not finished yet.
   v1::TensorData message_;  // The read in flight.
   UploadSession session_;
 };
@@ -778,7 +842,7 @@ grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
   if (absl::Status a = Authorize(ctx, "Upload"); !a.ok()) {
     return new RefusedStream<grpc::ServerReadReactor<v1::TensorData>>(a);
   }
-  return new UploadReactor(io_, resp, Liveness(), upload_bytes_);
+  return new UploadReactor(io_, resp, Liveness(), upload_bytes_, requests_);
 }
 
 // Moves messages between the call and a DownloadSession (coordinator/tensor_streams.h),

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/fake_worker_client.h"
 #include "coordinator/kv_store.h"
@@ -47,6 +49,8 @@ class ServiceTest : public ::testing::Test {
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
     builder.RegisterService(&worker_service_);
+    // Loopback too, for what the in-process transport does not do as a network does.
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &tcp_port_);
     server_ = builder.BuildAndStart();
     std::shared_ptr<grpc::Channel> channel = server_->InProcessChannel(grpc::ChannelArguments());
     coordinator_ = v1::Coordinator::NewStub(channel);
@@ -168,6 +172,7 @@ class ServiceTest : public ::testing::Test {
   CallerQuota running_plans_;
   CoordinatorService service_;
   WorkerFacingService worker_service_;
+  int tcp_port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;
@@ -684,6 +689,87 @@ TEST_F(ServiceTest, UploadAndDownloadStream) {
       coordinator_->Download(&missing_ctx, req);
   EXPECT_FALSE(missing->Read(&msg));
   EXPECT_EQ(missing->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// An upload whose header carries a request_id acts once: a retry of one that ended answers
+// its first outcome (replayed) without taking the data or making a new version; the id with
+// another header is refused. Downloads name the version they send.
+TEST_F(ServiceTest, UploadsWithARequestIdActOnce) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  const std::string data = Floats(32, 0.5f);
+  // Over loopback: a replay ends the call while the client still writes, which the
+  // in-process transport does not report to a blocked writer.
+  std::unique_ptr<v1::Coordinator::Stub> tcp = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", tcp_port_), grpc::InsecureChannelCredentials()));
+  auto upload = [&](const std::string& request_id, const std::string& placements,
+                    v1::UploadResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    std::unique_ptr<grpc::ClientWriter<v1::TensorData>> writer = tcp->Upload(&ctx, resp);
+    v1::TensorData first;
+    v1::TensorHeader* h = first.mutable_header();
+    h->set_name("U");
+    h->add_shape(8);
+    h->add_shape(4);
+    h->set_dtype(v1::F32);
+    h->mutable_spec()->set_mesh("M");
+    h->mutable_spec()->set_placements_text(placements);
+    h->set_total_bytes(128);
+    h->set_request_id(request_id);
+    // A replay may end the call after the header: later writes then fail.
+    bool open = writer->Write(first);
+    for (size_t off = 0; open && off < data.size(); off += 48) {
+      v1::TensorData msg;
+      msg.set_data(data.substr(off, 48));
+      open = writer->Write(msg);
+    }
+    if (open) writer->WritesDone();
+    return writer->Finish();
+  };
+  auto version = [&] {
+    grpc::ClientContext ctx;
+    v1::GetTensorRequest get;
+    get.set_name("U");
+    v1::TensorInfo info;
+    EXPECT_TRUE(coordinator_->GetTensor(&ctx, get, &info).ok());
+    return info.version();
+  };
+
+  v1::UploadResponse first;
+  grpc::Status s = upload("up-1", "S(1),S(0)", &first);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(first.replayed());
+  const int64_t v1 = version();
+  EXPECT_EQ(first.tensor().version(), v1);
+  v1::UploadResponse again;
+  s = upload("up-1", "S(1),S(0)", &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(again.replayed());
+  EXPECT_EQ(again.tensor().version(), v1);
+  EXPECT_EQ(version(), v1);  // No second version.
+  v1::UploadResponse other;
+  s = upload("up-1", "S(0),S(1)", &other);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("request_id 'up-1' was already used"));
+  // Without an id, or with a new one, an upload acts: a new version.
+  v1::UploadResponse fresh;
+  ASSERT_TRUE(upload("", "S(1),S(0)", &fresh).ok());
+  EXPECT_GT(version(), v1);
+  const int64_t v2 = version();
+  ASSERT_TRUE(upload("up-2", "S(1),S(0)", &fresh).ok());
+  EXPECT_GT(version(), v2);
+
+  grpc::ClientContext ctx;
+  v1::DownloadRequest req;
+  req.set_name("U");
+  std::unique_ptr<grpc::ClientReader<v1::TensorData>> reader = coordinator_->Download(&ctx, req);
+  v1::TensorData msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  EXPECT_EQ(msg.header().version(), version());
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
 }
 
 // One row of an [8, 4] f32 tensor per band: 48-byte upload messages each carry three bands

@@ -288,6 +288,7 @@ void DownloadSession::Start(const std::string& name) {
   h->set_dtype(DTypeToProto(t.dtype));
   h->mutable_spec()->set_mesh(t.mesh);
   h->set_total_bytes(t.bytes());
+  h->set_version(t.version);
   std::vector<int64_t> fetch;
   {
     absl::MutexLock lock(&mu_);

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
 namespace shardcoord {
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -14,7 +17,14 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  const grpc::StatusCode code = static_cast<grpc::StatusCode>(status.code());
+  const absl::string_view message = status.message();
+  if (message.size() <= kMaxGrpcStatusMessageBytes) return grpc::Status(code, std::string(message));
+  const std::string suffix = absl::StrCat("... (cut from ", message.size(), " bytes)");
+  size_t keep = kMaxGrpcStatusMessageBytes - suffix.size();
+  // Not inside a UTF-8 sequence: back off over continuation bytes (10xxxxxx).
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  return grpc::Status(code, absl::StrCat(message.substr(0, keep), suffix));
 }
 
 }  // namespace shardcoord

@@ -45,6 +45,7 @@
 #include "proto/grpc_credentials.h"
 #include "proto/grpc_status.h"
 #include "tests/cluster.h"
+#include "tests/daemon.h"
 #include "tests/etcd_process.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
@@ -74,11 +75,6 @@ constexpr absl::Duration kWaitTimeout = absl::Seconds(60);
 constexpr char kLongHeartbeat[] = "--heartbeat-timeout=300s";
 constexpr char kLongDrain[] = "--drain-timeout=300s";
 
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
 std::string CertDir() { return absl::StrCat(TmpDir(), "/certs"); }
 std::string Cert(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".pem"); }
 std::string Key(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".key"); }
@@ -99,101 +95,6 @@ std::string ServingName(absl::StatusOr<Serving> s) {
   if (!s.ok()) return s.status().ToString();
   return HealthCheckResponse::ServingStatus_Name(*s);
 }
-
-// ---- Daemons -------------------------------------------------------------------------------
-
-// One daemon process and the addresses it printed.
-struct Daemon {
-  std::unique_ptr<Process> process;
-  std::string address;  // Main port.
-  std::string health;   // --health-listen; empty when off.
-  std::string log;      // Its stderr.
-  bool running() const { return process != nullptr; }
-};
-
-// The text after `marker` on any stdout line of `p` so far (up to '/' for URLs); empty if
-// none.
-std::string PrintedAddress(const Process& p, const std::string& marker) {
-  for (const std::string& line : p.Lines()) {
-    if (line.find(marker) == std::string::npos) continue;
-    absl::StatusOr<std::string> a = AddressAfter(line, marker);
-    if (a.ok()) return a->substr(0, a->find('/'));
-  }
-  return "";
-}
-
-bool HasFlag(const std::vector<std::string>& flags, const std::string& name) {
-  for (const std::string& f : flags) {
-    if (absl::StartsWith(f, name)) return true;
-  }
-  return false;
-}
-
-// A coordinator with its state in memory; --listen and --http-listen default to a free
-// port and off. Returns once it printed its listening line.
-absl::StatusOr<Daemon> StartCoordinator(const std::string& name, std::vector<std::string> flags) {
-  absl::StatusOr<std::string> bin = RunfilePath("coordinator/coordinator");
-  if (!bin.ok()) return bin.status();
-  std::vector<std::string> argv = {*bin, "--state=memory", "--relay-max-bytes=0"};
-  if (!HasFlag(flags, "--listen")) argv.push_back("--listen=127.0.0.1:0");
-  if (!HasFlag(flags, "--http-listen")) argv.push_back("--http-listen=off");
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  Daemon d;
-  ProcessOptions po;
-  po.name = name;
-  d.log = po.stderr_path = absl::StrCat(TmpDir(), "/", name, ".log");
-  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, po);
-  if (!p.ok()) return p.status();
-  d.process = *std::move(p);
-  const std::string marker = "coordinator listening on ";
-  absl::StatusOr<std::string> line = d.process->WaitForLine(marker, kStartTimeout);
-  if (!line.ok()) return line.status();
-  d.address = PrintedAddress(*d.process, marker);
-  d.health = PrintedAddress(*d.process, "coordinator health on ");
-  return d;
-}
-
-// A Gloo worker named `name` of `coordinator`; --listen defaults to a free port. With `wait`,
-// returns once it is registered (its listening line); else at once.
-absl::StatusOr<Daemon> StartWorker(const std::string& name, const std::string& coordinator,
-                                   std::vector<std::string> flags, bool wait = true) {
-  absl::StatusOr<std::string> bin = RunfilePath("worker/worker");
-  if (!bin.ok()) return bin.status();
-  std::vector<std::string> argv = {*bin, absl::StrCat("--coordinator=", coordinator),
-                                   absl::StrCat("--name=", name), "--backend=gloo",
-                                   "--local-socket=off"};
-  if (!HasFlag(flags, "--listen")) argv.push_back("--listen=127.0.0.1:0");
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  Daemon d;
-  ProcessOptions po;
-  po.name = name;
-  d.log = po.stderr_path = absl::StrCat(TmpDir(), "/", name, ".log");
-  absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv, po);
-  if (!p.ok()) return p.status();
-  d.process = *std::move(p);
-  if (!wait) return d;
-  const std::string marker = absl::StrCat("worker ", name, " listening on ");
-  absl::StatusOr<std::string> line = d.process->WaitForLine(marker, kStartTimeout);
-  if (!line.ok()) return line.status();
-  d.address = PrintedAddress(*d.process, marker);
-  d.health = PrintedAddress(*d.process, absl::StrCat("worker ", name, " health on "));
-  return d;
-}
-
-// Sends `sig` and waits for the exit; OK only for exit status 0.
-absl::Status SignalAndExpectExitZero(Daemon& d, int sig) {
-  if (absl::Status s = d.process->Signal(sig); !s.ok()) return s;
-  absl::StatusOr<int> status = d.process->Wait(kWaitTimeout);
-  if (!status.ok()) return status.status();
-  if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-    return absl::InternalError(absl::StrCat(d.process->name(), " on signal ", sig, ": ",
-                                            Process::DescribeWaitStatus(*status)));
-  }
-  return absl::OkStatus();
-}
-
-// Whether the process still runs (it has not exited, e.g. of a SIGSEGV).
-bool StillRunning(Daemon& d) { return !d.process->Wait(absl::ZeroDuration()).ok(); }
 
 // Runs a shell command; its exit code and output (stdout and stderr).
 struct CommandResult {

@@ -1,7 +1,9 @@
 // Worker deaths in the middle of streamed whole-tensor transfers (4 KiB bands, real daemons):
 // an upload ends UNAVAILABLE and leaves the old version authoritative and readable; a
-// download ends its stream with UNAVAILABLE naming the worker. The kill lands while the
-// client is between two messages, so the transfer is certainly still under way.
+// download ends its stream with UNAVAILABLE naming the worker (seen by a client that does not
+// retry; one that does resumes, and ends FAILED_PRECONDITION once the worker is declared dead
+// and its chunk lost). The kill lands while the client is between two messages, so the
+// transfer is certainly still under way.
 
 #include <string>
 
@@ -77,9 +79,13 @@ TEST_F(StreamedIoFaultTest, WorkerDeathMidDownloadEndsTheStreamUnavailable) {
   // S(0) on w0, w2, w3: w2 alone holds rows [171:342).
   ASSERT_TRUE(MakeMesh(client(), "down_mesh", {3}, {"w0", "w2", "w3"}).ok());
   ASSERT_TRUE(CreateFilled(client(), "down", kShape, DType::kF32, "down_mesh", "S(0)").ok());
+  // Without retries, to see the stream's own end (a retrying client resumes the download).
+  CoordinatorClientOptions once = client().options();
+  once.retry_for = absl::ZeroDuration();
+  CoordinatorClient once_client(cluster_->coordinator_address(), once);
   std::string got;
   bool killed = false;
-  absl::StatusOr<v1::TensorHeader> r = client().DownloadTo(
+  absl::StatusOr<v1::TensorHeader> r = once_client.DownloadTo(
       "down", [](const v1::TensorHeader&) { return absl::OkStatus(); },
       [&](absl::string_view piece) {
         got.append(piece.data(), piece.size());
@@ -99,6 +105,14 @@ TEST_F(StreamedIoFaultTest, WorkerDeathMidDownloadEndsTheStreamUnavailable) {
   ASSERT_TRUE(FillBox(FillKind::kArange, 0, kShape, whole, DType::kF32, want.data()).ok());
   ASSERT_LE(got.size(), size_t{171} * 512 * 4);
   EXPECT_TRUE(got == want.substr(0, got.size()));
+
+  // A retrying client gets UNAVAILABLE (retried) until the coordinator declares w2 dead, then
+  // the lasting answer: its chunk has no live replica.
+  std::string again;
+  r = client().Download("down", &again);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("no live replica"));
+  EXPECT_TRUE(again == want.substr(0, again.size()));
 }
 
 }  // namespace

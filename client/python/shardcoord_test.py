@@ -409,10 +409,13 @@ class LeaderTest(unittest.TestCase):
 
     def test_a_leader_outside_the_list_and_a_refused_stream(self):
         with sc.connect(self.standby_address, retry_for=30) as c:
+            self.assertEqual(c.download("t").shape, (3, 4))  # Followed to the leader at once.
+            self.assertEqual(self.standby.calls, 1)
+        with sc.connect(self.standby_address, retry_for=0) as c:
             with self.assertRaises(sc.Error) as e:
-                c.download("t")  # Streams are not retried...
+                c.download("t")  # Without retries refused...
             self.assertEqual(e.exception.code, "UNAVAILABLE")
-            self.assertEqual(c.download("t").shape, (3, 4))  # ...but move to the leader.
+            self.assertEqual(c.download("t").shape, (3, 4))  # ...but the next call moves on.
 
     def test_no_leader_and_no_retry_is_unavailable(self):
         self.standby.leader = ""
@@ -420,6 +423,110 @@ class LeaderTest(unittest.TestCase):
             with self.assertRaises(sc.Error) as e:
                 c.workers()
         self.assertEqual(e.exception.code, "UNAVAILABLE")
+
+
+class Breaking(pb_grpc.CoordinatorServicer):
+    """A coordinator whose streams break: Download sends `data` of `version` in slices of
+    `slice` bytes and, with `fail_after` set, aborts with `code` once that many bytes are out;
+    Upload takes the data and, with `fail_after` set, aborts with `code` once it took that
+    many. Records each upload's request_id and data."""
+
+    def __init__(self, data=b"", version=7, slice=5, fail_after=None,
+                 code=grpc.StatusCode.UNAVAILABLE):
+        self.data, self.version, self.slice = data, version, slice
+        self.fail_after, self.code = fail_after, code
+        self.calls = 0
+        self.uploads = []
+
+    def Download(self, request, context):
+        self.calls += 1
+        yield pb.TensorData(header=pb.TensorHeader(
+            name=request.name, shape=[len(self.data)], dtype=pb.U8,
+            total_bytes=len(self.data), version=self.version))
+        for off in range(0, len(self.data), self.slice):
+            if self.fail_after is not None and off >= self.fail_after:
+                context.abort(self.code, "scripted failure")
+            yield pb.TensorData(data=self.data[off:off + self.slice])
+        if self.fail_after is not None:
+            context.abort(self.code, "scripted failure")
+
+    def Upload(self, request_iterator, context):
+        self.calls += 1
+        header, data = None, b""
+        for message in request_iterator:
+            if header is None:
+                header = message.header
+                continue
+            data += message.data
+            if self.fail_after is not None and len(data) >= self.fail_after:
+                self.uploads.append((header.request_id, data))
+                context.abort(self.code, "scripted failure")
+        self.uploads.append((header.request_id, data))
+        return pb.UploadResponse(tensor=pb.TensorInfo(name=header.name, shape=header.shape,
+                                                      dtype=header.dtype, version=self.version))
+
+
+PATTERN = bytes(i % 251 for i in range(1000))
+
+
+class StreamFailoverTest(unittest.TestCase):
+    """Streams broken on A (UNAVAILABLE) are resumed or restarted on B."""
+
+    def setUp(self):
+        self.servers = []
+
+    def tearDown(self):
+        for server in self.servers:
+            server.stop(None)
+
+    def _serve(self, servicer):
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self.servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    def test_a_download_broken_midway_resumes_without_duplicated_bytes(self):
+        a = Breaking(PATTERN, slice=37, fail_after=333)
+        b = Breaking(PATTERN, slice=50)
+        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+            got = c.download("t")
+        self.assertEqual(got.tobytes(), PATTERN)
+        self.assertEqual((a.calls, b.calls), (1, 1))
+
+    def test_a_download_does_not_resume_on_another_version(self):
+        a = Breaking(PATTERN, version=7, slice=40, fail_after=120)
+        b = Breaking(PATTERN, version=8)
+        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+            with self.assertRaises(sc.Error) as e:
+                c.download("t")
+        self.assertEqual(e.exception.code, "ABORTED")
+        self.assertIn("from version 7 to 8", str(e.exception))
+
+    def test_a_download_that_fails_otherwise_after_data_moved_is_not_retried(self):
+        for code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
+            a = Breaking(PATTERN, slice=40, fail_after=80, code=code)
+            b = Breaking(PATTERN)
+            with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+                with self.assertRaises(sc.Error) as e:
+                    c.download("t")
+            self.assertEqual(e.exception.code, code.name)
+            self.assertEqual(b.calls, 0)
+
+    def test_an_upload_broken_midway_is_sent_again_whole_with_one_request_id(self):
+        array = np.arange(3 * (1 << 18), dtype="<i4")  # 3 MiB: three data messages.
+        a = Breaking(fail_after=1 << 20)
+        b = Breaking(version=9)
+        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+            info = c.upload("u", array, mesh="m", placements="R")
+        self.assertEqual(info.version, 9)
+        self.assertEqual(len(a.uploads), 1)
+        self.assertEqual(len(b.uploads), 1)
+        self.assertLess(len(a.uploads[0][1]), array.nbytes)
+        self.assertEqual(b.uploads[0][1], array.tobytes())  # From the first byte, all of it.
+        self.assertEqual(len(a.uploads[0][0]), 32)
+        self.assertEqual(a.uploads[0][0], b.uploads[0][0])
 
 
 def _make_certs():

@@ -116,8 +116,39 @@ def _noted_stream(coordinators, index, stream):
     try:
         yield from stream
     except grpc.RpcError as e:
-        coordinators.note(index, e)
+        e.shardcoord_redirected = coordinators.note(index, e)
         raise
+    finally:
+        stream.cancel()  # A reader that stopped early ends the call (no-op once it ended).
+
+
+class _Attempt:
+    """What one attempt of a call did, for the retry loop: `moved` (a stream moved data:
+    then only UNAVAILABLE is retried) and `further` (it got further than any before: the
+    retry window starts again)."""
+
+    def __init__(self):
+        self.moved = False
+        self.further = False
+
+
+def _resumable(name, first, now, delivered):
+    """Error ABORTED unless a download may resume on a stream with header `now` after
+    `delivered` bytes of one with header `first`: same tensor, shape, dtype and size, and
+    once bytes were delivered the same version."""
+    if (now.name, list(now.shape), now.dtype, now.total_bytes) != \
+            (first.name, list(first.shape), first.dtype, first.total_bytes):
+        raise Error("ABORTED", f"tensor '{name}' changed shape or dtype during the download "
+                               "(resumed after a failover): retry")
+    if delivered == 0:
+        return
+    if first.version <= 0 or now.version <= 0:
+        raise Error("ABORTED", f"download of '{name}' broke and cannot resume: the coordinator "
+                               "does not say which version it sends: retry")
+    if now.version != first.version:
+        raise Error("ABORTED", f"tensor '{name}' changed from version {first.version} to "
+                               f"{now.version} during the download (resumed after a failover): "
+                               "retry")
 
 
 def default_token():
@@ -235,20 +266,35 @@ class Client:
     # ---- Calls ---------------------------------------------------------------------------
 
     def _call(self, method, request, timeout, retry=True):
-        give_up = time.monotonic() + (self.retry_for if retry else 0)
+        return self._retrying(
+            lambda attempt: method(request, timeout=timeout, metadata=self._metadata), retry)
+
+    def _retrying(self, call, retry=True):
+        """call(attempt) until it returns, while it raises a transient grpc.RpcError, for up
+        to retry_for seconds since the first attempt (or since the last that got further:
+        attempt.further), with jittered backoff."""
+        window = self.retry_for if retry else 0
+        give_up = time.monotonic() + window
         pause = 0.1
         while True:
+            attempt = _Attempt()
             try:
-                return method(request, timeout=timeout, metadata=self._metadata)
+                return call(attempt)
             except grpc.RpcError as e:
+                if attempt.further:
+                    give_up = time.monotonic() + window
+                    pause = 0.1
                 # Jittered, so that clients a restart stopped together do not return together.
                 sleep = pause * random.uniform(0.5, 1.0)
                 # CANCELLED: gRPC cancels the calls a server had not handed to a handler yet
                 # when it shut down (grpc/grpc#41785: a standby handing its port to the
-                # leader); this client cancels none, so it is retried as UNAVAILABLE.
-                transient = e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                # leader); this client cancels none, so it is retried as UNAVAILABLE, but not
+                # once a stream moved data.
+                code = e.code()
+                transient = code == grpc.StatusCode.UNAVAILABLE or (
+                    code == grpc.StatusCode.CANCELLED and not attempt.moved)
                 if not transient or time.monotonic() + sleep >= give_up:
-                    raise Error(e.code().name, e.details()) from None
+                    raise Error(code.name, e.details()) from None
                 if getattr(e, "shardcoord_redirected", False):
                     continue  # A standby named the leader: call it at once.
             time.sleep(sleep)
@@ -566,28 +612,55 @@ class Client:
     # ---- Whole tensors through the coordinator -------------------------------------------
 
     def download(self, name):
-        """The whole tensor as a NumPy array (bf16 as uint16 bit patterns)."""
-        try:
+        """The whole tensor as a NumPy array (bf16 as uint16 bit patterns). A download broken
+        by UNAVAILABLE (the coordinator gone) is resumed at the leader, within retry_for of
+        the last byte received, skipping what arrived before; only a stream of the same
+        tensor version resumes (else ABORTED)."""
+        got = {"first": None, "delivered": 0}
+        parts = []
+
+        def call(attempt):
+            before = got["delivered"]
+            header, received = None, 0
             stream = self._stub.Download(pb.DownloadRequest(name=name), timeout=self.data_timeout,
                                          metadata=self._metadata)
-            header, parts = None, []
-            for message in stream:
-                if header is None:
-                    header = message.header
-                parts.append(message.data)
-        except grpc.RpcError as e:
-            raise Error(e.code().name, e.details()) from None
+            try:
+                for message in stream:
+                    if header is None:
+                        header = message.header
+                        attempt.moved = True
+                        if got["first"] is None:
+                            got["first"] = header
+                        else:
+                            _resumable(name, got["first"], header, got["delivered"])
+                    start = received
+                    received += len(message.data)
+                    if received > header.total_bytes:
+                        raise Error("DATA_LOSS", f"download of '{name}': more than the "
+                                                 f"{header.total_bytes} bytes announced")
+                    if received > got["delivered"]:
+                        parts.append(message.data[got["delivered"] - start:])
+                        got["delivered"] = received
+            finally:
+                stream.close()
+                attempt.further = got["delivered"] > before
+            return header, received
+
+        header, received = self._retrying(call)
         if header is None:
             raise Error("INTERNAL", f"download of '{name}': empty stream")
         data = b"".join(parts)
-        if len(data) != header.total_bytes:
+        if received != header.total_bytes or len(data) != header.total_bytes:
             raise Error("DATA_LOSS", f"download of '{name}': got {len(data)} of "
                                      f"{header.total_bytes} bytes")
         return np.frombuffer(data, dtype=_NUMPY_OF_WIRE[header.dtype]).reshape(tuple(header.shape))
 
     def upload(self, name, array, mesh, placements=None, flat=None, dtype=None):
         """Stores `array` (any order; sent C-ordered) as tensor `name`, a new version laid out
-        by `placements` or `flat` on `mesh`; `dtype` defaults to the array's."""
+        by `placements` or `flat` on `mesh`; `dtype` defaults to the array's. All or nothing:
+        an upload broken by UNAVAILABLE is sent again whole, at the leader, within retry_for
+        of the furthest it got, with one request_id, so that a retry of one that committed
+        answers its outcome instead of making a second version."""
         if dtype is None:
             dtype = next((k for k, (_, npt, _) in DTYPES.items()
                           if k != "bf16" and np.dtype(npt) == array.dtype), None)
@@ -595,14 +668,32 @@ class Client:
                 raise ValueError(f"numpy dtype {array.dtype} has no shardcoord equivalent")
         data = np.ascontiguousarray(array, dtype=_NUMPY_OF_WIRE[DTYPES[dtype][0]]).tobytes()
         header = pb.TensorHeader(name=name, shape=list(array.shape), dtype=DTYPES[dtype][0],
-                                 spec=spec(mesh, placements, flat), total_bytes=len(data))
+                                 spec=spec(mesh, placements, flat), total_bytes=len(data),
+                                 request_id=uuid.uuid4().hex)
+        furthest = [0]
 
-        def messages():
-            yield pb.TensorData(header=header)
-            for off in range(0, len(data), _CHUNK):
-                yield pb.TensorData(data=data[off:off + _CHUNK])
+        def call(attempt):
+            sent = [0]
 
-        return self._call(self._stub.Upload, messages(), self.data_timeout, retry=False).tensor
+            # attempt.moved stays False: as a unary change, CANCELLED is retried even after
+            # data was sent (the upload commits whole or not at all; its request_id answers a
+            # commit whose answer was lost).
+            def messages():
+                yield pb.TensorData(header=header)
+                for off in range(0, len(data), _CHUNK):
+                    chunk = data[off:off + _CHUNK]
+                    yield pb.TensorData(data=chunk)
+                    sent[0] = off + len(chunk)
+
+            try:
+                return self._stub.Upload(messages(), timeout=self.data_timeout,
+                                         metadata=self._metadata)
+            finally:
+                if sent[0] > furthest[0]:
+                    furthest[0] = sent[0]
+                    attempt.further = True
+
+        return self._retrying(call).tensor
 
 
 def connect(address=None, token=None, tls_ca=None, **kwargs):
