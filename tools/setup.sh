@@ -22,6 +22,8 @@ PACKAGES=(
   chromium zlib1g-dev
   # Peers for benchmarks and the Python client.
   python3-grpcio python3-numpy python3-torch
+  # The Python package built and installed into a venv offline (//tests:python_package_test).
+  python3-venv python3-pip python3-setuptools python3-wheel
   # //tests:prometheus_test lints both daemons' /metrics (promtool) and scrapes a live cluster
   # with a real Prometheus server on loopback.
   prometheus
