@@ -159,8 +159,8 @@ TEST_F(UntrustedInputTest, SigtermEndsTheCoordinatorWhileAnUploadStreamStalls) {
 
 TEST_F(UntrustedInputTest, WorkerNamesAndDrainTimeoutsAreValidated) {
   auto workers = v1::CoordinatorWorkers::NewStub(channel_);
-  for (const std::string& name : {std::string("/"), std::string("S(0)"),
-                                  std::string("0:1,2:3;;"), std::string(300, 'a')}) {
+  for (const std::string& name :
+       {std::string("/"), std::string("S(0)"), std::string("0:1,2:3;;"), std::string(300, 'a')}) {
     std::unique_ptr<grpc::ClientContext> ctx = Context();
     v1::RegisterWorkerRequest req;
     req.set_name(name);
@@ -203,10 +203,10 @@ TEST_F(UntrustedInputTest, WorkerNamesAndDrainTimeoutsAreValidated) {
   ProcessOptions po;
   po.name = "bad-worker";
   po.stderr_path = absl::StrCat(TmpDir(), "/bad-worker.log");
-  absl::StatusOr<std::unique_ptr<Process>> bad = Process::Start(
-      {*bin, absl::StrCat("--coordinator=", coordinator_.address), "--name=a/b",
-       "--backend=gloo", "--local-socket=off", "--listen=127.0.0.1:0"},
-      po);
+  absl::StatusOr<std::unique_ptr<Process>> bad =
+      Process::Start({*bin, absl::StrCat("--coordinator=", coordinator_.address), "--name=a/b",
+                      "--backend=gloo", "--local-socket=off", "--listen=127.0.0.1:0"},
+                     po);
   ASSERT_TRUE(bad.ok()) << bad.status();
   absl::StatusOr<int> status = (*bad)->Wait(kDaemonExitTimeout);
   ASSERT_TRUE(status.ok()) << status.status();
