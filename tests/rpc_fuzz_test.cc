@@ -934,10 +934,15 @@ void FuzzTarget(Target* target, uint64_t seed, int calls) {
         for (int k = 0; k < count; ++k) messages.push_back(gen.Request(method));
       }
       const bool half_close = method.must_be_unimplemented || !gen.Chance(1, 12);
-      const absl::Duration deadline =
-          method.must_be_unimplemented
-              ? absl::Seconds(5)
-              : (gen.Chance(1, 5) ? absl::Milliseconds(20 + gen.Below(200)) : absl::Seconds(1));
+      // Mostly 1 s; sometimes a deadline that may pass in the middle of the handler. A watch
+      // (Health/Watch, WatchPlan: the server streams until the call ends) gets 300 ms, which
+      // is what bounds most of them.
+      const bool watch = method.server_streaming && !method.client_streaming &&
+                         absl::StrContains(method.path, "/Watch");
+      const absl::Duration deadline = method.must_be_unimplemented ? absl::Seconds(5)
+                                      : gen.Chance(1, 5) ? absl::Milliseconds(20 + gen.Below(200))
+                                      : watch            ? absl::Milliseconds(300)
+                                                         : absl::Seconds(1);
       const absl::Time start = absl::Now();
       CallResult result = Call(stub, method.path, messages, half_close, deadline);
       target->time_by_method[method.path] += absl::Now() - start;
