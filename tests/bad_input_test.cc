@@ -261,10 +261,7 @@ TEST_F(BadInputTest, ChunkUploadToAnUnknownTensorIsNotFound) {
 // ---- Malformed .npy files through shardctl -----------------------------------------------
 
 // Runs shardctl with `args` against the cluster; returns its exit code and output.
-struct CliResult {
-  int exit_code = -1;
-  std::string output;
-};
+using CliResult = CommandResult;
 
 CliResult RunShardctl(const std::string& coordinator, const std::vector<std::string>& args) {
   CliResult result;
@@ -275,15 +272,8 @@ CliResult RunShardctl(const std::string& coordinator, const std::vector<std::str
   }
   std::string command = absl::StrCat("'", *bin, "'");
   for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-  absl::StrAppend(&command, " --coordinator ", coordinator, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  absl::StrAppend(&command, " --coordinator ", coordinator);
+  return RunCommand(command);
 }
 
 std::string TempPath(const std::string& name) {

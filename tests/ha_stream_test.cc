@@ -84,10 +84,7 @@ std::string CompareF32(const std::string& got, const std::string& want) {
                       first);
 }
 
-struct CliResult {
-  int exit_code = -1;
-  std::string output;
-};
+using CliResult = CommandResult;
 
 // The real shardctl (runfiles) with `args` and both coordinators; its exit code and output.
 CliResult RunShardctl(const std::string& coordinators, const std::vector<std::string>& args) {
@@ -100,15 +97,8 @@ CliResult RunShardctl(const std::string& coordinators, const std::vector<std::st
   std::string command = absl::StrCat("'", *bin, "'");
   for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
   absl::StrAppend(&command, " --coordinator '", coordinators, "' --wait ",
-                  absl::FormatDuration(kRetryFor), " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+                  absl::FormatDuration(kRetryFor));
+  return RunCommand(command);
 }
 
 std::string TempPath(const std::string& name) {

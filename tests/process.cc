@@ -37,6 +37,18 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 
 }  // namespace
 
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
 absl::StatusOr<std::string> RunfilePath(absl::string_view relative_path) {
   std::vector<std::string> roots;
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {

@@ -26,6 +26,14 @@ namespace shardcoord {
 // NOT_FOUND naming every place tried.
 absl::StatusOr<std::string> RunfilePath(absl::string_view relative_path);
 
+// A shell command run to its end: its exit code (-1 when it did not exit normally) and its
+// stdout and stderr together.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+CommandResult RunCommand(const std::string& command);
+
 struct ProcessOptions {
   // Prefix for echoed lines ("[w0] ..."); also used in error messages.
   std::string name;
