@@ -24,6 +24,9 @@
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
 #include "sharding/plan.h"
+#include "sharding/plan_fragment.h"
+#include "sharding/plan_participants.h"
+#include "sharding/spec.h"
 
 namespace shardcoord {
 
@@ -76,27 +79,9 @@ v1::Box BoxToProto(const Box& box);
 absl::StatusOr<Placement> PlacementFromProto(const v1::Placement& p, absl::string_view field);
 v1::Placement PlacementToProto(const Placement& p);
 
-// Checks placements against a tensor and a mesh before Layout::FromPlacements, so the error
-// names the item: one placement per mesh dim, shard dims inside the tensor's rank, explicit
-// sizes one per mesh position and non-negative, one reduce op for all Partial dims.
-absl::Status CheckPlacements(absl::Span<const Placement> placements, const Shape& tensor_shape,
-                             const DeviceMesh& mesh, absl::string_view field);
-
 absl::StatusOr<FlatSpec> FlatSpecFromProto(
     const google::protobuf::RepeatedPtrField<v1::RankRanges>& ranks, absl::string_view field);
 void FlatSpecToProto(const FlatSpec& spec, google::protobuf::RepeatedPtrField<v1::RankRanges>* out);
-
-// A parsed ShardingSpec: placements (one per mesh dim) or a flat spec (one entry per mesh
-// position), and the mesh name it refers to (empty = the caller's default mesh).
-struct Spec {
-  std::string mesh;
-  bool is_flat = false;
-  std::vector<Placement> placements;  // When !is_flat.
-  FlatSpec flat;                      // When is_flat.
-
-  // "S(0),R" or "flat 0:4;4:8": what TensorInfo.spec shows.
-  std::string ToString() const;
-};
 
 // Exactly one of placements, flat, placements_text, flat_text must be given; at most
 // kMaxDims placements, at most kMaxFlatRangesPerRank ranges per rank.
@@ -104,16 +89,8 @@ absl::StatusOr<Spec> SpecFromProto(const v1::ShardingSpec& spec, absl::string_vi
 // Fills placements or flat and the matching text field.
 v1::ShardingSpec SpecToProto(const Spec& spec);
 
-// The layout of a tensor of `shape` on `mesh` under `spec` (spec.mesh is not looked at).
-// Errors are INVALID_ARGUMENT prefixed with `field`.
-absl::StatusOr<Layout> LayoutForSpec(const Spec& spec, const DeviceMesh& mesh, const Shape& shape,
-                                     absl::string_view field = "spec");
-
 // ---- Chunks and layouts ------------------------------------------------------------------
 // sharding/ types carry no checksums; they travel next to them, index for index.
-
-using ChunkChecksums = std::vector<uint64_t>;         // One per chunk of a RankChunks.
-using LayoutChecksums = std::vector<ChunkChecksums>;  // One per rank, in Layout::ranks() order.
 
 absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view field,
                                      uint64_t* checksum = nullptr);
@@ -148,10 +125,6 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
 // local copies or steps. What group responses carry per member, which for a thousand members
 // would otherwise be most of the coordinator's work (PlanRedistribute shows a full plan).
 v1::Plan PlanSummaryToProto(const Plan& plan, absl::string_view id, absl::string_view tensor);
-
-// Every rank that takes part in a plan, sorted: holders of source or target chunks, members
-// of any step, ranks with local copies or zero fills.
-std::vector<int64_t> PlanParticipants(const Plan& plan);
 
 struct FragmentOptions {
   std::string plan_id;
@@ -203,62 +176,6 @@ struct GroupFragmentOptions {
 std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
     absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
     const GroupFragmentOptions& options);
-
-// A fragment as sharding types, for workers.
-struct Fragment {
-  std::string plan_id;
-  std::string tensor;         // Read at source_version.
-  std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
-  DType dtype = DType::kF32;
-  int64_t rank = 0;
-  int64_t source_version = 0;
-  int64_t target_version = 0;
-  RankChunks source;  // chunks empty when the rank holds no source.
-  RankChunks target;
-  std::vector<LocalCopy> local_copies;
-  std::vector<Step> steps;
-  std::vector<int> step_indices;  // Plan-wide index of steps[i].
-  bool zero_fill = false;
-  int64_t divide_by = 1;
-  ReduceOp reduce_op = ReduceOp::kSum;
-  int64_t num_partials = 1;
-  absl::flat_hash_map<int64_t, int64_t> member_incarnations;
-  int64_t step_timeout_ms = 0;
-  std::string communicator_prefix;
-  int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
-  int64_t bucket_bytes = 0;             // The plan's bucket size; 0: the worker's default.
-  // A member of a fused group: the transfers this rank sends or receives, in plan order
-  // (`steps` is empty; the group's exchange moves them).
-  std::vector<Transfer> transfers;
-};
-
-// A member of a fused group's fragment, for workers.
-struct GroupMember {
-  int32_t index = 0;  // FragmentMember.index.
-  std::string plan_id;
-  std::string tensor;         // Read at source_version.
-  std::string target_tensor;  // Written at target_version.
-  int64_t source_version = 0;
-  int64_t target_version = 0;
-  int64_t attached_target_version = 0;
-  int shape = 0;  // Index into GroupFragment::shapes.
-};
-
-// A fused group's fragment (PlanFragment with `members`), for workers.
-struct GroupFragment {
-  std::string plan_id;  // The group's id.
-  int64_t rank = 0;
-  // What this rank does in each distinct plan: a Fragment without tensor names, versions or
-  // steps (its `transfers` hold the rank's), with the group's plan id, rank, step timeout and
-  // communicator prefix (member_incarnations empty).
-  std::vector<Fragment> shapes;
-  std::vector<GroupMember> members;  // In the group's order.
-  std::vector<int64_t> exchange_ranks;
-  absl::flat_hash_map<int64_t, int64_t> member_incarnations;  // Of exchange_ranks.
-  int64_t bucket_bytes = 0;
-  int64_t step_timeout_ms = 0;
-  std::string communicator_prefix;
-};
 
 // Whether a PlanFragment is a fused group's.
 inline bool IsGroupFragment(const v1::PlanFragment& f) { return f.members_size() > 0; }
