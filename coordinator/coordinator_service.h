@@ -8,6 +8,7 @@
 #include "coordinator/auth.h"
 #include "coordinator/caller_quota.h"
 #include "coordinator/checkpoint_manager.h"
+#include "coordinator/coordinator_convert.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/mesh_manager.h"
 #include "coordinator/plan_manager.h"
@@ -18,13 +19,6 @@
 #include "proto/shardcoord.grpc.pb.h"
 
 namespace shardcoord {
-
-// Record -> wire conversions of coordinator state (the sharding/ parts go through
-// proto/convert).
-v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w);
-v1::MeshInfo MeshInfoToProto(const MeshRecord& m);
-v1::TensorInfo TensorInfoToProto(const TensorRecord& t, const LivenessFn& live);
-v1::PlanProgress PlanProgressToProto(const PlanProgress& p);
 
 // ListPlans without a limit.
 inline constexpr int64_t kDefaultPlanListLimit = 100;

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/coordinator_service.h"
+#include "coordinator/coordinator_convert.h"
 #include "coordinator/layout_svg.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/plan_trace.h"
