@@ -170,53 +170,16 @@ absl::StatusOr<std::string> Worker::Start() {
   }
   spdlog::info("memory budget {} bytes ({}) of {}, buckets of at most {} bytes", *budget_bytes,
                FormatBytes(*budget_bytes), base.name(), options_.bucket_bytes);
-  CommunicatorCacheMetrics comm_metrics;
-  comm_metrics.builds = registry_.AddCounter("shardcoord_worker_communicator_builds_total",
-                                             "Communicators built (a rendezvous with the other "
-                                             "members), by result.",
-                                             {"result"});
-  comm_metrics.aborts = registry_.AddCounter(
-      "shardcoord_worker_communicator_aborts_total",
-      "Communicators torn down: released with an aborted plan's epoch, or found broken.",
-      {"reason"});
-  for (const char* result : {"ok", "error"}) comm_metrics.builds->WithLabels({result});
-  for (const char* reason : {"plan_aborted", "broken"}) comm_metrics.aborts->WithLabels({reason});
-  communicators_ = std::make_unique<CommunicatorCache>(std::move(backend->factory), comm_metrics);
-  Gauge* cached =
-      registry_
-          .AddGauge("shardcoord_worker_communicators", "Communicators this worker holds for reuse.")
-          ->WithLabels({});
-  Gauge* buffers =
-      registry_
-          .AddGauge("shardcoord_worker_buffers", "Tensor buffers held (one per tensor version).")
-          ->WithLabels({});
-  Gauge* buffer_bytes =
-      registry_.AddGauge("shardcoord_worker_buffer_bytes", "Bytes of the tensor buffers held.")
-          ->WithLabels({});
-  registry_.AddCollector([this, cached, buffers, buffer_bytes] {
-    cached->Set(static_cast<double>(communicators_->size()));
-    buffers->Set(static_cast<double>(buffers_.List().size()));
-    buffer_bytes->Set(static_cast<double>(buffers_.TotalBytes()));
-  });
-  Gauge* memory_budget =
-      registry_
-          .AddGauge("shardcoord_worker_memory_budget_bytes",
-                    "The worker's --memory-budget: bytes it may hold in its buffers' memory.")
-          ->WithLabels({});
-  Gauge* memory_used = registry_
-                           .AddGauge("shardcoord_worker_memory_used_bytes",
-                                     "Bytes the worker holds against its budget: buffers, "
-                                     "buffers of plans in flight, staging (not lent memory).")
-                           ->WithLabels({});
-  Gauge* memory_peak =
-      registry_
-          .AddGauge("shardcoord_worker_memory_peak_bytes",
-                    "The most bytes the worker has held against its budget since it started.")
-          ->WithLabels({});
-  registry_.AddCollector([this, memory_budget, memory_used, memory_peak] {
-    memory_budget->Set(static_cast<double>(budget_->budget()));
-    memory_used->Set(static_cast<double>(budget_->used()));
-    memory_peak->Set(static_cast<double>(budget_->peak()));
+  communicators_ = std::make_unique<CommunicatorCache>(
+      std::move(backend->factory),
+      CommunicatorCacheMetrics{metrics_.communicator_builds, metrics_.communicator_aborts});
+  registry_.AddCollector([this] {
+    metrics_.communicators->Set(static_cast<double>(communicators_->size()));
+    metrics_.buffers->Set(static_cast<double>(buffers_.List().size()));
+    metrics_.buffer_bytes->Set(static_cast<double>(buffers_.TotalBytes()));
+    metrics_.memory_budget->Set(static_cast<double>(budget_->budget()));
+    metrics_.memory_used->Set(static_cast<double>(budget_->used()));
+    metrics_.memory_peak->Set(static_cast<double>(budget_->peak()));
   });
 
   ExecutorOptions executor_options;
@@ -235,18 +198,9 @@ absl::StatusOr<std::string> Worker::Start() {
   attach_ = std::make_unique<AttachRegistry>(
       &buffers_, space_.get(), client_.get(), [this] { return Identity(); }, LogInfo);
   if (absl::Status s = StartLocalSocket(); !s.ok()) return s;
-  Gauge* lent = registry_
-                    .AddGauge("shardcoord_worker_attached_bytes",
-                              "Bytes of the buffers user processes lent this worker (not the "
-                              "worker's own memory).")
-                    ->WithLabels({});
-  Gauge* attachments =
-      registry_
-          .AddGauge("shardcoord_worker_attachments", "Buffers user processes lent this worker.")
-          ->WithLabels({});
-  registry_.AddCollector([this, lent, attachments] {
-    lent->Set(static_cast<double>(buffers_.LentBytes()));
-    attachments->Set(static_cast<double>(attach_->attachments()));
+  registry_.AddCollector([this] {
+    metrics_.attached_bytes->Set(static_cast<double>(buffers_.LentBytes()));
+    metrics_.attachments->Set(static_cast<double>(attach_->attachments()));
   });
 
   HealthStatus::EnableDefaultService();
@@ -261,17 +215,8 @@ absl::StatusOr<std::string> Worker::Start() {
   builder.RegisterService(service_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(MakeRpcMetricsInterceptor(
-      RpcMethods::Of({v1::Worker::service_full_name()}),
-      registry_.AddCounter("shardcoord_rpcs_total",
-                           "gRPC calls handled, by method and status code.", {"method", "code"}),
-      registry_.AddHistogram("shardcoord_rpc_duration_seconds",
-                             "Time from a call's start to its status, by method.", {"method"},
-                             ExponentialBuckets(0.001, 2, 17)),
-      registry_.AddCounter("shardcoord_rpc_message_bytes_total",
-                           "Bytes of the gRPC messages the Worker service received and sent "
-                           "(serialized), by method and direction.",
-                           {"method", "direction"}),
-      LogMalformedCallsRateLimited()));
+      RpcMethods::Of({v1::Worker::service_full_name()}), metrics_.rpcs,
+      metrics_.rpc_duration_seconds, metrics_.rpc_message_bytes, LogMalformedCallsRateLimited()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {

@@ -27,6 +27,7 @@
 #include "worker/memory_space.h"
 #include "worker/thread_pool.h"
 #include "worker/worker_core.h"
+#include "worker/worker_metrics.h"
 #include "worker/worker_service.h"
 
 namespace shardcoord {
@@ -142,6 +143,7 @@ class Worker {
 
   WorkerOptions options_;
   Registry registry_;
+  WorkerMetrics metrics_{&registry_};  // After registry_, which it registers in.
   std::unique_ptr<GrpcCoordinatorClient> client_;
   // nccl: the GPU's memory. Null for gloo (host memory).
   std::unique_ptr<MemorySpace> device_space_;
