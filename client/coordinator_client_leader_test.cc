@@ -10,7 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/coordinator_client.h"
-#include "coordinator/standby_service.h"
+#include "coordinator/rpc/standby_service.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 

@@ -2,7 +2,7 @@
 #define SHARDCOORD_COMMON_SHA256_H_
 
 // SHA-256 from OpenSSL's libcrypto: bearer tokens are stored and compared as their hashes
-// (coordinator/auth.h) and `shardctl token hash` prints one.
+// (coordinator/rpc/auth.h) and `shardctl token hash` prints one.
 
 #include <array>
 #include <cstdint>

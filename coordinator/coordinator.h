@@ -13,27 +13,27 @@
 #include "common/clock.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
-#include "coordinator/admission.h"
-#include "coordinator/auth.h"
-#include "coordinator/caller_quota.h"
-#include "coordinator/checkpoint_manager.h"
-#include "coordinator/coordinator_metrics.h"
-#include "coordinator/coordinator_service.h"
-#include "coordinator/dashboard.h"
-#include "coordinator/grpc_worker_client.h"
-#include "coordinator/kv_store.h"
-#include "coordinator/mesh_manager.h"
-#include "coordinator/plan_manager.h"
-#include "coordinator/plan_relay.h"
-#include "coordinator/request_log.h"
-#include "coordinator/state_store.h"
-#include "coordinator/tensor_bands.h"
-#include "coordinator/tensor_io.h"
-#include "coordinator/tensor_manager.h"
-#include "coordinator/timer.h"
-#include "coordinator/worker_drain.h"
-#include "coordinator/worker_facing_service.h"
-#include "coordinator/worker_manager.h"
+#include "common/timer.h"
+#include "coordinator/checkpoints/checkpoint_manager.h"
+#include "coordinator/cluster/kv_store.h"
+#include "coordinator/cluster/mesh_manager.h"
+#include "coordinator/cluster/worker_drain.h"
+#include "coordinator/cluster/worker_manager.h"
+#include "coordinator/http/dashboard.h"
+#include "coordinator/io/tensor_io.h"
+#include "coordinator/plans/admission.h"
+#include "coordinator/plans/coordinator_metrics.h"
+#include "coordinator/plans/plan_manager.h"
+#include "coordinator/plans/plan_relay.h"
+#include "coordinator/rpc/auth.h"
+#include "coordinator/rpc/caller_quota.h"
+#include "coordinator/rpc/coordinator_service.h"
+#include "coordinator/rpc/grpc_worker_client.h"
+#include "coordinator/rpc/request_log.h"
+#include "coordinator/rpc/worker_facing_service.h"
+#include "coordinator/state/tensor_bands.h"
+#include "coordinator/state/tensor_manager.h"
+#include "coordinator/store/state_store.h"
 #include "grpcpp/server.h"
 #include "proto/grpc_health.h"
 
@@ -46,13 +46,13 @@ struct CoordinatorOptions {
   absl::Duration plan_timeout = absl::Minutes(5);
   bool use_collectives = true;
   // Whole uploads and downloads move through the coordinator in bands of at most this many
-  // bytes along dim 0 (at least one dim-0 index each); see coordinator/tensor_bands.h.
+  // bytes along dim 0 (at least one dim-0 index each); see coordinator/state/tensor_bands.h.
   int64_t io_band_bytes = kDefaultBandBytes;
   // A tensor created or uploaded may not be larger (RESOURCE_EXHAUSTED).
   int64_t max_tensor_bytes = kDefaultMaxTensorBytes;
   // Plans of tensors up to this size (plain copies: no Partial, no in-place target) are
   // relayed through the coordinator instead of running on the workers
-  // (coordinator/plan_relay.h); 0: never.
+  // (coordinator/plans/plan_relay.h); 0: never.
   int64_t relay_max_bytes = kDefaultRelayMaxBytes;
   // The largest gRPC message the coordinator accepts from clients and workers (gRPC answers
   // RESOURCE_EXHAUSTED beyond). Data streams use 1 MiB messages; requests with large layouts
@@ -67,11 +67,11 @@ struct CoordinatorOptions {
   // at start (see docs/decisions.md). Two coordinators cannot share one.
   std::string state_dir;
   // When set, the state lives there instead (and state_dir is unused): an EtcdStateStore
-  // (coordinator/etcd_state_store.h) for a coordinator that won the leader election; it is
+  // (coordinator/store/etcd_state_store.h) for a coordinator that won the leader election; it is
   // loaded and recovered exactly as a restarted coordinator's SQLite state.
   std::shared_ptr<StateStore> store;
   // The elected leader's advertised HOST:PORT: every answer names it in the trailing metadata
-  // shardcoord-leader (coordinator/grpc_leader_hint.h); empty: nothing is added.
+  // shardcoord-leader (coordinator/rpc/grpc_leader_hint.h); empty: nothing is added.
   std::string leader_hint;
   // After a restart, how long a recovered tensor waits for the workers that held its
   // chunks to register again; chunks of those still missing then are lost.
@@ -82,10 +82,10 @@ struct CoordinatorOptions {
   GrpcWorkerClientOptions worker_client;
   // Serve plaintext on a non-loopback --listen address (refused otherwise).
   bool insecure = false;
-  // How long a plan waits for memory on the workers (coordinator/admission.h) before it
+  // How long a plan waits for memory on the workers (coordinator/plans/admission.h) before it
   // fails with RESOURCE_EXHAUSTED; zero: it fails at once.
   absl::Duration admission_timeout = absl::Seconds(30);
-  // Bearer tokens and roles (coordinator/auth.h); empty: every call is allowed.
+  // Bearer tokens and roles (coordinator/rpc/auth.h); empty: every call is allowed.
   std::optional<Authenticator> auth;
   // HOST:PORT of the HTTP server for Prometheus metrics (GET /metrics); port 0 picks a free
   // one; empty: no HTTP server.

@@ -105,7 +105,7 @@ std::string TokensFile() {
   return text;
 }
 
-// The policy of the issue, written out independently of coordinator/auth.cc.
+// The policy of the issue, written out independently of coordinator/rpc/auth.cc.
 const std::map<std::string, std::set<std::string>>& Policy() {
   static const auto* policy = new std::map<std::string, std::set<std::string>>{
       {"ListWorkers", {"admin", "operator", "reader"}},

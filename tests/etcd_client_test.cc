@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/etcd_state_store.h"
-#include "coordinator/http_etcd_client.h"
-#include "coordinator/leader_election.h"
+#include "coordinator/store/etcd_state_store.h"
+#include "coordinator/store/http_etcd_client.h"
+#include "coordinator/store/leader_election.h"
 #include "gtest/gtest.h"
 #include "tests/etcd_process.h"
 

@@ -20,13 +20,13 @@
 #include "proto/rpc_metrics.h"
 #include "proto/shardcoord.grpc.pb.h"
 #include "spdlog/spdlog.h"
-#include "worker/backends/gloo/gloo_communicator.h"
+#include "worker/comm/gloo/gloo_communicator.h"
 
 // NCCL and the GPU buffers only where the CUDA toolkit is installed; elsewhere the probe finds
 // no device and the worker runs Gloo.
 #ifdef SHARDCOORD_HAVE_CUDA
-#include "worker/backends/nccl/cuda_memory_space.h"
-#include "worker/backends/nccl/nccl_backend.h"
+#include "worker/comm/nccl/cuda_memory_space.h"
+#include "worker/comm/nccl/nccl_backend.h"
 #endif
 
 namespace shardcoord {

@@ -12,23 +12,23 @@
 #include "absl/time/time.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/thread_pool.h"
 #include "common/tls_options.h"
 #include "grpcpp/server.h"
 #include "proto/grpc_health.h"
-#include "worker/agent.h"
-#include "worker/attach_registry.h"
-#include "worker/backends/nccl/gpu_probe.h"
-#include "worker/buffer_store.h"
-#include "worker/checkpoint_io.h"
-#include "worker/communicator.h"
-#include "worker/grpc_coordinator_client.h"
-#include "worker/local_socket_server.h"
-#include "worker/memory_budget.h"
-#include "worker/memory_space.h"
-#include "worker/thread_pool.h"
-#include "worker/worker_core.h"
-#include "worker/worker_metrics.h"
-#include "worker/worker_service.h"
+#include "worker/buffers/attach_registry.h"
+#include "worker/buffers/buffer_store.h"
+#include "worker/buffers/checkpoint_io.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/nccl/gpu_probe.h"
+#include "worker/control/agent.h"
+#include "worker/control/worker_core.h"
+#include "worker/control/worker_metrics.h"
+#include "worker/memory/memory_budget.h"
+#include "worker/memory/memory_space.h"
+#include "worker/rpc/grpc_coordinator_client.h"
+#include "worker/rpc/local_socket_server.h"
+#include "worker/rpc/worker_service.h"
 
 namespace shardcoord {
 
@@ -89,7 +89,7 @@ struct WorkerOptions {
   // port serves it too).
   std::string health_listen;
 
-  // The bytes the worker may hold in its buffers' memory (worker/memory_budget.h): by
+  // The bytes the worker may hold in its buffers' memory (worker/memory/memory_budget.h): by
   // default 80% of the host's (or its cgroup's) memory, of the GPU's free memory for nccl.
   MemoryBudgetSetting memory_budget;
   // The largest bucket its plans use (sharding/staging.h), reported to the coordinator.

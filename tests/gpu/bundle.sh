@@ -16,8 +16,8 @@ cd "$(dirname "$0")/../.."
 out=${1:?usage: tests/gpu/bundle.sh DIR}
 
 gpu_tests=(//tests/gpu:kernels_test //tests/gpu:nccl_communicator_gpu_test
-  //worker/backends/nccl:device_buffer_test //worker/backends/nccl:cuda_memory_space_test
-  //worker/backends/nccl:cuda_status_test //worker/backends/nccl:gpu_probe_test)
+  //worker/comm/nccl:device_buffer_test //worker/comm/nccl:cuda_memory_space_test
+  //worker/comm/nccl:cuda_status_test //worker/comm/nccl:gpu_probe_test)
 tools=(//tests/gpu:nccl_bench //coordinator:coordinator //worker:worker //client:shardctl)
 
 if ! bazel query 'attr(tags, gpu, tests(//tests/gpu/...))' 2>/dev/null | grep -q kernels_test; then

@@ -63,7 +63,7 @@ rm -f /tmp/nccl_probe.$$
 log "GPU tests"
 testlog=$(mktemp)
 trap 'rm -f "$testlog"' EXIT
-bazel test --test_tag_filters=gpu --test_output=all //worker/backends/nccl/... //tests/gpu/... \
+bazel test --test_tag_filters=gpu --test_output=all //worker/comm/nccl/... //tests/gpu/... \
   >"$testlog" 2>&1
 test_rc=$?
 cat "$testlog" >&2

@@ -3,7 +3,7 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "worker/backends/nccl/gpu_probe.h"
+#include "worker/comm/nccl/gpu_probe.h"
 
 // Ends the test as SKIPPED, saying why, when this process sees no CUDA device: GPU tests
 // run in every `bazel test //...` and pass trivially on machines without a GPU.

@@ -1,6 +1,6 @@
 // The CUDA kernels against the host code they mirror: box pack/unpack/copy against
 // sharding/box_copy.h, reductions bitwise against ReduceIntoBox, the device checksum
-// against worker/checksum.h. Skips without a GPU.
+// against worker/buffers/checksum.h. Skips without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -13,10 +13,10 @@
 #include "sharding/dtype.h"
 #include "sharding/placement.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "worker/backends/nccl/device_buffer.h"
-#include "worker/backends/nccl/device_ops.h"
-#include "worker/backends/nccl/reduce_ops.h"
-#include "worker/checksum.h"
+#include "worker/buffers/checksum.h"
+#include "worker/comm/nccl/device_buffer.h"
+#include "worker/comm/nccl/device_ops.h"
+#include "worker/comm/nccl/reduce_ops.h"
 
 namespace shardcoord {
 namespace nccl {

@@ -29,13 +29,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "sharding/box.h"
-#include "worker/backends/nccl/cuda_nccl_api.h"
-#include "worker/backends/nccl/device_buffer.h"
-#include "worker/backends/nccl/device_ops.h"
-#include "worker/backends/nccl/gpu_probe.h"
-#include "worker/backends/nccl/nccl_backend.h"
-#include "worker/backends/nccl/nccl_communicator.h"
-#include "worker/kv_client.h"
+#include "worker/comm/nccl/cuda_nccl_api.h"
+#include "worker/comm/nccl/device_buffer.h"
+#include "worker/comm/nccl/device_ops.h"
+#include "worker/comm/nccl/gpu_probe.h"
+#include "worker/comm/nccl/nccl_backend.h"
+#include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/control/kv_client.h"
 
 namespace shardcoord {
 namespace nccl {

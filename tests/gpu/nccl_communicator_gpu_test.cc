@@ -14,11 +14,11 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "worker/backends/nccl/device_buffer.h"
-#include "worker/backends/nccl/nccl_backend.h"
-#include "worker/backends/nccl/nccl_communicator.h"
-#include "worker/communicator.h"
-#include "worker/kv_client.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/nccl/device_buffer.h"
+#include "worker/comm/nccl/nccl_backend.h"
+#include "worker/comm/nccl/nccl_communicator.h"
+#include "worker/control/kv_client.h"
 
 namespace shardcoord {
 namespace nccl {

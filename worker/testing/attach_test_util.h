@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/shardcoord.pb.h"
-#include "worker/coordinator_rpc.h"
+#include "worker/control/coordinator_rpc.h"
 
 namespace shardcoord {
 namespace attach_testing {

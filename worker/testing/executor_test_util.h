@@ -17,9 +17,9 @@
 #include "sharding/layout.h"
 #include "sharding/placement.h"
 #include "sharding/plan.h"
-#include "worker/buffer_store.h"
-#include "worker/communicator.h"
-#include "worker/memory_space.h"
+#include "worker/buffers/buffer_store.h"
+#include "worker/comm/communicator.h"
+#include "worker/memory/memory_space.h"
 
 namespace shardcoord {
 namespace executor_testing {

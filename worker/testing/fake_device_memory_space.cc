@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "sharding/box_copy.h"
-#include "worker/checksum.h"
+#include "worker/buffers/checksum.h"
 
 namespace shardcoord {
 namespace {

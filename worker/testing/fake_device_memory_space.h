@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/memory_space.h"
+#include "worker/memory/memory_space.h"
 
 namespace shardcoord {
 

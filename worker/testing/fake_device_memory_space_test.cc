@@ -6,8 +6,8 @@
 
 #include "gtest/gtest.h"
 #include "sharding/box.h"
-#include "worker/checksum.h"
-#include "worker/memory_space.h"
+#include "worker/buffers/checksum.h"
+#include "worker/memory/memory_space.h"
 
 namespace shardcoord {
 namespace {

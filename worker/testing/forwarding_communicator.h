@@ -9,7 +9,7 @@
 #include <memory>
 #include <utility>
 
-#include "worker/communicator.h"
+#include "worker/comm/communicator.h"
 
 namespace shardcoord {
 

@@ -1,0 +1,38 @@
+#include "coordinator/cluster/attach_manager.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace shardcoord {
+
+absl::StatusOr<bool> AttachManager::Attach(const AttachArgs& args) {
+  if (absl::Status s = workers_->CheckCurrent(args.worker, args.incarnation); !s.ok()) return s;
+  absl::StatusOr<WorkerRecord> w = workers_->Get(args.worker);
+  if (!w.ok()) return w.status();
+  if (w->rank != args.rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
+                     "; attach through the local socket of rank ", args.rank, "'s worker"));
+  }
+  absl::StatusOr<TensorRecord> t = tensors_->Attach(args.tensor, args.rank, args.incarnation,
+                                                    args.version, args.dtype, args.chunks);
+  if (!t.ok()) return t.status();
+  return LostChunks(*t, [this](int64_t rank,
+                               int64_t incarnation) { return workers_->IsLive(rank, incarnation); })
+      .empty();
+}
+
+absl::Status AttachManager::Detach(const std::string& worker, int64_t incarnation,
+                                   const std::string& tensor, int64_t rank,
+                                   const std::string& reason) {
+  if (absl::Status s = workers_->CheckCurrent(worker, incarnation); !s.ok()) return s;
+  absl::StatusOr<bool> changed = tensors_->Detach(tensor, rank, incarnation);
+  if (!changed.ok()) return changed.status();
+  if (*changed) {
+    plans_->AbortUsing(tensor, rank,
+                       absl::StrCat("rank ", rank, "'s buffer of '", tensor, "' on worker ", worker,
+                                    " was detached: ", reason));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,636 @@
+#ifndef SHARDCOORD_COORDINATOR_PLANS_PLAN_MANAGER_H_
+#define SHARDCOORD_COORDINATOR_PLANS_PLAN_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/timer.h"
+#include "coordinator/cluster/mesh_manager.h"
+#include "coordinator/cluster/worker_client.h"
+#include "coordinator/cluster/worker_manager.h"
+#include "coordinator/plans/admission.h"
+#include "coordinator/plans/coordinator_metrics.h"
+#include "coordinator/plans/plan_relay.h"
+#include "coordinator/state/tensor_manager.h"
+#include "proto/convert.h"
+#include "sharding/cost_model.h"
+#include "sharding/plan.h"
+#include "sharding/planner.h"
+
+namespace shardcoord {
+
+// Values match shardcoord.v1.PlanState.
+enum class PlanState : int {
+  kPending = 1,      // Fragments are being handed to workers.
+  kPrepared = 2,     // Every worker accepted its fragment (new buffers allocated).
+  kTransferred = 3,  // Every worker reported its chunks; validating.
+  kCommitted = 4,    // The new layout is authoritative.
+  kAborted = 5,      // Rolled back: the old layout is authoritative.
+};
+std::string PlanStateName(PlanState state);  // "PENDING", ...
+
+struct PlanProgress {
+  std::string plan_id;
+  std::string tensor;
+  PlanState state = PlanState::kPending;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  std::string error;  // Why it was aborted.
+  double seconds = 0;
+  // Increases with every change: updates reach watchers from several threads, and a watcher
+  // keeps the one with the highest seq.
+  int64_t seq = 0;
+  // Memory admission: the plan's bucket size once admitted; while it waits, why.
+  int64_t bucket_bytes = 0;
+  std::string waiting_for_memory;
+
+  bool ended() const { return state == PlanState::kCommitted || state == PlanState::kAborted; }
+};
+
+struct PlanManagerOptions {
+  // A plan that has not ended by then is aborted.
+  absl::Duration plan_timeout = absl::Minutes(5);
+  // Given to workers for each communication step.
+  absl::Duration step_timeout = absl::Minutes(5);
+  // A worker's error is often the echo of a peer's death (Gloo reports "connection closed
+  // by peer" before the heartbeat timeout declares the peer dead). For this long after the
+  // first worker error the plan stays doomed but not aborted, so that a participant death in
+  // that window is what the abort names. Zero aborts at once. The daemon uses the heartbeat
+  // timeout plus two heartbeat intervals.
+  absl::Duration failure_grace = absl::ZeroDuration();
+  size_t cache_capacity = 256;
+  // Ended plans kept for Progress / WatchPlan.
+  size_t keep_ended_plans = 1024;
+  bool use_collectives = true;
+  // Set by a coordinator with durable state to a number that is new on every start: plan
+  // ids ("p-<ns>.<n>") and rendezvous prefixes then never repeat ones from before a
+  // restart, which workers may still be running or holding. Empty: "p-<n>".
+  std::string id_namespace;
+  CostModel cost;
+  // Called when a plan ends (before its callbacks) with its final progress and, for an
+  // aborted plan, the rendezvous key prefix it retired (empty for a committed plan, whose
+  // communicators stay in use); the daemon logs it and deletes those keys from the KvStore.
+  // A group calls it once, when its last member ended, with plan_id the group's id, tensor
+  // "N tensors" and bytes_total the members' sum; not for each member.
+  std::function<void(const PlanProgress& final, const std::string& prefix)> on_plan_end;
+  // Where ended plans are counted (plans by op and end state, duration, bytes); not owned,
+  // may be null.
+  CoordinatorMetrics* metrics = nullptr;
+  // Memory admission (coordinator/plans/admission.h): a plan's (or a group's) fragments are sent
+  // once its new buffers and staging fit every worker's budget, with the bucket size it
+  // chose. Not owned; null: no admission, fragments go at once with the workers' default
+  // buckets.
+  AdmissionController* admission = nullptr;
+  // A single plan whose tensor holds at most this many bytes, with no Partial layout and no
+  // target written in place, is relayed: the coordinator reads the source chunks and writes
+  // the new buffers itself (coordinator/plans/plan_relay.h) instead of sending fragments. 0: never
+  // (every plan runs on the workers); the daemon's default is kDefaultRelayMaxBytes.
+  int64_t relay_max_bytes = 0;
+};
+
+// A plan that was started (or, for a dry run, only planned).
+struct StartedPlan {
+  std::string id;      // Empty for a dry run.
+  std::string tensor;  // The tensor that gets the new version (a Copy's dst).
+  std::shared_ptr<const Plan> plan;
+  PlanProgress progress;
+  int64_t target_version = 0;  // The tensor's version once the plan commits.
+};
+
+// One member of a CopyGroup.
+struct CopyMember {
+  std::string src;
+  std::string dst;
+};
+
+// One member of a RedistributeGroup.
+struct RedistributeMember {
+  std::string tensor;
+  Spec target;  // target.mesh empty: the tensor's mesh.
+};
+
+// One member of a checkpoint load's exchange (coordinator/checkpoints/checkpoint_manager.h):
+// `staging` is a tensor hidden by the load (TensorRecord::owner) holding what the readers read.
+// With `into`, its values are copied into that existing tensor (as CopyGroup); otherwise it moves
+// to `target` (on target.mesh) and becomes an ordinary tensor when the group commits, unless
+// `keep_hidden`: then it stays hidden (owned by the load) at its target layout, for the load to
+// publish with TensorManager::PublishAll once every group of the load committed.
+struct LoadMember {
+  std::string staging;
+  std::string into;
+  Spec target;
+  bool keep_hidden = false;
+};
+
+// A group of plans that commit together (or none does).
+struct GroupProgress {
+  std::string group_id;
+  PlanState state = PlanState::kPending;  // COMMITTED or ABORTED once every member ended.
+  std::string error;                      // Why it was aborted, naming the member.
+  double seconds = 0;
+  std::vector<PlanProgress> members;  // In the group's order.
+};
+
+struct StartedGroup {
+  std::string id;
+  std::vector<StartedPlan> members;  // In the group's order; members[i].tensor is copies[i].dst.
+  int64_t bytes_moved = 0;
+  int64_t lower_bound_bytes = 0;
+  // The fused exchange: messages over all pairs of ranks, cut with this bucket size.
+  int64_t buckets = 0;
+  int64_t bucket_bytes = 0;
+};
+
+// INVALID_ARGUMENT naming the member and field ("copies[2].dst: ...") for an empty group, an
+// empty name, src == dst, or a tensor named twice in the group (as src or dst). Pure.
+absl::Status CheckCopyGroup(const std::vector<CopyMember>& copies);
+// As CheckCopyGroup for "redistributes[i].tensor": an empty group, an empty name, a tensor
+// named twice.
+absl::Status CheckRedistributeGroup(const std::vector<RedistributeMember>& members);
+// As CheckCopyGroup for "tensors[i]" of a GatherGroup.
+absl::Status CheckGatherGroup(const std::vector<std::string>& tensors);
+
+// What a worker reports about its fragment (CoordinatorWorkers.ReportChunks).
+struct WorkerReport {
+  std::string plan_id;
+  std::string worker;
+  int64_t incarnation = 0;
+  int64_t rank = 0;
+  std::string error;       // Non-empty: the fragment failed.
+  int64_t bytes_done = 0;  // Bytes this rank has received so far.
+  bool final = false;      // Final reports carry chunks and checksums.
+  RankChunks chunks;
+  ChunkChecksums checksums;
+  v1::RankTrace timing;  // Final reports: when the fragment and its steps ran.
+  // A fused group's final report: the chunks of each shape of the rank's fragment, and each
+  // member's shape and checksums (FragmentMember.index).
+  struct Member {
+    int32_t index = 0;
+    int32_t shape = 0;
+    ChunkChecksums checksums;
+  };
+  std::vector<Member> members;
+  std::vector<RankChunks> shapes;
+};
+
+// Plans and their transactional lifecycle: PENDING -> PREPARED -> TRANSFERRED -> COMMITTED
+// or ABORTED. A plan holds its tensor busy (a Copy holds both; a second plan on a busy
+// tensor is ABORTED; plans on different tensors run at once), sends each participating worker its
+// fragment, collects every worker's final report, validates them (each rank holds exactly its
+// planned target chunks, the layout validates, replicas agree on checksums) and only then commits
+// the new layout and tells workers to drop the old version. Any failure before that - a worker
+// error, a failed validation, a participant that dies or re-registers, the plan timeout -
+// aborts it everywhere: workers drop the new buffers and the old layout stays authoritative.
+//
+// Thread-safe. No lock is held while calling workers, other managers' listeners, or
+// callbacks; completion callbacks may run on any thread, possibly before Redistribute
+// returns.
+class PlanManager : public WorkerListener {
+ public:
+  // (status, final progress): OK when committed, ABORTED naming the cause otherwise.
+  using DoneCallback = std::function<void(const absl::Status&, const PlanProgress&)>;
+  using WatchFn = std::function<void(const PlanProgress&)>;
+
+  PlanManager(const Clock* clock, Timer* timer, WorkerManager* workers, MeshManager* meshes,
+              TensorManager* tensors, WorkerClient* client, PlanManagerOptions options = {});
+  ~PlanManager() override;
+
+  // Moves `tensor` to `target` (on target.mesh, or the tensor's mesh when empty).
+  // NOT_FOUND tensor or mesh; INVALID_ARGUMENT a spec the tensor cannot take; ABORTED busy;
+  // FAILED_PRECONDITION a chunk with no live replica or a dead worker in the target;
+  // RESOURCE_EXHAUSTED its memory can never fit a worker's budget (options.admission; every
+  // plan and group: the plan may also start, wait for memory and end with that code).
+  absl::StatusOr<StartedPlan> Redistribute(const std::string& tensor, const Spec& target,
+                                           DoneCallback done);
+  // Every rank of `mesh` (empty: the tensor's) ends with the whole tensor, or only
+  // `to_rank` when given (the tensor then lives on that rank alone, on no mesh).
+  absl::StatusOr<StartedPlan> Gather(const std::string& tensor, const std::string& mesh,
+                                     std::optional<int64_t> to_rank, DoneCallback done);
+  // Writes `src`'s values into `dst` (same shape and dtype, any mesh and layout): a plan
+  // from src's layout to dst's that reads src's committed buffers and writes dst's new
+  // version. dst keeps its layout; src is not modified; both are busy until the plan ends.
+  // INVALID_ARGUMENT src == dst or a different shape or dtype; NOT_FOUND either; ABORTED
+  // either busy; FAILED_PRECONDITION a chunk of src with no live replica or a dead worker
+  // holding dst.
+  absl::StatusOr<StartedPlan> Copy(const std::string& src, const std::string& dst,
+                                   DoneCallback done);
+  // Many Copies as one transaction and one fused plan. Each member is planned as a Copy and
+  // keeps its own plan id (Progress, Watch, List, Trace and metrics see it), but the workers
+  // get one fragment per worker for the whole group (the group's id, every member's section,
+  // sharding/fused_stream.h cuts the transfers between each pair of ranks into buckets) and
+  // send one report each. Every member is validated on its own (CheckReports); none commits
+  // before every member has validated, and then all dsts get their new versions in one
+  // TensorManager::CommitAll, so no reader sees some of them new and others old. Any failure
+  // (a worker error or death, a member that does not validate, the plan timeout) aborts the
+  // whole group; then every dst keeps its old version. All tensors are acquired before any
+  // fragment is sent. Errors as Copy's, and CheckCopyGroup's, each message prefixed with
+  // "copies[i]"; a refused group changes nothing. `done` runs once, after every member ended.
+  using GroupDoneCallback = std::function<void(const absl::Status&, const GroupProgress&)>;
+  absl::StatusOr<StartedGroup> CopyGroup(const std::vector<CopyMember>& copies,
+                                         GroupDoneCallback done);
+  // Many Redistributes as one transaction, as CopyGroup: every tensor gets its new layout
+  // and version together, or none does. Errors as Redistribute's and CheckRedistributeGroup's,
+  // prefixed with "redistributes[i]" (a bad spec: "redistributes[i].target...").
+  absl::StatusOr<StartedGroup> RedistributeGroup(const std::vector<RedistributeMember>& members,
+                                                 GroupDoneCallback done);
+  // A checkpoint load's exchange as one group: every member a copy into its `into` tensor or
+  // a move of its staging tensor to its target, committed together; staging tensors are those
+  // `owner` hides, and the moved ones are published (visible, stored) by the commit. Errors as
+  // CopyGroup's and RedistributeGroup's, prefixed with "tensors[i]" (op "load" in metrics).
+  absl::StatusOr<StartedGroup> LoadGroup(const std::string& owner,
+                                         const std::vector<LoadMember>& members,
+                                         GroupDoneCallback done);
+  // Many Gathers (to every rank of `mesh`, empty: each tensor's own; or to `to_rank`) as one
+  // group, as RedistributeGroup. Errors as Gather's and CheckGatherGroup's, prefixed with
+  // "tensors[i]".
+  absl::StatusOr<StartedGroup> GatherGroup(const std::vector<std::string>& tensors,
+                                           const std::string& mesh, std::optional<int64_t> to_rank,
+                                           GroupDoneCallback done);
+
+  // Restores a tensor's own layout (same mesh, spec and ranks) from the chunks still live:
+  // ranks that lost their copy (a worker that died and registered again) get it back from a
+  // live replica. Run for a leaving worker (coordinator/cluster/worker_drain.h); unlike other plans
+  // it may use workers that are leaving. Errors as Redistribute's.
+  absl::StatusOr<StartedPlan> Repair(const std::string& tensor, DoneCallback done);
+
+  // How many plans run now.
+  size_t RunningPlansCount() const;
+  // Ids of the running plans `rank` takes part in.
+  std::vector<std::string> RunningPlansOf(int64_t rank) const;
+
+  // The plan Redistribute would run, without running it.
+  absl::StatusOr<StartedPlan> DryRun(const std::string& tensor, const Spec& target);
+
+  // NOT_FOUND unknown plan; ABORTED stale incarnation or plan already ended;
+  // INVALID_ARGUMENT a rank that takes no part. A report with an error aborts the plan
+  // (after the failure grace) and returns OK: the report was taken.
+  absl::Status Report(const WorkerReport& report);
+
+  absl::StatusOr<PlanProgress> Progress(const std::string& plan_id) const;
+  // The plan's timeline so far: phases and each rank's reported steps. NOT_FOUND. A group's
+  // id gives the fused plan's timeline (its exchange rounds per rank, op "group"); a group
+  // member's id gives the same rank tracks under the member's id, tensor and op.
+  absl::StatusOr<v1::PlanTrace> Trace(const std::string& plan_id) const;
+  // Up to `limit` plans, running and kept ended ones, newest first.
+  std::vector<v1::PlanSummary> List(size_t limit) const;
+  // Calls `fn` with the current progress and on every change until the plan ends (the last
+  // call has ended() true). Returns a watch id for Unwatch; NOT_FOUND unknown plan.
+  absl::StatusOr<int64_t> Watch(const std::string& plan_id, WatchFn fn);
+  // After it returns, `fn` is not called again... except by a call already running.
+  void Unwatch(const std::string& plan_id, int64_t watch_id);
+
+  // Aborts `plan_id` with `reason` (no-op when it ended or is committing).
+  void Abort(const std::string& plan_id, const std::string& reason);
+  // Aborts every running plan.
+  void AbortAll(const std::string& reason);
+  // Aborts every running plan and refuses new ones with UNAVAILABLE (shutdown).
+  void Shutdown(const std::string& reason);
+  // Refuses new plans with UNAVAILABLE `reason` and lets running ones go on (a draining
+  // coordinator; Shutdown aborts what is left).
+  void Close(const std::string& reason);
+  // Blocks until no plan runs or `deadline` (real time) passes; true when none runs. For the
+  // daemon's main thread, never a reactor.
+  bool AwaitIdle(absl::Time deadline);
+
+  // Aborts the running plans that read `rank`'s chunks of `tensor`, or write them in place
+  // (a Copy into an attached tensor): the buffer a user process lent for them is gone.
+  void AbortUsing(const std::string& tensor, int64_t rank, const std::string& reason);
+
+  // WorkerListener: aborts the running plans the lost incarnation takes part in.
+  void OnWorkerLost(const WorkerRecord& worker, const std::string& reason) override;
+
+  // Plan cache statistics.
+  int64_t cache_hits() const;
+  int64_t cache_misses() const;
+
+ private:
+  struct Target {
+    Layout layout;
+    std::string mesh;  // Empty: on no named mesh.
+    std::string spec;
+  };
+  using TargetFn = std::function<absl::StatusOr<Target>(const TensorRecord&)>;
+
+  struct Participant {
+    WorkerEndpoint endpoint;
+    bool executed = false;
+    bool reported = false;
+    int64_t bytes_done = 0;
+    int64_t bytes_expected = 0;  // What this rank receives.
+    RankChunks chunks;
+    ChunkChecksums checksums;
+    v1::RankTrace timing;  // From its final report.
+  };
+
+  struct Entry;
+  // A group runs on the workers as one fused plan under the group's id: one fragment, one
+  // report and one FinishPlan per worker. Its members keep their plan entries (ids,
+  // progress, validation, the commit's items), which it moves through their states.
+  struct Group {
+    std::string id;
+    std::vector<std::string> members;  // Plan ids, in the group's order.
+    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst', plan p-3)".
+    std::vector<std::optional<PlanProgress>> finals;
+    size_t ended = 0;
+    bool failed = false;  // Aborted (every member is aborted with it).
+    std::string error;
+    absl::Time start;
+    GroupDoneCallback done;
+    int64_t admission_ticket = 0;  // The group's memory, admitted as one.
+    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Its members' callbacks get it.
+    // The epoch's rendezvous prefix once no plan uses it, when a member retired it.
+    std::string retired_prefix;
+    // The fused plan.
+    std::string communicator_prefix;
+    int64_t bucket_bytes = 0;
+    int64_t buckets = 0;
+    std::map<int64_t, Participant> participants;  // Every worker of any member.
+    // The members' entries, set when the fragments are sent; valid while the group runs.
+    std::vector<Entry*> entries;
+    int64_t executed = 0;
+    int64_t reported = 0;
+    bool sent = false;     // Fragments dispatched.
+    bool closing = false;  // Validated, committing: no longer abortable.
+    bool over = false;     // Every member ended; kept for traces.
+    std::string failing;   // First worker error, while in the failure grace.
+    Timer::Id timer = 0;
+    Timer::Id grace_timer = 0;
+    PlanState state = PlanState::kPending;
+    absl::Time transferred = absl::InfinitePast();
+    absl::Time end = absl::InfiniteFuture();
+  };
+  // The workers as one plan (or a whole group) sees them: one copy under WorkerManager's lock
+  // instead of one per rank and member. A worker that dies meanwhile aborts the plan through
+  // OnWorkerLost, as it would after any lookup.
+  struct WorkerView {
+    std::vector<WorkerRecord> workers;  // Index = rank.
+    std::vector<std::string> hosts;     // Index = rank (PlanOptions::hosts_by_rank).
+    // NOT_FOUND as WorkerManager::GetByRank.
+    absl::StatusOr<const WorkerRecord*> ByRank(int64_t rank) const;
+    LivenessFn Liveness() const;
+  };
+  WorkerView ViewWorkers() const;
+
+  // What a group's members share while they start, one after another (StartGroup): the last
+  // member's plan and what follows from it alone. A model's layers are mostly equal tensors
+  // moved alike, so the next member reuses them after comparing its inputs (no fingerprints,
+  // no plan cache lookup, no recount of the same layouts).
+  struct GroupMemo {
+    // The plan of `source` -> `target` in `dtype` (with the group's worker view).
+    std::shared_ptr<const Plan> plan;
+    DType dtype = DType::kF32;
+    Layout source;
+    Layout target;
+    std::vector<int64_t> participants;  // PlanParticipants(*plan).
+    // PlanMemoryDemand(*plan, in_place, in_place ? nullptr : &replaced, false), when
+    // demand_plan is plan.
+    const Plan* demand_plan = nullptr;
+    bool in_place = false;
+    Layout replaced;
+    MemoryDemand demand;
+  };
+
+  // What Start hands a group about a fused member.
+  struct FusedMember {
+    GroupMemo* memo = nullptr;            // In/out: the group's, or null.
+    const WorkerView* workers = nullptr;  // In: the group's.
+    std::string communicator_prefix;      // In: the group's.
+    FragmentMemberOptions options;        // Out.
+    int64_t bucket_bytes = 0;             // Out: the smallest --bucket-bytes of its workers.
+  };
+
+  // What Commit needs once the plan no longer changes (closing).
+  struct CommitWork {
+    std::string tensor;
+    std::string target_tensor;
+    TensorManager::NewState state;
+    std::vector<WorkerEndpoint> finish;  // A plan's participants...
+    std::vector<int64_t> finish_ranks;   // ...or a group member's, by rank.
+    int64_t old_target_version = 0;
+    Timer::Id timer = 0;
+  };
+
+  struct Entry {
+    std::string id;
+    const char* op = "";        // For metrics.
+    std::string group;          // Non-empty: a member of that group, committed with it.
+    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published
+    bool keep_hidden = false;   // ... unless this (LoadMember::keep_hidden).
+    std::string tensor;         // Read at source_version.
+    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
+    std::shared_ptr<const Plan> plan;
+    std::string target_mesh;
+    std::string target_spec;
+    int64_t source_version = 0;
+    int64_t target_version = 0;
+    int64_t old_target_version = 0;  // target_tensor's version before; dropped on commit.
+    // A Copy into an attached tensor: its lent buffers are written in place, and it stays
+    // attached on commit.
+    bool target_attached = false;
+    std::string communicator_prefix;
+    PlanState state = PlanState::kPending;
+    bool closing = false;  // Validated, committing: no longer abortable.
+    std::string failing;   // First worker error, while in the failure grace.
+    Timer::Id grace_timer = 0;
+    std::string error;
+    std::map<int64_t, Participant> participants;
+    absl::Time transferred = absl::InfinitePast();  // Every final report in.
+    int64_t executed = 0;
+    int64_t reported = 0;
+    absl::Time start;
+    absl::Time end = absl::InfiniteFuture();
+    Timer::Id timer = 0;
+    std::vector<DoneCallback> done;
+    std::map<int64_t, WatchFn> watchers;
+    int64_t seq = 0;
+    bool completed = false;  // Callbacks and watchers have had the final state.
+    // Memory admission: what the plan allocates on its workers, its ticket (0: none, or a
+    // group member: the group holds it), its bucket once admitted, why it waits.
+    MemoryDemand demand;
+    int64_t admission_ticket = 0;
+    int64_t bucket_bytes = 0;
+    std::string waiting_for_memory;
+    bool relay = false;  // Moved by the coordinator (Relay), not by fragments.
+
+    bool state_ended() const {
+      return state == PlanState::kCommitted || state == PlanState::kAborted;
+    }
+  };
+
+  absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
+                                                       const Layout& source, const Layout& target,
+                                                       std::vector<std::string> hosts_by_rank);
+  absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
+  // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
+  // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
+  // for a Copy.
+  // With `fused`, the plan is stored as a member of `group` (no timer, nothing sent: the
+  // group dispatches one fused fragment per worker once every member started).
+  using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
+  // `op` names the operation in metrics ("redistribute", "gather", "copy").
+  // `owner`: the plan may use the tensors it hides, and publishes its target on commit.
+  absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
+                                    const std::string& target_tensor, const TargetFn& target_fn,
+                                    DoneCallback done, const std::string& group = "",
+                                    FusedMember* fused = nullptr, const std::string& owner = "");
+  void Send(const std::string& id, Dispatch fragments);
+  // A relayed plan's data step (RunRelay); its outcome stands in for the workers' reports.
+  void Relay(const std::string& id);
+  void OnRelayDone(const std::string& id, const std::map<int64_t, WorkerEndpoint>& workers,
+                   RelayResult result);
+  // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
+  // `group` then), and calls `send` with the bucket size it chose (0 without admission: the
+  // workers' default), now or once admitted; a later refusal (the admission timeout) aborts
+  // them (the group) with RESOURCE_EXHAUSTED. A refusal at once is returned: nothing was
+  // sent, the caller forgets the plans.
+  absl::Status AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
+                            std::function<void(int64_t bucket_bytes)> send, MemoryDemand demand,
+                            const std::string& group = "");
+  // Abort with the status code the plan's callbacks get (ABORTED, or RESOURCE_EXHAUSTED when
+  // it never got memory).
+  void AbortWith(const std::string& id, const std::string& reason, absl::StatusCode code);
+  // Forgets a started plan whose fragments were never sent: releases its tensors.
+  void Discard(const std::string& id);
+  struct GroupItem {
+    const char* op = "";  // "copy", "redistribute".
+    std::string tensor;
+    std::string target_tensor;
+    TargetFn target_fn;
+    std::string where;  // "copies[2]"
+    std::string label;  // "copies[2] ('a' -> 'b'"; the plan id and ")" are added.
+    std::string owner;  // Hidden tensors it may use (a checkpoint load).
+    bool keep_hidden = false;
+  };
+  // Starts every item (fragments held back), then sends them all; on a refusal forgets the
+  // items started so far and returns it prefixed with the item's `where`.
+  absl::StatusOr<StartedGroup> StartGroup(const std::vector<GroupItem>& items,
+                                          GroupDoneCallback done);
+  void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
+                    const PlanProgress& progress);
+  // Sends every worker its fused fragment.
+  void SendGroup(const std::string& group, const std::vector<StartedPlan>& members,
+                 const std::vector<FragmentMemberOptions>& options);
+  void OnGroupExecuteDone(const std::string& group, int64_t rank, const absl::Status& status);
+  absl::Status ReportGroup(const WorkerReport& report);
+  // Every member validates, then all commit in one CommitAll; else the group aborts.
+  void ValidateGroup(const std::string& group);
+  void EndGroupCommit(const std::string& group,
+                      std::vector<std::pair<std::string, CommitWork>> work);
+  // Aborts every member not ended yet (idempotent; a no-op once the group is committing);
+  // `code` is what the members' and the group's callbacks get.
+  void AbortGroup(const std::string& group, const std::string& reason,
+                  absl::StatusCode code = absl::StatusCode::kAborted);
+  // The target of a Gather (to every rank of `mesh`, empty: the tensor's; or to `to_rank`).
+  absl::StatusOr<Target> GatherTarget(const TensorRecord& rec, const std::string& mesh,
+                                      std::optional<int64_t> to_rank) const;
+  // Members' states follow the group's; returns what to tell watchers.
+  std::vector<std::pair<WatchFn, PlanProgress>> MembersToLocked(const Group& g, PlanState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_: marks the plan closing and gathers what committing it takes.
+  CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the tensor manager committed: marks the plan committed, completes it (the caller
+  // is answered) and then tells the workers to drop old buffers, without waiting for them.
+  void EndCommit(const std::string& id, const CommitWork& work);
+  // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
+  static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);
+  // Ends the plan's hold on its tensors without changes.
+  void ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
+                      const std::string& id, const std::string& target_mesh);
+  LivenessFn Liveness() const;
+
+  // The participant a report comes from, once it passed the checks every report gets (a rank
+  // of the plan, not stale); a final report's timing is kept.
+  static absl::StatusOr<Participant*> Reporter(std::map<int64_t, Participant>& participants,
+                                               const WorkerReport& report,
+                                               const std::string& plan_id);
+  // A worker's error: the reason to abort at once (no failure grace), or "" with the grace
+  // started (*start_grace) by the first error (*failing).
+  std::string FailingLocked(const Participant& p, const WorkerReport& report, std::string* failing,
+                            bool* start_grace) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the failure grace, aborts the plan (or group) with its first error.
+  void StartGrace(const std::string& id, bool group);
+  // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
+  static std::string Waiting(const std::map<int64_t, Participant>& participants);
+
+  void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);
+  // Runs when every fragment was accepted and every final report is in.
+  void Validate(const std::string& id);
+  // The new layout's checksums, or why the reports do not validate.
+  static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
+  // A group member's: every target rank reported (its chunks were matched against the plan
+  // as the report came in), and replicas agree.
+  static absl::StatusOr<LayoutChecksums> CheckMemberReports(const Entry& entry);
+  void Commit(const std::string& id, LayoutChecksums checksums);
+  void Complete(const std::string& id, const absl::Status& status);
+  // Admission tickets outlive their plans until the workers have dropped what the plans
+  // replaced: a FinishPlan in flight holds the plan's (or its group's) ticket, whose release
+  // waits for the last hold. Without this a plan admitted right after a commit could reach a
+  // worker before that worker dropped the old version, and find its budget still full.
+  int64_t HoldTicketLocked(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unhold(int64_t ticket);
+  void ReleaseTicket(int64_t ticket);
+  // Sends `req` to `workers`; the hold on `ticket` goes when every answer is in.
+  void FinishOnWorkers(const v1::FinishPlanRequest& req, std::vector<WorkerEndpoint> workers,
+                       int64_t ticket);
+  // As FinishOnWorkers, a request of its own per worker (a fused group's commit).
+  void FinishOnWorkers(std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests,
+                       int64_t ticket);
+
+  PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bumps seq and returns what to tell watchers.
+  std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A plan that has not completed meets under rendezvous `prefix`.
+  bool EpochInUseLocked(const std::string& prefix) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string CommPrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls);
+
+  const Clock* const clock_;
+  Timer* const timer_;
+  WorkerManager* const workers_;
+  MeshManager* const meshes_;
+  TensorManager* const tensors_;
+  WorkerClient* const client_;
+  const PlanManagerOptions options_;
+
+  mutable absl::Mutex cache_mu_;
+  PlanCache cache_ ABSL_GUARDED_BY(cache_mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running and kept groups.
+  std::deque<std::string> ended_groups_ ABSL_GUARDED_BY(mu_);
+  int64_t next_group_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);
+  int64_t next_plan_ ABSL_GUARDED_BY(mu_) = 1;
+  // Communicators are reused across plans: their rendezvous prefix is per epoch, not per
+  // plan, and the epoch moves on after every abort, because after a failure some members may
+  // hold broken communicators and others healthy ones, and only new keys meet again.
+  int64_t comm_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Rendezvous prefixes of epochs an abort retired while other plans still used them.
+  std::set<std::string> retired_epochs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> ticket_holds_ ABSL_GUARDED_BY(mu_);   // Ticket -> FinishPlans out.
+  std::set<int64_t> tickets_to_release_ ABSL_GUARDED_BY(mu_);  // Ended, waiting for holds.
+  int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 1;
+  std::string closed_ ABSL_GUARDED_BY(mu_);  // Why new plans are refused, after Shutdown.
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_PLANS_PLAN_MANAGER_H_

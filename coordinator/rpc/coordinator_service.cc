@@ -1,0 +1,931 @@
+#include "coordinator/rpc/coordinator_service.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/sha256.h"
+#include "coordinator/io/tensor_streams.h"
+#include "coordinator/rpc/coordinator_convert.h"
+#include "coordinator/rpc/grpc_auth.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+#include "sharding/planner.h"
+
+namespace shardcoord {
+namespace {
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+// A gather's one destination rank, when given: INVALID_ARGUMENT when negative.
+absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank) {
+  if (!has_to_rank) return std::optional<int64_t>();
+  if (to_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("to_rank = ", to_rank, " must be >= 0"));
+  }
+  return std::optional<int64_t>(to_rank);
+}
+
+// The SHA-256 of `m` serialized deterministically: what a request_id's retry must repeat.
+std::string Fingerprint(const google::protobuf::Message& m) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    m.SerializeToCodedStream(&coded);
+  }
+  return Sha256Hex(bytes);
+}
+
+}  // namespace
+
+LivenessFn CoordinatorService::Liveness() const {
+  return [w = workers_](int64_t rank, int64_t inc) { return w->IsLive(rank, inc); };
+}
+
+// ---- Idempotent retries ------------------------------------------------------------------
+
+template <typename Request>
+grpc::ServerUnaryReactor* CoordinatorService::Replay(grpc::CallbackServerContext* ctx,
+                                                     const char* method, const Request& req,
+                                                     google::protobuf::Message* resp) {
+  if (requests_ == nullptr || req.request_id().empty()) return nullptr;
+  Request fields = req;
+  fields.clear_request_id();
+  absl::StatusOr<std::optional<RequestOutcome>> seen =
+      requests_->Begin(req.request_id(), method, Fingerprint(fields));
+  if (!seen.ok()) return Done(ctx, seen.status());
+  if (!seen->has_value()) return nullptr;
+  const RequestOutcome& first = **seen;
+  if (first.status.ok() && !resp->ParseFromString(first.response)) {
+    return Done(ctx, absl::InternalError(absl::StrCat("request_id '", req.request_id(),
+                                                      "': the stored response is corrupt")));
+  }
+  return Done(ctx, first.status);
+}
+
+void CoordinatorService::Reply(grpc::ServerUnaryReactor* reactor, const std::string& request_id,
+                               const absl::Status& s, const google::protobuf::Message& resp) {
+  if (requests_ != nullptr && !request_id.empty()) {
+    // A store failure loses only the replay after a restart; the outcome itself stands.
+    requests_->Finish(request_id, RequestOutcome{s, s.ok() ? resp.SerializeAsString() : ""})
+        .IgnoreError();
+  }
+  reactor->Finish(ToGrpcStatus(s));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext* ctx,
+                                                    const std::string& request_id,
+                                                    const absl::Status& s,
+                                                    const google::protobuf::Message& resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  Reply(reactor, request_id, s, resp);
+  return reactor;
+}
+
+// ---- Workers and meshes ------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                          const v1::ListWorkersRequest*,
+                                                          v1::ListWorkersResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListWorkers"); !a.ok()) return Done(ctx, a);
+  for (const WorkerRecord& w : workers_->List()) *resp->add_workers() = WorkerInfoToProto(w);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CreateMesh(grpc::CallbackServerContext* ctx,
+                                                         const v1::CreateMeshRequest* req,
+                                                         v1::MeshInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "CreateMesh"); !a.ok()) return Done(ctx, a);
+  if (absl::Status s = ValidateName(req->name()); !s.ok()) return Done(ctx, s);
+  if (req->shape_size() > kMaxDims) {
+    return Done(
+        ctx, absl::InvalidArgumentError(absl::StrCat("shape: ", req->shape_size(),
+                                                     " dims, more than the limit of ", kMaxDims)));
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateMesh", *req, resp)) return r;
+  absl::StatusOr<MeshRecord> m =
+      meshes_->Create(req->name(), Shape(req->shape().begin(), req->shape().end()),
+                      std::vector<std::string>(req->dim_names().begin(), req->dim_names().end()),
+                      std::vector<std::string>(req->workers().begin(), req->workers().end()));
+  if (m.ok()) *resp = MeshInfoToProto(*m);
+  return Reply(ctx, req->request_id(), m.status(), *resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetMesh(grpc::CallbackServerContext* ctx,
+                                                      const v1::GetMeshRequest* req,
+                                                      v1::MeshInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "GetMesh"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<MeshRecord> m = meshes_->Get(req->name());
+  if (m.ok()) *resp = MeshInfoToProto(*m);
+  return Done(ctx, m.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListMeshes(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListMeshesRequest*,
+                                                         v1::ListMeshesResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListMeshes"); !a.ok()) return Done(ctx, a);
+  for (const MeshRecord& m : meshes_->List()) *resp->add_meshes() = MeshInfoToProto(m);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DeleteMesh(grpc::CallbackServerContext* ctx,
+                                                         const v1::DeleteMeshRequest* req,
+                                                         v1::DeleteMeshResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "DeleteMesh"); !a.ok()) return Done(ctx, a);
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "DeleteMesh", *req, resp)) return r;
+  return Reply(ctx, req->request_id(), meshes_->Delete(req->name()), *resp);
+}
+
+// ---- Tensors -----------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerContext* ctx,
+                                                           const v1::CreateTensorRequest* req,
+                                                           v1::TensorInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "CreateTensor"); !a.ok()) return Done(ctx, a);
+  CreateTensorArgs args;
+  args.name = req->name();
+  if (absl::Status s = ValidateName(args.name); !s.ok()) return Done(ctx, s);
+  absl::StatusOr<Shape> shape = ShapeFromProto(req->shape(), "shape");
+  if (!shape.ok()) return Done(ctx, shape.status());
+  absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");
+  if (!dtype.ok()) return Done(ctx, dtype.status());
+  absl::StatusOr<Spec> spec = SpecFromProto(req->spec(), "spec");
+  if (!spec.ok()) return Done(ctx, spec.status());
+  if (!v1::InitKind_IsValid(req->init())) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("init: unknown value ", req->init())));
+  }
+  args.shape = *std::move(shape);
+  args.dtype = *dtype;
+  args.spec = *std::move(spec);
+  args.init = req->init();
+  args.seed = req->seed();
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTensor", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  io_->Create(args, [this, reactor, resp, id = req->request_id()](absl::StatusOr<TensorRecord> t) {
+    if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
+    Reply(reactor, id, t.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetTensor(grpc::CallbackServerContext* ctx,
+                                                        const v1::GetTensorRequest* req,
+                                                        v1::TensorInfo* resp) {
+  if (absl::Status a = Authorize(ctx, "GetTensor"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<TensorRecord> t = tensors_->Get(req->name());
+  if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
+  return Done(ctx, t.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListTensors(grpc::CallbackServerContext* ctx,
+                                                          const v1::ListTensorsRequest*,
+                                                          v1::ListTensorsResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListTensors"); !a.ok()) return Done(ctx, a);
+  const LivenessFn live = Liveness();
+  for (const TensorRecord& t : tensors_->List()) *resp->add_tensors() = TensorInfoToProto(t, live);
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DeleteTensor(grpc::CallbackServerContext* ctx,
+                                                           const v1::DeleteTensorRequest* req,
+                                                           v1::DeleteTensorResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "DeleteTensor"); !a.ok()) return Done(ctx, a);
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "DeleteTensor", *req, resp)) return r;
+  return Reply(ctx, req->request_id(), io_->Delete(req->name()), *resp);
+}
+
+// ---- Plans -------------------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
+    grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+    const google::protobuf::Message* resp, v1::Plan* resp_plan, v1::PlanProgress* resp_progress,
+    const std::function<absl::StatusOr<StartedPlan>(PlanManager::DoneCallback)>& start) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
+  absl::StatusOr<std::function<void()>> slot = TakePlanSlot(ctx);
+  if (!slot.ok()) {
+    reply(slot.status());
+    return reactor;
+  }
+  // Given back once, when the plan ends (or at once if it does not start).
+  auto given = std::make_shared<std::atomic<bool>>(false);
+  auto give_back = [given, release = *std::move(slot)] {
+    if (!given->exchange(true)) release();
+  };
+  if (!wait) {
+    absl::StatusOr<StartedPlan> started =
+        start([give_back](const absl::Status&, const PlanProgress&) { give_back(); });
+    if (!started.ok()) give_back();
+    if (started.ok()) {
+      *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
+      *resp_progress = PlanProgressToProto(started->progress);
+    }
+    reply(started.status());
+    return reactor;
+  }
+  // The plan may end (on another thread, or inline) before start() returns: whichever of
+  // the two comes second finishes the reactor.
+  struct WaitState {
+    absl::Mutex mu;
+    bool started = false;
+    bool ended = false;
+    absl::Status status;
+    PlanProgress final;
+  };
+  auto state = std::make_shared<WaitState>();
+  auto done = [state, reply, resp_progress, give_back](const absl::Status& s,
+                                                       const PlanProgress& p) {
+    give_back();
+    bool finish = false;
+    {
+      absl::MutexLock lock(&state->mu);
+      state->ended = true;
+      state->status = s;
+      state->final = p;
+      finish = state->started;
+    }
+    if (!finish) return;
+    *resp_progress = PlanProgressToProto(p);
+    reply(s);
+  };
+  absl::StatusOr<StartedPlan> started = start(done);
+  if (!started.ok()) {
+    give_back();
+    reply(started.status());
+    return reactor;
+  }
+  *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
+  bool finish = false;
+  {
+    absl::MutexLock lock(&state->mu);
+    state->started = true;
+    finish = state->ended;
+  }
+  if (finish) {
+    *resp_progress = PlanProgressToProto(state->final);
+    reply(state->status);
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Redistribute(grpc::CallbackServerContext* ctx,
+                                                           const v1::RedistributeRequest* req,
+                                                           v1::RedistributeResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Redistribute"); !a.ok()) return Done(ctx, a);
+  if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
+  absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
+  if (!spec.ok()) return Done(ctx, spec.status());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Redistribute", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
+                   return plans_->Redistribute(req->tensor(), *spec, std::move(done));
+                 });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext* ctx,
+                                                     const v1::GatherRequest* req,
+                                                     v1::RedistributeResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Gather"); !a.ok()) return Done(ctx, a);
+  if (req->tensor().empty()) return Done(ctx, absl::InvalidArgumentError("tensor: empty"));
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Gather", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
+                   return plans_->Gather(req->tensor(), req->mesh(), *to_rank, std::move(done));
+                 });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* ctx,
+                                                   const v1::CopyRequest* req,
+                                                   v1::CopyResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Copy"); !a.ok()) return Done(ctx, a);
+  if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
+  if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
+  return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
+                 resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
+                   absl::StatusOr<StartedPlan> started =
+                       plans_->Copy(req->src(), req->dst(), std::move(done));
+                   // Before RunPlan looks at the result, so it is set before a waiting call
+                   // finishes.
+                   if (started.ok()) resp->set_dst_version(started->target_version);
+                   return started;
+                 });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
+    grpc::CallbackServerContext* ctx, bool wait, const std::string& request_id,
+    const google::protobuf::Message* resp,
+    const std::function<absl::StatusOr<StartedGroup>(PlanManager::GroupDoneCallback)>& start,
+    const std::function<void(const StartedGroup&)>& on_started,
+    std::function<void(const GroupProgress&)> on_committed) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // As RunPlan: the group may end before start() returns; whichever of the two comes second
+  // fills the final progress and finishes the reactor.
+  struct WaitState {
+    absl::Mutex mu;
+    bool started = false;
+    bool ended = false;
+    absl::Status status;
+    GroupProgress final;
+  };
+  auto state = std::make_shared<WaitState>();
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
+  auto finish = [reply, on_committed](const absl::Status& s, const GroupProgress& p) {
+    if (s.ok()) on_committed(p);
+    reply(s);
+  };
+  absl::StatusOr<std::function<void()>> slot = TakePlanSlot(ctx);
+  if (!slot.ok()) {
+    reply(slot.status());
+    return reactor;
+  }
+  // A group holds one running-plan slot, given back once when it ends.
+  auto given = std::make_shared<std::atomic<bool>>(false);
+  auto give_back = [given, release = *std::move(slot)] {
+    if (!given->exchange(true)) release();
+  };
+  PlanManager::GroupDoneCallback done = [give_back](const absl::Status&, const GroupProgress&) {
+    give_back();
+  };
+  if (wait) {
+    done = [state, finish, give_back](const absl::Status& s, const GroupProgress& p) {
+      give_back();
+      {
+        absl::MutexLock lock(&state->mu);
+        state->ended = true;
+        state->status = s;
+        state->final = p;
+        if (!state->started) return;
+      }
+      finish(s, p);
+    };
+  }
+  absl::StatusOr<StartedGroup> started = start(std::move(done));
+  if (!started.ok()) {
+    give_back();
+    reply(started.status());
+    return reactor;
+  }
+  on_started(*started);
+  if (!wait) {
+    reply(absl::OkStatus());
+    return reactor;
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->started = true;
+    if (!state->ended) return reactor;
+  }
+  finish(state->status, state->final);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerContext* ctx,
+                                                        const v1::CopyGroupRequest* req,
+                                                        v1::CopyGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
+  std::vector<CopyMember> copies;
+  for (const v1::CopyPair& c : req->copies()) copies.push_back(CopyMember{c.src(), c.dst()});
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
+  return RunGroup(
+      ctx, req->wait(), req->request_id(), resp,
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->CopyGroup(copies, std::move(done));
+      },
+      [&](const StartedGroup& started) {
+        resp->set_group_id(started.id);
+        resp->set_state(v1::PENDING);
+        resp->set_bytes_moved(started.bytes_moved);
+        resp->set_lower_bound_bytes(started.lower_bound_bytes);
+        resp->set_buckets(started.buckets);
+        resp->set_bucket_bytes(started.bucket_bytes);
+        for (size_t i = 0; i < started.members.size(); ++i) {
+          const StartedPlan& m = started.members[i];
+          v1::CopyGroupMember* out = resp->add_members();
+          out->set_src(copies[i].src);
+          out->set_dst(copies[i].dst);
+          out->set_dst_version(m.target_version);
+          *out->mutable_progress() = PlanProgressToProto(m.progress);
+          *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
+        }
+      },
+      [resp](const GroupProgress& p) {
+        resp->set_state(static_cast<v1::PlanState>(p.state));
+        resp->set_seconds(p.seconds);
+        for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
+             ++i) {
+          *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+        }
+      });
+}
+
+namespace {
+
+// RedistributeGroupResponse from a started group (RedistributeGroup, GatherGroup).
+void FillGroupResponse(const StartedGroup& started, v1::RedistributeGroupResponse* resp) {
+  resp->set_group_id(started.id);
+  resp->set_state(v1::PENDING);
+  resp->set_bytes_moved(started.bytes_moved);
+  resp->set_lower_bound_bytes(started.lower_bound_bytes);
+  resp->set_buckets(started.buckets);
+  resp->set_bucket_bytes(started.bucket_bytes);
+  for (const StartedPlan& m : started.members) {
+    v1::RedistributeGroupMember* out = resp->add_members();
+    out->set_tensor(m.tensor);
+    out->set_version(m.target_version);
+    *out->mutable_progress() = PlanProgressToProto(m.progress);
+    *out->mutable_plan() = PlanSummaryToProto(*m.plan, m.id, m.tensor);
+  }
+}
+
+void FinishGroupResponse(const GroupProgress& p, v1::RedistributeGroupResponse* resp) {
+  resp->set_state(static_cast<v1::PlanState>(p.state));
+  resp->set_seconds(p.seconds);
+  for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size(); ++i) {
+    *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+  }
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::RedistributeGroup(
+    grpc::CallbackServerContext* ctx, const v1::RedistributeGroupRequest* req,
+    v1::RedistributeGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "RedistributeGroup"); !a.ok()) return Done(ctx, a);
+  std::vector<RedistributeMember> members;
+  for (int i = 0; i < req->redistributes_size(); ++i) {
+    const v1::RedistributeItem& item = req->redistributes(i);
+    absl::StatusOr<Spec> spec =
+        SpecFromProto(item.target(), absl::StrCat("redistributes[", i, "].target"));
+    if (!spec.ok()) return Done(ctx, spec.status());
+    members.push_back(RedistributeMember{item.tensor(), *std::move(spec)});
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "RedistributeGroup", *req, resp)) return r;
+  return RunGroup(
+      ctx, req->wait(), req->request_id(), resp,
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->RedistributeGroup(members, std::move(done));
+      },
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GatherGroup(grpc::CallbackServerContext* ctx,
+                                                          const v1::GatherGroupRequest* req,
+                                                          v1::RedistributeGroupResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "GatherGroup"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<std::optional<int64_t>> to_rank = ToRank(req->has_to_rank(), req->to_rank());
+  if (!to_rank.ok()) return Done(ctx, to_rank.status());
+  std::vector<std::string> tensors(req->tensors().begin(), req->tensors().end());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "GatherGroup", *req, resp)) return r;
+  return RunGroup(
+      ctx, req->wait(), req->request_id(), resp,
+      [&](PlanManager::GroupDoneCallback done) {
+        return plans_->GatherGroup(tensors, req->mesh(), *to_rank, std::move(done));
+      },
+      [resp](const StartedGroup& started) { FillGroupResponse(started, resp); },
+      [resp](const GroupProgress& p) { FinishGroupResponse(p, resp); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackServerContext* ctx,
+                                                               const v1::PlanRequest* req,
+                                                               v1::Plan* resp) {
+  if (absl::Status a = Authorize(ctx, "PlanRedistribute"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<Spec> spec = SpecFromProto(req->target(), "target");
+  if (!spec.ok()) return Done(ctx, spec.status());
+  absl::StatusOr<StartedPlan> plan = plans_->DryRun(req->tensor(), *spec);
+  if (plan.ok()) {
+    *resp = PlanToProto(*plan->plan, "", plan->tensor);
+    resp->set_explain(ExplainPlan(*plan->plan));
+  }
+  return Done(ctx, plan.status());
+}
+
+// Streams a plan's progress until it ends. Updates come from any thread; the newest (by
+// seq) is written, one write at a time. All shared state lives in `Shared`, and the
+// reactor is finished only while no write is claimed, so a watcher callback never touches
+// a deleted reactor.
+class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
+ public:
+  // `release` runs once the call is done (it gives back the caller's watch slot).
+  WatchReactor(PlanManager* plans, std::string plan_id, std::function<void()> release)
+      : plans_(plans),
+        plan_id_(std::move(plan_id)),
+        release_(std::move(release)),
+        shared_(std::make_shared<Shared>()) {
+    shared_->reactor = this;
+    std::shared_ptr<Shared> shared = shared_;
+    absl::StatusOr<int64_t> id = plans_->Watch(plan_id_, [shared](const PlanProgress& p) {
+      WatchReactor* reactor = nullptr;
+      PlanProgress take;
+      {
+        absl::MutexLock lock(&shared->mu);
+        if (shared->finishing || shared->reactor == nullptr || p.seq <= shared->last_seq) return;
+        shared->last_seq = p.seq;
+        shared->pending = p;
+        if (shared->writing) return;
+        shared->writing = true;
+        take = *shared->pending;
+        shared->pending.reset();
+        reactor = shared->reactor;
+      }
+      reactor->Write(take);
+    });
+    if (!id.ok()) {
+      {
+        absl::MutexLock lock(&shared_->mu);
+        shared_->finishing = true;
+      }
+      Finish(ToGrpcStatus(id.status()));
+      return;
+    }
+    absl::MutexLock lock(&shared_->mu);
+    watch_id_ = *id;
+  }
+
+  void OnWriteDone(bool ok) override {
+    PlanProgress take;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (!ok || final_written_) {
+        shared_->writing = false;
+        shared_->finishing = true;
+      } else if (shared_->pending.has_value()) {
+        take = *shared_->pending;
+        shared_->pending.reset();
+      } else {
+        shared_->writing = false;
+        return;
+      }
+    }
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
+    if (final_written_) return Finish(grpc::Status::OK);
+    Write(take);
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      // A write in flight fails and finishes the call from OnWriteDone.
+      if (shared_->finishing || shared_->writing) return;
+      shared_->finishing = true;
+    }
+    Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    int64_t watch_id = 0;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->reactor = nullptr;
+      watch_id = watch_id_;
+    }
+    if (watch_id != 0) plans_->Unwatch(plan_id_, watch_id);
+    release_();
+    delete this;
+  }
+
+ private:
+  struct Shared {
+    absl::Mutex mu;
+    WatchReactor* reactor = nullptr;
+    bool writing = false;    // A write is claimed or in flight.
+    bool finishing = false;  // Finish was (or is about to be) called.
+    int64_t last_seq = -1;
+    std::optional<PlanProgress> pending;
+  };
+
+  // Called by the holder of the write claim only.
+  void Write(const PlanProgress& p) {
+    out_ = PlanProgressToProto(p);
+    final_written_ = p.ended();
+    StartWrite(&out_);
+  }
+
+  PlanManager* const plans_;
+  const std::string plan_id_;
+  const std::function<void()> release_;
+  std::shared_ptr<Shared> shared_;
+  int64_t watch_id_ = 0;  // Guarded by shared_->mu.
+  v1::PlanProgress out_;
+  bool final_written_ = false;
+};
+
+grpc::ServerUnaryReactor* CoordinatorService::GetPlanTrace(grpc::CallbackServerContext* ctx,
+                                                           const v1::GetPlanTraceRequest* req,
+                                                           v1::PlanTrace* resp) {
+  if (absl::Status a = Authorize(ctx, "GetPlanTrace"); !a.ok()) return Done(ctx, a);
+  if (req->plan_id().empty()) return Done(ctx, absl::InvalidArgumentError("plan_id: empty"));
+  absl::StatusOr<v1::PlanTrace> trace = plans_->Trace(req->plan_id());
+  if (trace.ok()) *resp = *std::move(trace);
+  return Done(ctx, trace.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListPlans(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListPlansRequest* req,
+                                                        v1::ListPlansResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "ListPlans"); !a.ok()) return Done(ctx, a);
+  if (req->limit() < 0) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("limit: ", req->limit(), " is negative (0: the default)")));
+  }
+  for (v1::PlanSummary& p :
+       plans_->List(req->limit() == 0 ? kDefaultPlanListLimit : req->limit())) {
+    *resp->add_plans() = std::move(p);
+  }
+  return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
+    grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
+  std::string caller;
+  if (absl::Status a = Authorize(ctx, "WatchPlan", &caller); !a.ok()) {
+    return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(a);
+  }
+  std::function<void()> release = [] {};
+  if (watches_ != nullptr) {
+    if (absl::Status s = watches_->Acquire(caller); !s.ok()) {
+      return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(s);
+    }
+    release = [quota = watches_, caller] { quota->Release(caller); };
+  }
+  return new WatchReactor(plans_, req->plan_id(), std::move(release));
+}
+
+// ---- Data --------------------------------------------------------------------------------
+
+// Moves messages between the call and an UploadSession (coordinator/io/tensor_streams.h),
+// which holds the upload's logic. With `requests` (null: none), a header with a request_id
+// seen before answers the first outcome (replayed) without reading the data, and the outcome
+// of an upload that acts is kept before the client hears it.
+class UploadReactor : public grpc::ServerReadReactor<v1::TensorData>,
+                      private UploadSession::Transport {
+ public:
+  UploadReactor(TensorIo* io, v1::UploadResponse* resp, LivenessFn live, Counter* bytes,
+                RequestLog* requests)
+      : resp_(resp),
+        live_(std::move(live)),
+        bytes_(bytes),
+        requests_(requests),
+        session_(io, this) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return session_.OnEnd();
+    if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(message_.data().size()));
+    if (first_) {
+      first_ = false;
+      if (Replayed()) return;
+    }
+    session_.OnMessage(std::move(message_));
+  }
+
+  void OnDone() override {
+    // Every session ends through End; should one not, its id must not stay "running".
+    if (!request_id_.empty()) {
+      requests_->Finish(request_id_, RequestOutcome{absl::CancelledError("upload ended"), ""})
+          .IgnoreError();
+    }
+    delete this;
+  }
+
+ private:
+  // The first message: true when it was answered from the request log (the call is ended).
+  bool Replayed() {
+    if (requests_ == nullptr || !message_.has_header() || message_.header().request_id().empty()) {
+      return false;
+    }
+    v1::TensorHeader fields = message_.header();
+    fields.clear_request_id();
+    absl::StatusOr<std::optional<RequestOutcome>> seen =
+        requests_->Begin(message_.header().request_id(), "Upload", Fingerprint(fields));
+    if (seen.ok() && !seen->has_value()) {
+      request_id_ = message_.header().request_id();  // Acts now; End records the outcome.
+      return false;
+    }
+    absl::Status s = seen.status();
+    if (seen.ok()) {
+      s = (*seen)->status;
+      if (s.ok()) {
+        if (resp_->ParseFromString((*seen)->response)) {
+          resp_->set_replayed(true);
+        } else {
+          s = absl::InternalError(absl::StrCat("request_id '", message_.header().request_id(),
+                                               "': the stored response is corrupt"));
+        }
+      }
+    }
+    Finish(ToGrpcStatus(s));
+    return true;
+  }
+
+  void ReadNext() override {
+    message_.Clear();
+    StartRead(&message_);
+  }
+
+  void End(absl::StatusOr<TensorRecord> t) override {
+    if (t.ok()) *resp_->mutable_tensor() = TensorInfoToProto(*t, live_);
+    if (!request_id_.empty()) {
+      // Kept before the client hears it; a store failure loses only the replay after a
+      // restart.
+      requests_
+          ->Finish(request_id_,
+                   RequestOutcome{t.status(), t.ok() ? resp_->SerializeAsString() : ""})
+          .IgnoreError();
+      request_id_.clear();
+    }
+    Finish(ToGrpcStatus(t.status()));
+  }
+
+  v1::UploadResponse* const resp_;
+  const LivenessFn live_;
+  Counter* const bytes_;
+  RequestLog* const requests_;
+  bool first_ = true;       // Only reactor callbacks touch these, one at a time.
+  std::string request_id_;  // Begun in the request log, not finished yet.
+  v1::TensorData message_;  // The read in flight.
+  UploadSession session_;
+};
+
+grpc::ServerReadReactor<v1::TensorData>* CoordinatorService::Upload(
+    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "Upload"); !a.ok()) {
+    return new RefusedStream<grpc::ServerReadReactor<v1::TensorData>>(a);
+  }
+  return new UploadReactor(io_, resp, Liveness(), upload_bytes_, requests_);
+}
+
+// Moves messages between the call and a DownloadSession (coordinator/io/tensor_streams.h),
+// which holds the download's logic and ends the call only when nothing is in flight.
+class DownloadReactor : public grpc::ServerWriteReactor<v1::TensorData>,
+                        private DownloadSession::Transport {
+ public:
+  DownloadReactor(TensorIo* io, const std::string& name, int64_t slice, Counter* bytes)
+      : bytes_(bytes), session_(io, this, slice) {
+    session_.Start(name);
+  }
+
+  void OnWriteDone(bool ok) override { session_.OnWriteDone(ok); }
+  void OnCancel() override { session_.OnCancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  // One write at a time (the session's write claim), so message_ is free here.
+  void Send(v1::TensorData message) override {
+    message_ = std::move(message);
+    if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(message_.data().size()));
+    StartWrite(&message_);
+  }
+
+  void End(absl::Status s) override { Finish(ToGrpcStatus(s)); }
+
+  v1::TensorData message_;  // The write in flight.
+  Counter* const bytes_;
+  DownloadSession session_;
+};
+
+grpc::ServerWriteReactor<v1::TensorData>* CoordinatorService::Download(
+    grpc::CallbackServerContext* ctx, const v1::DownloadRequest* req) {
+  if (absl::Status a = Authorize(ctx, "Download"); !a.ok()) {
+    return new RefusedStream<grpc::ServerWriteReactor<v1::TensorData>>(a);
+  }
+  return new DownloadReactor(io_, req->name(), max_message_bytes_, download_bytes_);
+}
+
+absl::Status CoordinatorService::Authorize(grpc::CallbackServerContext* ctx, absl::string_view rpc,
+                                           std::string* caller) const {
+  return AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), rpc),
+                       caller);
+}
+
+absl::StatusOr<std::function<void()>> CoordinatorService::TakePlanSlot(
+    grpc::CallbackServerContext* ctx) {
+  if (running_plans_ == nullptr) return std::function<void()>([] {});
+  std::string caller = auth_ == nullptr ? PeerHost(ctx->peer()) : "";
+  if (auth_ != nullptr) {
+    // Authorized already: this only reads the token's name.
+    AuthorizeCall(auth_, ctx, FullMethodName(v1::Coordinator::service_full_name(), "Copy"), &caller)
+        .IgnoreError();
+  }
+  if (absl::Status s = running_plans_->Acquire(caller); !s.ok()) return s;
+  return std::function<void()>([quota = running_plans_, caller] { quota->Release(caller); });
+}
+
+// ---- Checkpoints ---------------------------------------------------------------------------
+
+namespace {
+
+absl::Status NoCheckpoints() {
+  return absl::UnimplementedError("this coordinator has no checkpoint support");
+}
+
+// A spec when one is given (into loads need none).
+absl::StatusOr<std::optional<Spec>> OptionalSpec(const v1::ShardingSpec& spec,
+                                                 const std::string& field) {
+  if (spec.ByteSizeLong() == 0) return std::optional<Spec>();
+  absl::StatusOr<Spec> s = SpecFromProto(spec, field);
+  if (!s.ok()) return s.status();
+  return std::optional<Spec>(*std::move(s));
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::SaveCheckpoint(grpc::CallbackServerContext* ctx,
+                                                             const v1::SaveCheckpointRequest* req,
+                                                             v1::SaveCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "SaveCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "SaveCheckpoint", *req, resp)) return r;
+  SaveCheckpointArgs args;
+  args.id = req->request_id();
+  args.dir = req->dir();
+  args.tensors.assign(req->tensors().begin(), req->tensors().end());
+  args.all = req->all();
+  args.overwrite = req->overwrite();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Save(std::move(args), [this, reactor, resp, id = req->request_id()](
+                                          absl::StatusOr<v1::SaveCheckpointResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    Reply(reactor, id, r.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::LoadCheckpoint(grpc::CallbackServerContext* ctx,
+                                                             const v1::LoadCheckpointRequest* req,
+                                                             v1::LoadCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "LoadCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  LoadCheckpointArgs args;
+  args.id = req->request_id();
+  args.dir = req->dir();
+  args.all = req->all();
+  args.prefix = req->prefix();
+  args.into = req->into();
+  absl::StatusOr<std::optional<Spec>> spec = OptionalSpec(req->spec(), "spec");
+  if (!spec.ok()) return Done(ctx, spec.status());
+  args.spec = *std::move(spec);
+  for (int i = 0; i < req->targets_size(); ++i) {
+    const v1::LoadTarget& t = req->targets(i);
+    absl::StatusOr<std::optional<Spec>> ts =
+        OptionalSpec(t.target(), absl::StrCat("targets[", i, "].target"));
+    if (!ts.ok()) return Done(ctx, ts.status());
+    args.targets.push_back(LoadTargetArgs{t.tensor(), t.name(), *std::move(ts)});
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "LoadCheckpoint", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Load(std::move(args), [this, reactor, resp, id = req->request_id()](
+                                          absl::StatusOr<v1::LoadCheckpointResponse> r) {
+    if (r.ok()) *resp = *std::move(r);
+    Reply(reactor, id, r.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::InspectCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::InspectCheckpointRequest* req,
+    v1::InspectCheckpointResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "InspectCheckpoint"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  checkpoints_->Inspect(req->dir(),
+                        [reactor, resp](absl::StatusOr<v1::InspectCheckpointResponse> r) {
+                          if (r.ok()) *resp = *std::move(r);
+                          reactor->Finish(ToGrpcStatus(r.status()));
+                        });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetCheckpointProgress(
+    grpc::CallbackServerContext* ctx, const v1::GetCheckpointProgressRequest* req,
+    v1::CheckpointProgress* resp) {
+  if (absl::Status a = Authorize(ctx, "GetCheckpointProgress"); !a.ok()) return Done(ctx, a);
+  if (checkpoints_ == nullptr) return Done(ctx, NoCheckpoints());
+  absl::StatusOr<v1::CheckpointProgress> p = checkpoints_->Progress(req->request_id());
+  if (p.ok()) *resp = *std::move(p);
+  return Done(ctx, p.status());
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,108 @@
+#ifndef SHARDCOORD_COORDINATOR_RPC_GRPC_WORKER_CLIENT_H_
+#define SHARDCOORD_COORDINATOR_RPC_GRPC_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "common/tls_options.h"
+#include "coordinator/cluster/worker_client.h"
+#include "proto/grpc_status.h"
+#include "proto/shardcoord.grpc.pb.h"
+
+namespace shardcoord {
+
+struct GrpcWorkerClientOptions {
+  // Control calls: Execute (which only starts a fragment), FinishPlan, DropTensor.
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Calls that move data: Fill, ReadChunk, WriteChunk.
+  absl::Duration data_timeout = absl::Minutes(10);
+  // Largest data payload per streamed message.
+  int64_t chunk_message_bytes = 1 << 20;
+  // TLS to the workers (CA, and the coordinator's certificate as a client certificate);
+  // plaintext when not enabled.
+  TlsOptions tls;
+  // Where the bytes of every message to and from workers are counted (labels method and
+  // direction); not owned; null: not counted.
+  CounterFamily* message_bytes = nullptr;
+};
+
+// WorkerClient over gRPC's callback API: no thread waits on a worker, every call has a
+// deadline, one channel per worker address (reused). The destructor cancels calls in flight
+// and waits for their callbacks.
+class GrpcWorkerClient : public WorkerClient {
+ public:
+  explicit GrpcWorkerClient(GrpcWorkerClientOptions options = {});
+  ~GrpcWorkerClient() override;
+
+  // Cancels every call in flight and every later one (shutdown); callbacks still run.
+  void CancelAll();
+
+  void Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
+               StatusCallback done) override;
+  void FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
+                  StatusCallback done) override;
+  void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
+            Callback<v1::FillResponse> done) override;
+  void ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
+                 Callback<v1::ReadBoxesResponse> done) override;
+  void WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
+                   Callback<v1::WriteChunkResponse> done) override;
+  void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
+                  StatusCallback done) override;
+  void ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
+                 Callback<std::string> done) override;
+  void WriteChunk(const WorkerEndpoint& worker, const v1::ChunkData& header, std::string data,
+                  Callback<v1::WriteChunkResponse> done) override;
+  // A real stream: each Write goes out in messages of at most chunk_message_bytes, and its
+  // callback runs once gRPC took the last of them (one message in flight per stream).
+  std::shared_ptr<ChunkWriteStream> OpenWriteChunk(const WorkerEndpoint& worker,
+                                                   const v1::ChunkData& header) override;
+  // Checkpoint calls move data (or, for CheckpointDir, may remove a large old checkpoint):
+  // data_timeout.
+  void WriteCheckpoint(const WorkerEndpoint& worker, const v1::WriteCheckpointRequest& request,
+                       Callback<v1::WriteCheckpointResponse> done) override;
+  void ReadCheckpoint(const WorkerEndpoint& worker, const v1::ReadCheckpointRequest& request,
+                      Callback<v1::ReadCheckpointResponse> done) override;
+  void ReadCheckpointIndex(const WorkerEndpoint& worker,
+                           const v1::ReadCheckpointIndexRequest& request,
+                           Callback<v1::ReadCheckpointIndexResponse> done) override;
+  void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
+                     StatusCallback done) override;
+
+ private:
+  class ReadCall;
+  class StreamCall;
+  class StreamHandle;
+
+  // One channel per (address, name): with TLS the name is the certificate it must present.
+  v1::Worker::Stub* StubFor(const WorkerEndpoint& worker);
+  // In-flight bookkeeping: Begin before starting a call, End after its callback ran.
+  void Begin(grpc::ClientContext* ctx);
+  void End(grpc::ClientContext* ctx);
+
+  template <typename Req, typename Resp>
+  using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*,
+                                     const Req*, Resp*, std::function<void(grpc::Status)>)>;
+  template <typename Req, typename Resp>
+  void Unary(const WorkerEndpoint& worker, absl::Duration timeout, Req request,
+             StartFn<Req, Resp> start, Callback<Resp> done);
+
+  const GrpcWorkerClientOptions options_;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<v1::Worker::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+  std::map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_RPC_GRPC_WORKER_CLIENT_H_

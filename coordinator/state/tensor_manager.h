@@ -1,0 +1,244 @@
+#ifndef SHARDCOORD_COORDINATOR_STATE_TENSOR_MANAGER_H_
+#define SHARDCOORD_COORDINATOR_STATE_TENSOR_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/cluster/mesh_manager.h"
+#include "coordinator/store/state_store.h"
+#include "proto/convert.h"
+#include "sharding/box.h"
+#include "sharding/dtype.h"
+#include "sharding/layout.h"
+
+namespace shardcoord {
+
+// A tensor and its authoritative layout: which rank holds which chunk of version `version`,
+// with the checksums workers reported.
+struct TensorRecord {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kF32;
+  std::string mesh;  // Empty when the layout is on no named mesh (gathered to one rank).
+  std::string spec;  // "S(0),R", "flat 0:4;4:8", "rank 3".
+  Layout layout;
+  LayoutChecksums checksums;  // Shaped as layout's chunks.
+  int64_t version = 0;
+  std::string busy_plan;  // The plan or operation running on it; empty when idle.
+  bool ready = false;     // False while it is being created.
+  // The worker incarnation that holds each rank's buffer: a restarted worker holds nothing.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;
+  // After a coordinator restart, until reconciled: every operation on the tensor answers
+  // UNAVAILABLE. `awaiting` are the ranks whose chunks were live when the coordinator
+  // stopped and whose workers have not registered again yet.
+  bool recovering = false;
+  std::set<int64_t> awaiting;
+  // Created with init ATTACHED (and not moved into worker-owned buffers since): each rank's
+  // buffer lives in a user process. `unattached` ranks have none now (not attached yet, or
+  // detached when the process exited): their chunks are missing, as a dead worker's.
+  bool attached = false;
+  std::set<int64_t> unattached;
+  // Non-empty: the work in progress of that operation (a checkpoint load), hidden from
+  // everyone else: Get, Acquire and Remove see it only when given this owner, List never,
+  // and it is never stored. A commit with NewState::publish makes it an ordinary tensor.
+  std::string owner;
+
+  int64_t bytes() const;
+};
+
+// A chunk with no live replica.
+struct LostChunk {
+  Box box;
+  int64_t partial_index = 0;
+  std::vector<int64_t> ranks;  // The dead holders.
+
+  // "[0:4, 0:8] on rank 1", "[0:4] (partial 1) on ranks 1, 3".
+  std::string ToString() const;
+};
+
+// True when `rank` is alive in `incarnation` (WorkerManager::IsLive).
+using LivenessFn = std::function<bool(int64_t rank, int64_t incarnation)>;
+
+// Every chunk (box, partial index) of which no holder is alive (an unattached rank of an
+// attached tensor holds nothing), in layout order.
+std::vector<LostChunk> LostChunks(const TensorRecord& tensor, const LivenessFn& live);
+
+// The tensor's layout restricted to live holders: the layout itself when all are alive;
+// FAILED_PRECONDITION naming the lost chunks when some chunk has no live replica.
+absl::StatusOr<Layout> LiveLayout(const TensorRecord& tensor, const LivenessFn& live);
+
+// Replicas (chunks with equal box and partial index) must have equal checksums;
+// DATA_LOSS naming the chunk and both ranks (through `describe`) otherwise.
+absl::Status CheckReplicaChecksums(const Layout& layout, const LayoutChecksums& checksums,
+                                   const std::function<std::string(int64_t rank)>& describe);
+
+// A buffer a registering worker holds (RegisterWorkerRequest.held).
+struct HeldBuffer {
+  std::string tensor;
+  int64_t version = 0;
+  RankChunks chunks;
+  ChunkChecksums checksums;
+};
+
+// Tensors by name. A tensor is busy while one plan or operation (create, upload) runs on it;
+// a second is rejected with ABORTED, so concurrent plans touch different tensors. Keeps the
+// MeshManager's user counts: a tensor uses its mesh, and a plan its target mesh until it
+// commits or ends. Thread-safe; never calls the MeshManager under its own lock.
+class TensorManager {
+ public:
+  // `store` (not owned; null: nothing is stored) keeps every ready tensor ("tensor"
+  // records, StoredTensor) and the version counter: a change returns once it is stored.
+  explicit TensorManager(MeshManager* meshes, StateStore* store = nullptr)
+      : meshes_(meshes), store_(store) {}
+
+  // Loads the stored tensors after a restart, each recovering until every rank whose
+  // holder `was_live` (WorkerManager::WasLiveBeforeRestart) has registered again (Reconcile)
+  // or EndRecovery. Call once, after MeshManager::Load and before serving. INTERNAL for a
+  // record that does not parse.
+  absl::Status Load(const LivenessFn& was_live);
+
+  // Reconciles a worker that registered as `rank` in `incarnation` and holds `held`. A
+  // recovering tensor takes the rank's buffer at its committed version when its chunks and
+  // checksums are exactly the committed ones; the rank's other chunks of recovering tensors
+  // stay lost. Outside a restart, an idle tensor takes the buffer back the same way (a worker
+  // declared dead while cut off, which kept its buffers, rejoins with its data). Returns the
+  // buffers the worker must drop: versions that never committed (from before the restart, or of a
+  // tensor no operation runs on), tensors that do not exist, rejected buffers of recovering
+  // tensors. The store's error (UNAVAILABLE) when the outcome could not be stored (nothing
+  // changed).
+  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Reconcile(
+      int64_t rank, int64_t incarnation, const std::vector<HeldBuffer>& held);
+  // Ends every recovery: ranks still awaited lose their chunks (as a dead worker's).
+  void EndRecovery();
+  // Names of the tensors still recovering.
+  std::vector<std::string> Recovering() const;
+
+  // A version number no buffer of any tensor has used (also before a restart).
+  int64_t NewVersion();
+
+  // Adds a tensor that is not ready yet, busy with `op`. ALREADY_EXISTS; NOT_FOUND mesh.
+  absl::Status Reserve(TensorRecord record, const std::string& op);
+  // Makes a reserved tensor ready with its chunks' checksums and holders.
+  absl::Status FinishCreate(absl::string_view name, const std::string& op,
+                            LayoutChecksums checksums,
+                            absl::flat_hash_map<int64_t, int64_t> incarnations);
+  // Forgets a reserved tensor.
+  void CancelCreate(absl::string_view name, const std::string& op);
+
+  // Marks a ready tensor busy with `op` and returns it. NOT_FOUND; ABORTED busy.
+  // `target_mesh`, when not empty, counts as used by the tensor until Commit or Release
+  // (NOT_FOUND when it does not exist). `owner` also finds the tensors it hides.
+  absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& op,
+                                       const std::string& target_mesh = "",
+                                       const std::string& owner = "");
+  // Ends `op` without changes. No-op when `op` does not hold the tensor.
+  void Release(absl::string_view name, const std::string& op, const std::string& target_mesh = "");
+
+  struct NewState {
+    std::string mesh;  // Must be the target mesh given to Acquire (or the current mesh).
+    std::string spec;
+    Layout layout;
+    LayoutChecksums checksums;
+    int64_t version = 0;
+    absl::flat_hash_map<int64_t, int64_t> incarnations;
+    // The tensor stays attached (a Copy into an attached tensor wrote its buffers in place;
+    // ranks detached meanwhile stay unattached); false: it is in worker-owned buffers now.
+    bool attached = false;
+    // A hidden tensor (TensorRecord::owner) becomes an ordinary, stored one.
+    bool publish = false;
+  };
+  // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
+  absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
+
+  // Commits several tensors at once, each held by its own op: all or none (FAILED_PRECONDITION
+  // naming the first that is not held, and then nothing changed). Readers see either every
+  // new state or none.
+  struct CommitItem {
+    std::string name;
+    std::string op;
+    NewState state;
+  };
+  absl::Status CommitAll(std::vector<CommitItem> items);
+
+  // Makes tensors hidden by `owner` (ready and idle) ordinary, stored ones: all or none, stored
+  // in one batch. FAILED_PRECONDITION naming the first that is not a ready, idle tensor hidden
+  // by `owner` (and then nothing changed); the store's error.
+  absl::Status PublishAll(const std::vector<std::string>& names, const std::string& owner);
+
+  // Counts a buffer a user process lent `rank`'s worker (incarnation `incarnation`) as the
+  // rank's chunks of attached tensor `name` at `version`, and returns the tensor. NOT_FOUND;
+  // FAILED_PRECONDITION not attached, or the rank is attached already (by a live holder);
+  // ABORTED busy, or `version` is not the committed one; INVALID_ARGUMENT `dtype` or
+  // `chunks` other than the rank's (naming both); UNAVAILABLE recovering or the store.
+  absl::StatusOr<TensorRecord> Attach(absl::string_view name, int64_t rank, int64_t incarnation,
+                                      int64_t version, DType dtype, const RankChunks& chunks);
+  // The buffer lent for `rank` by holder `incarnation` is gone: the rank becomes unattached.
+  // Returns true when it changed something (false: not attached by that incarnation, or
+  // no such tensor: nothing to do). The store's error when it could not be stored.
+  absl::StatusOr<bool> Detach(absl::string_view name, int64_t rank, int64_t incarnation);
+
+  // Replaces the checksums of one rank's chunks (a chunk upload), keeping the version.
+  absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
+                          ChunkChecksums checksums, int64_t incarnation);
+
+  // One rank's committed local buffer of a ready tensor in a worker's own memory (attached
+  // tensors' buffers are the user processes'), and the incarnation that holds it: what
+  // memory admission counts as committed (coordinator/plans/admission.h).
+  struct HeldBytes {
+    int64_t rank = 0;
+    int64_t incarnation = 0;
+    int64_t bytes = 0;
+  };
+  // One entry per (rank, incarnation), its bytes summed over tensors; by rank, incarnation.
+  std::vector<HeldBytes> BytesByHolder() const;
+
+  // Ready tensors only: NOT_FOUND while being created. Get, Acquire and Remove answer
+  // UNAVAILABLE for a tensor still recovering after a restart. Hidden tensors are found only
+  // with their `owner`.
+  absl::StatusOr<TensorRecord> Get(absl::string_view name, const std::string& owner = "") const;
+  // Ready tensors that are not hidden.
+  std::vector<TensorRecord> List() const;
+  // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
+  absl::StatusOr<TensorRecord> Remove(absl::string_view name, const std::string& owner = "");
+
+ private:
+  // Stores `t` (no-op without a store).
+  absl::Status Persist(const TensorRecord& t) const;
+  // Every change of a record in tensors_ goes through these, so held_ follows it. PutLocked
+  // inserts or replaces the record under its name.
+  void PutLocked(TensorRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountLocked(const TensorRecord& t, int64_t sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // held_ recomputed from every record (debug builds check the tally against it).
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> RecountLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status RecoveringError(const TensorRecord& t);
+
+  MeshManager* const meshes_;
+  StateStore* const store_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, TensorRecord, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  // What BytesByHolder answers, kept as records change (PutLocked, EraseLocked): bytes of
+  // ready, not attached tensors per (rank, incarnation). Admission asks before every plan.
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> held_ ABSL_GUARDED_BY(mu_);
+  int64_t last_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions up to this one are stored as used (handed out in blocks).
+  int64_t reserved_versions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Versions up to this one were handed out before the restart (Load).
+  int64_t version_floor_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_COORDINATOR_STATE_TENSOR_MANAGER_H_

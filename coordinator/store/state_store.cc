@@ -1,0 +1,50 @@
+#include "coordinator/store/state_store.h"
+
+#include <utility>
+
+namespace shardcoord {
+
+absl::Status StateStore::Put(std::string kind, std::string name, std::string value) {
+  StateBatch b;
+  b.Put(std::move(kind), std::move(name), std::move(value));
+  return Apply(b);
+}
+
+absl::Status StateStore::Delete(std::string kind, std::string name) {
+  StateBatch b;
+  b.Delete(std::move(kind), std::move(name));
+  return Apply(b);
+}
+
+absl::StatusOr<std::vector<StateRecord>> StateStore::Load(absl::string_view kind) const {
+  absl::StatusOr<std::vector<StateRecord>> all = LoadAll();
+  if (!all.ok()) return all.status();
+  std::vector<StateRecord> out;
+  for (StateRecord& r : *all) {
+    if (r.kind == kind) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::Status MemoryStateStore::Apply(const StateBatch& batch) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& key : batch.deletes) records_.erase(key);
+  for (const StateRecord& r : batch.puts) records_[{r.kind, r.name}] = r.value;
+  ++applies_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StateRecord>> MemoryStateStore::LoadAll() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<StateRecord> out;
+  out.reserve(records_.size());
+  for (const auto& [key, value] : records_) out.push_back({key.first, key.second, value});
+  return out;
+}
+
+int64_t MemoryStateStore::applies() const {
+  absl::MutexLock lock(&mu_);
+  return applies_;
+}
+
+}  // namespace shardcoord

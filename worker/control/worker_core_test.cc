@@ -1,0 +1,512 @@
+#include "worker/control/worker_core.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "sharding/fill.h"
+#include "sharding/layout.h"
+#include "sharding/mesh.h"
+#include "sharding/placement.h"
+#include "sharding/planner.h"
+#include "worker/buffers/checksum.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/control/kv_client.h"
+
+namespace shardcoord {
+namespace {
+
+class FakeReporter : public ChunkReporter {
+ public:
+  absl::Status ReportChunks(const v1::ReportChunksRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    reports_.push_back(request);
+    return absl::OkStatus();
+  }
+  // Waits for `n` final reports of `plan_id` and returns them. Per plan: a peer of an
+  // aborted plan may still report its own failure (its step broke when another rank's
+  // communicator went), and that report must not count for the next plan.
+  std::vector<v1::ReportChunksRequest> WaitFinals(int n, absl::string_view plan_id) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return FinalsLocked(plan_id).size() >= static_cast<size_t>(n);
+    };
+    mu_.Await(absl::Condition(&enough));
+    return FinalsLocked(plan_id);
+  }
+  std::vector<v1::ReportChunksRequest> Reports() {
+    absl::MutexLock lock(&mu_);
+    return reports_;
+  }
+
+ private:
+  std::vector<v1::ReportChunksRequest> FinalsLocked(absl::string_view plan_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<v1::ReportChunksRequest> out;
+    for (const auto& r : reports_) {
+      if (r.final() && r.plan_id() == plan_id) out.push_back(r);
+    }
+    return out;
+  }
+
+  absl::Mutex mu_;
+  std::vector<v1::ReportChunksRequest> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+// One worker's pieces, without sockets except Gloo's loopback TCP.
+struct TestWorker {
+  TestWorker(KvClient* kv, FakeReporter* reporter, int rank)
+      : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
+        core(&buffers, &cache, reporter, [rank] {
+          return WorkerIdentity{absl::StrCat("w", rank), 7, rank};
+        }) {}
+  BufferStore buffers;
+  CommunicatorCache cache;
+  WorkerCore core;
+};
+
+v1::FillRequest FillFor(const Layout& layout, int64_t rank, v1::InitKind init,
+                        int64_t version = 1) {
+  v1::FillRequest req;
+  req.set_tensor("T");
+  req.set_version(version);
+  req.set_dtype(v1::F32);
+  *req.mutable_chunks() = RankChunksToProto(*layout.Find(rank));
+  for (int64_t d : layout.global_shape()) req.add_global_shape(d);
+  req.set_init(init);
+  return req;
+}
+
+std::vector<float> ReadAll(WorkerCore& core, const std::string& tensor, int64_t version,
+                           const Box& box, int64_t max_bytes) {
+  v1::ReadChunkRequest req;
+  req.set_tensor(tensor);
+  req.set_version(version);
+  *req.mutable_box() = BoxToProto(box);
+  absl::StatusOr<WorkerCore::ChunkReader> reader = core.OpenRead(req);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return {};
+  std::string bytes;
+  int pieces = 0;
+  while (!reader->done()) {
+    const size_t before = bytes.size();
+    EXPECT_TRUE(reader->Next(max_bytes, &bytes).ok());
+    EXPECT_LE(static_cast<int64_t>(bytes.size() - before), std::max<int64_t>(max_bytes, 4));
+    ++pieces;
+  }
+  EXPECT_EQ(static_cast<int64_t>(bytes.size()), reader->total_bytes());
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({2, 0}, {3, 8}), 0, 0});
+  rc.local_elements = 24;
+  v1::FillRequest req;
+  req.set_tensor("T");
+  req.set_version(1);
+  req.set_dtype(v1::F32);
+  *req.mutable_chunks() = RankChunksToProto(rc);
+  req.add_global_shape(6);
+  req.add_global_shape(8);
+  req.set_init(v1::ARANGE);
+  absl::StatusOr<v1::FillResponse> filled = w.core.Fill(req);
+  ASSERT_TRUE(filled.ok()) << filled.status();
+  std::vector<float> expect(24);
+  for (int i = 0; i < 24; ++i) expect[i] = 16 + i;
+  EXPECT_EQ(filled->chunks().chunks(0).checksum(), ChunkChecksum(expect.data(), 96));
+
+  // Rows 3..4, columns 2..6, 3 elements per piece.
+  std::vector<float> got = ReadAll(w.core, "T", 1, Box({3, 2}, {2, 5}), 12);
+  std::vector<float> want;
+  for (int r = 3; r < 5; ++r) {
+    for (int c = 2; c < 7; ++c) want.push_back(r * 8 + c);
+  }
+  EXPECT_EQ(got, want);
+
+  v1::ReadChunkRequest bad;
+  bad.set_tensor("T");
+  bad.set_version(1);
+  *bad.mutable_box() = BoxToProto(Box({1, 0}, {2, 8}));  // Row 1 is not held.
+  EXPECT_EQ(w.core.OpenRead(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.set_version(2);
+  EXPECT_EQ(w.core.OpenRead(bad).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(WorkerCoreTest, FillPartialContributions) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0}, {4}), 0, 1});  // Contribution 1.
+  rc.local_elements = 4;
+  v1::FillRequest req;
+  req.set_tensor("P");
+  req.set_version(1);
+  req.set_dtype(v1::F32);
+  *req.mutable_chunks() = RankChunksToProto(rc);
+  req.add_global_shape(4);
+  req.set_init(v1::ARANGE);
+  ASSERT_TRUE(w.core.Fill(req).ok());
+  EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20), std::vector<float>(4, 0.0f));
+  req.set_partial_op(v1::MAX);
+  ASSERT_TRUE(w.core.Fill(req).ok());
+  EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20), (std::vector<float>{0, 1, 2, 3}));
+}
+
+TEST(WorkerCoreTest, FillErrorsNameTheField) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {5, 2}), 0, 0});
+  rc.local_elements = 10;
+  v1::FillRequest req;
+  req.set_tensor("T");
+  req.set_dtype(v1::F32);
+  *req.mutable_chunks() = RankChunksToProto(rc);
+  req.add_global_shape(4);
+  req.add_global_shape(2);
+  absl::StatusOr<v1::FillResponse> r = w.core.Fill(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("chunks.chunks[0]"), std::string::npos) << r.status();
+  req.set_dtype(v1::DTYPE_UNSPECIFIED);
+  r = w.core.Fill(req);
+  EXPECT_NE(r.status().message().find("dtype"), std::string::npos) << r.status();
+  EXPECT_TRUE(w.buffers.List().empty());
+}
+
+TEST(WorkerCoreTest, WriteChunkChecksBytes) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0}, {3}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({5}, {2}), 3, 0});
+  rc.local_elements = 5;
+  v1::ChunkData header;
+  header.set_tensor("W");
+  header.set_version(4);
+  header.set_dtype(v1::I32);
+  *header.mutable_chunks() = RankChunksToProto(rc);
+  header.set_total_bytes(16);
+  EXPECT_EQ(w.core.OpenWrite(header).status().code(), absl::StatusCode::kInvalidArgument);
+  header.set_total_bytes(20);
+  const int32_t values[5] = {1, 2, 3, 4, 5};
+  header.set_data(std::string(reinterpret_cast<const char*>(values), 8));
+  auto writer = w.core.OpenWrite(header);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_EQ((*writer)->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*writer)->Append(std::string(reinterpret_cast<const char*>(values) + 8, 12)).ok());
+  EXPECT_EQ((*writer)->Append("x").code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<v1::WriteChunkResponse> done = (*writer)->Finish();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->chunks().chunks(0).checksum(), ChunkChecksum(values, 12));
+  EXPECT_EQ(done->chunks().chunks(1).checksum(), ChunkChecksum(values + 3, 8));
+  EXPECT_NE(w.buffers.Find("W", 4), nullptr);
+}
+
+TEST(WorkerCoreTest, WriteBufferThenReadBoxesRoundTripsAndRefusesLargeCalls) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {2, 3}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({4, 0}, {1, 3}), 6, 0});
+  rc.local_elements = 9;
+  const int32_t values[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  v1::ChunkData message;
+  message.set_tensor("W");
+  message.set_version(2);
+  message.set_dtype(v1::I32);
+  *message.mutable_chunks() = RankChunksToProto(rc);
+  message.set_total_bytes(36);
+  message.set_data(std::string(reinterpret_cast<const char*>(values), 32));
+  EXPECT_EQ(w.core.WriteBuffer(message).status().code(), absl::StatusCode::kInvalidArgument);
+  message.set_data(std::string(reinterpret_cast<const char*>(values), 36));
+  absl::StatusOr<v1::WriteChunkResponse> wrote = w.core.WriteBuffer(message);
+  ASSERT_TRUE(wrote.ok()) << wrote.status();
+  EXPECT_EQ(wrote->chunks().chunks(1).checksum(), ChunkChecksum(values + 6, 12));
+
+  v1::ReadBoxesRequest read;
+  read.set_tensor("W");
+  read.set_version(2);
+  *read.add_boxes() = BoxToProto(Box({1, 1}, {1, 2}));  // Inside the first chunk.
+  *read.add_boxes() = BoxToProto(Box({4, 0}, {1, 3}));  // The second chunk whole.
+  absl::StatusOr<v1::ReadBoxesResponse> got = w.core.ReadBoxes(read);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->data_size(), 2);
+  EXPECT_EQ(got->data(0), std::string(reinterpret_cast<const char*>(values + 4), 8));
+  EXPECT_EQ(got->data(1), std::string(reinterpret_cast<const char*>(values + 6), 12));
+  // A box outside every chunk names its index.
+  *read.add_boxes() = BoxToProto(Box({2, 0}, {1, 3}));
+  got = w.core.ReadBoxes(read);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("boxes[2]"), std::string::npos) << got.status();
+
+  // Beyond kMaxRelayBytes: refused, pointing at the streaming calls.
+  RankChunks big;
+  big.chunks.push_back(Chunk{Box({0}, {kMaxRelayBytes / 4 + 1}), 0, 0});
+  big.local_elements = kMaxRelayBytes / 4 + 1;
+  message.set_tensor("B");
+  *message.mutable_chunks() = RankChunksToProto(big);
+  message.set_total_bytes(kMaxRelayBytes + 4);
+  message.set_data(std::string(static_cast<size_t>(kMaxRelayBytes + 4), '\0'));
+  absl::StatusOr<v1::WriteChunkResponse> refused = w.core.WriteBuffer(message);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("WriteChunk"), std::string::npos) << refused.status();
+  EXPECT_EQ(w.buffers.Find("B", 2), nullptr);
+}
+
+// Four workers run a planner-made S(0) -> S(1) plan end to end: fill, execute, report,
+// commit, read back.
+class LifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int r = 0; r < 4; ++r)
+      workers_.push_back(std::make_unique<TestWorker>(&kv_, &reporter_, r));
+    mesh_ = *DeviceMesh::Create({4});
+    source_ = *Layout::FromPlacements(mesh_, {8, 12}, *ParsePlacements("S(0)"));
+    target_ = *Layout::FromPlacements(mesh_, {8, 12}, *ParsePlacements("S(1)"));
+    plan_ = *Redistribute(source_, target_, DType::kF32);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(workers_[r]->core.Fill(FillFor(source_, r, v1::ARANGE)).ok());
+    }
+  }
+
+  v1::PlanFragment Fragment(int r, const std::string& id, int64_t timeout_ms = 30000) {
+    FragmentOptions options;
+    options.plan_id = id;
+    options.tensor = "T";
+    options.source_version = 1;
+    options.target_version = 2;
+    for (int i = 0; i < 4; ++i) options.incarnations[i] = 7;
+    options.step_timeout_ms = timeout_ms;
+    options.communicator_prefix = absl::StrCat("plan/", id, "/");
+    return MakeFragment(plan_, r, options);
+  }
+
+  v1::FinishPlanRequest Finish(const std::string& id, bool commit) {
+    v1::FinishPlanRequest req;
+    req.set_plan_id(id);
+    req.set_tensor("T");
+    req.set_commit(commit);
+    req.set_drop_version(1);
+    return req;
+  }
+
+  InMemoryKvClient kv_;
+  FakeReporter reporter_;
+  std::vector<std::unique_ptr<TestWorker>> workers_;
+  DeviceMesh mesh_;
+  Layout source_, target_;
+  Plan plan_;
+};
+
+TEST_F(LifecycleTest, ExecuteReportCommitRead) {
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p1")).ok());
+  std::vector<v1::ReportChunksRequest> finals = reporter_.WaitFinals(4, "p1");
+  ASSERT_EQ(finals.size(), 4u);
+  for (const auto& rep : finals) {
+    SCOPED_TRACE(rep.DebugString());
+    EXPECT_EQ(rep.plan_id(), "p1");
+    EXPECT_EQ(rep.error(), "");
+    EXPECT_EQ(rep.incarnation(), 7);
+    EXPECT_EQ(rep.worker(), absl::StrCat("w", rep.rank()));
+    const int r = static_cast<int>(rep.rank());
+    auto stored = workers_[r]->buffers.Find("T", 2);
+    ASSERT_NE(stored, nullptr);
+    ASSERT_EQ(rep.chunks().chunks_size(), 1);
+    EXPECT_EQ(rep.chunks().chunks(0).checksum(), (*stored->Checksums())[0]);
+    EXPECT_EQ(rep.bytes_done(), 3 * 2 * 3 * 4);  // Three 2x3 f32 pieces from the others.
+  }
+  // Re-executing a running (not yet finished) plan id is refused.
+  EXPECT_EQ(workers_[0]->core.Execute(Fragment(0, "p1")).code(), absl::StatusCode::kAlreadyExists);
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p1", true)).ok());
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p1", true)).ok());  // Idempotent.
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 1), nullptr);
+    const Box box = target_.Find(r)->chunks[0].box;
+    std::vector<float> got = ReadAll(workers_[r]->core, "T", 2, box, 1 << 20);
+    std::vector<float> want;
+    for (int64_t i = 0; i < 8; ++i) {
+      for (int64_t j = box.offset(1); j < box.end(1); ++j) want.push_back(i * 12 + j);
+    }
+    EXPECT_EQ(got, want) << "rank " << r;
+    EXPECT_EQ(workers_[r]->cache.size(), 1);  // Kept for the next plan of the epoch.
+  }
+  EXPECT_EQ(workers_[0]->core.Execute(Fragment(0, "p1")).code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(LifecycleTest, MissingPeerFailsThenAbortKeepsSource) {
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p2", /*timeout_ms=*/300)).ok());
+  }
+  std::vector<v1::ReportChunksRequest> finals = reporter_.WaitFinals(3, "p2");
+  for (const auto& rep : finals) {
+    EXPECT_NE(rep.error().find("DEADLINE_EXCEEDED"), std::string::npos) << rep.error();
+    EXPECT_NE(rep.error().find("step 0"), std::string::npos) << rep.error();
+    EXPECT_EQ(rep.chunks().chunks_size(), 0);
+  }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p2", false)).ok());
+    workers_[r]->core.WaitIdle();
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+  }
+}
+
+// Rank 3 joins the rendezvous but never executes: the others wait in the exchange (with a
+// ten-minute step timeout) until the abort cancels them.
+TEST_F(LifecycleTest, AbortInterruptsAStepInFlight) {
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p6", /*timeout_ms=*/600000)).ok());
+  }
+  CommunicatorSpec spec;
+  spec.ranks = {0, 1, 2, 3};
+  spec.incarnations = {7, 7, 7, 7};
+  spec.my_rank = 3;
+  spec.key_prefix = "plan/p6/";
+  ASSERT_TRUE(workers_[3]->cache.Get(spec).ok());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p6", false)).ok());
+  }
+  for (int r = 0; r < 3; ++r) {
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+  // An aborted fragment never reports success. A peer may report its own failure: its step
+  // broke when another rank's abort closed that rank's communicator first.
+  for (const auto& rep : reporter_.Reports()) {
+    EXPECT_TRUE(!rep.final() || !rep.error().empty()) << rep.DebugString();
+  }
+}
+
+// Before registering again a worker forgets every plan it still has: running fragments are
+// cancelled and never store their target; stored targets of plans whose commit never came
+// stay (the coordinator decides at registration).
+TEST_F(LifecycleTest, AbortAllCancelsRunningPlansAndKeepsStoredTargets) {
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p9", /*timeout_ms=*/600000)).ok());
+  }
+  // Rank 3 joins the communicator but runs no fragment: the others wait in the step.
+  CommunicatorSpec spec;
+  spec.ranks = {0, 1, 2, 3};
+  spec.incarnations = {7, 7, 7, 7};
+  spec.my_rank = 3;
+  spec.key_prefix = "plan/p9/";
+  ASSERT_TRUE(workers_[3]->cache.Get(spec).ok());
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 1);
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 0);
+    EXPECT_EQ(workers_[r]->core.Execute(Fragment(r, "p9")).code(), absl::StatusCode::kAborted);
+  }
+  workers_[3]->cache.ReleasePrefix("plan/p9/");
+
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p8")).ok());
+  reporter_.WaitFinals(4, "p8");
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(workers_[r]->core.AbortAll(), 1);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+}
+
+TEST_F(LifecycleTest, AbortAfterSuccessDropsTheNewBuffer) {
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p3")).ok());
+  reporter_.WaitFinals(4, "p3");
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_NE(workers_[r]->buffers.Find("T", 2), nullptr);
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(Finish("p3", false)).ok());
+    EXPECT_EQ(workers_[r]->cache.size(), 0);  // The abort retired the prefix.
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 2), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+}
+
+TEST_F(LifecycleTest, CommitNeverDropsItsOwnTarget) {
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(workers_[r]->core.Execute(Fragment(r, "p4")).ok());
+  reporter_.WaitFinals(4, "p4");
+  v1::FinishPlanRequest req = Finish("p4", true);
+  req.set_drop_version(2);
+  ASSERT_TRUE(workers_[1]->core.FinishPlan(req).ok());
+  EXPECT_NE(workers_[1]->buffers.Find("T", 2), nullptr);
+}
+
+// A Copy's fragment reads T's version 1 and writes U's version 5: T is left alone, a commit
+// drops U's old version (never the new one), an abort drops only U's new buffer.
+TEST_F(LifecycleTest, CopyWritesTheTargetTensor) {
+  auto copy_fragment = [this](int r, const std::string& id, int64_t version) {
+    v1::PlanFragment f = Fragment(r, id);
+    f.set_target_tensor("U");
+    f.set_target_version(version);
+    return f;
+  };
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c1", 5)).ok());
+  for (const auto& rep : reporter_.WaitFinals(4, "c1")) EXPECT_EQ(rep.error(), "") << rep.rank();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_EQ(workers_[r]->buffers.Find("T", 5), nullptr);
+    v1::FinishPlanRequest commit = Finish("c1", true);
+    commit.set_tensor("U");
+    commit.set_drop_version(5);  // Never the version the plan just wrote.
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(commit).ok());
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);  // The source is only read.
+    const Box box = target_.Find(r)->chunks[0].box;
+    std::vector<float> got = ReadAll(workers_[r]->core, "U", 5, box, 1 << 20);
+    std::vector<float> want;
+    for (int64_t i = 0; i < 8; ++i) {
+      for (int64_t j = box.offset(1); j < box.end(1); ++j) want.push_back(i * 12 + j);
+    }
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+  for (int r = 0; r < 4; ++r)
+    ASSERT_TRUE(workers_[r]->core.Execute(copy_fragment(r, "c2", 6)).ok());
+  reporter_.WaitFinals(4, "c2");
+  for (int r = 0; r < 4; ++r) {
+    v1::FinishPlanRequest abort = Finish("c2", false);
+    abort.set_tensor("U");
+    abort.set_drop_version(6);
+    ASSERT_TRUE(workers_[r]->core.FinishPlan(abort).ok());
+    workers_[r]->core.WaitIdle();
+    EXPECT_EQ(workers_[r]->buffers.Find("U", 6), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("U", 5), nullptr);
+    EXPECT_NE(workers_[r]->buffers.Find("T", 1), nullptr);
+  }
+}
+
+TEST_F(LifecycleTest, ExecuteValidation) {
+  v1::PlanFragment f = Fragment(0, "p5");
+  f.set_plan_id("");
+  EXPECT_EQ(workers_[0]->core.Execute(f).code(), absl::StatusCode::kInvalidArgument);
+  f = Fragment(0, "p5");
+  f.set_source_version(9);
+  EXPECT_EQ(workers_[0]->core.Execute(f).code(), absl::StatusCode::kFailedPrecondition);
+  // A buffer with other chunks under the source version is refused up front too.
+  v1::FillRequest other = FillFor(target_, 0, v1::ZEROS, /*version=*/1);
+  other.set_tensor("T");
+  ASSERT_TRUE(workers_[0]->core.Fill(other).ok());
+  absl::Status s = workers_[0]->core.Execute(Fragment(0, "p5"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(workers_[0]->core.running(), 0);
+  EXPECT_TRUE(reporter_.Reports().empty());
+}
+
+}  // namespace
+}  // namespace shardcoord

@@ -1,0 +1,133 @@
+#include "worker/plans/fragment.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "sharding/layout.h"
+#include "sharding/mesh.h"
+#include "sharding/placement.h"
+#include "sharding/planner.h"
+
+namespace shardcoord {
+namespace {
+
+Plan MakePlan(const std::string& from, const std::string& to) {
+  DeviceMesh mesh = *DeviceMesh::Create({4});
+  Layout a = *Layout::FromPlacements(mesh, {8, 8}, *ParsePlacements(from));
+  Layout b = *Layout::FromPlacements(mesh, {8, 8}, *ParsePlacements(to));
+  absl::StatusOr<Plan> plan = Redistribute(a, b, DType::kF32);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+v1::PlanFragment FragmentFor(const Plan& plan, int64_t rank) {
+  FragmentOptions options;
+  options.plan_id = "p";
+  options.tensor = "T";
+  options.source_version = 1;
+  options.target_version = 2;
+  options.incarnations = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+  options.communicator_prefix = "plan/p/";
+  return MakeFragment(plan, rank, options);
+}
+
+void ExpectBad(const v1::PlanFragment& f, const std::string& needle) {
+  absl::StatusOr<Fragment> parsed = ParseFragment(f);
+  ASSERT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << parsed.status();
+  EXPECT_NE(parsed.status().message().find(needle), std::string::npos) << parsed.status();
+}
+
+TEST(FragmentTest, PlannerFragmentsAreValid) {
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"S(0)", "S(1)"},
+                                 {"S(0)", "R"},
+                                 {"R", "S(1)"},
+                                 {"P(sum)", "R"},
+                                 {"P(sum)", "S(0)"},
+                                 {"S(1)", "P(sum)"}}) {
+    Plan plan = MakePlan(from, to);
+    for (int64_t r = 0; r < 4; ++r) {
+      absl::StatusOr<Fragment> f = ParseFragment(FragmentFor(plan, r));
+      EXPECT_TRUE(f.ok()) << from << " -> " << to << " rank " << r << ": " << f.status();
+    }
+  }
+}
+
+TEST(FragmentTest, NamesBadTransferBytes) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
+  ASSERT_GT(f.steps_size(), 0);
+  ASSERT_GT(f.steps(0).transfers_size(), 0);
+  f.mutable_steps(0)->mutable_transfers(0)->set_bytes(3);
+  ExpectBad(f, "steps[0].transfers[0]: bytes 3");
+}
+
+// Found with worker:fragment_fuzz's sanitizers: 2^62 f64 elements are 2^65 bytes, which wrapped
+// to 0 and matched a transfer declaring 0 bytes.
+TEST(FragmentTest, RejectsTransferBytesOverflowingInt64) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
+  f.set_dtype(v1::F64);
+  v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(0);
+  t->mutable_box()->set_shape(0, int64_t{1} << 62);
+  t->mutable_box()->set_shape(1, 1);
+  t->set_bytes(0);
+  ExpectBad(f, "steps[0].transfers[0]: the byte size of shape");
+}
+
+TEST(FragmentTest, NamesSendOutsideSourceChunk) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
+  for (int j = 0; j < f.steps(0).transfers_size(); ++j) {
+    v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(j);
+    if (t->src() != 1) continue;
+    t->mutable_box()->set_offset(0, 0);  // Rank 1 holds rows 2..3 only.
+    ExpectBad(f, "lies in no source chunk of rank 1");
+    return;
+  }
+  FAIL() << "rank 1 sends nothing";
+}
+
+TEST(FragmentTest, NamesReceiveOutsideTargetChunk) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
+  for (int j = 0; j < f.steps(0).transfers_size(); ++j) {
+    v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(j);
+    if (t->dst() != 1) continue;
+    t->mutable_box()->set_offset(1, 6);  // Rank 1 gets columns 2..3 only.
+    ExpectBad(f, "lies in no target chunk of rank 1");
+    return;
+  }
+  FAIL() << "rank 1 receives nothing";
+}
+
+TEST(FragmentTest, NamesLocalCopyOutsideChunks) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 2);
+  ASSERT_EQ(f.local_copies_size(), 1);
+  f.mutable_local_copies(0)->mutable_box()->set_offset(0, 0);
+  ExpectBad(f, "local_copies[0]: box");
+}
+
+TEST(FragmentTest, NamesMissingIncarnation) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 0);
+  f.clear_member_ranks();
+  f.clear_member_incarnations();
+  ExpectBad(f, "steps[0]: member rank");
+}
+
+TEST(FragmentTest, WireErrorsComeFromConvert) {
+  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 0);
+  f.set_dtype(v1::DTYPE_UNSPECIFIED);
+  ExpectBad(f, "dtype");
+}
+
+TEST(FragmentTest, PartialSourceMatchesContribution) {
+  Plan plan = MakePlan("P(sum)", "R");
+  absl::StatusOr<Fragment> f = ParseFragment(FragmentFor(plan, 1));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(SourceIsPartial(*f));
+  ASSERT_EQ(f->source.chunks.size(), 1u);
+  const Chunk& c = f->source.chunks[0];
+  EXPECT_EQ(FindContainingChunk(f->source, c.box, true, c.partial_index), 0);
+  EXPECT_EQ(FindContainingChunk(f->source, c.box, true, c.partial_index + 1), -1);
+  EXPECT_EQ(FindContainingChunk(f->source, c.box, false, 99), 0);
+}
+
+}  // namespace
+}  // namespace shardcoord

@@ -1,0 +1,223 @@
+#include "worker/rpc/worker_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/grpc_status.h"
+
+namespace shardcoord {
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Execute(grpc::CallbackServerContext* ctx,
+                                                     const v1::PlanFragment* request,
+                                                     v1::ExecuteResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->Execute(*request)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::FinishPlan(grpc::CallbackServerContext* ctx,
+                                                        const v1::FinishPlanRequest* request,
+                                                        v1::FinishPlanResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->FinishPlan(*request)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Fill(grpc::CallbackServerContext* ctx,
+                                                  const v1::FillRequest* request,
+                                                  v1::FillResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::FillResponse> r = core_->Fill(*request);
+    if (r.ok()) *response = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::DropTensor(grpc::CallbackServerContext* ctx,
+                                                        const v1::DropTensorRequest* request,
+                                                        v1::DropTensorResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(core_->DropTensor(*request)));
+  return reactor;
+}
+
+namespace {
+
+class ReadChunkReactor : public grpc::ServerWriteReactor<v1::ChunkData> {
+ public:
+  ReadChunkReactor(WorkerCore* core, const v1::ReadChunkRequest& request) {
+    absl::StatusOr<WorkerCore::ChunkReader> reader = core->OpenRead(request);
+    if (!reader.ok()) {
+      Finish(ToGrpcStatus(reader.status()));
+      return;
+    }
+    reader_ = *std::move(reader);
+    message_.set_tensor(request.tensor());
+    message_.set_version(request.version());
+    message_.set_total_bytes(reader_.total_bytes());
+    // The header travels alone; data follows in messages of at most 1 MiB.
+    StartWrite(&message_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    if (reader_.done()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    message_.Clear();
+    absl::Status s = reader_.Next(kMaxChunkMessageBytes, message_.mutable_data());
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartWrite(&message_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  WorkerCore::ChunkReader reader_;
+  v1::ChunkData message_;
+};
+
+class WriteChunkReactor : public grpc::ServerReadReactor<v1::ChunkData> {
+ public:
+  WriteChunkReactor(WorkerCore* core, ThreadPool* pool, v1::WriteChunkResponse* response)
+      : core_(core), pool_(pool), response_(response) {
+    StartRead(&message_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The client finished sending.
+      if (writer_ == nullptr) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no header message"));
+        return;
+      }
+      pool_->Schedule([this] {  // Checksumming a large buffer is long work.
+        absl::StatusOr<v1::WriteChunkResponse> r = writer_->Finish();
+        if (r.ok()) *response_ = *std::move(r);
+        Finish(ToGrpcStatus(r.status()));
+      });
+      return;
+    }
+    absl::Status s;
+    if (writer_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<WorkerCore::ChunkWriter>> w = core_->OpenWrite(message_);
+      if (w.ok()) writer_ = *std::move(w);
+      s = w.status();
+    } else {
+      s = writer_->Append(message_.data());
+    }
+    if (!s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&message_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  WorkerCore* const core_;
+  ThreadPool* const pool_;
+  v1::WriteChunkResponse* const response_;
+  v1::ChunkData message_;
+  std::unique_ptr<WorkerCore::ChunkWriter> writer_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ChunkData>* WorkerServiceImpl::ReadChunk(
+    grpc::CallbackServerContext* /*ctx*/, const v1::ReadChunkRequest* request) {
+  return new ReadChunkReactor(core_, *request);
+}
+
+grpc::ServerReadReactor<v1::ChunkData>* WorkerServiceImpl::WriteChunk(
+    grpc::CallbackServerContext* /*ctx*/, v1::WriteChunkResponse* response) {
+  return new WriteChunkReactor(core_, pool_, response);
+}
+
+// Small, bounded by kMaxRelayBytes: answered on the reactor, no hop to the pool.
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadBoxes(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReadBoxesRequest* request,
+                                                       v1::ReadBoxesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::ReadBoxesResponse> r = core_->ReadBoxes(*request);
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::WriteBuffer(grpc::CallbackServerContext* ctx,
+                                                         const v1::ChunkData* request,
+                                                         v1::WriteChunkResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::StatusOr<v1::WriteChunkResponse> r = core_->WriteBuffer(*request);
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
+// ---- Checkpoints: file I/O is long work, on the pool ---------------------------------------
+
+template <typename Response>
+grpc::ServerUnaryReactor* WorkerServiceImpl::OnPool(
+    grpc::CallbackServerContext* ctx, Response* response,
+    std::function<absl::StatusOr<Response>()> work) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (checkpoints_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no checkpoint support"));
+    return reactor;
+  }
+  pool_->Schedule([reactor, response, work = std::move(work)] {
+    absl::StatusOr<Response> r = work();
+    if (r.ok()) *response = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::WriteCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::WriteCheckpointRequest* request,
+    v1::WriteCheckpointResponse* response) {
+  return OnPool<v1::WriteCheckpointResponse>(
+      ctx, response, [this, request] { return checkpoints_->Write(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* request,
+    v1::ReadCheckpointResponse* response) {
+  return OnPool<v1::ReadCheckpointResponse>(
+      ctx, response, [this, request] { return checkpoints_->Read(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpointIndex(
+    grpc::CallbackServerContext* ctx, const v1::ReadCheckpointIndexRequest* request,
+    v1::ReadCheckpointIndexResponse* response) {
+  return OnPool<v1::ReadCheckpointIndexResponse>(
+      ctx, response, [this, request] { return checkpoints_->ReadIndex(*request); });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::CheckpointDir(grpc::CallbackServerContext* ctx,
+                                                           const v1::CheckpointDirRequest* request,
+                                                           v1::CheckpointDirResponse* response) {
+  return OnPool<v1::CheckpointDirResponse>(
+      ctx, response, [this, request]() -> absl::StatusOr<v1::CheckpointDirResponse> {
+        absl::Status s = checkpoints_->Dir(*request);
+        if (!s.ok()) return s;
+        return v1::CheckpointDirResponse();
+      });
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,153 @@
+#include "worker/rpc/worker_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "sharding/layout.h"
+#include "worker/buffers/checksum.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/control/kv_client.h"
+
+namespace shardcoord {
+namespace {
+
+// The adapter runs no plan here, so nothing is reported.
+class NoReports : public ChunkReporter {
+ public:
+  absl::Status ReportChunks(const v1::ReportChunksRequest& /*request*/) override {
+    return absl::OkStatus();
+  }
+};
+
+// The gRPC adapter, over an in-process server on loopback.
+TEST(WorkerServiceTest, StreamsOverGrpc) {
+  InMemoryKvClient kv;
+  NoReports reporter;
+  BufferStore buffers;
+  CommunicatorCache cache(*GlooCommunicatorFactory::Create(&kv, GlooOptions{}));
+  WorkerCore core(&buffers, &cache, &reporter, [] { return WorkerIdentity{"w0", 7, 0}; });
+  ThreadPool pool(2);
+  WorkerServiceImpl service(&core, &pool);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+
+  // Write a 2.5 MiB buffer in pieces of at most 1 MiB.
+  const int64_t n = 655360;  // f32 elements.
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {640, 1024}), 0, 0});
+  rc.local_elements = n;
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(i);
+  {
+    grpc::ClientContext ctx;
+    v1::WriteChunkResponse response;
+    auto writer = stub->WriteChunk(&ctx, &response);
+    v1::ChunkData msg;
+    msg.set_tensor("G");
+    msg.set_version(1);
+    msg.set_dtype(v1::F32);
+    *msg.mutable_chunks() = RankChunksToProto(rc);
+    msg.set_total_bytes(n * 4);
+    ASSERT_TRUE(writer->Write(msg));
+    const char* p = reinterpret_cast<const char*>(values.data());
+    for (int64_t off = 0; off < n * 4; off += kMaxChunkMessageBytes) {
+      v1::ChunkData data;
+      data.set_data(std::string(p + off, std::min(kMaxChunkMessageBytes, n * 4 - off)));
+      ASSERT_TRUE(writer->Write(data));
+    }
+    writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.chunks().chunks(0).checksum(), ChunkChecksum(values.data(), n * 4));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReadChunkRequest req;
+    req.set_tensor("G");
+    req.set_version(1);
+    *req.mutable_box() = BoxToProto(Box({1, 0}, {639, 1024}));
+    auto reader = stub->ReadChunk(&ctx, req);
+    v1::ChunkData msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    EXPECT_EQ(msg.total_bytes(), 639 * 1024 * 4);
+    EXPECT_TRUE(msg.data().empty());
+    std::string data;
+    int messages = 0;
+    while (reader->Read(&msg)) {
+      EXPECT_LE(static_cast<int64_t>(msg.data().size()), kMaxChunkMessageBytes);
+      data += msg.data();
+      ++messages;
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(messages, 3);
+    ASSERT_EQ(static_cast<int64_t>(data.size()), 639 * 1024 * 4);
+    EXPECT_EQ(std::memcmp(data.data(), values.data() + 1024, data.size()), 0);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReadChunkRequest req;
+    req.set_tensor("nope");
+    *req.mutable_box() = BoxToProto(Box({0}, {1}));
+    auto reader = stub->ReadChunk(&ctx, req);
+    v1::ChunkData msg;
+    EXPECT_FALSE(reader->Read(&msg));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::PlanFragment bad;
+    v1::ExecuteResponse response;
+    EXPECT_EQ(stub->Execute(&ctx, bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::FinishPlanRequest req;
+    req.set_plan_id("unknown");
+    v1::FinishPlanResponse response;
+    EXPECT_TRUE(stub->FinishPlan(&ctx, req, &response).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::DropTensorRequest req;
+    req.set_tensor("G");
+    req.set_version(-1);
+    v1::DropTensorResponse response;
+    EXPECT_TRUE(stub->DropTensor(&ctx, req, &response).ok());
+    EXPECT_EQ(buffers.Find("G", 1), nullptr);
+  }
+  {
+    RankChunks small;
+    small.chunks.push_back(Chunk{Box({0}, {3}), 0, 0});
+    small.local_elements = 3;
+    grpc::ClientContext ctx;
+    v1::FillRequest req;
+    req.set_tensor("F");
+    req.set_version(1);
+    req.set_dtype(v1::I64);
+    *req.mutable_chunks() = RankChunksToProto(small);
+    req.add_global_shape(3);
+    req.set_init(v1::ARANGE);
+    v1::FillResponse response;
+    ASSERT_TRUE(stub->Fill(&ctx, req, &response).ok());
+    const int64_t want[3] = {0, 1, 2};
+    EXPECT_EQ(response.chunks().chunks(0).checksum(), ChunkChecksum(want, 24));
+  }
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace shardcoord
