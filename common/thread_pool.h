@@ -1,5 +1,5 @@
-#ifndef SHARDCOORD_WORKER_RPC_THREAD_POOL_H_
-#define SHARDCOORD_WORKER_RPC_THREAD_POOL_H_
+#ifndef SHARDCOORD_COMMON_THREAD_POOL_H_
+#define SHARDCOORD_COMMON_THREAD_POOL_H_
 
 #include <deque>
 #include <functional>
@@ -63,4 +63,4 @@ class ThreadPool {
 
 }  // namespace shardcoord
 
-#endif  // SHARDCOORD_WORKER_RPC_THREAD_POOL_H_
+#endif  // SHARDCOORD_COMMON_THREAD_POOL_H_
