@@ -10,25 +10,15 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "sharding/field_status.h"
 
 namespace shardcoord {
 namespace {
 
-template <typename... Args>
-absl::Status Bad(absl::string_view field, const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", args...));
-}
-
-// Keeps the code, puts the field in front of the message.
-absl::Status Prefixed(absl::string_view field, const absl::Status& s) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
-}
-
-std::string Sub(absl::string_view field, absl::string_view member) {
-  return absl::StrCat(field, ".", member);
-}
-std::string Index(absl::string_view field, int64_t i) { return absl::StrCat(field, "[", i, "]"); }
+using field_status::Bad;
+using field_status::Index;
+using field_status::Prefixed;
+using field_status::Sub;
 
 absl::Status NonNegative(absl::string_view field, int64_t value) {
   if (value < 0) {
