@@ -582,7 +582,6 @@ TEST(AuthClusterTest, BadTokensFileFailsStartup) {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   const std::string dir = shardcoord::TmpDir();
   const std::string tokens = absl::StrCat(dir, "/tokens");
   const std::string worker_token = absl::StrCat(dir, "/worker.token");
@@ -593,6 +592,5 @@ int main(int argc, char** argv) {
   options.worker_flags = {absl::StrCat("--token-file=", worker_token)};
   options.client_options.token = shardcoord::Id("admin").token;
   options.log_dir = dir;
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

@@ -36,11 +36,10 @@ struct Snapshot {
   std::vector<std::string> meshes;
 };
 
-class BadInputTest : public ::testing::Test {
+class BadInputTest : public ClusterTest {
  protected:
   void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     static bool created = false;
     if (!created) {
       ASSERT_TRUE(MakeMesh(client(), "grid", {2, 2}, cluster_->WorkerNames(), {"dp", "tp"}).ok());
@@ -94,8 +93,6 @@ class BadInputTest : public ::testing::Test {
     std::sort(s->meshes.begin(), s->meshes.end());
   }
 
-  CoordinatorClient& client() { return cluster_->client(); }
-
   v1::TensorHeader Header(const std::string& name, const Shape& shape, DType dtype) {
     v1::TensorHeader header;
     header.set_name(name);
@@ -105,7 +102,6 @@ class BadInputTest : public ::testing::Test {
     return header;
   }
 
-  Cluster* cluster_ = nullptr;
   Snapshot before_;
 };
 
@@ -338,9 +334,3 @@ TEST_F(BadInputTest, WellFormedNpyOfTheWrongShapeIsRefusedByTheCoordinator) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

@@ -39,11 +39,10 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kBudget = 16 * kMiB;
 const Shape kEight = {2048, 1024};  // 8 MiB: 2 MiB per worker under S(0).
 
-class BudgetTest : public ::testing::Test {
+class BudgetTest : public ClusterTest {
  protected:
   void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     static bool made = false;
     if (!made) {
       absl::StatusOr<v1::MeshInfo> mesh = MakeMesh(client(), "line", {4}, cluster_->WorkerNames());
@@ -54,8 +53,6 @@ class BudgetTest : public ::testing::Test {
     // so each test starts from empty workers (a condition, polled; not a sleep).
     ASSERT_NO_FATAL_FAILURE(AwaitWorkersHoldingAtMost(0));
   }
-
-  CoordinatorClient& client() { return cluster_->client(); }
 
   void AwaitWorkersHoldingAtMost(int64_t bytes) {
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
@@ -105,8 +102,6 @@ class BudgetTest : public ::testing::Test {
     }
     return -1;
   }
-
-  Cluster* cluster_ = nullptr;
 };
 
 TEST_F(BudgetTest, AGroupThatDoesNotFitIsRefusedNamingTheWorkerAndChangesNothing) {
@@ -277,12 +272,10 @@ TEST_F(BudgetTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   shardcoord::ClusterOptions options;
   options.worker_flags = {"--memory-budget=16MiB"};
   // A worker is stopped (SIGSTOP) while a plan waits: it must not be declared dead; no
   // waiting plan times out on a slow machine.
   options.coordinator_flags = {"--heartbeat-timeout=120s", "--admission-timeout=300s"};
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

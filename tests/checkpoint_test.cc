@@ -92,21 +92,8 @@ struct Source {
   bool flat = false;
 };
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public MeshTest {
  protected:
-  void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
-    ASSERT_NO_FATAL_FAILURE(EnsureMeshes());
-  }
-
-  CoordinatorClient& client() { return cluster_->client(); }
-
-  void EnsureMeshes() {
-    absl::StatusOr<std::map<std::string, v1::MeshInfo>> meshes = MakeTestMeshes(client());
-    ASSERT_TRUE(meshes.ok()) << meshes.status();
-  }
-
   void CreateAll(const std::vector<Source>& sources) {
     for (const Source& s : sources) {
       absl::StatusOr<v1::TensorInfo> t =
@@ -152,8 +139,6 @@ class CheckpointTest : public ::testing::Test {
     }
     return total;
   }
-
-  Cluster* cluster_ = nullptr;
 };
 
 // One target spec per tensor: the whole group is loaded with it, then every value checked.
@@ -507,9 +492,3 @@ TEST(CheckpointRootTest, WorkersRefuseCheckpointPathsOutsideTheirRoot) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

@@ -25,14 +25,8 @@ struct Move {
   bool flat = false;
 };
 
-class ConcurrentTest : public ::testing::Test {
+class ConcurrentTest : public ClusterTest {
  protected:
-  void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
-  }
-  CoordinatorClient& client() { return cluster_->client(); }
-
   // Issues every tensor's move from its own thread at the same moment and returns each
   // Redistribute result.
   std::vector<absl::StatusOr<v1::RedistributeResponse>> MoveAll(const std::vector<Move>& moves) {
@@ -59,8 +53,6 @@ class ConcurrentTest : public ::testing::Test {
     const int64_t k = static_cast<int64_t>(i);
     return {64 + 8 * k, 48 + 3 * k};
   }
-
-  Cluster* cluster_ = nullptr;
 };
 
 TEST_F(ConcurrentTest, EightRedistributesAtOnce) {
@@ -119,9 +111,3 @@ TEST_F(ConcurrentTest, EightRedistributesAtOnce) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

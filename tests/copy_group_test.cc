@@ -52,27 +52,8 @@ v1::CopyGroupRequest GroupOf(const std::vector<std::pair<std::string, std::strin
   return request;
 }
 
-class CopyGroupTest : public ::testing::Test {
+class CopyGroupTest : public MeshTest {
  protected:
-  void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
-    ASSERT_NO_FATAL_FAILURE(EnsureMeshes());
-  }
-
-  CoordinatorClient& client() { return cluster_->client(); }
-
-  void EnsureMeshes() {
-    absl::StatusOr<std::map<std::string, v1::MeshInfo>> meshes = MakeTestMeshes(client());
-    ASSERT_TRUE(meshes.ok()) << meshes.status();
-  }
-
-  int64_t Version(const std::string& name) {
-    absl::StatusOr<v1::TensorInfo> t = client().GetTensor(name);
-    EXPECT_TRUE(t.ok()) << name << ": " << t.status();
-    return t.ok() ? t->version() : -1;
-  }
-
   // Creates every member's src (arange) and dst (random, or zeros when Partial), runs the
   // group, and checks every value, version and layout.
   void CopyGroupAndCheck(const std::vector<Member>& members) {
@@ -142,8 +123,6 @@ class CopyGroupTest : public ::testing::Test {
       EXPECT_TRUE(client().DeleteTensor(dst).ok()) << dst;
     }
   }
-
-  Cluster* cluster_ = nullptr;
 };
 
 TEST_F(CopyGroupTest, EveryLayoutKindInOneGroupMovesTheLowerBound) {
@@ -336,9 +315,3 @@ TEST_F(CopyGroupTest, RedistributeGroupMovesEveryTensorTogether) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

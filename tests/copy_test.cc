@@ -40,24 +40,8 @@ v1::CopyRequest CopyOf(const std::string& src, const std::string& dst) {
   return request;
 }
 
-class CopyTest : public ::testing::Test {
+class CopyTest : public MeshTest {
  protected:
-  void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
-    ASSERT_NO_FATAL_FAILURE(EnsureMeshes());
-  }
-
-  CoordinatorClient& client() { return cluster_->client(); }
-
-  void EnsureMeshes() {
-    absl::StatusOr<std::map<std::string, v1::MeshInfo>> made = MakeTestMeshes(client());
-    ASSERT_TRUE(made.ok()) << made.status();
-    meshes_ = *std::move(made);
-  }
-
-  const v1::MeshInfo& Mesh(const std::string& name) { return meshes_.at(name); }
-
   // src holds arange in `from`; dst holds random values (or zeros when Partial) in `to`;
   // then src is copied into dst and everything is checked.
   void CopyAndCheck(const std::string& name, const Endpoint& from, const Endpoint& to,
@@ -110,9 +94,6 @@ class CopyTest : public ::testing::Test {
     EXPECT_TRUE(client().DeleteTensor(src).ok());
     EXPECT_TRUE(client().DeleteTensor(dst).ok());
   }
-
-  Cluster* cluster_ = nullptr;
-  std::map<std::string, v1::MeshInfo> meshes_;
 };
 
 TEST_F(CopyTest, ShardedIntoReplicated) { CopyAndCheck("s0_r", {"line", "S(0)"}, {"line", "R"}); }
@@ -202,9 +183,3 @@ TEST_F(CopyTest, BadPairsAreRefusedAndChangeNothing) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

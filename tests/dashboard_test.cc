@@ -178,7 +178,6 @@ TEST_F(DashboardTest, WithoutATokenThePageAsksForOneAndShowsNothing) {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   using shardcoord::Sha256Hex;
   const std::string tokens = shardcoord::TmpDir() + "/tokens";
   const std::string worker_token = shardcoord::TmpDir() + "/worker.token";
@@ -191,6 +190,5 @@ int main(int argc, char** argv) {
   options.coordinator_flags = {"--auth-tokens=" + tokens};
   options.worker_flags = {"--token-file=" + worker_token};
   options.client_options.token = shardcoord::kAdminToken;
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

@@ -55,16 +55,12 @@ int64_t BucketsInTrace(const v1::PlanTrace& trace) {
   return buckets;
 }
 
-class GroupTest : public ::testing::Test {
+class GroupTest : public ClusterTest {
  protected:
   void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     ASSERT_NO_FATAL_FAILURE(EnsureMeshes(client()));
   }
-  CoordinatorClient& client() { return cluster_->client(); }
-
-  Cluster* cluster_ = nullptr;
 };
 
 TEST_F(GroupTest, RedistributeGroupOfEveryLayoutKindChecksEveryValue) {
@@ -366,9 +362,3 @@ TEST(GroupFaultTest, AWorkerKilledMidGroupLeavesEveryMemberAtItsOldVersion) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}

@@ -131,11 +131,10 @@ absl::StatusOr<Exposition> Parse(const std::string& text) {
   return e;
 }
 
-class MetricsTest : public ::testing::Test {
+class MetricsTest : public ClusterTest {
  protected:
   void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     ASSERT_FALSE(cluster_->metrics_address().empty()) << "the coordinator printed no metrics line";
   }
 
@@ -155,8 +154,6 @@ class MetricsTest : public ::testing::Test {
     }
     return Parse(res->body);
   }
-
-  Cluster* cluster_ = nullptr;
 };
 
 TEST_F(MetricsTest, TheDashboardShowsWorkersMeshesAndTensors) {
@@ -336,9 +333,7 @@ TEST_F(MetricsTest, ARedistributeMovesTheCountersByExactlyThePlan) {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   shardcoord::ClusterOptions options;
   options.worker_flags = {"--http-listen=127.0.0.1:0"};
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

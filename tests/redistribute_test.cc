@@ -52,15 +52,12 @@ std::string TestName(std::string s) {
   return out;
 }
 
-class RedistributeTest : public ::testing::Test {
+class RedistributeTest : public ClusterTest {
  protected:
   void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
+    ASSERT_NO_FATAL_FAILURE(ClusterTest::SetUp());
     ASSERT_NO_FATAL_FAILURE(EnsureMeshes());
   }
-
-  CoordinatorClient& client() { return cluster_->client(); }
 
   // Meshes over the four workers w0..w3: the 1-d and 2-d meshes of the transitions and three
   // others for cross-mesh moves (a permuted line and two subsets).
@@ -154,7 +151,6 @@ class RedistributeTest : public ::testing::Test {
     EXPECT_TRUE(client().DeleteTensor(name).ok());
   }
 
-  Cluster* cluster_ = nullptr;
   absl::flat_hash_map<std::string, v1::MeshInfo>* meshes_ = nullptr;
 };
 

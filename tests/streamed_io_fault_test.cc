@@ -24,15 +24,7 @@ using ::testing::HasSubstr;
 constexpr int64_t kBandBytes = 4096;
 const Shape kShape = {512, 512};  // 1 MiB of f32: 256 bands.
 
-class StreamedIoFaultTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    cluster_ = ClusterEnvironment::Get();
-    ASSERT_NE(cluster_, nullptr) << "no cluster";
-  }
-  CoordinatorClient& client() { return cluster_->client(); }
-  Cluster* cluster_ = nullptr;
-};
+using StreamedIoFaultTest = ClusterTest;
 
 TEST_F(StreamedIoFaultTest, WorkerDeathMidUploadKeepsTheOldVersion) {
   // Replicated on w0, w1, w3: the old version stays readable without w1.
@@ -119,9 +111,7 @@ TEST_F(StreamedIoFaultTest, WorkerDeathMidDownloadEndsTheStreamUnavailable) {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   shardcoord::ClusterOptions options;
   options.coordinator_flags = {absl::StrCat("--io-band-bytes=", shardcoord::kBandBytes)};
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

@@ -238,9 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StreamedIoTest, ::testing::ValuesIn(Cases()),
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
   shardcoord::ClusterOptions options;
   options.coordinator_flags = {absl::StrCat("--io-band-bytes=", shardcoord::kBandBytes)};
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment(options));
-  return RUN_ALL_TESTS();
+  return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }

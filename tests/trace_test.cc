@@ -98,9 +98,3 @@ TEST(TraceTest, ARealPlanTracesEveryRankAsChromeJson) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new shardcoord::ClusterEnvironment());
-  return RUN_ALL_TESTS();
-}
