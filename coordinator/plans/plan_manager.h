@@ -454,6 +454,8 @@ class PlanManager : public WorkerListener {
     bool MaybeTransferred(absl::Time now);
     // The first abort (true) or a repeat (false): marks it failed at `now` with `reason`.
     bool MarkAborted(const std::string& reason, absl::StatusCode code, absl::Time now);
+    // Its timeout and grace timers, for the caller to cancel outside the lock; none is left.
+    std::vector<Timer::Id> TakeTimers();
     // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
     std::string Waiting() const;
   };

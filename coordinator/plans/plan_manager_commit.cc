@@ -280,7 +280,7 @@ void PlanManager::Validate(const std::string& txn) {
   std::string failure;
   std::vector<CommitWork> work;
   std::vector<TensorManager::CommitItem> items;
-  Timer::Id timer = 0, grace_timer = 0;
+  std::vector<Timer::Id> timers;
   bool fused = false;
   {
     absl::MutexLock lock(&mu_);
@@ -307,8 +307,7 @@ void PlanManager::Validate(const std::string& txn) {
     }
     if (failure.empty()) {
       t.closing = true;  // From here on deaths and timeouts no longer abort it.
-      timer = std::exchange(t.timer, 0);
-      grace_timer = std::exchange(t.grace_timer, 0);
+      timers = t.TakeTimers();
       work.reserve(t.records.size());
       items.reserve(t.records.size());
       for (size_t i = 0; i < t.records.size(); ++i) {
@@ -320,8 +319,7 @@ void PlanManager::Validate(const std::string& txn) {
     }
   }
   if (!failure.empty()) return AbortTransaction(txn, failure);
-  if (timer != 0) timer_->Cancel(timer);
-  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  for (Timer::Id t : timers) timer_->Cancel(t);
   // Every member's new version in one batch: no reader sees some of them new, others old.
   if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
     {
@@ -485,7 +483,7 @@ void PlanManager::AbortTransaction(const std::string& txn, const std::string& re
   };
   std::vector<Aborted> aborted;
   std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> finish;
-  Timer::Id timer = 0, grace_timer = 0;
+  std::vector<Timer::Id> timers;
   int64_t held = 0;
   std::string member_reason;
   {
@@ -496,8 +494,7 @@ void PlanManager::AbortTransaction(const std::string& txn, const std::string& re
     if (t.closing || t.over) return;
     const absl::Time now = clock_->Now();
     if (t.MarkAborted(reason, code, now)) {
-      timer = std::exchange(t.timer, 0);
-      grace_timer = std::exchange(t.grace_timer, 0);
+      timers = t.TakeTimers();
       // Before the tensors are released below, so no later plan reuses this epoch's keys.
       if (t.communicator_prefix == CommPrefixLocked()) ++comm_epoch_;
       if (t.sent) {
@@ -527,8 +524,7 @@ void PlanManager::AbortTransaction(const std::string& txn, const std::string& re
       aborted.push_back(Aborted{e.tensor, e.target_tensor, id, e.target_mesh});
     }
   }
-  if (timer != 0) timer_->Cancel(timer);
-  if (grace_timer != 0) timer_->Cancel(grace_timer);
+  for (Timer::Id t : timers) timer_->Cancel(t);
   // The old layouts were never replaced; the tensors are free again at once.
   for (const Aborted& a : aborted) ReleaseTensors(a.tensor, a.target_tensor, a.id, a.target_mesh);
   FinishOnWorkers(std::move(finish), held);

@@ -2,6 +2,7 @@
 // transitions it owns (PlanManager does, outside its lock, what they call for).
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -85,6 +86,14 @@ bool PlanManager::Transaction::MarkAborted(const std::string& reason, absl::Stat
   state = PlanState::kAborted;
   end = now;
   return true;
+}
+
+std::vector<Timer::Id> PlanManager::Transaction::TakeTimers() {
+  std::vector<Timer::Id> timers;
+  for (Timer::Id* t : {&timer, &grace_timer}) {
+    if (*t != 0) timers.push_back(std::exchange(*t, 0));
+  }
+  return timers;
 }
 
 std::string PlanManager::Transaction::Waiting() const {
