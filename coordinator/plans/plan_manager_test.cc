@@ -242,6 +242,58 @@ TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
   EXPECT_TRUE(plans_.Redistribute("T", Target("S(0),R"), nullptr).ok());
 }
 
+// A single plan is a transaction of one member under the plan's id: its workers report under
+// that id, its trace shows their timings, and it is no group's.
+TEST_F(PlanManagerTest, ASinglePlanIsATransactionOfItsOwn) {
+  CreateTensor("T");
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), nullptr);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string id = started->id;
+  for (const auto& [rank, f] : Fragments(id)) {
+    EXPECT_EQ(f.plan_id(), id);
+    WorkerReport r = FinalReport(f);
+    v1::StepTiming* step = r.timing.add_steps();
+    step->set_op("all_gather");
+    step->set_index(rank);
+    ASSERT_TRUE(plans_.Report(r).ok()) << rank;
+  }
+  EXPECT_EQ(plans_.Progress(id)->state, PlanState::kCommitted);
+  absl::StatusOr<v1::PlanTrace> trace = plans_.Trace(id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->op(), "redistribute");
+  ASSERT_EQ(trace->ranks_size(), 4);
+  for (const v1::RankTrace& r : trace->ranks()) {
+    ASSERT_EQ(r.steps_size(), 1) << r.rank();
+    EXPECT_EQ(r.steps(0).index(), r.rank());
+    EXPECT_EQ(r.worker(), absl::StrCat("w", r.rank()));
+  }
+  EXPECT_GT(trace->transferred_unix_us(), 0);
+  std::vector<v1::PlanSummary> list = plans_.List(10);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].group(), "");
+  absl::Status late = plans_.Report(FinalReport(Fragments(id).begin()->second));
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(late.message(), absl::StrCat("plan ", id, " already ended (COMMITTED)"));
+}
+
+// A group's workers report under the group's id; its members' ids are no transactions.
+TEST_F(PlanManagerTest, GroupMembersAreNotReportedToOnTheirOwn) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("x", "S(1)", "N");
+  absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, nullptr);
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkerReport r = FusedFinalReport(Fragments(group->id).begin()->second);
+  r.plan_id = group->members[0].id;
+  EXPECT_EQ(plans_.Report(r).code(), absl::StatusCode::kNotFound);
+  ReportAllFused(group->id);
+  EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kCommitted);
+  std::vector<v1::PlanSummary> list = plans_.List(10);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].group(), group->id);
+  absl::Status late = plans_.Report(FusedFinalReport(Fragments(group->id).begin()->second));
+  EXPECT_EQ(late.message(), absl::StrCat("plan ", group->id, " already ended (committing)"));
+}
+
 TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   CreateTensor("T");
   const TensorRecord before = *tensors_.Get("T");
