@@ -543,12 +543,9 @@ class PlanManager : public WorkerListener {
   // the transaction.
   absl::Status AdmitAndSend(const std::string& what, const std::string& txn, MemoryDemand demand);
   // The one dispatch: the strategy decides what goes to the workers (each member's own
-  // fragments, the fused fragments, or the coordinator's relay).
+  // fragments, the fused fragments, or the coordinator's relay); plan_dispatch.cc's
+  // MakeFragments is the only place fragments are made.
   void Send(const std::string& txn, int64_t admitted_bucket_bytes);
-  // The fragments of `t` by worker (the only place fragments are made); under mu_, with the
-  // members' plans and the bucket size decided.
-  std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> FragmentsLocked(const Transaction& t)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts `txn` after plan_timeout from its start ("group ID timed out ..." for a group).
   void ScheduleTimeoutLocked(Transaction& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A relayed plan's data step (RunRelay); its outcome stands in for the workers' reports.
