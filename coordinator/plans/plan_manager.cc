@@ -73,22 +73,10 @@ PlanManager::PlanManager(const Clock* clock, Timer* timer, WorkerManager* worker
 
 PlanManager::~PlanManager() {
   absl::MutexLock lock(&mu_);
-  for (auto& [id, e] : plans_) {
-    if (!e.state_ended()) {
-      if (e.timer != 0) timer_->Cancel(e.timer);
-      if (e.grace_timer != 0) timer_->Cancel(e.grace_timer);
-    }
+  for (auto& [id, t] : transactions_) {
+    if (t.timer != 0) timer_->Cancel(t.timer);
+    if (t.grace_timer != 0) timer_->Cancel(t.grace_timer);
   }
-  for (auto& [id, g] : groups_) {
-    if (g.timer != 0) timer_->Cancel(g.timer);
-    if (g.grace_timer != 0) timer_->Cancel(g.grace_timer);
-  }
-}
-
-LivenessFn PlanManager::Liveness() const {
-  return [workers = workers_](int64_t rank, int64_t incarnation) {
-    return workers->IsLive(rank, incarnation);
-  };
 }
 
 PlanManager::WorkerView PlanManager::ViewWorkers() const {
@@ -147,10 +135,11 @@ absl::StatusOr<StartedPlan> PlanManager::DryRun(const std::string& tensor, const
   if (!rec.ok()) return rec.status();
   absl::StatusOr<Target> target = ResolveSpec(*rec, spec);
   if (!target.ok()) return target.status();
-  absl::StatusOr<Layout> source = LiveLayout(*rec, Liveness());
+  const WorkerView view = ViewWorkers();
+  absl::StatusOr<Layout> source = LiveLayout(*rec, view.Liveness());
   if (!source.ok()) return source.status();
   absl::StatusOr<std::shared_ptr<const Plan>> plan =
-      MakePlan(*rec, *source, target->layout, workers_->HostsByRank());
+      MakePlan(*rec, *source, target->layout, view.hosts);
   if (!plan.ok()) return plan.status();
   StartedPlan out;
   out.tensor = tensor;
@@ -179,7 +168,7 @@ absl::StatusOr<StartedPlan> PlanManager::Repair(const std::string& tensor, DoneC
 size_t PlanManager::RunningPlansCount() const {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
-  for (const auto& [id, e] : plans_) n += e.state_ended() ? 0 : 1;
+  for (const auto& [id, e] : plans_) n += e.ended() ? 0 : 1;
   return n;
 }
 
@@ -187,7 +176,7 @@ std::vector<std::string> PlanManager::RunningPlansOf(int64_t rank) const {
   std::vector<std::string> ids;
   absl::MutexLock lock(&mu_);
   for (const auto& [id, e] : plans_) {
-    if (!e.state_ended() && e.participants.count(rank) > 0) ids.push_back(id);
+    if (!e.ended() && e.participants.count(rank) > 0) ids.push_back(id);
   }
   return ids;
 }
@@ -255,11 +244,11 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
   return absl::OkStatus();
 }
 
-absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
-                                               const std::string& target_tensor,
-                                               const TargetFn& target_fn, DoneCallback done,
-                                               const std::string& group, FusedMember* fused,
-                                               const std::string& owner) {
+absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
+    const char* op, const std::string& tensor, const std::string& target_tensor,
+    const TargetFn& target_fn, DoneCallback done, const MemberInput& input) {
+  const bool member = !input.txn.empty();
+  const std::string& owner = input.owner;
   const bool copy = target_tensor != tensor;
   const bool repair = absl::string_view(op) == kRepairOp;
   absl::StatusOr<TensorRecord> current = tensors_->Get(tensor, owner);
@@ -277,8 +266,8 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   absl::StatusOr<Target> target = target_fn(current_dst);
   if (!target.ok()) return target.status();
   std::optional<WorkerView> own_view;
-  if (fused == nullptr || fused->workers == nullptr) own_view = ViewWorkers();
-  const WorkerView& view = own_view.has_value() ? *own_view : *fused->workers;
+  if (input.workers == nullptr) own_view = ViewWorkers();
+  const WorkerView& view = own_view.has_value() ? *own_view : *input.workers;
   for (const RankChunks& rc : target->layout.ranks()) {
     absl::StatusOr<const WorkerRecord*> w = view.ByRank(rc.rank);
     if (!w.ok()) return w.status();
@@ -293,7 +282,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     id = options_.id_namespace.empty()
              ? absl::StrCat("p-", next_plan_++)
              : absl::StrCat("p-", options_.id_namespace, ".", next_plan_++);
-    prefix = fused != nullptr ? fused->communicator_prefix : CommPrefixLocked();
+    prefix = member ? input.communicator_prefix : CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
   absl::StatusOr<TensorRecord> rec = tensors_->Acquire(tensor, id, copy ? "" : target->mesh, owner);
@@ -340,7 +329,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   absl::StatusOr<Layout> source = LiveLayout(*rec, view.Liveness());
   if (!source.ok()) return fail(source.status());
-  GroupMemo* const memo = fused != nullptr ? fused->memo : nullptr;
+  GroupMemo* const memo = input.memo;
   std::optional<std::shared_ptr<const Plan>> plan;  // Set from here on.
   if (memo != nullptr && memo->plan != nullptr && memo->dtype == rec->dtype &&
       SameLayout(memo->source, *source) && SameLayout(memo->target, target->layout)) {
@@ -359,11 +348,12 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     }
   }
 
-  Entry e;
+  PlanRecord e;
   e.id = id;
   e.op = op;
-  e.group = group;
+  e.txn = member ? input.txn : id;
   e.owner = owner;
+  e.keep_hidden = input.keep_hidden;
   e.tensor = tensor;
   e.target_tensor = target_tensor;
   e.plan = *plan;
@@ -380,7 +370,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   if (memo == nullptr) {
     e.demand =
         PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
-                         /*staging=*/fused == nullptr);
+                         /*staging=*/!member);
   } else {
     if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
         (!e.target_attached && !SameLayout(memo->replaced, dst_rec.layout))) {
@@ -395,18 +385,9 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   // A tiny plain copy moves faster through the coordinator than through a fragment on every
   // worker (plan_relay.h); a group member always runs in its group's fused plan.
-  e.relay = fused == nullptr && !repair &&
-            RelayEligible(**plan, e.target_attached, options_.relay_max_bytes);
-  FragmentOptions fo;
-  fo.plan_id = id;
-  fo.tensor = tensor;
-  fo.target_tensor = target_tensor;
-  fo.source_version = e.source_version;
-  fo.target_version = e.target_version;
-  fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
-  fo.communicator_prefix = e.communicator_prefix;
-  if (e.target_attached) fo.attached_target_version = dst_rec.version;
-  int64_t bucket_bytes = 0;
+  e.relay =
+      !member && !repair && RelayEligible(**plan, e.target_attached, options_.relay_max_bytes);
+  StartedMember out;
   std::vector<int64_t> own_participants;
   const std::vector<int64_t>& participants =
       memo != nullptr ? memo->participants : (own_participants = PlanParticipants(**plan));
@@ -416,11 +397,9 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     const WorkerRecord& w = **found;
     if (!w.alive) return fail(w.DeadError("takes part in the plan but is dead"));
     if (w.leaving && !repair) return fail(LeavingError(w));
-    Participant& p = e.participants[r];
-    p.endpoint = w.Endpoint();
-    fo.incarnations[r] = w.incarnation;
+    e.participants[r].endpoint = w.Endpoint();
     const int64_t b = w.spec.bucket_bytes > 0 ? w.spec.bucket_bytes : kDefaultBucketBytes;
-    bucket_bytes = bucket_bytes == 0 ? b : std::min(bucket_bytes, b);
+    out.bucket_bytes = out.bucket_bytes == 0 ? b : std::min(out.bucket_bytes, b);
   }
   for (const RankTraffic& t : (*plan)->traffic) {
     auto it = e.participants.find(t.rank);
@@ -429,69 +408,47 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   for (const RankChunks& rc : (*plan)->target.ranks()) {
     if (e.participants.count(rc.rank) == 0) e.relay = false;  // Each target rank reports.
   }
-  Dispatch fragments;
-  if (fused == nullptr) {
-    for (const auto& [r, p] : e.participants) {
-      if (!e.relay) fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
-    }
-  } else {
-    fused->options.plan_id = id;
-    fused->options.tensor = tensor;
-    fused->options.target_tensor = target_tensor;
-    fused->options.source_version = e.source_version;
-    fused->options.target_version = e.target_version;
-    fused->options.attached_target_version = fo.attached_target_version;
-    fused->bucket_bytes = bucket_bytes;
-  }
 
-  const absl::Time now = clock_->Now();
-  e.start = now;
+  e.start = clock_->Now();
   if (done) e.done.push_back(std::move(done));
-  // A group member is timed by its group.
-  if (fused == nullptr) {
-    e.timer = timer_->Schedule(now + options_.plan_timeout, [this, id] {
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = plans_.find(id);
-        if (it == plans_.end()) return;
-        const Entry& pe = it->second;
-        reason = absl::StrCat("timed out after ", absl::FormatDuration(options_.plan_timeout),
-                              " in state ", PlanStateName(pe.state), "; waiting for ",
-                              Waiting(pe.participants));
-      }
-      Abort(id, reason);
-    });
-  }
+  out.plan.id = id;
+  out.plan.tensor = target_tensor;
+  out.plan.plan = *plan;
+  out.plan.target_version = e.target_version;
+  absl::MutexLock lock(&mu_);
+  PlanRecord& stored = plans_[id] = std::move(e);
+  out.plan.progress = ProgressLocked(stored);
+  if (member) return out;  // Its group admits, times and sends it.
+  // A transaction of its own, under its id, timed from now.
+  Transaction& t = transactions_[id];
+  t.id = id;
+  t.strategy = stored.relay ? Strategy::kRelay : Strategy::kCollective;
+  t.members = {id};
+  t.records = {&stored};
+  t.participants = stored.participants;
+  t.sent = true;
+  t.start = stored.start;
+  t.communicator_prefix = prefix;
+  t.default_bucket_bytes = out.bucket_bytes;
+  t.finals.resize(1);
+  ScheduleTimeoutLocked(t);
+  return out;
+}
 
-  StartedPlan out;
-  out.id = id;
-  out.tensor = target_tensor;
-  out.plan = *plan;
-  out.target_version = e.target_version;
-  {
-    absl::MutexLock lock(&mu_);
-    Entry& stored = plans_[id] = std::move(e);
-    out.progress = ProgressLocked(stored);
-  }
-  if (fused != nullptr) return out;  // The group admits and sends it.
+absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string& tensor,
+                                               const std::string& target_tensor,
+                                               const TargetFn& target_fn, DoneCallback done) {
+  absl::StatusOr<StartedMember> started =
+      StartMember(op, tensor, target_tensor, target_fn, std::move(done), MemberInput{});
+  if (!started.ok()) return started.status();
+  StartedPlan out = std::move(started->plan);
+  const std::string& id = out.id;
   MemoryDemand demand;
-  bool relay = false;
   {
     absl::MutexLock lock(&mu_);
     demand = plans_.at(id).demand;
-    relay = plans_.at(id).relay;
   }
-  auto dispatch = std::make_shared<Dispatch>(std::move(fragments));
-  auto send = [this, id, dispatch, relay](int64_t bucket) {
-    if (relay) return Relay(id);
-    if (bucket > 0) {
-      for (auto& [endpoint, fragment] : *dispatch) fragment.set_bucket_bytes(bucket);
-    }
-    Send(id, std::move(*dispatch));
-  };
-  if (absl::Status s = AdmitAndSend(absl::StrCat("plan ", id), {id}, send, std::move(demand));
-      !s.ok()) {
+  if (absl::Status s = AdmitAndSend(absl::StrCat("plan ", id), id, std::move(demand)); !s.ok()) {
     Discard(id);  // Nothing was sent.
     return s;
   }
@@ -507,60 +464,54 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   return out;
 }
 
-absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
-                                       std::function<void(int64_t bucket_bytes)> send,
-                                       MemoryDemand demand, const std::string& group) {
+absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::string& txn,
+                                       MemoryDemand demand) {
   if (options_.admission == nullptr) {
-    send(0);
+    Send(txn, 0);
     return absl::OkStatus();
   }
-  auto admitted = [this, ids, send](int64_t bucket) {
-    std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids = transactions_.at(txn).members;
+  }
+  auto admitted = [this, ids, txn](int64_t bucket) {
+    WatchCalls calls;
     {
       absl::MutexLock lock(&mu_);
       for (const std::string& id : ids) {
         auto it = plans_.find(id);
-        if (it == plans_.end() || it->second.state_ended()) continue;
+        if (it == plans_.end() || it->second.ended()) continue;
         it->second.bucket_bytes = bucket;
         it->second.waiting_for_memory.clear();
         for (auto& call : ChangedLocked(it->second)) calls.push_back(std::move(call));
       }
     }
     Tell(calls);
-    send(bucket);
+    Send(txn, bucket);
   };
-  auto refuse = [this, ids, group](const absl::Status& s) {
-    if (!group.empty()) return AbortGroup(group, std::string(s.message()), s.code());
-    for (const std::string& id : ids) AbortWith(id, std::string(s.message()), s.code());
+  auto refuse = [this, txn](const absl::Status& s) {
+    AbortTransaction(txn, std::string(s.message()), s.code());
   };
   absl::StatusOr<AdmissionController::Grant> grant =
       options_.admission->Request(what, std::move(demand), /*may_wait=*/true, admitted, refuse);
   if (!grant.ok()) return grant.status();
-  // The ticket is the plan's (or the group's) until it ends; if it ended already (a
-  // refusal, or an admitted plan that ran to its end meanwhile), it goes now.
+  // The ticket is the transaction's until it is over; if it is over already (a refusal, or
+  // an admitted plan that ran to its end meanwhile), it goes now.
   bool release = false;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  WatchCalls calls;
   {
     absl::MutexLock lock(&mu_);
-    if (!group.empty()) {
-      auto g = groups_.find(group);
-      if (g != groups_.end() && !g->second.over) {
-        g->second.admission_ticket = grant->ticket;
-      } else {
-        release = true;
-      }
+    auto t = transactions_.find(txn);
+    if (t != transactions_.end() && !t->second.over) {
+      t->second.admission_ticket = grant->ticket;
     } else {
-      auto it = plans_.find(ids.front());
-      if (it != plans_.end() && !it->second.completed) {
-        it->second.admission_ticket = grant->ticket;
-      } else {
-        release = true;
-      }
+      release = true;
     }
     if (!grant->admitted) {
       for (const std::string& id : ids) {
         auto it = plans_.find(id);
-        if (it == plans_.end() || it->second.state_ended() || it->second.bucket_bytes > 0) {
+        if (it == plans_.end() || it->second.ended() || it->second.bucket_bytes > 0) {
           continue;  // Ended, or admitted meanwhile.
         }
         it->second.waiting_for_memory = grant->waiting;
@@ -574,119 +525,6 @@ absl::Status PlanManager::AdmitAndSend(const std::string& what, const std::vecto
   return absl::OkStatus();
 }
 
-void PlanManager::Send(const std::string& id, Dispatch fragments) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended()) return;  // A group member aborted.
-  }
-  for (auto& [endpoint, fragment] : fragments) {
-    const int64_t rank = endpoint.rank;
-    client_->Execute(endpoint, std::move(fragment),
-                     [this, id, rank](absl::Status s) { OnExecuteDone(id, rank, s); });
-  }
-}
-
-void PlanManager::Relay(const std::string& id) {
-  RelayRequest q;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended()) return;
-    const Entry& e = it->second;
-    q.plan_id = id;
-    q.tensor = e.tensor;
-    q.source_version = e.source_version;
-    q.target_tensor = e.target_tensor;
-    q.target_version = e.target_version;
-    q.dtype = e.plan->dtype;
-    q.source = e.plan->source;
-    q.target = e.plan->target;
-    for (const auto& [r, p] : e.participants) q.workers[r] = p.endpoint;
-  }
-  // A holder the relay reads from may have no part in the plan's own transfers.
-  for (const RankChunks& rc : q.source.ranks()) {
-    if (q.workers.count(rc.rank) > 0) continue;
-    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rc.rank);
-    if (!w.ok()) return Abort(id, std::string(w.status().message()));
-    if (!w->alive) return Abort(id, std::string(w->DeadError("holds a source chunk").message()));
-    q.workers[rc.rank] = w->Endpoint();
-  }
-  std::map<int64_t, WorkerEndpoint> workers = q.workers;
-  RunRelay(client_, std::move(q),
-           [this, id, workers](RelayResult r) { OnRelayDone(id, workers, std::move(r)); });
-}
-
-void PlanManager::OnRelayDone(const std::string& id,
-                              const std::map<int64_t, WorkerEndpoint>& workers,
-                              RelayResult result) {
-  std::string abort_reason;
-  bool drop = false, validate = false;
-  std::string target_tensor;
-  int64_t target_version = 0;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end()) return;
-    Entry& e = it->second;
-    target_tensor = e.target_tensor;
-    target_version = e.target_version;
-    if (e.state_ended() || e.closing) {
-      drop = true;  // Aborted meanwhile (a timeout, a death): what was written goes.
-    } else if (!result.status.ok()) {
-      drop = true;
-      abort_reason = absl::StrCat("relay failed: ", result.status.message());
-    } else {
-      // The workers' answers are their reports: every participant ran and reported.
-      for (auto& [r, p] : e.participants) {
-        p.executed = true;
-        p.reported = true;
-        p.bytes_done = p.bytes_expected;
-        p.timing.set_rank(r);
-        p.timing.set_worker(p.endpoint.name);
-        auto w = result.written.find(r);
-        if (w == result.written.end()) {
-          // Only read from: no buffer of the new version.
-          p.chunks = RankChunks{};
-          p.chunks.rank = r;
-          p.checksums.clear();
-          p.timing.set_start_unix_us(absl::ToUnixMicros(result.reads_done));
-          p.timing.set_end_unix_us(absl::ToUnixMicros(result.reads_done));
-          continue;
-        }
-        p.chunks = w->second.chunks;
-        p.checksums = w->second.checksums;
-        p.timing.set_start_unix_us(absl::ToUnixMicros(w->second.start));
-        p.timing.set_end_unix_us(absl::ToUnixMicros(w->second.end));
-        v1::StepTiming* t = p.timing.add_steps();
-        t->set_op("relay_write");
-        t->set_start_unix_us(absl::ToUnixMicros(w->second.start));
-        t->set_duration_us(absl::ToInt64Microseconds(w->second.end - w->second.start));
-        t->set_bytes_received(w->second.bytes);
-      }
-      e.executed = e.reported = static_cast<int64_t>(e.participants.size());
-      e.state = PlanState::kTransferred;
-      e.transferred = clock_->Now();
-      validate = true;
-      calls = ChangedLocked(e);
-    }
-  }
-  if (drop) {
-    // The new version is this plan's alone: dropping it never touches another's.
-    v1::DropTensorRequest req;
-    req.set_tensor(target_tensor);
-    req.set_version(target_version);
-    for (int64_t r : result.attempted) {
-      auto w = workers.find(r);
-      if (w != workers.end()) client_->DropTensor(w->second, req, [](absl::Status) {});
-    }
-  }
-  if (!abort_reason.empty()) return Abort(id, abort_reason);
-  Tell(calls);
-  if (validate) Validate(id);
-}
-
 void PlanManager::Discard(const std::string& id) {
   std::string tensor, target_tensor, target_mesh;
   Timer::Id timer = 0;
@@ -694,11 +532,15 @@ void PlanManager::Discard(const std::string& id) {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
     if (it == plans_.end()) return;
-    const Entry& e = it->second;
+    const PlanRecord& e = it->second;
     tensor = e.tensor;
     target_tensor = e.target_tensor;
     target_mesh = e.target_mesh;
-    timer = e.timer;
+    if (!e.shared()) {
+      auto t = transactions_.find(id);
+      if (t != transactions_.end()) timer = t->second.timer;
+      transactions_.erase(id);
+    }
     plans_.erase(it);
   }
   if (timer != 0) timer_->Cancel(timer);
@@ -707,7 +549,7 @@ void PlanManager::Discard(const std::string& id) {
 
 // ---- Progress and watchers ---------------------------------------------------------------
 
-PlanProgress PlanManager::ProgressLocked(const Entry& e) const {
+PlanProgress PlanManager::ProgressLocked(const PlanRecord& e) const {
   PlanProgress p;
   p.plan_id = e.id;
   p.tensor = e.target_tensor;
@@ -725,16 +567,16 @@ PlanProgress PlanManager::ProgressLocked(const Entry& e) const {
   return p;
 }
 
-std::vector<std::pair<PlanManager::WatchFn, PlanProgress>> PlanManager::ChangedLocked(Entry& e) {
+PlanManager::WatchCalls PlanManager::ChangedLocked(PlanRecord& e) {
   ++e.seq;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  WatchCalls calls;
   if (e.watchers.empty()) return calls;
   const PlanProgress p = ProgressLocked(e);
   for (const auto& [wid, fn] : e.watchers) calls.emplace_back(fn, p);
   return calls;
 }
 
-void PlanManager::Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls) {
+void PlanManager::Tell(const WatchCalls& calls) {
   for (const auto& [fn, p] : calls) {
     // A final update is delivered by Complete, after the done callbacks.
     if (!p.ended()) fn(p);
@@ -749,9 +591,99 @@ std::string PlanManager::CommPrefixLocked() const {
 void PlanManager::RetireLocked(const std::string& id) {
   ended_.push_back(id);
   while (ended_.size() > options_.keep_ended_plans) {
-    plans_.erase(ended_.front());
+    // A single plan's transaction goes with it; a group's is kept on its own (OnMemberDone).
+    auto it = plans_.find(ended_.front());
+    if (it != plans_.end() && !it->second.shared()) transactions_.erase(it->first);
+    if (it != plans_.end()) plans_.erase(it);
     ended_.pop_front();
   }
+}
+
+absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
+  absl::MutexLock lock(&mu_);
+  if (auto tt = transactions_.find(plan_id); tt != transactions_.end() && tt->second.fused()) {
+    // The fused plan: the group's phases and each worker's exchange rounds.
+    const Transaction& t = tt->second;
+    v1::PlanTrace out;
+    out.set_plan_id(t.id);
+    out.set_tensor(absl::StrCat(t.members.size(), t.members.size() == 1 ? " tensor" : " tensors"));
+    out.set_op("group");
+    out.set_state(static_cast<v1::PlanState>(static_cast<int>(t.state)));
+    out.set_error(t.error);
+    out.set_start_unix_us(absl::ToUnixMicros(t.start));
+    if (t.transferred != absl::InfinitePast()) {
+      out.set_transferred_unix_us(absl::ToUnixMicros(t.transferred));
+    }
+    if (t.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(t.end));
+    for (const auto& [rank, p] : t.participants) {
+      v1::RankTrace* r = out.add_ranks();
+      *r = p.timing;
+      r->set_rank(rank);
+      r->set_worker(p.endpoint.name);
+    }
+    return out;
+  }
+  auto it = plans_.find(plan_id);
+  if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
+  const PlanRecord& e = it->second;
+  const PlanProgress progress = ProgressLocked(e);
+  // Its ranks' tracks are its transaction's (a group member ran inside the fused plan), while
+  // that is kept.
+  const Transaction* txn = nullptr;
+  if (auto t = transactions_.find(e.txn); t != transactions_.end()) txn = &t->second;
+  v1::PlanTrace out;
+  out.set_plan_id(e.id);
+  out.set_tensor(e.target_tensor);
+  out.set_op(e.op);
+  out.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
+  out.set_error(e.error);
+  out.set_start_unix_us(absl::ToUnixMicros(e.start));
+  if (e.transferred != absl::InfinitePast()) {
+    out.set_transferred_unix_us(absl::ToUnixMicros(e.transferred));
+  }
+  if (e.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(e.end));
+  for (const auto& [rank, p] : e.participants) {
+    v1::RankTrace* r = out.add_ranks();
+    *r = p.timing;
+    if (txn != nullptr) {
+      auto tp = txn->participants.find(rank);
+      if (tp != txn->participants.end()) *r = tp->second.timing;
+    }
+    r->set_rank(rank);
+    r->set_worker(p.endpoint.name);
+  }
+  return out;
+}
+
+std::vector<v1::PlanSummary> PlanManager::List(size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const PlanRecord*> records;
+  records.reserve(plans_.size());
+  for (const auto& [id, e] : plans_) records.push_back(&e);
+  // Ids do not sort by age ("p-9" > "p-10"); start times do, ties broken by id.
+  std::sort(records.begin(), records.end(), [](const PlanRecord* a, const PlanRecord* b) {
+    return a->start != b->start ? a->start > b->start : a->id > b->id;
+  });
+  if (records.size() > limit) records.resize(limit);
+  std::vector<v1::PlanSummary> out;
+  out.reserve(records.size());
+  for (const PlanRecord* e : records) {
+    const PlanProgress progress = ProgressLocked(*e);
+    v1::PlanSummary& p = out.emplace_back();
+    p.set_plan_id(e->id);
+    p.set_tensor(e->target_tensor);
+    p.set_source_tensor(e->tensor);
+    p.set_op(e->op);
+    p.set_group(e->shared() ? e->txn : "");
+    p.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
+    p.set_bytes_done(progress.bytes_done);
+    p.set_bytes_moved(e->plan->bytes_moved);
+    p.set_lower_bound_bytes(e->plan->lower_bound_bytes);
+    p.set_start_unix_ms(absl::ToUnixMillis(e->start));
+    p.set_seconds(progress.seconds);
+    p.set_error(e->error);
+  }
+  return out;
 }
 
 absl::StatusOr<PlanProgress> PlanManager::Progress(const std::string& plan_id) const {
@@ -770,7 +702,7 @@ absl::StatusOr<int64_t> PlanManager::Watch(const std::string& plan_id, WatchFn f
     if (it == plans_.end()) {
       return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
     }
-    Entry& e = it->second;
+    PlanRecord& e = it->second;
     now = ProgressLocked(e);
     // Registered unless it has completed: a committed plan still waiting on FinishPlan
     // answers gets its final update from Complete.

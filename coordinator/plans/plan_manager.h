@@ -323,7 +323,10 @@ class PlanManager : public WorkerListener {
     std::string spec;
   };
   using TargetFn = std::function<absl::StatusOr<Target>(const TensorRecord&)>;
+  using WatchCalls = std::vector<std::pair<WatchFn, PlanProgress>>;
 
+  // One worker of a transaction (what it was sent and answered) or, in a plan record, one
+  // rank of that plan (what it reported of the plan's chunks).
   struct Participant {
     WorkerEndpoint endpoint;
     bool executed = false;
@@ -332,46 +335,131 @@ class PlanManager : public WorkerListener {
     int64_t bytes_expected = 0;  // What this rank receives.
     RankChunks chunks;
     ChunkChecksums checksums;
-    v1::RankTrace timing;  // From its final report.
+    v1::RankTrace timing;  // From its final report (a transaction's participant).
   };
 
-  struct Entry;
-  // A group runs on the workers as one fused plan under the group's id: one fragment, one
-  // report and one FinishPlan per worker. Its members keep their plan entries (ids,
-  // progress, validation, the commit's items), which it moves through their states.
-  struct Group {
+  // How a transaction's data moves (what Send does).
+  enum class Strategy {
+    kCollective,  // One member; its own PlanFragment per participant (MakeFragment).
+    kFused,       // Many members; one fused fragment per worker under the transaction's id.
+    kRelay,       // One small member; the coordinator moves it itself (plan_relay.h).
+  };
+
+  // One member of a transaction: a plan with its own id (Progress, Watch, List, Trace and
+  // metrics see it), what it moves and who waits for it. Its state, error and times are its
+  // view of its transaction's (a group member's error names its group).
+  struct PlanRecord {
     std::string id;
-    std::vector<std::string> members;  // Plan ids, in the group's order.
-    std::vector<std::string> labels;   // "copies[i] ('src' -> 'dst', plan p-3)".
-    std::vector<std::optional<PlanProgress>> finals;
-    size_t ended = 0;
-    bool failed = false;  // Aborted (every member is aborted with it).
-    std::string error;
-    absl::Time start;
-    GroupDoneCallback done;
-    int64_t admission_ticket = 0;  // The group's memory, admitted as one.
-    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Its members' callbacks get it.
-    // The epoch's rendezvous prefix once no plan uses it, when a member retired it.
-    std::string retired_prefix;
-    // The fused plan.
+    const char* op = "";        // For metrics.
+    std::string txn;            // Its transaction's id: `id` itself for a single plan.
+    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published
+    bool keep_hidden = false;   // ... unless this (LoadMember::keep_hidden).
+    std::string tensor;         // Read at source_version.
+    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
+    std::shared_ptr<const Plan> plan;
+    std::string target_mesh;
+    std::string target_spec;
+    int64_t source_version = 0;
+    int64_t target_version = 0;
+    int64_t old_target_version = 0;  // target_tensor's version before; dropped on commit.
+    // A Copy into an attached tensor: its lent buffers are written in place, and it stays
+    // attached on commit.
+    bool target_attached = false;
     std::string communicator_prefix;
+    PlanState state = PlanState::kPending;
+    bool closing = false;  // Validated, committing: no longer abortable.
+    std::string error;
+    std::map<int64_t, Participant> participants;  // The ranks of its plan.
+    absl::Time start;
+    absl::Time transferred = absl::InfinitePast();  // Every final report in.
+    absl::Time end = absl::InfiniteFuture();
+    std::vector<DoneCallback> done;
+    std::map<int64_t, WatchFn> watchers;
+    int64_t seq = 0;
+    bool completed = false;  // Callbacks and watchers have had the final state.
+    // Memory admission: what the plan allocates on its workers (its transaction holds the
+    // ticket), its bucket once admitted, why it waits.
+    MemoryDemand demand;
     int64_t bucket_bytes = 0;
-    int64_t buckets = 0;
+    std::string waiting_for_memory;
+    bool relay = false;  // Small enough for Strategy::kRelay.
+
+    bool ended() const { return state == PlanState::kCommitted || state == PlanState::kAborted; }
+    // A member of a transaction of several plans (a group: CopyGroup, ...).
+    bool shared() const { return txn != id; }
+  };
+
+  // What moves as one: every member commits, or none does. A single plan is a transaction of
+  // one member under the plan's id; a group one of many under its own id, run on the workers
+  // as one fused plan (one fragment, one report and one FinishPlan per worker). The record
+  // owns the transitions below; PlanManager does, outside the lock, what they return.
+  struct Transaction {
+    std::string id;
+    Strategy strategy = Strategy::kCollective;
+    std::vector<std::string> members;  // Plan ids, in order.
+    std::vector<std::string> labels;   // A group's: "copies[i] ('src' -> 'dst', plan p-3)".
+    // The members' records, set when it is sent (a single plan's at once); valid while it
+    // runs (members are not retired before their transaction is over).
+    std::vector<PlanRecord*> records;
     std::map<int64_t, Participant> participants;  // Every worker of any member.
-    // The members' entries, set when the fragments are sent; valid while the group runs.
-    std::vector<Entry*> entries;
     int64_t executed = 0;
     int64_t reported = 0;
-    bool sent = false;     // Fragments dispatched.
+    // Fragments dispatched. A single plan counts as sent from its start: an abort tells its
+    // workers even before its fragments went.
+    bool sent = false;
+    bool failed = false;   // Aborted (every member is aborted with it).
     bool closing = false;  // Validated, committing: no longer abortable.
     bool over = false;     // Every member ended; kept for traces.
     std::string failing;   // First worker error, while in the failure grace.
-    Timer::Id timer = 0;
-    Timer::Id grace_timer = 0;
+    std::string error;
+    absl::StatusCode error_code = absl::StatusCode::kAborted;  // Its members' callbacks get it.
     PlanState state = PlanState::kPending;
+    absl::Time start;
     absl::Time transferred = absl::InfinitePast();
     absl::Time end = absl::InfiniteFuture();
+    Timer::Id timer = 0;
+    Timer::Id grace_timer = 0;
+    int64_t admission_ticket = 0;  // Its memory, admitted as one.
+    std::string communicator_prefix;
+    // The fused plan's bucket (the admitted one, else default_bucket_bytes) and messages.
+    int64_t default_bucket_bytes = 0;  // The smallest --bucket-bytes of its workers.
+    int64_t bucket_bytes = 0;
+    int64_t buckets = 0;
+    // A group's end (OnMemberDone): each member's final progress, how many ended, its
+    // caller, and the epoch's rendezvous prefix once no plan uses it, when a member retired it.
+    std::vector<std::optional<PlanProgress>> finals;
+    size_t ended = 0;
+    GroupDoneCallback done;
+    std::string retired_prefix;
+
+    bool fused() const { return strategy == Strategy::kFused; }
+    // Neither aborted, committing nor over: worker answers still count.
+    bool open() const { return !failed && !closing && !over; }
+    // ABORTED "plan ID already ended (STATE)" unless open.
+    absl::Status EndedError() const;
+    // A member's failure as the transaction's reason: named by its label in a group.
+    std::string Qualify(size_t member, const std::string& message) const;
+    // "group ID: REASON" for a group's members; a single plan's is the reason itself.
+    std::string MemberReason(const std::string& reason) const;
+    // The participant a report comes from, once it passed the checks every report gets (a
+    // rank of the transaction, not stale); a final report's timing is kept.
+    absl::StatusOr<Participant*> Reporter(const WorkerReport& report);
+    // Marks `rank`'s fragment accepted: PENDING -> PREPARED once every one was. False when
+    // it was already.
+    bool MarkExecuted(int64_t rank);
+    // Counts `p`'s final report.
+    void MarkReported(Participant& p);
+    // Every fragment accepted, every final report in, no worker failing: TRANSFERRED (at
+    // `now`), and true: validation may start.
+    bool MaybeTransferred(absl::Time now);
+    // The first abort (true) or a repeat (false): marks it failed at `now` with `reason`.
+    bool MarkAborted(const std::string& reason, absl::StatusCode code, absl::Time now);
+    // Its timeout and grace timers, for the caller to cancel outside the lock; none is left.
+    std::vector<Timer::Id> TakeTimers();
+    // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
+    std::string Waiting() const;
   };
+
   // The workers as one plan (or a whole group) sees them: one copy under WorkerManager's lock
   // instead of one per rank and member. A worker that dies meanwhile aborts the plan through
   // OnWorkerLost, as it would after any lookup.
@@ -380,6 +468,8 @@ class PlanManager : public WorkerListener {
     std::vector<std::string> hosts;     // Index = rank (PlanOptions::hosts_by_rank).
     // NOT_FOUND as WorkerManager::GetByRank.
     absl::StatusOr<const WorkerRecord*> ByRank(int64_t rank) const;
+    // The one liveness query of the plans: whether `rank` is alive at `incarnation` in this
+    // view (valid while the view is).
     LivenessFn Liveness() const;
   };
   WorkerView ViewWorkers() const;
@@ -403,71 +493,31 @@ class PlanManager : public WorkerListener {
     MemoryDemand demand;
   };
 
-  // What Start hands a group about a fused member.
-  struct FusedMember {
-    GroupMemo* memo = nullptr;            // In/out: the group's, or null.
-    const WorkerView* workers = nullptr;  // In: the group's.
-    std::string communicator_prefix;      // In: the group's.
-    FragmentMemberOptions options;        // Out.
-    int64_t bucket_bytes = 0;             // Out: the smallest --bucket-bytes of its workers.
+  // How Start places a plan. Default: a single plan, a transaction of its own. With `txn`,
+  // a member of that (running, not yet sent) group transaction, planned with its worker view
+  // and its memo, which Start updates.
+  struct MemberInput {
+    std::string txn;
+    std::string communicator_prefix;  // The group's.
+    const WorkerView* workers = nullptr;
+    GroupMemo* memo = nullptr;
+    std::string owner;  // Hidden tensors it may use (a checkpoint load).
+    bool keep_hidden = false;
+  };
+  // A started member: its plan and the smallest --bucket-bytes of its workers.
+  struct StartedMember {
+    StartedPlan plan;
+    int64_t bucket_bytes = 0;
   };
 
-  // What Commit needs once the plan no longer changes (closing).
+  // What committing a member takes once it no longer changes (closing).
   struct CommitWork {
+    std::string id;
     std::string tensor;
     std::string target_tensor;
     TensorManager::NewState state;
-    std::vector<WorkerEndpoint> finish;  // A plan's participants...
-    std::vector<int64_t> finish_ranks;   // ...or a group member's, by rank.
+    std::vector<int64_t> ranks;  // Its participants.
     int64_t old_target_version = 0;
-    Timer::Id timer = 0;
-  };
-
-  struct Entry {
-    std::string id;
-    const char* op = "";        // For metrics.
-    std::string group;          // Non-empty: a member of that group, committed with it.
-    std::string owner;          // Non-empty: a checkpoint load's plan; its target is published
-    bool keep_hidden = false;   // ... unless this (LoadMember::keep_hidden).
-    std::string tensor;         // Read at source_version.
-    std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
-    std::shared_ptr<const Plan> plan;
-    std::string target_mesh;
-    std::string target_spec;
-    int64_t source_version = 0;
-    int64_t target_version = 0;
-    int64_t old_target_version = 0;  // target_tensor's version before; dropped on commit.
-    // A Copy into an attached tensor: its lent buffers are written in place, and it stays
-    // attached on commit.
-    bool target_attached = false;
-    std::string communicator_prefix;
-    PlanState state = PlanState::kPending;
-    bool closing = false;  // Validated, committing: no longer abortable.
-    std::string failing;   // First worker error, while in the failure grace.
-    Timer::Id grace_timer = 0;
-    std::string error;
-    std::map<int64_t, Participant> participants;
-    absl::Time transferred = absl::InfinitePast();  // Every final report in.
-    int64_t executed = 0;
-    int64_t reported = 0;
-    absl::Time start;
-    absl::Time end = absl::InfiniteFuture();
-    Timer::Id timer = 0;
-    std::vector<DoneCallback> done;
-    std::map<int64_t, WatchFn> watchers;
-    int64_t seq = 0;
-    bool completed = false;  // Callbacks and watchers have had the final state.
-    // Memory admission: what the plan allocates on its workers, its ticket (0: none, or a
-    // group member: the group holds it), its bucket once admitted, why it waits.
-    MemoryDemand demand;
-    int64_t admission_ticket = 0;
-    int64_t bucket_bytes = 0;
-    std::string waiting_for_memory;
-    bool relay = false;  // Moved by the coordinator (Relay), not by fragments.
-
-    bool state_ended() const {
-      return state == PlanState::kCommitted || state == PlanState::kAborted;
-    }
   };
 
   absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
@@ -475,34 +525,41 @@ class PlanManager : public WorkerListener {
                                                        std::vector<std::string> hosts_by_rank);
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
-  // runs it; the new version belongs to `target_tensor`, which is `tensor` itself except
-  // for a Copy.
-  // With `fused`, the plan is stored as a member of `group` (no timer, nothing sent: the
-  // group dispatches one fused fragment per worker once every member started).
-  using Dispatch = std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>>;
-  // `op` names the operation in metrics ("redistribute", "gather", "copy").
-  // `owner`: the plan may use the tensors it hides, and publishes its target on commit.
+  // stores the plan; the new version belongs to `target_tensor`, which is `tensor` itself
+  // except for a Copy. `op` names the operation in metrics ("redistribute", "gather",
+  // "copy"). A single plan (no input.txn) gets its transaction and timer; nothing is sent.
+  absl::StatusOr<StartedMember> StartMember(const char* op, const std::string& tensor,
+                                            const std::string& target_tensor,
+                                            const TargetFn& target_fn, DoneCallback done,
+                                            const MemberInput& input);
+  // A single plan: StartMember, then admitted and sent.
   absl::StatusOr<StartedPlan> Start(const char* op, const std::string& tensor,
                                     const std::string& target_tensor, const TargetFn& target_fn,
-                                    DoneCallback done, const std::string& group = "",
-                                    FusedMember* fused = nullptr, const std::string& owner = "");
-  void Send(const std::string& id, Dispatch fragments);
+                                    DoneCallback done);
+  // Asks admission for `demand` on behalf of transaction `txn` (`what` names it), and sends
+  // it with the bucket size admission chose (0 without admission: the workers' default), now
+  // or once admitted; a later refusal (the admission timeout) aborts it with
+  // RESOURCE_EXHAUSTED. A refusal at once is returned: nothing was sent, the caller forgets
+  // the transaction.
+  absl::Status AdmitAndSend(const std::string& what, const std::string& txn, MemoryDemand demand);
+  // The one dispatch: the strategy decides what goes to the workers (each member's own
+  // fragments, the fused fragments, or the coordinator's relay); plan_dispatch.cc's
+  // MakeFragments is the only place fragments are made.
+  void Send(const std::string& txn, int64_t admitted_bucket_bytes);
+  // Aborts `txn` after plan_timeout from its start ("group ID timed out ..." for a group).
+  void ScheduleTimeoutLocked(Transaction& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A relayed plan's data step (RunRelay); its outcome stands in for the workers' reports.
   void Relay(const std::string& id);
   void OnRelayDone(const std::string& id, const std::map<int64_t, WorkerEndpoint>& workers,
                    RelayResult result);
-  // Asks admission for `demand` on behalf of plans `ids` (one plan, or a group's members,
-  // `group` then), and calls `send` with the bucket size it chose (0 without admission: the
-  // workers' default), now or once admitted; a later refusal (the admission timeout) aborts
-  // them (the group) with RESOURCE_EXHAUSTED. A refusal at once is returned: nothing was
-  // sent, the caller forgets the plans.
-  absl::Status AdmitAndSend(const std::string& what, const std::vector<std::string>& ids,
-                            std::function<void(int64_t bucket_bytes)> send, MemoryDemand demand,
-                            const std::string& group = "");
-  // Abort with the status code the plan's callbacks get (ABORTED, or RESOURCE_EXHAUSTED when
-  // it never got memory).
+  // Aborts plan `id`'s transaction (named by the plan's label in a group) with the status
+  // code the members' callbacks get (ABORTED, or RESOURCE_EXHAUSTED when it never got memory).
   void AbortWith(const std::string& id, const std::string& reason, absl::StatusCode code);
-  // Forgets a started plan whose fragments were never sent: releases its tensors.
+  // Aborts every member of `txn` not ended yet (idempotent; a no-op once it is committing).
+  void AbortTransaction(const std::string& txn, const std::string& reason,
+                        absl::StatusCode code = absl::StatusCode::kAborted);
+  // Forgets a started plan whose fragments were never sent: releases its tensors (and its
+  // own transaction, for a single plan).
   void Discard(const std::string& id);
   struct GroupItem {
     const char* op = "";  // "copy", "redistribute".
@@ -518,88 +575,67 @@ class PlanManager : public WorkerListener {
   // items started so far and returns it prefixed with the item's `where`.
   absl::StatusOr<StartedGroup> StartGroup(const std::vector<GroupItem>& items,
                                           GroupDoneCallback done);
-  void OnMemberDone(const std::string& group, size_t index, const absl::Status& status,
+  void OnMemberDone(const std::string& txn, size_t index, const absl::Status& status,
                     const PlanProgress& progress);
-  // Sends every worker its fused fragment.
-  void SendGroup(const std::string& group, const std::vector<StartedPlan>& members,
-                 const std::vector<FragmentMemberOptions>& options);
-  void OnGroupExecuteDone(const std::string& group, int64_t rank, const absl::Status& status);
-  absl::Status ReportGroup(const WorkerReport& report);
-  // Every member validates, then all commit in one CommitAll; else the group aborts.
-  void ValidateGroup(const std::string& group);
-  void EndGroupCommit(const std::string& group,
-                      std::vector<std::pair<std::string, CommitWork>> work);
-  // Aborts every member not ended yet (idempotent; a no-op once the group is committing);
-  // `code` is what the members' and the group's callbacks get.
-  void AbortGroup(const std::string& group, const std::string& reason,
-                  absl::StatusCode code = absl::StatusCode::kAborted);
   // The target of a Gather (to every rank of `mesh`, empty: the tensor's; or to `to_rank`).
   absl::StatusOr<Target> GatherTarget(const TensorRecord& rec, const std::string& mesh,
                                       std::optional<int64_t> to_rank) const;
-  // Members' states follow the group's; returns what to tell watchers.
-  std::vector<std::pair<WatchFn, PlanProgress>> MembersToLocked(const Group& g, PlanState state)
+  // Members' states follow their transaction's. A group's members each tell their watchers
+  // of a change; a single plan's are told once per worker answer by its caller.
+  void MembersToLocked(const Transaction& t, PlanState state, WatchCalls* calls)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Under mu_: marks the plan closing and gathers what committing it takes.
-  CommitWork BeginCommitLocked(Entry& e, LayoutChecksums checksums)
+  // Under mu_: marks the member closing and gathers what committing it takes.
+  CommitWork BeginCommitLocked(PlanRecord& e, LayoutChecksums checksums)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After the tensor manager committed: marks the plan committed, completes it (the caller
-  // is answered) and then tells the workers to drop old buffers, without waiting for them.
-  void EndCommit(const std::string& id, const CommitWork& work);
+  // After the tensor manager committed: marks the members committed, completes them (the
+  // callers are answered) and then tells the workers to drop old buffers, without waiting.
+  void EndCommit(const std::string& txn, std::vector<CommitWork> work);
   // INVALID_ARGUMENT naming both when a Copy's tensors differ in shape or dtype.
   static absl::Status CheckCopyable(const TensorRecord& src, const TensorRecord& dst);
   // Ends the plan's hold on its tensors without changes.
   void ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
                       const std::string& id, const std::string& target_mesh);
-  LivenessFn Liveness() const;
 
-  // The participant a report comes from, once it passed the checks every report gets (a rank
-  // of the plan, not stale); a final report's timing is kept.
-  static absl::StatusOr<Participant*> Reporter(std::map<int64_t, Participant>& participants,
-                                               const WorkerReport& report,
-                                               const std::string& plan_id);
   // A worker's error: the reason to abort at once (no failure grace), or "" with the grace
   // started (*start_grace) by the first error (*failing).
   std::string FailingLocked(const Participant& p, const WorkerReport& report, std::string* failing,
                             bool* start_grace) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After the failure grace, aborts the plan (or group) with its first error.
-  void StartGrace(const std::string& id, bool group);
-  // "worker w1 (rank 1) (no final report), ...", or "validation": what a timeout waited for.
-  static std::string Waiting(const std::map<int64_t, Participant>& participants);
+  // After the failure grace, aborts the transaction with its first error.
+  void StartGrace(const std::string& txn);
+  // A final report's chunks, as the strategy reported them: a member's own (a single plan's
+  // report) or each member's section of the fused report, matched against each member's
+  // target for the rank as they come in. The reason to abort, or "".
+  std::string RecordChunksLocked(Transaction& t, Participant& p, const WorkerReport& report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status);
-  // Runs when every fragment was accepted and every final report is in.
-  void Validate(const std::string& id);
-  // The new layout's checksums, or why the reports do not validate.
-  static absl::StatusOr<LayoutChecksums> CheckReports(const Entry& entry);
-  // A group member's: every target rank reported (its chunks were matched against the plan
-  // as the report came in), and replicas agree.
-  static absl::StatusOr<LayoutChecksums> CheckMemberReports(const Entry& entry);
-  void Commit(const std::string& id, LayoutChecksums checksums);
+  void OnExecuteDone(const std::string& txn, int64_t rank, const absl::Status& status);
+  // Runs when every fragment was accepted and every final report is in: every member
+  // validates, then all commit in one CommitAll; else the transaction aborts.
+  void Validate(const std::string& txn);
+  // A member's new layout's checksums, or why its reports do not validate. `checked`: its
+  // chunks were matched against the plan as the reports came in (a fused report).
+  static absl::StatusOr<LayoutChecksums> CheckReports(const PlanRecord& e, bool checked);
   void Complete(const std::string& id, const absl::Status& status);
-  // Admission tickets outlive their plans until the workers have dropped what the plans
-  // replaced: a FinishPlan in flight holds the plan's (or its group's) ticket, whose release
+  // Admission tickets outlive their transactions until the workers have dropped what the
+  // plans replaced: a FinishPlan in flight holds the transaction's ticket, whose release
   // waits for the last hold. Without this a plan admitted right after a commit could reach a
   // worker before that worker dropped the old version, and find its budget still full.
-  int64_t HoldTicketLocked(const Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t HoldTicketLocked(const Transaction& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unhold(int64_t ticket);
   void ReleaseTicket(int64_t ticket);
-  // Sends `req` to `workers`; the hold on `ticket` goes when every answer is in.
-  void FinishOnWorkers(const v1::FinishPlanRequest& req, std::vector<WorkerEndpoint> workers,
-                       int64_t ticket);
-  // As FinishOnWorkers, a request of its own per worker (a fused group's commit).
+  // Sends each worker its request; the hold on `ticket` goes when every answer is in.
   void FinishOnWorkers(std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests,
                        int64_t ticket);
 
-  PlanProgress ProgressLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PlanProgress ProgressLocked(const PlanRecord& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bumps seq and returns what to tell watchers.
-  std::vector<std::pair<WatchFn, PlanProgress>> ChangedLocked(Entry& e)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WatchCalls ChangedLocked(PlanRecord& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A plan that has not completed meets under rendezvous `prefix`.
   bool EpochInUseLocked(const std::string& prefix) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string CommPrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void Tell(const std::vector<std::pair<WatchFn, PlanProgress>>& calls);
+  static void Tell(const WatchCalls& calls);
 
   const Clock* const clock_;
   Timer* const timer_;
@@ -613,8 +649,10 @@ class PlanManager : public WorkerListener {
   PlanCache cache_ ABSL_GUARDED_BY(cache_mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, Entry> plans_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Group> groups_ ABSL_GUARDED_BY(mu_);  // Running and kept groups.
+  std::map<std::string, PlanRecord> plans_ ABSL_GUARDED_BY(mu_);
+  // Running and kept transactions: a single plan's goes with its record; a group's is kept
+  // as long as keep_ended_plans other groups allow (ended_groups_).
+  std::map<std::string, Transaction> transactions_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> ended_groups_ ABSL_GUARDED_BY(mu_);
   int64_t next_group_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);

@@ -3,191 +3,180 @@
 #include <set>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/plans/plan_manager_internal.h"
-#include "sharding/fused_stream.h"
 
 namespace shardcoord {
 
 // ---- Progress from workers ---------------------------------------------------------------
 
-void PlanManager::OnExecuteDone(const std::string& id, int64_t rank, const absl::Status& status) {
+void PlanManager::MembersToLocked(const Transaction& t, PlanState state, WatchCalls* calls) {
+  for (PlanRecord* member : t.records) {
+    PlanRecord& e = *member;
+    if (e.ended() || static_cast<int>(e.state) >= static_cast<int>(state)) continue;
+    e.state = state;
+    if (state == PlanState::kTransferred) e.transferred = t.transferred;
+    if (t.fused()) {
+      for (auto& c : ChangedLocked(e)) calls->push_back(std::move(c));
+    }
+  }
+}
+
+void PlanManager::OnExecuteDone(const std::string& txn, int64_t rank, const absl::Status& status) {
   std::string abort_reason;
   bool validate = false;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  WatchCalls calls;
   {
     absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end()) return;
-    Entry& e = it->second;
-    if (e.state_ended() || e.closing) return;
-    Participant& p = e.participants.at(rank);
+    auto it = transactions_.find(txn);
+    if (it == transactions_.end()) return;
+    Transaction& t = it->second;
+    if (!t.open()) return;
+    const Participant& p = t.participants.at(rank);
     if (!status.ok()) {
       abort_reason =
           absl::StrCat(Describe(p.endpoint), " could not start its fragment: ", status.ToString());
-    } else if (!p.executed) {
-      p.executed = true;
-      ++e.executed;
-      const int64_t n = static_cast<int64_t>(e.participants.size());
-      if (e.executed == n && e.state == PlanState::kPending) e.state = PlanState::kPrepared;
-      if (e.executed == n && e.reported == n && e.failing.empty()) {
-        e.state = PlanState::kTransferred;
-        e.transferred = clock_->Now();
+    } else if (t.MarkExecuted(rank)) {
+      if (t.state == PlanState::kPrepared) MembersToLocked(t, PlanState::kPrepared, &calls);
+      if (t.MaybeTransferred(clock_->Now())) {
+        MembersToLocked(t, PlanState::kTransferred, &calls);
         validate = true;
       }
-      calls = ChangedLocked(e);
+      // A single plan's watchers see every worker's answer; a group's members its states.
+      if (!t.fused()) calls = ChangedLocked(*t.records.front());
     }
   }
-  if (!abort_reason.empty()) return Abort(id, abort_reason);
+  if (!abort_reason.empty()) return AbortTransaction(txn, abort_reason);
   Tell(calls);
-  if (validate) Validate(id);
+  if (validate) Validate(txn);
 }
 
 absl::Status PlanManager::Report(const WorkerReport& report) {
-  bool group = false;
-  {
-    absl::MutexLock lock(&mu_);
-    group = groups_.count(report.plan_id) > 0;
-  }
-  if (group) return ReportGroup(report);
+  const std::string& txn = report.plan_id;
   std::string abort_reason;
   bool validate = false;
   bool start_grace = false;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  WatchCalls calls;
   {
     absl::MutexLock lock(&mu_);
-    auto it = plans_.find(report.plan_id);
-    if (it == plans_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown plan '", report.plan_id, "'"));
+    auto it = transactions_.find(txn);
+    if (it == transactions_.end()) {
+      return absl::NotFoundError(absl::StrCat("unknown plan '", txn, "'"));
     }
-    Entry& e = it->second;
-    if (e.state_ended() || e.closing) {
-      return absl::AbortedError(
-          absl::StrCat("plan ", e.id, " already ended (", PlanStateName(e.state), ")"));
-    }
-    absl::StatusOr<Participant*> reporter = Reporter(e.participants, report, e.id);
+    Transaction& t = it->second;
+    if (absl::Status s = t.EndedError(); !s.ok()) return s;
+    absl::StatusOr<Participant*> reporter = t.Reporter(report);
     if (!reporter.ok()) return reporter.status();
     Participant& p = **reporter;
     if (!report.error.empty()) {
-      abort_reason = FailingLocked(p, report, &e.failing, &start_grace);
+      abort_reason = FailingLocked(p, report, &t.failing, &start_grace);
     } else if (!report.final) {
       p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
-      calls = ChangedLocked(e);
+      if (!t.fused()) {
+        // A single plan's progress counts its workers' bytes as they come.
+        PlanRecord& e = *t.records.front();
+        e.participants.at(report.rank).bytes_done = p.bytes_done;
+        calls = ChangedLocked(e);
+      }
     } else if (!p.reported) {
-      p.reported = true;
-      ++e.reported;
-      p.chunks = report.chunks;
-      p.chunks.rank = report.rank;
-      p.checksums = report.checksums;
-      p.bytes_done = p.bytes_expected;
-      const int64_t n = static_cast<int64_t>(e.participants.size());
-      if (e.executed == n && e.reported == n && e.failing.empty()) {
-        e.state = PlanState::kTransferred;
-        e.transferred = clock_->Now();
+      t.MarkReported(p);
+      abort_reason = RecordChunksLocked(t, p, report);
+      if (abort_reason.empty() && t.MaybeTransferred(clock_->Now())) {
+        MembersToLocked(t, PlanState::kTransferred, &calls);
         validate = true;
       }
-      calls = ChangedLocked(e);
+      if (!t.fused()) calls = ChangedLocked(*t.records.front());
     }
   }
   if (!abort_reason.empty()) {
-    Abort(report.plan_id, abort_reason);
+    AbortTransaction(txn, abort_reason);
     return absl::OkStatus();
   }
-  if (start_grace) StartGrace(report.plan_id, /*group=*/false);
+  if (start_grace) StartGrace(txn);
   Tell(calls);
-  if (validate) Validate(report.plan_id);
+  if (validate) Validate(txn);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
-  absl::MutexLock lock(&mu_);
-  if (auto git = groups_.find(plan_id); git != groups_.end()) {
-    // The fused plan: the group's phases and each worker's exchange rounds.
-    const Group& g = git->second;
-    v1::PlanTrace out;
-    out.set_plan_id(g.id);
-    out.set_tensor(absl::StrCat(g.members.size(), g.members.size() == 1 ? " tensor" : " tensors"));
-    out.set_op("group");
-    out.set_state(static_cast<v1::PlanState>(static_cast<int>(g.state)));
-    out.set_error(g.error);
-    out.set_start_unix_us(absl::ToUnixMicros(g.start));
-    if (g.transferred != absl::InfinitePast()) {
-      out.set_transferred_unix_us(absl::ToUnixMicros(g.transferred));
-    }
-    if (g.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(g.end));
-    for (const auto& [rank, p] : g.participants) {
-      v1::RankTrace* r = out.add_ranks();
-      *r = p.timing;
-      r->set_rank(rank);
-      r->set_worker(p.endpoint.name);
-    }
-    return out;
+std::string PlanManager::RecordChunksLocked(Transaction& t, Participant& p,
+                                            const WorkerReport& report) {
+  if (!t.fused()) {
+    // The one member's chunks, checked against its plan at validation (CheckReports).
+    Participant& mp = t.records.front()->participants.at(report.rank);
+    mp.reported = true;
+    mp.chunks = report.chunks;
+    mp.chunks.rank = report.rank;
+    mp.checksums = report.checksums;
+    mp.bytes_done = mp.bytes_expected;
+    return "";
   }
-  auto it = plans_.find(plan_id);
-  if (it == plans_.end()) return absl::NotFoundError(absl::StrCat("unknown plan '", plan_id, "'"));
-  const Entry& e = it->second;
-  const PlanProgress progress = ProgressLocked(e);
-  // A group member ran inside its group's fused plan: its ranks' tracks are the group's.
-  const Group* group = nullptr;
-  if (auto g = groups_.find(e.group); !e.group.empty() && g != groups_.end()) group = &g->second;
-  v1::PlanTrace out;
-  out.set_plan_id(e.id);
-  out.set_tensor(e.target_tensor);
-  out.set_op(e.op);
-  out.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
-  out.set_error(e.error);
-  out.set_start_unix_us(absl::ToUnixMicros(e.start));
-  if (e.transferred != absl::InfinitePast()) {
-    out.set_transferred_unix_us(absl::ToUnixMicros(e.transferred));
-  }
-  if (e.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(e.end));
-  for (const auto& [rank, p] : e.participants) {
-    v1::RankTrace* r = out.add_ranks();
-    *r = p.timing;
-    if (group != nullptr) {
-      auto gp = group->participants.find(rank);
-      if (gp != group->participants.end()) *r = gp->second.timing;
+  // A shape's chunks are compared with a plan's target for this rank once, however many
+  // members share both.
+  std::set<std::pair<const Plan*, int32_t>> matched;
+  static const RankChunks kNothing;
+  for (const WorkerReport::Member& m : report.members) {
+    PlanRecord* e = m.index >= 0 && static_cast<size_t>(m.index) < t.records.size()
+                        ? t.records[m.index]
+                        : nullptr;
+    auto mp = e != nullptr ? e->participants.find(report.rank)
+                           : std::map<int64_t, Participant>::iterator();
+    if (e == nullptr || mp == e->participants.end()) {
+      return absl::StrCat(Describe(p.endpoint), " reported member ", m.index,
+                          ", which it takes no part in");
     }
-    r->set_rank(rank);
-    r->set_worker(p.endpoint.name);
+    const std::string& label = t.labels[m.index];
+    if (m.shape < 0 || static_cast<size_t>(m.shape) >= report.shapes.size()) {
+      return absl::StrCat(label, ": ", Describe(p.endpoint), " reported shape ", m.shape, " of ",
+                          report.shapes.size());
+    }
+    const RankChunks& got = report.shapes[m.shape];
+    if (matched.insert({e->plan.get(), m.shape}).second) {
+      const RankChunks* planned = e->plan->target.Find(report.rank);
+      const RankChunks& want = planned != nullptr ? *planned : kNothing;
+      if (got.chunks != want.chunks ||
+          (planned != nullptr && got.local_elements != want.local_elements)) {
+        return absl::StrCat(label, ": validation failed: ", Describe(p.endpoint),
+                            " reported chunks ", ChunksString(got.chunks),
+                            " but the plan's target for it is ", ChunksString(want.chunks));
+      }
+    }
+    if (m.checksums.size() != got.chunks.size()) {
+      return absl::StrCat(label, ": validation failed: ", Describe(p.endpoint), " reported ",
+                          m.checksums.size(), " checksums for ", got.chunks.size(), " chunks");
+    }
+    mp->second.reported = true;
+    mp->second.checksums = m.checksums;
+    mp->second.bytes_done = mp->second.bytes_expected;
   }
-  return out;
+  return "";
 }
 
-std::vector<v1::PlanSummary> PlanManager::List(size_t limit) const {
-  absl::MutexLock lock(&mu_);
-  std::vector<const Entry*> entries;
-  entries.reserve(plans_.size());
-  for (const auto& [id, e] : plans_) entries.push_back(&e);
-  // Ids do not sort by age ("p-9" > "p-10"); start times do, ties broken by id.
-  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
-    return a->start != b->start ? a->start > b->start : a->id > b->id;
-  });
-  if (entries.size() > limit) entries.resize(limit);
-  std::vector<v1::PlanSummary> out;
-  out.reserve(entries.size());
-  for (const Entry* e : entries) {
-    const PlanProgress progress = ProgressLocked(*e);
-    v1::PlanSummary& p = out.emplace_back();
-    p.set_plan_id(e->id);
-    p.set_tensor(e->target_tensor);
-    p.set_source_tensor(e->tensor);
-    p.set_op(e->op);
-    p.set_group(e->group);
-    p.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
-    p.set_bytes_done(progress.bytes_done);
-    p.set_bytes_moved(e->plan->bytes_moved);
-    p.set_lower_bound_bytes(e->plan->lower_bound_bytes);
-    p.set_start_unix_ms(absl::ToUnixMillis(e->start));
-    p.set_seconds(progress.seconds);
-    p.set_error(e->error);
+std::string PlanManager::FailingLocked(const Participant& p, const WorkerReport& report,
+                                       std::string* failing, bool* start_grace) const {
+  std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
+  if (options_.failure_grace <= absl::ZeroDuration()) return reason;
+  if (failing->empty()) {
+    *failing = std::move(reason);
+    *start_grace = true;
   }
-  return out;
+  return "";
+}
+
+void PlanManager::StartGrace(const std::string& txn) {
+  const Timer::Id id = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, txn] {
+    std::string reason;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = transactions_.find(txn);
+      if (it == transactions_.end()) return;
+      reason = it->second.failing;
+    }
+    AbortTransaction(txn, reason);
+  });
+  absl::MutexLock lock(&mu_);
+  if (auto it = transactions_.find(txn); it != transactions_.end()) it->second.grace_timer = id;
 }
 
 void PlanManager::AbortUsing(const std::string& tensor, int64_t rank, const std::string& reason) {
@@ -199,7 +188,7 @@ void PlanManager::AbortUsing(const std::string& tensor, int64_t rank, const std:
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : plans_) {
-      if (e.state_ended() || e.closing) continue;
+      if (e.ended() || e.closing) continue;
       if ((e.tensor == tensor && holds(e.plan->source)) ||
           (e.target_tensor == tensor && e.target_attached && holds(e.plan->target))) {
         aborts.push_back(id);
@@ -214,12 +203,14 @@ void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& re
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : plans_) {
-      if (e.state_ended() || e.closing) continue;
+      if (e.ended() || e.closing) continue;
       auto it = e.participants.find(worker.rank);
       if (it != e.participants.end() && it->second.endpoint.incarnation == worker.incarnation) {
         // The death is the cause; a peer's error seen in the grace is its echo.
-        std::string failing = e.failing;
-        if (auto g = groups_.find(e.group); g != groups_.end()) failing = g->second.failing;
+        std::string failing;
+        if (auto t = transactions_.find(e.txn); t != transactions_.end()) {
+          failing = t->second.failing;
+        }
         aborts.emplace_back(id, absl::StrCat(worker.Describe(), " ", reason,
                                              failing.empty() ? "" : "; before that, ", failing));
       }
@@ -230,71 +221,122 @@ void PlanManager::OnWorkerLost(const WorkerRecord& worker, const std::string& re
 
 // ---- Validation, commit, abort -----------------------------------------------------------
 
-absl::StatusOr<LayoutChecksums> PlanManager::CheckReports(const Entry& e) {
+absl::StatusOr<LayoutChecksums> PlanManager::CheckReports(const PlanRecord& e, bool checked) {
   const Layout& target = e.plan->target;
-  for (const auto& [rank, p] : e.participants) {
-    const RankChunks* planned = target.Find(rank);
-    static const RankChunks kNothing;
-    const RankChunks& want = planned != nullptr ? *planned : kNothing;
-    if (p.chunks.chunks != want.chunks ||
-        (planned != nullptr && p.chunks.local_elements != want.local_elements)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Describe(p.endpoint), " reported chunks ", ChunksString(p.chunks.chunks),
-                       " but the plan's target for it is ", ChunksString(want.chunks)));
-    }
-    if (p.checksums.size() != p.chunks.chunks.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint), " reported ",
-                                                        p.checksums.size(), " checksums for ",
-                                                        p.chunks.chunks.size(), " chunks"));
-    }
-  }
-  // The reported metadata must form a valid layout on its own (coverage, bounds, overlap).
-  std::vector<RankChunks> reported;
+  auto describe = [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); };
   LayoutChecksums sums;
-  for (const RankChunks& rc : target.ranks()) {
-    const Participant& p = e.participants.at(rc.rank);
-    RankChunks r = p.chunks;
-    r.coord = rc.coord;
-    reported.push_back(std::move(r));
-    sums.push_back(p.checksums);
-  }
-  absl::StatusOr<Layout> layout = Layout::FromChunks(target.global_shape(), std::move(reported),
-                                                     target.num_partials(), target.partial_op());
-  if (!layout.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("reported layout is invalid: ", layout.status().message()));
+  sums.reserve(target.ranks().size());
+  if (checked) {
+    // Each report's chunks were checked against the plan's target as it came in: every
+    // target rank must have reported.
+    for (const RankChunks& rc : target.ranks()) {
+      const Participant& p = e.participants.at(rc.rank);
+      if (!p.reported) {
+        return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint),
+                                                          " reported nothing of its target chunks ",
+                                                          ChunksString(rc.chunks)));
+      }
+      sums.push_back(p.checksums);
+    }
+  } else {
+    for (const auto& [rank, p] : e.participants) {
+      const RankChunks* planned = target.Find(rank);
+      static const RankChunks kNothing;
+      const RankChunks& want = planned != nullptr ? *planned : kNothing;
+      if (p.chunks.chunks != want.chunks ||
+          (planned != nullptr && p.chunks.local_elements != want.local_elements)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(p.endpoint), " reported chunks ", ChunksString(p.chunks.chunks),
+                         " but the plan's target for it is ", ChunksString(want.chunks)));
+      }
+      if (p.checksums.size() != p.chunks.chunks.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint), " reported ",
+                                                          p.checksums.size(), " checksums for ",
+                                                          p.chunks.chunks.size(), " chunks"));
+      }
+    }
+    // The reported metadata must form a valid layout on its own (coverage, bounds, overlap).
+    std::vector<RankChunks> reported;
+    for (const RankChunks& rc : target.ranks()) {
+      const Participant& p = e.participants.at(rc.rank);
+      RankChunks r = p.chunks;
+      r.coord = rc.coord;
+      reported.push_back(std::move(r));
+      sums.push_back(p.checksums);
+    }
+    absl::StatusOr<Layout> layout = Layout::FromChunks(target.global_shape(), std::move(reported),
+                                                       target.num_partials(), target.partial_op());
+    if (!layout.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("reported layout is invalid: ", layout.status().message()));
+    }
   }
   // Replicas (same box, same partial index) must hold the same bytes.
-  if (absl::Status s = CheckReplicaChecksums(
-          target, sums, [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckReplicaChecksums(target, sums, describe); !s.ok()) return s;
   return sums;
 }
 
-void PlanManager::Validate(const std::string& id) {
-  absl::StatusOr<LayoutChecksums> sums;
+void PlanManager::Validate(const std::string& txn) {
+  std::string failure;
+  std::vector<CommitWork> work;
+  std::vector<TensorManager::CommitItem> items;
+  std::vector<Timer::Id> timers;
+  bool fused = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended() || it->second.closing ||
-        !it->second.failing.empty()) {
-      return;
+    auto it = transactions_.find(txn);
+    if (it == transactions_.end()) return;
+    Transaction& t = it->second;
+    if (!t.open() || !t.failing.empty()) return;
+    fused = t.fused();
+    // Reports are complete and no longer change; checking under the lock costs O(chunks).
+    std::vector<LayoutChecksums> sums;
+    sums.reserve(t.records.size());
+    for (size_t i = 0; i < t.records.size(); ++i) {
+      const PlanRecord& e = *t.records[i];
+      if (e.ended()) {
+        failure = absl::StrCat(fused ? t.labels[i] : e.id, " ended");
+        break;
+      }
+      absl::StatusOr<LayoutChecksums> checked = CheckReports(e, /*checked=*/fused);
+      if (!checked.ok()) {
+        failure = t.Qualify(i, absl::StrCat("validation failed: ", checked.status().message()));
+        break;
+      }
+      sums.push_back(*std::move(checked));
     }
-    // Reports are complete and no longer change; checking under the lock keeps it simple
-    // and costs O(chunks).
-    sums = CheckReports(it->second);
+    if (failure.empty()) {
+      t.closing = true;  // From here on deaths and timeouts no longer abort it.
+      timers = t.TakeTimers();
+      work.reserve(t.records.size());
+      items.reserve(t.records.size());
+      for (size_t i = 0; i < t.records.size(); ++i) {
+        PlanRecord& e = *t.records[i];
+        CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
+        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
+        work.push_back(std::move(w));
+      }
+    }
   }
-  if (!sums.ok()) {
-    return Abort(id, absl::StrCat("validation failed: ", sums.status().message()));
+  if (!failure.empty()) return AbortTransaction(txn, failure);
+  for (Timer::Id t : timers) timer_->Cancel(t);
+  // Every member's new version in one batch: no reader sees some of them new, others old.
+  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      transactions_.at(txn).closing = false;
+      for (const CommitWork& w : work) plans_.at(w.id).closing = false;
+    }
+    return AbortTransaction(
+        txn, absl::StrCat(fused ? "group commit failed: " : "commit failed: ", s.message()));
   }
-  Commit(id, *std::move(sums));
+  EndCommit(txn, std::move(work));
 }
 
-PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums checksums) {
+PlanManager::CommitWork PlanManager::BeginCommitLocked(PlanRecord& e, LayoutChecksums checksums) {
   CommitWork w;
   e.closing = true;  // From here on deaths and timeouts no longer abort it.
+  w.id = e.id;
   w.tensor = e.tensor;
   w.target_tensor = e.target_tensor;
   w.state.mesh = e.target_mesh;
@@ -307,76 +349,69 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(Entry& e, LayoutChecksums
   for (const RankChunks& rc : e.plan->target.ranks()) {
     w.state.incarnations[rc.rank] = e.participants.at(rc.rank).endpoint.incarnation;
   }
-  for (const auto& [r, p] : e.participants) {
-    // A group's FinishPlans go per worker, not per member: ranks are enough.
-    if (e.group.empty()) {
-      w.finish.push_back(p.endpoint);
-    } else {
-      w.finish_ranks.push_back(r);
-    }
-  }
+  for (const auto& [r, p] : e.participants) w.ranks.push_back(r);
   w.old_target_version = e.old_target_version;
-  w.timer = e.timer;
   return w;
 }
 
-void PlanManager::Commit(const std::string& id, LayoutChecksums checksums) {
-  CommitWork work;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
-    work = BeginCommitLocked(it->second, std::move(checksums));
+void PlanManager::EndCommit(const std::string& txn, std::vector<CommitWork> work) {
+  // Copies' sources were only read: they keep their versions and are free again.
+  for (const CommitWork& w : work) {
+    if (w.target_tensor != w.tensor) tensors_->Release(w.tensor, w.id);
   }
-  timer_->Cancel(work.timer);
-  if (absl::Status s = tensors_->Commit(work.target_tensor, id, work.state); !s.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      plans_.at(id).closing = false;
-    }
-    return Abort(id, absl::StrCat("commit failed: ", s.message()));
-  }
-  EndCommit(id, work);
-}
-
-void PlanManager::EndCommit(const std::string& id, const CommitWork& work) {
-  // A Copy's source was only read: it keeps its version and is free again.
-  if (work.target_tensor != work.tensor) tensors_->Release(work.tensor, id);
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
+  WatchCalls calls;
+  std::vector<WorkerEndpoint> finish;
   int64_t held = 0;
+  bool fused = false;
   {
     absl::MutexLock lock(&mu_);
-    Entry& e = plans_.at(id);
-    e.state = PlanState::kCommitted;
-    e.end = clock_->Now();
-    calls = ChangedLocked(e);
-    held = HoldTicketLocked(e);
+    Transaction& t = transactions_.at(txn);
+    const absl::Time now = clock_->Now();
+    t.state = PlanState::kCommitted;
+    t.end = now;
+    fused = t.fused();
+    for (const CommitWork& w : work) {
+      PlanRecord& e = plans_.at(w.id);
+      e.state = PlanState::kCommitted;
+      e.end = now;
+      for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
+    }
+    for (const auto& [r, p] : t.participants) finish.push_back(p.endpoint);
+    held = HoldTicketLocked(t);
   }
   Tell(calls);
-  // The commit is durable: the caller is answered now, not after a round trip to every
-  // worker. Old buffers are dropped by FinishPlan, which nothing waits for: a later plan
-  // reads the committed version (stored on every worker before its report), a drop never
-  // touches the version the plan wrote, and a FinishPlan that is lost leaves the old version
-  // to the worker's next registration, as an unanswered one did before.
-  Complete(id, absl::OkStatus());
-  v1::FinishPlanRequest req;
-  req.set_plan_id(id);
-  req.set_tensor(work.target_tensor);
-  req.set_commit(true);
-  req.set_drop_version(work.old_target_version);
-  std::vector<WorkerEndpoint> live;
-  for (const WorkerEndpoint& w : work.finish) {
-    if (workers_->IsLive(w.rank, w.incarnation)) live.push_back(w);
+  // The commit is durable: the callers are answered now, not after a round trip to every
+  // worker. Old buffers are dropped by FinishPlan (one per worker), which nothing waits for:
+  // a later plan reads the committed version (stored on every worker before its report), a
+  // drop never touches the version the plan wrote, and a FinishPlan that is lost leaves the
+  // old version to the worker's next registration, as an unanswered one did before.
+  for (const CommitWork& w : work) Complete(w.id, absl::OkStatus());
+  // A single plan's request names its tensor; a group's names each member's by rank.
+  std::map<int64_t, v1::FinishPlanRequest> requests;
+  if (fused) {
+    for (const CommitWork& w : work) {
+      for (int64_t rank : w.ranks) {
+        v1::FinishMember* m = requests[rank].add_members();
+        m->set_tensor(w.target_tensor);
+        m->set_drop_version(w.old_target_version);
+      }
+    }
   }
-  FinishOnWorkers(req, std::move(live), held);
+  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> live;
+  for (const WorkerEndpoint& w : finish) {
+    if (!workers_->IsLive(w.rank, w.incarnation)) continue;
+    v1::FinishPlanRequest& req = requests[w.rank];
+    req.set_plan_id(txn);
+    if (!fused) req.set_tensor(work.front().target_tensor);
+    req.set_commit(true);
+    req.set_drop_version(fused ? -1 : work.front().old_target_version);
+    live.emplace_back(w, std::move(req));
+  }
+  FinishOnWorkers(std::move(live), held);
 }
 
-int64_t PlanManager::HoldTicketLocked(const Entry& e) {
-  int64_t ticket = e.admission_ticket;
-  if (ticket == 0 && !e.group.empty()) {
-    auto g = groups_.find(e.group);
-    if (g != groups_.end()) ticket = g->second.admission_ticket;
-  }
+int64_t PlanManager::HoldTicketLocked(const Transaction& t) {
+  const int64_t ticket = t.admission_ticket;
   if (ticket != 0) ++ticket_holds_[ticket];
   return ticket;
 }
@@ -405,14 +440,6 @@ void PlanManager::ReleaseTicket(int64_t ticket) {
   options_.admission->Release(ticket);
 }
 
-void PlanManager::FinishOnWorkers(const v1::FinishPlanRequest& req,
-                                  std::vector<WorkerEndpoint> workers, int64_t ticket) {
-  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests;
-  requests.reserve(workers.size());
-  for (WorkerEndpoint& w : workers) requests.emplace_back(std::move(w), req);
-  FinishOnWorkers(std::move(requests), ticket);
-}
-
 void PlanManager::FinishOnWorkers(
     std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> requests, int64_t ticket) {
   if (requests.empty()) return Unhold(ticket);
@@ -430,69 +457,85 @@ void PlanManager::Abort(const std::string& id, const std::string& reason) {
 
 void PlanManager::AbortWith(const std::string& id, const std::string& reason,
                             absl::StatusCode code) {
-  std::vector<WorkerEndpoint> participants;
-  std::string tensor, target_tensor, target_mesh;
-  int64_t target_version = 0;
-  Timer::Id timer = 0, grace_timer = 0;
-  int64_t held = 0;
-  std::string group;
+  std::string txn, why;
   {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
-    Entry& e = it->second;
-    group = e.group;
+    if (it == plans_.end() || it->second.ended() || it->second.closing) return;
+    txn = it->second.txn;
+    auto t = transactions_.find(txn);
+    if (t == transactions_.end()) return;
+    // A group member runs inside its group's fused plan: the group aborts as a whole, the
+    // reason naming the member (by its id while it is not yet listed).
+    const std::vector<std::string>& members = t->second.members;
+    auto at = std::find(members.begin(), members.end(), id);
+    why = at != members.end() ? t->second.Qualify(at - members.begin(), reason)
+          : t->second.fused() ? absl::StrCat(id, ": ", reason)
+                              : reason;
   }
-  // A group member runs inside its group's fused plan: the group aborts as a whole, the
-  // reason naming the member.
-  if (!group.empty()) {
-    std::string label = id;
-    {
-      absl::MutexLock lock(&mu_);
-      if (auto g = groups_.find(group); g != groups_.end()) {
-        const auto& members = g->second.members;
-        auto at = std::find(members.begin(), members.end(), id);
-        if (at != members.end()) label = g->second.labels[at - members.begin()];
+  AbortTransaction(txn, why, code);
+}
+
+void PlanManager::AbortTransaction(const std::string& txn, const std::string& reason,
+                                   absl::StatusCode code) {
+  struct Aborted {
+    std::string tensor, target_tensor, id, target_mesh;
+  };
+  std::vector<Aborted> aborted;
+  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> finish;
+  std::vector<Timer::Id> timers;
+  int64_t held = 0;
+  std::string member_reason;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = transactions_.find(txn);
+    if (it == transactions_.end()) return;
+    Transaction& t = it->second;
+    if (t.closing || t.over) return;
+    const absl::Time now = clock_->Now();
+    if (t.MarkAborted(reason, code, now)) {
+      timers = t.TakeTimers();
+      // Before the tensors are released below, so no later plan reuses this epoch's keys.
+      if (t.communicator_prefix == CommPrefixLocked()) ++comm_epoch_;
+      if (t.sent) {
+        // The workers drop the new buffers; until they did, the memory stays reserved. A
+        // single plan's request names its tensor's new version.
+        v1::FinishPlanRequest req;
+        req.set_plan_id(txn);
+        if (!t.fused()) {
+          const PlanRecord& e = plans_.at(t.members.front());
+          req.set_tensor(e.target_tensor);
+          req.set_drop_version(e.target_version);
+        }
+        req.set_commit(false);
+        for (const auto& [r, p] : t.participants) finish.emplace_back(p.endpoint, req);
+        held = HoldTicketLocked(t);
       }
     }
-    return AbortGroup(group, absl::StrCat(label, ": ", reason));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = plans_.find(id);
-    if (it == plans_.end() || it->second.state_ended() || it->second.closing) return;
-    Entry& e = it->second;
-    e.state = PlanState::kAborted;
-    held = HoldTicketLocked(e);
-    e.error = reason;
-    // Before the tensor is released below, so no later plan reuses this epoch's keys.
-    if (e.communicator_prefix == CommPrefixLocked()) {
-      ++comm_epoch_;
+    const std::string why = t.MemberReason(t.error);
+    member_reason = t.MemberReason(reason);
+    for (const std::string& id : t.members) {
+      auto m = plans_.find(id);
+      if (m == plans_.end() || m->second.ended() || m->second.closing) continue;
+      PlanRecord& e = m->second;
+      e.state = PlanState::kAborted;
+      e.error = why;
+      e.end = now;
+      aborted.push_back(Aborted{e.tensor, e.target_tensor, id, e.target_mesh});
     }
-    e.end = clock_->Now();
-    for (const auto& [r, p] : e.participants) participants.push_back(p.endpoint);
-    tensor = e.tensor;
-    target_tensor = e.target_tensor;
-    target_mesh = e.target_mesh;
-    target_version = e.target_version;
-    timer = e.timer;
-    grace_timer = e.grace_timer;
   }
-  if (timer != 0) timer_->Cancel(timer);
-  if (grace_timer != 0) timer_->Cancel(grace_timer);
-  // The old layout was never replaced; the tensors are free again at once.
-  ReleaseTensors(tensor, target_tensor, id, target_mesh);
-  v1::FinishPlanRequest req;
-  req.set_plan_id(id);
-  req.set_tensor(target_tensor);
-  req.set_commit(false);
-  req.set_drop_version(target_version);
-  FinishOnWorkers(req, std::move(participants), held);
-  Complete(id, absl::Status(code, absl::StrCat("plan ", id, " on tensor '", target_tensor, "'",
-                                               target_tensor == tensor
-                                                   ? ""
-                                                   : absl::StrCat(" (copy of '", tensor, "')"),
-                                               " aborted: ", reason)));
+  for (Timer::Id t : timers) timer_->Cancel(t);
+  // The old layouts were never replaced; the tensors are free again at once.
+  for (const Aborted& a : aborted) ReleaseTensors(a.tensor, a.target_tensor, a.id, a.target_mesh);
+  FinishOnWorkers(std::move(finish), held);
+  for (const Aborted& a : aborted) {
+    Complete(a.id,
+             absl::Status(code, absl::StrCat("plan ", a.id, " on tensor '", a.target_tensor, "'",
+                                             a.target_tensor == a.tensor
+                                                 ? ""
+                                                 : absl::StrCat(" (copy of '", a.tensor, "')"),
+                                             " aborted: ", member_reason)));
+  }
 }
 
 void PlanManager::ReleaseTensors(const std::string& tensor, const std::string& target_tensor,
@@ -507,7 +550,7 @@ void PlanManager::AbortAll(const std::string& reason) {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, e] : plans_) {
-      if (!e.state_ended() && !e.closing) ids.push_back(id);
+      if (!e.ended() && !e.closing) ids.push_back(id);
     }
   }
   for (const std::string& id : ids) Abort(id, reason);
@@ -528,7 +571,7 @@ void PlanManager::Close(const std::string& reason) {
 
 bool PlanManager::IdleLocked() const {
   for (const auto& [id, e] : plans_) {
-    if (!e.state_ended()) return false;
+    if (!e.ended()) return false;
   }
   return true;
 }
@@ -558,12 +601,12 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     auto it = plans_.find(id);
     if (it == plans_.end()) return;
-    Entry& e = it->second;
+    PlanRecord& e = it->second;
     ++e.seq;
     progress = ProgressLocked(e);
     op = e.op;
     plan = e.plan;
-    member = !e.group.empty();
+    member = e.shared();
     done.swap(e.done);
     for (auto& [wid, fn] : e.watchers) watchers.push_back(std::move(fn));
     e.watchers.clear();
@@ -574,19 +617,22 @@ void PlanManager::Complete(const std::string& id, const absl::Status& status) {
     const std::string epoch = e.communicator_prefix;
     if (!status.ok()) retired_epochs_.insert(epoch);
     e.completed = true;
-    ticket = e.admission_ticket;
-    e.admission_ticket = 0;
-    const std::string group = e.group;
-    // A group's members are retired together once its caller is answered (OnMemberDone).
-    if (!member) RetireLocked(id);
+    const std::string txn = e.txn;
+    auto t = transactions_.find(txn);
+    if (!member && t != transactions_.end()) {
+      // A single plan's transaction is over with it; a group's once its last member ended
+      // (OnMemberDone).
+      ticket = std::exchange(t->second.admission_ticket, 0);
+      t->second.over = true;
+    }
     if (retired_epochs_.count(epoch) > 0 && !EpochInUseLocked(epoch)) {
       retired_epochs_.erase(epoch);
       prefix = epoch;
       // A group member's ending is told with its group's (OnMemberDone), keys included.
-      if (auto g = groups_.find(group); member && g != groups_.end()) {
-        g->second.retired_prefix = std::exchange(prefix, "");
-      }
+      if (member && t != transactions_.end()) t->second.retired_prefix = std::exchange(prefix, "");
     }
+    // A group's members are retired together once its caller is answered (OnMemberDone).
+    if (!member) RetireLocked(id);
   }
   // Its new buffers are committed (counted from the layouts now) or dropped: waiting plans
   // are re-checked.

@@ -214,56 +214,54 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
               ? absl::StrCat("g-", next_group_++)
               : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
     prefix = CommPrefixLocked();
-    Group& g = groups_[gid];
-    g.id = gid;
-    g.start = clock_->Now();
-    g.done = std::move(done);
-    g.finals.resize(items.size());
-    g.communicator_prefix = prefix;
+    Transaction& t = transactions_[gid];
+    t.id = gid;
+    t.strategy = Strategy::kFused;
+    t.start = clock_->Now();
+    t.done = std::move(done);
+    t.finals.resize(items.size());
+    t.communicator_prefix = prefix;
   }
   StartedGroup out;
   out.id = gid;
   out.members.reserve(items.size());
-  std::vector<FragmentMemberOptions> options(items.size());
   int64_t bucket_bytes = 0;
   const WorkerView view = ViewWorkers();
   GroupMemo memo;
   for (size_t i = 0; i < items.size(); ++i) {
-    FusedMember fused;
-    fused.memo = &memo;
-    fused.workers = &view;
-    fused.communicator_prefix = prefix;
-    fused.options.index = static_cast<int32_t>(i);
-    absl::StatusOr<StartedPlan> started = Start(
+    MemberInput input;
+    input.txn = gid;
+    input.communicator_prefix = prefix;
+    input.workers = &view;
+    input.memo = &memo;
+    input.owner = items[i].owner;
+    input.keep_hidden = items[i].keep_hidden;
+    absl::StatusOr<StartedMember> started = StartMember(
         items[i].op, items[i].tensor, items[i].target_tensor, items[i].target_fn,
         [this, gid, i](const absl::Status& s, const PlanProgress& p) {
           OnMemberDone(gid, i, s, p);
         },
-        gid, &fused, items[i].owner);
+        input);
     if (!started.ok()) {
       // Nothing was sent: the members started so far are forgotten, their tensors freed.
       for (const StartedPlan& m : out.members) Discard(m.id);
       absl::MutexLock lock(&mu_);
-      groups_.erase(gid);
+      transactions_.erase(gid);
       return absl::Status(started.status().code(),
                           absl::StrCat(items[i].where, ": ", started.status().message()));
     }
-    options[i] = fused.options;
     bucket_bytes =
-        bucket_bytes == 0 ? fused.bucket_bytes : std::min(bucket_bytes, fused.bucket_bytes);
-    out.bytes_moved += started->plan->bytes_moved;
-    out.lower_bound_bytes += started->plan->lower_bound_bytes;
+        bucket_bytes == 0 ? started->bucket_bytes : std::min(bucket_bytes, started->bucket_bytes);
+    StartedPlan& plan = started->plan;
+    out.bytes_moved += plan.plan->bytes_moved;
+    out.lower_bound_bytes += plan.plan->lower_bound_bytes;
     {
       absl::MutexLock lock(&mu_);
-      Group& g = groups_.at(gid);
-      // Before any fragment is sent, so before it can commit.
-      if (auto it = plans_.find(started->id); it != plans_.end()) {
-        it->second.keep_hidden = items[i].keep_hidden;
-      }
-      g.members.push_back(started->id);
-      g.labels.push_back(absl::StrCat(items[i].label, ", plan ", started->id, ")"));
+      Transaction& t = transactions_.at(gid);
+      t.members.push_back(plan.id);
+      t.labels.push_back(absl::StrCat(items[i].label, ", plan ", plan.id, ")"));
     }
-    out.members.push_back(*std::move(started));
+    out.members.push_back(std::move(plan));
   }
   auto plans = std::make_shared<std::vector<const Plan*>>();
   plans->reserve(out.members.size());
@@ -272,58 +270,41 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   std::string error;
   {
     absl::MutexLock lock(&mu_);
-    Group& g = groups_.at(gid);
-    failed = g.failed;
-    error = g.error;
+    Transaction& t = transactions_.at(gid);
+    t.default_bucket_bytes = bucket_bytes;
+    failed = t.failed;
+    error = t.error;
   }
   if (failed) {
     // A member was aborted (a worker died) before anything was sent: end the rest unsent.
-    AbortGroup(gid, error);
+    AbortTransaction(gid, error);
     return out;
   }
   // The group's memory is admitted as one (all or nothing): every member's new buffers, and
   // one fused fragment's staging per rank.
-  std::vector<std::string> ids;
-  ids.reserve(out.members.size());
   MemoryDemand demand;
   {
     absl::MutexLock lock(&mu_);
     for (const StartedPlan& m : out.members) {
-      ids.push_back(m.id);
       auto it = plans_.find(m.id);
-      // A member's demand has no staging (Start): the fused fragment stages instead.
+      // A member's demand has no staging (StartMember): the fused fragment stages instead.
       if (it != plans_.end()) demand.Add(it->second.demand);
     }
   }
   for (const auto& [rank, cap] : FusedStagingCaps(*plans)) {
     demand.staging[rank].push_back(StagingNeed{cap, kBucketsInFlight});
   }
-  // Both ends of every pair cut the streams alike: one bucket size for every worker, the
-  // admitted one, or without admission the smallest of the workers' --bucket-bytes.
-  auto send = [this, gid, plans, members = out.members, options, bucket_bytes](int64_t admitted) {
-    const StreamLimits limits = StreamLimitsFor(admitted > 0 ? admitted : bucket_bytes);
-    const FusedExchangeStats stats = FusedExchange(*plans, limits);
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = groups_.find(gid);
-      if (it == groups_.end()) return;
-      it->second.bucket_bytes = limits.bucket_bytes;
-      it->second.buckets = stats.messages;
-    }
-    SendGroup(gid, members, options);
-  };
-  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), ids, send, std::move(demand), gid);
-      !s.ok()) {
+  if (absl::Status s = AdmitAndSend(absl::StrCat("group ", gid), gid, std::move(demand)); !s.ok()) {
     // Refused before anything was sent: the group changes nothing.
     for (const StartedPlan& m : out.members) Discard(m.id);
     absl::MutexLock lock(&mu_);
-    groups_.erase(gid);
+    transactions_.erase(gid);
     return s;
   }
   {
     // As started, with what admission decided (buckets are known once admitted).
     absl::MutexLock lock(&mu_);
-    if (auto it = groups_.find(gid); it != groups_.end()) {
+    if (auto it = transactions_.find(gid); it != transactions_.end()) {
       out.bucket_bytes = it->second.bucket_bytes;
       out.buckets = it->second.buckets;
     }
@@ -335,469 +316,6 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
     }
   }
   return out;
-}
-
-void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPlan>& members,
-                            const std::vector<FragmentMemberOptions>& options) {
-  std::vector<const Plan*> plans;
-  plans.reserve(members.size());
-  for (const StartedPlan& m : members) plans.push_back(m.plan.get());
-  GroupFragmentOptions go;
-  go.plan_id = gid;
-  go.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
-  std::vector<std::pair<WorkerEndpoint, int64_t>> endpoints;  // (worker, rank)
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end() || git->second.failed) return;
-    Group& g = git->second;
-    go.communicator_prefix = g.communicator_prefix;
-    go.bucket_bytes = g.bucket_bytes;
-    // The group's workers: every member's participants, expecting what they all receive.
-    for (const std::string& id : g.members) {
-      const Entry& e = plans_.at(id);
-      for (const auto& [r, p] : e.participants) {
-        Participant& gp = g.participants[r];
-        gp.endpoint = p.endpoint;
-        gp.bytes_expected += p.bytes_expected;
-      }
-    }
-    for (const auto& [r, p] : g.participants) {
-      go.incarnations[r] = p.endpoint.incarnation;
-      endpoints.emplace_back(p.endpoint, r);
-    }
-    // Members' entries stay put (and are not retired) until they end, with the group.
-    g.entries.reserve(g.members.size());
-    for (const std::string& id : g.members) g.entries.push_back(&plans_.at(id));
-    g.sent = true;
-    g.timer = timer_->Schedule(g.start + options_.plan_timeout, [this, gid] {
-      std::string reason;
-      {
-        absl::MutexLock lock(&mu_);
-        auto it = groups_.find(gid);
-        if (it == groups_.end()) return;
-        const Group& pg = it->second;
-        reason = absl::StrCat("group ", gid, " timed out after ",
-                              absl::FormatDuration(options_.plan_timeout), " in state ",
-                              PlanStateName(pg.state), "; waiting for ", Waiting(pg.participants));
-      }
-      AbortGroup(gid, reason);
-    });
-  }
-  std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, options, go);
-  for (const auto& [endpoint, rank] : endpoints) {
-    const int64_t r = rank;
-    client_->Execute(endpoint, std::move(fragments[rank]),
-                     [this, gid, r](absl::Status s) { OnGroupExecuteDone(gid, r, s); });
-  }
-}
-
-std::vector<std::pair<PlanManager::WatchFn, PlanProgress>> PlanManager::MembersToLocked(
-    const Group& g, PlanState state) {
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  for (Entry* member : g.entries) {
-    Entry& e = *member;
-    if (e.state_ended() || static_cast<int>(e.state) >= static_cast<int>(state)) continue;
-    e.state = state;
-    if (state == PlanState::kTransferred) e.transferred = g.transferred;
-    for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
-  }
-  return calls;
-}
-
-void PlanManager::OnGroupExecuteDone(const std::string& gid, int64_t rank,
-                                     const absl::Status& status) {
-  std::string abort_reason;
-  bool validate = false;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = groups_.find(gid);
-    if (it == groups_.end()) return;
-    Group& g = it->second;
-    if (g.failed || g.closing || g.over) return;
-    Participant& p = g.participants.at(rank);
-    if (!status.ok()) {
-      abort_reason =
-          absl::StrCat(Describe(p.endpoint), " could not start its fragment: ", status.ToString());
-    } else if (!p.executed) {
-      p.executed = true;
-      ++g.executed;
-      const int64_t n = static_cast<int64_t>(g.participants.size());
-      if (g.executed == n && g.state == PlanState::kPending) {
-        g.state = PlanState::kPrepared;
-        calls = MembersToLocked(g, PlanState::kPrepared);
-      }
-      if (g.executed == n && g.reported == n && g.failing.empty()) {
-        g.state = PlanState::kTransferred;
-        g.transferred = clock_->Now();
-        for (auto& c : MembersToLocked(g, PlanState::kTransferred)) calls.push_back(std::move(c));
-        validate = true;
-      }
-    }
-  }
-  if (!abort_reason.empty()) return AbortGroup(gid, abort_reason);
-  Tell(calls);
-  if (validate) ValidateGroup(gid);
-}
-
-absl::StatusOr<PlanManager::Participant*> PlanManager::Reporter(
-    std::map<int64_t, Participant>& participants, const WorkerReport& report,
-    const std::string& plan_id) {
-  auto pit = participants.find(report.rank);
-  if (pit == participants.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", report.rank, " takes no part in plan ", plan_id));
-  }
-  Participant& p = pit->second;
-  if (p.endpoint.name != report.worker || p.endpoint.incarnation != report.incarnation) {
-    return absl::AbortedError(
-        absl::StrCat("report for rank ", report.rank, " from worker ", report.worker,
-                     " incarnation ", report.incarnation, " is stale: plan ", plan_id,
-                     " runs with ", Describe(p.endpoint), " incarnation ", p.endpoint.incarnation));
-  }
-  if (report.final) {
-    p.timing = report.timing;
-    p.timing.set_rank(report.rank);
-    p.timing.set_worker(report.worker);
-    p.timing.set_error(report.error);
-  }
-  return &p;
-}
-
-std::string PlanManager::FailingLocked(const Participant& p, const WorkerReport& report,
-                                       std::string* failing, bool* start_grace) const {
-  std::string reason = absl::StrCat(Describe(p.endpoint), " failed: ", report.error);
-  if (options_.failure_grace <= absl::ZeroDuration()) return reason;
-  if (failing->empty()) {
-    *failing = std::move(reason);
-    *start_grace = true;
-  }
-  return "";
-}
-
-void PlanManager::StartGrace(const std::string& id, bool group) {
-  const Timer::Id t = timer_->Schedule(clock_->Now() + options_.failure_grace, [this, id, group] {
-    std::string reason;
-    {
-      absl::MutexLock lock(&mu_);
-      if (group) {
-        auto it = groups_.find(id);
-        if (it == groups_.end()) return;
-        reason = it->second.failing;
-      } else {
-        auto it = plans_.find(id);
-        if (it == plans_.end()) return;
-        reason = it->second.failing;
-      }
-    }
-    if (group) return AbortGroup(id, reason);
-    Abort(id, reason);
-  });
-  absl::MutexLock lock(&mu_);
-  if (group) {
-    if (auto it = groups_.find(id); it != groups_.end()) it->second.grace_timer = t;
-  } else if (auto it = plans_.find(id); it != plans_.end()) {
-    it->second.grace_timer = t;
-  }
-}
-
-std::string PlanManager::Waiting(const std::map<int64_t, Participant>& participants) {
-  std::vector<std::string> waiting;
-  for (const auto& [r, p] : participants) {
-    if (!p.executed) {
-      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no answer to Execute)"));
-    } else if (!p.reported) {
-      waiting.push_back(absl::StrCat(Describe(p.endpoint), " (no final report)"));
-    }
-  }
-  return waiting.empty() ? "validation" : absl::StrJoin(waiting, ", ");
-}
-
-absl::Status PlanManager::ReportGroup(const WorkerReport& report) {
-  const std::string& gid = report.plan_id;
-  std::string abort_reason;
-  bool validate = false;
-  bool start_grace = false;
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end()) {
-      return absl::NotFoundError(absl::StrCat("unknown plan '", gid, "'"));
-    }
-    Group& g = git->second;
-    if (g.failed || g.closing || g.over) {
-      return absl::AbortedError(absl::StrCat("plan ", gid, " already ended (",
-                                             g.closing ? "committing" : PlanStateName(g.state),
-                                             ")"));
-    }
-    absl::StatusOr<Participant*> reporter = Reporter(g.participants, report, gid);
-    if (!reporter.ok()) return reporter.status();
-    Participant& p = **reporter;
-    if (!report.error.empty()) {
-      abort_reason = FailingLocked(p, report, &g.failing, &start_grace);
-    } else if (!report.final) {
-      p.bytes_done = std::clamp<int64_t>(report.bytes_done, p.bytes_done, p.bytes_expected);
-    } else if (!p.reported) {
-      p.reported = true;
-      ++g.reported;
-      p.bytes_done = p.bytes_expected;
-      // A shape's chunks are compared with a plan's target for this rank once, however
-      // many members share both.
-      std::set<std::pair<const Plan*, int32_t>> matched;
-      static const RankChunks kNothing;
-      for (const WorkerReport::Member& m : report.members) {
-        Entry* e = m.index >= 0 && static_cast<size_t>(m.index) < g.entries.size()
-                       ? g.entries[m.index]
-                       : nullptr;
-        auto mp = e != nullptr ? e->participants.find(report.rank)
-                               : std::map<int64_t, Participant>::iterator();
-        if (e == nullptr || mp == e->participants.end()) {
-          abort_reason = absl::StrCat(Describe(p.endpoint), " reported member ", m.index,
-                                      ", which it takes no part in");
-          break;
-        }
-        const std::string& label = g.labels[m.index];
-        if (m.shape < 0 || static_cast<size_t>(m.shape) >= report.shapes.size()) {
-          abort_reason = absl::StrCat(label, ": ", Describe(p.endpoint), " reported shape ",
-                                      m.shape, " of ", report.shapes.size());
-          break;
-        }
-        const RankChunks& got = report.shapes[m.shape];
-        if (matched.insert({e->plan.get(), m.shape}).second) {
-          const RankChunks* planned = e->plan->target.Find(report.rank);
-          const RankChunks& want = planned != nullptr ? *planned : kNothing;
-          if (got.chunks != want.chunks ||
-              (planned != nullptr && got.local_elements != want.local_elements)) {
-            abort_reason =
-                absl::StrCat(label, ": validation failed: ", Describe(p.endpoint),
-                             " reported chunks ", ChunksString(got.chunks),
-                             " but the plan's target for it is ", ChunksString(want.chunks));
-            break;
-          }
-        }
-        if (m.checksums.size() != got.chunks.size()) {
-          abort_reason =
-              absl::StrCat(label, ": validation failed: ", Describe(p.endpoint), " reported ",
-                           m.checksums.size(), " checksums for ", got.chunks.size(), " chunks");
-          break;
-        }
-        mp->second.reported = true;
-        mp->second.checksums = m.checksums;
-        mp->second.bytes_done = mp->second.bytes_expected;
-      }
-      const int64_t n = static_cast<int64_t>(g.participants.size());
-      if (abort_reason.empty() && g.executed == n && g.reported == n && g.failing.empty()) {
-        g.state = PlanState::kTransferred;
-        g.transferred = clock_->Now();
-        calls = MembersToLocked(g, PlanState::kTransferred);
-        validate = true;
-      }
-    }
-  }
-  if (!abort_reason.empty()) {
-    AbortGroup(gid, abort_reason);
-    return absl::OkStatus();
-  }
-  if (start_grace) StartGrace(gid, /*group=*/true);
-  Tell(calls);
-  if (validate) ValidateGroup(gid);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<LayoutChecksums> PlanManager::CheckMemberReports(const Entry& e) {
-  // Each report's chunks were checked against the plan's target as it came in (ReportGroup).
-  const Layout& target = e.plan->target;
-  LayoutChecksums sums;
-  sums.reserve(target.ranks().size());
-  for (const RankChunks& rc : target.ranks()) {
-    const Participant& p = e.participants.at(rc.rank);
-    if (!p.reported) {
-      return absl::FailedPreconditionError(absl::StrCat(Describe(p.endpoint),
-                                                        " reported nothing of its target chunks ",
-                                                        ChunksString(rc.chunks)));
-    }
-    sums.push_back(p.checksums);
-  }
-  // Replicas (same box, same partial index) must hold the same bytes.
-  if (absl::Status s = CheckReplicaChecksums(
-          target, sums, [&e](int64_t rank) { return Describe(e.participants.at(rank).endpoint); });
-      !s.ok()) {
-    return s;
-  }
-  return sums;
-}
-
-void PlanManager::ValidateGroup(const std::string& gid) {
-  std::string failure;
-  std::vector<std::pair<std::string, CommitWork>> work;
-  std::vector<TensorManager::CommitItem> items;
-  Timer::Id timer = 0, grace_timer = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end()) return;
-    Group& g = git->second;
-    if (g.failed || g.closing || g.over || !g.failing.empty()) return;
-    // Reports are complete and no longer change; checking under the lock costs O(chunks).
-    std::vector<LayoutChecksums> sums;
-    sums.reserve(g.members.size());
-    for (size_t i = 0; i < g.entries.size() && failure.empty(); ++i) {
-      const Entry& e = *g.entries[i];
-      if (e.state_ended()) {
-        failure = absl::StrCat(g.labels[i], " ended");
-        break;
-      }
-      absl::StatusOr<LayoutChecksums> checked = CheckMemberReports(e);
-      if (!checked.ok()) {
-        failure = absl::StrCat(g.labels[i], ": validation failed: ", checked.status().message());
-        break;
-      }
-      sums.push_back(*std::move(checked));
-    }
-    if (failure.empty()) {
-      g.closing = true;  // From here on deaths and timeouts no longer abort it.
-      timer = std::exchange(g.timer, 0);
-      grace_timer = std::exchange(g.grace_timer, 0);
-      work.reserve(g.members.size());
-      items.reserve(g.members.size());
-      for (size_t i = 0; i < g.entries.size(); ++i) {
-        Entry& e = *g.entries[i];
-        CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
-        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
-        work.emplace_back(e.id, std::move(w));
-      }
-    }
-  }
-  if (!failure.empty()) return AbortGroup(gid, failure);
-  if (timer != 0) timer_->Cancel(timer);
-  if (grace_timer != 0) timer_->Cancel(grace_timer);
-  if (absl::Status s = tensors_->CommitAll(std::move(items)); !s.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
-      groups_.at(gid).closing = false;
-      for (const auto& [id, w] : work) plans_.at(id).closing = false;
-    }
-    return AbortGroup(gid, absl::StrCat("group commit failed: ", s.message()));
-  }
-  EndGroupCommit(gid, std::move(work));
-}
-
-void PlanManager::EndGroupCommit(const std::string& gid,
-                                 std::vector<std::pair<std::string, CommitWork>> work) {
-  // Copies' sources were only read: they keep their versions and are free again.
-  for (const auto& [id, w] : work) {
-    if (w.target_tensor != w.tensor) tensors_->Release(w.tensor, id);
-  }
-  std::vector<std::pair<WatchFn, PlanProgress>> calls;
-  std::vector<WorkerEndpoint> finish;
-  int64_t held = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    Group& g = groups_.at(gid);
-    const absl::Time now = clock_->Now();
-    g.state = PlanState::kCommitted;
-    g.end = now;
-    for (const auto& [id, w] : work) {
-      Entry& e = plans_.at(id);
-      e.state = PlanState::kCommitted;
-      e.end = now;
-      for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
-    }
-    for (const auto& [r, p] : g.participants) finish.push_back(p.endpoint);
-    // The FinishPlans below hold the group's admission ticket until answered, as a plan's.
-    held = g.admission_ticket;
-    if (held != 0) ++ticket_holds_[held];
-  }
-  Tell(calls);
-  // The commit is durable: the members complete (the caller is answered) now, as a single
-  // plan's (EndCommit). One FinishPlan per worker then drops every member's old version it
-  // may hold, without anything waiting for it.
-  for (const auto& [id, w] : work) Complete(id, absl::OkStatus());
-  std::map<int64_t, v1::FinishPlanRequest> requests;
-  for (const auto& [id, w] : work) {
-    for (int64_t rank : w.finish_ranks) {
-      v1::FinishMember* m = requests[rank].add_members();
-      m->set_tensor(w.target_tensor);
-      m->set_drop_version(w.old_target_version);
-    }
-  }
-  std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> live;
-  for (const WorkerEndpoint& w : finish) {
-    if (!workers_->IsLive(w.rank, w.incarnation)) continue;
-    v1::FinishPlanRequest& req = requests[w.rank];
-    req.set_plan_id(gid);
-    req.set_commit(true);
-    req.set_drop_version(-1);
-    live.emplace_back(w, std::move(req));
-  }
-  FinishOnWorkers(std::move(live), held);
-}
-
-void PlanManager::AbortGroup(const std::string& gid, const std::string& reason,
-                             absl::StatusCode code) {
-  std::vector<std::string> aborted;  // Member ids.
-  struct Release {
-    std::string tensor, target_tensor, id, target_mesh;
-  };
-  std::vector<Release> releases;
-  std::vector<WorkerEndpoint> participants;
-  Timer::Id timer = 0, grace_timer = 0;
-  int64_t held = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    auto git = groups_.find(gid);
-    if (git == groups_.end()) return;
-    Group& g = git->second;
-    if (g.closing || g.over) return;
-    const bool first = !g.failed;
-    if (first) {
-      g.failed = true;
-      g.error = reason;
-      g.error_code = code;
-      g.state = PlanState::kAborted;
-      g.end = clock_->Now();
-      timer = std::exchange(g.timer, 0);
-      grace_timer = std::exchange(g.grace_timer, 0);
-      // Before the tensors are released below, so no later plan reuses this epoch's keys.
-      if (g.communicator_prefix == CommPrefixLocked()) ++comm_epoch_;
-      if (g.sent) {
-        for (const auto& [r, p] : g.participants) participants.push_back(p.endpoint);
-        // Until the workers dropped the new buffers, the group's memory stays reserved.
-        held = g.admission_ticket;
-        if (held != 0) ++ticket_holds_[held];
-      }
-    }
-    const std::string why = absl::StrCat("group ", gid, ": ", g.error);
-    for (const std::string& id : g.members) {
-      auto it = plans_.find(id);
-      if (it == plans_.end() || it->second.state_ended() || it->second.closing) continue;
-      Entry& e = it->second;
-      e.state = PlanState::kAborted;
-      e.error = why;
-      e.end = clock_->Now();
-      releases.push_back(Release{e.tensor, e.target_tensor, id, e.target_mesh});
-      aborted.push_back(id);
-    }
-  }
-  if (timer != 0) timer_->Cancel(timer);
-  if (grace_timer != 0) timer_->Cancel(grace_timer);
-  // The old layouts were never replaced; the tensors are free again at once.
-  for (const Release& r : releases) ReleaseTensors(r.tensor, r.target_tensor, r.id, r.target_mesh);
-  v1::FinishPlanRequest req;
-  req.set_plan_id(gid);
-  req.set_commit(false);
-  FinishOnWorkers(req, std::move(participants), held);
-  for (size_t i = 0; i < aborted.size(); ++i) {
-    const Release& r = releases[i];
-    Complete(aborted[i],
-             absl::Status(code, absl::StrCat("plan ", r.id, " on tensor '", r.target_tensor, "'",
-                                             r.target_tensor == r.tensor
-                                                 ? ""
-                                                 : absl::StrCat(" (copy of '", r.tensor, "')"),
-                                             " aborted: group ", gid, ": ", reason)));
-  }
 }
 
 void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl::Status& status,
@@ -812,13 +330,13 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
   std::vector<std::string> retire;  // The members, once all ended.
   {
     absl::MutexLock lock(&mu_);
-    auto it = groups_.find(gid);
-    if (it == groups_.end()) return;
-    Group& g = it->second;
+    auto it = transactions_.find(gid);
+    if (it == transactions_.end()) return;
+    Transaction& g = it->second;
     g.finals[index] = progress;
     ++g.ended;
     if (!status.ok() && !g.failed) {
-      // Members abort only with their group (AbortGroup marks it first).
+      // Members abort only with their group (AbortTransaction marks it first).
       g.failed = true;
       g.error_code = status.code() == absl::StatusCode::kResourceExhausted
                          ? absl::StatusCode::kResourceExhausted
@@ -854,7 +372,7 @@ void PlanManager::OnMemberDone(const std::string& gid, size_t index, const absl:
       if (g.end == absl::InfiniteFuture()) g.end = clock_->Now();
       ended_groups_.push_back(gid);
       while (ended_groups_.size() > options_.keep_ended_plans) {
-        groups_.erase(ended_groups_.front());
+        transactions_.erase(ended_groups_.front());
         ended_groups_.pop_front();
       }
     }

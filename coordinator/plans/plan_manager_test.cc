@@ -120,14 +120,14 @@ class PlanManagerTest : public ::testing::Test {
   }
 
   // What a worker that ran its fused group fragment correctly reports (fake_reports.h).
-  WorkerReport GroupFinalReport(const v1::PlanFragment& f) {
+  WorkerReport FusedFinalReport(const v1::PlanFragment& f) {
     return FakeGroupFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
   }
 
-  void ReportGroup(const std::string& group_id, std::set<int64_t> skip = {}) {
+  void ReportAllFused(const std::string& group_id, std::set<int64_t> skip = {}) {
     for (const auto& [rank, f] : Fragments(group_id)) {
       if (skip.count(rank)) continue;
-      ASSERT_TRUE(plans_.Report(GroupFinalReport(f)).ok()) << rank;
+      ASSERT_TRUE(plans_.Report(FusedFinalReport(f)).ok()) << rank;
     }
   }
 
@@ -240,6 +240,58 @@ TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
   // Late reports are rejected; a new plan can run.
   EXPECT_EQ(plans_.Report(FinalReport(fragments[0])).code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(plans_.Redistribute("T", Target("S(0),R"), nullptr).ok());
+}
+
+// A single plan is a transaction of one member under the plan's id: its workers report under
+// that id, its trace shows their timings, and it is no group's.
+TEST_F(PlanManagerTest, ASinglePlanIsATransactionOfItsOwn) {
+  CreateTensor("T");
+  absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), nullptr);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string id = started->id;
+  for (const auto& [rank, f] : Fragments(id)) {
+    EXPECT_EQ(f.plan_id(), id);
+    WorkerReport r = FinalReport(f);
+    v1::StepTiming* step = r.timing.add_steps();
+    step->set_op("all_gather");
+    step->set_index(rank);
+    ASSERT_TRUE(plans_.Report(r).ok()) << rank;
+  }
+  EXPECT_EQ(plans_.Progress(id)->state, PlanState::kCommitted);
+  absl::StatusOr<v1::PlanTrace> trace = plans_.Trace(id);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->op(), "redistribute");
+  ASSERT_EQ(trace->ranks_size(), 4);
+  for (const v1::RankTrace& r : trace->ranks()) {
+    ASSERT_EQ(r.steps_size(), 1) << r.rank();
+    EXPECT_EQ(r.steps(0).index(), r.rank());
+    EXPECT_EQ(r.worker(), absl::StrCat("w", r.rank()));
+  }
+  EXPECT_GT(trace->transferred_unix_us(), 0);
+  std::vector<v1::PlanSummary> list = plans_.List(10);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].group(), "");
+  absl::Status late = plans_.Report(FinalReport(Fragments(id).begin()->second));
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(late.message(), absl::StrCat("plan ", id, " already ended (COMMITTED)"));
+}
+
+// A group's workers report under the group's id; its members' ids are no transactions.
+TEST_F(PlanManagerTest, GroupMembersAreNotReportedToOnTheirOwn) {
+  CreateTensor("a", "S(0),R");
+  CreateTensor("x", "S(1)", "N");
+  absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, nullptr);
+  ASSERT_TRUE(group.ok()) << group.status();
+  WorkerReport r = FusedFinalReport(Fragments(group->id).begin()->second);
+  r.plan_id = group->members[0].id;
+  EXPECT_EQ(plans_.Report(r).code(), absl::StatusCode::kNotFound);
+  ReportAllFused(group->id);
+  EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kCommitted);
+  std::vector<v1::PlanSummary> list = plans_.List(10);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0].group(), group->id);
+  absl::Status late = plans_.Report(FusedFinalReport(Fragments(group->id).begin()->second));
+  EXPECT_EQ(late.message(), absl::StrCat("plan ", group->id, " already ended (committing)"));
 }
 
 TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
@@ -881,14 +933,14 @@ TEST_F(PlanManagerTest, CopyGroupCommitsEveryDstTogether) {
   EXPECT_EQ(plans_.Progress(group->members[0].id)->state, PlanState::kPrepared);
 
   // Reports from all but one worker: nothing commits yet.
-  ReportGroup(group->id, {2});
+  ReportAllFused(group->id, {2});
   EXPECT_EQ(done.calls, 0);
   EXPECT_EQ(tensors_.Get("x")->version, x_before);
   EXPECT_EQ(tensors_.Get("x")->busy_plan, group->members[0].id);
   EXPECT_EQ(plans_.Progress(group->members[1].id)->state, PlanState::kPrepared);
   EXPECT_TRUE(client_.finishes().empty());
 
-  ReportGroup(group->id, {0, 1, 3});
+  ReportAllFused(group->id, {0, 1, 3});
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(done.progress.group_id, group->id);
@@ -940,7 +992,7 @@ TEST_F(PlanManagerTest, CopyGroupMemberFailureAbortsEveryMember) {
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
   // Three workers report; rank 1 fails.
-  ReportGroup(group->id, {1});
+  ReportAllFused(group->id, {1});
   WorkerReport failed;
   failed.plan_id = group->id;
   failed.rank = 1;
@@ -989,8 +1041,8 @@ TEST_F(PlanManagerTest, AGroupMemberThatDoesNotValidateAbortsTheGroupNamingIt) {
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id, {3});
-  WorkerReport bad = GroupFinalReport(Fragments(group->id).at(3));
+  ReportAllFused(group->id, {3});
+  WorkerReport bad = FusedFinalReport(Fragments(group->id).at(3));
   ASSERT_EQ(bad.members.size(), 2u);
   ASSERT_EQ(bad.shapes.size(), 2u);
   bad.members[1].shape = bad.members[0].shape;  // Rank 3 claims y's chunks are x's.
@@ -1018,7 +1070,7 @@ TEST_F(PlanManagerTest, MembersWithTheSamePlanShareOneShapePerWorker) {
     EXPECT_EQ(f.members(0).shape(), f.members(1).shape());
     EXPECT_NE(f.members(0).shape(), f.members(2).shape());
   }
-  ReportGroup(group->id);
+  ReportAllFused(group->id);
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(tensors_.Get("s1")->spec, "S(1)");
@@ -1031,17 +1083,17 @@ TEST_F(PlanManagerTest, GroupReportsAreCheckedAgainstTheGroup) {
   GroupOutcome done;
   absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  WorkerReport stale = GroupFinalReport(Fragments(group->id).at(0));
+  WorkerReport stale = FusedFinalReport(Fragments(group->id).at(0));
   stale.incarnation += 7;
   EXPECT_EQ(plans_.Report(stale).code(), absl::StatusCode::kAborted);
   // A member index the worker takes no part in aborts the group.
-  WorkerReport wrong = GroupFinalReport(Fragments(group->id).at(0));
+  WorkerReport wrong = FusedFinalReport(Fragments(group->id).at(0));
   wrong.members[0].index = 5;
   ASSERT_TRUE(plans_.Report(wrong).ok());
   ASSERT_EQ(done.calls, 1);
   EXPECT_THAT(done.status.message(), HasSubstr("reported member 5, which it takes no part in"));
   // Later reports for the ended group are refused.
-  EXPECT_EQ(plans_.Report(GroupFinalReport(Fragments(group->id).at(1))).code(),
+  EXPECT_EQ(plans_.Report(FusedFinalReport(Fragments(group->id).at(1))).code(),
             absl::StatusCode::kAborted);
 }
 
@@ -1109,7 +1161,7 @@ TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing)
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id);
+  ReportAllFused(group->id);
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
 }
@@ -1125,7 +1177,7 @@ TEST_F(PlanManagerTest, CopyGroupMemberDeathAbortsTheWholeGroup) {
   absl::StatusOr<StartedGroup> group =
       plans_.CopyGroup({{"a", "x"}, {"b", "y"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id, {3});
+  ReportAllFused(group->id, {3});
   Kill(3);  // Takes part in member 0 (a's rows [4:8)) and member 1.
   ASSERT_EQ(done.calls, 1);
   EXPECT_EQ(done.status.code(), absl::StatusCode::kAborted);
@@ -1144,7 +1196,7 @@ TEST_F(PlanManagerTest, AGroupThatDoesNotEndInTimeIsAborted) {
   GroupOutcome done;
   absl::StatusOr<StartedGroup> group = plans_.CopyGroup({{"a", "x"}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id, {2});
+  ReportAllFused(group->id, {2});
   timer_.Advance(absl::Minutes(2));
   ASSERT_EQ(done.calls, 1);
   EXPECT_THAT(done.status.message(), HasSubstr("timed out"));
@@ -1171,7 +1223,7 @@ TEST_F(PlanManagerTest, GatherGroupReplicatesEveryTensorTogether) {
   absl::StatusOr<StartedGroup> group =
       plans_.GatherGroup({"a", "b"}, "", int64_t{2}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id);
+  ReportAllFused(group->id);
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   for (const char* name : {"a", "b"}) {
@@ -1219,9 +1271,9 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   absl::StatusOr<StartedGroup> group = plans_.RedistributeGroup(
       {{"a", Target("S(1)", "N")}, {"b", Target("R,R")}}, RecordGroup(&done));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id, {0});
+  ReportAllFused(group->id, {0});
   EXPECT_EQ(tensors_.Get("a")->version, a_before.version);
-  ReportGroup(group->id, {1, 2, 3});
+  ReportAllFused(group->id, {1, 2, 3});
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(tensors_.Get("a")->version, group->members[0].target_version);
@@ -1237,7 +1289,7 @@ TEST_F(PlanManagerTest, RedistributeGroupCommitsEveryTensorTogetherOrNone) {
   group = plans_.RedistributeGroup({{"a", Target("S(0)")}, {"b", Target("S(0),R")}},
                                    RecordGroup(&failed));
   ASSERT_TRUE(group.ok()) << group.status();
-  ReportGroup(group->id, {3});
+  ReportAllFused(group->id, {3});
   plans_.Abort(group->members[0].id, "test");
   ASSERT_EQ(failed.calls, 1);
   EXPECT_EQ(failed.status.code(), absl::StatusCode::kAborted);
@@ -1280,7 +1332,7 @@ TEST_F(PlanManagerTest, GroupMembersWithEqualInputsShareOnePlanOthersGetTheirOwn
       *Layout::FromPlacements(meshes_.Get("M")->mesh, {8, 4}, *ParsePlacements("R,R"));
   for (int i = 0; i < 4; ++i) EXPECT_EQ(m[i].plan->target, on_n) << i;
   EXPECT_EQ(m[4].plan->target, replicated);
-  ReportGroup(group->id);
+  ReportAllFused(group->id);
   ASSERT_EQ(done.calls, 1);
   EXPECT_TRUE(done.status.ok()) << done.status;
   for (const char* t : {"a", "b", "c", "d"}) EXPECT_EQ(tensors_.Get(t)->spec, "S(1)") << t;
