@@ -137,7 +137,7 @@ class Harness {
   void ReportAll(bool group) {
     for (const v1::PlanFragment& f : client_.Take()) {
       const WorkerRecord w = OrDie(workers_.GetByRank(f.rank()), "worker");
-      WorkerReport r = group ? FakeGroupFinalReport(f, w.spec.name, w.incarnation)
+      WorkerReport r = group ? FakeFusedFinalReport(f, w.spec.name, w.incarnation)
                              : FakeFinalReport(f, w.spec.name, w.incarnation);
       OrDie(plans_.Report(r), "report");
     }

@@ -65,7 +65,7 @@ class CheckpointManagerTest : public ::testing::Test {
       return h;
     };
     // A fused group's fragment (a load's exchange): every shape's chunks, each member's sums.
-    if (f.members_size() > 0) return FakeGroupFinalReport(f, worker, incarnation, sum);
+    if (f.members_size() > 0) return FakeFusedFinalReport(f, worker, incarnation, sum);
     return FakeFinalReport(f, worker, incarnation, sum);
   }
 

@@ -251,7 +251,7 @@ TEST_F(PlanAdmissionTest, APlanWaitingBehindAGroupIsSentOnlyOnceTheWorkersDroppe
   client_.HoldFinishes(true);
   for (const auto& [rank, f] : Fragments(g->id)) {
     ASSERT_TRUE(
-        plans_.Report(FakeGroupFinalReport(f, absl::StrCat("w", rank), Incarnation(rank))).ok())
+        plans_.Report(FakeFusedFinalReport(f, absl::StrCat("w", rank), Incarnation(rank))).ok())
         << rank;
   }
   ASSERT_TRUE(group_done.has_value());

@@ -121,7 +121,7 @@ class PlanManagerTest : public ::testing::Test {
 
   // What a worker that ran its fused group fragment correctly reports (fake_reports.h).
   WorkerReport FusedFinalReport(const v1::PlanFragment& f) {
-    return FakeGroupFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
+    return FakeFusedFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
   }
 
   void ReportAllFused(const std::string& group_id, std::set<int64_t> skip = {}) {

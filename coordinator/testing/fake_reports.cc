@@ -29,7 +29,7 @@ WorkerReport FakeFinalReport(const v1::PlanFragment& f, const std::string& worke
   return r;
 }
 
-WorkerReport FakeGroupFinalReport(const v1::PlanFragment& f, const std::string& worker,
+WorkerReport FakeFusedFinalReport(const v1::PlanFragment& f, const std::string& worker,
                                   int64_t incarnation, const FakeChecksumFn& checksum) {
   WorkerReport r = Header(f, worker, incarnation);
   for (const v1::FragmentShape& shape : f.shapes()) {

@@ -23,7 +23,7 @@ WorkerReport FakeFinalReport(const v1::PlanFragment& fragment, const std::string
                              const FakeChecksumFn& checksum = DefaultFakeChecksum);
 // As FakeFinalReport for a fused group's fragment: every member's target chunks, and one
 // fused_exchange step in its timing.
-WorkerReport FakeGroupFinalReport(const v1::PlanFragment& fragment, const std::string& worker,
+WorkerReport FakeFusedFinalReport(const v1::PlanFragment& fragment, const std::string& worker,
                                   int64_t incarnation,
                                   const FakeChecksumFn& checksum = DefaultFakeChecksum);
 
