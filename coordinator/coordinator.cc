@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "common/tls_options.h"
 #include "coordinator/rpc/grpc_leader_hint.h"
-#include "coordinator/store/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
 #include "proto/malformed_log.h"
@@ -25,11 +24,9 @@ class DeathLogger : public WorkerListener {
   }
 };
 
-std::shared_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
-  if (options.store != nullptr) return options.store;
-  const std::string& dir = options.state_dir;
-  if (dir.empty()) return std::make_unique<MemoryStateStore>();
-  absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
+std::unique_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
+  absl::StatusOr<std::unique_ptr<StateStore>> store =
+      OpenStateStore(options.state, &options.etcd_store);
   if (store.ok()) return *std::move(store);
   *status = store.status();
   return std::make_unique<MemoryStateStore>();  // Unused: Start fails with `status`.
@@ -64,7 +61,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
       kv_(&timer_) {
   std::string id_namespace;
-  if (init_status_.ok() && (!options_.state_dir.empty() || options_.store != nullptr)) {
+  if (init_status_.ok() && options_.state.durable()) {
     init_status_ = workers_.Load();
     if (init_status_.ok()) init_status_ = meshes_.Load();
     if (init_status_.ok()) {

@@ -34,6 +34,7 @@
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/state/tensor_manager.h"
 #include "coordinator/store/state_store.h"
+#include "coordinator/store/state_store_uri.h"
 #include "grpcpp/server.h"
 #include "proto/grpc_health.h"
 
@@ -62,14 +63,14 @@ struct CoordinatorOptions {
   // groups running at once (RESOURCE_EXHAUSTED beyond).
   int64_t max_watches_per_caller = 64;
   int64_t max_plans_per_caller = 256;
-  // Where the state (meshes, tensors, worker ranks) lives: empty keeps it in memory (lost
-  // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
-  // at start (see docs/decisions.md). Two coordinators cannot share one.
-  std::string state_dir;
-  // When set, the state lives there instead (and state_dir is unused): an EtcdStateStore
-  // (coordinator/store/etcd_state_store.h) for a coordinator that won the leader election; it is
-  // loaded and recovered exactly as a restarted coordinator's SQLite state.
-  std::shared_ptr<StateStore> store;
+  // Where the state (meshes, tensors, worker ranks, request outcomes) lives
+  // (coordinator/store/state_store_uri.h, --state): memory (lost when the process ends),
+  // sqlite:DIR (DIR/state.db; one coordinator per directory) or etcd://... (several
+  // coordinators, one leads: EtcdCoordinator sets `etcd_store` once elected). A durable state
+  // is loaded at start and recovered as after a restart (see docs/decisions.md).
+  StateStoreUri state;
+  // With an etcd:// state: the client, the election that fences every write, the prefix.
+  EtcdStoreEnv etcd_store;
   // The elected leader's advertised HOST:PORT: every answer names it in the trailing metadata
   // shardcoord-leader (coordinator/rpc/grpc_leader_hint.h); empty: nothing is added.
   std::string leader_hint;
@@ -132,7 +133,7 @@ class Coordinator {
   Registry registry_;
   CoordinatorMetrics metrics_;
   absl::Status init_status_;  // Why the store could not be opened or loaded.
-  std::shared_ptr<StateStore> store_;
+  std::unique_ptr<StateStore> store_;
   RealClock clock_;
   ThreadTimer timer_;
   WorkerManager workers_;
