@@ -17,11 +17,39 @@
 namespace shardcoord {
 namespace {
 
-class DeathLogger : public WorkerListener {
+// Every reaction to a worker incarnation's end (declared dead, or replaced by a new
+// registration) and to its memory reports, in one place, as Ray's GCS InstallEventListeners:
+// the one listener the worker manager tells (on the thread that noticed, no lock held).
+class WorkerEvents : public WorkerListener {
  public:
+  WorkerEvents(PlanManager* plans, ClusterMemoryView* memory, TensorIo* io,
+               CheckpointManager* checkpoints, AttachManager* attach)
+      : plans_(plans), memory_(memory), io_(io), checkpoints_(checkpoints), attach_(attach) {}
+
   void OnWorkerLost(const WorkerRecord& w, const std::string& reason) override {
+    // Plans first: they abort what used it, which frees the tensors others wait for.
+    plans_->OnWorkerLost(w, reason);
     spdlog::warn("{} incarnation {} {}", w.Describe(), w.incarnation, reason);
+    memory_->OnWorkerLost(w, reason);
+    // Uploads, downloads, saves and loads using it fail now, naming it, not at an RPC error.
+    io_->OnWorkerLost(w, reason);
+    checkpoints_->OnWorkerLost(w, reason);
+    if (std::vector<std::string> lent = attach_->OnWorkerLost(w); !lent.empty()) {
+      spdlog::warn("{}: the buffers lent for '{}' are unreadable until it registers again",
+                   w.Describe(), absl::StrJoin(lent, "', '"));
+    }
   }
+  void OnWorkerMemory(const WorkerRecord& w) override {
+    plans_->OnWorkerMemory(w);
+    memory_->OnWorkerMemory(w);  // Memory reports re-check waiting plans.
+  }
+
+ private:
+  PlanManager* const plans_;
+  ClusterMemoryView* const memory_;
+  TensorIo* const io_;
+  CheckpointManager* const checkpoints_;
+  AttachManager* const attach_;
 };
 
 std::unique_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
@@ -125,14 +153,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                            options_.worker_client.chunk_message_bytes, &metrics_,
                                            options_.auth ? &*options_.auth : nullptr, &requests_,
                                            &watches_, &running_plans_, checkpoints_.get());
+  attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
-      &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
+      &clock_, &workers_, &tensors_, &kv_, plans_.get(), attach_.get(), options_.heartbeat_interval,
       options_.auth ? &*options_.auth : nullptr,
       options_.worker_client.tls.client_auth == TlsClientAuth::kRequire, drain_.get());
-  death_logger_ = std::make_unique<DeathLogger>();
-  workers_.AddListener(plans_.get());
-  workers_.AddListener(death_logger_.get());
-  workers_.AddListener(memory_view_.get());  // Memory reports re-check waiting plans.
+  InstallEventListeners();
   registry_.AddCollector([this] {
     int64_t alive = 0, dead = 0;
     for (const WorkerRecord& w : workers_.List()) {
@@ -159,6 +185,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::InstallEventListeners() {
+  worker_events_ = std::make_unique<WorkerEvents>(plans_.get(), memory_view_.get(), io_.get(),
+                                                  checkpoints_.get(), attach_.get());
+  workers_.AddListener(worker_events_.get());
+}
 
 absl::StatusOr<std::string> Coordinator::Start() {
   const TlsOptions& tls = options_.worker_client.tls;

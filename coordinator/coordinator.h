@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "common/timer.h"
 #include "coordinator/checkpoints/checkpoint_manager.h"
+#include "coordinator/cluster/attach_manager.h"
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/cluster/mesh_manager.h"
 #include "coordinator/cluster/worker_drain.h"
@@ -97,8 +98,9 @@ struct CoordinatorOptions {
   std::string health_listen;
 };
 
-// The composition root, as Ray's GCS server: owns one manager per concern, wires worker
-// deaths into the plan manager, serves both gRPC services, and runs the health thread.
+// The composition root, as Ray's GCS server: opens the state store from its URI, owns one
+// manager per concern, installs every reaction to a worker's death in one listener
+// (InstallEventListeners), serves both gRPC services, and runs the health thread.
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions options);
@@ -128,6 +130,9 @@ class Coordinator {
 
  private:
   void HealthLoop();
+  // The one WorkerListener: a worker's death reaches the plans, the memory view, uploads and
+  // downloads, checkpoints and attached buffers from there (and the log).
+  void InstallEventListeners();
 
   const CoordinatorOptions options_;
   Registry registry_;
@@ -153,8 +158,9 @@ class Coordinator {
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<AttachManager> attach_;  // Buffers lent by user processes.
   std::unique_ptr<WorkerFacingService> worker_service_;
-  std::unique_ptr<WorkerListener> death_logger_;
+  std::unique_ptr<WorkerListener> worker_events_;
   std::unique_ptr<grpc::Server> server_;
   HttpServer http_;
   std::string http_address_;

@@ -157,8 +157,10 @@ absl::Status CheckpointManager::WorkerError(const WorkerEndpoint& w, const absl:
   return absl::Status(code, absl::StrCat("worker ", w.name, " (rank ", w.rank, "): ", s.message()));
 }
 
-void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total) {
+void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total,
+                                      LossFn on_lost) {
   absl::MutexLock lock(&mu_);
+  running_[id] = std::move(on_lost);
   v1::CheckpointProgress& p = progress_[id];
   p = v1::CheckpointProgress();
   p.set_request_id(id);
@@ -176,8 +178,19 @@ void CheckpointManager::UpdateProgress(const std::string& id, const std::string&
   it->second.set_bytes_done(it->second.bytes_done() + add_done);
 }
 
+void CheckpointManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
+  std::vector<LossFn> running;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, fn] : running_) running.push_back(fn);
+  }
+  const absl::Status lost = absl::UnavailableError(absl::StrCat(worker.Describe(), " ", reason));
+  for (const LossFn& fn : running) fn(worker, lost);
+}
+
 void CheckpointManager::EndProgress(const std::string& id, const absl::Status& s) {
   absl::MutexLock lock(&mu_);
+  running_.erase(id);
   auto it = progress_.find(id);
   if (it == progress_.end() || it->second.ended()) return;
   if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
@@ -220,10 +233,42 @@ struct CheckpointManager::SaveState {
   std::vector<WorkerEndpoint> writers;  // Per plan.files.
   WorkerEndpoint director;              // Creates, commits or removes the directory.
   absl::Mutex mu;
+  std::vector<WorkerEndpoint> uses ABSL_GUARDED_BY(mu);  // The writers and the director.
   size_t remaining ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
   std::vector<v1::WriteCheckpointResponse> written ABSL_GUARDED_BY(mu);
 };
+
+namespace {
+
+bool Uses(const std::vector<WorkerEndpoint>& uses, const WorkerRecord& w) {
+  for (const WorkerEndpoint& e : uses) {
+    if (e.rank == w.rank && e.incarnation == w.incarnation) return true;
+  }
+  return false;
+}
+
+// OnWorkerLost's reaction for an operation whose state `St` has mu, error and uses: the
+// death becomes its error unless it failed already.
+template <typename St>
+std::function<void(const WorkerRecord&, const absl::Status&)> FailOnLoss(
+    const std::shared_ptr<St>& st) {
+  return [weak = std::weak_ptr<St>(st)](const WorkerRecord& w, const absl::Status& lost) {
+    std::shared_ptr<St> st = weak.lock();
+    if (st == nullptr) return;
+    absl::MutexLock lock(&st->mu);
+    if (st->error.ok() && Uses(st->uses, w)) st->error = lost;
+  };
+}
+
+// `s`, or the death (OnWorkerLost) that failed the operation first.
+template <typename St>
+absl::Status ErrorOrLoss(St& st, absl::Status s) {
+  absl::MutexLock lock(&st.mu);
+  return st.error.ok() ? s : st.error;
+}
+
+}  // namespace
 
 void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
   absl::StatusOr<std::string> dir = CleanDir(args.dir);
@@ -301,7 +346,12 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
   }
   st->director = *director;
   st->tmp = absl::StrCat(st->args.dir, ".tmp-", RandomHex());
-  StartProgress(st->args.id, "save", st->plan.total_bytes);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->uses = st->writers;
+    st->uses.push_back(st->director);
+  }
+  StartProgress(st->args.id, "save", st->plan.total_bytes, FailOnLoss(st));
 
   v1::CheckpointDirRequest prepare;
   prepare.set_action(v1::CHECKPOINT_DIR_PREPARE);
@@ -312,9 +362,13 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
     if (!s.ok()) {
       // Nothing was created (the worker refuses before mkdir, and mkdir is the last step).
       release();
-      const absl::Status e = WorkerError(st->director, s);
+      const absl::Status e = ErrorOrLoss(*st, WorkerError(st->director, s));
       EndProgress(st->args.id, e);
       return st->done(e);
+    }
+    // A worker it uses died meanwhile (OnWorkerLost): no write starts.
+    if (absl::Status lost = ErrorOrLoss(*st, absl::OkStatus()); !lost.ok()) {
+      return SaveFailed(st, lost);
     }
     UpdateProgress(st->args.id, "writing", 0);
     {
@@ -412,7 +466,7 @@ void CheckpointManager::SaveWritten(const std::shared_ptr<SaveState>& st) {
   commit.set_overwrite(st->args.overwrite);
   commit.set_index_json(SerializeCheckpointIndex(index));
   client_->CheckpointDir(st->director, commit, [this, st](absl::Status s) {
-    if (!s.ok()) return SaveFailed(st, WorkerError(st->director, s));
+    if (!s.ok()) return SaveFailed(st, ErrorOrLoss(*st, WorkerError(st->director, s)));
     SaveCommitted(st);
   });
 }
@@ -507,6 +561,7 @@ struct CheckpointManager::LoadState {
   absl::Time read_end ABSL_GUARDED_BY(mu);
   absl::Time exchange_start ABSL_GUARDED_BY(mu);
   absl::Time exchange_end ABSL_GUARDED_BY(mu);
+  std::vector<WorkerEndpoint> uses ABSL_GUARDED_BY(mu);  // The index's reader, then readers.
 };
 
 void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
@@ -527,16 +582,20 @@ void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
   if (st->args.id.empty()) st->args.id = st->op;
   absl::StatusOr<WorkerEndpoint> reader = AnyLiveWorker();
   if (!reader.ok()) return st->done(reader.status());
-  StartProgress(st->args.id, "load", 0);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->uses.push_back(*reader);
+  }
+  StartProgress(st->args.id, "load", 0, FailOnLoss(st));
   UpdateProgress(st->args.id, "reading index", 0);
   v1::ReadCheckpointIndexRequest req;
   req.set_path(st->args.dir);
   const WorkerEndpoint w = *reader;
-  client_->ReadCheckpointIndex(w, req,
-                               [this, st, w](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
-                                 if (!r.ok()) return LoadFailed(st, WorkerError(w, r.status()));
-                                 LoadIndexRead(st, std::move(r));
-                               });
+  client_->ReadCheckpointIndex(
+      w, req, [this, st, w](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
+        if (!r.ok()) return LoadFailed(st, ErrorOrLoss(*st, WorkerError(w, r.status())));
+        LoadIndexRead(st, std::move(r));
+      });
 }
 
 void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
@@ -720,6 +779,9 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   {
     absl::MutexLock lock(&st->mu);
     st->reads_left.resize(st->batches.size());
+    for (const LoadState::Batch& batch : st->batches) {
+      for (const LoadState::Reader& r : batch.readers) st->uses.push_back(r.endpoint);
+    }
   }
   ReadBatch(st, 0);
 }
@@ -766,6 +828,11 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
   if (failed) return BatchEnded(st, b, absl::OkStatus());
   // The disk goes on with the next batch while this one is exchanged.
   if (b + 1 < st->batches.size()) ReadBatch(st, b + 1);
+  {
+    absl::MutexLock lock(&st->mu);
+    failed = !st->error.ok();  // A worker it uses died meanwhile (OnWorkerLost).
+  }
+  if (failed) return BatchEnded(st, b, absl::OkStatus());
   LoadState::Batch& batch = st->batches[b];
   // Every reader's chunks, checked against the read layout, as each staging tensor's.
   std::map<size_t, LayoutChecksums> sums;

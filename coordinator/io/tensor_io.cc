@@ -21,6 +21,65 @@ absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpo
 
 }  // namespace
 
+struct TensorIo::LossWatch {
+  LossWatch(std::vector<WorkerEndpoint> eps, std::vector<std::shared_ptr<ChunkWriteStream>> ss)
+      : endpoints(std::move(eps)), streams(std::move(ss)) {}
+
+  // OK until a worker it uses died: then that death, as the operation's error.
+  absl::Status Lost() {
+    absl::MutexLock lock(&mu);
+    return lost;
+  }
+  // `s`, or the death that caused it.
+  absl::Status Or(absl::Status s) {
+    absl::Status l = Lost();
+    return l.ok() ? s : l;
+  }
+
+  const std::vector<WorkerEndpoint> endpoints;
+  const std::vector<std::shared_ptr<ChunkWriteStream>> streams;  // Cancelled on a death.
+  absl::Mutex mu;
+  absl::Status lost ABSL_GUARDED_BY(mu);
+};
+
+std::shared_ptr<TensorIo::LossWatch> TensorIo::Watch(
+    std::vector<WorkerEndpoint> endpoints, std::vector<std::shared_ptr<ChunkWriteStream>> streams) {
+  auto watch = std::make_shared<LossWatch>(std::move(endpoints), std::move(streams));
+  absl::MutexLock lock(&mu_);
+  watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                [](const std::weak_ptr<LossWatch>& w) { return w.expired(); }),
+                 watches_.end());
+  watches_.push_back(watch);
+  return watch;
+}
+
+void TensorIo::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
+  std::vector<std::shared_ptr<LossWatch>> hit;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<LossWatch>& weak : watches_) {
+      std::shared_ptr<LossWatch> w = weak.lock();
+      if (w == nullptr) continue;
+      for (const WorkerEndpoint& e : w->endpoints) {
+        if (e.rank == worker.rank && e.incarnation == worker.incarnation) {
+          hit.push_back(std::move(w));
+          break;
+        }
+      }
+    }
+  }
+  const absl::Status lost = absl::UnavailableError(absl::StrCat(worker.Describe(), " ", reason));
+  for (const std::shared_ptr<LossWatch>& w : hit) {
+    {
+      absl::MutexLock lock(&w->mu);
+      if (!w->lost.ok()) continue;
+      w->lost = lost;
+    }
+    // Outside the lock: cancelled streams run their pending callbacks, which read `lost`.
+    for (const std::shared_ptr<ChunkWriteStream>& s : w->streams) s->Cancel();
+  }
+}
+
 std::string TensorIo::NewOp(const char* kind) {
   absl::MutexLock lock(&mu_);
   return absl::StrCat(kind, "-", next_op_++);
@@ -329,6 +388,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     up->streams_.push_back(client_->OpenWriteChunk(up->endpoints_[i], header));
     up->written_.push_back(0);
   }
+  up->loss_ = Watch(up->endpoints_, up->streams_);
   up->started_ = true;
   return up;
 }
@@ -345,6 +405,7 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
     return done(absl::InternalError(
         absl::StrCat("band ", i, " has ", data.size(), " bytes, not ", plan_.band_bytes(i))));
   }
+  if (absl::Status lost = loss_->Lost(); !lost.ok()) return done(lost);
   ++next_band_;
   const Box band = plan_.band(i);
   // Each rank's part of the band, front to back in its local buffer (gaps are zeros).
@@ -384,14 +445,15 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
   }
   for (size_t r : targets) {
     const WorkerEndpoint ep = endpoints_[r];
-    streams_[r]->Write(std::move(parts[r]), [state, ep](absl::Status s) {
+    streams_[r]->Write(std::move(parts[r]), [state, ep, loss = loss_](absl::Status s) {
       bool last = false;
       absl::Status error;
+      if (!s.ok()) {
+        s = loss->Or(absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString())));
+      }
       {
         absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) {
-          state->error = absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString()));
-        }
+        if (!s.ok() && state->error.ok()) state->error = s;
         last = --state->remaining == 0;
         error = state->error;
       }
@@ -467,7 +529,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
       },
       [io = io_, name = args_.name, op = op_, version = version_, replace = replace_,
        mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_, old_version = old_version_,
-       old_holders = old_holders_, eps = endpoints_, streams, memory = memory_,
+       old_holders = old_holders_, eps = endpoints_, streams, memory = memory_, loss = loss_,
        done](absl::StatusOr<LayoutChecksums> sums) {
         // After the commit (or the drop), the admitted memory goes.
         auto release = [&memory] {
@@ -478,7 +540,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
           release();
           done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
         };
-        if (!sums.ok()) return fail(sums.status());
+        if (!sums.ok()) return fail(loss->Or(sums.status()));
         if (!replace) {
           if (absl::Status s =
                   io->tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
@@ -686,6 +748,9 @@ absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload
   }
   d->plan_ = BandPlan(t->shape, ElementSize(t->dtype), band_bytes_);
   d->tensor_ = *std::move(t);
+  std::vector<WorkerEndpoint> sources;
+  for (const auto& [rank, e] : d->endpoints_) sources.push_back(e);
+  d->loss_ = Watch(std::move(sources), {});
   {
     absl::MutexLock lock(&mu_);
     if (rank_uploads_.contains(name)) {
@@ -721,6 +786,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     return done(absl::OutOfRangeError(
         absl::StrCat("band ", i, " of a tensor with ", plan_.num_bands(), " bands")));
   }
+  if (absl::Status lost = loss_->Lost(); !lost.ok()) return done(ReadFailed(lost));
   struct Read {
     BandSource piece;
     WorkerEndpoint from;
@@ -744,6 +810,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     const WorkerEndpoint from = endpoints_.at(piece.rank);
     state->reads.push_back(Read{std::move(piece), from, {}});
   }
+  std::shared_ptr<LossWatch> loss = loss_;
   const DType dtype = tensor_.dtype;
   const Layout& layout = tensor_.layout;
   const bool avg = layout.is_partial() && layout.partial_op() == ReduceOp::kAvg;
@@ -793,7 +860,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     *req.mutable_box() = BoxToProto(r.piece.box);
     io_->client_->ReadChunk(
         r.from, req,
-        [state, k, es, disjoint, whole_piece, assemble](absl::StatusOr<std::string> got) {
+        [state, k, es, disjoint, whole_piece, assemble, loss](absl::StatusOr<std::string> got) {
           Read& r = state->reads[k];
           absl::Status s;
           if (!got.ok()) {
@@ -821,7 +888,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
             error = state->error;
           }
           if (!last) return;
-          if (!error.ok()) return state->done(state->stream->ReadFailed(error));
+          if (!error.ok()) return state->done(state->stream->ReadFailed(loss->Or(error)));
           assemble();
         });
   }

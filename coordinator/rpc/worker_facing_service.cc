@@ -210,7 +210,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::AttachBuffer(grpc::CallbackServer
   absl::StatusOr<RankChunks> chunks = RankChunksFromProto(req->chunks(), "chunks");
   if (!chunks.ok()) return Done(ctx, chunks.status());
   args.chunks = *std::move(chunks);
-  absl::StatusOr<bool> readable = attach_.Attach(args);
+  absl::StatusOr<bool> readable = attach_->Attach(args);
   if (readable.ok()) {
     resp->set_readable(*readable);
     spdlog::info("{} attached rank {} of '{}' v{} ({} memory of process {})", args.worker,
@@ -225,7 +225,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::DetachBuffer(grpc::CallbackServer
   if (absl::Status a = Authorize(ctx, "DetachBuffer"); !a.ok()) return Done(ctx, a);
   if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
   absl::Status s =
-      attach_.Detach(req->worker(), req->incarnation(), req->tensor(), req->rank(), req->reason());
+      attach_->Detach(req->worker(), req->incarnation(), req->tensor(), req->rank(), req->reason());
   if (s.ok()) {
     spdlog::info("{} detached rank {} of '{}': {}", req->worker(), req->rank(), req->tensor(),
                  req->reason());

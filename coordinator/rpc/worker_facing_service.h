@@ -23,20 +23,21 @@ namespace shardcoord {
 // checks the caller's bearer token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  // `tensors` reconciles the buffers a registering worker reports (after a restart).
+  // `tensors` reconciles the buffers a registering worker reports (after a restart); `attach`
+  // (owned by the composition root) takes the buffers user processes lend.
   WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
-                      KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
-                      const Authenticator* auth = nullptr, bool check_certificate_names = false,
-                      WorkerDrain* drain = nullptr)
+                      KvStore* kv, PlanManager* plans, AttachManager* attach,
+                      absl::Duration heartbeat_interval, const Authenticator* auth = nullptr,
+                      bool check_certificate_names = false, WorkerDrain* drain = nullptr)
       : clock_(clock),
         workers_(workers),
         tensors_(tensors),
         kv_(kv),
         plans_(plans),
+        attach_(attach),
         heartbeat_interval_(heartbeat_interval),
         auth_(auth),
         check_certificate_names_(check_certificate_names),
-        attach_(workers, tensors, plans),
         drain_(drain) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
@@ -78,10 +79,10 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   TensorManager* const tensors_;
   KvStore* const kv_;
   PlanManager* const plans_;
+  AttachManager* const attach_;
   const absl::Duration heartbeat_interval_;
   const Authenticator* const auth_;
   const bool check_certificate_names_;
-  AttachManager attach_;
   WorkerDrain* const drain_;  // Null: LeaveWorker answers UNIMPLEMENTED.
 };
 
