@@ -87,6 +87,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
       requests_(store_.get(), &clock_),
       watches_("watch streams", "--max-watches-per-caller", options_.max_watches_per_caller),
       running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
+      registration_(&workers_, &tensors_),
       kv_(&timer_) {
   std::string id_namespace;
   if (init_status_.ok() && options_.state.durable()) {
@@ -155,8 +156,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                            &watches_, &running_plans_, checkpoints_.get());
   attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
-      &clock_, &workers_, &tensors_, &kv_, plans_.get(), attach_.get(), options_.heartbeat_interval,
-      options_.auth ? &*options_.auth : nullptr,
+      &clock_, &workers_, &registration_, &kv_, plans_.get(), attach_.get(),
+      options_.heartbeat_interval, options_.auth ? &*options_.auth : nullptr,
       options_.worker_client.tls.client_auth == TlsClientAuth::kRequire, drain_.get());
   InstallEventListeners();
   registry_.AddCollector([this] {

@@ -20,6 +20,7 @@
 #include "coordinator/cluster/mesh_manager.h"
 #include "coordinator/cluster/worker_drain.h"
 #include "coordinator/cluster/worker_manager.h"
+#include "coordinator/cluster/worker_registration.h"
 #include "coordinator/http/dashboard.h"
 #include "coordinator/io/tensor_io.h"
 #include "coordinator/plans/admission.h"
@@ -147,6 +148,7 @@ class Coordinator {
   RequestLog requests_;  // Outcomes of mutating requests, for idempotent retries.
   CallerQuota watches_;
   CallerQuota running_plans_;
+  WorkerRegistration registration_;  // A worker joining: register, reconcile, roll back.
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
   // Memory admission: outlives the plan manager and tensor I/O, which hold it.

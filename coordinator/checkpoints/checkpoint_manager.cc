@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/start_end_join.h"
 #include "sharding/checkpoint_plan.h"
 
 namespace shardcoord {
@@ -888,35 +889,15 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
     absl::MutexLock lock(&st->mu);
     if (st->exchange_start == absl::Time()) st->exchange_start = clock_->Now();
   }
-  // The group may end before LoadGroup returns (callbacks may run inline): whichever of the
-  // two comes second goes on.
-  struct Wait {
-    absl::Mutex mu;
-    bool started ABSL_GUARDED_BY(mu) = false;
-    bool ended ABSL_GUARDED_BY(mu) = false;
-    absl::Status status ABSL_GUARDED_BY(mu);
-  };
-  auto wait = std::make_shared<Wait>();
+  // The group may end before LoadGroup returns (callbacks may run inline): its end waits
+  // until the group is recorded in the batch.
+  auto join = std::make_shared<StartEndJoin<absl::Status>>(
+      [this, st, b](absl::Status s) { BatchEnded(st, b, s, /*exchanged=*/true); });
   absl::StatusOr<StartedGroup> group = plans_->LoadGroup(
-      st->op, members, [this, st, b, wait](const absl::Status& s, const GroupProgress&) {
-        {
-          absl::MutexLock lock(&wait->mu);
-          wait->ended = true;
-          wait->status = s;
-          if (!wait->started) return;
-        }
-        BatchEnded(st, b, s, /*exchanged=*/true);
-      });
+      st->op, members, [join](const absl::Status& s, const GroupProgress&) { join->Ended(s); });
   if (!group.ok()) return BatchEnded(st, b, group.status());
   batch.group = *std::move(group);
-  absl::Status status;
-  {
-    absl::MutexLock lock(&wait->mu);
-    wait->started = true;
-    if (!wait->ended) return;
-    status = wait->status;
-  }
-  BatchEnded(st, b, status, /*exchanged=*/true);
+  join->Started();
 }
 
 void CheckpointManager::BatchEnded(const std::shared_ptr<LoadState>& st, size_t b,

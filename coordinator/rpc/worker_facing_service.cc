@@ -67,15 +67,12 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
   spec.memory =
       WorkerMemory{req->memory_budget_bytes(), req->memory_used_bytes(), req->memory_peak_bytes()};
   spec.bucket_bytes = req->bucket_bytes();
-  absl::StatusOr<WorkerRecord> w = workers_->Register(spec);
-  if (!w.ok()) return Done(ctx, w.status());
-  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
-      tensors_->Reconcile(w->rank, w->incarnation, held);
-  if (!drop.ok()) return Done(ctx, drop.status());
-  resp->set_rank(w->rank);
-  resp->set_incarnation(w->incarnation);
+  absl::StatusOr<WorkerRegistration::Registered> r = registration_->Register(spec, held);
+  if (!r.ok()) return Done(ctx, r.status());
+  resp->set_rank(r->worker.rank);
+  resp->set_incarnation(r->worker.incarnation);
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
-  for (const auto& [tensor, version] : *drop) {
+  for (const auto& [tensor, version] : r->drop) {
     v1::HeldBuffer* d = resp->add_drop();
     d->set_tensor(tensor);
     d->set_version(version);

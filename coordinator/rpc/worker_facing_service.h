@@ -9,6 +9,7 @@
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/cluster/worker_drain.h"
 #include "coordinator/cluster/worker_manager.h"
+#include "coordinator/cluster/worker_registration.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/state/tensor_manager.h"
@@ -23,15 +24,15 @@ namespace shardcoord {
 // checks the caller's bearer token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  // `tensors` reconciles the buffers a registering worker reports (after a restart); `attach`
-  // (owned by the composition root) takes the buffers user processes lend.
-  WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
+  // The managers are the composition root's: `registration` registers and reconciles a
+  // worker, `attach` takes the buffers user processes lend, `drain` lets workers leave.
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, WorkerRegistration* registration,
                       KvStore* kv, PlanManager* plans, AttachManager* attach,
                       absl::Duration heartbeat_interval, const Authenticator* auth = nullptr,
                       bool check_certificate_names = false, WorkerDrain* drain = nullptr)
       : clock_(clock),
         workers_(workers),
-        tensors_(tensors),
+        registration_(registration),
         kv_(kv),
         plans_(plans),
         attach_(attach),
@@ -76,7 +77,7 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
 
   const Clock* const clock_;
   WorkerManager* const workers_;
-  TensorManager* const tensors_;
+  WorkerRegistration* const registration_;
   KvStore* const kv_;
   PlanManager* const plans_;
   AttachManager* const attach_;
