@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/fan_in.h"
 #include "common/start_end_join.h"
 #include "sharding/checkpoint_plan.h"
 
@@ -155,7 +156,7 @@ absl::Status CheckpointManager::WorkerError(const WorkerEndpoint& w, const absl:
   }
   // The file system's refusal is the worker's state, not the caller's role.
   if (code == absl::StatusCode::kPermissionDenied) code = absl::StatusCode::kFailedPrecondition;
-  return absl::Status(code, absl::StrCat("worker ", w.name, " (rank ", w.rank, "): ", s.message()));
+  return absl::Status(code, absl::StrCat(Describe(w), ": ", s.message()));
 }
 
 void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total,
@@ -235,7 +236,6 @@ struct CheckpointManager::SaveState {
   WorkerEndpoint director;              // Creates, commits or removes the directory.
   absl::Mutex mu;
   std::vector<WorkerEndpoint> uses ABSL_GUARDED_BY(mu);  // The writers and the director.
-  size_t remaining ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
   std::vector<v1::WriteCheckpointResponse> written ABSL_GUARDED_BY(mu);
 };
@@ -374,10 +374,12 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
     UpdateProgress(st->args.id, "writing", 0);
     {
       absl::MutexLock lock(&st->mu);
-      st->remaining = st->plan.files.size();
       st->written.resize(st->plan.files.size());
     }
-    if (st->plan.files.empty()) return SaveWritten(st);
+    // Every write has ended, failed or not, before the directory is touched again (the
+    // first failure, or a death, is the save's error already).
+    std::shared_ptr<FanIn> fan =
+        FanIn::Start(st->plan.files.size(), [this, st](absl::Status) { SaveWritten(st); });
     for (size_t i = 0; i < st->plan.files.size(); ++i) {
       const SaveFile& f = st->plan.files[i];
       v1::WriteCheckpointRequest req;
@@ -391,19 +393,16 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
         *out->mutable_box() = BoxToProto(e.box);
       }
       client_->WriteCheckpoint(st->writers[i], req,
-                               [this, st, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
-                                 bool last = false;
+                               [this, st, fan, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
+                                 const absl::Status s = r.status();
                                  {
                                    absl::MutexLock lock(&st->mu);
                                    if (!r.ok() && st->error.ok())
                                      st->error = WorkerError(st->writers[i], r.status());
                                    if (r.ok()) st->written[i] = *std::move(r);
-                                   last = --st->remaining == 0;
                                  }
                                  UpdateProgress(st->args.id, "", st->plan.files[i].bytes);
-                                 // Every write has ended, failed or not, before the directory is
-                                 // touched again.
-                                 if (last) SaveWritten(st);
+                                 fan->Report(s);
                                });
     }
   });
@@ -430,9 +429,9 @@ void CheckpointManager::SaveWritten(const std::shared_ptr<SaveState>& st) {
     const SaveFile& f = st->plan.files[i];
     const v1::WriteCheckpointResponse& r = written[i];
     if (r.entries_size() != static_cast<int>(f.entries.size())) {
-      return SaveFailed(st, absl::InternalError(absl::StrCat("worker ", st->writers[i].name,
-                                                             " answered ", r.entries_size(),
-                                                             " entries for ", f.entries.size())));
+      return SaveFailed(st, absl::InternalError(absl::StrCat(Describe(st->writers[i]), " answered ",
+                                                             r.entries_size(), " entries for ",
+                                                             f.entries.size())));
     }
     index.files.push_back(CheckpointFile{f.file, f.rank, st->writers[i].name, r.file_bytes()});
     for (size_t j = 0; j < f.entries.size(); ++j) {
@@ -554,7 +553,6 @@ struct CheckpointManager::LoadState {
   };
   std::vector<Batch> batches;
   absl::Mutex mu;
-  std::vector<size_t> reads_left ABSL_GUARDED_BY(mu);  // Per batch: readers not answered.
   // Batches started and not ended (their reads, then their group).
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   size_t exchanged ABSL_GUARDED_BY(mu) = 0;  // Batches whose group committed.
@@ -779,7 +777,6 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   UpdateProgress(st->args.id, "reading", 0);
   {
     absl::MutexLock lock(&st->mu);
-    st->reads_left.resize(st->batches.size());
     for (const LoadState::Batch& batch : st->batches) {
       for (const LoadState::Reader& r : batch.readers) st->uses.push_back(r.endpoint);
     }
@@ -793,13 +790,14 @@ void CheckpointManager::ReadBatch(const std::shared_ptr<LoadState>& st, size_t b
     absl::MutexLock lock(&st->mu);
     if (!st->error.ok()) return;  // A batch in flight fails the load when it ends.
     ++st->in_flight;
-    st->reads_left[b] = batch.readers.size();
   }
-  if (batch.readers.empty()) return BatchRead(st, b);
+  // The first failure (or a death) is the load's error already.
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(batch.readers.size(), [this, st, b](absl::Status) { BatchRead(st, b); });
   for (size_t k = 0; k < batch.readers.size(); ++k) {
     client_->ReadCheckpoint(batch.readers[k].endpoint, batch.readers[k].request,
-                            [this, st, b, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
-                              bool last = false;
+                            [this, st, fan, b, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
+                              const absl::Status s = r.status();
                               int64_t got = 0;
                               {
                                 absl::MutexLock lock(&st->mu);
@@ -811,10 +809,9 @@ void CheckpointManager::ReadBatch(const std::shared_ptr<LoadState>& st, size_t b
                                 } else if (st->error.ok()) {
                                   st->error = WorkerError(reader.endpoint, r.status());
                                 }
-                                last = --st->reads_left[b] == 0;
                               }
                               UpdateProgress(st->args.id, "", got);
-                              if (last) BatchRead(st, b);
+                              fan->Report(s);
                             });
   }
 }
@@ -842,7 +839,7 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
   for (const LoadState::Reader& r : batch.readers) {
     if (r.response.chunks_size() != static_cast<int>(r.item_of.size())) {
       return BatchEnded(st, b,
-                        absl::InternalError(absl::StrCat("worker ", r.endpoint.name, " answered ",
+                        absl::InternalError(absl::StrCat(Describe(r.endpoint), " answered ",
                                                          r.response.chunks_size(), " buffers for ",
                                                          r.item_of.size())));
     }
@@ -854,10 +851,10 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
           RankChunksFromProto(r.response.chunks(static_cast<int>(k)), "chunks", &got_sums);
       const RankChunks* want = layout.Find(r.endpoint.rank);
       if (!got.ok() || want == nullptr || got->chunks != want->chunks) {
-        return BatchEnded(st, b,
-                          absl::InternalError(absl::StrCat(
-                              "worker ", r.endpoint.name,
-                              " answered with other chunks than it was asked to read")));
+        return BatchEnded(
+            st, b,
+            absl::InternalError(absl::StrCat(
+                Describe(r.endpoint), " answered with other chunks than it was asked to read")));
       }
       for (size_t j = 0; j < layout.ranks().size(); ++j) {
         if (layout.ranks()[j].rank == r.endpoint.rank) sums[i][j] = got_sums;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_in.h"
 #include "sharding/box_copy.h"
 #include "sharding/tensor_split.h"
 
@@ -121,26 +122,27 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
   struct State {
     Layout layout;
     std::vector<WorkerEndpoint> endpoints;
-    std::function<void(absl::StatusOr<LayoutChecksums>)> done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    LayoutChecksums sums ABSL_GUARDED_BY(mu);
-    absl::Status error ABSL_GUARDED_BY(mu);
+    LayoutChecksums sums;  // Slot i: written by rank i's callback only, read once all answered.
   };
   auto state = std::make_shared<State>();
   state->layout = layout;
   state->endpoints = endpoints;
-  state->done = std::move(done);
   const size_t n = layout.ranks().size();
-  if (n == 0) return state->done(LayoutChecksums{});
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = n;
-    state->sums.resize(n);
-  }
+  state->sums.resize(n);
+  std::shared_ptr<FanIn> fan = FanIn::Start(n, [state, done = std::move(done)](absl::Status error) {
+    if (!error.ok()) return done(error);
+    absl::Status replicas = CheckReplicaChecksums(state->layout, state->sums, [&](int64_t rank) {
+      for (const WorkerEndpoint& e : state->endpoints) {
+        if (e.rank == rank) return Describe(e);
+      }
+      return absl::StrCat("rank ", rank);
+    });
+    if (!replicas.ok()) return done(replicas);
+    done(std::move(state->sums));
+  });
   for (size_t i = 0; i < n; ++i) {
     const RankChunks& rc = state->layout.ranks()[i];
-    call(state->endpoints[i], rc, [state, i](absl::StatusOr<v1::RankChunks> r) {
+    call(state->endpoints[i], rc, [state, fan, i](absl::StatusOr<v1::RankChunks> r) {
       const WorkerEndpoint& ep = state->endpoints[i];
       const RankChunks& want = state->layout.ranks()[i];
       absl::Status s;
@@ -157,30 +159,8 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
               absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
         }
       }
-      bool last = false;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) state->error = s;
-        if (s.ok()) state->sums[i] = std::move(sums);
-        last = --state->remaining == 0;
-      }
-      if (!last) return;
-      absl::Status error;
-      LayoutChecksums all;
-      {
-        absl::MutexLock lock(&state->mu);
-        error = state->error;
-        all = std::move(state->sums);
-      }
-      if (!error.ok()) return state->done(error);
-      absl::Status replicas = CheckReplicaChecksums(state->layout, all, [&](int64_t rank) {
-        for (const WorkerEndpoint& e : state->endpoints) {
-          if (e.rank == rank) return Describe(e);
-        }
-        return absl::StrCat("rank ", rank);
-      });
-      if (!replicas.ok()) return state->done(replicas);
-      state->done(std::move(all));
+      if (s.ok()) state->sums[i] = std::move(sums);
+      fan->Report(s);
     });
   }
 }
@@ -426,38 +406,18 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
   }
   std::string().swap(data);
 
-  struct State {
-    StatusCallback done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
-  };
-  auto state = std::make_shared<State>();
-  state->done = std::move(done);
   std::vector<size_t> targets;
   for (size_t r = 0; r < parts.size(); ++r) {
     if (!parts[r].empty()) targets.push_back(r);
   }
-  if (targets.empty()) return state->done(absl::OkStatus());
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = targets.size();
-  }
+  std::shared_ptr<FanIn> fan = FanIn::Start(targets.size(), std::move(done));
   for (size_t r : targets) {
     const WorkerEndpoint ep = endpoints_[r];
-    streams_[r]->Write(std::move(parts[r]), [state, ep, loss = loss_](absl::Status s) {
-      bool last = false;
-      absl::Status error;
+    streams_[r]->Write(std::move(parts[r]), [fan, ep, loss = loss_](absl::Status s) {
       if (!s.ok()) {
         s = loss->Or(absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString())));
       }
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) state->error = s;
-        last = --state->remaining == 0;
-        error = state->error;
-      }
-      if (last) state->done(error);
+      fan->Report(s);
     });
   }
 }
@@ -798,9 +758,6 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     std::vector<Read> reads;
     std::string out;  // The band, when pieces are copied in as they arrive.
     BandCallback done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
   };
   auto state = std::make_shared<State>();
   state->stream = shared_from_this();
@@ -848,10 +805,12 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
   };
 
   if (state->reads.empty()) return assemble();
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = state->reads.size();
-  }
+  // Each read writes its own piece (reads[k].data, or its disjoint bytes of out).
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(state->reads.size(), [state, loss, assemble](absl::Status error) {
+        if (!error.ok()) return state->done(state->stream->ReadFailed(loss->Or(error)));
+        assemble();
+      });
   for (size_t k = 0; k < state->reads.size(); ++k) {
     const Read& r = state->reads[k];
     v1::ReadChunkRequest req;
@@ -859,8 +818,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     req.set_version(tensor_.version);
     *req.mutable_box() = BoxToProto(r.piece.box);
     io_->client_->ReadChunk(
-        r.from, req,
-        [state, k, es, disjoint, whole_piece, assemble, loss](absl::StatusOr<std::string> got) {
+        r.from, req, [state, fan, k, es, disjoint, whole_piece](absl::StatusOr<std::string> got) {
           Read& r = state->reads[k];
           absl::Status s;
           if (!got.ok()) {
@@ -879,17 +837,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
           } else {
             r.data = *std::move(got);
           }
-          bool last = false;
-          absl::Status error;
-          {
-            absl::MutexLock lock(&state->mu);
-            if (!s.ok() && state->error.ok()) state->error = s;
-            last = --state->remaining == 0;
-            error = state->error;
-          }
-          if (!last) return;
-          if (!error.ok()) return state->done(state->stream->ReadFailed(loss->Or(error)));
-          assemble();
+          fan->Report(s);
         });
   }
 }
