@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "common/tls_options.h"
 #include "coordinator/rpc/grpc_leader_hint.h"
-#include "coordinator/store/sqlite_state_store.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_credentials.h"
 #include "proto/malformed_log.h"
@@ -18,18 +17,44 @@
 namespace shardcoord {
 namespace {
 
-class DeathLogger : public WorkerListener {
+// Every reaction to a worker incarnation's end (declared dead, or replaced by a new
+// registration) and to its memory reports, in one place, as Ray's GCS InstallEventListeners:
+// the one listener the worker manager tells (on the thread that noticed, no lock held).
+class WorkerEvents : public WorkerListener {
  public:
+  WorkerEvents(PlanManager* plans, ClusterMemoryView* memory, TensorIo* io,
+               CheckpointManager* checkpoints, AttachManager* attach)
+      : plans_(plans), memory_(memory), io_(io), checkpoints_(checkpoints), attach_(attach) {}
+
   void OnWorkerLost(const WorkerRecord& w, const std::string& reason) override {
+    // Plans first: they abort what used it, which frees the tensors others wait for.
+    plans_->OnWorkerLost(w, reason);
     spdlog::warn("{} incarnation {} {}", w.Describe(), w.incarnation, reason);
+    memory_->OnWorkerLost(w, reason);
+    // Uploads, downloads, saves and loads using it fail now, naming it, not at an RPC error.
+    io_->OnWorkerLost(w, reason);
+    checkpoints_->OnWorkerLost(w, reason);
+    if (std::vector<std::string> lent = attach_->OnWorkerLost(w); !lent.empty()) {
+      spdlog::warn("{}: the buffers lent for '{}' are unreadable until it registers again",
+                   w.Describe(), absl::StrJoin(lent, "', '"));
+    }
   }
+  void OnWorkerMemory(const WorkerRecord& w) override {
+    plans_->OnWorkerMemory(w);
+    memory_->OnWorkerMemory(w);  // Memory reports re-check waiting plans.
+  }
+
+ private:
+  PlanManager* const plans_;
+  ClusterMemoryView* const memory_;
+  TensorIo* const io_;
+  CheckpointManager* const checkpoints_;
+  AttachManager* const attach_;
 };
 
-std::shared_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
-  if (options.store != nullptr) return options.store;
-  const std::string& dir = options.state_dir;
-  if (dir.empty()) return std::make_unique<MemoryStateStore>();
-  absl::StatusOr<std::unique_ptr<SqliteStateStore>> store = SqliteStateStore::Open(dir);
+std::unique_ptr<StateStore> OpenStore(const CoordinatorOptions& options, absl::Status* status) {
+  absl::StatusOr<std::unique_ptr<StateStore>> store =
+      OpenStateStore(options.state, &options.etcd_store);
   if (store.ok()) return *std::move(store);
   *status = store.status();
   return std::make_unique<MemoryStateStore>();  // Unused: Start fails with `status`.
@@ -62,9 +87,10 @@ Coordinator::Coordinator(CoordinatorOptions options)
       requests_(store_.get(), &clock_),
       watches_("watch streams", "--max-watches-per-caller", options_.max_watches_per_caller),
       running_plans_("running plans", "--max-plans-per-caller", options_.max_plans_per_caller),
+      registration_(&workers_, &tensors_),
       kv_(&timer_) {
   std::string id_namespace;
-  if (init_status_.ok() && (!options_.state_dir.empty() || options_.store != nullptr)) {
+  if (init_status_.ok() && options_.state.durable()) {
     init_status_ = workers_.Load();
     if (init_status_.ok()) init_status_ = meshes_.Load();
     if (init_status_.ok()) {
@@ -128,14 +154,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
                                            options_.worker_client.chunk_message_bytes, &metrics_,
                                            options_.auth ? &*options_.auth : nullptr, &requests_,
                                            &watches_, &running_plans_, checkpoints_.get());
+  attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
-      &clock_, &workers_, &tensors_, &kv_, plans_.get(), options_.heartbeat_interval,
-      options_.auth ? &*options_.auth : nullptr,
+      &clock_, &workers_, &registration_, &kv_, plans_.get(), attach_.get(),
+      options_.heartbeat_interval, options_.auth ? &*options_.auth : nullptr,
       options_.worker_client.tls.client_auth == TlsClientAuth::kRequire, drain_.get());
-  death_logger_ = std::make_unique<DeathLogger>();
-  workers_.AddListener(plans_.get());
-  workers_.AddListener(death_logger_.get());
-  workers_.AddListener(memory_view_.get());  // Memory reports re-check waiting plans.
+  InstallEventListeners();
   registry_.AddCollector([this] {
     int64_t alive = 0, dead = 0;
     for (const WorkerRecord& w : workers_.List()) {
@@ -162,6 +186,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::InstallEventListeners() {
+  worker_events_ = std::make_unique<WorkerEvents>(plans_.get(), memory_view_.get(), io_.get(),
+                                                  checkpoints_.get(), attach_.get());
+  workers_.AddListener(worker_events_.get());
+}
 
 absl::StatusOr<std::string> Coordinator::Start() {
   const TlsOptions& tls = options_.worker_client.tls;

@@ -15,10 +15,12 @@
 #include "common/metrics.h"
 #include "common/timer.h"
 #include "coordinator/checkpoints/checkpoint_manager.h"
+#include "coordinator/cluster/attach_manager.h"
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/cluster/mesh_manager.h"
 #include "coordinator/cluster/worker_drain.h"
 #include "coordinator/cluster/worker_manager.h"
+#include "coordinator/cluster/worker_registration.h"
 #include "coordinator/http/dashboard.h"
 #include "coordinator/io/tensor_io.h"
 #include "coordinator/plans/admission.h"
@@ -34,6 +36,7 @@
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/state/tensor_manager.h"
 #include "coordinator/store/state_store.h"
+#include "coordinator/store/state_store_uri.h"
 #include "grpcpp/server.h"
 #include "proto/grpc_health.h"
 
@@ -62,14 +65,14 @@ struct CoordinatorOptions {
   // groups running at once (RESOURCE_EXHAUSTED beyond).
   int64_t max_watches_per_caller = 64;
   int64_t max_plans_per_caller = 256;
-  // Where the state (meshes, tensors, worker ranks) lives: empty keeps it in memory (lost
-  // when the process ends); otherwise the directory of a SQLite database, state.db, loaded
-  // at start (see docs/decisions.md). Two coordinators cannot share one.
-  std::string state_dir;
-  // When set, the state lives there instead (and state_dir is unused): an EtcdStateStore
-  // (coordinator/store/etcd_state_store.h) for a coordinator that won the leader election; it is
-  // loaded and recovered exactly as a restarted coordinator's SQLite state.
-  std::shared_ptr<StateStore> store;
+  // Where the state (meshes, tensors, worker ranks, request outcomes) lives
+  // (coordinator/store/state_store_uri.h, --state): memory (lost when the process ends),
+  // sqlite:DIR (DIR/state.db; one coordinator per directory) or etcd://... (several
+  // coordinators, one leads: EtcdCoordinator sets `etcd_store` once elected). A durable state
+  // is loaded at start and recovered as after a restart (see docs/decisions.md).
+  StateStoreUri state;
+  // With an etcd:// state: the client, the election that fences every write, the prefix.
+  EtcdStoreEnv etcd_store;
   // The elected leader's advertised HOST:PORT: every answer names it in the trailing metadata
   // shardcoord-leader (coordinator/rpc/grpc_leader_hint.h); empty: nothing is added.
   std::string leader_hint;
@@ -96,8 +99,9 @@ struct CoordinatorOptions {
   std::string health_listen;
 };
 
-// The composition root, as Ray's GCS server: owns one manager per concern, wires worker
-// deaths into the plan manager, serves both gRPC services, and runs the health thread.
+// The composition root, as Ray's GCS server: opens the state store from its URI, owns one
+// manager per concern, installs every reaction to a worker's death in one listener
+// (InstallEventListeners), serves both gRPC services, and runs the health thread.
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions options);
@@ -127,12 +131,15 @@ class Coordinator {
 
  private:
   void HealthLoop();
+  // The one WorkerListener: a worker's death reaches the plans, the memory view, uploads and
+  // downloads, checkpoints and attached buffers from there (and the log).
+  void InstallEventListeners();
 
   const CoordinatorOptions options_;
   Registry registry_;
   CoordinatorMetrics metrics_;
   absl::Status init_status_;  // Why the store could not be opened or loaded.
-  std::shared_ptr<StateStore> store_;
+  std::unique_ptr<StateStore> store_;
   RealClock clock_;
   ThreadTimer timer_;
   WorkerManager workers_;
@@ -141,6 +148,7 @@ class Coordinator {
   RequestLog requests_;  // Outcomes of mutating requests, for idempotent retries.
   CallerQuota watches_;
   CallerQuota running_plans_;
+  WorkerRegistration registration_;  // A worker joining: register, reconcile, roll back.
   KvStore kv_;
   std::unique_ptr<GrpcWorkerClient> client_;
   // Memory admission: outlives the plan manager and tensor I/O, which hold it.
@@ -152,8 +160,9 @@ class Coordinator {
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<AttachManager> attach_;  // Buffers lent by user processes.
   std::unique_ptr<WorkerFacingService> worker_service_;
-  std::unique_ptr<WorkerListener> death_logger_;
+  std::unique_ptr<WorkerListener> worker_events_;
   std::unique_ptr<grpc::Server> server_;
   HttpServer http_;
   std::string http_address_;

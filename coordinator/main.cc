@@ -24,8 +24,8 @@
 #include "common/tls_options.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/rpc/auth.h"
-#include "coordinator/store/etcd_client.h"
 #include "coordinator/store/etcd_coordinator.h"
+#include "coordinator/store/state_store_uri.h"
 #include "proto/malformed_log.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -157,16 +157,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state", state,
                  "where meshes, tensors, worker ranks and request outcomes live: sqlite "
-                 "(durable, in --state-dir; a restarted coordinator recovers them), memory "
-                 "(lost on exit), or etcd://HOST:PORT[,HOST:PORT...] (several coordinators, "
-                 "one leads: see --etcd-prefix, --leader-ttl, --advertise)")
+                 "(durable, in --state-dir; a restarted coordinator recovers them), sqlite:DIR "
+                 "(the same in DIR), memory (lost on exit), or etcd://HOST:PORT[,HOST:PORT...] "
+                 "(several coordinators, one leads: see --etcd-prefix, --leader-ttl, --advertise)")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
-            if (v == "sqlite" || v == "memory") return "";
-            absl::StatusOr<std::vector<std::string>> e = shardcoord::ParseEtcdUrl("state", v);
-            return e.ok() ? "" : std::string(e.status().message());
+            // The directory is checked once every flag is parsed; here only the form.
+            absl::StatusOr<shardcoord::StateStoreUri> u =
+                shardcoord::ParseStateStoreUri("state", v, "-");
+            return u.ok() ? "" : std::string(u.status().message());
           },
-          "sqlite|memory|etcd://HOST:PORT[,...]", "state"))
+          "memory|sqlite|sqlite:DIR|etcd://HOST:PORT[,...]", "state"))
       ->capture_default_str();
   app.add_option("--etcd-prefix", etcd_prefix,
                  "with --state etcd://...: every key of this cluster lives under it (the leader "
@@ -183,10 +184,11 @@ int main(int argc, char** argv) {
                  "with --state etcd://...: HOST:PORT that the leader key names for clients and "
                  "workers (standbys point them there); default: the --listen address with the "
                  "bound port, the host name for a wildcard host");
-  app.add_option("--state-dir", state_dir,
-                 "directory of the SQLite state (state.db, WAL mode); created if missing; one "
-                 "coordinator per directory")
-      ->capture_default_str();
+  CLI::Option* state_dir_flag =
+      app.add_option("--state-dir", state_dir,
+                     "with --state sqlite: directory of the SQLite state (state.db, WAL mode); "
+                     "created if missing; one coordinator per directory")
+          ->capture_default_str();
   app.add_option("--recovery-timeout", recovery_timeout,
                  "after a restart, how long recovered tensors wait for the workers that held "
                  "them to register again (reads answer UNAVAILABLE meanwhile); chunks of "
@@ -220,6 +222,7 @@ int main(int argc, char** argv) {
       "SHARDCOORD_DRAIN_TIMEOUT and so on (a flag on the command line wins).\n"
       "grpc.health.v1.Health: service \"\" is SERVING once the state is loaded and NOT_SERVING "
       "while draining; \"liveness\" is SERVING until the process stops.\n"
+      "--state sqlite --state-dir DIR and --state sqlite:DIR are the same store.\n"
       "Several coordinators on one etcd (--state etcd://HOST:PORT, the same --etcd-prefix): one "
       "leads; the others print 'coordinator standby on ADDR', answer every call UNAVAILABLE "
       "naming the leader (trailing metadata shardcoord-leader) and report readiness "
@@ -286,7 +289,19 @@ int main(int argc, char** argv) {
     options.auth = *std::move(auth);
   }
   if (options.http_listen == "off") options.http_listen.clear();
-  options.state_dir = state == "memory" ? "" : state_dir;
+  absl::StatusOr<shardcoord::StateStoreUri> state_uri =
+      shardcoord::ParseStateStoreUri("state", state, state_dir);
+  if (state_uri.ok() && absl::StartsWith(state, "sqlite:") && state_dir_flag->count() > 0 &&
+      state_uri->dir != state_dir) {
+    state_uri = absl::InvalidArgumentError(
+        absl::StrCat("--state: '", state, "' names another directory than --state-dir '", state_dir,
+                     "'; give it once"));
+  }
+  if (!state_uri.ok()) {
+    std::cerr << "coordinator: " << state_uri.status().message() << "\n";
+    return 2;
+  }
+  options.state = *std::move(state_uri);
 #ifdef __GLIBC__
   // Uploads and downloads allocate and free band-sized buffers on gRPC's threads. glibc
   // raises its mmap threshold (up to 32 MiB) after the first such free and then serves them
@@ -308,9 +323,8 @@ int main(int argc, char** argv) {
 
   const std::string timings = absl::StrCat("heartbeat timeout ", heartbeat_timeout, ", interval ",
                                            heartbeat_interval, ", plan timeout ", plan_timeout);
-  if (absl::StartsWith(state, "etcd://")) {
+  if (options.state.scheme == shardcoord::StateStoreUri::Scheme::kEtcd) {
     shardcoord::EtcdCoordinatorOptions eo;
-    eo.endpoints = *shardcoord::ParseEtcdUrl("state", state);
     eo.prefix = etcd_prefix;
     eo.leader_ttl = leader_ttl_value;
     eo.advertise = advertise;

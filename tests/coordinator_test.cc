@@ -1,5 +1,5 @@
-// The composition root's state store: opened from CoordinatorOptions::state_dir, one
-// coordinator per directory, and a store that cannot be opened fails Start.
+// The composition root's state store: opened from CoordinatorOptions::state (the --state URI),
+// one coordinator per directory, and a store that cannot be opened fails Start.
 
 #include "coordinator/coordinator.h"
 
@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 CoordinatorOptions Options(const std::string& state_dir) {
   CoordinatorOptions o;
   o.listen = "127.0.0.1:0";
-  o.state_dir = state_dir;
+  o.state = state_dir.empty() ? StateStoreUri::Memory() : StateStoreUri::Sqlite(state_dir);
   return o;
 }
 
@@ -45,6 +45,14 @@ TEST(CoordinatorStateTest, MemoryByDefault) {
 TEST(CoordinatorStateTest, UnopenableStateDirFailsStart) {
   Coordinator c(Options(std::string(std::getenv("TEST_TMPDIR")) + "/no/such/parent"));
   EXPECT_EQ(c.Start().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(CoordinatorStateTest, EtcdOpensOnlyOnceElected) {
+  CoordinatorOptions o = Options("");
+  o.state = *ParseStateStoreUri("state", "etcd://127.0.0.1:1", "");
+  Coordinator c(o);  // Without EtcdCoordinator's election: nothing to fence the writes.
+  absl::StatusOr<std::string> refused = c.Start();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
 }  // namespace

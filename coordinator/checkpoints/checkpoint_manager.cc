@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/fan_in.h"
+#include "common/start_end_join.h"
 #include "sharding/checkpoint_plan.h"
 
 namespace shardcoord {
@@ -154,11 +156,13 @@ absl::Status CheckpointManager::WorkerError(const WorkerEndpoint& w, const absl:
   }
   // The file system's refusal is the worker's state, not the caller's role.
   if (code == absl::StatusCode::kPermissionDenied) code = absl::StatusCode::kFailedPrecondition;
-  return absl::Status(code, absl::StrCat("worker ", w.name, " (rank ", w.rank, "): ", s.message()));
+  return absl::Status(code, absl::StrCat(Describe(w), ": ", s.message()));
 }
 
-void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total) {
+void CheckpointManager::StartProgress(const std::string& id, const std::string& op, int64_t total,
+                                      LossFn on_lost) {
   absl::MutexLock lock(&mu_);
+  running_[id] = std::move(on_lost);
   v1::CheckpointProgress& p = progress_[id];
   p = v1::CheckpointProgress();
   p.set_request_id(id);
@@ -176,8 +180,19 @@ void CheckpointManager::UpdateProgress(const std::string& id, const std::string&
   it->second.set_bytes_done(it->second.bytes_done() + add_done);
 }
 
+void CheckpointManager::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
+  std::vector<LossFn> running;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, fn] : running_) running.push_back(fn);
+  }
+  const absl::Status lost = absl::UnavailableError(absl::StrCat(worker.Describe(), " ", reason));
+  for (const LossFn& fn : running) fn(worker, lost);
+}
+
 void CheckpointManager::EndProgress(const std::string& id, const absl::Status& s) {
   absl::MutexLock lock(&mu_);
+  running_.erase(id);
   auto it = progress_.find(id);
   if (it == progress_.end() || it->second.ended()) return;
   if (CoordinatorMetrics* m = options_.metrics; m != nullptr) {
@@ -220,10 +235,41 @@ struct CheckpointManager::SaveState {
   std::vector<WorkerEndpoint> writers;  // Per plan.files.
   WorkerEndpoint director;              // Creates, commits or removes the directory.
   absl::Mutex mu;
-  size_t remaining ABSL_GUARDED_BY(mu) = 0;
+  std::vector<WorkerEndpoint> uses ABSL_GUARDED_BY(mu);  // The writers and the director.
   absl::Status error ABSL_GUARDED_BY(mu);
   std::vector<v1::WriteCheckpointResponse> written ABSL_GUARDED_BY(mu);
 };
+
+namespace {
+
+bool Uses(const std::vector<WorkerEndpoint>& uses, const WorkerRecord& w) {
+  for (const WorkerEndpoint& e : uses) {
+    if (e.rank == w.rank && e.incarnation == w.incarnation) return true;
+  }
+  return false;
+}
+
+// OnWorkerLost's reaction for an operation whose state `St` has mu, error and uses: the
+// death becomes its error unless it failed already.
+template <typename St>
+std::function<void(const WorkerRecord&, const absl::Status&)> FailOnLoss(
+    const std::shared_ptr<St>& st) {
+  return [weak = std::weak_ptr<St>(st)](const WorkerRecord& w, const absl::Status& lost) {
+    std::shared_ptr<St> st = weak.lock();
+    if (st == nullptr) return;
+    absl::MutexLock lock(&st->mu);
+    if (st->error.ok() && Uses(st->uses, w)) st->error = lost;
+  };
+}
+
+// `s`, or the death (OnWorkerLost) that failed the operation first.
+template <typename St>
+absl::Status ErrorOrLoss(St& st, absl::Status s) {
+  absl::MutexLock lock(&st.mu);
+  return st.error.ok() ? s : st.error;
+}
+
+}  // namespace
 
 void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
   absl::StatusOr<std::string> dir = CleanDir(args.dir);
@@ -301,7 +347,12 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
   }
   st->director = *director;
   st->tmp = absl::StrCat(st->args.dir, ".tmp-", RandomHex());
-  StartProgress(st->args.id, "save", st->plan.total_bytes);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->uses = st->writers;
+    st->uses.push_back(st->director);
+  }
+  StartProgress(st->args.id, "save", st->plan.total_bytes, FailOnLoss(st));
 
   v1::CheckpointDirRequest prepare;
   prepare.set_action(v1::CHECKPOINT_DIR_PREPARE);
@@ -312,17 +363,23 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
     if (!s.ok()) {
       // Nothing was created (the worker refuses before mkdir, and mkdir is the last step).
       release();
-      const absl::Status e = WorkerError(st->director, s);
+      const absl::Status e = ErrorOrLoss(*st, WorkerError(st->director, s));
       EndProgress(st->args.id, e);
       return st->done(e);
+    }
+    // A worker it uses died meanwhile (OnWorkerLost): no write starts.
+    if (absl::Status lost = ErrorOrLoss(*st, absl::OkStatus()); !lost.ok()) {
+      return SaveFailed(st, lost);
     }
     UpdateProgress(st->args.id, "writing", 0);
     {
       absl::MutexLock lock(&st->mu);
-      st->remaining = st->plan.files.size();
       st->written.resize(st->plan.files.size());
     }
-    if (st->plan.files.empty()) return SaveWritten(st);
+    // Every write has ended, failed or not, before the directory is touched again (the
+    // first failure, or a death, is the save's error already).
+    std::shared_ptr<FanIn> fan =
+        FanIn::Start(st->plan.files.size(), [this, st](absl::Status) { SaveWritten(st); });
     for (size_t i = 0; i < st->plan.files.size(); ++i) {
       const SaveFile& f = st->plan.files[i];
       v1::WriteCheckpointRequest req;
@@ -336,19 +393,16 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
         *out->mutable_box() = BoxToProto(e.box);
       }
       client_->WriteCheckpoint(st->writers[i], req,
-                               [this, st, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
-                                 bool last = false;
+                               [this, st, fan, i](absl::StatusOr<v1::WriteCheckpointResponse> r) {
+                                 const absl::Status s = r.status();
                                  {
                                    absl::MutexLock lock(&st->mu);
                                    if (!r.ok() && st->error.ok())
                                      st->error = WorkerError(st->writers[i], r.status());
                                    if (r.ok()) st->written[i] = *std::move(r);
-                                   last = --st->remaining == 0;
                                  }
                                  UpdateProgress(st->args.id, "", st->plan.files[i].bytes);
-                                 // Every write has ended, failed or not, before the directory is
-                                 // touched again.
-                                 if (last) SaveWritten(st);
+                                 fan->Report(s);
                                });
     }
   });
@@ -375,9 +429,9 @@ void CheckpointManager::SaveWritten(const std::shared_ptr<SaveState>& st) {
     const SaveFile& f = st->plan.files[i];
     const v1::WriteCheckpointResponse& r = written[i];
     if (r.entries_size() != static_cast<int>(f.entries.size())) {
-      return SaveFailed(st, absl::InternalError(absl::StrCat("worker ", st->writers[i].name,
-                                                             " answered ", r.entries_size(),
-                                                             " entries for ", f.entries.size())));
+      return SaveFailed(st, absl::InternalError(absl::StrCat(Describe(st->writers[i]), " answered ",
+                                                             r.entries_size(), " entries for ",
+                                                             f.entries.size())));
     }
     index.files.push_back(CheckpointFile{f.file, f.rank, st->writers[i].name, r.file_bytes()});
     for (size_t j = 0; j < f.entries.size(); ++j) {
@@ -412,7 +466,7 @@ void CheckpointManager::SaveWritten(const std::shared_ptr<SaveState>& st) {
   commit.set_overwrite(st->args.overwrite);
   commit.set_index_json(SerializeCheckpointIndex(index));
   client_->CheckpointDir(st->director, commit, [this, st](absl::Status s) {
-    if (!s.ok()) return SaveFailed(st, WorkerError(st->director, s));
+    if (!s.ok()) return SaveFailed(st, ErrorOrLoss(*st, WorkerError(st->director, s)));
     SaveCommitted(st);
   });
 }
@@ -499,7 +553,6 @@ struct CheckpointManager::LoadState {
   };
   std::vector<Batch> batches;
   absl::Mutex mu;
-  std::vector<size_t> reads_left ABSL_GUARDED_BY(mu);  // Per batch: readers not answered.
   // Batches started and not ended (their reads, then their group).
   int in_flight ABSL_GUARDED_BY(mu) = 0;
   size_t exchanged ABSL_GUARDED_BY(mu) = 0;  // Batches whose group committed.
@@ -507,6 +560,7 @@ struct CheckpointManager::LoadState {
   absl::Time read_end ABSL_GUARDED_BY(mu);
   absl::Time exchange_start ABSL_GUARDED_BY(mu);
   absl::Time exchange_end ABSL_GUARDED_BY(mu);
+  std::vector<WorkerEndpoint> uses ABSL_GUARDED_BY(mu);  // The index's reader, then readers.
 };
 
 void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
@@ -527,16 +581,20 @@ void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
   if (st->args.id.empty()) st->args.id = st->op;
   absl::StatusOr<WorkerEndpoint> reader = AnyLiveWorker();
   if (!reader.ok()) return st->done(reader.status());
-  StartProgress(st->args.id, "load", 0);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->uses.push_back(*reader);
+  }
+  StartProgress(st->args.id, "load", 0, FailOnLoss(st));
   UpdateProgress(st->args.id, "reading index", 0);
   v1::ReadCheckpointIndexRequest req;
   req.set_path(st->args.dir);
   const WorkerEndpoint w = *reader;
-  client_->ReadCheckpointIndex(w, req,
-                               [this, st, w](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
-                                 if (!r.ok()) return LoadFailed(st, WorkerError(w, r.status()));
-                                 LoadIndexRead(st, std::move(r));
-                               });
+  client_->ReadCheckpointIndex(
+      w, req, [this, st, w](absl::StatusOr<v1::ReadCheckpointIndexResponse> r) {
+        if (!r.ok()) return LoadFailed(st, ErrorOrLoss(*st, WorkerError(w, r.status())));
+        LoadIndexRead(st, std::move(r));
+      });
 }
 
 void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
@@ -719,7 +777,9 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   UpdateProgress(st->args.id, "reading", 0);
   {
     absl::MutexLock lock(&st->mu);
-    st->reads_left.resize(st->batches.size());
+    for (const LoadState::Batch& batch : st->batches) {
+      for (const LoadState::Reader& r : batch.readers) st->uses.push_back(r.endpoint);
+    }
   }
   ReadBatch(st, 0);
 }
@@ -730,13 +790,14 @@ void CheckpointManager::ReadBatch(const std::shared_ptr<LoadState>& st, size_t b
     absl::MutexLock lock(&st->mu);
     if (!st->error.ok()) return;  // A batch in flight fails the load when it ends.
     ++st->in_flight;
-    st->reads_left[b] = batch.readers.size();
   }
-  if (batch.readers.empty()) return BatchRead(st, b);
+  // The first failure (or a death) is the load's error already.
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(batch.readers.size(), [this, st, b](absl::Status) { BatchRead(st, b); });
   for (size_t k = 0; k < batch.readers.size(); ++k) {
     client_->ReadCheckpoint(batch.readers[k].endpoint, batch.readers[k].request,
-                            [this, st, b, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
-                              bool last = false;
+                            [this, st, fan, b, k](absl::StatusOr<v1::ReadCheckpointResponse> r) {
+                              const absl::Status s = r.status();
                               int64_t got = 0;
                               {
                                 absl::MutexLock lock(&st->mu);
@@ -748,10 +809,9 @@ void CheckpointManager::ReadBatch(const std::shared_ptr<LoadState>& st, size_t b
                                 } else if (st->error.ok()) {
                                   st->error = WorkerError(reader.endpoint, r.status());
                                 }
-                                last = --st->reads_left[b] == 0;
                               }
                               UpdateProgress(st->args.id, "", got);
-                              if (last) BatchRead(st, b);
+                              fan->Report(s);
                             });
   }
 }
@@ -766,6 +826,11 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
   if (failed) return BatchEnded(st, b, absl::OkStatus());
   // The disk goes on with the next batch while this one is exchanged.
   if (b + 1 < st->batches.size()) ReadBatch(st, b + 1);
+  {
+    absl::MutexLock lock(&st->mu);
+    failed = !st->error.ok();  // A worker it uses died meanwhile (OnWorkerLost).
+  }
+  if (failed) return BatchEnded(st, b, absl::OkStatus());
   LoadState::Batch& batch = st->batches[b];
   // Every reader's chunks, checked against the read layout, as each staging tensor's.
   std::map<size_t, LayoutChecksums> sums;
@@ -774,7 +839,7 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
   for (const LoadState::Reader& r : batch.readers) {
     if (r.response.chunks_size() != static_cast<int>(r.item_of.size())) {
       return BatchEnded(st, b,
-                        absl::InternalError(absl::StrCat("worker ", r.endpoint.name, " answered ",
+                        absl::InternalError(absl::StrCat(Describe(r.endpoint), " answered ",
                                                          r.response.chunks_size(), " buffers for ",
                                                          r.item_of.size())));
     }
@@ -786,10 +851,10 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
           RankChunksFromProto(r.response.chunks(static_cast<int>(k)), "chunks", &got_sums);
       const RankChunks* want = layout.Find(r.endpoint.rank);
       if (!got.ok() || want == nullptr || got->chunks != want->chunks) {
-        return BatchEnded(st, b,
-                          absl::InternalError(absl::StrCat(
-                              "worker ", r.endpoint.name,
-                              " answered with other chunks than it was asked to read")));
+        return BatchEnded(
+            st, b,
+            absl::InternalError(absl::StrCat(
+                Describe(r.endpoint), " answered with other chunks than it was asked to read")));
       }
       for (size_t j = 0; j < layout.ranks().size(); ++j) {
         if (layout.ranks()[j].rank == r.endpoint.rank) sums[i][j] = got_sums;
@@ -821,35 +886,15 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
     absl::MutexLock lock(&st->mu);
     if (st->exchange_start == absl::Time()) st->exchange_start = clock_->Now();
   }
-  // The group may end before LoadGroup returns (callbacks may run inline): whichever of the
-  // two comes second goes on.
-  struct Wait {
-    absl::Mutex mu;
-    bool started ABSL_GUARDED_BY(mu) = false;
-    bool ended ABSL_GUARDED_BY(mu) = false;
-    absl::Status status ABSL_GUARDED_BY(mu);
-  };
-  auto wait = std::make_shared<Wait>();
+  // The group may end before LoadGroup returns (callbacks may run inline): its end waits
+  // until the group is recorded in the batch.
+  auto join = std::make_shared<StartEndJoin<absl::Status>>(
+      [this, st, b](absl::Status s) { BatchEnded(st, b, s, /*exchanged=*/true); });
   absl::StatusOr<StartedGroup> group = plans_->LoadGroup(
-      st->op, members, [this, st, b, wait](const absl::Status& s, const GroupProgress&) {
-        {
-          absl::MutexLock lock(&wait->mu);
-          wait->ended = true;
-          wait->status = s;
-          if (!wait->started) return;
-        }
-        BatchEnded(st, b, s, /*exchanged=*/true);
-      });
+      st->op, members, [join](const absl::Status& s, const GroupProgress&) { join->Ended(s); });
   if (!group.ok()) return BatchEnded(st, b, group.status());
   batch.group = *std::move(group);
-  absl::Status status;
-  {
-    absl::MutexLock lock(&wait->mu);
-    wait->started = true;
-    if (!wait->ended) return;
-    status = wait->status;
-  }
-  BatchEnded(st, b, status, /*exchanged=*/true);
+  join->Started();
 }
 
 void CheckpointManager::BatchEnded(const std::shared_ptr<LoadState>& st, size_t b,

@@ -116,6 +116,12 @@ class CheckpointManager {
   // A running save or load (and the last ones that ended). NOT_FOUND.
   absl::StatusOr<v1::CheckpointProgress> Progress(const std::string& id) const;
 
+  // A worker incarnation is gone (the composition root's reaction to a death): a running save
+  // or load that has it write, read or manage the directory fails with UNAVAILABLE "worker N
+  // (rank R) died: ..." instead of its RPC's transport error, and starts nothing more (no
+  // next batch is read); it ends once what is in flight ended. Call with no lock held.
+  void OnWorkerLost(const WorkerRecord& worker, const std::string& reason);
+
  private:
   struct SaveState;
   struct LoadState;
@@ -128,7 +134,10 @@ class CheckpointManager {
   // A worker's failure as the operation's error: "worker w1 (rank 1): MESSAGE".
   absl::Status WorkerError(const WorkerEndpoint& w, const absl::Status& s) const;
 
-  void StartProgress(const std::string& id, const std::string& op, int64_t total);
+  // Whom OnWorkerLost tells, until EndProgress(id): sets the operation's error when it uses
+  // the worker.
+  using LossFn = std::function<void(const WorkerRecord& worker, const absl::Status& lost)>;
+  void StartProgress(const std::string& id, const std::string& op, int64_t total, LossFn on_lost);
   void UpdateProgress(const std::string& id, const std::string& phase, int64_t add_done);
   void EndProgress(const std::string& id, const absl::Status& s);
 
@@ -160,7 +169,8 @@ class CheckpointManager {
   mutable absl::Mutex mu_;
   int64_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, v1::CheckpointProgress> progress_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);  // Kept for Progress, oldest first.
+  std::deque<std::string> ended_ ABSL_GUARDED_BY(mu_);          // Kept for Progress, oldest first.
+  std::map<std::string, LossFn> running_ ABSL_GUARDED_BY(mu_);  // By id, until they end.
 };
 
 }  // namespace shardcoord

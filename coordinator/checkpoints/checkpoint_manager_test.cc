@@ -356,6 +356,32 @@ TEST_F(CheckpointManagerTest, ALaterBatchFailingRemovesWhatEarlierBatchesCommitt
   EXPECT_EQ(TensorNames(), (std::set<std::string>{"a", "b", "x_a", "x_b"}));
 }
 
+// The composition root tells the manager of a worker's death: a load that reads through it
+// (rank 0 reads the index) fails naming it, starts no further exchange, and leaves nothing.
+TEST_F(CheckpointManagerTest, AWorkerDeathFailsTheLoadUsingItNamingIt) {
+  Create("a", "S(0)", "N", {64, 32});
+  Create("b", "S(1)", "N", {8, 32});
+  ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
+  bool told = false;
+  client_.SetExecuteHook([&](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    if (!told) {
+      told = true;
+      checkpoints_.OnWorkerLost(*workers_.GetByRank(0), "died: no heartbeat for 6s");
+    }
+    plans_.Report(Report(f)).IgnoreError();
+  });
+  absl::StatusOr<v1::LoadCheckpointResponse> r = Load(LoadAll("/data/ck", "R,R", "M", "x_"));
+  EXPECT_TRUE(told);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("worker w0 (rank 0) died: no heartbeat"));
+  EXPECT_EQ(TensorNames(), (std::set<std::string>{"a", "b"}));
+  EXPECT_EQ(client_.BufferCount("x_a"), 0);
+  EXPECT_EQ(client_.BufferCount("x_b"), 0);
+  absl::StatusOr<v1::CheckpointProgress> p = checkpoints_.Progress("load");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->phase(), "failed");
+}
+
 TEST_F(CheckpointManagerTest, LoadsAPlainSafetensorsFileAndInspects) {
   // A file as another tool writes it: one whole tensor per entry, no index, no checksums.
   SafetensorsHeader h;

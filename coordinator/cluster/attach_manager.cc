@@ -35,4 +35,16 @@ absl::Status AttachManager::Detach(const std::string& worker, int64_t incarnatio
   return absl::OkStatus();
 }
 
+std::vector<std::string> AttachManager::OnWorkerLost(const WorkerRecord& worker) const {
+  std::vector<std::string> served;
+  for (const TensorRecord& t : tensors_->List()) {
+    if (!t.attached || t.unattached.count(worker.rank)) continue;
+    auto holder = t.incarnations.find(worker.rank);
+    if (holder != t.incarnations.end() && holder->second == worker.incarnation) {
+      served.push_back(t.name);
+    }
+  }
+  return served;
+}
+
 }  // namespace shardcoord

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,6 +49,12 @@ class AttachManager {
   // attached by that incarnation.
   absl::Status Detach(const std::string& worker, int64_t incarnation, const std::string& tensor,
                       int64_t rank, const std::string& reason);
+
+  // A worker incarnation is gone (the composition root's reaction to a death): the attached
+  // tensors whose rank it served. Their lent buffers are unreadable until it registers again
+  // (the user processes may still hold them: TensorManager::Reconcile counts them again),
+  // and plans using them abort (PlanManager hears of the death itself). For the log.
+  std::vector<std::string> OnWorkerLost(const WorkerRecord& worker) const;
 
  private:
   WorkerManager* const workers_;

@@ -119,6 +119,22 @@ TEST_F(AttachManagerTest, ReadableOnceEveryRankIsAttached) {
       LostChunks(t, [this](int64_t r, int64_t i) { return workers_.IsLive(r, i); }).empty());
 }
 
+// A worker's death: the attached tensors whose rank it served (its other incarnations', and
+// the workers' own tensors, are not named).
+TEST_F(AttachManagerTest, AWorkerDeathNamesTheAttachedTensorsItServed) {
+  Create("A", "S(0)", /*attached=*/true);
+  Create("B", "S(0)", /*attached=*/true);
+  Create("O", "S(0)", /*attached=*/false);
+  AttachAll("A");
+  ASSERT_TRUE(attach_.Attach(Args("B", 1)).ok());
+  const WorkerRecord w1 = *workers_.GetByRank(1);
+  EXPECT_THAT(attach_.OnWorkerLost(w1), ElementsAre("A", "B"));
+  WorkerRecord older = w1;
+  --older.incarnation;
+  EXPECT_TRUE(attach_.OnWorkerLost(older).empty());
+  EXPECT_THAT(attach_.OnWorkerLost(*workers_.GetByRank(2)), ElementsAre("A"));
+}
+
 TEST_F(AttachManagerTest, RefusalsNameTheFieldAndChangeNothing) {
   Create("A", "S(0)", /*attached=*/true);
   Create("own", "S(0)", /*attached=*/false);

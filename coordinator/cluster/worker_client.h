@@ -11,7 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/fan_in.h"
 #include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
@@ -24,10 +26,12 @@ struct WorkerEndpoint {
   int64_t incarnation = 0;
 };
 
-// "worker NAME (rank R)", as errors name a worker.
-inline std::string Describe(const WorkerEndpoint& w) {
-  return absl::StrCat("worker ", w.name, " (rank ", w.rank, ")");
+// "worker NAME (rank R)": the one description of a worker in errors and logs (WorkerRecord's
+// Describe and Describe(WorkerEndpoint) say it so).
+inline std::string DescribeWorker(absl::string_view name, int64_t rank) {
+  return absl::StrCat("worker ", name, " (rank ", rank, ")");
 }
+inline std::string Describe(const WorkerEndpoint& w) { return DescribeWorker(w.name, w.rank); }
 
 // One WriteChunk stream to a worker, opened with its header: Write appends bytes to the local
 // buffer front to back, Finish ends the stream. Callbacks run on any thread, possibly inline,
@@ -139,38 +143,23 @@ inline std::shared_ptr<ChunkWriteStream> WorkerClient::OpenWriteChunk(const Work
 inline void WorkerClient::ReadBoxes(const WorkerEndpoint& worker,
                                     const v1::ReadBoxesRequest& request,
                                     Callback<v1::ReadBoxesResponse> done) {
-  struct State {
-    absl::Mutex mu;
-    v1::ReadBoxesResponse response ABSL_GUARDED_BY(mu);
-    absl::Status status ABSL_GUARDED_BY(mu);
-    int pending ABSL_GUARDED_BY(mu) = 0;
-  };
   if (request.boxes_size() == 0) return done(v1::ReadBoxesResponse());
-  auto st = std::make_shared<State>();
-  {
-    absl::MutexLock lock(&st->mu);
-    st->pending = request.boxes_size();
-    for (int i = 0; i < request.boxes_size(); ++i) st->response.add_data();
-  }
+  // data(i) is box i's slot, written by its own read only.
+  auto response = std::make_shared<v1::ReadBoxesResponse>();
+  for (int i = 0; i < request.boxes_size(); ++i) response->add_data();
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(static_cast<size_t>(request.boxes_size()), [response, done](absl::Status s) {
+        if (!s.ok()) return done(s);
+        done(std::move(*response));
+      });
   for (int i = 0; i < request.boxes_size(); ++i) {
     v1::ReadChunkRequest one;
     one.set_tensor(request.tensor());
     one.set_version(request.version());
     *one.mutable_box() = request.boxes(i);
-    ReadChunk(worker, one, [st, i, done](absl::StatusOr<std::string> r) {
-      absl::StatusOr<v1::ReadBoxesResponse> out;
-      {
-        absl::MutexLock lock(&st->mu);
-        if (r.ok()) {
-          *st->response.mutable_data(i) = *std::move(r);
-        } else if (st->status.ok()) {
-          st->status = r.status();
-        }
-        if (--st->pending > 0) return;
-        out = st->status.ok() ? absl::StatusOr<v1::ReadBoxesResponse>(std::move(st->response))
-                              : absl::StatusOr<v1::ReadBoxesResponse>(st->status);
-      }
-      done(std::move(out));
+    ReadChunk(worker, one, [response, fan, i](absl::StatusOr<std::string> r) {
+      if (r.ok()) *response->mutable_data(i) = *std::move(r);
+      fan->Report(r.status());
     });
   }
 }

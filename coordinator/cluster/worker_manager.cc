@@ -8,9 +8,7 @@
 
 namespace shardcoord {
 
-std::string WorkerRecord::Describe() const {
-  return absl::StrCat("worker ", spec.name, " (rank ", rank, ")");
-}
+std::string WorkerRecord::Describe() const { return DescribeWorker(spec.name, rank); }
 
 absl::Status WorkerRecord::DeadError(absl::string_view what) const {
   if (awaited) {

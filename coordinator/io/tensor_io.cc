@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/fan_in.h"
 #include "sharding/box_copy.h"
 #include "sharding/tensor_split.h"
 
@@ -20,6 +21,65 @@ absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpo
 }
 
 }  // namespace
+
+struct TensorIo::LossWatch {
+  LossWatch(std::vector<WorkerEndpoint> eps, std::vector<std::shared_ptr<ChunkWriteStream>> ss)
+      : endpoints(std::move(eps)), streams(std::move(ss)) {}
+
+  // OK until a worker it uses died: then that death, as the operation's error.
+  absl::Status Lost() {
+    absl::MutexLock lock(&mu);
+    return lost;
+  }
+  // `s`, or the death that caused it.
+  absl::Status Or(absl::Status s) {
+    absl::Status l = Lost();
+    return l.ok() ? s : l;
+  }
+
+  const std::vector<WorkerEndpoint> endpoints;
+  const std::vector<std::shared_ptr<ChunkWriteStream>> streams;  // Cancelled on a death.
+  absl::Mutex mu;
+  absl::Status lost ABSL_GUARDED_BY(mu);
+};
+
+std::shared_ptr<TensorIo::LossWatch> TensorIo::Watch(
+    std::vector<WorkerEndpoint> endpoints, std::vector<std::shared_ptr<ChunkWriteStream>> streams) {
+  auto watch = std::make_shared<LossWatch>(std::move(endpoints), std::move(streams));
+  absl::MutexLock lock(&mu_);
+  watches_.erase(std::remove_if(watches_.begin(), watches_.end(),
+                                [](const std::weak_ptr<LossWatch>& w) { return w.expired(); }),
+                 watches_.end());
+  watches_.push_back(watch);
+  return watch;
+}
+
+void TensorIo::OnWorkerLost(const WorkerRecord& worker, const std::string& reason) {
+  std::vector<std::shared_ptr<LossWatch>> hit;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::weak_ptr<LossWatch>& weak : watches_) {
+      std::shared_ptr<LossWatch> w = weak.lock();
+      if (w == nullptr) continue;
+      for (const WorkerEndpoint& e : w->endpoints) {
+        if (e.rank == worker.rank && e.incarnation == worker.incarnation) {
+          hit.push_back(std::move(w));
+          break;
+        }
+      }
+    }
+  }
+  const absl::Status lost = absl::UnavailableError(absl::StrCat(worker.Describe(), " ", reason));
+  for (const std::shared_ptr<LossWatch>& w : hit) {
+    {
+      absl::MutexLock lock(&w->mu);
+      if (!w->lost.ok()) continue;
+      w->lost = lost;
+    }
+    // Outside the lock: cancelled streams run their pending callbacks, which read `lost`.
+    for (const std::shared_ptr<ChunkWriteStream>& s : w->streams) s->Cancel();
+  }
+}
 
 std::string TensorIo::NewOp(const char* kind) {
   absl::MutexLock lock(&mu_);
@@ -62,26 +122,27 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
   struct State {
     Layout layout;
     std::vector<WorkerEndpoint> endpoints;
-    std::function<void(absl::StatusOr<LayoutChecksums>)> done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    LayoutChecksums sums ABSL_GUARDED_BY(mu);
-    absl::Status error ABSL_GUARDED_BY(mu);
+    LayoutChecksums sums;  // Slot i: written by rank i's callback only, read once all answered.
   };
   auto state = std::make_shared<State>();
   state->layout = layout;
   state->endpoints = endpoints;
-  state->done = std::move(done);
   const size_t n = layout.ranks().size();
-  if (n == 0) return state->done(LayoutChecksums{});
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = n;
-    state->sums.resize(n);
-  }
+  state->sums.resize(n);
+  std::shared_ptr<FanIn> fan = FanIn::Start(n, [state, done = std::move(done)](absl::Status error) {
+    if (!error.ok()) return done(error);
+    absl::Status replicas = CheckReplicaChecksums(state->layout, state->sums, [&](int64_t rank) {
+      for (const WorkerEndpoint& e : state->endpoints) {
+        if (e.rank == rank) return Describe(e);
+      }
+      return absl::StrCat("rank ", rank);
+    });
+    if (!replicas.ok()) return done(replicas);
+    done(std::move(state->sums));
+  });
   for (size_t i = 0; i < n; ++i) {
     const RankChunks& rc = state->layout.ranks()[i];
-    call(state->endpoints[i], rc, [state, i](absl::StatusOr<v1::RankChunks> r) {
+    call(state->endpoints[i], rc, [state, fan, i](absl::StatusOr<v1::RankChunks> r) {
       const WorkerEndpoint& ep = state->endpoints[i];
       const RankChunks& want = state->layout.ranks()[i];
       absl::Status s;
@@ -98,30 +159,8 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
               absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
         }
       }
-      bool last = false;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) state->error = s;
-        if (s.ok()) state->sums[i] = std::move(sums);
-        last = --state->remaining == 0;
-      }
-      if (!last) return;
-      absl::Status error;
-      LayoutChecksums all;
-      {
-        absl::MutexLock lock(&state->mu);
-        error = state->error;
-        all = std::move(state->sums);
-      }
-      if (!error.ok()) return state->done(error);
-      absl::Status replicas = CheckReplicaChecksums(state->layout, all, [&](int64_t rank) {
-        for (const WorkerEndpoint& e : state->endpoints) {
-          if (e.rank == rank) return Describe(e);
-        }
-        return absl::StrCat("rank ", rank);
-      });
-      if (!replicas.ok()) return state->done(replicas);
-      state->done(std::move(all));
+      if (s.ok()) state->sums[i] = std::move(sums);
+      fan->Report(s);
     });
   }
 }
@@ -329,6 +368,7 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     up->streams_.push_back(client_->OpenWriteChunk(up->endpoints_[i], header));
     up->written_.push_back(0);
   }
+  up->loss_ = Watch(up->endpoints_, up->streams_);
   up->started_ = true;
   return up;
 }
@@ -345,6 +385,7 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
     return done(absl::InternalError(
         absl::StrCat("band ", i, " has ", data.size(), " bytes, not ", plan_.band_bytes(i))));
   }
+  if (absl::Status lost = loss_->Lost(); !lost.ok()) return done(lost);
   ++next_band_;
   const Box band = plan_.band(i);
   // Each rank's part of the band, front to back in its local buffer (gaps are zeros).
@@ -365,37 +406,18 @@ void TensorIo::UploadStream::WriteBand(int64_t i, std::string data, StatusCallba
   }
   std::string().swap(data);
 
-  struct State {
-    StatusCallback done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
-  };
-  auto state = std::make_shared<State>();
-  state->done = std::move(done);
   std::vector<size_t> targets;
   for (size_t r = 0; r < parts.size(); ++r) {
     if (!parts[r].empty()) targets.push_back(r);
   }
-  if (targets.empty()) return state->done(absl::OkStatus());
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = targets.size();
-  }
+  std::shared_ptr<FanIn> fan = FanIn::Start(targets.size(), std::move(done));
   for (size_t r : targets) {
     const WorkerEndpoint ep = endpoints_[r];
-    streams_[r]->Write(std::move(parts[r]), [state, ep](absl::Status s) {
-      bool last = false;
-      absl::Status error;
-      {
-        absl::MutexLock lock(&state->mu);
-        if (!s.ok() && state->error.ok()) {
-          state->error = absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString()));
-        }
-        last = --state->remaining == 0;
-        error = state->error;
+    streams_[r]->Write(std::move(parts[r]), [fan, ep, loss = loss_](absl::Status s) {
+      if (!s.ok()) {
+        s = loss->Or(absl::UnavailableError(absl::StrCat(Describe(ep), ": ", s.ToString())));
       }
-      if (last) state->done(error);
+      fan->Report(s);
     });
   }
 }
@@ -467,7 +489,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
       },
       [io = io_, name = args_.name, op = op_, version = version_, replace = replace_,
        mesh_name = mesh_name_, spec_text = spec_text_, layout = layout_, old_version = old_version_,
-       old_holders = old_holders_, eps = endpoints_, streams, memory = memory_,
+       old_holders = old_holders_, eps = endpoints_, streams, memory = memory_, loss = loss_,
        done](absl::StatusOr<LayoutChecksums> sums) {
         // After the commit (or the drop), the admitted memory goes.
         auto release = [&memory] {
@@ -478,7 +500,7 @@ void TensorIo::UploadStream::Finish(TensorCallback done) {
           release();
           done(absl::Status(s.code(), absl::StrCat("uploading '", name, "': ", s.message())));
         };
-        if (!sums.ok()) return fail(sums.status());
+        if (!sums.ok()) return fail(loss->Or(sums.status()));
         if (!replace) {
           if (absl::Status s =
                   io->tensors_->FinishCreate(name, op, *std::move(sums), Incarnations(eps));
@@ -686,6 +708,9 @@ absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> TensorIo::OpenDownload
   }
   d->plan_ = BandPlan(t->shape, ElementSize(t->dtype), band_bytes_);
   d->tensor_ = *std::move(t);
+  std::vector<WorkerEndpoint> sources;
+  for (const auto& [rank, e] : d->endpoints_) sources.push_back(e);
+  d->loss_ = Watch(std::move(sources), {});
   {
     absl::MutexLock lock(&mu_);
     if (rank_uploads_.contains(name)) {
@@ -721,6 +746,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     return done(absl::OutOfRangeError(
         absl::StrCat("band ", i, " of a tensor with ", plan_.num_bands(), " bands")));
   }
+  if (absl::Status lost = loss_->Lost(); !lost.ok()) return done(ReadFailed(lost));
   struct Read {
     BandSource piece;
     WorkerEndpoint from;
@@ -732,9 +758,6 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     std::vector<Read> reads;
     std::string out;  // The band, when pieces are copied in as they arrive.
     BandCallback done;
-    absl::Mutex mu;
-    size_t remaining ABSL_GUARDED_BY(mu) = 0;
-    absl::Status error ABSL_GUARDED_BY(mu);
   };
   auto state = std::make_shared<State>();
   state->stream = shared_from_this();
@@ -744,6 +767,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     const WorkerEndpoint from = endpoints_.at(piece.rank);
     state->reads.push_back(Read{std::move(piece), from, {}});
   }
+  std::shared_ptr<LossWatch> loss = loss_;
   const DType dtype = tensor_.dtype;
   const Layout& layout = tensor_.layout;
   const bool avg = layout.is_partial() && layout.partial_op() == ReduceOp::kAvg;
@@ -781,10 +805,12 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
   };
 
   if (state->reads.empty()) return assemble();
-  {
-    absl::MutexLock lock(&state->mu);
-    state->remaining = state->reads.size();
-  }
+  // Each read writes its own piece (reads[k].data, or its disjoint bytes of out).
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(state->reads.size(), [state, loss, assemble](absl::Status error) {
+        if (!error.ok()) return state->done(state->stream->ReadFailed(loss->Or(error)));
+        assemble();
+      });
   for (size_t k = 0; k < state->reads.size(); ++k) {
     const Read& r = state->reads[k];
     v1::ReadChunkRequest req;
@@ -792,8 +818,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
     req.set_version(tensor_.version);
     *req.mutable_box() = BoxToProto(r.piece.box);
     io_->client_->ReadChunk(
-        r.from, req,
-        [state, k, es, disjoint, whole_piece, assemble](absl::StatusOr<std::string> got) {
+        r.from, req, [state, fan, k, es, disjoint, whole_piece](absl::StatusOr<std::string> got) {
           Read& r = state->reads[k];
           absl::Status s;
           if (!got.ok()) {
@@ -812,17 +837,7 @@ void TensorIo::DownloadStream::FetchBand(int64_t i, BandCallback done) const {
           } else {
             r.data = *std::move(got);
           }
-          bool last = false;
-          absl::Status error;
-          {
-            absl::MutexLock lock(&state->mu);
-            if (!s.ok() && state->error.ok()) state->error = s;
-            last = --state->remaining == 0;
-            error = state->error;
-          }
-          if (!last) return;
-          if (!error.ok()) return state->done(state->stream->ReadFailed(error));
-          assemble();
+          fan->Report(s);
         });
   }
 }

@@ -64,6 +64,9 @@ struct DownloadedTensor {
 inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{1} << 40;  // 1 TiB.
 
 class TensorIo {
+  // What a worker's death tells an open upload or download (OnWorkerLost).
+  struct LossWatch;
+
  public:
   using TensorCallback = std::function<void(absl::StatusOr<TensorRecord>)>;
   using DownloadCallback = std::function<void(absl::StatusOr<DownloadedTensor>)>;
@@ -133,6 +136,7 @@ class TensorIo {
     bool zero_partials_ = false;
     std::shared_ptr<AdmissionHold> memory_;  // Its admitted memory; null without admission.
     std::vector<std::shared_ptr<ChunkWriteStream>> streams_;  // Per rank of layout_.
+    std::shared_ptr<LossWatch> loss_;                         // Set once started.
     std::vector<int64_t> written_;  // Elements streamed to each rank so far.
     int64_t next_band_ = 0;
     bool started_ = false;  // StartUpload reserved or acquired the tensor and opened streams.
@@ -188,6 +192,7 @@ class TensorIo {
     BandPlan plan_{Shape{}, 1, 1};
     std::vector<BandSource> sources_;
     absl::flat_hash_map<int64_t, WorkerEndpoint> endpoints_;  // By rank.
+    std::shared_ptr<LossWatch> loss_;
   };
 
   // NOT_FOUND; FAILED_PRECONDITION a chunk with no live replica; ABORTED a rank upload of it
@@ -199,6 +204,13 @@ class TensorIo {
 
   // NOT_FOUND; ABORTED busy. Workers drop the buffers in the background.
   absl::Status Delete(const std::string& name);
+
+  // A worker incarnation is gone (the composition root's reaction to a death): every whole
+  // upload writing to it fails now with UNAVAILABLE "worker N (rank R) died: ..." (its write
+  // streams are cancelled, so a band waiting on that worker ends at once), and every
+  // download reading from it fails its next band so, instead of when an RPC to the worker
+  // fails or times out. Call with no lock held.
+  void OnWorkerLost(const WorkerRecord& worker, const std::string& reason);
 
  private:
   // Runs `call` for every rank of `layout`, checks the chunk metadata each returns against
@@ -226,6 +238,9 @@ class TensorIo {
   std::string NewOp(const char* kind);
   void EndRankUpload(const std::string& name);
   void EndDownload(const std::string& name);
+  // Follows an upload's or download's workers until it is destroyed (OnWorkerLost).
+  std::shared_ptr<LossWatch> Watch(std::vector<WorkerEndpoint> endpoints,
+                                   std::vector<std::shared_ptr<ChunkWriteStream>> streams);
 
   WorkerManager* const workers_;
   MeshManager* const meshes_;
@@ -243,6 +258,8 @@ class TensorIo {
   // each other, since a rank upload rewrites the version a download reads.
   absl::flat_hash_map<std::string, int64_t> downloads_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> rank_uploads_ ABSL_GUARDED_BY(mu_);
+  // Open uploads and downloads (expired ones are pruned as new ones come).
+  std::vector<std::weak_ptr<LossWatch>> watches_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

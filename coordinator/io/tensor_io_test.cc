@@ -412,6 +412,51 @@ TEST_F(TensorIoTest, DownloadMeetingANewVersionIsAbortedNotMixed) {
   EXPECT_THAT(band->status().message(), HasSubstr("deleted during the download"));
 }
 
+// The composition root tells the I/O of a worker's death: an upload writing to it and a
+// download reading from it fail at once, naming the worker, not when an RPC to it times out.
+TEST_F(TensorIoTest, AWorkerDeathFailsItsUploadsAndDownloadsNamingIt) {
+  ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
+  absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = banded_.OpenDownload("T");
+  ASSERT_TRUE(d.ok()) << d.status();
+  UploadArgs args;
+  args.name = "U";
+  args.shape = {8, 4};
+  args.dtype = DType::kF32;
+  args.spec = MakeSpec("N", "S(0)");
+  absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> up = banded_.StartUpload(args);
+  ASSERT_TRUE(up.ok()) << up.status();
+
+  absl::StatusOr<WorkerRecord> w2 = workers_.Get("w2");
+  ASSERT_TRUE(w2.ok());
+  banded_.OnWorkerLost(*w2, "died: no heartbeat for 6s (timeout 5s)");
+
+  std::optional<absl::Status> written;
+  (*up)->WriteBand(0, std::string(static_cast<size_t>((*up)->band_bytes(0)), '\0'),
+                   [&](absl::Status s) { written = s; });
+  ASSERT_TRUE(written.has_value());
+  EXPECT_EQ(written->code(), absl::StatusCode::kUnavailable) << *written;
+  EXPECT_THAT(written->message(), HasSubstr("worker w2 (rank 2) died: no heartbeat"));
+  (*up)->Abort();
+  EXPECT_EQ(tensors_.Get("U").status().code(), absl::StatusCode::kNotFound);
+
+  std::optional<absl::StatusOr<std::string>> band;
+  (*d)->FetchBand(0, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
+  ASSERT_TRUE(band.has_value());
+  EXPECT_EQ(band->status().code(), absl::StatusCode::kUnavailable) << band->status();
+  EXPECT_THAT(band->status().message(), HasSubstr("worker w2 (rank 2) died"));
+
+  // Another worker's death, or another incarnation's, leaves a new download alone.
+  absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d2 = banded_.OpenDownload("T");
+  ASSERT_TRUE(d2.ok()) << d2.status();
+  WorkerRecord old = *w2;
+  --old.incarnation;
+  banded_.OnWorkerLost(old, "re-registered");
+  band.reset();
+  (*d2)->FetchBand(0, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
+  ASSERT_TRUE(band.has_value());
+  EXPECT_TRUE(band->ok()) << band->status();
+}
+
 TEST_F(TensorIoTest, RankUploadsWaitForDownloadsToEnd) {
   ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
   UploadArgs args;

@@ -25,7 +25,6 @@ v1::WorkerInfo WorkerInfoToProto(const WorkerRecord& w) {
   out.set_memory_budget_bytes(w.spec.memory.budget_bytes);
   out.set_memory_used_bytes(w.spec.memory.used_bytes);
   out.set_memory_peak_bytes(w.spec.memory.peak_bytes);
-  out.set_bucket_bytes(w.spec.bucket_bytes);
   return out;
 }
 

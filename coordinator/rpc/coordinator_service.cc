@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sha256.h"
+#include "common/start_end_join.h"
 #include "coordinator/io/tensor_streams.h"
 #include "coordinator/rpc/coordinator_convert.h"
 #include "coordinator/rpc/grpc_auth.h"
@@ -239,48 +240,25 @@ grpc::ServerUnaryReactor* CoordinatorService::RunPlan(
     reply(started.status());
     return reactor;
   }
-  // The plan may end (on another thread, or inline) before start() returns: whichever of
-  // the two comes second finishes the reactor.
-  struct WaitState {
-    absl::Mutex mu;
-    bool started = false;
-    bool ended = false;
-    absl::Status status;
-    PlanProgress final;
-  };
-  auto state = std::make_shared<WaitState>();
-  auto done = [state, reply, resp_progress, give_back](const absl::Status& s,
-                                                       const PlanProgress& p) {
-    give_back();
-    bool finish = false;
-    {
-      absl::MutexLock lock(&state->mu);
-      state->ended = true;
-      state->status = s;
-      state->final = p;
-      finish = state->started;
-    }
-    if (!finish) return;
-    *resp_progress = PlanProgressToProto(p);
-    reply(s);
-  };
-  absl::StatusOr<StartedPlan> started = start(done);
+  // The plan may end (inline, or on another thread) before start() returns: its end waits
+  // until the started plan is in the response.
+  auto join = std::make_shared<StartEndJoin<std::pair<absl::Status, PlanProgress>>>(
+      [reply, resp_progress](std::pair<absl::Status, PlanProgress> end) {
+        *resp_progress = PlanProgressToProto(end.second);
+        reply(end.first);
+      });
+  absl::StatusOr<StartedPlan> started =
+      start([join, give_back](const absl::Status& s, const PlanProgress& p) {
+        give_back();
+        join->Ended({s, p});
+      });
   if (!started.ok()) {
     give_back();
     reply(started.status());
     return reactor;
   }
   *resp_plan = PlanToProto(*started->plan, started->id, started->tensor);
-  bool finish = false;
-  {
-    absl::MutexLock lock(&state->mu);
-    state->started = true;
-    finish = state->ended;
-  }
-  if (finish) {
-    *resp_progress = PlanProgressToProto(state->final);
-    reply(state->status);
-  }
+  join->Started();
   return reactor;
 }
 
@@ -337,23 +315,15 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
     const std::function<void(const StartedGroup&)>& on_started,
     std::function<void(const GroupProgress&)> on_committed) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  // As RunPlan: the group may end before start() returns; whichever of the two comes second
-  // fills the final progress and finishes the reactor.
-  struct WaitState {
-    absl::Mutex mu;
-    bool started = false;
-    bool ended = false;
-    absl::Status status;
-    GroupProgress final;
-  };
-  auto state = std::make_shared<WaitState>();
   auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
     Reply(reactor, request_id, s, *resp);
   };
-  auto finish = [reply, on_committed](const absl::Status& s, const GroupProgress& p) {
-    if (s.ok()) on_committed(p);
-    reply(s);
-  };
+  // As RunPlan: the group may end before start() returns; its end waits for on_started.
+  auto join = std::make_shared<StartEndJoin<std::pair<absl::Status, GroupProgress>>>(
+      [reply, on_committed](std::pair<absl::Status, GroupProgress> end) {
+        if (end.first.ok()) on_committed(end.second);
+        reply(end.first);
+      });
   absl::StatusOr<std::function<void()>> slot = TakePlanSlot(ctx);
   if (!slot.ok()) {
     reply(slot.status());
@@ -368,16 +338,9 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
     give_back();
   };
   if (wait) {
-    done = [state, finish, give_back](const absl::Status& s, const GroupProgress& p) {
+    done = [join, give_back](const absl::Status& s, const GroupProgress& p) {
       give_back();
-      {
-        absl::MutexLock lock(&state->mu);
-        state->ended = true;
-        state->status = s;
-        state->final = p;
-        if (!state->started) return;
-      }
-      finish(s, p);
+      join->Ended({s, p});
     };
   }
   absl::StatusOr<StartedGroup> started = start(std::move(done));
@@ -391,12 +354,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
     reply(absl::OkStatus());
     return reactor;
   }
-  {
-    absl::MutexLock lock(&state->mu);
-    state->started = true;
-    if (!state->ended) return reactor;
-  }
-  finish(state->status, state->final);
+  join->Started();
   return reactor;
 }
 

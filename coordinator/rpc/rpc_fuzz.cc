@@ -103,7 +103,10 @@ class Harness {
         running_plans_("running plans", "--max-plans-per-caller", 1000),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, 1 << 16, /*metrics=*/nullptr,
                  /*auth=*/nullptr, &requests_, &watches_, &running_plans_),
-        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
+        registration_(&workers_, &tensors_),
+        attach_(&workers_, &tensors_, &plans_),
+        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
+                        absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     const std::vector<std::string> services = {v1::Coordinator::service_full_name(),
                                                v1::CoordinatorWorkers::service_full_name()};
@@ -177,6 +180,8 @@ class Harness {
   CallerQuota watches_;
   CallerQuota running_plans_;
   CoordinatorService service_;
+  WorkerRegistration registration_;
+  AttachManager attach_;
   WorkerFacingService worker_service_;
   Registry registry_;
   HealthStatus health_;

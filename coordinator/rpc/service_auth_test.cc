@@ -40,8 +40,10 @@ class ServiceAuthTest : public ::testing::Test {
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
         io_(&workers_, &meshes_, &tensors_, &client_, kDefaultBandBytes),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, 64, /*metrics=*/nullptr, &auth_),
-        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250),
-                        &auth_) {
+        registration_(&workers_, &tensors_),
+        attach_(&workers_, &tensors_, &plans_),
+        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
+                        absl::Milliseconds(250), &auth_) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
@@ -86,6 +88,8 @@ class ServiceAuthTest : public ::testing::Test {
   PlanManager plans_;
   TensorIo io_;
   CoordinatorService service_;
+  WorkerRegistration registration_;
+  AttachManager attach_;
   WorkerFacingService worker_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;

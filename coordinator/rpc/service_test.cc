@@ -44,7 +44,10 @@ class ServiceTest : public ::testing::Test {
         running_plans_("running plans", "--max-plans-per-caller", per_caller),
         service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice, /*metrics=*/nullptr,
                  /*auth=*/nullptr, &requests_, &watches_, &running_plans_),
-        worker_service_(&clock_, &workers_, &tensors_, &kv_, &plans_, absl::Milliseconds(250)) {
+        registration_(&workers_, &tensors_),
+        attach_(&workers_, &tensors_, &plans_),
+        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
+                        absl::Milliseconds(250)) {
     workers_.AddListener(&plans_);
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
@@ -171,6 +174,8 @@ class ServiceTest : public ::testing::Test {
   CallerQuota watches_;
   CallerQuota running_plans_;
   CoordinatorService service_;
+  WorkerRegistration registration_;
+  AttachManager attach_;
   WorkerFacingService worker_service_;
   int tcp_port_ = 0;
   std::unique_ptr<grpc::Server> server_;

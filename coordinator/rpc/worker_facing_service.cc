@@ -67,15 +67,12 @@ grpc::ServerUnaryReactor* WorkerFacingService::RegisterWorker(grpc::CallbackServ
   spec.memory =
       WorkerMemory{req->memory_budget_bytes(), req->memory_used_bytes(), req->memory_peak_bytes()};
   spec.bucket_bytes = req->bucket_bytes();
-  absl::StatusOr<WorkerRecord> w = workers_->Register(spec);
-  if (!w.ok()) return Done(ctx, w.status());
-  absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> drop =
-      tensors_->Reconcile(w->rank, w->incarnation, held);
-  if (!drop.ok()) return Done(ctx, drop.status());
-  resp->set_rank(w->rank);
-  resp->set_incarnation(w->incarnation);
+  absl::StatusOr<WorkerRegistration::Registered> r = registration_->Register(spec, held);
+  if (!r.ok()) return Done(ctx, r.status());
+  resp->set_rank(r->worker.rank);
+  resp->set_incarnation(r->worker.incarnation);
   resp->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(heartbeat_interval_));
-  for (const auto& [tensor, version] : *drop) {
+  for (const auto& [tensor, version] : r->drop) {
     v1::HeldBuffer* d = resp->add_drop();
     d->set_tensor(tensor);
     d->set_version(version);
@@ -210,7 +207,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::AttachBuffer(grpc::CallbackServer
   absl::StatusOr<RankChunks> chunks = RankChunksFromProto(req->chunks(), "chunks");
   if (!chunks.ok()) return Done(ctx, chunks.status());
   args.chunks = *std::move(chunks);
-  absl::StatusOr<bool> readable = attach_.Attach(args);
+  absl::StatusOr<bool> readable = attach_->Attach(args);
   if (readable.ok()) {
     resp->set_readable(*readable);
     spdlog::info("{} attached rank {} of '{}' v{} ({} memory of process {})", args.worker,
@@ -225,7 +222,7 @@ grpc::ServerUnaryReactor* WorkerFacingService::DetachBuffer(grpc::CallbackServer
   if (absl::Status a = Authorize(ctx, "DetachBuffer"); !a.ok()) return Done(ctx, a);
   if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
   absl::Status s =
-      attach_.Detach(req->worker(), req->incarnation(), req->tensor(), req->rank(), req->reason());
+      attach_->Detach(req->worker(), req->incarnation(), req->tensor(), req->rank(), req->reason());
   if (s.ok()) {
     spdlog::info("{} detached rank {} of '{}': {}", req->worker(), req->rank(), req->tensor(),
                  req->reason());

@@ -9,6 +9,7 @@
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/cluster/worker_drain.h"
 #include "coordinator/cluster/worker_manager.h"
+#include "coordinator/cluster/worker_registration.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/state/tensor_manager.h"
@@ -23,20 +24,21 @@ namespace shardcoord {
 // checks the caller's bearer token, which must have the worker role.
 class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService {
  public:
-  // `tensors` reconciles the buffers a registering worker reports (after a restart).
-  WorkerFacingService(const Clock* clock, WorkerManager* workers, TensorManager* tensors,
-                      KvStore* kv, PlanManager* plans, absl::Duration heartbeat_interval,
-                      const Authenticator* auth = nullptr, bool check_certificate_names = false,
-                      WorkerDrain* drain = nullptr)
+  // The managers are the composition root's: `registration` registers and reconciles a
+  // worker, `attach` takes the buffers user processes lend, `drain` lets workers leave.
+  WorkerFacingService(const Clock* clock, WorkerManager* workers, WorkerRegistration* registration,
+                      KvStore* kv, PlanManager* plans, AttachManager* attach,
+                      absl::Duration heartbeat_interval, const Authenticator* auth = nullptr,
+                      bool check_certificate_names = false, WorkerDrain* drain = nullptr)
       : clock_(clock),
         workers_(workers),
-        tensors_(tensors),
+        registration_(registration),
         kv_(kv),
         plans_(plans),
+        attach_(attach),
         heartbeat_interval_(heartbeat_interval),
         auth_(auth),
         check_certificate_names_(check_certificate_names),
-        attach_(workers, tensors, plans),
         drain_(drain) {}
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
@@ -75,13 +77,13 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
 
   const Clock* const clock_;
   WorkerManager* const workers_;
-  TensorManager* const tensors_;
+  WorkerRegistration* const registration_;
   KvStore* const kv_;
   PlanManager* const plans_;
+  AttachManager* const attach_;
   const absl::Duration heartbeat_interval_;
   const Authenticator* const auth_;
   const bool check_certificate_names_;
-  AttachManager attach_;
   WorkerDrain* const drain_;  // Null: LeaveWorker answers UNIMPLEMENTED.
 };
 

@@ -338,7 +338,7 @@ int64_t TensorManager::NewVersion() {
   return last_version_;
 }
 
-absl::Status TensorManager::Reserve(TensorRecord record, const std::string& op) {
+absl::Status TensorManager::Reserve(TensorRecord record, const std::string& holder) {
   if (!record.mesh.empty()) {
     if (absl::Status s = meshes_->AddUser(record.mesh, record.name); !s.ok()) return s;
   }
@@ -347,7 +347,7 @@ absl::Status TensorManager::Reserve(TensorRecord record, const std::string& op) 
     absl::MutexLock lock(&mu_);
     if (tensors_.find(name) == tensors_.end()) {
       record.ready = false;
-      record.busy_plan = op;
+      record.busy_plan = holder;
       PutLocked(std::move(record));
       return absl::OkStatus();
     }
@@ -356,14 +356,14 @@ absl::Status TensorManager::Reserve(TensorRecord record, const std::string& op) 
   return absl::AlreadyExistsError(absl::StrCat("tensor '", name, "' already exists"));
 }
 
-absl::Status TensorManager::FinishCreate(absl::string_view name, const std::string& op,
+absl::Status TensorManager::FinishCreate(absl::string_view name, const std::string& holder,
                                          LayoutChecksums checksums,
                                          absl::flat_hash_map<int64_t, int64_t> incarnations) {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(name);
-  if (it == tensors_.end() || it->second.ready || it->second.busy_plan != op) {
+  if (it == tensors_.end() || it->second.ready || it->second.busy_plan != holder) {
     return absl::FailedPreconditionError(
-        absl::StrCat("tensor '", name, "' is not being created by ", op));
+        absl::StrCat("tensor '", name, "' is not being created by ", holder));
   }
   TensorRecord next = it->second;
   next.ready = true;
@@ -375,19 +375,20 @@ absl::Status TensorManager::FinishCreate(absl::string_view name, const std::stri
   return absl::OkStatus();
 }
 
-void TensorManager::CancelCreate(absl::string_view name, const std::string& op) {
+void TensorManager::CancelCreate(absl::string_view name, const std::string& holder) {
   std::string mesh;
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
-    if (it == tensors_.end() || it->second.ready || it->second.busy_plan != op) return;
+    if (it == tensors_.end() || it->second.ready || it->second.busy_plan != holder) return;
     mesh = it->second.mesh;
     EraseLocked(it);
   }
   if (!mesh.empty()) meshes_->RemoveUser(mesh, name);
 }
 
-absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name, const std::string& op,
+absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name,
+                                                    const std::string& holder,
                                                     const std::string& target_mesh,
                                                     const std::string& owner) {
   TensorRecord out;
@@ -408,32 +409,33 @@ absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name, cons
       return absl::AbortedError(
           absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
     }
-    it->second.busy_plan = op;
+    it->second.busy_plan = holder;
     out = it->second;
   }
   if (!target_mesh.empty()) {
     if (absl::Status s = meshes_->AddUser(target_mesh, name); !s.ok()) {
-      Release(name, op);
+      Release(name, holder);
       return s;
     }
   }
   return out;
 }
 
-void TensorManager::Release(absl::string_view name, const std::string& op,
+void TensorManager::Release(absl::string_view name, const std::string& holder,
                             const std::string& target_mesh) {
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
-    if (it == tensors_.end() || it->second.busy_plan != op) return;
+    if (it == tensors_.end() || it->second.busy_plan != holder) return;
     it->second.busy_plan.clear();
   }
   if (!target_mesh.empty()) meshes_->RemoveUser(target_mesh, name);
 }
 
-absl::Status TensorManager::Commit(absl::string_view name, const std::string& op, NewState state) {
+absl::Status TensorManager::Commit(absl::string_view name, const std::string& holder,
+                                   NewState state) {
   std::vector<CommitItem> items;
-  items.push_back(CommitItem{std::string(name), op, std::move(state)});
+  items.push_back(CommitItem{std::string(name), holder, std::move(state)});
   return CommitAll(std::move(items));
 }
 
@@ -445,9 +447,9 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
     next.reserve(items.size());
     for (CommitItem& item : items) {
       auto it = tensors_.find(item.name);
-      if (it == tensors_.end() || it->second.busy_plan != item.op) {
+      if (it == tensors_.end() || it->second.busy_plan != item.holder) {
         return absl::FailedPreconditionError(
-            absl::StrCat("tensor '", item.name, "' is not held by ", item.op));
+            absl::StrCat("tensor '", item.name, "' is not held by ", item.holder));
       }
       TensorRecord t = it->second;
       NewState& state = item.state;
@@ -512,12 +514,14 @@ absl::Status TensorManager::PublishAll(const std::vector<std::string>& names,
   return absl::OkStatus();
 }
 
-absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
-                                       ChunkChecksums checksums, int64_t incarnation) {
+absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string& holder,
+                                       int64_t rank, ChunkChecksums checksums,
+                                       int64_t incarnation) {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(name);
-  if (it == tensors_.end() || it->second.busy_plan != op) {
-    return absl::FailedPreconditionError(absl::StrCat("tensor '", name, "' is not held by ", op));
+  if (it == tensors_.end() || it->second.busy_plan != holder) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name, "' is not held by ", holder));
   }
   TensorRecord t = it->second;
   if (t.attached) {

@@ -34,7 +34,7 @@ struct TensorRecord {
   Layout layout;
   LayoutChecksums checksums;  // Shaped as layout's chunks.
   int64_t version = 0;
-  std::string busy_plan;  // The plan or operation running on it; empty when idle.
+  std::string busy_plan;  // Its holder: the plan or operation running on it; empty when idle.
   bool ready = false;     // False while it is being created.
   // The worker incarnation that holds each rank's buffer: a restarted worker holds nothing.
   absl::flat_hash_map<int64_t, int64_t> incarnations;
@@ -126,23 +126,24 @@ class TensorManager {
   // A version number no buffer of any tensor has used (also before a restart).
   int64_t NewVersion();
 
-  // Adds a tensor that is not ready yet, busy with `op`. ALREADY_EXISTS; NOT_FOUND mesh.
-  absl::Status Reserve(TensorRecord record, const std::string& op);
+  // Adds a tensor that is not ready yet, busy with `holder`. ALREADY_EXISTS; NOT_FOUND mesh.
+  absl::Status Reserve(TensorRecord record, const std::string& holder);
   // Makes a reserved tensor ready with its chunks' checksums and holders.
-  absl::Status FinishCreate(absl::string_view name, const std::string& op,
+  absl::Status FinishCreate(absl::string_view name, const std::string& holder,
                             LayoutChecksums checksums,
                             absl::flat_hash_map<int64_t, int64_t> incarnations);
   // Forgets a reserved tensor.
-  void CancelCreate(absl::string_view name, const std::string& op);
+  void CancelCreate(absl::string_view name, const std::string& holder);
 
-  // Marks a ready tensor busy with `op` and returns it. NOT_FOUND; ABORTED busy.
+  // Marks a ready tensor busy with `holder` and returns it. NOT_FOUND; ABORTED busy.
   // `target_mesh`, when not empty, counts as used by the tensor until Commit or Release
   // (NOT_FOUND when it does not exist). `owner` also finds the tensors it hides.
-  absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& op,
+  absl::StatusOr<TensorRecord> Acquire(absl::string_view name, const std::string& holder,
                                        const std::string& target_mesh = "",
                                        const std::string& owner = "");
-  // Ends `op` without changes. No-op when `op` does not hold the tensor.
-  void Release(absl::string_view name, const std::string& op, const std::string& target_mesh = "");
+  // Ends `holder` without changes. No-op when `holder` does not hold the tensor.
+  void Release(absl::string_view name, const std::string& holder,
+               const std::string& target_mesh = "");
 
   struct NewState {
     std::string mesh;  // Must be the target mesh given to Acquire (or the current mesh).
@@ -157,15 +158,15 @@ class TensorManager {
     // A hidden tensor (TensorRecord::owner) becomes an ordinary, stored one.
     bool publish = false;
   };
-  // Replaces the layout and ends `op`. FAILED_PRECONDITION when `op` does not hold it.
-  absl::Status Commit(absl::string_view name, const std::string& op, NewState state);
+  // Replaces the layout and ends `holder`. FAILED_PRECONDITION when `holder` does not hold it.
+  absl::Status Commit(absl::string_view name, const std::string& holder, NewState state);
 
-  // Commits several tensors at once, each held by its own op: all or none (FAILED_PRECONDITION
+  // Commits several tensors at once, each held by its own holder: all or none (FAILED_PRECONDITION
   // naming the first that is not held, and then nothing changed). Readers see either every
   // new state or none.
   struct CommitItem {
     std::string name;
-    std::string op;
+    std::string holder;
     NewState state;
   };
   absl::Status CommitAll(std::vector<CommitItem> items);
@@ -188,7 +189,7 @@ class TensorManager {
   absl::StatusOr<bool> Detach(absl::string_view name, int64_t rank, int64_t incarnation);
 
   // Replaces the checksums of one rank's chunks (a chunk upload), keeping the version.
-  absl::Status UpdateRank(absl::string_view name, const std::string& op, int64_t rank,
+  absl::Status UpdateRank(absl::string_view name, const std::string& holder, int64_t rank,
                           ChunkChecksums checksums, int64_t incarnation);
 
   // One rank's committed local buffer of a ready tensor in a worker's own memory (attached

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/store/etcd_state_store.h"
 #include "coordinator/store/http_etcd_client.h"
 #include "proto/grpc_credentials.h"
 #include "spdlog/spdlog.h"
@@ -37,7 +36,7 @@ EtcdCoordinator::EtcdCoordinator(CoordinatorOptions options, EtcdCoordinatorOpti
     : options_(std::move(options)), etcd_options_(std::move(etcd_options)) {
   etcd_ = etcd_options_.etcd;
   if (etcd_ == nullptr) {
-    own_etcd_ = std::make_unique<HttpEtcdClient>(etcd_options_.endpoints);
+    own_etcd_ = std::make_unique<HttpEtcdClient>(options_.state.endpoints);
     etcd_ = own_etcd_.get();
   }
 }
@@ -59,6 +58,10 @@ std::string EtcdCoordinator::leader_address() const {
 }
 
 absl::StatusOr<std::string> EtcdCoordinator::Start() {
+  if (options_.state.scheme != StateStoreUri::Scheme::kEtcd) {
+    return absl::InvalidArgumentError(absl::StrCat("state: ", options_.state.ToString(),
+                                                   " is not on etcd (etcd://HOST:PORT[,...])"));
+  }
   const std::string where = state_description();
   absl::StatusOr<std::unique_ptr<StandbyServer>> standby = StandbyServer::Start(
       options_.listen, MakeServerCredentials(options_.worker_client.tls), options_.health_listen,
@@ -102,17 +105,9 @@ absl::StatusOr<bool> EtcdCoordinator::AwaitLeadership() {
   }
   spdlog::info("elected leader ({}, lease {}); loading the state", state_description(),
                election_->lease_id());
-  EtcdStateStoreOptions so;
-  so.prefix = etcd_options_.prefix;
-  absl::StatusOr<std::unique_ptr<EtcdStateStore>> store =
-      EtcdStateStore::Open(etcd_, election_.get(), &clock_, so);
-  if (!store.ok()) {
-    standby_->Shutdown();
-    election_->Resign().IgnoreError();
-    return store.status();
-  }
   CoordinatorOptions o = options_;
-  o.store = *std::move(store);
+  // The Coordinator opens the store from its URI, fenced by the election.
+  o.etcd_store = EtcdStoreEnv{etcd_, election_.get(), &clock_, etcd_options_.prefix};
   o.listen = address_;
   o.leader_hint = advertise_;
   if (!standby_->health_address().empty()) o.health_listen = standby_->health_address();

@@ -29,8 +29,6 @@
 namespace shardcoord {
 
 struct EtcdCoordinatorOptions {
-  // etcd's client endpoints (HOST:PORT), from --state etcd://...
-  std::vector<std::string> endpoints;
   // Every key of this cluster lives under it (--etcd-prefix).
   std::string prefix = "/shardcoord/default";
   // The election lease's TTL (--leader-ttl): how long a dead leader holds the lead.
@@ -46,11 +44,12 @@ struct EtcdCoordinatorOptions {
 
 class EtcdCoordinator {
  public:
+  // `options.state` is an etcd:// URI (its endpoints, unless `etcd_options.etcd` is given).
   EtcdCoordinator(CoordinatorOptions options, EtcdCoordinatorOptions etcd_options);
   ~EtcdCoordinator();
 
   // Binds --listen (and --health-listen) as a standby and joins the election. Returns the
-  // bound address.
+  // bound address; INVALID_ARGUMENT when the options' state is not on etcd.
   absl::StatusOr<std::string> Start();
   // Blocks until this coordinator leads, then starts serving as the leader and returns
   // true; false when Interrupt came first. Errors: the leader could not start (etcd

@@ -23,6 +23,8 @@ CoordinatorOptions Options() {
   CoordinatorOptions o;
   o.listen = "127.0.0.1:0";
   o.http_listen.clear();
+  // The endpoints are unused: the test's etcd is in memory (EtcdCoordinatorOptions::etcd).
+  o.state = *ParseStateStoreUri("state", "etcd://127.0.0.1:2379", "");
   return o;
 }
 
