@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/plans/plan_manager_internal.h"
 #include "sharding/fused_stream.h"
+#include "sharding/plan_fragment.h"
+#include "sharding/plan_participants.h"
 
 namespace shardcoord {
 namespace {
@@ -399,13 +401,15 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
             RelayEligible(**plan, e.target_attached, options_.relay_max_bytes);
   FragmentOptions fo;
   fo.plan_id = id;
-  fo.tensor = tensor;
-  fo.target_tensor = target_tensor;
-  fo.source_version = e.source_version;
-  fo.target_version = e.target_version;
+  FragmentMemberOptions member;
+  member.plan_id = id;
+  member.tensor = tensor;
+  member.target_tensor = target_tensor;
+  member.source_version = e.source_version;
+  member.target_version = e.target_version;
   fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   fo.communicator_prefix = e.communicator_prefix;
-  if (e.target_attached) fo.attached_target_version = dst_rec.version;
+  if (e.target_attached) member.attached_target_version = dst_rec.version;
   int64_t bucket_bytes = 0;
   std::vector<int64_t> own_participants;
   const std::vector<int64_t>& participants =
@@ -431,8 +435,11 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
   }
   Dispatch fragments;
   if (fused == nullptr) {
+    const Plan* plans[] = {plan->get()};
+    std::map<int64_t, Fragment> made;
+    if (!e.relay) made = MakeFragments(plans, {member}, fo);
     for (const auto& [r, p] : e.participants) {
-      if (!e.relay) fragments.emplace_back(p.endpoint, MakeFragment(**plan, r, fo));
+      if (!e.relay) fragments.emplace_back(p.endpoint, FragmentToProto(made.at(r)));
     }
   } else {
     fused->options.plan_id = id;
@@ -440,7 +447,7 @@ absl::StatusOr<StartedPlan> PlanManager::Start(const char* op, const std::string
     fused->options.target_tensor = target_tensor;
     fused->options.source_version = e.source_version;
     fused->options.target_version = e.target_version;
-    fused->options.attached_target_version = fo.attached_target_version;
+    fused->options.attached_target_version = member.attached_target_version;
     fused->bucket_bytes = bucket_bytes;
   }
 

@@ -342,8 +342,9 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
   std::vector<const Plan*> plans;
   plans.reserve(members.size());
   for (const StartedPlan& m : members) plans.push_back(m.plan.get());
-  GroupFragmentOptions go;
+  FragmentOptions go;
   go.plan_id = gid;
+  go.fused = true;
   go.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
   std::vector<std::pair<WorkerEndpoint, int64_t>> endpoints;  // (worker, rank)
   {
@@ -384,10 +385,10 @@ void PlanManager::SendGroup(const std::string& gid, const std::vector<StartedPla
       AbortGroup(gid, reason);
     });
   }
-  std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, options, go);
+  std::map<int64_t, Fragment> fragments = MakeFragments(plans, options, go);
   for (const auto& [endpoint, rank] : endpoints) {
     const int64_t r = rank;
-    client_->Execute(endpoint, std::move(fragments[rank]),
+    client_->Execute(endpoint, FragmentToProto(fragments[rank]),
                      [this, gid, r](absl::Status s) { OnGroupExecuteDone(gid, r, s); });
   }
 }
