@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "sharding/checkpoint_plan.h"
+#include "sharding/names.h"
 
 namespace shardcoord {
 namespace {
