@@ -6,25 +6,15 @@
 #include "gtest/gtest.h"
 #include "sharding/plan_fragment.h"
 #include "sharding/plan_participants.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::ErrorOf;
+using sharding_testing::Mesh;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-template <typename T>
-std::string ErrorOf(const absl::StatusOr<T>& s) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
-  return std::string(s.status().message());
-}
-
-DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {}) {
-  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *m;
-}
 
 TEST(ConvertTest, DTypeRoundTripsAndRejectsUnspecified) {
   for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
