@@ -1,13 +1,10 @@
 #include "proto/convert.h"
 
 #include <algorithm>
-#include <set>
 #include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "sharding/field_status.h"
@@ -136,45 +133,6 @@ v1::StepOp StepOpToProto(StepOp op) {
       return v1::POINT_TO_POINT;
   }
   return v1::STEP_OP_UNSPECIFIED;
-}
-
-absl::Status ValidateName(absl::string_view name, absl::string_view field) {
-  if (name.empty()) return Bad(field, "empty");
-  if (name.size() > kMaxNameBytes) {
-    return Bad(field, name.size(), " bytes, more than the limit of ", kMaxNameBytes);
-  }
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ||
-        c == ':' || c == '/') {
-      continue;
-    }
-    return Bad(field, "'", absl::CHexEscape(name), "' has ",
-               absl::ascii_isprint(static_cast<unsigned char>(c))
-                   ? absl::StrCat("'", std::string(1, c), "'")
-                   : absl::StrCat("byte 0x", absl::Hex(static_cast<unsigned char>(c))),
-               " at ", i, "; names use letters, digits and _ . - : /");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateWorkerName(absl::string_view name, absl::string_view field) {
-  if (name.empty()) return Bad(field, "empty");
-  if (name.size() > kMaxWorkerNameBytes) {
-    return Bad(field, name.size(), " bytes, more than the limit of ", kMaxWorkerNameBytes);
-  }
-  for (size_t i = 0; i < name.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (absl::ascii_isalnum(c) || (i > 0 && (c == '_' || c == '.' || c == '-' || c == ':'))) {
-      continue;
-    }
-    return Bad(field, "'", absl::CHexEscape(name), "' has ",
-               absl::ascii_isprint(c) ? absl::StrCat("'", std::string(1, name[i]), "'")
-                                      : absl::StrCat("byte 0x", absl::Hex(c)),
-               " at ", i,
-               "; worker names use letters, digits and _ . - : and start with a letter or digit");
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Shape> ShapeFromProto(const Int64List& dims, absl::string_view field) {
@@ -587,51 +545,76 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
   return out;
 }
 
-v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options) {
+namespace {
+
+// The fields PlanFragment and FragmentShape share (same names).
+template <typename P>
+void ShapeFieldsToProto(const FragmentShape& s, P* out) {
+  out->set_dtype(DTypeToProto(s.dtype));
+  *out->mutable_source() = RankChunksToProto(s.source);
+  out->mutable_source()->set_rank(s.rank);
+  *out->mutable_target() = RankChunksToProto(s.target);
+  out->mutable_target()->set_rank(s.rank);
+  for (const LocalCopy& c : s.local_copies) *out->add_local_copies() = LocalCopyToProto(c);
+  out->set_zero_fill(s.zero_fill);
+  out->set_divide_by(s.divide_by);
+  out->set_reduce_op(ReduceOpToProto(s.reduce_op));
+  out->set_num_partials(s.num_partials);
+}
+
+}  // namespace
+
+v1::PlanFragment FragmentToProto(const Fragment& f) {
   v1::PlanFragment out;
-  out.set_plan_id(options.plan_id);
-  out.set_tensor(options.tensor);
-  if (!options.target_tensor.empty() && options.target_tensor != options.tensor) {
-    out.set_target_tensor(options.target_tensor);
+  out.set_plan_id(f.plan_id);
+  out.set_rank(f.rank);
+  if (!f.fused && !f.shapes.empty() && !f.members.empty()) {
+    // One plan: its shape and member in the top-level fields, without `members`.
+    const FragmentShape& s = f.shapes[0];
+    const FragmentMember& m = f.members[0];
+    out.set_tensor(m.tensor);
+    if (!m.target_tensor.empty() && m.target_tensor != m.tensor) {
+      out.set_target_tensor(m.target_tensor);
+    }
+    out.set_source_version(m.source_version);
+    out.set_target_version(m.target_version);
+    out.set_attached_target_version(m.attached_target_version);
+    ShapeFieldsToProto(s, &out);
+    for (size_t i = 0; i < s.steps.size(); ++i) {
+      *out.add_steps() = StepToProto(
+          s.steps[i], i < s.step_indices.size() ? s.step_indices[i] : static_cast<int>(i));
+    }
+  } else if (f.fused) {
+    for (const FragmentShape& s : f.shapes) {
+      v1::FragmentShape* p = out.add_shapes();
+      ShapeFieldsToProto(s, p);
+      for (const Transfer& t : s.transfers) *p->add_transfers() = TransferToProto(t);
+    }
+    for (const FragmentMember& m : f.members) {
+      v1::FragmentMember* p = out.add_members();
+      p->set_index(m.index);
+      p->set_plan_id(m.plan_id);
+      p->set_tensor(m.tensor);
+      if (!m.target_tensor.empty() && m.target_tensor != m.tensor) {
+        p->set_target_tensor(m.target_tensor);
+      }
+      p->set_source_version(m.source_version);
+      p->set_target_version(m.target_version);
+      p->set_attached_target_version(m.attached_target_version);
+      p->set_shape(m.shape);
+    }
+    out.mutable_exchange_ranks()->Add(f.exchange_ranks.begin(), f.exchange_ranks.end());
   }
-  out.set_dtype(DTypeToProto(plan.dtype));
-  out.set_rank(rank);
-  out.set_source_version(options.source_version);
-  out.set_target_version(options.target_version);
-  auto own = [rank](const Layout& layout) {
-    if (const RankChunks* rc = layout.Find(rank)) return RankChunksToProto(*rc);
-    v1::RankChunks empty;
-    empty.set_rank(rank);
-    return empty;
-  };
-  *out.mutable_source() = own(plan.source);
-  *out.mutable_target() = own(plan.target);
-  for (const LocalCopy& c : plan.local_copies) {
-    if (c.rank == rank) *out.add_local_copies() = LocalCopyToProto(c);
+  std::vector<std::pair<int64_t, int64_t>> incarnations(f.member_incarnations.begin(),
+                                                        f.member_incarnations.end());
+  std::sort(incarnations.begin(), incarnations.end());
+  for (const auto& [rank, incarnation] : incarnations) {
+    out.add_member_ranks(rank);
+    out.add_member_incarnations(incarnation);
   }
-  std::set<int64_t> members = {rank};
-  for (size_t i = 0; i < plan.steps.size(); ++i) {
-    const Step& s = plan.steps[i];
-    if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
-    *out.add_steps() = StepToProto(s, static_cast<int>(i));
-    members.insert(s.ranks.begin(), s.ranks.end());
-  }
-  out.set_zero_fill(std::find(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end(), rank) !=
-                    plan.zero_fill_ranks.end());
-  out.set_divide_by(plan.divide_by);
-  out.set_reduce_op(ReduceOpToProto(plan.source.partial_op()));
-  out.set_num_partials(plan.source.num_partials());
-  for (int64_t m : members) {
-    out.add_member_ranks(m);
-    auto it = options.incarnations.find(m);
-    out.add_member_incarnations(it == options.incarnations.end() ? 0 : it->second);
-  }
-  out.set_step_timeout_ms(options.step_timeout_ms);
-  out.set_communicator_prefix(options.communicator_prefix);
-  // Only ranks of the target layout hold a lent buffer of the target tensor.
-  if (plan.target.Find(rank) != nullptr) {
-    out.set_attached_target_version(options.attached_target_version);
-  }
+  out.set_step_timeout_ms(f.step_timeout_ms);
+  out.set_communicator_prefix(f.communicator_prefix);
+  out.set_bucket_bytes(f.bucket_bytes);
   return out;
 }
 
@@ -640,7 +623,8 @@ namespace {
 // The fields PlanFragment and FragmentShape share (same names), for `rank`; error fields
 // start with `prefix` ("" or "shapes[2].").
 template <typename P>
-absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix, Fragment* out) {
+absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix,
+                              FragmentShape* out) {
   auto field = [prefix](absl::string_view name) { return absl::StrCat(prefix, name); };
   absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), field("dtype"));
   if (!dtype.ok()) return dtype.status();
@@ -675,14 +659,9 @@ absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
-// member_ranks/member_incarnations, step_timeout_ms and communicator_prefix: a plain
-// fragment's and a fused group's alike.
-template <typename Out>
-absl::Status ParseGroupFields(const v1::PlanFragment& f, Out* out) {
+// member_ranks/member_incarnations, step_timeout_ms and communicator_prefix: both wire
+// shapes alike.
+absl::Status ParseSharedFields(const v1::PlanFragment& f, Fragment* out) {
   if (f.member_ranks_size() != f.member_incarnations_size()) {
     return Bad("member_incarnations", f.member_incarnations_size(), " entries for ",
                f.member_ranks_size(), " member_ranks");
@@ -696,19 +675,18 @@ absl::Status ParseGroupFields(const v1::PlanFragment& f, Out* out) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
-  Fragment out;
-  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+// A single plan's wire shape: one shape and its member in the top-level fields.
+absl::Status ParsePlanFields(const v1::PlanFragment& f, Fragment* out) {
   if (f.tensor().empty()) return Bad("tensor", "empty");
-  out.plan_id = f.plan_id();
-  out.tensor = f.tensor();
-  out.target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
+  FragmentMember member;
+  member.plan_id = f.plan_id();
+  member.tensor = f.tensor();
+  member.target_tensor = f.target_tensor().empty() ? f.tensor() : f.target_tensor();
   if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
-  if (absl::Status s = ParseShapeFields(f, f.rank(), "", &out); !s.ok()) return s;
-  out.source_version = f.source_version();
-  out.target_version = f.target_version();
+  FragmentShape shape;
+  if (absl::Status s = ParseShapeFields(f, f.rank(), "", &shape); !s.ok()) return s;
+  member.source_version = f.source_version();
+  member.target_version = f.target_version();
   for (int i = 0; i < f.steps_size(); ++i) {
     const std::string item = Index("steps", i);
     absl::StatusOr<Step> s = StepFromProto(f.steps(i), item);
@@ -716,163 +694,64 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
     if (std::find(s->ranks.begin(), s->ranks.end(), f.rank()) == s->ranks.end()) {
       return Bad(item, "rank ", f.rank(), " is not in the step's group");
     }
-    out.steps.push_back(*std::move(s));
-    out.step_indices.push_back(f.steps(i).index());
+    shape.steps.push_back(*std::move(s));
+    shape.step_indices.push_back(f.steps(i).index());
   }
-  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
+  if (absl::Status s = ParseSharedFields(f, out); !s.ok()) return s;
   if (absl::Status s = NonNegative("attached_target_version", f.attached_target_version());
       !s.ok()) {
     return s;
   }
-  out.attached_target_version = f.attached_target_version();
+  member.attached_target_version = f.attached_target_version();
   if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
-  out.bucket_bytes = f.bucket_bytes();
-  return out;
+  out->bucket_bytes = f.bucket_bytes();
+  out->shapes.push_back(std::move(shape));
+  out->members.push_back(std::move(member));
+  return absl::OkStatus();
 }
 
-std::map<int64_t, v1::FragmentShape> MakeFragmentShapes(const Plan& plan) {
-  std::map<int64_t, v1::FragmentShape> out;
-  const std::vector<int64_t>& zero_fill = plan.zero_fill_ranks;  // Sorted.
-  for (int64_t rank : PlanParticipants(plan)) {
-    v1::FragmentShape& m = out[rank];
-    m.set_dtype(DTypeToProto(plan.dtype));
-    if (const RankChunks* rc = plan.source.Find(rank)) *m.mutable_source() = RankChunksToProto(*rc);
-    m.mutable_source()->set_rank(rank);
-    if (const RankChunks* rc = plan.target.Find(rank)) *m.mutable_target() = RankChunksToProto(*rc);
-    m.mutable_target()->set_rank(rank);
-    m.set_zero_fill(std::binary_search(zero_fill.begin(), zero_fill.end(), rank));
-    m.set_divide_by(plan.divide_by);
-    m.set_reduce_op(ReduceOpToProto(plan.source.partial_op()));
-    m.set_num_partials(plan.source.num_partials());
-  }
-  for (const LocalCopy& c : plan.local_copies) {
-    *out[c.rank].add_local_copies() = LocalCopyToProto(c);
-  }
-  for (const Step& step : plan.steps) {
-    for (const Transfer& t : step.transfers) {
-      const v1::Transfer proto = TransferToProto(t);
-      *out[t.src].add_transfers() = proto;
-      *out[t.dst].add_transfers() = proto;
-    }
-  }
-  return out;
-}
-
-std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
-    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
-    const GroupFragmentOptions& options) {
-  std::set<int64_t> exchange;
-  std::map<int64_t, v1::PlanFragment> out;
-  // Members with the same plan (the plan cache hands out one object per distinct plan)
-  // share its shapes: each rank's shape of a plan is made and sent once.
-  struct Shapes {
-    std::map<int64_t, v1::FragmentShape> by_rank;
-    std::map<int64_t, int32_t> index;  // Rank -> position in that rank's fragment.
-  };
-  absl::flat_hash_map<const Plan*, Shapes> shapes;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const Plan& plan = *plans[i];
-    auto [it, inserted] = shapes.try_emplace(&plan);
-    Shapes& s = it->second;
-    if (inserted) {
-      s.by_rank = MakeFragmentShapes(plan);
-      for (const Step& step : plan.steps) {
-        for (const Transfer& t : step.transfers) {
-          if (t.bytes == 0) continue;
-          exchange.insert(t.src);
-          exchange.insert(t.dst);
-        }
-      }
-      for (auto& [rank, shape] : s.by_rank) {
-        v1::PlanFragment& f = out[rank];
-        s.index[rank] = f.shapes_size();
-        *f.add_shapes() = std::move(shape);
-      }
-    }
-    const FragmentMemberOptions& o = members[i];
-    for (const auto& [rank, index] : s.index) {
-      v1::FragmentMember* m = out[rank].add_members();
-      m->set_index(o.index);
-      m->set_plan_id(o.plan_id);
-      m->set_tensor(o.tensor);
-      if (!o.target_tensor.empty() && o.target_tensor != o.tensor) {
-        m->set_target_tensor(o.target_tensor);
-      }
-      m->set_source_version(o.source_version);
-      m->set_target_version(o.target_version);
-      // Only ranks of the target layout hold a lent buffer of the target tensor.
-      if (plan.target.Find(rank) != nullptr) {
-        m->set_attached_target_version(o.attached_target_version);
-      }
-      m->set_shape(index);
-    }
-  }
-  for (auto& [rank, f] : out) {
-    f.set_plan_id(options.plan_id);
-    f.set_rank(rank);
-    f.set_step_timeout_ms(options.step_timeout_ms);
-    f.set_communicator_prefix(options.communicator_prefix);
-    f.set_bucket_bytes(options.bucket_bytes);
-    if (exchange.count(rank) == 0) continue;
-    for (int64_t r : exchange) {
-      f.add_exchange_ranks(r);
-      f.add_member_ranks(r);
-      auto it = options.incarnations.find(r);
-      f.add_member_incarnations(it == options.incarnations.end() ? 0 : it->second);
-    }
-  }
-  return out;
-}
-
-absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) {
-  GroupFragment out;
-  if (f.plan_id().empty()) return Bad("plan_id", "empty");
-  out.plan_id = f.plan_id();
+// A fused transaction's wire shape: `members` and `shapes`.
+absl::Status ParseFusedFields(const v1::PlanFragment& f, Fragment* out) {
   if (absl::Status s = NonNegative("rank", f.rank()); !s.ok()) return s;
-  out.rank = f.rank();
-  if (absl::Status s = ParseGroupFields(f, &out); !s.ok()) return s;
+  if (absl::Status s = ParseSharedFields(f, out); !s.ok()) return s;
   if (absl::Status s = NonNegative("bucket_bytes", f.bucket_bytes()); !s.ok()) return s;
-  out.bucket_bytes = f.bucket_bytes();
+  out->bucket_bytes = f.bucket_bytes();
   for (int i = 0; i < f.exchange_ranks_size(); ++i) {
     const int64_t r = f.exchange_ranks(i);
     const std::string item = Index("exchange_ranks", i);
     if (absl::Status s = NonNegative(item, r); !s.ok()) return s;
     if (i > 0 && r <= f.exchange_ranks(i - 1)) return Bad(item, r, " is not sorted or repeats");
-    if (!out.member_incarnations.contains(r)) {
+    if (!out->member_incarnations.contains(r)) {
       return Bad(item, "rank ", r, " has no entry in member_ranks/member_incarnations");
     }
-    out.exchange_ranks.push_back(r);
+    out->exchange_ranks.push_back(r);
   }
-  const bool in_exchange =
-      std::binary_search(out.exchange_ranks.begin(), out.exchange_ranks.end(), out.rank);
-  out.shapes.reserve(f.shapes_size());
+  const std::vector<int64_t>& exchange = out->exchange_ranks;
+  const bool in_exchange = std::binary_search(exchange.begin(), exchange.end(), out->rank);
+  out->shapes.reserve(f.shapes_size());
   for (int i = 0; i < f.shapes_size(); ++i) {
     const v1::FragmentShape& sp = f.shapes(i);
     const std::string prefix = absl::StrCat(Index("shapes", i), ".");
-    Fragment shape;
-    shape.plan_id = f.plan_id();
+    FragmentShape shape;
     if (absl::Status s = ParseShapeFields(sp, f.rank(), prefix, &shape); !s.ok()) return s;
     for (int j = 0; j < sp.transfers_size(); ++j) {
       const std::string item = absl::StrCat(prefix, Index("transfers", j));
       absl::StatusOr<Transfer> t = TransferFromProto(sp.transfers(j), item);
       if (!t.ok()) return t.status();
-      if (t->src != out.rank && t->dst != out.rank) {
-        return Bad(item, t->src, " -> ", t->dst, " does not involve rank ", out.rank);
+      if (t->src != out->rank && t->dst != out->rank) {
+        return Bad(item, t->src, " -> ", t->dst, " does not involve rank ", out->rank);
       }
-      const int64_t peer = t->src == out.rank ? t->dst : t->src;
-      if (!in_exchange ||
-          !std::binary_search(out.exchange_ranks.begin(), out.exchange_ranks.end(), peer)) {
+      const int64_t peer = t->src == out->rank ? t->dst : t->src;
+      if (!in_exchange || !std::binary_search(exchange.begin(), exchange.end(), peer)) {
         return Bad(item, t->src, " -> ", t->dst, " leaves exchange_ranks [",
-                   absl::StrJoin(out.exchange_ranks, ","), "]");
+                   absl::StrJoin(exchange, ","), "]");
       }
       shape.transfers.push_back(*std::move(t));
     }
-    shape.step_timeout_ms = out.step_timeout_ms;
-    shape.communicator_prefix = out.communicator_prefix;
-    out.shapes.push_back(std::move(shape));
+    out->shapes.push_back(std::move(shape));
   }
   absl::flat_hash_set<int32_t> indices;
-  out.members.reserve(f.members_size());
+  out->members.reserve(f.members_size());
   for (int i = 0; i < f.members_size(); ++i) {
     const v1::FragmentMember& m = f.members(i);
     const std::string prefix = absl::StrCat(Index("members", i), ".");
@@ -890,7 +769,7 @@ absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) 
           std::make_pair("attached_target_version", m.attached_target_version())}) {
       if (absl::Status s = NonNegative(absl::StrCat(prefix, name), v); !s.ok()) return s;
     }
-    GroupMember member;
+    FragmentMember member;
     member.index = m.index();
     member.plan_id = m.plan_id().empty() ? f.plan_id() : m.plan_id();
     member.tensor = m.tensor();
@@ -899,8 +778,21 @@ absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& f) 
     member.target_version = m.target_version();
     member.attached_target_version = m.attached_target_version();
     member.shape = m.shape();
-    out.members.push_back(std::move(member));
+    out->members.push_back(std::move(member));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
+  Fragment out;
+  if (f.plan_id().empty()) return Bad("plan_id", "empty");
+  out.plan_id = f.plan_id();
+  out.rank = f.rank();
+  out.fused = f.members_size() > 0;
+  absl::Status s = out.fused ? ParseFusedFields(f, &out) : ParsePlanFields(f, &out);
+  if (!s.ok()) return s;
   return out;
 }
 

@@ -8,11 +8,9 @@
 // return the status as is.
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,7 +23,6 @@
 #include "sharding/placement.h"
 #include "sharding/plan.h"
 #include "sharding/plan_fragment.h"
-#include "sharding/plan_participants.h"
 #include "sharding/spec.h"
 
 namespace shardcoord {
@@ -38,21 +35,6 @@ using Int64List = google::protobuf::RepeatedField<int64_t>;
 inline constexpr int kMaxDims = 16;
 // Ranges of one rank in a flat spec.
 inline constexpr int kMaxFlatRangesPerRank = 4096;
-// Mesh and tensor names.
-inline constexpr size_t kMaxNameBytes = 256;
-
-// A mesh or tensor name: 1 to kMaxNameBytes of letters, digits and `_ . - : /` (names end
-// up in logs, metrics labels of nothing, file names of checkpoints and shell commands).
-// INVALID_ARGUMENT "<field>: ..." naming the limit or the first bad character otherwise.
-absl::Status ValidateName(absl::string_view name, absl::string_view field = "name");
-
-// Worker names.
-inline constexpr size_t kMaxWorkerNameBytes = 253;
-
-// A worker name: 1 to kMaxWorkerNameBytes of letters, digits and `_ . - :`, starting with a
-// letter or digit (a host name, a pod name, or the default "host:pid"; it names the worker's
-// certificate and its "{name}" in flags, so no '/'). INVALID_ARGUMENT "<field>: ..." else.
-absl::Status ValidateWorkerName(absl::string_view name, absl::string_view field = "name");
 
 // ---- Scalars ---------------------------------------------------------------------------
 
@@ -126,69 +108,18 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
 // would otherwise be most of the coordinator's work (PlanRedistribute shows a full plan).
 v1::Plan PlanSummaryToProto(const Plan& plan, absl::string_view id, absl::string_view tensor);
 
-struct FragmentOptions {
-  std::string plan_id;
-  std::string tensor;
-  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
-  int64_t source_version = 0;
-  int64_t target_version = 0;
-  // Current incarnation of every rank in the plan; missing ranks get 0.
-  absl::flat_hash_map<int64_t, int64_t> incarnations;
-  int64_t step_timeout_ms = 0;
-  std::string communicator_prefix;
-  // A Copy into an attached tensor: its committed version, whose buffers are written in
-  // place (PlanFragment.attached_target_version, set for the target layout's ranks only);
-  // 0 = new buffers.
-  int64_t attached_target_version = 0;
-};
+// One rank's fragment in one of the two wire shapes: a single plan (not fused) in the
+// top-level fields without `members` (its one shape's steps, its one member's tensors and
+// versions); a fused transaction as `members` and `shapes` (each shape's transfers) with
+// exchange_ranks. member_ranks/member_incarnations are sorted by rank.
+v1::PlanFragment FragmentToProto(const Fragment& fragment);
 
-// What `rank` does in `plan`: its source and target chunks, its local copies, and only the
-// steps whose process group contains it (with their plan-wide index).
-v1::PlanFragment MakeFragment(const Plan& plan, int64_t rank, const FragmentOptions& options);
-
-// What each participant of `plan` does in it, by rank (every rank of PlanParticipants), as the
-// FragmentShape of a fused group's fragments (issue 10): the rank's chunks, local copies and
-// only the transfers it sends or receives, in plan order. One pass over the transfers.
-std::map<int64_t, v1::FragmentShape> MakeFragmentShapes(const Plan& plan);
-
-// Who a member of a fused group is, besides its plan.
-struct FragmentMemberOptions {
-  int32_t index = 0;  // Position in the group.
-  std::string plan_id;
-  std::string tensor;
-  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
-  int64_t source_version = 0;
-  int64_t target_version = 0;
-  int64_t attached_target_version = 0;  // As FragmentOptions'.
-};
-
-// Every worker's fragment of a fused group of `plans` (members[i] describes plans[i]), by
-// rank: the shape of every distinct plan (members whose plans are the same object share it),
-// the members in the group's order, exchange_ranks (every rank that sends or receives any
-// transfer) with their incarnations for the ranks among them, and the group-wide fields.
-struct GroupFragmentOptions {
-  std::string plan_id;                                 // The group's id.
-  absl::flat_hash_map<int64_t, int64_t> incarnations;  // Missing ranks get 0.
-  int64_t step_timeout_ms = 0;
-  std::string communicator_prefix;
-  int64_t bucket_bytes = 0;
-};
-std::map<int64_t, v1::PlanFragment> MakeGroupFragments(
-    absl::Span<const Plan* const> plans, absl::Span<const FragmentMemberOptions> members,
-    const GroupFragmentOptions& options);
-
-// Whether a PlanFragment is a fused group's.
-inline bool IsGroupFragment(const v1::PlanFragment& f) { return f.members_size() > 0; }
-
-// Field by field, checking each shape as FragmentFromProto does ("shapes[2].source: ...") and
-// each member ("members[3].shape: ..."), and that exchange_ranks is sorted, distinct, holds
-// this rank when it moves anything, and every transfer's peer, each with an incarnation;
-// member indices are distinct.
-absl::StatusOr<GroupFragment> GroupFragmentFromProto(const v1::PlanFragment& fragment);
-
-// Validates that the fragment is self-consistent for its rank: every step contains the rank,
-// every transfer's ends are members of its step, local copies
-// belong to the rank, member lists have equal lengths.
+// Either wire shape (`members` given: fused), field by field. A single plan's: every step
+// contains the rank, every transfer's ends are members of its step, local copies belong to
+// the rank, member lists have equal lengths. A fused transaction's: each shape checked as a
+// single plan's fields are ("shapes[2].source: ..."), each member ("members[3].shape: ..."),
+// exchange_ranks sorted, distinct, holding this rank when it moves anything, and every
+// transfer's peer, each with an incarnation; member indices distinct.
 absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& fragment);
 
 }  // namespace shardcoord

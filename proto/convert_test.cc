@@ -4,25 +4,17 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/plan_fragment.h"
+#include "sharding/plan_participants.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::ErrorOf;
+using sharding_testing::Mesh;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-template <typename T>
-std::string ErrorOf(const absl::StatusOr<T>& s) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
-  return std::string(s.status().message());
-}
-
-DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {}) {
-  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *m;
-}
 
 TEST(ConvertTest, DTypeRoundTripsAndRejectsUnspecified) {
   for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
@@ -44,36 +36,6 @@ TEST(ConvertTest, ReduceOpUnspecifiedIsSum) {
   }
   EXPECT_THAT(ErrorOf(ReduceOpFromProto(static_cast<v1::ReduceOp>(9), "p.op")),
               HasSubstr("p.op: unknown reduce op 9"));
-}
-
-TEST(ConvertTest, NamesAreBounded) {
-  EXPECT_TRUE(ValidateName("model.layers.0/attn_qkv:w-1").ok());
-  EXPECT_EQ(ValidateName("").message(), "name: empty");
-  absl::Status s = ValidateName(std::string(kMaxNameBytes + 1, 'a'), "header.name");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "header.name: 257 bytes, more than the limit of 256");
-  EXPECT_EQ(ValidateName("a b").message(),
-            "name: 'a b' has ' ' at 1; names use letters, digits and _ . - : /");
-  EXPECT_EQ(ValidateName("a\n").message(),
-            "name: 'a\\n' has byte 0xa at 1; names use letters, digits and _ . - : /");
-  EXPECT_THAT(ValidateName(std::string("x\x01")).message(), HasSubstr("has byte 0x1 at 1"));
-}
-
-TEST(ConvertTest, WorkerNamesAreHostLike) {
-  EXPECT_TRUE(ValidateWorkerName("w0").ok());
-  EXPECT_TRUE(ValidateWorkerName("node-3.cluster.local:4711").ok());
-  EXPECT_TRUE(ValidateWorkerName("shardcoord-worker-12").ok());
-  EXPECT_EQ(ValidateWorkerName("").message(), "name: empty");
-  for (const char* bad : {"/", "S(0)", "0:1,2:3;;", "-w", ".w", "w/0", "w 0"}) {
-    absl::Status s = ValidateWorkerName(bad);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_TRUE(absl::StartsWith(s.message(), "name: '")) << s;
-  }
-  EXPECT_EQ(ValidateWorkerName(std::string(300, 'a'), "--name").message(),
-            "--name: 300 bytes, more than the limit of 253");
-  EXPECT_EQ(ValidateWorkerName("/").message(),
-            "name: '/' has '/' at 0; worker names use letters, digits and _ . - : and start with "
-            "a letter or digit");
 }
 
 TEST(ConvertTest, ShapesAndSpecsAreBounded) {
@@ -275,18 +237,38 @@ TEST(ConvertTest, PlanToProto) {
   EXPECT_THAT(PlanParticipants(plan), ElementsAre(0, 1, 2, 3));
 }
 
-TEST(ConvertTest, FragmentHoldsOnlyTheRanksSteps) {
-  const Plan plan = TwoStepPlan();
+FragmentOptions PlanOptions(const std::string& plan_id) {
   FragmentOptions options;
-  options.plan_id = "p-1";
-  options.tensor = "T";
-  options.source_version = 3;
-  options.target_version = 4;
+  options.plan_id = plan_id;
   options.incarnations = {{0, 10}, {1, 11}, {2, 12}, {3, 13}};
   options.step_timeout_ms = 500;
-  options.communicator_prefix = "plan/p-1";
+  options.communicator_prefix = absl::StrCat("plan/", plan_id);
+  return options;
+}
 
-  v1::PlanFragment f2 = MakeFragment(plan, 2, options);
+FragmentMemberOptions MemberOptions(const std::string& plan_id, const std::string& tensor) {
+  FragmentMemberOptions member;
+  member.plan_id = plan_id;
+  member.tensor = tensor;
+  member.source_version = 3;
+  member.target_version = 4;
+  return member;
+}
+
+// What `rank` does in `plan` alone, on the wire.
+v1::PlanFragment PlanFragmentOf(const Plan& plan, int64_t rank, const FragmentOptions& options,
+                                const FragmentMemberOptions& member) {
+  const Plan* plans[] = {&plan};
+  return FragmentToProto(MakeFragments(plans, {member}, options).at(rank));
+}
+
+TEST(ConvertTest, APlansFragmentHasTheLegacyFieldsAndOnlyTheRanksSteps) {
+  const Plan plan = TwoStepPlan();
+  v1::PlanFragment f2 = PlanFragmentOf(plan, 2, PlanOptions("p-1"), MemberOptions("p-1", "T"));
+  EXPECT_EQ(f2.plan_id(), "p-1");
+  EXPECT_EQ(f2.tensor(), "T");
+  EXPECT_EQ(f2.source_version(), 3);
+  EXPECT_EQ(f2.target_version(), 4);
   ASSERT_EQ(f2.steps_size(), 1);
   EXPECT_EQ(f2.steps(0).index(), 1);
   EXPECT_EQ(f2.local_copies_size(), 1);
@@ -295,70 +277,117 @@ TEST(ConvertTest, FragmentHoldsOnlyTheRanksSteps) {
   EXPECT_THAT(f2.member_incarnations(), ElementsAre(12, 13));
   EXPECT_EQ(f2.source().chunks(0).box().offset(0), 4);
   EXPECT_EQ(f2.target().chunks(0).box().offset(0), 4);
+  EXPECT_EQ(f2.step_timeout_ms(), 500);
+  EXPECT_EQ(f2.members_size(), 0);
+  EXPECT_EQ(f2.shapes_size(), 0);
+  EXPECT_EQ(f2.exchange_ranks_size(), 0);
+  EXPECT_TRUE(f2.target_tensor().empty());
 
   absl::StatusOr<Fragment> parsed = FragmentFromProto(f2);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->plan_id, "p-1");
   EXPECT_EQ(parsed->rank, 2);
-  EXPECT_EQ(parsed->source_version, 3);
-  EXPECT_EQ(parsed->target_version, 4);
-  ASSERT_EQ(parsed->steps.size(), 1u);
-  EXPECT_EQ(parsed->step_indices[0], 1);
-  EXPECT_EQ(parsed->steps[0].transfers, plan.steps[1].transfers);
-  EXPECT_EQ(parsed->local_copies[0], plan.local_copies[2]);
+  EXPECT_FALSE(parsed->fused);
+  ASSERT_EQ(parsed->shapes.size(), 1u);
+  ASSERT_EQ(parsed->members.size(), 1u);
+  const FragmentShape& shape = parsed->shapes[0];
+  const FragmentMember& member = parsed->members[0];
+  EXPECT_EQ(member.plan_id, "p-1");
+  EXPECT_EQ(member.source_version, 3);
+  EXPECT_EQ(member.target_version, 4);
+  ASSERT_EQ(shape.steps.size(), 1u);
+  EXPECT_EQ(shape.step_indices[0], 1);
+  EXPECT_EQ(shape.steps[0].transfers, plan.steps[1].transfers);
+  EXPECT_EQ(shape.local_copies[0], plan.local_copies[2]);
   EXPECT_EQ(parsed->member_incarnations.at(3), 13);
-  EXPECT_EQ(parsed->target.chunks, plan.target.Find(2)->chunks);
+  EXPECT_EQ(shape.target.chunks, plan.target.Find(2)->chunks);
   EXPECT_EQ(parsed->communicator_prefix, "plan/p-1");
-  EXPECT_EQ(parsed->target_tensor, "T");  // Not a Copy: the target is the tensor itself.
-  EXPECT_TRUE(f2.target_tensor().empty());
-
-  // A rank outside the plan gets an empty fragment.
-  v1::PlanFragment f9 = MakeFragment(plan, 9, options);
-  EXPECT_EQ(f9.steps_size(), 0);
-  EXPECT_EQ(f9.source().chunks_size(), 0);
-  EXPECT_EQ(f9.source().rank(), 9);
+  EXPECT_EQ(member.target_tensor, "T");  // Not a Copy: the target is the tensor itself.
+  // And back: the same wire message.
+  EXPECT_EQ(FragmentToProto(*parsed).SerializeAsString(), f2.SerializeAsString());
 }
 
 TEST(ConvertTest, CopyFragmentNamesItsTargetTensor) {
-  FragmentOptions options;
-  options.plan_id = "p-2";
-  options.tensor = "src";
-  options.target_tensor = "dst";
-  options.source_version = 3;
-  options.target_version = 9;
-  v1::PlanFragment f = MakeFragment(TwoStepPlan(), 2, options);
+  FragmentMemberOptions member = MemberOptions("p-2", "src");
+  member.target_tensor = "dst";
+  member.target_version = 9;
+  v1::PlanFragment f = PlanFragmentOf(TwoStepPlan(), 2, PlanOptions("p-2"), member);
   EXPECT_EQ(f.tensor(), "src");
   EXPECT_EQ(f.target_tensor(), "dst");
   absl::StatusOr<Fragment> parsed = FragmentFromProto(f);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->tensor, "src");
-  EXPECT_EQ(parsed->target_tensor, "dst");
-  EXPECT_EQ(parsed->source_version, 3);
-  EXPECT_EQ(parsed->target_version, 9);
+  EXPECT_EQ(parsed->members[0].tensor, "src");
+  EXPECT_EQ(parsed->members[0].target_tensor, "dst");
+  EXPECT_EQ(parsed->members[0].source_version, 3);
+  EXPECT_EQ(parsed->members[0].target_version, 9);
+}
+
+TEST(ConvertTest, AFusedFragmentHasMembersAndShapesOnly) {
+  const Plan a = TwoStepPlan();
+  const Plan b = TwoStepPlan();
+  const Plan* plans[] = {&a, &b, &a};
+  FragmentOptions options = PlanOptions("g-1");
+  options.fused = true;
+  options.bucket_bytes = 4096;
+  std::vector<FragmentMemberOptions> members = {
+      MemberOptions("p-x", "x"), MemberOptions("p-y", "y"), MemberOptions("p-z", "z")};
+  members[1].index = 1;
+  members[2].index = 2;
+  members[2].target_tensor = "w";
+  v1::PlanFragment f = FragmentToProto(MakeFragments(plans, members, options).at(3));
+  EXPECT_EQ(f.plan_id(), "g-1");
+  EXPECT_EQ(f.rank(), 3);
+  EXPECT_TRUE(f.tensor().empty());
+  EXPECT_FALSE(f.has_source());
+  EXPECT_FALSE(f.has_target());
+  EXPECT_EQ(f.steps_size(), 0);
+  EXPECT_EQ(f.dtype(), v1::DTYPE_UNSPECIFIED);
+  EXPECT_EQ(f.bucket_bytes(), 4096);
+  EXPECT_THAT(f.exchange_ranks(), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(f.member_ranks(), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(f.member_incarnations(), ElementsAre(10, 11, 12, 13));
+  ASSERT_EQ(f.shapes_size(), 2);
+  EXPECT_EQ(f.shapes(0).transfers_size(), 2);
+  EXPECT_EQ(f.shapes(0).source().rank(), 3);
+  ASSERT_EQ(f.members_size(), 3);
+  EXPECT_EQ(f.members(2).shape(), 0);
+  EXPECT_EQ(f.members(1).shape(), 1);
+  EXPECT_EQ(f.members(2).target_tensor(), "w");
+  EXPECT_TRUE(f.members(1).target_tensor().empty());
+
+  absl::StatusOr<Fragment> parsed = FragmentFromProto(f);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->fused);
+  EXPECT_EQ(parsed->members[1].plan_id, "p-y");
+  EXPECT_EQ(parsed->members[1].target_tensor, "y");
+  EXPECT_EQ(parsed->shapes[0].transfers, std::vector<Transfer>(a.steps[1].transfers));
+  EXPECT_EQ(FragmentToProto(*parsed).SerializeAsString(), f.SerializeAsString());
+
+  f.mutable_members(1)->set_shape(5);
+  EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "members[1].shape: 5 is not one of the 2 shapes");
 }
 
 TEST(ConvertTest, FragmentFromProtoRejectsInconsistentFragments) {
   const Plan plan = TwoStepPlan();
-  FragmentOptions options;
-  options.plan_id = "p";
-  options.tensor = "T";
-  v1::PlanFragment f = MakeFragment(plan, 0, options);
+  const FragmentOptions options = PlanOptions("p");
+  const FragmentMemberOptions member = MemberOptions("p", "T");
+  v1::PlanFragment f = PlanFragmentOf(plan, 0, options, member);
   f.set_rank(2);  // Step 0 is among {0, 1}.
   f.clear_local_copies();
   f.mutable_source()->clear_chunks();
   f.mutable_target()->clear_chunks();
   EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "steps[0]: rank 2 is not in the step's group");
 
-  f = MakeFragment(plan, 0, options);
+  f = PlanFragmentOf(plan, 0, options, member);
   f.mutable_steps(0)->mutable_transfers(0)->set_dst(3);
   EXPECT_EQ(ErrorOf(FragmentFromProto(f)),
             "steps[0].transfers[0]: 0 -> 3 leaves the step's group [0,1]");
 
-  f = MakeFragment(plan, 0, options);
+  f = PlanFragmentOf(plan, 0, options, member);
   f.add_member_incarnations(5);
   EXPECT_THAT(ErrorOf(FragmentFromProto(f)), HasSubstr("member_incarnations: "));
 
-  f = MakeFragment(plan, 0, options);
+  f = PlanFragmentOf(plan, 0, options, member);
   f.set_dtype(v1::DTYPE_UNSPECIFIED);
   EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "dtype: unspecified");
 }

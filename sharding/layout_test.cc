@@ -9,19 +9,15 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::Mesh;
 using ::testing::HasSubstr;
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-
-DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {}) {
-  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *std::move(m) : DeviceMesh();
-}
 
 absl::StatusOr<Layout> FromText(const DeviceMesh& mesh, const Shape& shape,
                                 const std::string& placements) {

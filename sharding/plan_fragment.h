@@ -1,75 +1,109 @@
 #ifndef SHARDCOORD_SHARDING_PLAN_FRAGMENT_H_
 #define SHARDCOORD_SHARDING_PLAN_FRAGMENT_H_
 
-// What one rank does in a plan or a fused group of plans, as sharding types: what a worker
-// executes. proto/convert.h converts v1::PlanFragment to these.
+// What one rank does in a plan or in a fused transaction of plans: what a worker executes.
+// A fragment is a list of templates (`shapes`: what the rank does in each distinct plan) and
+// the members each applies to (which tensors and versions). A single plan is one shape with
+// one member. proto/convert.h converts fragments to v1::PlanFragment and back.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
 #include "sharding/plan.h"
 
 namespace shardcoord {
 
-// A fragment as sharding types, for workers.
-struct Fragment {
-  std::string plan_id;
-  std::string tensor;         // Read at source_version.
-  std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
+// What one rank does in one plan, whatever tensors it applies to.
+struct FragmentShape {
+  int64_t rank = 0;  // The fragment's rank: a shape is what that rank does on its own.
   DType dtype = DType::kF32;
-  int64_t rank = 0;
-  int64_t source_version = 0;
-  int64_t target_version = 0;
   RankChunks source;  // chunks empty when the rank holds no source.
   RankChunks target;
   std::vector<LocalCopy> local_copies;
+  // A single plan's: the steps whose process group holds the rank, in plan order...
   std::vector<Step> steps;
   std::vector<int> step_indices;  // Plan-wide index of steps[i].
+  // ...a fused transaction's: the transfers the rank sends or receives, in plan order
+  // (`steps` is empty; the transaction's exchange moves them).
+  std::vector<Transfer> transfers;
   bool zero_fill = false;
   int64_t divide_by = 1;
   ReduceOp reduce_op = ReduceOp::kSum;
   int64_t num_partials = 1;
-  absl::flat_hash_map<int64_t, int64_t> member_incarnations;
-  int64_t step_timeout_ms = 0;
-  std::string communicator_prefix;
-  int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
-  int64_t bucket_bytes = 0;             // The plan's bucket size; 0: the worker's default.
-  // A member of a fused group: the transfers this rank sends or receives, in plan order
-  // (`steps` is empty; the group's exchange moves them).
-  std::vector<Transfer> transfers;
 };
 
-// A member of a fused group's fragment, for workers.
-struct GroupMember {
-  int32_t index = 0;  // FragmentMember.index.
+// Which tensors and versions a shape applies to.
+struct FragmentMember {
+  int32_t index = 0;  // Position in the transaction (0 for a single plan).
   std::string plan_id;
   std::string tensor;         // Read at source_version.
-  std::string target_tensor;  // Written at target_version.
+  std::string target_tensor;  // Written at target_version: `tensor` unless a Copy.
   int64_t source_version = 0;
   int64_t target_version = 0;
-  int64_t attached_target_version = 0;
-  int shape = 0;  // Index into GroupFragment::shapes.
+  int64_t attached_target_version = 0;  // > 0: write that attached buffer in place.
+  int shape = 0;                        // Index into Fragment::shapes.
 };
 
-// A fused group's fragment (PlanFragment with `members`), for workers.
-struct GroupFragment {
-  std::string plan_id;  // The group's id.
+struct Fragment {
+  std::string plan_id;  // The plan's, or the transaction's.
   int64_t rank = 0;
-  // What this rank does in each distinct plan: a Fragment without tensor names, versions or
-  // steps (its `transfers` hold the rank's), with the group's plan id, rank, step timeout and
-  // communicator prefix (member_incarnations empty).
-  std::vector<Fragment> shapes;
-  std::vector<GroupMember> members;  // In the group's order.
+  // false: one plan (one shape, one member) whose steps run in order; true: a fused
+  // transaction, every member's transfers in one exchange over `exchange_ranks`.
+  bool fused = false;
+  std::vector<FragmentShape> shapes;
+  std::vector<FragmentMember> members;  // In the transaction's order.
+  // Fused: every rank that sends or receives any transfer, sorted (empty when this rank
+  // moves nothing).
   std::vector<int64_t> exchange_ranks;
-  absl::flat_hash_map<int64_t, int64_t> member_incarnations;  // Of exchange_ranks.
-  int64_t bucket_bytes = 0;
+  // The incarnation of every rank this one communicates with (and its own): the members of
+  // its steps, or exchange_ranks.
+  absl::flat_hash_map<int64_t, int64_t> member_incarnations;
+  int64_t bucket_bytes = 0;  // The plan's bucket size; 0: the worker's default.
   int64_t step_timeout_ms = 0;
   std::string communicator_prefix;
+
+  const FragmentShape& shape_of(size_t member) const { return shapes[members[member].shape]; }
 };
+
+// Who a member is, besides its plan.
+struct FragmentMemberOptions {
+  int32_t index = 0;  // Position in the transaction.
+  std::string plan_id;
+  std::string tensor;
+  std::string target_tensor;  // A Copy's dst; empty = `tensor`.
+  int64_t source_version = 0;
+  int64_t target_version = 0;
+  // A Copy into an attached tensor: its committed version, whose buffers are written in
+  // place (set for the target layout's ranks only); 0 = new buffers.
+  int64_t attached_target_version = 0;
+};
+
+// What every fragment of one plan or transaction shares.
+struct FragmentOptions {
+  std::string plan_id;                                 // The plan's or the transaction's.
+  bool fused = false;                                  // As Fragment::fused.
+  absl::flat_hash_map<int64_t, int64_t> incarnations;  // Missing ranks get 0.
+  int64_t step_timeout_ms = 0;
+  std::string communicator_prefix;
+  int64_t bucket_bytes = 0;
+};
+
+// Every participant's fragment of `plans` (members[i] describes plans[i]), by rank. Not
+// fused: exactly one plan and member; each rank gets its chunks, local copies and only the
+// steps whose group contains it (with their plan-wide index), and the incarnations of those
+// steps' members. Fused: each rank gets the shape of every distinct plan it takes part in
+// (members whose plans are the same object share one), with its chunks, local copies and
+// only the transfers it sends or receives, in plan order; the members in the transaction's
+// order; exchange_ranks with their incarnations when it is among them.
+std::map<int64_t, Fragment> MakeFragments(absl::Span<const Plan* const> plans,
+                                          absl::Span<const FragmentMemberOptions> members,
+                                          const FragmentOptions& options);
 
 }  // namespace shardcoord
 

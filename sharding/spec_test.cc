@@ -6,24 +6,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::ErrorOf;
+using sharding_testing::Mesh;
 using ::testing::HasSubstr;
-
-template <typename T>
-std::string ErrorOf(const absl::StatusOr<T>& s) {
-  EXPECT_FALSE(s.ok());
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
-  return std::string(s.status().message());
-}
-
-DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {}) {
-  absl::StatusOr<DeviceMesh> m = DeviceMesh::Create(std::move(shape), std::move(ranks));
-  EXPECT_TRUE(m.ok()) << m.status();
-  return *m;
-}
 
 TEST(SpecTest, LayoutForSpecChecksPlacementsAgainstTensorAndMesh) {
   const DeviceMesh mesh = Mesh({2, 2});

@@ -39,6 +39,7 @@
 #include "common/tls_options.h"
 #include "proto/convert.h"
 #include "proto/malformed_log.h"
+#include "sharding/names.h"
 #include "worker/worker.h"
 
 namespace shardcoord {

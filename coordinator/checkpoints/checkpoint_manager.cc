@@ -12,6 +12,7 @@
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
 #include "sharding/checkpoint_plan.h"
+#include "sharding/names.h"
 
 namespace shardcoord {
 namespace {

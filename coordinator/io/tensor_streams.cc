@@ -7,6 +7,7 @@
 #include "proto/convert.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
+#include "sharding/names.h"
 
 namespace shardcoord {
 

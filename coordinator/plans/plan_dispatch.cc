@@ -5,40 +5,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/plans/plan_manager.h"
+#include "proto/convert.h"
 #include "sharding/fused_stream.h"
+#include "sharding/plan_fragment.h"
 
 namespace shardcoord {
 namespace {
 
 // What a transaction's fragments are made from, gathered under the lock and made outside.
 struct FragmentInputs {
-  bool fused = false;
   std::vector<std::shared_ptr<const Plan>> plans;  // The members', in order.
-  FragmentOptions single;                          // The one member's (collective).
-  int64_t bucket_bytes = 0;                        // The one member's; 0: the workers' default.
-  std::vector<FragmentMemberOptions> members;      // Fused: each member's.
-  GroupFragmentOptions group;                      // Fused: the transaction's.
+  std::vector<FragmentMemberOptions> members;      // Each member's, in order.
+  FragmentOptions options;                         // The transaction's.
   std::vector<WorkerEndpoint> workers;             // Who gets one, by rank.
 };
 
-// The one place fragments are made: every participant's PlanFragment of the one plan, or
-// every worker's fused fragment of all of them.
-std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> MakeFragments(FragmentInputs in) {
-  std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> out;
-  out.reserve(in.workers.size());
-  if (!in.fused) {
-    for (const WorkerEndpoint& w : in.workers) {
-      v1::PlanFragment f = MakeFragment(*in.plans.front(), w.rank, in.single);
-      if (in.bucket_bytes > 0) f.set_bucket_bytes(in.bucket_bytes);
-      out.emplace_back(w, std::move(f));
-    }
-    return out;
-  }
+// The one place fragments are made (sharding/plan_fragment.h) and put on the wire: every
+// participant's fragment of the one plan, or every worker's fused fragment of all of them.
+std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> BuildFragments(const FragmentInputs& in) {
   std::vector<const Plan*> plans;
   plans.reserve(in.plans.size());
   for (const auto& p : in.plans) plans.push_back(p.get());
-  std::map<int64_t, v1::PlanFragment> fragments = MakeGroupFragments(plans, in.members, in.group);
-  for (const WorkerEndpoint& w : in.workers) out.emplace_back(w, std::move(fragments[w.rank]));
+  std::map<int64_t, Fragment> fragments = MakeFragments(plans, in.members, in.options);
+  std::vector<std::pair<WorkerEndpoint, v1::PlanFragment>> out;
+  out.reserve(in.workers.size());
+  for (const WorkerEndpoint& w : in.workers) {
+    out.emplace_back(w, FragmentToProto(fragments[w.rank]));
+  }
   return out;
 }
 
@@ -71,7 +64,7 @@ void PlanManager::Send(const std::string& txn, int64_t admitted) {
     bucket = limits.bucket_bytes;
   }
   FragmentInputs in;
-  in.fused = strategy == Strategy::kFused;
+  const bool fused = strategy == Strategy::kFused;
   in.plans = std::move(plans);
   {
     absl::MutexLock lock(&mu_);
@@ -79,9 +72,9 @@ void PlanManager::Send(const std::string& txn, int64_t admitted) {
     if (it == transactions_.end()) return;
     Transaction& t = it->second;
     t.bucket_bytes = bucket;
-    if (in.fused) t.buckets = stats.messages;
+    if (fused) t.buckets = stats.messages;
     if (t.failed) return;
-    if (in.fused) {
+    if (fused) {
       // The group's workers: every member's participants, expecting what they all receive.
       t.records.reserve(t.members.size());
       for (size_t i = 0; i < t.members.size(); ++i) {
@@ -93,39 +86,34 @@ void PlanManager::Send(const std::string& txn, int64_t admitted) {
         }
         // Members' records stay put (and are not retired) until they end, with the group.
         t.records.push_back(&e);
-        FragmentMemberOptions& m = in.members.emplace_back();
-        m.index = static_cast<int32_t>(i);
-        m.plan_id = e.id;
-        m.tensor = e.tensor;
-        m.target_tensor = e.target_tensor;
-        m.source_version = e.source_version;
-        m.target_version = e.target_version;
-        m.attached_target_version = e.target_attached ? e.old_target_version : 0;
       }
-      in.group.plan_id = t.id;
-      in.group.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
-      in.group.communicator_prefix = t.communicator_prefix;
-      in.group.bucket_bytes = t.bucket_bytes;
-      for (const auto& [r, p] : t.participants) in.group.incarnations[r] = p.endpoint.incarnation;
+    }
+    for (size_t i = 0; i < t.records.size(); ++i) {
+      const PlanRecord& e = *t.records[i];
+      FragmentMemberOptions& m = in.members.emplace_back();
+      m.index = static_cast<int32_t>(i);
+      m.plan_id = e.id;
+      m.tensor = e.tensor;
+      m.target_tensor = e.target_tensor;
+      m.source_version = e.source_version;
+      m.target_version = e.target_version;
+      m.attached_target_version = e.target_attached ? e.old_target_version : 0;
+    }
+    FragmentOptions& fo = in.options;
+    fo.plan_id = t.id;
+    fo.fused = fused;
+    fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
+    // A single plan's fragments carry the admitted bucket only; a fused one always its own.
+    fo.bucket_bytes = fused ? t.bucket_bytes : admitted;
+    fo.communicator_prefix = fused ? t.communicator_prefix : t.records.front()->communicator_prefix;
+    for (const auto& [r, p] : t.participants) fo.incarnations[r] = p.endpoint.incarnation;
+    if (fused) {
       t.sent = true;
       ScheduleTimeoutLocked(t);
-    } else {
-      const PlanRecord& e = *t.records.front();
-      FragmentOptions& fo = in.single;
-      fo.plan_id = e.id;
-      fo.tensor = e.tensor;
-      fo.target_tensor = e.target_tensor;
-      fo.source_version = e.source_version;
-      fo.target_version = e.target_version;
-      fo.step_timeout_ms = absl::ToInt64Milliseconds(options_.step_timeout);
-      fo.communicator_prefix = e.communicator_prefix;
-      if (e.target_attached) fo.attached_target_version = e.old_target_version;
-      for (const auto& [r, p] : t.participants) fo.incarnations[r] = p.endpoint.incarnation;
-      in.bucket_bytes = admitted;
     }
     for (const auto& [r, p] : t.participants) in.workers.push_back(p.endpoint);
   }
-  for (auto& [endpoint, fragment] : MakeFragments(std::move(in))) {
+  for (auto& [endpoint, fragment] : BuildFragments(in)) {
     const int64_t rank = endpoint.rank;
     client_->Execute(endpoint, std::move(fragment),
                      [this, txn, rank](absl::Status s) { OnExecuteDone(txn, rank, s); });

@@ -28,6 +28,8 @@
 #include "proto/convert.h"
 #include "sharding/cost_model.h"
 #include "sharding/plan.h"
+#include "sharding/plan_fragment.h"
+#include "sharding/plan_participants.h"
 #include "sharding/planner.h"
 
 namespace shardcoord {
@@ -340,7 +342,7 @@ class PlanManager : public WorkerListener {
 
   // How a transaction's data moves (what Send does).
   enum class Strategy {
-    kCollective,  // One member; its own PlanFragment per participant (MakeFragment).
+    kCollective,  // One member; its own fragment per participant (MakeFragments, not fused).
     kFused,       // Many members; one fused fragment per worker under the transaction's id.
     kRelay,       // One small member; the coordinator moves it itself (plan_relay.h).
   };

@@ -11,6 +11,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_credentials.h"
 #include "proto/grpc_status.h"
+#include "sharding/names.h"
 #include "spdlog/spdlog.h"
 
 namespace shardcoord {

@@ -28,6 +28,7 @@
 #include "worker/control/kv_client.h"
 #include "worker/control/worker_core.h"
 #include "worker/testing/attach_test_util.h"
+#include "worker/testing/executor_test_util.h"
 #include "worker/testing/fake_device_memory_space.h"
 
 namespace shardcoord {
@@ -38,6 +39,17 @@ using attach_testing::Memfd;
 using ::testing::HasSubstr;
 
 const Shape kShape = {8, 6};
+
+// The member of the copies these tests run: "S" v1 into "D", lent at v5 (new version 6).
+FragmentMemberOptions SIntoD() {
+  FragmentMemberOptions m;
+  m.tensor = "S";
+  m.target_tensor = "D";
+  m.source_version = 1;
+  m.target_version = 6;
+  m.attached_target_version = 5;
+  return m;
+}
 
 Layout LayoutOf(const std::string& placements) {
   return *Layout::FromPlacements(*DeviceMesh::Create({2}), kShape, *ParsePlacements(placements));
@@ -347,16 +359,12 @@ class AttachedPlanTest : public ::testing::Test {
     const Plan plan = *Redistribute(LayoutOf("S(0)"), LayoutOf("S(1)"), DType::kF32);
     FragmentOptions o;
     o.plan_id = id;
-    o.tensor = "S";
-    o.target_tensor = "D";
-    o.source_version = 1;
-    o.target_version = 6;
-    o.attached_target_version = 5;
     for (int r = 0; r < 2; ++r) o.incarnations[r] = 1;
     o.step_timeout_ms = 30000;
     o.communicator_prefix = absl::StrCat("plan/", id, "/");
     for (int r = 0; r < 2; ++r) {
-      ASSERT_TRUE(workers_[r]->core.Execute(MakeFragment(plan, r, o)).ok());
+      ASSERT_TRUE(
+          workers_[r]->core.Execute(executor_testing::PlanFragmentFor(plan, r, o, SIntoD())).ok());
     }
     for (const v1::ReportChunksRequest& rep : rpc_.WaitFinals(2)) {
       EXPECT_EQ(rep.error(), "") << rep.DebugString();
@@ -461,14 +469,10 @@ TEST_F(AttachedPlanTest, ADetachedTargetFailsThePlanBeforeItStarts) {
   ASSERT_EQ(rpc_.detaches().size(), 1u);
   FragmentOptions o;
   o.plan_id = "gone";
-  o.tensor = "S";
-  o.target_tensor = "D";
-  o.source_version = 1;
-  o.target_version = 6;
-  o.attached_target_version = 5;
   o.incarnations = {{0, 1}, {1, 1}};
   const Plan plan = *Redistribute(LayoutOf("S(0)"), LayoutOf("S(1)"), DType::kF32);
-  absl::Status s = workers_[0]->core.Execute(MakeFragment(plan, 0, o));
+  absl::Status s =
+      workers_[0]->core.Execute(executor_testing::PlanFragmentFor(plan, 0, o, SIntoD()));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.message(), HasSubstr("holds no attached buffer"));
 }

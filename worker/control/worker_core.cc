@@ -25,6 +25,131 @@ std::string StatusText(const absl::Status& s) {
   return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
 }
 
+// The log line of a fragment that starts.
+std::string DescribeStart(const Fragment& f) {
+  if (f.fused) {
+    int64_t transfers = 0;
+    for (size_t i = 0; i < f.members.size(); ++i) {
+      transfers += static_cast<int64_t>(f.shape_of(i).transfers.size());
+    }
+    return absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes a fused group of ",
+                        f.members.size(), " members (", f.shapes.size(), " shapes), ", transfers,
+                        " transfers over ", f.exchange_ranks.size(), " exchange ranks");
+  }
+  const FragmentMember& m = f.members[0];
+  return absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.shapes[0].steps.size(),
+                      " steps of tensor '", m.tensor, "' v", m.source_version, " -> ",
+                      m.target_tensor == m.tensor ? "" : absl::StrCat("'", m.target_tensor, "' "),
+                      "v", m.target_version);
+}
+
+// How many rounds report progress (all but the last: the final report follows it at once):
+// a plan's steps, or a fused exchange's rounds.
+size_t ProgressSteps(const Fragment& f) {
+  if (!f.fused) return f.shapes[0].steps.size();
+  return f.exchange_ranks.size() > 1 ? f.exchange_ranks.size() - 1 : 0;
+}
+
+// What a strategy produced, for the report: the target chunks of each shape, the checksums
+// of each member, the timings, and a summary for the log.
+struct RunOutcome {
+  std::vector<RankChunks> chunks;
+  std::vector<std::vector<uint64_t>> checksums;
+  int64_t bytes_received = 0;
+  std::vector<v1::StepTiming> steps;
+  std::string summary;
+};
+
+// A plan: its steps in order (worker/plans/executor.h).
+absl::StatusOr<RunOutcome> RunSteps(const Fragment& f, const GroupMemberBuffers& buffers,
+                                    CommunicatorCache* communicators, CancelToken* cancel,
+                                    const ExecutorOptions& options, ProgressCallback progress) {
+  ExecuteInput in;
+  in.fragment = &f;
+  in.source = buffers.source;
+  in.target = buffers.target;
+  in.communicators = communicators;
+  in.cancel = cancel;
+  in.options = options;
+  in.progress = std::move(progress);
+  absl::StatusOr<ExecuteResult> r = ExecuteFragment(in);
+  if (!r.ok()) return r.status();
+  RunOutcome out;
+  out.chunks.push_back(std::move(r->chunks));
+  out.checksums.push_back(std::move(r->checksums));
+  out.bytes_received = r->bytes_received;
+  for (const StepReport& s : r->steps) {
+    v1::StepTiming& t = out.steps.emplace_back();
+    t.set_index(s.index);
+    t.set_op(StepOpName(s.method));
+    t.set_start_unix_us(absl::ToUnixMicros(s.start));
+    t.set_duration_us(absl::ToInt64Microseconds(s.time));
+    t.set_bytes_sent(s.bytes_sent);
+    t.set_bytes_received(s.bytes_received);
+    absl::StrAppend(&out.summary, " [step ", s.index, " ", StepOpName(s.method), " sent ",
+                    s.bytes_sent, " B recv ", s.bytes_received, " B in ",
+                    absl::FormatDuration(s.time), "]");
+  }
+  return out;
+}
+
+// A fused transaction: one exchange of every member's transfers (worker/plans/
+// fused_exchange.h).
+absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
+                                            std::vector<GroupMemberBuffers> buffers,
+                                            CommunicatorCache* communicators, CancelToken* cancel,
+                                            const ExecutorOptions& options,
+                                            ProgressCallback progress) {
+  GroupExecuteInput in;
+  in.fragment = &f;
+  in.buffers = std::move(buffers);
+  in.communicators = communicators;
+  in.cancel = cancel;
+  in.options = options;
+  in.progress = std::move(progress);
+  absl::StatusOr<GroupExecuteResult> r = ExecuteGroup(in);
+  if (!r.ok()) return r.status();
+  RunOutcome out;
+  // Every member's buffer was made of its shape's target chunks.
+  out.chunks.reserve(f.shapes.size());
+  for (const FragmentShape& shape : f.shapes) out.chunks.push_back(shape.target);
+  out.checksums.reserve(r->members.size());
+  for (GroupMemberResult& m : r->members) out.checksums.push_back(std::move(m.checksums));
+  out.bytes_received = r->bytes_received;
+  for (const ExchangeRound& round : r->rounds) {
+    v1::StepTiming& t = out.steps.emplace_back();
+    t.set_index(round.round);
+    t.set_op("fused_exchange");
+    t.set_start_unix_us(absl::ToUnixMicros(round.start));
+    t.set_duration_us(absl::ToInt64Microseconds(round.time));
+    t.set_bytes_sent(round.bytes_sent);
+    t.set_bytes_received(round.bytes_received);
+    t.set_send_peer(round.send_peer);
+    t.set_recv_peer(round.recv_peer);
+    t.set_buckets_sent(round.buckets_sent);
+    t.set_buckets_received(round.buckets_received);
+    absl::StrAppend(&out.summary, " [round ", round.round, " to ", round.send_peer, " ",
+                    round.bytes_sent, " B in ", round.buckets_sent, " buckets, from ",
+                    round.recv_peer, " ", round.bytes_received, " B in ", round.buckets_received,
+                    " buckets, ", round.windows, " windows, ", absl::FormatDuration(round.time),
+                    "]");
+  }
+  absl::StrAppend(&out.summary, " staging ", r->staging_bytes, " B (bucket ", r->bucket_bytes,
+                  " B)");
+  return out;
+}
+
+// The one strategy choice: `buffers` holds each member's, index for index.
+absl::StatusOr<RunOutcome> RunStrategy(const Fragment& f, std::vector<GroupMemberBuffers> buffers,
+                                       CommunicatorCache* communicators, CancelToken* cancel,
+                                       const ExecutorOptions& options, ProgressCallback progress) {
+  if (f.fused) {
+    return RunFusedExchange(f, std::move(buffers), communicators, cancel, options,
+                            std::move(progress));
+  }
+  return RunSteps(f, buffers.at(0), communicators, cancel, options, std::move(progress));
+}
+
 }  // namespace
 
 // One member's buffers (a plain fragment has one part).
@@ -38,23 +163,16 @@ struct WorkerCore::RunPart {
 };
 
 struct WorkerCore::PlanRun {
-  Fragment fragment;                   // A plain fragment...
-  std::optional<GroupFragment> group;  // ...or a fused group's.
-  std::vector<RunPart> parts;          // One per fragment / group member.
-  std::vector<GroupMember> ids;        // Part i's tensors and versions.
+  Fragment fragment;
+  std::vector<RunPart> parts;  // One per fragment member.
   CancelToken cancel;
   // Guarded by WorkerCore::mu_.
   bool aborted = false;  // FinishPlan(abort) arrived.
 
-  const std::string& plan_id() const { return group ? group->plan_id : fragment.plan_id; }
-  int64_t rank() const { return group ? group->rank : fragment.rank; }
-  const std::string& prefix() const {
-    return group ? group->communicator_prefix : fragment.communicator_prefix;
-  }
-  // What part i does: the fragment, or its member's shape.
-  const Fragment& shape(size_t i) const {
-    return group ? group->shapes[group->members[i].shape] : fragment;
-  }
+  const std::string& plan_id() const { return fragment.plan_id; }
+  int64_t rank() const { return fragment.rank; }
+  const std::string& prefix() const { return fragment.communicator_prefix; }
+  const FragmentMember& member(size_t i) const { return fragment.members[i]; }
 };
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
@@ -83,7 +201,7 @@ absl::Status WorkerCore::CheckPlanIdLocked(const std::string& plan_id) const {
   return absl::OkStatus();
 }
 
-absl::Status WorkerCore::PrepareBuffers(const Fragment& shape, const GroupMember& ids,
+absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const FragmentMember& member,
                                         RunPart* part) {
   // The names and versions are the member's; chunks and dtype the shape's.
   struct {
@@ -95,8 +213,8 @@ absl::Status WorkerCore::PrepareBuffers(const Fragment& shape, const GroupMember
     DType dtype;
     const RankChunks& source;
     const RankChunks& target;
-  } f{ids.tensor,  ids.target_tensor, ids.source_version, ids.attached_target_version,
-      ids.plan_id, shape.rank,        shape.dtype,        shape.source,
+  } f{member.tensor,  member.target_tensor, member.source_version, member.attached_target_version,
+      member.plan_id, shape.rank,           shape.dtype,           shape.source,
       shape.target};
   if (!f.source.chunks.empty()) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> source = buffers_->Get(f.tensor, f.source_version);
@@ -144,60 +262,30 @@ absl::Status WorkerCore::PrepareBuffers(const Fragment& shape, const GroupMember
 
 absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
   auto run = std::make_shared<PlanRun>();
-  if (IsGroupFragment(proto)) {
-    absl::StatusOr<GroupFragment> group = ParseGroupFragment(proto);
-    if (!group.ok()) return group.status();
-    run->group = *std::move(group);
-  } else {
-    absl::StatusOr<Fragment> fragment = ParseFragment(proto);
-    if (!fragment.ok()) return fragment.status();
-    run->fragment = *std::move(fragment);
-  }
+  absl::StatusOr<Fragment> fragment = ParseFragment(proto);
+  if (!fragment.ok()) return fragment.status();
+  run->fragment = *std::move(fragment);
+  const Fragment& f = run->fragment;
   {
     absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
+    if (absl::Status s = CheckPlanIdLocked(f.plan_id); !s.ok()) return s;
   }
-  if (run->group) {
-    run->ids = run->group->members;
-  } else {
-    const Fragment& f = run->fragment;
-    run->ids.push_back(GroupMember{0, f.plan_id, f.tensor, f.target_tensor, f.source_version,
-                                   f.target_version, f.attached_target_version, 0});
-  }
-  const size_t parts = run->ids.size();
-  run->parts.resize(parts);
-  for (size_t i = 0; i < parts; ++i) {
-    if (absl::Status s = PrepareBuffers(run->shape(i), run->ids[i], &run->parts[i]); !s.ok()) {
-      if (!run->group) return s;
-      return absl::Status(s.code(), absl::StrCat("member ", run->ids[i].index, " (plan ",
-                                                 run->ids[i].plan_id, "): ", s.message()));
+  run->parts.resize(f.members.size());
+  for (size_t i = 0; i < f.members.size(); ++i) {
+    if (absl::Status s = PrepareBuffers(f.shape_of(i), f.members[i], &run->parts[i]); !s.ok()) {
+      if (!f.fused) return s;
+      return absl::Status(s.code(), absl::StrCat("member ", f.members[i].index, " (plan ",
+                                                 f.members[i].plan_id, "): ", s.message()));
     }
   }
   {
     absl::MutexLock lock(&mu_);
     // Again: it may have changed.
-    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
-    plans_.emplace(run->plan_id(), run);
+    if (absl::Status s = CheckPlanIdLocked(f.plan_id); !s.ok()) return s;
+    plans_.emplace(f.plan_id, run);
     ++running_;
   }
-  if (log_) {
-    if (run->group) {
-      const GroupFragment& g = *run->group;
-      int64_t transfers = 0;
-      for (const GroupMember& m : g.members) {
-        transfers += static_cast<int64_t>(g.shapes[m.shape].transfers.size());
-      }
-      log_(absl::StrCat("plan ", g.plan_id, ": rank ", g.rank, " executes a fused group of ",
-                        g.members.size(), " members (", g.shapes.size(), " shapes), ", transfers,
-                        " transfers over ", g.exchange_ranks.size(), " exchange ranks"));
-    } else {
-      const Fragment& f = run->fragment;
-      log_(absl::StrCat("plan ", f.plan_id, ": rank ", f.rank, " executes ", f.steps.size(),
-                        " steps of tensor '", f.tensor, "' v", f.source_version, " -> ",
-                        f.target_tensor == f.tensor ? "" : absl::StrCat("'", f.target_tensor, "' "),
-                        "v", f.target_version));
-    }
-  }
+  if (log_) log_(DescribeStart(f));
   std::thread([this, run] { Run(run); }).detach();
   return absl::OkStatus();
 }
@@ -215,22 +303,10 @@ void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
   }
 }
 
-namespace {
-
-// The chunks (a plain fragment's; a group's are its shapes') and checksums a plan produced,
-// per part, and its timings for the report.
-struct RunOutcome {
-  std::vector<RankChunks> chunks;
-  std::vector<std::vector<uint64_t>> checksums;
-  int64_t bytes_received = 0;
-  std::vector<v1::StepTiming> steps;
-  std::string summary;  // For the log.
-};
-
-}  // namespace
-
 void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
-  size_t steps = 0, steps_done = 0;
+  const Fragment& f = run->fragment;
+  const size_t steps = ProgressSteps(f);
+  size_t steps_done = 0;
   ProgressCallback progress = [&](int64_t done, int64_t /*total*/) {
     // The final report follows the last step at once.
     if (++steps_done >= steps) return;
@@ -242,89 +318,17 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
   const absl::Time start = absl::Now();
   // The most the worker holds while this fragment runs, from its own accounting.
   const int64_t watermark = budget_ != nullptr ? budget_->OpenWatermark() : 0;
-  absl::StatusOr<RunOutcome> result;
-  if (run->group) {
-    const GroupFragment& g = *run->group;
-    // One progress report per exchange round but the last.
-    steps = g.exchange_ranks.size() > 1 ? g.exchange_ranks.size() - 1 : 0;
-    GroupExecuteInput in;
-    in.group = &g;
-    in.buffers.reserve(run->parts.size());
-    for (const RunPart& p : run->parts) in.buffers.push_back({p.source.get(), p.target.get()});
-    in.communicators = communicators_;
-    in.cancel = &run->cancel;
-    in.options = options_;
-    in.progress = progress;
-    absl::StatusOr<GroupExecuteResult> r = ExecuteGroup(in);
-    if (!r.ok()) {
-      result = r.status();
-    } else {
-      RunOutcome out;
-      // The chunks are the shapes' (the report sends them once per shape).
-      out.checksums.reserve(r->members.size());
-      for (GroupMemberResult& m : r->members) out.checksums.push_back(std::move(m.checksums));
-      out.bytes_received = r->bytes_received;
-      for (const ExchangeRound& round : r->rounds) {
-        v1::StepTiming& t = out.steps.emplace_back();
-        t.set_index(round.round);
-        t.set_op("fused_exchange");
-        t.set_start_unix_us(absl::ToUnixMicros(round.start));
-        t.set_duration_us(absl::ToInt64Microseconds(round.time));
-        t.set_bytes_sent(round.bytes_sent);
-        t.set_bytes_received(round.bytes_received);
-        t.set_send_peer(round.send_peer);
-        t.set_recv_peer(round.recv_peer);
-        t.set_buckets_sent(round.buckets_sent);
-        t.set_buckets_received(round.buckets_received);
-        absl::StrAppend(&out.summary, " [round ", round.round, " to ", round.send_peer, " ",
-                        round.bytes_sent, " B in ", round.buckets_sent, " buckets, from ",
-                        round.recv_peer, " ", round.bytes_received, " B in ",
-                        round.buckets_received, " buckets, ", round.windows, " windows, ",
-                        absl::FormatDuration(round.time), "]");
-      }
-      absl::StrAppend(&out.summary, " staging ", r->staging_bytes, " B (bucket ", r->bucket_bytes,
-                      " B)");
-      result = std::move(out);
-    }
-  } else {
-    steps = run->fragment.steps.size();
-    ExecuteInput in;
-    in.fragment = &run->fragment;
-    in.source = run->parts[0].source.get();
-    in.target = run->parts[0].target.get();
-    in.communicators = communicators_;
-    in.cancel = &run->cancel;
-    in.options = options_;
-    in.progress = progress;
-    absl::StatusOr<ExecuteResult> r = ExecuteFragment(in);
-    if (!r.ok()) {
-      result = r.status();
-    } else {
-      RunOutcome out;
-      out.chunks.push_back(std::move(r->chunks));
-      out.checksums.push_back(std::move(r->checksums));
-      out.bytes_received = r->bytes_received;
-      for (const StepReport& s : r->steps) {
-        v1::StepTiming& t = out.steps.emplace_back();
-        t.set_index(s.index);
-        t.set_op(StepOpName(s.method));
-        t.set_start_unix_us(absl::ToUnixMicros(s.start));
-        t.set_duration_us(absl::ToInt64Microseconds(s.time));
-        t.set_bytes_sent(s.bytes_sent);
-        t.set_bytes_received(s.bytes_received);
-        absl::StrAppend(&out.summary, " [step ", s.index, " ", StepOpName(s.method), " sent ",
-                        s.bytes_sent, " B recv ", s.bytes_received, " B in ",
-                        absl::FormatDuration(s.time), "]");
-      }
-      result = std::move(out);
-    }
-  }
+  std::vector<GroupMemberBuffers> buffers;
+  buffers.reserve(run->parts.size());
+  for (const RunPart& p : run->parts) buffers.push_back({p.source.get(), p.target.get()});
+  absl::StatusOr<RunOutcome> result =
+      RunStrategy(f, std::move(buffers), communicators_, &run->cancel, options_, progress);
   // Copies into lent memory the executor could not write in place: one copy into the
   // process's memory each; a process that is gone fails the plan.
   for (size_t i = 0; i < run->parts.size() && result.ok(); ++i) {
     const RunPart& p = run->parts[i];
     if (p.write_back == nullptr) continue;
-    const GroupMember& f = run->ids[i];
+    const FragmentMember& m = run->member(i);
     absl::Status s =
         p.write_back->lent()->detached()
             ? absl::AbortedError(absl::StrCat("the target buffer (",
@@ -333,7 +337,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     if (!s.ok()) {
       result = absl::Status(s.code(),
                             absl::StrCat("writing rank ", run->rank(), "'s attached buffer of '",
-                                         f.target_tensor, "': ", s.message()));
+                                         m.target_tensor, "': ", s.message()));
     }
   }
   // Done with the source: its memory goes back before the report, so the commit that drops
@@ -355,18 +359,18 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     // Stored before the report, so a commit that follows finds them.
     for (size_t i = 0; i < run->parts.size() && result.ok() && !aborted; ++i) {
       RunPart& p = run->parts[i];
-      const GroupMember& f = run->ids[i];
+      const FragmentMember& m = run->member(i);
       std::shared_ptr<HostBuffer> keep = p.write_back ? p.write_back : p.target;
       if (keep->attached()) {
         // Lent memory follows the tensor's versions (also with no chunks on this rank),
         // unless it was detached meanwhile: then the plan fails.
-        if (absl::Status s = buffers_->Store(f.target_tensor, f.target_version, keep); s.ok()) {
+        if (absl::Status s = buffers_->Store(m.target_tensor, m.target_version, keep); s.ok()) {
           p.stored = true;
         } else {
           result = s;
         }
-      } else if (!run->shape(i).target.chunks.empty()) {
-        buffers_->Put(f.target_tensor, f.target_version, p.target);
+      } else if (!f.shape_of(i).target.chunks.empty()) {
+        buffers_->Put(m.target_tensor, m.target_version, p.target);
         p.stored = true;
       }
     }
@@ -374,7 +378,7 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
       // A later part failed to store: the plan fails, so none of it stays.
       for (size_t i = 0; i < run->parts.size(); ++i) {
         if (!run->parts[i].stored) continue;
-        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
+        buffers_->Drop(run->member(i).target_tensor, run->member(i).target_version);
         run->parts[i].stored = false;
       }
     }
@@ -394,23 +398,23 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     if (result.ok()) {
       for (v1::StepTiming& t : result->steps) *report.add_steps() = std::move(t);
       report.set_bytes_done(result->bytes_received);
-      if (run->group) {
+      if (f.fused) {
         // Every member holds its shape's target chunks (its buffer was made of them): the
         // chunks go once per shape, the checksums per member.
-        for (const Fragment& shape : run->group->shapes) {
+        for (const RankChunks& chunks : result->chunks) {
           v1::RankChunks* rc = report.add_shapes();
-          *rc = RankChunksToProto(shape.target);
-          rc->set_rank(run->rank());
+          *rc = RankChunksToProto(chunks);
+          rc->set_rank(f.rank);
         }
         for (size_t i = 0; i < run->parts.size(); ++i) {
           v1::MemberChunks* m = report.add_members();
-          m->set_index(run->ids[i].index);
-          m->set_shape(run->ids[i].shape);
+          m->set_index(f.members[i].index);
+          m->set_shape(f.members[i].shape);
           m->mutable_checksums()->Add(result->checksums[i].begin(), result->checksums[i].end());
         }
       } else {
         *report.mutable_chunks() = RankChunksToProto(result->chunks[0], result->checksums[0]);
-        report.mutable_chunks()->set_rank(run->rank());
+        report.mutable_chunks()->set_rank(f.rank);
       }
     } else {
       report.set_error(StatusText(result.status()));
@@ -442,7 +446,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
       run->aborted = true;
       for (size_t i = 0; i < run->parts.size(); ++i) {
         if (!run->parts[i].stored) continue;
-        buffers_->Drop(run->ids[i].target_tensor, run->ids[i].target_version);
+        buffers_->Drop(run->member(i).target_tensor, run->member(i).target_version);
         run->parts[i].stored = false;
       }
     }
@@ -453,7 +457,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     absl::flat_hash_set<std::pair<absl::string_view, int64_t>> written;
     if (run != nullptr) written.reserve(run->parts.size());
     for (size_t i = 0; run != nullptr && i < run->parts.size(); ++i) {
-      written.emplace(run->ids[i].target_tensor, run->ids[i].target_version);
+      written.emplace(run->member(i).target_tensor, run->member(i).target_version);
     }
     auto drop = [&](absl::string_view tensor, int64_t version) {
       if (version < 0 || tensor.empty() || written.contains({tensor, version})) return;

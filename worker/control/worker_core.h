@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "proto/shardcoord.pb.h"
 #include "sharding/box.h"
+#include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/control/coordinator_rpc.h"
@@ -150,9 +151,10 @@ class WorkerCore {
   struct PlanRun;
   absl::Status CheckPlanIdLocked(const std::string& plan_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finds the source buffer of `ids`' tensor and version with `shape`'s chunks and makes (or
-  // finds, attached) its target.
-  absl::Status PrepareBuffers(const Fragment& shape, const GroupMember& ids, RunPart* part);
+  // Finds the source buffer of `member`'s tensor and version with `shape`'s chunks and makes
+  // (or finds, attached) its target.
+  absl::Status PrepareBuffers(const FragmentShape& shape, const FragmentMember& member,
+                              RunPart* part);
   void Run(std::shared_ptr<PlanRun> run);
   void Report(const PlanRun& run, v1::ReportChunksRequest request);
 

@@ -19,6 +19,7 @@
 #include "worker/control/kv_client.h"
 #include "worker/control/worker_core.h"
 #include "worker/memory/memory_space.h"
+#include "worker/testing/executor_test_util.h"
 #include "worker/testing/fake_device_memory_space.h"
 
 namespace shardcoord {
@@ -217,14 +218,16 @@ TEST(WorkerCoreMemorySpaceTest, PlanRunsOnDeviceBuffers) {
   }
   FragmentOptions options;
   options.plan_id = "avg";
-  options.tensor = "T";
-  options.source_version = 1;
-  options.target_version = 2;
   for (int i = 0; i < 4; ++i) options.incarnations[i] = 7;
   options.step_timeout_ms = 30000;
   options.communicator_prefix = "plan/avg/";
+  FragmentMemberOptions member;
+  member.tensor = "T";
+  member.source_version = 1;
+  member.target_version = 2;
   for (int r = 0; r < 4; ++r) {
-    ASSERT_TRUE(workers[r]->core.Execute(MakeFragment(plan, r, options)).ok());
+    ASSERT_TRUE(
+        workers[r]->core.Execute(executor_testing::PlanFragmentFor(plan, r, options, member)).ok());
   }
   std::vector<v1::ReportChunksRequest> finals = reporter.WaitFinals(4);
   for (const auto& rep : finals) {

@@ -17,6 +17,7 @@
 #include "worker/buffers/checksum.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/control/kv_client.h"
+#include "worker/testing/executor_test_util.h"
 
 namespace shardcoord {
 namespace {
@@ -287,13 +288,14 @@ class LifecycleTest : public ::testing::Test {
   v1::PlanFragment Fragment(int r, const std::string& id, int64_t timeout_ms = 30000) {
     FragmentOptions options;
     options.plan_id = id;
-    options.tensor = "T";
-    options.source_version = 1;
-    options.target_version = 2;
     for (int i = 0; i < 4; ++i) options.incarnations[i] = 7;
     options.step_timeout_ms = timeout_ms;
     options.communicator_prefix = absl::StrCat("plan/", id, "/");
-    return MakeFragment(plan_, r, options);
+    FragmentMemberOptions member;
+    member.tensor = "T";
+    member.source_version = 1;
+    member.target_version = 2;
+    return executor_testing::PlanFragmentFor(plan_, r, options, member);
   }
 
   v1::FinishPlanRequest Finish(const std::string& id, bool commit) {

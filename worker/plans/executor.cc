@@ -238,7 +238,7 @@ int64_t CollectiveStaging(const Step& step, const StepShape& shape, int64_t esiz
 
 class StepRunner {
  public:
-  StepRunner(const Fragment& f, const Step& step, const StepShape& shape, Mover* mover,
+  StepRunner(const FragmentShape& f, const Step& step, const StepShape& shape, Mover* mover,
              Communicator* comm, const CommOptions& options, int64_t message_bytes,
              int64_t staging_limit)
       : f_(f),
@@ -598,7 +598,7 @@ class StepRunner {
     return SendRecvWithHooks(*comm_, sends, recvs, options);
   }
 
-  const Fragment& f_;
+  const FragmentShape& f_;
   const Step& step_;
   const StepShape& shape_;
   Mover* mover_;
@@ -610,7 +610,7 @@ class StepRunner {
   const int64_t staging_limit_;
 };
 
-std::string StepName(const Fragment& f, size_t i) {
+std::string StepName(const FragmentShape& f, size_t i) {
   const Step& step = f.steps[i];
   const int index = i < f.step_indices.size() ? f.step_indices[i] : static_cast<int>(i);
   return absl::StrCat("step ", index, " (", StepOpName(step.op), " over ranks [",
@@ -637,20 +637,27 @@ uint32_t StepTag(const std::string& plan_id, int step_index) {
 }
 
 absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
-  const Fragment& f = *input.fragment;
-  if (absl::Status s = ValidateFragment(f); !s.ok()) return s;
+  const Fragment& fragment = *input.fragment;
+  if (absl::Status s = ValidateFragment(fragment); !s.ok()) return s;
+  if (fragment.fused) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan ", fragment.plan_id, " is fused: it runs as one exchange"));
+  }
+  const FragmentShape& f = fragment.shapes[0];
+  const FragmentMember& m = fragment.members[0];
   if (absl::Status s =
-          CheckBuffers(f, f.tensor, f.source_version, f.target_tensor, input.source, input.target);
+          CheckBuffers(f, m.tensor, m.source_version, m.target_tensor, input.source, input.target);
       !s.ok()) {
     return s;
   }
   auto cancelled = [&] { return input.cancel != nullptr && input.cancel->cancelled(); };
-  const absl::Duration timeout = f.step_timeout_ms > 0 ? absl::Milliseconds(f.step_timeout_ms)
-                                                       : input.options.default_step_timeout;
+  const absl::Duration timeout = fragment.step_timeout_ms > 0
+                                     ? absl::Milliseconds(fragment.step_timeout_ms)
+                                     : input.options.default_step_timeout;
 
   // The plan's buckets bound its messages and the staging held at once (sharding/staging.h).
-  const int64_t bucket =
-      std::max<int64_t>(1, f.bucket_bytes > 0 ? f.bucket_bytes : input.options.bucket_bytes);
+  const int64_t bucket = std::max<int64_t>(
+      1, fragment.bucket_bytes > 0 ? fragment.bucket_bytes : input.options.bucket_bytes);
   const int64_t staging_limit = StagingLimit(bucket);
   const int64_t esize = ElementSize(f.dtype);
 
@@ -705,14 +712,15 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     const Step& step = f.steps[i];
     const std::string name = StepName(f, i);
     if (cancelled())
-      return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled before ", name));
+      return absl::AbortedError(
+          absl::StrCat("plan ", fragment.plan_id, " cancelled before ", name));
     const absl::Time start = absl::Now();
     // Held for the whole fragment: a release of the prefix (another plan's abort) must not
     // make a later step rebuild a group this plan already uses.
     std::shared_ptr<Communicator>& held = held_communicators[step.ranks];
     if (held == nullptr) {
-      absl::StatusOr<std::shared_ptr<Communicator>> got = input.communicators->Get(
-          SpecOf(step.ranks, f.member_incarnations, f.rank, f.communicator_prefix, timeout));
+      absl::StatusOr<std::shared_ptr<Communicator>> got = input.communicators->Get(SpecOf(
+          step.ranks, fragment.member_incarnations, f.rank, fragment.communicator_prefix, timeout));
       if (!got.ok()) return Annotate(got.status(), name);
       held = *std::move(got);
     }
@@ -724,7 +732,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
       shape.method = StepOp::kPointToPoint;
     }
     CommOptions options;
-    options.tag = StepTag(f.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
+    options.tag = StepTag(fragment.plan_id, i < f.step_indices.size() ? f.step_indices[i] : i);
     options.timeout = timeout;
     options.cancel = input.cancel;
     if (i == 0) options.while_waiting = local_copies;
@@ -752,7 +760,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
     result.bytes_received += report.bytes_received;
     if (input.progress) input.progress(result.bytes_received, bytes_total);
   }
-  if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", f.plan_id, " cancelled"));
+  if (cancelled()) return absl::AbortedError(absl::StrCat("plan ", fragment.plan_id, " cancelled"));
   if (absl::Status s = mover.Divide(); !s.ok()) return Annotate(s, "divide_by");
   if (absl::Status s = mover.space().Synchronize(); !s.ok()) {
     return Annotate(s, mover.space().name());

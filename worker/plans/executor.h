@@ -9,10 +9,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/convert.h"
 #include "sharding/fused_stream.h"
 #include "sharding/layout.h"
 #include "sharding/plan.h"
+#include "sharding/plan_fragment.h"
 #include "sharding/staging.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/communicator.h"
@@ -71,11 +71,12 @@ struct ExecuteResult {
 using ProgressCallback = std::function<void(int64_t bytes_done, int64_t bytes_total)>;
 
 struct ExecuteInput {
+  // One plan's (not fused): its one shape, applied to its one member.
   const Fragment* fragment = nullptr;
-  // This rank's buffer of the source version; may be null when fragment->source has no
-  // chunks. Its chunks must equal fragment->source's.
+  // This rank's buffer of the member's source version; may be null when the shape's source
+  // has no chunks. Its chunks must equal the shape's source's.
   const HostBuffer* source = nullptr;
-  // A new buffer for fragment->target's chunks (HostBuffer::Create(dtype, target)).
+  // A new buffer for the shape's target chunks (HostBuffer::Create(dtype, target)).
   HostBuffer* target = nullptr;
   CommunicatorCache* communicators = nullptr;
   // Optional: checked between steps, and passed to the communicator so a cancel also

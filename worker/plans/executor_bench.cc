@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/plan_fragment.h"
 #include "sharding/planner.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
@@ -72,16 +74,19 @@ int Main(int argc, char** argv) {
     // Executor.
     FragmentOptions fo;
     fo.plan_id = absl::StrCat("bench", it);
-    fo.tensor = "T";
-    fo.source_version = 1;
-    fo.target_version = 2;
     for (int r = 0; r < ranks; ++r) fo.incarnations[r] = 1;
     fo.communicator_prefix = absl::StrCat("bench/", it, "/");
+    FragmentMemberOptions member;
+    member.tensor = "T";
+    member.source_version = 1;
+    member.target_version = 2;
+    const Plan* plans[] = {&plan};
+    std::map<int64_t, Fragment> made = MakeFragments(plans, {member}, fo);
     std::vector<Fragment> fragments;
     std::vector<std::shared_ptr<HostBuffer>> targets;
     for (int r = 0; r < ranks; ++r) {
-      fragments.push_back(*ParseFragment(MakeFragment(plan, r, fo)));
-      targets.push_back(*HostBuffer::Create(DType::kF32, fragments.back().target));
+      fragments.push_back(*ParseFragment(FragmentToProto(made.at(r))));
+      targets.push_back(*HostBuffer::Create(DType::kF32, fragments.back().shapes[0].target));
     }
     // Build the communicators first so both timings exclude the rendezvous.
     run_all([&](int r) {

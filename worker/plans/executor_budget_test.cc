@@ -101,7 +101,7 @@ std::vector<RankRun> RunFragments(Cluster& cluster, const Plan& plan, const std:
       // Buffers first (a source the rank holds, then the new target), as a worker does.
       sources[r] = MakeSource(plan.source, r, plan.dtype, spaces[r].get());
       absl::StatusOr<std::shared_ptr<HostBuffer>> target =
-          HostBuffer::Create(plan.dtype, fragments[r].target, spaces[r].get());
+          HostBuffer::Create(plan.dtype, fragments[r].shapes[0].target, spaces[r].get());
       if (!target.ok()) {
         runs[r].result = target.status();
         return;

@@ -87,7 +87,7 @@ RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
     MemorySpace* space = devices != nullptr ? devices->at(r) : nullptr;
     fragments[r] = *ParseFragment(protos[r]);
     sources[r] = MakeSource(plan.source, r, plan.dtype, space);
-    out.targets[r] = *HostBuffer::Create(plan.dtype, fragments[r].target, space);
+    out.targets[r] = *HostBuffer::Create(plan.dtype, fragments[r].shapes[0].target, space);
     if (devices != nullptr) before[r] = devices->spaces[r]->stats();
   }
   std::vector<std::thread> threads;
@@ -117,7 +117,7 @@ RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
     EXPECT_EQ(after.copies_to_device, before[r].copies_to_device) << "rank " << r;
     EXPECT_EQ(after.copies_to_host, before[r].copies_to_host) << "rank " << r;
     EXPECT_EQ(after.checksums - before[r].checksums,
-              static_cast<int64_t>(fragments[r].target.chunks.size()))
+              static_cast<int64_t>(fragments[r].shapes[0].target.chunks.size()))
         << "rank " << r;
     EXPECT_TRUE(
         devices->at(r)->CopyToHost(out.bytes[r].data(), target.data(), target.bytes()).ok());
@@ -273,7 +273,7 @@ TEST(ExecutorMemorySpaceTest, SourceInAnotherSpaceIsFailedPrecondition) {
   Fragment f = *ParseFragment(Fragments(plan, "spaces")[1]);
   FakeDeviceMemorySpace space("fake-cuda:1");
   auto source = MakeSource(a, 1, DType::kF32, nullptr);  // Host memory.
-  auto target = *HostBuffer::Create(f.dtype, f.target, &space);
+  auto target = *HostBuffer::Create(f.shapes[0].dtype, f.shapes[0].target, &space);
   Cluster cluster;
   ExecuteInput in;
   in.fragment = &f;
@@ -297,7 +297,8 @@ TEST(ExecutorMemorySpaceTest, StagingOutOfDeviceMemoryIsResourceExhausted) {
   for (int r = 0; r < kRanks; ++r) {
     fragments.push_back(*ParseFragment(Fragments(plan, "oom")[r]));
     sources.push_back(MakeSource(a, r, DType::kF32, devices.at(r)));
-    targets.push_back(*HostBuffer::Create(DType::kF32, fragments[r].target, devices.at(r)));
+    targets.push_back(
+        *HostBuffer::Create(DType::kF32, fragments[r].shapes[0].target, devices.at(r)));
     devices.spaces[r]->set_capacity(devices.spaces[r]->stats().live_bytes);  // Full.
   }
   Cluster cluster;

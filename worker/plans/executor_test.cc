@@ -65,7 +65,7 @@ RunOutput RunFragments(Cluster& cluster, const std::vector<v1::PlanFragment>& pr
     EXPECT_TRUE(f.ok()) << f.status();
     if (!f.ok()) return out;
     fragments[r] = *f;
-    out.targets[r] = *HostBuffer::Create(f->dtype, f->target);
+    out.targets[r] = *HostBuffer::Create(f->shapes[0].dtype, f->shapes[0].target);
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks_running; ++r) {
@@ -391,7 +391,7 @@ TEST(ExecutorTest, MissingSourceIsFailedPrecondition) {
   Layout b = MakeLayout({4}, {}, "S(1)", {8, 4});
   Plan plan = *Redistribute(a, b, DType::kF32);
   Fragment f = *ParseFragment(Fragments(plan, "nosrc")[1]);
-  auto target = *HostBuffer::Create(f.dtype, f.target);
+  auto target = *HostBuffer::Create(f.shapes[0].dtype, f.shapes[0].target);
   Cluster cluster;
   ExecuteInput in;
   in.fragment = &f;
@@ -412,7 +412,7 @@ TEST(ExecutorTest, CancelledBeforeFirstStep) {
   Plan plan = *Redistribute(a, b, DType::kF32);
   Fragment f = *ParseFragment(Fragments(plan, "cancel")[0]);
   auto source = MakeSource(a, 0, DType::kF32);
-  auto target = *HostBuffer::Create(f.dtype, f.target);
+  auto target = *HostBuffer::Create(f.shapes[0].dtype, f.shapes[0].target);
   Cluster cluster;
   CancelToken cancel;
   cancel.Cancel();

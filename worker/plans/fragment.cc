@@ -12,14 +12,14 @@ absl::Status Bad(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-int FragmentNdim(const Fragment& f) {
+int FragmentNdim(const FragmentShape& f) {
   if (!f.source.chunks.empty()) return f.source.chunks[0].box.ndim();
   if (!f.target.chunks.empty()) return f.target.chunks[0].box.ndim();
   return -1;
 }
 
 // Checks a piece this rank reads from its source chunks.
-absl::Status CheckSourcePiece(const Fragment& f, const std::string& field, const Box& box,
+absl::Status CheckSourcePiece(const FragmentShape& f, const std::string& field, const Box& box,
                               int64_t partial_index) {
   if (box.Empty()) return absl::OkStatus();
   if (FindContainingChunk(f.source, box, SourceIsPartial(f), partial_index) < 0) {
@@ -33,7 +33,7 @@ absl::Status CheckSourcePiece(const Fragment& f, const std::string& field, const
 }
 
 // Checks a piece this rank writes into its target chunks.
-absl::Status CheckTargetPiece(const Fragment& f, const std::string& field, const Box& box) {
+absl::Status CheckTargetPiece(const FragmentShape& f, const std::string& field, const Box& box) {
   if (box.Empty()) return absl::OkStatus();
   for (const Chunk& c : f.target.chunks) {
     if (NeedsValue(f, c) && c.box.Contains(box)) return absl::OkStatus();
@@ -44,7 +44,8 @@ absl::Status CheckTargetPiece(const Fragment& f, const std::string& field, const
 
 // Checks transfers' boxes and byte counts, and the pieces this rank reads and writes;
 // returns their bytes.
-absl::StatusOr<int64_t> CheckTransfers(const Fragment& f, int ndim, const std::string& field_name,
+absl::StatusOr<int64_t> CheckTransfers(const FragmentShape& f, int ndim,
+                                       const std::string& field_name,
                                        const std::vector<Transfer>& transfers) {
   const int64_t esize = ElementSize(f.dtype);
   int64_t bytes = 0;
@@ -75,19 +76,8 @@ absl::StatusOr<int64_t> CheckTransfers(const Fragment& f, int ndim, const std::s
   return bytes;
 }
 
-}  // namespace
-
-int FindContainingChunk(const RankChunks& chunks, const Box& box, bool match_partial,
-                        int64_t partial_index) {
-  for (size_t i = 0; i < chunks.chunks.size(); ++i) {
-    const Chunk& c = chunks.chunks[i];
-    if (match_partial && c.partial_index != partial_index) continue;
-    if (c.box.ndim() == box.ndim() && c.box.Contains(box)) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-absl::Status ValidateFragment(const Fragment& f) {
+absl::Status ValidateShape(const FragmentShape& f,
+                           const absl::flat_hash_map<int64_t, int64_t>& member_incarnations) {
   const int ndim = FragmentNdim(f);
   if (f.divide_by < 1) return Bad("divide_by", absl::StrCat(f.divide_by, " < 1"));
   for (const auto& [name, rc] : {std::pair<const char*, const RankChunks*>{"source", &f.source},
@@ -114,7 +104,7 @@ absl::Status ValidateFragment(const Fragment& f) {
     const Step& step = f.steps[i];
     const std::string sfield = absl::StrCat("steps[", i, "]");
     for (int64_t member : step.ranks) {
-      if (!f.member_incarnations.contains(member)) {
+      if (!member_incarnations.contains(member)) {
         return Bad(sfield, absl::StrCat("member rank ", member,
                                         " has no entry in member_ranks/member_incarnations"));
       }
@@ -133,22 +123,45 @@ absl::Status ValidateFragment(const Fragment& f) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+int FindContainingChunk(const RankChunks& chunks, const Box& box, bool match_partial,
+                        int64_t partial_index) {
+  for (size_t i = 0; i < chunks.chunks.size(); ++i) {
+    const Chunk& c = chunks.chunks[i];
+    if (match_partial && c.partial_index != partial_index) continue;
+    if (c.box.ndim() == box.ndim() && c.box.Contains(box)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+absl::Status ValidateFragment(const Fragment& f) {
+  for (size_t i = 0; i < f.shapes.size(); ++i) {
+    if (absl::Status s = ValidateShape(f.shapes[i], f.member_incarnations); !s.ok()) {
+      if (!f.fused) return s;
+      return absl::Status(s.code(), absl::StrCat("shapes[", i, "].", s.message()));
+    }
+  }
+  for (size_t i = 0; i < f.members.size(); ++i) {
+    const int shape = f.members[i].shape;
+    if (shape < 0 || static_cast<size_t>(shape) >= f.shapes.size()) {
+      return Bad(absl::StrCat("members[", i, "].shape"),
+                 absl::StrCat(shape, " is not one of the ", f.shapes.size(), " shapes"));
+    }
+  }
+  if (!f.fused && (f.shapes.size() != 1 || f.members.size() != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("a plan's fragment has ", f.shapes.size(),
+                                                   " shapes and ", f.members.size(),
+                                                   " members, not one each"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto) {
   absl::StatusOr<Fragment> f = FragmentFromProto(proto);
   if (!f.ok()) return f.status();
   if (absl::Status s = ValidateFragment(*f); !s.ok()) return s;
   return f;
-}
-
-absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto) {
-  absl::StatusOr<GroupFragment> g = GroupFragmentFromProto(proto);
-  if (!g.ok()) return g.status();
-  for (size_t i = 0; i < g->shapes.size(); ++i) {
-    if (absl::Status s = ValidateFragment(g->shapes[i]); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("shapes[", i, "].", s.message()));
-    }
-  }
-  return g;
 }
 
 }  // namespace shardcoord

@@ -1,11 +1,11 @@
 #ifndef SHARDCOORD_WORKER_PLANS_FRAGMENT_H_
 #define SHARDCOORD_WORKER_PLANS_FRAGMENT_H_
 
-// A plan fragment as the executor takes it. The C++ struct mirroring
-// shardcoord.v1.PlanFragment and its field-by-field conversion live in proto/convert.h
-// (`Fragment`, `FragmentFromProto`); this adds the checks that only the executing rank can
-// make: every piece it reads lies in one of its source chunks, every piece it writes in one
-// of its target chunks, and every step member has an incarnation.
+// A plan fragment as the executor takes it. The sharding type (`Fragment`, sharding/
+// plan_fragment.h) and its field-by-field conversion (`FragmentFromProto`, proto/convert.h)
+// live elsewhere; this adds the checks that only the executing rank can make: every piece it
+// reads lies in one of its source chunks, every piece it writes in one of its target chunks,
+// and every step member has an incarnation.
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -13,22 +13,20 @@
 #include "proto/shardcoord.pb.h"
 #include "sharding/box.h"
 #include "sharding/layout.h"
+#include "sharding/plan_fragment.h"
 
 namespace shardcoord {
 
 // INVALID_ARGUMENT whose message starts with the offending field ("steps[1].transfers[3]:
-// box [0:4, 2:6] lies in no source chunk of rank 2").
+// box [0:4, 2:6] lies in no source chunk of rank 2"; a fused fragment's with "shapes[i].").
+// Members name shapes that exist; a fragment that is not fused has one shape and one member.
 absl::Status ValidateFragment(const Fragment& fragment);
 
-// FragmentFromProto, then ValidateFragment.
+// The one worker-side entry: FragmentFromProto (either wire shape), then ValidateFragment.
 absl::StatusOr<Fragment> ParseFragment(const v1::PlanFragment& proto);
 
-// A fused group's fragment: GroupFragmentFromProto, then ValidateFragment of every shape
-// (its errors prefixed with "shapes[i].").
-absl::StatusOr<GroupFragment> ParseGroupFragment(const v1::PlanFragment& proto);
-
 // Whether the source is Partial (contributions are told apart by partial_index).
-inline bool SourceIsPartial(const Fragment& f) { return f.num_partials > 1; }
+inline bool SourceIsPartial(const FragmentShape& f) { return f.num_partials > 1; }
 
 // The index of the source chunk of `chunks` that contains `box` (with `partial_index` when
 // `match_partial`), or -1.
@@ -36,7 +34,7 @@ int FindContainingChunk(const RankChunks& chunks, const Box& box, bool match_par
                         int64_t partial_index);
 
 // Whether target chunk `c` receives a value (zero-filled contributions do not).
-inline bool NeedsValue(const Fragment& f, const Chunk& c) {
+inline bool NeedsValue(const FragmentShape& f, const Chunk& c) {
   return !(f.zero_fill && c.partial_index != 0);
 }
 

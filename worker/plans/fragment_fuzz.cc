@@ -47,12 +47,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!proto.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<Fragment> parsed = ParseFragment(proto);
   if (!parsed.ok()) return 0;
-  Fragment f = *std::move(parsed);
-  Check(ValidateFragment(f).ok(), "an accepted fragment fails ValidateFragment");
-  for (const Step& s : f.steps) {
-    (void)ChooseStepOp(s, false);
-    (void)ChooseStepOp(s, true);
+  Fragment fragment = *std::move(parsed);
+  Check(ValidateFragment(fragment).ok(), "an accepted fragment fails ValidateFragment");
+  for (const FragmentShape& shape : fragment.shapes) {
+    for (const Step& s : shape.steps) {
+      (void)ChooseStepOp(s, false);
+      (void)ChooseStepOp(s, true);
+    }
   }
+  // The local part of a plan's fragment (a fused one needs its exchange's peers).
+  if (fragment.fused) return 0;
+  FragmentShape& f = fragment.shapes[0];
 
   if (f.source.local_elements > kMaxLocalElements || f.target.local_elements > kMaxLocalElements) {
     return 0;
@@ -71,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   f.steps.clear();  // No peers here.
   f.step_indices.clear();
   ExecuteInput input;
-  input.fragment = &f;
+  input.fragment = &fragment;
   input.source = source.get();
   input.target = target->get();
   (void)ExecuteFragment(input);

@@ -1,12 +1,14 @@
 #include "worker/plans/fragment.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/plan_fragment.h"
 #include "sharding/planner.h"
 
 namespace shardcoord {
@@ -21,15 +23,30 @@ Plan MakePlan(const std::string& from, const std::string& to) {
   return *plan;
 }
 
-v1::PlanFragment FragmentFor(const Plan& plan, int64_t rank) {
+FragmentMemberOptions MemberT(int32_t index = 0) {
+  FragmentMemberOptions member;
+  member.index = index;
+  member.plan_id = "p";
+  member.tensor = "T";
+  member.source_version = 1;
+  member.target_version = 2;
+  return member;
+}
+
+// What `rank` does in `plans` (fused: a transaction of them, one member each).
+v1::PlanFragment FragmentFor(std::vector<const Plan*> plans, int64_t rank, bool fused) {
   FragmentOptions options;
-  options.plan_id = "p";
-  options.tensor = "T";
-  options.source_version = 1;
-  options.target_version = 2;
+  options.plan_id = fused ? "g" : "p";
+  options.fused = fused;
   options.incarnations = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
   options.communicator_prefix = "plan/p/";
-  return MakeFragment(plan, rank, options);
+  std::vector<FragmentMemberOptions> members;
+  for (size_t i = 0; i < plans.size(); ++i) members.push_back(MemberT(static_cast<int32_t>(i)));
+  return FragmentToProto(MakeFragments(plans, members, options).at(rank));
+}
+
+v1::PlanFragment FragmentFor(const Plan& plan, int64_t rank) {
+  return FragmentFor({&plan}, rank, false);
 }
 
 void ExpectBad(const v1::PlanFragment& f, const std::string& needle) {
@@ -121,12 +138,34 @@ TEST(FragmentTest, PartialSourceMatchesContribution) {
   Plan plan = MakePlan("P(sum)", "R");
   absl::StatusOr<Fragment> f = ParseFragment(FragmentFor(plan, 1));
   ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_TRUE(SourceIsPartial(*f));
-  ASSERT_EQ(f->source.chunks.size(), 1u);
-  const Chunk& c = f->source.chunks[0];
-  EXPECT_EQ(FindContainingChunk(f->source, c.box, true, c.partial_index), 0);
-  EXPECT_EQ(FindContainingChunk(f->source, c.box, true, c.partial_index + 1), -1);
-  EXPECT_EQ(FindContainingChunk(f->source, c.box, false, 99), 0);
+  const FragmentShape& shape = f->shapes[0];
+  EXPECT_TRUE(SourceIsPartial(shape));
+  ASSERT_EQ(shape.source.chunks.size(), 1u);
+  const Chunk& c = shape.source.chunks[0];
+  EXPECT_EQ(FindContainingChunk(shape.source, c.box, true, c.partial_index), 0);
+  EXPECT_EQ(FindContainingChunk(shape.source, c.box, true, c.partial_index + 1), -1);
+  EXPECT_EQ(FindContainingChunk(shape.source, c.box, false, 99), 0);
+}
+
+TEST(FragmentTest, FusedFragmentsParseToo) {
+  const Plan a = MakePlan("S(0)", "S(1)");
+  const Plan b = MakePlan("R", "S(0)");
+  for (int64_t r = 0; r < 4; ++r) {
+    absl::StatusOr<Fragment> f = ParseFragment(FragmentFor({&a, &b, &a}, r, true));
+    ASSERT_TRUE(f.ok()) << "rank " << r << ": " << f.status();
+    EXPECT_TRUE(f->fused);
+    EXPECT_EQ(f->shapes.size(), 2u);
+    EXPECT_EQ(f->members.size(), 3u);
+  }
+}
+
+TEST(FragmentTest, NamesTheShapeOfAFusedFragment) {
+  const Plan a = MakePlan("S(0)", "S(1)");
+  v1::PlanFragment f = FragmentFor({&a}, 1, true);
+  ASSERT_EQ(f.shapes_size(), 1);
+  ASSERT_GT(f.shapes(0).transfers_size(), 0);
+  f.mutable_shapes(0)->mutable_transfers(0)->set_bytes(3);
+  ExpectBad(f, "shapes[0].transfers[0]: bytes 3");
 }
 
 }  // namespace

@@ -52,7 +52,7 @@ struct Stream {
   }
 };
 
-std::string MemberName(const GroupMember& m) {
+std::string MemberName(const FragmentMember& m) {
   return absl::StrCat("member ", m.index, " (plan ", m.plan_id, ", tensor '", m.target_tensor,
                       "')");
 }
@@ -73,23 +73,20 @@ uint32_t ExchangeTag(const std::string& plan_id, int round, int window) {
 }
 
 absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) {
-  const GroupFragment& g = *input.group;
+  const Fragment& g = *input.fragment;
   const size_t nm = g.members.size();
   if (input.buffers.size() != nm) {
     return absl::InvalidArgumentError(
         absl::StrCat(input.buffers.size(), " buffer pairs for ", nm, " group members"));
   }
-  for (size_t k = 0; k < g.shapes.size(); ++k) {
-    if (absl::Status s = ValidateFragment(g.shapes[k]); !s.ok()) {
-      return Annotate(s, absl::StrCat("shapes[", k, "]"));
-    }
+  if (absl::Status s = ValidateFragment(g); !s.ok()) return s;
+  if (!g.fused) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan ", g.plan_id, " is not fused: it runs its steps in order"));
   }
   MemorySpace* space = nullptr;
   for (size_t i = 0; i < nm; ++i) {
-    const GroupMember& m = g.members[i];
-    if (m.shape < 0 || static_cast<size_t>(m.shape) >= g.shapes.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(MemberName(m), ": no shape ", m.shape));
-    }
+    const FragmentMember& m = g.members[i];
     const GroupMemberBuffers& b = input.buffers[i];
     if (absl::Status s = CheckBuffers(g.shapes[m.shape], m.tensor, m.source_version,
                                       m.target_tensor, b.source, b.target);
@@ -129,7 +126,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   std::vector<std::vector<Entry>> out(std::max(n, 0)), in(std::max(n, 0));
   int64_t bytes_total = 0;
   for (size_t i = 0; i < nm; ++i) {
-    const Fragment& f = g.shapes[g.members[i].shape];
+    const FragmentShape& f = g.shape_of(i);
     movers.emplace_back(f, input.buffers[i].source, input.buffers[i].target);
     bool reducing = false;
     for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
@@ -151,7 +148,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   // run while the first window is on the wire.
   auto local_copies = [&]() -> absl::Status {
     for (size_t i = 0; i < nm; ++i) {
-      const Fragment& f = g.shapes[g.members[i].shape];
+      const FragmentShape& f = g.shape_of(i);
       for (size_t j = 0; j < f.local_copies.size(); ++j) {
         if (absl::Status s = movers[i].LocalCopy(f.local_copies[j]); !s.ok()) {
           return Annotate(

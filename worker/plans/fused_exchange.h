@@ -31,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/convert.h"
+#include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/plans/executor.h"
@@ -45,8 +45,8 @@ struct GroupMemberBuffers {
 };
 
 struct GroupExecuteInput {
-  const GroupFragment* group = nullptr;
-  std::vector<GroupMemberBuffers> buffers;  // One per group->members, index for index.
+  const Fragment* fragment = nullptr;       // A fused one.
+  std::vector<GroupMemberBuffers> buffers;  // One per fragment->members, index for index.
   CommunicatorCache* communicators = nullptr;
   CancelToken* cancel = nullptr;  // Optional.
   ProgressCallback progress;      // Optional: after each round.

@@ -20,6 +20,7 @@
 #include "sharding/fill.h"
 #include "sharding/fused_stream.h"
 #include "sharding/layout.h"
+#include "sharding/plan_fragment.h"
 #include "sharding/planner.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/buffers/checksum.h"
@@ -81,7 +82,7 @@ struct GroupRun {
   std::vector<Plan> plans;
   StreamLimits limits;
   std::map<int, absl::StatusOr<GroupExecuteResult>> results;  // By rank.
-  std::map<int, GroupFragment> fragments;
+  std::map<int, Fragment> fragments;
   // By rank, then member section: the target bytes read back to the host.
   std::map<int, std::vector<std::string>> bytes;
 };
@@ -104,6 +105,18 @@ std::shared_ptr<HostBuffer> Source(const Layout& layout, int64_t rank, DType dty
   auto device = *HostBuffer::Create(dtype, *rc, space);
   EXPECT_TRUE(space->CopyFromHost(device->data(), host->data(), host->bytes()).ok());
   return device;
+}
+
+// Every rank's fragment of a fused transaction, on the wire as the coordinator sends it.
+std::map<int64_t, v1::PlanFragment> FusedFragments(absl::Span<const Plan* const> plans,
+                                                   absl::Span<const FragmentMemberOptions> members,
+                                                   FragmentOptions options) {
+  options.fused = true;
+  std::map<int64_t, v1::PlanFragment> out;
+  for (const auto& [rank, f] : MakeFragments(plans, members, options)) {
+    out[rank] = FragmentToProto(f);
+  }
+  return out;
 }
 
 GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t bucket_bytes,
@@ -129,18 +142,18 @@ GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t 
   }
   std::vector<const Plan*> plans;
   for (const Plan& p : run.plans) plans.push_back(&p);
-  GroupFragmentOptions go;
+  FragmentOptions go;
   go.plan_id = id;
   for (int r = 0; r < kRanks; ++r) go.incarnations[r] = 1;
   go.step_timeout_ms = 30000;
   go.communicator_prefix = absl::StrCat("test/", id, "/");
   go.bucket_bytes = bucket_bytes;
-  std::map<int64_t, v1::PlanFragment> protos = MakeGroupFragments(plans, options, go);
+  std::map<int64_t, v1::PlanFragment> protos = FusedFragments(plans, options, go);
 
   std::map<int, std::vector<std::shared_ptr<HostBuffer>>> sources, targets;
   std::map<int, FakeDeviceMemorySpace::Stats> before;
   for (const auto& [rank, proto] : protos) {
-    absl::StatusOr<GroupFragment> g = ParseGroupFragment(proto);
+    absl::StatusOr<Fragment> g = ParseFragment(proto);
     EXPECT_TRUE(g.ok()) << g.status();
     if (!g.ok()) return run;
     MemorySpace* space = devices != nullptr ? devices->spaces[rank].get() : nullptr;
@@ -159,8 +172,8 @@ GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t 
   for (auto& [rank, fragment] : run.fragments) {
     threads.emplace_back([&, rank = rank] {
       GroupExecuteInput in;
-      in.group = &run.fragments.at(rank);
-      for (size_t i = 0; i < in.group->members.size(); ++i) {
+      in.fragment = &run.fragments.at(rank);
+      for (size_t i = 0; i < in.fragment->members.size(); ++i) {
         in.buffers.push_back({sources[rank][i].get(), targets[rank][i].get()});
       }
       in.communicators = cluster.caches[rank].get();
@@ -372,9 +385,9 @@ TEST(FusedExchangeTest, MembersWithTheSamePlanShareOneShape) {
     options[i].index = i;
     options[i].tensor = absl::StrCat("T", i);
   }
-  GroupFragmentOptions go;
+  FragmentOptions go;
   go.plan_id = "g";
-  std::map<int64_t, v1::PlanFragment> protos = MakeGroupFragments(plans, options, go);
+  std::map<int64_t, v1::PlanFragment> protos = FusedFragments(plans, options, go);
   ASSERT_EQ(protos.size(), 4u);
   for (const auto& [rank, f] : protos) {
     EXPECT_EQ(f.shapes_size(), 2) << rank;
@@ -384,14 +397,14 @@ TEST(FusedExchangeTest, MembersWithTheSamePlanShareOneShape) {
     EXPECT_EQ(f.members(2).shape(), 1);
     EXPECT_EQ(f.members(3).shape(), 0);
     EXPECT_EQ(f.members(2).tensor(), "T2");
-    absl::StatusOr<GroupFragment> g = ParseGroupFragment(f);
+    absl::StatusOr<Fragment> g = ParseFragment(f);
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(g->members[3].index, 3);
   }
   // A member naming a shape that is not there is refused.
   v1::PlanFragment bad = protos.at(0);
   bad.mutable_members(1)->set_shape(7);
-  EXPECT_EQ(ParseGroupFragment(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFragment(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The stream from a to b is what a's fragment sends to b and what b's receives from a, in
@@ -409,18 +422,18 @@ TEST(FusedExchangeTest, BothEndsOfAPairListItsTransfersInTheSameOrder) {
     options[i].index = static_cast<int32_t>(i);
     options[i].tensor = absl::StrCat("T", i);
   }
-  GroupFragmentOptions go;
+  FragmentOptions go;
   go.plan_id = "g";
   for (int r = 0; r < kRanks; ++r) go.incarnations[r] = 1;
-  std::map<int64_t, GroupFragment> groups;
-  for (const auto& [rank, proto] : MakeGroupFragments(pointers, options, go)) {
-    groups[rank] = *ParseGroupFragment(proto);
+  std::map<int64_t, Fragment> groups;
+  for (const auto& [rank, proto] : FusedFragments(pointers, options, go)) {
+    groups[rank] = *ParseFragment(proto);
   }
   // The stream of (src, dst) as `rank` sees it: (member index, box) in its fragment's order.
   auto stream = [&](int64_t rank, int64_t src, int64_t dst) {
     std::vector<std::pair<int32_t, Box>> out;
-    const GroupFragment& g = groups.at(rank);
-    for (const GroupMember& m : g.members) {
+    const Fragment& g = groups.at(rank);
+    for (const FragmentMember& m : g.members) {
       for (const Transfer& t : g.shapes[m.shape].transfers) {
         if (t.src == src && t.dst == dst) out.emplace_back(m.index, t.box);
       }
@@ -480,17 +493,17 @@ TEST(FusedExchangeTest, ABrokenPeerFailsTheGroupNamingTheRound) {
   o.source_version = 1;
   o.target_version = 2;
   const Plan* plans[] = {&run.plans[0]};
-  GroupFragmentOptions go;
+  FragmentOptions go;
   go.plan_id = "g-broken";
   for (int r = 0; r < kRanks; ++r) go.incarnations[r] = 1;
   go.step_timeout_ms = 300;
   go.communicator_prefix = "test/g-broken/";
-  std::map<int64_t, v1::PlanFragment> protos = MakeGroupFragments(plans, {o}, go);
-  GroupFragment g = *ParseGroupFragment(protos.at(0));
+  std::map<int64_t, v1::PlanFragment> protos = FusedFragments(plans, {o}, go);
+  Fragment g = *ParseFragment(protos.at(0));
   std::shared_ptr<HostBuffer> source = Source(run.plans[0].source, 0, DType::kF32, 0, nullptr);
   std::shared_ptr<HostBuffer> target = *HostBuffer::Create(DType::kF32, g.shapes[0].target);
   GroupExecuteInput in;
-  in.group = &g;
+  in.fragment = &g;
   in.buffers.push_back({source.get(), target.get()});
   in.communicators = cluster.caches[0].get();
   absl::StatusOr<GroupExecuteResult> r = ExecuteGroup(in);

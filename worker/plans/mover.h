@@ -20,10 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "proto/convert.h"
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
 #include "sharding/layout.h"
+#include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/buffers/checksum.h"
 #include "worker/comm/communicator.h"
@@ -38,7 +38,7 @@ namespace executor_internal {
 
 class Mover {
  public:
-  Mover(const Fragment& f, const HostBuffer* source, HostBuffer* target)
+  Mover(const FragmentShape& f, const HostBuffer* source, HostBuffer* target)
       : f_(f),
         source_(source),
         target_(target),
@@ -256,7 +256,7 @@ class Mover {
     return off;
   }
 
-  const Fragment& f_;
+  const FragmentShape& f_;
   const HostBuffer* source_;
   HostBuffer* target_;
   MemorySpace& space_;
@@ -287,7 +287,7 @@ inline int64_t BoxBytes(const std::vector<Box>& boxes, int64_t esize) {
 
 // FAILED_PRECONDITION when `source` is missing or does not hold f.source (or lies in another
 // memory space than `target`); INVALID_ARGUMENT when `target` does not hold f.target.
-inline absl::Status CheckBuffers(const Fragment& f, const std::string& tensor,
+inline absl::Status CheckBuffers(const FragmentShape& f, const std::string& tensor,
                                  int64_t source_version, const std::string& target_tensor,
                                  const HostBuffer* source, const HostBuffer* target) {
   if (!f.source.chunks.empty()) {
@@ -315,7 +315,7 @@ inline absl::Status CheckBuffers(const Fragment& f, const std::string& tensor,
 }
 
 // The spec of a communicator over `ranks` for rank `me`, whose incarnations come from
-// `incarnations` (every rank must have one: ValidateFragment and GroupFragmentFromProto check).
+// `incarnations` (every rank must have one: ValidateFragment and FragmentFromProto check).
 inline CommunicatorSpec SpecOf(const std::vector<int64_t>& ranks,
                                const absl::flat_hash_map<int64_t, int64_t>& incarnations,
                                int64_t me, const std::string& prefix, absl::Duration timeout) {

@@ -1,5 +1,7 @@
 #include "worker/testing/executor_test_util.h"
 
+#include <map>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -88,17 +90,44 @@ Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
   return *l;
 }
 
+v1::PlanFragment PlanFragmentFor(const Plan& plan, int64_t rank, const FragmentOptions& options,
+                                 const FragmentMemberOptions& member) {
+  const Plan* plans[] = {&plan};
+  std::map<int64_t, Fragment> fragments = MakeFragments(plans, {member}, options);
+  if (auto it = fragments.find(rank); it != fragments.end()) return FragmentToProto(it->second);
+  Fragment empty;
+  empty.plan_id = options.plan_id;
+  empty.rank = rank;
+  empty.step_timeout_ms = options.step_timeout_ms;
+  empty.communicator_prefix = options.communicator_prefix;
+  FragmentShape& shape = empty.shapes.emplace_back();
+  shape.rank = rank;
+  shape.dtype = plan.dtype;
+  shape.source.rank = rank;
+  shape.target.rank = rank;
+  FragmentMember& m = empty.members.emplace_back();
+  m.plan_id = options.plan_id;
+  m.tensor = member.tensor;
+  m.target_tensor = member.target_tensor.empty() ? member.tensor : member.target_tensor;
+  m.source_version = member.source_version;
+  m.target_version = member.target_version;
+  auto inc = options.incarnations.find(rank);
+  empty.member_incarnations[rank] = inc == options.incarnations.end() ? 0 : inc->second;
+  return FragmentToProto(empty);
+}
+
 std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id, int ranks) {
   FragmentOptions options;
   options.plan_id = id;
-  options.tensor = "T";
-  options.source_version = 1;
-  options.target_version = 2;
   for (int r = 0; r < ranks; ++r) options.incarnations[r] = 1;
   options.step_timeout_ms = 30000;
   options.communicator_prefix = absl::StrCat("plan/", id, "/");
+  FragmentMemberOptions member;
+  member.tensor = "T";
+  member.source_version = 1;
+  member.target_version = 2;
   std::vector<v1::PlanFragment> out;
-  for (int r = 0; r < ranks; ++r) out.push_back(MakeFragment(plan, r, options));
+  for (int r = 0; r < ranks; ++r) out.push_back(PlanFragmentFor(plan, r, options, member));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "sharding/layout.h"
 #include "sharding/placement.h"
 #include "sharding/plan.h"
+#include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/communicator.h"
 #include "worker/memory/memory_space.h"
@@ -43,6 +44,11 @@ std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType
 // on `ranks` (empty: 0..n-1). Fails the test on a bad spec.
 Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
                   const std::string& spec, const Shape& shape);
+
+// What `rank` does in `plan` alone, as the coordinator sends it (MakeFragments, then
+// FragmentToProto); a rank outside the plan gets a fragment with no chunks or steps.
+v1::PlanFragment PlanFragmentFor(const Plan& plan, int64_t rank, const FragmentOptions& options,
+                                 const FragmentMemberOptions& member);
 
 // The fragments of ranks 0..ranks-1 for plan `id` of tensor "T", version 1 -> 2, every
 // incarnation 1, a 30 s step timeout and a communicator prefix of its own.

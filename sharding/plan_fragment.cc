@@ -1,0 +1,138 @@
+#include "sharding/plan_fragment.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "sharding/plan_participants.h"
+
+namespace shardcoord {
+namespace {
+
+// What each participant of `plan` does in it, by rank, without steps or transfers.
+std::map<int64_t, FragmentShape> BareShapes(const Plan& plan) {
+  std::map<int64_t, FragmentShape> out;
+  const std::vector<int64_t>& zero_fill = plan.zero_fill_ranks;  // Sorted.
+  for (int64_t rank : PlanParticipants(plan)) {
+    FragmentShape& s = out[rank];
+    s.rank = rank;
+    s.dtype = plan.dtype;
+    if (const RankChunks* rc = plan.source.Find(rank)) s.source = *rc;
+    s.source.rank = rank;
+    if (const RankChunks* rc = plan.target.Find(rank)) s.target = *rc;
+    s.target.rank = rank;
+    s.zero_fill = std::binary_search(zero_fill.begin(), zero_fill.end(), rank);
+    s.divide_by = plan.divide_by;
+    s.reduce_op = plan.source.partial_op();
+    s.num_partials = plan.source.num_partials();
+  }
+  for (const LocalCopy& c : plan.local_copies) out[c.rank].local_copies.push_back(c);
+  return out;
+}
+
+FragmentMember MemberFor(const Plan& plan, int64_t rank, const FragmentMemberOptions& o, int shape,
+                         const FragmentOptions& options) {
+  FragmentMember m;
+  m.index = o.index;
+  m.plan_id = o.plan_id.empty() ? options.plan_id : o.plan_id;
+  m.tensor = o.tensor;
+  m.target_tensor = o.target_tensor.empty() ? o.tensor : o.target_tensor;
+  m.source_version = o.source_version;
+  m.target_version = o.target_version;
+  // Only ranks of the target layout hold a lent buffer of the target tensor.
+  if (plan.target.Find(rank) != nullptr) m.attached_target_version = o.attached_target_version;
+  m.shape = shape;
+  return m;
+}
+
+int64_t IncarnationOf(const FragmentOptions& options, int64_t rank) {
+  auto it = options.incarnations.find(rank);
+  return it == options.incarnations.end() ? 0 : it->second;
+}
+
+Fragment EmptyFragment(int64_t rank, const FragmentOptions& options) {
+  Fragment f;
+  f.plan_id = options.plan_id;
+  f.rank = rank;
+  f.fused = options.fused;
+  f.bucket_bytes = options.bucket_bytes;
+  f.step_timeout_ms = options.step_timeout_ms;
+  f.communicator_prefix = options.communicator_prefix;
+  return f;
+}
+
+// One plan's fragments: each rank's steps, run in order.
+std::map<int64_t, Fragment> PlanFragments(const Plan& plan, const FragmentMemberOptions& member,
+                                          const FragmentOptions& options) {
+  std::map<int64_t, Fragment> out;
+  for (auto& [rank, shape] : BareShapes(plan)) {
+    Fragment& f = out[rank] = EmptyFragment(rank, options);
+    std::set<int64_t> peers = {rank};
+    for (size_t i = 0; i < plan.steps.size(); ++i) {
+      const Step& s = plan.steps[i];
+      if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
+      shape.steps.push_back(s);
+      shape.step_indices.push_back(static_cast<int>(i));
+      peers.insert(s.ranks.begin(), s.ranks.end());
+    }
+    for (int64_t p : peers) f.member_incarnations[p] = IncarnationOf(options, p);
+    f.members.push_back(MemberFor(plan, rank, member, 0, options));
+    f.shapes.push_back(std::move(shape));
+  }
+  return out;
+}
+
+// A fused transaction's fragments: the shape of every distinct plan, and every member.
+std::map<int64_t, Fragment> FusedFragments(absl::Span<const Plan* const> plans,
+                                           absl::Span<const FragmentMemberOptions> members,
+                                           const FragmentOptions& options) {
+  std::set<int64_t> exchange;
+  std::map<int64_t, Fragment> out;
+  // Members with the same plan (the plan cache hands out one object per distinct plan)
+  // share its shapes: each rank's shape of a plan is made once.
+  absl::flat_hash_map<const Plan*, std::map<int64_t, int>> shape_index;  // Rank -> index.
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const Plan& plan = *plans[i];
+    auto [it, inserted] = shape_index.try_emplace(&plan);
+    std::map<int64_t, int>& index = it->second;
+    if (inserted) {
+      std::map<int64_t, FragmentShape> shapes = BareShapes(plan);
+      for (const Step& step : plan.steps) {
+        for (const Transfer& t : step.transfers) {
+          shapes[t.src].transfers.push_back(t);
+          shapes[t.dst].transfers.push_back(t);
+          if (t.bytes == 0) continue;
+          exchange.insert(t.src);
+          exchange.insert(t.dst);
+        }
+      }
+      for (auto& [rank, shape] : shapes) {
+        auto [fit, added] = out.try_emplace(rank);
+        if (added) fit->second = EmptyFragment(rank, options);
+        index[rank] = static_cast<int>(fit->second.shapes.size());
+        fit->second.shapes.push_back(std::move(shape));
+      }
+    }
+    for (const auto& [rank, k] : index) {
+      out[rank].members.push_back(MemberFor(plan, rank, members[i], k, options));
+    }
+  }
+  for (auto& [rank, f] : out) {
+    if (exchange.count(rank) == 0) continue;
+    f.exchange_ranks.assign(exchange.begin(), exchange.end());
+    for (int64_t r : exchange) f.member_incarnations[r] = IncarnationOf(options, r);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<int64_t, Fragment> MakeFragments(absl::Span<const Plan* const> plans,
+                                          absl::Span<const FragmentMemberOptions> members,
+                                          const FragmentOptions& options) {
+  if (options.fused) return FusedFragments(plans, members, options);
+  if (plans.empty() || members.empty()) return {};
+  return PlanFragments(*plans[0], members[0], options);
+}
+
+}  // namespace shardcoord

@@ -1,0 +1,32 @@
+#ifndef SHARDCOORD_SHARDING_TESTING_TEST_UTIL_H_
+#define SHARDCOORD_SHARDING_TESTING_TEST_UTIL_H_
+
+// What the tests of sharding/ types and their conversions share.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "sharding/mesh.h"
+
+namespace shardcoord {
+namespace sharding_testing {
+
+// The message of an INVALID_ARGUMENT `s` (an expectation fails when it is anything else).
+template <typename T>
+std::string ErrorOf(const absl::StatusOr<T>& s) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+  return std::string(s.status().message());
+}
+
+// A mesh of `shape` over `ranks` (empty: 0..n-1); a bad one fails the test (a non-fatal
+// expectation) and gives an empty mesh.
+DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {});
+
+}  // namespace sharding_testing
+}  // namespace shardcoord
+
+#endif  // SHARDCOORD_SHARDING_TESTING_TEST_UTIL_H_
