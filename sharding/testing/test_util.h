@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "sharding/mesh.h"
+#include "sharding/plan.h"
 
 namespace shardcoord {
 namespace sharding_testing {
@@ -25,6 +26,10 @@ std::string ErrorOf(const absl::StatusOr<T>& s) {
 // A mesh of `shape` over `ranks` (empty: 0..n-1); a bad one fails the test (a non-fatal
 // expectation) and gives an empty mesh.
 DeviceMesh Mesh(Shape shape, std::vector<int64_t> ranks = {});
+
+// A plan of 8 f32 elements from S(0) on four ranks: an all-gather among {0, 1} and a
+// point-to-point step among {2, 3}, a local copy on every rank.
+Plan TwoStepPlan();
 
 }  // namespace sharding_testing
 }  // namespace shardcoord
