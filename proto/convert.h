@@ -19,6 +19,7 @@
 #include "sharding/box.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
+#include "sharding/limits.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
 #include "sharding/plan.h"
@@ -28,13 +29,6 @@
 namespace shardcoord {
 
 using Int64List = google::protobuf::RepeatedField<int64_t>;
-
-// ---- Limits (issue 15): bounds on what a client controls ------------------------------
-
-// Tensor and mesh dims, and placements per spec.
-inline constexpr int kMaxDims = 16;
-// Ranges of one rank in a flat spec.
-inline constexpr int kMaxFlatRangesPerRank = 4096;
 
 // ---- Scalars ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "sharding/limits.h"
 #include "sharding/names.h"
 #include "sharding/planner.h"
 
