@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/coordinator_client.h"
@@ -44,6 +46,44 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     for (int i = 0; i < 4; ++i) {
       response->add_ranks(i);
       response->add_workers("w" + std::to_string(i));
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CreateTensors(grpc::ServerContext*, const v1::CreateTensorsRequest* request,
+                             v1::CreateTensorsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    create_tensors_ = *request;
+    response->set_created(request->tensors_size());
+    response->set_bytes(128 * request->tensors_size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DeleteTensors(grpc::ServerContext*, const v1::DeleteTensorsRequest* request,
+                             v1::DeleteTensorsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    delete_tensors_ = *request;
+    response->set_deleted(request->names_size() + (request->prefix().empty() ? 0 : 10));
+    return grpc::Status::OK;
+  }
+
+  // 2,345 tensors named "t0000".."t2344", in pages of 1,000.
+  grpc::Status ListTensors(grpc::ServerContext*, const v1::ListTensorsRequest* request,
+                           v1::ListTensorsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    ++list_calls_;
+    int start = 0;
+    if (!request->page_token().empty()) start = std::stoi(request->page_token().substr(1)) + 1;
+    int added = 0;
+    for (int i = start; i < 2345; ++i) {
+      const std::string name = absl::StrFormat("t%04d", i);
+      if (!absl::StartsWith(name, request->prefix())) continue;
+      if (added == 1000) {
+        response->set_next_page_token(response->tensors().rbegin()->name());
+        break;
+      }
+      response->add_tensors()->set_name(name);
+      ++added;
     }
     return grpc::Status::OK;
   }
@@ -246,6 +286,9 @@ class FakeCoordinator final : public v1::Coordinator::Service {
   absl::Mutex mu_;
   v1::CreateMeshRequest create_mesh_;
   v1::CreateTensorRequest create_tensor_;
+  v1::CreateTensorsRequest create_tensors_;
+  v1::DeleteTensorsRequest delete_tensors_;
+  int list_calls_ = 0;
   v1::RedistributeRequest redistribute_;
   v1::GatherRequest gather_;
   v1::CopyRequest copy_;
@@ -464,6 +507,62 @@ TEST_F(CommandsTest, CopyFlagsAndCopiesFilesAreChecked) {
   EXPECT_EQ(ParseCopiesJson(R"({"copies": [{"src": "a", "dest": "b"}]})").status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fake_.copy_group_.copies_size(), 0);
+}
+
+TEST_F(CommandsTest, TensorCreateFromFileIsOneCall) {
+  const std::string path = dir_ + "/tensors.json";
+  {
+    std::ofstream f(path);
+    f << R"json({"tensors": [
+      {"name": "a", "shape": [64, 48], "dtype": "bf16", "mesh": "m", "placements": "S(0),R",
+       "init": "arange"},
+      {"name": "b", "shape": [8], "mesh": "m", "flat": "0:4;4:8", "init": "attached", "seed": 3}]})json";
+  }
+  ASSERT_EQ(RunTensorCreateManyCommand(*client_, path, true, out_, err_), 0) << err_.str();
+  EXPECT_EQ(out_.str(), "{\"created\": 2, \"bytes\": 256}\n");
+  ASSERT_EQ(fake_.create_tensors_.tensors_size(), 2);
+  const v1::CreateTensorRequest& a = fake_.create_tensors_.tensors(0);
+  EXPECT_EQ(a.dtype(), v1::BF16);
+  EXPECT_EQ(a.spec().placements_text(), "S(0),R");
+  EXPECT_EQ(a.init(), v1::ARANGE);
+  EXPECT_EQ(a.shape_size(), 2);
+  const v1::CreateTensorRequest& b = fake_.create_tensors_.tensors(1);
+  EXPECT_EQ(b.dtype(), v1::F32);
+  EXPECT_EQ(b.spec().flat_text(), "0:4;4:8");
+  EXPECT_EQ((std::make_pair(b.init(), b.seed())), (std::make_pair(v1::ATTACHED, uint64_t{3})));
+  EXPECT_FALSE(fake_.create_tensors_.request_id().empty());
+
+  EXPECT_EQ(ParseTensorsJson(R"({"tensors": []})").status().message(), "\"tensors\": empty");
+  EXPECT_EQ(ParseTensorsJson(R"json({"tensors": [{"name": "a", "shape": [4], "mesh": "m",
+      "placements": "R"}, {"name": "b", "shape": [4], "mesh": "m", "placements": "S(x)"}]})json")
+                .status()
+                .message()
+                .substr(0, 27),
+            "tensors[1] 'b': placements:");
+  EXPECT_EQ(ParseTensorsJson(R"({"tensors": [{"name": "a", "shape": [4.5]}]})").status().message(),
+            "tensors[0].shape: every dim must be a whole number >= 0");
+  EXPECT_THAT(
+      std::string(
+          ParseTensorsJson(R"({"tensors": [{"name": "a", "shap": [4]}]})").status().message()),
+      HasSubstr("tensors[0].shap: unknown key"));
+}
+
+TEST_F(CommandsTest, TensorDeleteManyAndListEveryPage) {
+  ASSERT_EQ(RunTensorDeleteManyCommand(*client_, {"a", "b"}, "layers.", false, out_, err_), 0)
+      << err_.str();
+  EXPECT_EQ(out_.str(), "deleted 12 tensors\n");
+  EXPECT_EQ(fake_.delete_tensors_.names_size(), 2);
+  EXPECT_EQ(fake_.delete_tensors_.prefix(), "layers.");
+  EXPECT_EQ(RunTensorDeleteManyCommand(*client_, {}, "", false, out_, err_), 2);
+
+  absl::StatusOr<std::vector<v1::TensorInfo>> all = client_->ListTensors();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 2345u);
+  EXPECT_EQ(all->back().name(), "t2344");
+  EXPECT_EQ(fake_.list_calls_, 3);
+  absl::StatusOr<std::vector<v1::TensorInfo>> some = client_->ListTensors("t12");
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(some->size(), 100u);  // t1200..t1299
 }
 
 TEST_F(CommandsTest, RedistributeManyFromFileRunsOneGroup) {

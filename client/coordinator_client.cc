@@ -260,11 +260,35 @@ absl::StatusOr<v1::TensorInfo> CoordinatorClient::GetTensor(const std::string& n
   return Unary(&Stub::GetTensor, request, options_.rpc_timeout);
 }
 
-absl::StatusOr<std::vector<v1::TensorInfo>> CoordinatorClient::ListTensors() {
-  absl::StatusOr<v1::ListTensorsResponse> r =
-      Unary(&Stub::ListTensors, v1::ListTensorsRequest(), options_.rpc_timeout);
+absl::StatusOr<std::vector<v1::TensorInfo>> CoordinatorClient::ListTensors(
+    const std::string& prefix) {
+  std::vector<v1::TensorInfo> out;
+  v1::ListTensorsRequest request;
+  request.set_prefix(prefix);
+  for (;;) {
+    absl::StatusOr<v1::ListTensorsResponse> r =
+        Unary(&Stub::ListTensors, request, options_.rpc_timeout);
+    if (!r.ok()) return r.status();
+    for (v1::TensorInfo& t : *r->mutable_tensors()) out.push_back(std::move(t));
+    if (r->next_page_token().empty()) return out;
+    request.set_page_token(r->next_page_token());
+  }
+}
+
+absl::StatusOr<v1::CreateTensorsResponse> CoordinatorClient::CreateTensors(
+    const v1::CreateTensorsRequest& request) {
+  return Mutate(&Stub::CreateTensors, request, options_.data_timeout);
+}
+
+absl::StatusOr<int64_t> CoordinatorClient::DeleteTensors(const std::vector<std::string>& names,
+                                                         const std::string& prefix) {
+  v1::DeleteTensorsRequest request;
+  for (const std::string& n : names) request.add_names(n);
+  request.set_prefix(prefix);
+  absl::StatusOr<v1::DeleteTensorsResponse> r =
+      Mutate(&Stub::DeleteTensors, request, options_.rpc_timeout);
   if (!r.ok()) return r.status();
-  return std::vector<v1::TensorInfo>(r->tensors().begin(), r->tensors().end());
+  return r->deleted();
 }
 
 absl::Status CoordinatorClient::DeleteTensor(const std::string& name) {

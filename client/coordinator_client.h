@@ -95,8 +95,13 @@ class CoordinatorClient {
 
   absl::StatusOr<v1::TensorInfo> CreateTensor(const v1::CreateTensorRequest& request);
   absl::StatusOr<v1::TensorInfo> GetTensor(const std::string& name);
-  absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors();
+  // Every tensor whose name starts with `prefix`, in name order: pages through ListTensors.
+  absl::StatusOr<std::vector<v1::TensorInfo>> ListTensors(const std::string& prefix = "");
   absl::Status DeleteTensor(const std::string& name);
+  // All or nothing, in one call each.
+  absl::StatusOr<v1::CreateTensorsResponse> CreateTensors(const v1::CreateTensorsRequest& request);
+  absl::StatusOr<int64_t> DeleteTensors(const std::vector<std::string>& names,
+                                        const std::string& prefix);
 
   // With request.wait(), returns when the plan has ended (data deadline); otherwise when it
   // has started, with progress.plan_id to watch.

@@ -543,9 +543,9 @@ int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, boo
   return ReportJsonOrText(out, json, TensorJson(*tensor), TensorText(*tensor));
 }
 
-int RunTensorListCommand(CoordinatorClient& client, bool json, std::ostream& out,
-                         std::ostream& err) {
-  absl::StatusOr<std::vector<v1::TensorInfo>> tensors = client.ListTensors();
+int RunTensorListCommand(CoordinatorClient& client, const std::string& prefix, bool json,
+                         std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::vector<v1::TensorInfo>> tensors = client.ListTensors(prefix);
   if (!tensors.ok()) return ReportStatus(err, tensors.status(), client.address());
   return ReportJsonOrText(out, json, TensorsJson(*tensors), TensorsTable(*tensors));
 }
@@ -569,13 +569,20 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
 
   {
     CLI::App* cmd = tensor->add_subcommand(
-        "create", "Create a tensor on a mesh, filled on the workers (no data is sent)");
+        "create",
+        "Create a tensor on a mesh, filled on the workers (no data is sent); or many at once, "
+        "all or nothing, with --from-file");
     auto flags = std::make_shared<TensorCreateFlags>();
-    add_name(cmd, &flags->name);
-    cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
-    cmd->add_option("--shape", flags->shape, "Global shape, comma-separated: 64,48")
-        ->required()
-        ->type_name("DIMS");
+    auto from_file = std::make_shared<std::string>();
+    cmd->add_option("name", flags->name, "Tensor name (or --from-file)")->type_name("NAME");
+    cmd->add_option("--from-file", *from_file,
+                    "JSON {\"tensors\": [{\"name\", \"shape\": [..], \"dtype\", \"mesh\", "
+                    "\"placements\" | \"flat\", \"init\", \"seed\"}]}: every tensor in one call")
+        ->type_name("FILE");
+    CLI::Option* mesh_flag = cmd->add_option("--mesh", flags->mesh, "Mesh name")->type_name("MESH");
+    CLI::Option* shape_flag =
+        cmd->add_option("--shape", flags->shape, "Global shape, comma-separated: 64,48")
+            ->type_name("DIMS");
     cmd->add_option("--dtype", flags->dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")
         ->capture_default_str()
         ->type_name("TYPE");
@@ -588,7 +595,21 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->capture_default_str()
         ->type_name("KIND");
     cmd->add_option("--seed", flags->seed, "Seed for --init random")->capture_default_str();
-    cmd->callback([conn, flags, placements, flat]() {
+    cmd->callback([conn, flags, from_file, placements, flat, mesh_flag, shape_flag]() {
+      if (!from_file->empty()) {
+        if (!flags->name.empty() || mesh_flag->count() > 0 || shape_flag->count() > 0 ||
+            placements->count() > 0 || flat->count() > 0) {
+          Finish(ReportFlagError(std::cerr, "tensor create",
+                                 "--from-file: give NAME and flags, or --from-file, not both"));
+        }
+        CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
+        Finish(RunTensorCreateManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
+        return;
+      }
+      if (flags->name.empty() || mesh_flag->count() == 0 || shape_flag->count() == 0) {
+        Finish(ReportFlagError(std::cerr, "tensor create",
+                               "NAME, --mesh and --shape are required (or --from-file)"));
+      }
       flags->placements = Value(placements);
       flags->flat = Value(flat);
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
@@ -726,19 +747,29 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     });
   }
   {
-    CLI::App* cmd = tensor->add_subcommand("list", "List tensors");
-    cmd->callback([conn]() {
+    CLI::App* cmd = tensor->add_subcommand("list", "List tensors (every page)");
+    auto prefix = std::make_shared<std::string>();
+    cmd->add_option("--prefix", *prefix, "Only tensors whose name starts with P")->type_name("P");
+    cmd->callback([conn, prefix]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTensorListCommand(client, conn->json, std::cout, std::cerr));
+      Finish(RunTensorListCommand(client, *prefix, conn->json, std::cout, std::cerr));
     });
   }
   {
-    CLI::App* cmd = tensor->add_subcommand("delete", "Delete a tensor and free its buffers");
-    auto name = std::make_shared<std::string>();
-    add_name(cmd, name.get());
-    cmd->callback([conn, name]() {
+    CLI::App* cmd = tensor->add_subcommand(
+        "delete", "Delete tensors and free their buffers; several (and --prefix) all or nothing");
+    auto names = std::make_shared<std::vector<std::string>>();
+    auto prefix = std::make_shared<std::string>();
+    cmd->add_option("names", *names, "Tensor names")->type_name("NAME...");
+    cmd->add_option("--prefix", *prefix, "Also every tensor whose name starts with P")
+        ->type_name("P");
+    cmd->callback([conn, names, prefix]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTensorDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
+      if (names->size() == 1 && prefix->empty()) {
+        Finish(RunTensorDeleteCommand(client, names->front(), conn->json, std::cout, std::cerr));
+        return;
+      }
+      Finish(RunTensorDeleteManyCommand(client, *names, *prefix, conn->json, std::cout, std::cerr));
     });
   }
 }

@@ -111,8 +111,17 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
 
 int RunTensorShowCommand(CoordinatorClient& client, const std::string& name, bool json,
                          std::ostream& out, std::ostream& err);
-int RunTensorListCommand(CoordinatorClient& client, bool json, std::ostream& out,
-                         std::ostream& err);
+int RunTensorListCommand(CoordinatorClient& client, const std::string& prefix, bool json,
+                         std::ostream& out, std::ostream& err);
+// Bulk (client/tensor_bulk_command.cc). The tensors file of `tensor create --from-file`:
+// {"tensors": [{"name", "shape": [..], "dtype", "mesh", "placements" | "flat", "init",
+// "seed"}]}, each entry checked as create's flags (errors name "tensors[i]").
+absl::StatusOr<v1::CreateTensorsRequest> ParseTensorsJson(const std::string& json);
+int RunTensorCreateManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
+                               std::ostream& out, std::ostream& err);
+int RunTensorDeleteManyCommand(CoordinatorClient& client, const std::vector<std::string>& names,
+                               const std::string& prefix, bool json, std::ostream& out,
+                               std::ostream& err);
 int RunTensorDeleteCommand(CoordinatorClient& client, const std::string& name, bool json,
                            std::ostream& out, std::ostream& err);
 

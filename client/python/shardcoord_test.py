@@ -46,6 +46,27 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.requests["create"] = request
         return pb.TensorInfo(name=request.name, shape=request.shape, dtype=request.dtype)
 
+    def CreateTensors(self, request, context):
+        self.requests["create_many"] = request
+        return pb.CreateTensorsResponse(created=len(request.tensors), bytes=64)
+
+    def DeleteTensors(self, request, context):
+        self.requests["delete_many"] = request
+        return pb.DeleteTensorsResponse(deleted=len(request.names) + 2)
+
+    def ListTensors(self, request, context):
+        # 2,500 tensors t00000..t02499, pages of request.page_size (default 1,000).
+        self.requests.setdefault("list", []).append(request)
+        names = [f"t{i:05d}" for i in range(2500) if f"t{i:05d}".startswith(request.prefix)]
+        start = 0
+        if request.page_token:
+            start = names.index(request.page_token) + 1
+        size = request.page_size or 1000
+        page = names[start:start + size]
+        more = start + size < len(names)
+        return pb.ListTensorsResponse(tensors=[pb.TensorInfo(name=n) for n in page],
+                                      next_page_token=page[-1] if more else "")
+
     def GetTensor(self, request, context):
         if request.name != "lent":
             context.abort(grpc.StatusCode.NOT_FOUND, f"tensor '{request.name}' does not exist")
@@ -188,6 +209,34 @@ class ClientTest(unittest.TestCase):
         r = self.fake.requests["create"]
         self.assertEqual((r.init, r.dtype), (pb.ATTACHED, pb.BF16))
         self.assertEqual(r.spec.flat_text, "0:4096;4096:4100,4200:4300;")
+
+    def test_create_tensors_is_one_call(self):
+        made = self.client.create_tensors([
+            dict(name="a", shape=[4, 4], mesh="m", placements="S(0)", init="arange"),
+            dict(name="b", shape=[8], dtype="bf16", mesh="m", flat="0:4;4:8", init="attached")])
+        self.assertEqual(made, {"created": 2, "bytes": 64})
+        r = self.fake.requests["create_many"]
+        self.assertEqual([t.name for t in r.tensors], ["a", "b"])
+        self.assertEqual(r.tensors[0].init, pb.ARANGE)
+        self.assertEqual((r.tensors[1].dtype, r.tensors[1].spec.flat_text), (pb.BF16, "0:4;4:8"))
+        self.assertTrue(r.request_id)
+        with self.assertRaisesRegex(ValueError, r"tensors\[1\]: dtype: 'f99'"):
+            self.client.create_tensors([dict(name="a", shape=[4], mesh="m", placements="R"),
+                                        dict(name="b", shape=[4], dtype="f99", mesh="m",
+                                             placements="R")])
+
+    def test_delete_tensors(self):
+        self.assertEqual(self.client.delete_tensors(["x", "y"], prefix="layers."), 4)
+        r = self.fake.requests["delete_many"]
+        self.assertEqual((list(r.names), r.prefix), (["x", "y"], "layers."))
+
+    def test_tensors_pages_through_every_tensor(self):
+        names = [t.name for t in self.client.tensors()]
+        self.assertEqual(len(names), 2500)
+        self.assertEqual(names[-1], "t02499")
+        self.assertEqual(len(self.fake.requests["list"]), 3)
+        self.assertEqual([t.name for t in self.client.list_tensors(prefix="t0001")],
+                         [f"t{i:05d}" for i in range(10, 20)])
 
     def test_local_buffers_of_an_attached_tensor(self):
         self.assertEqual(self.client.local_nbytes("lent", 1), 48)

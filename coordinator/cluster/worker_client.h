@@ -6,8 +6,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,13 @@ inline std::string DescribeWorker(absl::string_view name, int64_t rank) {
   return absl::StrCat("worker ", name, " (rank ", rank, ")");
 }
 inline std::string Describe(const WorkerEndpoint& w) { return DescribeWorker(w.name, w.rank); }
+
+// Each endpoint's incarnation by rank: who holds a new buffer (TensorRecord::incarnations).
+inline absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpoint>& eps) {
+  absl::flat_hash_map<int64_t, int64_t> out;
+  for (const WorkerEndpoint& e : eps) out[e.rank] = e.incarnation;
+  return out;
+}
 
 // One WriteChunk stream to a worker, opened with its header: Write appends bytes to the local
 // buffer front to back, Finish ends the stream. Callbacks run on any thread, possibly inline,
@@ -71,6 +80,12 @@ class WorkerClient {
                           StatusCallback done) = 0;
   virtual void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
                     Callback<v1::FillResponse> done) = 0;
+  // Many fills in one call (a bulk create; WorkerCore::FillMany). UNIMPLEMENTED by default,
+  // for clients that never create in bulk.
+  virtual void FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
+                        Callback<v1::FillManyResponse> done) {
+    done(absl::UnimplementedError("FillMany"));
+  }
   virtual void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
                           StatusCallback done) = 0;
   // The elements of request.box, row-major, all streamed messages joined.

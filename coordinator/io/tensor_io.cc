@@ -12,15 +12,6 @@
 #include "sharding/tensor_split.h"
 
 namespace shardcoord {
-namespace {
-
-absl::flat_hash_map<int64_t, int64_t> Incarnations(const std::vector<WorkerEndpoint>& eps) {
-  absl::flat_hash_map<int64_t, int64_t> out;
-  for (const WorkerEndpoint& e : eps) out[e.rank] = e.incarnation;
-  return out;
-}
-
-}  // namespace
 
 struct TensorIo::LossWatch {
   LossWatch(std::vector<WorkerEndpoint> eps, std::vector<std::shared_ptr<ChunkWriteStream>> ss)
@@ -116,6 +107,34 @@ void TensorIo::Drop(const std::vector<WorkerEndpoint>& endpoints, const std::str
   }
 }
 
+absl::Status TensorIo::CheckRankAnswer(const WorkerEndpoint& ep, const RankChunks& want,
+                                       const absl::StatusOr<v1::RankChunks>& r,
+                                       ChunkChecksums* sums) {
+  if (!r.ok()) {
+    return absl::UnavailableError(absl::StrCat(Describe(ep), ": ", r.status().ToString()));
+  }
+  absl::StatusOr<RankChunks> got = RankChunksFromProto(*r, "chunks", sums);
+  if (!got.ok()) {
+    return absl::InternalError(
+        absl::StrCat(Describe(ep), " answered with bad chunks: ", got.status().message()));
+  }
+  if (got->chunks != want.chunks) {
+    return absl::InternalError(
+        absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorIo::CheckReplicas(const Layout& layout, const LayoutChecksums& sums,
+                                     const std::vector<WorkerEndpoint>& endpoints) {
+  return CheckReplicaChecksums(layout, sums, [&](int64_t rank) {
+    for (const WorkerEndpoint& e : endpoints) {
+      if (e.rank == rank) return Describe(e);
+    }
+    return absl::StrCat("rank ", rank);
+  });
+}
+
 void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoint>& endpoints,
                            const RankCall& call,
                            std::function<void(absl::StatusOr<LayoutChecksums>)> done) {
@@ -131,34 +150,15 @@ void TensorIo::ForEachRank(const Layout& layout, const std::vector<WorkerEndpoin
   state->sums.resize(n);
   std::shared_ptr<FanIn> fan = FanIn::Start(n, [state, done = std::move(done)](absl::Status error) {
     if (!error.ok()) return done(error);
-    absl::Status replicas = CheckReplicaChecksums(state->layout, state->sums, [&](int64_t rank) {
-      for (const WorkerEndpoint& e : state->endpoints) {
-        if (e.rank == rank) return Describe(e);
-      }
-      return absl::StrCat("rank ", rank);
-    });
+    absl::Status replicas = CheckReplicas(state->layout, state->sums, state->endpoints);
     if (!replicas.ok()) return done(replicas);
     done(std::move(state->sums));
   });
   for (size_t i = 0; i < n; ++i) {
     const RankChunks& rc = state->layout.ranks()[i];
     call(state->endpoints[i], rc, [state, fan, i](absl::StatusOr<v1::RankChunks> r) {
-      const WorkerEndpoint& ep = state->endpoints[i];
-      const RankChunks& want = state->layout.ranks()[i];
-      absl::Status s;
       ChunkChecksums sums;
-      if (!r.ok()) {
-        s = absl::UnavailableError(absl::StrCat(Describe(ep), ": ", r.status().ToString()));
-      } else {
-        absl::StatusOr<RankChunks> got = RankChunksFromProto(*r, "chunks", &sums);
-        if (!got.ok()) {
-          s = absl::InternalError(
-              absl::StrCat(Describe(ep), " answered with bad chunks: ", got.status().message()));
-        } else if (got->chunks != want.chunks) {
-          s = absl::InternalError(
-              absl::StrCat(Describe(ep), " answered with other chunks than it was given"));
-        }
-      }
+      absl::Status s = CheckRankAnswer(state->endpoints[i], state->layout.ranks()[i], r, &sums);
       if (s.ok()) state->sums[i] = std::move(sums);
       fan->Report(s);
     });
@@ -175,82 +175,104 @@ absl::Status TensorIo::CheckTensorBytes(absl::string_view field, const Shape& sh
                    " bytes, more than the limit of ", max_tensor_bytes_, " (--max-tensor-bytes)"));
 }
 
-void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
-  if (args.name.empty()) return done(absl::InvalidArgumentError("name: empty"));
+absl::StatusOr<TensorIo::PreparedCreate> TensorIo::PrepareCreate(
+    const CreateTensorArgs& args) const {
+  if (args.name.empty()) return absl::InvalidArgumentError("name: empty");
   absl::StatusOr<int64_t> bytes = CheckedBytes(args.shape, ElementSize(args.dtype));
-  if (!bytes.ok()) return done(bytes.status());
+  if (!bytes.ok()) return bytes.status();
   if (absl::Status s = CheckTensorBytes("shape", args.shape, args.dtype, *bytes); !s.ok()) {
-    return done(s);
+    return s;
   }
   if (args.spec.mesh.empty()) {
-    return done(absl::InvalidArgumentError("spec.mesh: empty (name the mesh)"));
+    return absl::InvalidArgumentError("spec.mesh: empty (name the mesh)");
   }
   absl::StatusOr<MeshRecord> mesh = meshes_->Get(args.spec.mesh);
-  if (!mesh.ok()) return done(mesh.status());
+  if (!mesh.ok()) return mesh.status();
   absl::StatusOr<Layout> layout = LayoutForSpec(args.spec, mesh->mesh, args.shape, "spec");
-  if (!layout.ok()) return done(layout.status());
+  if (!layout.ok()) return layout.status();
   absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = Endpoints(*layout);
-  if (!endpoints.ok()) return done(endpoints.status());
+  if (!endpoints.ok()) return endpoints.status();
 
-  const std::string op = NewOp("create");
-  TensorRecord record;
+  PreparedCreate p;
+  p.endpoints = *std::move(endpoints);
+  TensorRecord& record = p.record;
   record.name = args.name;
   record.shape = args.shape;
   record.dtype = args.dtype;
   record.mesh = args.spec.mesh;
   record.spec = args.spec.ToString();
-  record.layout = *layout;
+  record.layout = *std::move(layout);
   record.version = tensors_->NewVersion();
-  const int64_t version = record.version;
   if (args.init == v1::ATTACHED) {
     // No worker allocates anything: every rank waits for a user process to lend its buffer.
     record.attached = true;
-    for (const RankChunks& rc : layout->ranks()) record.unattached.insert(rc.rank);
-    LayoutChecksums none;
-    for (const RankChunks& rc : layout->ranks()) none.emplace_back(rc.chunks.size(), 0);
-    if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
-    if (absl::Status s = tensors_->FinishCreate(args.name, op, std::move(none), {}); !s.ok()) {
-      tensors_->CancelCreate(args.name, op);
-      return done(s);
-    }
-    return done(tensors_->Get(args.name));
+    for (const RankChunks& rc : record.layout.ranks()) record.unattached.insert(rc.rank);
+    return p;
   }
-  // Every rank's buffer must fit its worker's budget now; held until the create ends.
-  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
-      AdmitNow(admission_, absl::StrCat("creating '", args.name, "'"),
-               LayoutBytesByRank(*layout, args.dtype));
-  if (!memory.ok()) return done(memory.status());
-  if (absl::Status s = tensors_->Reserve(std::move(record), op); !s.ok()) return done(s);
-
-  v1::FillRequest base;
+  v1::FillRequest& base = p.fill;
   base.set_tensor(args.name);
-  base.set_version(version);
+  base.set_version(record.version);
   base.set_dtype(DTypeToProto(args.dtype));
   ShapeToProto(args.shape, base.mutable_global_shape());
   base.set_init(args.init == v1::INIT_KIND_UNSPECIFIED ? v1::ZEROS : args.init);
   base.set_seed(args.seed);
-  if (layout->is_partial()) base.set_partial_op(ReduceOpToProto(layout->partial_op()));
-  const std::string name = args.name;
+  if (record.layout.is_partial()) base.set_partial_op(ReduceOpToProto(record.layout.partial_op()));
+  return p;
+}
+
+v1::FillRequest TensorIo::PreparedCreate::FillFor(const RankChunks& rc) const {
+  v1::FillRequest req = fill;
+  *req.mutable_chunks() = RankChunksToProto(rc);
   // A Partial(sum) tensor holds its value in contribution 0 and zeros in the others (as
   // ChunkUnsharded splits one); avg, min and max hold the value in every contribution.
-  const bool zero_other_partials = layout->is_partial() && layout->partial_op() == ReduceOp::kSum;
+  const Layout& layout = record.layout;
+  if (layout.is_partial() && layout.partial_op() == ReduceOp::kSum && !rc.chunks.empty() &&
+      std::all_of(rc.chunks.begin(), rc.chunks.end(),
+                  [](const Chunk& c) { return c.partial_index != 0; })) {
+    req.set_init(v1::ZEROS);
+  }
+  return req;
+}
+
+LayoutChecksums TensorIo::PreparedCreate::NoChecksums() const {
+  LayoutChecksums none;
+  for (const RankChunks& rc : record.layout.ranks()) none.emplace_back(rc.chunks.size(), 0);
+  return none;
+}
+
+void TensorIo::Create(const CreateTensorArgs& args, TensorCallback done) {
+  absl::StatusOr<PreparedCreate> prepared = PrepareCreate(args);
+  if (!prepared.ok()) return done(prepared.status());
+  const std::string op = NewOp("create");
+  const std::string name = args.name;
+  const int64_t version = prepared->record.version;
+  if (prepared->record.attached) {
+    LayoutChecksums none = prepared->NoChecksums();
+    if (absl::Status s = tensors_->Reserve(prepared->record, op); !s.ok()) return done(s);
+    if (absl::Status s = tensors_->FinishCreate(name, op, std::move(none), {}); !s.ok()) {
+      tensors_->CancelCreate(name, op);
+      return done(s);
+    }
+    return done(tensors_->Get(name));
+  }
+  // Every rank's buffer must fit its worker's budget now; held until the create ends.
+  absl::StatusOr<std::shared_ptr<AdmissionHold>> memory =
+      AdmitNow(admission_, absl::StrCat("creating '", name, "'"),
+               LayoutBytesByRank(prepared->record.layout, args.dtype));
+  if (!memory.ok()) return done(memory.status());
+  if (absl::Status s = tensors_->Reserve(prepared->record, op); !s.ok()) return done(s);
+
+  auto shared = std::make_shared<const PreparedCreate>(*std::move(prepared));
   ForEachRank(
-      *layout, *endpoints,
-      [this, base, zero_other_partials](const WorkerEndpoint& ep, const RankChunks& rc,
-                                        WorkerClient::Callback<v1::RankChunks> cb) {
-        v1::FillRequest req = base;
-        *req.mutable_chunks() = RankChunksToProto(rc);
-        if (zero_other_partials && !rc.chunks.empty() &&
-            std::all_of(rc.chunks.begin(), rc.chunks.end(),
-                        [](const Chunk& c) { return c.partial_index != 0; })) {
-          req.set_init(v1::ZEROS);
-        }
-        client_->Fill(ep, req, [cb](absl::StatusOr<v1::FillResponse> r) {
+      shared->record.layout, shared->endpoints,
+      [this, shared](const WorkerEndpoint& ep, const RankChunks& rc,
+                     WorkerClient::Callback<v1::RankChunks> cb) {
+        client_->Fill(ep, shared->FillFor(rc), [cb](absl::StatusOr<v1::FillResponse> r) {
           if (!r.ok()) return cb(r.status());
           cb(r->chunks());
         });
       },
-      [this, name, op, version, eps = *endpoints, done,
+      [this, name, op, version, eps = shared->endpoints, done,
        memory = *std::move(memory)](absl::StatusOr<LayoutChecksums> sums) {
         // Committed (counted from the layout now) or dropped: the reservation goes after.
         auto release = [&memory] {

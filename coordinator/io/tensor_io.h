@@ -94,6 +94,20 @@ class TensorIo {
   // a dead worker in the mesh; UNAVAILABLE a worker failed to fill (nothing is left).
   void Create(const CreateTensorArgs& args, TensorCallback done);
 
+  // Creates every tensor of `args` or none (coordinator/io/tensor_io_bulk.cc): all are
+  // checked before any worker is called, each worker fills its buffers in a few FillMany
+  // calls (at most kFillsPerCall each), the memory of all is admitted at once, and all become
+  // visible in one store batch. Errors as Create's, naming the member ("tensors[i] 'name':
+  // ..."); INVALID_ARGUMENT no members, more than kMaxBulkTensors, or a name given twice.
+  struct CreatedMany {
+    int64_t created = 0;
+    int64_t bytes = 0;
+  };
+  static constexpr size_t kMaxBulkTensors = 100000;
+  static constexpr int kFillsPerCall = 512;
+  void CreateMany(std::vector<CreateTensorArgs> args,
+                  std::function<void(absl::StatusOr<CreatedMany>)> done);
+
   // A whole upload in progress: the tensor is busy (reserved when new) and every rank of the
   // target layout has a WriteChunk stream open for the new version. Bands go in order, one
   // at a time; then Finish or Abort. Destroying it before Finish aborts.
@@ -204,6 +218,10 @@ class TensorIo {
 
   // NOT_FOUND; ABORTED busy. Workers drop the buffers in the background.
   absl::Status Delete(const std::string& name);
+  // Deletes `names` and every tensor whose name starts with `prefix` (when not empty), all or
+  // none, in one store batch (TensorManager::RemoveAll's errors); returns how many.
+  absl::StatusOr<int64_t> DeleteMany(const std::vector<std::string>& names,
+                                     const std::string& prefix);
 
   // A worker incarnation is gone (the composition root's reaction to a death): every whole
   // upload writing to it fails now with UNAVAILABLE "worker N (rank R) died: ..." (its write
@@ -213,6 +231,25 @@ class TensorIo {
   void OnWorkerLost(const WorkerRecord& worker, const std::string& reason);
 
  private:
+  // A checked create: the record to reserve (version chosen) and every rank's fill.
+  struct PreparedCreate {
+    TensorRecord record;
+    std::vector<WorkerEndpoint> endpoints;  // Shaped as record.layout.ranks().
+    v1::FillRequest fill;                   // Without chunks; unused when attached.
+
+    v1::FillRequest FillFor(const RankChunks& rc) const;
+    LayoutChecksums NoChecksums() const;  // An attached tensor's: zeros, shaped as the layout.
+  };
+  absl::StatusOr<PreparedCreate> PrepareCreate(const CreateTensorArgs& args) const;
+  // A worker's answer to a fill or write of `want`: its checksums, or UNAVAILABLE (the call
+  // failed) / INTERNAL (other chunks) naming the worker.
+  static absl::Status CheckRankAnswer(const WorkerEndpoint& ep, const RankChunks& want,
+                                      const absl::StatusOr<v1::RankChunks>& r,
+                                      ChunkChecksums* sums);
+  // CheckReplicaChecksums naming workers.
+  static absl::Status CheckReplicas(const Layout& layout, const LayoutChecksums& sums,
+                                    const std::vector<WorkerEndpoint>& endpoints);
+
   // Runs `call` for every rank of `layout`, checks the chunk metadata each returns against
   // the layout, and completes with the checksums (shaped as the layout) once all answered,
   // or with the first failure. Replica checksums are compared.

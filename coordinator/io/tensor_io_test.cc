@@ -509,5 +509,150 @@ TEST_F(TensorIoTest, ACreateThatCannotBeStoredLeavesNothing) {
   EXPECT_TRUE(out->ok()) << out->status();
 }
 
+// ---- Bulk -------------------------------------------------------------------------------
+
+class TensorIoBulkTest : public TensorIoTest {
+ protected:
+  static CreateTensorArgs Args(const std::string& name, const std::string& placements,
+                               v1::InitKind init = v1::ARANGE, const std::string& mesh = "M") {
+    CreateTensorArgs args;
+    args.name = name;
+    args.shape = {8, 4};
+    args.dtype = DType::kF32;
+    args.spec = MakeSpec(mesh, placements);
+    args.init = init;
+    args.seed = 7;
+    return args;
+  }
+  static absl::StatusOr<TensorIo::CreatedMany> CreateMany(TensorIo& io,
+                                                          std::vector<CreateTensorArgs> args) {
+    std::optional<absl::StatusOr<TensorIo::CreatedMany>> out;
+    io.CreateMany(std::move(args),
+                  [&](absl::StatusOr<TensorIo::CreatedMany> r) { out = std::move(r); });
+    EXPECT_TRUE(out.has_value());
+    return *out;
+  }
+  absl::StatusOr<TensorIo::CreatedMany> CreateMany(std::vector<CreateTensorArgs> args) {
+    return CreateMany(io_, std::move(args));
+  }
+};
+
+// Each worker fills every buffer of the call in one FillMany; the tensors hold what a
+// create of each would have made (values, replicas' checksums), attached ones no buffer.
+TEST_F(TensorIoBulkTest, CreateManyFillsOncePerWorker) {
+  absl::StatusOr<TensorIo::CreatedMany> made =
+      CreateMany({Args("a", "S(0),R"), Args("b", "R,S(1)"), Args("c", "S(0)", v1::ARANGE, "N"),
+                  Args("d", "S(0),R", v1::ATTACHED)});
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->created, 4);
+  EXPECT_EQ(made->bytes, 4 * 32 * 4);
+  EXPECT_EQ(client_.calls("FillMany"), 4);
+  for (const char* name : {"a", "b", "c"}) {
+    absl::StatusOr<std::string> data = Download(name);
+    ASSERT_TRUE(data.ok()) << name << ": " << data.status();
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << name << i;
+  }
+  absl::StatusOr<TensorRecord> a = tensors_.Get("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->checksums[0][0], a->checksums[1][0]);
+  EXPECT_EQ(a->incarnations.size(), 4u);
+  absl::StatusOr<TensorRecord> d = tensors_.Get("d");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->attached);
+  EXPECT_EQ(d->unattached.size(), 4u);
+  EXPECT_FALSE(client_.HasBuffer(0, "d", d->version));
+  EXPECT_EQ(tensors_.List().size(), 4u);
+}
+
+TEST_F(TensorIoBulkTest, CreateManyNamesTheBadMemberAndCreatesNothing) {
+  ASSERT_TRUE(Create("b", "S(0),R").ok());
+  const int fills = client_.calls("FillMany");
+  struct Case {
+    std::vector<CreateTensorArgs> args;
+    absl::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({{}, absl::StatusCode::kInvalidArgument, "tensors: empty"});
+  cases.push_back({{Args("a", "S(0),R"), Args("b", "S(0),R"), Args("c", "S(0),R")},
+                   absl::StatusCode::kAlreadyExists,
+                   "tensors[1] 'b': tensor 'b' already exists"});
+  cases.push_back({{Args("a", "S(0),R"), Args("a", "R,R")},
+                   absl::StatusCode::kInvalidArgument,
+                   "tensors[1]: name 'a' is also tensors[0]"});
+  cases.push_back({{Args("a", "S(0),R"), Args("c", "S(0)", v1::ARANGE, "nope")},
+                   absl::StatusCode::kNotFound,
+                   "tensors[1] 'c': "});
+  cases.push_back({{Args("a", "S(0),R"), Args("c", "S(2),R")},
+                   absl::StatusCode::kInvalidArgument,
+                   "tensors[1] 'c': spec"});
+  for (const Case& c : cases) {
+    absl::StatusOr<TensorIo::CreatedMany> made = CreateMany(c.args);
+    EXPECT_EQ(made.status().code(), c.code) << made.status();
+    EXPECT_THAT(made.status().message(), HasSubstr(c.message));
+    EXPECT_EQ(tensors_.Get("a").status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(tensors_.Get("c").status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(client_.calls("FillMany"), fills);  // Refused before any worker was called.
+  EXPECT_EQ(tensors_.List().size(), 1u);
+}
+
+// A worker that fails its fills undoes the whole call: no tensor, no buffer left, the names
+// and meshes free for a retry.
+TEST_F(TensorIoBulkTest, AFailedFillUndoesEveryMember) {
+  client_.Fail("FillMany", 2, absl::ResourceExhaustedError("out of memory"));
+  std::vector<CreateTensorArgs> args = {Args("a", "S(0),R"), Args("b", "R,S(1)"),
+                                        Args("c", "S(0)", v1::ARANGE, "N")};
+  absl::StatusOr<TensorIo::CreatedMany> made = CreateMany(args);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(made.status().message(),
+              HasSubstr("creating 3 tensors: worker w2 (rank 2): RESOURCE_EXHAUSTED"));
+  EXPECT_TRUE(tensors_.List().empty());
+  for (const char* name : {"a", "b", "c"}) {
+    EXPECT_EQ(tensors_.Get(name).status().code(), absl::StatusCode::kNotFound) << name;
+    for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(client_.HasBuffer(r, name, -1)) << name << r;
+  }
+  EXPECT_EQ(meshes_.Delete("N").code(), absl::StatusCode::kOk);  // Nobody uses it.
+  ASSERT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
+  client_.Fail("FillMany", 2, absl::OkStatus());
+  made = CreateMany(args);
+  EXPECT_TRUE(made.ok()) << made.status();
+}
+
+// The members become visible in one store batch; a store that refuses it leaves nothing.
+TEST_F(TensorIoBulkTest, CreateManyIsOneStoreBatch) {
+  FlakyStore store;
+  TensorManager stored(&meshes_, &store);
+  TensorIo io(&workers_, &meshes_, &stored, &client_);
+  std::vector<CreateTensorArgs> args;
+  for (int i = 0; i < 50; ++i) args.push_back(Args(absl::StrCat("t", i), "S(0),R"));
+  store.down = true;
+  absl::StatusOr<TensorIo::CreatedMany> made = CreateMany(io, args);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kUnavailable) << made.status();
+  EXPECT_TRUE(stored.List().empty());
+  EXPECT_EQ(stored.Get("t0").status().code(), absl::StatusCode::kNotFound);
+  store.down = false;
+  const int64_t applies = store.applies();
+  made = CreateMany(io, args);
+  ASSERT_TRUE(made.ok()) << made.status();
+  // The version counter's block (first use) and the tensors: one batch for all 50.
+  EXPECT_LE(store.applies(), applies + 2);
+  EXPECT_EQ(stored.List().size(), 50u);
+}
+
+TEST_F(TensorIoBulkTest, DeleteManyTakesNamesAndAPrefixAndDropsTheirBuffers) {
+  ASSERT_TRUE(CreateMany({Args("layers.0.w", "S(0),R"), Args("layers.1.w", "S(0),R"),
+                          Args("head", "S(0),R"), Args("keep", "S(0),R")})
+                  .ok());
+  EXPECT_EQ(io_.DeleteMany({}, "").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<int64_t> gone = io_.DeleteMany({"head"}, "layers.");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(*gone, 3);
+  ASSERT_EQ(tensors_.List().size(), 1u);
+  EXPECT_EQ(tensors_.List()[0].name, "keep");
+  for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(client_.HasBuffer(r, "head", -1)) << r;
+  EXPECT_TRUE(client_.HasBuffer(0, "keep", -1));
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -68,6 +68,8 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/GetTensor", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/ListTensors", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/DeleteTensor", Roles(kAdminOnly)},
+      {"/shardcoord.v1.Coordinator/CreateTensors", Roles(kWrite)},
+      {"/shardcoord.v1.Coordinator/DeleteTensors", Roles(kAdminOnly)},
       {"/shardcoord.v1.Coordinator/Redistribute", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Gather", Roles(kWrite)},
       {"/shardcoord.v1.Coordinator/Copy", Roles(kWrite)},

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sha256.h"
@@ -25,6 +26,41 @@
 
 namespace shardcoord {
 namespace {
+
+// A CreateTensorRequest checked field by field; `field` prefixes the names in errors
+// ("tensors[3]." in a bulk create).
+absl::StatusOr<CreateTensorArgs> CreateArgsFromProto(const v1::CreateTensorRequest& req,
+                                                     const std::string& field) {
+  CreateTensorArgs args;
+  args.name = req.name();
+  if (absl::Status s = ValidateName(args.name, field + "name"); !s.ok()) return s;
+  absl::StatusOr<Shape> shape = ShapeFromProto(req.shape(), field + "shape");
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<DType> dtype = DTypeFromProto(req.dtype(), field + "dtype");
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<Spec> spec = SpecFromProto(req.spec(), field + "spec");
+  if (!spec.ok()) return spec.status();
+  if (!v1::InitKind_IsValid(req.init())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, "init: unknown value ", req.init()));
+  }
+  args.shape = *std::move(shape);
+  args.dtype = *dtype;
+  args.spec = *std::move(spec);
+  args.init = req.init();
+  args.seed = req.seed();
+  return args;
+}
+
+// A list call's page size: 0 means the default.
+absl::StatusOr<size_t> PageSize(int32_t requested) {
+  constexpr int32_t kDefault = 1000, kMax = 10000;
+  if (requested == 0) return kDefault;
+  if (requested < 0 || requested > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: ", requested, " is outside [0, ", kMax, "]"));
+  }
+  return static_cast<size_t>(requested);
+}
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
@@ -159,26 +195,11 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTensor(grpc::CallbackServerC
                                                            const v1::CreateTensorRequest* req,
                                                            v1::TensorInfo* resp) {
   if (absl::Status a = Authorize(ctx, "CreateTensor"); !a.ok()) return Done(ctx, a);
-  CreateTensorArgs args;
-  args.name = req->name();
-  if (absl::Status s = ValidateName(args.name); !s.ok()) return Done(ctx, s);
-  absl::StatusOr<Shape> shape = ShapeFromProto(req->shape(), "shape");
-  if (!shape.ok()) return Done(ctx, shape.status());
-  absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");
-  if (!dtype.ok()) return Done(ctx, dtype.status());
-  absl::StatusOr<Spec> spec = SpecFromProto(req->spec(), "spec");
-  if (!spec.ok()) return Done(ctx, spec.status());
-  if (!v1::InitKind_IsValid(req->init())) {
-    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("init: unknown value ", req->init())));
-  }
-  args.shape = *std::move(shape);
-  args.dtype = *dtype;
-  args.spec = *std::move(spec);
-  args.init = req->init();
-  args.seed = req->seed();
+  absl::StatusOr<CreateTensorArgs> args = CreateArgsFromProto(*req, "");
+  if (!args.ok()) return Done(ctx, args.status());
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTensor", *req, resp)) return r;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  io_->Create(args, [this, reactor, resp, id = req->request_id()](absl::StatusOr<TensorRecord> t) {
+  io_->Create(*args, [this, reactor, resp, id = req->request_id()](absl::StatusOr<TensorRecord> t) {
     if (t.ok()) *resp = TensorInfoToProto(*t, Liveness());
     Reply(reactor, id, t.status(), *resp);
   });
@@ -195,12 +216,63 @@ grpc::ServerUnaryReactor* CoordinatorService::GetTensor(grpc::CallbackServerCont
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListTensors(grpc::CallbackServerContext* ctx,
-                                                          const v1::ListTensorsRequest*,
+                                                          const v1::ListTensorsRequest* req,
                                                           v1::ListTensorsResponse* resp) {
   if (absl::Status a = Authorize(ctx, "ListTensors"); !a.ok()) return Done(ctx, a);
+  absl::StatusOr<size_t> size = PageSize(req->page_size());
+  if (!size.ok()) return Done(ctx, size.status());
+  if (!req->page_token().empty() && !absl::StartsWith(req->page_token(), req->prefix())) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("page_token: '", req->page_token(),
+                                                             "' was not handed out for prefix '",
+                                                             req->prefix(), "'")));
+  }
+  // The token is the last name of the page before: a page costs itself, not the table.
+  TensorManager::Page page = tensors_->ListPage(req->prefix(), req->page_token(), *size);
   const LivenessFn live = Liveness();
-  for (const TensorRecord& t : tensors_->List()) *resp->add_tensors() = TensorInfoToProto(t, live);
+  for (const TensorRecord& t : page.tensors) *resp->add_tensors() = TensorInfoToProto(t, live);
+  if (page.more) resp->set_next_page_token(page.tensors.back().name);
   return Done(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::CreateTensors(grpc::CallbackServerContext* ctx,
+                                                            const v1::CreateTensorsRequest* req,
+                                                            v1::CreateTensorsResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "CreateTensors"); !a.ok()) return Done(ctx, a);
+  if (static_cast<size_t>(req->tensors_size()) > TensorIo::kMaxBulkTensors) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat("tensors: ", req->tensors_size(),
+                                                             " members, more than the limit of ",
+                                                             TensorIo::kMaxBulkTensors)));
+  }
+  std::vector<CreateTensorArgs> all;
+  all.reserve(req->tensors_size());
+  for (int i = 0; i < req->tensors_size(); ++i) {
+    absl::StatusOr<CreateTensorArgs> args =
+        CreateArgsFromProto(req->tensors(i), absl::StrCat("tensors[", i, "]."));
+    if (!args.ok()) return Done(ctx, args.status());
+    all.push_back(*std::move(args));
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTensors", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  io_->CreateMany(std::move(all), [this, reactor, resp, id = req->request_id()](
+                                      absl::StatusOr<TensorIo::CreatedMany> made) {
+    if (made.ok()) {
+      resp->set_created(made->created);
+      resp->set_bytes(made->bytes);
+    }
+    Reply(reactor, id, made.status(), *resp);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::DeleteTensors(grpc::CallbackServerContext* ctx,
+                                                            const v1::DeleteTensorsRequest* req,
+                                                            v1::DeleteTensorsResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "DeleteTensors"); !a.ok()) return Done(ctx, a);
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "DeleteTensors", *req, resp)) return r;
+  absl::StatusOr<int64_t> deleted = io_->DeleteMany(
+      std::vector<std::string>(req->names().begin(), req->names().end()), req->prefix());
+  if (deleted.ok()) resp->set_deleted(*deleted);
+  return Reply(ctx, req->request_id(), deleted.status(), *resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::DeleteTensor(grpc::CallbackServerContext* ctx,

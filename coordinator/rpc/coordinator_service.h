@@ -76,6 +76,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* DeleteTensor(grpc::CallbackServerContext* ctx,
                                          const v1::DeleteTensorRequest* req,
                                          v1::DeleteTensorResponse* resp) override;
+  grpc::ServerUnaryReactor* CreateTensors(grpc::CallbackServerContext* ctx,
+                                          const v1::CreateTensorsRequest* req,
+                                          v1::CreateTensorsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteTensors(grpc::CallbackServerContext* ctx,
+                                          const v1::DeleteTensorsRequest* req,
+                                          v1::DeleteTensorsResponse* resp) override;
   grpc::ServerUnaryReactor* Redistribute(grpc::CallbackServerContext* ctx,
                                          const v1::RedistributeRequest* req,
                                          v1::RedistributeResponse* resp) override;

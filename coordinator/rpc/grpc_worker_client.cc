@@ -143,6 +143,16 @@ void GrpcWorkerClient::Fill(const WorkerEndpoint& worker, const v1::FillRequest&
       std::move(done));
 }
 
+void GrpcWorkerClient::FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
+                                Callback<v1::FillManyResponse> done) {
+  Unary<v1::FillManyRequest, v1::FillManyResponse>(
+      worker, options_.data_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FillManyRequest* q,
+         v1::FillManyResponse* p,
+         std::function<void(grpc::Status)> f) { a->FillMany(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
 void GrpcWorkerClient::DropTensor(const WorkerEndpoint& worker,
                                   const v1::DropTensorRequest& request, StatusCallback done) {
   Unary<v1::DropTensorRequest, v1::DropTensorResponse>(

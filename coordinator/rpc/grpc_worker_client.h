@@ -51,6 +51,8 @@ class GrpcWorkerClient : public WorkerClient {
                   StatusCallback done) override;
   void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
             Callback<v1::FillResponse> done) override;
+  void FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
+                Callback<v1::FillManyResponse> done) override;
   void ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
                  Callback<v1::ReadBoxesResponse> done) override;
   void WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,

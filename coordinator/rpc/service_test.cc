@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/timer.h"
@@ -308,6 +309,82 @@ TEST_F(ServiceTest, MeshesAndTensors) {
   v1::GetTensorRequest req;
   req.set_name("T");
   EXPECT_EQ(coordinator_->GetTensor(&ctx, req, &info).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A model's tensors: created in one call (all or nothing), listed in pages, deleted by prefix.
+TEST_F(ServiceTest, BulkTensorsAndPagedLists) {
+  RegisterFour();
+  ASSERT_TRUE(CreateMesh("M", {2, 2}).ok());
+  auto member = [](const std::string& name, v1::DType dtype = v1::F32) {
+    v1::CreateTensorRequest t;
+    t.set_name(name);
+    t.add_shape(8);
+    t.add_shape(4);
+    t.set_dtype(dtype);
+    t.mutable_spec()->set_mesh("M");
+    t.mutable_spec()->set_placements_text("S(0),R");
+    t.set_init(v1::ARANGE);
+    return t;
+  };
+  auto create = [&](const v1::CreateTensorsRequest& req, v1::CreateTensorsResponse* resp) {
+    grpc::ClientContext ctx;
+    return coordinator_->CreateTensors(&ctx, req, resp);
+  };
+  v1::CreateTensorsRequest bad;
+  *bad.add_tensors() = member("m.a");
+  *bad.add_tensors() = member("m.b", v1::DTYPE_UNSPECIFIED);
+  v1::CreateTensorsResponse made;
+  grpc::Status refused = create(bad, &made);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "tensors[1].dtype: unspecified");
+
+  v1::CreateTensorsRequest req;
+  for (int i = 0; i < 25; ++i) *req.add_tensors() = member(absl::StrFormat("m.%02d", i));
+  *req.add_tensors() = member("z");
+  ASSERT_TRUE(create(req, &made).ok());
+  EXPECT_EQ(made.created(), 26);
+  EXPECT_EQ(made.bytes(), 26 * 128);
+
+  auto list = [&](const v1::ListTensorsRequest& r, v1::ListTensorsResponse* out) {
+    grpc::ClientContext ctx;
+    return coordinator_->ListTensors(&ctx, r, out);
+  };
+  v1::ListTensorsRequest page;
+  page.set_prefix("m.");
+  page.set_page_size(10);
+  std::vector<std::string> names;
+  int calls = 0;
+  for (;;) {
+    v1::ListTensorsResponse got;
+    ASSERT_TRUE(list(page, &got).ok());
+    ++calls;
+    for (const v1::TensorInfo& t : got.tensors()) names.push_back(t.name());
+    if (got.next_page_token().empty()) break;
+    page.set_page_token(got.next_page_token());
+  }
+  EXPECT_EQ(calls, 3);
+  ASSERT_EQ(names.size(), 25u);
+  EXPECT_EQ(names.front(), "m.00");
+  EXPECT_EQ(names.back(), "m.24");
+  v1::ListTensorsResponse ignored;
+  page.set_page_size(-1);
+  grpc::Status bad_size = list(page, &ignored);
+  EXPECT_EQ(bad_size.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad_size.error_message(), "page_size: -1 is outside [0, 10000]");
+  page.set_page_size(0);
+  page.set_page_token("z");
+  EXPECT_EQ(list(page, &ignored).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  grpc::ClientContext ctx;
+  v1::DeleteTensorsRequest del;
+  del.set_prefix("m.");
+  v1::DeleteTensorsResponse deleted;
+  ASSERT_TRUE(coordinator_->DeleteTensors(&ctx, del, &deleted).ok());
+  EXPECT_EQ(deleted.deleted(), 25);
+  v1::ListTensorsResponse rest;
+  ASSERT_TRUE(list(v1::ListTensorsRequest(), &rest).ok());
+  ASSERT_EQ(rest.tensors_size(), 1);
+  EXPECT_EQ(rest.tensors(0).name(), "z");
 }
 
 TEST_F(ServiceTest, RedistributeWithWaitReturnsWhenCommitted) {

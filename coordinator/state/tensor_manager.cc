@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cassert>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -702,6 +704,71 @@ std::vector<TensorRecord> TensorManager::List() const {
   std::vector<TensorRecord> out;
   for (const auto& [name, t] : tensors_) {
     if (t.ready && t.owner.empty()) out.push_back(t);
+  }
+  return out;
+}
+
+TensorManager::Page TensorManager::ListPage(absl::string_view prefix, absl::string_view after,
+                                            size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  Page page;
+  auto it =
+      after.empty() || after < prefix ? tensors_.lower_bound(prefix) : tensors_.upper_bound(after);
+  for (; it != tensors_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    const TensorRecord& t = it->second;
+    if (!t.ready || !t.owner.empty()) continue;
+    if (page.tensors.size() == limit) {
+      page.more = true;
+      break;
+    }
+    page.tensors.push_back(t);
+  }
+  return page;
+}
+
+absl::StatusOr<std::vector<TensorRecord>> TensorManager::RemoveAll(
+    const std::vector<std::string>& names, absl::string_view prefix) {
+  std::vector<TensorRecord> out;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<std::string, std::less<>> chosen;
+    for (const std::string& name : names) {
+      auto it = tensors_.find(name);
+      if (it == tensors_.end() || !it->second.ready || !it->second.owner.empty()) {
+        return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+      }
+      chosen.insert(name);
+    }
+    if (!prefix.empty()) {
+      for (auto it = tensors_.lower_bound(prefix);
+           it != tensors_.end() && absl::StartsWith(it->first, prefix); ++it) {
+        if (it->second.ready && it->second.owner.empty()) chosen.insert(it->first);
+      }
+    }
+    if (chosen.empty()) {
+      return absl::NotFoundError(absl::StrCat("no tensor's name starts with '", prefix, "'"));
+    }
+    StateBatch batch;
+    for (const std::string& name : chosen) {
+      const TensorRecord& t = tensors_.find(name)->second;
+      if (t.recovering) return RecoveringError(t);
+      if (!t.busy_plan.empty()) {
+        return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", t.busy_plan));
+      }
+      batch.Delete(kTensorKind, name);
+    }
+    if (store_ != nullptr) {
+      if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
+    }
+    out.reserve(chosen.size());
+    for (const std::string& name : chosen) {
+      auto it = tensors_.find(name);
+      out.push_back(it->second);  // EraseLocked still counts the record's bytes out.
+      EraseLocked(it);
+    }
+  }
+  for (const TensorRecord& t : out) {
+    if (!t.mesh.empty()) meshes_->RemoveUser(t.mesh, t.name);
   }
   return out;
 }

@@ -209,8 +209,21 @@ class TensorManager {
   absl::StatusOr<TensorRecord> Get(absl::string_view name, const std::string& owner = "") const;
   // Ready tensors that are not hidden.
   std::vector<TensorRecord> List() const;
+  // Up to `limit` of List's tensors whose name starts with `prefix` and sorts after `after`,
+  // in name order; `more` tells whether any follow. Costs the page, not the table.
+  struct Page {
+    std::vector<TensorRecord> tensors;
+    bool more = false;
+  };
+  Page ListPage(absl::string_view prefix, absl::string_view after, size_t limit) const;
   // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
   absl::StatusOr<TensorRecord> Remove(absl::string_view name, const std::string& owner = "");
+  // Removes the named tensors and every visible one whose name starts with `prefix` (when
+  // not empty), all or none, in one store batch, and returns them in name order. NOT_FOUND a
+  // named one (or nothing matched); ABORTED the first busy one; UNAVAILABLE recovering or the
+  // store's error. Nothing changed on error.
+  absl::StatusOr<std::vector<TensorRecord>> RemoveAll(const std::vector<std::string>& names,
+                                                      absl::string_view prefix);
 
  private:
   // Stores `t` (no-op without a store).

@@ -66,6 +66,57 @@ TEST_F(TensorManagerTest, CreateIsInvisibleUntilFinished) {
   EXPECT_TRUE(meshes_.Delete("M").ok());
 }
 
+// Pages come in name order, within the prefix, each starting after the last one's end;
+// tensors being created are not listed.
+TEST_F(TensorManagerTest, ListPageWalksThePrefixInNameOrder) {
+  for (const char* name : {"a.0", "a.1", "a.2", "a.3", "a.4", "b.0"})
+    ASSERT_TRUE(Create(name).ok());
+  ASSERT_TRUE(tensors_.Reserve(Record("a.25"), "create").ok());  // Not ready: skipped.
+  std::vector<std::string> seen;
+  std::string after;
+  int pages = 0;
+  for (;;) {
+    TensorManager::Page page = tensors_.ListPage("a.", after, 2);
+    ++pages;
+    for (const TensorRecord& t : page.tensors) seen.push_back(t.name);
+    if (!page.more) break;
+    ASSERT_FALSE(page.tensors.empty());
+    after = page.tensors.back().name;
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"a.0", "a.1", "a.2", "a.3", "a.4"}));
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(tensors_.ListPage("", "", 100).tensors.size(), 6u);
+  EXPECT_TRUE(tensors_.ListPage("c", "", 100).tensors.empty());
+  // A token before the prefix starts at the prefix.
+  EXPECT_EQ(tensors_.ListPage("b", "a.9", 100).tensors.size(), 1u);
+}
+
+// A bulk delete takes the named tensors and the prefix's, all or none.
+TEST_F(TensorManagerTest, RemoveAllIsAllOrNothing) {
+  for (const char* name : {"a.0", "a.1", "b.0", "c.0"}) ASSERT_TRUE(Create(name).ok());
+  ASSERT_TRUE(tensors_.Acquire("a.1", "plan-9").ok());
+  absl::StatusOr<std::vector<TensorRecord>> busy = tensors_.RemoveAll({"c.0"}, "a.");
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(busy.status().message().find("'a.1' is busy with plan-9"), absl::string_view::npos)
+      << busy.status();
+  EXPECT_TRUE(tensors_.Get("a.0").ok());
+  EXPECT_TRUE(tensors_.Get("c.0").ok());
+  EXPECT_EQ(tensors_.RemoveAll({"c.0", "nope"}, "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(tensors_.Get("c.0").ok());
+  EXPECT_EQ(tensors_.RemoveAll({}, "z").status().code(), absl::StatusCode::kNotFound);
+  tensors_.Release("a.1", "plan-9");
+  absl::StatusOr<std::vector<TensorRecord>> gone = tensors_.RemoveAll({"c.0"}, "a.");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  ASSERT_EQ(gone->size(), 3u);
+  EXPECT_EQ((*gone)[0].name, "a.0");
+  EXPECT_EQ(tensors_.List().size(), 1u);  // b.0
+  // Only b.0's buffers still count: 4 rows of 4 floats on each rank.
+  const std::vector<TensorManager::HeldBytes> held = tensors_.BytesByHolder();
+  ASSERT_EQ(held.size(), 4u);
+  for (const TensorManager::HeldBytes& h : held) EXPECT_EQ(h.bytes, 64) << h.rank;
+  EXPECT_EQ(meshes_.Delete("M").code(), absl::StatusCode::kFailedPrecondition);  // b.0 uses it.
+}
+
 TEST_F(TensorManagerTest, BytesByHolderSumsEveryReadyTensorPerHolder) {
   ASSERT_TRUE(Create("T").ok());
   ASSERT_TRUE(Create("U").ok());

@@ -159,6 +159,30 @@ void FakeWorkerClient::Fill(const WorkerEndpoint& worker, const v1::FillRequest&
   done(std::move(response));
 }
 
+void FakeWorkerClient::FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
+                                Callback<v1::FillManyResponse> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++calls_["FillMany"];
+    if (absl::Status s = Injected("FillMany", worker.rank); !s.ok()) return done(s);
+  }
+  // Fill answers inline: each fill as the worker's own loop runs it.
+  v1::FillManyResponse response;
+  absl::Status status;
+  for (int i = 0; i < request.fills_size() && status.ok(); ++i) {
+    Fill(worker, request.fills(i), [&](absl::StatusOr<v1::FillResponse> r) {
+      if (!r.ok()) {
+        status =
+            absl::Status(r.status().code(), absl::StrCat("fills[", i, "]: ", r.status().message()));
+        return;
+      }
+      *response.add_chunks() = std::move(*r->mutable_chunks());
+    });
+  }
+  if (!status.ok()) return done(status);
+  done(std::move(response));
+}
+
 void FakeWorkerClient::DropTensor(const WorkerEndpoint& worker,
                                   const v1::DropTensorRequest& request, StatusCallback done) {
   {
@@ -259,6 +283,12 @@ int FakeWorkerClient::calls(const std::string& method) const {
 
 bool FakeWorkerClient::HasBuffer(int64_t rank, absl::string_view tensor, int64_t version) const {
   absl::MutexLock lock(&mu_);
+  if (version == -1) {
+    for (const auto& [key, buf] : buffers_) {
+      if (std::get<0>(key) == rank && std::get<1>(key) == tensor) return true;
+    }
+    return false;
+  }
   return buffers_.count(Key{rank, std::string(tensor), version}) > 0;
 }
 

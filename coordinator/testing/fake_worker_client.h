@@ -31,6 +31,8 @@ class FakeWorkerClient : public WorkerClient {
                   StatusCallback done) override;
   void Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
             Callback<v1::FillResponse> done) override;
+  void FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
+                Callback<v1::FillManyResponse> done) override;
   void DropTensor(const WorkerEndpoint& worker, const v1::DropTensorRequest& request,
                   StatusCallback done) override;
   void ReadChunk(const WorkerEndpoint& worker, const v1::ReadChunkRequest& request,
@@ -77,7 +79,7 @@ class FakeWorkerClient : public WorkerClient {
   std::vector<std::pair<int64_t, v1::DropTensorRequest>> drops() const;
   int calls(const std::string& method) const;
 
-  // Simulated buffers by (rank, tensor, version).
+  // Simulated buffers by (rank, tensor, version); version -1: any version.
   bool HasBuffer(int64_t rank, absl::string_view tensor, int64_t version) const;
   std::string Buffer(int64_t rank, absl::string_view tensor, int64_t version) const;
   // Buffers of `tensor` on every rank, any version.

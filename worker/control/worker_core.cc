@@ -577,6 +577,21 @@ absl::StatusOr<v1::FillResponse> WorkerCore::Fill(const v1::FillRequest& request
   return response;
 }
 
+absl::StatusOr<v1::FillManyResponse> WorkerCore::FillMany(const v1::FillManyRequest& request) {
+  v1::FillManyResponse response;
+  response.mutable_chunks()->Reserve(request.fills_size());
+  for (int i = 0; i < request.fills_size(); ++i) {
+    absl::StatusOr<v1::FillResponse> r = Fill(request.fills(i));
+    if (!r.ok()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat("fills[", i, "] ('", request.fills(i).tensor(),
+                                       "'): ", r.status().message()));
+    }
+    *response.add_chunks() = std::move(*r->mutable_chunks());
+  }
+  return response;
+}
+
 absl::Status WorkerCore::DropTensor(const v1::DropTensorRequest& request) {
   if (request.version() == -1) {
     buffers_->DropTensor(request.tensor());

@@ -75,6 +75,9 @@ class WorkerCore {
   // so no FinishPlan may come. Returns how many.
   int AbortAll();
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
+  // Fill for each of request.fills in order; the first error names its fill and ends the call
+  // (the buffers filled before it stay: the coordinator drops what it does not commit).
+  absl::StatusOr<v1::FillManyResponse> FillMany(const v1::FillManyRequest& request);
   absl::Status DropTensor(const v1::DropTensorRequest& request);
 
   // Streams one box of one buffer, row-major, in pieces.

@@ -106,6 +106,42 @@ std::vector<float> ReadAll(WorkerCore& core, const std::string& tensor, int64_t 
   return out;
 }
 
+// A bulk create's fills: each buffer as its own Fill would make it; the first bad one is
+// named by its index.
+TEST(WorkerCoreTest, FillManyFillsEachInOrderAndNamesTheBadOne) {
+  InMemoryKvClient kv;
+  FakeReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0}, {4}), 0, 0});
+  rc.local_elements = 4;
+  v1::FillManyRequest many;
+  for (int i = 0; i < 3; ++i) {
+    v1::FillRequest* f = many.add_fills();
+    f->set_tensor(absl::StrCat("T", i));
+    f->set_version(1);
+    f->set_dtype(v1::F32);
+    *f->mutable_chunks() = RankChunksToProto(rc);
+    f->add_global_shape(4);
+    f->set_init(v1::ARANGE);
+  }
+  absl::StatusOr<v1::FillManyResponse> filled = w.core.FillMany(many);
+  ASSERT_TRUE(filled.ok()) << filled.status();
+  ASSERT_EQ(filled->chunks_size(), 3);
+  const std::vector<float> arange = {0, 1, 2, 3};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(filled->chunks(i).chunks(0).checksum(), ChunkChecksum(arange.data(), 16));
+    EXPECT_EQ(ReadAll(w.core, absl::StrCat("T", i), 1, Box({0}, {4}), 16), arange);
+  }
+
+  many.mutable_fills(1)->clear_global_shape();  // Box [0:4] outside a 0-d shape.
+  for (int i = 0; i < 3; ++i) many.mutable_fills(i)->set_version(2);
+  absl::StatusOr<v1::FillManyResponse> bad = w.core.FillMany(many);
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find("fills[1] ('T1')"), absl::string_view::npos)
+      << bad.status();
+}
+
 TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
   InMemoryKvClient kv;
   FakeReporter reporter;

@@ -40,6 +40,18 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Fill(grpc::CallbackServerContext* c
   return reactor;
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::FillMany(grpc::CallbackServerContext* ctx,
+                                                      const v1::FillManyRequest* request,
+                                                      v1::FillManyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::FillManyResponse> r = core_->FillMany(*request);
+    if (r.ok()) *response = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::DropTensor(grpc::CallbackServerContext* ctx,
                                                         const v1::DropTensorRequest* request,
                                                         v1::DropTensorResponse* /*response*/) {

@@ -25,6 +25,9 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
                                        v1::FinishPlanResponse* response) override;
   grpc::ServerUnaryReactor* Fill(grpc::CallbackServerContext* ctx, const v1::FillRequest* request,
                                  v1::FillResponse* response) override;
+  grpc::ServerUnaryReactor* FillMany(grpc::CallbackServerContext* ctx,
+                                     const v1::FillManyRequest* request,
+                                     v1::FillManyResponse* response) override;
   grpc::ServerUnaryReactor* DropTensor(grpc::CallbackServerContext* ctx,
                                        const v1::DropTensorRequest* request,
                                        v1::DropTensorResponse* response) override;

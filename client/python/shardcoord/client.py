@@ -335,9 +335,20 @@ class Client:
     def delete_mesh(self, name):
         self._mutate(self._stub.DeleteMesh, pb.DeleteMeshRequest(name=name), self.timeout)
 
-    def tensors(self):
-        return list(self._call(self._stub.ListTensors, pb.ListTensorsRequest(),
-                               self.timeout).tensors)
+    def tensors(self, prefix=""):
+        """Every tensor (TensorInfo), in name order; only those whose name starts with
+        `prefix` when given. Pages through ListTensors (1,000 a call)."""
+        out, token = [], ""
+        while True:
+            page = self._call(self._stub.ListTensors,
+                              pb.ListTensorsRequest(prefix=prefix, page_token=token),
+                              self.timeout)
+            out.extend(page.tensors)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    list_tensors = tensors
 
     def tensor(self, name):
         """The TensorInfo of `name` (layout, version, attached, unattached_ranks, ...)."""
@@ -347,17 +358,40 @@ class Client:
                       init="zeros", seed=0):
         """A new tensor on `mesh` laid out by `placements` or `flat`; init is "zeros",
         "arange", "random" or "attached" (every rank's buffer lent by a process: attach())."""
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
-        if init not in _INIT:
-            raise ValueError(f"init: '{init}' is not one of {', '.join(_INIT)}")
-        request = pb.CreateTensorRequest(name=name, shape=list(shape), dtype=DTYPES[dtype][0],
-                                         spec=spec(mesh, placements, flat), init=_INIT[init],
-                                         seed=seed)
+        request = self._create_request(name, shape, dtype, mesh, placements, flat, init, seed)
         return self._mutate(self._stub.CreateTensor, request, self.timeout)
 
     def delete_tensor(self, name):
         self._mutate(self._stub.DeleteTensor, pb.DeleteTensorRequest(name=name), self.timeout)
+
+    def _create_request(self, name, shape, dtype="f32", mesh=None, placements=None, flat=None,
+                        init="zeros", seed=0):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+        if init not in _INIT:
+            raise ValueError(f"init: '{init}' is not one of {', '.join(_INIT)}")
+        return pb.CreateTensorRequest(name=name, shape=list(shape), dtype=DTYPES[dtype][0],
+                                      spec=spec(mesh, placements, flat), init=_INIT[init],
+                                      seed=seed)
+
+    def create_tensors(self, tensors):
+        """Creates every tensor of `tensors` (dicts with create_tensor's arguments: name,
+        shape, dtype, mesh, placements or flat, init, seed) in one call, all or nothing.
+        Returns {"created": N, "bytes": B}. The error names the first bad member."""
+        request = pb.CreateTensorsRequest()
+        for i, t in enumerate(tensors):
+            try:
+                request.tensors.append(self._create_request(**t))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"tensors[{i}]: {e}") from None
+        r = self._mutate(self._stub.CreateTensors, request, self.timeout)
+        return {"created": r.created, "bytes": r.bytes}
+
+    def delete_tensors(self, names=(), prefix=""):
+        """Deletes `names` and every tensor whose name starts with `prefix`, all or nothing.
+        Returns how many."""
+        request = pb.DeleteTensorsRequest(names=list(names), prefix=prefix)
+        return self._mutate(self._stub.DeleteTensors, request, self.timeout).deleted
 
     # ---- Local buffers of attached tensors -----------------------------------------------
 
