@@ -105,6 +105,7 @@ class TensorIo {
   };
   static constexpr size_t kMaxBulkTensors = 100000;
   static constexpr int kFillsPerCall = 512;
+  static constexpr size_t kDropsPerCall = 4096;
   void CreateMany(std::vector<CreateTensorArgs> args,
                   std::function<void(absl::StatusOr<CreatedMany>)> done);
 

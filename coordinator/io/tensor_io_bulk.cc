@@ -179,7 +179,23 @@ absl::StatusOr<int64_t> TensorIo::DeleteMany(const std::vector<std::string>& nam
   }
   absl::StatusOr<std::vector<TensorRecord>> removed = tensors_->RemoveAll(names, prefix);
   if (!removed.ok()) return removed.status();
-  for (const TensorRecord& t : *removed) Drop(Holders(t.layout), t.name, -1);
+  // One DropTensor per worker (per kDropsPerCall names), not one per tensor per rank.
+  std::map<int64_t, std::vector<const std::string*>> by_rank;
+  for (const TensorRecord& t : *removed) {
+    for (const RankChunks& rc : t.layout.ranks()) by_rank[rc.rank].push_back(&t.name);
+  }
+  for (const auto& [rank, tensors] : by_rank) {
+    absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
+    if (!w.ok() || !workers_->IsLive(rank, w->incarnation)) continue;
+    for (size_t b = 0; b < tensors.size(); b += kDropsPerCall) {
+      v1::DropTensorRequest req;
+      req.set_version(-1);
+      for (size_t i = b; i < std::min(tensors.size(), b + kDropsPerCall); ++i) {
+        req.add_tensors(*tensors[i]);
+      }
+      client_->DropTensor(w->Endpoint(), req, [](absl::Status) {});
+    }
+  }
   // Their buffers no longer count: waiting plans may fit (the workers' next reports confirm).
   if (admission_ != nullptr) admission_->Recheck();
   return static_cast<int64_t>(removed->size());

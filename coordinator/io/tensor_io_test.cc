@@ -651,6 +651,7 @@ TEST_F(TensorIoBulkTest, DeleteManyTakesNamesAndAPrefixAndDropsTheirBuffers) {
   ASSERT_EQ(tensors_.List().size(), 1u);
   EXPECT_EQ(tensors_.List()[0].name, "keep");
   for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(client_.HasBuffer(r, "head", -1)) << r;
+  EXPECT_EQ(client_.calls("DropTensor"), 4);  // One per worker for all three.
   EXPECT_TRUE(client_.HasBuffer(0, "keep", -1));
 }
 

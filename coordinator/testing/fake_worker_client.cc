@@ -191,8 +191,11 @@ void FakeWorkerClient::DropTensor(const WorkerEndpoint& worker,
     drops_.emplace_back(worker.rank, request);
     for (auto it = buffers_.begin(); it != buffers_.end();) {
       const auto& [rank, tensor, version] = it->first;
-      if (rank == worker.rank && tensor == request.tensor() &&
-          (request.version() == -1 || version == request.version())) {
+      const bool listed = std::find(request.tensors().begin(), request.tensors().end(), tensor) !=
+                          request.tensors().end();
+      if (rank == worker.rank && ((tensor == request.tensor() &&
+                                   (request.version() == -1 || version == request.version())) ||
+                                  listed)) {
         it = buffers_.erase(it);
       } else {
         ++it;

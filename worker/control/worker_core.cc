@@ -593,11 +593,14 @@ absl::StatusOr<v1::FillManyResponse> WorkerCore::FillMany(const v1::FillManyRequ
 }
 
 absl::Status WorkerCore::DropTensor(const v1::DropTensorRequest& request) {
-  if (request.version() == -1) {
-    buffers_->DropTensor(request.tensor());
-  } else {
-    buffers_->Drop(request.tensor(), request.version());
+  if (!request.tensor().empty()) {
+    if (request.version() == -1) {
+      buffers_->DropTensor(request.tensor());
+    } else {
+      buffers_->Drop(request.tensor(), request.version());
+    }
   }
+  for (const std::string& tensor : request.tensors()) buffers_->DropTensor(tensor);
   return absl::OkStatus();
 }
 

@@ -134,6 +134,20 @@ TEST(WorkerCoreTest, FillManyFillsEachInOrderAndNamesTheBadOne) {
     EXPECT_EQ(ReadAll(w.core, absl::StrCat("T", i), 1, Box({0}, {4}), 16), arange);
   }
 
+  // A bulk delete drops every version of each listed tensor in one call.
+  v1::DropTensorRequest drop;
+  drop.set_version(-1);
+  drop.add_tensors("T0");
+  drop.add_tensors("T2");
+  ASSERT_TRUE(w.core.DropTensor(drop).ok());
+  for (int i = 0; i < 3; ++i) {
+    v1::ReadChunkRequest read;
+    read.set_tensor(absl::StrCat("T", i));
+    read.set_version(1);
+    *read.mutable_box() = BoxToProto(Box({0}, {4}));
+    EXPECT_EQ(w.core.OpenRead(read).ok(), i == 1) << i;
+  }
+
   many.mutable_fills(1)->clear_global_shape();  // Box [0:4] outside a 0-d shape.
   for (int i = 0; i < 3; ++i) many.mutable_fills(i)->set_version(2);
   absl::StatusOr<v1::FillManyResponse> bad = w.core.FillMany(many);
