@@ -220,10 +220,16 @@ absl::StatusOr<Response> CoordinatorClient::Mutate(
 }
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
-  absl::StatusOr<v1::ListWorkersResponse> r =
-      Unary(&Stub::ListWorkers, v1::ListWorkersRequest(), options_.rpc_timeout);
-  if (!r.ok()) return r.status();
-  return std::vector<v1::WorkerInfo>(r->workers().begin(), r->workers().end());
+  std::vector<v1::WorkerInfo> out;
+  v1::ListWorkersRequest request;
+  for (;;) {
+    absl::StatusOr<v1::ListWorkersResponse> r =
+        Unary(&Stub::ListWorkers, request, options_.rpc_timeout);
+    if (!r.ok()) return r.status();
+    for (v1::WorkerInfo& w : *r->mutable_workers()) out.push_back(std::move(w));
+    if (r->next_page_token().empty()) return out;
+    request.set_page_token(r->next_page_token());
+  }
 }
 
 absl::StatusOr<v1::MeshInfo> CoordinatorClient::CreateMesh(const v1::CreateMeshRequest& request) {

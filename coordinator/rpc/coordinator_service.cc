@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sha256.h"
@@ -138,10 +139,25 @@ grpc::ServerUnaryReactor* CoordinatorService::Reply(grpc::CallbackServerContext*
 // ---- Workers and meshes ------------------------------------------------------------------
 
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* ctx,
-                                                          const v1::ListWorkersRequest*,
+                                                          const v1::ListWorkersRequest* req,
                                                           v1::ListWorkersResponse* resp) {
   if (absl::Status a = Authorize(ctx, "ListWorkers"); !a.ok()) return Done(ctx, a);
-  for (const WorkerRecord& w : workers_->List()) *resp->add_workers() = WorkerInfoToProto(w);
+  absl::StatusOr<size_t> size = PageSize(req->page_size());
+  if (!size.ok()) return Done(ctx, size.status());
+  // The token is the last rank of the page before.
+  int64_t after = -1;
+  if (!req->page_token().empty() && (!absl::SimpleAtoi(req->page_token(), &after) || after < 0)) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("page_token: '", req->page_token(), "' is not a rank")));
+  }
+  for (const WorkerRecord& w : workers_->List()) {  // By rank.
+    if (w.rank <= after) continue;
+    if (static_cast<size_t>(resp->workers_size()) == *size) {
+      resp->set_next_page_token(absl::StrCat(resp->workers(resp->workers_size() - 1).rank()));
+      break;
+    }
+    *resp->add_workers() = WorkerInfoToProto(w);
+  }
   return Done(ctx, absl::OkStatus());
 }
 

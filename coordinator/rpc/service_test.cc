@@ -238,6 +238,31 @@ TEST_F(ServiceTest, RegistrationHeartbeatsAndWorkerList) {
   EXPECT_EQ(list.workers(2).state(), v1::ALIVE);
   EXPECT_EQ(list.workers(2).address(), "w2:1");
   EXPECT_GT(list.workers(2).last_heartbeat_unix_ms(), 0);
+  EXPECT_TRUE(list.next_page_token().empty());
+
+  // Pages in rank order, each after the last one's rank.
+  v1::ListWorkersRequest page;
+  page.set_page_size(3);
+  v1::ListWorkersResponse first, second, bad;
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE(coordinator_->ListWorkers(&c, page, &first).ok());
+  }
+  ASSERT_EQ(first.workers_size(), 3);
+  EXPECT_EQ(first.next_page_token(), "2");
+  page.set_page_token(first.next_page_token());
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE(coordinator_->ListWorkers(&c, page, &second).ok());
+  }
+  ASSERT_EQ(second.workers_size(), 1);
+  EXPECT_EQ(second.workers(0).rank(), 3);
+  EXPECT_TRUE(second.next_page_token().empty());
+  page.set_page_token("w3");
+  grpc::ClientContext c;
+  grpc::Status refused = coordinator_->ListWorkers(&c, page, &bad);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "page_token: 'w3' is not a rank");
 }
 
 // A tensor a restarted coordinator is still recovering shows as busy recovering, with no

@@ -318,8 +318,14 @@ class Client:
         """Every registered worker (WorkerInfo: name, rank, host, device, state,
         local_socket, memory_budget_bytes, memory_used_bytes, memory_peak_bytes,
         bucket_bytes, ...), in rank order."""
-        return list(self._call(self._stub.ListWorkers, pb.ListWorkersRequest(),
-                               self.timeout).workers)
+        out, token = [], ""
+        while True:
+            page = self._call(self._stub.ListWorkers, pb.ListWorkersRequest(page_token=token),
+                              self.timeout)
+            out.extend(page.workers)
+            token = page.next_page_token
+            if not token:
+                return out
 
     list_workers = workers
 
