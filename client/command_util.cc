@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +171,14 @@ std::string StatusLine(const absl::Status& status, absl::string_view address) {
 int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address) {
   err << StatusLine(status, address) << "\n";
   return kExitServerError;
+}
+
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--from-file: cannot read '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 int ReportFlagError(std::ostream& err, absl::string_view command, absl::string_view message) {

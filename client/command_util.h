@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
@@ -68,6 +70,22 @@ CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags);
 int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address = "");
 // "shardctl <command>: <message>" for a flag problem. Returns kExitBadFlags.
 int ReportFlagError(std::ostream& err, absl::string_view command, absl::string_view message);
+
+// The whole file at `path` (a --from-file flag's).
+absl::StatusOr<std::string> ReadFlagFile(const std::string& path);
+// A --from-file's request: `parse` of the file's text; the errors say "--from-file: cannot
+// read 'PATH'" or "--from-file PATH: <parse's message>".
+template <typename Parse>
+auto ParseFlagFile(const std::string& path, Parse parse) -> decltype(parse(std::string())) {
+  absl::StatusOr<std::string> text = ReadFlagFile(path);
+  if (!text.ok()) return text.status();
+  auto request = parse(*text);
+  if (!request.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--from-file ", path, ": ", request.status().message()));
+  }
+  return request;
+}
 
 // The one-line form ReportStatus prints (without the trailing newline).
 std::string StatusLine(const absl::Status& status, absl::string_view address = "");

@@ -2,9 +2,7 @@
 // in one call each, all or nothing (issue 27).
 
 #include <algorithm>
-#include <fstream>
 #include <iterator>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -122,19 +120,8 @@ absl::StatusOr<v1::CreateTensorsRequest> ParseTensorsJson(const std::string& jso
 
 int RunTensorCreateManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
                                std::ostream& out, std::ostream& err) {
-  std::ifstream in(from_file, std::ios::binary);
-  if (!in) {
-    return ReportFlagError(err, "tensor create",
-                           absl::StrCat("--from-file: cannot read '", from_file, "'"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<v1::CreateTensorsRequest> request = ParseTensorsJson(text.str());
-  if (!request.ok()) {
-    return ReportFlagError(
-        err, "tensor create",
-        absl::StrCat("--from-file ", from_file, ": ", request.status().message()));
-  }
+  absl::StatusOr<v1::CreateTensorsRequest> request = ParseFlagFile(from_file, ParseTensorsJson);
+  if (!request.ok()) return ReportFlagError(err, "tensor create", request.status().message());
   absl::StatusOr<v1::CreateTensorsResponse> made = client.CreateTensors(*request);
   if (!made.ok()) return ReportStatus(err, made.status(), client.address());
   JsonWriter w;

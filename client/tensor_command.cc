@@ -257,19 +257,8 @@ int RunCopyGroupCommand(CoordinatorClient& client, const CopyFlags& flags, bool 
     return ReportFlagError(err, "tensor copy",
                            "--from-file: give SRC DST or --from-file, not both");
   }
-  std::ifstream in(flags.from_file, std::ios::binary);
-  if (!in) {
-    return ReportFlagError(err, "tensor copy",
-                           absl::StrCat("--from-file: cannot read '", flags.from_file, "'"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<v1::CopyGroupRequest> request = ParseCopiesJson(text.str());
-  if (!request.ok()) {
-    return ReportFlagError(
-        err, "tensor copy",
-        absl::StrCat("--from-file ", flags.from_file, ": ", request.status().message()));
-  }
+  absl::StatusOr<v1::CopyGroupRequest> request = ParseFlagFile(flags.from_file, ParseCopiesJson);
+  if (!request.ok()) return ReportFlagError(err, "tensor copy", request.status().message());
   absl::StatusOr<v1::CopyGroupResponse> response = client.CopyGroup(*request);
   if (!response.ok()) return ReportStatus(err, response.status(), client.address());
   out << (json ? CopyGroupOutcomeJson(*response) + "\n" : CopyGroupOutcomeText(*response));
@@ -357,18 +346,10 @@ absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string
 
 int RunRedistributeManyCommand(CoordinatorClient& client, const std::string& from_file, bool json,
                                std::ostream& out, std::ostream& err) {
-  std::ifstream in(from_file, std::ios::binary);
-  if (!in) {
-    return ReportFlagError(err, "tensor redistribute-many",
-                           absl::StrCat("--from-file: cannot read '", from_file, "'"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<v1::RedistributeGroupRequest> request = ParseRedistributesJson(text.str());
+  absl::StatusOr<v1::RedistributeGroupRequest> request =
+      ParseFlagFile(from_file, ParseRedistributesJson);
   if (!request.ok()) {
-    return ReportFlagError(
-        err, "tensor redistribute-many",
-        absl::StrCat("--from-file ", from_file, ": ", request.status().message()));
+    return ReportFlagError(err, "tensor redistribute-many", request.status().message());
   }
   absl::StatusOr<v1::RedistributeGroupResponse> response = client.RedistributeGroup(*request);
   if (!response.ok()) return ReportStatus(err, response.status(), client.address());
