@@ -14,7 +14,7 @@ import numpy as np
 
 import shardcoord as sc
 import shardcoord_client
-from shardcoord import pb, pb_grpc
+from shardcoord import layouts, pb, pb_grpc
 
 
 class FakeCoordinator(pb_grpc.CoordinatorServicer):
@@ -45,6 +45,10 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
     def CreateTensor(self, request, context):
         self.requests["create"] = request
         return pb.TensorInfo(name=request.name, shape=request.shape, dtype=request.dtype)
+
+    def ListMeshes(self, request, context):
+        return pb.ListMeshesResponse(meshes=[pb.MeshInfo(name="train", shape=[4]),
+                                             pb.MeshInfo(name="infer", shape=[2, 2])])
 
     def CreateTensors(self, request, context):
         self.requests["create_many"] = request
@@ -224,6 +228,28 @@ class ClientTest(unittest.TestCase):
             self.client.create_tensors([dict(name="a", shape=[4], mesh="m", placements="R"),
                                         dict(name="b", shape=[4], dtype="f99", mesh="m",
                                              placements="R")])
+
+    def test_register_a_model_in_one_call(self):
+        shapes = {"model.layers.0.self_attn.q_proj.weight": [8, 4],
+                  "model.layers.0.self_attn.o_proj.weight": [4, 8],
+                  "model.norm.weight": [4]}
+        self.assertEqual(self.client.register(shapes, "train", "fsdp_flat")["created"], 3)
+        r = self.fake.requests["create_many"]
+        self.assertEqual([t.spec.flat_text for t in r.tensors],
+                         layouts.fsdp_flat(list(shapes.values()), 4))
+        self.assertEqual({(t.init, t.dtype, t.spec.mesh) for t in r.tensors},
+                         {(pb.ATTACHED, pb.BF16, "train")})
+        self.client.register(shapes, "infer", "megatron_tp", dtype="f32", init="zeros")
+        r = self.fake.requests["create_many"]
+        self.assertEqual([t.spec.placements_text for t in r.tensors], ["R,S(0)", "R,S(1)", "R,R"])
+        self.client.register(list(shapes.items())[:1], "train", lambda n, s: {"placements": "R"})
+        self.assertEqual(self.fake.requests["create_many"].tensors[0].spec.placements_text, "R")
+        with self.assertRaisesRegex(ValueError, "layout: no spec for 'model.norm.weight'"):
+            self.client.register(shapes, "train", {k: {"placements": "R"}
+                                                   for k in list(shapes)[:2]})
+        with self.assertRaises(sc.Error) as e:
+            self.client.register(shapes, "nope", "fsdp_flat")
+        self.assertEqual(e.exception.code, "NOT_FOUND")
 
     def test_delete_tensors(self):
         self.assertEqual(self.client.delete_tensors(["x", "y"], prefix="layers."), 4)

@@ -393,6 +393,45 @@ class Client:
         r = self._mutate(self._stub.CreateTensors, request, self.timeout)
         return {"created": r.created, "bytes": r.bytes}
 
+    def register(self, shapes, mesh, layout, dtype="bf16", init="attached"):
+        """Creates every tensor of a model on `mesh` in one CreateTensors call, all or
+        nothing. `shapes`: {name: shape} (or (name, shape) pairs) in the model's order.
+        `layout`: "fsdp_flat" (OLMo-core/FSDP flat shards over the mesh's ranks, in that
+        order), "megatron_tp" (layouts.megatron_tp per name; a 1-d mesh is tp, a 2-d one
+        (dp, tp)), {name: {"placements": ...} | {"flat": ...}}, or a function
+        (name, shape) -> such a dict. Returns {"created": N, "bytes": B}."""
+        from . import layouts
+        items = list(shapes.items()) if hasattr(shapes, "items") else list(shapes)
+        if not items:
+            raise ValueError("shapes: empty")
+        info = next((m for m in self.meshes() if m.name == mesh), None)
+        if info is None:
+            raise Error("NOT_FOUND", f"mesh: unknown mesh '{mesh}'")
+        dims = list(info.shape)
+        if layout == "fsdp_flat":
+            world = math.prod(dims)
+            texts = layouts.fsdp_flat([s for _, s in items], world)
+            specs = [{"flat": t} for t in texts]
+        elif layout == "megatron_tp":
+            if len(dims) not in (1, 2):
+                raise ValueError(f"layout: megatron_tp needs a 1-d (tp) or 2-d (dp, tp) mesh, "
+                                 f"'{mesh}' has {len(dims)} dims")
+            tp, dp = dims[-1], (dims[0] if len(dims) == 2 else None)
+            specs = [{"placements": layouts.megatron_tp(n, s, tp=tp, dp=dp)} for n, s in items]
+        elif callable(layout):
+            specs = [layout(n, s) for n, s in items]
+        elif hasattr(layout, "get"):
+            missing = [n for n, _ in items if n not in layout]
+            if missing:
+                raise ValueError(f"layout: no spec for '{missing[0]}'")
+            specs = [layout[n] for n, _ in items]
+        else:
+            raise ValueError(f"layout: {layout!r} is not 'fsdp_flat', 'megatron_tp', a dict or "
+                             "a function")
+        return self.create_tensors([dict(name=n, shape=list(s), dtype=dtype, mesh=mesh,
+                                         init=init, **spec)
+                                    for (n, s), spec in zip(items, specs)])
+
     def delete_tensors(self, names=(), prefix=""):
         """Deletes `names` and every tensor whose name starts with `prefix`, all or nothing.
         Returns how many."""
