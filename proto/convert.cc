@@ -633,9 +633,10 @@ v1::PlanFragment FragmentToProto(const Fragment& f) {
     out.set_target_version(m.target_version);
     out.set_attached_target_version(m.attached_target_version);
     ShapeFieldsToProto(s, &out);
-    out.mutable_steps()->Reserve(static_cast<int>(s.steps.size()));
-    for (size_t i = 0; i < s.steps.size(); ++i) {
-      WriteStep(s.steps[i], i < s.step_indices.size() ? s.step_indices[i] : static_cast<int>(i),
+    const size_t n = s.num_steps();
+    out.mutable_steps()->Reserve(static_cast<int>(n));
+    for (size_t i = 0; i < n; ++i) {
+      WriteStep(s.step(i), i < s.step_indices.size() ? s.step_indices[i] : static_cast<int>(i),
                 out.add_steps());
     }
   } else if (f.fused) {

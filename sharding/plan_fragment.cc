@@ -86,17 +86,11 @@ std::map<int64_t, Fragment> PlanFragments(const Plan& plan, const FragmentMember
   for (FragmentShape& shape : BareShapes(plan)) {
     const int64_t rank = shape.rank;
     Fragment& f = out.emplace_hint(out.end(), rank, EmptyFragment(rank, options))->second;
-    auto takes_part = [rank](const Step& s) {
-      return std::find(s.ranks.begin(), s.ranks.end(), rank) != s.ranks.end();
-    };
-    const size_t n = std::count_if(plan.steps.begin(), plan.steps.end(), takes_part);
-    shape.steps.reserve(n);
-    shape.step_indices.reserve(n);
+    shape.plan_steps = &plan.steps;
     peers.assign(1, rank);
     for (size_t i = 0; i < plan.steps.size(); ++i) {
       const Step& s = plan.steps[i];
-      if (!takes_part(s)) continue;
-      shape.steps.push_back(s);
+      if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
       shape.step_indices.push_back(static_cast<int>(i));
       peers.insert(peers.end(), s.ranks.begin(), s.ranks.end());
     }
