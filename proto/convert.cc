@@ -169,10 +169,20 @@ absl::StatusOr<Box> BoxFromProto(const v1::Box& box, absl::string_view field) {
   return b;
 }
 
+namespace {
+
+// The Write* functions fill a message in place: fragments are built for every plan sent,
+// and a temporary per message (then swapped in) costs as much as the fields.
+void WriteBox(const Box& box, v1::Box* out) {
+  ShapeToProto(box.offset(), out->mutable_offset());
+  ShapeToProto(box.shape(), out->mutable_shape());
+}
+
+}  // namespace
+
 v1::Box BoxToProto(const Box& box) {
   v1::Box out;
-  ShapeToProto(box.offset(), out.mutable_offset());
-  ShapeToProto(box.shape(), out.mutable_shape());
+  WriteBox(box, &out);
   return out;
 }
 
@@ -326,12 +336,20 @@ absl::StatusOr<Chunk> ChunkFromProto(const v1::Chunk& chunk, absl::string_view f
   return Chunk{*std::move(box), chunk.local_offset(), chunk.partial_index()};
 }
 
+namespace {
+
+void WriteChunk(const Chunk& chunk, uint64_t checksum, v1::Chunk* out) {
+  WriteBox(chunk.box, out->mutable_box());
+  out->set_local_offset(chunk.local_offset);
+  out->set_partial_index(chunk.partial_index);
+  out->set_checksum(checksum);
+}
+
+}  // namespace
+
 v1::Chunk ChunkToProto(const Chunk& chunk, uint64_t checksum) {
   v1::Chunk out;
-  *out.mutable_box() = BoxToProto(chunk.box);
-  out.set_local_offset(chunk.local_offset);
-  out.set_partial_index(chunk.partial_index);
-  out.set_checksum(checksum);
+  WriteChunk(chunk, checksum, &out);
   return out;
 }
 
@@ -361,14 +379,24 @@ absl::StatusOr<RankChunks> RankChunksFromProto(const v1::RankChunks& rc, absl::s
   return out;
 }
 
+namespace {
+
+void WriteRankChunks(const RankChunks& rc, absl::Span<const uint64_t> checksums,
+                     v1::RankChunks* out) {
+  out->set_rank(rc.rank);
+  ShapeToProto(rc.coord, out->mutable_coord());
+  out->set_local_elements(rc.local_elements);
+  out->mutable_chunks()->Reserve(static_cast<int>(rc.chunks.size()));
+  for (size_t i = 0; i < rc.chunks.size(); ++i) {
+    WriteChunk(rc.chunks[i], i < checksums.size() ? checksums[i] : 0, out->add_chunks());
+  }
+}
+
+}  // namespace
+
 v1::RankChunks RankChunksToProto(const RankChunks& rc, absl::Span<const uint64_t> checksums) {
   v1::RankChunks out;
-  out.set_rank(rc.rank);
-  ShapeToProto(rc.coord, out.mutable_coord());
-  out.set_local_elements(rc.local_elements);
-  for (size_t i = 0; i < rc.chunks.size(); ++i) {
-    *out.add_chunks() = ChunkToProto(rc.chunks[i], i < checksums.size() ? checksums[i] : 0);
-  }
+  WriteRankChunks(rc, checksums, &out);
   return out;
 }
 
@@ -400,7 +428,7 @@ v1::Layout LayoutToProto(const Layout& layout, const LayoutChecksums* checksums)
   for (size_t i = 0; i < layout.ranks().size(); ++i) {
     absl::Span<const uint64_t> sums;
     if (checksums != nullptr && i < checksums->size()) sums = (*checksums)[i];
-    *out.add_ranks() = RankChunksToProto(layout.ranks()[i], sums);
+    WriteRankChunks(layout.ranks()[i], sums, out.add_ranks());
   }
   out.set_num_partials(layout.num_partials());
   out.set_partial_op(ReduceOpToProto(layout.partial_op()));
@@ -409,14 +437,22 @@ v1::Layout LayoutToProto(const Layout& layout, const LayoutChecksums* checksums)
 
 // ---- Plans -------------------------------------------------------------------------------
 
+namespace {
+
+void WriteTransfer(const Transfer& t, v1::Transfer* out) {
+  out->set_src(t.src);
+  out->set_dst(t.dst);
+  WriteBox(t.box, out->mutable_box());
+  out->set_bytes(t.bytes);
+  out->set_reduce(t.reduce);
+  out->set_partial_index(t.partial_index);
+}
+
+}  // namespace
+
 v1::Transfer TransferToProto(const Transfer& t) {
   v1::Transfer out;
-  out.set_src(t.src);
-  out.set_dst(t.dst);
-  *out.mutable_box() = BoxToProto(t.box);
-  out.set_bytes(t.bytes);
-  out.set_reduce(t.reduce);
-  out.set_partial_index(t.partial_index);
+  WriteTransfer(t, &out);
   return out;
 }
 
@@ -440,12 +476,20 @@ absl::StatusOr<Transfer> TransferFromProto(const v1::Transfer& t, absl::string_v
   return out;
 }
 
+namespace {
+
+void WriteLocalCopy(const LocalCopy& c, v1::LocalCopy* out) {
+  out->set_rank(c.rank);
+  WriteBox(c.box, out->mutable_box());
+  out->set_reduce(c.reduce);
+  out->set_partial_index(c.partial_index);
+}
+
+}  // namespace
+
 v1::LocalCopy LocalCopyToProto(const LocalCopy& c) {
   v1::LocalCopy out;
-  out.set_rank(c.rank);
-  *out.mutable_box() = BoxToProto(c.box);
-  out.set_reduce(c.reduce);
-  out.set_partial_index(c.partial_index);
+  WriteLocalCopy(c, &out);
   return out;
 }
 
@@ -464,16 +508,25 @@ absl::StatusOr<LocalCopy> LocalCopyFromProto(const v1::LocalCopy& c, absl::strin
   return out;
 }
 
+namespace {
+
+void WriteStep(const Step& step, int index, v1::Step* out) {
+  out->set_index(index);
+  out->set_op(StepOpToProto(step.op));
+  out->mutable_ranks()->Add(step.ranks.begin(), step.ranks.end());
+  out->set_root(step.root);
+  out->set_reduce_op(ReduceOpToProto(step.reduce_op));
+  out->mutable_transfers()->Reserve(static_cast<int>(step.transfers.size()));
+  for (const Transfer& t : step.transfers) WriteTransfer(t, out->add_transfers());
+  out->set_bytes(step.bytes);
+  out->set_estimated_seconds(step.estimated_seconds);
+}
+
+}  // namespace
+
 v1::Step StepToProto(const Step& step, int index) {
   v1::Step out;
-  out.set_index(index);
-  out.set_op(StepOpToProto(step.op));
-  out.mutable_ranks()->Add(step.ranks.begin(), step.ranks.end());
-  out.set_root(step.root);
-  out.set_reduce_op(ReduceOpToProto(step.reduce_op));
-  for (const Transfer& t : step.transfers) *out.add_transfers() = TransferToProto(t);
-  out.set_bytes(step.bytes);
-  out.set_estimated_seconds(step.estimated_seconds);
+  WriteStep(step, index, &out);
   return out;
 }
 
@@ -537,9 +590,9 @@ v1::Plan PlanToProto(const Plan& plan, absl::string_view id, absl::string_view t
   v1::Plan out = PlanSummaryToProto(plan, id, tensor);
   *out.mutable_source() = LayoutToProto(plan.source);
   *out.mutable_target() = LayoutToProto(plan.target);
-  for (const LocalCopy& c : plan.local_copies) *out.add_local_copies() = LocalCopyToProto(c);
+  for (const LocalCopy& c : plan.local_copies) WriteLocalCopy(c, out.add_local_copies());
   for (size_t i = 0; i < plan.steps.size(); ++i) {
-    *out.add_steps() = StepToProto(plan.steps[i], static_cast<int>(i));
+    WriteStep(plan.steps[i], static_cast<int>(i), out.add_steps());
   }
   out.mutable_zero_fill_ranks()->Add(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end());
   return out;
@@ -551,11 +604,11 @@ namespace {
 template <typename P>
 void ShapeFieldsToProto(const FragmentShape& s, P* out) {
   out->set_dtype(DTypeToProto(s.dtype));
-  *out->mutable_source() = RankChunksToProto(s.source);
+  WriteRankChunks(s.source, {}, out->mutable_source());
   out->mutable_source()->set_rank(s.rank);
-  *out->mutable_target() = RankChunksToProto(s.target);
+  WriteRankChunks(s.target, {}, out->mutable_target());
   out->mutable_target()->set_rank(s.rank);
-  for (const LocalCopy& c : s.local_copies) *out->add_local_copies() = LocalCopyToProto(c);
+  for (const LocalCopy& c : s.local_copies) WriteLocalCopy(c, out->add_local_copies());
   out->set_zero_fill(s.zero_fill);
   out->set_divide_by(s.divide_by);
   out->set_reduce_op(ReduceOpToProto(s.reduce_op));
@@ -580,15 +633,18 @@ v1::PlanFragment FragmentToProto(const Fragment& f) {
     out.set_target_version(m.target_version);
     out.set_attached_target_version(m.attached_target_version);
     ShapeFieldsToProto(s, &out);
-    for (size_t i = 0; i < s.steps.size(); ++i) {
-      *out.add_steps() = StepToProto(
-          s.steps[i], i < s.step_indices.size() ? s.step_indices[i] : static_cast<int>(i));
+    const size_t n = s.num_steps();
+    out.mutable_steps()->Reserve(static_cast<int>(n));
+    for (size_t i = 0; i < n; ++i) {
+      WriteStep(s.step(i), i < s.step_indices.size() ? s.step_indices[i] : static_cast<int>(i),
+                out.add_steps());
     }
   } else if (f.fused) {
     for (const FragmentShape& s : f.shapes) {
       v1::FragmentShape* p = out.add_shapes();
       ShapeFieldsToProto(s, p);
-      for (const Transfer& t : s.transfers) *p->add_transfers() = TransferToProto(t);
+      p->mutable_transfers()->Reserve(static_cast<int>(s.transfers.size()));
+      for (const Transfer& t : s.transfers) WriteTransfer(t, p->add_transfers());
     }
     for (const FragmentMember& m : f.members) {
       v1::FragmentMember* p = out.add_members();

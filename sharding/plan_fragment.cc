@@ -9,12 +9,29 @@
 namespace shardcoord {
 namespace {
 
-// What each participant of `plan` does in it, by rank, without steps or transfers.
-std::map<int64_t, FragmentShape> BareShapes(const Plan& plan) {
-  std::map<int64_t, FragmentShape> out;
+// `rank`'s shape in `shapes` (sorted by rank). Every rank a plan names is a participant; one
+// that is not gets a bare shape of its own, as a map's operator[] would give it.
+FragmentShape& ShapeOf(std::vector<FragmentShape>& shapes, int64_t rank) {
+  auto it = std::lower_bound(shapes.begin(), shapes.end(), rank,
+                             [](const FragmentShape& s, int64_t r) { return s.rank < r; });
+  if (it == shapes.end() || it->rank != rank) {
+    it = shapes.insert(it, FragmentShape{});
+    it->rank = rank;
+    it->source.rank = rank;
+    it->target.rank = rank;
+  }
+  return *it;
+}
+
+// What each participant of `plan` does in it, sorted by rank, without steps or transfers. A
+// sorted vector: a plan has a handful of ranks, and this runs for every plan sent.
+std::vector<FragmentShape> BareShapes(const Plan& plan) {
+  const std::vector<int64_t> ranks = PlanParticipants(plan);  // Sorted.
+  std::vector<FragmentShape> out(ranks.size());
   const std::vector<int64_t>& zero_fill = plan.zero_fill_ranks;  // Sorted.
-  for (int64_t rank : PlanParticipants(plan)) {
-    FragmentShape& s = out[rank];
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int64_t rank = ranks[i];
+    FragmentShape& s = out[i];
     s.rank = rank;
     s.dtype = plan.dtype;
     if (const RankChunks* rc = plan.source.Find(rank)) s.source = *rc;
@@ -26,7 +43,7 @@ std::map<int64_t, FragmentShape> BareShapes(const Plan& plan) {
     s.reduce_op = plan.source.partial_op();
     s.num_partials = plan.source.num_partials();
   }
-  for (const LocalCopy& c : plan.local_copies) out[c.rank].local_copies.push_back(c);
+  for (const LocalCopy& c : plan.local_copies) ShapeOf(out, c.rank).local_copies.push_back(c);
   return out;
 }
 
@@ -65,17 +82,22 @@ Fragment EmptyFragment(int64_t rank, const FragmentOptions& options) {
 std::map<int64_t, Fragment> PlanFragments(const Plan& plan, const FragmentMemberOptions& member,
                                           const FragmentOptions& options) {
   std::map<int64_t, Fragment> out;
-  for (auto& [rank, shape] : BareShapes(plan)) {
-    Fragment& f = out[rank] = EmptyFragment(rank, options);
-    std::set<int64_t> peers = {rank};
+  std::vector<int64_t> peers;
+  for (FragmentShape& shape : BareShapes(plan)) {
+    const int64_t rank = shape.rank;
+    Fragment& f = out.emplace_hint(out.end(), rank, EmptyFragment(rank, options))->second;
+    shape.plan_steps = &plan.steps;
+    peers.assign(1, rank);
     for (size_t i = 0; i < plan.steps.size(); ++i) {
       const Step& s = plan.steps[i];
       if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
-      shape.steps.push_back(s);
       shape.step_indices.push_back(static_cast<int>(i));
-      peers.insert(s.ranks.begin(), s.ranks.end());
+      peers.insert(peers.end(), s.ranks.begin(), s.ranks.end());
     }
-    for (int64_t p : peers) f.member_incarnations[p] = IncarnationOf(options, p);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    f.member_incarnations.reserve(peers.size());
+    for (int64_t p : peers) f.member_incarnations.emplace(p, IncarnationOf(options, p));
     f.members.push_back(MemberFor(plan, rank, member, 0, options));
     f.shapes.push_back(std::move(shape));
   }
@@ -96,17 +118,18 @@ std::map<int64_t, Fragment> FusedFragments(absl::Span<const Plan* const> plans,
     auto [it, inserted] = shape_index.try_emplace(&plan);
     std::map<int64_t, int>& index = it->second;
     if (inserted) {
-      std::map<int64_t, FragmentShape> shapes = BareShapes(plan);
+      std::vector<FragmentShape> shapes = BareShapes(plan);
       for (const Step& step : plan.steps) {
         for (const Transfer& t : step.transfers) {
-          shapes[t.src].transfers.push_back(t);
-          shapes[t.dst].transfers.push_back(t);
+          ShapeOf(shapes, t.src).transfers.push_back(t);
+          ShapeOf(shapes, t.dst).transfers.push_back(t);
           if (t.bytes == 0) continue;
           exchange.insert(t.src);
           exchange.insert(t.dst);
         }
       }
-      for (auto& [rank, shape] : shapes) {
+      for (FragmentShape& shape : shapes) {
+        const int64_t rank = shape.rank;
         auto [fit, added] = out.try_emplace(rank);
         if (added) fit->second = EmptyFragment(rank, options);
         index[rank] = static_cast<int>(fit->second.shapes.size());

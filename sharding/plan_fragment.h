@@ -26,9 +26,14 @@ struct FragmentShape {
   RankChunks source;  // chunks empty when the rank holds no source.
   RankChunks target;
   std::vector<LocalCopy> local_copies;
-  // A single plan's: the steps whose process group holds the rank, in plan order...
+  // A single plan's: the steps whose process group holds the rank, in plan order. Parsed
+  // from the wire (a worker's), they are in `steps`; made from a plan (MakeFragments), they
+  // are borrowed from it (`plan_steps`, valid while the plan is), not copied: the coordinator
+  // only converts them to the wire, once per participant of every plan. Read them with
+  // num_steps() and step(i)...
   std::vector<Step> steps;
-  std::vector<int> step_indices;  // Plan-wide index of steps[i].
+  std::vector<int> step_indices;  // Plan-wide index of step(i).
+  const std::vector<Step>* plan_steps = nullptr;
   // ...a fused transaction's: the transfers the rank sends or receives, in plan order
   // (`steps` is empty; the transaction's exchange moves them).
   std::vector<Transfer> transfers;
@@ -36,6 +41,11 @@ struct FragmentShape {
   int64_t divide_by = 1;
   ReduceOp reduce_op = ReduceOp::kSum;
   int64_t num_partials = 1;
+
+  size_t num_steps() const { return plan_steps != nullptr ? step_indices.size() : steps.size(); }
+  const Step& step(size_t i) const {
+    return plan_steps != nullptr ? (*plan_steps)[step_indices[i]] : steps[i];
+  }
 };
 
 // Which tensors and versions a shape applies to.
@@ -96,10 +106,10 @@ struct FragmentOptions {
 
 // Every participant's fragment of `plans` (members[i] describes plans[i]), by rank. Not
 // fused: exactly one plan and member; each rank gets its chunks, local copies and only the
-// steps whose group contains it (with their plan-wide index), and the incarnations of those
-// steps' members. Fused: each rank gets the shape of every distinct plan it takes part in
-// (members whose plans are the same object share one), with its chunks, local copies and
-// only the transfers it sends or receives, in plan order; the members in the transaction's
+// steps whose group contains it (borrowed from the plan, with their plan-wide index), and the
+// incarnations of those steps' members. Fused: each rank gets the shape of every distinct plan it
+// takes part in (members whose plans are the same object share one), with its chunks, local copies
+// and only the transfers it sends or receives, in plan order; the members in the transaction's
 // order; exchange_ranks with their incarnations when it is among them.
 std::map<int64_t, Fragment> MakeFragments(absl::Span<const Plan* const> plans,
                                           absl::Span<const FragmentMemberOptions> members,

@@ -52,9 +52,10 @@ TEST(PlanFragmentTest, APlanIsOneShapeWithOneMemberAndOnlyTheRanksSteps) {
   ASSERT_EQ(f.members.size(), 1u);
   const FragmentShape& s = f.shapes[0];
   EXPECT_EQ(s.rank, 2);
-  ASSERT_EQ(s.steps.size(), 1u);
+  ASSERT_EQ(s.num_steps(), 1u);
   EXPECT_THAT(s.step_indices, ElementsAre(1));
-  EXPECT_EQ(s.steps[0].transfers, plan.steps[1].transfers);
+  EXPECT_EQ(s.step(0).transfers, plan.steps[1].transfers);
+  EXPECT_THAT(s.steps, IsEmpty());  // Borrowed from the plan, not copied.
   EXPECT_THAT(s.transfers, IsEmpty());
   EXPECT_THAT(s.local_copies, ElementsAre(plan.local_copies[2]));
   EXPECT_EQ(s.source.chunks, plan.source.Find(2)->chunks);

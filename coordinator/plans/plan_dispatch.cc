@@ -88,6 +88,7 @@ void PlanManager::Send(const std::string& txn, int64_t admitted) {
         t.records.push_back(&e);
       }
     }
+    in.members.reserve(t.records.size());
     for (size_t i = 0; i < t.records.size(); ++i) {
       const PlanRecord& e = *t.records[i];
       FragmentMemberOptions& m = in.members.emplace_back();
@@ -106,12 +107,16 @@ void PlanManager::Send(const std::string& txn, int64_t admitted) {
     // A single plan's fragments carry the admitted bucket only; a fused one always its own.
     fo.bucket_bytes = fused ? t.bucket_bytes : admitted;
     fo.communicator_prefix = fused ? t.communicator_prefix : t.records.front()->communicator_prefix;
-    for (const auto& [r, p] : t.participants) fo.incarnations[r] = p.endpoint.incarnation;
+    fo.incarnations.reserve(t.participants.size());
+    in.workers.reserve(t.participants.size());
+    for (const auto& [r, p] : t.participants) {
+      fo.incarnations.emplace(r, p.endpoint.incarnation);
+      in.workers.push_back(p.endpoint);
+    }
     if (fused) {
       t.sent = true;
       ScheduleTimeoutLocked(t);
     }
-    for (const auto& [r, p] : t.participants) in.workers.push_back(p.endpoint);
   }
   for (auto& [endpoint, fragment] : BuildFragments(in)) {
     const int64_t rank = endpoint.rank;

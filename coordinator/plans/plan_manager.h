@@ -517,8 +517,8 @@ class PlanManager : public WorkerListener {
     std::string id;
     std::string tensor;
     std::string target_tensor;
-    TensorManager::NewState state;
-    std::vector<int64_t> ranks;  // Its participants.
+    TensorManager::NewState state;  // Moved into the CommitAll item (Validate).
+    std::vector<int64_t> ranks;     // Its participants.
     int64_t old_target_version = 0;
   };
 

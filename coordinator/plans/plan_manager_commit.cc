@@ -313,7 +313,8 @@ void PlanManager::Validate(const std::string& txn) {
       for (size_t i = 0; i < t.records.size(); ++i) {
         PlanRecord& e = *t.records[i];
         CommitWork w = BeginCommitLocked(e, std::move(sums[i]));
-        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, w.state});
+        // The new state goes to the tensor manager; EndCommit needs only the rest.
+        items.push_back(TensorManager::CommitItem{w.target_tensor, e.id, std::move(w.state)});
         work.push_back(std::move(w));
       }
     }
@@ -376,6 +377,7 @@ void PlanManager::EndCommit(const std::string& txn, std::vector<CommitWork> work
       e.end = now;
       for (auto& c : ChangedLocked(e)) calls.push_back(std::move(c));
     }
+    finish.reserve(t.participants.size());
     for (const auto& [r, p] : t.participants) finish.push_back(p.endpoint);
     held = HoldTicketLocked(t);
   }
@@ -398,14 +400,16 @@ void PlanManager::EndCommit(const std::string& txn, std::vector<CommitWork> work
     }
   }
   std::vector<std::pair<WorkerEndpoint, v1::FinishPlanRequest>> live;
-  for (const WorkerEndpoint& w : finish) {
+  live.reserve(finish.size());
+  for (WorkerEndpoint& w : finish) {
     if (!workers_->IsLive(w.rank, w.incarnation)) continue;
-    v1::FinishPlanRequest& req = requests[w.rank];
+    v1::FinishPlanRequest req;
+    if (fused) req = std::move(requests[w.rank]);
     req.set_plan_id(txn);
     if (!fused) req.set_tensor(work.front().target_tensor);
     req.set_commit(true);
     req.set_drop_version(fused ? -1 : work.front().old_target_version);
-    live.emplace_back(w, std::move(req));
+    live.emplace_back(std::move(w), std::move(req));
   }
   FinishOnWorkers(std::move(live), held);
 }
