@@ -343,7 +343,10 @@ TEST_P(CheckpointIoTest, LargeRunsAreCheckedInBlocksAndSummed) {
     } else if (request == &own_pages && direct) {
       EXPECT_EQ(r->bytes_read_direct(), r->bytes_read());
     } else if (GetParam()) {
-      EXPECT_EQ(r->bytes_read_direct(), 0);
+      // A device buffer is filled through a host staging buffer, which O_DIRECT may fill when
+      // the allocator hands out a page-aligned one (tcmalloc does for large sizes, glibc does
+      // not): never more than was read.
+      EXPECT_LE(r->bytes_read_direct(), r->bytes_read());
     }
     std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
     ASSERT_NE(got, nullptr);
