@@ -852,4 +852,60 @@ absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& f) {
   return out;
 }
 
+// ---- Prepared transfers ------------------------------------------------------------------
+
+v1::Layout TransferLayoutToProto(const Layout& layout, bool keep_empty_ranks) {
+  v1::Layout out;
+  ShapeToProto(layout.global_shape(), out.mutable_global_shape());
+  for (const RankChunks& rc : layout.ranks()) {
+    if (rc.chunks.empty() && !keep_empty_ranks) continue;
+    WriteRankChunks(rc, {}, out.add_ranks());
+  }
+  out.set_num_partials(layout.num_partials());
+  out.set_partial_op(ReduceOpToProto(layout.partial_op()));
+  return out;
+}
+
+v1::TransferMember TransferMemberToProto(const TransferMemberSpec& m) {
+  v1::TransferMember out;
+  out.set_src(m.src);
+  out.set_dst(m.dst);
+  out.set_src_version(m.src_version);
+  out.set_dst_version(m.dst_version);
+  out.set_dst_attached(m.dst_attached);
+  out.set_src_layout(m.src_layout);
+  out.set_dst_layout(m.dst_layout);
+  out.set_dtype(DTypeToProto(m.dtype));
+  return out;
+}
+
+absl::Status AppendTransferPage(const v1::PrepareTransferRequest& page, TransferTable* table) {
+  if (page.page() == 0) {
+    table->hosts_by_rank.assign(page.hosts_by_rank().begin(), page.hosts_by_rank().end());
+  }
+  table->layouts.reserve(table->layouts.size() + page.layouts_size());
+  for (const v1::Layout& l : page.layouts()) {
+    absl::StatusOr<Layout> layout =
+        LayoutFromProto(l, absl::StrCat("layouts[", table->layouts.size(), "]"));
+    if (!layout.ok()) return layout.status();
+    table->layouts.push_back(*std::move(layout));
+  }
+  table->members.reserve(table->members.size() + page.members_size());
+  for (const v1::TransferMember& m : page.members()) {
+    const std::string where = absl::StrCat("members[", table->members.size(), "]");
+    absl::StatusOr<DType> dtype = DTypeFromProto(m.dtype(), absl::StrCat(where, ".dtype"));
+    if (!dtype.ok()) return dtype.status();
+    TransferMemberSpec& out = table->members.emplace_back();
+    out.src = m.src();
+    out.dst = m.dst();
+    out.src_version = m.src_version();
+    out.dst_version = m.dst_version();
+    out.dst_attached = m.dst_attached();
+    out.src_layout = m.src_layout();
+    out.dst_layout = m.dst_layout();
+    out.dtype = *dtype;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace shardcoord

@@ -25,6 +25,7 @@
 #include "sharding/plan.h"
 #include "sharding/plan_fragment.h"
 #include "sharding/spec.h"
+#include "sharding/transfer_table.h"
 
 namespace shardcoord {
 
@@ -115,6 +116,18 @@ v1::PlanFragment FragmentToProto(const Fragment& fragment);
 // exchange_ranks sorted, distinct, holding this rank when it moves anything, and every
 // transfer's peer, each with an incarnation; member indices distinct.
 absl::StatusOr<Fragment> FragmentFromProto(const v1::PlanFragment& fragment);
+
+// ---- Prepared transfers ------------------------------------------------------------------
+
+// A layout of a transfer's table (PrepareTransferRequest.layouts): ranks that hold no chunk are
+// left out unless `keep_empty_ranks` (an attached dst's layout: its lent buffers follow the
+// dst's versions on every rank of it).
+v1::Layout TransferLayoutToProto(const Layout& layout, bool keep_empty_ranks);
+v1::TransferMember TransferMemberToProto(const TransferMemberSpec& member);
+// Appends one page's layouts and members to `table` (and page 0's hosts_by_rank), field by
+// field, errors naming the table-wide index ("layouts[12]: ...", "members[4097].dtype: ...").
+// Indices between them are checked by ValidateTransferTable once the table is whole.
+absl::Status AppendTransferPage(const v1::PrepareTransferRequest& page, TransferTable* table);
 
 }  // namespace shardcoord
 

@@ -362,5 +362,67 @@ TEST(ConvertTest, FragmentFromProtoRejectsInconsistentFragments) {
   EXPECT_EQ(ErrorOf(FragmentFromProto(f)), "dtype: unspecified");
 }
 
+TEST(ConvertTest, TransferPagesRoundTrip) {
+  const DeviceMesh mesh = Mesh({4});
+  absl::StatusOr<FlatSpec> flat = ParseFlatSpec("0:6;;;");
+  ASSERT_TRUE(flat.ok());
+  absl::StatusOr<Layout> sparse = Layout::FromFlat(mesh, {6}, *flat);
+  ASSERT_TRUE(sparse.ok());
+  absl::StatusOr<Layout> dense = Layout::FromPlacements(mesh, {6}, {Placement::Replicate()});
+  ASSERT_TRUE(dense.ok());
+  TransferTable table;
+  table.layouts = {*sparse, *dense};
+  table.hosts_by_rank = {"a", "a", "b", "b"};
+  for (int i = 0; i < 3; ++i) {
+    TransferMemberSpec& m = table.members.emplace_back();
+    m.src = absl::StrCat("s", i);
+    m.dst = absl::StrCat("d", i);
+    m.src_version = 2 + i;
+    m.dst_version = 9;
+    m.dst_attached = i == 1;
+    m.src_layout = 0;
+    m.dst_layout = 1;
+    m.dtype = i == 2 ? DType::kBF16 : DType::kF32;
+  }
+  v1::PrepareTransferRequest page0, page1;
+  page0.set_page(0);
+  for (const std::string& h : table.hosts_by_rank) page0.add_hosts_by_rank(h);
+  *page0.add_layouts() = TransferLayoutToProto(table.layouts[0], false);
+  *page0.add_members() = TransferMemberToProto(table.members[0]);
+  page1.set_page(1);
+  *page1.add_layouts() = TransferLayoutToProto(table.layouts[1], false);
+  *page1.add_members() = TransferMemberToProto(table.members[1]);
+  *page1.add_members() = TransferMemberToProto(table.members[2]);
+  // Ranks holding nothing are left out, unless kept.
+  EXPECT_EQ(page0.layouts(0).ranks_size(), 1);
+  EXPECT_EQ(TransferLayoutToProto(table.layouts[0], true).ranks_size(), 4);
+
+  TransferTable got;
+  ASSERT_TRUE(AppendTransferPage(page0, &got).ok());
+  ASSERT_TRUE(AppendTransferPage(page1, &got).ok());
+  EXPECT_EQ(got.hosts_by_rank, table.hosts_by_rank);
+  ASSERT_EQ(got.layouts.size(), 2u);
+  EXPECT_EQ(got.layouts[0].Find(0)->chunks, sparse->Find(0)->chunks);
+  EXPECT_EQ(got.layouts[0].Find(1), nullptr);
+  EXPECT_EQ(got.layouts[1].ranks().size(), 4u);
+  ASSERT_EQ(got.members.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(got.members[i].src, table.members[i].src);
+    EXPECT_EQ(got.members[i].dst, table.members[i].dst);
+    EXPECT_EQ(got.members[i].src_version, table.members[i].src_version);
+    EXPECT_EQ(got.members[i].dst_version, 9);
+    EXPECT_EQ(got.members[i].dst_attached, i == 1);
+    EXPECT_EQ(got.members[i].dtype, table.members[i].dtype);
+  }
+  EXPECT_TRUE(ValidateTransferTable(got).ok());
+
+  v1::PrepareTransferRequest bad = page1;
+  bad.mutable_members(1)->set_dtype(v1::DTYPE_UNSPECIFIED);
+  TransferTable partial;
+  ASSERT_TRUE(AppendTransferPage(page0, &partial).ok());
+  EXPECT_EQ(ErrorOf(absl::StatusOr<int>(AppendTransferPage(bad, &partial))),
+            "members[2].dtype: unspecified");
+}
+
 }  // namespace
 }  // namespace shardcoord

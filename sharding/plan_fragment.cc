@@ -150,6 +150,37 @@ std::map<int64_t, Fragment> FusedFragments(absl::Span<const Plan* const> plans,
 
 }  // namespace
 
+bool FusedShapeFor(const Plan& plan, int64_t rank, FragmentShape* out) {
+  FragmentShape s;
+  s.rank = rank;
+  s.dtype = plan.dtype;
+  const RankChunks* source = plan.source.Find(rank);
+  const RankChunks* target = plan.target.Find(rank);
+  if (source != nullptr) s.source = *source;
+  s.source.rank = rank;
+  if (target != nullptr) s.target = *target;
+  s.target.rank = rank;
+  s.zero_fill =
+      std::binary_search(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end(), rank);
+  s.divide_by = plan.divide_by;
+  s.reduce_op = plan.source.partial_op();
+  s.num_partials = plan.source.num_partials();
+  for (const LocalCopy& c : plan.local_copies) {
+    if (c.rank == rank) s.local_copies.push_back(c);
+  }
+  for (const Step& step : plan.steps) {
+    for (const Transfer& t : step.transfers) {
+      if (t.src == rank || t.dst == rank) s.transfers.push_back(t);
+    }
+  }
+  if (source == nullptr && target == nullptr && !s.zero_fill && s.local_copies.empty() &&
+      s.transfers.empty()) {
+    return false;
+  }
+  *out = std::move(s);
+  return true;
+}
+
 std::map<int64_t, Fragment> MakeFragments(absl::Span<const Plan* const> plans,
                                           absl::Span<const FragmentMemberOptions> members,
                                           const FragmentOptions& options) {

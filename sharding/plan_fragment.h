@@ -111,6 +111,11 @@ struct FragmentOptions {
 // takes part in (members whose plans are the same object share one), with its chunks, local copies
 // and only the transfers it sends or receives, in plan order; the members in the transaction's
 // order; exchange_ranks with their incarnations when it is among them.
+// `rank`'s shape of `plan` in a fused transaction, as MakeFragments makes it (its chunks, local
+// copies and the transfers it sends or receives, in plan order, owned), into *out; false when
+// the rank holds no chunk of either layout and has nothing to copy, fill or move.
+bool FusedShapeFor(const Plan& plan, int64_t rank, FragmentShape* out);
+
 std::map<int64_t, Fragment> MakeFragments(absl::Span<const Plan* const> plans,
                                           absl::Span<const FragmentMemberOptions> members,
                                           const FragmentOptions& options);

@@ -1,0 +1,220 @@
+#include "sharding/transfer_table.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "sharding/plan_participants.h"
+#include "sharding/redistribute.h"
+
+namespace shardcoord {
+namespace {
+
+std::string Where(size_t i, const char* field) { return absl::StrCat("members[", i, "].", field); }
+
+bool HoldsChunks(const Layout& layout, int64_t rank) {
+  const RankChunks* rc = layout.Find(rank);
+  return rc != nullptr && !rc->chunks.empty();
+}
+
+}  // namespace
+
+void StableHash::Add(uint64_t v) {
+  // splitmix64's finalizer over the running value: cheap, and every input bit reaches every
+  // output bit.
+  uint64_t z = h_ ^ (v + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  h_ = z ^ (z >> 31);
+}
+
+void StableHash::Add(const Box& b) {
+  Add(static_cast<uint64_t>(b.ndim()));
+  for (int d = 0; d < b.ndim(); ++d) {
+    Add(static_cast<uint64_t>(b.offset(d)));
+    Add(static_cast<uint64_t>(b.shape(d)));
+  }
+}
+
+uint64_t StableHash::value() const { return h_; }
+
+absl::Status ValidateTransferTable(const TransferTable& table) {
+  const int64_t layouts = static_cast<int64_t>(table.layouts.size());
+  absl::flat_hash_map<absl::string_view, size_t> named;
+  named.reserve(table.members.size() * 2);
+  for (size_t i = 0; i < table.members.size(); ++i) {
+    const TransferMemberSpec& m = table.members[i];
+    if (m.src.empty()) return absl::InvalidArgumentError(absl::StrCat(Where(i, "src"), ": empty"));
+    if (m.dst.empty()) return absl::InvalidArgumentError(absl::StrCat(Where(i, "dst"), ": empty"));
+    if (m.src == m.dst) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(i, "dst"), ": '", m.dst, "' is also the member's src"));
+    }
+    for (const bool is_src : {true, false}) {
+      const std::string& name = is_src ? m.src : m.dst;
+      auto [it, added] = named.try_emplace(name, i);
+      if (!added) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(i, is_src ? "src" : "dst"), ": '",
+                                                       name, "' is also named by members[",
+                                                       it->second, "]"));
+      }
+    }
+    if (m.src_version <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(i, "src_version"), ": ", m.src_version, " (must be positive)"));
+    }
+    if (m.dst_version <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(i, "dst_version"), ": ", m.dst_version, " (must be positive)"));
+    }
+    if (m.src_layout < 0 || m.src_layout >= layouts) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(i, "src_layout"), ": ", m.src_layout,
+                                                     " (the table has ", layouts, " layouts)"));
+    }
+    if (m.dst_layout < 0 || m.dst_layout >= layouts) {
+      return absl::InvalidArgumentError(absl::StrCat(Where(i, "dst_layout"), ": ", m.dst_layout,
+                                                     " (the table has ", layouts, " layouts)"));
+    }
+    if (table.layouts[m.src_layout].global_shape() != table.layouts[m.dst_layout].global_shape()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(i, "dst_layout"), ": layout ", m.dst_layout,
+                       " is of another global shape than the src's (layout ", m.src_layout, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> TransferParticipants(const TransferTable& table) {
+  std::vector<int64_t> out;
+  for (const Layout& layout : table.layouts) {
+    for (const RankChunks& rc : layout.ranks()) {
+      if (!rc.chunks.empty()) out.push_back(rc.rank);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+TransferTemplates TemplatesOf(const TransferTable& table) {
+  TransferTemplates out;
+  out.of_member.reserve(table.members.size());
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int>, int32_t> index;
+  for (const TransferMemberSpec& m : table.members) {
+    auto [it, added] = index.try_emplace(
+        std::make_tuple(m.src_layout, m.dst_layout, static_cast<int>(m.dtype)),
+        static_cast<int32_t>(out.templates.size()));
+    if (added) out.templates.push_back({m.src_layout, m.dst_layout, m.dtype});
+    out.of_member.push_back(it->second);
+  }
+  return out;
+}
+
+absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t rank,
+                                            const ExpandOptions& options) {
+  if (absl::Status s = ValidateTransferTable(table); !s.ok()) return s;
+  const TransferTemplates templates = TemplatesOf(table);
+  // The first member of each template, to name it in errors.
+  std::vector<size_t> first_member(templates.templates.size(), table.members.size());
+  std::vector<int64_t> members_of(templates.templates.size(), 0);
+  for (size_t i = table.members.size(); i-- > 0;) {
+    first_member[templates.of_member[i]] = i;
+    ++members_of[templates.of_member[i]];
+  }
+
+  PlanOptions plan_options;
+  plan_options.hosts_by_rank = table.hosts_by_rank;
+  plan_options.use_collectives = false;
+
+  RankTransfer out;
+  Fragment& f = out.fragment;
+  f.plan_id = options.transfer_id;
+  f.rank = rank;
+  f.fused = true;
+  f.step_timeout_ms = options.step_timeout_ms;
+  // Template -> index of its shape in f.shapes, or -1: the rank takes no part.
+  std::vector<int> shape_of(templates.templates.size(), -1);
+  std::vector<int64_t> received_of(templates.templates.size(), 0);
+  for (size_t k = 0; k < templates.templates.size(); ++k) {
+    const TransferTemplate& t = templates.templates[k];
+    const Layout& src = table.layouts[t.src_layout];
+    const Layout& dst = table.layouts[t.dst_layout];
+    // Only holders of source chunks and ranks of the target ever send, receive, copy or hold
+    // a target buffer (a rank listed with no target chunks may hold a lent buffer, which
+    // follows the dst's versions): the rest need not plan.
+    if (!HoldsChunks(src, rank) && dst.Find(rank) == nullptr) continue;
+    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, plan_options);
+    if (!plan.ok()) {
+      const TransferMemberSpec& m = table.members[first_member[k]];
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("members[", first_member[k], "] ('", m.src, "' -> '", m.dst,
+                                       "'): ", plan.status().message()));
+    }
+    ++out.templates_planned;
+    FragmentShape shape;
+    if (!FusedShapeFor(*plan, rank, &shape)) continue;
+    // A source listed with no chunks holds nothing to read.
+    if (!HoldsChunks(src, rank)) shape.source.chunks.clear();
+    const std::vector<int64_t> participants = PlanParticipants(*plan);
+    const bool owner = !participants.empty() && participants.front() == rank;
+    const int64_t members = members_of[k];
+    if (owner) {
+      out.owned_bytes_moved += plan->bytes_moved * members;
+      out.owned_lower_bound_bytes += plan->lower_bound_bytes * members;
+    }
+    for (const Transfer& tr : shape.transfers) {
+      if (tr.dst == rank) received_of[k] += tr.bytes;
+      if (tr.src == rank) out.bytes_sent += tr.bytes * members;
+    }
+    shape_of[k] = static_cast<int>(f.shapes.size());
+    f.shapes.push_back(std::move(shape));
+  }
+
+  StableHash replicas;
+  bool holds_target = false;
+  for (size_t i = 0; i < table.members.size(); ++i) {
+    const int32_t k = templates.of_member[i];
+    if (shape_of[k] < 0) continue;
+    const TransferMemberSpec& m = table.members[i];
+    const FragmentShape& shape = f.shapes[shape_of[k]];
+    FragmentMember& fm = f.members.emplace_back();
+    fm.index = static_cast<int32_t>(i);
+    fm.plan_id = options.transfer_id;
+    fm.tensor = m.src;
+    fm.target_tensor = m.dst;
+    fm.source_version = m.src_version;
+    fm.target_version = m.dst_version;
+    // Only ranks of the dst's layout hold a lent buffer of it.
+    if (m.dst_attached && table.layouts[m.dst_layout].Find(rank) != nullptr) {
+      fm.attached_target_version = m.dst_version;
+    }
+    fm.shape = shape_of[k];
+    out.bytes_received += received_of[k];
+    if (!shape.target.chunks.empty()) {
+      holds_target = true;
+      replicas.Add(i);
+      for (const Chunk& c : shape.target.chunks) {
+        replicas.Add(c.box);
+        replicas.Add(static_cast<uint64_t>(c.partial_index));
+      }
+      if (!m.dst_attached) out.target_bytes += shape.target.local_elements * ElementSize(m.dtype);
+    }
+  }
+  out.replica_key = holds_target ? replicas.value() : 0;
+
+  const std::vector<int64_t> exchange = TransferParticipants(table);
+  if (std::binary_search(exchange.begin(), exchange.end(), rank)) {
+    f.exchange_ranks = exchange;
+    f.member_incarnations.reserve(exchange.size());
+    for (int64_t r : exchange) {
+      auto it = options.incarnations.find(r);
+      f.member_incarnations[r] = it == options.incarnations.end() ? 0 : it->second;
+    }
+  }
+  return out;
+}
+
+}  // namespace shardcoord
