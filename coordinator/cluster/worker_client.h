@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/fan_in.h"
 #include "proto/shardcoord.pb.h"
 
@@ -122,6 +123,26 @@ class WorkerClient {
                                    Callback<v1::ReadCheckpointIndexResponse> done);
   virtual void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
                              StatusCallback done);
+
+  // Prepared transfers (issue 27; sharding/transfer_table.h). One page of the table (pages go
+  // in order, each after the previous one's answer; the same page bytes go to every worker,
+  // so callers serialize once and pass the request by shared pointer); the run of a resident
+  // transfer, answered when the rank's part ended (its deadline is the caller's, `timeout`);
+  // forgetting resident transfers. The defaults answer UNIMPLEMENTED, for fakes that never
+  // prepare transfers.
+  virtual void PrepareTransfer(const WorkerEndpoint& worker,
+                               std::shared_ptr<const v1::PrepareTransferRequest> request,
+                               Callback<v1::PrepareTransferResponse> done) {
+    done(absl::UnimplementedError("PrepareTransfer"));
+  }
+  virtual void RunTransfer(const WorkerEndpoint& worker, const v1::RunTransferWorkerRequest& request,
+                           absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) {
+    done(absl::UnimplementedError("RunTransfer"));
+  }
+  virtual void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,
+                            StatusCallback done) {
+    done(absl::UnimplementedError("DropTransfer"));
+  }
 };
 
 namespace internal_worker_client {
