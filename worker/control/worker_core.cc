@@ -12,6 +12,7 @@
 #include "sharding/fill.h"
 #include "sharding/layout.h"
 #include "worker/buffers/buffer_staging.h"
+#include "worker/control/transfer_runner.h"
 #include "worker/plans/fragment.h"
 #include "worker/plans/fused_exchange.h"
 
@@ -200,7 +201,8 @@ WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
       identity_(std::move(identity)),
       options_(options),
       log_(std::move(log)),
-      space_(space != nullptr ? space : &HostMemorySpace::Global()) {}
+      space_(space != nullptr ? space : &HostMemorySpace::Global()),
+      transfers_(std::make_unique<TransferRunner>(this, buffers, identity_, log_)) {}
 
 WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
 
@@ -581,6 +583,8 @@ int WorkerCore::AbortAll() {
     communicators_->ReleasePrefix(run->prefix());
     if (log_) log_(absl::StrCat("plan ", run->plan_id(), ": abandoned"));
   }
+  // The coordinator invalidated them: a worker registered again is prepared again.
+  transfers_->ForgetAll();
   return static_cast<int>(runs.size());
 }
 

@@ -28,6 +28,8 @@
 
 namespace shardcoord {
 
+class TransferRunner;
+
 // Who this worker is right now (the agent's latest registration).
 struct WorkerIdentity {
   std::string name;
@@ -55,8 +57,9 @@ constexpr int64_t kMaxRelayBytes = int64_t{1} << 20;
 // prefix (see CommunicatorCache). Both are idempotent; an Execute for a plan that was
 // finished is ABORTED.
 //
-// StartRun runs other kinds of runs through the same runner: only where the outcome goes (a
-// hook instead of ReportChunks) and what a commit drops (the hook's choice) differ.
+// The same runner runs the runs of prepared transfers (`transfers()`, control/
+// transfer_runner.h) through StartRun: only where the outcome goes (a hook instead of
+// ReportChunks) and what a commit drops (the hook's choice) differ.
 class WorkerCore {
  public:
   // How a run's part ended on this rank, for whoever started it with StartRun.
@@ -110,7 +113,8 @@ class WorkerCore {
   // committed just before a coordinator crash), for the coordinator to keep or drop when the
   // worker registers again and reports them. The agent calls it before registering again:
   // the coordinator has ended (or, restarted, forgotten) every plan of the old incarnation,
-  // so no FinishPlan may come. Returns how many plans.
+  // so no FinishPlan may come. Resident prepared transfers are forgotten too (the
+  // coordinator prepares them again). Returns how many plans.
   int AbortAll();
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
   // Fill for each of request.fills in order; the first error names its fill and ends the call
@@ -187,6 +191,9 @@ class WorkerCore {
   // final reports then carry the most it held while the fragment ran. Set before use.
   void set_memory_budget(MemoryBudget* budget) { budget_ = budget; }
 
+  // Prepared transfers (PrepareTransfer, RunTransfer, DropTransfer), run by this core.
+  TransferRunner* transfers() { return transfers_.get(); }
+
  private:
   struct RunPart;
   struct PlanRun;
@@ -225,6 +232,9 @@ class WorkerCore {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string refusing_ ABSL_GUARDED_BY(mu_);  // Why Execute is refused (draining).
+
+  // Destroyed first, once the destructor saw every run end (their hooks point into it).
+  std::unique_ptr<TransferRunner> transfers_;
 };
 
 }  // namespace shardcoord
