@@ -243,7 +243,18 @@ absl::StatusOr<v1::PrepareTransferResponse> TransferRunner::Expand(const std::st
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<RankTransfer> part = ExpandTransfer(pending.table, me.rank, options);
-  if (!part.ok()) return part.status();
+  if (!part.ok()) return part.status();  // The table's errors first (ValidateTransferTable).
+  // A layout no member uses would make its holders exchange ranks with nothing to run (and
+  // nothing to run it on): refused.
+  std::vector<bool> used(pending.table.layouts.size(), false);
+  for (const TransferMemberSpec& m : pending.table.members) {
+    used[m.src_layout] = true;  // In range: validated.
+    used[m.dst_layout] = true;
+  }
+  if (auto unused = std::find(used.begin(), used.end(), false); unused != used.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("layouts[", unused - used.begin(),
+                                                   "]: no member of transfer ", id, " uses it"));
+  }
   if (absl::Status s = ValidateFragment(part->fragment); !s.ok()) return s;
   if (absl::Status s = CheckSources(id, part->fragment); !s.ok()) return s;
 

@@ -61,10 +61,11 @@ class TransferRunner {
   // share (RankTransfer::owned_*: summed over the participants they give the transfer's
   // totals); plan_digest is unused (0). The last page takes seconds at 10^5 members: callers
   // run it off any reactor.
-  // Errors: INVALID_ARGUMENT a malformed page (naming the field) or a page that does not
-  // follow the previous page of the same id (`page`; the table is forgotten: send page 0
-  // again); FAILED_PRECONDITION the incarnation or a source buffer (naming tensor and
-  // version); UNAVAILABLE draining; the planner's errors naming the member.
+  // Errors: INVALID_ARGUMENT a malformed page or table (naming the field; also a layout no
+  // member uses) or a page that does not follow the previous page of the same id (`page`;
+  // the table is forgotten: send page 0 again); FAILED_PRECONDITION the incarnation or a
+  // source buffer (naming tensor and version); UNAVAILABLE draining; the planner's errors
+  // naming the member.
   absl::StatusOr<v1::PrepareTransferResponse> Prepare(const v1::PrepareTransferRequest& page);
 
   using RunDone = std::function<void(absl::StatusOr<v1::RunTransferWorkerResponse>)>;

@@ -477,6 +477,12 @@ TEST_F(TransferRunnerTest, PagesOutOfOrderAreRefused) {
   r = PrepareOn(*workers_[0], bad);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("members[2].src_layout"));
+  bad = Pages(table_, "bad@3");
+  *bad[1].add_layouts() = TransferLayoutToProto(table_.layouts[0], false);
+  r = PrepareOn(*workers_[0], bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("layouts[5]: no member"));
+  EXPECT_EQ(t.resident(), 2);
 }
 
 TEST_F(TransferRunnerTest, AnotherIncarnationOrRankIsRefused) {
