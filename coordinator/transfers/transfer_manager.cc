@@ -201,6 +201,9 @@ void TransferManager::CreatePrepared(const std::string& name,
     t.stored = true;
     t.busy.clear();
     t.prepared = *std::move(prepared);
+    // A participant lost since its answer: stored, and prepared again by the first run.
+    t.invalid = std::exchange(t.lost_while_preparing, "");
+    t.preparing.clear();
     t.pages_stored = static_cast<int64_t>(pages.size());
     info = InfoLocked(t, binding.ok() ? &*binding : nullptr);
   }

@@ -349,13 +349,12 @@ void TransferManager::FinishPrepare(std::shared_ptr<PrepareJob> job, absl::Statu
       status = probe.status();
     }
   }
-  {
+  if (!status.ok()) {
+    // A preparation that succeeded keeps `preparing` until it is installed: a death before
+    // then still invalidates it (CreatePrepared, OnRunPrepared).
     absl::MutexLock lock(&mu_);
     auto it = transfers_.find(job->name);
     if (it != transfers_.end()) {
-      if (status.ok() && !it->second.lost_while_preparing.empty()) {
-        status = absl::UnavailableError(it->second.lost_while_preparing);
-      }
       it->second.preparing.clear();
       it->second.lost_while_preparing.clear();
     }

@@ -125,7 +125,9 @@ void TransferManager::OnRunPrepared(const std::string& run_id,
       }
     }
     t.prepared = *prepared;
-    t.invalid.clear();
+    // A participant lost since its answer: StartRun sees it and prepares again.
+    t.invalid = std::exchange(t.lost_while_preparing, "");
+    t.preparing.clear();
     t.comm_epoch = 0;
     ++t.replans;
     ++r.preparations;
@@ -243,7 +245,11 @@ void TransferManager::FailBeforeStart(const std::string& run_id, const absl::Sta
     started = std::move(r.started_fn);
     response.set_name(r.transfer);
     auto t = transfers_.find(r.transfer);
-    if (t != transfers_.end() && t->second.busy == run_id) t->second.busy.clear();
+    if (t != transfers_.end() && t->second.busy == run_id) {
+      t->second.busy.clear();
+      t->second.preparing.clear();
+      t->second.lost_while_preparing.clear();
+    }
     runs_.erase(it);  // Nobody heard of it.
   }
   if (started) started(status, response);
