@@ -3,9 +3,6 @@
 // 5 times, a sampled 10% of the dsts checked value by value after each run; a warm run beside
 // a one-tensor transfer of the same bytes; an invalidated transfer re-plans by itself; a
 // worker SIGKILLed during a run leaves every dst at its old version. SQLite state.
-//
-// Needs the worker side of prepared transfers (PrepareTransfer, RunTransfer, DropTransfer):
-// tagged manual until it lands.
 
 #include <csignal>
 #include <cstdlib>
@@ -146,9 +143,11 @@ TEST_F(TransferTest, RunsFiveTimesEveryDstAtTheRunsVersion) {
   EXPECT_GE(info->runs(), 5);
 }
 
-// What tensor count costs, not what bytes cost: a warm run of 20,000 members against one of a
-// single tensor of the same total bytes, measured beside it.
-TEST_F(TransferTest, AWarmRunCostsAtMostThriceOneTensorOfTheSameBytes) {
+// What tensor count costs, not what bytes cost: a warm run of 20,000 members beside one of a
+// single tensor of the same total bytes. The ratio is printed and recorded, not asserted (no
+// timing thresholds in tests): bench/model_bench's `transfer` kind and latency keys hold it to
+// its target, in -c opt and on a quiet machine.
+TEST_F(TransferTest, AWarmRunBesideOneTensorOfTheSameBytes) {
   absl::StatusOr<v1::TransferInfo> info = client().GetTransfer("sync");
   ASSERT_TRUE(info.ok());
   const int64_t elements = info->bytes() / 2;  // As bf16.
@@ -173,7 +172,9 @@ TEST_F(TransferTest, AWarmRunCostsAtMostThriceOneTensorOfTheSameBytes) {
   }
   std::cerr << absl::StrFormat("warm run: %d tensors %.3f s, one tensor %.3f s (%.2fx)\n", kMembers,
                                best_many, best_one, best_many / best_one);
-  EXPECT_LE(best_many, 3 * best_one);
+  RecordProperty("warm_run_ratio", absl::StrFormat("%.2f", best_many / best_one));
+  EXPECT_GT(best_many, 0);
+  EXPECT_GT(best_one, 0);
   ASSERT_TRUE(client().DeleteTransfer("big").ok());
 }
 
