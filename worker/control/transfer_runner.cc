@@ -62,6 +62,8 @@ class TransferRunner::Resident {
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
   std::shared_ptr<const Fragment> fragment() const { return fragment_; }
+  // The fused exchange's schedule, kept across runs: Begin changes no member's transfers.
+  GroupScheduleCache* schedule_cache() { return &schedule_cache_; }
 
   // Holds the fragment for `request`'s run and makes it that run's: plan id, bucket, prefix,
   // step timeout, and every member's target version (attached dsts read in place at their
@@ -149,6 +151,7 @@ class TransferRunner::Resident {
   const std::shared_ptr<Fragment> fragment_;
   const int64_t prepared_timeout_ms_;
   std::vector<bool> attached_;  // Per member: its dst's lent buffer is written in place.
+  GroupScheduleCache schedule_cache_;
 
   absl::Mutex mu_;
   // Per member: its dst's version on this rank (the table's, then each committed run's).
@@ -364,6 +367,7 @@ void TransferRunner::Run(const v1::RunTransferWorkerRequest& request, RunDone do
     resident->Ended(run_id);
     done(std::move(answer));
   };
+  hooks.schedule_cache = resident->schedule_cache();
   hooks.on_finish = [this, resident, fragment, run_id](bool commit) {
     if (commit) {
       // The previous versions go (never the run's own: Begin refused a version in use).

@@ -102,8 +102,10 @@ absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
                                             std::vector<GroupMemberBuffers> buffers,
                                             CommunicatorCache* communicators, CancelToken* cancel,
                                             const ExecutorOptions& options,
-                                            ProgressCallback progress) {
+                                            ProgressCallback progress,
+                                            GroupScheduleCache* schedule_cache) {
   GroupExecuteInput in;
+  in.schedule_cache = schedule_cache;
   in.fragment = &f;
   in.buffers = std::move(buffers);
   in.communicators = communicators;
@@ -143,10 +145,11 @@ absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
 // The one strategy choice: `buffers` holds each member's, index for index.
 absl::StatusOr<RunOutcome> RunStrategy(const Fragment& f, std::vector<GroupMemberBuffers> buffers,
                                        CommunicatorCache* communicators, CancelToken* cancel,
-                                       const ExecutorOptions& options, ProgressCallback progress) {
+                                       const ExecutorOptions& options, ProgressCallback progress,
+                                       GroupScheduleCache* schedule_cache) {
   if (f.fused) {
     return RunFusedExchange(f, std::move(buffers), communicators, cancel, options,
-                            std::move(progress));
+                            std::move(progress), schedule_cache);
   }
   return RunSteps(f, buffers.at(0), communicators, cancel, options, std::move(progress));
 }
@@ -379,7 +382,8 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     std::vector<GroupMemberBuffers> buffers;
     buffers.reserve(run->parts.size());
     for (const RunPart& p : run->parts) buffers.push_back({p.source.get(), p.target.get()});
-    result = RunStrategy(f, std::move(buffers), communicators_, &run->cancel, options_, progress);
+    result = RunStrategy(f, std::move(buffers), communicators_, &run->cancel, options_, progress,
+                         run->hooks.schedule_cache);
   } else {
     result = prepared;
   }

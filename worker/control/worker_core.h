@@ -25,6 +25,7 @@
 #include "worker/memory/memory_budget.h"
 #include "worker/memory/memory_space.h"
 #include "worker/plans/executor.h"
+#include "worker/plans/fused_exchange.h"
 
 namespace shardcoord {
 
@@ -85,6 +86,9 @@ class WorkerCore {
     // When FinishPlan(plan id) ended the run, after an abort dropped the run's new buffers;
     // never after AbortAll.
     std::function<void(bool commit)> on_finish;
+    // Optional, for a fragment whose runs repeat unchanged: its fused exchange's schedule,
+    // cut by the first run and reused by the next (must outlive the run).
+    GroupScheduleCache* schedule_cache = nullptr;
   };
 
   // `log` (optional) receives one line per plan event (start, result with per-step timings,
