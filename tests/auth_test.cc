@@ -141,6 +141,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"ReportChunks", {"worker"}},
       {"AttachBuffer", {"worker"}},
       {"DetachBuffer", {"worker"}},
+      {"AttachBuffers", {"worker"}},
 
       {"LeaveWorker", {"worker"}},
   };
