@@ -3,7 +3,6 @@ in this process."""
 
 import math
 import os
-import re
 import random
 import threading
 import time
@@ -13,6 +12,7 @@ import grpc
 import numpy as np
 
 from . import _buffers, _progress
+from ._lending import human_bytes, local_tensors, member_of, nbytes_of, Silent
 from ._buffers import DTYPES, WIRE_NAMES
 from ._errors import Error
 from ._local import LocalConnection
@@ -206,60 +206,6 @@ def _rank_chunks(info, rank):
             return rc
     raise Error("INVALID_ARGUMENT", f"rank: tensor '{info.name}' has no chunks on rank {rank} "
                                     f"(its ranks: {sorted(r.rank for r in info.layout.ranks)})")
-
-
-_MEMBER = re.compile(r"^attachments\[(\d+)\]")
-
-
-def _member_of(message, items):
-    """The name of the attachment an attach_many error names ("attachments[i] ..."), else
-    None."""
-    m = _MEMBER.match(message)
-    if m and int(m.group(1)) < len(items):
-        return items[int(m.group(1))][0]
-    return None
-
-
-def _local_tensors(state_dict, what, writable):
-    """(name, local buffer) of every entry of a state dict (a mapping or (name, tensor)
-    pairs): a DTensor's local shard (to_local()), a torch tensor detached from autograd,
-    a NumPy array as is; with `writable`, read-only arrays are refused."""
-    items = list(state_dict.items()) if hasattr(state_dict, "items") else list(state_dict)
-    if not items:
-        raise ValueError(f"{what}: empty")
-    out = []
-    for i, (name, value) in enumerate(items):
-        if hasattr(value, "to_local") and hasattr(value, "placements"):
-            value = value.to_local()  # A DTensor: this rank's shard.
-        if hasattr(value, "detach") and not isinstance(value, np.ndarray):
-            value = value.detach()    # A Parameter: the same memory, without autograd.
-        if writable and isinstance(value, np.ndarray) and not value.flags.writeable:
-            raise Error("INVALID_ARGUMENT", f"attachments[{i}] '{name}': buffer: the NumPy "
-                                            "array is read-only; copies cannot write it",
-                        member=name)
-        out.append((name, value))
-    return out
-
-
-def _nbytes(buf):
-    if isinstance(buf, np.ndarray):
-        return buf.nbytes
-    return buf.numel() * buf.element_size()
-
-
-def _human(nbytes):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.1f} {unit}"
-    return f"{nbytes} B"
-
-
-class _Silent:
-    """A stream that is no terminal: Progress stays quiet."""
-
-    @staticmethod
-    def isatty():
-        return False
 
 
 class Client:
@@ -593,7 +539,7 @@ class Client:
         if not items:
             raise ValueError("buffers: empty")
         bar = _progress.Progress(f"{_verb} rank {rank}", len(items),
-                                 stream=None if progress else _Silent())
+                                 stream=None if progress else Silent())
         give_up = time.monotonic() + self.retry_for
         pause = 0.1
         while True:
@@ -608,8 +554,8 @@ class Client:
                     raise
             time.sleep(sleep)
             pause = min(pause * 2, 2.0)
-        nbytes = sum(_nbytes(buf) for _, buf in items)
-        bar.close(f"{len(items)} {bar.what} ({_human(nbytes)}) lent, "
+        nbytes = sum(nbytes_of(buf) for _, buf in items)
+        bar.close(f"{len(items)} {bar.what} ({human_bytes(nbytes)}) lent, "
                   f"{sum(readable.values())} tensors readable")
         return readable
 
@@ -655,7 +601,7 @@ class Client:
                 response = conn.request(request, fds=fds)
                 break
             except Error as e:
-                e.member = _member_of(e.message, items)
+                e.member = member_of(e.message, items)
                 if e.code != "UNAVAILABLE" or attempt == 1:
                     raise
                 # The worker went away (or restarted on the same socket): forget its
@@ -676,7 +622,7 @@ class Client:
         shard). A trainer lends its parameters once; every later copy or transfer reads them
         in place. Returns {name: readable}; Error with `.member` on a refusal (nothing is
         lent then)."""
-        return self.attach_many(rank, _local_tensors(state_dict, "state_dict", writable=False),
+        return self.attach_many(rank, local_tensors(state_dict, "state_dict", writable=False),
                                 progress=progress, _verb="lend")
 
     def receive(self, rank, state_dict, progress=True):
@@ -684,7 +630,7 @@ class Client:
         copies and transfers write in place (the engine reads its new weights where they
         are, no copy out): as lend, but every buffer must be writable (a read-only NumPy
         array is refused with INVALID_ARGUMENT naming it). Returns {name: readable}."""
-        return self.attach_many(rank, _local_tensors(state_dict, "state_dict", writable=True),
+        return self.attach_many(rank, local_tensors(state_dict, "state_dict", writable=True),
                                 progress=progress, _verb="receive")
 
     def detach(self, name, rank):
