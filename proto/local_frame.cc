@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,23 +33,26 @@ absl::StatusOr<std::optional<std::string>> LocalFrameReader::Next() {
   return payload;
 }
 
-absl::Status SendLocalFrame(int socket, absl::string_view payload, int fd) {
-  const std::string frame = EncodeLocalFrame(payload);
-  size_t sent = 0;
-  while (sent < frame.size()) {
-    iovec iov{const_cast<char*>(frame.data() + sent), frame.size() - sent};
+namespace {
+
+// Sends frame[from, to), `fds` as SCM_RIGHTS data of its first byte.
+absl::Status SendPiece(int socket, const std::string& frame, size_t from, size_t to,
+                       absl::Span<const int> fds) {
+  std::vector<char> control(fds.empty() ? 0 : CMSG_SPACE(sizeof(int) * fds.size()));
+  size_t sent = from;
+  while (sent < to) {
+    iovec iov{const_cast<char*>(frame.data() + sent), to - sent};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0 && sent == 0) {  // The descriptor travels with the first bytes.
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
+    if (!fds.empty() && sent == from) {  // The descriptors travel with the first byte.
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
       cmsghdr* c = CMSG_FIRSTHDR(&msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
     const ssize_t n = sendmsg(socket, &msg, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
@@ -58,6 +62,32 @@ absl::Status SendLocalFrame(int socket, absl::string_view payload, int fd) {
     sent += static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SendLocalFrame(int socket, absl::string_view payload, int fd) {
+  if (fd < 0) return SendLocalFrameFds(socket, payload, {});
+  return SendLocalFrameFds(socket, payload, absl::MakeConstSpan(&fd, 1));
+}
+
+absl::Status SendLocalFrameFds(int socket, absl::string_view payload, absl::Span<const int> fds) {
+  const std::string frame = EncodeLocalFrame(payload);
+  const size_t groups = (fds.size() + kMaxLocalFdsPerSend - 1) / kMaxLocalFdsPerSend;
+  if (groups > frame.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(fds.size(), " descriptors need ", groups,
+                                                   " sends, more than the frame's ", frame.size(),
+                                                   " bytes"));
+  }
+  for (size_t g = 0; g + 1 < groups; ++g) {
+    if (absl::Status s = SendPiece(socket, frame, g, g + 1,
+                                   fds.subspan(g * kMaxLocalFdsPerSend, kMaxLocalFdsPerSend));
+        !s.ok()) {
+      return s;
+    }
+  }
+  const size_t last = groups == 0 ? 0 : groups - 1;
+  return SendPiece(socket, frame, last, frame.size(), fds.subspan(last * kMaxLocalFdsPerSend));
 }
 
 absl::StatusOr<std::string> ReceiveLocalFrame(int socket, LocalFrameReader& reader) {

@@ -10,6 +10,8 @@ namespace shardcoord {
 inline constexpr int kMaxDims = 16;
 // Ranges of one rank in a flat spec.
 inline constexpr int kMaxFlatRangesPerRank = 4096;
+// Buffers one request lends a worker (LocalAttachManyRequest, AttachBuffersRequest).
+inline constexpr int kMaxAttachmentsPerRequest = 100000;
 
 }  // namespace shardcoord
 

@@ -141,6 +141,7 @@ const std::map<std::string, std::set<std::string>>& Policy() {
       {"ReportChunks", {"worker"}},
       {"AttachBuffer", {"worker"}},
       {"DetachBuffer", {"worker"}},
+      {"AttachBuffers", {"worker"}},
 
       {"LeaveWorker", {"worker"}},
   };
@@ -438,6 +439,17 @@ TEST_P(AuthTest, WorkerFacingRpcs) {
   v1::DetachBufferResponse detach_resp;
   s = FromGrpcStatus(workers_stub_->DetachBuffer(Ctx().get(), detach, &detach_resp));
   if (Check("DetachBuffer", s, /*want_ok=*/false)) EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+
+  v1::AttachBuffersRequest attach_many;
+  attach_many.set_worker("nobody");
+  v1::LentBuffer* lent = attach_many.add_buffers();
+  lent->set_tensor("t");
+  lent->set_dtype(v1::F32);
+  v1::AttachBuffersResponse attach_many_resp;
+  s = FromGrpcStatus(workers_stub_->AttachBuffers(Ctx().get(), attach_many, &attach_many_resp));
+  if (Check("AttachBuffers", s, /*want_ok=*/false)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
 
   // An unknown worker cannot leave (NOT_FOUND) once the token lets the call through.
   v1::LeaveWorkerRequest leave;

@@ -2,11 +2,17 @@
 and the old `shardcoord_client` module over it. Argument: tools/dev_certs.sh (certificates for
 the TLS tests are made in $TEST_TMPDIR)."""
 
+import array
 import concurrent.futures
+import io
 import os
+import shutil
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 import grpc
@@ -24,17 +30,19 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
         self.abort = False
         self.required_token = None
         self.unavailable_mesh_creates = 0
+        self.sockets = {0: "/nonexistent/w0.sock", 1: "/nonexistent/w1.sock"}
 
     def ListWorkers(self, request, context):
         self.requests["metadata"] = dict(context.invocation_metadata())
+        self.requests["list_workers"] = self.requests.get("list_workers", 0) + 1
         if self.required_token and self.requests["metadata"].get("authorization") != \
                 f"Bearer {self.required_token}":
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
         return pb.ListWorkersResponse(workers=[
             pb.WorkerInfo(name="w0", rank=0, state=pb.ALIVE, device="cpu",
-                          local_socket="/nonexistent/w0.sock"),
+                          local_socket=self.sockets[0]),
             pb.WorkerInfo(name="w1", rank=1, state=pb.ALIVE, device="cuda:0",
-                          local_socket="/nonexistent/w1.sock")])
+                          local_socket=self.sockets[1])])
 
     def CreateMesh(self, request, context):
         self.requests.setdefault("create_mesh", []).append(request)
@@ -308,8 +316,6 @@ class ClientTest(unittest.TestCase):
     def test_attach_refuses_a_wrong_buffer_before_it_reaches_a_worker(self):
         # The workers' sockets do not exist: a refusal that reached one would be UNAVAILABLE.
         cases = {
-            "size": np.zeros((3, 3), np.float32),
-            "dtype": np.zeros((3, 4), np.float64),
             "non-contiguous": np.zeros((4, 3), np.float32).T,
             "type": [0.0] * 12,
         }
@@ -318,6 +324,12 @@ class ClientTest(unittest.TestCase):
                 with self.assertRaises(sc.Error) as e:
                     self.client.attach("lent", 0, buf)
                 self.assertEqual(e.exception.code, "INVALID_ARGUMENT", e.exception.message)
+                self.assertEqual(e.exception.member, "lent")
+        # Size and dtype are the worker's to check against the layout (bulk attach looks no
+        # tensor up): they reach the socket.
+        with self.assertRaises(sc.Error) as e:
+            self.client.attach("lent", 0, np.zeros((3, 3), np.float64))
+        self.assertEqual(e.exception.code, "UNAVAILABLE")
         with self.assertRaises(sc.Error) as e:  # Rank 1's worker keeps its buffers on a GPU.
             self.client.attach("lent", 1, np.zeros((3, 4), np.float32))
         self.assertEqual(e.exception.code, "INVALID_ARGUMENT")
@@ -454,6 +466,147 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(messages[0].data, b"")
         self.assertTrue(all(len(m.data) <= 1 << 20 for m in messages[1:]))
         self.assertEqual(b"".join(m.data for m in messages[1:]), a.tobytes())
+
+
+class FakeWorkerSocket:
+    """A worker's local socket that records each LocalRequest with the descriptors that came
+    with it (gathered over as many recvmsg calls as the frame takes) and answers `answer`."""
+
+    def __init__(self, path, answer):
+        self.path = path
+        self.answer = answer  # LocalRequest -> LocalResponse
+        self.requests = []    # (LocalRequest, [os.fstat of each descriptor])
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(1)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        conn, _ = self._listener.accept()
+        with conn:
+            data, fds = b"", []
+            while True:
+                chunk, ancillary, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 253))
+                if not chunk:
+                    return
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds += array.array("i", payload[:len(payload) - len(payload) % 4])
+                data += chunk
+                if len(data) < 4 or len(data) < 4 + struct.unpack("<I", data[:4])[0]:
+                    continue
+                n = struct.unpack("<I", data[:4])[0]
+                request = pb.LocalRequest.FromString(data[4:4 + n])
+                data = data[4 + n:]
+                self.requests.append((request, [os.fstat(fd) for fd in fds]))
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+                reply = self.answer(request).SerializeToString()
+                conn.sendall(struct.pack("<I", len(reply)) + reply)
+
+    def close(self):
+        self._listener.close()
+
+
+class AttachManyTest(unittest.TestCase):
+    """attach_many / lend / receive against a scripted coordinator and worker socket: one
+    local request for every buffer, no tensor looked up, one ListWorkers per client."""
+
+    def setUp(self):
+        self.fake = FakeCoordinator()
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+        pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.dir = tempfile.mkdtemp(prefix="sc-", dir="/tmp")
+        self.fake.sockets[0] = os.path.join(self.dir, "w0.sock")
+        self.refuse = None
+
+        def answer(request):
+            if self.refuse:
+                return pb.LocalResponse(code=3, message=self.refuse)  # INVALID_ARGUMENT
+            many = request.attach_many
+            return pb.LocalResponse(attach_many=pb.LocalAttachManyResponse(attachments=[
+                pb.LocalAttachResponse(worker="w0", memory="x", readable=i % 2 == 0)
+                for i in range(len(many.attachments))]))
+
+        self.worker = FakeWorkerSocket(self.fake.sockets[0], answer)
+        self.client = sc.Client(f"127.0.0.1:{port}", timeout=30)
+
+    def tearDown(self):
+        self.client.close()
+        self.worker.close()
+        self.server.stop(None)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_one_request_carries_every_buffer_and_no_tensor_is_looked_up(self):
+        from shardcoord._buffers import alloc_shared  # pylint: disable=import-outside-toplevel
+        shared = alloc_shared(4 * 300, "f32", (300,), "numpy")  # One memfd, three buffers in it.
+        other = alloc_shared(64, "f32", (16,), "numpy")
+        state = {"a": np.zeros(5, np.float32), "b": shared[:100], "c": shared[100:250],
+                 "d": np.zeros(0, np.int64), "e": other, "f": shared[250:],
+                 "g": np.zeros(3, np.uint16)}  # bf16 bits.
+        got = self.client.lend(0, state)
+        self.assertEqual(got, {n: i % 2 == 0 for i, n in enumerate(state)})
+        self.assertEqual(len(self.worker.requests), 1)
+        request, fds = self.worker.requests[0]
+        many = request.attach_many.attachments
+        self.assertEqual([a.tensor for a in many], list(state))
+        self.assertTrue(all(a.rank == 0 and a.version == 0 and not a.HasField("chunks")
+                            for a in many))
+        self.assertEqual([a.bytes for a in many], [20, 400, 600, 0, 64, 200, 6])
+        self.assertEqual([a.WhichOneof("memory") for a in many],
+                         ["process", "shared", "shared", "process", "shared", "shared",
+                          "process"])
+        self.assertEqual([a.dtype for a in many],
+                         [pb.F32, pb.F32, pb.F32, pb.I64, pb.F32, pb.F32, pb.BF16])
+        # Two descriptors: the three slices of one memfd share the first, at their offsets.
+        self.assertEqual(len(fds), 2)
+        self.assertEqual([(many[i].shared.fd_index, many[i].shared.offset) for i in (1, 2, 5)],
+                         [(0, 0), (0, 400), (0, 1000)])
+        self.assertEqual(many[4].shared.fd_index, 1)
+        self.assertNotEqual(fds[0].st_ino, fds[1].st_ino)
+        # One ListWorkers for the client, no GetTensor: a second call lists nothing.
+        self.assertEqual(self.client.attach("h", 0, np.zeros(2, np.float32)), True)
+        self.assertEqual(self.fake.requests["list_workers"], 1)
+        self.assertEqual(len(self.worker.requests), 2)
+
+    def test_a_refusal_names_the_member_and_receive_wants_writable_buffers(self):
+        self.refuse = "attachments[1] 'b': bytes: the buffer has 8 bytes but rank 0's chunks ..."
+        with self.assertRaises(sc.Error) as e:
+            self.client.attach_many(0, [("a", np.zeros(2, np.float32)),
+                                        ("b", np.zeros(2, np.float32))])
+        self.assertEqual((e.exception.code, e.exception.member), ("INVALID_ARGUMENT", "b"))
+        frozen = np.zeros(2, np.float32)
+        frozen.flags.writeable = False
+        with self.assertRaises(sc.Error) as e:
+            self.client.receive(0, {"a": np.zeros(2, np.float32), "b": frozen})
+        self.assertEqual(e.exception.member, "b")
+        self.assertEqual(len(self.worker.requests), 1)  # Refused before it was sent.
+        with self.assertRaises(sc.Error) as e:  # Rank 1's worker keeps its buffers on a GPU.
+            self.client.lend(1, {"a": np.zeros(2, np.float32)})
+        self.assertEqual((e.exception.code, e.exception.member), ("INVALID_ARGUMENT", "a"))
+        with self.assertRaises(ValueError):
+            self.client.lend(0, {})
+
+    def test_progress_is_text_on_a_terminal_and_silent_otherwise(self):
+        from shardcoord import _progress  # pylint: disable=import-outside-toplevel
+
+        class Terminal(io.StringIO):
+            def isatty(self):
+                return True
+
+        tty, pipe = Terminal(), io.StringIO()
+        for stream in (tty, pipe):
+            bar = _progress.Progress("lend rank 0", 3, stream=stream)
+            for i in range(1, 4):
+                bar.update(i, "described")
+            bar.close("3 buffers lent")
+        self.assertIn("3/3 buffers described", tty.getvalue())
+        self.assertIn("lend rank 0: 3 buffers lent in ", tty.getvalue())
+        self.assertEqual(pipe.getvalue(), "")
 
 
 class OldModuleTest(unittest.TestCase):

@@ -1,5 +1,6 @@
 #include "coordinator/cluster/attach_manager.h"
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardcoord {
@@ -19,6 +20,24 @@ absl::StatusOr<bool> AttachManager::Attach(const AttachArgs& args) {
   return LostChunks(*t, [this](int64_t rank,
                                int64_t incarnation) { return workers_->IsLive(rank, incarnation); })
       .empty();
+}
+
+absl::StatusOr<std::vector<TensorManager::Attached>> AttachManager::AttachMany(
+    const AttachManyArgs& args) {
+  if (absl::Status s = workers_->CheckCurrent(args.worker, args.incarnation); !s.ok()) return s;
+  absl::StatusOr<WorkerRecord> w = workers_->Get(args.worker);
+  if (!w.ok()) return w.status();
+  if (w->rank != args.rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
+                     "; attach through the local socket of rank ", args.rank, "'s worker"));
+  }
+  // Who is alive now, for each tensor's `readable` (no call under the tensors' lock).
+  absl::flat_hash_map<int64_t, int64_t> live;
+  for (const WorkerRecord& r : workers_->List()) {
+    if (r.alive) live[r.rank] = r.incarnation;
+  }
+  return tensors_->AttachMany(args.rank, args.incarnation, args.buffers, args.validate_only, live);
 }
 
 absl::Status AttachManager::Detach(const std::string& worker, int64_t incarnation,

@@ -29,6 +29,17 @@ struct AttachArgs {
   int64_t pid = 0;
 };
 
+// Buffers a user process lent a worker in one request (CoordinatorWorkers.AttachBuffers):
+// every buffer is the worker's rank's.
+struct AttachManyArgs {
+  std::string worker;
+  int64_t incarnation = 0;
+  int64_t rank = 0;
+  int64_t pid = 0;
+  std::vector<TensorManager::AttachItem> buffers;
+  bool validate_only = false;
+};
+
 // The coordinator's side of attached tensors: which rank's chunks live in a user process's
 // memory now. A worker reports each buffer lent to it (Attach) and each one that went away
 // (Detach: the process detached, exited or died); a detached rank's chunks are lost as a
@@ -45,6 +56,11 @@ class AttachManager {
   // attached, or the rank is attached already; INVALID_ARGUMENT dtype or chunks other than
   // the rank's.
   absl::StatusOr<bool> Attach(const AttachArgs& args);
+  // Attach for every buffer, all or nothing, in one store batch (TensorManager::AttachMany;
+  // `validate_only`: checked, nothing changes). Answers each buffer's version, chunks and
+  // whether its tensor is readable now, in order. Attach's errors, the first member's
+  // starting with "buffers[i] 'NAME': ".
+  absl::StatusOr<std::vector<TensorManager::Attached>> AttachMany(const AttachManyArgs& args);
   // NOT_FOUND worker; ABORTED stale incarnation. OK (nothing changes) when the rank was not
   // attached by that incarnation.
   absl::Status Detach(const std::string& worker, int64_t incarnation, const std::string& tensor,

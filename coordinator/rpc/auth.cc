@@ -102,6 +102,7 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.CoordinatorWorkers/ReportChunks", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/AttachBuffer", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/DetachBuffer", Roles(kWorkerOnly)},
+      {"/shardcoord.v1.CoordinatorWorkers/AttachBuffers", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/LeaveWorker", Roles(kWorkerOnly)},
   };
   return *table;

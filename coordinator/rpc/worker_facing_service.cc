@@ -11,6 +11,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_credentials.h"
 #include "proto/grpc_status.h"
+#include "sharding/limits.h"
 #include "sharding/names.h"
 #include "spdlog/spdlog.h"
 
@@ -229,6 +230,58 @@ grpc::ServerUnaryReactor* WorkerFacingService::DetachBuffer(grpc::CallbackServer
                  req->reason());
   }
   return Done(ctx, s);
+}
+
+grpc::ServerUnaryReactor* WorkerFacingService::AttachBuffers(grpc::CallbackServerContext* ctx,
+                                                             const v1::AttachBuffersRequest* req,
+                                                             v1::AttachBuffersResponse* resp) {
+  if (absl::Status a = Authorize(ctx, "AttachBuffers"); !a.ok()) return Done(ctx, a);
+  if (absl::Status n = CheckWorkerName(ctx, req->worker()); !n.ok()) return Done(ctx, n);
+  if (req->buffers_size() > kMaxAttachmentsPerRequest) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("buffers: ", req->buffers_size(), " given; at most ",
+                                      kMaxAttachmentsPerRequest, " in one request")));
+  }
+  AttachManyArgs args;
+  args.worker = req->worker();
+  args.incarnation = req->incarnation();
+  args.rank = req->rank();
+  args.pid = req->pid();
+  args.validate_only = req->validate_only();
+  args.buffers.reserve(req->buffers_size());
+  for (int i = 0; i < req->buffers_size(); ++i) {
+    const v1::LentBuffer& in = req->buffers(i);
+    TensorManager::AttachItem& item = args.buffers.emplace_back();
+    item.name = in.tensor();
+    item.version = in.version();
+    item.bytes = in.bytes();
+    absl::StatusOr<DType> dtype =
+        DTypeFromProto(in.dtype(), absl::StrCat("buffers[", i, "].dtype"));
+    if (!dtype.ok()) return Done(ctx, dtype.status());
+    item.dtype = *dtype;
+    if (in.has_chunks()) {
+      absl::StatusOr<RankChunks> chunks =
+          RankChunksFromProto(in.chunks(), absl::StrCat("buffers[", i, "].chunks"));
+      if (!chunks.ok()) return Done(ctx, chunks.status());
+      item.chunks = *std::move(chunks);
+    }
+  }
+  absl::StatusOr<std::vector<TensorManager::Attached>> attached = attach_->AttachMany(args);
+  if (!attached.ok()) return Done(ctx, attached.status());
+  resp->mutable_buffers()->Reserve(static_cast<int>(attached->size()));
+  int64_t readable = 0;
+  for (const TensorManager::Attached& a : *attached) {
+    v1::AttachedBuffer* out = resp->add_buffers();
+    out->set_version(a.version);
+    *out->mutable_chunks() = RankChunksToProto(a.chunks);
+    out->set_readable(a.readable);
+    readable += a.readable ? 1 : 0;
+  }
+  if (!args.validate_only) {
+    spdlog::info("{} attached rank {} of {} tensors ({} readable now) for process {}", args.worker,
+                 args.rank, attached->size(), readable, args.pid);
+  }
+  return Done(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* WorkerFacingService::LeaveWorker(grpc::CallbackServerContext* ctx,

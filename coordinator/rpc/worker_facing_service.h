@@ -62,6 +62,9 @@ class WorkerFacingService final : public v1::CoordinatorWorkers::CallbackService
   grpc::ServerUnaryReactor* DetachBuffer(grpc::CallbackServerContext* ctx,
                                          const v1::DetachBufferRequest* req,
                                          v1::DetachBufferResponse* resp) override;
+  grpc::ServerUnaryReactor* AttachBuffers(grpc::CallbackServerContext* ctx,
+                                          const v1::AttachBuffersRequest* req,
+                                          v1::AttachBuffersResponse* resp) override;
 
   // Finishes once the worker is gone (WorkerDrain); never blocks a thread.
   grpc::ServerUnaryReactor* LeaveWorker(grpc::CallbackServerContext* ctx,

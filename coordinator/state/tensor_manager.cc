@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "coordinator/state/tensor_manager_internal.h"
 #include "proto/shardcoord.pb.h"
+#include "sharding/limits.h"
 
 namespace shardcoord {
 namespace internal_tensor_manager {
@@ -622,16 +623,12 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
   return absl::NotFoundError(absl::StrCat("rank ", rank, " holds nothing of '", name, "'"));
 }
 
-absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64_t rank,
-                                                   int64_t incarnation, int64_t version,
-                                                   DType dtype, const RankChunks& chunks) {
-  absl::MutexLock lock(&mu_);
-  auto it = tensors_.find(name);
-  if (it == tensors_.end() || !it->second.ready) {
-    return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
-  }
-  FoldLocked(it->second);
-  const TensorRecord& cur = it->second;
+absl::StatusOr<size_t> TensorManager::CheckAttachLocked(const TensorRecord& cur, int64_t rank,
+                                                        int64_t incarnation,
+                                                        std::optional<int64_t> version,
+                                                        DType dtype, const RankChunks* chunks,
+                                                        std::optional<int64_t> bytes) const {
+  const std::string& name = cur.name;
   if (cur.recovering) return RecoveringError(cur);
   if (!cur.attached) {
     return absl::FailedPreconditionError(
@@ -642,9 +639,9 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
   if (std::string busy = BusyWithLocked(cur); !busy.empty()) {
     return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
   }
-  if (version != cur.version) {
+  if (version.has_value() && *version != cur.version) {
     return absl::AbortedError(absl::StrCat("version: tensor '", name, "' is at version ",
-                                           cur.version, ", not ", version, "; look it up again"));
+                                           cur.version, ", not ", *version, "; look it up again"));
   }
   if (dtype != cur.dtype) {
     return absl::InvalidArgumentError(absl::StrCat("dtype: the buffer holds ", DTypeName(dtype),
@@ -661,11 +658,18 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
         absl::StrCat("rank: tensor '", name, "' has no chunks on rank ", rank));
   }
   const RankChunks& want = ranks[index];
-  if (chunks.chunks != want.chunks || chunks.local_elements != want.local_elements) {
+  if (chunks != nullptr &&
+      (chunks->chunks != want.chunks || chunks->local_elements != want.local_elements)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunks: rank ", rank, " of tensor '", name, "' holds ", want.chunks.size(), " chunks in ",
-        want.local_elements, " elements, not the ", chunks.chunks.size(), " chunks in ",
-        chunks.local_elements, " elements given (look the tensor up again)"));
+        want.local_elements, " elements, not the ", chunks->chunks.size(), " chunks in ",
+        chunks->local_elements, " elements given (look the tensor up again)"));
+  }
+  if (bytes.has_value() && *bytes != want.local_elements * ElementSize(cur.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes: the buffer has ", *bytes, " bytes but rank ", rank, "'s chunks of '",
+                     name, "' take ", want.local_elements * ElementSize(cur.dtype), " (",
+                     want.local_elements, " ", DTypeName(cur.dtype), " elements)"));
   }
   // A holder of an older incarnation of the worker is gone (the worker registered again).
   auto holder = cur.incarnations.find(rank);
@@ -674,15 +678,102 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of tensor '", name,
                                                       "' is attached already (detach it first)"));
   }
+  return index;
+}
+
+TensorRecord TensorManager::WithAttached(const TensorRecord& cur, int64_t rank, int64_t incarnation,
+                                         size_t index) {
   TensorRecord next = cur;
   next.unattached.erase(rank);
   next.incarnations[rank] = incarnation;
-  if (next.checksums.size() != ranks.size()) next.checksums.resize(ranks.size());
+  const size_t ranks = cur.layout.ranks().size();
+  if (next.checksums.size() != ranks) next.checksums.resize(ranks);
   // The user process owns the bytes and changes them at will: no checksum is known.
-  next.checksums[index].assign(want.chunks.size(), 0);
+  next.checksums[index].assign(cur.layout.ranks()[index].chunks.size(), 0);
+  return next;
+}
+
+absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64_t rank,
+                                                   int64_t incarnation, int64_t version,
+                                                   DType dtype, const RankChunks& chunks) {
+  absl::MutexLock lock(&mu_);
+  auto it = tensors_.find(name);
+  if (it == tensors_.end() || !it->second.ready) {
+    return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+  }
+  FoldLocked(it->second);
+  absl::StatusOr<size_t> index =
+      CheckAttachLocked(it->second, rank, incarnation, version, dtype, &chunks, std::nullopt);
+  if (!index.ok()) return index.status();
+  TensorRecord next = WithAttached(it->second, rank, incarnation, *index);
   if (absl::Status s = Persist(next); !s.ok()) return s;
   PutLocked(next, absl::StrCat("had rank ", rank, "'s buffer attached"));
   return next;
+}
+
+absl::StatusOr<std::vector<TensorManager::Attached>> TensorManager::AttachMany(
+    int64_t rank, int64_t incarnation, const std::vector<AttachItem>& items, bool validate_only,
+    const absl::flat_hash_map<int64_t, int64_t>& live) {
+  if (items.empty()) return absl::InvalidArgumentError("buffers: none given");
+  if (items.size() > static_cast<size_t>(kMaxAttachmentsPerRequest)) {
+    return absl::InvalidArgumentError(absl::StrCat("buffers: ", items.size(), " given; at most ",
+                                                   kMaxAttachmentsPerRequest, " in one request"));
+  }
+  auto member = [&items](size_t i, const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("buffers[", i, "] '", items[i].name, "': ", s.message()));
+  };
+  std::vector<Attached> out(items.size());
+  absl::MutexLock lock(&mu_);
+  // Checked first, all of them: nothing changes before every member passed.
+  std::vector<const TensorRecord*> current(items.size());
+  std::vector<size_t> indexes(items.size());
+  absl::flat_hash_map<absl::string_view, size_t> seen;
+  seen.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const AttachItem& item = items[i];
+    if (item.name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("buffers[", i, "]: tensor: empty"));
+    }
+    if (auto [at, fresh] = seen.emplace(item.name, i); !fresh) {
+      return member(
+          i, absl::InvalidArgumentError(absl::StrCat("tensor: also buffers[", at->second, "]")));
+    }
+    auto it = tensors_.find(item.name);
+    if (it == tensors_.end() || !it->second.ready || !it->second.owner.empty()) {
+      return member(i, absl::NotFoundError(absl::StrCat("unknown tensor '", item.name, "'")));
+    }
+    FoldLocked(it->second);
+    absl::StatusOr<size_t> index =
+        CheckAttachLocked(it->second, rank, incarnation,
+                    item.version == 0 ? std::nullopt : std::optional<int64_t>(item.version),
+                    item.dtype, item.chunks.has_value() ? &*item.chunks : nullptr, item.bytes);
+    if (!index.ok()) return member(i, index.status());
+    current[i] = &it->second;
+    indexes[i] = *index;
+    out[i].version = it->second.version;
+    out[i].chunks = it->second.layout.ranks()[*index];
+  }
+  if (validate_only) return out;
+  std::vector<TensorRecord> next;
+  next.reserve(items.size());
+  StateBatch batch;
+  for (size_t i = 0; i < items.size(); ++i) {
+    next.push_back(WithAttached(*current[i], rank, incarnation, indexes[i]));
+    if (store_ != nullptr) batch.Put(kTensorKind, next.back().name, SerializeTensor(next.back()));
+  }
+  if (store_ != nullptr) {
+    if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
+  }
+  const LivenessFn alive = [&live](int64_t r, int64_t inc) {
+    auto it = live.find(r);
+    return it != live.end() && it->second == inc;
+  };
+  for (size_t i = 0; i < items.size(); ++i) {
+    out[i].readable = LostChunks(next[i], alive).empty();
+    PutLocked(std::move(next[i]), absl::StrCat("had rank ", rank, "'s buffer attached"));
+  }
+  return out;
 }
 
 absl::StatusOr<bool> TensorManager::Detach(absl::string_view name, int64_t rank,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -232,6 +233,30 @@ class TensorManager {
   // `chunks` other than the rank's (naming both); UNAVAILABLE recovering or the store.
   absl::StatusOr<TensorRecord> Attach(absl::string_view name, int64_t rank, int64_t incarnation,
                                       int64_t version, DType dtype, const RankChunks& chunks);
+  // One buffer of AttachMany.
+  struct AttachItem {
+    std::string name;
+    int64_t version = 0;  // The committed version the user saw; 0: whatever is committed.
+    DType dtype = DType::kF32;
+    std::optional<RankChunks> chunks;  // Absent: the rank's chunks, whatever they are.
+    int64_t bytes = 0;                 // Must be the rank's local_elements x element size.
+  };
+  // What AttachMany answers for one buffer.
+  struct Attached {
+    int64_t version = 0;
+    RankChunks chunks;      // The rank's chunks of the tensor's layout.
+    bool readable = false;  // No chunk is lost now (false with validate_only).
+  };
+  // Attach for every item (`rank`'s buffers lent to holder `incarnation`), all or nothing in
+  // one lock scope and one store batch; each item is also checked against `bytes`. With
+  // `validate_only` nothing changes. `live` maps each live rank to its incarnation (a
+  // snapshot of the workers, for `readable`). Answers in item order. The first refusal has
+  // Attach's code and a message starting with "buffers[i] 'NAME': "; INVALID_ARGUMENT no
+  // items or more than kMaxAttachmentsPerRequest, an empty name, a name twice, or bytes
+  // other than the rank's. Nothing changed on error.
+  absl::StatusOr<std::vector<Attached>> AttachMany(
+      int64_t rank, int64_t incarnation, const std::vector<AttachItem>& items, bool validate_only,
+      const absl::flat_hash_map<int64_t, int64_t>& live);
   // The buffer lent for `rank` by holder `incarnation` is gone: the rank becomes unattached.
   // Returns true when it changed something (false: not attached by that incarnation, or
   // no such tensor: nothing to do). The store's error when it could not be stored.
@@ -324,6 +349,16 @@ class TensorManager {
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> RecountLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status RecoveringError(const TensorRecord& t);
+  // Attach's checks of one buffer for `rank` against `cur` (`version` absent: any; `bytes`
+  // absent: not checked); the index of `rank` among its layout's ranks.
+  absl::StatusOr<size_t> CheckAttachLocked(const TensorRecord& cur, int64_t rank,
+                                           int64_t incarnation, std::optional<int64_t> version,
+                                           DType dtype, const RankChunks* chunks,
+                                           std::optional<int64_t> bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `cur` with `rank` attached by `incarnation` (its chunks at `index`).
+  static TensorRecord WithAttached(const TensorRecord& cur, int64_t rank, int64_t incarnation,
+                                   size_t index);
 
   // A prepared transfer's hold on its members (tensor_manager_transfers.cc).
   struct Binding {

@@ -9,6 +9,7 @@
 #include "coordinator/store/sqlite_state_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
 namespace {
@@ -463,6 +464,139 @@ TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
     EXPECT_EQ(t->version, new_version) << name;
     EXPECT_NE(t->version, old_version);
     EXPECT_TRUE(t->busy_plan.empty());
+  }
+}
+
+// AttachMany (a process lending a whole state dict through its worker): every member checked
+// before anything changes, the first refusal naming it, nothing changed after any error
+// (the store's too), one store batch for all, and the layouts answered to the worker.
+TEST(TensorManagerAttachManyTest, AllOrNothingInOneStoreBatch) {
+  FailingStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w0", "h", "cpu", "a", "gloo"}).ok());
+  ASSERT_TRUE(workers.Register(WorkerSpec{"w1", "h", "cpu", "b", "gloo"}).ok());
+  ASSERT_TRUE(meshes.Create("N", {2}, {}, {}).ok());
+  TensorManager tensors(&meshes, &store);
+  // Attached 8x4 f32 tensors, S(0) over two ranks (rows 0:4 and 4:8, 16 elements each),
+  // and one the workers own.
+  for (const char* name : {"A", "B", "C", "own"}) {
+    TensorRecord t;
+    t.name = name;
+    t.shape = {8, 4};
+    t.mesh = "N";
+    t.spec = "S(0)";
+    t.layout = *Layout::FromPlacements(meshes.Get("N")->mesh, t.shape, {Placement::Shard(0)});
+    t.version = tensors.NewVersion();
+    t.attached = std::string(name) != "own";
+    if (t.attached) t.unattached = {0, 1};
+    ASSERT_TRUE(tensors.Reserve(t, "c").ok());
+    ASSERT_TRUE(tensors.FinishCreate(name, "c", {{0}, {0}}, {}).ok());
+  }
+  const int64_t inc0 = workers.GetByRank(0)->incarnation;
+  const int64_t inc1 = workers.GetByRank(1)->incarnation;
+  const absl::flat_hash_map<int64_t, int64_t> live = {{0, inc0}, {1, inc1}};
+  const RankChunks rank0 = *tensors.Get("B")->layout.Find(0);
+  auto item = [](const std::string& name, int64_t bytes = 64) {
+    TensorManager::AttachItem i;
+    i.name = name;
+    i.bytes = bytes;
+    return i;
+  };
+  // A without a version or chunks (whatever is committed), B with both, C by name.
+  TensorManager::AttachItem b = item("B");
+  b.version = tensors.Get("B")->version;
+  b.chunks = rank0;
+  const std::vector<TensorManager::AttachItem> good = {item("A"), b, item("C")};
+  auto unchanged = [&](const std::string& why) {
+    SCOPED_TRACE(why);
+    for (const char* name : {"A", "B", "C"}) {
+      EXPECT_THAT(tensors.Get(name)->unattached, ElementsAre(0, 1)) << name;
+    }
+  };
+  auto refused = [&](std::vector<TensorManager::AttachItem> items, absl::StatusCode code,
+                     const std::string& starts) {
+    SCOPED_TRACE(starts);
+    const int64_t applies = store.applies();
+    std::vector<std::set<int64_t>> before;
+    for (const char* name : {"A", "B", "C"}) before.push_back(tensors.Get(name)->unattached);
+    absl::StatusOr<std::vector<TensorManager::Attached>> got =
+        tensors.AttachMany(0, inc0, items, /*validate_only=*/false, live);
+    EXPECT_EQ(got.status().code(), code) << got.status();
+    EXPECT_THAT(std::string(got.status().message()), ::testing::StartsWith(starts));
+    EXPECT_EQ(store.applies(), applies);
+    std::vector<std::set<int64_t>> after;
+    for (const char* name : {"A", "B", "C"}) after.push_back(tensors.Get(name)->unattached);
+    EXPECT_EQ(after, before);
+  };
+  std::vector<TensorManager::AttachItem> bad = good;
+  bad[2].bytes = 60;
+  refused(bad, absl::StatusCode::kInvalidArgument, "buffers[2] 'C': bytes: the buffer has 60");
+  bad = good;
+  bad[1].dtype = DType::kF16;
+  refused(bad, absl::StatusCode::kInvalidArgument, "buffers[1] 'B': dtype: the buffer holds f16");
+  bad = good;
+  bad[1].chunks->local_elements = 15;
+  refused(bad, absl::StatusCode::kInvalidArgument, "buffers[1] 'B': chunks: rank 0");
+  bad = good;
+  bad[1].version += 100;
+  refused(bad, absl::StatusCode::kAborted, "buffers[1] 'B': version");
+  bad = good;
+  bad.push_back(item("A"));
+  refused(bad, absl::StatusCode::kInvalidArgument, "buffers[3] 'A': tensor: also buffers[0]");
+  refused({item("A"), item("nope")}, absl::StatusCode::kNotFound, "buffers[1] 'nope': unknown");
+  refused({item("own")}, absl::StatusCode::kFailedPrecondition, "buffers[0] 'own': tensor 'own'");
+  refused({item("A"), item("")}, absl::StatusCode::kInvalidArgument, "buffers[1]: tensor: empty");
+  refused({}, absl::StatusCode::kInvalidArgument, "buffers: none given");
+  store.fail_ = true;
+  refused(good, absl::StatusCode::kUnavailable, "disk full");
+  store.fail_ = false;
+
+  // Validation answers every member's version and the rank's chunks, changing nothing.
+  int64_t applies = store.applies();
+  absl::StatusOr<std::vector<TensorManager::Attached>> checked =
+      tensors.AttachMany(0, inc0, good, /*validate_only=*/true, live);
+  ASSERT_TRUE(checked.ok()) << checked.status();
+  ASSERT_EQ(checked->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*checked)[i].version, tensors.Get(good[i].name)->version);
+    EXPECT_EQ((*checked)[i].chunks.chunks, rank0.chunks);
+    EXPECT_EQ((*checked)[i].chunks.local_elements, 16);
+    EXPECT_FALSE((*checked)[i].readable);
+  }
+  EXPECT_EQ(store.applies(), applies);
+  unchanged("validate_only");
+
+  // Attached: all three in one batch; readable once rank 1 is attached too (and alive).
+  absl::StatusOr<std::vector<TensorManager::Attached>> done =
+      tensors.AttachMany(0, inc0, good, /*validate_only=*/false, live);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(store.applies(), applies + 1);
+  for (const TensorManager::Attached& a : *done) EXPECT_FALSE(a.readable);
+  for (const char* name : {"A", "B", "C"}) {
+    EXPECT_THAT(tensors.Get(name)->unattached, ElementsAre(1)) << name;
+    EXPECT_EQ(tensors.Get(name)->incarnations.at(0), inc0);
+  }
+  refused({item("A")}, absl::StatusCode::kFailedPrecondition, "buffers[0] 'A': rank 0 of");
+  done = tensors.AttachMany(1, inc1, {item("A"), item("B")}, false, {{0, inc0}});  // 1 not live
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE((*done)[0].readable);
+  ASSERT_TRUE(tensors.Detach("A", 1, inc1).ok());
+  ASSERT_TRUE(tensors.Detach("B", 1, inc1).ok());
+  applies = store.applies();
+  done = tensors.AttachMany(1, inc1, {item("A"), item("B")}, false, live);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE((*done)[0].readable);
+  EXPECT_TRUE((*done)[1].readable);
+  EXPECT_EQ(store.applies(), applies + 1);
+  // What the batch stored is what a restarted coordinator loads.
+  absl::StatusOr<std::vector<StateRecord>> records = store.Load("tensor");
+  ASSERT_TRUE(records.ok()) << records.status();
+  for (const StateRecord& r : *records) {
+    v1::StoredTensor stored;
+    ASSERT_TRUE(stored.ParseFromString(r.value));
+    EXPECT_EQ(stored.info().unattached_ranks_size(), r.name == "C" ? 1 : 0) << r.name;
   }
 }
 

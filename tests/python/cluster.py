@@ -99,13 +99,23 @@ class Cluster:
 
     def metric(self, name):
         """The sum of every sample of metric `name` on the coordinator's /metrics."""
+        return sum(self.metric_by(name, None).values())
+
+    def metric_by(self, name, label):
+        """{value of `label`: sum of metric `name`'s samples with it} on the coordinator's
+        /metrics (label None: every sample under the key None)."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
             text = r.read().decode()
-        total = 0.0
+        out = {}
         for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            if not (line.startswith(name + "{") or line.startswith(name + " ")):
+                continue
+            key = None
+            if label is not None:
+                m = re.search(label + r'="([^"]*)"', line)
+                key = m.group(1) if m else ""
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
 
     def stop(self):
         for w in self.workers:
@@ -118,14 +128,15 @@ class Cluster:
 
 
 class UserProcess:
-    """A process that lends buffers (tests/python/user_process.py): each call sends one JSON
-    command and returns its JSON answer (raising RuntimeError with the process's error)."""
+    """A process that lends buffers (tests/python/user_process.py, or `script` beside it):
+    each call sends one JSON command and returns its JSON answer (raising RuntimeError with
+    the process's error)."""
 
-    def __init__(self, address, name, torch=False):
+    def __init__(self, address, name, torch=False, script="user_process.py"):
         env = dict(os.environ, SHARDCOORD_ADDR=address)
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(_HERE, "user_process.py")] + (["--torch"] if torch else []),
+            [sys.executable, os.path.join(_HERE, script)] + (["--torch"] if torch else []),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         ready = self.proc.stdout.readline()
         if not ready.startswith("ready"):
@@ -133,8 +144,16 @@ class UserProcess:
         self.pid = int(ready.split()[1])
 
     def call(self, **command):
+        self.send(**command)
+        return self.answer()
+
+    def send(self, **command):
+        """Sends a command without waiting (several processes then work at once)."""
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
+
+    def answer(self):
+        """The answer to the command sent last."""
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"user process {self.name} exited ({self.proc.wait()})")

@@ -10,13 +10,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
+#include <map>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "proto/convert.h"
+#include "sharding/limits.h"
 #include "worker/comm/gloo/same_host.h"
 #include "worker/memory/process_memory_space.h"
 
@@ -101,6 +105,26 @@ class NoMemory final : public LentMemory {
   const Allocation allocation_;
   const int64_t pid_;
 };
+
+// Closes descriptors on every path.
+struct FdCloser {
+  explicit FdCloser(std::vector<int> owned) : fds(std::move(owned)) {}
+  ~FdCloser() {
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  const std::vector<int> fds;
+};
+
+// The coordinator names a refused member "buffers[i]"; the process sent it as attachments[i].
+absl::Status AsAttachments(const absl::Status& s) {
+  constexpr absl::string_view kTheirs = "buffers[";
+  if (!absl::StartsWith(s.message(), kTheirs)) return s;
+  return absl::Status(s.code(), absl::StrCat("attachments[", s.message().substr(kTheirs.size())));
+}
 
 // "GPU-1A2B..." and "1a2b-..." name the same device: hex digits only, lower case.
 std::string NormalizedUuid(absl::string_view uuid) {
@@ -271,32 +295,37 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
   return out;
 }
 
-absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
-    int64_t session, const v1::LocalAttachRequest& request, int fd) {
-  UniqueFd owned(fd);  // Mapped (or refused) before this returns; never kept.
-  PeerCredentials peer;
-  {
-    absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("the worker is shutting down");
-    auto it = sessions_.find(session);
-    if (it == sessions_.end()) return absl::InternalError("unknown local session");
-    peer = it->second.peer;
-  }
-  const WorkerIdentity id = identity_();
+absl::StatusOr<PeerCredentials> AttachRegistry::Peer(int64_t session) const {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the worker is shutting down");
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return absl::InternalError("unknown local session");
+  return it->second.peer;
+}
+
+absl::StatusOr<AttachRegistry::Checked> AttachRegistry::Check(const v1::LocalAttachRequest& request,
+                                                              const WorkerIdentity& id,
+                                                              bool chunks_optional) {
   if (request.tensor().empty()) return absl::InvalidArgumentError("tensor: empty");
+  Checked out;
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
-  absl::StatusOr<RankChunks> chunks = RankChunksFromProto(request.chunks(), "chunks");
-  if (!chunks.ok()) return chunks.status();
+  out.dtype = *dtype;
+  out.element_size = ElementSize(*dtype);
   if (request.rank() != id.rank) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank: worker ", id.name, " holds rank ", id.rank, ", not rank ",
                      request.rank(), "; attach through the socket of rank ", request.rank(),
                      "'s worker (WorkerInfo.local_socket)"));
   }
+  if (request.bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes: ", request.bytes(), " < 0"));
+  }
+  if (chunks_optional && !request.has_chunks()) return out;
+  absl::StatusOr<RankChunks> chunks = RankChunksFromProto(request.chunks(), "chunks");
+  if (!chunks.ok()) return chunks.status();
   chunks->rank = request.rank();
-  const int64_t esize = ElementSize(*dtype);
-  absl::StatusOr<int64_t> want = CheckedMul(chunks->local_elements, esize);
+  absl::StatusOr<int64_t> want = CheckedMul(chunks->local_elements, out.element_size);
   if (!want.ok()) return want.status();
   if (request.bytes() != *want) {
     return absl::InvalidArgumentError(
@@ -304,11 +333,24 @@ absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
                      "'s chunks of '", request.tensor(), "' take ", *want, " (",
                      chunks->local_elements, " ", DTypeName(*dtype), " elements)"));
   }
-  absl::StatusOr<Opened> opened = Open(request, *want, esize, peer, owned.get());
+  out.chunks = *std::move(chunks);
+  return out;
+}
+
+absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
+    int64_t session, const v1::LocalAttachRequest& request, int fd) {
+  UniqueFd owned(fd);  // Mapped (or refused) before this returns; never kept.
+  absl::StatusOr<PeerCredentials> peer = Peer(session);
+  if (!peer.ok()) return peer.status();
+  const WorkerIdentity id = identity_();
+  absl::StatusOr<Checked> checked = Check(request, id, /*chunks_optional=*/false);
+  if (!checked.ok()) return checked.status();
+  const int64_t want = request.bytes();
+  absl::StatusOr<Opened> opened = Open(request, want, checked->element_size, *peer, owned.get());
   if (!opened.ok()) return opened.status();
   LentMemory* lent = opened->lent.get();
-  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
-      HostBuffer::Wrap(*dtype, *chunks, opened->space, opened->data, std::move(opened->lent));
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = HostBuffer::Wrap(
+      checked->dtype, *checked->chunks, opened->space, opened->data, std::move(opened->lent));
   if (!buffer.ok()) return buffer.status();
   if (absl::Status s = buffers_->Insert(request.tensor(), request.version(), *buffer); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -325,7 +367,7 @@ absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
   *report.mutable_chunks() = request.chunks();
   report.mutable_chunks()->set_rank(request.rank());
   report.set_memory(opened->kind);
-  report.set_pid(peer.pid);
+  report.set_pid(peer->pid);
   absl::StatusOr<v1::AttachBufferResponse> answer = rpc_->AttachBuffer(report);
   if (!answer.ok()) {
     buffers_->DropLent(lent);  // Nothing stays registered.
@@ -339,12 +381,181 @@ absl::StatusOr<v1::LocalAttachResponse> AttachRegistry::Attach(
     }
   }
   Log(absl::StrCat("attached rank ", request.rank(), " of '", request.tensor(), "' v",
-                   request.version(), ": ", Bytes(*want), " of ", lent->Describe(), " (",
+                   request.version(), ": ", Bytes(want), " of ", lent->Describe(), " (",
                    opened->kind, ")", answer->readable() ? "; the tensor is readable" : ""));
   v1::LocalAttachResponse response;
   response.set_worker(id.name);
   response.set_memory(opened->kind);
   response.set_readable(answer->readable());
+  return response;
+}
+
+absl::StatusOr<v1::LocalAttachManyResponse> AttachRegistry::AttachMany(
+    int64_t session, const v1::LocalAttachManyRequest& request, std::vector<int> fds) {
+  const FdCloser owned(std::move(fds));  // Mapped (or refused) before this returns.
+  absl::StatusOr<PeerCredentials> peer = Peer(session);
+  if (!peer.ok()) return peer.status();
+  const int n = request.attachments_size();
+  if (n == 0) return absl::InvalidArgumentError("attachments: none given");
+  if (n > kMaxAttachmentsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("attachments: ", n, " given; at most ",
+                                                   kMaxAttachmentsPerRequest, " in one request"));
+  }
+  const WorkerIdentity id = identity_();
+  auto member = [&request](int i, const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("attachments[", i, "] '", request.attachments(i).tensor(),
+                                     "': ", s.message()));
+  };
+  // Each attachment checked and its memory opened (mapped, probed) before anything is held.
+  struct Pending {
+    Checked checked;
+    Opened opened;
+    int64_t version = 0;
+  };
+  std::vector<Pending> pending(n);
+  absl::flat_hash_map<absl::string_view, int> seen;
+  seen.reserve(n);
+  bool need_layouts = false;
+  for (int i = 0; i < n; ++i) {
+    const v1::LocalAttachRequest& a = request.attachments(i);
+    if (a.tensor().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("attachments[", i, "]: tensor: empty"));
+    }
+    if (auto [at, fresh] = seen.emplace(a.tensor(), i); !fresh) {
+      return member(i, absl::InvalidArgumentError(
+                           absl::StrCat("tensor: also attachments[", at->second, "]")));
+    }
+    absl::StatusOr<Checked> checked = Check(a, id, /*chunks_optional=*/true);
+    if (!checked.ok()) return member(i, checked.status());
+    pending[i].checked = *std::move(checked);
+    pending[i].version = a.version();
+    need_layouts |= !pending[i].checked.chunks.has_value() || a.version() == 0;
+    int fd = -1;
+    if (a.has_shared()) {
+      const int index = a.shared().fd_index();
+      if (index < 0 || index >= static_cast<int>(owned.fds.size())) {
+        return member(i, absl::InvalidArgumentError(
+                             absl::StrCat("shared.fd_index: ", index, " but the request came with ",
+                                          owned.fds.size(), " file descriptors (SCM_RIGHTS)")));
+      }
+      fd = owned.fds[index];
+    }
+    absl::StatusOr<Opened> opened = Open(a, a.bytes(), pending[i].checked.element_size, *peer, fd);
+    if (!opened.ok()) return member(i, opened.status());
+    pending[i].opened = *std::move(opened);
+  }
+  auto report = [&](bool validate_only) {
+    v1::AttachBuffersRequest r;
+    r.set_worker(id.name);
+    r.set_incarnation(id.incarnation);
+    r.set_rank(id.rank);
+    r.set_pid(peer->pid);
+    r.set_validate_only(validate_only);
+    r.mutable_buffers()->Reserve(n);
+    for (int i = 0; i < n; ++i) {
+      const v1::LocalAttachRequest& a = request.attachments(i);
+      v1::LentBuffer* b = r.add_buffers();
+      b->set_tensor(a.tensor());
+      b->set_version(pending[i].version);
+      b->set_dtype(a.dtype());
+      b->set_bytes(a.bytes());
+      b->set_memory(pending[i].opened.kind);
+      if (pending[i].checked.chunks.has_value()) {
+        *b->mutable_chunks() = RankChunksToProto(*pending[i].checked.chunks);
+      }
+    }
+    return r;
+  };
+  // The layouts the process did not give (it looked no tensor up), from the coordinator.
+  if (need_layouts) {
+    absl::StatusOr<v1::AttachBuffersResponse> layouts =
+        rpc_->AttachBuffers(report(/*validate_only=*/true));
+    if (!layouts.ok()) return AsAttachments(layouts.status());
+    if (layouts->buffers_size() != n) {
+      return absl::InternalError(
+          absl::StrCat("the coordinator answered ", layouts->buffers_size(), " buffers for ", n));
+    }
+    for (int i = 0; i < n; ++i) {
+      const v1::AttachedBuffer& got = layouts->buffers(i);
+      absl::StatusOr<RankChunks> chunks = RankChunksFromProto(got.chunks(), "chunks");
+      if (!chunks.ok()) return member(i, absl::InternalError(chunks.status().message()));
+      chunks->rank = id.rank;
+      if (chunks->local_elements * pending[i].checked.element_size !=
+          request.attachments(i).bytes()) {
+        return member(i, absl::InternalError("the coordinator answered chunks of another size"));
+      }
+      pending[i].checked.chunks = *std::move(chunks);
+      pending[i].version = got.version();
+    }
+  }
+  // Held at their layouts, then counted; after an error nothing stays held.
+  std::vector<LentMemory*> held;
+  held.reserve(n);
+  auto drop_held = [&] {
+    for (LentMemory* lent : held) buffers_->DropLent(lent);
+  };
+  std::vector<Attachment> attachments;
+  attachments.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::LocalAttachRequest& a = request.attachments(i);
+    Opened& opened = pending[i].opened;
+    LentMemory* lent = opened.lent.get();
+    absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+        HostBuffer::Wrap(pending[i].checked.dtype, *pending[i].checked.chunks, opened.space,
+                         opened.data, std::move(opened.lent));
+    if (!buffer.ok()) {
+      drop_held();
+      return member(i, buffer.status());
+    }
+    if (!buffers_->Insert(a.tensor(), pending[i].version, *buffer).ok()) {
+      drop_held();
+      return member(i, absl::FailedPreconditionError(
+                           absl::StrCat("rank ", id.rank, " of '", a.tensor(), "' version ",
+                                        pending[i].version, " is held on worker ", id.name,
+                                        " already (attached through another connection?)")));
+    }
+    held.push_back(lent);
+    attachments.push_back(Attachment{a.tensor(), id.rank, *buffer});
+  }
+  absl::StatusOr<v1::AttachBuffersResponse> answer =
+      rpc_->AttachBuffers(report(/*validate_only=*/false));
+  if (!answer.ok() || answer->buffers_size() != n) {
+    drop_held();
+    if (!answer.ok()) return AsAttachments(answer.status());
+    return absl::InternalError(
+        absl::StrCat("the coordinator answered ", answer->buffers_size(), " buffers for ", n));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    if (it != sessions_.end()) {
+      std::vector<Attachment>& list = it->second.attachments;
+      list.insert(list.end(), std::make_move_iterator(attachments.begin()),
+                  std::make_move_iterator(attachments.end()));
+    }
+  }
+  v1::LocalAttachManyResponse response;
+  response.mutable_attachments()->Reserve(n);
+  int64_t bytes = 0;
+  int readable = 0;
+  std::map<std::string, int> kinds;
+  for (int i = 0; i < n; ++i) {
+    v1::LocalAttachResponse* out = response.add_attachments();
+    out->set_worker(id.name);
+    out->set_memory(pending[i].opened.kind);
+    out->set_readable(answer->buffers(i).readable());
+    bytes += request.attachments(i).bytes();
+    readable += answer->buffers(i).readable() ? 1 : 0;
+    ++kinds[pending[i].opened.kind];
+  }
+  std::string memory;
+  for (const auto& [kind, count] : kinds) {
+    absl::StrAppend(&memory, memory.empty() ? "" : ", ", count, " ", kind);
+  }
+  Log(absl::StrCat("attached ", n, " buffers of rank ", id.rank, " for process ", peer->pid,
+                   " in one request: ", Bytes(bytes), " (", memory, "); ", readable,
+                   " tensors readable now"));
   return response;
 }
 

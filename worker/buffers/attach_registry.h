@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,17 @@ class AttachRegistry {
   // the rank is not this worker's, or is attached already; the coordinator's refusal.
   absl::StatusOr<v1::LocalAttachResponse> Attach(int64_t session,
                                                  const v1::LocalAttachRequest& request, int fd);
+  // A LocalAttachManyRequest: every attachment as Attach, all or nothing. `fds` (owned) are
+  // the descriptors that came with the request, in order (SharedMemoryRegion.fd_index).
+  // Attachments without a version or chunks take the tensor's from the coordinator first
+  // (AttachBuffers, validate_only); every buffer is then held at its layout, and the
+  // coordinator counts them all in one AttachBuffers (so it counts only buffers the worker
+  // holds). Errors as Attach's, the first failing attachment's message starting with
+  // "attachments[i] 'TENSOR': "; INVALID_ARGUMENT no attachments or more than
+  // kMaxAttachmentsPerRequest, a tensor twice, an fd_index with no descriptor.
+  absl::StatusOr<v1::LocalAttachManyResponse> AttachMany(int64_t session,
+                                                         const v1::LocalAttachManyRequest& request,
+                                                         std::vector<int> fds);
   // NOT_FOUND when the session attached no such rank of that tensor.
   absl::Status Detach(int64_t session, const v1::LocalDetachRequest& request);
   // The connection ended: detaches whatever it attached, `reason` telling the coordinator.
@@ -89,6 +101,19 @@ class AttachRegistry {
     std::vector<Attachment> attachments;
   };
 
+  // What Attach and AttachMany check of one request before opening its memory: the buffer's
+  // dtype and its element size, and its chunks (checked against `bytes`) when given.
+  struct Checked {
+    DType dtype = DType::kF32;
+    int64_t element_size = 0;
+    std::optional<RankChunks> chunks;
+  };
+  // INVALID_ARGUMENT a bad field (or no chunks, unless `chunks_optional`);
+  // FAILED_PRECONDITION a rank other than `id`'s.
+  static absl::StatusOr<Checked> Check(const v1::LocalAttachRequest& request,
+                                       const WorkerIdentity& id, bool chunks_optional);
+  // The session's peer; UNAVAILABLE once shut down.
+  absl::StatusOr<PeerCredentials> Peer(int64_t session) const;
   // The lent memory the request names, as (where it starts in `space`, its owner, the space).
   struct Opened {
     char* data = nullptr;

@@ -34,6 +34,9 @@ class AttachRpc {
   virtual absl::StatusOr<v1::AttachBufferResponse> AttachBuffer(
       const v1::AttachBufferRequest& request) = 0;
   virtual absl::Status DetachBuffer(const v1::DetachBufferRequest& request) = 0;
+  // Many buffers of one process at once, all or nothing (a LocalRequest.attach_many).
+  virtual absl::StatusOr<v1::AttachBuffersResponse> AttachBuffers(
+      const v1::AttachBuffersRequest& request) = 0;
 };
 
 }  // namespace shardcoord

@@ -146,6 +146,21 @@ absl::Status GrpcCoordinatorClient::DetachBuffer(const v1::DetachBufferRequest& 
   return FromGrpc(s, "DetachBuffer");
 }
 
+absl::StatusOr<v1::AttachBuffersResponse> GrpcCoordinatorClient::AttachBuffers(
+    const v1::AttachBuffersRequest& request) {
+  grpc::ClientContext ctx;
+  // A whole model's buffers are checked and stored in one batch: time for each.
+  Prepare(&ctx, rpc_timeout_ + absl::Milliseconds(request.buffers_size()));
+  v1::AttachBuffersResponse response;
+  // As AttachBuffer's: the message (naming buffers[i]) goes to the user process as it is.
+  size_t index;
+  grpc::Status g = Current(&index)->AttachBuffers(&ctx, request, &response);
+  Note(index, ctx, g);
+  absl::Status s = FromGrpcStatus(g);
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_);

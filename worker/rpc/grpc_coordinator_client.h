@@ -54,6 +54,8 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
   absl::StatusOr<v1::AttachBufferResponse> AttachBuffer(
       const v1::AttachBufferRequest& request) override;
   absl::Status DetachBuffer(const v1::DetachBufferRequest& request) override;
+  absl::StatusOr<v1::AttachBuffersResponse> AttachBuffers(
+      const v1::AttachBuffersRequest& request) override;
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   // LeaveWorker; the deadline is the drain timeout plus `rpc_timeout`.

@@ -1,9 +1,10 @@
 // Fuzzes the worker's side of the local attach protocol (what any process of the worker's uid
 // may send to its socket): the input is a byte stream of length-prefixed frames, each a
-// LocalRequest handed to an AttachRegistry as the socket server does (plain memory of this
-// very process, so every probe and copy stays inside the fuzzer; a process address of 1
-// stands for a 1 MiB buffer of it, so attaches can succeed). The registry must only return
-// statuses, and once the session closes nothing it registered may be left in the store.
+// LocalRequest handed to an AttachRegistry as the socket server does (attach, attach_many,
+// detach; plain memory of this very process, so every probe and copy stays inside the
+// fuzzer; a process address of 1 stands for a 1 MiB buffer of it, so attaches can succeed). The
+// registry must only return statuses, and once the session closes nothing it registered may be left
+// in the store.
 
 #include <unistd.h>
 
@@ -47,6 +48,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (attach.bytes() > static_cast<int64_t>(sizeof(lendable))) continue;
       }
       registry.Attach(session, attach, -1).status().IgnoreError();
+    } else if (request.has_attach_many()) {
+      static char lendable_many[1 << 20];
+      v1::LocalAttachManyRequest many = request.attach_many();
+      bool fits = true;
+      for (v1::LocalAttachRequest& a : *many.mutable_attachments()) {
+        if (a.has_process() && a.process().address() == 1) {
+          a.mutable_process()->set_address(reinterpret_cast<uint64_t>(lendable_many));
+          fits &= a.bytes() <= static_cast<int64_t>(sizeof(lendable_many));
+        }
+      }
+      if (fits) registry.AttachMany(session, many, {}).status().IgnoreError();
     } else if (request.has_detach()) {
       registry.Detach(session, request.detach()).IgnoreError();
     }

@@ -21,7 +21,9 @@
 namespace shardcoord {
 namespace {
 
-constexpr int kMaxFdsPerMessage = 8;
+// Descriptors one sendmsg may carry (the kernel's SCM_MAX_FD): an attach_many with more
+// sends its frame in pieces (shardcoord.proto, LocalAttachManyRequest).
+constexpr int kMaxFdsPerMessage = kMaxLocalFdsPerSend;
 
 std::string Errno(const char* what, const std::string& path) {
   return absl::StrCat(what, " ", path, ": ", std::strerror(errno));
@@ -219,10 +221,11 @@ void LocalSocketServer::AcceptLoop() {
 void LocalSocketServer::Serve(int fd, PeerCredentials peer) {
   const int64_t session = registry_->OpenSession(peer);
   LocalFrameReader reader;
-  std::vector<int> fds;  // Descriptors received for the request being read.
+  std::vector<int> fds;   // Descriptors received for the request being read.
+  bool fds_lost = false;  // Some were dropped (MSG_CTRUNC): too many, or no descriptor free.
   std::vector<char> buf(64 << 10);
   while (true) {
-    char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
     iovec iov{buf.data(), buf.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -232,6 +235,7 @@ void LocalSocketServer::Serve(int fd, PeerCredentials peer) {
     const ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
+    if (msg.msg_flags & MSG_CTRUNC) fds_lost = true;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -255,11 +259,24 @@ void LocalSocketServer::Serve(int fd, PeerCredentials peer) {
       // answer before it sends the next request).
       std::vector<int> mine;
       mine.swap(fds);
+      const bool lost = std::exchange(fds_lost, false);
       v1::LocalRequest request;
       v1::LocalResponse response;
       absl::Status status;
       if (!request.ParseFromString(**frame)) {
         status = absl::InvalidArgumentError("request: not a shardcoord.v1.LocalRequest");
+      } else if (lost) {
+        // Which attachment's descriptor is missing cannot be told: refuse the whole request.
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            "descriptors: the worker could not receive every file descriptor of the request "
+            "(more than ",
+            kMaxFdsPerMessage, " in one sendmsg, or its open-file limit RLIMIT_NOFILE reached)"));
+      } else if (request.has_attach_many()) {
+        absl::StatusOr<v1::LocalAttachManyResponse> r =
+            registry_->AttachMany(session, request.attach_many(), std::move(mine));
+        mine.clear();
+        status = r.status();
+        if (r.ok()) *response.mutable_attach_many() = *std::move(r);
       } else if (request.has_attach()) {
         const int given = mine.empty() ? -1 : mine.front();
         if (!mine.empty()) mine.erase(mine.begin());
@@ -270,7 +287,7 @@ void LocalSocketServer::Serve(int fd, PeerCredentials peer) {
       } else if (request.has_detach()) {
         status = registry_->Detach(session, request.detach());
       } else {
-        status = absl::InvalidArgumentError("request: neither attach nor detach");
+        status = absl::InvalidArgumentError("request: neither attach, attach_many nor detach");
       }
       for (int extra : mine) close(extra);
       if (!SendResponse(fd, status, std::move(response))) open = false;

@@ -2,16 +2,20 @@
 // connection, and a second server on a live path refused.
 #include "worker/rpc/local_socket_server.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -96,6 +100,11 @@ class Client {
   }
   v1::LocalResponse Call(const v1::LocalRequest& request, int fd = -1) {
     Send(request.SerializeAsString(), fd);
+    return Read();
+  }
+  // A request with any number of descriptors (in pieces of kMaxLocalFdsPerSend).
+  v1::LocalResponse CallWithFds(const v1::LocalRequest& request, const std::vector<int>& fds) {
+    EXPECT_TRUE(SendLocalFrameFds(fd_, request.SerializeAsString(), fds).ok());
     return Read();
   }
 
@@ -196,6 +205,85 @@ TEST_F(LocalSocketServerTest, ExplicitDetach) {
   EXPECT_EQ(buffers_.Find("T", 3), nullptr);
   ASSERT_EQ(rpc_.detaches().size(), 1u);
   EXPECT_THAT(rpc_.detaches()[0].reason(), HasSubstr("detached it"));
+}
+
+// An attach_many of `n` 16-float shared buffers "T<i>", attachment i in descriptor i, with no
+// versions or chunks (the coordinator, faked, answers version 3).
+v1::LocalRequest AttachMany(int n) {
+  v1::LocalRequest r;
+  for (int i = 0; i < n; ++i) {
+    v1::LocalAttachRequest* a = r.mutable_attach_many()->add_attachments();
+    a->set_tensor(absl::StrCat("T", i));
+    a->set_rank(0);
+    a->set_dtype(v1::F32);
+    a->set_bytes(64);
+    a->mutable_shared()->set_fd_index(i);
+  }
+  return r;
+}
+
+// More descriptors than one sendmsg carries arrive in pieces, each with its attachment.
+TEST_F(LocalSocketServerTest, AttachManyTakesHundredsOfDescriptorsInOneRequest) {
+  constexpr int kBuffers = kMaxLocalFdsPerSend + 47;
+  const v1::LocalRequest request = AttachMany(kBuffers);
+  v1::LocalRequest one = AttachRequest(0);
+  std::vector<std::unique_ptr<Memfd>> mems;
+  std::vector<int> fds;
+  for (int i = 0; i < kBuffers; ++i) {
+    rpc_.Know(absl::StrCat("T", i), 3, one.attach().chunks());
+    mems.push_back(std::make_unique<Memfd>(64));
+    mems.back()->floats()[7] = static_cast<float>(i);
+    fds.push_back(mems.back()->fd);
+  }
+  Client client(path_);
+  v1::LocalResponse r = client.CallWithFds(request, fds);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  ASSERT_EQ(r.attach_many().attachments_size(), kBuffers);
+  for (int i = 0; i < kBuffers; ++i) {
+    std::shared_ptr<HostBuffer> b = buffers_.Find(absl::StrCat("T", i), 3);
+    ASSERT_NE(b, nullptr) << i;
+    float seen;
+    std::memcpy(&seen, b->data() + 28, 4);
+    EXPECT_EQ(seen, static_cast<float>(i));  // Its own memfd, not a neighbour's.
+  }
+  EXPECT_EQ(rpc_.bulk_attaches().size(), 2u);  // Layouts asked once, counted once.
+  client.Close();
+  EXPECT_EQ(rpc_.WaitDetaches(kBuffers).size(), static_cast<size_t>(kBuffers));
+  EXPECT_TRUE(buffers_.List().empty());
+}
+
+// Descriptors the worker cannot take (its open-file limit) cannot be told apart: the whole
+// request is refused, nothing is held, and the connection serves the next one.
+TEST_F(LocalSocketServerTest, DescriptorsTheWorkerCannotReceiveRefuseTheRequest) {
+  Client client(path_);
+  ASSERT_TRUE(client.connected());
+  rlimit before;
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  std::vector<std::unique_ptr<Memfd>> mems;
+  int highest = 0;
+  for (int i = 0; i < 8; ++i) {
+    mems.push_back(std::make_unique<Memfd>(64));
+    highest = std::max(highest, mems.back()->fd);
+  }
+  // Room for at most `free` more descriptors below the lowered limit: send more than that.
+  const rlim_t limit = static_cast<rlim_t>(highest) + 4;
+  int free = 0;
+  for (int fd = 0; fd < static_cast<int>(limit); ++fd) free += fcntl(fd, F_GETFD) < 0 ? 1 : 0;
+  std::vector<int> fds;
+  for (int i = 0; i < free + 8; ++i) fds.push_back(mems[i % mems.size()]->fd);
+  for (int i = 0; i < free + 8; ++i)
+    rpc_.Know(absl::StrCat("T", i), 3, AttachRequest(0).attach().chunks());
+  rlimit lowered = before;
+  lowered.rlim_cur = limit;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lowered), 0);
+  v1::LocalResponse r = client.CallWithFds(AttachMany(free + 8), fds);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kResourceExhausted)) << r.message();
+  EXPECT_THAT(r.message(), HasSubstr("RLIMIT_NOFILE"));
+  EXPECT_TRUE(buffers_.List().empty());
+  EXPECT_TRUE(rpc_.bulk_attaches().empty());
+  r = client.CallWithFds(AttachMany(1), {mems[0]->fd});
+  EXPECT_EQ(r.code(), 0) << r.message();
 }
 
 TEST_F(LocalSocketServerTest, ASecondServerOnALivePathIsRefusedAndAStaleOneReplaced) {

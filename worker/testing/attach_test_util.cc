@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
+
 namespace shardcoord {
 namespace attach_testing {
 
@@ -24,6 +26,49 @@ absl::Status FakeAttachRpc::DetachBuffer(const v1::DetachBufferRequest& request)
   absl::MutexLock lock(&mu_);
   detaches_.push_back(request);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::AttachBuffersResponse> FakeAttachRpc::AttachBuffers(
+    const v1::AttachBuffersRequest& request) {
+  absl::MutexLock lock(&mu_);
+  bulk_attaches_.push_back(request);
+  if (request.validate_only() && !refuse_validation_.ok()) return refuse_validation_;
+  if (!request.validate_only() && !refuse_.ok()) return refuse_;
+  v1::AttachBuffersResponse response;
+  for (int i = 0; i < request.buffers_size(); ++i) {
+    const v1::LentBuffer& b = request.buffers(i);
+    v1::AttachedBuffer* out = response.add_buffers();
+    auto known = known_.find(b.tensor());
+    if (b.has_chunks()) {
+      *out->mutable_chunks() = b.chunks();
+      out->set_version(b.version());
+    } else if (known != known_.end()) {
+      *out->mutable_chunks() = known->second.second;
+      out->set_version(known->second.first);
+    } else {
+      return absl::NotFoundError(
+          absl::StrCat("buffers[", i, "] '", b.tensor(), "': unknown tensor '", b.tensor(), "'"));
+    }
+    if (b.version() == 0 && known != known_.end()) out->set_version(known->second.first);
+    out->mutable_chunks()->set_rank(request.rank());
+    out->set_readable(!request.validate_only());
+  }
+  return response;
+}
+
+void FakeAttachRpc::Know(const std::string& tensor, int64_t version, const v1::RankChunks& chunks) {
+  absl::MutexLock lock(&mu_);
+  known_[tensor] = {version, chunks};
+}
+
+void FakeAttachRpc::RefuseValidation(absl::Status s) {
+  absl::MutexLock lock(&mu_);
+  refuse_validation_ = std::move(s);
+}
+
+std::vector<v1::AttachBuffersRequest> FakeAttachRpc::bulk_attaches() const {
+  absl::MutexLock lock(&mu_);
+  return bulk_attaches_;
 }
 
 absl::Status FakeAttachRpc::ReportChunks(const v1::ReportChunksRequest& request) {

@@ -10,13 +10,19 @@
     c.attach("w", rank, buf)                      # or any contiguous NumPy / torch buffer
     c.copy("w", "w_infer")                        # w_infer's attached buffers written in place
 
+    # A whole model: created in one call, lent by each rank's process in one request.
+    c.register({n: p.shape for n, p in model.named_parameters()}, "train", "fsdp_flat")
+    c.lend(rank, local_state_dict)                # {name: this rank's local tensor}
+    c.receive(rank, engine_state_dict)            # an engine's tensors, written in place
+
 Needs grpcio, protobuf and NumPy (torch for torch buffers). Installed with
 `pip install --no-build-isolation ./client/python` (stubs generated at build time), or run
 from a checkout with `tools/python.sh` (see shardcoord/_proto.py). `shardcoord.__version__`
 is the daemons' and shardctl's version (client/version.h); `shardcoord.layouts` turns
 FSDP/Megatron/ColossalAI/DTensor layouts into shardctl spec text; `python -m shardcoord.check
 ADDR` prints a cluster's health. Errors raise shardcoord.Error with `.code`
-(the gRPC status name) and `.message`.
+(the gRPC status name), `.message` and, for calls on many tensors, `.member` (the failing
+name).
 """
 
 try:

@@ -15,7 +15,8 @@ from ._errors import Error
 from ._proto import pb
 
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
-_MAX_FRAME = 4 << 20
+_MAX_FRAME = 64 << 20          # proto/local_frame.h kMaxLocalFrameBytes
+MAX_FDS_PER_SEND = 253         # The kernel's SCM_MAX_FD (kMaxLocalFdsPerSend).
 _PR_SET_PTRACER = 0x59616D61
 
 
@@ -60,26 +61,39 @@ class LocalConnection:
             libc.prctl(_PR_SET_PTRACER, ctypes.c_ulong(self.worker_pid), 0, 0, 0)
         self._ptracer_set = True
 
-    def request(self, request, fd=None):
-        """Sends a LocalRequest (with `fd` attached) and returns the LocalResponse; Error with
-        the worker's code and message when it refuses."""
+    def request(self, request, fd=None, fds=()):
+        """Sends a LocalRequest (with descriptor `fd`, or the descriptors `fds` in fd_index
+        order, as SCM_RIGHTS data) and returns the LocalResponse; Error with the worker's
+        code and message when it refuses."""
         data = _frame(request.SerializeToString())
+        fds = [fd] if fd is not None else list(fds)
+        # At most MAX_FDS_PER_SEND descriptors go with one sendmsg: group g travels with the
+        # frame's byte g, the last group with the rest (shardcoord.proto, attach_many).
+        groups = [fds[i:i + MAX_FDS_PER_SEND] for i in range(0, len(fds), MAX_FDS_PER_SEND)]
+        if len(groups) > len(data):
+            raise Error("INVALID_ARGUMENT", f"{len(fds)} descriptors for a request of "
+                                            f"{len(data)} bytes")
         with self._lock:
             try:
-                if fd is None:
-                    self._sock.sendall(data)
-                else:
-                    fds = array.array("i", [fd])
-                    sent = self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                        fds)])
-                    if sent < len(data):
-                        self._sock.sendall(data[sent:])
+                for g, group in enumerate(groups[:-1]):
+                    self._send(data[g:g + 1], group)
+                last = max(len(groups) - 1, 0)
+                self._send(data[last:], groups[-1] if groups else [])
             except (BrokenPipeError, ConnectionResetError):
                 pass  # A worker that refused this peer has answered and hung up: read it.
             response = self._read()
         if response.code != 0:
             raise Error(_CODE_NAMES.get(response.code, str(response.code)), response.message)
         return response
+
+    def _send(self, piece, fds):
+        if not fds:
+            self._sock.sendall(piece)
+            return
+        sent = self._sock.sendmsg([piece], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             array.array("i", fds))])
+        if sent < len(piece):
+            self._sock.sendall(piece[sent:])
 
     def _read(self):
         header = self._read_exactly(4)

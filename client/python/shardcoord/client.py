@@ -11,7 +11,8 @@ import uuid
 import grpc
 import numpy as np
 
-from . import _buffers
+from . import _buffers, _progress
+from ._lending import human_bytes, local_tensors, member_of, nbytes_of, Silent
 from ._buffers import DTYPES, WIRE_NAMES
 from ._errors import Error
 from ._local import LocalConnection
@@ -240,6 +241,7 @@ class Client:
         self._lock = threading.Lock()
         self._local = {}     # socket path -> LocalConnection
         self._attached = {}  # (tensor, rank) -> (LocalConnection, the lent buffer)
+        self._workers_by_rank = {}  # rank -> WorkerInfo, from the last ListWorkers
 
     def close(self):
         """Detaches every buffer this client attached (each answered once the coordinator
@@ -472,11 +474,19 @@ class Client:
         return _buffers.alloc_shared(nbytes, wire, shape, framework,
                                      name=f"shardcoord-{name}-{rank}")
 
-    def _worker_of(self, rank):
-        for w in self.workers():
-            if w.rank == rank:
-                return w
-        raise Error("NOT_FOUND", f"rank: no worker holds rank {rank}")
+    def _worker_of(self, rank, refresh=False):
+        """The WorkerInfo of `rank`'s worker: from one ListWorkers, kept for the next calls
+        (`refresh`: listed again, after its worker went away)."""
+        with self._lock:
+            known = None if refresh else self._workers_by_rank.get(rank)
+        if known is not None:
+            return known
+        workers = {w.rank: w for w in self.workers()}
+        with self._lock:
+            self._workers_by_rank = workers
+        if rank not in workers:
+            raise Error("NOT_FOUND", f"rank: no worker holds rank {rank}")
+        return workers[rank]
 
     def _connection(self, worker):
         if not worker.local_socket:
@@ -490,6 +500,15 @@ class Client:
                 conn = self._local.setdefault(worker.local_socket, conn)
         return conn
 
+    def _forget(self, worker, conn):
+        """`conn` to `worker` broke (the worker went away or restarted): its attachments
+        ended with it."""
+        with self._lock:
+            if self._local.get(worker.local_socket) is conn:
+                del self._local[worker.local_socket]
+            self._attached = {k: v for k, v in self._attached.items() if v[0] is not conn}
+        conn.close()
+
     def attach(self, name, rank, buf):
         """Lends `buf` (a NumPy array, or a torch CPU or CUDA tensor; contiguous, of the
         tensor's dtype and exactly local_nbytes()) as `rank`'s local buffer of attached tensor
@@ -498,71 +517,121 @@ class Client:
         written with process_vm_readv/writev (one copy per plan). Keep `buf` (and this client)
         alive while attached. Returns True once every rank is attached (the tensor is
         readable). A buffer of the wrong size, dtype or device, or not contiguous, is refused
-        with INVALID_ARGUMENT before anything is registered."""
+        with INVALID_ARGUMENT before anything is registered. One buffer of attach_many."""
+        try:
+            return self.attach_many(rank, {name: buf}, progress=False)[name]
+        except Error as e:
+            prefix = f"attachments[0] '{name}': "
+            message = e.message[len(prefix):] if e.message.startswith(prefix) else e.message
+            raise Error(e.code, message, member=e.member) from None
+
+    def attach_many(self, rank, buffers, progress=True, _verb="attach"):
+        """Lends every buffer of `buffers` ({tensor name: buffer}, or (name, buffer) pairs;
+        each as attach() takes it) as `rank`'s local buffer of that attached tensor, in one
+        request to the local socket of `rank`'s worker: all or nothing. The process looks no
+        tensor up: the worker takes each tensor's layout from the coordinator and checks the
+        buffer's size and dtype against it. Costs the coordinator one ListWorkers per client
+        (none once the rank's worker is known) and the worker two AttachBuffers calls,
+        whatever the number of buffers. Returns {name: readable}. Refusals raise Error with
+        `.member` the failing name (message "attachments[i] 'NAME': ..."). Progress on
+        stderr when it is a terminal (`progress`=False: never)."""
+        items = list(buffers.items()) if hasattr(buffers, "items") else list(buffers)
+        if not items:
+            raise ValueError("buffers: empty")
+        bar = _progress.Progress(f"{_verb} rank {rank}", len(items),
+                                 stream=None if progress else Silent())
         give_up = time.monotonic() + self.retry_for
         pause = 0.1
         while True:
             try:
-                return self._attach_once(name, rank, buf)
+                readable = self._attach_many_once(rank, items, bar)
+                break
             except Error as e:
-                # ABORTED: the tensor is busy or moved to a new version; look it up again.
+                # ABORTED: a tensor is busy or moved to a new version; nothing was attached.
                 sleep = pause * random.uniform(0.5, 1.0)
                 if e.code != "ABORTED" or time.monotonic() + sleep >= give_up:
+                    bar.close(f"failed: {e.code}")
                     raise
             time.sleep(sleep)
             pause = min(pause * 2, 2.0)
+        nbytes = sum(nbytes_of(buf) for _, buf in items)
+        bar.close(f"{len(items)} {bar.what} ({human_bytes(nbytes)}) lent, "
+                  f"{sum(readable.values())} tensors readable")
+        return readable
 
-    def _attach_once(self, name, rank, buf):
-        info = self.tensor(name)
-        rc = _rank_chunks(info, rank)
-        wire = WIRE_NAMES[info.dtype]
-        want = rc.local_elements * _buffers.element_size(wire)
-        lent = _buffers.describe(buf, wire)
-        if lent.wire_dtype != wire:
-            raise Error("INVALID_ARGUMENT", f"buffer: dtype {lent.wire_dtype} but tensor '{name}'"
-                                            f" is {wire}")
-        if lent.nbytes != want:
-            raise Error("INVALID_ARGUMENT", f"buffer: {lent.nbytes} bytes but rank {rank}'s local "
-                                            f"buffer of '{name}' has {want} "
-                                            f"({rc.local_elements} {wire} elements)")
+    def _attach_many_once(self, rank, items, bar):
         worker = self._worker_of(rank)
-        if worker.device != lent.device and not (worker.device.startswith("cuda") and
-                                                 lent.device.startswith("cuda")):
-            raise Error("INVALID_ARGUMENT", f"buffer: on {lent.device}, but worker {worker.name} "
-                                            f"(rank {rank}) keeps its buffers on {worker.device}")
-        conn = self._connection(worker)
-        request = pb.LocalAttachRequest(tensor=name, rank=rank, version=info.version,
-                                        dtype=info.dtype, chunks=rc, bytes=lent.nbytes)
-        fd = None
-        if lent.memory == "shared":
-            request.shared.offset = lent.offset
-            fd = lent.fd
-        elif lent.memory == "process":
-            conn.allow_reads()
-            request.process.address = lent.address
-        else:
-            request.cuda_ipc.handle = lent.handle
-            request.cuda_ipc.offset = lent.offset
-            request.cuda_ipc.device_uuid = lent.device_uuid
-        try:
-            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
-        except Error as e:
-            if e.code != "UNAVAILABLE":
-                raise
-            # The worker went away (or restarted on the same socket): forget its connection,
-            # whose attachments ended with it, and try a new one once.
-            with self._lock:
-                if self._local.get(worker.local_socket) is conn:
-                    del self._local[worker.local_socket]
-                self._attached = {k: v for k, v in self._attached.items() if v[0] is not conn}
-            conn.close()
+        request = pb.LocalRequest()
+        many = request.attach_many
+        fds, fd_index, plain = [], {}, False
+        for i, (name, buf) in enumerate(items):
+            try:
+                lent = _buffers.describe(buf, "bf16")  # uint16 arrays hold bf16 bits.
+            except Error as e:
+                raise Error(e.code, f"attachments[{i}] '{name}': {e.message}",
+                            member=name) from None
+            if worker.device != lent.device and not (worker.device.startswith("cuda") and
+                                                     lent.device.startswith("cuda")):
+                raise Error("INVALID_ARGUMENT",
+                            f"attachments[{i}] '{name}': buffer: on {lent.device}, but worker "
+                            f"{worker.name} (rank {rank}) keeps its buffers on {worker.device}",
+                            member=name)
+            a = many.attachments.add(tensor=name, rank=rank, dtype=DTYPES[lent.wire_dtype][0],
+                                     bytes=lent.nbytes)
+            if lent.memory == "shared":
+                if lent.fd not in fd_index:
+                    fd_index[lent.fd] = len(fds)
+                    fds.append(lent.fd)
+                a.shared.offset = lent.offset
+                a.shared.fd_index = fd_index[lent.fd]
+            elif lent.memory == "process":
+                plain = True
+                a.process.address = lent.address
+            else:
+                a.cuda_ipc.handle = lent.handle
+                a.cuda_ipc.offset = lent.offset
+                a.cuda_ipc.device_uuid = lent.device_uuid
+            bar.update(i + 1, "described")
+        bar.update(len(items), f"sent to worker {worker.name}")
+        for attempt in (0, 1):
             conn = self._connection(worker)
-            if lent.memory == "process":
+            if plain:
                 conn.allow_reads()
-            response = conn.request(pb.LocalRequest(attach=request), fd=fd)
+            try:
+                response = conn.request(request, fds=fds)
+                break
+            except Error as e:
+                e.member = member_of(e.message, items)
+                if e.code != "UNAVAILABLE" or attempt == 1:
+                    raise
+                # The worker went away (or restarted on the same socket): forget its
+                # connection, whose attachments ended with it, and try a new one once.
+                self._forget(worker, conn)
+                worker = self._worker_of(rank, refresh=True)
         with self._lock:
-            self._attached[(name, rank)] = (conn, buf)
-        return response.attach.readable
+            for name, buf in items:
+                self._attached[(name, rank)] = (conn, buf)
+        return {name: a.readable
+                for (name, _), a in zip(items, response.attach_many.attachments)}
+
+    def lend(self, rank, state_dict, progress=True):
+        """Lends this process's local tensors of a whole model as `rank`'s buffers of its
+        attached tensors (created with register(..., init="attached")), in one request
+        (attach_many): `state_dict` maps each parameter's name to its local tensor (a torch
+        tensor on the CPU or the worker's GPU, a NumPy array; a DTensor lends its local
+        shard). A trainer lends its parameters once; every later copy or transfer reads them
+        in place. Returns {name: readable}; Error with `.member` on a refusal (nothing is
+        lent then)."""
+        return self.attach_many(rank, local_tensors(state_dict, "state_dict", writable=False),
+                                progress=progress, _verb="lend")
+
+    def receive(self, rank, state_dict, progress=True):
+        """Lends an inference process's tensors as `rank`'s buffers of attached tensors that
+        copies and transfers write in place (the engine reads its new weights where they
+        are, no copy out): as lend, but every buffer must be writable (a read-only NumPy
+        array is refused with INVALID_ARGUMENT naming it). Returns {name: readable}."""
+        return self.attach_many(rank, local_tensors(state_dict, "state_dict", writable=True),
+                                progress=progress, _verb="receive")
 
     def detach(self, name, rank):
         """Ends the loan of `rank`'s buffer of `name`: the worker stops using it, and the
