@@ -229,8 +229,10 @@ class TransferManager : public WorkerListener {
                 absl::StatusCode code = absl::StatusCode::kAborted);
   void StartGrace(const std::string& run_id);
   void TimedOut(const std::string& run_id);
+  // FinishPlan(run_id, commit) to every worker; `then` (optional) once each answered or
+  // failed, after the admission ticket went back.
   void FinishOnWorkers(const std::vector<WorkerEndpoint>& workers, const std::string& run_id,
-                       bool commit, int64_t ticket);
+                       bool commit, int64_t ticket, std::function<void()> then = nullptr);
 
   // The transfer's durable header (kind "transfer"): what a run rewrites.
   StateRecord HeaderLocked(const Transfer& t, int64_t version, int64_t runs) const

@@ -228,6 +228,29 @@ TEST_F(TransferManagerTest, MembersAreBusyWithTheRunningTransfer) {
   EXPECT_TRUE(tensors_.Acquire("b.1", "p-3").ok());
 }
 
+// A worker holds its part of a run until the run's FinishPlan: the caller hears of the commit,
+// and a next run may start, only once every participant has it (a worker would refuse a run
+// that finds the previous one still held).
+TEST_F(TransferManagerTest, ACommitIsAnsweredOnceEveryWorkerHasItsFinishPlan) {
+  CreateMembers(2);
+  ASSERT_TRUE(Create("sync", Copies(2)).ok());
+  client_.HoldFinishes(true);
+  RunResult& run = RunNow("sync");
+  ASSERT_TRUE(run.started.ok()) << run.started;
+  EXPECT_FALSE(run.ended.has_value());
+  EXPECT_EQ(client_.finishes().size(), 6u);
+  // Committed (every dst reads the run's version) but not yet free for the next run.
+  EXPECT_EQ(tensors_.Get("b.0")->version, transfers_->Get("sync", false)->version());
+  RunResult& again = RunNow("sync");
+  EXPECT_EQ(again.started.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(again.started.message(), HasSubstr("already running"));
+  client_.HoldFinishes(false);
+  client_.ReleaseFinishes();
+  ASSERT_TRUE(run.Committed()) << run.Error();
+  EXPECT_FALSE(transfers_->Get("sync", false)->running());
+  EXPECT_TRUE(RunNow("sync").Committed());
+}
+
 TEST_F(TransferManagerTest, AWorkersErrorAbortsAndEveryDstKeepsItsVersion) {
   CreateMembers(2);
   ASSERT_TRUE(Create("sync", Copies(2)).ok());

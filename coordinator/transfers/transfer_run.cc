@@ -437,7 +437,7 @@ void TransferManager::ValidateRun(const std::string& run_id) {
     ticket = std::exchange(r.ticket, 0);
     t.version = version;
     ++t.runs;
-    t.busy.clear();
+    // Still busy until every participant has the FinishPlan (below).
     t.last_run_id = run_id;
     t.last_run_state = PlanState::kCommitted;
     t.last_run_seconds = absl::ToDoubleSeconds(r.end - r.start);
@@ -465,10 +465,20 @@ void TransferManager::ValidateRun(const std::string& run_id) {
     options_.metrics->transfer_runs->WithLabels({"committed"})->Increment();
     options_.metrics->transfer_run_seconds->Observe(response.seconds());
   }
-  if (options_.on_run_end) options_.on_run_end(final);
-  join->Ended({absl::OkStatus(), response});
-  Tell(calls);
-  FinishOnWorkers(participants, run_id, /*commit=*/true, ticket);
+  // A worker holds its part of the run until the FinishPlan: the caller hears of the commit,
+  // and the transfer is free for its next run, once every participant has it, so that a next
+  // run never finds a worker still holding this one (it would refuse it). One round trip.
+  FinishOnWorkers(participants, run_id, /*commit=*/true, ticket,
+                  [this, name, run_id, final, response, join, calls]() mutable {
+                    {
+                      absl::MutexLock lock(&mu_);
+                      auto t = transfers_.find(name);
+                      if (t != transfers_.end() && t->second.busy == run_id) t->second.busy.clear();
+                    }
+                    if (options_.on_run_end) options_.on_run_end(final);
+                    join->Ended({absl::OkStatus(), response});
+                    Tell(calls);
+                  });
 }
 
 void TransferManager::AbortRun(const std::string& run_id, const std::string& reason,
@@ -538,13 +548,16 @@ void TransferManager::AbortRun(const std::string& run_id, const std::string& rea
 }
 
 void TransferManager::FinishOnWorkers(const std::vector<WorkerEndpoint>& workers,
-                                      const std::string& run_id, bool commit, int64_t ticket) {
+                                      const std::string& run_id, bool commit, int64_t ticket,
+                                      std::function<void()> then) {
   // The run's memory goes back once the workers dropped what the commit replaced (or the
   // abort's new buffers): a run admitted right after must find their budgets free.
   AdmissionController* admission = options_.admission;
-  std::shared_ptr<FanIn> fan = FanIn::Start(workers.size(), [admission, ticket](absl::Status) {
-    if (admission != nullptr && ticket != 0) admission->Release(ticket);
-  });
+  std::shared_ptr<FanIn> fan =
+      FanIn::Start(workers.size(), [admission, ticket, then = std::move(then)](absl::Status) {
+        if (admission != nullptr && ticket != 0) admission->Release(ticket);
+        if (then) then();
+      });
   v1::FinishPlanRequest request;
   request.set_plan_id(run_id);
   request.set_commit(commit);
