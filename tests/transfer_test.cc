@@ -233,5 +233,9 @@ int main(int argc, char** argv) {
   shardcoord::ClusterOptions options;
   options.num_workers = shardcoord::kWorkers;
   options.state_dir = std::string(std::getenv("TEST_TMPDIR")) + "/state";
+  // Creating and filling 2 x 20,000 tensors on 8 workers keeps two cores busy for a while (with
+  // other tests beside it in CI): no worker may be declared dead by a late heartbeat. The
+  // killed worker is declared dead 20 s after its last heartbeat at most.
+  options.coordinator_flags = {"--heartbeat-timeout=20s"};
   return shardcoord::RunWithCluster(argc, argv, std::move(options));
 }
