@@ -405,13 +405,13 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(c.name, "sync")
         self.assertEqual([(p.src, p.dst) for p in c.copies], [("a", "a_infer"), ("b", "b_i")])
         self.assertTrue(c.request_id)  # Retries replay instead of creating twice.
-        run = self.client.run_transfer("sync")
+        run = self.client.run("sync")
         self.assertEqual(run, {"name": "sync", "seconds": 0.5, "bytes_moved": 64,
                                "lower_bound_bytes": 32, "members": 2, "replanned": True,
                                "version": 7, "run_id": "t-1", "prepare_seconds": 0.0})
         self.assertTrue(self.fake.requests["run_transfer"].wait)
         self.assertEqual(len(self.client.transfers()), 1500)
-        self.assertEqual([(p.src, p.dst) for p in self.client.transfer("sync", copies=True).copies],
+        self.assertEqual([(p.src, p.dst) for p in self.client.transfer_info("sync", copies=True).copies],
                          [("a", "b")])
         self.client.delete_transfer("sync")
         self.assertEqual(self.fake.requests["delete_transfer"].name, "sync")

@@ -175,13 +175,18 @@ class LendTest(unittest.TestCase):
             self.assertEqual(a["received"], PARAMS)
         self.assert_o1(calls, len(engines))
 
-        # One group per destination moves the whole model (a group reads each tensor once).
-        # TODO(issue 27, prepared transfers): once create_transfer/run_transfer land, make
-        # these c.create_transfer(name, pairs) and c.run_transfer(name), run twice.
+        # One prepared transfer per destination moves the whole model (a transfer reads each
+        # tensor once), run twice as a trainer's steps would: the second run is a warm one.
         for prefix in ("tp.", "recv."):
-            group = self.c.copy_many([(n, prefix + n) for n, _ in self.model])
-            self.assertEqual(group.state, pb.COMMITTED, group)
-            self.assertEqual(len(group.members), PARAMS)
+            info = self.c.transfer("sync." + prefix, [(n, prefix + n) for n, _ in self.model])
+            self.assertEqual(info.members, PARAMS, info)
+            versions = []
+            for step in range(2):
+                run = self.c.run("sync." + prefix)
+                self.assertEqual(run["members"], PARAMS, run)
+                self.assertFalse(run["replanned"], run)
+                versions.append(run["version"])
+            self.assertLess(versions[0], versions[1])
         for p in engines:
             got = p.call(op="check", model=self.model_path, prefix="recv.")
             self.assertEqual(got["mismatches"], 0, got)

@@ -729,7 +729,16 @@ class Client:
                 "replanned": r.replanned, "version": r.version, "run_id": r.run_id,
                 "prepare_seconds": r.prepare_seconds}
 
-    def transfer(self, name, copies=False):
+    def transfer(self, name, pairs):
+        """The weight-sync step's setup: create_transfer(name, pairs), prepared once; then
+        run(name) every step."""
+        return self.create_transfer(name, pairs)
+
+    def run(self, name):
+        """One weight-sync step: run_transfer(name)."""
+        return self.run_transfer(name)
+
+    def transfer_info(self, name, copies=False):
         """The TransferInfo of transfer `name` (prepared, invalid_reason, runs, version,
         ...), with its pairs in `copies` when asked."""
         return self._call(self._stub.GetTransfer, pb.GetTransferRequest(name=name, copies=copies),
