@@ -342,6 +342,27 @@ absl::StatusOr<Plan> Redistribute(Layout&& source, Layout&& target, DType dtype,
   return plan;
 }
 
+absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
+                                  DType target_dtype, const PlanOptions& options) {
+  if (dtype == target_dtype) return Redistribute(source, target, dtype, options);
+  if (absl::Status s = CheckCast(dtype, target_dtype); !s.ok()) return s;
+  if (source.is_partial()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot cast ", DTypeName(dtype), " to ", DTypeName(target_dtype), ": the source is ",
+        source.SpecString(),
+        ", whose value is a reduction (reduce it in its own dtype first: redistribute it to a "
+        "layout without Partial)"));
+  }
+  if (absl::Status s = CheckInputs(source, target, target_dtype, options); !s.ok()) return s;
+  // The planner counts the bytes of what travels: the wire dtype's.
+  const DType wire = WireDType(dtype, target_dtype);
+  absl::StatusOr<Plan> plan = Redistribute(Layout(source), Layout(target), wire, options);
+  if (!plan.ok()) return plan.status();
+  plan->dtype = dtype;
+  plan->cast_to = target_dtype;
+  return plan;
+}
+
 absl::StatusOr<Plan> Gather(const Layout& source, absl::Span<const int64_t> destination_ranks,
                             DType dtype, const PlanOptions& options) {
   if (destination_ranks.empty()) {
