@@ -535,6 +535,11 @@ TEST(PlannerTest, CastPlansCountTheNarrowerDTypeAndSayWhoConverts) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("i32"));
 
   const Layout partial = Placed({2}, {0, 1}, {8, 4}, "P(sum)");
+  absl::StatusOr<Plan> f8_partial = Redistribute(partial, t, DType::kF8E4M3);
+  ASSERT_EQ(f8_partial.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(f8_partial.status().message()), HasSubstr("f8_e4m3"));
+  EXPECT_EQ(Redistribute(t, partial, DType::kBool).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Redistribute(partial, t, DType::kF32, DType::kBF16, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

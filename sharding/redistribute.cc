@@ -320,7 +320,11 @@ absl::Status CheckInputs(const Layout& source, const Layout& target, DType dtype
     return absl::InvalidArgumentError(
         absl::StrCat("ranks_per_host ", options.ranks_per_host, " is negative"));
   }
-  return absl::OkStatus();
+  if (absl::Status s = CheckPartialDType(dtype, source.is_partial(), source.SpecString(), "source");
+      !s.ok()) {
+    return s;
+  }
+  return CheckPartialDType(dtype, target.is_partial(), target.SpecString(), "target");
 }
 
 }  // namespace

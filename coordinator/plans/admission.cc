@@ -44,11 +44,11 @@ std::map<int64_t, int64_t> LayoutBytesByRank(const Layout& layout, DType dtype) 
 MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced,
                               bool staging) {
   MemoryDemand d;
-  if (!target_in_place) d.buffers = LayoutBytesByRank(plan.target, plan.dtype);
+  if (!target_in_place) d.buffers = LayoutBytesByRank(plan.target, plan.target_dtype());
   if (staging) {
     for (const auto& [rank, cap] : StagingCaps(plan)) d.staging[rank].push_back(StagingNeed{cap});
   }
-  if (replaced != nullptr) d.frees = LayoutBytesByRank(*replaced, plan.dtype);
+  if (replaced != nullptr) d.frees = LayoutBytesByRank(*replaced, plan.target_dtype());
   return d;
 }
 

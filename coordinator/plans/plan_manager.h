@@ -484,6 +484,7 @@ class PlanManager : public WorkerListener {
     // The plan of `source` -> `target` in `dtype` (with the group's worker view).
     std::shared_ptr<const Plan> plan;
     DType dtype = DType::kF32;
+    DType target_dtype = DType::kF32;  // The target tensor's (a Copy may cast).
     Layout source;
     Layout target;
     std::vector<int64_t> participants;  // PlanParticipants(*plan).
@@ -524,7 +525,8 @@ class PlanManager : public WorkerListener {
 
   absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
                                                        const Layout& source, const Layout& target,
-                                                       std::vector<std::string> hosts_by_rank);
+                                                       std::vector<std::string> hosts_by_rank,
+                                                       std::optional<DType> target_dtype = {});
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // stores the plan; the new version belongs to `target_tensor`, which is `tensor` itself
