@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from . import _buffers
-from ._buffers import DTYPES, WIRE_NAMES
+from ._buffers import BITS_ONLY, DTYPES, WIRE_NAMES
 from ._errors import Error
 from ._local import LocalConnection
 from ._proto import pb, pb_grpc
@@ -742,7 +742,7 @@ class Client:
         answers its outcome instead of making a second version."""
         if dtype is None:
             dtype = next((k for k, (_, npt, _) in DTYPES.items()
-                          if k != "bf16" and np.dtype(npt) == array.dtype), None)
+                          if k not in BITS_ONLY and np.dtype(npt) == array.dtype), None)
             if dtype is None:
                 raise ValueError(f"numpy dtype {array.dtype} has no shardcoord equivalent")
         data = np.ascontiguousarray(array, dtype=_NUMPY_OF_WIRE[DTYPES[dtype][0]]).tobytes()
