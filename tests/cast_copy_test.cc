@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -275,6 +276,82 @@ TEST_F(CastCopyTest, RefusedPairsAreInvalidArgumentAndChangeNothing) {
   EXPECT_TRUE(after->busy_plan().empty());
   EXPECT_TRUE(DownloadAndCheck(client(), "r_i32", DType::kI32, kShape, FillKind::kZeros).ok());
   for (const char* name : {"r_f32", "r_i64", "r_i32"}) {
+    EXPECT_TRUE(client().DeleteTensor(name).ok()) << name;
+  }
+}
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+TEST_F(CastCopyTest, CheckpointLoadCastsToTheAskedDType) {
+  ASSERT_TRUE(UploadSource("ck_f32", DType::kF32, {"line", "S(0)"}).ok());
+  ASSERT_TRUE(UploadSource("ck_bf16", DType::kBF16, {"grid", "S(1),R"}).ok());
+  const std::string dir = TempPath("cast_ckpt");
+  v1::SaveCheckpointRequest save;
+  save.set_dir(dir);
+  save.add_tensors("ck_f32");
+  save.add_tensors("ck_bf16");
+  ASSERT_TRUE(client().SaveCheckpoint(save).ok());
+
+  // --dtype f8_e4m3 into new tensors: f32 narrowed (by the readers), bf16 too.
+  v1::LoadCheckpointRequest load;
+  load.set_dir(dir);
+  load.set_prefix("e4m3_");
+  load.set_dtype(v1::F8_E4M3);
+  for (const char* name : {"ck_f32", "ck_bf16"}) {
+    v1::LoadTarget* t = load.add_targets();
+    t->set_tensor(name);
+    *t->mutable_target() = SpecFromText("trio", "S(1)");
+  }
+  absl::StatusOr<v1::LoadCheckpointResponse> loaded = client().LoadCheckpoint(load);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  for (const char* name : {"e4m3_ck_f32", "e4m3_ck_bf16"}) {
+    absl::StatusOr<v1::TensorInfo> info = client().GetTensor(name);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->dtype(), v1::F8_E4M3);
+    EXPECT_EQ(info->mesh(), "trio");
+  }
+  ExpectCastOf("e4m3_ck_f32", DType::kF32, DType::kF8E4M3);
+  // The bf16 source's bytes were cast from f32's pattern rules for bf16 (SourceBytes(bf16)).
+  ExpectCastOf("e4m3_ck_bf16", DType::kBF16, DType::kF8E4M3);
+
+  // --into existing tensors of other dtypes: each keeps its dtype and layout.
+  ASSERT_TRUE(
+      CreateFilled(client(), "into_ck_f32", kShape, DType::kBF16, "pair", "R", false, v1::ZEROS)
+          .ok());
+  ASSERT_TRUE(CreateFilled(client(), "into_ck_bf16", kShape, DType::kF64, "grid", "R,S(0)", false,
+                           v1::ZEROS)
+                  .ok());
+  v1::LoadCheckpointRequest into;
+  into.set_dir(dir);
+  into.set_prefix("into_");
+  into.set_into(true);
+  into.add_targets()->set_tensor("ck_f32");
+  into.add_targets()->set_tensor("ck_bf16");
+  loaded = client().LoadCheckpoint(into);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectCastOf("into_ck_f32", DType::kF32, DType::kBF16);
+  ExpectCastOf("into_ck_bf16", DType::kBF16, DType::kF64);
+
+  // Refused: a cast the table does not allow; --into with another --dtype. Nothing appears.
+  v1::LoadCheckpointRequest bad = load;
+  bad.set_prefix("bad_");
+  bad.set_dtype(v1::I32);
+  absl::StatusOr<v1::LoadCheckpointResponse> r = client().LoadCheckpoint(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("dtype: the checkpoint's 'ck_f32' is f32, which cannot be cast to i32"));
+  EXPECT_EQ(client().GetTensor("bad_ck_f32").status().code(), absl::StatusCode::kNotFound);
+  v1::LoadCheckpointRequest bad_into = into;
+  bad_into.set_dtype(v1::F16);
+  r = client().LoadCheckpoint(bad_into);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("a load into existing tensors casts"));
+
+  for (const char* name :
+       {"ck_f32", "ck_bf16", "e4m3_ck_f32", "e4m3_ck_bf16", "into_ck_f32", "into_ck_bf16"}) {
     EXPECT_TRUE(client().DeleteTensor(name).ok()) << name;
   }
 }

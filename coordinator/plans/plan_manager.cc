@@ -334,19 +334,20 @@ absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
   if (!source.ok()) return fail(source.status());
   GroupMemo* const memo = input.memo;
   std::optional<std::shared_ptr<const Plan>> plan;  // Set from here on.
+  const DType target_dtype = copy ? dst_rec.dtype : target->dtype.value_or(rec->dtype);
   if (memo != nullptr && memo->plan != nullptr && memo->dtype == rec->dtype &&
-      memo->target_dtype == dst_rec.dtype && SameLayout(memo->source, *source) &&
+      memo->target_dtype == target_dtype && SameLayout(memo->source, *source) &&
       SameLayout(memo->target, target->layout)) {
     plan = memo->plan;  // The previous member's: same inputs, same plan.
   } else {
     absl::StatusOr<std::shared_ptr<const Plan>> made =
-        MakePlan(*rec, *source, target->layout, view.hosts, dst_rec.dtype);
+        MakePlan(*rec, *source, target->layout, view.hosts, target_dtype);
     if (!made.ok()) return fail(made.status());
     plan = *std::move(made);
     if (memo != nullptr) {
       memo->plan = *plan;
       memo->dtype = rec->dtype;
-      memo->target_dtype = dst_rec.dtype;
+      memo->target_dtype = target_dtype;
       memo->source = *std::move(source);
       memo->target = target->layout;
       memo->participants = PlanParticipants(**plan);
@@ -375,13 +376,13 @@ absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
   if (memo == nullptr) {
     e.demand =
         PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
-                         /*staging=*/!member);
+                         /*staging=*/!member, dst_rec.dtype);
   } else {
     if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
         (!e.target_attached && !SameLayout(memo->replaced, dst_rec.layout))) {
       memo->demand =
           PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
-                           /*staging=*/false);
+                           /*staging=*/false, dst_rec.dtype);
       memo->demand_plan = plan->get();
       memo->in_place = e.target_attached;
       if (!e.target_attached) memo->replaced = dst_rec.layout;

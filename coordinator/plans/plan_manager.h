@@ -135,6 +135,9 @@ struct LoadMember {
   std::string into;
   Spec target;
   bool keep_hidden = false;
+  // Without `into`: the dtype the tensor is cast to as it moves to `target` (empty: the
+  // checkpoint's). With `into`, the copy casts to the existing tensor's dtype.
+  std::optional<DType> dtype;
 };
 
 // A group of plans that commit together (or none does).
@@ -323,6 +326,9 @@ class PlanManager : public WorkerListener {
     Layout layout;
     std::string mesh;  // Empty: on no named mesh.
     std::string spec;
+    // A redistribute that casts the tensor to this dtype (a checkpoint load with a dtype);
+    // empty: the tensor keeps its dtype. A Copy's target dtype is always dst's.
+    std::optional<DType> dtype;
   };
   using TargetFn = std::function<absl::StatusOr<Target>(const TensorRecord&)>;
   using WatchCalls = std::vector<std::pair<WatchFn, PlanProgress>>;
