@@ -694,8 +694,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "copy",
-        "Write one tensor's values into another of the same shape and dtype (any "
-        "mesh and layout); the destination keeps its layout and gets a new version");
+        "Write one tensor's values into another of the same shape (any mesh and layout); the "
+        "destination keeps its layout and dtype (values are cast to it: f64/f32/bf16/f16/"
+        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version");
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->type_name("DST");

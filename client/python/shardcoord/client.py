@@ -594,8 +594,9 @@ class Client:
         return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
     def copy(self, src, dst):
-        """Writes src's values into dst (same shape and dtype, any mesh and layout; in place
-        when dst is attached) and waits; returns the CopyResponse."""
+        """Writes src's values into dst (same shape, any mesh and layout; in place when dst
+        is attached; cast to dst's dtype where the dtypes differ, see README "Dtypes and
+        casts") and waits; returns the CopyResponse."""
         request = pb.CopyRequest(src=src, dst=dst, wait=True)
         return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
