@@ -157,6 +157,25 @@ TEST_F(DTypeTest, PartialIsRefusedForDTypesWithoutAReduction) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("f8_e4m3 cannot be Partial"));
   EXPECT_TRUE(client().DeleteTensor("p_e4m3").ok());
+
+  // Nor created or uploaded Partial.
+  create.set_name("p_bool");
+  create.set_dtype(v1::BOOL);
+  *create.mutable_spec() = SpecFromText("grid", "P(sum),S(0)");
+  absl::StatusOr<v1::TensorInfo> made = client().CreateTensor(create);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << made.status();
+  EXPECT_THAT(std::string(made.status().message()),
+              HasSubstr("spec: dtype bool cannot be Partial"));
+  v1::TensorHeader header;
+  header.set_name("p_u16");
+  for (int64_t d : kShape) header.add_shape(d);
+  header.set_dtype(v1::U16);
+  *header.mutable_spec() = SpecFromText("line", "P(max)");
+  made = client().Upload(header, std::string(kElements * 2, '\0'));
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << made.status();
+  EXPECT_THAT(std::string(made.status().message()), HasSubstr("dtype u16 cannot be Partial"));
+  EXPECT_EQ(client().GetTensor("p_bool").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client().GetTensor("p_u16").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(DTypeTest, ShardctlCreatesFloat8AndMovesRawFiles) {
