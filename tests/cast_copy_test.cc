@@ -162,6 +162,21 @@ class CastCopyTest : public MeshTest {
               ElementSize(to) <= ElementSize(from) ? v1::CAST_BY_SENDER : v1::CAST_BY_RECEIVER);
     EXPECT_EQ(plan.bytes_moved(), plan.lower_bound_bytes());
     EXPECT_EQ(plan.bytes_moved() % ElementSize(WireDType(from, to)), 0);
+    {
+      // The same copy without a cast moves the same elements in src's dtype: a narrowing
+      // copy moves dst's bytes (the sender converted), a widening one src's.
+      const std::string same = name + "_same";
+      ASSERT_TRUE(
+          CreateFilled(client(), same, kShape, from, dst_at.mesh, dst_at.spec, false, v1::ZEROS)
+              .ok());
+      v1::CopyRequest plain = request;
+      plain.set_dst(same);
+      absl::StatusOr<v1::CopyResponse> r = client().Copy(plain);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(plan.bytes_moved() * ElementSize(from),
+                r->plan().bytes_moved() * ElementSize(WireDType(from, to)));
+      EXPECT_TRUE(client().DeleteTensor(same).ok());
+    }
 
     absl::StatusOr<v1::TensorInfo> dst_after = client().GetTensor(dst);
     ASSERT_TRUE(dst_after.ok()) << dst_after.status();
