@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -121,6 +122,13 @@ absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
   request.set_dir(AbsoluteCheckpointPath(flags.dir));
   request.set_prefix(flags.prefix);
   request.set_into(flags.into);
+  if (!flags.dtype.empty()) {
+    absl::StatusOr<DType> dtype = ParseDType(absl::StripAsciiWhitespace(flags.dtype));
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--dtype: ", dtype.status().message()));
+    }
+    request.set_dtype(DTypeToProto(*dtype));
+  }
   request.set_request_id(NewRequestId());
   const bool has_spec = flags.placements.has_value() || flags.flat.has_value();
   if (!flags.from_file.empty()) {
@@ -298,8 +306,13 @@ void AddCheckpointCommand(CLI::App& app, const ConnectionFlags* conn) {
                      "\"0:4;4:8\"}]}")
         ->type_name("FILE");
     load->add_flag("--into", flags->into,
-                   "Copy into existing tensors of the same names (prefix included), shapes and "
-                   "dtypes; each keeps its layout");
+                   "Copy into existing tensors of the same names (prefix included) and shapes; "
+                   "each keeps its layout and dtype (values are cast to it)");
+    load->add_option("--dtype", flags->dtype,
+                     absl::StrCat("Cast every tensor to this dtype as it loads (the cast rules "
+                                  "of Copy; with --into it must be the tensors' dtype): ",
+                                  DTypeNameList()))
+        ->type_name("TYPE");
     load->callback([conn, flags, placements, flat]() {
       if (placements->count() > 0) flags->placements = placements->as<std::string>();
       if (flat->count() > 0) flags->flat = flat->as<std::string>();

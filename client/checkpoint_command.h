@@ -45,6 +45,7 @@ struct CheckpointLoadFlags {
   std::string prefix;
   std::string from_file;  // {"moves": [{"tensor": "a", "mesh": "m", "placements": "S(0)"}]}.
   bool into = false;
+  std::string dtype;  // Cast every tensor to it as it loads; empty: the checkpoint's.
 };
 absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
     const CheckpointLoadFlags& flags, const std::string& from_file_text = "");

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -268,11 +269,13 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     return grpc::Status::OK;
   }
 
-  // f32 0..5, or bf16 bits 0..5.
+  // f32 0..5, bf16 bits 0..5, or f8_e4m3 bits 0x30..0x35.
   std::string DownloadData() const {
     std::string out;
     for (int i = 0; i < 6; ++i) {
-      if (download_dtype_ == v1::BF16) {
+      if (download_dtype_ == v1::F8_E4M3) {
+        out.push_back(static_cast<char>(0x30 + i));
+      } else if (download_dtype_ == v1::BF16) {
         const uint16_t v = static_cast<uint16_t>(i);
         out.append(reinterpret_cast<const char*>(&v), 2);
       } else {
@@ -676,13 +679,25 @@ TEST_F(CommandsTest, DownloadWritesAnNpyFile) {
   fake_.download_dtype_ = v1::BF16;
   ASSERT_EQ(RunDownloadCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
   EXPECT_THAT(err_.str(), HasSubstr("holds the raw bits as '<u2'"));
-  EXPECT_FALSE(ReadNpyFile(flags.out_path).ok());
+  EXPECT_EQ(ReadNpyFile(flags.out_path)->dtype, DType::kU16);
   NpyReadOptions options;
   options.u2_as_bf16 = true;
   a = ReadNpyFile(flags.out_path, options);
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->data, fake_.DownloadData());
 
+  // --raw: the elements only, any dtype.
+  fake_.download_dtype_ = v1::F8_E4M3;
+  flags.raw = true;
+  flags.out_path = dir_ + "/commands_test_t.bin";
+  err_.str("");
+  ASSERT_EQ(RunDownloadCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_EQ(err_.str(), "");
+  std::ifstream raw(flags.out_path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(raw)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, fake_.DownloadData());
+
+  flags.raw = false;
   flags.out_path = dir_ + "/no/such/dir/t.npy";
   err_.str("");
   EXPECT_EQ(RunDownloadCommand(*client_, flags, false, false, out_, err_), 1);
@@ -713,6 +728,29 @@ TEST_F(CommandsTest, UploadStreamsTheFile) {
   flags.dtype = "f32";
   EXPECT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 2);
   EXPECT_THAT(err_.str(), HasSubstr("--dtype: " + path + " holds i32, not f32"));
+
+  // --raw: the same bytes as any dtype of that size, with --dtype and --shape.
+  const std::string raw_path = dir_ + "/commands_test_up.bin";
+  {
+    std::ofstream f(raw_path, std::ios::binary);
+    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  }
+  flags.from_path = raw_path;
+  flags.raw = true;
+  flags.dtype = "f8_e4m3";
+  flags.shape = "40,100";
+  err_.str("");
+  ASSERT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_EQ(fake_.upload_header_.dtype(), v1::F8_E4M3);
+  EXPECT_THAT(fake_.upload_header_.shape(), ElementsAre(40, 100));
+  EXPECT_EQ(fake_.upload_data_, data);
+  flags.shape = "10,100";  // 1000 bytes, but the file holds 4000.
+  EXPECT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 1);
+  EXPECT_THAT(err_.str(), HasSubstr("holds 4000 bytes but a [10, 100] f8_e4m3 array is 1000"));
+  flags.dtype = "";
+  err_.str("");
+  EXPECT_EQ(RunUploadCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--dtype: required with --raw"));
 }
 
 TEST_F(CommandsTest, OnlinePlan) {

@@ -6,8 +6,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "client/command_util.h"
 #include "client/layout_format.h"
+#include "sharding/dtype.h"
 
 namespace shardcoord {
 
@@ -62,7 +64,7 @@ void AddLayoutCommand(CLI::App& app, const ConnectionFlags* conn) {
                       "','; a group may be empty. Example: '0:4,20:30;4:20;;'");
   flat->type_name("SPEC");
   cmd->add_option("--dtype", flags->dtype,
-                  "Element type for byte counts: f32, f64, f16, bf16, i8, u8, i32, i64")
+                  absl::StrCat("Element type for byte counts: ", DTypeNameList()))
       ->capture_default_str()
       ->type_name("TYPE");
   cmd->callback([flags, conn, placements, flat]() {

@@ -176,11 +176,16 @@ class HeaderParser {
 struct DescrInfo {
   DType dtype;
   const char* descr;
+  bool numpy;  // NumPy has the dtype; else the descr is the unsigned integer of its bits.
 };
 
 constexpr DescrInfo kDescrs[] = {
-    {DType::kF32, "<f4"}, {DType::kF64, "<f8"}, {DType::kF16, "<f2"}, {DType::kI32, "<i4"},
-    {DType::kI64, "<i8"}, {DType::kI8, "|i1"},  {DType::kU8, "|u1"},  {DType::kBF16, "<u2"},
+    {DType::kF32, "<f4", true},     {DType::kF64, "<f8", true},     {DType::kF16, "<f2", true},
+    {DType::kI32, "<i4", true},     {DType::kI64, "<i8", true},     {DType::kI8, "|i1", true},
+    {DType::kU8, "|u1", true},      {DType::kBool, "|b1", true},    {DType::kI16, "<i2", true},
+    {DType::kU16, "<u2", true},     {DType::kU32, "<u4", true},     {DType::kU64, "<u8", true},
+    {DType::kBF16, "<u2", false},   {DType::kF8E4M3, "|u1", false}, {DType::kF8E5M2, "|u1", false},
+    {DType::kF8E8M0, "|u1", false},
 };
 
 absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr, const NpyReadOptions& options) {
@@ -190,10 +195,13 @@ absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr, const NpyReadOptio
       (normalized[0] == '<' || normalized[0] == '>' || normalized[0] == '=')) {
     normalized[0] = '|';
   }
+  std::optional<DType> bits = options.bits_of;
+  if (options.u2_as_bf16) bits = DType::kBF16;
   for (const DescrInfo& d : kDescrs) {
-    if (normalized != d.descr) continue;
-    if (d.dtype == DType::kBF16 && !options.u2_as_bf16) break;
-    return d.dtype;
+    if (!d.numpy && bits == d.dtype && normalized == d.descr) return d.dtype;
+  }
+  for (const DescrInfo& d : kDescrs) {
+    if (d.numpy && normalized == d.descr) return d.dtype;
   }
   if (!descr.empty() && descr[0] == '>') {
     return Invalid(absl::StrCat("dtype '", descr,
@@ -201,10 +209,9 @@ absl::StatusOr<DType> DTypeFromDescr(absl::string_view descr, const NpyReadOptio
                                 "(convert with a.astype('<",
                                 descr.substr(1), "'))"));
   }
-  std::string hint;
-  if (descr == "<u2") hint = " ('<u2' holds bf16 bits only when read as bf16)";
-  return Invalid(absl::StrCat("dtype '", descr, "' is not supported", hint,
-                              "; supported: <f4 <f8 <f2 <i4 <i8 |i1 |u1"));
+  return Invalid(absl::StrCat("dtype '", descr,
+                              "' is not supported; supported: <f4 <f8 <f2 <i8 <i4 <i2 |i1 <u8 <u4 "
+                              "<u2 |u1 |b1 (and <u2 as bf16 bits, |u1 as float8 bits)"));
 }
 
 uint32_t ReadLittleEndian(absl::string_view bytes) {
@@ -266,6 +273,13 @@ absl::StatusOr<NpyPrefix> ParseNpyPrefix(absl::string_view file) {
 }
 
 }  // namespace
+
+bool NpyHasDType(DType dtype) {
+  for (const DescrInfo& d : kDescrs) {
+    if (d.dtype == dtype) return d.numpy;
+  }
+  return false;
+}
 
 std::string NpyDescr(DType dtype) {
   for (const DescrInfo& d : kDescrs) {
@@ -492,11 +506,41 @@ absl::Status NpyFileReader::Rewind() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::OpenRaw(const std::string& path,
+                                                                      DType dtype,
+                                                                      const Shape& shape) {
+  absl::StatusOr<int64_t> bytes = CheckedBytes(shape, ElementSize(dtype));
+  if (!bytes.ok()) return bytes.status();
+  auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
+  std::ifstream& in = reader->in_;
+  in.open(path, std::ios::binary);
+  if (!in) return IoError(path, "open", errno);
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size < 0 || !in) return IoError(path, "read", errno);
+  if (static_cast<int64_t>(size) != *bytes) {
+    return Invalid(absl::StrCat(path, ": holds ", static_cast<int64_t>(size), " bytes but a ",
+                                ShapeToString(shape), " ", DTypeName(dtype), " array is ", *bytes,
+                                " (raw files are C-order little-endian elements, nothing else)"));
+  }
+  reader->path_ = path;
+  reader->header_.dtype = dtype;
+  reader->header_.shape = shape;
+  reader->header_.data_offset = 0;
+  reader->header_.data_bytes = *bytes;
+  return reader;
+}
+
 absl::StatusOr<std::unique_ptr<NpyFileWriter>> NpyFileWriter::Create(const std::string& path,
                                                                      DType dtype,
-                                                                     const Shape& shape) {
-  absl::StatusOr<std::string> header = NpyHeader(dtype, shape);
+                                                                     const Shape& shape, bool raw) {
+  absl::StatusOr<std::string> header =
+      raw ? absl::StatusOr<std::string>(std::string()) : NpyHeader(dtype, shape);
   if (!header.ok()) return header.status();
+  if (absl::StatusOr<int64_t> b = CheckedBytes(shape, ElementSize(dtype)); !b.ok()) {
+    return b.status();
+  }
   auto writer = std::unique_ptr<NpyFileWriter>(new NpyFileWriter());
   writer->path_ = path;
   writer->temp_path_ = absl::StrCat(path, ".partial");

@@ -5,14 +5,16 @@
 // writes what numpy.load reads and `upload` reads what numpy.save writes. Only what a tensor
 // can be: little-endian numeric dtypes, C (row-major) order.
 //
-// bf16 has no NumPy dtype. Its raw bits are written as '<u2' (view them with
-// ml_dtypes.bfloat16, or as float32 via `(a.astype(np.uint32) << 16).view(np.float32)`),
-// and '<u2' reads back as bf16 only when the caller asks for it: any other '<u2' file would
-// silently become garbage floats.
+// bf16 and the float8s (f8_e4m3, f8_e5m2, f8_e8m0) have no NumPy dtype. Their raw bits are
+// written as '<u2' and '|u1' (view them with ml_dtypes.bfloat16, float8_e4m3fn,
+// float8_e5m2, float8_e8m0fnu), and such files read back as those dtypes only when the
+// caller asks for it (NpyReadOptions): otherwise they are u16 and u8 arrays, as NumPy says.
+// bool is '|b1', i16/u16/u32/u64 '<i2' '<u2' '<u4' '<u8'.
 
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,7 +34,13 @@ struct NpyArray {
 struct NpyReadOptions {
   // Read '<u2' arrays as bf16 bit patterns (what WriteNpy stores for bf16).
   bool u2_as_bf16 = false;
+  // Read arrays of the unsigned integer of this dtype's size as its bit patterns: bf16 for
+  // '<u2', a float8 for '|u1'. Empty, or a dtype NumPy has: the file's own dtype.
+  std::optional<DType> bits_of;
 };
+
+// Whether NumPy has the dtype (false: bf16 and the float8s, stored as their bits).
+bool NpyHasDType(DType dtype);
 
 // The .npy descr of a dtype: "<f4", "|i1", ...; bf16 gives "<u2".
 std::string NpyDescr(DType dtype);
@@ -82,6 +90,11 @@ class NpyFileReader {
   static absl::StatusOr<std::unique_ptr<NpyFileReader>> Open(const std::string& path,
                                                              const NpyReadOptions& options = {});
 
+  // A raw file (`shardctl tensor upload --raw`): C-order little-endian elements of `dtype`
+  // and nothing else; INVALID_ARGUMENT unless its size is the shape's bytes.
+  static absl::StatusOr<std::unique_ptr<NpyFileReader>> OpenRaw(const std::string& path,
+                                                                DType dtype, const Shape& shape);
+
   const NpyFileHeader& header() const { return header_; }
   // The next at most `max_bytes` bytes of data into `*out` (replaced); empty at the end.
   // INTERNAL on an I/O error.
@@ -105,8 +118,10 @@ class NpyFileReader {
 class NpyFileWriter {
  public:
   // INVALID_ARGUMENT bad shape; NOT_FOUND / PERMISSION_DENIED / INTERNAL creating the file.
+  // `raw`: the elements only, no .npy header (`shardctl tensor download --raw`).
   static absl::StatusOr<std::unique_ptr<NpyFileWriter>> Create(const std::string& path, DType dtype,
-                                                               const Shape& shape);
+                                                               const Shape& shape,
+                                                               bool raw = false);
   ~NpyFileWriter();
 
   // INVALID_ARGUMENT past the array's bytes; INTERNAL on an I/O error.

@@ -112,7 +112,7 @@ void AddPlanCommand(CLI::App& app, const ConnectionFlags* conn) {
   shape->type_name("DIMS");
   offline_only.push_back(shape);
   offline_only.push_back(cmd->add_option("--dtype", flags->source.dtype,
-                                         "f32, f64, f16, bf16, i8, u8, i32, i64 (default f32)")
+                                         absl::StrCat(DTypeNameList(), " (default f32)"))
                              ->type_name("TYPE"));
   CLI::Option* placements = cmd->add_option(
       "--placements", "Offline: source placements (S(0),R). Online: target placements");

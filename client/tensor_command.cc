@@ -411,7 +411,7 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
           dtype = *d;
           shape = *std::move(s);
           absl::StatusOr<std::unique_ptr<NpyFileWriter>> w =
-              NpyFileWriter::Create(flags.out_path, dtype, shape);
+              NpyFileWriter::Create(flags.out_path, dtype, shape, flags.raw);
           if (!w.ok()) return w.status();
           file = *std::move(w);
           local_error = false;
@@ -430,9 +430,9 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
   }
   if (absl::Status s = file->Commit(); !s.ok()) return ReportStatus(err, s);
   const int64_t bytes = header->total_bytes();
-  if (dtype == DType::kBF16) {
-    err << "shardctl: note: bf16 has no NumPy dtype; " << flags.out_path
-        << " holds the raw bits as '<u2' (view with ml_dtypes.bfloat16)\n";
+  if (!flags.raw && !NpyHasDType(dtype)) {
+    err << "shardctl: note: " << DTypeName(dtype) << " has no NumPy dtype; " << flags.out_path
+        << " holds the raw bits as '" << NpyDescr(dtype) << "' (view with ml_dtypes)\n";
   }
   JsonWriter w;
   w.BeginObject();
@@ -440,7 +440,11 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
   w.Key("path").String(flags.out_path);
   w.Key("shape").IntArray(shape);
   w.Key("dtype").String(DTypeName(dtype));
-  w.Key("npy_dtype").String(NpyDescr(dtype));
+  if (flags.raw) {
+    w.Key("raw").Bool(true);
+  } else {
+    w.Key("npy_dtype").String(NpyDescr(dtype));
+  }
   w.Key("bytes").Int(bytes);
   w.EndObject();
   return ReportJsonOrText(
@@ -465,19 +469,38 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
   if (!spec.ok()) return ReportFlagError(err, kCommand, spec.status().message());
 
   NpyReadOptions options;
-  options.u2_as_bf16 = want == DType::kBF16;
+  if (want.has_value() && !NpyHasDType(*want)) options.bits_of = *want;
   // The header is checked (and the file's size against it) before anything is sent; the
   // data is then read and sent in pieces, never held whole.
-  absl::StatusOr<std::unique_ptr<NpyFileReader>> file =
-      NpyFileReader::Open(flags.from_path, options);
+  absl::StatusOr<std::unique_ptr<NpyFileReader>> file;
+  if (flags.raw) {
+    if (!want.has_value()) {
+      return ReportFlagError(err, kCommand, "--dtype: required with --raw");
+    }
+    if (flags.shape.empty()) return ReportFlagError(err, kCommand, "--shape: required with --raw");
+    absl::StatusOr<std::vector<int64_t>> shape = ParseIntList(flags.shape);
+    if (!shape.ok()) {
+      return ReportFlagError(err, kCommand, absl::StrCat("--shape: ", shape.status().message()));
+    }
+    if (absl::Status s = ValidateShape(*shape); !s.ok()) {
+      return ReportFlagError(err, kCommand, absl::StrCat("--shape: ", s.message()));
+    }
+    file = NpyFileReader::OpenRaw(flags.from_path, *want, *shape);
+  } else {
+    if (!flags.shape.empty()) {
+      return ReportFlagError(err, kCommand, "--shape: only with --raw (an .npy file has its own)");
+    }
+    file = NpyFileReader::Open(flags.from_path, options);
+  }
   if (!file.ok()) return ReportStatus(err, file.status());
   const NpyFileHeader& npy = (*file)->header();
   if (want.has_value() && *want != npy.dtype) {
-    return ReportFlagError(err, kCommand,
-                           absl::StrCat("--dtype: ", flags.from_path, " holds ",
-                                        DTypeName(npy.dtype), ", not ", DTypeName(*want),
-                                        " (uploads keep the file's dtype; only bf16 "
-                                        "reinterprets a '<u2' file)"));
+    return ReportFlagError(
+        err, kCommand,
+        absl::StrCat("--dtype: ", flags.from_path, " holds ", DTypeName(npy.dtype), ", not ",
+                     DTypeName(*want),
+                     " (uploads keep the file's dtype; only bf16 reinterprets a '<u2' file and "
+                     "the float8s a '|u1' file; --raw takes any dtype)"));
   }
 
   v1::TensorHeader header;
@@ -564,7 +587,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     CLI::Option* shape_flag =
         cmd->add_option("--shape", flags->shape, "Global shape, comma-separated: 64,48")
             ->type_name("DIMS");
-    cmd->add_option("--dtype", flags->dtype, "f32, f64, f16, bf16, i8, u8, i32, i64")
+    cmd->add_option("--dtype", flags->dtype, DTypeNameList())
         ->capture_default_str()
         ->type_name("TYPE");
     CLI::Option *placements, *flat;
@@ -671,8 +694,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
   {
     CLI::App* cmd = tensor->add_subcommand(
         "copy",
-        "Write one tensor's values into another of the same shape and dtype (any "
-        "mesh and layout); the destination keeps its layout and gets a new version");
+        "Write one tensor's values into another of the same shape (any mesh and layout); the "
+        "destination keeps its layout and dtype (values are cast to it: f64/f32/bf16/f16/"
+        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version");
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->type_name("DST");
@@ -690,6 +714,8 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     auto flags = std::make_shared<DownloadFlags>();
     add_name(cmd, &flags->name);
     cmd->add_option("--out", flags->out_path, "Output .npy path")->required()->type_name("PATH");
+    cmd->add_flag("--raw", flags->raw,
+                  "Write the elements only (C order, little-endian), no .npy header; any dtype");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       Finish(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
@@ -704,12 +730,21 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("--mesh", flags->mesh, "Mesh name")->required()->type_name("MESH");
     CLI::Option *placements, *flat;
     AddSpecFlags(cmd, &placements, &flat);
-    cmd->add_option("--from", flags->from_path, "Input .npy path (C order, little-endian)")
+    cmd->add_option("--from", flags->from_path,
+                    "Input .npy path (C order, little-endian), or a raw file with --raw")
         ->required()
         ->type_name("PATH");
     cmd->add_option("--dtype", flags->dtype,
-                    "Expected dtype (default: the file's); bf16 reads a '<u2' file as bf16 bits")
+                    absl::StrCat("Expected dtype (default: the file's); bf16 reads a '<u2' file "
+                                 "and f8_e4m3, f8_e5m2, f8_e8m0 a '|u1' file as their bits; "
+                                 "required with --raw. One of ",
+                                 DTypeNameList()))
         ->type_name("TYPE");
+    cmd->add_flag("--raw", flags->raw,
+                  "--from holds the elements only (C order, little-endian), no .npy header; "
+                  "needs --dtype and --shape");
+    cmd->add_option("--shape", flags->shape, "With --raw: the global shape, comma-separated")
+        ->type_name("DIMS");
     cmd->callback([conn, flags, placements, flat, progress]() {
       flags->placements = Value(placements);
       flags->flat = Value(flat);

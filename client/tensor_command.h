@@ -94,6 +94,7 @@ int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
 struct DownloadFlags {
   std::string name;
   std::string out_path;
+  bool raw = false;  // The elements only (C order, little-endian), no .npy header.
 };
 int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bool json,
                        bool progress, std::ostream& out, std::ostream& err);
@@ -104,7 +105,11 @@ struct UploadFlags {
   std::optional<std::string> placements;
   std::optional<std::string> flat;
   std::string from_path;
-  std::string dtype;  // Empty: the file's. "bf16" reads a '<u2' file as bf16 bits.
+  // Empty: the file's. bf16 reads a '<u2' file, a float8 a '|u1' file, as their bits.
+  // Required with `raw`.
+  std::string dtype;
+  bool raw = false;   // A raw file: C-order little-endian elements, nothing else.
+  std::string shape;  // With `raw` (required): "64,48".
 };
 int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool json, bool progress,
                      std::ostream& out, std::ostream& err);

@@ -51,6 +51,22 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
       return DType::kI32;
     case v1::I64:
       return DType::kI64;
+    case v1::BOOL:
+      return DType::kBool;
+    case v1::I16:
+      return DType::kI16;
+    case v1::U16:
+      return DType::kU16;
+    case v1::U32:
+      return DType::kU32;
+    case v1::U64:
+      return DType::kU64;
+    case v1::F8_E4M3:
+      return DType::kF8E4M3;
+    case v1::F8_E5M2:
+      return DType::kF8E5M2;
+    case v1::F8_E8M0:
+      return DType::kF8E8M0;
     case v1::DTYPE_UNSPECIFIED:
       return Bad(field, "unspecified");
     default:
@@ -62,6 +78,18 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field) {
 v1::DType DTypeToProto(DType dtype) {
   // The enums share their values by design (sharding/dtype.h).
   return static_cast<v1::DType>(static_cast<int>(dtype));
+}
+
+v1::CastSide CastSideToProto(CastSide side) {
+  switch (side) {
+    case CastSide::kNone:
+      return v1::CAST_SIDE_NONE;
+    case CastSide::kSender:
+      return v1::CAST_BY_SENDER;
+    case CastSide::kReceiver:
+      return v1::CAST_BY_RECEIVER;
+  }
+  return v1::CAST_SIDE_NONE;
 }
 
 absl::StatusOr<ReduceOp> ReduceOpFromProto(v1::ReduceOp op, absl::string_view field) {
@@ -583,6 +611,9 @@ v1::Plan PlanSummaryToProto(const Plan& plan, absl::string_view id, absl::string
   out.set_bytes_within_hosts(plan.bytes_within_hosts);
   out.set_bytes_across_hosts(plan.bytes_across_hosts);
   out.set_cross_host_lower_bound_bytes(plan.cross_host_lower_bound_bytes);
+  out.set_target_dtype(DTypeToProto(plan.target_dtype()));
+  out.set_wire_dtype(DTypeToProto(plan.wire_dtype()));
+  out.set_cast_side(CastSideToProto(plan.cast_side()));
   return out;
 }
 
@@ -604,6 +635,7 @@ namespace {
 template <typename P>
 void ShapeFieldsToProto(const FragmentShape& s, P* out) {
   out->set_dtype(DTypeToProto(s.dtype));
+  if (s.cast_to.has_value()) out->set_target_dtype(DTypeToProto(*s.cast_to));
   WriteRankChunks(s.source, {}, out->mutable_source());
   out->mutable_source()->set_rank(s.rank);
   WriteRankChunks(s.target, {}, out->mutable_target());
@@ -685,6 +717,15 @@ absl::Status ParseShapeFields(const P& f, int64_t rank, absl::string_view prefix
   absl::StatusOr<DType> dtype = DTypeFromProto(f.dtype(), field("dtype"));
   if (!dtype.ok()) return dtype.status();
   out->dtype = *dtype;
+  out->cast_to.reset();
+  if (f.target_dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> to = DTypeFromProto(f.target_dtype(), field("target_dtype"));
+    if (!to.ok()) return to.status();
+    if (absl::Status s = CheckCast(*dtype, *to); !s.ok()) {
+      return Bad(field("target_dtype"), s.message());
+    }
+    if (*to != *dtype) out->cast_to = *to;
+  }
   out->rank = rank;
   for (auto [name, rc, dst] : {std::make_tuple("source", &f.source(), &out->source),
                                std::make_tuple("target", &f.target(), &out->target)}) {

@@ -17,6 +17,7 @@
 #include "absl/types/span.h"
 #include "proto/shardcoord.pb.h"
 #include "sharding/box.h"
+#include "sharding/cast.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
 #include "sharding/limits.h"
@@ -36,6 +37,7 @@ using Int64List = google::protobuf::RepeatedField<int64_t>;
 // Unspecified and out-of-range values are rejected: a tensor always has a concrete dtype.
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, absl::string_view field = "dtype");
 v1::DType DTypeToProto(DType dtype);
+v1::CastSide CastSideToProto(CastSide side);
 
 // Unspecified means SUM (the proto's documented default).
 absl::StatusOr<ReduceOp> ReduceOpFromProto(v1::ReduceOp op, absl::string_view field);

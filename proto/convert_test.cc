@@ -18,13 +18,15 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(ConvertTest, DTypeRoundTripsAndRejectsUnspecified) {
-  for (DType d : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8, DType::kU8,
-                  DType::kI32, DType::kI64}) {
+  for (DType d : AllDTypes()) {
     absl::StatusOr<DType> back = DTypeFromProto(DTypeToProto(d));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, d);
   }
   EXPECT_EQ(DTypeToProto(DType::kBF16), v1::BF16);
+  EXPECT_EQ(DTypeToProto(DType::kF8E4M3), v1::F8_E4M3);
+  EXPECT_EQ(DTypeToProto(DType::kF8E8M0), v1::F8_E8M0);
+  EXPECT_EQ(DTypeToProto(DType::kBool), v1::BOOL);
   EXPECT_EQ(ErrorOf(DTypeFromProto(v1::DTYPE_UNSPECIFIED)), "dtype: unspecified");
   EXPECT_EQ(ErrorOf(DTypeFromProto(static_cast<v1::DType>(42), "header.dtype")),
             "header.dtype: unknown value 42");
@@ -290,6 +292,38 @@ TEST(ConvertTest, CopyFragmentNamesItsTargetTensor) {
   EXPECT_EQ(parsed->members[0].target_tensor, "dst");
   EXPECT_EQ(parsed->members[0].source_version, 3);
   EXPECT_EQ(parsed->members[0].target_version, 9);
+}
+
+TEST(ConvertTest, AFragmentThatCastsCarriesItsTargetDType) {
+  Plan plan = TwoStepPlan();
+  plan.dtype = DType::kF64;  // Transfers of 16 bytes carry four f32 elements on the wire.
+  plan.cast_to = DType::kF32;
+  v1::PlanFragment f = PlanFragmentOf(plan, 2, PlanOptions("p-3"), MemberOptions("p-3", "T"));
+  EXPECT_EQ(f.dtype(), v1::F64);
+  EXPECT_EQ(f.target_dtype(), v1::F32);
+  absl::StatusOr<Fragment> parsed = FragmentFromProto(f);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->shapes[0].dtype, DType::kF64);
+  EXPECT_EQ(parsed->shapes[0].cast_to, DType::kF32);
+  EXPECT_EQ(parsed->shapes[0].wire_dtype(), DType::kF32);
+  EXPECT_EQ(FragmentToProto(*parsed).SerializeAsString(), f.SerializeAsString());
+
+  // A plain fragment has no target dtype; naming the source's own is no cast.
+  v1::PlanFragment plain =
+      PlanFragmentOf(TwoStepPlan(), 2, PlanOptions("p-4"), MemberOptions("p-4", "T"));
+  EXPECT_EQ(plain.target_dtype(), v1::DTYPE_UNSPECIFIED);
+  plain.set_target_dtype(v1::F32);
+  absl::StatusOr<Fragment> same = FragmentFromProto(plain);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_FALSE(same->shapes[0].cast_to.has_value());
+
+  f.set_target_dtype(v1::I32);
+  EXPECT_THAT(ErrorOf(FragmentFromProto(f)), HasSubstr("target_dtype: cannot cast f64 to i32"));
+
+  const v1::Plan summary = PlanSummaryToProto(plan, "p-3", "T");
+  EXPECT_EQ(summary.target_dtype(), v1::F32);
+  EXPECT_EQ(summary.wire_dtype(), v1::F32);
+  EXPECT_EQ(summary.cast_side(), v1::CAST_BY_SENDER);
 }
 
 TEST(ConvertTest, AFusedFragmentHasMembersAndShapesOnly) {

@@ -238,8 +238,14 @@ void ReduceWith(const InlineRuns& p, const char* src, char* dst, DType dtype, Op
     case DType::kI32:
       run([&](const char* s, char* d) { CombineRun<int32_t>(d, s, n, op); });
       break;
+    case DType::kU32:
+      run([&](const char* s, char* d) { CombineRun<uint32_t>(d, s, n, op); });
+      break;
     case DType::kI64:
       run([&](const char* s, char* d) { CombineRun<int64_t>(d, s, n, op); });
+      break;
+    case DType::kU64:
+      run([&](const char* s, char* d) { CombineRun<uint64_t>(d, s, n, op); });
       break;
     case DType::kF16:
       run([&](const char* s, char* d) { CombineRun16<HalfToFloat, FloatToHalf>(d, s, n, op); });
@@ -249,6 +255,8 @@ void ReduceWith(const InlineRuns& p, const char* src, char* dst, DType dtype, Op
         CombineRun16<BFloat16ToFloat, FloatToBFloat16>(d, s, n, op);
       });
       break;
+    default:  // Refused by ReduceIntoBox (PartialAllowed).
+      break;
   }
 }
 
@@ -257,8 +265,12 @@ void DivideInts(char* data, int64_t count, int64_t divisor) {
   for (int64_t i = 0; i < count; ++i) {
     T v;
     std::memcpy(&v, data + i * sizeof(T), sizeof(T));
-    // In int64 so a divisor beyond T's range (e.g. 300 for i8) still divides correctly.
-    v = static_cast<T>(static_cast<int64_t>(v) / divisor);
+    // In 64 bits so a divisor beyond T's range (e.g. 300 for i8) still divides correctly.
+    if constexpr (std::is_unsigned_v<T>) {
+      v = static_cast<T>(static_cast<uint64_t>(v) / static_cast<uint64_t>(divisor));
+    } else {
+      v = static_cast<T>(static_cast<int64_t>(v) / divisor);
+    }
     std::memcpy(data + i * sizeof(T), &v, sizeof(T));
   }
 }
@@ -339,6 +351,10 @@ absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_bo
   if (element_size == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
+  }
+  if (!PartialAllowed(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", DTypeName(dtype), " has no reduction (it cannot be Partial)"));
   }
   if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
     return absl::InvalidArgumentError(
@@ -428,6 +444,10 @@ absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) 
     return absl::InvalidArgumentError(
         absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a division"));
   }
+  if (!PartialAllowed(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", DTypeName(dtype), " has no division (it cannot be Partial)"));
+  }
   if (divisor <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("divisor ", divisor, " <= 0"));
   }
@@ -459,8 +479,16 @@ absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) 
     case DType::kI32:
       DivideInts<int32_t>(p, count, divisor);
       break;
+    case DType::kU32:
+      DivideInts<uint32_t>(p, count, divisor);
+      break;
     case DType::kI64:
       DivideInts<int64_t>(p, count, divisor);
+      break;
+    case DType::kU64:
+      DivideInts<uint64_t>(p, count, divisor);
+      break;
+    default:  // Refused above (PartialAllowed).
       break;
   }
   return absl::OkStatus();

@@ -56,9 +56,10 @@ absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box,
 absl::Status UnpackBox(const Box& region, const void* packed, void* chunk, const Box& chunk_box,
                        int64_t element_size);
 
-// As CopyBox, but combines: dst = op(dst, src) element-wise. Supports f32, f64, f16, bf16
-// (computed in float, rounded back to nearest even), i8, u8, i32, i64 (sum wraps around as
-// in two's complement) with kSum, kMin, kMax; float min/max propagate NaN. kAvg is rejected:
+// As CopyBox, but combines: dst = op(dst, src) element-wise. Supports the dtypes that may be
+// Partial (dtype.h's PartialAllowed): f32, f64, f16, bf16 (computed in float, rounded back to
+// nearest even), i8, u8, i32, u32, i64, u64 (sum wraps around as in two's complement) with
+// kSum, kMin, kMax; float min/max propagate NaN. Other dtypes: INVALID_ARGUMENT. kAvg is rejected:
 // callers reduce with kSum and then DivideBox by the number of contributions.
 absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                            const Box& dst_box, DType dtype, ReduceOp op);
@@ -84,7 +85,8 @@ absl::StatusOr<RegionRuns> RegionByteRuns(const Box& region, const Box& box, int
 std::vector<Box> SplitIntoSlabs(const Box& box, int64_t element_size, int64_t max_bytes);
 
 // data[i] /= divisor for `count` contiguous elements (integers truncate toward zero, as C++
-// and torch's trunc division do). `divisor` must be positive.
+// and torch's trunc division do). `divisor` must be positive; the dtype one that may be
+// Partial (INVALID_ARGUMENT otherwise).
 absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor);
 
 }  // namespace shardcoord

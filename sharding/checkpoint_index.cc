@@ -401,7 +401,7 @@ absl::StatusOr<CheckpointIndex> IndexFromSafetensors(
     index.files.push_back(f);
     for (const SafetensorsEntry& e : header.entries) {
       const std::string where = absl::StrCat(file, ": entry ", QuoteJson(e.name));
-      if (!e.dtype.has_value()) continue;  // BOOL, U16, ...: nothing shardcoord can hold.
+      if (!e.dtype.has_value()) continue;  // A dtype shardcoord cannot hold (none today).
       auto [it, inserted] = seen.emplace(e.name, file);
       if (!inserted) {
         return absl::InvalidArgumentError(

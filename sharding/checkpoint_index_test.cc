@@ -69,7 +69,7 @@ TEST(CheckpointIndexTest, ErrorsNameTheField) {
   const Case cases[] = {
       {"\"version\": 1", "\"version\": 2", "index.version"},
       {"shardcoord-checkpoint", "other", "index.format"},
-      {"\"dtype\": \"BF16\"", "\"dtype\": \"BOOL\"", "tensors.layer.0/w.dtype"},
+      {"\"dtype\": \"BF16\"", "\"dtype\": \"F4\"", "tensors.layer.0/w.dtype"},
       {"\"offset\": [4, 0]", "\"offset\": [3, 0]", "tensors.layer.0/w.pieces"},
       {"\"offset\": [4, 0]", "\"offset\": [5, 0]", "tensors.layer.0/w.pieces[1].box"},
       {"\"xxh64\": \"fedcba9876543211\"", "\"xxh64\": \"xyz\"",

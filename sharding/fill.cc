@@ -1,9 +1,11 @@
 #include "sharding/fill.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "sharding/cast.h"
 
 namespace shardcoord {
 namespace {
@@ -50,19 +52,43 @@ double LoadAsDouble(const void* data, DType dtype, int64_t i) {
     case DType::kF64:
       return Load<double>(data, i);
     case DType::kF16:
-      return HalfToFloat(Load<uint16_t>(data, i));
     case DType::kBF16:
-      return BFloat16ToFloat(Load<uint16_t>(data, i));
+      return FloatBitsToDouble(Load<uint16_t>(data, i), dtype);
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+      return FloatBitsToDouble(Load<uint8_t>(data, i), dtype);
+    case DType::kBool:
+      return Load<uint8_t>(data, i) != 0 ? 1.0 : 0.0;
     case DType::kI8:
       return Load<int8_t>(data, i);
     case DType::kU8:
       return Load<uint8_t>(data, i);
+    case DType::kI16:
+      return Load<int16_t>(data, i);
+    case DType::kU16:
+      return Load<uint16_t>(data, i);
     case DType::kI32:
       return Load<int32_t>(data, i);
+    case DType::kU32:
+      return Load<uint32_t>(data, i);
     case DType::kI64:
       return static_cast<double>(Load<int64_t>(data, i));
+    case DType::kU64:
+      return static_cast<double>(Load<uint64_t>(data, i));
   }
   return 0;
+}
+
+uint8_t E8M0FromDouble(double v) {
+  if (std::isnan(v)) return 0xFF;
+  if (!(v > 0)) return 0x00;  // Zero and negatives: the smallest value, 2^-127.
+  if (std::isinf(v)) return 0xFE;
+  int e = 0;
+  const double f = std::frexp(v, &e);  // v = f * 2^e, f in [0.5, 1): v = 2f * 2^(e-1).
+  int exp = f >= 0.75 ? e : e - 1;     // 2f >= 1.5: the next power of two is nearer (or tied).
+  exp = std::max(-127, std::min(127, exp));
+  return static_cast<uint8_t>(exp + 127);
 }
 
 void StoreFromDouble(void* data, DType dtype, int64_t i, double v) {
@@ -72,18 +98,32 @@ void StoreFromDouble(void* data, DType dtype, int64_t i, double v) {
     case DType::kF64:
       return Store<double>(data, i, v);
     case DType::kF16:
-      return Store<uint16_t>(data, i, FloatToHalf(static_cast<float>(v)));
     case DType::kBF16:
-      return Store<uint16_t>(data, i, FloatToBFloat16(static_cast<float>(v)));
+      return Store<uint16_t>(data, i, static_cast<uint16_t>(DoubleToFloatBits(v, dtype)));
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      return Store<uint8_t>(data, i, static_cast<uint8_t>(DoubleToFloatBits(v, dtype)));
+    case DType::kF8E8M0:
+      return Store<uint8_t>(data, i, E8M0FromDouble(v));
+    case DType::kBool:
+      return Store<uint8_t>(data, i, v != 0 ? 1 : 0);  // NaN is true, as in NumPy.
     // Integer types wrap as the C++ conversion of the int64 value does (arange past 127 in i8).
     case DType::kI8:
       return Store<int8_t>(data, i, static_cast<int8_t>(static_cast<int64_t>(v)));
     case DType::kU8:
       return Store<uint8_t>(data, i, static_cast<uint8_t>(static_cast<int64_t>(v)));
+    case DType::kI16:
+      return Store<int16_t>(data, i, static_cast<int16_t>(static_cast<int64_t>(v)));
+    case DType::kU16:
+      return Store<uint16_t>(data, i, static_cast<uint16_t>(static_cast<int64_t>(v)));
     case DType::kI32:
       return Store<int32_t>(data, i, static_cast<int32_t>(static_cast<int64_t>(v)));
+    case DType::kU32:
+      return Store<uint32_t>(data, i, static_cast<uint32_t>(static_cast<int64_t>(v)));
     case DType::kI64:
       return Store<int64_t>(data, i, static_cast<int64_t>(v));
+    case DType::kU64:
+      return Store<uint64_t>(data, i, static_cast<uint64_t>(static_cast<int64_t>(v)));
   }
 }
 

@@ -135,7 +135,7 @@ FusedExchangeStats FusedExchange(absl::Span<const Plan* const> plans, const Stre
   std::map<std::pair<int64_t, int64_t>, StreamCounter> streams;
   std::set<int64_t> ranks;
   for (const Plan* plan : plans) {
-    const int64_t esize = ElementSize(plan->dtype);
+    const int64_t esize = ElementSize(plan->wire_dtype());
     for (const Step& step : plan->steps) {
       for (const Transfer& t : step.transfers) {
         if (t.box.Empty()) continue;

@@ -2,10 +2,12 @@
 #define SHARDCOORD_SHARDING_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "sharding/box.h"
+#include "sharding/cast.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
 #include "sharding/placement.h"
@@ -33,6 +35,12 @@ namespace shardcoord {
 //   that needs a value by divide_by.
 // - A target equal to a Partial source is a no-op: plain local copies (reduce false) of each
 //   contribution into the target chunk with the same partial_index, no communication.
+// - A plan that casts (`cast_to` set: a Copy between dtypes, a checkpoint load with a dtype;
+//   never with a Partial source, so never with a reducing piece) converts every element from
+//   `dtype` to the target's dtype by sharding/cast.h's rules. A transfer's elements travel in
+//   wire_dtype() (the narrower): the sender packs its source into it and the receiver writes
+//   it into its target, each converting where its dtype differs (cast_side()); a local copy
+//   converts as it copies. Transfer bytes count wire_dtype().
 
 // One piece of element movement: the elements of `box` (global coordinates) go from rank
 // `src`'s source chunks to rank `dst`'s target chunks. Never src == dst (local copies are
@@ -113,7 +121,9 @@ struct RankTraffic {
 struct Plan {
   Layout source;
   Layout target;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // The source's elements.
+  // The target's dtype when it differs from `dtype` (a plan that casts); empty: no cast.
+  std::optional<DType> cast_to;
   std::vector<LocalCopy> local_copies;
   std::vector<Step> steps;
   // For a target that is Partial with op sum (the value goes to contribution 0): the ranks
@@ -143,6 +153,11 @@ struct Plan {
 
   // All transfers of all steps, in step order.
   std::vector<Transfer> AllTransfers() const;
+
+  DType target_dtype() const { return cast_to.value_or(dtype); }
+  // What transfers carry: the narrower of dtype and target_dtype() (sharding/cast.h).
+  DType wire_dtype() const { return WireDType(dtype, target_dtype()); }
+  CastSide cast_side() const { return CastSideOf(dtype, target_dtype()); }
 };
 
 }  // namespace shardcoord

@@ -8,7 +8,13 @@ namespace shardcoord {
 
 std::string PlanCache::Key(const Layout& source, const Layout& target, DType dtype,
                            const PlanOptions& options) {
+  return Key(source, target, dtype, dtype, options);
+}
+
+std::string PlanCache::Key(const Layout& source, const Layout& target, DType dtype,
+                           DType target_dtype, const PlanOptions& options) {
   return absl::StrCat(source.Fingerprint(), "\n", target.Fingerprint(), "\n", DTypeName(dtype),
+                      target_dtype == dtype ? "" : absl::StrCat("->", DTypeName(target_dtype)),
                       "\n", OptionsFingerprint(options));
 }
 
@@ -37,13 +43,22 @@ void PlanCache::Insert(const std::string& key, std::shared_ptr<const Plan> plan)
 absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrPlan(const Layout& source,
                                                                  const Layout& target, DType dtype,
                                                                  const PlanOptions& options) {
-  const std::string key = Key(source, target, dtype, options);
+  return GetOrPlan(source, target, dtype, dtype, options);
+}
+
+absl::StatusOr<std::shared_ptr<const Plan>> PlanCache::GetOrPlan(const Layout& source,
+                                                                 const Layout& target, DType dtype,
+                                                                 DType target_dtype,
+                                                                 const PlanOptions& options) {
+  const std::string key = Key(source, target, dtype, target_dtype, options);
   if (std::shared_ptr<const Plan> hit = Find(key)) {
     ++hits_;
     return hit;
   }
   ++misses_;
-  absl::StatusOr<Plan> plan = Redistribute(source, target, dtype, options);
+  absl::StatusOr<Plan> plan = dtype == target_dtype
+                                  ? Redistribute(source, target, dtype, options)
+                                  : Redistribute(source, target, dtype, target_dtype, options);
   if (!plan.ok()) return plan.status();
   auto shared = std::make_shared<const Plan>(*std::move(plan));
   Insert(key, shared);

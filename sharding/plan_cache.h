@@ -18,7 +18,7 @@
 namespace shardcoord {
 
 // Least-recently-used cache of plans keyed by (source fingerprint, target fingerprint,
-// dtype, options fingerprint). Not thread-safe: callers that share one lock it.
+// dtype and target dtype, options fingerprint). Not thread-safe: callers that share one lock it.
 class PlanCache {
  public:
   explicit PlanCache(size_t capacity = 256) : capacity_(capacity == 0 ? 1 : capacity) {}
@@ -27,12 +27,18 @@ class PlanCache {
   absl::StatusOr<std::shared_ptr<const Plan>> GetOrPlan(const Layout& source, const Layout& target,
                                                         DType dtype,
                                                         const PlanOptions& options = {});
+  // A plan that casts to `target_dtype` (Redistribute's cast overload); keyed by both dtypes.
+  absl::StatusOr<std::shared_ptr<const Plan>> GetOrPlan(const Layout& source, const Layout& target,
+                                                        DType dtype, DType target_dtype,
+                                                        const PlanOptions& options);
   // nullptr when absent.
   std::shared_ptr<const Plan> Find(const std::string& key);
   void Insert(const std::string& key, std::shared_ptr<const Plan> plan);
 
   static std::string Key(const Layout& source, const Layout& target, DType dtype,
                          const PlanOptions& options);
+  static std::string Key(const Layout& source, const Layout& target, DType dtype,
+                         DType target_dtype, const PlanOptions& options);
 
   size_t size() const { return entries_.size(); }
   size_t capacity() const { return capacity_; }

@@ -38,6 +38,12 @@ std::string ExplainPlan(const Plan& plan) {
   std::string out =
       absl::StrCat("plan ", ShapeToString(plan.source.global_shape()), " ", DTypeName(plan.dtype),
                    ": ", plan.source.SpecString(), " -> ", plan.target.SpecString(), "\n");
+  if (plan.cast_to.has_value()) {
+    absl::StrAppend(&out, "cast ", DTypeName(plan.dtype), " -> ", DTypeName(*plan.cast_to),
+                    " by the ", CastSideName(plan.cast_side()), ": transfers carry ",
+                    DTypeName(plan.wire_dtype()), " (", ElementSize(plan.wire_dtype()),
+                    " bytes an element); local copies convert as they copy\n");
+  }
   absl::StrAppend(&out, "bytes moved ", plan.bytes_moved, " (", HumanBytes(plan.bytes_moved),
                   "), lower bound ", plan.lower_bound_bytes, ", estimated ",
                   HumanSeconds(plan.estimated_seconds), "\n");
@@ -45,7 +51,7 @@ std::string ExplainPlan(const Plan& plan) {
                   plan.bytes_across_hosts, " across hosts (", HumanBytes(plan.bytes_across_hosts),
                   "), cross-host lower bound ", plan.cross_host_lower_bound_bytes, "\n");
   int64_t local_bytes = 0;
-  const int64_t esize = ElementSize(plan.dtype);
+  const int64_t esize = ElementSize(plan.target_dtype());
   for (const LocalCopy& c : plan.local_copies) local_bytes += c.box.Volume() * esize;
   absl::StrAppend(&out, "local copies: ", plan.local_copies.size(), " (", HumanBytes(local_bytes),
                   ")\n");

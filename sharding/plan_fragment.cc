@@ -34,6 +34,7 @@ std::vector<FragmentShape> BareShapes(const Plan& plan) {
     FragmentShape& s = out[i];
     s.rank = rank;
     s.dtype = plan.dtype;
+    s.cast_to = plan.cast_to;
     if (const RankChunks* rc = plan.source.Find(rank)) s.source = *rc;
     s.source.rank = rank;
     if (const RankChunks* rc = plan.target.Find(rank)) s.target = *rc;
@@ -154,6 +155,7 @@ bool FusedShapeFor(const Plan& plan, int64_t rank, FragmentShape* out) {
   FragmentShape s;
   s.rank = rank;
   s.dtype = plan.dtype;
+  s.cast_to = plan.cast_to;
   const RankChunks* source = plan.source.Find(rank);
   const RankChunks* target = plan.target.Find(rank);
   if (source != nullptr) s.source = *source;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,13 @@ namespace shardcoord {
 
 // What one rank does in one plan, whatever tensors it applies to.
 struct FragmentShape {
-  int64_t rank = 0;  // The fragment's rank: a shape is what that rank does on its own.
-  DType dtype = DType::kF32;
+  int64_t rank = 0;           // The fragment's rank: a shape is what that rank does on its own.
+  DType dtype = DType::kF32;  // The source's elements.
+  // The cast of the member's plan (Plan::cast_to): the target buffer's dtype when it differs
+  // from `dtype`. A property of the shape, so every path that carries shapes (a single plan, a
+  // fused group, a prepared transfer's templates) carries the member's cast with it: the
+  // sender packs into wire_dtype(), the receiver unpacks into target_dtype().
+  std::optional<DType> cast_to;
   RankChunks source;  // chunks empty when the rank holds no source.
   RankChunks target;
   std::vector<LocalCopy> local_copies;
@@ -41,6 +47,9 @@ struct FragmentShape {
   int64_t divide_by = 1;
   ReduceOp reduce_op = ReduceOp::kSum;
   int64_t num_partials = 1;
+
+  DType target_dtype() const { return cast_to.value_or(dtype); }
+  DType wire_dtype() const { return WireDType(dtype, target_dtype()); }
 
   size_t num_steps() const { return plan_steps != nullptr ? step_indices.size() : steps.size(); }
   const Step& step(size_t i) const {

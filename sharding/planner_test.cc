@@ -504,5 +504,63 @@ TEST(CostModelTest, ParseAndHosts) {
   EXPECT_FALSE(named.SameHost(3, 5));  // Unknown ranks are alone.
 }
 
+TEST(PlannerTest, CastPlansCountTheNarrowerDTypeAndSayWhoConverts) {
+  const Layout s = Placed({2}, {0, 1}, {8, 4}, "S(0)");
+  const Layout t = Placed({2}, {2, 3}, {8, 4}, "S(1)");
+  const Plan same = MustPlan(s, t, DType::kF32);
+  absl::StatusOr<Plan> narrow = Redistribute(s, t, DType::kF32, DType::kF8E4M3, {});
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ(narrow->dtype, DType::kF32);
+  EXPECT_EQ(narrow->target_dtype(), DType::kF8E4M3);
+  EXPECT_EQ(narrow->wire_dtype(), DType::kF8E4M3);
+  EXPECT_EQ(narrow->cast_side(), CastSide::kSender);
+  EXPECT_EQ(narrow->bytes_moved * 4, same.bytes_moved);
+  EXPECT_EQ(narrow->lower_bound_bytes, 8 * 4);
+  EXPECT_THAT(ExplainPlan(*narrow), HasSubstr("cast f32 -> f8_e4m3 by the sender"));
+
+  absl::StatusOr<Plan> wide = Redistribute(s, t, DType::kBF16, DType::kF32, {});
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  EXPECT_EQ(wide->wire_dtype(), DType::kBF16);
+  EXPECT_EQ(wide->cast_side(), CastSide::kReceiver);
+  EXPECT_EQ(wide->bytes_moved * 2, same.bytes_moved);
+
+  absl::StatusOr<Plan> plain = Redistribute(s, t, DType::kI32, DType::kI32, {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->cast_to.has_value());
+  EXPECT_EQ(plain->cast_side(), CastSide::kNone);
+
+  absl::StatusOr<Plan> refused = Redistribute(s, t, DType::kF32, DType::kI32, {});
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("f32"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("i32"));
+
+  const Layout partial = Placed({2}, {0, 1}, {8, 4}, "P(sum)");
+  absl::StatusOr<Plan> f8_partial = Redistribute(partial, t, DType::kF8E4M3);
+  ASSERT_EQ(f8_partial.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(f8_partial.status().message()), HasSubstr("f8_e4m3"));
+  EXPECT_EQ(Redistribute(t, partial, DType::kBool).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Redistribute(partial, t, DType::kF32, DType::kBF16, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanCacheTest, CastPlansAreKeyedByBothDTypes) {
+  const Layout a = Placed({2}, {8, 4}, "S(0)");
+  const Layout b = Placed({2}, {8, 4}, "S(1)");
+  EXPECT_NE(PlanCache::Key(a, b, DType::kF32, DType::kBF16, {}),
+            PlanCache::Key(a, b, DType::kF32, {}));
+  EXPECT_EQ(PlanCache::Key(a, b, DType::kF32, DType::kF32, {}),
+            PlanCache::Key(a, b, DType::kF32, {}));
+  PlanCache cache;
+  absl::StatusOr<std::shared_ptr<const Plan>> p =
+      cache.GetOrPlan(a, b, DType::kF32, DType::kBF16, {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->target_dtype(), DType::kBF16);
+  absl::StatusOr<std::shared_ptr<const Plan>> q = cache.GetOrPlan(a, b, DType::kF32, {});
+  ASSERT_TRUE(q.ok());
+  EXPECT_FALSE((*q)->cast_to.has_value());
+  EXPECT_EQ(cache.misses(), 2);
+}
+
 }  // namespace
 }  // namespace shardcoord

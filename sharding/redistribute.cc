@@ -320,7 +320,11 @@ absl::Status CheckInputs(const Layout& source, const Layout& target, DType dtype
     return absl::InvalidArgumentError(
         absl::StrCat("ranks_per_host ", options.ranks_per_host, " is negative"));
   }
-  return absl::OkStatus();
+  if (absl::Status s = CheckPartialDType(dtype, source.is_partial(), source.SpecString(), "source");
+      !s.ok()) {
+    return s;
+  }
+  return CheckPartialDType(dtype, target.is_partial(), target.SpecString(), "target");
 }
 
 }  // namespace
@@ -339,6 +343,27 @@ absl::StatusOr<Plan> Redistribute(Layout&& source, Layout&& target, DType dtype,
   plan.target = std::move(target);
   plan.dtype = dtype;
   Planner(plan.source, plan.target, dtype, options, &plan).Run();
+  return plan;
+}
+
+absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
+                                  DType target_dtype, const PlanOptions& options) {
+  if (dtype == target_dtype) return Redistribute(source, target, dtype, options);
+  if (absl::Status s = CheckCast(dtype, target_dtype); !s.ok()) return s;
+  if (source.is_partial()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot cast ", DTypeName(dtype), " to ", DTypeName(target_dtype), ": the source is ",
+        source.SpecString(),
+        ", whose value is a reduction (reduce it in its own dtype first: redistribute it to a "
+        "layout without Partial)"));
+  }
+  if (absl::Status s = CheckInputs(source, target, target_dtype, options); !s.ok()) return s;
+  // The planner counts the bytes of what travels: the wire dtype's.
+  const DType wire = WireDType(dtype, target_dtype);
+  absl::StatusOr<Plan> plan = Redistribute(Layout(source), Layout(target), wire, options);
+  if (!plan.ok()) return plan.status();
+  plan->dtype = dtype;
+  plan->cast_to = target_dtype;
   return plan;
 }
 

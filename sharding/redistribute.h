@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "sharding/cast.h"
 #include "sharding/cost_model.h"
 #include "sharding/dtype.h"
 #include "sharding/layout.h"
@@ -52,6 +53,15 @@ absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DT
 // (at thousands of ranks the copies cost about as much as the planning).
 absl::StatusOr<Plan> Redistribute(Layout&& source, Layout&& target, DType dtype,
                                   const PlanOptions& options = {});
+
+// The same, converting every element from `dtype` to `target_dtype` (a Copy between dtypes;
+// the rules of sharding/cast.h): Plan::cast_to is target_dtype (unless equal to dtype: then
+// this is the plan above). The planner plans in the wire dtype (the narrower of the two), so
+// transfer bytes, bytes_moved and lower_bound_bytes count what travels. INVALID_ARGUMENT
+// naming both dtypes for a cast that is not allowed (CheckCast), or for a Partial source
+// (its value is a reduction, which is computed in its own dtype: redistribute it first).
+absl::StatusOr<Plan> Redistribute(const Layout& source, const Layout& target, DType dtype,
+                                  DType target_dtype, const PlanOptions& options);
 
 // Every destination rank ends with the whole tensor (one rank: gather to it). The target is
 // Replicate on a 1-d mesh of `destination_ranks` in the given order.

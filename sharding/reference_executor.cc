@@ -307,7 +307,7 @@ class Simulation {
   int64_t LowerBound() {
     const Layout& t = plan_.target;
     if (noop_) return 0;
-    const int64_t esize = ElementSize(plan_.dtype);
+    const int64_t esize = ElementSize(plan_.wire_dtype());
     const bool reduced = plan_.source.is_partial();
     int64_t bytes = 0;
     for (const RankChunks& rc : t.ranks()) {
@@ -355,7 +355,7 @@ absl::Status CheckPlanByExecution(const Plan& plan, uint64_t seed, bool collecti
 int64_t BruteForceLowerBound(const Plan& plan) { return Simulation(plan, 0).LowerBound(); }
 
 absl::Status CheckPlanStructure(const Plan& plan) {
-  const int64_t esize = ElementSize(plan.dtype);
+  const int64_t esize = ElementSize(plan.wire_dtype());
   int64_t moved = 0;
   std::map<int64_t, std::pair<int64_t, int64_t>> traffic;
   for (size_t si = 0; si < plan.steps.size(); ++si) {

@@ -23,13 +23,14 @@ struct DTypeInfo {
   std::optional<DType> dtype;
 };
 
-// Every dtype of the format whose elements are whole bytes.
+// Every dtype of the format whose elements are whole bytes, each shardcoord's.
 const DTypeInfo kDTypes[] = {
-    {"BOOL", 1, std::nullopt},    {"U8", 1, DType::kU8},        {"I8", 1, DType::kI8},
-    {"F8_E5M2", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt}, {"I16", 2, std::nullopt},
-    {"U16", 2, std::nullopt},     {"F16", 2, DType::kF16},      {"BF16", 2, DType::kBF16},
-    {"I32", 4, DType::kI32},      {"U32", 4, std::nullopt},     {"F32", 4, DType::kF32},
-    {"F64", 8, DType::kF64},      {"I64", 8, DType::kI64},      {"U64", 8, std::nullopt},
+    {"BOOL", 1, DType::kBool},      {"U8", 1, DType::kU8},          {"I8", 1, DType::kI8},
+    {"F8_E5M2", 1, DType::kF8E5M2}, {"F8_E4M3", 1, DType::kF8E4M3}, {"F8_E8M0", 1, DType::kF8E8M0},
+    {"I16", 2, DType::kI16},        {"U16", 2, DType::kU16},        {"F16", 2, DType::kF16},
+    {"BF16", 2, DType::kBF16},      {"I32", 4, DType::kI32},        {"U32", 4, DType::kU32},
+    {"F32", 4, DType::kF32},        {"F64", 8, DType::kF64},        {"I64", 8, DType::kI64},
+    {"U64", 8, DType::kU64},
 };
 
 const DTypeInfo* FindDType(absl::string_view name) {

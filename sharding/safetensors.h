@@ -27,7 +27,7 @@ inline constexpr int kMaxSafetensorsDims = 16;
 struct SafetensorsEntry {
   std::string name;
   std::string dtype_name;      // As in the file: "F32", "BF16", "BOOL", ...
-  std::optional<DType> dtype;  // Empty for dtypes shardcoord has no type for (BOOL, I16...).
+  std::optional<DType> dtype;  // Every whole-byte safetensors dtype has one (dtype.h).
   int64_t element_size = 0;    // Bytes per element (known for every safetensors dtype).
   Shape shape;
   int64_t begin = 0;  // data_offsets, relative to the start of the data.

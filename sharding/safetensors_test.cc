@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -44,15 +45,39 @@ TEST(SafetensorsTest, BuildThenParse) {
   EXPECT_EQ(h->Find("b")->dtype_name, "BF16");
 }
 
-TEST(SafetensorsTest, ReadsForeignDtypesAndKeyOrder) {
-  // Keys in any order, dtypes shardcoord has no type for, entries listed out of data order.
+TEST(SafetensorsTest, ReadsEveryDtypeAndKeyOrder) {
+  // Keys in any order, entries listed out of data order.
   const std::string json = R"({"z":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]},)"
                            R"("y":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})";
   absl::StatusOr<SafetensorsHeader> h = ParseSafetensorsHeader(json, 8 + json.size() + 11);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->entries[0].name, "y");
-  EXPECT_FALSE(h->entries[1].dtype.has_value());
+  EXPECT_EQ(h->entries[1].dtype, DType::kBool);
   EXPECT_EQ(h->entries[1].element_size, 1);
+}
+
+TEST(SafetensorsTest, EveryDTypeHasItsSafetensorsName) {
+  const std::pair<DType, const char*> names[] = {
+      {DType::kF32, "F32"},        {DType::kF64, "F64"},        {DType::kF16, "F16"},
+      {DType::kBF16, "BF16"},      {DType::kI8, "I8"},          {DType::kU8, "U8"},
+      {DType::kI32, "I32"},        {DType::kI64, "I64"},        {DType::kBool, "BOOL"},
+      {DType::kI16, "I16"},        {DType::kU16, "U16"},        {DType::kU32, "U32"},
+      {DType::kU64, "U64"},        {DType::kF8E4M3, "F8_E4M3"}, {DType::kF8E5M2, "F8_E5M2"},
+      {DType::kF8E8M0, "F8_E8M0"},
+  };
+  ASSERT_EQ(sizeof(names) / sizeof(names[0]), AllDTypes().size());
+  for (const auto& [dtype, name] : names) {
+    EXPECT_EQ(SafetensorsDTypeName(dtype), name);
+    EXPECT_EQ(*DTypeFromSafetensors(name), dtype);
+    const std::string json =
+        absl::StrCat(R"({"t":{"dtype":")", name, R"(","shape":[2],"data_offsets":[0,)",
+                     2 * ElementSize(dtype), "]}}");
+    absl::StatusOr<SafetensorsHeader> h =
+        ParseSafetensorsHeader(json, 8 + json.size() + 2 * ElementSize(dtype));
+    ASSERT_TRUE(h.ok()) << name << ": " << h.status();
+    EXPECT_EQ(h->entries[0].dtype, dtype);
+  }
+  EXPECT_EQ(DTypeFromSafetensors("F4").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SafetensorsTest, RefusesBrokenHeaders) {

@@ -153,8 +153,8 @@ TEST_F(CopyGroupTest, ABadMemberRefusesTheGroupAndChangesNothing) {
           .ok());
   ASSERT_TRUE(CreateFilled(client(), "bad_b", kShape, DType::kF32, "line", "S(1)").ok());
   ASSERT_TRUE(CreateFilled(client(), "bad_wide", {10, 8}, DType::kF32, "line", "S(0)").ok());
-  ASSERT_TRUE(CreateFilled(client(), "bad_half", kShape, DType::kF16, "line", "S(0)").ok());
-  const std::vector<std::string> names = {"bad_a", "bad_a_dst", "bad_b", "bad_wide", "bad_half"};
+  ASSERT_TRUE(CreateFilled(client(), "bad_long", kShape, DType::kI64, "line", "S(0)").ok());
+  const std::vector<std::string> names = {"bad_a", "bad_a_dst", "bad_b", "bad_wide", "bad_long"};
   absl::flat_hash_map<std::string, int64_t> versions;
   for (const std::string& n : names) versions[n] = Version(n);
 
@@ -167,9 +167,9 @@ TEST_F(CopyGroupTest, ABadMemberRefusesTheGroupAndChangesNothing) {
       {{{"bad_a", "bad_a_dst"}, {"bad_b", "bad_wide"}},
        absl::StatusCode::kInvalidArgument,
        "copies[1].dst: tensor 'bad_wide' has shape [10, 8] but src 'bad_b' has shape [10, 7]"},
-      {{{"bad_a", "bad_a_dst"}, {"bad_half", "bad_b"}},
+      {{{"bad_a", "bad_a_dst"}, {"bad_long", "bad_b"}},
        absl::StatusCode::kInvalidArgument,
-       "copies[1].dst: tensor 'bad_b' has dtype f32 but src 'bad_half' has dtype f16"},
+       "copies[1].dst: tensor 'bad_b' dtype f32 cannot be cast from src 'bad_long' dtype i64"},
       {{{"bad_a", "bad_a_dst"}, {"bad_none", "bad_b"}},
        absl::StatusCode::kNotFound,
        "copies[1].src: unknown tensor 'bad_none'"},

@@ -158,7 +158,7 @@ TEST_F(CopyTest, RepeatedCopiesBumpOnlyDst) {
 TEST_F(CopyTest, BadPairsAreRefusedAndChangeNothing) {
   ASSERT_TRUE(CreateFilled(client(), "b_a", kShape, DType::kF32, "line", "S(0)").ok());
   ASSERT_TRUE(CreateFilled(client(), "b_wide", {10, 8}, DType::kF32, "line", "S(0)").ok());
-  ASSERT_TRUE(CreateFilled(client(), "b_half", kShape, DType::kF16, "line", "S(0)").ok());
+  ASSERT_TRUE(CreateFilled(client(), "b_long", kShape, DType::kI64, "line", "S(0)").ok());
   const int64_t version = client().GetTensor("b_a")->version();
 
   absl::StatusOr<v1::CopyResponse> r = client().Copy(CopyOf("b_a", "b_a"));
@@ -167,16 +167,17 @@ TEST_F(CopyTest, BadPairsAreRefusedAndChangeNothing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("[10, 8]"));
   EXPECT_THAT(r.status().message(), HasSubstr("[10, 7]"));
-  r = client().Copy(CopyOf("b_half", "b_a"));
+  r = client().Copy(CopyOf("b_long", "b_a"));  // Integer to float: no cast.
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("dtype f32 but src 'b_half' has dtype f16"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("dst: tensor 'b_a' dtype f32 cannot be cast from src 'b_long' dtype i64"));
   EXPECT_EQ(client().Copy(CopyOf("b_a", "b_none")).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client().Copy(CopyOf("b_none", "b_a")).status().code(), absl::StatusCode::kNotFound);
 
   EXPECT_EQ(client().GetTensor("b_a")->version(), version);
   EXPECT_TRUE(client().GetTensor("b_a")->busy_plan().empty());
   EXPECT_TRUE(DownloadAndCheck(client(), "b_a", DType::kF32, kShape, FillKind::kArange).ok());
-  for (const char* name : {"b_a", "b_wide", "b_half"}) {
+  for (const char* name : {"b_a", "b_wide", "b_long"}) {
     EXPECT_TRUE(client().DeleteTensor(name).ok()) << name;
   }
 }

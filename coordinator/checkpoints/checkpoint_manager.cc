@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
+#include "sharding/cast.h"
 #include "sharding/checkpoint_plan.h"
 #include "sharding/names.h"
 
@@ -631,15 +632,31 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
                                 absl::StrCat(where, ".name: '", item.name, "' is loaded twice")));
     }
     const CheckpointTensor& ct = *item.tensor;
+    // The dtype the tensor ends with: the existing one's (into), the asked one, or the file's.
+    if (args.dtype.has_value() && !CastAllowed(ct.dtype, *args.dtype)) {
+      return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
+                                "dtype: the checkpoint's '", ct.name, "' is ", DTypeName(ct.dtype),
+                                ", which cannot be cast to ", DTypeName(*args.dtype), ": ",
+                                CheckCast(ct.dtype, *args.dtype).message())));
+    }
     if (args.into) {
       absl::StatusOr<TensorRecord> rec = tensors_->Get(item.name);
       if (!rec.ok()) return LoadFailed(st, Prefixed(absl::StrCat(where, ".name: "), rec.status()));
-      if (rec->shape != ct.shape || rec->dtype != ct.dtype) {
+      if (rec->shape != ct.shape || !CastAllowed(ct.dtype, rec->dtype)) {
         return LoadFailed(
             st, absl::InvalidArgumentError(absl::StrCat(
                     where, ".name: tensor '", item.name, "' is ", ShapeToString(rec->shape), " ",
                     DTypeName(rec->dtype), " but the checkpoint's '", ct.name, "' is ",
-                    ShapeToString(ct.shape), " ", DTypeName(ct.dtype))));
+                    ShapeToString(ct.shape), " ", DTypeName(ct.dtype),
+                    rec->shape != ct.shape
+                        ? ""
+                        : absl::StrCat(" (", CheckCast(ct.dtype, rec->dtype).message(), ")"))));
+      }
+      if (args.dtype.has_value() && *args.dtype != rec->dtype) {
+        return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
+                                  "dtype: ", DTypeName(*args.dtype), " but ", where,
+                                  ".name: tensor '", item.name, "' is ", DTypeName(rec->dtype),
+                                  " (a load into existing tensors casts to their dtype)")));
       }
       item.target = rec->layout;
       item.staging = absl::StrCat("~", st->op, "/", item.name);
@@ -877,6 +894,9 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
       m.into = item.name;
     } else {
       m.target = *item.spec;
+      if (st->args.dtype.has_value() && *st->args.dtype != item.tensor->dtype) {
+        m.dtype = st->args.dtype;
+      }
       // Published with every other batch's tensors once all committed.
       m.keep_hidden = true;
     }

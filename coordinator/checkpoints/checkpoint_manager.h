@@ -49,6 +49,9 @@ struct LoadCheckpointArgs {
   std::optional<Spec> spec;  // For all.
   std::string prefix;
   bool into = false;
+  // Cast every tensor to this dtype as it loads (sharding/cast.h); empty: the checkpoint's.
+  // With `into` the copies cast to each existing tensor's dtype, which this must then be.
+  std::optional<DType> dtype;
 };
 
 // A checkpoint directory as a worker read it: the index (from index.json, or made from the

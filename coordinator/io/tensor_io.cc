@@ -190,6 +190,11 @@ absl::StatusOr<TensorIo::PreparedCreate> TensorIo::PrepareCreate(
   if (!mesh.ok()) return mesh.status();
   absl::StatusOr<Layout> layout = LayoutForSpec(args.spec, mesh->mesh, args.shape, "spec");
   if (!layout.ok()) return layout.status();
+  if (absl::Status s =
+          CheckPartialDType(args.dtype, layout->is_partial(), layout->SpecString(), "spec");
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<std::vector<WorkerEndpoint>> endpoints = Endpoints(*layout);
   if (!endpoints.ok()) return endpoints.status();
 
@@ -333,6 +338,11 @@ absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> TensorIo::StartUpload(
     if (!mesh.ok()) return mesh.status();
     absl::StatusOr<Layout> l = LayoutForSpec(*args.spec, mesh->mesh, args.shape, "header.spec");
     if (!l.ok()) return l.status();
+    if (absl::Status s =
+            CheckPartialDType(args.dtype, l->is_partial(), l->SpecString(), "header.spec");
+        !s.ok()) {
+      return s;
+    }
     up->layout_ = *std::move(l);
     up->spec_text_ = args.spec->ToString();
   } else if (up->replace_) {

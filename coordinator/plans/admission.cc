@@ -42,13 +42,14 @@ std::map<int64_t, int64_t> LayoutBytesByRank(const Layout& layout, DType dtype) 
 }
 
 MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced,
-                              bool staging) {
+                              bool staging, std::optional<DType> replaced_dtype) {
   MemoryDemand d;
-  if (!target_in_place) d.buffers = LayoutBytesByRank(plan.target, plan.dtype);
+  if (!target_in_place) d.buffers = LayoutBytesByRank(plan.target, plan.target_dtype());
   if (staging) {
     for (const auto& [rank, cap] : StagingCaps(plan)) d.staging[rank].push_back(StagingNeed{cap});
   }
-  if (replaced != nullptr) d.frees = LayoutBytesByRank(*replaced, plan.dtype);
+  if (replaced != nullptr)
+    d.frees = LayoutBytesByRank(*replaced, replaced_dtype.value_or(plan.target_dtype()));
   return d;
 }
 

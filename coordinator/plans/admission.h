@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -69,9 +70,11 @@ struct MemoryDemand {
 // `target_in_place` (a Copy into an attached tensor writes the lent buffers), its staging
 // caps, and `replaced` (the target tensor's current layout, null when nothing is freed at
 // commit) as what it frees. Without `staging` (a fused group's member: its group's fragment
-// stages for it) the staging caps are left out.
+// stages for it) the staging caps are left out. New buffers hold the plan's target dtype;
+// `replaced` holds `replaced_dtype` (empty: the target dtype too; a plan that casts a tensor
+// itself frees buffers of its old dtype).
 MemoryDemand PlanMemoryDemand(const Plan& plan, bool target_in_place, const Layout* replaced,
-                              bool staging = true);
+                              bool staging = true, std::optional<DType> replaced_dtype = {});
 
 // Bytes of every rank's local buffer of `layout` (dtype `dtype`), by rank.
 std::map<int64_t, int64_t> LayoutBytesByRank(const Layout& layout, DType dtype);

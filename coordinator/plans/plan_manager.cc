@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "coordinator/plans/plan_manager_internal.h"
+#include "sharding/cast.h"
 #include "sharding/fused_stream.h"
 
 namespace shardcoord {
@@ -110,10 +111,9 @@ absl::StatusOr<PlanManager::Target> PlanManager::ResolveSpec(const TensorRecord&
   return Target{*std::move(layout), mesh_name, spec.ToString()};
 }
 
-absl::StatusOr<std::shared_ptr<const Plan>> PlanManager::MakePlan(const TensorRecord& tensor,
-                                                                  const Layout& source,
-                                                                  const Layout& target,
-                                                                  std::vector<std::string> hosts) {
+absl::StatusOr<std::shared_ptr<const Plan>> PlanManager::MakePlan(
+    const TensorRecord& tensor, const Layout& source, const Layout& target,
+    std::vector<std::string> hosts, std::optional<DType> target_dtype) {
   PlanOptions options;
   options.hosts_by_rank = std::move(hosts);
   options.cost = options_.cost;
@@ -121,7 +121,8 @@ absl::StatusOr<std::shared_ptr<const Plan>> PlanManager::MakePlan(const TensorRe
   absl::StatusOr<std::shared_ptr<const Plan>> plan;
   {
     absl::MutexLock lock(&cache_mu_);
-    plan = cache_.GetOrPlan(source, target, tensor.dtype, options);
+    plan = cache_.GetOrPlan(source, target, tensor.dtype, target_dtype.value_or(tensor.dtype),
+                            options);
   }
   if (!plan.ok()) {
     return absl::Status(plan.status().code(),
@@ -236,10 +237,12 @@ absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRec
         "dst: tensor '", dst.name, "' has shape [", absl::StrJoin(dst.shape, ", "), "] but src '",
         src.name, "' has shape [", absl::StrJoin(src.shape, ", "), "]"));
   }
-  if (src.dtype != dst.dtype) {
-    return absl::InvalidArgumentError(absl::StrCat("dst: tensor '", dst.name, "' has dtype ",
-                                                   DTypeName(dst.dtype), " but src '", src.name,
-                                                   "' has dtype ", DTypeName(src.dtype)));
+  if (src.dtype != dst.dtype && !CastAllowed(src.dtype, dst.dtype)) {
+    // CheckCast says why ("float to integer ...").
+    const absl::Status why = CheckCast(src.dtype, dst.dtype);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dst: tensor '", dst.name, "' dtype ", DTypeName(dst.dtype), " cannot be cast from src '",
+        src.name, "' dtype ", DTypeName(src.dtype), ": ", why.message()));
   }
   return absl::OkStatus();
 }
@@ -331,17 +334,20 @@ absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
   if (!source.ok()) return fail(source.status());
   GroupMemo* const memo = input.memo;
   std::optional<std::shared_ptr<const Plan>> plan;  // Set from here on.
+  const DType target_dtype = copy ? dst_rec.dtype : target->dtype.value_or(rec->dtype);
   if (memo != nullptr && memo->plan != nullptr && memo->dtype == rec->dtype &&
-      SameLayout(memo->source, *source) && SameLayout(memo->target, target->layout)) {
+      memo->target_dtype == target_dtype && SameLayout(memo->source, *source) &&
+      SameLayout(memo->target, target->layout)) {
     plan = memo->plan;  // The previous member's: same inputs, same plan.
   } else {
     absl::StatusOr<std::shared_ptr<const Plan>> made =
-        MakePlan(*rec, *source, target->layout, view.hosts);
+        MakePlan(*rec, *source, target->layout, view.hosts, target_dtype);
     if (!made.ok()) return fail(made.status());
     plan = *std::move(made);
     if (memo != nullptr) {
       memo->plan = *plan;
       memo->dtype = rec->dtype;
+      memo->target_dtype = target_dtype;
       memo->source = *std::move(source);
       memo->target = target->layout;
       memo->participants = PlanParticipants(**plan);
@@ -370,13 +376,13 @@ absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
   if (memo == nullptr) {
     e.demand =
         PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
-                         /*staging=*/!member);
+                         /*staging=*/!member, dst_rec.dtype);
   } else {
     if (memo->demand_plan != plan->get() || memo->in_place != e.target_attached ||
         (!e.target_attached && !SameLayout(memo->replaced, dst_rec.layout))) {
       memo->demand =
           PlanMemoryDemand(**plan, e.target_attached, e.target_attached ? nullptr : &dst_rec.layout,
-                           /*staging=*/false);
+                           /*staging=*/false, dst_rec.dtype);
       memo->demand_plan = plan->get();
       memo->in_place = e.target_attached;
       if (!e.target_attached) memo->replaced = dst_rec.layout;

@@ -135,6 +135,9 @@ struct LoadMember {
   std::string into;
   Spec target;
   bool keep_hidden = false;
+  // Without `into`: the dtype the tensor is cast to as it moves to `target` (empty: the
+  // checkpoint's). With `into`, the copy casts to the existing tensor's dtype.
+  std::optional<DType> dtype;
 };
 
 // A group of plans that commit together (or none does).
@@ -323,6 +326,9 @@ class PlanManager : public WorkerListener {
     Layout layout;
     std::string mesh;  // Empty: on no named mesh.
     std::string spec;
+    // A redistribute that casts the tensor to this dtype (a checkpoint load with a dtype);
+    // empty: the tensor keeps its dtype. A Copy's target dtype is always dst's.
+    std::optional<DType> dtype;
   };
   using TargetFn = std::function<absl::StatusOr<Target>(const TensorRecord&)>;
   using WatchCalls = std::vector<std::pair<WatchFn, PlanProgress>>;
@@ -484,6 +490,7 @@ class PlanManager : public WorkerListener {
     // The plan of `source` -> `target` in `dtype` (with the group's worker view).
     std::shared_ptr<const Plan> plan;
     DType dtype = DType::kF32;
+    DType target_dtype = DType::kF32;  // The target tensor's (a Copy may cast).
     Layout source;
     Layout target;
     std::vector<int64_t> participants;  // PlanParticipants(*plan).
@@ -524,7 +531,8 @@ class PlanManager : public WorkerListener {
 
   absl::StatusOr<std::shared_ptr<const Plan>> MakePlan(const TensorRecord& tensor,
                                                        const Layout& source, const Layout& target,
-                                                       std::vector<std::string> hosts_by_rank);
+                                                       std::vector<std::string> hosts_by_rank,
+                                                       std::optional<DType> target_dtype = {});
   absl::StatusOr<Target> ResolveSpec(const TensorRecord& tensor, const Spec& spec) const;
   // Plans from `tensor`'s layout to target_fn's (given the record of `target_tensor`) and
   // stores the plan; the new version belongs to `target_tensor`, which is `tensor` itself

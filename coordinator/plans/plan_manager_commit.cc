@@ -343,6 +343,7 @@ PlanManager::CommitWork PlanManager::BeginCommitLocked(PlanRecord& e, LayoutChec
   w.state.mesh = e.target_mesh;
   w.state.spec = e.target_spec;
   w.state.layout = e.plan->target;
+  w.state.dtype = e.plan->target_dtype();  // A Copy's is dst's own; a load may cast.
   w.state.checksums = std::move(checksums);
   w.state.version = e.target_version;
   w.state.attached = e.target_attached;

@@ -152,8 +152,13 @@ absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
       item.label = absl::StrCat(item.where, " (into '", m.into, "'");
     } else {
       const Spec spec = m.target;
+      const std::optional<DType> dtype = m.dtype;
       item.target_tensor = m.staging;
-      item.target_fn = [this, spec](const TensorRecord& rec) { return ResolveSpec(rec, spec); };
+      item.target_fn = [this, spec, dtype](const TensorRecord& rec) -> absl::StatusOr<Target> {
+        absl::StatusOr<Target> t = ResolveSpec(rec, spec);
+        if (t.ok()) t->dtype = dtype;
+        return t;
+      };
       item.label =
           absl::StrCat(item.where, " ('", m.staging, "' -> ", spec.ToString(), " on ", spec.mesh);
     }

@@ -718,20 +718,22 @@ TEST_F(PlanManagerTest, CopyWritesDstsNewVersionAndLeavesSrcAlone) {
 TEST_F(PlanManagerTest, CopyRefusesBadPairsBeforeAnythingStarts) {
   CreateTensor("a");
   CreateTensor("wide", "S(0),R", "M", {8, 8});
-  CreateTensor("half", "S(0),R", "M", {8, 4}, DType::kF16);
+  CreateTensor("ints", "S(0),R", "M", {8, 4}, DType::kI32);
   absl::Status s = plans_.Copy("a", "a", nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'a' is also src"));
   s = plans_.Copy("a", "wide", nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(), "dst: tensor 'wide' has shape [8, 8] but src 'a' has shape [8, 4]");
-  s = plans_.Copy("a", "half", nullptr).status();
+  s = plans_.Copy("a", "ints", nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "dst: tensor 'half' has dtype f16 but src 'a' has dtype f32");
+  EXPECT_EQ(s.message(),
+            "dst: tensor 'ints' dtype i32 cannot be cast from src 'a' dtype f32: cannot cast f32 "
+            "to i32 (float to integer is not a cast copies make)");
   EXPECT_EQ(plans_.Copy("a", "nope", nullptr).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(plans_.Copy("nope", "a", nullptr).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_.calls("Execute"), 0);
-  for (const char* name : {"a", "wide", "half"}) {
+  for (const char* name : {"a", "wide", "ints"}) {
     EXPECT_TRUE(tensors_.Get(name)->busy_plan.empty()) << name;
   }
 }
@@ -1121,7 +1123,7 @@ TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing)
   CreateTensor("x");
   CreateTensor("y");
   CreateTensor("wide", "S(0),R", "M", {8, 8});
-  CreateTensor("half", "S(0),R", "M", {8, 4}, DType::kF16);
+  CreateTensor("ints", "S(0),R", "M", {8, 4}, DType::kI32);
   absl::Status s = plans_.CopyGroup({{"a", "x"}, {"b", "nope"}}, nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(), "copies[1].dst: unknown tensor 'nope'");
@@ -1132,9 +1134,11 @@ TEST_F(PlanManagerTest, CopyGroupWithABadOrBusyMemberIsRefusedAndChangesNothing)
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(s.message(),
             "copies[1].dst: tensor 'wide' has shape [8, 8] but src 'b' has shape [8, 4]");
-  s = plans_.CopyGroup({{"half", "x"}}, nullptr).status();
+  s = plans_.CopyGroup({{"ints", "x"}}, nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("copies[0].dst: tensor 'x' has dtype f32"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("copies[0].dst: tensor 'x' dtype f32 cannot be cast from src 'ints' "
+                        "dtype i32"));
   s = plans_.CopyGroup({{"a", "x"}, {"x", "y"}}, nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("copies[1].src: tensor 'x' is also copies[0].dst"));

@@ -14,6 +14,7 @@ bool RelayEligible(const Plan& plan, bool target_attached, int64_t max_bytes) {
   max_bytes = std::min(max_bytes, kMaxRelayMaxBytes);
   if (max_bytes <= 0 || target_attached) return false;
   if (plan.source.is_partial() || plan.target.is_partial()) return false;
+  if (plan.cast_to.has_value()) return false;  // The relay moves bytes; workers convert.
   return Box::Whole(plan.target.global_shape()).Volume() * ElementSize(plan.dtype) <= max_bytes;
 }
 

@@ -800,6 +800,11 @@ grpc::ServerUnaryReactor* CoordinatorService::LoadCheckpoint(grpc::CallbackServe
   args.all = req->all();
   args.prefix = req->prefix();
   args.into = req->into();
+  if (req->dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");
+    if (!dtype.ok()) return Done(ctx, dtype.status());
+    args.dtype = *dtype;
+  }
   absl::StatusOr<std::optional<Spec>> spec = OptionalSpec(req->spec(), "spec");
   if (!spec.ok()) return Done(ctx, spec.status());
   args.spec = *std::move(spec);

@@ -549,7 +549,7 @@ TEST_F(ServiceTest, CopyBumpsDstOnlyAndMapsErrors) {
   v1::TensorInfo src, dst, half;
   ASSERT_TRUE(CreateTensor("src", "M", "S(0),R", &src).ok());
   ASSERT_TRUE(CreateTensor("dst", "N", "S(1)", &dst).ok());
-  ASSERT_TRUE(CreateTensor("half", "N", "S(1)", &half, v1::F16).ok());
+  ASSERT_TRUE(CreateTensor("half", "N", "S(1)", &half, v1::I16).ok());
   client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
     ASSERT_TRUE(plans_.Report(ToReport(FinalReport(f))).ok());
   });
@@ -596,7 +596,8 @@ TEST_F(ServiceTest, CopyBumpsDstOnlyAndMapsErrors) {
   EXPECT_EQ(copy("src", "src").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   s = copy("src", "half");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("dtype f16 but src 'src' has dtype f32"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("dst: tensor 'half' dtype i16 cannot be cast from src 'src' dtype f32"));
   EXPECT_EQ(copy("src", "nope").error_code(), grpc::StatusCode::NOT_FOUND);
 
   // A failing worker turns the wait into ABORTED naming it; both keep their versions.

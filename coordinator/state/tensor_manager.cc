@@ -538,6 +538,7 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
       t.incarnations = std::move(state.incarnations);
       t.attached = state.attached;
       if (state.publish) t.owner.clear();
+      if (state.dtype.has_value()) t.dtype = *state.dtype;
       if (!t.attached) t.unattached.clear();
       // Still attached: a rank detached while the plan committed stays unattached.
       for (int64_t r : t.unattached) t.incarnations.erase(r);

@@ -207,6 +207,9 @@ class TensorManager {
     bool attached = false;
     // A hidden tensor (TensorRecord::owner) becomes an ordinary, stored one.
     bool publish = false;
+    // The tensor's dtype from now on (a plan that casts: a checkpoint load with a dtype);
+    // empty: unchanged.
+    std::optional<DType> dtype;
   };
   // Replaces the layout and ends `holder`. FAILED_PRECONDITION when `holder` does not hold it.
   absl::Status Commit(absl::string_view name, const std::string& holder, NewState state);

@@ -131,7 +131,8 @@ void TransferManager::PrepareNow(const std::string& name, PreparedCallback done)
     if (src.dtype != dst.dtype) {
       return done(absl::InvalidArgumentError(
           absl::StrCat(Field(i, false), ": tensor '", c.dst, "' has dtype ", DTypeName(dst.dtype),
-                       " but src '", c.src, "' has dtype ", DTypeName(src.dtype))));
+                       " but src '", c.src, "' has dtype ", DTypeName(src.dtype),
+                       " (a prepared transfer does not cast yet; Copy and CopyGroup do)")));
     }
     // Every rank of a dst gets its new buffer (or writes its lent one): each must be alive.
     // One whose worker registered again without the buffer gets a new one (the run repairs

@@ -241,11 +241,12 @@ absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const Fragme
     const std::string& plan_id;
     int64_t rank;
     DType dtype;
+    DType target_dtype;  // The shape's cast's, or dtype.
     const RankChunks& source;
     const RankChunks& target;
   } f{member.tensor,  member.target_tensor, member.source_version, member.attached_target_version,
-      member.plan_id, shape.rank,           shape.dtype,           shape.source,
-      shape.target};
+      member.plan_id, shape.rank,           shape.dtype,           shape.target_dtype(),
+      shape.source,   shape.target};
   if (!f.source.chunks.empty()) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> source = buffers_->Get(f.tensor, f.source_version);
     if (!source.ok()) return absl::FailedPreconditionError(source.status().message());
@@ -268,7 +269,7 @@ absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const Fragme
     // A Copy into an attached tensor writes the lent buffer in place.
     absl::StatusOr<std::shared_ptr<HostBuffer>> lent =
         buffers_->Get(f.target_tensor, f.attached_target_version);
-    if (!lent.ok() || !(*lent)->attached() || (*lent)->dtype() != f.dtype ||
+    if (!lent.ok() || !(*lent)->attached() || (*lent)->dtype() != f.target_dtype ||
         (*lent)->chunks().chunks != f.target.chunks) {
       return absl::FailedPreconditionError(
           absl::StrCat("rank ", f.rank, " holds no attached buffer of tensor '", f.target_tensor,
@@ -283,7 +284,7 @@ absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const Fragme
   }
   if (part->target == nullptr) {
     absl::StatusOr<std::shared_ptr<HostBuffer>> target =
-        HostBuffer::Create(f.dtype, f.target, space_);
+        HostBuffer::Create(f.target_dtype, f.target, space_);
     if (!target.ok()) return target.status();
     part->target = *target;
   }

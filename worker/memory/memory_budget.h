@@ -106,6 +106,12 @@ class BudgetedMemorySpace final : public MemorySpace {
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override {
     return inner_->DivideBox(data, count, dtype, divisor);
   }
+  // The inner space's conversion (its host staging, on a device without a kernel, is not
+  // counted: it is the conversion's working memory, freed before the call returns).
+  absl::Status CastBox(const Box& region, const void* src, const Box& src_box, DType src_dtype,
+                       void* dst, const Box& dst_box, DType dst_dtype) override {
+    return inner_->CastBox(region, src, src_box, src_dtype, dst, dst_box, dst_dtype);
+  }
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override {
     return inner_->ChunkChecksum(data, bytes);
   }

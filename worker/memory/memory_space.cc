@@ -11,6 +11,7 @@
 #include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "sharding/box_copy.h"
+#include "sharding/cast.h"
 #include "worker/buffers/checksum.h"
 
 namespace shardcoord {
@@ -161,6 +162,10 @@ absl::Status CheckIdentityFill(int64_t count, DType dtype, ReduceOp op) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for an identity fill"));
   }
+  if (!PartialAllowed(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", DTypeName(dtype), " has no reduction identity (it cannot be Partial)"));
+  }
   return absl::OkStatus();
 }
 
@@ -208,6 +213,14 @@ absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp
           data, count,
           min ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::lowest());
       break;
+    case DType::kU32:
+      FillWith<uint32_t>(data, count, min ? std::numeric_limits<uint32_t>::max() : 0);
+      break;
+    case DType::kU64:
+      FillWith<uint64_t>(data, count, min ? std::numeric_limits<uint64_t>::max() : 0);
+      break;
+    default:  // Refused by CheckIdentityFill.
+      break;
   }
   return absl::OkStatus();
 }
@@ -252,6 +265,41 @@ absl::Status HostMemorySpace::FillZeros(void* data, int64_t bytes) {
 
 absl::Status HostMemorySpace::FillIdentity(void* data, int64_t count, DType dtype, ReduceOp op) {
   return FillReduceIdentity(data, count, dtype, op);
+}
+
+absl::Status HostMemorySpace::CastBox(const Box& region, const void* src, const Box& src_box,
+                                      DType src_dtype, void* dst, const Box& dst_box,
+                                      DType dst_dtype) {
+  return shardcoord::CastBox(region, src, src_box, src_dtype, dst, dst_box, dst_dtype);
+}
+
+absl::Status MemorySpace::CastBox(const Box& region, const void* src, const Box& src_box,
+                                  DType src_dtype, void* dst, const Box& dst_box, DType dst_dtype) {
+  if (src_dtype == dst_dtype) {
+    return CopyBox(region, src, src_box, dst, dst_box, ElementSize(src_dtype));
+  }
+  if (absl::Status s = CheckCast(src_dtype, dst_dtype); !s.ok()) return s;
+  const int64_t n = region.Volume();
+  if (region.Empty()) return absl::OkStatus();
+  const int64_t in_bytes = n * ElementSize(src_dtype), out_bytes = n * ElementSize(dst_dtype);
+  absl::StatusOr<Allocation> in = Allocate(in_bytes);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<Allocation> out = Allocate(out_bytes);
+  if (!out.ok()) {
+    Free(*in);
+    return out.status();
+  }
+  std::vector<char> host_in(static_cast<size_t>(in_bytes)),
+      host_out(static_cast<size_t>(out_bytes));
+  absl::Status s = PackBox(region, src, src_box, in->data, ElementSize(src_dtype));
+  if (s.ok()) s = CopyToHost(host_in.data(), in->data, in_bytes);
+  if (s.ok()) s = Cast(host_in.data(), src_dtype, host_out.data(), dst_dtype, n);
+  if (s.ok()) s = CopyFromHost(out->data, host_out.data(), out_bytes);
+  if (s.ok()) s = CopyBox(region, out->data, region, dst, dst_box, ElementSize(dst_dtype));
+  if (s.ok()) s = Synchronize();  // The staging goes now: the unpack must have read it.
+  Free(*in);
+  Free(*out);
+  return s;
 }
 
 absl::Status HostMemorySpace::CopyBox(const Box& region, const void* src, const Box& src_box,

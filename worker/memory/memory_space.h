@@ -103,6 +103,14 @@ class MemorySpace {
                                      void* dst, const Box& dst_box, DType dtype, ReduceOp op) = 0;
   virtual absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) = 0;
 
+  // As sharding/cast.h's CastBox (a copy that converts `src_dtype` to `dst_dtype`), both
+  // buffers in this space; equal dtypes are CopyBox. This default, for device spaces without
+  // a conversion kernel, stages the region through host memory (packs it on the device,
+  // copies it out, converts on the host, copies it back and unpacks it) and waits for that;
+  // the host space converts in place.
+  virtual absl::Status CastBox(const Box& region, const void* src, const Box& src_box,
+                               DType src_dtype, void* dst, const Box& dst_box, DType dst_dtype);
+
   // `region` of a chunk (a buffer for `chunk_box`) into a dense buffer for `region`, both in
   // this space. Unpacking is CopyBox(region, packed, region, chunk, chunk_box, ...).
   absl::Status PackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
@@ -161,6 +169,8 @@ class HostMemorySpace final : public MemorySpace {
   absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                              const Box& dst_box, DType dtype, ReduceOp op) override;
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override;
+  absl::Status CastBox(const Box& region, const void* src, const Box& src_box, DType src_dtype,
+                       void* dst, const Box& dst_box, DType dst_dtype) override;
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
 };

@@ -659,7 +659,7 @@ absl::StatusOr<ExecuteResult> ExecuteFragment(const ExecuteInput& input) {
   const int64_t bucket = std::max<int64_t>(
       1, fragment.bucket_bytes > 0 ? fragment.bucket_bytes : input.options.bucket_bytes);
   const int64_t staging_limit = StagingLimit(bucket);
-  const int64_t esize = ElementSize(f.dtype);
+  const int64_t esize = ElementSize(f.wire_dtype());  // What the steps' transfers carry.
 
   // Decide every step's method first: a reducing collective consumes this rank's own
   // contribution, so the local copy that would add it is skipped. A collective whose buffers

@@ -1,6 +1,7 @@
 #include "worker/plans/executor.h"
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <set>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "sharding/cast.h"
 #include "sharding/fill.h"
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
@@ -65,7 +67,7 @@ RunOutput RunFragments(Cluster& cluster, const std::vector<v1::PlanFragment>& pr
     EXPECT_TRUE(f.ok()) << f.status();
     if (!f.ok()) return out;
     fragments[r] = *f;
-    out.targets[r] = *HostBuffer::Create(f->shapes[0].dtype, f->shapes[0].target);
+    out.targets[r] = *HostBuffer::Create(f->shapes[0].target_dtype(), f->shapes[0].target);
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks_running; ++r) {
@@ -240,6 +242,118 @@ TEST(ExecutorTest, GatherToOneRank) {
   for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(a, r, DType::kF32));
   RunOutput out = RunFragments(cluster, Fragments(*plan, "gather"), sources, {});
   CheckTarget(a, plan->target, DType::kF32, out);
+}
+
+// ---------------------------------------------------------------------------------------
+// Plans that cast: every element of the target is sharding/cast.h's conversion of the source
+// element, bit for bit, whatever the method and wherever the conversion happens.
+
+// The bits source element `flat` holds: every third a pseudo-random bit pattern (NaNs with
+// payloads, infinities, subnormals, huge values), the others small values with fractions.
+void StoreCastSource(char* data, DType dtype, int64_t i, int64_t flat) {
+  if (flat % 3 == 0) {
+    uint64_t z = static_cast<uint64_t>(flat) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 31;
+    std::memcpy(data + i * ElementSize(dtype), &z, static_cast<size_t>(ElementSize(dtype)));
+  } else {
+    StoreFromDouble(data, dtype, i, (static_cast<double>(flat) - 40) * 0.3125 + 0.0078125);
+  }
+}
+
+TEST(ExecutorTest, CastsInFlightAreBitExact) {
+  struct CastCase {
+    std::string name;
+    Shape mesh_from, mesh_to;
+    std::vector<int64_t> ranks_to;
+    std::string from, to;
+    Shape shape;
+    DType src, dst;
+  };
+  const std::vector<CastCase> cases = {
+      {"f32->bf16 S(0)->S(1)", {4}, {4}, {}, "S(0)", "S(1)", {16, 12}, DType::kF32, DType::kBF16},
+      {"f32->f8_e4m3 2x2 S(0),R->R,S(1)",
+       {2, 2},
+       {2, 2},
+       {},
+       "S(0),R",
+       "R,S(1)",
+       {12, 10},
+       DType::kF32,
+       DType::kF8E4M3},
+      {"bf16->f32 R->S(1)", {4}, {4}, {}, "R", "S(1)", {4, 8}, DType::kBF16, DType::kF32},
+      {"i32->i64 S(0)->R", {4}, {4}, {}, "S(0)", "R", {10, 6}, DType::kI32, DType::kI64},
+      {"f64->f8_e5m2 cross-mesh permuted",
+       {2, 2},
+       {4},
+       {3, 1, 0, 2},
+       "S(0),S(1)",
+       "S(1)",
+       {8, 4},
+       DType::kF64,
+       DType::kF8E5M2},
+      {"f8_e4m3->f16 uneven",
+       {4},
+       {4},
+       {},
+       "S(0,[1,6,0,2])",
+       "S(1)",
+       {9, 7},
+       DType::kF8E4M3,
+       DType::kF16},
+  };
+  Cluster cluster;
+  int serial = 0;
+  for (const CastCase& c : cases) {
+    for (Mode mode :
+         {Mode::kDefault, Mode::kCopyCollectives, Mode::kPointToPoint, Mode::kSmallMessages}) {
+      SCOPED_TRACE(absl::StrCat(c.name, " mode ", static_cast<int>(mode)));
+      Layout a = MakeLayout(c.mesh_from, {}, c.from, c.shape);
+      Layout b = MakeLayout(c.mesh_to, c.ranks_to, c.to, c.shape);
+      absl::StatusOr<Plan> plan = Redistribute(a, b, c.src, c.dst, {});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      std::vector<std::shared_ptr<HostBuffer>> sources;
+      for (int r = 0; r < kRanks; ++r) {
+        const RankChunks* rc = a.Find(r);
+        if (rc == nullptr) {
+          sources.push_back(nullptr);
+          continue;
+        }
+        sources.push_back(*HostBuffer::Create(c.src, *rc));
+        for (size_t k = 0; k < rc->chunks.size(); ++k) {
+          char* data = sources.back()->chunk_data(k);
+          ForEachElement(a.global_shape(), rc->chunks[k].box,
+                         [&](int64_t i, int64_t flat) { StoreCastSource(data, c.src, i, flat); });
+        }
+      }
+      ExecutorOptions options;
+      options.force_point_to_point = mode == Mode::kPointToPoint;
+      options.force_copy_collectives = mode == Mode::kCopyCollectives;
+      if (mode == Mode::kSmallMessages) options.message_bytes = 6;
+      RunOutput out = RunFragments(
+          cluster, Fragments(*plan, absl::StrCat("cast", serial++), kRanks), sources, options);
+      const int64_t in = ElementSize(c.src), os = ElementSize(c.dst);
+      for (int r = 0; r < kRanks; ++r) {
+        ASSERT_TRUE(out.results[r].ok()) << "rank " << r << ": " << out.results[r].status();
+        const RankChunks* rc = b.Find(r);
+        if (rc == nullptr) continue;
+        ASSERT_EQ(out.targets[r]->dtype(), c.dst);
+        for (size_t k = 0; k < rc->chunks.size(); ++k) {
+          const char* data = out.targets[r]->chunk_data(k);
+          EXPECT_EQ(out.results[r]->checksums[k],
+                    ChunkChecksum(data, out.targets[r]->chunk_bytes(k)));
+          ForEachElement(b.global_shape(), rc->chunks[k].box, [&](int64_t i, int64_t flat) {
+            char src[8] = {}, want[8] = {};
+            StoreCastSource(src, c.src, 0, flat);
+            ASSERT_TRUE(Cast(src, c.src, want, c.dst, 1).ok());
+            ASSERT_EQ(std::memcmp(data + i * os, want, static_cast<size_t>(os)), 0)
+                << "rank " << r << " element " << i << " flat " << flat << " (source " << in
+                << " bytes)";
+          });
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------

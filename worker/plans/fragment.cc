@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "sharding/cast.h"
 
 namespace shardcoord {
 namespace {
@@ -47,7 +48,7 @@ absl::Status CheckTargetPiece(const FragmentShape& f, const std::string& field, 
 absl::StatusOr<int64_t> CheckTransfers(const FragmentShape& f, int ndim,
                                        const std::string& field_name,
                                        const std::vector<Transfer>& transfers) {
-  const int64_t esize = ElementSize(f.dtype);
+  const int64_t esize = ElementSize(f.wire_dtype());  // Transfers carry the wire dtype.
   int64_t bytes = 0;
   for (size_t j = 0; j < transfers.size(); ++j) {
     const Transfer& t = transfers[j];
@@ -61,7 +62,11 @@ absl::StatusOr<int64_t> CheckTransfers(const FragmentShape& f, int ndim,
     if (!box_bytes.ok()) return Bad(field, std::string(box_bytes.status().message()));
     if (t.bytes != *box_bytes) {
       return Bad(field, absl::StrCat("bytes ", t.bytes, " but box ", t.box.ToString(), " holds ",
-                                     *box_bytes, " bytes of ", DTypeName(f.dtype)));
+                                     *box_bytes, " bytes of ", DTypeName(f.wire_dtype())));
+    }
+    if (t.reduce && f.cast_to.has_value()) {
+      return Bad(field, absl::StrCat("a reducing transfer in a shape that casts ",
+                                     DTypeName(f.dtype), " to ", DTypeName(*f.cast_to)));
     }
     absl::StatusOr<int64_t> sum = CheckedAdd(bytes, t.bytes);
     if (!sum.ok()) return Bad(field_name, "transfers move more than 2^63 bytes");
@@ -80,6 +85,16 @@ absl::Status ValidateShape(const FragmentShape& f,
                            const absl::flat_hash_map<int64_t, int64_t>& member_incarnations) {
   const int ndim = FragmentNdim(f);
   if (f.divide_by < 1) return Bad("divide_by", absl::StrCat(f.divide_by, " < 1"));
+  if (f.cast_to.has_value()) {
+    if (absl::Status s = CheckCast(f.dtype, *f.cast_to); !s.ok()) {
+      return Bad("target_dtype", std::string(s.message()));
+    }
+    if (f.num_partials > 1 || f.divide_by > 1) {
+      return Bad("target_dtype", absl::StrCat("a shape with ", f.num_partials,
+                                              " partial contributions cannot cast ",
+                                              DTypeName(f.dtype), " to ", DTypeName(*f.cast_to)));
+    }
+  }
   for (const auto& [name, rc] : {std::pair<const char*, const RankChunks*>{"source", &f.source},
                                  std::pair<const char*, const RankChunks*>{"target", &f.target}}) {
     for (size_t i = 0; i < rc->chunks.size(); ++i) {
@@ -96,6 +111,10 @@ absl::Status ValidateShape(const FragmentShape& f,
     const std::string field = absl::StrCat("local_copies[", i, "]");
     if (ndim >= 0 && c.box.ndim() != ndim) {
       return Bad(field, absl::StrCat("box ", c.box.ToString(), " does not have ", ndim, " dims"));
+    }
+    if (c.reduce && f.cast_to.has_value()) {
+      return Bad(field, absl::StrCat("a reducing copy in a shape that casts ", DTypeName(f.dtype),
+                                     " to ", DTypeName(*f.cast_to)));
     }
     if (absl::Status s = CheckSourcePiece(f, field, c.box, c.partial_index); !s.ok()) return s;
     if (absl::Status s = CheckTargetPiece(f, field, c.box); !s.ok()) return s;

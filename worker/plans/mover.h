@@ -6,6 +6,14 @@
 // combining into the target chunks, local copies, the reduction rule's initialisation and
 // division, checksums built as the target is written, and staging memory, all through the
 // buffers' MemorySpace. Internal to the executor.
+//
+// Casts (FragmentShape::cast_to): the source chunks hold the shape's dtype, the target chunks
+// its target_dtype(), and every packed piece (what a transfer carries, what staging holds)
+// its wire_dtype(), the narrower. Pack converts source -> wire where they differ (the sender
+// converts: narrowing), Apply converts wire -> target where they differ (the receiver
+// converts: widening), a local copy converts source -> target. A piece is sent straight from
+// a source chunk only when the source dtype is the wire's, and lands straight in a target
+// chunk only when the wire dtype is the target's. esize() is the wire element size.
 
 #include <cstdint>
 #include <cstring>
@@ -43,7 +51,11 @@ class Mover {
         source_(source),
         target_(target),
         space_(target->space()),
-        esize_(ElementSize(f.dtype)),
+        wire_(f.wire_dtype()),
+        target_dtype_(f.target_dtype()),
+        esize_(ElementSize(wire_)),
+        source_esize_(ElementSize(f.dtype)),
+        target_esize_(ElementSize(target_dtype_)),
         op_(f.reduce_op == ReduceOp::kAvg ? ReduceOp::kSum : f.reduce_op) {
     // Host memory is hashed as it is written; other spaces hash on their device at the end.
     if (!space_.is_host()) return;
@@ -53,7 +65,9 @@ class Mover {
     }
   }
 
+  // The size of an element as transfers and staging hold it (the wire dtype's).
   int64_t esize() const { return esize_; }
+  DType wire_dtype() const { return wire_; }
   ReduceOp op() const { return op_; }
   // Where both buffers and all staging memory live.
   MemorySpace& space() const { return space_; }
@@ -75,12 +89,18 @@ class Mover {
     if (box.Empty()) return absl::OkStatus();
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return k.status();
+    if (f_.dtype != wire_) {  // The sender converts.
+      return space_.CastBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box,
+                            f_.dtype, out, box, wire_);
+    }
     return space_.PackBox(box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, out,
                           esize_);
   }
 
-  // Where `box` lies contiguously in a source chunk, or null (then it must be packed).
+  // Where `box` lies contiguously in a source chunk, or null (then it must be packed, also
+  // when the sender converts).
   const char* DirectSource(const Box& box, int64_t partial) const {
+    if (f_.dtype != wire_) return nullptr;
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return nullptr;
     std::optional<int64_t> off = ContiguousOffset(box, source_->chunks().chunks[*k].box);
@@ -92,10 +112,11 @@ class Mover {
   // Empty for device memory or when no source chunk holds it.
   std::vector<std::pair<const char*, int64_t>> SourceRuns(const Box& box, int64_t partial) const {
     std::vector<std::pair<const char*, int64_t>> out;
-    if (!space_.is_host()) return out;
+    if (!space_.is_host() || f_.dtype != wire_) return out;
     absl::StatusOr<int> k = SourceChunk(box, partial);
     if (!k.ok()) return out;
-    absl::StatusOr<RegionRuns> runs = RegionByteRuns(box, source_->chunks().chunks[*k].box, esize_);
+    absl::StatusOr<RegionRuns> runs =
+        RegionByteRuns(box, source_->chunks().chunks[*k].box, source_esize_);
     if (!runs.ok()) return out;
     const char* base = source_->chunk_data(*k);
     out.reserve(runs->offsets.size());
@@ -110,10 +131,11 @@ class Mover {
     int64_t end = 0;
   };
 
-  // Where a received `box` can land directly: one target chunk takes it, contiguously, and
-  // it overwrites. None otherwise (receive into a staging buffer and Apply).
+  // Where a received `box` can land directly: one target chunk takes it, contiguously, it
+  // overwrites, and the receiver does not convert. None otherwise (receive into a staging
+  // buffer and Apply).
   std::optional<Landing> DirectTarget(const Box& box, bool reduce, int64_t partial) const {
-    if (reduce || box.Empty()) return std::nullopt;
+    if (reduce || box.Empty() || wire_ != target_dtype_) return std::nullopt;
     int found = -1;
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -124,7 +146,8 @@ class Mover {
     if (found < 0 || !chunks[found].box.Contains(box)) return std::nullopt;
     std::optional<int64_t> off = ContiguousOffset(box, chunks[found].box);
     if (!off) return std::nullopt;
-    return Landing{static_cast<size_t>(found), *off * esize_, (*off + box.Volume()) * esize_};
+    return Landing{static_cast<size_t>(found), *off * target_esize_,
+                   (*off + box.Volume()) * target_esize_};
   }
   char* Data(const Landing& l) const { return target_->chunk_data(l.chunk) + l.begin; }
 
@@ -133,10 +156,22 @@ class Mover {
     if (ChunkChecksumBuilder* sum = ChecksumOf(l.chunk)) sum->Final(l.begin, l.end);
   }
 
-  // Writes (or combines) `box`, held in `data` laid out for `data_box`, into every target
-  // chunk that takes it.
+  // Writes (or combines) `box`, held in `data` laid out for `data_box` in the wire dtype
+  // (a received piece), into every target chunk that takes it.
   absl::Status Apply(const Box& box, const char* data, const Box& data_box, bool reduce,
                      int64_t partial) {
+    return ApplyFrom(box, data, data_box, wire_, reduce, partial);
+  }
+
+  // As Apply, from `data` of dtype `data_dtype`: converted where it is not the target's.
+  // Reductions never convert (a plan that casts has no Partial source).
+  absl::Status ApplyFrom(const Box& box, const char* data, const Box& data_box, DType data_dtype,
+                         bool reduce, int64_t partial) {
+    if (reduce && data_dtype != target_dtype_) {
+      return absl::InternalError(absl::StrCat("a reducing piece of ", box.ToString(),
+                                              " would cast ", DTypeName(data_dtype), " to ",
+                                              DTypeName(target_dtype_)));
+    }
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const Chunk& c = chunks[i];
@@ -147,10 +182,16 @@ class Mover {
       if (!whole) part = c.box.Intersect(box);
       const Box& region = whole ? box : part;
       if (region.Empty()) continue;
-      absl::Status s =
-          reduce ? space_.ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
-                                        f_.dtype, op_)
-                 : space_.CopyBox(region, data, data_box, target_->chunk_data(i), c.box, esize_);
+      absl::Status s;
+      if (reduce) {
+        s = space_.ReduceIntoBox(region, data, data_box, target_->chunk_data(i), c.box,
+                                 target_dtype_, op_);
+      } else if (data_dtype != target_dtype_) {  // The receiver (or a local copy) converts.
+        s = space_.CastBox(region, data, data_box, data_dtype, target_->chunk_data(i), c.box,
+                           target_dtype_);
+      } else {
+        s = space_.CopyBox(region, data, data_box, target_->chunk_data(i), c.box, target_esize_);
+      }
       if (!s.ok()) return s;
       Wrote(i, region, /*final=*/!reduce);
     }
@@ -161,8 +202,8 @@ class Mover {
     if (copy.box.Empty()) return absl::OkStatus();
     absl::StatusOr<int> k = SourceChunk(copy.box, copy.partial_index);
     if (!k.ok()) return k.status();
-    return Apply(copy.box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, copy.reduce,
-                 copy.partial_index);
+    return ApplyFrom(copy.box, source_->chunk_data(*k), source_->chunks().chunks[*k].box, f_.dtype,
+                     copy.reduce, copy.partial_index);
   }
 
   // Identity of the reduce op in every target chunk that takes a value; zeros in the
@@ -173,11 +214,11 @@ class Mover {
       const int64_t n = chunks[i].box.Volume();
       absl::Status s;
       if (!NeedsValue(f_, chunks[i])) {
-        s = space_.FillZeros(target_->chunk_data(i), n * esize_);
-        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Final(0, n * esize_);
+        s = space_.FillZeros(target_->chunk_data(i), n * target_esize_);
+        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Final(0, n * target_esize_);
       } else if (reducing) {
-        s = space_.FillIdentity(target_->chunk_data(i), n, f_.dtype, op_);
-        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, n * esize_);
+        s = space_.FillIdentity(target_->chunk_data(i), n, target_dtype_, op_);
+        if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, n * target_esize_);
       }
       if (!s.ok()) return s;
     }
@@ -189,8 +230,8 @@ class Mover {
     const auto& chunks = target_->chunks().chunks;
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (!NeedsValue(f_, chunks[i])) continue;
-      absl::Status s =
-          space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(), f_.dtype, f_.divide_by);
+      absl::Status s = space_.DivideBox(target_->chunk_data(i), chunks[i].box.Volume(),
+                                        target_dtype_, f_.divide_by);
       if (!s.ok()) return s;
       if (ChunkChecksumBuilder* sum = ChecksumOf(i)) sum->Dirty(0, target_->chunk_bytes(i));
     }
@@ -216,7 +257,7 @@ class Mover {
     const Box& box = target_->chunks().chunks[i].box;
     if (final) {
       if (std::optional<int64_t> off = ContiguousOffset(region, box)) {
-        sum->Final(*off * esize_, (*off + region.Volume()) * esize_);
+        sum->Final(*off * target_esize_, (*off + region.Volume()) * target_esize_);
         return;
       }
     }
@@ -227,7 +268,7 @@ class Mover {
       first += (region.offset(d) - box.offset(d)) * strides[d];
       last += (region.end(d) - 1 - box.offset(d)) * strides[d];
     }
-    sum->Dirty(first * esize_, (last + 1) * esize_);
+    sum->Dirty(first * target_esize_, (last + 1) * target_esize_);
   }
 
   // Target chunk i's checksum under construction; null when the target is not host memory.
@@ -260,7 +301,11 @@ class Mover {
   const HostBuffer* source_;
   HostBuffer* target_;
   MemorySpace& space_;
-  const int64_t esize_;
+  const DType wire_;          // What packed pieces hold.
+  const DType target_dtype_;  // What the target chunks hold.
+  const int64_t esize_;       // Of wire_.
+  const int64_t source_esize_;
+  const int64_t target_esize_;
   const ReduceOp op_;
   std::vector<ChunkChecksumBuilder> sums_;  // One per target chunk.
 };
@@ -302,7 +347,8 @@ inline absl::Status CheckBuffers(const FragmentShape& f, const std::string& tens
           "] but the plan expects ", DTypeName(f.dtype), " chunks [", ChunkList(f.source), "]"));
     }
   }
-  if (target == nullptr || target->dtype() != f.dtype || !SameChunks(target->chunks(), f.target)) {
+  if (target == nullptr || target->dtype() != f.target_dtype() ||
+      !SameChunks(target->chunks(), f.target)) {
     return absl::InvalidArgumentError(absl::StrCat("target buffer of tensor '", target_tensor,
                                                    "' does not match the fragment's target"));
   }

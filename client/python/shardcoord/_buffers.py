@@ -12,14 +12,22 @@ import numpy as np
 from ._errors import Error
 from ._proto import pb
 
-# Wire dtype name -> (enum, NumPy dtype, torch dtype name). NumPy has no bfloat16: its bits
-# travel as uint16.
+# Wire dtype name -> (enum, NumPy dtype, torch dtype name): every safetensors dtype. NumPy
+# has no bfloat16 or float8: their bits travel as uint16 and uint8 (BITS_ONLY).
 DTYPES = {
     "f32": (pb.F32, np.float32, "float32"), "f64": (pb.F64, np.float64, "float64"),
     "f16": (pb.F16, np.float16, "float16"), "bf16": (pb.BF16, np.uint16, "bfloat16"),
     "i8": (pb.I8, np.int8, "int8"), "u8": (pb.U8, np.uint8, "uint8"),
     "i32": (pb.I32, np.int32, "int32"), "i64": (pb.I64, np.int64, "int64"),
+    "bool": (pb.BOOL, np.bool_, "bool"), "i16": (pb.I16, np.int16, "int16"),
+    "u16": (pb.U16, np.uint16, "uint16"), "u32": (pb.U32, np.uint32, "uint32"),
+    "u64": (pb.U64, np.uint64, "uint64"),
+    "f8_e4m3": (pb.F8_E4M3, np.uint8, "float8_e4m3fn"),
+    "f8_e5m2": (pb.F8_E5M2, np.uint8, "float8_e5m2"),
+    "f8_e8m0": (pb.F8_E8M0, np.uint8, "float8_e8m0fnu"),
 }
+# Dtypes NumPy lacks: an array of their bits is never taken for one unless named.
+BITS_ONLY = frozenset({"bf16", "f8_e4m3", "f8_e5m2", "f8_e8m0"})
 WIRE_NAMES = {enum: name for name, (enum, _, _) in DTYPES.items()}
 
 
@@ -144,14 +152,15 @@ def _invalid(message):
 
 
 def _wire_of_numpy(dtype, want):
-    """The wire name of a NumPy dtype (uint16 stands for bf16 when the tensor is bf16)."""
+    """The wire name of a NumPy dtype (uint16 stands for bf16, uint8 for a float8, when the
+    tensor is of that dtype)."""
     dtype = np.dtype(dtype)
     if dtype.byteorder == ">":
         return None
-    if want == "bf16" and dtype == np.dtype(np.uint16):
-        return "bf16"
+    if want in BITS_ONLY and dtype == np.dtype(DTYPES[want][1]):
+        return want
     return next((name for name, (_, np_type, _) in DTYPES.items()
-                 if name != "bf16" and np.dtype(np_type) == dtype), None)
+                 if name not in BITS_ONLY and np.dtype(np_type) == dtype), None)
 
 
 def describe(buf, want_dtype):
@@ -175,7 +184,8 @@ def describe(buf, want_dtype):
     if not buf.is_contiguous():
         raise _invalid("buffer: the torch tensor is not contiguous (.contiguous() copies it, "
                        "but then lend the copy)")
-    wire = next((n for n, (_, _, t) in DTYPES.items() if getattr(torch, t) == buf.dtype), None)
+    wire = next((n for n, (_, _, t) in DTYPES.items()
+                 if getattr(torch, t, None) == buf.dtype), None)
     if wire is None:
         raise _invalid(f"buffer: torch dtype {buf.dtype} has no shardcoord equivalent")
     nbytes = buf.numel() * buf.element_size()

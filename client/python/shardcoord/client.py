@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _buffers, _progress
 from ._lending import human_bytes, local_tensors, member_of, nbytes_of, Silent
-from ._buffers import DTYPES, WIRE_NAMES
+from ._buffers import BITS_ONLY, DTYPES, WIRE_NAMES
 from ._errors import Error
 from ._local import LocalConnection
 from ._proto import pb, pb_grpc
@@ -663,8 +663,9 @@ class Client:
         return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
     def copy(self, src, dst):
-        """Writes src's values into dst (same shape and dtype, any mesh and layout; in place
-        when dst is attached) and waits; returns the CopyResponse."""
+        """Writes src's values into dst (same shape, any mesh and layout; in place when dst
+        is attached; cast to dst's dtype where the dtypes differ, see README "Dtypes and
+        casts") and waits; returns the CopyResponse."""
         request = pb.CopyRequest(src=src, dst=dst, wait=True)
         return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
@@ -861,7 +862,7 @@ class Client:
         answers its outcome instead of making a second version."""
         if dtype is None:
             dtype = next((k for k, (_, npt, _) in DTYPES.items()
-                          if k != "bf16" and np.dtype(npt) == array.dtype), None)
+                          if k not in BITS_ONLY and np.dtype(npt) == array.dtype), None)
             if dtype is None:
                 raise ValueError(f"numpy dtype {array.dtype} has no shardcoord equivalent")
         data = np.ascontiguousarray(array, dtype=_NUMPY_OF_WIRE[DTYPES[dtype][0]]).tobytes()

@@ -24,6 +24,8 @@ static_assert(static_cast<int>(NcclDataType::kInt8) == ncclInt8);
 static_assert(static_cast<int>(NcclDataType::kUint8) == ncclUint8);
 static_assert(static_cast<int>(NcclDataType::kInt32) == ncclInt32);
 static_assert(static_cast<int>(NcclDataType::kInt64) == ncclInt64);
+static_assert(static_cast<int>(NcclDataType::kUint32) == ncclUint32);
+static_assert(static_cast<int>(NcclDataType::kUint64) == ncclUint64);
 static_assert(static_cast<int>(NcclDataType::kFloat16) == ncclFloat16);
 static_assert(static_cast<int>(NcclDataType::kFloat32) == ncclFloat32);
 static_assert(static_cast<int>(NcclDataType::kFloat64) == ncclFloat64);

@@ -13,7 +13,8 @@ namespace nccl {
 
 static_assert(kDevF32 == static_cast<int>(DType::kF32) &&
               kDevBF16 == static_cast<int>(DType::kBF16) &&
-              kDevI64 == static_cast<int>(DType::kI64));
+              kDevI64 == static_cast<int>(DType::kI64) &&
+              kDevU32 == static_cast<int>(DType::kU32) && kDevU64 == static_cast<int>(DType::kU64));
 static_assert(kDevSum == static_cast<int>(ReduceOp::kSum) &&
               kDevMin == static_cast<int>(ReduceOp::kMin) &&
               kDevMax == static_cast<int>(ReduceOp::kMax));

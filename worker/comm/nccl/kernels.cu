@@ -184,6 +184,10 @@ cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const v
       return LaunchReduce<kDevI32>(g, op, src, dst, stream);
     case kDevI64:
       return LaunchReduce<kDevI64>(g, op, src, dst, stream);
+    case kDevU32:
+      return LaunchReduce<kDevU32>(g, op, src, dst, stream);
+    case kDevU64:
+      return LaunchReduce<kDevU64>(g, op, src, dst, stream);
   }
   return cudaErrorInvalidValue;
 }

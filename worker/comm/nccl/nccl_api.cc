@@ -37,6 +37,10 @@ std::string NcclDataTypeName(NcclDataType dtype) {
       return "i32";
     case NcclDataType::kInt64:
       return "i64";
+    case NcclDataType::kUint32:
+      return "u32";
+    case NcclDataType::kUint64:
+      return "u64";
     case NcclDataType::kFloat16:
       return "f16";
     case NcclDataType::kFloat32:

@@ -81,6 +81,12 @@ absl::StatusOr<NcclDataType> ToNcclDataType(DType dtype) {
       return NcclDataType::kInt32;
     case DType::kI64:
       return NcclDataType::kInt64;
+    case DType::kU32:
+      return NcclDataType::kUint32;
+    case DType::kU64:
+      return NcclDataType::kUint64;
+    default:  // No reduction (dtype.h's PartialAllowed); copies move bytes.
+      break;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("dtype ", static_cast<int>(dtype), " has no NCCL type"));

@@ -28,6 +28,8 @@ enum DeviceDType : int {
   kDevU8 = 6,
   kDevI32 = 7,
   kDevI64 = 8,
+  kDevU32 = 12,
+  kDevU64 = 13,
 };
 enum DeviceReduceOp : int { kDevSum = 1, kDevMin = 3, kDevMax = 4 };
 
@@ -183,6 +185,22 @@ SC_HD inline void DevCombineElement(int dtype, int op, unsigned char* dst,
       memcpy(dst, &a, 8);
       return;
     }
+    case kDevU32: {
+      uint32_t a, b;
+      memcpy(&a, dst, 4);
+      memcpy(&b, src, 4);
+      a = DevCombineInt<uint32_t, uint32_t>(op, a, b);
+      memcpy(dst, &a, 4);
+      return;
+    }
+    case kDevU64: {
+      uint64_t a, b;
+      memcpy(&a, dst, 8);
+      memcpy(&b, src, 8);
+      a = DevCombineInt<uint64_t, uint64_t>(op, a, b);
+      memcpy(dst, &a, 8);
+      return;
+    }
   }
 }
 
@@ -217,9 +235,11 @@ SC_HD inline int DevElementSize(int dtype) {
   switch (dtype) {
     case kDevF32:
     case kDevI32:
+    case kDevU32:
       return 4;
     case kDevF64:
     case kDevI64:
+    case kDevU64:
       return 8;
     case kDevF16:
     case kDevBF16:

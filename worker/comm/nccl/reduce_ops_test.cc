@@ -133,7 +133,8 @@ TEST_P(ReduceIntoTest, RandomRegionsMatchReduceIntoBoxBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, ReduceIntoTest,
                          ::testing::Values(DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                                           DType::kI8, DType::kU8, DType::kI32, DType::kI64),
+                                           DType::kI8, DType::kU8, DType::kI32, DType::kI64,
+                                           DType::kU32, DType::kU64),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return DTypeName(info.param);
                          });
