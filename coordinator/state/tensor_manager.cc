@@ -626,8 +626,8 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
 
 absl::StatusOr<size_t> TensorManager::CheckAttachLocked(const TensorRecord& cur, int64_t rank,
                                                         int64_t incarnation,
-                                                        std::optional<int64_t> version,
-                                                        DType dtype, const RankChunks* chunks,
+                                                        std::optional<int64_t> version, DType dtype,
+                                                        const RankChunks* chunks,
                                                         std::optional<int64_t> bytes) const {
   const std::string& name = cur.name;
   if (cur.recovering) return RecoveringError(cur);
@@ -745,10 +745,10 @@ absl::StatusOr<std::vector<TensorManager::Attached>> TensorManager::AttachMany(
       return member(i, absl::NotFoundError(absl::StrCat("unknown tensor '", item.name, "'")));
     }
     FoldLocked(it->second);
-    absl::StatusOr<size_t> index =
-        CheckAttachLocked(it->second, rank, incarnation,
-                    item.version == 0 ? std::nullopt : std::optional<int64_t>(item.version),
-                    item.dtype, item.chunks.has_value() ? &*item.chunks : nullptr, item.bytes);
+    absl::StatusOr<size_t> index = CheckAttachLocked(
+        it->second, rank, incarnation,
+        item.version == 0 ? std::nullopt : std::optional<int64_t>(item.version), item.dtype,
+        item.chunks.has_value() ? &*item.chunks : nullptr, item.bytes);
     if (!index.ok()) return member(i, index.status());
     current[i] = &it->second;
     indexes[i] = *index;
