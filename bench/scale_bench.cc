@@ -592,7 +592,10 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   }
   out->templates_plan_cpu_s = ThreadCpuSeconds() - start;
   for (int64_t r = 0; r < w.ranks; ++r) {
-    if (totals.sent[r] > out->max_send) out->max_send = totals.sent[r], out->max_send_rank = r;
+    if (totals.sent[r] > out->max_send) {
+      out->max_send = totals.sent[r];
+      out->max_send_rank = r;
+    }
     if (totals.received[r] > out->max_recv) {
       out->max_recv = totals.received[r];
       out->max_recv_rank = r;
@@ -610,7 +613,9 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   ExpandOptions expand;
   expand.transfer_id = "scale@1";
   for (int64_t r : participants) expand.incarnations[r] = 1;
-  for (const int64_t rank : {int64_t{0}, out->busiest_rank}) {
+  std::vector<int64_t> expanded = {0};
+  if (out->busiest_rank != 0) expanded.push_back(out->busiest_rank);
+  for (const int64_t rank : expanded) {
     bench::Stats& stats = rank == 0 ? out->expand_rank0 : out->expand_busiest;
     for (int rep = 0; rep < reps; ++rep) {
       start = ThreadCpuSeconds();
@@ -629,10 +634,8 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
       }
       Progress(absl::StrCat("ExpandTransfer rank ", rank, ": ", seconds, " s CPU"));
     }
-    if (rank == out->busiest_rank && rank == 0 && out->expand_busiest.seconds.empty()) {
-      out->expand_busiest = out->expand_rank0;
-    }
   }
+  if (out->busiest_rank == 0) out->expand_busiest = out->expand_rank0;
 }
 
 // ---- The unprepared group ------------------------------------------------------------------
