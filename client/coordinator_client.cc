@@ -320,6 +320,44 @@ absl::StatusOr<v1::CopyResponse> CoordinatorClient::Copy(const v1::CopyRequest& 
                 request.wait() ? options_.data_timeout : options_.rpc_timeout);
 }
 
+absl::StatusOr<v1::TransferInfo> CoordinatorClient::CreateTransfer(
+    const v1::CreateTransferRequest& request) {
+  return Mutate(&Stub::CreateTransfer, request, options_.data_timeout);
+}
+
+absl::StatusOr<v1::RunTransferResponse> CoordinatorClient::RunTransfer(
+    const v1::RunTransferRequest& request) {
+  return Mutate(&Stub::RunTransfer, request,
+                request.wait() ? options_.data_timeout : options_.rpc_timeout);
+}
+
+absl::StatusOr<v1::TransferInfo> CoordinatorClient::GetTransfer(const std::string& name,
+                                                                bool copies) {
+  v1::GetTransferRequest request;
+  request.set_name(name);
+  request.set_copies(copies);
+  return Unary(&Stub::GetTransfer, request, options_.rpc_timeout);
+}
+
+absl::StatusOr<std::vector<v1::TransferInfo>> CoordinatorClient::ListTransfers() {
+  std::vector<v1::TransferInfo> out;
+  v1::ListTransfersRequest request;
+  for (;;) {
+    absl::StatusOr<v1::ListTransfersResponse> r =
+        Unary(&Stub::ListTransfers, request, options_.rpc_timeout);
+    if (!r.ok()) return r.status();
+    for (v1::TransferInfo& t : *r->mutable_transfers()) out.push_back(std::move(t));
+    if (r->next_page_token().empty()) return out;
+    request.set_page_token(r->next_page_token());
+  }
+}
+
+absl::Status CoordinatorClient::DeleteTransfer(const std::string& name) {
+  v1::DeleteTransferRequest request;
+  request.set_name(name);
+  return Mutate(&Stub::DeleteTransfer, request, options_.rpc_timeout).status();
+}
+
 absl::StatusOr<v1::CopyGroupResponse> CoordinatorClient::CopyGroup(
     const v1::CopyGroupRequest& request) {
   return Mutate(&Stub::CopyGroup, request,

@@ -123,6 +123,15 @@ class CoordinatorClient {
   // Recent plans, newest first (limit 0: the coordinator's default, 100).
   absl::StatusOr<v1::ListPlansResponse> ListPlans(int64_t limit = 0);
 
+  // Prepared transfers (see CreateTransfer in proto/shardcoord.proto). Create and a waiting
+  // run use the data deadline (a create plans on every worker; a run may prepare again).
+  absl::StatusOr<v1::TransferInfo> CreateTransfer(const v1::CreateTransferRequest& request);
+  absl::StatusOr<v1::RunTransferResponse> RunTransfer(const v1::RunTransferRequest& request);
+  absl::StatusOr<v1::TransferInfo> GetTransfer(const std::string& name, bool copies = false);
+  // Every transfer, in name order: pages through ListTransfers.
+  absl::StatusOr<std::vector<v1::TransferInfo>> ListTransfers();
+  absl::Status DeleteTransfer(const std::string& name);
+
   // Checkpoints (see SaveCheckpoint in proto/shardcoord.proto). Save and load return when
   // they ended (data deadline); set request.request_id first to follow one with
   // GetCheckpointProgress from another thread.

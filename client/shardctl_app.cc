@@ -13,6 +13,7 @@
 #include "client/plan_command.h"
 #include "client/tensor_command.h"
 #include "client/token_command.h"
+#include "client/transfer_command.h"
 #include "client/version.h"
 #include "client/workers_command.h"
 
@@ -32,6 +33,7 @@ int ShardctlMain(int argc, const char* const* argv) {
   AddMeshCommand(app, &globals);
   AddTensorCommand(app, &globals);
   AddPlanCommand(app, &globals);
+  AddTransferCommand(app, &globals);
   AddCheckpointCommand(app, &globals);
   AddTokenCommand(app);
   DescribeGlobalFlags(&app);

@@ -22,13 +22,20 @@ namespace {
 // the one listener the worker manager tells (on the thread that noticed, no lock held).
 class WorkerEvents : public WorkerListener {
  public:
-  WorkerEvents(PlanManager* plans, ClusterMemoryView* memory, TensorIo* io,
-               CheckpointManager* checkpoints, AttachManager* attach)
-      : plans_(plans), memory_(memory), io_(io), checkpoints_(checkpoints), attach_(attach) {}
+  WorkerEvents(PlanManager* plans, TransferManager* transfers, ClusterMemoryView* memory,
+               TensorIo* io, CheckpointManager* checkpoints, AttachManager* attach)
+      : plans_(plans),
+        transfers_(transfers),
+        memory_(memory),
+        io_(io),
+        checkpoints_(checkpoints),
+        attach_(attach) {}
 
   void OnWorkerLost(const WorkerRecord& w, const std::string& reason) override {
     // Plans first: they abort what used it, which frees the tensors others wait for.
     plans_->OnWorkerLost(w, reason);
+    // Transfers with a part on it prepare again before their next run; a run aborts.
+    transfers_->OnWorkerLost(w, reason);
     spdlog::warn("{} incarnation {} {}", w.Describe(), w.incarnation, reason);
     memory_->OnWorkerLost(w, reason);
     // Uploads, downloads, saves and loads using it fail now, naming it, not at an RPC error.
@@ -46,6 +53,7 @@ class WorkerEvents : public WorkerListener {
 
  private:
   PlanManager* const plans_;
+  TransferManager* const transfers_;
   ClusterMemoryView* const memory_;
   TensorIo* const io_;
   CheckpointManager* const checkpoints_;
@@ -128,7 +136,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
   // A dead peer is declared at most heartbeat_timeout + one health tick (<= one interval)
   // after its last heartbeat, which came at most one interval before it died; its echo in a
   // peer's error can arrive at once. Waiting less races the death being noticed.
-  po.failure_grace = options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
+  const absl::Duration po_failure_grace =
+      options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
+  po.failure_grace = po_failure_grace;
   po.metrics = &metrics_;
   po.on_plan_end = [this](const PlanProgress& p, const std::string& prefix) {
     if (!prefix.empty()) kv_.DeletePrefix(prefix);
@@ -149,11 +159,33 @@ Coordinator::Coordinator(CoordinatorOptions options)
   co.metrics = &metrics_;
   checkpoints_ = std::make_unique<CheckpointManager>(&clock_, &workers_, &meshes_, &tensors_,
                                                      plans_.get(), client_.get(), co);
-  service_ =
-      std::make_unique<CoordinatorService>(&workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
-                                           options_.worker_client.chunk_message_bytes, &metrics_,
-                                           options_.auth ? &*options_.auth : nullptr, &requests_,
-                                           &watches_, &running_plans_, checkpoints_.get());
+  TransferManagerOptions to;
+  to.run_timeout = options_.plan_timeout;
+  to.step_timeout = options_.plan_timeout;
+  to.failure_grace = po_failure_grace;
+  to.id_namespace = id_namespace;
+  to.prepare_threads = 1;
+  to.admission = admission_.get();
+  to.metrics = &metrics_;
+  to.on_run_end = [](const PlanProgress& p) {
+    if (p.state == PlanState::kCommitted) {
+      spdlog::info("run {} of {} committed: {} bytes in {:.3f}s", p.plan_id, p.tensor,
+                   p.bytes_total, p.seconds);
+    } else {
+      spdlog::warn("run {} of {} aborted: {}", p.plan_id, p.tensor, p.error);
+    }
+  };
+  to.on_prefix_retired = [this](const std::string& prefix) { kv_.DeletePrefix(prefix); };
+  transfers_ = std::make_unique<TransferManager>(&clock_, &timer_, &workers_, &tensors_,
+                                                 client_.get(), store_.get(), std::move(to));
+  // Before any worker registers: their reconcile reads the dsts' versions through the
+  // transfers' bindings.
+  if (init_status_.ok() && options_.state.durable()) init_status_ = transfers_->Load();
+  service_ = std::make_unique<CoordinatorService>(
+      &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
+      options_.worker_client.chunk_message_bytes, &metrics_,
+      options_.auth ? &*options_.auth : nullptr, &requests_, &watches_, &running_plans_,
+      checkpoints_.get(), transfers_.get());
   attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &registration_, &kv_, plans_.get(), attach_.get(),
@@ -188,8 +220,9 @@ Coordinator::Coordinator(CoordinatorOptions options)
 Coordinator::~Coordinator() { Shutdown(); }
 
 void Coordinator::InstallEventListeners() {
-  worker_events_ = std::make_unique<WorkerEvents>(plans_.get(), memory_view_.get(), io_.get(),
-                                                  checkpoints_.get(), attach_.get());
+  worker_events_ =
+      std::make_unique<WorkerEvents>(plans_.get(), transfers_.get(), memory_view_.get(), io_.get(),
+                                     checkpoints_.get(), attach_.get());
   workers_.AddListener(worker_events_.get());
 }
 
@@ -286,8 +319,9 @@ void Coordinator::HealthLoop() {
 int Coordinator::Drain(absl::Duration timeout) {
   grpc_health_.SetReady(false);
   plans_->Close("coordinator is draining (shutting down); retry against its replacement");
+  transfers_->Close("coordinator is draining (shutting down); retry against its replacement");
   if (plans_->AwaitIdle(absl::Now() + timeout)) return 0;
-  return static_cast<int>(plans_->RunningPlansCount());
+  return static_cast<int>(plans_->RunningPlansCount() + transfers_->RunningCount());
 }
 
 void Coordinator::Shutdown() {
@@ -302,6 +336,7 @@ void Coordinator::Shutdown() {
   http_.Stop();
   // Everything a reactor may wait on completes first, so the server's shutdown returns.
   plans_->Shutdown("coordinator shutting down");
+  transfers_->Shutdown("coordinator shutting down");
   kv_.CancelAll(absl::UnavailableError("coordinator shutting down"));
   client_->CancelAll();
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

@@ -37,6 +37,7 @@
 #include "coordinator/state/tensor_manager.h"
 #include "coordinator/store/state_store.h"
 #include "coordinator/store/state_store_uri.h"
+#include "coordinator/transfers/transfer_manager.h"
 #include "grpcpp/server.h"
 #include "proto/grpc_health.h"
 
@@ -131,8 +132,9 @@ class Coordinator {
 
  private:
   void HealthLoop();
-  // The one WorkerListener: a worker's death reaches the plans, the memory view, uploads and
-  // downloads, checkpoints and attached buffers from there (and the log).
+  // The one WorkerListener: a worker's death reaches the plans, prepared transfers, the
+  // memory view, uploads and downloads, checkpoints and attached buffers from there (and the
+  // log).
   void InstallEventListeners();
 
   const CoordinatorOptions options_;
@@ -158,6 +160,7 @@ class Coordinator {
   std::unique_ptr<WorkerDrain> drain_;  // Workers leaving (LeaveWorker).
   std::unique_ptr<TensorIo> io_;
   std::unique_ptr<CheckpointManager> checkpoints_;
+  std::unique_ptr<TransferManager> transfers_;  // Prepared transfers (issue 27).
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<AttachManager> attach_;  // Buffers lent by user processes.

@@ -160,8 +160,7 @@ bool FusedShapeFor(const Plan& plan, int64_t rank, FragmentShape* out) {
   s.source.rank = rank;
   if (target != nullptr) s.target = *target;
   s.target.rank = rank;
-  s.zero_fill =
-      std::binary_search(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end(), rank);
+  s.zero_fill = std::binary_search(plan.zero_fill_ranks.begin(), plan.zero_fill_ranks.end(), rank);
   s.divide_by = plan.divide_by;
   s.reduce_op = plan.source.partial_op();
   s.num_partials = plan.source.num_partials();

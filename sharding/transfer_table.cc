@@ -104,9 +104,9 @@ TransferTemplates TemplatesOf(const TransferTable& table) {
   out.of_member.reserve(table.members.size());
   absl::flat_hash_map<std::tuple<int32_t, int32_t, int>, int32_t> index;
   for (const TransferMemberSpec& m : table.members) {
-    auto [it, added] = index.try_emplace(
-        std::make_tuple(m.src_layout, m.dst_layout, static_cast<int>(m.dtype)),
-        static_cast<int32_t>(out.templates.size()));
+    auto [it, added] =
+        index.try_emplace(std::make_tuple(m.src_layout, m.dst_layout, static_cast<int>(m.dtype)),
+                          static_cast<int32_t>(out.templates.size()));
     if (added) out.templates.push_back({m.src_layout, m.dst_layout, m.dtype});
     out.of_member.push_back(it->second);
   }

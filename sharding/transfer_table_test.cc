@@ -44,10 +44,10 @@ TransferTable Table() {
   TransferTable t;
   t.layouts = {
       Flat(train, {8, 4}, "0:10;10:20;20:30;30:32"),  // 0: a's and b's src
-      Placed(engine, {8, 4}, "R,S(0)"),                // 1: a's, b's and d's dst
-      Flat(train, {6}, "0:6;;;"),                      // 2: c's src (all on rank 0)
-      Placed(engine, {6}, "R,R"),                      // 3: c's dst
-      Placed(train, {8, 4}, "S(1)"),                   // 4: d's src
+      Placed(engine, {8, 4}, "R,S(0)"),               // 1: a's, b's and d's dst
+      Flat(train, {6}, "0:6;;;"),                     // 2: c's src (all on rank 0)
+      Placed(engine, {6}, "R,R"),                     // 3: c's dst
+      Placed(train, {8, 4}, "S(1)"),                  // 4: d's src
   };
   auto add = [&](std::string src, std::string dst, int32_t from, int32_t to, DType dtype) {
     TransferMemberSpec& m = t.members.emplace_back();

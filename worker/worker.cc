@@ -359,8 +359,14 @@ void Worker::Drain(absl::Duration timeout) {
         "left the cluster: {} plans aborted at the drain timeout, {} tensors copied to "
         "a surviving replica first",
         left->aborted_plans_size(), left->repaired_tensors_size());
-    for (const std::string& lost : left->lost()) {
-      spdlog::warn("chunks lost with this worker (no other live copy): {}", lost);
+    // A few names, then a count: a model's worth of lost tensors is one line, not 10^5.
+    constexpr int kLostNamed = 8;
+    for (int i = 0; i < left->lost_size() && i < kLostNamed; ++i) {
+      spdlog::warn("chunks lost with this worker (no other live copy): {}", left->lost(i));
+    }
+    if (left->lost_size() > kLostNamed) {
+      spdlog::warn("... and {} more tensors lost chunks with this worker",
+                   left->lost_size() - kLostNamed);
     }
   } else {
     spdlog::warn(

@@ -120,6 +120,37 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
             members=[pb.RedistributeGroupMember(tensor=t, version=30 + i)
                      for i, t in enumerate(request.tensors)])
 
+    def CreateTransfer(self, request, context):
+        self.requests["create_transfer"] = request
+        return pb.TransferInfo(name=request.name, members=len(request.copies), prepared=True,
+                               participants=8)
+
+    def RunTransfer(self, request, context):
+        self.requests["run_transfer"] = request
+        if self.abort:
+            context.abort(grpc.StatusCode.ABORTED, "run t-1 of transfer 'sync' aborted: rank 3")
+        return pb.RunTransferResponse(name=request.name, run_id="t-1", state=pb.COMMITTED,
+                                      seconds=0.5, bytes_moved=64, lower_bound_bytes=32,
+                                      members=2, replanned=True, version=7)
+
+    def GetTransfer(self, request, context):
+        self.requests["get_transfer"] = request
+        return pb.TransferInfo(name=request.name, members=1,
+                               copies=[pb.CopyPair(src="a", dst="b")] if request.copies else [])
+
+    def ListTransfers(self, request, context):
+        # 1,500 transfers x0000..x1499 in pages of 1,000.
+        names = [f"x{i:04d}" for i in range(1500)]
+        start = names.index(request.page_token) + 1 if request.page_token else 0
+        page = names[start:start + 1000]
+        more = start + 1000 < len(names)
+        return pb.ListTransfersResponse(transfers=[pb.TransferInfo(name=n) for n in page],
+                                        next_page_token=page[-1] if more else "")
+
+    def DeleteTransfer(self, request, context):
+        self.requests["delete_transfer"] = request
+        return pb.DeleteTransferResponse()
+
     def Download(self, request, context):
         data = np.arange(12, dtype="<f4").tobytes()
         yield pb.TensorData(header=pb.TensorHeader(name=request.name, shape=[3, 4], dtype=pb.F32,
@@ -354,6 +385,29 @@ class ClientTest(unittest.TestCase):
             self.client.copy_many([("a", "a_infer")])
         self.assertEqual(e.exception.code, "ABORTED")
         self.assertIn("copies[1]", str(e.exception))
+
+    def test_prepared_transfers(self):
+        info = self.client.create_transfer("sync", [("a", "a_infer"), {"src": "b", "dst": "b_i"}])
+        self.assertEqual((info.members, info.participants), (2, 8))
+        c = self.fake.requests["create_transfer"]
+        self.assertEqual(c.name, "sync")
+        self.assertEqual([(p.src, p.dst) for p in c.copies], [("a", "a_infer"), ("b", "b_i")])
+        self.assertTrue(c.request_id)  # Retries replay instead of creating twice.
+        run = self.client.run_transfer("sync")
+        self.assertEqual(run, {"name": "sync", "seconds": 0.5, "bytes_moved": 64,
+                               "lower_bound_bytes": 32, "members": 2, "replanned": True,
+                               "version": 7, "run_id": "t-1", "prepare_seconds": 0.0})
+        self.assertTrue(self.fake.requests["run_transfer"].wait)
+        self.assertEqual(len(self.client.transfers()), 1500)
+        self.assertEqual([(p.src, p.dst) for p in self.client.transfer("sync", copies=True).copies],
+                         [("a", "b")])
+        self.client.delete_transfer("sync")
+        self.assertEqual(self.fake.requests["delete_transfer"].name, "sync")
+        self.fake.abort = True
+        with self.assertRaises(sc.Error) as e:
+            self.client.run_transfer("sync")
+        self.assertEqual(e.exception.code, "ABORTED")
+        self.assertIn("rank 3", str(e.exception))
 
     def test_redistribute_many(self):
         r = self.client.redistribute_many([("a", "S(1)"),

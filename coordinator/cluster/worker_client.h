@@ -135,8 +135,9 @@ class WorkerClient {
                                Callback<v1::PrepareTransferResponse> done) {
     done(absl::UnimplementedError("PrepareTransfer"));
   }
-  virtual void RunTransfer(const WorkerEndpoint& worker, const v1::RunTransferWorkerRequest& request,
-                           absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) {
+  virtual void RunTransfer(const WorkerEndpoint& worker,
+                           const v1::RunTransferWorkerRequest& request, absl::Duration timeout,
+                           Callback<v1::RunTransferWorkerResponse> done) {
     done(absl::UnimplementedError("RunTransfer"));
   }
   virtual void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,

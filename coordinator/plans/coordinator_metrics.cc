@@ -77,7 +77,28 @@ CoordinatorMetrics::CoordinatorMetrics(Registry* registry)
       checkpoint_bytes(registry->AddCounter(
           "shardcoord_checkpoint_bytes_total",
           "Bytes workers wrote (save) or read from storage (load) for checkpoints that succeeded.",
-          {"op"})) {
+          {"op"})),
+      transfer_runs(registry->AddCounter("shardcoord_transfer_runs_total",
+                                         "Runs of prepared transfers that ended, by result "
+                                         "(committed, aborted).",
+                                         {"result"})),
+      transfer_run_seconds(registry
+                               ->AddHistogram("shardcoord_transfer_run_seconds",
+                                              "Time from a prepared transfer's run start to its "
+                                              "end, its preparation excluded.",
+                                              {}, SecondsBuckets())
+                               ->WithLabels({})),
+      transfer_prepare_seconds(registry->AddHistogram(
+          "shardcoord_transfer_prepare_seconds",
+          "Time each preparation of a prepared transfer took (snapshot, table, every worker "
+          "planning its part), by result (ok, failed).",
+          {"result"}, SecondsBuckets())),
+      transfer_replans(registry
+                           ->AddCounter("shardcoord_transfer_replans_total",
+                                        "Preparations runs made because their transfer was "
+                                        "invalidated (a member changed, a participant died or "
+                                        "registered again) or not prepared since a restart.")
+                           ->WithLabels({})) {
   for (const char* state : {"alive", "dead"}) workers->WithLabels({state});
   for (const char* result : {"admitted", "waited", "refused", "timed_out"}) {
     admission_wait_seconds->WithLabels({result});

@@ -48,6 +48,13 @@ struct CoordinatorMetrics {
   // "failed"); the bytes the workers wrote or read for them (each distinct element once).
   CounterFamily* checkpoints;
   CounterFamily* checkpoint_bytes;
+  // Prepared transfers (issue 27): runs that ended by result ("committed", "aborted") and
+  // their seconds (preparation excluded); preparations by result ("ok", "failed") and their
+  // seconds; preparations a run made because the transfer was invalid (replans).
+  CounterFamily* transfer_runs;
+  Histogram* transfer_run_seconds;
+  HistogramFamily* transfer_prepare_seconds;
+  Counter* transfer_replans;
 };
 
 }  // namespace shardcoord

@@ -87,6 +87,13 @@ const std::vector<RpcRule>& RpcRoleTable() {
       {"/shardcoord.v1.Coordinator/LoadCheckpoint", Roles(kAdminOnly)},
       {"/shardcoord.v1.Coordinator/InspectCheckpoint", Roles(kAll)},
       {"/shardcoord.v1.Coordinator/GetCheckpointProgress", Roles(kAll)},
+      // Prepared transfers: a run rewrites every dst of a model at once; admins prepare, run
+      // and delete them.
+      {"/shardcoord.v1.Coordinator/CreateTransfer", Roles(kAdminOnly)},
+      {"/shardcoord.v1.Coordinator/RunTransfer", Roles(kAdminOnly)},
+      {"/shardcoord.v1.Coordinator/GetTransfer", Roles(kAll)},
+      {"/shardcoord.v1.Coordinator/ListTransfers", Roles(kAll)},
+      {"/shardcoord.v1.Coordinator/DeleteTransfer", Roles(kAdminOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/RegisterWorker", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/Heartbeat", Roles(kWorkerOnly)},
       {"/shardcoord.v1.CoordinatorWorkers/KvSet", Roles(kWorkerOnly)},

@@ -106,6 +106,13 @@ TEST(AuthenticatorTest, RolesPerRpc) {
   EXPECT_EQ(code("Coordinator/CreateMesh", "tok-operator"), kDenied);
   EXPECT_EQ(code("Coordinator/DeleteMesh", "tok-operator"), kDenied);
   EXPECT_EQ(code("Coordinator/DeleteTensor", "tok-operator"), kDenied);
+  // Prepared transfers: admins create, run and delete them; every client role reads them.
+  EXPECT_EQ(code("Coordinator/RunTransfer", "tok-admin"), kOk);
+  EXPECT_EQ(code("Coordinator/CreateTransfer", "tok-operator"), kDenied);
+  EXPECT_EQ(code("Coordinator/RunTransfer", "tok-operator"), kDenied);
+  EXPECT_EQ(code("Coordinator/DeleteTransfer", "tok-operator"), kDenied);
+  EXPECT_EQ(code("Coordinator/ListTransfers", "tok-reader"), kOk);
+  EXPECT_EQ(code("Coordinator/GetTransfer", "tok-reader"), kOk);
   // Reader: read-only.
   EXPECT_EQ(code("Coordinator/ListWorkers", "tok-reader"), kOk);
   EXPECT_EQ(code("Coordinator/GetTensor", "tok-reader"), kOk);

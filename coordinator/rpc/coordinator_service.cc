@@ -1,5 +1,6 @@
 #include "coordinator/rpc/coordinator_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "common/start_end_join.h"
 #include "coordinator/io/tensor_streams.h"
 #include "coordinator/rpc/coordinator_convert.h"
+#include "coordinator/rpc/coordinator_service_internal.h"
 #include "coordinator/rpc/grpc_auth.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -52,23 +54,6 @@ absl::StatusOr<CreateTensorArgs> CreateArgsFromProto(const v1::CreateTensorReque
   return args;
 }
 
-// A list call's page size: 0 means the default.
-absl::StatusOr<size_t> PageSize(int32_t requested) {
-  constexpr int32_t kDefault = 1000, kMax = 10000;
-  if (requested == 0) return kDefault;
-  if (requested < 0 || requested > kMax) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: ", requested, " is outside [0, ", kMax, "]"));
-  }
-  return static_cast<size_t>(requested);
-}
-
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  r->Finish(ToGrpcStatus(s));
-  return r;
-}
-
 // A gather's one destination rank, when given: INVALID_ARGUMENT when negative.
 absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank) {
   if (!has_to_rank) return std::optional<int64_t>();
@@ -91,6 +76,29 @@ std::string Fingerprint(const google::protobuf::Message& m) {
 }
 
 }  // namespace
+
+namespace internal_coordinator_service {
+
+absl::StatusOr<size_t> PageSize(int32_t requested) {
+  constexpr int32_t kDefault = 1000, kMax = 10000;
+  if (requested == 0) return kDefault;
+  if (requested < 0 || requested > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: ", requested, " is outside [0, ", kMax, "]"));
+  }
+  return static_cast<size_t>(requested);
+}
+
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+}  // namespace internal_coordinator_service
+
+using internal_coordinator_service::Done;
+using internal_coordinator_service::PageSize;
 
 LivenessFn CoordinatorService::Liveness() const {
   return [w = workers_](int64_t rank, int64_t inc) { return w->IsLive(rank, inc); };
@@ -116,6 +124,17 @@ grpc::ServerUnaryReactor* CoordinatorService::Replay(grpc::CallbackServerContext
   }
   return Done(ctx, first.status);
 }
+
+// The transfers' handlers (coordinator_service_transfers.cc) replay through the same log.
+template grpc::ServerUnaryReactor* CoordinatorService::Replay<v1::CreateTransferRequest>(
+    grpc::CallbackServerContext*, const char*, const v1::CreateTransferRequest&,
+    google::protobuf::Message*);
+template grpc::ServerUnaryReactor* CoordinatorService::Replay<v1::RunTransferRequest>(
+    grpc::CallbackServerContext*, const char*, const v1::RunTransferRequest&,
+    google::protobuf::Message*);
+template grpc::ServerUnaryReactor* CoordinatorService::Replay<v1::DeleteTransferRequest>(
+    grpc::CallbackServerContext*, const char*, const v1::DeleteTransferRequest&,
+    google::protobuf::Message*);
 
 void CoordinatorService::Reply(grpc::ServerUnaryReactor* reactor, const std::string& request_id,
                                const absl::Status& s, const google::protobuf::Message& resp) {
@@ -567,157 +586,6 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanRedistribute(grpc::CallbackSer
     resp->set_explain(ExplainPlan(*plan->plan));
   }
   return Done(ctx, plan.status());
-}
-
-// Streams a plan's progress until it ends. Updates come from any thread; the newest (by
-// seq) is written, one write at a time. All shared state lives in `Shared`, and the
-// reactor is finished only while no write is claimed, so a watcher callback never touches
-// a deleted reactor.
-class WatchReactor : public grpc::ServerWriteReactor<v1::PlanProgress> {
- public:
-  // `release` runs once the call is done (it gives back the caller's watch slot).
-  WatchReactor(PlanManager* plans, std::string plan_id, std::function<void()> release)
-      : plans_(plans),
-        plan_id_(std::move(plan_id)),
-        release_(std::move(release)),
-        shared_(std::make_shared<Shared>()) {
-    shared_->reactor = this;
-    std::shared_ptr<Shared> shared = shared_;
-    absl::StatusOr<int64_t> id = plans_->Watch(plan_id_, [shared](const PlanProgress& p) {
-      WatchReactor* reactor = nullptr;
-      PlanProgress take;
-      {
-        absl::MutexLock lock(&shared->mu);
-        if (shared->finishing || shared->reactor == nullptr || p.seq <= shared->last_seq) return;
-        shared->last_seq = p.seq;
-        shared->pending = p;
-        if (shared->writing) return;
-        shared->writing = true;
-        take = *shared->pending;
-        shared->pending.reset();
-        reactor = shared->reactor;
-      }
-      reactor->Write(take);
-    });
-    if (!id.ok()) {
-      {
-        absl::MutexLock lock(&shared_->mu);
-        shared_->finishing = true;
-      }
-      Finish(ToGrpcStatus(id.status()));
-      return;
-    }
-    absl::MutexLock lock(&shared_->mu);
-    watch_id_ = *id;
-  }
-
-  void OnWriteDone(bool ok) override {
-    PlanProgress take;
-    {
-      absl::MutexLock lock(&shared_->mu);
-      if (!ok || final_written_) {
-        shared_->writing = false;
-        shared_->finishing = true;
-      } else if (shared_->pending.has_value()) {
-        take = *shared_->pending;
-        shared_->pending.reset();
-      } else {
-        shared_->writing = false;
-        return;
-      }
-    }
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream broken"));
-    if (final_written_) return Finish(grpc::Status::OK);
-    Write(take);
-  }
-
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&shared_->mu);
-      // A write in flight fails and finishes the call from OnWriteDone.
-      if (shared_->finishing || shared_->writing) return;
-      shared_->finishing = true;
-    }
-    Finish(grpc::Status::CANCELLED);
-  }
-
-  void OnDone() override {
-    int64_t watch_id = 0;
-    {
-      absl::MutexLock lock(&shared_->mu);
-      shared_->reactor = nullptr;
-      watch_id = watch_id_;
-    }
-    if (watch_id != 0) plans_->Unwatch(plan_id_, watch_id);
-    release_();
-    delete this;
-  }
-
- private:
-  struct Shared {
-    absl::Mutex mu;
-    WatchReactor* reactor = nullptr;
-    bool writing = false;    // A write is claimed or in flight.
-    bool finishing = false;  // Finish was (or is about to be) called.
-    int64_t last_seq = -1;
-    std::optional<PlanProgress> pending;
-  };
-
-  // Called by the holder of the write claim only.
-  void Write(const PlanProgress& p) {
-    out_ = PlanProgressToProto(p);
-    final_written_ = p.ended();
-    StartWrite(&out_);
-  }
-
-  PlanManager* const plans_;
-  const std::string plan_id_;
-  const std::function<void()> release_;
-  std::shared_ptr<Shared> shared_;
-  int64_t watch_id_ = 0;  // Guarded by shared_->mu.
-  v1::PlanProgress out_;
-  bool final_written_ = false;
-};
-
-grpc::ServerUnaryReactor* CoordinatorService::GetPlanTrace(grpc::CallbackServerContext* ctx,
-                                                           const v1::GetPlanTraceRequest* req,
-                                                           v1::PlanTrace* resp) {
-  if (absl::Status a = Authorize(ctx, "GetPlanTrace"); !a.ok()) return Done(ctx, a);
-  if (req->plan_id().empty()) return Done(ctx, absl::InvalidArgumentError("plan_id: empty"));
-  absl::StatusOr<v1::PlanTrace> trace = plans_->Trace(req->plan_id());
-  if (trace.ok()) *resp = *std::move(trace);
-  return Done(ctx, trace.status());
-}
-
-grpc::ServerUnaryReactor* CoordinatorService::ListPlans(grpc::CallbackServerContext* ctx,
-                                                        const v1::ListPlansRequest* req,
-                                                        v1::ListPlansResponse* resp) {
-  if (absl::Status a = Authorize(ctx, "ListPlans"); !a.ok()) return Done(ctx, a);
-  if (req->limit() < 0) {
-    return Done(ctx, absl::InvalidArgumentError(
-                         absl::StrCat("limit: ", req->limit(), " is negative (0: the default)")));
-  }
-  for (v1::PlanSummary& p :
-       plans_->List(req->limit() == 0 ? kDefaultPlanListLimit : req->limit())) {
-    *resp->add_plans() = std::move(p);
-  }
-  return Done(ctx, absl::OkStatus());
-}
-
-grpc::ServerWriteReactor<v1::PlanProgress>* CoordinatorService::WatchPlan(
-    grpc::CallbackServerContext* ctx, const v1::WatchPlanRequest* req) {
-  std::string caller;
-  if (absl::Status a = Authorize(ctx, "WatchPlan", &caller); !a.ok()) {
-    return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(a);
-  }
-  std::function<void()> release = [] {};
-  if (watches_ != nullptr) {
-    if (absl::Status s = watches_->Acquire(caller); !s.ok()) {
-      return new RefusedStream<grpc::ServerWriteReactor<v1::PlanProgress>>(s);
-    }
-    release = [quota = watches_, caller] { quota->Release(caller); };
-  }
-  return new WatchReactor(plans_, req->plan_id(), std::move(release));
 }
 
 // ---- Data --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include "coordinator/rpc/coordinator_convert.h"
 #include "coordinator/rpc/request_log.h"
 #include "coordinator/state/tensor_manager.h"
+#include "coordinator/transfers/transfer_manager.h"
 #include "proto/shardcoord.grpc.pb.h"
 
 namespace shardcoord {
@@ -35,7 +36,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      PlanManager* plans, TensorIo* io, int64_t max_message_bytes = 1 << 20,
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
                      RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
-                     CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr)
+                     CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr,
+                     TransferManager* transfers = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -48,7 +50,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         requests_(requests),
         watches_(watches),
         running_plans_(running_plans),
-        checkpoints_(checkpoints) {}
+        checkpoints_(checkpoints),
+        transfers_(transfers) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -125,6 +128,24 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetCheckpointProgress(grpc::CallbackServerContext* ctx,
                                                   const v1::GetCheckpointProgressRequest* req,
                                                   v1::CheckpointProgress* resp) override;
+  // Prepared transfers (issue 27; coordinator_service_transfers.cc): adapters over
+  // TransferManager (UNIMPLEMENTED without one). A run's id answers WatchPlan, GetPlanTrace
+  // and ListPlans as a plan's.
+  grpc::ServerUnaryReactor* CreateTransfer(grpc::CallbackServerContext* ctx,
+                                           const v1::CreateTransferRequest* req,
+                                           v1::TransferInfo* resp) override;
+  grpc::ServerUnaryReactor* RunTransfer(grpc::CallbackServerContext* ctx,
+                                        const v1::RunTransferRequest* req,
+                                        v1::RunTransferResponse* resp) override;
+  grpc::ServerUnaryReactor* GetTransfer(grpc::CallbackServerContext* ctx,
+                                        const v1::GetTransferRequest* req,
+                                        v1::TransferInfo* resp) override;
+  grpc::ServerUnaryReactor* ListTransfers(grpc::CallbackServerContext* ctx,
+                                          const v1::ListTransfersRequest* req,
+                                          v1::ListTransfersResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteTransfer(grpc::CallbackServerContext* ctx,
+                                           const v1::DeleteTransferRequest* req,
+                                           v1::DeleteTransferResponse* resp) override;
 
  private:
   LivenessFn Liveness() const;
@@ -179,6 +200,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CallerQuota* const watches_;
   CallerQuota* const running_plans_;
   CheckpointManager* const checkpoints_;
+  TransferManager* const transfers_;
 };
 
 }  // namespace shardcoord

@@ -37,23 +37,35 @@ GrpcWorkerClient::~GrpcWorkerClient() {
       +[](std::map<grpc::ClientContext*, bool>* m) { return m->empty(); }, &in_flight_));
 }
 
-v1::Worker::Stub* GrpcWorkerClient::StubFor(const WorkerEndpoint& worker) {
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<v1::Worker::Stub>& stub = stubs_[{worker.address, worker.name}];
-  if (stub == nullptr) {
+GrpcWorkerClient::Channel& GrpcWorkerClient::ChannelFor(const WorkerEndpoint& worker) {
+  Channel& c = channels_[{worker.address, worker.name}];
+  if (c.channel == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
     // With TLS the worker must present the certificate of the name it registered.
     ExpectServerName(options_.tls, worker.name, &args);
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> counting;
     if (options_.message_bytes != nullptr) {
+      // The page stub's answers are protobuf messages too, as the interceptor reads them.
       counting.push_back(MakeRpcBytesClientInterceptor(
           RpcMethods::Of({v1::Worker::service_full_name()}), options_.message_bytes));
     }
-    stub = v1::Worker::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
-        worker.address, MakeChannelCredentials(options_.tls), args, std::move(counting)));
+    c.channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+        worker.address, MakeChannelCredentials(options_.tls), args, std::move(counting));
+    c.stub = v1::Worker::NewStub(c.channel);
+    c.pages = std::make_unique<PageStub>(c.channel);
   }
-  return stub.get();
+  return c;
+}
+
+v1::Worker::Stub* GrpcWorkerClient::StubFor(const WorkerEndpoint& worker) {
+  absl::MutexLock lock(&mu_);
+  return ChannelFor(worker).stub.get();
+}
+
+GrpcWorkerClient::PageStub* GrpcWorkerClient::PageStubFor(const WorkerEndpoint& worker) {
+  absl::MutexLock lock(&mu_);
+  return ChannelFor(worker).pages.get();
 }
 
 void GrpcWorkerClient::Begin(grpc::ClientContext* ctx) {
@@ -204,6 +216,71 @@ void GrpcWorkerClient::CheckpointDir(const WorkerEndpoint& worker,
          const v1::CheckpointDirRequest* q, v1::CheckpointDirResponse* p,
          std::function<void(grpc::Status)> f) { a->CheckpointDir(c, q, p, std::move(f)); },
       [done = std::move(done)](absl::StatusOr<v1::CheckpointDirResponse> r) { done(r.status()); });
+}
+
+std::shared_ptr<const grpc::ByteBuffer> GrpcWorkerClient::Serialized(
+    const std::shared_ptr<const v1::PrepareTransferRequest>& page) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (last_page_.lock() == page && last_page_bytes_ != nullptr) return last_page_bytes_;
+  }
+  // Outside the lock: a page is about 1 MiB. Two threads may both serialize one page; the
+  // second just replaces the first's.
+  const grpc::Slice slice(page->SerializeAsString());
+  auto bytes = std::make_shared<const grpc::ByteBuffer>(&slice, 1);
+  absl::MutexLock lock(&mu_);
+  last_page_ = page;
+  last_page_bytes_ = bytes;
+  return bytes;
+}
+
+void GrpcWorkerClient::PrepareTransfer(const WorkerEndpoint& worker,
+                                       std::shared_ptr<const v1::PrepareTransferRequest> request,
+                                       Callback<v1::PrepareTransferResponse> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    std::shared_ptr<const grpc::ByteBuffer> request;  // Shared by every worker's call.
+    v1::PrepareTransferResponse response;
+  };
+  auto* call = new Call;
+  call->request = Serialized(request);
+  call->ctx.set_deadline(DeadlineIn(options_.data_timeout));
+  PageStub* stub = PageStubFor(worker);
+  Begin(&call->ctx);
+  stub->UnaryCall(&call->ctx, "/shardcoord.v1.Worker/PrepareTransfer", grpc::StubOptions(),
+                  call->request.get(), &call->response,
+                  [this, call, done = std::move(done)](grpc::Status s) {
+                    if (s.ok()) {
+                      done(std::move(call->response));
+                    } else {
+                      done(FromGrpcStatus(s));
+                    }
+                    grpc::ClientContext* ctx = &call->ctx;
+                    End(ctx);
+                    delete call;
+                  });
+}
+
+void GrpcWorkerClient::RunTransfer(const WorkerEndpoint& worker,
+                                   const v1::RunTransferWorkerRequest& request,
+                                   absl::Duration timeout,
+                                   Callback<v1::RunTransferWorkerResponse> done) {
+  Unary<v1::RunTransferWorkerRequest, v1::RunTransferWorkerResponse>(
+      worker, timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
+         const v1::RunTransferWorkerRequest* q, v1::RunTransferWorkerResponse* p,
+         std::function<void(grpc::Status)> f) { a->RunTransfer(c, q, p, std::move(f)); },
+      std::move(done));
+}
+
+void GrpcWorkerClient::DropTransfer(const WorkerEndpoint& worker,
+                                    const v1::DropTransferRequest& request, StatusCallback done) {
+  Unary<v1::DropTransferRequest, v1::DropTransferResponse>(
+      worker, options_.rpc_timeout, request,
+      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::DropTransferRequest* q,
+         v1::DropTransferResponse* p,
+         std::function<void(grpc::Status)> f) { a->DropTransfer(c, q, p, std::move(f)); },
+      [done = std::move(done)](absl::StatusOr<v1::DropTransferResponse> r) { done(r.status()); });
 }
 
 // Collects a streamed box into one buffer.

@@ -14,6 +14,8 @@
 #include "common/metrics.h"
 #include "common/tls_options.h"
 #include "coordinator/cluster/worker_client.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "proto/grpc_status.h"
 #include "proto/shardcoord.grpc.pb.h"
 
@@ -78,14 +80,36 @@ class GrpcWorkerClient : public WorkerClient {
                            Callback<v1::ReadCheckpointIndexResponse> done) override;
   void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
                      StatusCallback done) override;
+  // Prepared transfers. A page is serialized once, however many workers it goes to (a
+  // generic call sends the same bytes); data_timeout (the last page makes the worker plan).
+  void PrepareTransfer(const WorkerEndpoint& worker,
+                       std::shared_ptr<const v1::PrepareTransferRequest> request,
+                       Callback<v1::PrepareTransferResponse> done) override;
+  // Its deadline is `timeout`, the run's.
+  void RunTransfer(const WorkerEndpoint& worker, const v1::RunTransferWorkerRequest& request,
+                   absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) override;
+  void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,
+                    StatusCallback done) override;
 
  private:
   class ReadCall;
   class StreamCall;
   class StreamHandle;
 
+  using PageStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::PrepareTransferResponse>;
+  struct Channel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Worker::Stub> stub;
+    std::unique_ptr<PageStub> pages;  // PrepareTransfer with pre-serialized pages.
+  };
   // One channel per (address, name): with TLS the name is the certificate it must present.
+  Channel& ChannelFor(const WorkerEndpoint& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Worker::Stub* StubFor(const WorkerEndpoint& worker);
+  PageStub* PageStubFor(const WorkerEndpoint& worker);
+  // `page` serialized: the one in the cache when it is the page sent last (pages go to every
+  // worker, one after another), else serialized now.
+  std::shared_ptr<const grpc::ByteBuffer> Serialized(
+      const std::shared_ptr<const v1::PrepareTransferRequest>& page);
   // In-flight bookkeeping: Begin before starting a call, End after its callback ran.
   void Begin(grpc::ClientContext* ctx);
   void End(grpc::ClientContext* ctx);
@@ -99,8 +123,9 @@ class GrpcWorkerClient : public WorkerClient {
 
   const GrpcWorkerClientOptions options_;
   absl::Mutex mu_;
-  std::map<std::pair<std::string, std::string>, std::unique_ptr<v1::Worker::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, Channel> channels_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<const v1::PrepareTransferRequest> last_page_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const grpc::ByteBuffer> last_page_bytes_ ABSL_GUARDED_BY(mu_);
   std::map<grpc::ClientContext*, bool> in_flight_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };

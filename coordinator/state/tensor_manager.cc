@@ -12,16 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/state/tensor_manager_internal.h"
 #include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
-namespace {
-
-constexpr char kTensorKind[] = "tensor";
-constexpr char kCounterKind[] = "counter";
-constexpr char kVersionCounter[] = "tensor_version";
-// Versions are stored as used in blocks, so a plan does not cost a store write.
-constexpr int64_t kVersionBlock = 1024;
+namespace internal_tensor_manager {
 
 std::string SerializeTensor(const TensorRecord& t) {
   v1::StoredTensor out;
@@ -43,6 +38,18 @@ std::string SerializeTensor(const TensorRecord& t) {
   }
   return out.SerializeAsString();
 }
+
+}  // namespace internal_tensor_manager
+
+namespace {
+
+using internal_tensor_manager::kTensorKind;
+using internal_tensor_manager::SerializeTensor;
+
+constexpr char kCounterKind[] = "counter";
+constexpr char kVersionCounter[] = "tensor_version";
+// Versions are stored as used in blocks, so a plan does not cost a store write.
+constexpr int64_t kVersionBlock = 1024;
 
 absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
   v1::StoredTensor in;
@@ -73,19 +80,59 @@ absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
   return t;
 }
 
-// True when `held` is exactly `rank`'s committed chunks of `t`, checksums included (but for
-// an attached tensor, whose bytes its user process changes at will).
-bool MatchesCommitted(const TensorRecord& t, int64_t rank, const HeldBuffer& held) {
-  if (held.version != t.version) return false;
+// How a held buffer matches `rank`'s committed chunks of a tensor.
+enum class Match {
+  kNo,
+  kYes,  // Chunks and checksums (but for an attached tensor, whose bytes its process owns).
+  // The chunks, where the record does not know their checksums (a prepared transfer's dst,
+  // written by a run whose checksums only the workers keep): the buffer's may be taken.
+  kChecksumsUnknown,
+};
+
+bool ChecksumsUnknown(const TensorRecord& t, size_t index) {
+  if (index >= t.checksums.size()) return true;
+  for (uint64_t c : t.checksums[index]) {
+    if (c != 0) return false;
+  }
+  return true;
+}
+
+// `*index`: the rank's index in the layout.
+Match MatchCommitted(const TensorRecord& t, int64_t rank, const HeldBuffer& held, size_t* index) {
+  if (held.version != t.version) return Match::kNo;
   const std::vector<RankChunks>& ranks = t.layout.ranks();
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i].rank != rank) continue;
-    if (held.chunks.chunks != ranks[i].chunks) return false;
-    if (t.attached) return true;
-    if (i >= t.checksums.size() || held.checksums != t.checksums[i]) return false;
-    return true;
+    if (held.chunks.chunks != ranks[i].chunks) return Match::kNo;
+    if (t.attached) return Match::kYes;
+    if (i < t.checksums.size() && held.checksums == t.checksums[i]) return Match::kYes;
+    *index = i;
+    return ChecksumsUnknown(t, i) && held.checksums.size() == ranks[i].chunks.size()
+               ? Match::kChecksumsUnknown
+               : Match::kNo;
   }
-  return false;
+  return Match::kNo;
+}
+
+// False when a replica of a chunk of layout rank `index` whose checksum `t` knows (non-zero)
+// has another one than `checksums` gives it.
+bool ReplicasAgree(const TensorRecord& t, size_t index, const ChunkChecksums& checksums) {
+  const std::vector<RankChunks>& ranks = t.layout.ranks();
+  const std::vector<Chunk>& mine = ranks[index].chunks;
+  for (size_t i = 0; i < ranks.size() && i < t.checksums.size(); ++i) {
+    if (i == index) continue;
+    for (size_t j = 0; j < ranks[i].chunks.size() && j < t.checksums[i].size(); ++j) {
+      const uint64_t known = t.checksums[i][j];
+      if (known == 0) continue;
+      for (size_t k = 0; k < mine.size(); ++k) {
+        if (mine[k].box == ranks[i].chunks[j].box &&
+            mine[k].partial_index == ranks[i].chunks[j].partial_index && checksums[k] != known) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -130,7 +177,7 @@ absl::Status TensorManager::Load(const LivenessFn& was_live) {
       }
       t->recovering = !t->awaiting.empty();
       if (!t->mesh.empty()) users.emplace_back(t->mesh, t->name);
-      PutLocked(*std::move(t));
+      PutLocked(*std::move(t), "");
     }
     reserved_versions_ = last_version_;
     version_floor_ = last_version_;
@@ -160,18 +207,41 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
       drop.emplace_back(h.tensor, h.version);
       continue;
     }
+    FoldLocked(it->second);  // A transfer's dst at the version its last run gave it.
     const TensorRecord& t = it->second;
+    // The buffer is the rank's committed chunks. Where the record does not know their
+    // checksums the buffer's become the record's, unless a replica it knows disagrees.
+    auto matches = [&]() {
+      size_t index = 0;
+      switch (MatchCommitted(t, rank, h, &index)) {
+        case Match::kNo:
+          return false;
+        case Match::kYes:
+          return true;
+        case Match::kChecksumsUnknown:
+          break;
+      }
+      auto seen = changed.find(t.name);
+      if (!ReplicasAgree(seen == changed.end() ? t : seen->second, index, h.checksums)) {
+        return false;
+      }
+      TensorRecord& n = next(t);
+      if (n.checksums.size() < n.layout.ranks().size()) n.checksums.resize(n.layout.ranks().size());
+      n.checksums[index] = h.checksums;
+      return true;
+    };
+    const bool busy = !BusyWithLocked(t).empty();
     if (t.recovering) {
-      if (t.awaiting.count(rank) && MatchesCommitted(t, rank, h)) {
+      if (t.awaiting.count(rank) && matches()) {
         next(t).incarnations[rank] = incarnation;
       } else {
         drop.emplace_back(h.tensor, h.version);
       }
-    } else if (t.attached && !t.unattached.count(rank) && MatchesCommitted(t, rank, h)) {
+    } else if (t.attached && !t.unattached.count(rank) && matches()) {
       // A lent buffer the worker still holds: its process is still attached, whatever
       // happened to the worker's registration.
       next(t).incarnations[rank] = incarnation;
-    } else if (h.version == t.version && t.busy_plan.empty() && MatchesCommitted(t, rank, h)) {
+    } else if (h.version == t.version && !busy && matches()) {
       // A worker declared dead (a host cut off) that kept its buffers and registered again:
       // its committed chunks, checksums unchanged, count again. Only while no plan runs on
       // the tensor, whose commit would not drop this worker's copy of the old version.
@@ -179,7 +249,7 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
       if (holder == t.incarnations.end() || holder->second != incarnation) {
         next(t).incarnations[rank] = incarnation;
       }
-    } else if (h.version != t.version && (h.version <= version_floor_ || t.busy_plan.empty())) {
+    } else if (h.version != t.version && (h.version <= version_floor_ || !busy)) {
       // Never committed before the restart, or left by a plan of the worker's previous
       // incarnation (no operation runs on the tensor, so no other version is in use).
       drop.emplace_back(h.tensor, h.version);
@@ -197,7 +267,9 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> TensorManager::Reco
   if (store_ != nullptr) {
     if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
   }
-  for (auto& [name, t] : changed) PutLocked(std::move(t));
+  for (auto& [name, t] : changed) {
+    PutLocked(std::move(t), "was reconciled with a registering worker's buffers");
+  }
   return drop;
 }
 
@@ -350,7 +422,7 @@ absl::Status TensorManager::Reserve(TensorRecord record, const std::string& hold
     if (tensors_.find(name) == tensors_.end()) {
       record.ready = false;
       record.busy_plan = holder;
-      PutLocked(std::move(record));
+      PutLocked(std::move(record), "is being created");
       return absl::OkStatus();
     }
   }
@@ -373,7 +445,7 @@ absl::Status TensorManager::FinishCreate(absl::string_view name, const std::stri
   next.checksums = std::move(checksums);
   next.incarnations = std::move(incarnations);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  PutLocked(std::move(next));
+  PutLocked(std::move(next), "was created");
   return absl::OkStatus();
 }
 
@@ -384,7 +456,7 @@ void TensorManager::CancelCreate(absl::string_view name, const std::string& hold
     auto it = tensors_.find(name);
     if (it == tensors_.end() || it->second.ready || it->second.busy_plan != holder) return;
     mesh = it->second.mesh;
-    EraseLocked(it);
+    EraseLocked(it, "was not created");
   }
   if (!mesh.empty()) meshes_->RemoveUser(mesh, name);
 }
@@ -407,11 +479,12 @@ absl::StatusOr<TensorRecord> TensorManager::Acquire(absl::string_view name,
       return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
     }
     if (it->second.recovering) return RecoveringError(it->second);
-    if (!it->second.busy_plan.empty()) {
-      return absl::AbortedError(
-          absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
+    if (std::string busy = BusyWithLocked(it->second); !busy.empty()) {
+      return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
     }
+    FoldLocked(it->second);
     it->second.busy_plan = holder;
+    HeldLocked(it->first, true);
     out = it->second;
   }
   if (!target_mesh.empty()) {
@@ -430,6 +503,7 @@ void TensorManager::Release(absl::string_view name, const std::string& holder,
     auto it = tensors_.find(name);
     if (it == tensors_.end() || it->second.busy_plan != holder) return;
     it->second.busy_plan.clear();
+    HeldLocked(it->first, false);
   }
   if (!target_mesh.empty()) meshes_->RemoveUser(target_mesh, name);
 }
@@ -479,9 +553,9 @@ absl::Status TensorManager::CommitAll(std::vector<CommitItem> items) {
       }
       if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
     }
-    for (TensorRecord& t : next) {
-      old_meshes.emplace_back(tensors_.find(t.name)->second.mesh, t.name);
-      PutLocked(std::move(t));
+    for (size_t i = 0; i < next.size(); ++i) {
+      old_meshes.emplace_back(tensors_.find(next[i].name)->second.mesh, next[i].name);
+      PutLocked(std::move(next[i]), absl::StrCat("was committed by ", items[i].holder));
     }
   }
   // Each tensor now uses its target mesh (counted at Acquire) instead of the old one.
@@ -512,7 +586,7 @@ absl::Status TensorManager::PublishAll(const std::vector<std::string>& names,
     for (const TensorRecord& t : next) batch.Put(kTensorKind, t.name, SerializeTensor(t));
     if (absl::Status s = store_->Apply(batch); !s.ok()) return s;
   }
-  for (TensorRecord& t : next) PutLocked(std::move(t));
+  for (TensorRecord& t : next) PutLocked(std::move(t), "was published");
   return absl::OkStatus();
 }
 
@@ -525,6 +599,7 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     return absl::FailedPreconditionError(
         absl::StrCat("tensor '", name, "' is not held by ", holder));
   }
+  FoldLocked(it->second);
   TensorRecord t = it->second;
   if (t.attached) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -541,7 +616,7 @@ absl::Status TensorManager::UpdateRank(absl::string_view name, const std::string
     t.checksums[i] = std::move(checksums);
     t.incarnations[rank] = incarnation;
     if (absl::Status s = Persist(t); !s.ok()) return s;
-    PutLocked(std::move(t));
+    PutLocked(std::move(t), absl::StrCat("was written by ", holder));
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("rank ", rank, " holds nothing of '", name, "'"));
@@ -555,6 +630,7 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
   if (it == tensors_.end() || !it->second.ready) {
     return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
   }
+  FoldLocked(it->second);
   const TensorRecord& cur = it->second;
   if (cur.recovering) return RecoveringError(cur);
   if (!cur.attached) {
@@ -563,8 +639,8 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
                      "' is not attached: its buffers are the workers' (create it with init "
                      "ATTACHED to lend buffers)"));
   }
-  if (!cur.busy_plan.empty()) {
-    return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", cur.busy_plan));
+  if (std::string busy = BusyWithLocked(cur); !busy.empty()) {
+    return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
   }
   if (version != cur.version) {
     return absl::AbortedError(absl::StrCat("version: tensor '", name, "' is at version ",
@@ -605,7 +681,7 @@ absl::StatusOr<TensorRecord> TensorManager::Attach(absl::string_view name, int64
   // The user process owns the bytes and changes them at will: no checksum is known.
   next.checksums[index].assign(want.chunks.size(), 0);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  PutLocked(next);
+  PutLocked(next, absl::StrCat("had rank ", rank, "'s buffer attached"));
   return next;
 }
 
@@ -618,11 +694,12 @@ absl::StatusOr<bool> TensorManager::Detach(absl::string_view name, int64_t rank,
   }
   auto inc = it->second.incarnations.find(rank);
   if (inc == it->second.incarnations.end() || inc->second != incarnation) return false;
+  FoldLocked(it->second);
   TensorRecord next = it->second;
   next.unattached.insert(rank);
   next.incarnations.erase(rank);
   if (absl::Status s = Persist(next); !s.ok()) return s;
-  PutLocked(std::move(next));
+  PutLocked(std::move(next), absl::StrCat("lost rank ", rank, "'s attached buffer"));
   return true;
 }
 
@@ -635,7 +712,9 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
     return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
   }
   if (it->second.recovering) return RecoveringError(it->second);
-  return it->second;
+  TensorRecord out = it->second;
+  FoldLocked(out);
+  return out;
 }
 
 namespace {
@@ -660,19 +739,31 @@ void AddHeld(const TensorRecord& t, int64_t sign,
 
 void TensorManager::CountLocked(const TensorRecord& t, int64_t sign) { AddHeld(t, sign, &held_); }
 
-void TensorManager::PutLocked(TensorRecord record) {
+void TensorManager::PutLocked(TensorRecord record, absl::string_view why) {
   auto it = tensors_.find(record.name);
+  bool was_busy = false;
   if (it == tensors_.end()) {
     it = tensors_.emplace(record.name, TensorRecord{}).first;
   } else {
+    was_busy = !it->second.busy_plan.empty();
     CountLocked(it->second, -1);
   }
   it->second = std::move(record);
   CountLocked(it->second, +1);
+  if (members_.empty()) return;
+  if (const bool busy = !it->second.busy_plan.empty(); busy != was_busy) {
+    HeldLocked(it->first, busy);
+  }
+  TouchLocked(it->first, why);
 }
 
-void TensorManager::EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it) {
+void TensorManager::EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it,
+                                absl::string_view why) {
   CountLocked(it->second, -1);
+  if (!members_.empty()) {
+    if (!it->second.busy_plan.empty()) HeldLocked(it->first, false);
+    TouchLocked(it->first, why);
+  }
   tensors_.erase(it);
 }
 
@@ -703,7 +794,9 @@ std::vector<TensorRecord> TensorManager::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<TensorRecord> out;
   for (const auto& [name, t] : tensors_) {
-    if (t.ready && t.owner.empty()) out.push_back(t);
+    if (!t.ready || !t.owner.empty()) continue;
+    out.push_back(t);
+    FoldLocked(out.back());
   }
   return out;
 }
@@ -722,6 +815,7 @@ TensorManager::Page TensorManager::ListPage(absl::string_view prefix, absl::stri
       break;
     }
     page.tensors.push_back(t);
+    FoldLocked(page.tensors.back());
   }
   return page;
 }
@@ -752,8 +846,8 @@ absl::StatusOr<std::vector<TensorRecord>> TensorManager::RemoveAll(
     for (const std::string& name : chosen) {
       const TensorRecord& t = tensors_.find(name)->second;
       if (t.recovering) return RecoveringError(t);
-      if (!t.busy_plan.empty()) {
-        return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", t.busy_plan));
+      if (std::string busy = BusyWithLocked(t); !busy.empty()) {
+        return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
       }
       batch.Delete(kTensorKind, name);
     }
@@ -764,7 +858,8 @@ absl::StatusOr<std::vector<TensorRecord>> TensorManager::RemoveAll(
     for (const std::string& name : chosen) {
       auto it = tensors_.find(name);
       out.push_back(it->second);  // EraseLocked still counts the record's bytes out.
-      EraseLocked(it);
+      FoldLocked(out.back());
+      EraseLocked(it, "was deleted");
     }
   }
   for (const TensorRecord& t : out) {
@@ -784,15 +879,15 @@ absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name,
       return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
     }
     if (it->second.recovering) return RecoveringError(it->second);
-    if (!it->second.busy_plan.empty()) {
-      return absl::AbortedError(
-          absl::StrCat("tensor '", name, "' is busy with ", it->second.busy_plan));
+    if (std::string busy = BusyWithLocked(it->second); !busy.empty()) {
+      return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
     }
     if (store_ != nullptr && it->second.owner.empty()) {
       if (absl::Status s = store_->Delete(kTensorKind, it->first); !s.ok()) return s;
     }
     out = it->second;
-    EraseLocked(it);
+    FoldLocked(out);
+    EraseLocked(it, "was deleted");
   }
   if (!out.mesh.empty()) meshes_->RemoveUser(out.mesh, out.name);
   return out;

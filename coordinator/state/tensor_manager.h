@@ -4,12 +4,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -88,6 +90,53 @@ struct HeldBuffer {
   int64_t version = 0;
   RankChunks chunks;
   ChunkChecksums checksums;
+};
+
+// One member of a prepared transfer (coordinator/transfers/): dst gets src's values.
+struct TransferCopy {
+  std::string src;
+  std::string dst;
+};
+using TransferCopies = std::shared_ptr<const std::vector<TransferCopy>>;
+
+// One member tensor as a transfer's preparation sees it (TensorManager::SnapshotTransfer).
+struct TransferSide {
+  int64_t version = 0;  // Its version as readers see it.
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::string mesh;
+  std::string spec;
+  bool attached = false;
+  // Ranks of its layout whose buffer is not live (a dead or restarted holder, or an
+  // unattached rank): what LiveLayout leaves out. `unattached` are those of them without a
+  // lent buffer.
+  std::vector<int64_t> dropped;
+  std::vector<int64_t> unattached;
+};
+// A run's commit (TensorManager::CommitTransferRun).
+struct TransferCommit {
+  std::string run_id;
+  int64_t version = 0;  // Every dst's from now on.
+  StateRecord record;   // The transfer's one durable record.
+  // Dsts the run gave a buffer on ranks whose holder had lost it (a worker registered again
+  // without it): their records are stored with the run's version and `incarnations` (rare:
+  // after a worker's restart; every other dst's holders are the run's participants already).
+  std::vector<std::string> repaired;
+  absl::flat_hash_map<int64_t, int64_t> incarnations;  // The participants'.
+};
+struct TransferSnapshot {
+  // The members' change count when the snapshot was taken: a run of a preparation made from
+  // it starts only while nothing changed since (StartTransferRun).
+  int64_t generation = 0;
+  std::vector<TransferSide> src;  // By member.
+  std::vector<TransferSide> dst;
+};
+// A bound transfer as the tensor manager keeps it.
+struct TransferBindingState {
+  int64_t generation = 0;
+  std::string reason;   // Why the generation last moved (empty: never since bound).
+  int64_t version = 0;  // Its last committed run's version (0: none).
+  std::string running;  // The run holding its members, if any.
 };
 
 // Tensors by name. A tensor is busy while one plan or operation (create, upload) runs on it;
@@ -216,6 +265,42 @@ class TensorManager {
     bool more = false;
   };
   Page ListPage(absl::string_view prefix, absl::string_view after, size_t limit) const;
+  // ---- Prepared transfers (issue 27; coordinator/transfers/, tensor_manager_transfers.cc) --
+  // A transfer binds its members here, so that a run costs O(1) whatever the member count:
+  // one flag holds every member busy while it runs (Acquire, Remove, Attach answer ABORTED
+  // naming the transfer), every dst reads its version through the binding (the run's once
+  // it committed, newer than the dst's own record; its checksums are then unknown, 0, as an
+  // attached tensor's), and a change to a member by anything else (a commit, an upload, a
+  // delete, attach or detach, a worker's reconcile) moves the binding's generation with a
+  // reason: the transfer prepares again before its next run. Members need not exist.
+
+  // ALREADY_EXISTS when `transfer` is bound. `version`: its last committed run's (0: none;
+  // a restart binds the stored one before workers reconcile).
+  absl::Status BindTransfer(const std::string& transfer, TransferCopies copies, int64_t version);
+  // Forgets the binding: each dst that read its version through it takes that version into
+  // its own record, stored together with `batch` (the transfer's own deletes) in one apply.
+  // NOT_FOUND; ABORTED while a run holds it; the store's error (then nothing changed).
+  absl::Status UnbindTransfer(const std::string& transfer, StateBatch batch);
+  // Every member as it is now, and the generation, in one look. `live`: by rank, the
+  // incarnation alive now (-1 or absent: none). NOT_FOUND "copies[i].src: unknown tensor 'x'"
+  // (or .dst); UNAVAILABLE recovering; ABORTED a member busy with another operation (named).
+  absl::StatusOr<TransferSnapshot> SnapshotTransfer(const std::string& transfer,
+                                                    const std::vector<int64_t>& live) const;
+  absl::StatusOr<TransferBindingState> TransferState(const std::string& transfer) const;
+  // Holds every member for run `run_id` when nothing changed since `generation`; else sets
+  // *stale to why (and holds nothing). NOT_FOUND not bound; ABORTED a run holds it already,
+  // a member is busy (named, with its holder), or a transfer sharing a member runs.
+  absl::Status StartTransferRun(const std::string& transfer, const std::string& run_id,
+                                int64_t generation, std::string* stale);
+  // The run committed: commit.record (the transfer's one durable record, with the repaired
+  // dsts' records in the same apply) is stored, then every dst reads commit.version and the
+  // members are free. Transfers whose members its dsts are move their generation.
+  // FAILED_PRECONDITION when the run does not hold the transfer; the store's error (then
+  // nothing changed, the run still holds it).
+  absl::Status CommitTransferRun(const std::string& transfer, const TransferCommit& commit);
+  // The run ended without committing: the members are free. No-op unless it holds them.
+  void EndTransferRun(const std::string& transfer, const std::string& run_id);
+
   // Removes a ready, idle tensor and returns it. NOT_FOUND; ABORTED busy.
   absl::StatusOr<TensorRecord> Remove(absl::string_view name, const std::string& owner = "");
   // Removes the named tensors and every visible one whose name starts with `prefix` (when
@@ -228,16 +313,49 @@ class TensorManager {
  private:
   // Stores `t` (no-op without a store).
   absl::Status Persist(const TensorRecord& t) const;
-  // Every change of a record in tensors_ goes through these, so held_ follows it. PutLocked
-  // inserts or replaces the record under its name.
-  void PutLocked(TensorRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every change of a record in tensors_ goes through these, so held_ and the transfers
+  // bound to it follow it. PutLocked inserts or replaces the record under its name; `why`
+  // says what changed it ("was committed by p-3"), for the transfers it invalidates.
+  void PutLocked(TensorRecord record, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(std::map<std::string, TensorRecord, std::less<>>::iterator it,
+                   absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountLocked(const TensorRecord& t, int64_t sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // held_ recomputed from every record (debug builds check the tally against it).
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> RecountLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status RecoveringError(const TensorRecord& t);
+
+  // A prepared transfer's hold on its members (tensor_manager_transfers.cc).
+  struct Binding {
+    std::string name;
+    TransferCopies copies;
+    int64_t version = 0;
+    int64_t generation = 1;
+    std::string reason;
+    std::string running;
+    // Members busy with another holder now: a run may start only while it is empty.
+    absl::flat_hash_set<std::string> held;
+    // Other bindings sharing a tensor (their runs exclude each other), and those whose
+    // members this one's dsts are (its commits move their generation).
+    absl::flat_hash_set<std::string> overlaps;
+    absl::flat_hash_set<std::string> writes_into;
+  };
+  // The bindings a tensor name is a member of.
+  struct Membership {
+    std::vector<Binding*> src_of;
+    std::vector<Binding*> dst_of;
+  };
+  // A dst's record read through its bindings: the newest committed run's version when newer
+  // than its own, with its checksums unknown.
+  void FoldLocked(TensorRecord& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the generation of every transfer `name` is a member of: "tensor 'x' <why>".
+  void TouchLocked(absl::string_view name, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `name` became busy (or idle) with a holder of its own: its transfers count it held.
+  void HeldLocked(absl::string_view name, bool busy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What holds `t`: its holder, or a running transfer's run ("transfer 'T' (run t-1)"); ""
+  // when idle.
+  std::string BusyWithLocked(const TensorRecord& t) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MeshManager* const meshes_;
   StateStore* const store_;
@@ -251,6 +369,8 @@ class TensorManager {
   int64_t reserved_versions_ ABSL_GUARDED_BY(mu_) = 0;
   // Versions up to this one were handed out before the restart (Load).
   int64_t version_floor_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, std::unique_ptr<Binding>> bindings_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Membership> members_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
@@ -14,7 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/cluster/worker_client.h"
+#include "sharding/transfer_table.h"
 
 namespace shardcoord {
 
@@ -52,6 +55,31 @@ class FakeWorkerClient : public WorkerClient {
                            Callback<v1::ReadCheckpointIndexResponse> done) override;
   void CheckpointDir(const WorkerEndpoint& worker, const v1::CheckpointDirRequest& request,
                      StatusCallback done) override;
+
+  // Prepared transfers (fake_worker_client_transfers.cc), as a worker keeps them: each page
+  // is appended to (rank, transfer id)'s table in order, the last one expands the rank's part
+  // with ExpandTransfer and answers its totals (total_bytes_moved: the templates it plans
+  // first, which add up over ranks); RunTransfer answers with the part's bytes and a digest of
+  // (replica key, version), so replicas agree; DropTransfer forgets parts by id and prefix.
+  // Failures are injected as for the other methods ("PrepareTransfer", "RunTransfer").
+  void PrepareTransfer(const WorkerEndpoint& worker,
+                       std::shared_ptr<const v1::PrepareTransferRequest> request,
+                       Callback<v1::PrepareTransferResponse> done) override;
+  void RunTransfer(const WorkerEndpoint& worker, const v1::RunTransferWorkerRequest& request,
+                   absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) override;
+  void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,
+                    StatusCallback done) override;
+  // While held, RunTransfer answers are queued; ReleaseRuns answers them.
+  void HoldRuns(bool hold);
+  void ReleaseRuns();
+  // `rank`'s RunTransfer answers carry `digest` instead of the right one.
+  void SetRunDigest(int64_t rank, uint64_t digest);
+  // Transfer ids resident (prepared) on `rank`.
+  std::vector<std::string> ResidentTransfers(int64_t rank) const;
+  // Every page sent (rank, the request object: the same object goes to every rank).
+  std::vector<std::pair<int64_t, std::shared_ptr<const v1::PrepareTransferRequest>>> pages() const;
+  std::vector<std::pair<int64_t, v1::RunTransferWorkerRequest>> transfer_runs() const;
+  std::vector<std::pair<int64_t, v1::DropTransferRequest>> transfer_drops() const;
 
   // The simulated file system: files by absolute path, and directories.
   std::string File(const std::string& path) const;
@@ -100,6 +128,14 @@ class FakeWorkerClient : public WorkerClient {
   static v1::RankChunks WithChecksums(const v1::RankChunks& chunks, const std::string& bytes,
                                       int64_t element_size);
 
+  struct ResidentTransfer {
+    TransferTable table;
+    ExpandOptions options;
+    int32_t next_page = 0;
+    bool planned = false;
+    RankTransfer part;
+  };
+
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, int64_t>, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
@@ -114,6 +150,14 @@ class FakeWorkerClient : public WorkerClient {
   std::map<Key, Buf> buffers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int64_t, std::string>, ResidentTransfer> transfers_ ABSL_GUARDED_BY(mu_);
+  bool hold_runs_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void()>> held_runs_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, uint64_t> run_digests_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, std::shared_ptr<const v1::PrepareTransferRequest>>> pages_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, v1::RunTransferWorkerRequest>> transfer_runs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, v1::DropTransferRequest>> transfer_drops_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardcoord

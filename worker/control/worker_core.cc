@@ -12,6 +12,7 @@
 #include "sharding/fill.h"
 #include "sharding/layout.h"
 #include "worker/buffers/buffer_staging.h"
+#include "worker/control/transfer_runner.h"
 #include "worker/plans/fragment.h"
 #include "worker/plans/fused_exchange.h"
 
@@ -50,11 +51,12 @@ size_t ProgressSteps(const Fragment& f) {
   return f.exchange_ranks.size() > 1 ? f.exchange_ranks.size() - 1 : 0;
 }
 
-// What a strategy produced, for the report: the target chunks of each shape, the checksums
-// of each member, the timings, and a summary for the log.
+// What a strategy produced: the checksums of each member, bytes, the timings, a summary for
+// the log, and a single plan's target chunks (a fused fragment's are its shapes').
 struct RunOutcome {
-  std::vector<RankChunks> chunks;
+  RankChunks plan_chunks;
   std::vector<std::vector<uint64_t>> checksums;
+  int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   std::vector<v1::StepTiming> steps;
   std::string summary;
@@ -75,8 +77,9 @@ absl::StatusOr<RunOutcome> RunSteps(const Fragment& f, const GroupMemberBuffers&
   absl::StatusOr<ExecuteResult> r = ExecuteFragment(in);
   if (!r.ok()) return r.status();
   RunOutcome out;
-  out.chunks.push_back(std::move(r->chunks));
+  out.plan_chunks = std::move(r->chunks);
   out.checksums.push_back(std::move(r->checksums));
+  out.bytes_sent = r->bytes_sent;
   out.bytes_received = r->bytes_received;
   for (const StepReport& s : r->steps) {
     v1::StepTiming& t = out.steps.emplace_back();
@@ -99,8 +102,10 @@ absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
                                             std::vector<GroupMemberBuffers> buffers,
                                             CommunicatorCache* communicators, CancelToken* cancel,
                                             const ExecutorOptions& options,
-                                            ProgressCallback progress) {
+                                            ProgressCallback progress,
+                                            GroupScheduleCache* schedule_cache) {
   GroupExecuteInput in;
+  in.schedule_cache = schedule_cache;
   in.fragment = &f;
   in.buffers = std::move(buffers);
   in.communicators = communicators;
@@ -110,11 +115,9 @@ absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
   absl::StatusOr<GroupExecuteResult> r = ExecuteGroup(in);
   if (!r.ok()) return r.status();
   RunOutcome out;
-  // Every member's buffer was made of its shape's target chunks.
-  out.chunks.reserve(f.shapes.size());
-  for (const FragmentShape& shape : f.shapes) out.chunks.push_back(shape.target);
   out.checksums.reserve(r->members.size());
   for (GroupMemberResult& m : r->members) out.checksums.push_back(std::move(m.checksums));
+  out.bytes_sent = r->bytes_sent;
   out.bytes_received = r->bytes_received;
   for (const ExchangeRound& round : r->rounds) {
     v1::StepTiming& t = out.steps.emplace_back();
@@ -142,12 +145,23 @@ absl::StatusOr<RunOutcome> RunFusedExchange(const Fragment& f,
 // The one strategy choice: `buffers` holds each member's, index for index.
 absl::StatusOr<RunOutcome> RunStrategy(const Fragment& f, std::vector<GroupMemberBuffers> buffers,
                                        CommunicatorCache* communicators, CancelToken* cancel,
-                                       const ExecutorOptions& options, ProgressCallback progress) {
+                                       const ExecutorOptions& options, ProgressCallback progress,
+                                       GroupScheduleCache* schedule_cache) {
   if (f.fused) {
     return RunFusedExchange(f, std::move(buffers), communicators, cancel, options,
-                            std::move(progress));
+                            std::move(progress), schedule_cache);
   }
   return RunSteps(f, buffers.at(0), communicators, cancel, options, std::move(progress));
+}
+
+void RememberEnded(const std::string& plan_id, absl::flat_hash_set<std::string>* ended,
+                   std::deque<std::string>* order) {
+  if (plan_id.empty() || !ended->insert(plan_id).second) return;
+  order->push_back(plan_id);
+  if (order->size() > kRememberEndedPlans) {
+    ended->erase(order->front());
+    order->pop_front();
+  }
 }
 
 }  // namespace
@@ -163,16 +177,21 @@ struct WorkerCore::RunPart {
 };
 
 struct WorkerCore::PlanRun {
-  Fragment fragment;
-  std::vector<RunPart> parts;  // One per fragment member.
+  // Shared, not copied: a prepared transfer's resident fragment serves every run.
+  std::shared_ptr<const Fragment> fragment;
+  RunHooks hooks;  // No on_end: a plan, reported with ReportChunks.
+  // Execute prepares the buffers before it answers; StartRun on the run's thread.
+  bool prepared = false;
+  std::vector<RunPart> parts;  // One per fragment member, sized before the run is registered.
   CancelToken cancel;
   // Guarded by WorkerCore::mu_.
-  bool aborted = false;  // FinishPlan(abort) arrived.
+  bool aborted = false;  // FinishPlan(abort) or AbortAll arrived.
 
-  const std::string& plan_id() const { return fragment.plan_id; }
-  int64_t rank() const { return fragment.rank; }
-  const std::string& prefix() const { return fragment.communicator_prefix; }
-  const FragmentMember& member(size_t i) const { return fragment.members[i]; }
+  const Fragment& f() const { return *fragment; }
+  const std::string& plan_id() const { return fragment->plan_id; }
+  int64_t rank() const { return fragment->rank; }
+  const std::string& prefix() const { return fragment->communicator_prefix; }
+  const FragmentMember& member(size_t i) const { return fragment->members[i]; }
 };
 
 WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
@@ -185,13 +204,24 @@ WorkerCore::WorkerCore(BufferStore* buffers, CommunicatorCache* communicators,
       identity_(std::move(identity)),
       options_(options),
       log_(std::move(log)),
-      space_(space != nullptr ? space : &HostMemorySpace::Global()) {}
+      space_(space != nullptr ? space : &HostMemorySpace::Global()),
+      transfers_(std::make_unique<TransferRunner>(this, buffers, identity_, log_)) {}
 
 WorkerCore::~WorkerCore() { Shutdown(absl::InfiniteDuration()); }
 
-absl::Status WorkerCore::CheckPlanIdLocked(const std::string& plan_id) const {
+absl::Status WorkerCore::CheckAcceptingLocked() const {
   if (shutting_down_) return absl::UnavailableError("worker is shutting down");
   if (!refusing_.empty()) return absl::UnavailableError(refusing_);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::CheckAccepting() const {
+  absl::MutexLock lock(&mu_);
+  return CheckAcceptingLocked();
+}
+
+absl::Status WorkerCore::CheckPlanIdLocked(const std::string& plan_id) const {
+  if (absl::Status s = CheckAcceptingLocked(); !s.ok()) return s;
   if (ended_.contains(plan_id)) {
     return absl::AbortedError(absl::StrCat("plan ", plan_id, " already finished"));
   }
@@ -260,17 +290,8 @@ absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const Fragme
   return absl::OkStatus();
 }
 
-absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
-  auto run = std::make_shared<PlanRun>();
-  absl::StatusOr<Fragment> fragment = ParseFragment(proto);
-  if (!fragment.ok()) return fragment.status();
-  run->fragment = *std::move(fragment);
-  const Fragment& f = run->fragment;
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = CheckPlanIdLocked(f.plan_id); !s.ok()) return s;
-  }
-  run->parts.resize(f.members.size());
+absl::Status WorkerCore::PrepareParts(PlanRun* run) {
+  const Fragment& f = run->f();
   for (size_t i = 0; i < f.members.size(); ++i) {
     if (absl::Status s = PrepareBuffers(f.shape_of(i), f.members[i], &run->parts[i]); !s.ok()) {
       if (!f.fused) return s;
@@ -278,14 +299,45 @@ absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
                                                  f.members[i].plan_id, "): ", s.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::Execute(const v1::PlanFragment& proto) {
+  absl::StatusOr<Fragment> fragment = ParseFragment(proto);
+  if (!fragment.ok()) return fragment.status();
+  auto run = std::make_shared<PlanRun>();
+  run->fragment = std::make_shared<const Fragment>(*std::move(fragment));
+  run->parts.resize(run->f().members.size());
   {
     absl::MutexLock lock(&mu_);
-    // Again: it may have changed.
-    if (absl::Status s = CheckPlanIdLocked(f.plan_id); !s.ok()) return s;
-    plans_.emplace(f.plan_id, run);
+    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
+  }
+  // Before answering: a missing source fails Execute itself.
+  if (absl::Status s = PrepareParts(run.get()); !s.ok()) return s;
+  run->prepared = true;
+  return Launch(std::move(run));
+}
+
+absl::Status WorkerCore::StartRun(std::shared_ptr<const Fragment> fragment, RunHooks hooks) {
+  auto run = std::make_shared<PlanRun>();
+  run->fragment = std::move(fragment);
+  run->hooks = std::move(hooks);
+  // Sized before FinishPlan can see the run: its thread fills the parts in place while an
+  // abort reads their `stored` flags.
+  run->parts.resize(run->f().members.size());
+  return Launch(std::move(run));
+}
+
+absl::Status WorkerCore::Launch(std::shared_ptr<PlanRun> run) {
+  {
+    absl::MutexLock lock(&mu_);
+    // Again for Execute: it may have changed while the buffers were prepared.
+    if (absl::Status s = CheckPlanIdLocked(run->plan_id()); !s.ok()) return s;
+    plans_.emplace(run->plan_id(), run);
     ++running_;
   }
-  if (log_) log_(DescribeStart(f));
+  // A hook's owner logs its own start line (it knows what the run is for).
+  if (log_ && run->hooks.on_end == nullptr) log_(DescribeStart(run->f()));
   std::thread([this, run] { Run(run); }).detach();
   return absl::OkStatus();
 }
@@ -304,25 +356,37 @@ void WorkerCore::Report(const PlanRun& run, v1::ReportChunksRequest request) {
 }
 
 void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
-  const Fragment& f = run->fragment;
+  const Fragment& f = run->f();
   const size_t steps = ProgressSteps(f);
   size_t steps_done = 0;
-  ProgressCallback progress = [&](int64_t done, int64_t /*total*/) {
-    // The final report follows the last step at once.
-    if (++steps_done >= steps) return;
-    v1::ReportChunksRequest request;
-    request.set_bytes_done(done);
-    request.set_final(false);
-    Report(*run, std::move(request));
-  };
+  ProgressCallback progress;
+  if (run->hooks.on_end == nullptr) {
+    progress = [&](int64_t done, int64_t /*total*/) {
+      // The final report follows the last step at once.
+      if (++steps_done >= steps) return;
+      v1::ReportChunksRequest request;
+      request.set_bytes_done(done);
+      request.set_final(false);
+      Report(*run, std::move(request));
+    };
+  }
   const absl::Time start = absl::Now();
   // The most the worker holds while this fragment runs, from its own accounting.
   const int64_t watermark = budget_ != nullptr ? budget_->OpenWatermark() : 0;
-  std::vector<GroupMemberBuffers> buffers;
-  buffers.reserve(run->parts.size());
-  for (const RunPart& p : run->parts) buffers.push_back({p.source.get(), p.target.get()});
-  absl::StatusOr<RunOutcome> result =
-      RunStrategy(f, std::move(buffers), communicators_, &run->cancel, options_, progress);
+  absl::StatusOr<RunOutcome> result = absl::UnknownError("not run");
+  absl::Status prepared = run->prepared ? absl::OkStatus() : PrepareParts(run.get());
+  if (prepared.ok() && run->cancel.cancelled()) {
+    prepared = absl::AbortedError(absl::StrCat("plan ", run->plan_id(), " was cancelled"));
+  }
+  if (prepared.ok()) {
+    std::vector<GroupMemberBuffers> buffers;
+    buffers.reserve(run->parts.size());
+    for (const RunPart& p : run->parts) buffers.push_back({p.source.get(), p.target.get()});
+    result = RunStrategy(f, std::move(buffers), communicators_, &run->cancel, options_, progress,
+                         run->hooks.schedule_cache);
+  } else {
+    result = prepared;
+  }
   // Copies into lent memory the executor could not write in place: one copy into the
   // process's memory each; a process that is gone fails the plan.
   for (size_t i = 0; i < run->parts.size() && result.ok(); ++i) {
@@ -389,41 +453,67 @@ void WorkerCore::Run(std::shared_ptr<PlanRun> run) {
     p.target.reset();
     p.write_back.reset();
   }
-  if (!aborted) {
-    v1::ReportChunksRequest report;
-    report.set_final(true);
-    report.set_start_unix_us(absl::ToUnixMicros(start));
-    report.set_end_unix_us(absl::ToUnixMicros(absl::Now()));
-    if (budget_ != nullptr) report.set_memory_peak_bytes(budget_->CloseWatermark(watermark));
-    if (result.ok()) {
-      for (v1::StepTiming& t : result->steps) *report.add_steps() = std::move(t);
-      report.set_bytes_done(result->bytes_received);
-      if (f.fused) {
-        // Every member holds its shape's target chunks (its buffer was made of them): the
-        // chunks go once per shape, the checksums per member.
-        for (const RankChunks& chunks : result->chunks) {
-          v1::RankChunks* rc = report.add_shapes();
-          *rc = RankChunksToProto(chunks);
-          rc->set_rank(f.rank);
-        }
-        for (size_t i = 0; i < run->parts.size(); ++i) {
-          v1::MemberChunks* m = report.add_members();
-          m->set_index(f.members[i].index);
-          m->set_shape(f.members[i].shape);
-          m->mutable_checksums()->Add(result->checksums[i].begin(), result->checksums[i].end());
-        }
-      } else {
-        *report.mutable_chunks() = RankChunksToProto(result->chunks[0], result->checksums[0]);
-        report.mutable_chunks()->set_rank(f.rank);
-      }
-    } else {
-      report.set_error(StatusText(result.status()));
-    }
-    Report(*run, std::move(report));
+  RunResult end;
+  end.start = start;
+  end.end = absl::Now();
+  if (budget_ != nullptr) end.memory_peak_bytes = budget_->CloseWatermark(watermark);
+  RankChunks plan_chunks;
+  if (aborted) {
+    end.status = absl::AbortedError(
+        absl::StrCat("plan ", run->plan_id(), " was finished or abandoned before its part ended"));
+  } else if (result.ok()) {
+    end.checksums = std::move(result->checksums);
+    end.bytes_sent = result->bytes_sent;
+    end.bytes_received = result->bytes_received;
+    end.steps = std::move(result->steps);
+    plan_chunks = std::move(result->plan_chunks);
+  } else {
+    end.status = result.status();
   }
-  if (budget_ != nullptr && aborted) budget_->CloseWatermark(watermark);
+  // Where the outcome goes is the only difference between a plan and a hook's run.
+  if (run->hooks.on_end) {
+    run->hooks.on_end(std::move(end));
+  } else if (!aborted) {
+    ReportEnd(*run, end, plan_chunks);
+  }
   absl::MutexLock lock(&mu_);
   --running_;
+}
+
+void WorkerCore::ReportEnd(const PlanRun& run, const RunResult& result,
+                           const RankChunks& plan_chunks) {
+  const Fragment& f = run.f();
+  v1::ReportChunksRequest report;
+  report.set_final(true);
+  report.set_start_unix_us(absl::ToUnixMicros(result.start));
+  report.set_end_unix_us(absl::ToUnixMicros(result.end));
+  if (budget_ != nullptr) report.set_memory_peak_bytes(result.memory_peak_bytes);
+  if (!result.status.ok()) {
+    report.set_error(StatusText(result.status));
+    Report(run, std::move(report));
+    return;
+  }
+  for (const v1::StepTiming& t : result.steps) *report.add_steps() = t;
+  report.set_bytes_done(result.bytes_received);
+  if (f.fused) {
+    // Every member holds its shape's target chunks (its buffer was made of them): the
+    // chunks go once per shape, the checksums per member.
+    for (const FragmentShape& shape : f.shapes) {
+      v1::RankChunks* rc = report.add_shapes();
+      *rc = RankChunksToProto(shape.target);
+      rc->set_rank(f.rank);
+    }
+    for (size_t i = 0; i < f.members.size(); ++i) {
+      v1::MemberChunks* m = report.add_members();
+      m->set_index(f.members[i].index);
+      m->set_shape(f.members[i].shape);
+      m->mutable_checksums()->Add(result.checksums[i].begin(), result.checksums[i].end());
+    }
+  } else {
+    *report.mutable_chunks() = RankChunksToProto(plan_chunks, result.checksums[0]);
+    report.mutable_chunks()->set_rank(f.rank);
+  }
+  Report(run, std::move(report));
 }
 
 absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
@@ -435,13 +525,7 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
       run = it->second;
       plans_.erase(it);
     }
-    if (!request.plan_id().empty() && ended_.insert(request.plan_id()).second) {
-      ended_order_.push_back(request.plan_id());
-      if (ended_order_.size() > kRememberEndedPlans) {
-        ended_.erase(ended_order_.front());
-        ended_order_.pop_front();
-      }
-    }
+    RememberEnded(request.plan_id(), &ended_, &ended_order_);
     if (run != nullptr && !request.commit()) {
       run->aborted = true;
       for (size_t i = 0; i < run->parts.size(); ++i) {
@@ -455,8 +539,10 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
     // Never a version the plan just wrote. Views of the run's and the request's names (both
     // outlive this): a group's 1000 members cost no string copies.
     absl::flat_hash_set<std::pair<absl::string_view, int64_t>> written;
-    if (run != nullptr) written.reserve(run->parts.size());
-    for (size_t i = 0; run != nullptr && i < run->parts.size(); ++i) {
+    // A prepared transfer's run names none: its hook drops the old versions.
+    const bool drops = !request.tensor().empty() || request.members_size() > 0;
+    if (run != nullptr && drops) written.reserve(run->parts.size());
+    for (size_t i = 0; run != nullptr && drops && i < run->parts.size(); ++i) {
       written.emplace(run->member(i).target_tensor, run->member(i).target_version);
     }
     auto drop = [&](absl::string_view tensor, int64_t version) {
@@ -477,6 +563,8 @@ absl::Status WorkerCore::FinishPlan(const v1::FinishPlanRequest& request) {
   // retires the prefix everywhere, so drop them. The run (and its target buffers, unless
   // stored) goes when its thread is done with it.
   if (run != nullptr && !request.commit()) communicators_->ReleasePrefix(run->prefix());
+  // Last: after it, the hook's owner may hand the fragment to its next run.
+  if (run != nullptr && run->hooks.on_finish) run->hooks.on_finish(request.commit());
   return absl::OkStatus();
 }
 
@@ -490,13 +578,7 @@ int WorkerCore::AbortAll() {
       // registration reports it and the coordinator says whether to drop it.
       run->aborted = true;
       runs.push_back(run);
-      if (ended_.insert(id).second) {
-        ended_order_.push_back(id);
-        if (ended_order_.size() > kRememberEndedPlans) {
-          ended_.erase(ended_order_.front());
-          ended_order_.pop_front();
-        }
-      }
+      RememberEnded(id, &ended_, &ended_order_);
     }
     plans_.clear();
   }
@@ -505,6 +587,8 @@ int WorkerCore::AbortAll() {
     communicators_->ReleasePrefix(run->prefix());
     if (log_) log_(absl::StrCat("plan ", run->plan_id(), ": abandoned"));
   }
+  // The coordinator invalidated them: a worker registered again is prepared again.
+  transfers_->ForgetAll();
   return static_cast<int>(runs.size());
 }
 

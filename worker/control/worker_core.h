@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -24,8 +25,11 @@
 #include "worker/memory/memory_budget.h"
 #include "worker/memory/memory_space.h"
 #include "worker/plans/executor.h"
+#include "worker/plans/fused_exchange.h"
 
 namespace shardcoord {
+
+class TransferRunner;
 
 // Who this worker is right now (the agent's latest registration).
 struct WorkerIdentity {
@@ -53,8 +57,40 @@ constexpr int64_t kMaxRelayBytes = int64_t{1} << 20;
 // step timeout), drops its target buffer and releases the communicators of its rendezvous
 // prefix (see CommunicatorCache). Both are idempotent; an Execute for a plan that was
 // finished is ABORTED.
+//
+// The same runner runs the runs of prepared transfers (`transfers()`, control/
+// transfer_runner.h) through StartRun: only where the outcome goes (a hook instead of
+// ReportChunks) and what a commit drops (the hook's choice) differ.
 class WorkerCore {
  public:
+  // How a run's part ended on this rank, for whoever started it with StartRun.
+  struct RunResult {
+    // OK; the part's error; or ABORTED: FinishPlan(abort) or AbortAll ended the run first
+    // (nothing of it is stored then).
+    absl::Status status;
+    absl::Time start;
+    absl::Time end;
+    int64_t memory_peak_bytes = 0;  // With a memory budget: the most held meanwhile.
+    // OK only: the checksums of each member's target chunks, member for member (a fused
+    // fragment's members hold their shape's target chunks); bytes and steps as a final
+    // report's.
+    std::vector<std::vector<uint64_t>> checksums;
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    std::vector<v1::StepTiming> steps;
+  };
+  struct RunHooks {
+    // Once, on the run's thread, when its part ended (also when aborted). Nothing of the
+    // run's fragment is read after it returns but by FinishPlan.
+    std::function<void(RunResult)> on_end;
+    // When FinishPlan(plan id) ended the run, after an abort dropped the run's new buffers;
+    // never after AbortAll.
+    std::function<void(bool commit)> on_finish;
+    // Optional, for a fragment whose runs repeat unchanged: its fused exchange's schedule,
+    // cut by the first run and reused by the next (must outlive the run).
+    GroupScheduleCache* schedule_cache = nullptr;
+  };
+
   // `log` (optional) receives one line per plan event (start, result with per-step timings,
   // finish); the daemon sends them to spdlog. `space` (null: host memory) is where the
   // worker's buffers live: every buffer it creates is there, and the source buffers of plans
@@ -66,13 +102,23 @@ class WorkerCore {
   ~WorkerCore();
 
   absl::Status Execute(const v1::PlanFragment& fragment);
+  // Runs `fragment` (validated: ValidateFragment) under its plan_id as Execute does, but its
+  // buffers are prepared on the run's thread (a failure there ends the run like any other)
+  // and `hooks.on_end` gets the outcome instead of ReportChunks. The fragment is read, not
+  // copied: the caller keeps it unchanged until on_end returned and, when the run was not
+  // refused here, FinishPlan or AbortAll ended it. Refused as Execute: UNAVAILABLE draining,
+  // ABORTED finished, ALREADY_EXISTS running (hooks not called).
+  absl::Status StartRun(std::shared_ptr<const Fragment> fragment, RunHooks hooks);
+  // UNAVAILABLE while draining or shutting down: new work is refused.
+  absl::Status CheckAccepting() const;
   absl::Status FinishPlan(const v1::FinishPlanRequest& request);
   // Forgets every plan this worker has not seen finished: running fragments are cancelled
   // and never store their target; targets already stored are kept (their plan may have
   // committed just before a coordinator crash), for the coordinator to keep or drop when the
   // worker registers again and reports them. The agent calls it before registering again:
   // the coordinator has ended (or, restarted, forgotten) every plan of the old incarnation,
-  // so no FinishPlan may come. Returns how many.
+  // so no FinishPlan may come. Resident prepared transfers are forgotten too (the
+  // coordinator prepares them again). Returns how many plans.
   int AbortAll();
   absl::StatusOr<v1::FillResponse> Fill(const v1::FillRequest& request);
   // Fill for each of request.fills in order; the first error names its fill and ends the call
@@ -149,16 +195,29 @@ class WorkerCore {
   // final reports then carry the most it held while the fragment ran. Set before use.
   void set_memory_budget(MemoryBudget* budget) { budget_ = budget; }
 
+  // Prepared transfers (PrepareTransfer, RunTransfer, DropTransfer), run by this core.
+  TransferRunner* transfers() { return transfers_.get(); }
+
  private:
   struct RunPart;
   struct PlanRun;
+  absl::Status CheckAcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckPlanIdLocked(const std::string& plan_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds the source buffer of `member`'s tensor and version with `shape`'s chunks and makes
   // (or finds, attached) its target.
   absl::Status PrepareBuffers(const FragmentShape& shape, const FragmentMember& member,
                               RunPart* part);
+  // PrepareBuffers for every member (into the sized parts); errors of a fused fragment name
+  // the member.
+  absl::Status PrepareParts(PlanRun* run);
+  // Registers the run and starts its thread.
+  absl::Status Launch(std::shared_ptr<PlanRun> run);
+  // The one run path: (buffers,) strategy, write-back, store, then the outcome to the hook
+  // or the coordinator.
   void Run(std::shared_ptr<PlanRun> run);
+  // A plan's outcome as its final report (`plan_chunks`: a single plan's target chunks).
+  void ReportEnd(const PlanRun& run, const RunResult& result, const RankChunks& plan_chunks);
   void Report(const PlanRun& run, v1::ReportChunksRequest request);
 
   BufferStore* const buffers_;
@@ -177,6 +236,9 @@ class WorkerCore {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string refusing_ ABSL_GUARDED_BY(mu_);  // Why Execute is refused (draining).
+
+  // Destroyed first, once the destructor saw every run end (their hooks point into it).
+  std::unique_ptr<TransferRunner> transfers_;
 };
 
 }  // namespace shardcoord

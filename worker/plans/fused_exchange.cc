@@ -36,13 +36,12 @@ struct MessagePlan {
   int64_t staged_offset = 0;              // kStaged: in its window's staging area.
 };
 
-// One direction of one round: the stream, its messages and windows, and how each moves.
+// One direction of one round: the stream, its messages and windows.
 struct Stream {
   int peer = -1;  // Group rank.
   std::vector<Entry> entries;
   std::vector<StreamMessage> messages;
   std::vector<size_t> windows;  // First message of each.
-  std::vector<MessagePlan> plans;
   int64_t bytes = 0;
 
   // Messages [begin, end) of window w (empty past the last window).
@@ -52,6 +51,16 @@ struct Stream {
   }
 };
 
+struct ScheduledRound {
+  int r = 0;
+  Stream send, recv;
+};
+
+// A run's decisions for one round's messages, index for index with its streams'.
+struct RoundPlans {
+  std::vector<MessagePlan> send, recv;
+};
+
 std::string MemberName(const FragmentMember& m) {
   return absl::StrCat("member ", m.index, " (plan ", m.plan_id, ", tensor '", m.target_tensor,
                       "')");
@@ -59,6 +68,102 @@ std::string MemberName(const FragmentMember& m) {
 
 absl::Status Annotate(const absl::Status& s, const std::string& where) {
   return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+}
+
+}  // namespace
+
+struct GroupSchedule {
+  const Fragment* fragment = nullptr;
+  int64_t bucket_bytes = 0;
+  std::vector<bool> reducing;          // Per member: something reduces into its target.
+  int64_t bytes_total = 0;             // Received over the exchange.
+  std::vector<ScheduledRound> rounds;  // Those with messages either way, in order.
+};
+
+GroupScheduleCache::GroupScheduleCache() = default;
+GroupScheduleCache::~GroupScheduleCache() = default;
+
+std::shared_ptr<const GroupSchedule> GroupScheduleCache::Find(const Fragment* fragment,
+                                                              int64_t bucket_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (schedule_ == nullptr || schedule_->fragment != fragment ||
+      schedule_->bucket_bytes != bucket_bytes) {
+    return nullptr;
+  }
+  return schedule_;
+}
+
+void GroupScheduleCache::Keep(std::shared_ptr<const GroupSchedule> schedule) {
+  absl::MutexLock lock(&mu_);
+  schedule_ = std::move(schedule);
+}
+
+namespace {
+
+// Group rank of `rank` among the sorted exchange ranks.
+int GroupRank(const Fragment& g, int64_t rank) {
+  return static_cast<int>(std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(), rank) -
+                          g.exchange_ranks.begin());
+}
+
+// This rank's place among the exchange ranks, or -1.
+int MyGroupRank(const Fragment& g) {
+  const auto mine = std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(), g.rank);
+  return mine != g.exchange_ranks.end() && *mine == g.rank
+             ? static_cast<int>(mine - g.exchange_ranks.begin())
+             : -1;
+}
+
+// Every member's transfers sorted into the streams to and from each peer (in member, then plan
+// order), each stream cut into messages and windows.
+std::shared_ptr<const GroupSchedule> MakeSchedule(const Fragment& g, const StreamLimits& limits) {
+  auto schedule = std::make_shared<GroupSchedule>();
+  schedule->fragment = &g;
+  schedule->bucket_bytes = limits.bucket_bytes;
+  const size_t nm = g.members.size();
+  const int n = static_cast<int>(g.exchange_ranks.size());
+  const int me = MyGroupRank(g);
+  schedule->reducing.assign(nm, false);
+  std::vector<std::vector<Entry>> out(std::max(n, 0)), in(std::max(n, 0));
+  for (size_t i = 0; i < nm; ++i) {
+    const FragmentShape& f = g.shape_of(i);
+    bool reducing = false;
+    for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
+    for (const Transfer& t : f.transfers) {
+      if (t.bytes == 0) continue;
+      if (t.src == g.rank) {
+        out[GroupRank(g, t.dst)].push_back(Entry{static_cast<int>(i), &t});
+      } else {
+        in[GroupRank(g, t.src)].push_back(Entry{static_cast<int>(i), &t});
+        reducing |= t.reduce;
+        schedule->bytes_total += t.bytes;
+      }
+    }
+    schedule->reducing[i] = reducing;
+  }
+  if (me < 0 || n <= 1) return schedule;
+  auto cut = [&](Stream& s, std::vector<Entry> entries, int peer) {
+    s.peer = peer;
+    s.entries = std::move(entries);
+    std::vector<StreamItem> items;
+    items.reserve(s.entries.size());
+    for (const Entry& e : s.entries) {
+      items.push_back(StreamItem{e.transfer->box,
+                                 ElementSize(g.shape_of(static_cast<size_t>(e.member)).dtype)});
+      s.bytes += e.transfer->bytes;
+    }
+    s.messages = CutStream(items, limits);
+    s.windows = CutWindows(s.messages, limits);
+  };
+  for (int r = 1; r < n; ++r) {
+    ScheduledRound round;
+    round.r = r;
+    cut(round.send, std::move(out[(me + r) % n]), (me + r) % n);
+    cut(round.recv, std::move(in[(me - r + n) % n]), (me - r + n) % n);
+    if (round.send.messages.empty() && round.recv.messages.empty()) continue;
+    schedule->rounds.push_back(std::move(round));
+  }
+  return schedule;
 }
 
 }  // namespace
@@ -109,38 +214,23 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
   GroupExecuteResult result;
   result.bucket_bytes = limits.bucket_bytes;
   const int n = static_cast<int>(g.exchange_ranks.size());
-  const auto mine = std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(), g.rank);
-  const int me = mine != g.exchange_ranks.end() && *mine == g.rank
-                     ? static_cast<int>(mine - g.exchange_ranks.begin())
-                     : -1;
-  auto group_rank = [&](int64_t rank) {
-    return static_cast<int>(
-        std::lower_bound(g.exchange_ranks.begin(), g.exchange_ranks.end(), rank) -
-        g.exchange_ranks.begin());
-  };
+  const int me = MyGroupRank(g);
 
-  // Per member: its mover, the reduction rule's identity where anything reduces, and its
-  // transfers sorted into the streams to and from each peer (in member, then plan order).
+  std::shared_ptr<const GroupSchedule> schedule =
+      input.schedule_cache != nullptr ? input.schedule_cache->Find(&g, limits.bucket_bytes)
+                                      : nullptr;
+  if (schedule == nullptr) {
+    schedule = MakeSchedule(g, limits);
+    if (input.schedule_cache != nullptr) input.schedule_cache->Keep(schedule);
+  }
+  const int64_t bytes_total = schedule->bytes_total;
+
+  // Per member: its mover, with the reduction rule's identity where anything reduces.
   std::vector<Mover> movers;  // One allocation for all members, not one each.
   movers.reserve(nm);
-  std::vector<std::vector<Entry>> out(std::max(n, 0)), in(std::max(n, 0));
-  int64_t bytes_total = 0;
   for (size_t i = 0; i < nm; ++i) {
-    const FragmentShape& f = g.shape_of(i);
-    movers.emplace_back(f, input.buffers[i].source, input.buffers[i].target);
-    bool reducing = false;
-    for (const LocalCopy& c : f.local_copies) reducing |= c.reduce;
-    for (const Transfer& t : f.transfers) {
-      if (t.bytes == 0) continue;
-      if (t.src == g.rank) {
-        out[group_rank(t.dst)].push_back(Entry{static_cast<int>(i), &t});
-      } else {
-        in[group_rank(t.src)].push_back(Entry{static_cast<int>(i), &t});
-        reducing |= t.reduce;
-        bytes_total += t.bytes;
-      }
-    }
-    if (absl::Status s = movers.back().Initialise(reducing); !s.ok()) {
+    movers.emplace_back(g.shape_of(i), input.buffers[i].source, input.buffers[i].target);
+    if (absl::Status s = movers.back().Initialise(schedule->reducing[i]); !s.ok()) {
       return Annotate(s, MemberName(g.members[i]));
     }
   }
@@ -174,38 +264,21 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     Communicator* comm = held->get();
     if (!space->is_host()) comm = &synced.emplace(comm, space);
 
-    // Plan every round: streams, messages, windows, and how each message moves here.
-    struct Round {
-      int r = 0;
-      Stream send, recv;
-    };
-    std::vector<Round> rounds;
+    // How each message moves here: from where it lies, from strided rows, or staged (the
+    // buffers' addresses are this run's).
+    const std::vector<ScheduledRound>& rounds = schedule->rounds;
+    std::vector<RoundPlans> plans(rounds.size());
     int64_t send_area = 0, recv_area = 0;
-    auto cut = [&](Stream& s, std::vector<Entry> entries, int peer) {
-      s.peer = peer;
-      s.entries = std::move(entries);
-      std::vector<StreamItem> items;
-      items.reserve(s.entries.size());
-      for (const Entry& e : s.entries) {
-        items.push_back(StreamItem{e.transfer->box, movers[e.member].esize()});
-        s.bytes += e.transfer->bytes;
-      }
-      s.messages = CutStream(items, limits);
-      s.windows = CutWindows(s.messages, limits);
-      s.plans.resize(s.messages.size());
-    };
-    for (int r = 1; r < n; ++r) {
-      Round round;
-      round.r = r;
-      cut(round.send, std::move(out[(me + r) % n]), (me + r) % n);
-      cut(round.recv, std::move(in[(me - r + n) % n]), (me - r + n) % n);
-      if (round.send.messages.empty() && round.recv.messages.empty()) continue;
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      const ScheduledRound& round = rounds[k];
+      plans[k].send.resize(round.send.messages.size());
+      plans[k].recv.resize(round.recv.messages.size());
       for (size_t w = 0; w < round.send.windows.size(); ++w) {
         int64_t staged = 0;
         auto [begin, end] = round.send.Window(w);
         for (size_t j = begin; j < end; ++j) {
           const StreamMessage& m = round.send.messages[j];
-          MessagePlan& p = round.send.plans[j];
+          MessagePlan& p = plans[k].send[j];
           if (m.pieces.size() == 1) {
             const Entry& e = round.send.entries[m.pieces[0].item];
             const Mover& mover = movers[e.member];
@@ -230,7 +303,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
         auto [begin, end] = round.recv.Window(w);
         for (size_t j = begin; j < end; ++j) {
           const StreamMessage& m = round.recv.messages[j];
-          MessagePlan& p = round.recv.plans[j];
+          MessagePlan& p = plans[k].recv[j];
           if (m.pieces.size() == 1) {
             const Entry& e = round.recv.entries[m.pieces[0].item];
             p.landing = movers[e.member].DirectTarget(m.pieces[0].box, e.transfer->reduce,
@@ -246,7 +319,6 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
         }
         recv_area = std::max(recv_area, staged);
       }
-      rounds.push_back(std::move(round));
     }
 
     Staging send_staging(*space, send_area), recv_staging(*space, recv_area);
@@ -258,7 +330,8 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
     }
     result.staging_bytes = send_area + recv_area;
 
-    for (const Round& round : rounds) {
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      const ScheduledRound& round = rounds[k];
       const Stream& send = round.send;
       const Stream& recv = round.recv;
       ExchangeRound report;
@@ -279,7 +352,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
         auto [sbegin, send_end] = send.Window(w);
         for (size_t j = sbegin; j < send_end; ++j) {
           const StreamMessage* m = &send.messages[j];
-          const MessagePlan& p = send.plans[j];
+          const MessagePlan& p = plans[k].send[j];
           SendOp op{send.peer, p.source, m->bytes, nullptr};
           if (m->pieces.size() > 1) ++result.messages_packed;
           if (p.via == Via::kRuns) {
@@ -311,7 +384,7 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
         auto [rbegin, recv_end] = recv.Window(w);
         for (size_t j = rbegin; j < recv_end; ++j) {
           const StreamMessage* m = &recv.messages[j];
-          const MessagePlan& p = recv.plans[j];
+          const MessagePlan& p = plans[k].recv[j];
           RecvOp op{recv.peer, nullptr, m->bytes, nullptr};
           if (p.via == Via::kInPlace) {
             ++result.messages_landed_in_place;

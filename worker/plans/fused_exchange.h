@@ -26,10 +26,13 @@
 // or that lands contiguously in one target chunk without a reduction.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
@@ -44,6 +47,27 @@ struct GroupMemberBuffers {
   HostBuffer* target = nullptr;
 };
 
+// What a fused exchange of one fragment on one rank does that depends on neither its buffers
+// nor its run: the members' transfers sorted into the streams to and from each peer, and each
+// stream cut into messages and windows (defined in fused_exchange.cc).
+struct GroupSchedule;
+
+// The schedule of a fragment whose runs repeat (a prepared transfer's resident part): the
+// first run cuts it, every later one with the same fragment and bucket size reuses it, so a
+// warm run of 10^4-10^5 members does not sort and cut their streams again. Thread-safe.
+class GroupScheduleCache {
+ public:
+  GroupScheduleCache();
+  ~GroupScheduleCache();
+  // The schedule cut for `fragment` at `bucket_bytes`, or null.
+  std::shared_ptr<const GroupSchedule> Find(const Fragment* fragment, int64_t bucket_bytes);
+  void Keep(std::shared_ptr<const GroupSchedule> schedule);
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<const GroupSchedule> schedule_ ABSL_GUARDED_BY(mu_);
+};
+
 struct GroupExecuteInput {
   const Fragment* fragment = nullptr;       // A fused one.
   std::vector<GroupMemberBuffers> buffers;  // One per fragment->members, index for index.
@@ -51,6 +75,9 @@ struct GroupExecuteInput {
   CancelToken* cancel = nullptr;  // Optional.
   ProgressCallback progress;      // Optional: after each round.
   ExecutorOptions options;        // default_step_timeout, bucket_bytes.
+  // Optional: where the schedule of this fragment's earlier runs is kept. The fragment's
+  // members and transfers must not change while it holds their schedule.
+  GroupScheduleCache* schedule_cache = nullptr;
 };
 
 // One round of the exchange as this rank ran it.

@@ -119,8 +119,10 @@ std::map<int64_t, v1::PlanFragment> FusedFragments(absl::Span<const Plan* const>
   return out;
 }
 
+// `runs` > 1: each rank runs its fragment that many times through one GroupScheduleCache
+// (host buffers only), its targets cleared before each run; the result is the last run's.
 GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t bucket_bytes,
-                  const std::string& id, Devices* devices = nullptr) {
+                  const std::string& id, Devices* devices = nullptr, int runs = 1) {
   GroupRun run;
   run.limits = StreamLimitsFor(bucket_bytes);
   std::vector<FragmentMemberOptions> options;
@@ -183,9 +185,27 @@ GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t 
         last = done;
         total = t;
       };
-      run.results.at(rank) = ExecuteGroup(in);
-      if (run.results.at(rank).ok() && total >= 0) {
-        EXPECT_EQ(last, total);
+      GroupScheduleCache cache;
+      for (int k = 0; k < runs; ++k) {
+        if (runs > 1) {
+          in.schedule_cache = &cache;
+          for (const auto& target : targets[rank]) {
+            if (target->bytes() > 0) std::memset(target->data(), 0, target->bytes());
+          }
+        }
+        last = -1;
+        total = -1;
+        run.results.at(rank) = ExecuteGroup(in);
+        if (run.results.at(rank).ok() && total >= 0) {
+          EXPECT_EQ(last, total);
+        }
+        if (runs > 1) {
+          // Kept for this fragment at this bucket size only.
+          EXPECT_NE(cache.Find(in.fragment, run.limits.bucket_bytes), nullptr);
+          EXPECT_EQ(cache.Find(in.fragment, run.limits.bucket_bytes + 1), nullptr);
+          const Fragment other = *in.fragment;
+          EXPECT_EQ(cache.Find(&other, run.limits.bucket_bytes), nullptr);
+        }
       }
     });
   }
@@ -315,6 +335,16 @@ TEST(FusedExchangeTest, EveryLayoutKindWithDefaultBuckets) {
   std::vector<const Plan*> plans;
   for (const Plan& p : run.plans) plans.push_back(&p);
   EXPECT_EQ(MessagesSent(run), FusedExchange(plans, run.limits).messages);
+}
+
+// A prepared transfer's runs reuse the first run's schedule: the same values, run after run,
+// with small buckets (several messages and windows per stream) and reductions.
+TEST(FusedExchangeTest, AScheduleKeptAcrossRunsGivesTheSameValues) {
+  for (const std::vector<Member>& members : {EveryLayoutKind(), PartialKinds()}) {
+    Cluster cluster;
+    GroupRun run = RunGroup(cluster, members, 256, "g-again", nullptr, /*runs=*/3);
+    ASSERT_NO_FATAL_FAILURE(CheckGroup(members, run));
+  }
 }
 
 TEST(FusedExchangeTest, PartialMembersReduceInTheStream) {

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/grpc_status.h"
+#include "worker/control/transfer_runner.h"
 
 namespace shardcoord {
 
@@ -178,6 +179,43 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::WriteBuffer(grpc::CallbackServerCon
   absl::StatusOr<v1::WriteChunkResponse> r = core_->WriteBuffer(*request);
   if (r.ok()) *response = *std::move(r);
   reactor->Finish(ToGrpcStatus(r.status()));
+  return reactor;
+}
+
+// ---- Prepared transfers ------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::PrepareTransfer(
+    grpc::CallbackServerContext* ctx, const v1::PrepareTransferRequest* request,
+    v1::PrepareTransferResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Every page parses a slice of the table; the last plans every member (seconds at 10^5).
+  pool_->Schedule([this, reactor, request, response] {
+    absl::StatusOr<v1::PrepareTransferResponse> r = core_->transfers()->Prepare(*request);
+    if (r.ok()) *response = *std::move(r);
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::RunTransfer(
+    grpc::CallbackServerContext* ctx, const v1::RunTransferWorkerRequest* request,
+    v1::RunTransferWorkerResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Finished from the run's thread when the part ended, or here when refused.
+  core_->transfers()->Run(*request,
+                          [reactor, response](absl::StatusOr<v1::RunTransferWorkerResponse> r) {
+                            if (r.ok()) *response = *std::move(r);
+                            reactor->Finish(ToGrpcStatus(r.status()));
+                          });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::DropTransfer(grpc::CallbackServerContext* ctx,
+                                                          const v1::DropTransferRequest* request,
+                                                          v1::DropTransferResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  core_->transfers()->Drop(*request);
+  reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -10,7 +10,8 @@
 namespace shardcoord {
 
 // shardcoord.v1.Worker over WorkerCore with the callback API. Long work (fills, the final
-// checksum of a write, checkpoint file I/O) runs on `pool`, never on a reactor thread.
+// checksum of a write, checkpoint file I/O, a prepared transfer's planning) runs on `pool`,
+// never on a reactor thread; a transfer's run finishes its call from the run's thread.
 // Without `checkpoints` the checkpoint RPCs answer UNIMPLEMENTED.
 class WorkerServiceImpl final : public v1::Worker::CallbackService {
  public:
@@ -53,6 +54,17 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* CheckpointDir(grpc::CallbackServerContext* ctx,
                                           const v1::CheckpointDirRequest* request,
                                           v1::CheckpointDirResponse* response) override;
+  // Prepared transfers (core->transfers()): pages on the pool (the last one plans every
+  // member); a run answered from its own thread when the rank's part ended.
+  grpc::ServerUnaryReactor* PrepareTransfer(grpc::CallbackServerContext* ctx,
+                                            const v1::PrepareTransferRequest* request,
+                                            v1::PrepareTransferResponse* response) override;
+  grpc::ServerUnaryReactor* RunTransfer(grpc::CallbackServerContext* ctx,
+                                        const v1::RunTransferWorkerRequest* request,
+                                        v1::RunTransferWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* DropTransfer(grpc::CallbackServerContext* ctx,
+                                         const v1::DropTransferRequest* request,
+                                         v1::DropTransferResponse* response) override;
 
  private:
   // Runs `work` (the checkpoint call) on the pool and finishes with its outcome.

@@ -12,9 +12,13 @@
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/layout.h"
+#include "sharding/mesh.h"
+#include "sharding/placement.h"
+#include "sharding/transfer_table.h"
 #include "worker/buffers/checksum.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/control/kv_client.h"
+#include "worker/control/transfer_runner.h"
 
 namespace shardcoord {
 namespace {
@@ -146,6 +150,109 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     const int64_t want[3] = {0, 1, 2};
     EXPECT_EQ(response.chunks().chunks(0).checksum(), ChunkChecksum(want, 24));
   }
+  server->Shutdown();
+}
+
+// A prepared transfer over gRPC: pages on the pool, a run answered from its own thread, the
+// commit through FinishPlan, and the drop. One rank: the run is a local copy.
+TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
+  InMemoryKvClient kv;
+  NoReports reporter;
+  BufferStore buffers;
+  CommunicatorCache cache(*GlooCommunicatorFactory::Create(&kv, GlooOptions{}));
+  WorkerCore core(&buffers, &cache, &reporter, [] { return WorkerIdentity{"w0", 7, 0}; });
+  ThreadPool pool(2);
+  WorkerServiceImpl service(&core, &pool);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+
+  const DeviceMesh mesh = *DeviceMesh::Create({1});
+  const Layout layout = *Layout::FromPlacements(mesh, {4, 6}, *ParsePlacements("S(0)"));
+  for (const char* tensor : {"s", "d"}) {
+    v1::FillRequest fill;
+    fill.set_tensor(tensor);
+    fill.set_version(tensor[0] == 's' ? 1 : 2);
+    fill.set_dtype(v1::F32);
+    *fill.mutable_chunks() = RankChunksToProto(*layout.Find(0));
+    fill.add_global_shape(4);
+    fill.add_global_shape(6);
+    fill.set_init(tensor[0] == 's' ? v1::ARANGE : v1::ZEROS);
+    ASSERT_TRUE(core.Fill(fill).ok());
+  }
+  TransferMemberSpec member;
+  member.src = "s";
+  member.dst = "d";
+  member.src_version = 1;
+  member.dst_version = 2;
+  std::vector<v1::PrepareTransferRequest> pages(2);
+  for (int p = 0; p < 2; ++p) {
+    pages[p].set_transfer_id("t@1");
+    pages[p].set_page(p);
+  }
+  pages[0].add_ranks(0);
+  pages[0].add_incarnations(7);
+  *pages[0].add_layouts() = TransferLayoutToProto(layout, false);
+  pages[1].set_last(true);
+  *pages[1].add_members() = TransferMemberToProto(member);
+  auto prepare = [&](const v1::PrepareTransferRequest& page, v1::PrepareTransferResponse* out) {
+    grpc::ClientContext ctx;
+    return stub->PrepareTransfer(&ctx, page, out);
+  };
+  auto run = [&](const std::string& transfer, const std::string& run_id, int64_t version,
+                 v1::RunTransferWorkerResponse* out) {
+    grpc::ClientContext ctx;
+    v1::RunTransferWorkerRequest req;
+    req.set_transfer_id(transfer);
+    req.set_run_id(run_id);
+    req.set_version(version);
+    req.set_communicator_prefix("xfer/");
+    return stub->RunTransfer(&ctx, req, out);
+  };
+  v1::PrepareTransferResponse prepared;
+  EXPECT_EQ(prepare(pages[1], &prepared).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(prepare(pages[0], &prepared).ok());
+  EXPECT_EQ(prepared.members(), 0);  // Not the last page.
+  grpc::Status s = prepare(pages[1], &prepared);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(prepared.members(), 1);
+  EXPECT_EQ(prepared.target_bytes(), 4 * 6 * 4);
+
+  v1::RunTransferWorkerResponse ran;
+  s = run("t@1", "t@1/r1", 3, &ran);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<float> arange(24);
+  for (int i = 0; i < 24; ++i) arange[i] = static_cast<float>(i);
+  StableHash digest;
+  digest.Add(0);                                 // Member 0...
+  digest.Add(ChunkChecksum(arange.data(), 96));  // ...and its one chunk.
+  EXPECT_EQ(ran.digest(), digest.value());
+  EXPECT_EQ(ran.timing().worker(), "w0");
+  {
+    grpc::ClientContext ctx;
+    v1::FinishPlanRequest commit;
+    commit.set_plan_id("t@1/r1");
+    commit.set_commit(true);
+    v1::FinishPlanResponse response;
+    ASSERT_TRUE(stub->FinishPlan(&ctx, commit, &response).ok());
+  }
+  EXPECT_EQ(buffers.Find("d", 2), nullptr);
+  std::shared_ptr<HostBuffer> d = buffers.Find("d", 3);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(std::memcmp(d->data(), arange.data(), 96), 0);
+  {
+    grpc::ClientContext ctx;
+    v1::DropTransferRequest drop;
+    drop.add_transfer_ids("t@1");
+    v1::DropTransferResponse response;
+    ASSERT_TRUE(stub->DropTransfer(&ctx, drop, &response).ok());
+  }
+  EXPECT_EQ(run("t@1", "t@1/r2", 4, &ran).error_code(), grpc::StatusCode::NOT_FOUND);
   server->Shutdown();
 }
 

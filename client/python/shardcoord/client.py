@@ -604,14 +604,7 @@ class Client:
         transaction: every dst gets its new version together, or none does. Waits; returns
         the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
         bucket_bytes, seconds, members)."""
-        copies = []
-        for pair in pairs:
-            if isinstance(pair, dict):
-                copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
-            else:
-                src, dst = pair
-                copies.append(pb.CopyPair(src=src, dst=dst))
-        request = pb.CopyGroupRequest(copies=copies, wait=True)
+        request = pb.CopyGroupRequest(copies=_copy_pairs(pairs), wait=True)
         return self._mutate(self._stub.CopyGroup, request, self.data_timeout)
 
     def redistribute_many(self, items):
@@ -641,6 +634,54 @@ class Client:
             request.to_rank = to_rank
             request.has_to_rank = True
         return self._mutate(self._stub.GatherGroup, request, self.data_timeout)
+
+    # ---- Prepared transfers (issue 27) ---------------------------------------------------
+
+    def create_transfer(self, name, pairs):
+        """Prepares transfer `name`: the (src, dst) `pairs` (as copy_many's) are checked as a
+        copy group, every worker keeps its part of the plan, and the transfer is stored; no
+        data moves. Returns its TransferInfo (members, participants, templates, layouts,
+        bytes, bytes_moved, lower_bound_bytes, max_rank_send_bytes, ...). At most 100,000
+        pairs; errors name the pair ("copies[3].dst: ...")."""
+        request = pb.CreateTransferRequest(name=name, copies=_copy_pairs(pairs))
+        return self._mutate(self._stub.CreateTransfer, request, self.data_timeout)
+
+    def run_transfer(self, name):
+        """Runs transfer `name` once and waits: every dst gets its src's values and one new
+        version, all or nothing; a transfer whose members or workers changed is prepared
+        again first ("replanned"). Returns {"name", "seconds", "bytes_moved",
+        "lower_bound_bytes", "members", "replanned", "version", "run_id",
+        "prepare_seconds"}. An aborted run raises Error("ABORTED", why): every dst kept its
+        version."""
+        request = pb.RunTransferRequest(name=name, wait=True)
+        r = self._mutate(self._stub.RunTransfer, request, self.data_timeout)
+        return {"name": r.name, "seconds": r.seconds, "bytes_moved": r.bytes_moved,
+                "lower_bound_bytes": r.lower_bound_bytes, "members": r.members,
+                "replanned": r.replanned, "version": r.version, "run_id": r.run_id,
+                "prepare_seconds": r.prepare_seconds}
+
+    def transfer(self, name, copies=False):
+        """The TransferInfo of transfer `name` (prepared, invalid_reason, runs, version,
+        ...), with its pairs in `copies` when asked."""
+        return self._call(self._stub.GetTransfer, pb.GetTransferRequest(name=name, copies=copies),
+                          self.timeout)
+
+    def transfers(self):
+        """Every transfer (TransferInfo without copies), in name order; pages through
+        ListTransfers."""
+        out, token = [], ""
+        while True:
+            page = self._call(self._stub.ListTransfers,
+                              pb.ListTransfersRequest(page_token=token), self.timeout)
+            out.extend(page.transfers)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    def delete_transfer(self, name):
+        """Deletes transfer `name`: its workers drop their parts; the tensors stay as they are
+        (each dst at the version its last run gave it)."""
+        self._mutate(self._stub.DeleteTransfer, pb.DeleteTransferRequest(name=name), self.timeout)
 
     # ---- Checkpoints (workers write and read the files) -----------------------------------
 
@@ -773,6 +814,18 @@ class Client:
                     attempt.further = True
 
         return self._retrying(call).tensor
+
+
+def _copy_pairs(pairs):
+    """CopyPairs of (src, dst) tuples and {"src", "dst"} dicts."""
+    copies = []
+    for pair in pairs:
+        if isinstance(pair, dict):
+            copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+        else:
+            src, dst = pair
+            copies.append(pb.CopyPair(src=src, dst=dst))
+    return copies
 
 
 def connect(address=None, token=None, tls_ca=None, **kwargs):
