@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -203,8 +204,15 @@ absl::Status TensorManager::RecoveringError(const TensorRecord& t) {
 
 absl::Status TensorManager::Load(const LivenessFn& was_live) {
   if (store_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::vector<StateRecord>> records = store_->LoadAll();
+  // The version counter, then the tensors: only this manager's kinds are read.
+  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kCounterKind);
   if (!records.ok()) return records.status();
+  {
+    absl::StatusOr<std::vector<StateRecord>> tensors = store_->Load(kTensorKind);
+    if (!tensors.ok()) return tensors.status();
+    records->reserve(records->size() + tensors->size());
+    std::move(tensors->begin(), tensors->end(), std::back_inserter(*records));
+  }
   std::vector<std::pair<std::string, std::string>> users;  // (mesh, tensor)
   LayoutInterner layouts;
   {

@@ -201,10 +201,10 @@ absl::Status SqliteStateStore::WriteLocked(const StateBatch& batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
-  absl::MutexLock lock(&mu_);
-  Statement q(db_, "SELECT kind, name, value FROM records ORDER BY kind, name");
-  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+namespace {
+
+// The rows of `q` (kind, name, value) as records.
+absl::StatusOr<std::vector<StateRecord>> ReadRecords(sqlite3* db, const Statement& q) {
   std::vector<StateRecord> out;
   int rc;
   while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
@@ -215,8 +215,27 @@ absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
     r.value.assign(static_cast<const char*>(blob), sqlite3_column_bytes(q.get(), 2));
     out.push_back(std::move(r));
   }
-  if (rc != SQLITE_DONE) return SqliteError(db_, rc, "load");
+  if (rc != SQLITE_DONE) return SqliteError(db, rc, "load");
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::Load(absl::string_view kind) const {
+  absl::MutexLock lock(&mu_);
+  // The primary key's range: only this kind's rows are read.
+  Statement q(db_, "SELECT kind, name, value FROM records WHERE kind = ?1 ORDER BY name");
+  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+  const std::string text(kind);
+  if (absl::Status s = BindText(q.get(), 1, text); !s.ok()) return s;
+  return ReadRecords(db_, q);
+}
+
+absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
+  absl::MutexLock lock(&mu_);
+  Statement q(db_, "SELECT kind, name, value FROM records ORDER BY kind, name");
+  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+  return ReadRecords(db_, q);
 }
 
 }  // namespace shardcoord

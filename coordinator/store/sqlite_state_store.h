@@ -36,6 +36,7 @@ class SqliteStateStore : public StateStore {
 
   absl::Status Apply(const StateBatch& batch) override;
   absl::StatusOr<std::vector<StateRecord>> LoadAll() const override;
+  absl::StatusOr<std::vector<StateRecord>> Load(absl::string_view kind) const override;
   std::string Describe() const override { return "sqlite:" + path_; }
 
  private:
