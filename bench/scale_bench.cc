@@ -5,7 +5,7 @@
 //
 //   bazel run -c opt //bench:scale_bench -- --model deepseek-v3 --ranks 256 [--tensors N]
 //       [--json] [--reps R] [--state sqlite|memory] [--nounprepared] [--group_tensors N]
-//       [--dense_flat]
+//       [--dense_flat] [--noprepared] [--runs N]
 //
 // What it measures (bench/README.md "scale_bench"):
 // - the layouts: built sparse and interned, CPU seconds and the memory they take;
@@ -21,8 +21,10 @@
 //   at once. Its figure is the calling thread's CPU minus what the fake workers spent in it.
 // Every CPU figure is CLOCK_THREAD_CPUTIME_ID of the one thread, best and median of --reps.
 //
-// Keys that need the coordinator's TransferManager (prepare_cpu_s, run_cpu_s, ...) print as
-// null until it lands.
+// - the prepared transfer: CreateTransfer and warm RunTransfers through the coordinator's
+//   TransferManager (composed as the coordinator does, on the same state store), the workers
+//   summarizing their parts instead of expanding them and answering runs at once; then a
+//   restart (new managers loading the state written).
 
 #include <stdlib.h>
 #include <time.h>
@@ -34,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +62,9 @@
 #include "coordinator/store/sqlite_state_store.h"
 #include "coordinator/store/state_store.h"
 #include "coordinator/testing/fake_reports.h"
+#include "coordinator/testing/fake_worker_client.h"
+#include "coordinator/transfers/transfer_manager.h"
+#include "coordinator/transfers/transfer_test_util.h"
 #include "proto/convert.h"
 #include "sharding/redistribute.h"
 #include "sharding/transfer_table.h"
@@ -82,6 +88,9 @@ ABSL_FLAG(bool, dense_flat, false,
           "Trainer layouts listing every rank (Layout::FromFlat, as the coordinator builds a "
           "flat spec) instead of only the ranks holding a piece.");
 ABSL_FLAG(int64_t, page_bytes, 1 << 20, "Target size of a PrepareTransferRequest page.");
+ABSL_FLAG(bool, prepared, true,
+          "Time the prepared transfer through TransferManager (create, warm runs, restart).");
+ABSL_FLAG(int, runs, 5, "Warm runs of the prepared transfer (best and median).");
 
 namespace shardcoord {
 namespace {
@@ -115,28 +124,72 @@ std::string GB(int64_t bytes) { return absl::StrCat(bytes / 1e9, " GB"); }
 
 // ---- The unprepared baseline's coordinator -----------------------------------------------
 
-// A StateStore that counts what is written through it.
+// A StateStore that counts what is written through it (not owned: a restarted coordinator
+// loads what it wrote).
 class CountingStore : public StateStore {
  public:
-  explicit CountingStore(std::unique_ptr<StateStore> inner) : inner_(std::move(inner)) {}
+  explicit CountingStore(StateStore* inner) : inner_(inner) {}
 
   absl::Status Apply(const StateBatch& batch) override {
     for (const StateRecord& r : batch.puts) {
       bytes_ += static_cast<int64_t>(r.kind.size() + r.name.size() + r.value.size());
     }
+    for (const auto& [kind, name] : batch.deletes) {
+      bytes_ += static_cast<int64_t>(kind.size() + name.size());
+    }
     ++applies_;
     return inner_->Apply(batch);
   }
   absl::StatusOr<std::vector<StateRecord>> LoadAll() const override { return inner_->LoadAll(); }
+  absl::StatusOr<std::vector<StateRecord>> Load(absl::string_view kind) const override {
+    return inner_->Load(kind);
+  }
   std::string Describe() const override { return inner_->Describe(); }
 
   int64_t bytes() const { return bytes_; }
   int64_t applies() const { return applies_; }
 
  private:
-  std::unique_ptr<StateStore> inner_;
+  StateStore* const inner_;
   int64_t bytes_ = 0;  // Single-threaded: the bench's one thread.
   int64_t applies_ = 0;
+};
+
+// The coordinator's state store for --state: a temporary SQLite directory (every commit
+// durable) or memory. Reopen() stands for a coordinator's restart.
+class BenchStore {
+ public:
+  BenchStore() : kind_(absl::GetFlag(FLAGS_state)) {
+    if (kind_ == "sqlite") {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "scale_bench.XXXXXX").string();
+      if (mkdtemp(tmpl.data()) == nullptr) bench::Die("mkdtemp");
+      dir_ = tmpl;
+    } else if (kind_ != "memory") {
+      bench::Die("--state must be sqlite or memory");
+    }
+    Reopen();
+  }
+  ~BenchStore() {
+    inner_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // Closes the store and opens it again (memory: the same records).
+  void Reopen() {
+    if (kind_ == "sqlite") {
+      inner_.reset();
+      inner_ = bench::OrDie(SqliteStateStore::Open(dir_), "sqlite");
+    } else if (inner_ == nullptr) {
+      inner_ = std::make_unique<MemoryStateStore>();
+    }
+  }
+  StateStore* get() { return inner_.get(); }
+  const std::string& kind() const { return kind_; }
+
+ private:
+  const std::string kind_;
+  std::string dir_;
+  std::unique_ptr<StateStore> inner_;
 };
 
 // Workers that turn every fragment into the report a correct worker sends, at once, and keep
@@ -191,34 +244,31 @@ class FakeWorkers : public WorkerClient {
   int64_t message_bytes_ = 0;
 };
 
-// The coordinator's managers over `ranks` fake workers (8 a host), composed as
-// coordinator.cc does: meshes "fsdp" [ranks] and "infer" [ranks / tp, tp] (dp, tp).
-class Harness {
- public:
-  Harness(StateStore* store, int64_t ranks, int64_t tp)
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5), store),
-        meshes_(&workers_, store),
-        tensors_(&meshes_, store),
-        view_(&workers_, &tensors_),
-        admission_(&clock_, &timer_, &view_, AdmissionOptions{}),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()) {
-    view_.set_controller(&admission_);
-    workers_.AddListener(&plans_);
-    for (int64_t r = 0; r < ranks; ++r) {
-      const std::string name = absl::StrCat("w", r);
-      const WorkerRecord w = bench::OrDie(
-          workers_.Register(WorkerSpec{name, absl::StrCat("h", r / 8), "cpu", name + ":1", "gloo"}),
-          "register");
-      if (w.rank != r) bench::Die(absl::StrCat(name, " got rank ", w.rank));
-      incarnations_[r] = w.incarnation;
-    }
-    bench::OrDie(meshes_.Create("fsdp", {ranks}, {"fsdp"}, {}), "mesh fsdp");
-    bench::OrDie(meshes_.Create("infer", {ranks / tp, tp}, {"dp", "tp"}, {}), "mesh infer");
+// `ranks` workers registered (8 a host) and the meshes "fsdp" [ranks] and "infer"
+// [ranks / tp, tp] (dp, tp); their incarnations by rank.
+absl::flat_hash_map<int64_t, int64_t> RegisterCluster(WorkerManager* workers, MeshManager* meshes,
+                                                      int64_t ranks, int64_t tp) {
+  absl::flat_hash_map<int64_t, int64_t> incarnations;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const std::string name = absl::StrCat("w", r);
+    const WorkerRecord w = bench::OrDie(
+        workers->Register(WorkerSpec{name, absl::StrCat("h", r / 8), "cpu", name + ":1", "gloo"}),
+        "register");
+    if (w.rank != r) bench::Die(absl::StrCat(name, " got rank ", w.rank));
+    incarnations[r] = w.incarnation;
   }
+  bench::OrDie(meshes->Create("fsdp", {ranks}, {"fsdp"}, {}), "mesh fsdp");
+  bench::OrDie(meshes->Create("infer", {ranks / tp, tp}, {"dp", "tp"}, {}), "mesh infer");
+  return incarnations;
+}
 
-  // Adds a ready tensor with `layout` on `mesh` (spec text `spec`), hidden by the bench until
-  // Publish, as a bulk create does (coordinator/io/tensor_io_bulk.cc).
+// Ready tensors created as a bulk create does (coordinator/io/tensor_io_bulk.cc): each hidden
+// until Publish makes them all visible and stored in one batch.
+class TensorCreator {
+ public:
+  TensorCreator(TensorManager* tensors, absl::flat_hash_map<int64_t, int64_t> incarnations)
+      : tensors_(tensors), incarnations_(std::move(incarnations)) {}
+
   void Create(const std::string& name, const ModelTensor& t, const std::string& mesh,
               std::string spec, const Layout& layout) {
     TensorRecord r;
@@ -228,9 +278,9 @@ class Harness {
     r.mesh = mesh;
     r.spec = std::move(spec);
     r.layout = layout;
-    r.version = tensors_.NewVersion();
+    r.version = tensors_->NewVersion();
     r.owner = kCreator;
-    bench::OrDie(tensors_.Reserve(std::move(r), kCreator), "reserve");
+    bench::OrDie(tensors_->Reserve(std::move(r), kCreator), "reserve");
     LayoutChecksums sums;
     absl::flat_hash_map<int64_t, int64_t> incarnations;
     sums.reserve(layout.ranks().size());
@@ -238,15 +288,46 @@ class Harness {
       sums.emplace_back(rc.chunks.size(), 0);
       incarnations[rc.rank] = incarnations_.at(rc.rank);
     }
-    bench::OrDie(tensors_.FinishCreate(name, kCreator, std::move(sums), std::move(incarnations)),
+    bench::OrDie(tensors_->FinishCreate(name, kCreator, std::move(sums), std::move(incarnations)),
                  "finish create");
     created_.push_back(name);
   }
   // Makes every created tensor visible and stored, in one batch.
   void Publish() {
-    bench::OrDie(tensors_.PublishAll(created_, kCreator), "publish");
+    bench::OrDie(tensors_->PublishAll(created_, kCreator), "publish");
     created_.clear();
   }
+
+ private:
+  static constexpr char kCreator[] = "scale_bench-create";
+
+  TensorManager* const tensors_;
+  const absl::flat_hash_map<int64_t, int64_t> incarnations_;
+  std::vector<std::string> created_;
+};
+
+// The coordinator's managers over `ranks` fake workers, composed as coordinator.cc does.
+class Harness {
+ public:
+  Harness(StateStore* store, int64_t ranks, int64_t tp)
+      : timer_(&clock_),
+        workers_(&clock_, absl::Seconds(5), store),
+        meshes_(&workers_, store),
+        tensors_(&meshes_, store),
+        view_(&workers_, &tensors_),
+        admission_(&clock_, &timer_, &view_, AdmissionOptions{}),
+        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()),
+        creator_(&tensors_, RegisterCluster(&workers_, &meshes_, ranks, tp)) {
+    view_.set_controller(&admission_);
+    workers_.AddListener(&plans_);
+  }
+
+  // Adds a ready tensor with `layout` on `mesh` (spec text `spec`), hidden until Publish.
+  void Create(const std::string& name, const ModelTensor& t, const std::string& mesh,
+              std::string spec, const Layout& layout) {
+    creator_.Create(name, t, mesh, std::move(spec), layout);
+  }
+  void Publish() { creator_.Publish(); }
 
   // Plays every worker: each report collected since the last call goes in.
   void ReportAll() {
@@ -257,8 +338,6 @@ class Harness {
   FakeWorkers& client() { return client_; }
 
  private:
-  static constexpr char kCreator[] = "scale_bench-create";
-
   PlanManagerOptions Options() {
     PlanManagerOptions o;
     o.plan_timeout = absl::Hours(1);
@@ -278,8 +357,7 @@ class Harness {
   Registry registry_;
   CoordinatorMetrics metrics_{&registry_};
   PlanManager plans_;
-  absl::flat_hash_map<int64_t, int64_t> incarnations_;
-  std::vector<std::string> created_;
+  TensorCreator creator_;
 };
 
 std::string SrcName(const ModelTensor& t) { return "trainer/" + t.name; }
@@ -304,6 +382,18 @@ struct Results {
   int64_t max_send = 0, max_recv = 0, max_send_rank = 0, max_recv_rank = 0;
   int64_t bytes_moved = 0, bytes_across_hosts = 0;
   int64_t hwm_before_unprepared = 0;
+  // Prepared transfer.
+  bool prepared = false;
+  double prepared_setup_wall_s = 0;
+  int64_t state_bytes_setup = 0;
+  double prepare_cpu_s = 0, prepare_wall_s = 0, prepare_fake_cpu_s = 0;
+  int64_t prepare_messages = 0, prepare_message_bytes = 0, prepare_state_bytes = 0;
+  int64_t prepared_participants = 0, prepared_templates = 0, prepared_layouts = 0;
+  bench::Stats run_cpu, run_wall;
+  int64_t run_messages = 0, run_message_bytes = 0, state_bytes_per_run = 0;
+  int64_t rss_prepared = 0;  // VmHWM after the prepared transfer's runs.
+  double recovery_s = 0, recovery_cpu_s = 0;
+  std::vector<std::pair<std::string, double>> recovery_steps;  // Each manager's Load, wall.
   // Unprepared group.
   bool unprepared = false;
   int64_t group_tensors = 0;  // Members of the unprepared group (tensors, or a sample).
@@ -324,15 +414,30 @@ void PrintJson(const Results& r) {
   w.Key("tensors").Int(r.tensors);
   w.Key("params").Int(r.params);
   w.Key("ranks").Int(r.ranks);
-  // Keys of the prepared transfer: filled once TransferManager lands.
-  w.Key("prepare_cpu_s").Null();
-  w.Key("prepare_wall_s").Null();
-  w.Key("run_cpu_s").Null();
-  w.Key("run_messages").Null();
-  w.Key("run_message_bytes").Null();
-  w.Key("state_bytes_per_run").Null();
-  w.Key("rss_bytes").Int(r.rss_bytes);
-  w.Key("recovery_s").Null();
+  // Keys of the prepared transfer (null with --noprepared).
+  if (r.prepared) {
+    w.Key("prepare_cpu_s").Double(r.prepare_cpu_s);
+    w.Key("prepare_wall_s").Double(r.prepare_wall_s);
+    w.Key("run_cpu_s").BeginObject();
+    w.Key("best").Double(Best(r.run_cpu)).Key("median").Double(Median(r.run_cpu));
+    w.Key("seconds").BeginArray();
+    for (double x : r.run_cpu.seconds) w.Double(x);
+    w.EndArray().EndObject();
+    w.Key("run_messages").Int(r.run_messages);
+    w.Key("run_message_bytes").Int(r.run_message_bytes);
+    w.Key("state_bytes_per_run").Int(r.state_bytes_per_run);
+    // The peak before the unprepared group: layouts, the worker side's one table, the prepared
+    // transfer's coordinator and its restart.
+    w.Key("rss_bytes").Int(r.hwm_before_unprepared);
+    w.Key("recovery_s").Double(r.recovery_s);
+  } else {
+    for (const char* key : {"prepare_cpu_s", "prepare_wall_s", "run_cpu_s", "run_messages",
+                            "run_message_bytes", "state_bytes_per_run"}) {
+      w.Key(key).Null();
+    }
+    w.Key("rss_bytes").Int(r.rss_bytes);
+    w.Key("recovery_s").Null();
+  }
   w.Key("max_rank_send_bytes").Int(r.max_send);
   w.Key("max_rank_recv_bytes").Int(r.max_recv);
   w.Key("est_data_plane_s_50GBps").Double(std::max(r.max_send, r.max_recv) / 50e9);
@@ -342,6 +447,38 @@ void PrintJson(const Results& r) {
     w.Key("unprepared_group_cpu_s").Null();
   }
   // What this bench adds.
+  if (r.prepared) {
+    w.Key("prepared").BeginObject();
+    w.Key("setup_wall_s").Double(r.prepared_setup_wall_s);
+    w.Key("setup_state_bytes").Int(r.state_bytes_setup);
+    w.Key("prepare_fake_workers_cpu_s").Double(r.prepare_fake_cpu_s);
+    w.Key("prepare_messages").Int(r.prepare_messages);
+    w.Key("prepare_message_bytes").Int(r.prepare_message_bytes);
+    w.Key("prepare_state_bytes").Int(r.prepare_state_bytes);
+    w.Key("participants").Int(r.prepared_participants);
+    w.Key("templates").Int(r.prepared_templates);
+    w.Key("layouts").Int(r.prepared_layouts);
+    w.Key("run_wall_s").BeginObject();
+    w.Key("best").Double(Best(r.run_wall)).Key("median").Double(Median(r.run_wall));
+    w.EndObject();
+    w.Key("rss_after_runs_bytes").Int(r.rss_prepared);
+    w.Key("recovery_cpu_s").Double(r.recovery_cpu_s);
+    w.Key("recovery_wall_s_by_manager").BeginObject();
+    for (const auto& [what, seconds] : r.recovery_steps) w.Key(what).Double(seconds);
+    w.EndObject();
+    w.EndObject();
+    if (r.unprepared && Best(r.run_cpu) > 0) {
+      // Against the unprepared group in the same run (its sample scaled to every tensor).
+      const double unprepared =
+          Best(r.group_cpu) * static_cast<double>(r.tensors) / r.group_tensors;
+      w.Key("run_vs_unprepared").BeginObject();
+      w.Key("unprepared_cpu_s").Double(unprepared);
+      w.Key("extrapolated").Bool(r.group_tensors != r.tensors);
+      w.Key("ratio").Double(unprepared / Best(r.run_cpu));
+      w.EndObject();
+    }
+  }
+  w.Key("rss_end_bytes").Int(r.rss_bytes);
   w.Key("bytes").Int(r.bytes);
   w.Key("tp").Int(r.tp);
   w.Key("templates").Int(r.templates);
@@ -461,9 +598,40 @@ void PrintText(const Results& r) {
   }
   std::printf("  peak RSS %s (%s before the unprepared group)\n", GB(r.rss_bytes).c_str(),
               GB(r.hwm_before_unprepared).c_str());
-  std::printf(
-      "  prepared run (prepare_cpu_s, run_cpu_s, ...): not measured until "
-      "TransferManager lands\n");
+  if (r.prepared) {
+    std::printf(
+        "  prepared transfer (TransferManager, state %s): %lld tensors created and stored in "
+        "%.1f s wall\n",
+        absl::GetFlag(FLAGS_state).c_str(), static_cast<long long>(2 * r.tensors),
+        r.prepared_setup_wall_s);
+    std::printf(
+        "    CreateTransfer: %.3f s coordinator CPU (%.3f s wall; the fake workers' %.3f s "
+        "apart), %lld participants, %lld templates, %lld layouts; %lld messages, %.1f MB to "
+        "workers, %.1f MB to the store\n",
+        r.prepare_cpu_s, r.prepare_wall_s, r.prepare_fake_cpu_s,
+        static_cast<long long>(r.prepared_participants),
+        static_cast<long long>(r.prepared_templates), static_cast<long long>(r.prepared_layouts),
+        static_cast<long long>(r.prepare_messages), r.prepare_message_bytes / 1e6,
+        r.prepare_state_bytes / 1e6);
+    std::printf(
+        "    warm run: coordinator CPU best %.2f ms, median %.2f ms (wall best %.2f ms) over %zu "
+        "runs; %lld messages (%.2f x ranks), %.1f KB to workers; %lld bytes to the store\n",
+        Best(r.run_cpu) * 1e3, Median(r.run_cpu) * 1e3, Best(r.run_wall) * 1e3,
+        r.run_cpu.seconds.size(), static_cast<long long>(r.run_messages),
+        static_cast<double>(r.run_messages) / r.ranks, r.run_message_bytes / 1e3,
+        static_cast<long long>(r.state_bytes_per_run));
+    std::printf("    restart: managers loaded in %.2f s wall (%.2f s CPU)\n", r.recovery_s,
+                r.recovery_cpu_s);
+    if (r.unprepared && Best(r.run_cpu) > 0) {
+      const double unprepared =
+          Best(r.group_cpu) * static_cast<double>(r.tensors) / r.group_tensors;
+      std::printf("    unprepared group / warm run: %.0fx (%s%.1f s / %.2f ms)\n",
+                  unprepared / Best(r.run_cpu), r.group_tensors != r.tensors ? "~" : "", unprepared,
+                  Best(r.run_cpu) * 1e3);
+    }
+    std::printf("    peak RSS before the unprepared group %s\n",
+                GB(r.hwm_before_unprepared).c_str());
+  }
 }
 
 // ---- The worker side of a prepared transfer ------------------------------------------------
@@ -638,30 +806,257 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   if (out->busiest_rank == 0) out->expand_busiest = out->expand_rank0;
 }
 
+// ---- The prepared transfer -----------------------------------------------------------------
+
+// In front of the fake workers: counts the coordinator's messages to workers and their bytes,
+// and the CPU the fakes spend on the bench's one thread (from a call until its answer; the
+// answers come inline, and what runs in the callback is the coordinator's again).
+class MeteredClient : public WorkerClient {
+ public:
+  explicit MeteredClient(WorkerClient* inner) : inner_(inner) {}
+
+  void Execute(const WorkerEndpoint& w, v1::PlanFragment fragment, StatusCallback done) override {
+    const double start = Count(fragment.ByteSizeLong());
+    inner_->Execute(w, std::move(fragment), Timed(start, std::move(done)));
+  }
+  void FinishPlan(const WorkerEndpoint& w, v1::FinishPlanRequest request,
+                  StatusCallback done) override {
+    const double start = Count(request.ByteSizeLong());
+    inner_->FinishPlan(w, std::move(request), Timed(start, std::move(done)));
+  }
+  void Fill(const WorkerEndpoint& w, const v1::FillRequest& request,
+            Callback<v1::FillResponse> done) override {
+    inner_->Fill(w, request, std::move(done));
+  }
+  void DropTensor(const WorkerEndpoint& w, const v1::DropTensorRequest& request,
+                  StatusCallback done) override {
+    const double start = Count(request.ByteSizeLong());
+    inner_->DropTensor(w, request, Timed(start, std::move(done)));
+  }
+  void ReadChunk(const WorkerEndpoint& w, const v1::ReadChunkRequest& request,
+                 Callback<std::string> done) override {
+    inner_->ReadChunk(w, request, std::move(done));
+  }
+  void WriteChunk(const WorkerEndpoint& w, const v1::ChunkData& header, std::string data,
+                  Callback<v1::WriteChunkResponse> done) override {
+    inner_->WriteChunk(w, header, std::move(data), std::move(done));
+  }
+  void PrepareTransfer(const WorkerEndpoint& w,
+                       std::shared_ptr<const v1::PrepareTransferRequest> request,
+                       Callback<v1::PrepareTransferResponse> done) override {
+    // The same page goes to every worker: sized once.
+    const double start = ThreadCpuSeconds();
+    if (request.get() != last_page_) {
+      last_page_ = request.get();
+      last_page_bytes_ = static_cast<int64_t>(request->ByteSizeLong());
+    }
+    ++messages_;
+    message_bytes_ += last_page_bytes_;
+    inner_->PrepareTransfer(w, std::move(request), Timed(start, std::move(done)));
+  }
+  void RunTransfer(const WorkerEndpoint& w, const v1::RunTransferWorkerRequest& request,
+                   absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) override {
+    const double start = Count(request.ByteSizeLong());
+    inner_->RunTransfer(w, request, timeout, Timed(start, std::move(done)));
+  }
+  void DropTransfer(const WorkerEndpoint& w, const v1::DropTransferRequest& request,
+                    StatusCallback done) override {
+    const double start = Count(request.ByteSizeLong());
+    inner_->DropTransfer(w, request, Timed(start, std::move(done)));
+  }
+
+  double fake_cpu() const { return fake_cpu_; }
+  int64_t messages() const { return messages_; }
+  int64_t message_bytes() const { return message_bytes_; }
+
+ private:
+  // Counts one message of `bytes`; the fake's CPU starts.
+  double Count(size_t bytes) {
+    const double start = ThreadCpuSeconds();
+    ++messages_;
+    message_bytes_ += static_cast<int64_t>(bytes);
+    return start;
+  }
+  // `done`, once the fake's CPU since `start` is counted.
+  template <typename T>
+  std::function<void(T)> Timed(double start, std::function<void(T)> done) {
+    return [this, start, done = std::move(done)](T result) {
+      fake_cpu_ += ThreadCpuSeconds() - start;
+      done(std::move(result));
+    };
+  }
+
+  WorkerClient* const inner_;
+  const void* last_page_ = nullptr;
+  int64_t last_page_bytes_ = 0;
+  double fake_cpu_ = 0;  // Single-threaded: the bench's one thread.
+  int64_t messages_ = 0;
+  int64_t message_bytes_ = 0;
+};
+
+// A prepared transfer of the model (trainer -> inference) through a TransferManager composed
+// as the coordinator composes it (coordinator/transfers/transfer_test_util.h's TransferBoot:
+// workers, meshes, tensors, admission, metrics) on the --state store, with fake workers that
+// summarize their parts instead of expanding them (FakeWorkerClient::SetSummarizePrepares: a
+// real worker's answers, each template planned once for all ranks) and answer RunTransfer and
+// FinishPlan at once. Then a restart: new managers load the state written.
+void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts& w,
+                      Results* out) {
+  const int runs = std::max(1, absl::GetFlag(FLAGS_runs));
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  BenchStore inner;
+  CountingStore store(inner.get());
+  FakeClock clock;
+  FakeTimer timer(&clock);
+  Registry registry;
+  CoordinatorMetrics metrics(&registry);
+  FakeWorkerClient fakes;
+  fakes.SetSummarizePrepares(true);
+  MeteredClient client(&fakes);
+  TransferManagerOptions options;
+  options.run_timeout = absl::Hours(1);
+  options.page_bytes = absl::GetFlag(FLAGS_page_bytes);
+  options.max_members = std::max<size_t>(options.max_members, tensors.size());
+  {
+    std::vector<TransferCopy> copies;
+    copies.reserve(n);
+    for (const ModelTensor& t : tensors) copies.push_back({SrcName(t), DstName(t)});
+    double wall = WallSeconds();
+    TransferBoot boot(&clock, &timer, &client, &store, &metrics, options);
+    {
+      TensorCreator creator(&boot.tensors,
+                            RegisterCluster(&boot.workers, &boot.meshes, w.ranks, w.tp));
+      const int64_t total = TotalElements(tensors);
+      for (int64_t i = 0; i < n; ++i) {
+        const ModelTensor& t = tensors[i];
+        creator.Create(SrcName(t), t, "fsdp",
+                       "flat " + FlatSpecToString(FsdpFlatSpec(t, total, w.ranks)),
+                       w.layouts[w.src[i]]);
+        creator.Create(DstName(t), t, "infer", w.placements[w.dst_placements[i]],
+                       w.layouts[w.dst[i]]);
+      }
+      creator.Publish();
+    }
+    out->prepared_setup_wall_s = WallSeconds() - wall;
+    out->state_bytes_setup = store.bytes();
+    Progress(absl::StrCat("prepared: created and stored ", 2 * n, " tensors in ",
+                          out->prepared_setup_wall_s, " s (", store.bytes() / 1e6,
+                          " MB to the store)"));
+
+    // CreateTransfer: check, bind, prepare (the table's pages to every participant, their
+    // answers summed, admission), store.
+    const double fake0 = client.fake_cpu();
+    const int64_t messages0 = client.messages(), bytes0 = client.message_bytes();
+    const int64_t state0 = store.bytes();
+    std::optional<absl::StatusOr<v1::TransferInfo>> info;
+    wall = WallSeconds();
+    double start = ThreadCpuSeconds();
+    boot.transfers->Create("sync", std::move(copies),
+                           [&info](absl::StatusOr<v1::TransferInfo> i) { info = std::move(i); });
+    const double cpu = ThreadCpuSeconds() - start;
+    out->prepare_wall_s = WallSeconds() - wall;
+    if (!info.has_value()) bench::Die("CreateTransfer did not answer inline");
+    const v1::TransferInfo created = bench::OrDie(*std::move(info), "CreateTransfer");
+    out->prepare_fake_cpu_s = client.fake_cpu() - fake0;
+    out->prepare_cpu_s = cpu - out->prepare_fake_cpu_s;
+    out->prepare_messages = client.messages() - messages0;
+    out->prepare_message_bytes = client.message_bytes() - bytes0;
+    out->prepare_state_bytes = store.bytes() - state0;
+    out->prepared_participants = created.participants();
+    out->prepared_templates = created.templates();
+    out->prepared_layouts = created.layouts();
+    if (created.max_rank_send_bytes() != out->max_send ||
+        created.max_rank_recv_bytes() != out->max_recv) {
+      bench::Die(absl::StrCat("the prepared transfer's max send / receive (",
+                              created.max_rank_send_bytes(), ", ", created.max_rank_recv_bytes(),
+                              ") differ from the plans' (", out->max_send, ", ", out->max_recv,
+                              ")"));
+    }
+    Progress(absl::StrCat("CreateTransfer: ", out->prepare_cpu_s,
+                          " s coordinator CPU (fake "
+                          "workers' ",
+                          out->prepare_fake_cpu_s, " s apart), ", out->prepare_messages,
+                          " messages, ", out->prepare_message_bytes / 1e6, " MB"));
+
+    // Warm runs: every one after the preparation.
+    for (int rep = 0; rep < runs; ++rep) {
+      const double run_fake0 = client.fake_cpu(), run_wall0 = WallSeconds();
+      const int64_t run_messages0 = client.messages(), run_bytes0 = client.message_bytes();
+      const int64_t run_state0 = store.bytes();
+      absl::Status started = absl::UnknownError("not started"), ended = started;
+      v1::RunTransferResponse response;
+      start = ThreadCpuSeconds();
+      boot.transfers->Run(
+          "sync",
+          [&started](const absl::Status& s, const v1::RunTransferResponse&) { started = s; },
+          [&ended, &response](const absl::Status& s, const v1::RunTransferResponse& r) {
+            ended = s;
+            response = r;
+          });
+      const double run_cpu = ThreadCpuSeconds() - start - (client.fake_cpu() - run_fake0);
+      const double run_wall = WallSeconds() - run_wall0;
+      bench::OrDie(started, "RunTransfer");
+      bench::OrDie(ended, "the run");
+      if (response.state() != v1::COMMITTED || response.replanned()) {
+        bench::Die(absl::StrCat("run ", rep, ": ", response.ShortDebugString()));
+      }
+      out->run_cpu.seconds.push_back(run_cpu);
+      out->run_wall.seconds.push_back(run_wall);
+      out->run_messages = client.messages() - run_messages0;
+      out->run_message_bytes = client.message_bytes() - run_bytes0;
+      out->state_bytes_per_run = std::max(out->state_bytes_per_run, store.bytes() - run_state0);
+      Progress(absl::StrCat("run ", rep + 1, "/", runs, ": ", run_cpu * 1e3,
+                            " ms coordinator CPU, ", out->run_messages, " messages, ",
+                            store.bytes() - run_state0, " bytes to the store"));
+    }
+    out->rss_prepared = ProcStatusBytes("VmHWM");
+  }
+
+  // A restart: new managers over the same store, loaded in the coordinator's order, ready to
+  // run once the workers registered again (the first run prepares again).
+  const double wall = WallSeconds(), start = ThreadCpuSeconds();
+  inner.Reopen();
+  CountingStore reopened(inner.get());
+  TransferBoot boot(&clock, &timer, &client, &reopened, &metrics, options);
+  double step = WallSeconds();
+  auto timed = [&](const char* what, const absl::Status& s) {
+    bench::OrDie(s, what);
+    out->recovery_steps.emplace_back(what, WallSeconds() - step);
+    step = WallSeconds();
+  };
+  timed("workers", boot.workers.Load());
+  timed("meshes", boot.meshes.Load());
+  timed("tensors", boot.tensors.Load([&boot](int64_t rank, int64_t incarnation) {
+    return boot.workers.WasLiveBeforeRestart(rank, incarnation);
+  }));
+  timed("transfers", boot.transfers->Load());
+  out->recovery_cpu_s = ThreadCpuSeconds() - start;
+  out->recovery_s = WallSeconds() - wall;
+  const v1::TransferInfo loaded = bench::OrDie(boot.transfers->Get("sync", false), "Get");
+  if (loaded.members() != n || loaded.runs() != runs) {
+    bench::Die(absl::StrCat("the loaded transfer: ", loaded.ShortDebugString()));
+  }
+  std::string steps;
+  for (const auto& [what, seconds] : out->recovery_steps) {
+    absl::StrAppend(&steps, steps.empty() ? "" : ", ", what, " ", seconds, " s");
+  }
+  Progress(absl::StrCat("restart: loaded in ", out->recovery_s, " s (", out->recovery_cpu_s,
+                        " s CPU; ", steps, ")"));
+}
+
 // ---- The unprepared group ------------------------------------------------------------------
 
 void Unprepared(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts& w, Results* out) {
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   const std::string state = absl::GetFlag(FLAGS_state);
-  std::string dir;
-  std::unique_ptr<StateStore> inner;
-  if (state == "sqlite") {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "scale_bench.XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) bench::Die("mkdtemp");
-    dir = tmpl;
-    inner = bench::OrDie(SqliteStateStore::Open(dir), "sqlite");
-  } else if (state == "memory") {
-    inner = std::make_unique<MemoryStateStore>();
-  } else {
-    bench::Die("--state must be sqlite or memory");
-  }
+  BenchStore inner;
   out->unprepared = true;
   out->state = state;
   const int64_t n = absl::GetFlag(FLAGS_group_tensors) > 0
                         ? std::min<int64_t>(absl::GetFlag(FLAGS_group_tensors), tensors.size())
                         : static_cast<int64_t>(tensors.size());
   out->group_tensors = n;
-  auto store = std::make_unique<CountingStore>(std::move(inner));
+  auto store = std::make_unique<CountingStore>(inner.get());
   {
     const double wall = WallSeconds();
     Harness h(store.get(), w.ranks, w.tp);
@@ -710,8 +1105,6 @@ void Unprepared(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
                             " s apart)"));
     }
   }
-  store.reset();
-  if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
 int Main() {
@@ -749,6 +1142,10 @@ int Main() {
                         r.rss_after_layouts / 1e9, " GB"));
 
   WorkerSide(tensors, w, &r);
+  if (absl::GetFlag(FLAGS_prepared)) {
+    r.prepared = true;
+    PreparedTransfer(tensors, w, &r);
+  }
   r.hwm_before_unprepared = ProcStatusBytes("VmHWM");
   if (absl::GetFlag(FLAGS_unprepared)) Unprepared(tensors, w, &r);
   r.rss_bytes = ProcStatusBytes("VmHWM");
