@@ -89,9 +89,11 @@ absl::StatusOr<std::unique_ptr<SqliteStateStore>> SqliteStateStore::Open(const s
     sqlite3_close(db);
     return s;
   };
-  // Exclusive locking: the first write below takes the lock and keeps it until close.
-  for (const char* pragma :
-       {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"}) {
+  // Exclusive locking: the first write below takes the lock and keeps it until close. A page
+  // cache of 64 MiB (SQLite's default is 2 MiB): with a model's 10^5 tensor records (~400 MB)
+  // every commit and every load went through the OS page cache a page at a time.
+  for (const char* pragma : {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
+                             "PRAGMA synchronous=FULL", "PRAGMA cache_size=-65536"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
         return fail(absl::FailedPreconditionError(
