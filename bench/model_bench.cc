@@ -8,6 +8,8 @@
 // In one run, every throughput kind interleaved per repetition so each shares the machine's
 // load with the others:
 //   group           one CopyGroup of all 147 tensors, flat source -> pre-created Megatron dsts
+//   transfer        the same 147 copies as a prepared transfer (CreateTransfer once, then
+//                   warm RunTransfers) into Megatron dsts of its own
 //   per_tensor      the same 147 copies as 147 Copy calls, one after another
 //   gloo_floor      raw Gloo alltoallv (//bench:gloo_alltoall, 4 processes) of exactly the
 //                   per-pair byte matrix of the group's plans' transfers
@@ -19,7 +21,8 @@
 // then, after the clusters stop, torch: bench/torch_fsdp_reshard.py (all-gather the flat
 // shards with torch.distributed Gloo, each rank copies out its Megatron shards).
 // Latency: p50/p99 of a 4 KiB redistribute and of a bare unary RPC (GetMesh), in blocks of 20
-// that take turns, and of a RedistributeGroup of --group_tensors 4 KiB tensors.
+// that take turns, and of a RedistributeGroup of --group_tensors 4 KiB tensors; a warm
+// prepared transfer of as many 4 KiB tensors against one 4 KiB Copy.
 // Every destination value is checked once after the timed repetitions (downloads against the
 // fill formula; attached ones inside the user processes' own memory).
 
@@ -73,6 +76,9 @@ ABSL_FLAG(int64_t, intermediate, 2816, "MLP intermediate size.");
 ABSL_FLAG(int64_t, vocab, 32000, "Vocabulary size.");
 ABSL_FLAG(bool, per_tensor, true, "Time the per-tensor copies.");
 ABSL_FLAG(bool, attached, true, "Time the group between attached tensors (user processes).");
+ABSL_FLAG(bool, transfer, true,
+          "Time a prepared transfer of the group's copies (warm runs) and of the small group's "
+          "4 KiB tensors.");
 ABSL_FLAG(bool, budget, true, "Time the group under --memory-budget when workers support it.");
 ABSL_FLAG(int64_t, budget_slack_mib, 64, "Budget above each worker's committed bytes.");
 ABSL_FLAG(bool, torch, true, "Run the torch.distributed peer when available.");
@@ -106,6 +112,7 @@ constexpr char kTpMesh[] = "megatron";   // 2 x 2 (dp, tp), the same four.
 constexpr char kSrc[] = "fsdp/";         // Flat sources (worker-owned).
 constexpr char kDst[] = "tp/";           // The group's Megatron destinations.
 constexpr char kPerTensorDst[] = "pt/";  // The per-tensor copies' destinations.
+constexpr char kTransferDst[] = "xtp/";  // The prepared transfer's Megatron destinations.
 constexpr char kAttachedSrc[] = "afsdp/";
 constexpr char kAttachedDst[] = "atp/";
 constexpr absl::Duration kChildTimeout = absl::Minutes(10);
@@ -205,6 +212,33 @@ double TimePerTensor(CoordinatorClient& c, const Workload& w, const char* src, c
     }
   }
   return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+v1::CreateTransferRequest TransferRequest(const std::string& name,
+                                          const v1::CopyGroupRequest& group) {
+  v1::CreateTransferRequest r;
+  r.set_name(name);
+  *r.mutable_copies() = group.copies();
+  return r;
+}
+
+// One run of a prepared transfer, waited for; its seconds as the client saw them, or why it
+// did not commit (reported, the bench goes on without the transfer's later runs).
+absl::StatusOr<std::pair<double, v1::RunTransferResponse>> TimeTransfer(CoordinatorClient& c,
+                                                                        const std::string& name,
+                                                                        const std::string& what) {
+  v1::RunTransferRequest r;
+  r.set_name(name);
+  r.set_wait(true);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::RunTransferResponse> done = c.RunTransfer(r);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!done.ok())
+    return absl::Status(done.status().code(), absl::StrCat(what, ": ", done.status().message()));
+  if (done->state() != v1::COMMITTED) {
+    return absl::AbortedError(absl::StrCat(what, " ended ", v1::PlanState_Name(done->state())));
+  }
+  return std::make_pair(seconds, *std::move(done));
 }
 
 // Bytes each rank holds of the tensors named by `prefixes` (their layouts' local elements).
@@ -470,7 +504,7 @@ int Run() {
   if (mkdtemp(sockets) == nullptr) Die("mkdtemp");
 
   Kind group{"group"}, per_tensor{"per_tensor"}, gloo{"gloo_floor"}, attached{"group_attached"},
-      budget{"group_budget"}, torch{"torch"};
+      budget{"group_budget"}, torch{"torch"}, transfer{"transfer"};
   const bool run_budget = absl::GetFlag(FLAGS_budget) && WorkerHasMemoryBudget();
   if (!absl::GetFlag(FLAGS_budget)) {
     budget.skipped = "--nobudget";
@@ -479,6 +513,8 @@ int Run() {
   }
   if (!absl::GetFlag(FLAGS_per_tensor)) per_tensor.skipped = "--noper_tensor";
   if (!absl::GetFlag(FLAGS_attached)) attached.skipped = "--noattached";
+  const bool run_transfer = absl::GetFlag(FLAGS_transfer);
+  if (!run_transfer) transfer.skipped = "--notransfer";
 
   ClusterOptions options;
   options.num_workers = kWorkers;
@@ -504,6 +540,7 @@ int Run() {
   say("creating the model: flat sources, Megatron destinations");
   std::vector<const char*> dsts = {kDst};
   if (absl::GetFlag(FLAGS_per_tensor)) dsts.push_back(kPerTensorDst);
+  if (run_transfer) dsts.push_back(kTransferDst);
   CreateModel(client, w, kSrc, dsts, /*attached=*/false);
   const std::vector<int64_t> committed = HeldBytes(client, w, {kSrc, kDst}, ranks);
 
@@ -565,6 +602,26 @@ int Run() {
   }
   const v1::CopyGroupRequest attached_request = GroupRequest(w, kAttachedSrc, kAttachedDst);
   if (users) TimeGroup(client, attached_request, "warm-up attached group");
+  // The prepared transfer: the group's copies into dsts of its own (a group writing a
+  // transfer's dsts would not invalidate it, but the two would share their values); created
+  // (prepared) once, then one warm-up run.
+  int64_t transfer_replanned = 0;
+  double transfer_prepare_seconds = 0;
+  std::string transfer_error, small_transfer_error;  // Runs that failed: reported.
+  if (run_transfer) {
+    say("creating the prepared transfer");
+    const absl::Time start = absl::Now();
+    const v1::TransferInfo info =
+        OrDie(client.CreateTransfer(TransferRequest("model", GroupRequest(w, kSrc, kTransferDst))),
+              "create transfer");
+    transfer_prepare_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (info.bytes_moved() != moved) {
+      Die(absl::StrCat("the transfer moves ", info.bytes_moved(), " bytes, the group ", moved));
+    }
+    if (auto warm = TimeTransfer(client, "model", "warm-up transfer"); !warm.ok()) {
+      transfer_error = warm.status().ToString();
+    }
+  }
   if (budget_cluster) TimeGroup(budget_cluster->client(), group_request, "warm-up budget group");
 
   std::vector<double> paired_gloo, paired_attached;  // Per rep: other's seconds / group's.
@@ -587,6 +644,21 @@ int Run() {
     gloo.stats.seconds.push_back(g.stats.seconds[0]);
     paired_gloo.push_back(g.stats.seconds[0] / seconds);
     absl::StrAppend(&line, ", gloo_floor ", g.stats.seconds[0], " s");
+    if (run_transfer && transfer_error.empty()) {
+      cpu = bench::ProcessCpuSeconds(pids);
+      auto timed = TimeTransfer(client, "model", "transfer");
+      if (timed.ok()) {
+        auto [t, tr] = *std::move(timed);
+        transfer.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - cpu);
+        if (tr.bytes_moved() != moved) Die("a transfer run moved a different byte count");
+        transfer_replanned += tr.replanned() ? 1 : 0;
+        transfer.stats.seconds.push_back(t);
+        absl::StrAppend(&line, ", transfer ", t, " s");
+      } else {
+        transfer_error = timed.status().ToString();
+        absl::StrAppend(&line, ", transfer failed: ", transfer_error);
+      }
+    }
     if (users) {
       cpu = bench::ProcessCpuSeconds(pids);
       auto [a, ar] = TimeGroup(client, attached_request, "attached group");
@@ -609,6 +681,8 @@ int Run() {
   per_tensor.ran = absl::GetFlag(FLAGS_per_tensor);
   attached.ran = users != nullptr;
   budget.ran = budget_cluster != nullptr;
+  transfer.ran = run_transfer && !transfer.stats.seconds.empty();
+  if (run_transfer && !transfer.ran) transfer.skipped = transfer_error;
 
   // What the budget workers report about their memory.
   std::vector<WorkerMemory> budget_memory;
@@ -638,6 +712,7 @@ int Run() {
     };
     check_model(client, kDst);
     if (per_tensor.ran) check_model(client, kPerTensorDst);
+    if (transfer.ran && transfer_error.empty()) check_model(client, kTransferDst);
     if (budget_cluster) check_model(budget_cluster->client(), kDst);
     if (users) checked += users->Check();
   }
@@ -705,6 +780,61 @@ int Run() {
       ++checked;
     }
   }
+  // A prepared transfer of group_tensors 4 KiB tensors (S(0) -> S(1) on the flat mesh),
+  // warm, against one 4 KiB copy of the same layouts.
+  Stats small_transfer, copy_4k;
+  if (run_transfer) {
+    say(absl::StrCat("timing ", group_reps, " warm transfers of ", group_tensors,
+                     " 4 KiB tensors and ", latency_runs, " 4 KiB copies"));
+    v1::CreateTransferRequest r;
+    r.set_name("small");
+    for (int i = 0; i < group_tensors; ++i) {
+      const std::string src = absl::StrCat("tsmall/", i), dst = absl::StrCat("tsmallx/", i);
+      OrDie(CreateFilled(client, src, {32, 32}, DType::kF32, kFlatMesh, "S(0)"), "create " + src);
+      OrDie(CreateFilled(client, dst, {32, 32}, DType::kF32, kFlatMesh, "S(1)", false, v1::ZEROS),
+            "create " + dst);
+      v1::CopyPair* pair = r.add_copies();
+      pair->set_src(src);
+      pair->set_dst(dst);
+    }
+    OrDie(client.CreateTransfer(r), "create small transfer");
+    for (int rep = -1; rep < group_reps && small_transfer_error.empty(); ++rep) {
+      auto timed =
+          TimeTransfer(client, "small",
+                       rep < 0 ? "warm-up small transfer" : absl::StrCat("small transfer ", rep));
+      if (!timed.ok()) {
+        small_transfer_error = timed.status().ToString();
+        say(absl::StrCat("  the small transfer failed: ", small_transfer_error));
+        break;
+      }
+      transfer_replanned += timed->second.replanned() ? 1 : 0;
+      if (rep >= 0) small_transfer.seconds.push_back(timed->first);
+    }
+    OrDie(CreateFilled(client, "small_copy", {32, 32}, DType::kF32, kFlatMesh, "S(1)", false,
+                       v1::ZEROS),
+          "create small_copy");
+    v1::CopyRequest copy;
+    copy.set_src("small");
+    copy.set_dst("small_copy");
+    copy.set_wait(true);
+    OrDie(client.Copy(copy), "warm-up copy");
+    for (int i = 0; i < latency_runs; ++i) {
+      const absl::Time start = absl::Now();
+      v1::CopyResponse done = OrDie(client.Copy(copy), "copy small");
+      if (done.progress().state() != v1::COMMITTED) Die("a 4 KiB copy did not commit");
+      copy_4k.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    if (check && small_transfer_error.empty()) {
+      for (int i = 0; i < group_tensors; ++i) {
+        absl::Status s = DownloadAndCheck(client, absl::StrCat("tsmallx/", i), DType::kF32,
+                                          {32, 32}, FillKind::kArange);
+        if (!s.ok()) Die(absl::StrCat("tsmallx/", i, ": ", s.ToString()));
+        ++checked;
+      }
+    }
+  }
+  if (small_transfer.seconds.empty()) small_transfer.seconds.push_back(0);
+  if (copy_4k.seconds.empty()) copy_4k.seconds.push_back(0);
   users.reset();
   cluster.reset();  // The torch peer runs without the daemons around.
 
@@ -735,6 +865,7 @@ int Run() {
 
   const double lat_p50 = latency.Percentile(50), rpc_p50 = bare_rpc.Percentile(50);
   const double group_p50 = small_group.Percentile(50);
+  const double transfer_p50 = small_transfer.Percentile(50), copy_p50 = copy_4k.Percentile(50);
   if (json) {
     JsonWriter j;
     j.BeginObject();
@@ -748,8 +879,13 @@ int Run() {
     j.Key("pair_bytes").IntArray(matrix);
     j.Key("reps").Int(reps);
     j.Key("first_group_seconds").Double(first_seconds);
-    for (const Kind* k : {&group, &per_tensor, &gloo, &torch, &attached, &budget}) {
+    for (const Kind* k : {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget}) {
       WriteKind(j, *k, moved);
+    }
+    if (run_transfer) {
+      j.Key("transfer_prepare_seconds").Double(transfer_prepare_seconds);
+      j.Key("transfer_replanned_runs").Int(transfer_replanned);
+      if (!transfer_error.empty()) j.Key("transfer_error").String(transfer_error);
     }
     if (attached.ran) j.Key("attached_huge_pages").Bool(attached_huge_pages);
     if (budget.ran) {
@@ -773,6 +909,8 @@ int Run() {
     j.Key("group_vs_per_tensor").Double(Ratio(group, per_tensor));
     j.Key("group_vs_torch").Double(Ratio(group, torch));
     j.Key("group_budget_vs_gloo_floor").Double(Ratio(budget, gloo));
+    j.Key("transfer_vs_gloo_floor").Double(Ratio(transfer, gloo));
+    j.Key("transfer_vs_group").Double(Ratio(transfer, group));
     j.Key("group_attached_vs_group").Double(Ratio(attached, group));
     if (attached.ran) {
       j.Key("group_attached_vs_group_worker_cpu")
@@ -783,6 +921,9 @@ int Run() {
     }
     j.Key("latency_4k_p50_vs_bare_rpc_p50").Double(lat_p50 / rpc_p50);
     j.Key("group_small_p50_vs_4k_p50").Double(group_p50 / lat_p50);
+    if (run_transfer) {
+      j.Key("transfer_1000_p50_vs_copy_4k_p50").Double(transfer_p50 / copy_p50);
+    }
     j.EndObject();
     j.Key("latency").BeginObject();
     j.Key("runs").Int(latency_runs);
@@ -799,6 +940,13 @@ int Run() {
     j.Key("group_p99_ms").Double(small_group.Percentile(99) * 1e3);
     j.Key("group_coordinator_cpu_mean_ms").Double(group_coordinator_cpu * 1e3);
     j.Key("group_workers_cpu_mean_ms").Double(group_workers_cpu * 1e3);
+    if (!small_transfer_error.empty()) j.Key("transfer_1000_error").String(small_transfer_error);
+    if (run_transfer) {
+      j.Key("transfer_1000_p50_ms").Double(transfer_p50 * 1e3);
+      j.Key("transfer_1000_p99_ms").Double(small_transfer.Percentile(99) * 1e3);
+      j.Key("copy_4k_p50_ms").Double(copy_p50 * 1e3);
+      j.Key("copy_4k_p99_ms").Double(copy_4k.Percentile(99) * 1e3);
+    }
     j.Key("group_phases_median_ms").BeginObject();
     for (const bench::Phase& ph : group_phases) j.Key(ph.name).Double(ph.stats.Median() * 1e3);
     j.EndObject();
@@ -816,7 +964,7 @@ int Run() {
       static_cast<long long>(moved), static_cast<long long>(first.lower_bound_bytes()), reps,
       first_seconds);
   std::printf("%-16s %10s %10s %10s %16s\n", "", "best s", "median s", "GB/s", "workers' CPU s");
-  for (const Kind* k : {&group, &per_tensor, &gloo, &torch, &attached, &budget}) {
+  for (const Kind* k : {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget}) {
     if (k->ran) {
       std::printf("%-16s %10.4f %10.4f %10.3f %16s\n", k->name.c_str(), k->stats.Best(),
                   k->stats.Median(), GBps(moved, k->stats.Best()),
@@ -847,6 +995,8 @@ int Run() {
   std::printf("  group / per_tensor        %6.3f  (goal >= 3)\n", Ratio(group, per_tensor));
   std::printf("  group / torch             %6.3f  (goal >= 2)\n", Ratio(group, torch));
   std::printf("  group_budget / gloo_floor %6.3f  (goal >= 0.6)\n", Ratio(budget, gloo));
+  std::printf("  transfer / gloo_floor     %6.3f  (goal >= 0.9; transfer / group %.3f)\n",
+              Ratio(transfer, gloo), Ratio(transfer, group));
   std::printf("  group_attached / group    %6.3f  (goal >= 0.9%s)\n", Ratio(attached, group),
               attached.ran
                   ? absl::StrFormat("; paired median %.3f; workers' CPU %.3f",
@@ -873,6 +1023,17 @@ int Run() {
   print_phases(group_phases);
   std::printf("  its CPU, mean ms: coordinator %.1f, the 4 workers %.1f\n",
               group_coordinator_cpu * 1e3, group_workers_cpu * 1e3);
+  if (!small_transfer_error.empty()) {
+    std::printf("  the small transfer failed (%s): its numbers cover the runs before\n",
+                small_transfer_error.c_str());
+  }
+  if (run_transfer) {
+    std::printf(
+        "  warm transfer of %d x 4 KiB: p50 %.1f ms p99 %.1f ms; one 4 KiB copy p50 %.3f ms; "
+        "ratio %.1f (goal <= 5)\n",
+        group_tensors, transfer_p50 * 1e3, small_transfer.Percentile(99) * 1e3, copy_p50 * 1e3,
+        transfer_p50 / copy_p50);
+  }
   if (!small_group_error.empty()) {
     std::printf("  the small group failed (%s): its numbers cover the reps before\n",
                 small_group_error.c_str());

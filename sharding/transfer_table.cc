@@ -20,6 +20,16 @@ bool HoldsChunks(const Layout& layout, int64_t rank) {
   return rc != nullptr && !rc->chunks.empty();
 }
 
+// Adds member `i`'s target chunks on a rank to the rank's replica key (RankTransfer::
+// replica_key): ExpandTransfer and SummarizeTransfer hash alike.
+void AddReplica(size_t i, const RankChunks& target, StableHash* key) {
+  key->Add(i);
+  for (const Chunk& c : target.chunks) {
+    key->Add(c.box);
+    key->Add(static_cast<uint64_t>(c.partial_index));
+  }
+}
+
 }  // namespace
 
 void StableHash::Add(uint64_t v) {
@@ -195,11 +205,7 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
     out.bytes_received += received_of[k];
     if (!shape.target.chunks.empty()) {
       holds_target = true;
-      replicas.Add(i);
-      for (const Chunk& c : shape.target.chunks) {
-        replicas.Add(c.box);
-        replicas.Add(static_cast<uint64_t>(c.partial_index));
-      }
+      AddReplica(i, shape.target, &replicas);
       if (!m.dst_attached) out.target_bytes += shape.target.local_elements * ElementSize(m.dtype);
     }
   }
@@ -213,6 +219,114 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
       auto it = options.incarnations.find(r);
       f.member_incarnations[r] = it == options.incarnations.end() ? 0 : it->second;
     }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable& table) {
+  if (absl::Status s = ValidateTransferTable(table); !s.ok()) return s;
+  int64_t ranks = static_cast<int64_t>(table.hosts_by_rank.size());
+  for (const Layout& layout : table.layouts) {
+    for (const RankChunks& rc : layout.ranks()) ranks = std::max(ranks, rc.rank + 1);
+  }
+  std::vector<RankTransfer> out(static_cast<size_t>(ranks));
+  const TransferTemplates templates = TemplatesOf(table);
+  std::vector<size_t> first_member(templates.templates.size(), table.members.size());
+  std::vector<int64_t> members_of(templates.templates.size(), 0);
+  for (size_t i = table.members.size(); i-- > 0;) {
+    first_member[templates.of_member[i]] = i;
+    ++members_of[templates.of_member[i]];
+  }
+  PlanOptions plan_options;
+  plan_options.hosts_by_rank = table.hosts_by_rank;
+  plan_options.use_collectives = false;
+
+  // Each template planned once; its bytes go to the ranks that send and receive them, as each
+  // rank's ExpandTransfer counts them.
+  for (size_t k = 0; k < templates.templates.size(); ++k) {
+    const TransferTemplate& t = templates.templates[k];
+    const Layout& src = table.layouts[t.src_layout];
+    const Layout& dst = table.layouts[t.dst_layout];
+    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, plan_options);
+    if (!plan.ok()) {
+      const TransferMemberSpec& m = table.members[first_member[k]];
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("members[", first_member[k], "] ('", m.src, "' -> '", m.dst,
+                                       "'): ", plan.status().message()));
+    }
+    const int64_t members = members_of[k];
+    // The ranks that plan it: holders of source chunks and ranks of the target.
+    std::vector<int64_t> planners;
+    for (const RankChunks& rc : src.ranks()) {
+      if (!rc.chunks.empty()) planners.push_back(rc.rank);
+    }
+    for (const RankChunks& rc : dst.ranks()) planners.push_back(rc.rank);
+    std::sort(planners.begin(), planners.end());
+    planners.erase(std::unique(planners.begin(), planners.end()), planners.end());
+    for (int64_t r : planners) ++out[r].templates_planned;
+    const std::vector<int64_t> participants = PlanParticipants(*plan);
+    if (!participants.empty()) {
+      out[participants.front()].owned_bytes_moved += plan->bytes_moved * members;
+      out[participants.front()].owned_lower_bound_bytes += plan->lower_bound_bytes * members;
+    }
+    for (const Step& step : plan->steps) {
+      for (const Transfer& tr : step.transfers) {
+        out[tr.src].bytes_sent += tr.bytes * members;
+        out[tr.dst].bytes_received += tr.bytes * members;
+      }
+    }
+  }
+
+  // Target bytes and replica keys follow from each rank's target chunks of every member:
+  // computed once per class of ranks whose target chunks are equal in every dst layout (the
+  // replicas of a data-parallel engine), then shared.
+  std::vector<int32_t> dst_layouts;
+  for (const TransferMemberSpec& m : table.members) dst_layouts.push_back(m.dst_layout);
+  std::sort(dst_layouts.begin(), dst_layouts.end());
+  dst_layouts.erase(std::unique(dst_layouts.begin(), dst_layouts.end()), dst_layouts.end());
+  auto target_of = [&table](int32_t layout, int64_t rank) -> const RankChunks* {
+    const RankChunks* rc = table.layouts[layout].Find(rank);
+    return rc != nullptr && !rc->chunks.empty() ? rc : nullptr;
+  };
+  auto same_targets = [&](int64_t a, int64_t b) {
+    for (int32_t l : dst_layouts) {
+      const RankChunks* x = target_of(l, a);
+      const RankChunks* y = target_of(l, b);
+      if ((x == nullptr) != (y == nullptr)) return false;
+      if (x != nullptr && (x->chunks != y->chunks || x->local_elements != y->local_elements)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  absl::flat_hash_map<uint64_t, std::vector<int64_t>> classes;  // By a hash of the targets.
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    StableHash signature;
+    for (int32_t l : dst_layouts) {
+      if (const RankChunks* rc = target_of(l, rank); rc != nullptr) {
+        AddReplica(static_cast<size_t>(l), *rc, &signature);
+      }
+    }
+    std::vector<int64_t>& same = classes[signature.value()];
+    auto it = std::find_if(same.begin(), same.end(),
+                           [&](int64_t other) { return same_targets(other, rank); });
+    if (it != same.end()) {
+      out[rank].target_bytes = out[*it].target_bytes;
+      out[rank].replica_key = out[*it].replica_key;
+      continue;
+    }
+    same.push_back(rank);
+    StableHash replicas;
+    bool holds_target = false;
+    for (size_t i = 0; i < table.members.size(); ++i) {
+      const TransferMemberSpec& m = table.members[i];
+      const RankChunks* rc = target_of(m.dst_layout, rank);
+      if (rc == nullptr) continue;
+      holds_target = true;
+      AddReplica(i, *rc, &replicas);
+      if (!m.dst_attached) out[rank].target_bytes += rc->local_elements * ElementSize(m.dtype);
+    }
+    out[rank].replica_key = holds_target ? replicas.value() : 0;
   }
   return out;
 }

@@ -107,6 +107,14 @@ struct RankTransfer {
 absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t rank,
                                             const ExpandOptions& options);
 
+// What ExpandTransfer computes for each rank, without any rank's fragment: bytes sent and
+// received, target bytes, replica key, owned totals and templates planned, indexed by rank
+// (every rank below the table's hosts_by_rank size and its layouts' ranks; ranks outside every
+// layout have zeros), each template planned once rather than once per rank. For fake workers
+// and benchmarks of a coordinator at 10^3 ranks, where every rank's expansion would plan each
+// template up to 10^3 times. Errors as ExpandTransfer's.
+absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable& table);
+
 // A 64-bit hash that is the same in every process and build (absl::Hash is seeded per
 // process): digests workers compare across machines.
 class StableHash {

@@ -205,6 +205,34 @@ TEST(TransferTableTest, ReplicasShareAKeyAndTargetBytesCountNewBuffersOnly) {
   EXPECT_EQ(by_rank[2].target_bytes, 2 * 16 * 4 + 6 * 4);
 }
 
+// SummarizeTransfer plans each template once and agrees with every rank's own expansion.
+TEST(TransferTableTest, SummaryIsEachRanksExpansionWithoutItsFragment) {
+  TransferTable table = Table();
+  table.members[2].dst_attached = true;  // c: its replicas' keys still agree, no new buffer.
+  absl::StatusOr<std::vector<RankTransfer>> summary = SummarizeTransfer(table);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  ASSERT_EQ(summary->size(), 6u);
+  for (int64_t rank = 0; rank < 6; ++rank) {
+    absl::StatusOr<RankTransfer> want = ExpandTransfer(table, rank, Options());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const RankTransfer& got = (*summary)[rank];
+    EXPECT_EQ(got.bytes_sent, want->bytes_sent) << rank;
+    EXPECT_EQ(got.bytes_received, want->bytes_received) << rank;
+    EXPECT_EQ(got.target_bytes, want->target_bytes) << rank;
+    EXPECT_EQ(got.replica_key, want->replica_key) << rank;
+    EXPECT_EQ(got.owned_bytes_moved, want->owned_bytes_moved) << rank;
+    EXPECT_EQ(got.owned_lower_bound_bytes, want->owned_lower_bound_bytes) << rank;
+    EXPECT_EQ(got.templates_planned, want->templates_planned) << rank;
+    EXPECT_THAT(got.fragment.members, IsEmpty());
+  }
+  EXPECT_EQ((*summary)[2].replica_key, (*summary)[4].replica_key);
+  EXPECT_NE((*summary)[2].replica_key, (*summary)[3].replica_key);
+
+  TransferTable bad = Table();
+  bad.members[1].dst_layout = 9;
+  EXPECT_THAT(ErrorOf(SummarizeTransfer(bad)), HasSubstr("members[1].dst_layout"));
+}
+
 TEST(TransferTableTest, ARankOutsideEveryLayoutHasNothing) {
   absl::StatusOr<RankTransfer> got = ExpandTransfer(Table(), 9, Options());
   ASSERT_TRUE(got.ok()) << got.status();

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cassert>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -52,7 +54,58 @@ constexpr char kVersionCounter[] = "tensor_version";
 // Versions are stored as used in blocks, so a plan does not cost a store write.
 constexpr int64_t kVersionBlock = 1024;
 
-absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
+// The layouts of the records a Load parses, interned: a model's 10^5 tensors have a few
+// thousand distinct layouts, and each is built and checked once and its representation shared
+// (a layout of a 10^3-rank mesh is 10^3 rank entries: built per tensor, a restart would take
+// minutes and twice the memory). Keyed by every field of the proto but the checksums (each
+// record's own).
+class LayoutInterner {
+ public:
+  // `proto` as a Layout (LayoutFromProto's errors) and its checksums.
+  absl::StatusOr<Layout> Intern(const v1::Layout& proto, LayoutChecksums* checksums) {
+    key_.clear();
+    checksums->clear();
+    checksums->reserve(proto.ranks_size());
+    Add(proto.global_shape());
+    key_.push_back(proto.num_partials());
+    key_.push_back(static_cast<int64_t>(proto.partial_op()));
+    key_.push_back(proto.ranks_size());
+    for (const v1::RankChunks& rc : proto.ranks()) {
+      key_.push_back(rc.rank());
+      key_.push_back(rc.local_elements());
+      Add(rc.coord());
+      key_.push_back(rc.chunks_size());
+      ChunkChecksums& sums = checksums->emplace_back();
+      sums.reserve(rc.chunks_size());
+      for (const v1::Chunk& c : rc.chunks()) {
+        Add(c.box().offset());
+        Add(c.box().shape());
+        key_.push_back(c.local_offset());
+        key_.push_back(c.partial_index());
+        sums.push_back(c.checksum());
+      }
+    }
+    std::vector<std::pair<std::vector<int64_t>, Layout>>& same = by_hash_[absl::HashOf(key_)];
+    for (const auto& [key, layout] : same) {
+      if (key == key_) return layout;
+    }
+    absl::StatusOr<Layout> layout = LayoutFromProto(proto, "layout");
+    if (!layout.ok()) return layout.status();
+    same.emplace_back(key_, *layout);
+    return layout;
+  }
+
+ private:
+  void Add(const google::protobuf::RepeatedField<int64_t>& values) {
+    key_.push_back(values.size());
+    key_.insert(key_.end(), values.begin(), values.end());
+  }
+
+  std::vector<int64_t> key_;  // The last proto's.
+  absl::flat_hash_map<size_t, std::vector<std::pair<std::vector<int64_t>, Layout>>> by_hash_;
+};
+
+absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r, LayoutInterner* layouts) {
   v1::StoredTensor in;
   auto bad = [&r](absl::string_view why) {
     return absl::InternalError(
@@ -68,7 +121,7 @@ absl::StatusOr<TensorRecord> ParseTensor(const StateRecord& r) {
   t.dtype = *dtype;
   t.mesh = in.info().mesh();
   t.spec = in.info().spec();
-  absl::StatusOr<Layout> layout = LayoutFromProto(in.info().layout(), "layout", &t.checksums);
+  absl::StatusOr<Layout> layout = layouts->Intern(in.info().layout(), &t.checksums);
   if (!layout.ok()) return bad(layout.status().message());
   t.layout = *std::move(layout);
   t.version = in.info().version();
@@ -152,9 +205,17 @@ absl::Status TensorManager::RecoveringError(const TensorRecord& t) {
 
 absl::Status TensorManager::Load(const LivenessFn& was_live) {
   if (store_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::vector<StateRecord>> records = store_->LoadAll();
+  // The version counter, then the tensors: only this manager's kinds are read.
+  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kCounterKind);
   if (!records.ok()) return records.status();
+  {
+    absl::StatusOr<std::vector<StateRecord>> tensors = store_->Load(kTensorKind);
+    if (!tensors.ok()) return tensors.status();
+    records->reserve(records->size() + tensors->size());
+    std::move(tensors->begin(), tensors->end(), std::back_inserter(*records));
+  }
   std::vector<std::pair<std::string, std::string>> users;  // (mesh, tensor)
+  LayoutInterner layouts;
   {
     absl::MutexLock lock(&mu_);
     for (const StateRecord& r : *records) {
@@ -167,7 +228,7 @@ absl::Status TensorManager::Load(const LivenessFn& was_live) {
         continue;
       }
       if (r.kind != kTensorKind) continue;
-      absl::StatusOr<TensorRecord> t = ParseTensor(r);
+      absl::StatusOr<TensorRecord> t = ParseTensor(r, &layouts);
       if (!t.ok()) return t.status();
       last_version_ = std::max(last_version_, t->version);
       for (const RankChunks& rc : t->layout.ranks()) {

@@ -1,10 +1,13 @@
 #include "coordinator/state/tensor_manager.h"
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "coordinator/store/sqlite_state_store.h"
 #include "gmock/gmock.h"
@@ -388,6 +391,54 @@ TEST(TensorManagerStoreTest, EndRecoveryLosesTheRanksStillAwaited) {
   tensors.EndRecovery();
   ASSERT_TRUE(tensors.Get("T").ok());
   EXPECT_TRUE(tensors.Recovering().empty());
+}
+
+// A restart builds each distinct layout once (interned, shared by every tensor of it); each
+// tensor keeps its own checksums.
+TEST(TensorManagerStoreTest, LoadSharesLayoutsAndKeepsEachTensorsChecksums) {
+  MemoryStateStore store;
+  FakeClock clock;
+  WorkerManager workers(&clock, absl::Seconds(5), &store);
+  MeshManager meshes(&workers, &store);
+  for (const char* name : {"w0", "w1", "w2", "w3"}) {
+    ASSERT_TRUE(workers.Register(WorkerSpec{name, "h", "cpu", "a", "gloo"}).ok());
+  }
+  ASSERT_TRUE(meshes.Create("M", {2, 2}, {}, {}).ok());
+  absl::flat_hash_map<int64_t, int64_t> holders;
+  for (int64_t r = 0; r < 4; ++r) holders[r] = workers.GetByRank(r)->incarnation;
+  const std::vector<std::tuple<std::string, std::string, LayoutChecksums>> made = {
+      {"A", "S(0),R", {{1}, {1}, {2}, {2}}},
+      {"B", "S(0),R", {{3}, {3}, {4}, {4}}},
+      {"C", "R,S(0)", {{5}, {6}, {5}, {6}}},
+  };
+  std::map<std::string, Layout> layouts;
+  {
+    TensorManager tensors(&meshes, &store);
+    for (const auto& [name, spec, sums] : made) {
+      TensorRecord t;
+      t.name = name;
+      t.shape = {8, 4};
+      t.mesh = "M";
+      t.spec = spec;
+      t.layout = *Layout::FromPlacements(meshes.Get("M")->mesh, t.shape, *ParsePlacements(spec));
+      layouts[name] = t.layout;
+      t.version = tensors.NewVersion();
+      ASSERT_TRUE(tensors.Reserve(t, "c").ok());
+      ASSERT_TRUE(tensors.FinishCreate(name, "c", sums, holders).ok());
+    }
+  }
+  MeshManager meshes2(&workers, &store);
+  ASSERT_TRUE(meshes2.Load().ok());
+  TensorManager tensors(&meshes2, &store);
+  ASSERT_TRUE(tensors.Load([](int64_t, int64_t) { return false; }).ok());
+  for (const auto& [name, spec, sums] : made) {
+    absl::StatusOr<TensorRecord> t = tensors.Get(name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->layout, layouts[name]) << name;
+    EXPECT_EQ(t->checksums, sums) << name;
+  }
+  EXPECT_EQ(tensors.Get("A")->layout, tensors.Get("B")->layout);
+  EXPECT_FALSE(tensors.Get("A")->layout == tensors.Get("C")->layout);
 }
 
 // A store that refuses every batch once told to, like a full disk.

@@ -89,9 +89,11 @@ absl::StatusOr<std::unique_ptr<SqliteStateStore>> SqliteStateStore::Open(const s
     sqlite3_close(db);
     return s;
   };
-  // Exclusive locking: the first write below takes the lock and keeps it until close.
-  for (const char* pragma :
-       {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL"}) {
+  // Exclusive locking: the first write below takes the lock and keeps it until close. A page
+  // cache of 64 MiB (SQLite's default is 2 MiB): with a model's 10^5 tensor records (~400 MB)
+  // every commit and every load went through the OS page cache a page at a time.
+  for (const char* pragma : {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
+                             "PRAGMA synchronous=FULL", "PRAGMA cache_size=-65536"}) {
     if (absl::Status s = Exec(db, pragma); !s.ok()) {
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
         return fail(absl::FailedPreconditionError(
@@ -201,10 +203,10 @@ absl::Status SqliteStateStore::WriteLocked(const StateBatch& batch) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
-  absl::MutexLock lock(&mu_);
-  Statement q(db_, "SELECT kind, name, value FROM records ORDER BY kind, name");
-  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+namespace {
+
+// The rows of `q` (kind, name, value) as records.
+absl::StatusOr<std::vector<StateRecord>> ReadRecords(sqlite3* db, const Statement& q) {
   std::vector<StateRecord> out;
   int rc;
   while ((rc = sqlite3_step(q.get())) == SQLITE_ROW) {
@@ -215,8 +217,27 @@ absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
     r.value.assign(static_cast<const char*>(blob), sqlite3_column_bytes(q.get(), 2));
     out.push_back(std::move(r));
   }
-  if (rc != SQLITE_DONE) return SqliteError(db_, rc, "load");
+  if (rc != SQLITE_DONE) return SqliteError(db, rc, "load");
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::Load(absl::string_view kind) const {
+  absl::MutexLock lock(&mu_);
+  // The primary key's range: only this kind's rows are read.
+  Statement q(db_, "SELECT kind, name, value FROM records WHERE kind = ?1 ORDER BY name");
+  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+  const std::string text(kind);
+  if (absl::Status s = BindText(q.get(), 1, text); !s.ok()) return s;
+  return ReadRecords(db_, q);
+}
+
+absl::StatusOr<std::vector<StateRecord>> SqliteStateStore::LoadAll() const {
+  absl::MutexLock lock(&mu_);
+  Statement q(db_, "SELECT kind, name, value FROM records ORDER BY kind, name");
+  if (q.rc() != SQLITE_OK) return SqliteError(db_, q.rc(), "prepare load");
+  return ReadRecords(db_, q);
 }
 
 }  // namespace shardcoord

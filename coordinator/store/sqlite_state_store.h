@@ -16,9 +16,9 @@ struct sqlite3_stmt;
 
 namespace shardcoord {
 
-// StateStore in one SQLite database, DIR/state.db, in WAL mode with synchronous=FULL: Apply
-// is one transaction and returns after its commit reached the disk (a batch with sync false:
-// after it reached the OS, synchronous=NORMAL). Schema (version 1):
+// StateStore in one SQLite database, DIR/state.db, in WAL mode with synchronous=FULL and a
+// 64 MiB page cache: Apply is one transaction and returns after its commit reached the disk (a
+// batch with sync false: after it reached the OS, synchronous=NORMAL). Schema (version 1):
 //   records(kind TEXT, name TEXT, value BLOB, PRIMARY KEY (kind, name)) WITHOUT ROWID
 //   meta(key TEXT PRIMARY KEY, value TEXT)  -- "schema_version" = "1"
 // The database is opened with locking_mode=EXCLUSIVE and locked at Open, so a second
@@ -36,6 +36,7 @@ class SqliteStateStore : public StateStore {
 
   absl::Status Apply(const StateBatch& batch) override;
   absl::StatusOr<std::vector<StateRecord>> LoadAll() const override;
+  absl::StatusOr<std::vector<StateRecord>> Load(absl::string_view kind) const override;
   std::string Describe() const override { return "sqlite:" + path_; }
 
  private:

@@ -42,6 +42,16 @@ absl::StatusOr<std::vector<StateRecord>> MemoryStateStore::LoadAll() const {
   return out;
 }
 
+absl::StatusOr<std::vector<StateRecord>> MemoryStateStore::Load(absl::string_view kind) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<StateRecord> out;
+  for (auto it = records_.lower_bound({std::string(kind), std::string()});
+       it != records_.end() && it->first.first == kind; ++it) {
+    out.push_back({it->first.first, it->first.second, it->second});
+  }
+  return out;
+}
+
 int64_t MemoryStateStore::applies() const {
   absl::MutexLock lock(&mu_);
   return applies_;

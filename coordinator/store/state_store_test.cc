@@ -37,6 +37,9 @@ void CheckContract(StateStore& store) {
   b.Delete("mesh", "m1");
   b.Delete("mesh", "absent");
   b.Put("tensor", "u", "y");
+  // Kinds that sort next to "mesh" are not its records.
+  b.Put("mes", "z", "another kind");
+  b.Put("meshes", "a", "another kind");
   ASSERT_TRUE(store.Apply(b).ok());
   absl::StatusOr<std::vector<StateRecord>> meshes = store.Load("mesh");
   ASSERT_TRUE(meshes.ok());
@@ -71,10 +74,12 @@ TEST(SqliteStateStoreTest, ContractAndReopen) {
   ASSERT_TRUE(again.ok()) << again.status();
   absl::StatusOr<std::vector<StateRecord>> all = (*again)->LoadAll();
   ASSERT_TRUE(all.ok());
-  EXPECT_THAT(*all,
-              ElementsAre(StateRecord{"mesh", "m0", "replaced"},
-                          StateRecord{"request", "r1", "outcome"}, StateRecord{"tensor", "t", "x"},
-                          StateRecord{"tensor", "u", "y"}, StateRecord{"tensor", "v", "z"}));
+  EXPECT_THAT(
+      *all,
+      ElementsAre(StateRecord{"mes", "z", "another kind"}, StateRecord{"mesh", "m0", "replaced"},
+                  StateRecord{"meshes", "a", "another kind"},
+                  StateRecord{"request", "r1", "outcome"}, StateRecord{"tensor", "t", "x"},
+                  StateRecord{"tensor", "u", "y"}, StateRecord{"tensor", "v", "z"}));
 }
 
 // A batch applied without sync survives a crash of the process that applied it: a child

@@ -69,6 +69,12 @@ class FakeWorkerClient : public WorkerClient {
                    absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) override;
   void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,
                     StatusCallback done) override;
+  // Workers that answer PrepareTransfer without expanding their parts, for benchmarks of the
+  // coordinator at 10^3 ranks: the pages are appended once per transfer id (every rank gets
+  // the same ones) and the last page's answers come from SummarizeTransfer (each template
+  // planned once, not once per rank); RunTransfer answers as for expanded parts (replica
+  // classes agree). Set before any PrepareTransfer.
+  void SetSummarizePrepares(bool summarize);
   // While held, RunTransfer answers are queued; ReleaseRuns answers them.
   void HoldRuns(bool hold);
   void ReleaseRuns();
@@ -150,7 +156,18 @@ class FakeWorkerClient : public WorkerClient {
   std::map<Key, Buf> buffers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> files_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> dirs_ ABSL_GUARDED_BY(mu_);
+  // SetSummarizePrepares: a transfer id's table and every rank's summary, shared by the ranks.
+  struct SummarizedTransfer {
+    TransferTable table;
+    int32_t pages = 0;  // Appended so far.
+    std::vector<RankTransfer> ranks;
+  };
+  absl::StatusOr<v1::PrepareTransferResponse> SummarizedPrepare(
+      int64_t rank, const v1::PrepareTransferRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::map<std::pair<int64_t, std::string>, ResidentTransfer> transfers_ ABSL_GUARDED_BY(mu_);
+  bool summarize_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, SummarizedTransfer> summarized_ ABSL_GUARDED_BY(mu_);
   bool hold_runs_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::function<void()>> held_runs_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, uint64_t> run_digests_ ABSL_GUARDED_BY(mu_);

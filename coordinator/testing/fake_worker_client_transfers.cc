@@ -1,6 +1,7 @@
 // FakeWorkerClient's prepared transfers: the worker's side of the contract in memory.
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -9,6 +10,69 @@
 #include "proto/convert.h"
 
 namespace shardcoord {
+namespace {
+
+// A prepared part's answer.
+v1::PrepareTransferResponse Answer(const RankTransfer& part) {
+  v1::PrepareTransferResponse r;
+  r.set_members(static_cast<int64_t>(part.fragment.members.size()));
+  r.set_shapes(static_cast<int64_t>(part.fragment.shapes.size()));
+  r.set_bytes_sent(part.bytes_sent);
+  r.set_bytes_received(part.bytes_received);
+  r.set_target_bytes(part.target_bytes);
+  r.set_replica_key(part.replica_key);
+  r.set_templates(part.templates_planned);
+  r.set_total_bytes_moved(part.owned_bytes_moved);
+  r.set_total_lower_bound_bytes(part.owned_lower_bound_bytes);
+  r.set_exchange_ranks(static_cast<int64_t>(part.fragment.exchange_ranks.size()));
+  return r;
+}
+
+}  // namespace
+
+void FakeWorkerClient::SetSummarizePrepares(bool summarize) {
+  absl::MutexLock lock(&mu_);
+  summarize_ = summarize;
+}
+
+absl::StatusOr<v1::PrepareTransferResponse> FakeWorkerClient::SummarizedPrepare(
+    int64_t rank, const v1::PrepareTransferRequest& request) {
+  ResidentTransfer& t = transfers_[{rank, request.transfer_id()}];
+  if (request.page() == 0) t = ResidentTransfer();
+  if (request.page() != t.next_page) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page: ", request.page(), " out of order (", t.next_page, " expected)"));
+  }
+  ++t.next_page;
+  // Ids are never prepared twice (DropTransfer forgets a summary with its parts). The first
+  // rank to get a page appends it for all.
+  SummarizedTransfer& shared = summarized_[request.transfer_id()];
+  if (request.page() == shared.pages) {
+    if (absl::Status s = AppendTransferPage(request, &shared.table); !s.ok()) return s;
+    ++shared.pages;
+  }
+  if (!request.last()) return v1::PrepareTransferResponse();
+  if (shared.ranks.empty()) {
+    absl::StatusOr<std::vector<RankTransfer>> summary = SummarizeTransfer(shared.table);
+    if (!summary.ok()) return summary.status();
+    shared.ranks = *std::move(summary);
+    shared.table = TransferTable();  // Only the summaries are needed from now on.
+  }
+  if (rank < 0 || rank >= static_cast<int64_t>(shared.ranks.size())) {
+    t.planned = true;  // Outside every layout: nothing to do.
+    return Answer(t.part);
+  }
+  const RankTransfer& part = shared.ranks[rank];
+  t.part.bytes_sent = part.bytes_sent;
+  t.part.bytes_received = part.bytes_received;
+  t.part.target_bytes = part.target_bytes;
+  t.part.replica_key = part.replica_key;
+  t.part.owned_bytes_moved = part.owned_bytes_moved;
+  t.part.owned_lower_bound_bytes = part.owned_lower_bound_bytes;
+  t.part.templates_planned = part.templates_planned;
+  t.planned = true;
+  return Answer(t.part);
+}
 
 void FakeWorkerClient::PrepareTransfer(const WorkerEndpoint& worker,
                                        std::shared_ptr<const v1::PrepareTransferRequest> request,
@@ -20,6 +84,9 @@ void FakeWorkerClient::PrepareTransfer(const WorkerEndpoint& worker,
     pages_.emplace_back(worker.rank, request);
     if (absl::Status injected = Injected("PrepareTransfer", worker.rank); !injected.ok()) {
       out = injected;
+    } else if (summarize_) {
+      out = SummarizedPrepare(worker.rank, *request);
+      if (!out.ok()) transfers_.erase({worker.rank, request->transfer_id()});
     } else {
       ResidentTransfer& t = transfers_[{worker.rank, request->transfer_id()}];
       if (request->page() == 0) t = ResidentTransfer();
@@ -43,17 +110,7 @@ void FakeWorkerClient::PrepareTransfer(const WorkerEndpoint& worker,
         if (part.ok()) {
           t.part = *std::move(part);
           t.planned = true;
-          v1::PrepareTransferResponse& r = *out;
-          r.set_members(static_cast<int64_t>(t.part.fragment.members.size()));
-          r.set_shapes(static_cast<int64_t>(t.part.fragment.shapes.size()));
-          r.set_bytes_sent(t.part.bytes_sent);
-          r.set_bytes_received(t.part.bytes_received);
-          r.set_target_bytes(t.part.target_bytes);
-          r.set_replica_key(t.part.replica_key);
-          r.set_templates(t.part.templates_planned);
-          r.set_total_bytes_moved(t.part.owned_bytes_moved);
-          r.set_total_lower_bound_bytes(t.part.owned_lower_bound_bytes);
-          r.set_exchange_ranks(static_cast<int64_t>(t.part.fragment.exchange_ranks.size()));
+          out = Answer(t.part);
         } else {
           s = part.status();
         }
@@ -124,6 +181,14 @@ void FakeWorkerClient::DropTransfer(const WorkerEndpoint& worker,
         } else {
           ++it;
         }
+      }
+      // Each rank's part holds its own copy of its summary.
+      for (auto it = summarized_.begin(); it != summarized_.end();) {
+        const bool named = std::find(request.transfer_ids().begin(), request.transfer_ids().end(),
+                                     it->first) != request.transfer_ids().end();
+        const bool prefixed =
+            !request.prefix().empty() && absl::StartsWith(it->first, request.prefix());
+        it = named || prefixed ? summarized_.erase(it) : std::next(it);
       }
     }
   }

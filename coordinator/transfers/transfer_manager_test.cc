@@ -66,6 +66,30 @@ TEST_F(TransferManagerTest, CreateRunsNothingAndRunCommitsEveryDstAtTheRunsVersi
   EXPECT_EQ(metrics_.transfer_runs->WithLabels({"committed"})->Value(), 1);
 }
 
+// Fake workers that summarize instead of expanding (scale_bench at 10^3 ranks) answer the
+// preparation as expanding ones do, and their runs commit (their replicas agree).
+TEST_F(TransferManagerTest, SummarizingWorkersPrepareAsExpandingOnes) {
+  CreateMembers(4);
+  absl::StatusOr<v1::TransferInfo> expanded = Create("expanded", {{"a.0", "b.0"}, {"a.1", "b.1"}});
+  ASSERT_TRUE(expanded.ok()) << expanded.status();
+  client_.SetSummarizePrepares(true);
+  absl::StatusOr<v1::TransferInfo> summarized =
+      Create("summarized", {{"a.2", "b.2"}, {"a.3", "b.3"}});
+  ASSERT_TRUE(summarized.ok()) << summarized.status();
+  EXPECT_TRUE(summarized->prepared()) << summarized->invalid_reason();
+  EXPECT_EQ(summarized->participants(), expanded->participants());
+  EXPECT_EQ(summarized->bytes_moved(), expanded->bytes_moved());
+  EXPECT_EQ(summarized->lower_bound_bytes(), expanded->lower_bound_bytes());
+  EXPECT_EQ(summarized->max_rank_send_bytes(), expanded->max_rank_send_bytes());
+  EXPECT_EQ(summarized->max_rank_recv_bytes(), expanded->max_rank_recv_bytes());
+  for (int round = 0; round < 2; ++round) {
+    RunResult& run = RunNow("summarized");
+    ASSERT_TRUE(run.Committed()) << run.Error();
+    EXPECT_FALSE(run.response.replanned());
+  }
+  EXPECT_THAT(client_.ResidentTransfers(4), SizeIs(2));
+}
+
 // What a run costs: one RunTransfer and one FinishPlan per participant, one store write, no
 // preparation.
 TEST_F(TransferManagerTest, ARunIsOneMessageEachWayPerParticipantAndOneStoreWrite) {

@@ -7,7 +7,7 @@
 
 namespace shardcoord {
 
-TransferBoot::TransferBoot(FakeClock* clock, FakeTimer* timer, FakeWorkerClient* client,
+TransferBoot::TransferBoot(FakeClock* clock, FakeTimer* timer, WorkerClient* client,
                            StateStore* store, CoordinatorMetrics* metrics,
                            TransferManagerOptions options)
     : clock(clock),

@@ -30,7 +30,7 @@ namespace shardcoord {
 
 // One coordinator's managers over `store` (the workers' state lives in the shared client).
 struct TransferBoot {
-  TransferBoot(FakeClock* clock, FakeTimer* timer, FakeWorkerClient* client, StateStore* store,
+  TransferBoot(FakeClock* clock, FakeTimer* timer, WorkerClient* client, StateStore* store,
                CoordinatorMetrics* metrics, TransferManagerOptions options);
   // A new TransferManager with `options` (the old one goes).
   void Rebuild(TransferManagerOptions options);
@@ -45,7 +45,7 @@ struct TransferBoot {
 
   FakeClock* const clock;
   FakeTimer* const timer;
-  FakeWorkerClient* const client;
+  WorkerClient* const client;  // Usually the test's FakeWorkerClient.
   StateStore* const store;
   CoordinatorMetrics* const metrics;
   WorkerManager workers;
