@@ -15,8 +15,8 @@ only the rows its ranks need, so the model lands already sharded:
   5. every tensor is downloaded and compared with the file, bit for bit; one line per tensor.
 
     python examples/load_hf_checkpoint.py --coordinator 127.0.0.1:7400   # >= 4 workers
-    python examples/load_hf_checkpoint.py --local --coordinator-bin bazel-bin/coordinator/coordinator \\
-        --worker-bin bazel-bin/worker/worker
+    python examples/load_hf_checkpoint.py --local   # its own cluster from bazel-bin (the
+        # daemons' paths: --coordinator-bin, --worker-bin)
     python examples/load_hf_checkpoint.py --model-dir /models/my-llama --coordinator ...
 """
 
@@ -179,8 +179,10 @@ def main():
                         "first when it does not exist; default: a temporary one)")
     parser.add_argument("--local", action="store_true",
                         help="start a coordinator and 4 workers of our own on loopback")
-    parser.add_argument("--coordinator-bin", default="bazel-bin/coordinator/coordinator")
-    parser.add_argument("--worker-bin", default="bazel-bin/worker/worker")
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    parser.add_argument("--coordinator-bin",
+                        default=os.path.join(repo, "bazel-bin/coordinator/coordinator"))
+    parser.add_argument("--worker-bin", default=os.path.join(repo, "bazel-bin/worker/worker"))
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="hf-model-") as tmp:
@@ -191,8 +193,7 @@ def main():
         if not args.local:
             return load(args.coordinator or shardcoord.default_address(), model_dir)
         # tests/python/cluster.py starts the daemons (free ports, sockets in a temp dir).
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                        "tests", "python"))
+        sys.path.insert(0, os.path.join(repo, "tests", "python"))
         from cluster import Cluster  # pylint: disable=import-outside-toplevel
         for path in (args.coordinator_bin, args.worker_bin):
             if not os.access(path, os.X_OK):

@@ -25,8 +25,8 @@ of the full model, and the driver prints one line per step:
 It exits non-zero on a mismatch.
 
     python examples/weight_sync.py --coordinator 127.0.0.1:7400   # a running cluster, >= 4 workers
-    python examples/weight_sync.py --local --coordinator-bin bazel-bin/coordinator/coordinator \\
-        --worker-bin bazel-bin/worker/worker                       # starts its own cluster
+    python examples/weight_sync.py --local   # its own cluster from bazel-bin (the daemons'
+        # paths: --coordinator-bin, --worker-bin)
 """
 
 import argparse
@@ -322,8 +322,10 @@ def main():
                         "(default $SHARDCOORD_ADDR, then 127.0.0.1:7400)")
     parser.add_argument("--local", action="store_true",
                         help="start a coordinator and 4 workers of our own on loopback")
-    parser.add_argument("--coordinator-bin", default="bazel-bin/coordinator/coordinator")
-    parser.add_argument("--worker-bin", default="bazel-bin/worker/worker")
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    parser.add_argument("--coordinator-bin",
+                        default=os.path.join(repo, "bazel-bin/coordinator/coordinator"))
+    parser.add_argument("--worker-bin", default=os.path.join(repo, "bazel-bin/worker/worker"))
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     try:
@@ -335,8 +337,7 @@ def main():
         return sync(args.coordinator or shardcoord.default_address(), args.steps)
     # tests/python/cluster.py starts the daemons (free ports, sockets in a temp dir) and
     # stops them at the end.
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                    "python"))
+    sys.path.insert(0, os.path.join(repo, "tests", "python"))
     from cluster import Cluster  # pylint: disable=import-outside-toplevel
     for path in (args.coordinator_bin, args.worker_bin):
         if not os.access(path, os.X_OK):
