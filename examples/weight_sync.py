@@ -275,13 +275,18 @@ def sync(address, steps):
                "fsdp_flat", dtype="f32", init="attached")
     c.register({PREFIX + "engine." + n: s for n, s in shapes.items()}, infer.name,
                "megatron_tp", dtype="f32", init="attached")
+    print(f"model: {len(shapes)} tensors; trainer: {TRAINERS} FSDP-flat ranks, engine: "
+          f"{ENGINES} TP ranks, placed so:")
     for n, s in shapes.items():
         print(f"  {n:30s} {str(list(s)):9s} engine: "
               f"{layouts.megatron_tp(n, s, tp=ENGINES)}")
 
-    trainers = Group(trainer, list(train.ranks), address)
-    engines = Group(engine, list(infer.ranks), address)
+    groups = []
     try:
+        trainers = Group(trainer, list(train.ranks), address)
+        groups.append(trainers)
+        engines = Group(engine, list(infer.ranks), address)
+        groups.append(engines)
         trainers.all("lend")
         engines.all("receive")
         print(f"{TRAINERS} trainer processes lent their FSDP shards, {ENGINES} engine "
@@ -307,8 +312,8 @@ def sync(address, steps):
                   f"(max abs diff {diff:.3g}){loss}; {run['bytes_moved']} bytes moved in "
                   f"{run['seconds'] * 1000:.1f} ms", flush=True)
     finally:
-        trainers.close()
-        engines.close()
+        for g in groups:
+            g.close()
         clean(c)
         c.close()
     if failed:
