@@ -148,8 +148,9 @@ std::shared_ptr<const GroupSchedule> MakeSchedule(const Fragment& g, const Strea
     std::vector<StreamItem> items;
     items.reserve(s.entries.size());
     for (const Entry& e : s.entries) {
-      items.push_back(StreamItem{e.transfer->box,
-                                 ElementSize(g.shape_of(static_cast<size_t>(e.member)).dtype)});
+      // Transfers travel in the wire dtype (the narrower of source and target when casting).
+      const DType wire = g.shape_of(static_cast<size_t>(e.member)).wire_dtype();
+      items.push_back(StreamItem{e.transfer->box, ElementSize(wire)});
       s.bytes += e.transfer->bytes;
     }
     s.messages = CutStream(items, limits);
