@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
+#include "common/json_writer.h"
 #include "common/tls_options.h"
 
 namespace shardcoord {
@@ -166,6 +167,21 @@ std::string StatusLine(const absl::Status& status, absl::string_view address) {
     absl::StrAppend(&line, " (coordinator ", address, ")");
   }
   return line;
+}
+
+void FinishCommand(int rc) {
+  if (rc != 0) throw CLI::RuntimeError(rc);
+}
+
+int ReportDeleted(std::ostream& out, bool json, absl::string_view kind, absl::string_view name) {
+  if (json) {
+    JsonWriter w;
+    w.BeginObject().Key("deleted").String(name).EndObject();
+    out << w.str() << "\n";
+  } else {
+    out << "deleted " << kind << " '" << name << "'\n";
+  }
+  return 0;
 }
 
 int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address) {

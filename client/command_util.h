@@ -68,6 +68,12 @@ CoordinatorClientOptions ClientOptions(const ConnectionFlags& flags);
 // become spaces); for UNAVAILABLE and DEADLINE_EXCEEDED the address is appended, since the
 // usual cause is a coordinator that is not running there. Returns kExitServerError.
 int ReportStatus(std::ostream& err, const absl::Status& status, absl::string_view address = "");
+
+// A subcommand's outcome: a non-zero exit code ends shardctl with it (CLI::RuntimeError).
+void FinishCommand(int rc);
+
+// What a delete prints: {"deleted": NAME} with --json, else "deleted KIND 'NAME'". Returns 0.
+int ReportDeleted(std::ostream& out, bool json, absl::string_view kind, absl::string_view name);
 // "shardctl <command>: <message>" for a flag problem. Returns kExitBadFlags.
 int ReportFlagError(std::ostream& err, absl::string_view command, absl::string_view message);
 

@@ -74,23 +74,8 @@ int RunMeshDeleteCommand(CoordinatorClient& client, const std::string& name, boo
                          std::ostream& out, std::ostream& err) {
   absl::Status s = client.DeleteMesh(name);
   if (!s.ok()) return ReportStatus(err, s, client.address());
-  if (json) {
-    JsonWriter w;
-    w.BeginObject().Key("deleted").String(name).EndObject();
-    out << w.str() << "\n";
-  } else {
-    out << "deleted mesh '" << name << "'\n";
-  }
-  return 0;
+  return ReportDeleted(out, json, "mesh", name);
 }
-
-namespace {
-
-void Finish(int rc) {
-  if (rc != 0) throw CLI::RuntimeError(rc);
-}
-
-}  // namespace
 
 void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* mesh = app.add_subcommand("mesh", "Create, list, show and delete device meshes");
@@ -112,14 +97,14 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->type_name("LIST");
     cmd->callback([conn, flags]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunMeshCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
+      FinishCommand(RunMeshCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
     });
   }
   {
     CLI::App* cmd = mesh->add_subcommand("list", "List meshes");
     cmd->callback([conn]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunMeshListCommand(client, conn->json, std::cout, std::cerr));
+      FinishCommand(RunMeshListCommand(client, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -129,7 +114,7 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunMeshGetCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunMeshGetCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -138,7 +123,7 @@ void AddMeshCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("name", *name, "Mesh name")->required()->type_name("NAME");
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunMeshDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunMeshDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
 }

@@ -98,10 +98,6 @@ std::optional<std::string> Value(const CLI::Option* option) {
   return option->as<std::string>();
 }
 
-void Finish(int rc) {
-  if (rc != 0) throw CLI::RuntimeError(rc);
-}
-
 int ReportJsonOrText(std::ostream& out, bool json, const std::string& json_text,
                      const std::string& text) {
   out << (json ? json_text + "\n" : text);
@@ -558,9 +554,7 @@ int RunTensorDeleteCommand(CoordinatorClient& client, const std::string& name, b
                            std::ostream& out, std::ostream& err) {
   absl::Status s = client.DeleteTensor(name);
   if (!s.ok()) return ReportStatus(err, s, client.address());
-  JsonWriter w;
-  w.BeginObject().Key("deleted").String(name).EndObject();
-  return ReportJsonOrText(out, json, w.str(), absl::StrCat("deleted tensor '", name, "'\n"));
+  return ReportDeleted(out, json, "tensor", name);
 }
 
 void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
@@ -603,21 +597,23 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       if (!from_file->empty()) {
         if (!flags->name.empty() || mesh_flag->count() > 0 || shape_flag->count() > 0 ||
             placements->count() > 0 || flat->count() > 0) {
-          Finish(ReportFlagError(std::cerr, "tensor create",
-                                 "--from-file: give NAME and flags, or --from-file, not both"));
+          FinishCommand(
+              ReportFlagError(std::cerr, "tensor create",
+                              "--from-file: give NAME and flags, or --from-file, not both"));
         }
         CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-        Finish(RunTensorCreateManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
+        FinishCommand(
+            RunTensorCreateManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
         return;
       }
       if (flags->name.empty() || mesh_flag->count() == 0 || shape_flag->count() == 0) {
-        Finish(ReportFlagError(std::cerr, "tensor create",
-                               "NAME, --mesh and --shape are required (or --from-file)"));
+        FinishCommand(ReportFlagError(std::cerr, "tensor create",
+                                      "NAME, --mesh and --shape are required (or --from-file)"));
       }
       flags->placements = Value(placements);
       flags->flat = Value(flat);
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTensorCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTensorCreateCommand(client, *flags, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -640,20 +636,21 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       flags->flat = Value(flat);
       if (!from_file->empty()) {
         if (!flags->name.empty() || !flags->mesh.empty() || flags->placements || flags->flat) {
-          return Finish(
+          return FinishCommand(
               ReportFlagError(std::cerr, "tensor redistribute",
                               "--from-file: give NAME and a spec, or --from-file, not both"));
         }
         CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-        return Finish(
+        return FinishCommand(
             RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
       }
       if (flags->name.empty()) {
-        return Finish(
+        return FinishCommand(
             ReportFlagError(std::cerr, "tensor redistribute", "NAME is required (or --from-file)"));
       }
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+      FinishCommand(
+          RunRedistributeCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {
@@ -668,7 +665,8 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->type_name("PATH");
     cmd->callback([conn, from_file]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
+      FinishCommand(
+          RunRedistributeManyCommand(client, *from_file, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -688,7 +686,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       flags->name = names->front();
       flags->more.assign(names->begin() + 1, names->end());
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+      FinishCommand(RunGatherCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {
@@ -706,7 +704,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->type_name("PATH");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+      FinishCommand(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {
@@ -718,7 +716,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
                   "Write the elements only (C order, little-endian), no .npy header; any dtype");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+      FinishCommand(RunDownloadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {
@@ -749,7 +747,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
       flags->placements = Value(placements);
       flags->flat = Value(flat);
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunUploadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
+      FinishCommand(RunUploadCommand(client, *flags, conn->json, progress, std::cout, std::cerr));
     });
   }
   {
@@ -759,7 +757,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTensorShowCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTensorShowCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -768,7 +766,7 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("--prefix", *prefix, "Only tensors whose name starts with P")->type_name("P");
     cmd->callback([conn, prefix]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTensorListCommand(client, *prefix, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTensorListCommand(client, *prefix, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -782,10 +780,12 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->callback([conn, names, prefix]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       if (names->size() == 1 && prefix->empty()) {
-        Finish(RunTensorDeleteCommand(client, names->front(), conn->json, std::cout, std::cerr));
+        FinishCommand(
+            RunTensorDeleteCommand(client, names->front(), conn->json, std::cout, std::cerr));
         return;
       }
-      Finish(RunTensorDeleteManyCommand(client, *names, *prefix, conn->json, std::cout, std::cerr));
+      FinishCommand(
+          RunTensorDeleteManyCommand(client, *names, *prefix, conn->json, std::cout, std::cerr));
     });
   }
 }

@@ -214,23 +214,8 @@ int RunTransferDeleteCommand(CoordinatorClient& client, const std::string& name,
                              std::ostream& out, std::ostream& err) {
   absl::Status s = client.DeleteTransfer(name);
   if (!s.ok()) return ReportStatus(err, s, client.address());
-  if (json) {
-    JsonWriter w;
-    w.BeginObject().Key("deleted").String(name).EndObject();
-    out << w.str() << "\n";
-  } else {
-    out << "deleted transfer '" << name << "'\n";
-  }
-  return 0;
+  return ReportDeleted(out, json, "transfer", name);
 }
-
-namespace {
-
-void Finish(int rc) {
-  if (rc != 0) throw CLI::RuntimeError(rc);
-}
-
-}  // namespace
 
 void AddTransferCommand(CLI::App& app, const ConnectionFlags* conn) {
   CLI::App* transfer = app.add_subcommand(
@@ -254,7 +239,8 @@ void AddTransferCommand(CLI::App& app, const ConnectionFlags* conn) {
         ->type_name("PATH");
     cmd->callback([conn, name, from_file]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTransferCreateCommand(client, *name, *from_file, conn->json, std::cout, std::cerr));
+      FinishCommand(
+          RunTransferCreateCommand(client, *name, *from_file, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -266,14 +252,14 @@ void AddTransferCommand(CLI::App& app, const ConnectionFlags* conn) {
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTransferRunCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTransferRunCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
   {
     CLI::App* cmd = transfer->add_subcommand("list", "List transfers (every page)");
     cmd->callback([conn]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTransferListCommand(client, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTransferListCommand(client, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -283,7 +269,7 @@ void AddTransferCommand(CLI::App& app, const ConnectionFlags* conn) {
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTransferShowCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTransferShowCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
   {
@@ -293,7 +279,7 @@ void AddTransferCommand(CLI::App& app, const ConnectionFlags* conn) {
     add_name(cmd, name.get());
     cmd->callback([conn, name]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
-      Finish(RunTransferDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
+      FinishCommand(RunTransferDeleteCommand(client, *name, conn->json, std::cout, std::cerr));
     });
   }
 }
