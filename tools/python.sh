@@ -2,7 +2,7 @@
 # Runs Debian's Python (/usr/bin/python3: python3-grpcio, python3-numpy, python3-torch; or
 # $SHARDCOORD_PYTHON, e.g. an interpreter with a CUDA build of torch) with the
 # `shardcoord` package (client/python/shardcoord) importable, after generating its protobuf
-# and gRPC stubs when they are missing or older than proto/shardcoord.proto (protoc and
+# and gRPC stubs when they are missing or older than proto/shardcoord*.proto (protoc and
 # grpc_python_plugin from protobuf-compiler-grpc; no Bazel needed).
 #
 #   tools/python.sh my_script.py ARGS        # any python3 arguments
@@ -12,9 +12,13 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 pkg="$root/client/python/shardcoord"
 gen="$pkg/_gen"
-proto="$root/proto/shardcoord.proto"
+protos=("$root"/proto/shardcoord*.proto)  # shardcoord.proto and the files it imports.
 
-if [[ ! -f "$gen/shardcoord_pb2_grpc.py" || "$proto" -nt "$gen/shardcoord_pb2_grpc.py" ]]; then
+stale=0
+for proto in "${protos[@]}"; do
+  [[ ! -f "$gen/shardcoord_pb2_grpc.py" || "$proto" -nt "$gen/shardcoord_pb2_grpc.py" ]] && stale=1
+done
+if ((stale)); then
   for tool in protoc grpc_python_plugin; do
     if ! command -v "$tool" >/dev/null; then
       echo "tools/python.sh: $tool is missing (apt-get install protobuf-compiler protobuf-compiler-grpc, or bash tools/setup.sh)" >&2
@@ -24,7 +28,7 @@ if [[ ! -f "$gen/shardcoord_pb2_grpc.py" || "$proto" -nt "$gen/shardcoord_pb2_gr
   tmp=$(mktemp -d "$pkg/.gen.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   protoc --proto_path="$root/proto" --python_out="$tmp" --grpc_python_out="$tmp" \
-    --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" "$proto"
+    --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" "${protos[@]}"
   rm -rf "$gen"
   mv "$tmp" "$gen"   # Whole or not at all: a concurrent run sees old or new stubs.
   trap - EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The `shardcoord` package as users install it (issue 29): copies what the build reads from a
-# checkout (client/python, client/version.h, proto/shardcoord.proto) into $TEST_TMPDIR, runs
+# checkout (client/python, client/version.h, proto/shardcoord*.proto) into $TEST_TMPDIR, runs
 #   /usr/bin/python3 -m venv --system-site-packages V && V/bin/pip install --no-build-isolation
 # offline (PIP_NO_INDEX), checks from / that the install is what is imported and that
 # shardcoord.__version__ is what `shardctl --version` prints, builds an sdist and a wheel from
@@ -32,7 +32,7 @@ rm -rf "$src/client/python/shardcoord/_gen" "$src/client/python/build" \
   "$src/client/python"/*.egg-info
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
 cp -L "$version_h" "$src/client/version.h"
-cp -L "$proto" "$src/proto/shardcoord.proto"
+cp -L "$(dirname "$proto")"/shardcoord*.proto "$src/proto/"  # The API and the files it imports.
 
 venv=$tmp/venv
 rm -rf "$venv"
