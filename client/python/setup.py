@@ -5,8 +5,8 @@
   into the built package as shardcoord/_version.py;
 - the gRPC stubs: protoc and grpc_python_plugin (protobuf-compiler, protobuf-compiler-grpc)
   run on proto/shardcoord.proto and the files it imports (proto/shardcoord_*.proto) into the
-  built package's shardcoord/_gen/ (where
-  shardcoord/_proto.py finds them), never into the source tree.
+  built package's shardcoord/_gen/ (where shardcoord/_proto.py finds them), never into the
+  source tree.
 
 The package is built from a checkout: both files are found from this directory at
 ../../proto/shardcoord*.proto and ../version.h. An sdist carries copies of them (in _checkout/),
