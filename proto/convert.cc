@@ -917,6 +917,7 @@ v1::TransferMember TransferMemberToProto(const TransferMemberSpec& m) {
   out.set_src_layout(m.src_layout);
   out.set_dst_layout(m.dst_layout);
   out.set_dtype(DTypeToProto(m.dtype));
+  if (m.cast_to.has_value()) out.set_target_dtype(DTypeToProto(*m.cast_to));
   return out;
 }
 
@@ -936,6 +937,13 @@ absl::Status AppendTransferPage(const v1::PrepareTransferRequest& page, Transfer
     const std::string where = absl::StrCat("members[", table->members.size(), "]");
     absl::StatusOr<DType> dtype = DTypeFromProto(m.dtype(), absl::StrCat(where, ".dtype"));
     if (!dtype.ok()) return dtype.status();
+    std::optional<DType> cast_to;
+    if (m.target_dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<DType> to =
+          DTypeFromProto(m.target_dtype(), absl::StrCat(where, ".target_dtype"));
+      if (!to.ok()) return to.status();
+      if (*to != *dtype) cast_to = *to;
+    }
     TransferMemberSpec& out = table->members.emplace_back();
     out.src = m.src();
     out.dst = m.dst();
@@ -945,6 +953,7 @@ absl::Status AppendTransferPage(const v1::PrepareTransferRequest& page, Transfer
     out.src_layout = m.src_layout();
     out.dst_layout = m.dst_layout();
     out.dtype = *dtype;
+    out.cast_to = cast_to;
   }
   return absl::OkStatus();
 }

@@ -417,6 +417,7 @@ TEST(ConvertTest, TransferPagesRoundTrip) {
     m.src_layout = 0;
     m.dst_layout = 1;
     m.dtype = i == 2 ? DType::kBF16 : DType::kF32;
+    if (i == 1) m.cast_to = DType::kF8E4M3;
   }
   v1::PrepareTransferRequest page0, page1;
   page0.set_page(0);
@@ -447,8 +448,17 @@ TEST(ConvertTest, TransferPagesRoundTrip) {
     EXPECT_EQ(got.members[i].dst_version, 9);
     EXPECT_EQ(got.members[i].dst_attached, i == 1);
     EXPECT_EQ(got.members[i].dtype, table.members[i].dtype);
+    EXPECT_EQ(got.members[i].cast_to, table.members[i].cast_to);
   }
   EXPECT_TRUE(ValidateTransferTable(got).ok());
+  // A target_dtype equal to dtype is no cast.
+  v1::TransferMember same = TransferMemberToProto(table.members[0]);
+  same.set_target_dtype(same.dtype());
+  v1::PrepareTransferRequest page2;
+  page2.set_page(2);
+  *page2.add_members() = same;
+  ASSERT_TRUE(AppendTransferPage(page2, &got).ok());
+  EXPECT_EQ(got.members.back().cast_to, std::nullopt);
 
   v1::PrepareTransferRequest bad = page1;
   bad.mutable_members(1)->set_dtype(v1::DTYPE_UNSPECIFIED);

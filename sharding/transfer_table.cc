@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "sharding/cast.h"
 #include "sharding/plan_participants.h"
 #include "sharding/redistribute.h"
 
@@ -93,6 +94,11 @@ absl::Status ValidateTransferTable(const TransferTable& table) {
           absl::StrCat(Where(i, "dst_layout"), ": layout ", m.dst_layout,
                        " is of another global shape than the src's (layout ", m.src_layout, ")"));
     }
+    if (m.cast_to.has_value()) {
+      if (absl::Status s = CheckCast(m.dtype, *m.cast_to); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(i, "cast_to"), ": ", s.message()));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -112,12 +118,13 @@ std::vector<int64_t> TransferParticipants(const TransferTable& table) {
 TransferTemplates TemplatesOf(const TransferTable& table) {
   TransferTemplates out;
   out.of_member.reserve(table.members.size());
-  absl::flat_hash_map<std::tuple<int32_t, int32_t, int>, int32_t> index;
+  absl::flat_hash_map<std::tuple<int32_t, int32_t, int, int>, int32_t> index;
   for (const TransferMemberSpec& m : table.members) {
     auto [it, added] =
-        index.try_emplace(std::make_tuple(m.src_layout, m.dst_layout, static_cast<int>(m.dtype)),
+        index.try_emplace(std::make_tuple(m.src_layout, m.dst_layout, static_cast<int>(m.dtype),
+                                          static_cast<int>(m.target_dtype())),
                           static_cast<int32_t>(out.templates.size()));
-    if (added) out.templates.push_back({m.src_layout, m.dst_layout, m.dtype});
+    if (added) out.templates.push_back({m.src_layout, m.dst_layout, m.dtype, m.cast_to});
     out.of_member.push_back(it->second);
   }
   return out;
@@ -156,7 +163,7 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
     // a target buffer (a rank listed with no target chunks may hold a lent buffer, which
     // follows the dst's versions): the rest need not plan.
     if (!HoldsChunks(src, rank) && dst.Find(rank) == nullptr) continue;
-    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, plan_options);
+    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, t.target_dtype(), plan_options);
     if (!plan.ok()) {
       const TransferMemberSpec& m = table.members[first_member[k]];
       return absl::Status(plan.status().code(),
@@ -206,7 +213,8 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
     if (!shape.target.chunks.empty()) {
       holds_target = true;
       AddReplica(i, shape.target, &replicas);
-      if (!m.dst_attached) out.target_bytes += shape.target.local_elements * ElementSize(m.dtype);
+      if (!m.dst_attached)
+        out.target_bytes += shape.target.local_elements * ElementSize(m.target_dtype());
     }
   }
   out.replica_key = holds_target ? replicas.value() : 0;
@@ -247,7 +255,7 @@ absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable&
     const TransferTemplate& t = templates.templates[k];
     const Layout& src = table.layouts[t.src_layout];
     const Layout& dst = table.layouts[t.dst_layout];
-    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, plan_options);
+    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, t.target_dtype(), plan_options);
     if (!plan.ok()) {
       const TransferMemberSpec& m = table.members[first_member[k]];
       return absl::Status(plan.status().code(),
@@ -324,7 +332,8 @@ absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable&
       if (rc == nullptr) continue;
       holds_target = true;
       AddReplica(i, *rc, &replicas);
-      if (!m.dst_attached) out[rank].target_bytes += rc->local_elements * ElementSize(m.dtype);
+      if (!m.dst_attached)
+        out[rank].target_bytes += rc->local_elements * ElementSize(m.target_dtype());
     }
     out[rank].replica_key = holds_target ? replicas.value() : 0;
   }

@@ -9,10 +9,11 @@
 // is what makes a model of 10^5 tensors on 10^3 ranks cheap to prepare and to run.
 //
 // Expansion is deterministic (the planner is): every worker that expands the same table
-// computes the same plan for each template (distinct src layout, dst layout, dtype) and so
+// computes the same plan for each template (distinct src layout, dst layout, dtypes) and so
 // agrees with every other on who sends what to whom.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,12 @@ struct TransferMemberSpec {
   bool dst_attached = false;
   int32_t src_layout = 0;  // Index into TransferTable::layouts.
   int32_t dst_layout = 0;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;  // The src's elements.
+  // The dst's dtype where it differs from the src's: a run converts (the rules and the side
+  // that converts as a Copy's, sharding/cast.h), and bytes travel in the narrower dtype.
+  std::optional<DType> cast_to;
+
+  DType target_dtype() const { return cast_to.value_or(dtype); }
 };
 
 struct TransferTable {
@@ -49,19 +55,22 @@ struct TransferTable {
 
 // INVALID_ARGUMENT naming the member and field: a layout index out of range, src and dst
 // layouts of different global shapes, an empty name, src == dst, a tensor named twice (as
-// src or dst), a non-positive version.
+// src or dst), a non-positive version, a cast CheckCast refuses.
 absl::Status ValidateTransferTable(const TransferTable& table);
 
 // Every rank that holds a chunk of any layout of the table, sorted: the ranks of a run's one
 // exchange (a superset of those that move bytes; the rest exchange nothing).
 std::vector<int64_t> TransferParticipants(const TransferTable& table);
 
-// A template: the distinct (src layout, dst layout, dtype) members share, in the order of
-// their first member.
+// A template: the distinct (src layout, dst layout, dtype, cast) members share, in the order
+// of their first member.
 struct TransferTemplate {
   int32_t src_layout = 0;
   int32_t dst_layout = 0;
   DType dtype = DType::kF32;
+  std::optional<DType> cast_to;
+
+  DType target_dtype() const { return cast_to.value_or(dtype); }
 };
 // The templates of the table and, for each member, the index of its template.
 struct TransferTemplates {

@@ -289,6 +289,64 @@ TEST(TransferTableTest, BadTablesNameTheMemberAndField) {
   }
 }
 
+// A member whose dst has another dtype is its own template; its plan casts (Plan::cast_to),
+// moves the narrower dtype's bytes and its new buffers hold the dst's dtype.
+TEST(TransferTableTest, ACastingMemberIsItsOwnTemplateAndMovesTheNarrowerDType) {
+  TransferTable table = Table();
+  TransferTable narrowed = Table();
+  narrowed.members[1].cast_to = DType::kBF16;  // b: f32 -> bf16, a's layouts.
+  const TransferTemplates t = TemplatesOf(narrowed);
+  ASSERT_EQ(t.templates.size(), 4u);
+  EXPECT_THAT(t.of_member, ElementsAre(0, 1, 2, 3));
+  EXPECT_EQ(t.templates[1].dtype, DType::kF32);
+  EXPECT_EQ(t.templates[1].target_dtype(), DType::kBF16);
+
+  int64_t sent = 0, narrowed_sent = 0;
+  for (int64_t rank = 0; rank < 6; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    absl::StatusOr<RankTransfer> same = ExpandTransfer(table, rank, Options());
+    absl::StatusOr<RankTransfer> got = ExpandTransfer(narrowed, rank, Options());
+    ASSERT_TRUE(same.ok() && got.ok()) << got.status();
+    sent += same->bytes_sent;
+    narrowed_sent += got->bytes_sent;
+    for (const FragmentMember& m : got->fragment.members) {
+      const FragmentShape& shape = got->fragment.shapes[m.shape];
+      EXPECT_EQ(shape.target_dtype(), m.index == 1 ? DType::kBF16 : narrowed.members[m.index].dtype)
+          << m.index;
+      EXPECT_EQ(shape.dtype, narrowed.members[m.index].dtype) << m.index;
+    }
+    // Rank 2 holds a 4x4 block of b: bf16 now.
+    if (rank == 2) EXPECT_EQ(same->target_bytes - got->target_bytes, 16 * 2);
+  }
+  // b's sends halve: a and b moved the same bytes before.
+  int64_t a_sent = 0;
+  {
+    TransferTable only_a = Table();
+    only_a.members.resize(1);
+    for (int64_t rank = 0; rank < 6; ++rank) {
+      absl::StatusOr<RankTransfer> r = ExpandTransfer(only_a, rank, Options());
+      ASSERT_TRUE(r.ok());
+      a_sent += r->bytes_sent;
+    }
+  }
+  ASSERT_GT(a_sent, 0);
+  EXPECT_EQ(sent - narrowed_sent, a_sent / 2);
+
+  absl::StatusOr<std::vector<RankTransfer>> summary = SummarizeTransfer(narrowed);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  for (int64_t rank = 0; rank < 6; ++rank) {
+    absl::StatusOr<RankTransfer> want = ExpandTransfer(narrowed, rank, Options());
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ((*summary)[rank].bytes_sent, want->bytes_sent) << rank;
+    EXPECT_EQ((*summary)[rank].target_bytes, want->target_bytes) << rank;
+  }
+
+  TransferTable refused = Table();
+  refused.members[2].cast_to = DType::kI8;  // f32 -> i8: float to integer.
+  EXPECT_THAT(ErrorOf(ExpandTransfer(refused, 0, Options())),
+              HasSubstr("members[2].cast_to: cannot cast f32 to i8"));
+}
+
 TEST(StableHashTest, SameInputsSameValueAndOrderMatters) {
   StableHash a, b, c;
   a.Add(1);

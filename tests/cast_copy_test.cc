@@ -2,7 +2,8 @@
 // Gloo. src is uploaded with chosen bit patterns (NaNs with payloads, infinities, signed
 // zeros, subnormals, ties, values past FP8's range, and pseudo-random patterns), copied into
 // a dst of another dtype on another mesh and layout, downloaded, and compared byte for byte
-// with sharding/cast.h's conversion of the uploaded bytes. Pairs the cast table refuses are
+// with sharding/cast.h's conversion of the uploaded bytes; likewise a prepared transfer's runs
+// and a checkpoint load with a dtype. Pairs the cast table refuses are
 // INVALID_ARGUMENT naming both dtypes and change nothing.
 
 #include <cmath>
@@ -253,6 +254,69 @@ TEST_F(CastCopyTest, GroupWithCastingMembers) {
   }
 }
 
+// A prepared transfer (issue 27) whose members cast: every run converts as a Copy does, and
+// moves what the same CopyGroup moves (the narrower dtype's bytes).
+TEST_F(CastCopyTest, PreparedTransferCastsOnEveryRun) {
+  struct Member {
+    const char* name;
+    DType from, to;
+    Endpoint src_at, dst_at;
+  };
+  const Member members[] = {
+      {"t_a", DType::kF32, DType::kF8E4M3, {"line", "S(0)"}, {"grid", "R,S(0)"}},
+      {"t_b", DType::kI32, DType::kI64, {"grid", "S(1),R"}, {"line_rev", "S(0)"}},
+      {"t_c", DType::kF64, DType::kBF16, {"pair", "S(1)"}, {"trio", "R"}},
+      {"t_d", DType::kBF16, DType::kBF16, {"trio", "S(0)"}, {"line", "S(1)"}},
+  };
+  v1::CreateTransferRequest create;
+  create.set_name("casting");
+  v1::CopyGroupRequest group;
+  group.set_wait(true);
+  for (const Member& m : members) {
+    ASSERT_TRUE(UploadSource(m.name, m.from, m.src_at).ok()) << m.name;
+    for (const char* suffix : {"_dst", "_group"}) {
+      ASSERT_TRUE(CreateFilled(client(), absl::StrCat(m.name, suffix), kShape, m.to, m.dst_at.mesh,
+                               m.dst_at.spec, false, v1::ZEROS)
+                      .ok());
+    }
+    v1::CopyPair* pair = create.add_copies();
+    pair->set_src(m.name);
+    pair->set_dst(absl::StrCat(m.name, "_dst"));
+    v1::CopyPair* same = group.add_copies();
+    same->set_src(m.name);
+    same->set_dst(absl::StrCat(m.name, "_group"));
+  }
+  absl::StatusOr<v1::CopyGroupResponse> copied = client().CopyGroup(group);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  int64_t group_bytes = 0;
+  for (const v1::CopyGroupMember& m : copied->members()) group_bytes += m.plan().bytes_moved();
+
+  absl::StatusOr<v1::TransferInfo> info = client().CreateTransfer(create);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->bytes_moved(), group_bytes);
+  EXPECT_EQ(info->templates(), 4);
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE(absl::StrCat("run ", run));
+    v1::RunTransferRequest request;
+    request.set_name("casting");
+    request.set_wait(true);
+    absl::StatusOr<v1::RunTransferResponse> r = client().RunTransfer(request);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->state(), v1::COMMITTED);
+    EXPECT_EQ(r->bytes_moved(), group_bytes);
+    for (const Member& m : members) {
+      ExpectCastOf(absl::StrCat(m.name, "_dst"), m.from, m.to);
+      EXPECT_EQ(client().GetTensor(absl::StrCat(m.name, "_dst"))->version(), r->version());
+    }
+  }
+  EXPECT_TRUE(client().DeleteTransfer("casting").ok());
+  for (const Member& m : members) {
+    for (const char* suffix : {"", "_dst", "_group"}) {
+      EXPECT_TRUE(client().DeleteTensor(absl::StrCat(m.name, suffix)).ok()) << m.name << suffix;
+    }
+  }
+}
+
 TEST_F(CastCopyTest, RefusedPairsAreInvalidArgumentAndChangeNothing) {
   ASSERT_TRUE(UploadSource("r_f32", DType::kF32, {"line", "S(0)"}).ok());
   ASSERT_TRUE(UploadSource("r_i64", DType::kI64, {"line", "S(1)"}).ok());
@@ -285,6 +349,15 @@ TEST_F(CastCopyTest, RefusedPairsAreInvalidArgumentAndChangeNothing) {
   EXPECT_THAT(std::string(g.status().message()),
               HasSubstr("copies[0].dst: tensor 'r_i32' dtype i32 cannot be cast from src 'r_f32' "
                         "dtype f32"));
+  v1::CreateTransferRequest transfer;
+  transfer.set_name("refused");
+  *transfer.add_copies() = *pair;
+  absl::StatusOr<v1::TransferInfo> t = client().CreateTransfer(transfer);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("copies[0].dst: tensor 'r_i32' dtype i32 cannot be cast from src 'r_f32' "
+                        "dtype f32"));
+  EXPECT_EQ(client().GetTransfer("refused").status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<v1::TensorInfo> after = client().GetTensor("r_i32");
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->version(), version);

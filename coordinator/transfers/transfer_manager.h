@@ -91,11 +91,12 @@ class TransferManager : public WorkerListener {
 
   // Checks `copies` as CopyGroup does (errors name "copies[i]..."), binds and prepares them
   // on their workers and stores the transfer, all or nothing; `done` gets its info.
-  // INVALID_ARGUMENT a bad name, no copies or more than max_members, a name twice, a shape or
-  // dtype mismatch; ALREADY_EXISTS the name; NOT_FOUND a tensor; ABORTED a tensor busy;
-  // FAILED_PRECONDITION a chunk with no live replica or a dead worker holding a dst;
-  // RESOURCE_EXHAUSTED a run can never fit a worker's memory; UNAVAILABLE a worker did not
-  // take its part (then none keeps one). `done` may run before Create returns.
+  // INVALID_ARGUMENT a bad name, no copies or more than max_members, a name twice, a shape
+  // mismatch or dtypes that may not be cast (a dst of another dtype converts, as a Copy's);
+  // ALREADY_EXISTS the name; NOT_FOUND a tensor; ABORTED a tensor busy; FAILED_PRECONDITION a chunk
+  // with no live replica or a dead worker holding a dst; RESOURCE_EXHAUSTED a run can never fit a
+  // worker's memory; UNAVAILABLE a worker did not take its part (then none keeps one). `done` may
+  // run before Create returns.
   using InfoCallback = std::function<void(absl::StatusOr<v1::TransferInfo>)>;
   void Create(const std::string& name, std::vector<TransferCopy> copies, InfoCallback done);
 

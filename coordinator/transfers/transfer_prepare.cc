@@ -11,6 +11,7 @@
 #include "coordinator/transfers/transfer_manager.h"
 #include "coordinator/transfers/transfer_manager_internal.h"
 #include "proto/convert.h"
+#include "sharding/cast.h"
 #include "sharding/staging.h"
 #include "sharding/transfer_table.h"
 
@@ -128,11 +129,12 @@ void TransferManager::PrepareNow(const std::string& name, PreparedCallback done)
           Field(i, false), ": tensor '", c.dst, "' has shape [", absl::StrJoin(dst.shape, ", "),
           "] but src '", c.src, "' has shape [", absl::StrJoin(src.shape, ", "), "]")));
     }
-    if (src.dtype != dst.dtype) {
+    // As a Copy: the dst keeps its dtype, and a run converts where the pair may be cast.
+    if (src.dtype != dst.dtype && !CastAllowed(src.dtype, dst.dtype)) {
       return done(absl::InvalidArgumentError(
-          absl::StrCat(Field(i, false), ": tensor '", c.dst, "' has dtype ", DTypeName(dst.dtype),
-                       " but src '", c.src, "' has dtype ", DTypeName(src.dtype),
-                       " (a prepared transfer does not cast yet; Copy and CopyGroup do)")));
+          absl::StrCat(Field(i, false), ": tensor '", c.dst, "' dtype ", DTypeName(dst.dtype),
+                       " cannot be cast from src '", c.src, "' dtype ", DTypeName(src.dtype), ": ",
+                       CheckCast(src.dtype, dst.dtype).message())));
     }
     // Every rank of a dst gets its new buffer (or writes its lent one): each must be alive.
     // One whose worker registered again without the buffer gets a new one (the run repairs
@@ -178,7 +180,8 @@ void TransferManager::PrepareNow(const std::string& name, PreparedCallback done)
     m.dst_attached = dst.attached;
     m.src_layout = *from;
     m.dst_layout = *to;
-    m.dtype = dst.dtype;
+    m.dtype = src.dtype;
+    if (src.dtype != dst.dtype) m.cast_to = dst.dtype;
     absl::StatusOr<int64_t> bytes = CheckedBytes(dst.shape, ElementSize(dst.dtype));
     if (bytes.ok()) prepared->bytes += *bytes;
   }
