@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,9 @@
 
 namespace shardcoord {
 namespace {
+
+// Hugging Face's and DeepSeek-V3's name for an FP8 entry's block scales: "N" + this.
+constexpr char kScaleInvSuffix[] = "_scale_inv";
 
 std::string ProtoJson(const google::protobuf::Message& m) {
   google::protobuf::util::JsonPrintOptions options;
@@ -237,14 +241,51 @@ int RunCheckpointInspectCommand(CoordinatorClient& client, const std::string& di
       << r->tensors_size() << " tensor" << (r->tensors_size() == 1 ? "" : "s") << ", "
       << HumanBytes(r->bytes()) << " in " << r->files_size() << " file"
       << (r->files_size() == 1 ? "" : "s") << "\n";
-  std::vector<std::vector<std::string>> rows = {{"tensor", "shape", "dtype", "bytes", "pieces"}};
+  // FP8 entries and their block scales, by the DeepSeek-V3 / Hugging Face convention: entry N
+  // (f8) is paired with N_scale_inv, the f32 scales of its blocks (sharding/block_quant.h).
+  absl::flat_hash_map<std::string, const v1::CheckpointTensorInfo*> by_name;
+  for (const v1::CheckpointTensorInfo& t : r->tensors()) by_name[t.name()] = &t;
+  auto is_fp8 = [](const v1::CheckpointTensorInfo& t) {
+    return t.dtype() == v1::F8_E4M3 || t.dtype() == v1::F8_E5M2;
+  };
+  absl::flat_hash_map<std::string, std::string> scale_of, scaled_by;
+  for (const v1::CheckpointTensorInfo& t : r->tensors()) {
+    if (!is_fp8(t)) continue;
+    auto it = by_name.find(t.name() + kScaleInvSuffix);
+    if (it == by_name.end()) continue;
+    const v1::CheckpointTensorInfo& scale = *it->second;
+    std::string text = scale.name();
+    // The block size, where the shapes say it: a whole number of blocks per scale entry.
+    const int n = t.shape_size(), sn = scale.shape_size();
+    if (n >= 2 && sn == n && scale.shape(n - 2) > 0 && scale.shape(n - 1) > 0) {
+      const int64_t rows = (t.shape(n - 2) + scale.shape(n - 2) - 1) / scale.shape(n - 2);
+      const int64_t cols = (t.shape(n - 1) + scale.shape(n - 1) - 1) / scale.shape(n - 1);
+      absl::StrAppend(&text, " (blocks of ", rows, "x", cols, ")");
+    }
+    scale_of[t.name()] = text;
+    scaled_by[scale.name()] = absl::StrCat("scale of ", t.name());
+  }
+  std::vector<std::string> header = {"tensor", "shape", "dtype", "bytes", "pieces"};
+  if (!scale_of.empty()) header.push_back("scale");
+  std::vector<std::vector<std::string>> rows = {header};
   for (const v1::CheckpointTensorInfo& t : r->tensors()) {
     absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype());
     rows.push_back({t.name(), ShapeToString(Shape(t.shape().begin(), t.shape().end())),
                     dtype.ok() ? DTypeName(*dtype) : "?", HumanBytes(t.bytes()),
                     absl::StrCat(t.pieces_size())});
+    if (scale_of.empty()) continue;
+    auto scale = scale_of.find(t.name());
+    auto of = scaled_by.find(t.name());
+    rows.back().push_back(scale != scale_of.end() ? scale->second
+                          : of != scaled_by.end() ? of->second
+                          : is_fp8(t)             ? "none"
+                                                  : "-");
   }
   out << FormatTable(rows, {3, 4});
+  if (!scale_of.empty()) {
+    out << scale_of.size() << " FP8 entr" << (scale_of.size() == 1 ? "y" : "ies")
+        << " with block scales (" << kScaleInvSuffix << ", f32 per block of the last two dims)\n";
+  }
   std::vector<std::vector<std::string>> files = {{"file", "writer", "rank", "bytes", "entries"}};
   for (const v1::CheckpointFileInfo& f : r->files()) {
     files.push_back({f.file(), f.worker().empty() ? "-" : f.worker(),

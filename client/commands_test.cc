@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/checkpoint_command.h"
 #include "client/coordinator_client.h"
 #include "client/mesh_command.h"
 #include "client/npy.h"
@@ -126,6 +127,26 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     absl::MutexLock lock(&mu_);
     gather_ = *request;
     FillResponse(request->tensor(), request->wait(), response);
+    return grpc::Status::OK;
+  }
+
+  // A DeepSeek-V3-style FP8 checkpoint: w (f8_e4m3) with its block scales, an unscaled f8
+  // entry, and a bf16 norm.
+  grpc::Status InspectCheckpoint(grpc::ServerContext*, const v1::InspectCheckpointRequest* request,
+                                 v1::InspectCheckpointResponse* response) override {
+    response->set_dir(request->dir());
+    response->set_plain(true);
+    auto add = [&](const std::string& name, v1::DType dtype, std::vector<int64_t> shape) {
+      v1::CheckpointTensorInfo* t = response->add_tensors();
+      t->set_name(name);
+      t->set_dtype(dtype);
+      for (int64_t d : shape) t->add_shape(d);
+      t->add_pieces();
+    };
+    add("layers.0.w", v1::F8_E4M3, {300, 260});
+    add("layers.0.w_scale_inv", v1::F32, {3, 3});
+    add("layers.0.raw", v1::F8_E5M2, {4, 4});
+    add("layers.0.norm", v1::BF16, {300});
     return grpc::Status::OK;
   }
 
@@ -360,6 +381,17 @@ TEST_F(CommandsTest, MeshCreateSendsShapeDimsAndWorkers) {
   EXPECT_EQ(RunMeshCreateCommand(*client_, flags, false, out_, err_), 2);
   EXPECT_THAT(err_.str(),
               HasSubstr("shardctl mesh create: --workers: 2 workers for a mesh of 4 positions"));
+}
+
+TEST_F(CommandsTest, CheckpointInspectPairsFP8EntriesWithTheirScales) {
+  ASSERT_EQ(RunCheckpointInspectCommand(*client_, "/ckpt", false, out_, err_), 0) << err_.str();
+  const std::string out = out_.str();
+  EXPECT_THAT(out, HasSubstr("scale"));
+  EXPECT_THAT(out, HasSubstr("layers.0.w_scale_inv (blocks of 100x87)"));
+  EXPECT_THAT(out, HasSubstr("scale of layers.0.w"));
+  EXPECT_THAT(out, HasSubstr("f8_e5m2"));
+  EXPECT_THAT(out, HasSubstr("none"));
+  EXPECT_THAT(out, HasSubstr("1 FP8 entry with block scales (_scale_inv"));
 }
 
 TEST_F(CommandsTest, TensorCreateSendsTheSpecAsText) {
