@@ -23,6 +23,7 @@
 #include "client/npy.h"
 #include "client/plan_command.h"
 #include "client/shardctl_app.h"
+#include "client/shardctl_test_util.h"
 #include "client/tensor_command.h"
 #include "client/version.h"
 #include "client/workers_command.h"
@@ -819,35 +820,15 @@ TEST_F(CommandsTest, OfflinePlanNeedsNoServer) {
 class ShardctlMainTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&fake_);
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    ASSERT_NE(port, 0);
-    address_ = absl::StrCat("127.0.0.1:", port);
+    server_ = ServeOnLoopback(&fake_, &address_);
+    ASSERT_NE(server_, nullptr);  // Also when it got no port.
   }
   void TearDown() override { server_->Shutdown(); }
 
   // Runs shardctl with `args` and `stdin`, capturing what it prints on std::cout and
   // std::cerr.
   int Run(std::vector<std::string> args, const std::string& stdin = "") {
-    args.insert(args.begin(), "shardctl");
-    std::vector<const char*> argv;
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    out_.str("");
-    err_.str("");
-    std::streambuf* out = std::cout.rdbuf(out_.rdbuf());
-    std::streambuf* err = std::cerr.rdbuf(err_.rdbuf());
-    std::istringstream in_stream(stdin);
-    std::streambuf* in = std::cin.rdbuf(in_stream.rdbuf());
-    const int rc = ShardctlMain(static_cast<int>(argv.size()), argv.data());
-    std::cout.rdbuf(out);
-    std::cerr.rdbuf(err);
-    std::cin.rdbuf(in);
-    std::cin.clear();
-    return rc;
+    return RunShardctlMain(std::move(args), stdin, &out_, &err_);
   }
 
   FakeCoordinator fake_;

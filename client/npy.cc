@@ -445,16 +445,28 @@ absl::Status WriteNpyFile(const std::string& path, DType dtype, const Shape& sha
 
 // ---- Streaming ---------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::string& path,
-                                                                   const NpyReadOptions& options) {
-  auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
-  std::ifstream& in = reader->in_;
+namespace {
+
+// Opens `path` into `in` (binary, at its start); its size in bytes.
+absl::StatusOr<std::streamoff> OpenAndMeasure(const std::string& path, std::ifstream& in) {
   in.open(path, std::ios::binary);
   if (!in) return IoError(path, "open", errno);
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
   if (size < 0 || !in) return IoError(path, "read", errno);
+  return size;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::Open(const std::string& path,
+                                                                   const NpyReadOptions& options) {
+  auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
+  std::ifstream& in = reader->in_;
+  const absl::StatusOr<std::streamoff> opened = OpenAndMeasure(path, in);
+  if (!opened.ok()) return opened.status();
+  const std::streamoff size = *opened;
   auto prefixed = [&](const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
   };
@@ -513,12 +525,9 @@ absl::StatusOr<std::unique_ptr<NpyFileReader>> NpyFileReader::OpenRaw(const std:
   if (!bytes.ok()) return bytes.status();
   auto reader = std::unique_ptr<NpyFileReader>(new NpyFileReader());
   std::ifstream& in = reader->in_;
-  in.open(path, std::ios::binary);
-  if (!in) return IoError(path, "open", errno);
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  if (size < 0 || !in) return IoError(path, "read", errno);
+  const absl::StatusOr<std::streamoff> opened = OpenAndMeasure(path, in);
+  if (!opened.ok()) return opened.status();
+  const std::streamoff size = *opened;
   if (static_cast<int64_t>(size) != *bytes) {
     return Invalid(absl::StrCat(path, ": holds ", static_cast<int64_t>(size), " bytes but a ",
                                 ShapeToString(shape), " ", DTypeName(dtype), " array is ", *bytes,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "client/shardctl_app.h"
+#include "client/shardctl_test_util.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -109,30 +110,15 @@ class FakeTransfers final : public v1::Coordinator::Service {
 class TransferCommandTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&fake_);
-    server_ = builder.BuildAndStart();
+    server_ = ServeOnLoopback(&fake_, &address_);
     ASSERT_NE(server_, nullptr);
-    address_ = absl::StrCat("127.0.0.1:", port);
   }
   void TearDown() override { server_->Shutdown(); }
 
   int Run(std::vector<std::string> args) {
-    args.insert(args.begin(), "shardctl");
     args.push_back("--coordinator");
     args.push_back(address_);
-    std::vector<const char*> argv;
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    out_.str("");
-    err_.str("");
-    std::streambuf* out = std::cout.rdbuf(out_.rdbuf());
-    std::streambuf* err = std::cerr.rdbuf(err_.rdbuf());
-    const int rc = ShardctlMain(static_cast<int>(argv.size()), argv.data());
-    std::cout.rdbuf(out);
-    std::cerr.rdbuf(err);
-    return rc;
+    return RunShardctlMain(std::move(args), "", &out_, &err_);
   }
 
   std::string WriteFile(const std::string& name, const std::string& text) {

@@ -130,21 +130,51 @@ TransferTemplates TemplatesOf(const TransferTable& table) {
   return out;
 }
 
+namespace {
+
+// A table's templates, each with its first member (to name it in errors) and its number of
+// members, planned alike by ExpandTransfer and SummarizeTransfer.
+struct TemplateIndex {
+  explicit TemplateIndex(const TransferTable& table)
+      : templates(TemplatesOf(table)),
+        first_member(templates.templates.size(), table.members.size()),
+        members_of(templates.templates.size(), 0) {
+    for (size_t i = table.members.size(); i-- > 0;) {
+      first_member[templates.of_member[i]] = i;
+      ++members_of[templates.of_member[i]];
+    }
+    plan_options.hosts_by_rank = table.hosts_by_rank;
+    plan_options.use_collectives = false;
+  }
+
+  // Template k's plan; an error names its first member.
+  absl::StatusOr<Plan> PlanOf(const TransferTable& table, size_t k) const {
+    const TransferTemplate& t = templates.templates[k];
+    absl::StatusOr<Plan> plan =
+        Redistribute(table.layouts[t.src_layout], table.layouts[t.dst_layout], t.dtype,
+                     t.target_dtype(), plan_options);
+    if (!plan.ok()) {
+      const TransferMemberSpec& m = table.members[first_member[k]];
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("members[", first_member[k], "] ('", m.src, "' -> '", m.dst,
+                                       "'): ", plan.status().message()));
+    }
+    return plan;
+  }
+
+  TransferTemplates templates;
+  std::vector<size_t> first_member;
+  std::vector<int64_t> members_of;
+  PlanOptions plan_options;
+};
+
+}  // namespace
+
 absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t rank,
                                             const ExpandOptions& options) {
   if (absl::Status s = ValidateTransferTable(table); !s.ok()) return s;
-  const TransferTemplates templates = TemplatesOf(table);
-  // The first member of each template, to name it in errors.
-  std::vector<size_t> first_member(templates.templates.size(), table.members.size());
-  std::vector<int64_t> members_of(templates.templates.size(), 0);
-  for (size_t i = table.members.size(); i-- > 0;) {
-    first_member[templates.of_member[i]] = i;
-    ++members_of[templates.of_member[i]];
-  }
-
-  PlanOptions plan_options;
-  plan_options.hosts_by_rank = table.hosts_by_rank;
-  plan_options.use_collectives = false;
+  const TemplateIndex index(table);
+  const TransferTemplates& templates = index.templates;
 
   RankTransfer out;
   Fragment& f = out.fragment;
@@ -163,13 +193,8 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
     // a target buffer (a rank listed with no target chunks may hold a lent buffer, which
     // follows the dst's versions): the rest need not plan.
     if (!HoldsChunks(src, rank) && dst.Find(rank) == nullptr) continue;
-    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, t.target_dtype(), plan_options);
-    if (!plan.ok()) {
-      const TransferMemberSpec& m = table.members[first_member[k]];
-      return absl::Status(plan.status().code(),
-                          absl::StrCat("members[", first_member[k], "] ('", m.src, "' -> '", m.dst,
-                                       "'): ", plan.status().message()));
-    }
+    absl::StatusOr<Plan> plan = index.PlanOf(table, k);
+    if (!plan.ok()) return plan.status();
     ++out.templates_planned;
     FragmentShape shape;
     if (!FusedShapeFor(*plan, rank, &shape)) continue;
@@ -177,7 +202,7 @@ absl::StatusOr<RankTransfer> ExpandTransfer(const TransferTable& table, int64_t 
     if (!HoldsChunks(src, rank)) shape.source.chunks.clear();
     const std::vector<int64_t> participants = PlanParticipants(*plan);
     const bool owner = !participants.empty() && participants.front() == rank;
-    const int64_t members = members_of[k];
+    const int64_t members = index.members_of[k];
     if (owner) {
       out.owned_bytes_moved += plan->bytes_moved * members;
       out.owned_lower_bound_bytes += plan->lower_bound_bytes * members;
@@ -238,16 +263,8 @@ absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable&
     for (const RankChunks& rc : layout.ranks()) ranks = std::max(ranks, rc.rank + 1);
   }
   std::vector<RankTransfer> out(static_cast<size_t>(ranks));
-  const TransferTemplates templates = TemplatesOf(table);
-  std::vector<size_t> first_member(templates.templates.size(), table.members.size());
-  std::vector<int64_t> members_of(templates.templates.size(), 0);
-  for (size_t i = table.members.size(); i-- > 0;) {
-    first_member[templates.of_member[i]] = i;
-    ++members_of[templates.of_member[i]];
-  }
-  PlanOptions plan_options;
-  plan_options.hosts_by_rank = table.hosts_by_rank;
-  plan_options.use_collectives = false;
+  const TemplateIndex index(table);
+  const TransferTemplates& templates = index.templates;
 
   // Each template planned once; its bytes go to the ranks that send and receive them, as each
   // rank's ExpandTransfer counts them.
@@ -255,14 +272,9 @@ absl::StatusOr<std::vector<RankTransfer>> SummarizeTransfer(const TransferTable&
     const TransferTemplate& t = templates.templates[k];
     const Layout& src = table.layouts[t.src_layout];
     const Layout& dst = table.layouts[t.dst_layout];
-    absl::StatusOr<Plan> plan = Redistribute(src, dst, t.dtype, t.target_dtype(), plan_options);
-    if (!plan.ok()) {
-      const TransferMemberSpec& m = table.members[first_member[k]];
-      return absl::Status(plan.status().code(),
-                          absl::StrCat("members[", first_member[k], "] ('", m.src, "' -> '", m.dst,
-                                       "'): ", plan.status().message()));
-    }
-    const int64_t members = members_of[k];
+    absl::StatusOr<Plan> plan = index.PlanOf(table, k);
+    if (!plan.ok()) return plan.status();
+    const int64_t members = index.members_of[k];
     // The ranks that plan it: holders of source chunks and ranks of the target.
     std::vector<int64_t> planners;
     for (const RankChunks& rc : src.ranks()) {

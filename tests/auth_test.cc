@@ -32,6 +32,7 @@
 #include "tests/cluster_environment.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -76,23 +77,6 @@ const Identity& Id(const std::string& label) {
     if (id.label == label) return id;
   }
   std::abort();
-}
-
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::trunc);
-  out << contents;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The tokens file: one line per role, comments and a blank line.

@@ -259,17 +259,9 @@ TEST_F(BadInputTest, ChunkUploadToAnUnknownTensorIsNotFound) {
 // Runs shardctl with `args` against the cluster; returns its exit code and output.
 using CliResult = CommandResult;
 
-CliResult RunShardctl(const std::string& coordinator, const std::vector<std::string>& args) {
-  CliResult result;
-  absl::StatusOr<std::string> bin = RunfilePath("client/shardctl");
-  if (!bin.ok()) {
-    result.output = bin.status().ToString();
-    return result;
-  }
-  std::string command = absl::StrCat("'", *bin, "'");
-  for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-  absl::StrAppend(&command, " --coordinator ", coordinator);
-  return RunCommand(command);
+CliResult RunShardctl(const std::string& coordinator, std::vector<std::string> args) {
+  args.insert(args.end(), {"--coordinator", coordinator});
+  return shardcoord::RunShardctl(args);
 }
 
 std::string TempPath(const std::string& name) {

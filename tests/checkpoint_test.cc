@@ -33,28 +33,12 @@
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 // Every file of `dir` with its bytes.
 std::map<std::string, std::string> Snapshot(const std::string& dir) {

@@ -26,13 +26,7 @@ using ::testing::HasSubstr;
 // Uneven under torch.chunk on every mesh used here (10 rows over 4: 3,3,3,1).
 const Shape kShape = {10, 7};
 
-struct Endpoint {
-  std::string mesh;
-  std::string spec;
-  bool flat = false;
-};
-
-bool HasPartial(const Endpoint& e) { return !e.flat && absl::StrContains(e.spec, "P"); }
+using Endpoint = CopyEndpoint;
 
 struct Member {
   std::string name;
@@ -62,14 +56,10 @@ class CopyGroupTest : public MeshTest {
     bool partial_source = false;
     for (const Member& m : members) {
       const std::string src = m.name + "_src", dst = m.name + "_dst";
-      absl::StatusOr<v1::TensorInfo> s =
-          HasPartial(m.from)
-              ? CreatePartialArange(client(), src, kShape, m.dtype, m.from.mesh, m.from.spec)
-              : CreateFilled(client(), src, kShape, m.dtype, m.from.mesh, m.from.spec, m.from.flat);
+      absl::StatusOr<v1::TensorInfo> s = CreateCopySource(client(), src, kShape, m.dtype, m.from);
       ASSERT_TRUE(s.ok()) << "create " << src << ": " << s.status();
       absl::StatusOr<v1::TensorInfo> d =
-          CreateFilled(client(), dst, kShape, m.dtype, m.to.mesh, m.to.spec, m.to.flat,
-                       HasPartial(m.to) ? v1::ZEROS : v1::RANDOM);
+          CreateCopyDestination(client(), dst, kShape, m.dtype, m.to);
       ASSERT_TRUE(d.ok()) << "create " << dst << ": " << d.status();
       ASSERT_FALSE(DownloadAndCheck(client(), dst, m.dtype, kShape, FillKind::kArange).ok());
       before[src] = *s;

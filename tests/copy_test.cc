@@ -24,13 +24,7 @@ using ::testing::HasSubstr;
 // Uneven under torch.chunk on every mesh used here (10 rows over 4: 3,3,3,1).
 const Shape kShape = {10, 7};
 
-struct Endpoint {
-  std::string mesh;
-  std::string spec;
-  bool flat = false;
-};
-
-bool HasPartial(const Endpoint& e) { return !e.flat && absl::StrContains(e.spec, "P"); }
+using Endpoint = CopyEndpoint;
 
 v1::CopyRequest CopyOf(const std::string& src, const std::string& dst) {
   v1::CopyRequest request;
@@ -48,13 +42,10 @@ class CopyTest : public MeshTest {
                     DType dtype = DType::kF32) {
     const std::string src = name + "_src", dst = name + "_dst";
     absl::StatusOr<v1::TensorInfo> src_before =
-        HasPartial(from)
-            ? CreatePartialArange(client(), src, kShape, dtype, from.mesh, from.spec)
-            : CreateFilled(client(), src, kShape, dtype, from.mesh, from.spec, from.flat);
+        CreateCopySource(client(), src, kShape, dtype, from);
     ASSERT_TRUE(src_before.ok()) << "create " << src << ": " << src_before.status();
     absl::StatusOr<v1::TensorInfo> dst_before =
-        CreateFilled(client(), dst, kShape, dtype, to.mesh, to.spec, to.flat,
-                     HasPartial(to) ? v1::ZEROS : v1::RANDOM);
+        CreateCopyDestination(client(), dst, kShape, dtype, to);
     ASSERT_TRUE(dst_before.ok()) << "create " << dst << ": " << dst_before.status();
     // dst does not hold src's values before the copy.
     ASSERT_FALSE(DownloadAndCheck(client(), dst, dtype, kShape, FillKind::kArange).ok());

@@ -20,11 +20,6 @@ bool HasFlag(const std::vector<std::string>& flags, const std::string& name) {
 
 }  // namespace
 
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
 std::string PrintedAddress(const Process& p, const std::string& marker) {
   for (const std::string& line : p.Lines()) {
     if (line.find(marker) == std::string::npos) continue;

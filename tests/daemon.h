@@ -13,15 +13,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tests/process.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 
 // Bound on a daemon's startup and on its exit after a signal; never reached when all is well.
 inline constexpr absl::Duration kDaemonStartTimeout = absl::Seconds(60);
 inline constexpr absl::Duration kDaemonExitTimeout = absl::Seconds(60);
-
-// $TEST_TMPDIR, else /tmp.
-std::string TmpDir();
 
 // One daemon process and the addresses it printed.
 struct Daemon {

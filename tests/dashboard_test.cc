@@ -20,6 +20,7 @@
 #include "tests/cluster_environment.h"
 #include "tests/png_check.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -32,22 +33,6 @@ constexpr char kReaderToken[] = "dashboard-test-reader-7f3a9c";
 constexpr char kAdminToken[] = "dashboard-test-admin-51be02";
 constexpr char kWorkerToken[] = "dashboard-test-worker-c0ffee";
 constexpr int kWidth = 1280, kHeight = 1500;
-
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream(path, std::ios::trunc) << contents;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Runs headless Chromium on `url` with `args` and returns its standard output. The virtual
 // time budget lets the page's fetches and timers run before Chromium dumps or shoots it.

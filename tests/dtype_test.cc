@@ -20,6 +20,7 @@
 #include "tests/cluster_environment.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -50,16 +51,6 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
 class DTypeTest : public MeshTest {
  protected:
   absl::StatusOr<std::string> Download(const std::string& name, DType want) {
@@ -72,17 +63,9 @@ class DTypeTest : public MeshTest {
     return data;
   }
 
-  CommandResult Shardctl(const std::vector<std::string>& args) {
-    CommandResult result;
-    absl::StatusOr<std::string> bin = RunfilePath("client/shardctl");
-    if (!bin.ok()) {
-      result.output = bin.status().ToString();
-      return result;
-    }
-    std::string command = absl::StrCat("'", *bin, "'");
-    for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-    absl::StrAppend(&command, " --coordinator ", cluster_->coordinator_address());
-    return RunCommand(command);
+  CommandResult Shardctl(std::vector<std::string> args) {
+    args.insert(args.end(), {"--coordinator", cluster_->coordinator_address()});
+    return RunShardctl(args);
   }
 };
 

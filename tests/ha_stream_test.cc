@@ -87,18 +87,10 @@ std::string CompareF32(const std::string& got, const std::string& want) {
 using CliResult = CommandResult;
 
 // The real shardctl (runfiles) with `args` and both coordinators; its exit code and output.
-CliResult RunShardctl(const std::string& coordinators, const std::vector<std::string>& args) {
-  CliResult result;
-  absl::StatusOr<std::string> bin = RunfilePath("client/shardctl");
-  if (!bin.ok()) {
-    result.output = bin.status().ToString();
-    return result;
-  }
-  std::string command = absl::StrCat("'", *bin, "'");
-  for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-  absl::StrAppend(&command, " --coordinator '", coordinators, "' --wait ",
-                  absl::FormatDuration(kRetryFor));
-  return RunCommand(command);
+CliResult RunShardctl(const std::string& coordinators, std::vector<std::string> args) {
+  args.insert(args.end(),
+              {"--coordinator", coordinators, "--wait", absl::FormatDuration(kRetryFor)});
+  return shardcoord::RunShardctl(args);
 }
 
 std::string TempPath(const std::string& name) {

@@ -49,6 +49,7 @@
 #include "tests/etcd_process.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -74,22 +75,6 @@ constexpr absl::Duration kWaitTimeout = absl::Seconds(60);
 // declared dead meanwhile, nor any plan or drain time out on a slow machine.
 constexpr char kLongHeartbeat[] = "--heartbeat-timeout=300s";
 constexpr char kLongDrain[] = "--drain-timeout=300s";
-
-std::string CertDir() { return absl::StrCat(TmpDir(), "/certs"); }
-std::string Cert(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".pem"); }
-std::string Key(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".key"); }
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::trunc);
-  out << contents;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string ServingName(absl::StatusOr<Serving> s) {
   if (!s.ok()) return s.status().ToString();
@@ -292,22 +277,7 @@ absl::StatusOr<std::string> PythonCheck(const Endpoint& e) {
 absl::Status MakeCerts() {
   static absl::Status* made = nullptr;
   if (made != nullptr) return *made;
-  absl::Status result = [] {
-    absl::StatusOr<std::string> script = RunfilePath("tools/dev_certs.sh");
-    if (!script.ok()) return script.status();
-    ProcessOptions po;
-    po.name = "dev_certs";
-    absl::StatusOr<std::unique_ptr<Process>> p =
-        Process::Start({"/bin/bash", *script, CertDir(), "w0", "w1"}, po);
-    if (!p.ok()) return p.status();
-    absl::StatusOr<int> status = (*p)->Wait(absl::Seconds(120));
-    if (!status.ok()) return status.status();
-    if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-      return absl::InternalError(
-          absl::StrCat("dev_certs.sh ", Process::DescribeWaitStatus(*status)));
-    }
-    return absl::OkStatus();
-  }();
+  const absl::Status result = MakeDevCerts({"w0", "w1"});
   made = new absl::Status(result);
   return result;
 }

@@ -49,6 +49,18 @@ CommandResult RunCommand(const std::string& command) {
   return result;
 }
 
+CommandResult RunShardctl(const std::vector<std::string>& args) {
+  CommandResult result;
+  absl::StatusOr<std::string> bin = RunfilePath("client/shardctl");
+  if (!bin.ok()) {
+    result.output = bin.status().ToString();
+    return result;
+  }
+  std::string command = absl::StrCat("'", *bin, "'");
+  for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
+  return RunCommand(command);
+}
+
 absl::StatusOr<std::string> RunfilePath(absl::string_view relative_path) {
   std::vector<std::string> roots;
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {

@@ -34,6 +34,10 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::string& command);
 
+// This workspace's shardctl (a runfile) with `args`, each quoted for the shell, run to its
+// end; when the binary is not found, exit code -1 and the error as output.
+CommandResult RunShardctl(const std::vector<std::string>& args);
+
 struct ProcessOptions {
   // Prefix for echoed lines ("[w0] ..."); also used in error messages.
   std::string name;

@@ -33,6 +33,7 @@
 #include "tests/etcd_process.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -44,21 +45,6 @@ constexpr int kWorkers = 3;
 // Bound on every condition polled; never reached when all is well.
 constexpr absl::Duration kTimeout = absl::Seconds(90);
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
-
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 bool Executable(const char* path) { return access(path, X_OK) == 0; }
 

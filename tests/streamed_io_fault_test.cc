@@ -21,7 +21,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int64_t kBandBytes = 4096;
 const Shape kShape = {512, 512};  // 1 MiB of f32: 256 bands.
 
 using StreamedIoFaultTest = ClusterTest;
@@ -109,9 +108,3 @@ TEST_F(StreamedIoFaultTest, WorkerDeathMidDownloadEndsTheStreamUnavailable) {
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  shardcoord::ClusterOptions options;
-  options.coordinator_flags = {absl::StrCat("--io-band-bytes=", shardcoord::kBandBytes)};
-  return shardcoord::RunWithCluster(argc, argv, std::move(options));
-}

@@ -15,12 +15,13 @@
 #include "sharding/fill.h"
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
+#include "tests/streamed_io_main.h"
 #include "tests/tensor_check.h"
 
 namespace shardcoord {
 namespace {
 
-constexpr int64_t kBandBytes = 4096;
+constexpr int64_t kBandBytes = kStreamedIoBandBytes;
 constexpr uint64_t kSeed = 20261122;
 
 struct Case {
@@ -236,9 +237,3 @@ INSTANTIATE_TEST_SUITE_P(Layouts, StreamedIoTest, ::testing::ValuesIn(Cases()),
 
 }  // namespace
 }  // namespace shardcoord
-
-int main(int argc, char** argv) {
-  shardcoord::ClusterOptions options;
-  options.coordinator_flags = {absl::StrCat("--io-band-bytes=", shardcoord::kBandBytes)};
-  return shardcoord::RunWithCluster(argc, argv, std::move(options));
-}

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/convert.h"
@@ -216,6 +217,22 @@ absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std
   *request.mutable_spec() = SpecFromText(mesh, spec_text, flat);
   request.set_init(init);
   return client.CreateTensor(request);
+}
+
+bool HasPartial(const CopyEndpoint& e) { return !e.flat && absl::StrContains(e.spec, "P"); }
+
+absl::StatusOr<v1::TensorInfo> CreateCopySource(CoordinatorClient& client, const std::string& name,
+                                                const Shape& shape, DType dtype,
+                                                const CopyEndpoint& at) {
+  return HasPartial(at) ? CreatePartialArange(client, name, shape, dtype, at.mesh, at.spec)
+                        : CreateFilled(client, name, shape, dtype, at.mesh, at.spec, at.flat);
+}
+
+absl::StatusOr<v1::TensorInfo> CreateCopyDestination(CoordinatorClient& client,
+                                                     const std::string& name, const Shape& shape,
+                                                     DType dtype, const CopyEndpoint& at) {
+  return CreateFilled(client, name, shape, dtype, at.mesh, at.spec, at.flat,
+                      HasPartial(at) ? v1::ZEROS : v1::RANDOM);
 }
 
 v1::RedistributeRequest RedistributeTo(const std::string& tensor, const std::string& mesh,

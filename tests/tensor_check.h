@@ -72,6 +72,23 @@ absl::StatusOr<v1::TensorInfo> CreateFilled(CoordinatorClient& client, const std
                                             const std::string& mesh, const std::string& spec_text,
                                             bool flat = false, v1::InitKind init = v1::ARANGE);
 
+// One side of a copy in the copy tests: a mesh and a spec in CLI syntax (a flat spec when
+// `flat`).
+struct CopyEndpoint {
+  std::string mesh;
+  std::string spec;
+  bool flat = false;
+};
+bool HasPartial(const CopyEndpoint& e);
+// A copy's source `name` at `at`: arange, as partial contributions summing to it when Partial.
+absl::StatusOr<v1::TensorInfo> CreateCopySource(CoordinatorClient& client, const std::string& name,
+                                                const Shape& shape, DType dtype,
+                                                const CopyEndpoint& at);
+// A copy's destination `name` at `at`: random values, zeros when Partial.
+absl::StatusOr<v1::TensorInfo> CreateCopyDestination(CoordinatorClient& client,
+                                                     const std::string& name, const Shape& shape,
+                                                     DType dtype, const CopyEndpoint& at);
+
 // A Redistribute request to `spec_text` on `mesh` (empty = current mesh).
 v1::RedistributeRequest RedistributeTo(const std::string& tensor, const std::string& mesh,
                                        const std::string& spec_text, bool flat = false,

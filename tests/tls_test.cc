@@ -27,6 +27,7 @@
 #include "tests/cluster_environment.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
+#include "tests/test_files.h"
 
 namespace shardcoord {
 namespace {
@@ -36,27 +37,6 @@ using ::testing::HasSubstr;
 const Shape kShape = {8, 4};
 constexpr char kAdminToken[] = "tls-test-admin-token";
 constexpr char kWorkerToken[] = "tls-test-worker-token";
-
-std::string TmpDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-std::string CertDir() { return absl::StrCat(TmpDir(), "/certs"); }
-std::string Cert(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".pem"); }
-std::string Key(const std::string& name) { return absl::StrCat(CertDir(), "/", name, ".key"); }
-
-void WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::trunc);
-  out << contents;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Client options trusting `ca` (a file name in CertDir, "" for plaintext) and presenting the
 // certificate `cert` ("" for none).
@@ -248,23 +228,6 @@ TEST(TlsStartupTest, BadFlagsStopTheCoordinator) {
   }
 }
 
-// Runs tools/dev_certs.sh into CertDir() with the workers' names.
-absl::Status MakeCerts() {
-  absl::StatusOr<std::string> script = RunfilePath("tools/dev_certs.sh");
-  if (!script.ok()) return script.status();
-  ProcessOptions po;
-  po.name = "dev_certs";
-  absl::StatusOr<std::unique_ptr<Process>> p =
-      Process::Start({"/bin/bash", *script, CertDir(), "rogue", "w0", "w1"}, po);
-  if (!p.ok()) return p.status();
-  absl::StatusOr<int> status = (*p)->Wait(absl::Seconds(120));
-  if (!status.ok()) return status.status();
-  if (!WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
-    return absl::InternalError(absl::StrCat("dev_certs.sh ", Process::DescribeWaitStatus(*status)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 }  // namespace shardcoord
 
@@ -272,7 +235,7 @@ int main(int argc, char** argv) {
   using shardcoord::Cert;
   using shardcoord::Key;
   ::testing::InitGoogleTest(&argc, argv);
-  if (absl::Status s = shardcoord::MakeCerts(); !s.ok()) {
+  if (absl::Status s = shardcoord::MakeDevCerts({"rogue", "w0", "w1"}); !s.ok()) {
     std::cerr << "cannot make certificates: " << s << "\n";
     return 1;
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/timer.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_reports.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
@@ -22,22 +23,15 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class CheckpointManagerTest : public ::testing::Test {
+class CheckpointManagerTest : public ClusterFixture {
  protected:
   CheckpointManagerTest()
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
         checkpoints_(&clock_, &workers_, &meshes_, &tensors_, &plans_, &client_,
                      CheckpointManagerOptions{256, /*load_batch_bytes=*/64,
                                               /*load_first_batch_bytes=*/0}) {
     workers_.AddListener(&plans_);
-    for (int i = 0; i < 4; ++i) {
-      const std::string name = absl::StrCat("w", i);
-      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
-    }
+    RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("M", {2, 2}, {"dp", "tp"}, {}).ok());
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
     client_.AddDir("/data");
@@ -70,10 +64,7 @@ class CheckpointManagerTest : public ::testing::Test {
   }
 
   Spec SpecOf(const std::string& placements, const std::string& mesh) {
-    Spec s;
-    s.mesh = mesh;
-    s.placements = *ParsePlacements(placements);
-    return s;
+    return TestSpec(placements, mesh);
   }
 
   // A ready tensor whose fake buffers hold arange values.
@@ -150,12 +141,6 @@ class CheckpointManagerTest : public ::testing::Test {
     return out;
   }
 
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   PlanManager plans_;
   CheckpointManager checkpoints_;
   int64_t fail_exchange_rank_ = -1;

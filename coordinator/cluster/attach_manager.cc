@@ -4,15 +4,28 @@
 #include "absl/strings/str_cat.h"
 
 namespace shardcoord {
+namespace {
+
+// OK when `worker` (this `incarnation`) is current and holds `rank`: a user process attaches
+// through its own rank's worker.
+absl::Status CheckAttacher(WorkerManager* workers, const std::string& worker, int64_t incarnation,
+                           int64_t rank) {
+  if (absl::Status s = workers->CheckCurrent(worker, incarnation); !s.ok()) return s;
+  absl::StatusOr<WorkerRecord> w = workers->Get(worker);
+  if (!w.ok()) return w.status();
+  if (w->rank != rank) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", rank,
+                     "; attach through the local socket of rank ", rank, "'s worker"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<bool> AttachManager::Attach(const AttachArgs& args) {
-  if (absl::Status s = workers_->CheckCurrent(args.worker, args.incarnation); !s.ok()) return s;
-  absl::StatusOr<WorkerRecord> w = workers_->Get(args.worker);
-  if (!w.ok()) return w.status();
-  if (w->rank != args.rank) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
-                     "; attach through the local socket of rank ", args.rank, "'s worker"));
+  if (absl::Status s = CheckAttacher(workers_, args.worker, args.incarnation, args.rank); !s.ok()) {
+    return s;
   }
   absl::StatusOr<TensorRecord> t = tensors_->Attach(args.tensor, args.rank, args.incarnation,
                                                     args.version, args.dtype, args.chunks);
@@ -24,13 +37,8 @@ absl::StatusOr<bool> AttachManager::Attach(const AttachArgs& args) {
 
 absl::StatusOr<std::vector<TensorManager::Attached>> AttachManager::AttachMany(
     const AttachManyArgs& args) {
-  if (absl::Status s = workers_->CheckCurrent(args.worker, args.incarnation); !s.ok()) return s;
-  absl::StatusOr<WorkerRecord> w = workers_->Get(args.worker);
-  if (!w.ok()) return w.status();
-  if (w->rank != args.rank) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank: ", w->Describe(), " holds rank ", w->rank, ", not rank ", args.rank,
-                     "; attach through the local socket of rank ", args.rank, "'s worker"));
+  if (absl::Status s = CheckAttacher(workers_, args.worker, args.incarnation, args.rank); !s.ok()) {
+    return s;
   }
   // Who is alive now, for each tensor's `readable` (no call under the tensors' lock).
   absl::flat_hash_map<int64_t, int64_t> live;

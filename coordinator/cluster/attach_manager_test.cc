@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -15,20 +16,13 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class AttachManagerTest : public ::testing::Test {
+class AttachManagerTest : public ClusterFixture {
  protected:
   AttachManagerTest()
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_),
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_),
         attach_(&workers_, &tensors_, &plans_) {
     workers_.AddListener(&plans_);
-    for (int i = 0; i < 4; ++i) {
-      const std::string name = absl::StrCat("w", i);
-      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
-    }
+    RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
   }
 
@@ -58,8 +52,6 @@ class AttachManagerTest : public ::testing::Test {
     ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, holders).ok());
   }
 
-  int64_t Incarnation(int64_t rank) { return workers_.GetByRank(rank)->incarnation; }
-
   AttachArgs Args(const std::string& tensor, int64_t rank) {
     const TensorRecord t = *tensors_.Get(tensor);
     AttachArgs a;
@@ -81,26 +73,9 @@ class AttachManagerTest : public ::testing::Test {
 
   // Every fragment of `plan_id` executed and reported its target chunks.
   void ReportAll(const std::string& plan_id) {
-    for (const v1::PlanFragment& f : client_.fragments()) {
-      if (f.plan_id() != plan_id) continue;
-      WorkerReport r;
-      r.plan_id = plan_id;
-      r.rank = f.rank();
-      r.worker = absl::StrCat("w", f.rank());
-      r.incarnation = Incarnation(f.rank());
-      r.final = true;
-      r.chunks = *RankChunksFromProto(f.target(), "target");
-      for (const Chunk& c : r.chunks.chunks) r.checksums.push_back(c.box.offset(0) + 1);
-      ASSERT_TRUE(plans_.Report(r).ok());
-    }
+    ClusterFixture::ReportAll(&plans_, plan_id, [](const Chunk& c) { return c.box.offset(0) + 1; });
   }
 
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   PlanManager plans_;
   AttachManager attach_;
 };

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -16,14 +17,10 @@ using ::testing::IsEmpty;
 
 // Four workers w0..w3 (ranks 0..3) and a 2x2 mesh; plans run against the fake client, and
 // the test plays the workers' reports.
-class WorkerDrainTest : public ::testing::Test {
+class WorkerDrainTest : public ClusterFixture {
  protected:
   WorkerDrainTest()
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_),
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_),
         drain_(&clock_, &timer_, &workers_, &tensors_, &plans_) {
     workers_.AddListener(&plans_);
     for (int i = 0; i < 4; ++i) Register(i);
@@ -38,55 +35,21 @@ class WorkerDrainTest : public ::testing::Test {
 
   // S(0),R on M: [0:4) on ranks 0 and 1, [4:8) on ranks 2 and 3.
   void CreateTensor(const std::string& name) {
-    TensorRecord t;
-    t.name = name;
-    t.shape = {8, 4};
-    t.mesh = "M";
-    t.spec = "S(0),R";
-    t.layout = *Layout::FromPlacements(meshes_.Get("M")->mesh, t.shape, *ParsePlacements("S(0),R"));
-    t.version = tensors_.NewVersion();
-    ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
-    LayoutChecksums sums;
-    absl::flat_hash_map<int64_t, int64_t> inc;
-    for (const RankChunks& rc : t.layout.ranks()) {
-      sums.emplace_back(rc.chunks.size(), 1000 + rc.chunks[0].box.offset(0));
-      inc[rc.rank] = Worker(rc.rank).incarnation;
-    }
-    ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
+    CreateTestTensor(workers_, meshes_, &tensors_, name, "S(0),R", "M", {8, 4});
   }
 
   // Every participant of `plan_id` reports its target chunks (checksums as created).
   void ReportAll(const std::string& plan_id) {
-    for (const v1::PlanFragment& f : client_.fragments()) {
-      if (f.plan_id() != plan_id) continue;
-      WorkerReport r;
-      r.plan_id = plan_id;
-      r.rank = f.rank();
-      r.worker = Worker(f.rank()).spec.name;
-      r.incarnation = Worker(f.rank()).incarnation;
-      r.final = true;
-      r.chunks = *RankChunksFromProto(f.target(), "target");
-      for (const Chunk& c : r.chunks.chunks) r.checksums.push_back(1000 + c.box.offset(0));
-      ASSERT_TRUE(plans_.Report(r).ok()) << f.rank();
-    }
+    ClusterFixture::ReportAll(&plans_, plan_id,
+                              [](const Chunk& c) { return 1000 + c.box.offset(0); });
   }
 
   WorkerDrain::Done Record() {
     return [this](absl::StatusOr<LeaveOutcome> out) { outcome_ = std::move(out); };
   }
 
-  Spec Target(const std::string& placements) {
-    Spec s;
-    s.placements = *ParsePlacements(placements);
-    return s;
-  }
+  Spec Target(const std::string& placements) { return TestSpec(placements); }
 
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   PlanManager plans_;
   WorkerDrain drain_;
   std::optional<absl::StatusOr<LeaveOutcome>> outcome_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/store/state_store.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,27 +20,18 @@ namespace {
 using ::testing::HasSubstr;
 
 // The fake answers inline, so every call below has completed when it returns.
-class TensorIoTest : public ::testing::Test {
+class TensorIoTest : public ClusterFixture {
  protected:
   TensorIoTest()
-      : workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        io_(&workers_, &meshes_, &tensors_, &client_),
+      : io_(&workers_, &meshes_, &tensors_, &client_),
         banded_(&workers_, &meshes_, &tensors_, &client_, /*band_bytes=*/16) {
-    for (int i = 0; i < 4; ++i) {
-      const std::string name = absl::StrCat("w", i);
-      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
-    }
+    RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("M", {2, 2}, {}, {}).ok());
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
   }
 
   static Spec MakeSpec(const std::string& mesh, const std::string& placements) {
-    Spec s;
-    s.mesh = mesh;
-    s.placements = *ParsePlacements(placements);
-    return s;
+    return TestSpec(placements, mesh);
   }
 
   absl::StatusOr<TensorRecord> Create(const std::string& name, const std::string& placements,
@@ -91,20 +83,6 @@ class TensorIoTest : public ::testing::Test {
     return v;
   }
 
-  void Kill(int64_t rank) {
-    clock_.Advance(absl::Seconds(6));
-    for (int64_t r = 0; r < 4; ++r) {
-      const WorkerRecord w = *workers_.GetByRank(r);
-      if (r != rank && w.alive) ASSERT_TRUE(workers_.Heartbeat(w.spec.name, w.incarnation).ok());
-    }
-    workers_.CheckHealth(clock_.Now());
-  }
-
-  FakeClock clock_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   TensorIo io_;
   TensorIo banded_;  // One row of an [8, 4] f32 tensor per band.
 };

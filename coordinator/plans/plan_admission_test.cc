@@ -14,6 +14,7 @@
 #include "coordinator/plans/admission.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/state/tensor_manager.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_reports.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
@@ -25,22 +26,13 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct Outcome {
-  absl::Status status;
-  PlanProgress progress;
-};
-
 // Four workers with `budget` bytes each and 2048-byte buckets; f32 [16, 16] tensors (1 KiB)
 // sharded S(0) on a 4-rank mesh hold 256 bytes per rank; gathering one to R takes a new
 // 1 KiB buffer on every rank and stages at most 3 KiB.
-class PlanAdmissionTest : public ::testing::Test {
+class PlanAdmissionTest : public ClusterFixture {
  protected:
   explicit PlanAdmissionTest(int64_t budget = 3000)
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        view_(&workers_, &tensors_),
+      : view_(&workers_, &tensors_),
         admission_(&clock_, &timer_, &view_, AdmissionOptionsForTest()),
         plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()),
         io_(&workers_, &meshes_, &tensors_, &client_) {
@@ -48,13 +40,10 @@ class PlanAdmissionTest : public ::testing::Test {
     workers_.AddListener(&plans_);
     workers_.AddListener(&view_);
     io_.set_admission(&admission_);
-    for (int i = 0; i < 4; ++i) {
-      const std::string name = absl::StrCat("w", i);
-      WorkerSpec spec{name, "h", "cpu", name + ":1", "gloo"};
+    RegisterWorkers(4, [budget](WorkerSpec& spec) {
       spec.memory.budget_bytes = budget;
       spec.bucket_bytes = 2048;
-      EXPECT_TRUE(workers_.Register(spec).ok());
-    }
+    });
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
   }
 
@@ -72,14 +61,7 @@ class PlanAdmissionTest : public ::testing::Test {
     return o;
   }
 
-  int64_t Incarnation(int64_t rank) { return workers_.GetByRank(rank)->incarnation; }
-
-  static Spec MakeSpec(const std::string& placements) {
-    Spec s;
-    s.mesh = "N";
-    s.placements = *ParsePlacements(placements);
-    return s;
-  }
+  static Spec MakeSpec(const std::string& placements) { return TestSpec(placements, "N"); }
 
   absl::Status Create(const std::string& name, Shape shape = {16, 16},
                       const std::string& placements = "S(0)") {
@@ -95,39 +77,11 @@ class PlanAdmissionTest : public ::testing::Test {
     return out->status();
   }
 
-  PlanManager::DoneCallback Record(std::optional<Outcome>* out) {
-    return [out](const absl::Status& s, const PlanProgress& p) { *out = Outcome{s, p}; };
-  }
-
-  std::map<int64_t, v1::PlanFragment> Fragments(const std::string& plan_id) {
-    std::map<int64_t, v1::PlanFragment> out;
-    for (const v1::PlanFragment& f : client_.fragments()) {
-      if (f.plan_id() == plan_id) out[f.rank()] = f;
-    }
-    return out;
-  }
-
   // Every rank reports its planned target chunks (checksums equal per box, so replicas agree).
   void ReportAll(const std::string& plan_id) {
-    for (const auto& [rank, f] : Fragments(plan_id)) {
-      WorkerReport r;
-      r.plan_id = plan_id;
-      r.rank = rank;
-      r.worker = absl::StrCat("w", rank);
-      r.incarnation = Incarnation(rank);
-      r.final = true;
-      r.chunks = *RankChunksFromProto(f.target(), "target");
-      for (const Chunk& c : r.chunks.chunks) r.checksums.push_back(c.box.offset(0) + 1);
-      ASSERT_TRUE(plans_.Report(r).ok()) << rank;
-    }
+    ClusterFixture::ReportAll(&plans_, plan_id, [](const Chunk& c) { return c.box.offset(0) + 1; });
   }
 
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   ClusterMemoryView view_;
   AdmissionController admission_;
   PlanManager plans_;
@@ -136,7 +90,7 @@ class PlanAdmissionTest : public ::testing::Test {
 
 TEST_F(PlanAdmissionTest, APlanGetsTheBucketThatFitsAfterItsBuffers) {
   ASSERT_TRUE(Create("a").ok());
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> p = plans_.Redistribute("a", MakeSpec("R"), Record(&done));
   ASSERT_TRUE(p.ok()) << p.status();
   // 3000 - 256 committed - 1024 new leaves 1720 for 2 buckets (the cap, 3 KiB, is larger).
@@ -186,7 +140,7 @@ TEST_F(PlanAdmissionTest, AGroupIsAdmittedAsOneWithOneBucket) {
 TEST_F(PlanAdmissionTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
   ASSERT_TRUE(Create("a").ok());
   ASSERT_TRUE(Create("b").ok());
-  std::optional<Outcome> first, second;
+  std::optional<PlanOutcome> first, second;
   absl::StatusOr<StartedPlan> p1 = plans_.Redistribute("a", MakeSpec("R"), Record(&first));
   ASSERT_TRUE(p1.ok()) << p1.status();
   absl::StatusOr<StartedPlan> p2 = plans_.Redistribute("b", MakeSpec("R"), Record(&second));
@@ -220,7 +174,7 @@ TEST_F(PlanAdmissionTest, APlanWaitsForAnotherToReleaseMemoryThenRuns) {
 TEST_F(PlanAdmissionTest, AWaitingPlanIsSentOnlyOnceTheWorkersDroppedWhatACommitReplaced) {
   ASSERT_TRUE(Create("a").ok());
   ASSERT_TRUE(Create("b").ok());
-  std::optional<Outcome> first;
+  std::optional<PlanOutcome> first;
   absl::StatusOr<StartedPlan> p1 = plans_.Redistribute("a", MakeSpec("R"), Record(&first));
   ASSERT_TRUE(p1.ok()) << p1.status();
   absl::StatusOr<StartedPlan> p2 = plans_.Redistribute("b", MakeSpec("R"), nullptr);
@@ -266,7 +220,7 @@ TEST_F(PlanAdmissionTest, APlanWaitingBehindAGroupIsSentOnlyOnceTheWorkersDroppe
 TEST_F(PlanAdmissionTest, AWaitingPlanFailsWithResourceExhaustedAtTheTimeout) {
   ASSERT_TRUE(Create("a").ok());
   ASSERT_TRUE(Create("b").ok());
-  std::optional<Outcome> second;
+  std::optional<PlanOutcome> second;
   absl::StatusOr<StartedPlan> p1 = plans_.Redistribute("a", MakeSpec("R"), nullptr);
   ASSERT_TRUE(p1.ok()) << p1.status();
   absl::StatusOr<StartedPlan> p2 = plans_.Redistribute("b", MakeSpec("R"), Record(&second));

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_reports.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
@@ -17,24 +18,12 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-struct Outcome {
-  absl::Status status;
-  PlanProgress progress;
-};
-
-class PlanManagerTest : public ::testing::Test {
+class PlanManagerTest : public ClusterFixture {
  protected:
   PlanManagerTest()
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()) {
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()) {
     workers_.AddListener(&plans_);
-    for (int i = 0; i < 4; ++i) {
-      const std::string name = absl::StrCat("w", i);
-      EXPECT_TRUE(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}).ok());
-    }
+    RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("M", {2, 2}, {"dp", "tp"}, {}).ok());
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
   }
@@ -50,54 +39,15 @@ class PlanManagerTest : public ::testing::Test {
     return o;
   }
 
-  int64_t Incarnation(int64_t rank) { return workers_.GetByRank(rank)->incarnation; }
-
   // A ready tensor, S(0),R on M ([0:4) on ranks 0,1 and [4:8) on ranks 2,3), version 1.
   void CreateTensor(const std::string& name, const std::string& placements = "S(0),R",
                     const std::string& mesh = "M", Shape shape = {8, 4},
                     DType dtype = DType::kF32) {
-    TensorRecord t;
-    t.name = name;
-    t.shape = std::move(shape);
-    t.dtype = dtype;
-    t.mesh = mesh;
-    t.spec = placements;
-    t.layout =
-        *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
-    t.version = tensors_.NewVersion();
-    ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
-    LayoutChecksums sums;
-    absl::flat_hash_map<int64_t, int64_t> inc;
-    for (const RankChunks& rc : t.layout.ranks()) {
-      sums.emplace_back(rc.chunks.size(), 1000 + rc.chunks[0].box.offset(0));
-      inc[rc.rank] = Incarnation(rc.rank);
-    }
-    ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
+    CreateTestTensor(workers_, meshes_, &tensors_, name, placements, mesh, std::move(shape), dtype);
   }
 
   Spec Target(const std::string& placements, const std::string& mesh = "") {
-    Spec s;
-    s.mesh = mesh;
-    s.placements = *ParsePlacements(placements);
-    return s;
-  }
-
-  PlanManager::DoneCallback Record(std::optional<Outcome>* out) {
-    return [out](const absl::Status& s, const PlanProgress& p) { *out = Outcome{s, p}; };
-  }
-
-  // The fragments sent for `plan_id`, by rank.
-  std::map<int64_t, v1::PlanFragment> Fragments(const std::string& plan_id) {
-    std::map<int64_t, v1::PlanFragment> out;
-    for (const v1::PlanFragment& f : client_.fragments()) {
-      if (f.plan_id() == plan_id) out[f.rank()] = f;
-    }
-    return out;
-  }
-
-  // What a worker that executed its fragment correctly reports (fake_reports.h).
-  WorkerReport FinalReport(const v1::PlanFragment& f) {
-    return FakeFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()));
+    return TestSpec(placements, mesh);
   }
 
   // How many FinishPlans were sent, each expected to commit (or abort) and drop
@@ -113,10 +63,7 @@ class PlanManagerTest : public ::testing::Test {
   }
 
   void ReportAll(const std::string& plan_id, std::set<int64_t> skip = {}) {
-    for (const auto& [rank, f] : Fragments(plan_id)) {
-      if (skip.count(rank)) continue;
-      ASSERT_TRUE(plans_.Report(FinalReport(f)).ok()) << rank;
-    }
+    ClusterFixture::ReportAll(&plans_, plan_id, DefaultFakeChecksum, skip);
   }
 
   // What a worker that ran its fused group fragment correctly reports (fake_reports.h).
@@ -131,23 +78,6 @@ class PlanManagerTest : public ::testing::Test {
     }
   }
 
-  // Everyone but `rank` heartbeats; then the health check runs after the timeout.
-  void Kill(int64_t rank) {
-    clock_.Advance(absl::Seconds(6));
-    for (int64_t r = 0; r < 4; ++r) {
-      if (r == rank) continue;
-      const WorkerRecord w = *workers_.GetByRank(r);
-      if (w.alive) ASSERT_TRUE(workers_.Heartbeat(w.spec.name, w.incarnation).ok());
-    }
-    workers_.CheckHealth(clock_.Now());
-  }
-
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  FakeWorkerClient client_;
   std::vector<std::string> ended_prefixes_;
   Registry registry_;
   CoordinatorMetrics metrics_{&registry_};
@@ -156,7 +86,7 @@ class PlanManagerTest : public ::testing::Test {
 
 TEST_F(PlanManagerTest, EndedPlansAreCountedByOpAndState) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> committed = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(committed.ok()) << committed.status();
   ReportAll(committed->id);
@@ -181,7 +111,7 @@ TEST_F(PlanManagerTest, EndedPlansAreCountedByOpAndState) {
 TEST_F(PlanManagerTest, CommitReplacesTheLayoutAndDropsTheOldVersion) {
   CreateTensor("T");
   const TensorRecord before = *tensors_.Get("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   const std::string id = started->id;
@@ -297,7 +227,7 @@ TEST_F(PlanManagerTest, GroupMembersAreNotReportedToOnTheirOwn) {
 TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
   CreateTensor("T");
   const TensorRecord before = *tensors_.Get("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started =
       plans_.Redistribute("T", Target("S(1)", "N"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
@@ -346,7 +276,7 @@ TEST_F(PlanManagerTest, WorkerErrorAbortsEverywhereAndKeepsTheOldLayout) {
 TEST_F(PlanManagerTest, AnAbortKeepsItsEpochsKeysUntilTheEpochsOtherPlansEnd) {
   CreateTensor("T");
   CreateTensor("U");
-  std::optional<Outcome> t_done, u_done;
+  std::optional<PlanOutcome> t_done, u_done;
   absl::StatusOr<StartedPlan> t = plans_.Redistribute("T", Target("R,S(1)"), Record(&t_done));
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<StartedPlan> u = plans_.Redistribute("U", Target("R,S(1)"), Record(&u_done));
@@ -372,7 +302,7 @@ TEST_F(PlanManagerTest, AnAbortKeepsItsEpochsKeysUntilTheEpochsOtherPlansEnd) {
 
 TEST_F(PlanManagerTest, APeerErrorFollowedByADeathNamesTheDeadRank) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   auto heartbeat_all_but_3 = [&] {
@@ -408,7 +338,7 @@ TEST_F(PlanManagerTest, APeerErrorFollowedByADeathNamesTheDeadRank) {
 TEST_F(PlanManagerTest, DeathOfAParticipantAbortsNamingTheRank) {
   CreateTensor("T");
   const TensorRecord before = *tensors_.Get("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   ReportAll(started->id, /*skip=*/{3});
@@ -429,7 +359,7 @@ TEST_F(PlanManagerTest, DeathOfAParticipantAbortsNamingTheRank) {
   EXPECT_EQ(dead_target.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(dead_target.message(), HasSubstr("worker w3 (rank 3)"));
   ASSERT_TRUE(meshes_.Create("live", {3}, {}, {"w0", "w1", "w2"}).ok());
-  std::optional<Outcome> done2;
+  std::optional<PlanOutcome> done2;
   absl::StatusOr<StartedPlan> again =
       plans_.Redistribute("T", Target("S(0)", "live"), Record(&done2));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -461,7 +391,7 @@ TEST_F(PlanManagerTest, BusyTensorIsAbortedWhileOtherTensorsRunConcurrently) {
   CreateTensor("T");
   CreateTensor("U");
   client_.HoldExecutes(true);
-  std::optional<Outcome> t_done, u_done;
+  std::optional<PlanOutcome> t_done, u_done;
   absl::StatusOr<StartedPlan> t = plans_.Redistribute("T", Target("R,S(1)"), Record(&t_done));
   ASSERT_TRUE(t.ok());
   absl::Status second = plans_.Redistribute("T", Target("R,R"), nullptr).status();
@@ -485,7 +415,7 @@ TEST_F(PlanManagerTest, BusyTensorIsAbortedWhileOtherTensorsRunConcurrently) {
 
 TEST_F(PlanManagerTest, ReplicaChecksumMismatchAborts) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok());
   // R,S(1) on 2x2: ranks 0 and 2 both hold columns [0:2).
@@ -505,7 +435,7 @@ TEST_F(PlanManagerTest, ReplicaChecksumMismatchAborts) {
 
 TEST_F(PlanManagerTest, WrongReportedChunksAbort) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok());
   for (const auto& [rank, f] : Fragments(started->id)) {
@@ -522,7 +452,7 @@ TEST_F(PlanManagerTest, WrongReportedChunksAbort) {
 
 TEST_F(PlanManagerTest, StaleIncarnationIsRejectedAndReRegistrationAborts) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok());
   WorkerReport stale = FinalReport(Fragments(started->id)[1]);
@@ -547,7 +477,7 @@ TEST_F(PlanManagerTest, ExecuteFailureAndTimeoutAbort) {
   CreateTensor("T");
   CreateTensor("U");
   client_.Fail("Execute", 1, absl::UnavailableError("connection refused"));
-  std::optional<Outcome> failed;
+  std::optional<PlanOutcome> failed;
   ASSERT_TRUE(plans_.Redistribute("T", Target("R,S(1)"), Record(&failed)).ok());
   ASSERT_TRUE(failed.has_value());
   EXPECT_THAT(failed->status.message(),
@@ -556,7 +486,7 @@ TEST_F(PlanManagerTest, ExecuteFailureAndTimeoutAbort) {
   EXPECT_TRUE(tensors_.Get("T")->busy_plan.empty());
 
   client_.Fail("Execute", 1, absl::OkStatus());
-  std::optional<Outcome> timed_out;
+  std::optional<PlanOutcome> timed_out;
   absl::StatusOr<StartedPlan> u = plans_.Redistribute("U", Target("R,S(1)"), Record(&timed_out));
   ASSERT_TRUE(u.ok());
   ReportAll(u->id, /*skip=*/{0, 3});
@@ -572,7 +502,7 @@ TEST_F(PlanManagerTest, ExecuteFailureAndTimeoutAbort) {
 
 TEST_F(PlanManagerTest, GatherToOneRank) {
   CreateTensor("T", "S(0),S(1)");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Gather("T", "", int64_t{2}, Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   ASSERT_EQ(started->plan->target.ranks().size(), 1u);
@@ -594,7 +524,7 @@ TEST_F(PlanManagerTest, GatherToOneRank) {
 
 TEST_F(PlanManagerTest, GatherToAMeshReplicatesEverywhere) {
   CreateTensor("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Gather("T", "N", std::nullopt, Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   ReportAll(started->id);
@@ -642,7 +572,7 @@ TEST_F(PlanManagerTest, WatchingAnEndedPlanGetsItsFinalStateOnce) {
 TEST_F(PlanManagerTest, ShutdownAbortsRunningPlansAndRefusesNewOnes) {
   CreateTensor("T");
   CreateTensor("U");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   ASSERT_TRUE(plans_.Redistribute("T", Target("R,S(1)"), Record(&done)).ok());
   plans_.Shutdown("coordinator shutting down");
   ASSERT_TRUE(done.has_value());
@@ -660,7 +590,7 @@ TEST_F(PlanManagerTest, CopyWritesDstsNewVersionAndLeavesSrcAlone) {
   CreateTensor("dst", "S(1)", "N");
   const TensorRecord src_before = *tensors_.Get("src");
   const TensorRecord dst_before = *tensors_.Get("dst");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Copy("src", "dst", Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   EXPECT_EQ(started->tensor, "dst");
@@ -753,7 +683,7 @@ TEST_F(PlanManagerTest, CopyOntoOrFromABusyTensorIsAbortedAndReleasesTheOther) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
   EXPECT_TRUE(tensors_.Get("c")->busy_plan.empty());
   // Copies of other tensors run meanwhile.
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> copy = plans_.Copy("a", "c", Record(&done));
   ASSERT_TRUE(copy.ok()) << copy.status();
   client_.ReleaseExecutes();
@@ -767,7 +697,7 @@ TEST_F(PlanManagerTest, CopyFailureMidwayKeepsBothVersions) {
   CreateTensor("dst", "R,S(1)");
   const TensorRecord src_before = *tensors_.Get("src");
   const TensorRecord dst_before = *tensors_.Get("dst");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = plans_.Copy("src", "dst", Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   std::map<int64_t, v1::PlanFragment> fragments = Fragments(started->id);
@@ -803,7 +733,7 @@ TEST_F(PlanManagerTest, CopyFailureMidwayKeepsBothVersions) {
     EXPECT_TRUE(after.busy_plan.empty()) << name;
   }
   // Both are free for the next plan.
-  std::optional<Outcome> again;
+  std::optional<PlanOutcome> again;
   absl::StatusOr<StartedPlan> next = plans_.Copy("src", "dst", Record(&again));
   ASSERT_TRUE(next.ok()) << next.status();
   ReportAll(next->id);
@@ -1395,7 +1325,7 @@ TEST_F(RelayedPlanTest, ASmallPlanIsMovedByTheCoordinatorAndCommitsLikeAnExecute
   CreateTensor("T");
   StoreBuffers("T");
   const TensorRecord before = *tensors_.Get("T");
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = relay_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   // The fake answers inline: read, laid out, written, validated and committed.
@@ -1426,7 +1356,7 @@ TEST_F(RelayedPlanTest, AFailedWriteAbortsAndDropsTheNewVersionEverywhere) {
   StoreBuffers("T");
   const TensorRecord before = *tensors_.Get("T");
   client_.Fail("WriteChunk", 3, absl::UnavailableError("connection reset"));
-  std::optional<Outcome> done;
+  std::optional<PlanOutcome> done;
   absl::StatusOr<StartedPlan> started = relay_.Redistribute("T", Target("R,S(1)"), Record(&done));
   ASSERT_TRUE(started.ok()) << started.status();
   ASSERT_TRUE(done.has_value());

@@ -24,6 +24,7 @@
 #include "coordinator/rpc/caller_quota.h"
 #include "coordinator/rpc/coordinator_service.h"
 #include "coordinator/rpc/request_log.h"
+#include "coordinator/rpc/service_test_util.h"
 #include "coordinator/rpc/worker_facing_service.h"
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/store/state_store.h"
@@ -89,25 +90,9 @@ class Call : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> 
   absl::Notification done_;
 };
 
-class Harness {
+class Harness : private ServiceStack {
  public:
-  Harness()
-      : workers_(&clock_, absl::Minutes(10)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        kv_(&timer_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
-        io_(&workers_, &meshes_, &tensors_, &client_, kDefaultBandBytes),
-        requests_(&request_store_, &clock_),
-        watches_("watch streams", "--max-watches-per-caller", 1000),
-        running_plans_("running plans", "--max-plans-per-caller", 1000),
-        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, 1 << 16, /*metrics=*/nullptr,
-                 /*auth=*/nullptr, &requests_, &watches_, &running_plans_),
-        registration_(&workers_, &tensors_),
-        attach_(&workers_, &tensors_, &plans_),
-        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
-                        absl::Milliseconds(250)) {
-    workers_.AddListener(&plans_);
+  Harness() : ServiceStack(1 << 16, kDefaultBandBytes, /*per_caller=*/1000) {
     const std::vector<std::string> services = {v1::Coordinator::service_full_name(),
                                                v1::CoordinatorWorkers::service_full_name()};
     CounterFamily* calls = registry_.AddCounter("calls", "c", {"method", "code"});
@@ -166,23 +151,6 @@ class Harness {
   }
 
  private:
-  RealClock clock_;
-  ThreadTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  KvStore kv_;
-  FakeWorkerClient client_;
-  PlanManager plans_;
-  TensorIo io_;
-  MemoryStateStore request_store_;
-  RequestLog requests_;
-  CallerQuota watches_;
-  CallerQuota running_plans_;
-  CoordinatorService service_;
-  WorkerRegistration registration_;
-  AttachManager attach_;
-  WorkerFacingService worker_service_;
   Registry registry_;
   HealthStatus health_;
   std::unique_ptr<grpc::Server> server_;

@@ -8,6 +8,7 @@
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/coordinator_service.h"
+#include "coordinator/rpc/service_test_util.h"
 #include "coordinator/rpc/worker_facing_service.h"
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/testing/fake_worker_client.h"
@@ -29,22 +30,10 @@ Authenticator MakeAuth() {
   return *std::move(a);
 }
 
-class ServiceAuthTest : public ::testing::Test {
+class ServiceAuthTest : public ::testing::Test, protected ServiceStack {
  protected:
   ServiceAuthTest()
-      : auth_(MakeAuth()),
-        workers_(&clock_, absl::Minutes(10)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        kv_(&timer_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
-        io_(&workers_, &meshes_, &tensors_, &client_, kDefaultBandBytes),
-        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, 64, /*metrics=*/nullptr, &auth_),
-        registration_(&workers_, &tensors_),
-        attach_(&workers_, &tensors_, &plans_),
-        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
-                        absl::Milliseconds(250), &auth_) {
-    workers_.AddListener(&plans_);
+      : ServiceStack(64, kDefaultBandBytes, /*per_caller=*/0, &auth_), auth_(MakeAuth()) {
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
     builder.RegisterService(&worker_service_);
@@ -67,30 +56,11 @@ class ServiceAuthTest : public ::testing::Test {
   }
 
   grpc::Status Register(const std::string& token, const std::string& name) {
-    v1::RegisterWorkerRequest req;
-    req.set_name(name);
-    req.set_host("h");
-    req.set_device("cpu");
-    req.set_address(absl::StrCat(name, ":1"));
-    req.set_backend("gloo");
     v1::RegisterWorkerResponse resp;
-    return workers_stub_->RegisterWorker(Ctx(token).get(), req, &resp);
+    return workers_stub_->RegisterWorker(Ctx(token).get(), TestRegisterRequest(name), &resp);
   }
 
-  Authenticator auth_;
-  RealClock clock_;
-  ThreadTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  KvStore kv_;
-  FakeWorkerClient client_;
-  PlanManager plans_;
-  TensorIo io_;
-  CoordinatorService service_;
-  WorkerRegistration registration_;
-  AttachManager attach_;
-  WorkerFacingService worker_service_;
+  Authenticator auth_;  // The services keep its address: it is built after them.
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
   std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;

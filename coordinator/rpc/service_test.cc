@@ -14,6 +14,7 @@
 #include "coordinator/cluster/kv_store.h"
 #include "coordinator/rpc/coordinator_service.h"
 #include "coordinator/rpc/request_log.h"
+#include "coordinator/rpc/service_test_util.h"
 #include "coordinator/rpc/worker_facing_service.h"
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/store/state_store.h"
@@ -31,25 +32,10 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kSlice = 64;  // Streamed data messages carry at most this many bytes.
 
-class ServiceTest : public ::testing::Test {
+class ServiceTest : public ::testing::Test, protected ServiceStack {
  protected:
   explicit ServiceTest(int64_t band_bytes = kDefaultBandBytes, int64_t per_caller = 1000)
-      : workers_(&clock_, absl::Minutes(10)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        kv_(&timer_),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, {}),
-        io_(&workers_, &meshes_, &tensors_, &client_, band_bytes),
-        requests_(&request_store_, &clock_),
-        watches_("watch streams", "--max-watches-per-caller", per_caller),
-        running_plans_("running plans", "--max-plans-per-caller", per_caller),
-        service_(&workers_, &meshes_, &tensors_, &plans_, &io_, kSlice, /*metrics=*/nullptr,
-                 /*auth=*/nullptr, &requests_, &watches_, &running_plans_),
-        registration_(&workers_, &tensors_),
-        attach_(&workers_, &tensors_, &plans_),
-        worker_service_(&clock_, &workers_, &registration_, &kv_, &plans_, &attach_,
-                        absl::Milliseconds(250)) {
-    workers_.AddListener(&plans_);
+      : ServiceStack(kSlice, band_bytes, per_caller) {
     grpc::ServerBuilder builder;
     builder.RegisterService(&service_);
     builder.RegisterService(&worker_service_);
@@ -69,14 +55,10 @@ class ServiceTest : public ::testing::Test {
   void RegisterFour() {
     for (int i = 0; i < 4; ++i) {
       grpc::ClientContext ctx;
-      v1::RegisterWorkerRequest req;
-      req.set_name(absl::StrCat("w", i));
-      req.set_host("h");
-      req.set_device("cpu");
-      req.set_address(absl::StrCat("w", i, ":1"));
-      req.set_backend("gloo");
       v1::RegisterWorkerResponse resp;
-      ASSERT_TRUE(workers_stub_->RegisterWorker(&ctx, req, &resp).ok());
+      ASSERT_TRUE(
+          workers_stub_->RegisterWorker(&ctx, TestRegisterRequest(absl::StrCat("w", i)), &resp)
+              .ok());
       EXPECT_EQ(resp.rank(), i);
       EXPECT_EQ(resp.heartbeat_interval_ms(), 250);
       incarnations_.push_back(resp.incarnation());
@@ -161,23 +143,6 @@ class ServiceTest : public ::testing::Test {
     return out;
   }
 
-  RealClock clock_;
-  ThreadTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  KvStore kv_;
-  FakeWorkerClient client_;
-  PlanManager plans_;
-  TensorIo io_;
-  MemoryStateStore request_store_;
-  RequestLog requests_;
-  CallerQuota watches_;
-  CallerQuota running_plans_;
-  CoordinatorService service_;
-  WorkerRegistration registration_;
-  AttachManager attach_;
-  WorkerFacingService worker_service_;
   int tcp_port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;

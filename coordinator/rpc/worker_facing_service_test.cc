@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/timer.h"
 #include "coordinator/cluster/kv_store.h"
+#include "coordinator/rpc/service_test_util.h"
 #include "coordinator/store/state_store.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
@@ -43,14 +44,9 @@ class AttachBuffersTest : public ::testing::Test {
     stub_ = v1::CoordinatorWorkers::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
     for (int i = 0; i < 2; ++i) {
       grpc::ClientContext ctx;
-      v1::RegisterWorkerRequest req;
-      req.set_name(absl::StrCat("w", i));
-      req.set_host("h");
-      req.set_device("cpu");
-      req.set_address(absl::StrCat("w", i, ":1"));
-      req.set_backend("gloo");
       v1::RegisterWorkerResponse resp;
-      EXPECT_TRUE(stub_->RegisterWorker(&ctx, req, &resp).ok());
+      EXPECT_TRUE(
+          stub_->RegisterWorker(&ctx, TestRegisterRequest(absl::StrCat("w", i)), &resp).ok());
       incarnations_.push_back(resp.incarnation());
     }
     EXPECT_TRUE(meshes_.Create("N", {2}, {}, {}).ok());

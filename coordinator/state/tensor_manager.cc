@@ -203,6 +203,15 @@ absl::Status TensorManager::RecoveringError(const TensorRecord& t) {
       " to register again); retry shortly"));
 }
 
+absl::Status TensorManager::CheckVisible(const TensorRecord* t, absl::string_view name,
+                                         const std::string& owner) {
+  if (t == nullptr || !t->ready || (!t->owner.empty() && t->owner != owner)) {
+    return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+  }
+  if (t->recovering) return RecoveringError(*t);
+  return absl::OkStatus();
+}
+
 absl::Status TensorManager::Load(const LivenessFn& was_live) {
   if (store_ == nullptr) return absl::OkStatus();
   // The version counter, then the tensors: only this manager's kinds are read.
@@ -860,11 +869,10 @@ absl::StatusOr<TensorRecord> TensorManager::Get(absl::string_view name,
                                                 const std::string& owner) const {
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(name);
-  if (it == tensors_.end() || !it->second.ready ||
-      (!it->second.owner.empty() && it->second.owner != owner)) {
-    return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+  if (absl::Status s = CheckVisible(it == tensors_.end() ? nullptr : &it->second, name, owner);
+      !s.ok()) {
+    return s;
   }
-  if (it->second.recovering) return RecoveringError(it->second);
   TensorRecord out = it->second;
   FoldLocked(out);
   return out;
@@ -1027,11 +1035,10 @@ absl::StatusOr<TensorRecord> TensorManager::Remove(absl::string_view name,
   {
     absl::MutexLock lock(&mu_);
     auto it = tensors_.find(name);
-    if (it == tensors_.end() || !it->second.ready ||
-        (!it->second.owner.empty() && it->second.owner != owner)) {
-      return absl::NotFoundError(absl::StrCat("unknown tensor '", name, "'"));
+    if (absl::Status s = CheckVisible(it == tensors_.end() ? nullptr : &it->second, name, owner);
+        !s.ok()) {
+      return s;
     }
-    if (it->second.recovering) return RecoveringError(it->second);
     if (std::string busy = BusyWithLocked(it->second); !busy.empty()) {
       return absl::AbortedError(absl::StrCat("tensor '", name, "' is busy with ", busy));
     }

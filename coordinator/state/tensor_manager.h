@@ -352,6 +352,10 @@ class TensorManager {
   absl::flat_hash_map<std::pair<int64_t, int64_t>, int64_t> RecountLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static absl::Status RecoveringError(const TensorRecord& t);
+  // OK when `t` (null: none named `name`) is a ready tensor that `owner` sees and not being
+  // recovered; else NOT_FOUND, or RecoveringError.
+  static absl::Status CheckVisible(const TensorRecord* t, absl::string_view name,
+                                   const std::string& owner);
   // Attach's checks of one buffer for `rank` against `cur` (`version` absent: any; `bytes`
   // absent: not checked); the index of `rank` among its layout's ranks.
   absl::StatusOr<size_t> CheckAttachLocked(const TensorRecord& cur, int64_t rank,

@@ -47,18 +47,10 @@ class TransferRestartTest : public ::testing::Test {
  protected:
   TransferRestartTest() : dir_(absl::StrCat(std::getenv("TEST_TMPDIR"), "/restart")) {}
 
+  // With inline fakes the run has ended (or failed to start) when this returns.
   RunResult Run(TransferManager* transfers, const std::string& name) {
     RunResult r;
-    transfers->Run(
-        name,
-        [&r](const absl::Status& s, const v1::RunTransferResponse& resp) {
-          r.started = s;
-          r.response = resp;
-        },
-        [&r](const absl::Status& s, const v1::RunTransferResponse& resp) {
-          r.ended = s;
-          r.response = resp;
-        });
+    StartRun(transfers, name, &r);
     return r;
   }
 

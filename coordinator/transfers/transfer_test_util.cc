@@ -2,8 +2,7 @@
 
 #include <utility>
 
-#include "sharding/layout.h"
-#include "sharding/placement.h"
+#include "coordinator/testing/cluster_fixture.h"
 
 namespace shardcoord {
 
@@ -63,23 +62,7 @@ void TransferTest::RegisterWorkers(WorkerManager* workers) {
 
 void TransferTest::CreateTensorOn(const std::string& name, const std::string& mesh,
                                   const std::string& placements, Shape shape) {
-  TensorRecord t;
-  t.name = name;
-  t.shape = std::move(shape);
-  t.dtype = DType::kF32;
-  t.mesh = mesh;
-  t.spec = placements;
-  t.layout =
-      *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
-  t.version = tensors_.NewVersion();
-  ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
-  LayoutChecksums sums;
-  absl::flat_hash_map<int64_t, int64_t> inc;
-  for (const RankChunks& rc : t.layout.ranks()) {
-    sums.emplace_back(rc.chunks.size(), 1000 + rc.chunks[0].box.offset(0));
-    inc[rc.rank] = workers_.GetByRank(rc.rank)->incarnation;
-  }
-  ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
+  CreateTestTensor(workers_, meshes_, &tensors_, name, placements, mesh, std::move(shape));
 }
 
 void TransferTest::CreateMembers(int n) {
@@ -106,18 +89,22 @@ absl::StatusOr<v1::TransferInfo> TransferTest::Create(const std::string& name,
   return *std::move(out);
 }
 
+void StartRun(TransferManager* transfers, const std::string& name, RunResult* r) {
+  transfers->Run(
+      name,
+      [r](const absl::Status& s, const v1::RunTransferResponse& resp) {
+        r->started = s;
+        r->response = resp;
+      },
+      [r](const absl::Status& s, const v1::RunTransferResponse& resp) {
+        r->ended = s;
+        r->response = resp;
+      });
+}
+
 RunResult& TransferTest::RunNow(const std::string& name) {
   RunResult& r = runs_.emplace_back();
-  transfers_->Run(
-      name,
-      [&r](const absl::Status& s, const v1::RunTransferResponse& resp) {
-        r.started = s;
-        r.response = resp;
-      },
-      [&r](const absl::Status& s, const v1::RunTransferResponse& resp) {
-        r.ended = s;
-        r.response = resp;
-      });
+  StartRun(transfers_.get(), name, &r);
   return r;
 }
 

@@ -71,6 +71,9 @@ struct RunResult {
   }
 };
 
+// Runs transfer `name` on `transfers`, its callbacks filling `*r` (which must outlive them).
+void StartRun(TransferManager* transfers, const std::string& name, RunResult* r);
+
 class TransferTest : public ::testing::Test {
  public:
   static TransferManagerOptions DefaultOptions();

@@ -7,7 +7,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,38 +30,19 @@
 namespace shardcoord {
 namespace {
 
-using executor_testing::Contribution;
-using executor_testing::ForEachElement;
 using executor_testing::Fragments;
 using executor_testing::MakeLayout;
 using executor_testing::MakeSource;
-using executor_testing::NcclLikeFactory;
-using executor_testing::Reduced;
 
 constexpr int kRanks = 4;
 
-struct Cluster {
-  explicit Cluster(bool nccl_like = false) {
-    for (int r = 0; r < kRanks; ++r) {
-      std::shared_ptr<CommunicatorFactory> gloo =
-          *GlooCommunicatorFactory::Create(&kv, GlooOptions{});
-      if (nccl_like) gloo = std::make_shared<NcclLikeFactory>(gloo);
-      caches.push_back(std::make_unique<CommunicatorCache>(gloo));
-    }
-  }
-  InMemoryKvClient kv;
-  std::vector<std::unique_ptr<CommunicatorCache>> caches;
+struct Cluster : executor_testing::GlooCluster {
+  explicit Cluster(bool nccl_like = false) : GlooCluster(kRanks, nccl_like) {}
 };
 
 // One fake GPU per rank.
-struct Devices {
-  Devices() {
-    for (int r = 0; r < kRanks; ++r) {
-      spaces.push_back(std::make_unique<FakeDeviceMemorySpace>(absl::StrCat("fake-cuda:", r)));
-    }
-  }
-  MemorySpace* at(int r) { return spaces[r].get(); }
-  std::vector<std::unique_ptr<FakeDeviceMemorySpace>> spaces;
+struct Devices : executor_testing::FakeDevices {
+  Devices() : FakeDevices(kRanks) {}
 };
 
 struct RunOutput {
@@ -76,7 +56,6 @@ struct RunOutput {
 RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
                   ExecutorOptions options, Devices* devices) {
   RunOutput out;
-  out.results.resize(kRanks, absl::UnknownError("not run"));
   out.targets.resize(kRanks);
   out.bytes.resize(kRanks);
   std::vector<Fragment> fragments(kRanks);
@@ -91,22 +70,11 @@ RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
                                          fragments[r].shapes[0].target, space);
     if (devices != nullptr) before[r] = devices->spaces[r]->stats();
   }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      ExecuteInput in;
-      in.fragment = &fragments[r];
-      in.source = sources[r].get();
-      in.target = out.targets[r].get();
-      in.communicators = cluster.caches[r].get();
-      in.options = options;
-      out.results[r] = ExecuteFragment(in);
-    });
-  }
-  for (auto& t : threads) t.join();
+  out.results =
+      executor_testing::ExecuteOnThreads(cluster, fragments, sources, out.targets, options);
+  out.methods = executor_testing::MethodsOf(out.results);
   for (int r = 0; r < kRanks; ++r) {
     if (!out.results[r].ok()) continue;
-    for (const StepReport& s : out.results[r]->steps) out.methods.insert(s.method);
     HostBuffer& target = *out.targets[r];
     out.bytes[r].resize(static_cast<size_t>(target.bytes()));
     if (devices == nullptr) {
@@ -131,32 +99,13 @@ RunOutput RunPlan(Cluster& cluster, const Plan& plan, const std::string& id,
 
 // Every element of every target chunk, from the bytes read back, and the checksums.
 void CheckTarget(const Plan& plan, const RunOutput& out) {
-  const Layout& source = plan.source;
-  const Layout& target = plan.target;
-  for (int r = 0; r < kRanks; ++r) {
-    ASSERT_TRUE(out.results[r].ok()) << "rank " << r << ": " << out.results[r].status();
-    const RankChunks* rc = target.Find(r);
-    const ExecuteResult& res = *out.results[r];
-    if (rc == nullptr) {
-      EXPECT_TRUE(res.chunks.chunks.empty());
-      continue;
-    }
-    ASSERT_EQ(res.chunks.chunks, rc->chunks);
-    ASSERT_EQ(res.checksums.size(), rc->chunks.size());
-    const int64_t esize = ElementSize(plan.dtype);
-    for (size_t k = 0; k < rc->chunks.size(); ++k) {
-      const Chunk& c = rc->chunks[k];
-      const char* data = out.bytes[r].data() + c.local_offset * esize;
-      EXPECT_EQ(res.checksums[k], ChunkChecksum(data, c.box.Volume() * esize));
-      const bool zero =
-          target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
-      ForEachElement(target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-        const double want = zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
-        ASSERT_EQ(LoadAsDouble(data, plan.dtype, i), want)
-            << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
+  const int64_t esize = ElementSize(plan.dtype);
+  executor_testing::CheckTargets(
+      plan.source, plan.target, plan.dtype, out.results, [&](int r, size_t k) {
+        const Chunk& c = plan.target.Find(r)->chunks[k];
+        return absl::string_view(out.bytes[r].data() + c.local_offset * esize,
+                                 c.box.Volume() * esize);
       });
-    }
-  }
 }
 
 struct Case {
@@ -349,19 +298,8 @@ TEST(ExecutorMemorySpaceTest, StagingOutOfDeviceMemoryIsResourceExhausted) {
     devices.spaces[r]->set_capacity(devices.spaces[r]->stats().live_bytes);  // Full.
   }
   Cluster cluster;
-  std::vector<absl::StatusOr<ExecuteResult>> results(kRanks, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      ExecuteInput in;
-      in.fragment = &fragments[r];
-      in.source = sources[r].get();
-      in.target = targets[r].get();
-      in.communicators = cluster.caches[r].get();
-      results[r] = ExecuteFragment(in);
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::StatusOr<ExecuteResult>> results =
+      executor_testing::ExecuteOnThreads(cluster, fragments, sources, targets, ExecutorOptions());
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(results[r].status().code(), absl::StatusCode::kResourceExhausted)
         << results[r].status();

@@ -6,7 +6,6 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,24 +27,15 @@
 namespace shardcoord {
 namespace {
 
-using executor_testing::Contribution;
 using executor_testing::ForEachElement;
 using executor_testing::Fragments;
 using executor_testing::MakeLayout;
 using executor_testing::MakeSource;
-using executor_testing::Reduced;
 
 constexpr int kRanks = 4;
 
-struct Cluster {
-  Cluster() {
-    for (int r = 0; r < kRanks; ++r) {
-      caches.push_back(std::make_unique<CommunicatorCache>(
-          *GlooCommunicatorFactory::Create(&kv, GlooOptions{})));
-    }
-  }
-  InMemoryKvClient kv;
-  std::vector<std::unique_ptr<CommunicatorCache>> caches;
+struct Cluster : executor_testing::GlooCluster {
+  Cluster() : GlooCluster(kRanks) {}
 };
 
 struct RunOutput {
@@ -69,58 +59,17 @@ RunOutput RunFragments(Cluster& cluster, const std::vector<v1::PlanFragment>& pr
     fragments[r] = *f;
     out.targets[r] = *HostBuffer::Create(f->shapes[0].target_dtype(), f->shapes[0].target);
   }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks_running; ++r) {
-    threads.emplace_back([&, r] {
-      ExecuteInput in;
-      in.fragment = &fragments[r];
-      in.source = sources[r].get();
-      in.target = out.targets[r].get();
-      in.communicators = cluster.caches[r].get();
-      in.options = options;
-      int64_t last = -1, total = -1;
-      in.progress = [&](int64_t done, int64_t t) {
-        EXPECT_GE(done, last);
-        last = done;
-        total = t;
-      };
-      out.results[r] = ExecuteFragment(in);
-      if (out.results[r].ok() && total >= 0) EXPECT_EQ(last, total);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& res : out.results) {
-    if (!res.ok()) continue;
-    for (const StepReport& s : res->steps) out.methods.insert(s.method);
-  }
+  out.results =
+      executor_testing::ExecuteOnThreads(cluster, fragments, sources, out.targets, options);
+  out.methods = executor_testing::MethodsOf(out.results);
   return out;
 }
 
 // Checks every element of every target chunk and the reported checksums.
 void CheckTarget(const Layout& source, const Layout& target, DType dtype, const RunOutput& out) {
-  for (int r = 0; r < kRanks; ++r) {
-    ASSERT_TRUE(out.results[r].ok()) << "rank " << r << ": " << out.results[r].status();
-    const RankChunks* rc = target.Find(r);
-    const ExecuteResult& res = *out.results[r];
-    if (rc == nullptr) {
-      EXPECT_TRUE(res.chunks.chunks.empty());
-      continue;
-    }
-    ASSERT_EQ(res.chunks.chunks, rc->chunks);
-    ASSERT_EQ(res.checksums.size(), rc->chunks.size());
-    for (size_t k = 0; k < rc->chunks.size(); ++k) {
-      const Chunk& c = rc->chunks[k];
-      const char* data = out.targets[r]->chunk_data(k);
-      EXPECT_EQ(res.checksums[k], ChunkChecksum(data, out.targets[r]->chunk_bytes(k)));
-      const bool zero =
-          target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
-      ForEachElement(target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-        const double want = zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
-        ASSERT_EQ(LoadAsDouble(data, dtype, i), want)
-            << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
-      });
-    }
-  }
+  executor_testing::CheckTargets(source, target, dtype, out.results, [&](int r, size_t k) {
+    return absl::string_view(out.targets[r]->chunk_data(k), out.targets[r]->chunk_bytes(k));
+  });
 }
 
 struct Case {

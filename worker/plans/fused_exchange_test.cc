@@ -33,10 +33,9 @@
 namespace shardcoord {
 namespace {
 
-using executor_testing::Contribution;
 using executor_testing::ForEachElement;
 using executor_testing::MakeLayout;
-using executor_testing::NcclLikeFactory;
+using executor_testing::MakeSource;
 using executor_testing::Reduced;
 
 constexpr int kRanks = 4;
@@ -55,27 +54,19 @@ struct Member {
   double offset = 0;  // Added to every value, so members' bytes differ.
 };
 
-struct Cluster {
-  explicit Cluster(bool same_host = true, bool nccl_like = false) {
-    GlooOptions options;
-    options.same_host_copy = same_host;
-    for (int r = 0; r < kRanks; ++r) {
-      std::shared_ptr<CommunicatorFactory> f = *GlooCommunicatorFactory::Create(&kv, options);
-      if (nccl_like) f = std::make_shared<NcclLikeFactory>(f);
-      caches.push_back(std::make_unique<CommunicatorCache>(f));
-    }
-  }
-  InMemoryKvClient kv;
-  std::vector<std::unique_ptr<CommunicatorCache>> caches;
+GlooOptions SameHost(bool same_host) {
+  GlooOptions options;
+  options.same_host_copy = same_host;
+  return options;
+}
+
+struct Cluster : executor_testing::GlooCluster {
+  explicit Cluster(bool same_host = true, bool nccl_like = false)
+      : GlooCluster(kRanks, nccl_like, SameHost(same_host)) {}
 };
 
-struct Devices {
-  Devices() {
-    for (int r = 0; r < kRanks; ++r) {
-      spaces.push_back(std::make_unique<FakeDeviceMemorySpace>(absl::StrCat("fake-cuda:", r)));
-    }
-  }
-  std::vector<std::unique_ptr<FakeDeviceMemorySpace>> spaces;
+struct Devices : executor_testing::FakeDevices {
+  Devices() : FakeDevices(kRanks) {}
 };
 
 struct GroupRun {
@@ -86,26 +77,6 @@ struct GroupRun {
   // By rank, then member section: the target bytes read back to the host.
   std::map<int, std::vector<std::string>> bytes;
 };
-
-std::shared_ptr<HostBuffer> Source(const Layout& layout, int64_t rank, DType dtype, double offset,
-                                   MemorySpace* space) {
-  const RankChunks* rc = layout.Find(rank);
-  if (rc == nullptr) return nullptr;
-  auto host = *HostBuffer::Create(dtype, *rc);
-  for (size_t k = 0; k < rc->chunks.size(); ++k) {
-    const Chunk& c = rc->chunks[k];
-    ForEachElement(layout.global_shape(), c.box, [&](int64_t i, int64_t flat) {
-      const double v = layout.is_partial()
-                           ? Contribution(layout.partial_op(), flat, c.partial_index) + offset
-                           : static_cast<double>(flat) + offset;
-      StoreFromDouble(host->chunk_data(k), dtype, i, v);
-    });
-  }
-  if (space == nullptr) return host;
-  auto device = *HostBuffer::Create(dtype, *rc, space);
-  EXPECT_TRUE(space->CopyFromHost(device->data(), host->data(), host->bytes()).ok());
-  return device;
-}
 
 // Every rank's fragment of a fused transaction, on the wire as the coordinator sends it.
 std::map<int64_t, v1::PlanFragment> FusedFragments(absl::Span<const Plan* const> plans,
@@ -162,7 +133,7 @@ GroupRun RunGroup(Cluster& cluster, const std::vector<Member>& members, int64_t 
     for (size_t i = 0; i < g->members.size(); ++i) {
       const int m = g->members[i].index;
       const Member& mb = members[m];
-      sources[rank].push_back(Source(run.plans[m].source, rank, mb.dtype, mb.offset, space));
+      sources[rank].push_back(MakeSource(run.plans[m].source, rank, mb.dtype, space, mb.offset));
       targets[rank].push_back(
           *HostBuffer::Create(mb.dtype, g->shapes[g->members[i].shape].target, space));
     }
@@ -530,7 +501,7 @@ TEST(FusedExchangeTest, ABrokenPeerFailsTheGroupNamingTheRound) {
   go.communicator_prefix = "test/g-broken/";
   std::map<int64_t, v1::PlanFragment> protos = FusedFragments(plans, {o}, go);
   Fragment g = *ParseFragment(protos.at(0));
-  std::shared_ptr<HostBuffer> source = Source(run.plans[0].source, 0, DType::kF32, 0, nullptr);
+  std::shared_ptr<HostBuffer> source = MakeSource(run.plans[0].source, 0, DType::kF32);
   std::shared_ptr<HostBuffer> target = *HostBuffer::Create(DType::kF32, g.shapes[0].target);
   GroupExecuteInput in;
   in.fragment = &g;

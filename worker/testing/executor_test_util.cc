@@ -1,6 +1,7 @@
 #include "worker/testing/executor_test_util.h"
 
 #include <map>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "proto/convert.h"
 #include "sharding/fill.h"
 #include "sharding/mesh.h"
+#include "worker/buffers/checksum.h"
 
 namespace shardcoord {
 namespace executor_testing {
@@ -57,7 +59,7 @@ void ForEachElement(const Shape& shape, const Box& box,
 }
 
 std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType dtype,
-                                       MemorySpace* space) {
+                                       MemorySpace* space, double offset) {
   const RankChunks* rc = layout.Find(rank);
   if (rc == nullptr) return nullptr;
   auto host = *HostBuffer::Create(dtype, *rc);
@@ -66,8 +68,8 @@ std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType
     char* data = host->chunk_data(k);
     ForEachElement(layout.global_shape(), c.box, [&](int64_t i, int64_t flat) {
       const double v = layout.is_partial()
-                           ? Contribution(layout.partial_op(), flat, c.partial_index)
-                           : static_cast<double>(flat);
+                           ? Contribution(layout.partial_op(), flat, c.partial_index) + offset
+                           : static_cast<double>(flat) + offset;
       StoreFromDouble(data, dtype, i, v);
     });
   }
@@ -75,6 +77,34 @@ std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType
   auto device = *HostBuffer::Create(dtype, *rc, space);
   EXPECT_TRUE(space->CopyFromHost(device->data(), host->data(), host->bytes()).ok());
   return device;
+}
+
+void CheckTargets(const Layout& source, const Layout& target, DType dtype,
+                  const std::vector<absl::StatusOr<ExecuteResult>>& results,
+                  const std::function<absl::string_view(int rank, size_t k)>& chunk) {
+  for (int r = 0; r < static_cast<int>(results.size()); ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    const RankChunks* rc = target.Find(r);
+    const ExecuteResult& res = *results[r];
+    if (rc == nullptr) {
+      EXPECT_TRUE(res.chunks.chunks.empty());
+      continue;
+    }
+    ASSERT_EQ(res.chunks.chunks, rc->chunks);
+    ASSERT_EQ(res.checksums.size(), rc->chunks.size());
+    for (size_t k = 0; k < rc->chunks.size(); ++k) {
+      const Chunk& c = rc->chunks[k];
+      const absl::string_view bytes = chunk(r, k);
+      EXPECT_EQ(res.checksums[k], ChunkChecksum(bytes.data(), bytes.size()));
+      const bool zero =
+          target.is_partial() && target.partial_op() == ReduceOp::kSum && c.partial_index != 0;
+      ForEachElement(target.global_shape(), c.box, [&](int64_t i, int64_t flat) {
+        const double want = zero ? 0.0 : Reduced(source.partial_op(), flat, source.num_partials());
+        ASSERT_EQ(LoadAsDouble(bytes.data(), dtype, i), want)
+            << "rank " << r << " chunk " << c.box.ToString() << " element " << i;
+      });
+    }
+  }
 }
 
 Layout MakeLayout(const Shape& mesh_shape, const std::vector<int64_t>& ranks,
@@ -173,6 +203,58 @@ absl::StatusOr<std::shared_ptr<Communicator>> NcclLikeFactory::Create(
   absl::StatusOr<std::shared_ptr<Communicator>> c = inner_->Create(spec);
   if (!c.ok()) return c.status();
   return std::shared_ptr<Communicator>(std::make_shared<NcclLikeCommunicator>(*std::move(c)));
+}
+
+GlooCluster::GlooCluster(int ranks, bool nccl_like, const GlooOptions& options) {
+  for (int r = 0; r < ranks; ++r) {
+    std::shared_ptr<CommunicatorFactory> f = *GlooCommunicatorFactory::Create(&kv, options);
+    if (nccl_like) f = std::make_shared<NcclLikeFactory>(f);
+    caches.push_back(std::make_unique<CommunicatorCache>(f));
+  }
+}
+
+std::vector<absl::StatusOr<ExecuteResult>> ExecuteOnThreads(
+    GlooCluster& cluster, const std::vector<Fragment>& fragments,
+    const std::vector<std::shared_ptr<HostBuffer>>& sources,
+    const std::vector<std::shared_ptr<HostBuffer>>& targets, const ExecutorOptions& options) {
+  std::vector<absl::StatusOr<ExecuteResult>> results(fragments.size(),
+                                                     absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < fragments.size(); ++r) {
+    threads.emplace_back([&, r] {
+      ExecuteInput in;
+      in.fragment = &fragments[r];
+      in.source = sources[r].get();
+      in.target = targets[r].get();
+      in.communicators = cluster.caches[r].get();
+      in.options = options;
+      int64_t last = -1, total = -1;
+      in.progress = [&](int64_t done, int64_t t) {
+        EXPECT_GE(done, last);
+        last = done;
+        total = t;
+      };
+      results[r] = ExecuteFragment(in);
+      if (results[r].ok() && total >= 0) EXPECT_EQ(last, total);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+std::set<StepOp> MethodsOf(const std::vector<absl::StatusOr<ExecuteResult>>& results) {
+  std::set<StepOp> out;
+  for (const auto& res : results) {
+    if (!res.ok()) continue;
+    for (const StepReport& s : res->steps) out.insert(s.method);
+  }
+  return out;
+}
+
+FakeDevices::FakeDevices(int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    spaces.push_back(std::make_unique<FakeDeviceMemorySpace>(absl::StrCat("fake-cuda:", r)));
+  }
 }
 
 }  // namespace executor_testing

@@ -7,10 +7,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/shardcoord.pb.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
@@ -20,7 +23,12 @@
 #include "sharding/plan_fragment.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/control/kv_client.h"
 #include "worker/memory/memory_space.h"
+#include "worker/plans/executor.h"
+#include "worker/plans/fragment.h"
+#include "worker/testing/fake_device_memory_space.h"
 
 namespace shardcoord {
 namespace executor_testing {
@@ -35,10 +43,10 @@ double Reduced(ReduceOp op, int64_t flat, int64_t partials);
 void ForEachElement(const Shape& shape, const Box& box,
                     const std::function<void(int64_t, int64_t)>& fn);
 
-// Rank `rank`'s source chunks of `layout` holding the values above, in `space` (null: host);
-// null when the rank holds nothing.
+// Rank `rank`'s source chunks of `layout` holding the values above plus `offset`, in `space`
+// (null: host); null when the rank holds nothing.
 std::shared_ptr<HostBuffer> MakeSource(const Layout& layout, int64_t rank, DType dtype,
-                                       MemorySpace* space = nullptr);
+                                       MemorySpace* space = nullptr, double offset = 0);
 
 // A layout from "S(0),R"-style placements or "flat a:b;c:d;..." over a mesh of `mesh_shape`
 // on `ranks` (empty: 0..n-1). Fails the test on a bad spec.
@@ -53,6 +61,39 @@ v1::PlanFragment PlanFragmentFor(const Plan& plan, int64_t rank, const FragmentO
 // The fragments of ranks 0..ranks-1 for plan `id` of tensor "T", version 1 -> 2, every
 // incarnation 1, a 30 s step timeout and a communicator prefix of its own.
 std::vector<v1::PlanFragment> Fragments(const Plan& plan, const std::string& id, int ranks = 4);
+
+// Checks every rank's result against `target`: its chunks, and for each chunk (its bytes
+// `chunk(rank, k)`) the reported checksum and every element (`source`'s values reduced; zero
+// in a Sum target's other partials). A failed rank ends the check.
+void CheckTargets(const Layout& source, const Layout& target, DType dtype,
+                  const std::vector<absl::StatusOr<ExecuteResult>>& results,
+                  const std::function<absl::string_view(int rank, size_t k)>& chunk);
+
+// The ranks of a test plan, run on threads of one process: a gloo communicator cache per
+// rank over one in-memory KV, each factory wrapped in an NcclLikeFactory if `nccl_like`.
+struct GlooCluster {
+  explicit GlooCluster(int ranks, bool nccl_like = false, const GlooOptions& options = {});
+  InMemoryKvClient kv;
+  std::vector<std::unique_ptr<CommunicatorCache>> caches;
+};
+
+// Runs `fragments[r]` from `sources[r]` into `targets[r]` for every rank r, each on a thread
+// of its own with `cluster`'s communicators; checks that a rank's progress never goes back
+// and, once it succeeds, ends at its total. The ranks' results, in rank order.
+std::vector<absl::StatusOr<ExecuteResult>> ExecuteOnThreads(
+    GlooCluster& cluster, const std::vector<Fragment>& fragments,
+    const std::vector<std::shared_ptr<HostBuffer>>& sources,
+    const std::vector<std::shared_ptr<HostBuffer>>& targets, const ExecutorOptions& options);
+
+// The methods that the successful `results` ran their steps with.
+std::set<StepOp> MethodsOf(const std::vector<absl::StatusOr<ExecuteResult>>& results);
+
+// One fake GPU per rank, named "fake-cuda:<rank>".
+struct FakeDevices {
+  explicit FakeDevices(int ranks);
+  MemorySpace* at(int r) { return spaces[r].get(); }
+  std::vector<std::unique_ptr<FakeDeviceMemorySpace>> spaces;
+};
 
 // Gloo with NCCL's manners, for tests of the device paths: copies run as their collectives
 // (PrefersSendRecvForCopies false), and SendRecv's hooks are run around the call by
