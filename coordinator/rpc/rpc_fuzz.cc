@@ -138,7 +138,10 @@ class Harness : private ServiceStack {
     std::vector<std::string> messages;
     size_t pos = 1;
     while (pos < size && messages.size() < 3) {
-      const size_t n = std::min<size_t>(data[pos++], size - pos);
+      // The length byte first: min's arguments are not sequenced, and `size - pos` must count
+      // what follows it.
+      const size_t length = data[pos++];
+      const size_t n = std::min<size_t>(length, size - pos);
       messages.emplace_back(reinterpret_cast<const char*>(data + pos), n);
       pos += n;
     }
