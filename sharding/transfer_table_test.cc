@@ -316,7 +316,9 @@ TEST(TransferTableTest, ACastingMemberIsItsOwnTemplateAndMovesTheNarrowerDType) 
       EXPECT_EQ(shape.dtype, narrowed.members[m.index].dtype) << m.index;
     }
     // Rank 2 holds a 4x4 block of b: bf16 now.
-    if (rank == 2) EXPECT_EQ(same->target_bytes - got->target_bytes, 16 * 2);
+    if (rank == 2) {
+      EXPECT_EQ(same->target_bytes - got->target_bytes, 16 * 2);
+    }
   }
   // b's sends halve: a and b moved the same bytes before.
   int64_t a_sent = 0;
