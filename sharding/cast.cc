@@ -7,6 +7,7 @@
 #include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "sharding/box_copy.h"
 #include "sharding/float16.h"
 
@@ -256,6 +257,21 @@ absl::Status CheckCast(DType from, DType to) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "cannot cast ", DTypeName(from), " to ", DTypeName(to), " (", RefusalReason(from, to), ")"));
+}
+
+absl::Status CheckCopyPair(absl::string_view src, const Shape& src_shape, DType src_dtype,
+                           absl::string_view dst, const Shape& dst_shape, DType dst_dtype) {
+  if (src_shape != dst_shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", dst, "' has shape [", absl::StrJoin(dst_shape, ", "),
+                     "] but src '", src, "' has shape [", absl::StrJoin(src_shape, ", "), "]"));
+  }
+  if (src_dtype != dst_dtype && !CastAllowed(src_dtype, dst_dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", dst, "' dtype ", DTypeName(dst_dtype), " cannot be cast from src '", src,
+        "' dtype ", DTypeName(src_dtype), ": ", CheckCast(src_dtype, dst_dtype).message()));
+  }
+  return absl::OkStatus();
 }
 
 DType WireDType(DType from, DType to) { return ElementSize(from) < ElementSize(to) ? from : to; }

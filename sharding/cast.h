@@ -35,6 +35,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
 
@@ -46,6 +47,14 @@ bool CastAllowed(DType from, DType to);
 // INVALID_ARGUMENT "cannot cast f32 to i8 (float to integer: ...)" naming both dtypes and why,
 // unless CastAllowed.
 absl::Status CheckCast(DType from, DType to);
+
+// Whether src's values may be copied into dst (a Copy, a CopyGroup member, a prepared
+// transfer's member): equal shapes, and dtypes equal or castable. INVALID_ARGUMENT
+// "tensor 'DST' has shape [...] but src 'SRC' has shape [...]" or "tensor 'DST' dtype D cannot
+// be cast from src 'SRC' dtype S: <CheckCast's reason>", for the caller to prefix with the
+// field ("dst", "copies[3].dst").
+absl::Status CheckCopyPair(absl::string_view src, const Shape& src_shape, DType src_dtype,
+                           absl::string_view dst, const Shape& dst_shape, DType dst_dtype);
 
 // The dtype a cast's elements travel in between ranks: the narrower of the two (by element
 // size), so that a narrowing copy moves the target's bytes and a widening one the source's;

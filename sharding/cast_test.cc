@@ -573,5 +573,18 @@ TEST(CastTest, CastBoxConvertsAStridedRegionAsCopyThenCast) {
       absl::StatusCode::kInvalidArgument);
 }
 
+TEST(CastTest, CheckCopyPairNamesBothTensorsForShapesAndRefusedCasts) {
+  EXPECT_TRUE(CheckCopyPair("a", {2, 3}, DType::kF32, "b", {2, 3}, DType::kBF16).ok());
+  EXPECT_TRUE(CheckCopyPair("a", {2, 3}, DType::kI32, "b", {2, 3}, DType::kI32).ok());
+  const absl::Status shape = CheckCopyPair("a", {2, 3}, DType::kF32, "b", {3, 2}, DType::kF32);
+  EXPECT_EQ(shape.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shape.message(), "tensor 'b' has shape [3, 2] but src 'a' has shape [2, 3]");
+  const absl::Status cast = CheckCopyPair("a", {4}, DType::kF32, "b", {4}, DType::kI32);
+  EXPECT_EQ(cast.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cast.message(), absl::StrCat("tensor 'b' dtype i32 cannot be cast from src 'a' dtype "
+                                         "f32: ",
+                                         CheckCast(DType::kF32, DType::kI32).message()));
+}
+
 }  // namespace
 }  // namespace shardcoord

@@ -232,19 +232,9 @@ absl::StatusOr<StartedPlan> PlanManager::Copy(const std::string& src, const std:
 }
 
 absl::Status PlanManager::CheckCopyable(const TensorRecord& src, const TensorRecord& dst) {
-  if (src.shape != dst.shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dst: tensor '", dst.name, "' has shape [", absl::StrJoin(dst.shape, ", "), "] but src '",
-        src.name, "' has shape [", absl::StrJoin(src.shape, ", "), "]"));
-  }
-  if (src.dtype != dst.dtype && !CastAllowed(src.dtype, dst.dtype)) {
-    // CheckCast says why ("float to integer ...").
-    const absl::Status why = CheckCast(src.dtype, dst.dtype);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dst: tensor '", dst.name, "' dtype ", DTypeName(dst.dtype), " cannot be cast from src '",
-        src.name, "' dtype ", DTypeName(src.dtype), ": ", why.message()));
-  }
-  return absl::OkStatus();
+  absl::Status s = CheckCopyPair(src.name, src.shape, src.dtype, dst.name, dst.shape, dst.dtype);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("dst: ", s.message()));
 }
 
 absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(

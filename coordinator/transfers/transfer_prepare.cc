@@ -124,17 +124,11 @@ void TransferManager::PrepareNow(const std::string& name, PreparedCallback done)
     const TransferSide& src = snap->src[i];
     const TransferSide& dst = snap->dst[i];
     const TransferCopy& c = (*copies)[i];
-    if (src.shape != dst.shape) {
-      return done(absl::InvalidArgumentError(absl::StrCat(
-          Field(i, false), ": tensor '", c.dst, "' has shape [", absl::StrJoin(dst.shape, ", "),
-          "] but src '", c.src, "' has shape [", absl::StrJoin(src.shape, ", "), "]")));
-    }
-    // As a Copy: the dst keeps its dtype, and a run converts where the pair may be cast.
-    if (src.dtype != dst.dtype && !CastAllowed(src.dtype, dst.dtype)) {
-      return done(absl::InvalidArgumentError(
-          absl::StrCat(Field(i, false), ": tensor '", c.dst, "' dtype ", DTypeName(dst.dtype),
-                       " cannot be cast from src '", c.src, "' dtype ", DTypeName(src.dtype), ": ",
-                       CheckCast(src.dtype, dst.dtype).message())));
+    // As a Copy: equal shapes, and the dst keeps its dtype (a run converts where the pair
+    // may be cast).
+    if (absl::Status s = CheckCopyPair(c.src, src.shape, src.dtype, c.dst, dst.shape, dst.dtype);
+        !s.ok()) {
+      return done(absl::Status(s.code(), absl::StrCat(Field(i, false), ": ", s.message())));
     }
     // Every rank of a dst gets its new buffer (or writes its lent one): each must be alive.
     // One whose worker registered again without the buffer gets a new one (the run repairs
