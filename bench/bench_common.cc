@@ -15,10 +15,12 @@
 #include <iterator>
 #include <memory>
 
+#include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
@@ -239,6 +241,15 @@ void WarnIfUnoptimized(const char* bench) {
       "%s: WARNING: not an optimized build (no -c opt): its numbers (and those of the daemons "
       "it starts) are several times slower than with `bazel run -c opt //bench:%s`\n",
       bench, bench);
+}
+
+int Main(int argc, char** argv, const char* bench, int (*run)(), bool as_coordinator) {
+  absl::ParseCommandLine(argc, argv);
+  WarnIfUnoptimized(bench);
+#ifdef NDEBUG
+  if (as_coordinator) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
+  return run();
 }
 
 std::vector<Phase> LatencyPhases(CoordinatorClient& client, const std::vector<ClientSpan>& spans) {

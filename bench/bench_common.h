@@ -115,6 +115,12 @@ inline constexpr bool kOptimizedBuild = false;
 // A warning on stderr naming `bench` when !kOptimizedBuild.
 void WarnIfUnoptimized(const char* bench);
 
+// A bench's main: parses the flags, warns when unoptimized (WarnIfUnoptimized(`bench`)) and
+// returns `run`(). `as_coordinator`: the bench times the coordinator's own logic in-process,
+// so an optimized build ignores mutex deadlock cycles as the coordinator's does
+// (coordinator/main.cc).
+int Main(int argc, char** argv, const char* bench, int (*run)(), bool as_coordinator = false);
+
 struct Phase {
   std::string name;
   Stats stats;

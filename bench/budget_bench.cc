@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -197,7 +196,5 @@ int Main() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("budget_bench");
-  return shardcoord::Main();
+  return shardcoord::bench::Main(argc, argv, "budget_bench", shardcoord::Main);
 }

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -141,7 +140,5 @@ int Main() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("bulk_bench");
-  return shardcoord::Main();
+  return shardcoord::bench::Main(argc, argv, "bulk_bench", shardcoord::Main);
 }

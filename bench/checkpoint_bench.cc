@@ -46,7 +46,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -539,7 +538,5 @@ int Run() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("checkpoint_bench");
-  return shardcoord::Run();
+  return shardcoord::bench::Main(argc, argv, "checkpoint_bench", shardcoord::Run);
 }

@@ -19,9 +19,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "bench/bench_common.h"
 #include "common/clock.h"
 #include "common/timer.h"
@@ -247,11 +245,6 @@ int Main() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("group_cpu_bench");
-#ifdef NDEBUG
-  // As the coordinator's optimised build (coordinator/main.cc).
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-#endif
-  return shardcoord::Main();
+  return shardcoord::bench::Main(argc, argv, "group_cpu_bench", shardcoord::Main,
+                                 /*as_coordinator=*/true);
 }

@@ -43,7 +43,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -484,6 +483,8 @@ double Ratio(const Kind& a, const Kind& b) {
 }
 
 int Run() {
+  // A child that group_attached started (--attach_child_rank) plays its user process.
+  if (absl::GetFlag(FLAGS_attach_child_rank) >= 0) return RunAttachChild();
   const bool json = absl::GetFlag(FLAGS_json);
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
   auto say = [&](const std::string& s) {
@@ -1046,8 +1047,5 @@ int Run() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("model_bench");
-  if (absl::GetFlag(FLAGS_attach_child_rank) >= 0) return shardcoord::RunAttachChild();
-  return shardcoord::Run();
+  return shardcoord::bench::Main(argc, argv, "model_bench", shardcoord::Run);
 }

@@ -43,9 +43,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/bench_common.h"
 #include "bench/model_shapes.h"
@@ -1161,11 +1159,6 @@ int Main() {
 }  // namespace shardcoord
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  shardcoord::bench::WarnIfUnoptimized("scale_bench");
-#ifdef NDEBUG
-  // As the coordinator's optimised build (coordinator/main.cc).
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-#endif
-  return shardcoord::Main();
+  return shardcoord::bench::Main(argc, argv, "scale_bench", shardcoord::Main,
+                                 /*as_coordinator=*/true);
 }
