@@ -9,13 +9,13 @@ Prints one JSON line from rank 0: {"torch": "1.13.0", "size": 4, "setup_seconds"
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ranks import run_ranks  # noqa: E402  pylint: disable=wrong-import-position
+from torch_ranks import (  # noqa: E402  pylint: disable=wrong-import-position
+    gloo_available, run_and_print)
 
 
 def run_rank(rank, size, store_path, matrix, iters, warmup, queue):
@@ -63,14 +63,7 @@ def main():
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
-    try:
-        import torch.distributed as dist
-    except ImportError as e:
-        print(f"torch_alltoall: torch is not available to {sys.executable}: {e}",
-              file=sys.stderr)
-        return 3
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("torch_alltoall: torch.distributed has no Gloo backend", file=sys.stderr)
+    if not gloo_available("torch_alltoall"):
         return 3
     matrix = [int(x) for x in args.matrix.split(",")]
     if len(matrix) != args.size * args.size:
@@ -78,11 +71,7 @@ def main():
               file=sys.stderr)
         return 2
 
-    result = run_ranks("torch_alltoall", args.size, run_rank, (matrix, args.iters, args.warmup))
-    if result is None:
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    return run_and_print("torch_alltoall", args.size, run_rank, (matrix, args.iters, args.warmup))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,13 @@ summed. Exits 3 (and says why on stderr) when torch is missing.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_ranks import run_ranks  # noqa: E402  pylint: disable=wrong-import-position
+from torch_ranks import (  # noqa: E402  pylint: disable=wrong-import-position
+    gloo_available, run_and_print)
 
 MODULUS = 32749  # Element i of the flat parameter holds i % MODULUS (an int16).
 
@@ -133,22 +133,11 @@ def main():
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
-    try:
-        import torch.distributed as dist
-    except ImportError as e:
-        print(f"torch_fsdp_reshard: torch is not available to {sys.executable}: {e}",
-              file=sys.stderr)
-        return 3
-    if not dist.is_available() or not dist.is_gloo_available():
-        print("torch_fsdp_reshard: torch.distributed has no Gloo backend", file=sys.stderr)
+    if not gloo_available("torch_fsdp_reshard"):
         return 3
     params = read_workload(args.workload)
 
-    result = run_ranks("torch_fsdp_reshard", args.size, run_rank, (args.tp, params, args.iters, args.warmup))
-    if result is None:
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    return run_and_print("torch_fsdp_reshard", args.size, run_rank, (args.tp, params, args.iters, args.warmup))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,25 @@
-"""Runs a torch.distributed peer baseline's ranks as spawned local processes (shared by
-bench/torch_alltoall.py and bench/torch_fsdp_reshard.py)."""
+"""Runs a torch.distributed peer baseline's ranks as spawned local processes and prints rank
+0's result (shared by bench/torch_alltoall.py and bench/torch_fsdp_reshard.py)."""
 
+import json
 import os
 import queue as queue_module
 import sys
 import tempfile
+
+
+def gloo_available(name):
+    """Whether torch.distributed with its Gloo backend can run here; when not, says why on
+    stderr (the peer then exits 3: it cannot run here)."""
+    try:
+        import torch.distributed as dist  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        print(f"{name}: torch is not available to {sys.executable}: {e}", file=sys.stderr)
+        return False
+    if not dist.is_available() or not dist.is_gloo_available():
+        print(f"{name}: torch.distributed has no Gloo backend", file=sys.stderr)
+        return False
+    return True
 
 
 def run_ranks(name, size, run_rank, args):
@@ -38,3 +53,13 @@ def run_ranks(name, size, run_rank, args):
                   file=sys.stderr)
             return None
     return result
+
+
+def run_and_print(name, size, run_rank, args):
+    """run_ranks, then rank 0's result as one JSON line on stdout; returns the exit status
+    (1 when a rank failed)."""
+    result = run_ranks(name, size, run_rank, args)
+    if result is None:
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0
