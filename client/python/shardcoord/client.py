@@ -271,6 +271,17 @@ class Client:
         return self._retrying(
             lambda attempt: method(request, timeout=timeout, metadata=self._metadata), retry)
 
+    def _list_all(self, method, request, field):
+        """The `field` items of every page of List `method`, in order: `request` again with
+        each page's next_page_token until one has none."""
+        out = []
+        while True:
+            page = self._call(method, request, self.timeout)
+            out.extend(getattr(page, field))
+            request.page_token = page.next_page_token
+            if not request.page_token:
+                return out
+
     def _retrying(self, call, retry=True):
         """call(attempt) until it returns, while it raises a transient grpc.RpcError, for up
         to retry_for seconds since the first attempt (or since the last that got further:
@@ -320,14 +331,7 @@ class Client:
         """Every registered worker (WorkerInfo: name, rank, host, device, state,
         local_socket, memory_budget_bytes, memory_used_bytes, memory_peak_bytes,
         bucket_bytes, ...), in rank order."""
-        out, token = [], ""
-        while True:
-            page = self._call(self._stub.ListWorkers, pb.ListWorkersRequest(page_token=token),
-                              self.timeout)
-            out.extend(page.workers)
-            token = page.next_page_token
-            if not token:
-                return out
+        return self._list_all(self._stub.ListWorkers, pb.ListWorkersRequest(), "workers")
 
     list_workers = workers
 
@@ -346,15 +350,8 @@ class Client:
     def tensors(self, prefix=""):
         """Every tensor (TensorInfo), in name order; only those whose name starts with
         `prefix` when given. Pages through ListTensors (1,000 a call)."""
-        out, token = [], ""
-        while True:
-            page = self._call(self._stub.ListTensors,
-                              pb.ListTensorsRequest(prefix=prefix, page_token=token),
-                              self.timeout)
-            out.extend(page.tensors)
-            token = page.next_page_token
-            if not token:
-                return out
+        return self._list_all(self._stub.ListTensors, pb.ListTensorsRequest(prefix=prefix),
+                              "tensors")
 
     list_tensors = tensors
 
@@ -748,14 +745,7 @@ class Client:
     def transfers(self):
         """Every transfer (TransferInfo without copies), in name order; pages through
         ListTransfers."""
-        out, token = [], ""
-        while True:
-            page = self._call(self._stub.ListTransfers,
-                              pb.ListTransfersRequest(page_token=token), self.timeout)
-            out.extend(page.transfers)
-            token = page.next_page_token
-            if not token:
-                return out
+        return self._list_all(self._stub.ListTransfers, pb.ListTransfersRequest(), "transfers")
 
     def delete_transfer(self, name):
         """Deletes transfer `name`: its workers drop their parts; the tensors stay as they are
