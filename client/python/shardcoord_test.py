@@ -173,19 +173,25 @@ class FakeCoordinator(pb_grpc.CoordinatorServicer):
                                                       dtype=header.dtype))
 
 
+def serve(test, servicer):
+    """Serves `servicer` (a Coordinator servicer) on a free loopback port until `test` ends
+    (stopped after its tearDown); returns its address."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    test.addCleanup(server.stop, None)
+    return f"127.0.0.1:{port}"
+
+
 class ClientTest(unittest.TestCase):
     def setUp(self):
         self.fake = FakeCoordinator()
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.address = f"127.0.0.1:{port}"
+        self.address = serve(self, self.fake)
         self.client = sc.Client(self.address, timeout=30)
 
     def tearDown(self):
         self.client.close()
-        self.server.stop(None)
 
     def test_workers(self):
         workers = self.client.workers()
@@ -516,10 +522,7 @@ class AttachManyTest(unittest.TestCase):
 
     def setUp(self):
         self.fake = FakeCoordinator()
-        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_CoordinatorServicer_to_server(self.fake, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
+        address = serve(self, self.fake)
         self.dir = tempfile.mkdtemp(prefix="sc-", dir="/tmp")
         self.fake.sockets[0] = os.path.join(self.dir, "w0.sock")
         self.refuse = None
@@ -533,12 +536,11 @@ class AttachManyTest(unittest.TestCase):
                 for i in range(len(many.attachments))]))
 
         self.worker = FakeWorkerSocket(self.fake.sockets[0], answer)
-        self.client = sc.Client(f"127.0.0.1:{port}", timeout=30)
+        self.client = sc.Client(address, timeout=30)
 
     def tearDown(self):
         self.client.close()
         self.worker.close()
-        self.server.stop(None)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def test_one_request_carries_every_buffer_and_no_tensor_is_looked_up(self):
@@ -614,21 +616,14 @@ class OldModuleTest(unittest.TestCase):
 
     def test_old_names_over_the_package(self):
         fake = FakeCoordinator()
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_CoordinatorServicer_to_server(fake, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        try:
-            with shardcoord_client.connect(f"127.0.0.1:{port}") as c:
-                self.assertIsInstance(c, shardcoord_client.ShardcoordClient)
-                c.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange")
-                self.assertEqual(fake.requests["create"].spec.mesh, "m")
-                self.assertEqual(list(fake.requests["create"].shape), [64, 48])
-                self.assertEqual([w.name for w in c.list_workers()], ["w0", "w1"])
-                with self.assertRaises(shardcoord_client.ShardcoordError):
-                    c.tensor("nothing")
-        finally:
-            server.stop(None)
+        with shardcoord_client.connect(serve(self, fake)) as c:
+            self.assertIsInstance(c, shardcoord_client.ShardcoordClient)
+            c.create_tensor("t", "m", [64, 48], placements="S(0),R", init="arange")
+            self.assertEqual(fake.requests["create"].spec.mesh, "m")
+            self.assertEqual(list(fake.requests["create"].shape), [64, 48])
+            self.assertEqual([w.name for w in c.list_workers()], ["w0", "w1"])
+            with self.assertRaises(shardcoord_client.ShardcoordError):
+                c.tensor("nothing")
 
 
 class Standby(pb_grpc.CoordinatorServicer):
@@ -660,25 +655,10 @@ class LeaderTest(unittest.TestCase):
     """Several coordinators ("A,B"): calls follow the leader a standby names."""
 
     def setUp(self):
-        self.servers = []
         self.fake = FakeCoordinator()
-        self.leader = self._serve(lambda server: pb_grpc.add_CoordinatorServicer_to_server(
-            self.fake, server))
+        self.leader = serve(self, self.fake)
         self.standby = Standby(self.leader)
-        self.standby_address = self._serve(lambda server: pb_grpc.add_CoordinatorServicer_to_server(
-            self.standby, server))
-
-    def tearDown(self):
-        for server in self.servers:
-            server.stop(None)
-
-    def _serve(self, add):
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
-        add(server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        self.servers.append(server)
-        return f"127.0.0.1:{port}"
+        self.standby_address = serve(self, self.standby)
 
     def test_a_change_follows_the_hint_with_one_request_id(self):
         with sc.connect(f"{self.standby_address}, {self.leader}", retry_for=30) as c:
@@ -754,25 +734,10 @@ PATTERN = bytes(i % 251 for i in range(1000))
 class StreamFailoverTest(unittest.TestCase):
     """Streams broken on A (UNAVAILABLE) are resumed or restarted on B."""
 
-    def setUp(self):
-        self.servers = []
-
-    def tearDown(self):
-        for server in self.servers:
-            server.stop(None)
-
-    def _serve(self, servicer):
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_CoordinatorServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        self.servers.append(server)
-        return f"127.0.0.1:{port}"
-
     def test_a_download_broken_midway_resumes_without_duplicated_bytes(self):
         a = Breaking(PATTERN, slice=37, fail_after=333)
         b = Breaking(PATTERN, slice=50)
-        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+        with sc.connect(f"{serve(self, a)},{serve(self, b)}", retry_for=30) as c:
             got = c.download("t")
         self.assertEqual(got.tobytes(), PATTERN)
         self.assertEqual((a.calls, b.calls), (1, 1))
@@ -780,7 +745,7 @@ class StreamFailoverTest(unittest.TestCase):
     def test_a_download_does_not_resume_on_another_version(self):
         a = Breaking(PATTERN, version=7, slice=40, fail_after=120)
         b = Breaking(PATTERN, version=8)
-        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+        with sc.connect(f"{serve(self, a)},{serve(self, b)}", retry_for=30) as c:
             with self.assertRaises(sc.Error) as e:
                 c.download("t")
         self.assertEqual(e.exception.code, "ABORTED")
@@ -790,7 +755,7 @@ class StreamFailoverTest(unittest.TestCase):
         for code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL):
             a = Breaking(PATTERN, slice=40, fail_after=80, code=code)
             b = Breaking(PATTERN)
-            with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+            with sc.connect(f"{serve(self, a)},{serve(self, b)}", retry_for=30) as c:
                 with self.assertRaises(sc.Error) as e:
                     c.download("t")
             self.assertEqual(e.exception.code, code.name)
@@ -800,7 +765,7 @@ class StreamFailoverTest(unittest.TestCase):
         array = np.arange(3 * (1 << 18), dtype="<i4")  # 3 MiB: three data messages.
         a = Breaking(fail_after=1 << 20)
         b = Breaking(version=9)
-        with sc.connect(f"{self._serve(a)},{self._serve(b)}", retry_for=30) as c:
+        with sc.connect(f"{serve(self, a)},{serve(self, b)}", retry_for=30) as c:
             info = c.upload("u", array, mesh="m", placements="R")
         self.assertEqual(info.version, 9)
         self.assertEqual(len(a.uploads), 1)
