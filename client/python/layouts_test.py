@@ -101,18 +101,26 @@ def dtensor_reference(a, mesh, placements):
 
 # ---- Fakes of torch's placement classes (torch here is 1.13: no DTensor) --------------------
 
-class FakeShard:
-    def __init__(self, dim):
-        self.dim = dim
+class FakePlacement:
+    """What layouts asks of a placement besides its class name: is_shard (of `dim`, when
+    given), is_replicate, is_partial; KIND says which one it is."""
+    KIND = None  # "shard", "replicate" or "partial"
 
     def is_shard(self, dim=None):
-        return dim is None or dim == self.dim
+        return self.KIND == "shard" and (dim is None or dim == self.dim)
 
     def is_replicate(self):
-        return False
+        return self.KIND == "replicate"
 
     def is_partial(self):
-        return False
+        return self.KIND == "partial"
+
+
+class FakeShard(FakePlacement):
+    KIND = "shard"
+
+    def __init__(self, dim):
+        self.dim = dim
 
 
 FakeShard.__name__ = "Shard"
@@ -127,32 +135,18 @@ class FakeStridedShard(FakeShard):
 FakeStridedShard.__name__ = "_StridedShard"
 
 
-class FakeReplicate:
-    def is_shard(self, dim=None):
-        return False
-
-    def is_replicate(self):
-        return True
-
-    def is_partial(self):
-        return False
+class FakeReplicate(FakePlacement):
+    KIND = "replicate"
 
 
 FakeReplicate.__name__ = "Replicate"
 
 
-class FakePartial:
+class FakePartial(FakePlacement):
+    KIND = "partial"
+
     def __init__(self, reduce_op="sum"):
         self.reduce_op = reduce_op
-
-    def is_shard(self, dim=None):
-        return False
-
-    def is_replicate(self):
-        return False
-
-    def is_partial(self):
-        return True
 
 
 FakePartial.__name__ = "Partial"
