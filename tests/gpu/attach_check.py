@@ -6,7 +6,6 @@ of them read them in place.
     attach_check.py --coordinator BIN --worker BIN
 """
 
-import argparse
 import os
 import sys
 
@@ -16,20 +15,17 @@ import numpy as np  # noqa: E402
 import shardcoord  # noqa: E402
 import torch  # noqa: E402
 
-from cluster import Cluster  # noqa: E402  pylint: disable=wrong-import-position
+from cluster import Cluster, binaries_parser  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--worker", required=True)
+    parser = binaries_parser()
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("attach_check: torch sees no CUDA device", file=sys.stderr)
         return 2
-    cluster = Cluster(args.coordinator, args.worker, workers=1, backend="nccl",
-                      worker_flags=["--device=0"])
-    try:
+    with Cluster(args.coordinator, args.worker, workers=1, backend="nccl",
+                 worker_flags=["--device=0"]) as cluster:
         c = shardcoord.connect(cluster.address)
         worker = c.workers()[0]
         assert worker.device.startswith("cuda"), worker
@@ -64,8 +60,6 @@ def main():
         print("attach_check: OK (a CUDA tensor lent through an IPC handle was written and read "
               "in place)")
         return 0
-    finally:
-        cluster.stop()
 
 
 if __name__ == "__main__":

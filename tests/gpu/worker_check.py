@@ -8,7 +8,6 @@ worker's device buffers and checksums run; NCCL transfers between ranks do not.
     worker_check.py --coordinator BIN --worker BIN
 """
 
-import argparse
 import os
 import sys
 import tempfile
@@ -18,19 +17,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import shardcoord  # noqa: E402
 
-from cluster import Cluster  # noqa: E402  pylint: disable=wrong-import-position
+from cluster import Cluster, binaries_parser  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--worker", required=True)
+    parser = binaries_parser()
     parser.add_argument("--backend", default="nccl", help="gloo: the same on the CPU")
     args = parser.parse_args()
-    cluster = Cluster(args.coordinator, args.worker, workers=1, backend=args.backend,
-                      worker_flags=["--device=0"] if args.backend == "nccl" else [])
     rng = np.random.default_rng(7)
-    try:
+    with Cluster(args.coordinator, args.worker, workers=1, backend=args.backend,
+                 worker_flags=["--device=0"] if args.backend == "nccl" else []) as cluster:
         c = shardcoord.connect(cluster.address)
         worker = c.workers()[0]
         assert worker.device.startswith("cuda" if args.backend == "nccl" else "cpu"), worker
@@ -76,8 +72,6 @@ def main():
         print("worker_check: OK (uploads, a copy group, a gather group and a checkpoint "
               "through an NCCL worker's device memory, every value checked)")
         return 0
-    finally:
-        cluster.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ their own memory.
     attach_test.py --coordinator PATH --worker PATH [unittest args]
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import shardcoord
 from shardcoord import pb
 from shardcoord._local import LocalConnection
 
-from cluster import Cluster, UserProcess
+from cluster import Cluster, UserProcess, parse_test_args
 
 ARGS = None
 MIB = 1 << 20
@@ -283,8 +282,5 @@ sys.exit(0 if payload[:2] == b"\x08\x07" else 1)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--worker", required=True)
-    ARGS, rest = parser.parse_known_args()
-    unittest.main(argv=[sys.argv[0], *rest])
+    ARGS, argv = parse_test_args()
+    unittest.main(argv=argv)

@@ -12,7 +12,6 @@ coordinator and four Gloo workers.
     checkpoint_test.py --coordinator PATH --worker PATH [unittest args]
 """
 
-import argparse
 import json
 import os
 import struct
@@ -23,7 +22,7 @@ import unittest
 import numpy as np
 import shardcoord
 
-from cluster import Cluster
+from cluster import Cluster, parse_test_args
 
 ARGS = None
 
@@ -248,8 +247,5 @@ class CheckpointTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--worker", required=True)
-    ARGS, rest = parser.parse_known_args()
-    unittest.main(argv=[sys.argv[0]] + rest)
+    ARGS, argv = parse_test_args()
+    unittest.main(argv=argv)

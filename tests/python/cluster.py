@@ -1,7 +1,9 @@
 """A real shardcoord cluster for Python tests and demos: one coordinator and N Gloo workers
 on loopback (free ports), each worker serving its local socket in a short temporary directory;
-and user processes (tests/python/user_process.py) driven over pipes."""
+and user processes (tests/python/user_process.py) driven over pipes; and the command line of
+the tests and checks that start one."""
 
+import argparse
 import json
 import os
 import queue
@@ -93,6 +95,12 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
     def worker_pid(self, index):
         return self.workers[index].proc.pid
@@ -186,3 +194,19 @@ class UserProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._close_pipes()
+
+
+def binaries_parser():
+    """The command line of a test or check that starts a Cluster: --coordinator and --worker,
+    the daemons' binaries (a caller adds its own arguments)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--worker", required=True)
+    return parser
+
+
+def parse_test_args():
+    """A unittest file's command line: the binaries (binaries_parser) and the argv that
+    unittest.main gets (the rest)."""
+    args, rest = binaries_parser().parse_known_args()
+    return args, [sys.argv[0], *rest]

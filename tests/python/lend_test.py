@@ -9,7 +9,6 @@ the coordinator's RPC metrics: O(1) calls per process whatever the number of ten
     lend_test.py --coordinator PATH --worker PATH [unittest args]
 """
 
-import argparse
 import json
 import os
 import random
@@ -20,7 +19,7 @@ import numpy as np
 import shardcoord
 from shardcoord import pb
 
-from cluster import Cluster, UserProcess
+from cluster import Cluster, UserProcess, parse_test_args
 
 ARGS = None
 PARAMS = 2000
@@ -222,8 +221,5 @@ class LendTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--worker", required=True)
-    ARGS, rest = parser.parse_known_args()
-    unittest.main(argv=[sys.argv[0], *rest])
+    ARGS, argv = parse_test_args()
+    unittest.main(argv=argv)
