@@ -1,7 +1,8 @@
 """A real shardcoord cluster for Python tests and demos: one coordinator and N Gloo workers
 on loopback (free ports), each worker serving its local socket in a short temporary directory;
-and user processes (tests/python/user_process.py) driven over pipes; and the command line of
-the tests and checks that start one."""
+and user processes (tests/python/user_process.py) driven over pipes; the command line of the
+tests and checks that start one; and what the user processes share (their command loop, the
+element indices of a rank's local buffer)."""
 
 import argparse
 import json
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.request
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,3 +212,44 @@ def parse_test_args():
     unittest.main gets (the rest)."""
     args, rest = binaries_parser().parse_known_args()
     return args, [sys.argv[0], *rest]
+
+
+def serve_commands(target, error_answer):
+    """The user process's side of UserProcess: says "ready PID", then answers each JSON
+    command line on stdin ({"op": name, args...}) with target.name(**args) as one JSON line;
+    error_answer(e) for a shardcoord.Error e, {"exception": its traceback} for anything else.
+    Returns True at {"op": "exit"}, unanswered (the caller answers {} as it exits), and
+    False at the end of stdin."""
+    import shardcoord  # pylint: disable=import-outside-toplevel  (only the user processes)
+    print(f"ready {os.getpid()}", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "exit":
+            return True
+        try:
+            answer = getattr(target, op)(**command)
+        except shardcoord.Error as e:
+            answer = error_answer(e)
+        except Exception:  # pylint: disable=broad-except
+            answer = {"exception": traceback.format_exc()}
+        print(json.dumps(answer), flush=True)
+    return False
+
+
+def local_flat_indices(shape, rc):
+    """Where each element of a rank's local buffer sits in the whole tensor of `shape`: for
+    each non-empty chunk of `rc` (a RankChunks), its local_offset and the flat row-major
+    indices of its box's elements, in the order the local buffer lays them out (the box
+    row-major from local_offset)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel  (only the user processes)
+    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+    for chunk in rc.chunks:
+        box = chunk.box
+        if any(n == 0 for n in box.shape):
+            continue
+        index = np.zeros([1] * len(shape), dtype=np.int64)
+        for d in range(len(shape)):
+            axis = (np.arange(box.shape[d], dtype=np.int64) + box.offset[d]) * strides[d]
+            index = index + axis.reshape([-1 if e == d else 1 for e in range(len(shape))])
+        yield chunk.local_offset, index.reshape(-1)

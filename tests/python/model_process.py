@@ -23,13 +23,13 @@ any process computes any layout's values on its own. Errors of the package come 
 
 import json
 import os
-import sys
-import traceback
 
 import numpy as np
 
 import shardcoord
 from shardcoord import _buffers, layouts
+
+from cluster import local_flat_indices, serve_commands
 
 
 def load_model(path):
@@ -46,18 +46,8 @@ def chunk_values(k, shape, rc):
     """Rank chunks `rc` (a RankChunks) of tensor k of `shape` as its local buffer lays them
     out: each chunk's box row-major from its local_offset."""
     out = np.zeros(rc.local_elements, dtype=np.float32)
-    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-    for chunk in rc.chunks:
-        box = chunk.box
-        if any(n == 0 for n in box.shape):
-            continue
-        index = np.zeros([1] * len(shape), dtype=np.int64)
-        for d in range(len(shape)):
-            axis = (np.arange(box.shape[d], dtype=np.int64) + box.offset[d]) * strides[d]
-            index = index + axis.reshape([-1 if e == d else 1 for e in range(len(shape))])
-        flat = index.reshape(-1)
-        out[chunk.local_offset:chunk.local_offset + flat.size] = (k * 1009 + flat).astype(
-            np.float32)
+    for at, flat in local_flat_indices(shape, rc):
+        out[at:at + flat.size] = (k * 1009 + flat).astype(np.float32)
     return out
 
 
@@ -124,23 +114,12 @@ class Process:
 
 
 def main():
-    process = Process()
-    print(f"ready {os.getpid()}", flush=True)
-    for line in sys.stdin:
-        command = json.loads(line)
-        op = command.pop("op")
-        if op == "exit":
-            # No detach one by one: the connections close with the process, and the workers
-            # detach what was lent through them.
-            print(json.dumps({}), flush=True)
-            os._exit(0)  # pylint: disable=protected-access
-        try:
-            answer = getattr(process, op)(**command)
-        except shardcoord.Error as e:
-            answer = {"code": e.code, "message": e.message, "member": e.member}
-        except Exception:  # pylint: disable=broad-except
-            answer = {"exception": traceback.format_exc()}
-        print(json.dumps(answer), flush=True)
+    if serve_commands(Process(),
+                      lambda e: {"code": e.code, "message": e.message, "member": e.member}):
+        # No detach one by one: the connections close with the process, and the workers
+        # detach what was lent through them.
+        print(json.dumps({}), flush=True)
+        os._exit(0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

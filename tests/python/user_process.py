@@ -20,12 +20,13 @@ import json
 import mmap
 import os
 import sys
-import traceback
 
 import numpy as np
 
 import shardcoord
 import shardcoord._buffers  # pylint: disable=unused-import (huge_pages looks at its regions)
+
+from cluster import local_flat_indices, serve_commands
 
 
 def expected(info, rank, scale):
@@ -33,19 +34,8 @@ def expected(info, rank, scale):
     np_dtype = shardcoord.DTYPES[WIRE[info.dtype]][1]
     rc = next(r for r in info.layout.ranks if r.rank == rank)
     out = np.zeros(rc.local_elements, dtype=np_dtype)
-    shape = list(info.shape)
-    strides = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
-    for chunk in rc.chunks:
-        box = chunk.box
-        if any(n == 0 for n in box.shape):
-            continue
-        index = np.zeros([1] * len(shape), dtype=np.int64)
-        for d in range(len(shape)):
-            axis = (np.arange(box.shape[d], dtype=np.int64) + box.offset[d]) * strides[d]
-            index = index + axis.reshape([-1 if e == d else 1 for e in range(len(shape))])
-        volume = int(np.prod(box.shape))
-        out[chunk.local_offset:chunk.local_offset + volume] = (
-            index.reshape(-1) * scale).astype(np_dtype)
+    for at, flat in local_flat_indices(list(info.shape), rc):
+        out[at:at + flat.size] = (flat * scale).astype(np_dtype)
     return out
 
 
@@ -123,21 +113,9 @@ def main():
     if "--torch" in sys.argv:
         import torch  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     user = User()
-    print(f"ready {os.getpid()}", flush=True)
-    for line in sys.stdin:
-        command = json.loads(line)
-        op = command.pop("op")
-        if op == "exit":
-            user.client.close()
-            print(json.dumps({}), flush=True)
-            return
-        try:
-            answer = getattr(user, op)(**command)
-        except shardcoord.Error as e:
-            answer = {"code": e.code, "message": e.message}
-        except Exception:  # pylint: disable=broad-except
-            answer = {"exception": traceback.format_exc()}
-        print(json.dumps(answer), flush=True)
+    if serve_commands(user, lambda e: {"code": e.code, "message": e.message}):
+        user.client.close()
+        print(json.dumps({}), flush=True)
 
 
 if __name__ == "__main__":
