@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +65,12 @@ double ProcessCpuSeconds(const std::vector<pid_t>& pids) {
     }
   }
   return total;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 bool JsonNumber(const std::string& line, const std::string& key, double* out) {

@@ -53,6 +53,8 @@ struct PeerResult {
 
 // User + system CPU seconds the processes have used so far (/proc/PID/stat).
 double ProcessCpuSeconds(const std::vector<pid_t>& pids);
+// The calling thread's CPU seconds so far (CLOCK_THREAD_CPUTIME_ID).
+double ThreadCpuSeconds();
 
 // The number after "key": in a one-line JSON object written by our peers.
 bool JsonNumber(const std::string& line, const std::string& key, double* out);

@@ -10,8 +10,6 @@
 // What this leaves out, and model_bench's "its CPU" line includes: gRPC and protobuf on the
 // coordinator's edges, and the SQLite commit.
 
-#include <time.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -21,13 +19,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_common.h"
-#include "common/clock.h"
-#include "common/timer.h"
-#include "coordinator/cluster/mesh_manager.h"
+#include "bench/coordinator_logic.h"
 #include "coordinator/cluster/worker_client.h"
 #include "coordinator/cluster/worker_manager.h"
-#include "coordinator/plans/admission.h"
-#include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/state/tensor_manager.h"
 #include "coordinator/testing/fake_reports.h"
@@ -41,16 +35,10 @@ ABSL_FLAG(bool, per_tensor, true, "Time the baseline, one plan per tensor (off: 
 namespace shardcoord {
 namespace {
 
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
 // Workers that take every fragment and FinishPlan at once and keep the fragments for the
 // reports; nothing else is called by the plans timed here. Cheaper than FakeWorkerClient,
 // which simulates buffers: its work would count as the coordinator's here.
-class QueueingWorkerClient : public WorkerClient {
+class QueueingWorkerClient : public bench::PlanOnlyWorkerClient {
  public:
   void Execute(const WorkerEndpoint&, v1::PlanFragment fragment, StatusCallback done) override {
     queued_.push_back(std::move(fragment));
@@ -58,22 +46,6 @@ class QueueingWorkerClient : public WorkerClient {
   }
   void FinishPlan(const WorkerEndpoint&, v1::FinishPlanRequest, StatusCallback done) override {
     done(absl::OkStatus());
-  }
-  void Fill(const WorkerEndpoint&, const v1::FillRequest&,
-            Callback<v1::FillResponse> done) override {
-    done(absl::UnimplementedError("Fill"));
-  }
-  void DropTensor(const WorkerEndpoint&, const v1::DropTensorRequest&,
-                  StatusCallback done) override {
-    done(absl::UnimplementedError("DropTensor"));
-  }
-  void ReadChunk(const WorkerEndpoint&, const v1::ReadChunkRequest&,
-                 Callback<std::string> done) override {
-    done(absl::UnimplementedError("ReadChunk"));
-  }
-  void WriteChunk(const WorkerEndpoint&, const v1::ChunkData&, std::string,
-                  Callback<v1::WriteChunkResponse> done) override {
-    done(absl::UnimplementedError("WriteChunk"));
   }
 
   // The fragments sent since the last call. Single-threaded: the fakes answer inline.
@@ -83,24 +55,16 @@ class QueueingWorkerClient : public WorkerClient {
   std::vector<v1::PlanFragment> queued_;
 };
 
-// A coordinator's plan logic over four fake workers, composed as coordinator.cc does.
+// The coordinator's plan logic (bench::CoordinatorLogic) over four fake workers.
 class Harness {
  public:
-  Harness()
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5)),
-        meshes_(&workers_),
-        tensors_(&meshes_),
-        view_(&workers_, &tensors_),
-        admission_(&clock_, &timer_, &view_, AdmissionOptions{}),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()) {
-    view_.set_controller(&admission_);
-    workers_.AddListener(&plans_);
+  Harness() {
     for (int i = 0; i < 4; ++i) {
       const std::string name = absl::StrCat("w", i);
-      OrDie(workers_.Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}), "register");
+      OrDie(logic_.workers().Register(WorkerSpec{name, "h", "cpu", name + ":1", "gloo"}),
+            "register");
     }
-    OrDie(meshes_.Create("N", {4}, {}, {}), "mesh");
+    OrDie(logic_.meshes().Create("N", {4}, {}, {}), "mesh");
   }
 
   // A ready 32x32 f32 tensor, S(0) on N.
@@ -111,18 +75,18 @@ class Harness {
     t.dtype = DType::kF32;
     t.mesh = "N";
     t.spec = "S(0)";
-    t.layout =
-        OrDie(Layout::FromPlacements(OrDie(meshes_.Get("N"), "mesh").mesh, t.shape, Parse("S(0)")),
-              "layout");
-    t.version = tensors_.NewVersion();
-    OrDie(tensors_.Reserve(t, "create"), "reserve");
+    t.layout = OrDie(Layout::FromPlacements(OrDie(logic_.meshes().Get("N"), "mesh").mesh, t.shape,
+                                            Parse("S(0)")),
+                     "layout");
+    t.version = logic_.tensors().NewVersion();
+    OrDie(logic_.tensors().Reserve(t, "create"), "reserve");
     LayoutChecksums sums;
     absl::flat_hash_map<int64_t, int64_t> incarnations;
     for (const RankChunks& rc : t.layout.ranks()) {
       sums.emplace_back(rc.chunks.size(), 0);
-      incarnations[rc.rank] = OrDie(workers_.GetByRank(rc.rank), "worker").incarnation;
+      incarnations[rc.rank] = OrDie(logic_.workers().GetByRank(rc.rank), "worker").incarnation;
     }
-    OrDie(tensors_.FinishCreate(name, "create", sums, incarnations), "finish create");
+    OrDie(logic_.tensors().FinishCreate(name, "create", sums, incarnations), "finish create");
   }
 
   static Spec Target(const std::string& placements) {
@@ -134,14 +98,14 @@ class Harness {
   // Plays every worker: each fragment sent since the last call gets its correct report.
   void ReportAll(bool group) {
     for (const v1::PlanFragment& f : client_.Take()) {
-      const WorkerRecord w = OrDie(workers_.GetByRank(f.rank()), "worker");
+      const WorkerRecord w = OrDie(logic_.workers().GetByRank(f.rank()), "worker");
       WorkerReport r = group ? FakeFusedFinalReport(f, w.spec.name, w.incarnation)
                              : FakeFinalReport(f, w.spec.name, w.incarnation);
-      OrDie(plans_.Report(r), "report");
+      OrDie(logic_.plans().Report(r), "report");
     }
   }
 
-  PlanManager& plans() { return plans_; }
+  PlanManager& plans() { return logic_.plans(); }
 
  private:
   static std::vector<Placement> Parse(const std::string& text) {
@@ -155,25 +119,8 @@ class Harness {
     return bench::OrDie(std::move(v), what);
   }
 
-  PlanManagerOptions Options() {
-    PlanManagerOptions o;
-    o.plan_timeout = absl::Minutes(1);
-    o.metrics = &metrics_;
-    o.admission = &admission_;
-    return o;
-  }
-
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  ClusterMemoryView view_;
-  AdmissionController admission_;
   QueueingWorkerClient client_;
-  Registry registry_;
-  CoordinatorMetrics metrics_{&registry_};
-  PlanManager plans_;
+  bench::CoordinatorLogic logic_{&client_, /*store=*/nullptr, absl::Minutes(1)};
 };
 
 int Main() {
@@ -192,20 +139,20 @@ int Main() {
     std::vector<RedistributeMember> members;
     for (const std::string& name : names) members.push_back(RedistributeMember{name, target});
     bool committed = false;
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     bench::OrDie(
         h.plans().RedistributeGroup(
             members, [&](const absl::Status& s, const GroupProgress&) { committed = s.ok(); }),
         "group");
     h.ReportAll(/*group=*/true);
-    const double seconds = ThreadCpuSeconds() - start;
+    const double seconds = bench::ThreadCpuSeconds() - start;
     if (!committed) bench::Die("a group did not commit");
     if (rep > 0) group.seconds.push_back(seconds);
   }
   for (int rep = 0; rep <= reps && absl::GetFlag(FLAGS_per_tensor); ++rep) {
     const Spec target = Harness::Target(flip++ % 2 == 0 ? "S(1)" : "S(0)");
     int commits = 0;
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     for (const std::string& name : names) {
       bench::OrDie(
           h.plans().Redistribute(
@@ -213,7 +160,7 @@ int Main() {
           "redistribute");
       h.ReportAll(/*group=*/false);
     }
-    const double seconds = ThreadCpuSeconds() - start;
+    const double seconds = bench::ThreadCpuSeconds() - start;
     if (commits != n) bench::Die("a single plan did not commit");
     if (rep > 0) single.seconds.push_back(seconds);
   }

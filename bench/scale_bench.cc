@@ -27,7 +27,6 @@
 //   restart (new managers loading the state written).
 
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/bench_common.h"
+#include "bench/coordinator_logic.h"
 #include "bench/model_shapes.h"
 #include "common/clock.h"
 #include "common/json_writer.h"
@@ -92,12 +92,6 @@ ABSL_FLAG(int, runs, 5, "Warm runs of the prepared transfer (best and median).")
 
 namespace shardcoord {
 namespace {
-
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
 
 double WallSeconds() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
@@ -193,41 +187,29 @@ class BenchStore {
 // Workers that turn every fragment into the report a correct worker sends, at once, and keep
 // only the reports; FinishPlan succeeds. Their own CPU (report building, message sizes) is
 // counted apart so that it can be taken out of the coordinator's. Single-threaded.
-class FakeWorkers : public WorkerClient {
+class FakeWorkers : public bench::PlanOnlyWorkerClient {
  public:
   void Execute(const WorkerEndpoint& w, v1::PlanFragment fragment, StatusCallback done) override {
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     ++messages_;
     message_bytes_ += static_cast<int64_t>(fragment.ByteSizeLong());
     reports_.push_back(fragment.members_size() > 0
                            ? FakeFusedFinalReport(fragment, w.name, w.incarnation)
                            : FakeFinalReport(fragment, w.name, w.incarnation));
-    fake_cpu_ += ThreadCpuSeconds() - start;
+    fake_cpu_ += bench::ThreadCpuSeconds() - start;
     done(absl::OkStatus());
   }
   void FinishPlan(const WorkerEndpoint&, v1::FinishPlanRequest request,
                   StatusCallback done) override {
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     ++messages_;
     message_bytes_ += static_cast<int64_t>(request.ByteSizeLong());
-    fake_cpu_ += ThreadCpuSeconds() - start;
+    fake_cpu_ += bench::ThreadCpuSeconds() - start;
     done(absl::OkStatus());
-  }
-  void Fill(const WorkerEndpoint&, const v1::FillRequest&,
-            Callback<v1::FillResponse> done) override {
-    done(absl::UnimplementedError("Fill"));
   }
   void DropTensor(const WorkerEndpoint&, const v1::DropTensorRequest&,
                   StatusCallback done) override {
     done(absl::OkStatus());
-  }
-  void ReadChunk(const WorkerEndpoint&, const v1::ReadChunkRequest&,
-                 Callback<std::string> done) override {
-    done(absl::UnimplementedError("ReadChunk"));
-  }
-  void WriteChunk(const WorkerEndpoint&, const v1::ChunkData&, std::string,
-                  Callback<v1::WriteChunkResponse> done) override {
-    done(absl::UnimplementedError("WriteChunk"));
   }
 
   std::vector<WorkerReport> TakeReports() { return std::exchange(reports_, {}); }
@@ -304,21 +286,13 @@ class TensorCreator {
   std::vector<std::string> created_;
 };
 
-// The coordinator's managers over `ranks` fake workers, composed as coordinator.cc does.
+// The coordinator's managers (bench::CoordinatorLogic) over `ranks` fake workers.
 class Harness {
  public:
   Harness(StateStore* store, int64_t ranks, int64_t tp)
-      : timer_(&clock_),
-        workers_(&clock_, absl::Seconds(5), store),
-        meshes_(&workers_, store),
-        tensors_(&meshes_, store),
-        view_(&workers_, &tensors_),
-        admission_(&clock_, &timer_, &view_, AdmissionOptions{}),
-        plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, Options()),
-        creator_(&tensors_, RegisterCluster(&workers_, &meshes_, ranks, tp)) {
-    view_.set_controller(&admission_);
-    workers_.AddListener(&plans_);
-  }
+      : logic_(&client_, store, absl::Hours(1)),
+        creator_(&logic_.tensors(),
+                 RegisterCluster(&logic_.workers(), &logic_.meshes(), ranks, tp)) {}
 
   // Adds a ready tensor with `layout` on `mesh` (spec text `spec`), hidden until Publish.
   void Create(const std::string& name, const ModelTensor& t, const std::string& mesh,
@@ -329,32 +303,17 @@ class Harness {
 
   // Plays every worker: each report collected since the last call goes in.
   void ReportAll() {
-    for (const WorkerReport& r : client_.TakeReports()) bench::OrDie(plans_.Report(r), "report");
+    for (const WorkerReport& r : client_.TakeReports()) {
+      bench::OrDie(logic_.plans().Report(r), "report");
+    }
   }
 
-  PlanManager& plans() { return plans_; }
+  PlanManager& plans() { return logic_.plans(); }
   FakeWorkers& client() { return client_; }
 
  private:
-  PlanManagerOptions Options() {
-    PlanManagerOptions o;
-    o.plan_timeout = absl::Hours(1);
-    o.metrics = &metrics_;
-    o.admission = &admission_;
-    return o;
-  }
-
-  FakeClock clock_;
-  FakeTimer timer_;
-  WorkerManager workers_;
-  MeshManager meshes_;
-  TensorManager tensors_;
-  ClusterMemoryView view_;
-  AdmissionController admission_;
   FakeWorkers client_;
-  Registry registry_;
-  CoordinatorMetrics metrics_{&registry_};
-  PlanManager plans_;
+  bench::CoordinatorLogic logic_;
   TensorCreator creator_;
 };
 
@@ -646,7 +605,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   for (int64_t r = 0; r < w.ranks; ++r) hosts[r] = absl::StrCat("h", r / 8);
 
   // The coordinator's part: the table and its pages.
-  double start = ThreadCpuSeconds();
+  double start = bench::ThreadCpuSeconds();
   TransferTable table;
   table.layouts = w.layouts;  // Copies share their representation.
   table.hosts_by_rank = hosts;
@@ -698,7 +657,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
     wire.push_back(pages[i].SerializeAsString());
     out->page_bytes += static_cast<int64_t>(wire.back().size());
   }
-  out->table_pages_cpu_s = ThreadCpuSeconds() - start;
+  out->table_pages_cpu_s = bench::ThreadCpuSeconds() - start;
   out->pages = static_cast<int64_t>(pages.size());
   out->participants = static_cast<int64_t>(participants.size());
   pages.clear();
@@ -707,7 +666,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
                         out->templates, " templates, ", out->table_pages_cpu_s, " s CPU"));
 
   // A worker: the pages back into a table.
-  start = ThreadCpuSeconds();
+  start = bench::ThreadCpuSeconds();
   TransferTable parsed;
   for (const std::string& bytes : wire) {
     v1::PrepareTransferRequest page;
@@ -715,7 +674,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
     bench::OrDie(AppendTransferPage(page, &parsed), "AppendTransferPage");
   }
   bench::OrDie(ValidateTransferTable(parsed), "ValidateTransferTable");
-  out->worker_parse_cpu_s = ThreadCpuSeconds() - start;
+  out->worker_parse_cpu_s = bench::ThreadCpuSeconds() - start;
   wire.clear();
   if (parsed.members.size() != table.members.size() ||
       parsed.layouts.size() != table.layouts.size()) {
@@ -724,7 +683,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   Progress(absl::StrCat("a worker parsed the pages in ", out->worker_parse_cpu_s, " s CPU"));
 
   // Per-rank totals of a run: each template planned once, as ExpandTransfer plans it.
-  start = ThreadCpuSeconds();
+  start = bench::ThreadCpuSeconds();
   const TransferTemplates templates = TemplatesOf(parsed);
   std::vector<int64_t> members_of(templates.templates.size(), 0);
   for (int32_t k : templates.of_member) ++members_of[k];
@@ -756,7 +715,7 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
       Progress(absl::StrCat("planned ", k + 1, " of ", templates.templates.size(), " templates"));
     }
   }
-  out->templates_plan_cpu_s = ThreadCpuSeconds() - start;
+  out->templates_plan_cpu_s = bench::ThreadCpuSeconds() - start;
   for (int64_t r = 0; r < w.ranks; ++r) {
     if (totals.sent[r] > out->max_send) {
       out->max_send = totals.sent[r];
@@ -784,9 +743,9 @@ void WorkerSide(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
   for (const int64_t rank : expanded) {
     bench::Stats& stats = rank == 0 ? out->expand_rank0 : out->expand_busiest;
     for (int rep = 0; rep < reps; ++rep) {
-      start = ThreadCpuSeconds();
+      start = bench::ThreadCpuSeconds();
       absl::StatusOr<RankTransfer> part = ExpandTransfer(parsed, rank, expand);
-      const double seconds = ThreadCpuSeconds() - start;
+      const double seconds = bench::ThreadCpuSeconds() - start;
       const RankTransfer rt = bench::OrDie(std::move(part), "ExpandTransfer");
       stats.seconds.push_back(seconds);
       if (rt.bytes_sent != totals.sent[rank] || rt.bytes_received != totals.received[rank]) {
@@ -843,7 +802,7 @@ class MeteredClient : public WorkerClient {
                        std::shared_ptr<const v1::PrepareTransferRequest> request,
                        Callback<v1::PrepareTransferResponse> done) override {
     // The same page goes to every worker: sized once.
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     if (request.get() != last_page_) {
       last_page_ = request.get();
       last_page_bytes_ = static_cast<int64_t>(request->ByteSizeLong());
@@ -870,7 +829,7 @@ class MeteredClient : public WorkerClient {
  private:
   // Counts one message of `bytes`; the fake's CPU starts.
   double Count(size_t bytes) {
-    const double start = ThreadCpuSeconds();
+    const double start = bench::ThreadCpuSeconds();
     ++messages_;
     message_bytes_ += static_cast<int64_t>(bytes);
     return start;
@@ -879,7 +838,7 @@ class MeteredClient : public WorkerClient {
   template <typename T>
   std::function<void(T)> Timed(double start, std::function<void(T)> done) {
     return [this, start, done = std::move(done)](T result) {
-      fake_cpu_ += ThreadCpuSeconds() - start;
+      fake_cpu_ += bench::ThreadCpuSeconds() - start;
       done(std::move(result));
     };
   }
@@ -948,10 +907,10 @@ void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncL
     const int64_t state0 = store.bytes();
     std::optional<absl::StatusOr<v1::TransferInfo>> info;
     wall = WallSeconds();
-    double start = ThreadCpuSeconds();
+    double start = bench::ThreadCpuSeconds();
     boot.transfers->Create("sync", std::move(copies),
                            [&info](absl::StatusOr<v1::TransferInfo> i) { info = std::move(i); });
-    const double cpu = ThreadCpuSeconds() - start;
+    const double cpu = bench::ThreadCpuSeconds() - start;
     out->prepare_wall_s = WallSeconds() - wall;
     if (!info.has_value()) bench::Die("CreateTransfer did not answer inline");
     const v1::TransferInfo created = bench::OrDie(*std::move(info), "CreateTransfer");
@@ -983,7 +942,7 @@ void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncL
       const int64_t run_state0 = store.bytes();
       absl::Status started = absl::UnknownError("not started"), ended = started;
       v1::RunTransferResponse response;
-      start = ThreadCpuSeconds();
+      start = bench::ThreadCpuSeconds();
       boot.transfers->Run(
           "sync",
           [&started](const absl::Status& s, const v1::RunTransferResponse&) { started = s; },
@@ -991,7 +950,7 @@ void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncL
             ended = s;
             response = r;
           });
-      const double run_cpu = ThreadCpuSeconds() - start - (client.fake_cpu() - run_fake0);
+      const double run_cpu = bench::ThreadCpuSeconds() - start - (client.fake_cpu() - run_fake0);
       const double run_wall = WallSeconds() - run_wall0;
       bench::OrDie(started, "RunTransfer");
       bench::OrDie(ended, "the run");
@@ -1012,7 +971,7 @@ void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncL
 
   // A restart: new managers over the same store, loaded in the coordinator's order, ready to
   // run once the workers registered again (the first run prepares again).
-  const double wall = WallSeconds(), start = ThreadCpuSeconds();
+  const double wall = WallSeconds(), start = bench::ThreadCpuSeconds();
   inner.Reopen();
   CountingStore reopened(inner.get());
   TransferBoot boot(&clock, &timer, &client, &reopened, &metrics, options);
@@ -1028,7 +987,7 @@ void PreparedTransfer(const std::vector<ModelTensor>& tensors, const WeightSyncL
     return boot.workers.WasLiveBeforeRestart(rank, incarnation);
   }));
   timed("transfers", boot.transfers->Load());
-  out->recovery_cpu_s = ThreadCpuSeconds() - start;
+  out->recovery_cpu_s = bench::ThreadCpuSeconds() - start;
   out->recovery_s = WallSeconds() - wall;
   const v1::TransferInfo loaded = bench::OrDie(boot.transfers->Get("sync", false), "Get");
   if (loaded.members() != n || loaded.runs() != runs) {
@@ -1082,7 +1041,7 @@ void Unprepared(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
       const int64_t state0 = store->bytes();
       bool committed = false;
       std::string error;
-      const double start = ThreadCpuSeconds();
+      const double start = bench::ThreadCpuSeconds();
       bench::OrDie(h.plans().CopyGroup(copies,
                                        [&](const absl::Status& s, const GroupProgress&) {
                                          committed = s.ok();
@@ -1091,7 +1050,7 @@ void Unprepared(const std::vector<ModelTensor>& tensors, const WeightSyncLayouts
                    "CopyGroup");
       Progress("group dispatched");
       h.ReportAll();
-      const double cpu = ThreadCpuSeconds() - start - (h.client().fake_cpu() - fake0);
+      const double cpu = bench::ThreadCpuSeconds() - start - (h.client().fake_cpu() - fake0);
       if (!committed) bench::Die("the group did not commit: " + error);
       out->group_cpu.seconds.push_back(cpu);
       out->group_wall.seconds.push_back(WallSeconds() - wall0);
@@ -1124,9 +1083,9 @@ int Main() {
   options.ranks = r.ranks;
   options.tp = r.tp;
   options.dense_flat = absl::GetFlag(FLAGS_dense_flat);
-  const double wall = WallSeconds(), start = ThreadCpuSeconds();
+  const double wall = WallSeconds(), start = bench::ThreadCpuSeconds();
   const WeightSyncLayouts w = bench::OrDie(BuildWeightSyncLayouts(tensors, options), "layouts");
-  r.layouts_cpu_s = ThreadCpuSeconds() - start;
+  r.layouts_cpu_s = bench::ThreadCpuSeconds() - start;
   r.layouts_wall_s = WallSeconds() - wall;
   r.rss_after_layouts = ProcStatusBytes("VmRSS");
   r.layouts = static_cast<int64_t>(w.layouts.size());
