@@ -51,6 +51,19 @@ void Die(const std::string& message) {
   std::exit(1);
 }
 
+std::string ScratchDir(const std::string& bench) {
+  const std::string tmp =
+      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_", bench, ".", getpid());
+  std::filesystem::create_directories(tmp);
+  return tmp;
+}
+
+std::string LogDir(const std::string& log_dir, const std::string& tmp) {
+  const std::string dir = log_dir.empty() ? tmp : log_dir;
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 double ProcessCpuSeconds(const std::vector<pid_t>& pids) {
   double total = 0;
   for (pid_t pid : pids) {

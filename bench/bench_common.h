@@ -51,6 +51,11 @@ struct PeerResult {
   Stats stats;
 };
 
+// A bench's scratch directory, <temp dir>/shardcoord_<bench>.<pid>, created.
+std::string ScratchDir(const std::string& bench);
+// Where a bench's daemons log: `log_dir` (its --log_dir) when set, else `tmp`; created.
+std::string LogDir(const std::string& log_dir, const std::string& tmp);
+
 // User + system CPU seconds the processes have used so far (/proc/PID/stat).
 double ProcessCpuSeconds(const std::vector<pid_t>& pids);
 // The calling thread's CPU seconds so far (CLOCK_THREAD_CPUTIME_ID).

@@ -81,10 +81,9 @@ constexpr int kWorkers = 4;
 constexpr int64_t kIoPiece = int64_t{64} << 20;
 
 using bench::Die;
+using bench::GBps;
 using bench::OrDie;
 using bench::Stats;
-
-double GBps(int64_t bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 
 // Sends `command` to perf through --perf_control's FIFO and waits for its ack (no-op without).
 void PerfControl(const char* command) {

@@ -19,8 +19,6 @@
 //    baseline of issue 10's "a 4 KiB redistribute costs at most 5x a bare round trip".
 // GB/s is bytes moved between ranks / seconds (1 GB = 1e9 bytes), from the best run.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -99,12 +97,8 @@ int Run() {
     if (!json) std::fprintf(stderr, "%s\n", s.c_str());
   };
 
-  const std::string tmp =
-      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_e2e_bench.", getpid());
-  std::filesystem::create_directories(tmp);
-  const std::string log_dir =
-      absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
-  std::filesystem::create_directories(log_dir);
+  const std::string tmp = bench::ScratchDir("e2e_bench");
+  const std::string log_dir = bench::LogDir(absl::GetFlag(FLAGS_log_dir), tmp);
 
   // A square-ish f32 tensor of `mib` MiB whose rows and columns split evenly over 4.
   const int64_t elements = mib * (1 << 20) / 4;

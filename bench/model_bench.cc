@@ -494,12 +494,8 @@ int Run() {
   say(absl::StrCat("model: ", w.params.size(), " tensors, ", w.total, " elements, ", w.bytes(),
                    " bytes (", DTypeName(w.config.dtype), ")"));
 
-  const std::string tmp =
-      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_model_bench.", getpid());
-  std::filesystem::create_directories(tmp);
-  const std::string log_dir =
-      absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
-  std::filesystem::create_directories(log_dir);
+  const std::string tmp = bench::ScratchDir("model_bench");
+  const std::string log_dir = bench::LogDir(absl::GetFlag(FLAGS_log_dir), tmp);
   // Socket paths are short (107 bytes at most): a directory of their own under /tmp.
   char sockets[] = "/tmp/sc-model-XXXXXX";
   if (mkdtemp(sockets) == nullptr) Die("mkdtemp");

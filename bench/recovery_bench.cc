@@ -23,12 +23,9 @@
 // killed one is started again as a standby between repetitions. A takeover first waits for
 // the dead leader's lease to expire (--leader_ttl), so that part is printed too.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_common.h"
 #include "client/coordinator_client.h"
 #include "common/json_writer.h"
 #include "tests/cluster.h"
@@ -63,30 +61,9 @@ constexpr absl::Duration kTimeout = absl::Minutes(5);
 constexpr absl::Duration kPoll = absl::Milliseconds(5);
 const Shape kShape = {8, 16};
 
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "recovery_bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-template <typename T>
-T OrDie(absl::StatusOr<T> v, const std::string& what) {
-  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
-  return *std::move(v);
-}
-void OrDie(const absl::Status& s, const std::string& what) {
-  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
-}
-
-struct Stats {
-  std::vector<double> seconds;
-  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
-  double Median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    const size_t n = s.size();
-    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-  }
-};
+using bench::Die;
+using bench::OrDie;
+using bench::Stats;
 
 bool AllAlive(CoordinatorClient& client) {
   absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
@@ -203,12 +180,8 @@ int Run() {
   auto say = [&](const std::string& s) {
     if (!json) std::fprintf(stderr, "%s\n", s.c_str());
   };
-  const std::string tmp =
-      std::filesystem::temp_directory_path() / absl::StrCat("shardcoord_recovery_bench.", getpid());
-  std::filesystem::create_directories(tmp);
-  const std::string log_dir =
-      absl::GetFlag(FLAGS_log_dir).empty() ? tmp : absl::GetFlag(FLAGS_log_dir);
-  std::filesystem::create_directories(log_dir);
+  const std::string tmp = bench::ScratchDir("recovery_bench");
+  const std::string log_dir = bench::LogDir(absl::GetFlag(FLAGS_log_dir), tmp);
 
   ClusterOptions options;
   options.num_workers = kWorkers;
