@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import unittest
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -213,16 +214,9 @@ class ClientTest(unittest.TestCase):
 
     def test_token_from_the_environment(self):
         self.fake.required_token = "from-env"
-        old = os.environ.get("SHARDCOORD_TOKEN")
-        os.environ["SHARDCOORD_TOKEN"] = "from-env"
-        try:
+        with mock.patch.dict(os.environ, {"SHARDCOORD_TOKEN": "from-env"}):
             with sc.connect(self.address) as c:
                 c.workers()
-        finally:
-            if old is None:
-                del os.environ["SHARDCOORD_TOKEN"]
-            else:
-                os.environ["SHARDCOORD_TOKEN"] = old
         self.assertEqual(self.fake.requests["metadata"]["authorization"], "Bearer from-env")
 
     def test_unavailable_is_retried_with_one_request_id(self):
@@ -818,17 +812,10 @@ class TlsTest(unittest.TestCase):
             self.assertEqual([w.name for w in c.workers()], ["w0", "w1"])
 
     def test_ca_from_the_environment(self):
-        old = os.environ.get("SHARDCOORD_TLS_CA")
-        os.environ["SHARDCOORD_TLS_CA"] = os.path.join(CERTS, "ca.pem")
-        try:
+        with mock.patch.dict(os.environ, {"SHARDCOORD_TLS_CA": os.path.join(CERTS, "ca.pem")}):
             with sc.connect(self.address, tls_cert=os.path.join(CERTS, "client.pem"),
                             tls_key=os.path.join(CERTS, "client.key"), timeout=10) as c:
                 c.workers()
-        finally:
-            if old is None:
-                del os.environ["SHARDCOORD_TLS_CA"]
-            else:
-                os.environ["SHARDCOORD_TLS_CA"] = old
 
     def test_refused_without_the_right_tls(self):
         cases = {
