@@ -477,6 +477,19 @@ void WriteKind(JsonWriter& w, const Kind& k, int64_t bytes) {
   w.EndObject();
 }
 
+// "<name>_p50_ms" and "<name>_p99_ms" of `s`.
+void WritePercentilesMs(JsonWriter& w, const std::string& name, const Stats& s) {
+  w.Key(name + "_p50_ms").Double(s.Percentile(50) * 1e3);
+  w.Key(name + "_p99_ms").Double(s.Percentile(99) * 1e3);
+}
+
+// "<key>": {each phase's name: its median in ms}.
+void WritePhasesMs(JsonWriter& w, const std::string& key, const std::vector<bench::Phase>& phases) {
+  w.Key(key).BeginObject();
+  for (const bench::Phase& ph : phases) w.Key(ph.name).Double(ph.stats.Median() * 1e3);
+  w.EndObject();
+}
+
 // Throughput of `a` relative to `b`, best vs best (b's time / a's time); 0 if either is missing.
 double Ratio(const Kind& a, const Kind& b) {
   return a.ran && b.ran ? b.stats.Best() / a.stats.Best() : 0;
@@ -924,13 +937,9 @@ int Run() {
     j.EndObject();
     j.Key("latency").BeginObject();
     j.Key("runs").Int(latency_runs);
-    j.Key("redistribute_4k_p50_ms").Double(lat_p50 * 1e3);
-    j.Key("redistribute_4k_p99_ms").Double(latency.Percentile(99) * 1e3);
-    j.Key("bare_rpc_p50_ms").Double(rpc_p50 * 1e3);
-    j.Key("bare_rpc_p99_ms").Double(bare_rpc.Percentile(99) * 1e3);
-    j.Key("redistribute_4k_phases_median_ms").BeginObject();
-    for (const bench::Phase& ph : phases) j.Key(ph.name).Double(ph.stats.Median() * 1e3);
-    j.EndObject();
+    WritePercentilesMs(j, "redistribute_4k", latency);
+    WritePercentilesMs(j, "bare_rpc", bare_rpc);
+    WritePhasesMs(j, "redistribute_4k_phases_median_ms", phases);
     j.Key("group_tensors").Int(group_tensors).Key("group_reps").Int(group_reps);
     j.Key("group_p50_ms").Double(group_p50 * 1e3);
     if (!small_group_error.empty()) j.Key("group_error").String(small_group_error);
@@ -939,14 +948,10 @@ int Run() {
     j.Key("group_workers_cpu_mean_ms").Double(group_workers_cpu * 1e3);
     if (!small_transfer_error.empty()) j.Key("transfer_1000_error").String(small_transfer_error);
     if (run_transfer) {
-      j.Key("transfer_1000_p50_ms").Double(transfer_p50 * 1e3);
-      j.Key("transfer_1000_p99_ms").Double(small_transfer.Percentile(99) * 1e3);
-      j.Key("copy_4k_p50_ms").Double(copy_p50 * 1e3);
-      j.Key("copy_4k_p99_ms").Double(copy_4k.Percentile(99) * 1e3);
+      WritePercentilesMs(j, "transfer_1000", small_transfer);
+      WritePercentilesMs(j, "copy_4k", copy_4k);
     }
-    j.Key("group_phases_median_ms").BeginObject();
-    for (const bench::Phase& ph : group_phases) j.Key(ph.name).Double(ph.stats.Median() * 1e3);
-    j.EndObject();
+    WritePhasesMs(j, "group_phases_median_ms", group_phases);
     j.EndObject();
     j.Key("values_checked").Int(checked);
     j.EndObject();
