@@ -18,7 +18,58 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Create(DType dtype, Rank
   absl::StatusOr<Allocation> allocation = space->Allocate(*bytes);
   if (!allocation.ok()) return allocation.status();
   return std::shared_ptr<HostBuffer>(
-      new HostBuffer(dtype, std::move(chunks), *bytes, space, *allocation, nullptr));
+      new HostBuffer(dtype, std::make_shared<const RankChunks>(std::move(chunks)), *bytes, space,
+                     *allocation, nullptr, nullptr));
+}
+
+namespace {
+
+// CreateMany's one allocation, freed with the last buffer in it.
+struct SharedAllocation {
+  SharedAllocation(MemorySpace* space, Allocation allocation)
+      : space(space), allocation(allocation) {}
+  ~SharedAllocation() { space->Free(allocation); }
+  MemorySpace* const space;
+  const Allocation allocation;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<HostBuffer>>> HostBuffer::CreateMany(
+    absl::Span<const Spec> specs, MemorySpace* space) {
+  if (space == nullptr) space = &HostMemorySpace::Global();
+  constexpr int64_t kAlign = 64;  // As the space's own allocations.
+  std::vector<int64_t> bytes(specs.size());
+  std::vector<int64_t> offsets(specs.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].chunks == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", i, ": no chunks"));
+    }
+    absl::StatusOr<int64_t> b = CheckChunks(specs[i].dtype, *specs[i].chunks);
+    if (!b.ok()) {
+      return absl::Status(b.status().code(),
+                          absl::StrCat("buffer ", i, ": ", b.status().message()));
+    }
+    bytes[i] = *b;
+    offsets[i] = total;
+    absl::StatusOr<int64_t> end = CheckedAdd(total, (*b + kAlign - 1) / kAlign * kAlign);
+    if (!end.ok())
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", i, ": ", end.status().message()));
+    total = *end;
+  }
+  std::vector<std::shared_ptr<HostBuffer>> out;
+  if (specs.empty()) return out;
+  absl::StatusOr<Allocation> allocation = space->Allocate(total);
+  if (!allocation.ok()) return allocation.status();
+  auto shared = std::make_shared<const SharedAllocation>(space, *allocation);
+  out.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    out.push_back(std::shared_ptr<HostBuffer>(
+        new HostBuffer(specs[i].dtype, specs[i].chunks, bytes[i], space,
+                       Allocation{allocation->data + offsets[i], 0}, nullptr, shared)));
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Wrap(DType dtype, RankChunks chunks,
@@ -29,8 +80,9 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> HostBuffer::Wrap(DType dtype, RankCh
   }
   absl::StatusOr<int64_t> bytes = CheckChunks(dtype, chunks);
   if (!bytes.ok()) return bytes.status();
-  return std::shared_ptr<HostBuffer>(new HostBuffer(dtype, std::move(chunks), *bytes, space,
-                                                    Allocation{data, 0}, std::move(lent)));
+  return std::shared_ptr<HostBuffer>(
+      new HostBuffer(dtype, std::make_shared<const RankChunks>(std::move(chunks)), *bytes, space,
+                     Allocation{data, 0}, std::move(lent), nullptr));
 }
 
 absl::StatusOr<int64_t> HostBuffer::CheckChunks(DType dtype, const RankChunks& chunks) {
@@ -55,15 +107,17 @@ absl::StatusOr<int64_t> HostBuffer::CheckChunks(DType dtype, const RankChunks& c
   return CheckedMul(chunks.local_elements, element_size);
 }
 
-HostBuffer::HostBuffer(DType dtype, RankChunks chunks, int64_t bytes, MemorySpace* space,
-                       Allocation allocation, std::shared_ptr<LentMemory> lent)
+HostBuffer::HostBuffer(DType dtype, std::shared_ptr<const RankChunks> chunks, int64_t bytes,
+                       MemorySpace* space, Allocation allocation, std::shared_ptr<LentMemory> lent,
+                       std::shared_ptr<const void> shared)
     : dtype_(dtype),
       element_size_(ElementSize(dtype)),
       chunks_(std::move(chunks)),
       bytes_(bytes),
       space_(space),
-      allocation_(lent == nullptr ? allocation : Allocation{}),
+      allocation_(lent == nullptr && shared == nullptr ? allocation : Allocation{}),
       lent_(std::move(lent)),
+      shared_(std::move(shared)),
       data_(allocation.data) {}
 
 // Lent memory is released by its LentMemory, after the buffer.
@@ -75,8 +129,8 @@ absl::StatusOr<std::vector<uint64_t>> HostBuffer::Checksums() const {
 
 std::vector<ChecksumRegion> HostBuffer::ChecksumRegions() const {
   std::vector<ChecksumRegion> regions;
-  regions.reserve(chunks_.chunks.size());
-  for (size_t i = 0; i < chunks_.chunks.size(); ++i) {
+  regions.reserve(chunks_->chunks.size());
+  for (size_t i = 0; i < chunks_->chunks.size(); ++i) {
     regions.push_back(ChecksumRegion{chunk_data(i), chunk_bytes(i)});
   }
   return regions;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/buffers/checksum.h"
@@ -48,6 +49,50 @@ TEST(HostBufferTest, RejectsChunkOutsideBuffer) {
   rc.chunks[1].local_offset = -1;
   EXPECT_EQ(HostBuffer::Create(DType::kF32, rc).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostBufferTest, CreateManySharesOneAllocationAndTheChunks) {
+  auto two = std::make_shared<const RankChunks>(TwoChunks());
+  RankChunks one;
+  one.chunks.push_back(Chunk{Box({0}, {5}), 0, 0});
+  one.local_elements = 5;
+  auto single = std::make_shared<const RankChunks>(one);
+  std::vector<HostBuffer::Spec> specs = {
+      {DType::kF32, two}, {DType::kU8, single}, {DType::kF64, two}};
+  auto buffers = HostBuffer::CreateMany(specs);
+  ASSERT_TRUE(buffers.ok()) << buffers.status();
+  ASSERT_EQ(buffers->size(), 3u);
+  const int64_t expect_bytes[] = {36, 5, 72};
+  for (size_t i = 0; i < 3; ++i) {
+    HostBuffer& b = *(*buffers)[i];
+    EXPECT_EQ(b.bytes(), expect_bytes[i]) << i;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u) << i;
+    EXPECT_EQ(&b.chunks(), specs[i].chunks.get()) << i;  // Shared, not copied.
+    EXPECT_EQ(b.dtype(), specs[i].dtype);
+  }
+  // Consecutive and disjoint within the one allocation (each rounded up to 64 bytes).
+  EXPECT_EQ((*buffers)[1]->data() - (*buffers)[0]->data(), 64);
+  EXPECT_EQ((*buffers)[2]->data() - (*buffers)[1]->data(), 64);
+  // The allocation lives while any of its buffers does.
+  std::shared_ptr<HostBuffer> last = (*buffers)[2];
+  buffers->clear();
+  std::memset(last->data(), 9, last->bytes());
+  EXPECT_EQ(last->Checksums()->at(1), ChunkChecksum(last->chunk_data(1), 24));
+}
+
+TEST(HostBufferTest, CreateManyNamesTheBadSpec) {
+  RankChunks bad = TwoChunks();
+  bad.chunks[1].local_offset = 7;
+  std::vector<HostBuffer::Spec> specs = {
+      {DType::kF32, std::make_shared<const RankChunks>(TwoChunks())},
+      {DType::kF32, std::make_shared<const RankChunks>(bad)}};
+  auto buffers = HostBuffer::CreateMany(specs);
+  EXPECT_EQ(buffers.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(buffers.status().message().find("buffer 1: chunk 1"), std::string::npos)
+      << buffers.status();
+  specs[1].chunks = nullptr;
+  EXPECT_EQ(HostBuffer::CreateMany(specs).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(HostBuffer::CreateMany({})->empty());
 }
 
 TEST(HostBufferTest, EmptyBuffer) {

@@ -282,23 +282,32 @@ absl::Status WorkerCore::PrepareBuffers(const FragmentShape& shape, const Fragme
       part->write_back = *lent;
     }
   }
-  if (part->target == nullptr) {
-    absl::StatusOr<std::shared_ptr<HostBuffer>> target =
-        HostBuffer::Create(f.target_dtype, f.target, space_);
-    if (!target.ok()) return target.status();
-    part->target = *target;
-  }
   return absl::OkStatus();
 }
 
 absl::Status WorkerCore::PrepareParts(PlanRun* run) {
   const Fragment& f = run->f();
+  // The targets to make (those not written in place), all in one allocation: their chunk
+  // descriptions are the fragment's own, shared.
+  std::vector<HostBuffer::Spec> specs;
+  std::vector<size_t> spec_parts;
   for (size_t i = 0; i < f.members.size(); ++i) {
     if (absl::Status s = PrepareBuffers(f.shape_of(i), f.members[i], &run->parts[i]); !s.ok()) {
       if (!f.fused) return s;
       return absl::Status(s.code(), absl::StrCat("member ", f.members[i].index, " (plan ",
                                                  f.members[i].plan_id, "): ", s.message()));
     }
+    if (run->parts[i].target != nullptr) continue;
+    const FragmentShape& shape = f.shape_of(i);
+    specs.push_back(
+        {shape.target_dtype(), std::shared_ptr<const RankChunks>(run->fragment, &shape.target)});
+    spec_parts.push_back(i);
+  }
+  absl::StatusOr<std::vector<std::shared_ptr<HostBuffer>>> targets =
+      HostBuffer::CreateMany(specs, space_);
+  if (!targets.ok()) return targets.status();
+  for (size_t k = 0; k < spec_parts.size(); ++k) {
+    run->parts[spec_parts[k]].target = std::move((*targets)[k]);
   }
   return absl::OkStatus();
 }

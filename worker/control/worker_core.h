@@ -204,12 +204,12 @@ class WorkerCore {
   absl::Status CheckAcceptingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckPlanIdLocked(const std::string& plan_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Finds the source buffer of `member`'s tensor and version with `shape`'s chunks and makes
-  // (or finds, attached) its target.
+  // Finds the source buffer of `member`'s tensor and version with `shape`'s chunks and, when
+  // the member writes an attached buffer in place, its target.
   absl::Status PrepareBuffers(const FragmentShape& shape, const FragmentMember& member,
                               RunPart* part);
-  // PrepareBuffers for every member (into the sized parts); errors of a fused fragment name
-  // the member.
+  // PrepareBuffers for every member (into the sized parts), then every other target in one
+  // allocation (HostBuffer::CreateMany); errors of a fused fragment name the member.
   absl::Status PrepareParts(PlanRun* run);
   // Registers the run and starts its thread.
   absl::Status Launch(std::shared_ptr<PlanRun> run);
