@@ -18,6 +18,13 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
+// `*response` when `status` is OK, else `status`.
+template <typename Response>
+absl::StatusOr<Response> Answer(const absl::Status& status, Response* response) {
+  if (!status.ok()) return status;
+  return std::move(*response);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsOptions& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -77,114 +84,86 @@ void GrpcCoordinatorClient::Note(size_t index, const grpc::ClientContext& ctx,
   addresses_.Unavailable(index, leader);
 }
 
+template <typename Request, typename Response>
+grpc::Status GrpcCoordinatorClient::Call(grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                                      const Request&, Response*),
+                                         const Request& request, Response* response,
+                                         absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  size_t index;
+  grpc::Status s = (Current(&index).get()->*method)(&ctx, request, response);
+  Note(index, ctx, s);
+  return s;
+}
+
 absl::StatusOr<v1::RegisterWorkerResponse> GrpcCoordinatorClient::Register(
     const v1::RegisterWorkerRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::RegisterWorkerResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->RegisterWorker(&ctx, request, &response);
-  Note(index, ctx, s);
-  if (!s.ok()) return FromGrpc(s, "RegisterWorker");
-  return response;
+  return Answer(
+      FromGrpc(Call(&Stub::RegisterWorker, request, &response, rpc_timeout_), "RegisterWorker"),
+      &response);
 }
 
 absl::Status GrpcCoordinatorClient::Heartbeat(const v1::HeartbeatRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::HeartbeatResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->Heartbeat(&ctx, request, &response);
-  Note(index, ctx, s);
-  return FromGrpc(s, "Heartbeat");
+  return FromGrpc(Call(&Stub::Heartbeat, request, &response, rpc_timeout_), "Heartbeat");
 }
 
 absl::StatusOr<v1::LeaveWorkerResponse> GrpcCoordinatorClient::Leave(
     const v1::LeaveWorkerRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, absl::Milliseconds(request.drain_timeout_ms()) + rpc_timeout_);
   v1::LeaveWorkerResponse response;
-  size_t index;
-  grpc::Status g = Current(&index)->LeaveWorker(&ctx, request, &response);
-  Note(index, ctx, g);
-  absl::Status s = FromGrpc(g, "LeaveWorker");
-  if (!s.ok()) return s;
-  return response;
+  return Answer(FromGrpc(Call(&Stub::LeaveWorker, request, &response,
+                              absl::Milliseconds(request.drain_timeout_ms()) + rpc_timeout_),
+                         "LeaveWorker"),
+                &response);
 }
 
 absl::Status GrpcCoordinatorClient::ReportChunks(const v1::ReportChunksRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::ReportChunksResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->ReportChunks(&ctx, request, &response);
-  Note(index, ctx, s);
-  return FromGrpc(s, "ReportChunks");
+  return FromGrpc(Call(&Stub::ReportChunks, request, &response, rpc_timeout_), "ReportChunks");
 }
 
 absl::StatusOr<v1::AttachBufferResponse> GrpcCoordinatorClient::AttachBuffer(
     const v1::AttachBufferRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::AttachBufferResponse response;
   // The coordinator's message goes to the user process as it is (it names the field).
-  size_t index;
-  grpc::Status g = Current(&index)->AttachBuffer(&ctx, request, &response);
-  Note(index, ctx, g);
-  absl::Status s = FromGrpcStatus(g);
-  if (!s.ok()) return s;
-  return response;
+  return Answer(FromGrpcStatus(Call(&Stub::AttachBuffer, request, &response, rpc_timeout_)),
+                &response);
 }
 
 absl::Status GrpcCoordinatorClient::DetachBuffer(const v1::DetachBufferRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::DetachBufferResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->DetachBuffer(&ctx, request, &response);
-  Note(index, ctx, s);
-  return FromGrpc(s, "DetachBuffer");
+  return FromGrpc(Call(&Stub::DetachBuffer, request, &response, rpc_timeout_), "DetachBuffer");
 }
 
 absl::StatusOr<v1::AttachBuffersResponse> GrpcCoordinatorClient::AttachBuffers(
     const v1::AttachBuffersRequest& request) {
-  grpc::ClientContext ctx;
-  // A whole model's buffers are checked and stored in one batch: time for each.
-  Prepare(&ctx, rpc_timeout_ + absl::Milliseconds(request.buffers_size()));
   v1::AttachBuffersResponse response;
-  // As AttachBuffer's: the message (naming buffers[i]) goes to the user process as it is.
-  size_t index;
-  grpc::Status g = Current(&index)->AttachBuffers(&ctx, request, &response);
-  Note(index, ctx, g);
-  absl::Status s = FromGrpcStatus(g);
-  if (!s.ok()) return s;
-  return response;
+  // A whole model's buffers are checked and stored in one batch: time for each. As
+  // AttachBuffer's: the message (naming buffers[i]) goes to the user process as it is.
+  return Answer(FromGrpcStatus(Call(&Stub::AttachBuffers, request, &response,
+                                    rpc_timeout_ + absl::Milliseconds(request.buffers_size()))),
+                &response);
 }
 
 absl::Status GrpcCoordinatorClient::Set(absl::string_view key, absl::string_view value) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_);
   v1::KvSetRequest request;
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   v1::KvSetResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->KvSet(&ctx, request, &response);
-  Note(index, ctx, s);
-  return FromGrpc(s, absl::StrCat("KvSet '", key, "'"));
+  return FromGrpc(Call(&Stub::KvSet, request, &response, rpc_timeout_),
+                  absl::StrCat("KvSet '", key, "'"));
 }
 
 absl::StatusOr<std::string> GrpcCoordinatorClient::Get(absl::string_view key,
                                                        absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, std::max(timeout, absl::ZeroDuration()) + rpc_timeout_);
   v1::KvGetRequest request;
   request.set_key(std::string(key));
   request.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout)));
   v1::KvGetResponse response;
-  size_t index;
-  grpc::Status s = Current(&index)->KvGet(&ctx, request, &response);
-  Note(index, ctx, s);
+  grpc::Status s = Call(&Stub::KvGet, request, &response,
+                        std::max(timeout, absl::ZeroDuration()) + rpc_timeout_);
   if (!s.ok()) return FromGrpc(s, absl::StrCat("KvGet '", key, "'"));
   return std::move(*response.mutable_value());
 }

@@ -72,6 +72,11 @@ class GrpcCoordinatorClient : public CoordinatorAgentRpc,
   std::shared_ptr<Stub> Current(size_t* index);
   // After a call to `index`: UNAVAILABLE moves on (to the named leader or the next address).
   void Note(size_t index, const grpc::ClientContext& ctx, const grpc::Status& status);
+  // One unary call of `method` with the deadline `timeout` from now: Prepare, the current
+  // coordinator's stub, then Note of the answer.
+  template <typename Request, typename Response>
+  grpc::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, absl::Duration timeout);
 
   const absl::Duration rpc_timeout_;
   const std::string token_;
