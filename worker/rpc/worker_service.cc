@@ -12,53 +12,70 @@
 #include "worker/control/transfer_runner.h"
 
 namespace shardcoord {
+namespace {
+
+// Finishes `reactor` with `r`'s status, and with its value in `*response` when it has one.
+template <typename Response>
+void FinishWith(grpc::ServerUnaryReactor* reactor, Response* response, absl::StatusOr<Response> r) {
+  if (r.ok()) *response = *std::move(r);
+  reactor->Finish(ToGrpcStatus(r.status()));
+}
+
+// A reactor answered at once: with `status`, or with `r` as FinishWith.
+grpc::ServerUnaryReactor* Answered(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+template <typename Response>
+grpc::ServerUnaryReactor* Answered(grpc::CallbackServerContext* ctx, Response* response,
+                                   absl::StatusOr<Response> r) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  FinishWith(reactor, response, std::move(r));
+  return reactor;
+}
+
+}  // namespace
+
+template <typename Response>
+grpc::ServerUnaryReactor* WorkerServiceImpl::OnPool(
+    grpc::CallbackServerContext* ctx, Response* response,
+    std::function<absl::StatusOr<Response>()> work) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  pool_->Schedule(
+      [reactor, response, work = std::move(work)] { FinishWith(reactor, response, work()); });
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Execute(grpc::CallbackServerContext* ctx,
                                                      const v1::PlanFragment* request,
                                                      v1::ExecuteResponse* /*response*/) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->Execute(*request)));
-  return reactor;
+  return Answered(ctx, core_->Execute(*request));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::FinishPlan(grpc::CallbackServerContext* ctx,
                                                         const v1::FinishPlanRequest* request,
                                                         v1::FinishPlanResponse* /*response*/) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->FinishPlan(*request)));
-  return reactor;
+  return Answered(ctx, core_->FinishPlan(*request));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Fill(grpc::CallbackServerContext* ctx,
                                                   const v1::FillRequest* request,
                                                   v1::FillResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  pool_->Schedule([this, reactor, request, response] {
-    absl::StatusOr<v1::FillResponse> r = core_->Fill(*request);
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
-  return reactor;
+  return OnPool<v1::FillResponse>(ctx, response, [this, request] { return core_->Fill(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::FillMany(grpc::CallbackServerContext* ctx,
                                                       const v1::FillManyRequest* request,
                                                       v1::FillManyResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  pool_->Schedule([this, reactor, request, response] {
-    absl::StatusOr<v1::FillManyResponse> r = core_->FillMany(*request);
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
-  return reactor;
+  return OnPool<v1::FillManyResponse>(ctx, response,
+                                      [this, request] { return core_->FillMany(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::DropTensor(grpc::CallbackServerContext* ctx,
                                                         const v1::DropTensorRequest* request,
                                                         v1::DropTensorResponse* /*response*/) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(core_->DropTensor(*request)));
-  return reactor;
+  return Answered(ctx, core_->DropTensor(*request));
 }
 
 namespace {
@@ -165,21 +182,13 @@ grpc::ServerReadReactor<v1::ChunkData>* WorkerServiceImpl::WriteChunk(
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReadBoxes(grpc::CallbackServerContext* ctx,
                                                        const v1::ReadBoxesRequest* request,
                                                        v1::ReadBoxesResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::ReadBoxesResponse> r = core_->ReadBoxes(*request);
-  if (r.ok()) *response = *std::move(r);
-  reactor->Finish(ToGrpcStatus(r.status()));
-  return reactor;
+  return Answered(ctx, response, core_->ReadBoxes(*request));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::WriteBuffer(grpc::CallbackServerContext* ctx,
                                                          const v1::ChunkData* request,
                                                          v1::WriteChunkResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::StatusOr<v1::WriteChunkResponse> r = core_->WriteBuffer(*request);
-  if (r.ok()) *response = *std::move(r);
-  reactor->Finish(ToGrpcStatus(r.status()));
-  return reactor;
+  return Answered(ctx, response, core_->WriteBuffer(*request));
 }
 
 // ---- Prepared transfers ------------------------------------------------------------------
@@ -187,14 +196,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::WriteBuffer(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* WorkerServiceImpl::PrepareTransfer(
     grpc::CallbackServerContext* ctx, const v1::PrepareTransferRequest* request,
     v1::PrepareTransferResponse* response) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   // Every page parses a slice of the table; the last plans every member (seconds at 10^5).
-  pool_->Schedule([this, reactor, request, response] {
-    absl::StatusOr<v1::PrepareTransferResponse> r = core_->transfers()->Prepare(*request);
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
-  return reactor;
+  return OnPool<v1::PrepareTransferResponse>(
+      ctx, response, [this, request] { return core_->transfers()->Prepare(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::RunTransfer(
@@ -204,8 +208,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RunTransfer(
   // Finished from the run's thread when the part ended, or here when refused.
   core_->transfers()->Run(*request,
                           [reactor, response](absl::StatusOr<v1::RunTransferWorkerResponse> r) {
-                            if (r.ok()) *response = *std::move(r);
-                            reactor->Finish(ToGrpcStatus(r.status()));
+                            FinishWith(reactor, response, std::move(r));
                           });
   return reactor;
 }
@@ -213,56 +216,46 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::RunTransfer(
 grpc::ServerUnaryReactor* WorkerServiceImpl::DropTransfer(grpc::CallbackServerContext* ctx,
                                                           const v1::DropTransferRequest* request,
                                                           v1::DropTransferResponse* /*response*/) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   core_->transfers()->Drop(*request);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return Answered(ctx, absl::OkStatus());
 }
 
 // ---- Checkpoints: file I/O is long work, on the pool ---------------------------------------
 
 template <typename Response>
-grpc::ServerUnaryReactor* WorkerServiceImpl::OnPool(
+grpc::ServerUnaryReactor* WorkerServiceImpl::OnCheckpointPool(
     grpc::CallbackServerContext* ctx, Response* response,
     std::function<absl::StatusOr<Response>()> work) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (checkpoints_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no checkpoint support"));
-    return reactor;
-  }
-  pool_->Schedule([reactor, response, work = std::move(work)] {
-    absl::StatusOr<Response> r = work();
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
-  return reactor;
+  if (checkpoints_ == nullptr)
+    return Answered(ctx, absl::UnimplementedError("no checkpoint support"));
+  return OnPool(ctx, response, std::move(work));
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::WriteCheckpoint(
     grpc::CallbackServerContext* ctx, const v1::WriteCheckpointRequest* request,
     v1::WriteCheckpointResponse* response) {
-  return OnPool<v1::WriteCheckpointResponse>(
+  return OnCheckpointPool<v1::WriteCheckpointResponse>(
       ctx, response, [this, request] { return checkpoints_->Write(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpoint(
     grpc::CallbackServerContext* ctx, const v1::ReadCheckpointRequest* request,
     v1::ReadCheckpointResponse* response) {
-  return OnPool<v1::ReadCheckpointResponse>(
+  return OnCheckpointPool<v1::ReadCheckpointResponse>(
       ctx, response, [this, request] { return checkpoints_->Read(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::ReadCheckpointIndex(
     grpc::CallbackServerContext* ctx, const v1::ReadCheckpointIndexRequest* request,
     v1::ReadCheckpointIndexResponse* response) {
-  return OnPool<v1::ReadCheckpointIndexResponse>(
+  return OnCheckpointPool<v1::ReadCheckpointIndexResponse>(
       ctx, response, [this, request] { return checkpoints_->ReadIndex(*request); });
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::CheckpointDir(grpc::CallbackServerContext* ctx,
                                                            const v1::CheckpointDirRequest* request,
                                                            v1::CheckpointDirResponse* response) {
-  return OnPool<v1::CheckpointDirResponse>(
+  return OnCheckpointPool<v1::CheckpointDirResponse>(
       ctx, response, [this, request]() -> absl::StatusOr<v1::CheckpointDirResponse> {
         absl::Status s = checkpoints_->Dir(*request);
         if (!s.ok()) return s;

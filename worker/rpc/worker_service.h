@@ -67,10 +67,14 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
                                          v1::DropTransferResponse* response) override;
 
  private:
-  // Runs `work` (the checkpoint call) on the pool and finishes with its outcome.
+  // Runs `work` on the pool and finishes with its outcome (its value in `*response`).
   template <typename Response>
   grpc::ServerUnaryReactor* OnPool(grpc::CallbackServerContext* ctx, Response* response,
                                    std::function<absl::StatusOr<Response>()> work);
+  // OnPool for a checkpoint call: UNIMPLEMENTED without checkpoint support.
+  template <typename Response>
+  grpc::ServerUnaryReactor* OnCheckpointPool(grpc::CallbackServerContext* ctx, Response* response,
+                                             std::function<absl::StatusOr<Response>()> work);
 
   WorkerCore* const core_;
   ThreadPool* const pool_;
