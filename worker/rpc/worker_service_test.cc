@@ -32,23 +32,35 @@ class NoReports : public ChunkReporter {
 };
 
 // The gRPC adapter, over an in-process server on loopback.
-TEST(WorkerServiceTest, StreamsOverGrpc) {
-  InMemoryKvClient kv;
-  NoReports reporter;
-  BufferStore buffers;
-  CommunicatorCache cache(*GlooCommunicatorFactory::Create(&kv, GlooOptions{}));
-  WorkerCore core(&buffers, &cache, &reporter, [] { return WorkerIdentity{"w0", 7, 0}; });
-  ThreadPool pool(2);
-  WorkerServiceImpl service(&core, &pool);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::Worker::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+class WorkerServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Worker::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
 
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  InMemoryKvClient kv_;
+  NoReports reporter_;
+  BufferStore buffers_;
+  CommunicatorCache cache_{*GlooCommunicatorFactory::Create(&kv_, GlooOptions{})};
+  WorkerCore core_{&buffers_, &cache_, &reporter_, [] { return WorkerIdentity{"w0", 7, 0}; }};
+  ThreadPool pool_{2};
+  WorkerServiceImpl service_{&core_, &pool_};
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+};
+
+TEST_F(WorkerServiceTest, StreamsOverGrpc) {
   // Write a 2.5 MiB buffer in pieces of at most 1 MiB.
   const int64_t n = 655360;  // f32 elements.
   RankChunks rc;
@@ -59,7 +71,7 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
   {
     grpc::ClientContext ctx;
     v1::WriteChunkResponse response;
-    auto writer = stub->WriteChunk(&ctx, &response);
+    auto writer = stub_->WriteChunk(&ctx, &response);
     v1::ChunkData msg;
     msg.set_tensor("G");
     msg.set_version(1);
@@ -84,7 +96,7 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     req.set_tensor("G");
     req.set_version(1);
     *req.mutable_box() = BoxToProto(Box({1, 0}, {639, 1024}));
-    auto reader = stub->ReadChunk(&ctx, req);
+    auto reader = stub_->ReadChunk(&ctx, req);
     v1::ChunkData msg;
     ASSERT_TRUE(reader->Read(&msg));
     EXPECT_EQ(msg.total_bytes(), 639 * 1024 * 4);
@@ -106,7 +118,7 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     v1::ReadChunkRequest req;
     req.set_tensor("nope");
     *req.mutable_box() = BoxToProto(Box({0}, {1}));
-    auto reader = stub->ReadChunk(&ctx, req);
+    auto reader = stub_->ReadChunk(&ctx, req);
     v1::ChunkData msg;
     EXPECT_FALSE(reader->Read(&msg));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
@@ -115,14 +127,15 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     grpc::ClientContext ctx;
     v1::PlanFragment bad;
     v1::ExecuteResponse response;
-    EXPECT_EQ(stub->Execute(&ctx, bad, &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(stub_->Execute(&ctx, bad, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
   }
   {
     grpc::ClientContext ctx;
     v1::FinishPlanRequest req;
     req.set_plan_id("unknown");
     v1::FinishPlanResponse response;
-    EXPECT_TRUE(stub->FinishPlan(&ctx, req, &response).ok());
+    EXPECT_TRUE(stub_->FinishPlan(&ctx, req, &response).ok());
   }
   {
     grpc::ClientContext ctx;
@@ -130,8 +143,8 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     req.set_tensor("G");
     req.set_version(-1);
     v1::DropTensorResponse response;
-    EXPECT_TRUE(stub->DropTensor(&ctx, req, &response).ok());
-    EXPECT_EQ(buffers.Find("G", 1), nullptr);
+    EXPECT_TRUE(stub_->DropTensor(&ctx, req, &response).ok());
+    EXPECT_EQ(buffers_.Find("G", 1), nullptr);
   }
   {
     RankChunks small;
@@ -146,32 +159,15 @@ TEST(WorkerServiceTest, StreamsOverGrpc) {
     req.add_global_shape(3);
     req.set_init(v1::ARANGE);
     v1::FillResponse response;
-    ASSERT_TRUE(stub->Fill(&ctx, req, &response).ok());
+    ASSERT_TRUE(stub_->Fill(&ctx, req, &response).ok());
     const int64_t want[3] = {0, 1, 2};
     EXPECT_EQ(response.chunks().chunks(0).checksum(), ChunkChecksum(want, 24));
   }
-  server->Shutdown();
 }
 
 // A prepared transfer over gRPC: pages on the pool, a run answered from its own thread, the
 // commit through FinishPlan, and the drop. One rank: the run is a local copy.
-TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
-  InMemoryKvClient kv;
-  NoReports reporter;
-  BufferStore buffers;
-  CommunicatorCache cache(*GlooCommunicatorFactory::Create(&kv, GlooOptions{}));
-  WorkerCore core(&buffers, &cache, &reporter, [] { return WorkerIdentity{"w0", 7, 0}; });
-  ThreadPool pool(2);
-  WorkerServiceImpl service(&core, &pool);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::Worker::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-
+TEST_F(WorkerServiceTest, PreparedTransferOverGrpc) {
   const DeviceMesh mesh = *DeviceMesh::Create({1});
   const Layout layout = *Layout::FromPlacements(mesh, {4, 6}, *ParsePlacements("S(0)"));
   for (const char* tensor : {"s", "d"}) {
@@ -183,7 +179,7 @@ TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
     fill.add_global_shape(4);
     fill.add_global_shape(6);
     fill.set_init(tensor[0] == 's' ? v1::ARANGE : v1::ZEROS);
-    ASSERT_TRUE(core.Fill(fill).ok());
+    ASSERT_TRUE(core_.Fill(fill).ok());
   }
   TransferMemberSpec member;
   member.src = "s";
@@ -202,7 +198,7 @@ TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
   *pages[1].add_members() = TransferMemberToProto(member);
   auto prepare = [&](const v1::PrepareTransferRequest& page, v1::PrepareTransferResponse* out) {
     grpc::ClientContext ctx;
-    return stub->PrepareTransfer(&ctx, page, out);
+    return stub_->PrepareTransfer(&ctx, page, out);
   };
   auto run = [&](const std::string& transfer, const std::string& run_id, int64_t version,
                  v1::RunTransferWorkerResponse* out) {
@@ -212,7 +208,7 @@ TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
     req.set_run_id(run_id);
     req.set_version(version);
     req.set_communicator_prefix("xfer/");
-    return stub->RunTransfer(&ctx, req, out);
+    return stub_->RunTransfer(&ctx, req, out);
   };
   v1::PrepareTransferResponse prepared;
   EXPECT_EQ(prepare(pages[1], &prepared).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -239,10 +235,10 @@ TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
     commit.set_plan_id("t@1/r1");
     commit.set_commit(true);
     v1::FinishPlanResponse response;
-    ASSERT_TRUE(stub->FinishPlan(&ctx, commit, &response).ok());
+    ASSERT_TRUE(stub_->FinishPlan(&ctx, commit, &response).ok());
   }
-  EXPECT_EQ(buffers.Find("d", 2), nullptr);
-  std::shared_ptr<HostBuffer> d = buffers.Find("d", 3);
+  EXPECT_EQ(buffers_.Find("d", 2), nullptr);
+  std::shared_ptr<HostBuffer> d = buffers_.Find("d", 3);
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(std::memcmp(d->data(), arange.data(), 96), 0);
   {
@@ -250,10 +246,9 @@ TEST(WorkerServiceTest, PreparedTransferOverGrpc) {
     v1::DropTransferRequest drop;
     drop.add_transfer_ids("t@1");
     v1::DropTransferResponse response;
-    ASSERT_TRUE(stub->DropTransfer(&ctx, drop, &response).ok());
+    ASSERT_TRUE(stub_->DropTransfer(&ctx, drop, &response).ok());
   }
   EXPECT_EQ(run("t@1", "t@1/r2", 4, &ran).error_code(), grpc::StatusCode::NOT_FOUND);
-  server->Shutdown();
 }
 
 }  // namespace
