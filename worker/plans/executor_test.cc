@@ -72,6 +72,26 @@ void CheckTarget(const Layout& source, const Layout& target, DType dtype, const 
   });
 }
 
+// Runs the hand-built f32 `plan` (source and target as in the plan) with its collectives
+// (copy-based ones when `copy_collectives`) and then point-to-point only, checking the target
+// each time. The methods of the collective run.
+std::set<StepOp> RunHandBuilt(const Plan& plan, absl::string_view id, bool copy_collectives) {
+  Cluster cluster;
+  std::set<StepOp> methods;
+  for (bool p2p_only : {false, true}) {
+    std::vector<std::shared_ptr<HostBuffer>> sources;
+    for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(plan.source, r, DType::kF32));
+    ExecutorOptions options;
+    options.force_point_to_point = p2p_only;
+    options.force_copy_collectives = copy_collectives && !p2p_only;
+    RunOutput out = RunFragments(cluster, Fragments(plan, absl::StrCat(id, p2p_only ? 1 : 0)),
+                                 sources, options);
+    CheckTarget(plan.source, plan.target, DType::kF32, out);
+    if (!p2p_only) methods = out.methods;
+  }
+  return methods;
+}
+
 struct Case {
   std::string name;
   Shape mesh_from, mesh_to;
@@ -372,22 +392,9 @@ TEST(ExecutorTest, HandBuiltBroadcastAndAllGatherWithTwoBoxPieces) {
     for (const Transfer& t : s.transfers) s.bytes += t.bytes;
   }
 
-  Cluster cluster;
-  int serial = 0;
-  for (bool p2p_only : {false, true}) {
-    std::vector<std::shared_ptr<HostBuffer>> sources;
-    for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(source, r, DType::kF32));
-    ExecutorOptions options;
-    options.force_point_to_point = p2p_only;
-    options.force_copy_collectives = !p2p_only;
-    RunOutput out =
-        RunFragments(cluster, Fragments(plan, absl::StrCat("hand", serial++)), sources, options);
-    CheckTarget(source, target, DType::kF32, out);
-    if (!p2p_only) {
-      EXPECT_TRUE(out.methods.count(StepOp::kAllGather));
-      EXPECT_TRUE(out.methods.count(StepOp::kBroadcast));
-    }
-  }
+  const std::set<StepOp> methods = RunHandBuilt(plan, "hand", /*copy_collectives=*/true);
+  EXPECT_TRUE(methods.count(StepOp::kAllGather));
+  EXPECT_TRUE(methods.count(StepOp::kBroadcast));
 }
 
 TEST(ExecutorTest, HandBuiltReduceScatterWithNonReceiver) {
@@ -414,17 +421,7 @@ TEST(ExecutorTest, HandBuiltReduceScatterWithNonReceiver) {
   for (const Transfer& t : rs.transfers) rs.bytes += t.bytes;
   plan.steps = {rs};
   EXPECT_EQ(ChooseStepOp(rs), StepOp::kReduceScatter);
-  Cluster cluster;
-  int serial = 0;
-  for (bool p2p_only : {false, true}) {
-    std::vector<std::shared_ptr<HostBuffer>> sources;
-    for (int r = 0; r < kRanks; ++r) sources.push_back(MakeSource(source, r, DType::kF32));
-    ExecutorOptions options;
-    options.force_point_to_point = p2p_only;
-    RunOutput out =
-        RunFragments(cluster, Fragments(plan, absl::StrCat("rs", serial++)), sources, options);
-    CheckTarget(source, target, DType::kF32, out);
-  }
+  RunHandBuilt(plan, "rs", /*copy_collectives=*/false);
 }
 
 TEST(ExecutorTest, ShapeMismatchFallsBackToSendRecv) {
