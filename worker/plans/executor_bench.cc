@@ -30,6 +30,18 @@
 namespace shardcoord {
 namespace {
 
+// Rank `r`'s spec of the communicator of ranks 0..ranks-1 (incarnation 1) under `prefix`.
+CommunicatorSpec AllRanksSpec(int ranks, int r, const std::string& prefix) {
+  CommunicatorSpec spec;
+  for (int i = 0; i < ranks; ++i) {
+    spec.ranks.push_back(i);
+    spec.incarnations.push_back(1);
+  }
+  spec.my_rank = r;
+  spec.key_prefix = prefix;
+  return spec;
+}
+
 int Main(int argc, char** argv) {
   int64_t rows = 4096, cols = 16384;
   int ranks = 4, iterations = 3;
@@ -90,14 +102,7 @@ int Main(int argc, char** argv) {
     }
     // Build the communicators first so both timings exclude the rendezvous.
     run_all([&](int r) {
-      CommunicatorSpec spec;
-      for (int i = 0; i < ranks; ++i) {
-        spec.ranks.push_back(i);
-        spec.incarnations.push_back(1);
-      }
-      spec.my_rank = r;
-      spec.key_prefix = fo.communicator_prefix;
-      caches[r]->Get(spec).IgnoreError();
+      caches[r]->Get(AllRanksSpec(ranks, r, fo.communicator_prefix)).IgnoreError();
     });
     absl::Time t0 = absl::Now();
     run_all([&](int r) {
@@ -121,14 +126,7 @@ int Main(int argc, char** argv) {
     }
     std::vector<std::shared_ptr<Communicator>> comms(ranks);
     run_all([&](int r) {
-      CommunicatorSpec spec;
-      for (int i = 0; i < ranks; ++i) {
-        spec.ranks.push_back(i);
-        spec.incarnations.push_back(1);
-      }
-      spec.my_rank = r;
-      spec.key_prefix = absl::StrCat("raw/", it, "/");
-      comms[r] = *caches[r]->Get(spec);
+      comms[r] = *caches[r]->Get(AllRanksSpec(ranks, r, absl::StrCat("raw/", it, "/")));
     });
     t0 = absl::Now();
     run_all([&](int r) {
