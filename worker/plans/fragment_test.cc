@@ -90,28 +90,28 @@ TEST(FragmentTest, RejectsTransferBytesOverflowingInt64) {
   ExpectBad(f, "steps[0].transfers[0]: the byte size of shape");
 }
 
-TEST(FragmentTest, NamesSendOutsideSourceChunk) {
+// Rank 1's fragment of S(0) -> S(1) with the box of its first step-0 transfer that rank 1
+// sends (else receives) moved to `offset` along `dim`: refused with `message`.
+void ExpectBadMovedTransfer(bool sent, int dim, int64_t offset, const std::string& message) {
   v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
   for (int j = 0; j < f.steps(0).transfers_size(); ++j) {
     v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(j);
-    if (t->src() != 1) continue;
-    t->mutable_box()->set_offset(0, 0);  // Rank 1 holds rows 2..3 only.
-    ExpectBad(f, "lies in no source chunk of rank 1");
+    if ((sent ? t->src() : t->dst()) != 1) continue;
+    t->mutable_box()->set_offset(dim, offset);
+    ExpectBad(f, message);
     return;
   }
-  FAIL() << "rank 1 sends nothing";
+  FAIL() << (sent ? "rank 1 sends nothing" : "rank 1 receives nothing");
+}
+
+TEST(FragmentTest, NamesSendOutsideSourceChunk) {
+  // Rank 1 holds rows 2..3 only.
+  ExpectBadMovedTransfer(/*sent=*/true, 0, 0, "lies in no source chunk of rank 1");
 }
 
 TEST(FragmentTest, NamesReceiveOutsideTargetChunk) {
-  v1::PlanFragment f = FragmentFor(MakePlan("S(0)", "S(1)"), 1);
-  for (int j = 0; j < f.steps(0).transfers_size(); ++j) {
-    v1::Transfer* t = f.mutable_steps(0)->mutable_transfers(j);
-    if (t->dst() != 1) continue;
-    t->mutable_box()->set_offset(1, 6);  // Rank 1 gets columns 2..3 only.
-    ExpectBad(f, "lies in no target chunk of rank 1");
-    return;
-  }
-  FAIL() << "rank 1 receives nothing";
+  // Rank 1 gets columns 2..3 only.
+  ExpectBadMovedTransfer(/*sent=*/false, 1, 6, "lies in no target chunk of rank 1");
 }
 
 TEST(FragmentTest, NamesLocalCopyOutsideChunks) {
