@@ -64,6 +64,33 @@ const std::vector<Box>* Boxes(const PairBoxes& pairs, int a, int b) {
   return it == pairs.end() ? nullptr : &it->second;
 }
 
+// The boxes `member` sends to `other` when `sends`, else those `other` sends it.
+const std::vector<Box>* PairOf(const PairBoxes& pairs, int member, int other, bool sends) {
+  return sends ? Boxes(pairs, member, other) : Boxes(pairs, other, member);
+}
+
+// Whether `member` sends to (when `sends`, else receives from) any other of the `n` members.
+bool AnyPeer(const PairBoxes& pairs, int n, int member, bool sends) {
+  for (int o = 0; o < n; ++o) {
+    if (o != member && PairOf(pairs, member, o, sends) != nullptr) return true;
+  }
+  return false;
+}
+
+// The one box list `member` sends to (when `sends`, else receives from) every other of the
+// `n` members; null when a peer has no boxes or the lists differ.
+const std::vector<Box>* CommonBoxes(const PairBoxes& pairs, int n, int member, bool sends) {
+  const std::vector<Box>* first = nullptr;
+  for (int o = 0; o < n; ++o) {
+    if (o == member) continue;
+    const std::vector<Box>* b = PairOf(pairs, member, o, sends);
+    if (b == nullptr) return nullptr;
+    if (first == nullptr) first = b;
+    if (*b != *first) return nullptr;
+  }
+  return first;
+}
+
 // Every member sends transfers of exactly one contribution, distinct across members.
 bool OnePartialPerMember(const Step& step, StepShape* shape) {
   shape->partial.assign(shape->n, -1);
@@ -93,18 +120,10 @@ bool MatchAllGather(const Step& step, StepShape* shape) {
   if (!CollectPairs(step, *shape, &pairs)) return false;
   shape->boxes.assign(shape->n, {});
   for (int g = 0; g < shape->n; ++g) {
-    const std::vector<Box>* first = nullptr;
-    bool sends = false;
-    for (int d = 0; d < shape->n; ++d) sends |= d != g && Boxes(pairs, g, d) != nullptr;
-    if (!sends) continue;
-    for (int d = 0; d < shape->n; ++d) {
-      if (d == g) continue;
-      const std::vector<Box>* b = Boxes(pairs, g, d);
-      if (b == nullptr) return false;
-      if (first == nullptr) first = b;
-      if (*b != *first) return false;
-    }
-    shape->boxes[g] = *first;
+    if (!AnyPeer(pairs, shape->n, g, /*sends=*/true)) continue;
+    const std::vector<Box>* boxes = CommonBoxes(pairs, shape->n, g, /*sends=*/true);
+    if (boxes == nullptr) return false;
+    shape->boxes[g] = *boxes;
   }
   return true;
 }
@@ -116,20 +135,13 @@ bool MatchBroadcast(const Step& step, StepShape* shape) {
   const int root = r->second;
   PairBoxes pairs;
   if (!CollectPairs(step, *shape, &pairs)) return false;
-  const std::vector<Box>* first = nullptr;
-  for (int d = 0; d < shape->n; ++d) {
-    if (d == root) continue;
-    const std::vector<Box>* b = Boxes(pairs, root, d);
-    if (b == nullptr) return false;
-    if (first == nullptr) first = b;
-    if (*b != *first) return false;
-  }
+  const std::vector<Box>* sent = CommonBoxes(pairs, shape->n, root, /*sends=*/true);
+  if (sent == nullptr) return false;
   for (const auto& [key, boxes] : pairs) {
     if (key.first != root) return false;
   }
-  if (first == nullptr) return false;
   shape->boxes.assign(shape->n, {});
-  shape->boxes[root] = *first;
+  shape->boxes[root] = *sent;
   return true;
 }
 
@@ -139,21 +151,13 @@ bool MatchReduceScatter(const Step& step, StepShape* shape, bool require_all_rec
   if (!CollectPairs(step, *shape, &pairs)) return false;
   shape->boxes.assign(shape->n, {});
   for (int d = 0; d < shape->n; ++d) {
-    bool receives = false;
-    for (int m = 0; m < shape->n; ++m) receives |= m != d && Boxes(pairs, m, d) != nullptr;
-    if (!receives) {
+    if (!AnyPeer(pairs, shape->n, d, /*sends=*/false)) {
       if (require_all_receive) return false;
       continue;
     }
-    const std::vector<Box>* first = nullptr;
-    for (int m = 0; m < shape->n; ++m) {
-      if (m == d) continue;
-      const std::vector<Box>* b = Boxes(pairs, m, d);
-      if (b == nullptr) return false;
-      if (first == nullptr) first = b;
-      if (*b != *first) return false;
-    }
-    shape->boxes[d] = *first;
+    const std::vector<Box>* boxes = CommonBoxes(pairs, shape->n, d, /*sends=*/false);
+    if (boxes == nullptr) return false;
+    shape->boxes[d] = *boxes;
   }
   if (require_all_receive) {
     for (int d = 1; d < shape->n; ++d) {
