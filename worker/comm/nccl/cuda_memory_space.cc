@@ -63,32 +63,27 @@ void CudaMemorySpace::Free(const Allocation& allocation) {
   (void)cudaFree(allocation.data);
 }
 
-absl::Status CudaMemorySpace::CopyFromHost(void* dst, const void* src, int64_t bytes) {
+absl::Status CudaMemorySpace::CopyAndWait(void* dst, const void* src, int64_t bytes,
+                                          cudaMemcpyKind kind) {
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
   if (bytes == 0) return absl::OkStatus();
   if (absl::Status s = Enter(); !s.ok()) return s;
-  const std::string what = absl::StrCat("copy of ", bytes, " bytes to ", name());
+  const std::string what = absl::StrCat("copy of ", bytes, " bytes ",
+                                        kind == cudaMemcpyHostToDevice ? "to " : "from ", name());
   if (absl::Status s = CudaStatus(
-          cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
-          what.c_str());
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), kind, stream_), what.c_str());
       !s.ok()) {
     return s;
   }
   return CudaStatus(cudaStreamSynchronize(stream_), what.c_str());
 }
 
+absl::Status CudaMemorySpace::CopyFromHost(void* dst, const void* src, int64_t bytes) {
+  return CopyAndWait(dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
 absl::Status CudaMemorySpace::CopyToHost(void* dst, const void* src, int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
-  if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = Enter(); !s.ok()) return s;
-  const std::string what = absl::StrCat("copy of ", bytes, " bytes from ", name());
-  if (absl::Status s = CudaStatus(
-          cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
-          what.c_str());
-      !s.ok()) {
-    return s;
-  }
-  return CudaStatus(cudaStreamSynchronize(stream_), what.c_str());
+  return CopyAndWait(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 absl::Status CudaMemorySpace::FillZeros(void* data, int64_t bytes) {

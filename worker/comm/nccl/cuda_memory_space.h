@@ -71,6 +71,9 @@ class CudaMemorySpace final : public MemorySpace {
   CudaMemorySpace(int device, cudaStream_t stream);
   // Makes device_ current on the calling thread.
   absl::Status Enter() const;
+  // CopyFromHost (cudaMemcpyHostToDevice) and CopyToHost (cudaMemcpyDeviceToHost): the copy
+  // on the stream, waited for.
+  absl::Status CopyAndWait(void* dst, const void* src, int64_t bytes, cudaMemcpyKind kind);
 
   const int device_;
   const cudaStream_t stream_;
