@@ -169,6 +169,18 @@ absl::Status CheckIdentityFill(int64_t count, DType dtype, ReduceOp op) {
   return absl::OkStatus();
 }
 
+absl::Status CheckElementwiseReduce(DType dtype, ReduceOp op) {
+  if (ElementSize(dtype) <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
+  }
+  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce op ", ReduceOpName(op), " is not element-wise; reduce with sum and then divide"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp op) {
   if (absl::Status s = CheckIdentityFill(count, dtype, op); !s.ok()) return s;
   const int64_t esize = ElementSize(dtype);

@@ -180,6 +180,11 @@ class HostMemorySpace final : public MemorySpace {
 // checks before it fills (a device space before it queues the work).
 absl::Status CheckIdentityFill(int64_t count, DType dtype, ReduceOp op);
 
+// INVALID_ARGUMENT for an element-wise reduction of `dtype` with `op` that cannot be done:
+// an unknown dtype, or an op other than kSum, kMin and kMax (kAvg: sum, then divide). What a
+// device space's ReduceIntoBox checks before it queues the work.
+absl::Status CheckElementwiseReduce(DType dtype, ReduceOp op);
+
 // The identity of `op` (kAvg as kSum) in `count` elements of `dtype` at host memory `data`.
 // Errors as CheckIdentityFill. Shared by the spaces.
 absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp op);

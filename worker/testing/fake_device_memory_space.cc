@@ -256,15 +256,8 @@ absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src, 
 absl::Status FakeDeviceMemorySpace::ReduceIntoBox(const Box& region, const void* src,
                                                   const Box& src_box, void* dst, const Box& dst_box,
                                                   DType dtype, ReduceOp op) {
+  if (absl::Status s = CheckElementwiseReduce(dtype, op); !s.ok()) return s;
   const int64_t element_size = ElementSize(dtype);
-  if (element_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
-  }
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce op ", ReduceOpName(op), " is not element-wise; reduce with sum and then divide"));
-  }
   absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
   if (!runs.ok()) return runs.status();
   if (runs->empty) return absl::OkStatus();

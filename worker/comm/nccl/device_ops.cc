@@ -1,12 +1,15 @@
 #include "worker/comm/nccl/device_ops.h"
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "worker/comm/nccl/box_geometry_builder.h"
 #include "worker/comm/nccl/cuda_status.h"
 #include "worker/comm/nccl/device_buffer.h"
 #include "worker/comm/nccl/kernels.h"
 #include "worker/comm/nccl/reduce_ops.h"
 #include "worker/comm/nccl/xxh64.h"
+#include "worker/memory/memory_space.h"
 
 namespace shardcoord {
 namespace nccl {
@@ -19,17 +22,31 @@ static_assert(kDevSum == static_cast<int>(ReduceOp::kSum) &&
               kDevMin == static_cast<int>(ReduceOp::kMin) &&
               kDevMax == static_cast<int>(ReduceOp::kMax));
 
-absl::Status DeviceCopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
-                           const Box& dst_box, int64_t element_size, cudaStream_t stream) {
+namespace {
+
+// Launches the box operation `what` ("copy", "reduction") of `region` from `src` (a buffer for
+// `src_box`) to `dst` (for `dst_box`) with `launch`, unless it moves nothing; INVALID_ARGUMENT
+// for boxes that do not fit or a null buffer.
+absl::Status LaunchBoxOp(const Box& region, const void* src, const Box& src_box, void* dst,
+                         const Box& dst_box, int64_t element_size, absl::string_view what,
+                         absl::FunctionRef<cudaError_t(const BoxCopyGeometry&)> launch) {
   absl::StatusOr<BoxCopyGeometry> g = MakeBoxCopyGeometry(region, src_box, dst_box, element_size);
   if (!g.ok()) return g.status();
   if (g->runs == 0) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("null buffer for a copy of region ", region.ToString()));
+        absl::StrCat("null buffer for a ", what, " of region ", region.ToString()));
   }
-  return CudaStatus(LaunchCopyBox(*g, src, dst, stream),
-                    absl::StrCat("copy of region ", region.ToString(), " on the device").c_str());
+  return CudaStatus(launch(*g),
+                    absl::StrCat(what, " of region ", region.ToString(), " on the device"));
+}
+
+}  // namespace
+
+absl::Status DeviceCopyBox(const Box& region, const void* src, const Box& src_box, void* dst,
+                           const Box& dst_box, int64_t element_size, cudaStream_t stream) {
+  return LaunchBoxOp(region, src, src_box, dst, dst_box, element_size, "copy",
+                     [&](const BoxCopyGeometry& g) { return LaunchCopyBox(g, src, dst, stream); });
 }
 
 absl::Status DevicePackBox(const Box& region, const void* chunk, const Box& chunk_box, void* packed,
@@ -45,25 +62,12 @@ absl::Status DeviceUnpackBox(const Box& region, const void* packed, void* chunk,
 absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                                  const Box& dst_box, DType dtype, ReduceOp op,
                                  cudaStream_t stream) {
-  const int64_t element_size = ElementSize(dtype);
-  if (element_size == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown dtype ", static_cast<int>(dtype), " for a reduction"));
-  }
-  if (op != ReduceOp::kSum && op != ReduceOp::kMin && op != ReduceOp::kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce op ", ReduceOpName(op), " is not element-wise; reduce with sum and then divide"));
-  }
-  absl::StatusOr<BoxCopyGeometry> g = MakeBoxCopyGeometry(region, src_box, dst_box, element_size);
-  if (!g.ok()) return g.status();
-  if (g->runs == 0) return absl::OkStatus();
-  if (src == nullptr || dst == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("null buffer for a reduction of region ", region.ToString()));
-  }
-  return CudaStatus(
-      LaunchReduceBox(*g, static_cast<int>(dtype), static_cast<int>(op), src, dst, stream),
-      absl::StrCat("reduction of region ", region.ToString(), " on the device").c_str());
+  if (absl::Status s = CheckElementwiseReduce(dtype, op); !s.ok()) return s;
+  return LaunchBoxOp(region, src, src_box, dst, dst_box, ElementSize(dtype), "reduction",
+                     [&](const BoxCopyGeometry& g) {
+                       return LaunchReduceBox(g, static_cast<int>(dtype), static_cast<int>(op), src,
+                                              dst, stream);
+                     });
 }
 
 absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream) {
