@@ -56,6 +56,14 @@ class NcclCommunicatorTest : public ::testing::Test {
     return spec;
   }
 
+  // Scripts the fake to answer `call` with `result`.
+  void FailCall(const std::string& call, NcclResult result) {
+    FakeNcclApi::Script s;
+    s.fail_call = call;
+    s.fail_result = result;
+    api_->SetScript(s);
+  }
+
   NcclCommunicatorFactory Factory(std::shared_ptr<KvClient> kv = nullptr) {
     return NcclCommunicatorFactory(kv ? kv : kv_, api_, clock_, options_);
   }
@@ -394,10 +402,7 @@ TEST_F(NcclCommunicatorTest, AsyncRemoteErrorAbortsWithAborted) {
 
 TEST_F(NcclCommunicatorTest, FailedGroupEndAborts) {
   auto c = Make({3, 5}, 1);
-  FakeNcclApi::Script s;
-  s.fail_call = "ncclGroupEnd";
-  s.fail_result = NcclResult::kInvalidUsage;
-  api_->SetScript(s);
+  FailCall("ncclGroupEnd", NcclResult::kInvalidUsage);
   absl::Status st = c->AllGatherV(in_, 2, out_, {1, 2}, Tag(12));
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(st.message()),
@@ -408,10 +413,7 @@ TEST_F(NcclCommunicatorTest, FailedGroupEndAborts) {
 
 TEST_F(NcclCommunicatorTest, FailedCallInsideAGroupStillClosesTheGroup) {
   auto c = Make({3, 5}, 0);
-  FakeNcclApi::Script s;
-  s.fail_call = "ncclSend";
-  s.fail_result = NcclResult::kInvalidArgument;
-  api_->SetScript(s);
+  FailCall("ncclSend", NcclResult::kInvalidArgument);
   absl::Status st = c->AllToAllV(in_, {1, 1}, out_, {1, 1}, Tag(13));
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(st.message()),
