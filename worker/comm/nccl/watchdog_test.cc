@@ -36,8 +36,29 @@ class WatchdogTest : public ::testing::Test {
     return OpLabel{"AllReduce", true, 42, "group [3,5] (prefix 'plan-7')", absl::Seconds(2)};
   }
 
+  // A watchdog spinning `spin` polls awaits `event` (null: the communicator's own progress)
+  // for two seconds from now.
+  absl::Status Await(GpuEvent event, int spin = 0, const std::atomic<bool>* cancel = nullptr) {
+    NcclWatchdog w(&api_, &clock_, Options(spin));
+    return w.Await(comm_, event, clock_.Now() + absl::Seconds(2), Label(), cancel);
+  }
+
+  // `st` has `code` and a message containing `part`, and the communicator was aborted once.
+  void ExpectAborted(const absl::Status& st, absl::StatusCode code, const std::string& part) {
+    EXPECT_EQ(st.code(), code);
+    EXPECT_THAT(std::string(st.message()), HasSubstr(part));
+    EXPECT_EQ(api_.aborted_comms(), 1);
+  }
+
   // Starts the event's countdown as an op's EventRecord does.
   void Record() { ASSERT_TRUE(api_.EventRecord(event_, stream_).ok()); }
+  // Scripts the event to stay pending for `polls` queries (-1: for ever), then Record().
+  void RecordPending(int polls) {
+    FakeNcclApi::Script s;
+    s.event_pending_polls = polls;
+    api_.SetScript(s);
+    Record();
+  }
 
   FakeNcclApi api_;
   FakeClock clock_;
@@ -47,24 +68,16 @@ class WatchdogTest : public ::testing::Test {
 };
 
 TEST_F(WatchdogTest, CompletesWithoutSleepingWhileSpinning) {
-  FakeNcclApi::Script s;
-  s.event_pending_polls = 5;
-  api_.SetScript(s);
-  Record();
-  NcclWatchdog w(&api_, &clock_, Options(100));
-  EXPECT_TRUE(w.Await(comm_, event_, clock_.Now() + absl::Seconds(2), Label()).ok());
+  RecordPending(5);
+  EXPECT_TRUE(Await(event_, 100).ok());
   EXPECT_EQ(api_.event_polls(), 6);
   EXPECT_EQ(clock_.slept(), absl::ZeroDuration());
   EXPECT_EQ(api_.aborted_comms(), 0);
 }
 
 TEST_F(WatchdogTest, SleepsOnePollIntervalPerPollAfterSpinning) {
-  FakeNcclApi::Script s;
-  s.event_pending_polls = 10;
-  api_.SetScript(s);
-  Record();
-  NcclWatchdog w(&api_, &clock_, Options(4));
-  EXPECT_TRUE(w.Await(comm_, event_, clock_.Now() + absl::Seconds(2), Label()).ok());
+  RecordPending(10);
+  EXPECT_TRUE(Await(event_, 4).ok());
   // 10 pending polls: the first 4 spin, the other 6 are each followed by a sleep.
   EXPECT_EQ(clock_.slept(), absl::Milliseconds(6));
 }
@@ -77,20 +90,15 @@ TEST_F(WatchdogTest, WaitsForEnqueueBeforeLookingAtTheEvent) {
   NcclCall call;
   ASSERT_EQ(api_.Issue(call, comm_, stream_), NcclResult::kSuccess);
   ASSERT_EQ(api_.GroupEnd(), NcclResult::kInProgress);
-  NcclWatchdog w(&api_, &clock_, Options(0));
-  EXPECT_TRUE(w.Await(comm_, nullptr, clock_.Now() + absl::Seconds(2), Label()).ok());
+  EXPECT_TRUE(Await(nullptr).ok());
   EXPECT_EQ(api_.async_polls(), 4);
   EXPECT_EQ(api_.event_polls(), 0);
 }
 
 TEST_F(WatchdogTest, TimeoutAbortsAndNamesOpTagAndGroup) {
-  FakeNcclApi::Script s;
-  s.event_pending_polls = -1;  // The GPU never finishes: a peer is gone.
-  api_.SetScript(s);
-  Record();
-  NcclWatchdog w(&api_, &clock_, Options(0));
+  RecordPending(-1);  // The GPU never finishes: a peer is gone.
   const absl::Time start = clock_.Now();
-  absl::Status st = w.Await(comm_, event_, start + absl::Seconds(2), Label());
+  absl::Status st = Await(event_);
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(st.message(),
             "NCCL AllReduce (tag 42) on group [3,5] (prefix 'plan-7') did not complete within "
@@ -106,11 +114,7 @@ TEST_F(WatchdogTest, StuckInProgressTimesOut) {
   api_.SetScript(s);
   NcclCall call;
   ASSERT_EQ(api_.Issue(call, comm_, stream_), NcclResult::kInProgress);
-  NcclWatchdog w(&api_, &clock_, Options(0));
-  absl::Status st = w.Await(comm_, nullptr, clock_.Now() + absl::Seconds(2), Label());
-  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("(still in ncclInProgress)"));
-  EXPECT_EQ(api_.aborted_comms(), 1);
+  ExpectAborted(Await(nullptr), absl::StatusCode::kDeadlineExceeded, "(still in ncclInProgress)");
 }
 
 TEST_F(WatchdogTest, AsyncErrorAbortsWithNcclsExplanation) {
@@ -121,8 +125,7 @@ TEST_F(WatchdogTest, AsyncErrorAbortsWithNcclsExplanation) {
   s.last_error = "NET/Socket : peer 10.0.0.7 closed the connection";
   api_.SetScript(s);
   Record();
-  NcclWatchdog w(&api_, &clock_, Options(0));
-  absl::Status st = w.Await(comm_, event_, clock_.Now() + absl::Seconds(2), Label());
+  absl::Status st = Await(event_);
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(st.message(),
             "NCCL AllReduce (tag 42) on group [3,5] (prefix 'plan-7') failed: ncclRemoteError: "
@@ -138,24 +141,15 @@ TEST_F(WatchdogTest, EventErrorAborts) {
   s.event_query = absl::InternalError("cudaEventQuery: an illegal memory access was encountered");
   api_.SetScript(s);
   Record();
-  NcclWatchdog w(&api_, &clock_, Options(0));
-  absl::Status st = w.Await(comm_, event_, clock_.Now() + absl::Seconds(2), Label());
-  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("failed: cudaEventQuery: an illegal memory"));
-  EXPECT_EQ(api_.aborted_comms(), 1);
+  ExpectAborted(Await(event_), absl::StatusCode::kAborted,
+                "failed: cudaEventQuery: an illegal memory");
 }
 
 TEST_F(WatchdogTest, CancelAborts) {
-  FakeNcclApi::Script s;
-  s.event_pending_polls = -1;
-  api_.SetScript(s);
-  Record();
+  RecordPending(-1);
   std::atomic<bool> cancel{true};
-  NcclWatchdog w(&api_, &clock_, Options(0));
-  absl::Status st = w.Await(comm_, event_, clock_.Now() + absl::Seconds(2), Label(), &cancel);
-  EXPECT_EQ(st.code(), absl::StatusCode::kAborted);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("was cancelled by an abort request"));
-  EXPECT_EQ(api_.aborted_comms(), 1);
+  ExpectAborted(Await(event_, 0, &cancel), absl::StatusCode::kAborted,
+                "was cancelled by an abort request");
 }
 
 TEST_F(WatchdogTest, AsyncErrorIsSeenEvenAfterTheDeadline) {
@@ -171,10 +165,7 @@ TEST_F(WatchdogTest, AsyncErrorIsSeenEvenAfterTheDeadline) {
 }
 
 TEST_F(WatchdogTest, NeverTouchesTheCommunicatorAfterAborting) {
-  FakeNcclApi::Script s;
-  s.event_pending_polls = -1;
-  api_.SetScript(s);
-  Record();
+  RecordPending(-1);
   NcclWatchdog w(&api_, &clock_, Options(0));
   (void)w.Await(comm_, event_, clock_.Now() + absl::Milliseconds(5), Label());
   EXPECT_TRUE(api_.misuse().empty()) << api_.misuse()[0];
