@@ -18,21 +18,28 @@ CudaDeviceProbe Gpus(int n) {
   return [n] { return absl::StatusOr<int>(n); };
 }
 
+// ChooseBackend(flag, probe) must choose `backend` and log `log_line`. The choice, for further
+// checks (a default one when there was none).
+BackendChoice ExpectChoice(absl::string_view flag, const CudaDeviceProbe& probe, Backend backend,
+                           absl::string_view log_line) {
+  absl::StatusOr<BackendChoice> c = ChooseBackend(flag, probe);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return BackendChoice{};
+  EXPECT_EQ(c->backend, backend);
+  EXPECT_EQ(c->log_line, log_line);
+  return *c;
+}
+
 TEST(ChooseBackendTest, AutoWithoutGpuPicksGlooAndSaysWhy) {
-  absl::StatusOr<BackendChoice> c = ChooseBackend("auto", NoGpu());
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->backend, Backend::kGloo);
-  EXPECT_EQ(c->log_line,
-            "backend auto: no CUDA device visible, using gloo (CUDA driver version is "
-            "insufficient for CUDA runtime version)");
+  ExpectChoice("auto", NoGpu(), Backend::kGloo,
+               "backend auto: no CUDA device visible, using gloo (CUDA driver version is "
+               "insufficient for CUDA runtime version)");
 }
 
 TEST(ChooseBackendTest, AutoWithGpusPicksNccl) {
-  absl::StatusOr<BackendChoice> c = ChooseBackend("auto", Gpus(2));
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->backend, Backend::kNccl);
-  EXPECT_EQ(c->visible_devices, 2);
-  EXPECT_EQ(c->log_line, "backend auto: 2 CUDA device(s) visible, using nccl");
+  const BackendChoice c = ExpectChoice("auto", Gpus(2), Backend::kNccl,
+                                       "backend auto: 2 CUDA device(s) visible, using nccl");
+  EXPECT_EQ(c.visible_devices, 2);
 }
 
 TEST(ChooseBackendTest, NcclWithoutGpuIsOneClearLine) {
@@ -45,10 +52,7 @@ TEST(ChooseBackendTest, NcclWithoutGpuIsOneClearLine) {
 }
 
 TEST(ChooseBackendTest, NcclWithGpu) {
-  absl::StatusOr<BackendChoice> c = ChooseBackend("nccl", Gpus(1));
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->backend, Backend::kNccl);
-  EXPECT_EQ(c->log_line, "backend nccl: 1 CUDA device(s) visible");
+  ExpectChoice("nccl", Gpus(1), Backend::kNccl, "backend nccl: 1 CUDA device(s) visible");
 }
 
 TEST(ChooseBackendTest, ProbeErrorWithoutPrefixIsQuotedWhole) {
