@@ -80,14 +80,27 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::DropTensor(grpc::CallbackServerCont
 
 namespace {
 
-class ReadChunkReactor : public grpc::ServerWriteReactor<v1::ChunkData> {
+// A streaming reactor (grpc::ServerWriteReactor or ServerReadReactor) that deletes itself
+// when the call is done.
+template <typename Base>
+class OwnedReactor : public Base {
+ public:
+  void OnDone() override { delete this; }
+
+ protected:
+  // Finishes the call with `s` when it failed; whether it did.
+  bool FinishedOnError(const absl::Status& s) {
+    if (s.ok()) return false;
+    this->Finish(ToGrpcStatus(s));
+    return true;
+  }
+};
+
+class ReadChunkReactor : public OwnedReactor<grpc::ServerWriteReactor<v1::ChunkData>> {
  public:
   ReadChunkReactor(WorkerCore* core, const v1::ReadChunkRequest& request) {
     absl::StatusOr<WorkerCore::ChunkReader> reader = core->OpenRead(request);
-    if (!reader.ok()) {
-      Finish(ToGrpcStatus(reader.status()));
-      return;
-    }
+    if (FinishedOnError(reader.status())) return;
     reader_ = *std::move(reader);
     message_.set_tensor(request.tensor());
     message_.set_version(request.version());
@@ -106,22 +119,16 @@ class ReadChunkReactor : public grpc::ServerWriteReactor<v1::ChunkData> {
       return;
     }
     message_.Clear();
-    absl::Status s = reader_.Next(kMaxChunkMessageBytes, message_.mutable_data());
-    if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
-      return;
-    }
+    if (FinishedOnError(reader_.Next(kMaxChunkMessageBytes, message_.mutable_data()))) return;
     StartWrite(&message_);
   }
-
-  void OnDone() override { delete this; }
 
  private:
   WorkerCore::ChunkReader reader_;
   v1::ChunkData message_;
 };
 
-class WriteChunkReactor : public grpc::ServerReadReactor<v1::ChunkData> {
+class WriteChunkReactor : public OwnedReactor<grpc::ServerReadReactor<v1::ChunkData>> {
  public:
   WriteChunkReactor(WorkerCore* core, ThreadPool* pool, v1::WriteChunkResponse* response)
       : core_(core), pool_(pool), response_(response) {
@@ -149,14 +156,9 @@ class WriteChunkReactor : public grpc::ServerReadReactor<v1::ChunkData> {
     } else {
       s = writer_->Append(message_.data());
     }
-    if (!s.ok()) {
-      Finish(ToGrpcStatus(s));
-      return;
-    }
+    if (FinishedOnError(s)) return;
     StartRead(&message_);
   }
-
-  void OnDone() override { delete this; }
 
  private:
   WorkerCore* const core_;
