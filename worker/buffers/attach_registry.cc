@@ -75,32 +75,30 @@ class ProcessMemory final : public LentMemory {
   ProcessMemorySpace space_;
 };
 
-// An allocation another process shared through the worker's space (a CUDA IPC handle).
-class SpaceSharedMemory final : public LentMemory {
+// An allocation of a space held for a process: one it shared through the worker's space (a
+// CUDA IPC handle), closed with CloseShared; or, for a buffer of no bytes (a rank whose chunks
+// are empty), a 0-byte allocation of the space, freed, that stands for it so no operation
+// meets a pointer the space does not know.
+class SpaceAllocation final : public LentMemory {
  public:
-  SpaceSharedMemory(MemorySpace* space, Allocation allocation, int64_t pid)
-      : space_(space), allocation_(allocation), pid_(pid) {}
-  ~SpaceSharedMemory() override { space_->CloseShared(allocation_); }
+  enum class Kind { kShared, kEmpty };
+
+  SpaceAllocation(Kind kind, MemorySpace* space, Allocation allocation, int64_t pid)
+      : kind_(kind), space_(space), allocation_(allocation), pid_(pid) {}
+  ~SpaceAllocation() override {
+    if (kind_ == Kind::kShared) {
+      space_->CloseShared(allocation_);
+    } else {
+      space_->Free(allocation_);
+    }
+  }
   std::string Describe() const override {
-    return absl::StrCat(space_->name(), " memory of process ", pid_);
+    if (kind_ == Kind::kShared) return absl::StrCat(space_->name(), " memory of process ", pid_);
+    return absl::StrCat("0 bytes of process ", pid_);
   }
 
  private:
-  MemorySpace* const space_;
-  const Allocation allocation_;
-  const int64_t pid_;
-};
-
-// A buffer of no bytes (a rank whose chunks are empty): a 0-byte allocation of the space
-// stands for it, so no operation meets a pointer the space does not know.
-class NoMemory final : public LentMemory {
- public:
-  NoMemory(MemorySpace* space, Allocation allocation, int64_t pid)
-      : space_(space), allocation_(allocation), pid_(pid) {}
-  ~NoMemory() override { space_->Free(allocation_); }
-  std::string Describe() const override { return absl::StrCat("0 bytes of process ", pid_); }
-
- private:
+  const Kind kind_;
   MemorySpace* const space_;
   const Allocation allocation_;
   const int64_t pid_;
@@ -279,7 +277,8 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
       }
       out.data = opened->data;
       out.space = space_;
-      out.lent = std::make_shared<SpaceSharedMemory>(space_, *opened, peer.pid);
+      out.lent = std::make_shared<SpaceAllocation>(SpaceAllocation::Kind::kShared, space_, *opened,
+                                                   peer.pid);
       return out;
     }
     case v1::LocalAttachRequest::MEMORY_NOT_SET:
@@ -291,7 +290,8 @@ absl::StatusOr<AttachRegistry::Opened> AttachRegistry::Open(const v1::LocalAttac
   if (!none.ok()) return none.status();
   out.data = none->data;
   out.space = space;
-  out.lent = std::make_shared<NoMemory>(space, *none, peer.pid);
+  out.lent =
+      std::make_shared<SpaceAllocation>(SpaceAllocation::Kind::kEmpty, space, *none, peer.pid);
   return out;
 }
 
