@@ -76,6 +76,17 @@ void FillWith(void* data, int64_t n, T v) {
   std::fill(p, p + n, v);
 }
 
+// `n` copies of T's largest value when `largest`, else of its lowest (infinities for floats).
+template <typename T>
+void FillExtreme(void* data, int64_t n, bool largest) {
+  using Limits = std::numeric_limits<T>;
+  if constexpr (Limits::has_infinity) {
+    FillWith<T>(data, n, largest ? Limits::infinity() : -Limits::infinity());
+  } else {
+    FillWith<T>(data, n, largest ? Limits::max() : Limits::lowest());
+  }
+}
+
 }  // namespace
 
 HostMemoryCache& HostMemoryCache::Global() {
@@ -192,14 +203,10 @@ absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp
   const bool min = op == ReduceOp::kMin;  // Identity of min is the largest value.
   switch (dtype) {
     case DType::kF32:
-      FillWith<float>(
-          data, count,
-          min ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity());
+      FillExtreme<float>(data, count, min);
       break;
     case DType::kF64:
-      FillWith<double>(
-          data, count,
-          min ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity());
+      FillExtreme<double>(data, count, min);
       break;
     case DType::kF16:
       FillWith<uint16_t>(data, count, min ? 0x7C00 : 0xFC00);
@@ -208,28 +215,22 @@ absl::Status FillReduceIdentity(void* data, int64_t count, DType dtype, ReduceOp
       FillWith<uint16_t>(data, count, min ? 0x7F80 : 0xFF80);
       break;
     case DType::kI8:
-      FillWith<int8_t>(
-          data, count,
-          min ? std::numeric_limits<int8_t>::max() : std::numeric_limits<int8_t>::lowest());
+      FillExtreme<int8_t>(data, count, min);
       break;
     case DType::kU8:
-      FillWith<uint8_t>(data, count, min ? std::numeric_limits<uint8_t>::max() : 0);
+      FillExtreme<uint8_t>(data, count, min);
       break;
     case DType::kI32:
-      FillWith<int32_t>(
-          data, count,
-          min ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int32_t>::lowest());
+      FillExtreme<int32_t>(data, count, min);
       break;
     case DType::kI64:
-      FillWith<int64_t>(
-          data, count,
-          min ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::lowest());
+      FillExtreme<int64_t>(data, count, min);
       break;
     case DType::kU32:
-      FillWith<uint32_t>(data, count, min ? std::numeric_limits<uint32_t>::max() : 0);
+      FillExtreme<uint32_t>(data, count, min);
       break;
     case DType::kU64:
-      FillWith<uint64_t>(data, count, min ? std::numeric_limits<uint64_t>::max() : 0);
+      FillExtreme<uint64_t>(data, count, min);
       break;
     default:  // Refused by CheckIdentityFill.
       break;
