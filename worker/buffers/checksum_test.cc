@@ -8,16 +8,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
 namespace {
 
-std::vector<unsigned char> RandomBytes(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(gen());
-  return v;
-}
+using testing_util::RandomBytes;
 
 uint64_t HashOfHashes(const std::vector<uint64_t>& hashes) {
   std::vector<unsigned char> le;

@@ -10,6 +10,7 @@
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
 #include "worker/comm/nccl/box_geometry_builder.h"
+#include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
 namespace nccl {
@@ -25,11 +26,7 @@ void EmulateCopy(const BoxCopyGeometry& g, int unit, const void* src, void* dst)
   }
 }
 
-std::vector<unsigned char> RandomBytes(size_t n, std::mt19937& rng) {
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
+using testing_util::RandomBytes;
 
 Box RandomBox(int ndim, std::mt19937& rng) {
   Shape off(ndim), shape(ndim);

@@ -11,17 +11,13 @@
 
 #include "gtest/gtest.h"
 #include "worker/buffers/checksum.h"
+#include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
 namespace nccl {
 namespace {
 
-std::vector<unsigned char> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
+using testing_util::RandomBytes;
 
 // What the device computes: block hashes, then XXH64 of them as little-endian words.
 uint64_t BlockwiseChecksum(const void* data, int64_t bytes) {
