@@ -13,7 +13,6 @@
 #include <memory>
 #include <string>
 
-#include "google/protobuf/stubs/logging.h"
 #include "proto/convert.h"
 #include "proto/shardcoord.pb.h"
 #include "sharding/dtype.h"
@@ -34,13 +33,7 @@ constexpr int64_t kMaxLocalElements = 1 << 14;
 
 }  // namespace
 
-// Protobuf logs every string field with invalid UTF-8 it parses; fuzz inputs are full of them.
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(
-      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
-  return 0;
-}
-
+// LLVMFuzzerInitialize: worker/testing/quiet_protobuf_fuzz_init.cc.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;
   v1::PlanFragment proto;

@@ -14,19 +14,13 @@
 #include <cstdlib>
 #include <string>
 
-#include "google/protobuf/stubs/logging.h"
 #include "proto/local_frame.h"
 #include "proto/shardcoord.pb.h"
 #include "worker/buffers/attach_registry.h"
 #include "worker/buffers/buffer_store.h"
 #include "worker/testing/attach_test_util.h"
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler(
-      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
-  return 0;
-}
-
+// LLVMFuzzerInitialize: worker/testing/quiet_protobuf_fuzz_init.cc.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;
   attach_testing::FakeAttachRpc rpc;
