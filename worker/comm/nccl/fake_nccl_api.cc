@@ -246,33 +246,40 @@ absl::Status FakeNcclApi::SetDevice(int device) {
   return script_.set_device;
 }
 
+void* FakeNcclApi::NewHandle(const char* call, uintptr_t base, std::set<void*>* live) {
+  Log(call, true);
+  void* handle = reinterpret_cast<void*>(base + 16 * next_handle_++);
+  live->insert(handle);
+  return handle;
+}
+
+void FakeNcclApi::DropHandle(const char* call, void* handle, std::set<void*>* live,
+                             const char* what) {
+  Log(call, true);
+  if (live->erase(handle) == 0) misuse_.push_back(absl::StrCat(call, " of an unknown ", what));
+}
+
 absl::Status FakeNcclApi::StreamCreate(GpuStream* stream) {
   absl::MutexLock lock(&mu_);
-  Log("cudaStreamCreate", true);
-  *stream = reinterpret_cast<GpuStream>(static_cast<uintptr_t>(0x20000 + 16 * next_handle_++));
-  streams_.insert(*stream);
+  *stream = NewHandle("cudaStreamCreate", 0x20000, &streams_);
   return absl::OkStatus();
 }
 
 absl::Status FakeNcclApi::StreamDestroy(GpuStream stream) {
   absl::MutexLock lock(&mu_);
-  Log("cudaStreamDestroy", true);
-  if (streams_.erase(stream) == 0) misuse_.push_back("cudaStreamDestroy of an unknown stream");
+  DropHandle("cudaStreamDestroy", stream, &streams_, "stream");
   return absl::OkStatus();
 }
 
 absl::Status FakeNcclApi::EventCreate(GpuEvent* event) {
   absl::MutexLock lock(&mu_);
-  Log("cudaEventCreate", true);
-  *event = reinterpret_cast<GpuEvent>(static_cast<uintptr_t>(0x30000 + 16 * next_handle_++));
-  events_.insert(*event);
+  *event = NewHandle("cudaEventCreate", 0x30000, &events_);
   return absl::OkStatus();
 }
 
 absl::Status FakeNcclApi::EventDestroy(GpuEvent event) {
   absl::MutexLock lock(&mu_);
-  Log("cudaEventDestroy", true);
-  if (events_.erase(event) == 0) misuse_.push_back("cudaEventDestroy of an unknown event");
+  DropHandle("cudaEventDestroy", event, &events_, "event");
   return absl::OkStatus();
 }
 

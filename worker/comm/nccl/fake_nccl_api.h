@@ -2,6 +2,7 @@
 #define SHARDCOORD_WORKER_COMM_NCCL_FAKE_NCCL_API_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <set>
@@ -99,6 +100,14 @@ class FakeNcclApi : public NcclApi {
   // Starts non-blocking work on `comm`: kInProgress when the script says so.
   NcclResult StartWork(NcclComm comm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Ptr(const void* p) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cudaStreamCreate / cudaEventCreate `call`: a new handle at `base` plus a fresh offset,
+  // kept in `live`.
+  void* NewHandle(const char* call, uintptr_t base, std::set<void*>* live)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The cudaStreamDestroy / cudaEventDestroy `call` of `handle`: gone from `live`, a misuse
+  // naming `what` ("stream") when it was not there.
+  void DropHandle(const char* call, void* handle, std::set<void*>* live, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   Script script_ ABSL_GUARDED_BY(mu_);
