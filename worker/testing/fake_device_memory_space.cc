@@ -194,28 +194,30 @@ void FakeDeviceMemorySpace::Free(const Allocation& allocation) {
   ::operator delete(allocation.data, kAlignment);
 }
 
-absl::Status FakeDeviceMemorySpace::CopyFromHost(void* dst, const void* src, int64_t bytes) {
+absl::Status FakeDeviceMemorySpace::HostCopy(void* dst, const void* src, int64_t bytes,
+                                             bool to_device) {
   if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
   absl::MutexLock lock(&mu_);
-  CheckDevice(dst, bytes, "CopyFromHost destination");
-  CheckHost(src, bytes, "CopyFromHost source");
+  if (to_device) {
+    CheckDevice(dst, bytes, "CopyFromHost destination");
+    CheckHost(src, bytes, "CopyFromHost source");
+  } else {
+    CheckHost(dst, bytes, "CopyToHost destination");
+    CheckDevice(src, bytes, "CopyToHost source");
+  }
   absl::Status s = DrainLocked();
   if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
-  ++stats_.copies_to_device;
-  stats_.bytes_to_device += bytes;
+  ++(to_device ? stats_.copies_to_device : stats_.copies_to_host);
+  (to_device ? stats_.bytes_to_device : stats_.bytes_to_host) += bytes;
   return s;
 }
 
+absl::Status FakeDeviceMemorySpace::CopyFromHost(void* dst, const void* src, int64_t bytes) {
+  return HostCopy(dst, src, bytes, /*to_device=*/true);
+}
+
 absl::Status FakeDeviceMemorySpace::CopyToHost(void* dst, const void* src, int64_t bytes) {
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("copy of ", bytes, " bytes"));
-  absl::MutexLock lock(&mu_);
-  CheckHost(dst, bytes, "CopyToHost destination");
-  CheckDevice(src, bytes, "CopyToHost source");
-  absl::Status s = DrainLocked();
-  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
-  ++stats_.copies_to_host;
-  stats_.bytes_to_host += bytes;
-  return s;
+  return HostCopy(dst, src, bytes, /*to_device=*/false);
 }
 
 absl::Status FakeDeviceMemorySpace::FillZeros(void* data, int64_t bytes) {
@@ -241,31 +243,34 @@ absl::Status FakeDeviceMemorySpace::FillIdentity(void* data, int64_t count, DTyp
   return absl::OkStatus();
 }
 
-absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src, const Box& src_box,
-                                            void* dst, const Box& dst_box, int64_t element_size) {
+absl::Status FakeDeviceMemorySpace::EnqueueBoxOp(absl::string_view what, const Box& region,
+                                                 const void* src, const Box& src_box, void* dst,
+                                                 const Box& dst_box, int64_t element_size,
+                                                 std::function<absl::Status()> op) {
   absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
   if (!runs.ok()) return runs.status();
   if (runs->empty) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  CheckDevice(src, src_box.Volume() * element_size, "CopyBox source");
-  CheckDevice(dst, dst_box.Volume() * element_size, "CopyBox destination");
-  Enqueue([=] { return shardcoord::CopyBox(region, src, src_box, dst, dst_box, element_size); });
+  CheckDevice(src, src_box.Volume() * element_size, absl::StrCat(what, " source").c_str());
+  CheckDevice(dst, dst_box.Volume() * element_size, absl::StrCat(what, " destination").c_str());
+  Enqueue(std::move(op));
   return absl::OkStatus();
+}
+
+absl::Status FakeDeviceMemorySpace::CopyBox(const Box& region, const void* src, const Box& src_box,
+                                            void* dst, const Box& dst_box, int64_t element_size) {
+  return EnqueueBoxOp("CopyBox", region, src, src_box, dst, dst_box, element_size, [=] {
+    return shardcoord::CopyBox(region, src, src_box, dst, dst_box, element_size);
+  });
 }
 
 absl::Status FakeDeviceMemorySpace::ReduceIntoBox(const Box& region, const void* src,
                                                   const Box& src_box, void* dst, const Box& dst_box,
                                                   DType dtype, ReduceOp op) {
   if (absl::Status s = CheckElementwiseReduce(dtype, op); !s.ok()) return s;
-  const int64_t element_size = ElementSize(dtype);
-  absl::StatusOr<BoxCopyRuns> runs = PlanBoxCopy(region, src_box, dst_box, element_size);
-  if (!runs.ok()) return runs.status();
-  if (runs->empty) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  CheckDevice(src, src_box.Volume() * element_size, "ReduceIntoBox source");
-  CheckDevice(dst, dst_box.Volume() * element_size, "ReduceIntoBox destination");
-  Enqueue([=] { return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op); });
-  return absl::OkStatus();
+  return EnqueueBoxOp("ReduceIntoBox", region, src, src_box, dst, dst_box, ElementSize(dtype), [=] {
+    return shardcoord::ReduceIntoBox(region, src, src_box, dst, dst_box, dtype, op);
+  });
 }
 
 absl::Status FakeDeviceMemorySpace::DivideBox(void* data, int64_t count, DType dtype,

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/memory/memory_space.h"
 
@@ -94,6 +95,14 @@ class FakeDeviceMemorySpace final : public MemorySpace {
   void CheckHost(const void* p, int64_t bytes, const char* what) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void Enqueue(std::function<absl::Status()> op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The box operation `what` ("CopyBox") of `region` from `src` (a buffer for `src_box`) to
+  // `dst` (for `dst_box`): checks the boxes and the buffers, then queues `op` unless it moves
+  // nothing.
+  absl::Status EnqueueBoxOp(absl::string_view what, const Box& region, const void* src,
+                            const Box& src_box, void* dst, const Box& dst_box, int64_t element_size,
+                            std::function<absl::Status()> op);
+  // CopyFromHost (`to_device`) and CopyToHost: the copy after the queued work, counted.
+  absl::Status HostCopy(void* dst, const void* src, int64_t bytes, bool to_device);
   // Runs the queue; returns (and clears) the first error of queued work.
   absl::Status DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
