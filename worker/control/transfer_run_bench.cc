@@ -32,6 +32,7 @@
 #include "worker/control/kv_client.h"
 #include "worker/control/transfer_runner.h"
 #include "worker/control/worker_core.h"
+#include "worker/testing/gloo_test_worker.h"
 
 namespace shardcoord {
 namespace {
@@ -46,15 +47,9 @@ class NoReports : public ChunkReporter {
   }
 };
 
-struct BenchWorker {
+struct BenchWorker : worker_testing::GlooTestWorker {
   BenchWorker(KvClient* kv, ChunkReporter* reporter, int rank)
-      : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(&buffers, &cache, reporter, [rank] {
-          return WorkerIdentity{absl::StrCat("w", rank), 1, rank};
-        }) {}
-  BufferStore buffers;
-  CommunicatorCache cache;
-  WorkerCore core;
+      : GlooTestWorker(kv, reporter, rank, /*incarnation=*/1) {}
 };
 
 double ProcessCpuSeconds() {

@@ -24,6 +24,7 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/control/kv_client.h"
 #include "worker/control/worker_core.h"
+#include "worker/testing/gloo_test_worker.h"
 
 namespace shardcoord {
 namespace {
@@ -50,17 +51,9 @@ class TestLent : public LentMemory {
   std::string Describe() const override { return "test memory"; }
 };
 
-struct TestWorker {
+struct TestWorker : worker_testing::GlooTestWorker {
   TestWorker(KvClient* kv, ChunkReporter* reporter, int rank)
-      : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(&buffers, &cache, reporter, [rank] {
-          return WorkerIdentity{absl::StrCat("w", rank), kIncarnation, rank};
-        }) {}
-  TransferRunner& transfers() { return *core.transfers(); }
-
-  BufferStore buffers;
-  CommunicatorCache cache;
-  WorkerCore core;
+      : GlooTestWorker(kv, reporter, rank, kIncarnation) {}
 };
 
 // RunTransfer's answers by (run id, rank).

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/layout.h"
@@ -21,56 +20,30 @@
 #include "worker/memory/memory_space.h"
 #include "worker/testing/executor_test_util.h"
 #include "worker/testing/fake_device_memory_space.h"
+#include "worker/testing/gloo_test_worker.h"
+#include "worker/testing/worker_core_test_util.h"
 
 namespace shardcoord {
 namespace {
 
-class FakeReporter : public ChunkReporter {
- public:
-  absl::Status ReportChunks(const v1::ReportChunksRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    if (request.final()) finals_.push_back(request);
-    return absl::OkStatus();
-  }
-  std::vector<v1::ReportChunksRequest> WaitFinals(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finals_.size() >= n; };
-    mu_.Await(absl::Condition(&enough));
-    return finals_;
-  }
+using worker_testing::RecordingReporter;
 
- private:
-  absl::Mutex mu_;
-  std::vector<v1::ReportChunksRequest> finals_ ABSL_GUARDED_BY(mu_);
+// One worker; `device` true puts its buffers in its own fake GPU. The space is the first
+// base, so it outlives the buffers.
+struct DeviceSpace {
+  explicit DeviceSpace(int rank) : space(absl::StrCat("fake-cuda:", rank)) {}
+  FakeDeviceMemorySpace space;
 };
 
-// One worker; `device` true puts its buffers in its own fake GPU. The space is declared
-// first so it outlives the buffers.
-struct TestWorker {
+struct TestWorker : DeviceSpace, worker_testing::GlooTestWorker {
   TestWorker(KvClient* kv, ChunkReporter* reporter, int rank, bool device)
-      : space(absl::StrCat("fake-cuda:", rank)),
-        cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(
-            &buffers, &cache, reporter,
-            [rank] {
-              return WorkerIdentity{absl::StrCat("w", rank), 7, rank};
-            },
-            {}, nullptr, device ? &space : nullptr) {}
-  FakeDeviceMemorySpace space;
-  BufferStore buffers;
-  CommunicatorCache cache;
-  WorkerCore core;
+      : DeviceSpace(rank),
+        GlooTestWorker(kv, reporter, rank, /*incarnation=*/7, device ? &space : nullptr) {}
 };
 
 v1::FillRequest FillFor(const RankChunks& rc, const Shape& shape, v1::InitKind init,
                         v1::DType dtype = v1::F32) {
-  v1::FillRequest req;
-  req.set_tensor("T");
-  req.set_version(1);
-  req.set_dtype(dtype);
-  *req.mutable_chunks() = RankChunksToProto(rc);
-  for (int64_t d : shape) req.add_global_shape(d);
-  req.set_init(init);
+  v1::FillRequest req = worker_testing::FillRequestFor("T", rc, shape, init, dtype);
   req.set_seed(42);
   return req;
 }
@@ -78,28 +51,15 @@ v1::FillRequest FillFor(const RankChunks& rc, const Shape& shape, v1::InitKind i
 // The bytes of `box` of (tensor, version), read in messages of at most `max_bytes`.
 std::string ReadAll(WorkerCore& core, const std::string& tensor, int64_t version, const Box& box,
                     int64_t max_bytes, int* messages = nullptr) {
-  v1::ReadChunkRequest req;
-  req.set_tensor(tensor);
-  req.set_version(version);
-  *req.mutable_box() = BoxToProto(box);
-  absl::StatusOr<WorkerCore::ChunkReader> reader = core.OpenRead(req);
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return {};
-  std::string bytes;
-  int n = 0;
-  while (!reader->done()) {
-    absl::Status s = reader->Next(max_bytes, &bytes);
-    EXPECT_TRUE(s.ok()) << s;
-    if (!s.ok()) break;
-    ++n;
-  }
-  if (messages != nullptr) *messages = n;
+  std::vector<int64_t> sizes;
+  std::string bytes = worker_testing::ReadAllBytes(core, tensor, version, box, max_bytes, &sizes);
+  if (messages != nullptr) *messages = static_cast<int>(sizes.size());
   return bytes;
 }
 
 TEST(WorkerCoreMemorySpaceTest, FillAndReadMatchHostWorker) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker host(&kv, &reporter, 0, false), device(&kv, &reporter, 1, true);
   // Two chunks with a gap between them; one a partial contribution that fills as zeros.
   RankChunks rc;
@@ -147,7 +107,7 @@ TEST(WorkerCoreMemorySpaceTest, FillAndReadMatchHostWorker) {
 
 TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker host(&kv, &reporter, 0, false), device(&kv, &reporter, 1, true);
   // Two chunks of i32 sent in 1 MiB messages: about 3 MiB (below the staging threshold: one
   // copy, at Finish) and about 9 MiB (above it: two copies).
@@ -201,7 +161,7 @@ TEST(WorkerCoreMemorySpaceTest, WriteAccumulatesThenCopiesAndChecksums) {
 
 TEST(WorkerCoreMemorySpaceTest, PlanRunsOnDeviceBuffers) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   std::vector<std::unique_ptr<TestWorker>> workers;
   for (int r = 0; r < 4; ++r) {
     workers.push_back(std::make_unique<TestWorker>(&kv, &reporter, r, true));
@@ -229,7 +189,7 @@ TEST(WorkerCoreMemorySpaceTest, PlanRunsOnDeviceBuffers) {
     ASSERT_TRUE(
         workers[r]->core.Execute(executor_testing::PlanFragmentFor(plan, r, options, member)).ok());
   }
-  std::vector<v1::ReportChunksRequest> finals = reporter.WaitFinals(4);
+  std::vector<v1::ReportChunksRequest> finals = reporter.WaitFinals(4, "avg");
   for (const auto& rep : finals) {
     ASSERT_EQ(rep.error(), "") << rep.DebugString();
     const int r = static_cast<int>(rep.rank());

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "sharding/fill.h"
@@ -18,89 +17,32 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/control/kv_client.h"
 #include "worker/testing/executor_test_util.h"
+#include "worker/testing/gloo_test_worker.h"
+#include "worker/testing/worker_core_test_util.h"
 
 namespace shardcoord {
 namespace {
 
-class FakeReporter : public ChunkReporter {
- public:
-  absl::Status ReportChunks(const v1::ReportChunksRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    reports_.push_back(request);
-    return absl::OkStatus();
-  }
-  // Waits for `n` final reports of `plan_id` and returns them. Per plan: a peer of an
-  // aborted plan may still report its own failure (its step broke when another rank's
-  // communicator went), and that report must not count for the next plan.
-  std::vector<v1::ReportChunksRequest> WaitFinals(int n, absl::string_view plan_id) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return FinalsLocked(plan_id).size() >= static_cast<size_t>(n);
-    };
-    mu_.Await(absl::Condition(&enough));
-    return FinalsLocked(plan_id);
-  }
-  std::vector<v1::ReportChunksRequest> Reports() {
-    absl::MutexLock lock(&mu_);
-    return reports_;
-  }
+using worker_testing::RecordingReporter;
 
- private:
-  std::vector<v1::ReportChunksRequest> FinalsLocked(absl::string_view plan_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<v1::ReportChunksRequest> out;
-    for (const auto& r : reports_) {
-      if (r.final() && r.plan_id() == plan_id) out.push_back(r);
-    }
-    return out;
-  }
-
-  absl::Mutex mu_;
-  std::vector<v1::ReportChunksRequest> reports_ ABSL_GUARDED_BY(mu_);
-};
-
-// One worker's pieces, without sockets except Gloo's loopback TCP.
-struct TestWorker {
-  TestWorker(KvClient* kv, FakeReporter* reporter, int rank)
-      : cache(*GlooCommunicatorFactory::Create(kv, GlooOptions{})),
-        core(&buffers, &cache, reporter, [rank] {
-          return WorkerIdentity{absl::StrCat("w", rank), 7, rank};
-        }) {}
-  BufferStore buffers;
-  CommunicatorCache cache;
-  WorkerCore core;
+// One worker's pieces, incarnation 7.
+struct TestWorker : worker_testing::GlooTestWorker {
+  TestWorker(KvClient* kv, RecordingReporter* reporter, int rank)
+      : GlooTestWorker(kv, reporter, rank, /*incarnation=*/7) {}
 };
 
 v1::FillRequest FillFor(const Layout& layout, int64_t rank, v1::InitKind init,
                         int64_t version = 1) {
-  v1::FillRequest req;
-  req.set_tensor("T");
-  req.set_version(version);
-  req.set_dtype(v1::F32);
-  *req.mutable_chunks() = RankChunksToProto(*layout.Find(rank));
-  for (int64_t d : layout.global_shape()) req.add_global_shape(d);
-  req.set_init(init);
-  return req;
+  return worker_testing::FillRequestFor("T", *layout.Find(rank), layout.global_shape(), init,
+                                        v1::F32, version);
 }
 
 std::vector<float> ReadAll(WorkerCore& core, const std::string& tensor, int64_t version,
                            const Box& box, int64_t max_bytes) {
-  v1::ReadChunkRequest req;
-  req.set_tensor(tensor);
-  req.set_version(version);
-  *req.mutable_box() = BoxToProto(box);
-  absl::StatusOr<WorkerCore::ChunkReader> reader = core.OpenRead(req);
-  EXPECT_TRUE(reader.ok()) << reader.status();
-  if (!reader.ok()) return {};
-  std::string bytes;
-  int pieces = 0;
-  while (!reader->done()) {
-    const size_t before = bytes.size();
-    EXPECT_TRUE(reader->Next(max_bytes, &bytes).ok());
-    EXPECT_LE(static_cast<int64_t>(bytes.size() - before), std::max<int64_t>(max_bytes, 4));
-    ++pieces;
-  }
-  EXPECT_EQ(static_cast<int64_t>(bytes.size()), reader->total_bytes());
+  std::vector<int64_t> sizes;
+  const std::string bytes =
+      worker_testing::ReadAllBytes(core, tensor, version, box, max_bytes, &sizes);
+  for (int64_t size : sizes) EXPECT_LE(size, std::max<int64_t>(max_bytes, 4));
   std::vector<float> out(bytes.size() / 4);
   std::memcpy(out.data(), bytes.data(), bytes.size());
   return out;
@@ -110,7 +52,7 @@ std::vector<float> ReadAll(WorkerCore& core, const std::string& tensor, int64_t 
 // named by its index.
 TEST(WorkerCoreTest, FillManyFillsEachInOrderAndNamesTheBadOne) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({0}, {4}), 0, 0});
@@ -158,7 +100,7 @@ TEST(WorkerCoreTest, FillManyFillsEachInOrderAndNamesTheBadOne) {
 
 TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({2, 0}, {3, 8}), 0, 0});
@@ -196,18 +138,12 @@ TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {
 
 TEST(WorkerCoreTest, FillPartialContributions) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({0}, {4}), 0, 1});  // Contribution 1.
   rc.local_elements = 4;
-  v1::FillRequest req;
-  req.set_tensor("P");
-  req.set_version(1);
-  req.set_dtype(v1::F32);
-  *req.mutable_chunks() = RankChunksToProto(rc);
-  req.add_global_shape(4);
-  req.set_init(v1::ARANGE);
+  v1::FillRequest req = worker_testing::FillRequestFor("P", rc, {4}, v1::ARANGE);
   ASSERT_TRUE(w.core.Fill(req).ok());
   EXPECT_EQ(ReadAll(w.core, "P", 1, Box({0}, {4}), 1 << 20), std::vector<float>(4, 0.0f));
   req.set_partial_op(v1::MAX);
@@ -217,7 +153,7 @@ TEST(WorkerCoreTest, FillPartialContributions) {
 
 TEST(WorkerCoreTest, FillErrorsNameTheField) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({0, 0}, {5, 2}), 0, 0});
@@ -239,7 +175,7 @@ TEST(WorkerCoreTest, FillErrorsNameTheField) {
 
 TEST(WorkerCoreTest, WriteChunkChecksBytes) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({0}, {3}), 0, 0});
@@ -269,7 +205,7 @@ TEST(WorkerCoreTest, WriteChunkChecksBytes) {
 
 TEST(WorkerCoreTest, WriteBufferThenReadBoxesRoundTripsAndRefusesLargeCalls) {
   InMemoryKvClient kv;
-  FakeReporter reporter;
+  RecordingReporter reporter;
   TestWorker w(&kv, &reporter, 0);
   RankChunks rc;
   rc.chunks.push_back(Chunk{Box({0, 0}, {2, 3}), 0, 0});
@@ -358,7 +294,7 @@ class LifecycleTest : public ::testing::Test {
   }
 
   InMemoryKvClient kv_;
-  FakeReporter reporter_;
+  RecordingReporter reporter_;
   std::vector<std::unique_ptr<TestWorker>> workers_;
   DeviceMesh mesh_;
   Layout source_, target_;

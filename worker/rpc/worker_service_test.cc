@@ -19,6 +19,8 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/control/kv_client.h"
 #include "worker/control/transfer_runner.h"
+#include "worker/testing/gloo_test_worker.h"
+#include "worker/testing/worker_core_test_util.h"
 
 namespace shardcoord {
 namespace {
@@ -51,11 +53,9 @@ class WorkerServiceTest : public ::testing::Test {
 
   InMemoryKvClient kv_;
   NoReports reporter_;
-  BufferStore buffers_;
-  CommunicatorCache cache_{*GlooCommunicatorFactory::Create(&kv_, GlooOptions{})};
-  WorkerCore core_{&buffers_, &cache_, &reporter_, [] { return WorkerIdentity{"w0", 7, 0}; }};
+  worker_testing::GlooTestWorker worker_{&kv_, &reporter_, /*rank=*/0, /*incarnation=*/7};
   ThreadPool pool_{2};
-  WorkerServiceImpl service_{&core_, &pool_};
+  WorkerServiceImpl service_{&worker_.core, &pool_};
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Worker::Stub> stub_;
 };
@@ -144,20 +144,15 @@ TEST_F(WorkerServiceTest, StreamsOverGrpc) {
     req.set_version(-1);
     v1::DropTensorResponse response;
     EXPECT_TRUE(stub_->DropTensor(&ctx, req, &response).ok());
-    EXPECT_EQ(buffers_.Find("G", 1), nullptr);
+    EXPECT_EQ(worker_.buffers.Find("G", 1), nullptr);
   }
   {
     RankChunks small;
     small.chunks.push_back(Chunk{Box({0}, {3}), 0, 0});
     small.local_elements = 3;
     grpc::ClientContext ctx;
-    v1::FillRequest req;
-    req.set_tensor("F");
-    req.set_version(1);
-    req.set_dtype(v1::I64);
-    *req.mutable_chunks() = RankChunksToProto(small);
-    req.add_global_shape(3);
-    req.set_init(v1::ARANGE);
+    const v1::FillRequest req =
+        worker_testing::FillRequestFor("F", small, {3}, v1::ARANGE, v1::I64);
     v1::FillResponse response;
     ASSERT_TRUE(stub_->Fill(&ctx, req, &response).ok());
     const int64_t want[3] = {0, 1, 2};
@@ -179,7 +174,7 @@ TEST_F(WorkerServiceTest, PreparedTransferOverGrpc) {
     fill.add_global_shape(4);
     fill.add_global_shape(6);
     fill.set_init(tensor[0] == 's' ? v1::ARANGE : v1::ZEROS);
-    ASSERT_TRUE(core_.Fill(fill).ok());
+    ASSERT_TRUE(worker_.core.Fill(fill).ok());
   }
   TransferMemberSpec member;
   member.src = "s";
@@ -237,8 +232,8 @@ TEST_F(WorkerServiceTest, PreparedTransferOverGrpc) {
     v1::FinishPlanResponse response;
     ASSERT_TRUE(stub_->FinishPlan(&ctx, commit, &response).ok());
   }
-  EXPECT_EQ(buffers_.Find("d", 2), nullptr);
-  std::shared_ptr<HostBuffer> d = buffers_.Find("d", 3);
+  EXPECT_EQ(worker_.buffers.Find("d", 2), nullptr);
+  std::shared_ptr<HostBuffer> d = worker_.buffers.Find("d", 3);
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(std::memcmp(d->data(), arange.data(), 96), 0);
   {
