@@ -465,100 +465,85 @@ std::string GroupBytesLine(int64_t moved, int64_t lower_bound, int64_t buckets,
   return out + "\n";
 }
 
-// "<verb> N tensors as group g-1: STATE in S s\n" and the bytes line.
-std::string GroupHeader(absl::string_view verb, int members, const std::string& group_id,
-                        v1::PlanState state, double seconds, int64_t moved, int64_t lower_bound,
-                        int64_t buckets, int64_t bucket_bytes) {
-  std::string out = absl::StrCat(verb, " ", members, members == 1 ? " tensor" : " tensors",
-                                 " as group ", group_id, ": ", v1::PlanState_Name(state));
-  if (seconds > 0) absl::StrAppend(&out, absl::StrFormat(" in %.3f s", seconds));
-  absl::StrAppend(&out, "\n", GroupBytesLine(moved, lower_bound, buckets, bucket_bytes));
+// A group's text: "<verb> N tensors as group g-1: STATE in S s\n", the bytes line, and a line
+// "  <member_label(m)> (plan P)\n" for each member. CopyGroupResponse and
+// RedistributeGroupResponse share the group fields; only their members differ.
+template <typename Response, typename MemberLabel>
+std::string GroupOutcomeText(const Response& response, absl::string_view verb,
+                             MemberLabel member_label) {
+  const int members = response.members_size();
+  std::string out =
+      absl::StrCat(verb, " ", members, members == 1 ? " tensor" : " tensors", " as group ",
+                   response.group_id(), ": ", v1::PlanState_Name(response.state()));
+  if (response.seconds() > 0)
+    absl::StrAppend(&out, absl::StrFormat(" in %.3f s", response.seconds()));
+  absl::StrAppend(&out, "\n",
+                  GroupBytesLine(response.bytes_moved(), response.lower_bound_bytes(),
+                                 response.buckets(), response.bucket_bytes()));
+  for (const auto& m : response.members()) {
+    absl::StrAppend(&out, "  ", member_label(m), " (plan ",
+                    Or(m.progress().plan_id(), m.plan().id()), ")\n");
+  }
   return out;
 }
 
-void GroupJsonFields(JsonWriter& w, const std::string& group_id, v1::PlanState state,
-                     double seconds, int members, int64_t moved, int64_t lower_bound,
-                     int64_t buckets, int64_t bucket_bytes) {
-  w.Key("group_id").String(group_id);
-  w.Key("state").String(v1::PlanState_Name(state));
-  w.Key("seconds").Double(seconds);
-  w.Key("tensors").Int(members);
-  w.Key("bytes_moved").Int(moved);
-  w.Key("lower_bound_bytes").Int(lower_bound);
-  w.Key("buckets").Int(buckets);
-  w.Key("bucket_bytes").Int(bucket_bytes);
+// A group's JSON object: the group fields, then "members", each member's own fields
+// (member_fields) followed by its plan's.
+template <typename Response, typename MemberFields>
+std::string GroupOutcomeJson(const Response& response, MemberFields member_fields) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("group_id").String(response.group_id());
+  w.Key("state").String(v1::PlanState_Name(response.state()));
+  w.Key("seconds").Double(response.seconds());
+  w.Key("tensors").Int(response.members_size());
+  w.Key("bytes_moved").Int(response.bytes_moved());
+  w.Key("lower_bound_bytes").Int(response.lower_bound_bytes());
+  w.Key("buckets").Int(response.buckets());
+  w.Key("bucket_bytes").Int(response.bucket_bytes());
+  w.Key("members").BeginArray();
+  for (const auto& m : response.members()) {
+    w.BeginObject();
+    member_fields(w, m);
+    w.Key("plan_id").String(Or(m.progress().plan_id(), m.plan().id()));
+    w.Key("state").String(v1::PlanState_Name(m.progress().state()));
+    w.Key("bytes_moved").Int(m.plan().bytes_moved());
+    w.Key("lower_bound_bytes").Int(m.plan().lower_bound_bytes());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  return w.str();
 }
 
 }  // namespace
 
 std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
-  std::string out =
-      GroupHeader("copied", response.members_size(), response.group_id(), response.state(),
-                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
-                  response.buckets(), response.bucket_bytes());
-  for (const v1::CopyGroupMember& m : response.members()) {
-    absl::StrAppend(&out, "  ", m.src(), " -> ", m.dst(), ": version ", m.dst_version(), " (plan ",
-                    Or(m.progress().plan_id(), m.plan().id()), ")\n");
-  }
-  return out;
+  return GroupOutcomeText(response, "copied", [](const v1::CopyGroupMember& m) {
+    return absl::StrCat(m.src(), " -> ", m.dst(), ": version ", m.dst_version());
+  });
 }
 
 std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
-  JsonWriter w;
-  w.BeginObject();
-  GroupJsonFields(w, response.group_id(), response.state(), response.seconds(),
-                  response.members_size(), response.bytes_moved(), response.lower_bound_bytes(),
-                  response.buckets(), response.bucket_bytes());
-  w.Key("members").BeginArray();
-  for (const v1::CopyGroupMember& m : response.members()) {
-    w.BeginObject();
+  return GroupOutcomeJson(response, [](JsonWriter& w, const v1::CopyGroupMember& m) {
     w.Key("src").String(m.src());
     w.Key("dst").String(m.dst());
     w.Key("dst_version").Int(m.dst_version());
-    w.Key("plan_id").String(Or(m.progress().plan_id(), m.plan().id()));
-    w.Key("state").String(v1::PlanState_Name(m.progress().state()));
-    w.Key("bytes_moved").Int(m.plan().bytes_moved());
-    w.Key("lower_bound_bytes").Int(m.plan().lower_bound_bytes());
-    w.EndObject();
-  }
-  w.EndArray();
-  w.EndObject();
-  return w.str();
+  });
 }
 
 std::string RedistributeGroupOutcomeText(const v1::RedistributeGroupResponse& response,
                                          absl::string_view verb) {
-  std::string out =
-      GroupHeader(verb, response.members_size(), response.group_id(), response.state(),
-                  response.seconds(), response.bytes_moved(), response.lower_bound_bytes(),
-                  response.buckets(), response.bucket_bytes());
-  for (const v1::RedistributeGroupMember& m : response.members()) {
-    absl::StrAppend(&out, "  ", m.tensor(), ": version ", m.version(), " (plan ",
-                    Or(m.progress().plan_id(), m.plan().id()), ")\n");
-  }
-  return out;
+  return GroupOutcomeText(response, verb, [](const v1::RedistributeGroupMember& m) {
+    return absl::StrCat(m.tensor(), ": version ", m.version());
+  });
 }
 
 std::string RedistributeGroupOutcomeJson(const v1::RedistributeGroupResponse& response) {
-  JsonWriter w;
-  w.BeginObject();
-  GroupJsonFields(w, response.group_id(), response.state(), response.seconds(),
-                  response.members_size(), response.bytes_moved(), response.lower_bound_bytes(),
-                  response.buckets(), response.bucket_bytes());
-  w.Key("members").BeginArray();
-  for (const v1::RedistributeGroupMember& m : response.members()) {
-    w.BeginObject();
+  return GroupOutcomeJson(response, [](JsonWriter& w, const v1::RedistributeGroupMember& m) {
     w.Key("tensor").String(m.tensor());
     w.Key("version").Int(m.version());
-    w.Key("plan_id").String(Or(m.progress().plan_id(), m.plan().id()));
-    w.Key("state").String(v1::PlanState_Name(m.progress().state()));
-    w.Key("bytes_moved").Int(m.plan().bytes_moved());
-    w.Key("lower_bound_bytes").Int(m.plan().lower_bound_bytes());
-    w.EndObject();
-  }
-  w.EndArray();
-  w.EndObject();
-  return w.str();
+  });
 }
 
 }  // namespace shardcoord
