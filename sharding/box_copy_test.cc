@@ -8,10 +8,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::ForEachIndex;
 using ::testing::HasSubstr;
 
 // Element offset of global coordinate `idx` in a row-major buffer for `box`.
@@ -19,22 +21,6 @@ int64_t LinearIndex(const Box& box, const Shape& idx) {
   int64_t lin = 0;
   for (int d = 0; d < box.ndim(); ++d) lin = lin * box.shape(d) + (idx[d] - box.offset(d));
   return lin;
-}
-
-// Calls fn(global index) for every element of `region`, row-major.
-template <typename Fn>
-void ForEachIndex(const Box& region, Fn fn) {
-  if (region.Empty()) return;
-  Shape idx = region.offset();
-  while (true) {
-    fn(idx);
-    int d = region.ndim() - 1;
-    for (; d >= 0; --d) {
-      if (++idx[d] < region.end(d)) break;
-      idx[d] = region.offset(d);
-    }
-    if (d < 0) return;
-  }
 }
 
 // The obviously correct copy: one memcpy per element.

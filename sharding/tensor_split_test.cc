@@ -14,10 +14,12 @@
 #include "sharding/box_copy.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/testing/test_util.h"
 
 namespace shardcoord {
 namespace {
 
+using sharding_testing::ForEachIndex;
 using ::testing::HasSubstr;
 
 }  // namespace
@@ -49,21 +51,6 @@ std::vector<char> RandomBytes(std::mt19937_64& rng, int64_t n) {
   std::vector<char> v(n);
   for (char& c : v) c = static_cast<char>(rng());
   return v;
-}
-
-template <typename Fn>
-void ForEachIndex(const Box& region, Fn fn) {
-  if (region.Empty()) return;
-  Shape idx = region.offset();
-  while (true) {
-    fn(idx);
-    int d = region.ndim() - 1;
-    for (; d >= 0; --d) {
-      if (++idx[d] < region.end(d)) break;
-      idx[d] = region.offset(d);
-    }
-    if (d < 0) return;
-  }
 }
 
 // A mixed bag of layouts: replicated, uneven, empty shards, flat ranges crossing rows,

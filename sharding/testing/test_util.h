@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
+#include "sharding/box.h"
 #include "sharding/mesh.h"
 #include "sharding/plan.h"
 
@@ -21,6 +22,22 @@ std::string ErrorOf(const absl::StatusOr<T>& s) {
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
   return std::string(s.status().message());
+}
+
+// Calls fn(global index) for every element of `region`, row-major.
+template <typename Fn>
+void ForEachIndex(const Box& region, Fn fn) {
+  if (region.Empty()) return;
+  Shape idx = region.offset();
+  while (true) {
+    fn(idx);
+    int d = region.ndim() - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < region.end(d)) break;
+      idx[d] = region.offset(d);
+    }
+    if (d < 0) return;
+  }
 }
 
 // A mesh of `shape` over `ranks` (empty: 0..n-1); a bad one fails the test (a non-fatal
