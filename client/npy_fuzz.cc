@@ -5,22 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 
 #include "absl/strings/string_view.h"
 #include "client/npy.h"
+#include "sharding/testing/fuzz_check.h"
 
-namespace {
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "npy_fuzz: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+constexpr shardcoord::sharding_testing::FuzzCheck Check{"npy_fuzz"};
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;

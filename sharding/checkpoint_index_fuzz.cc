@@ -6,8 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -17,17 +15,9 @@
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/testing/fuzz_check.h"
 
-namespace {
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "checkpoint_index_fuzz: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+constexpr shardcoord::sharding_testing::FuzzCheck Check{"checkpoint_index_fuzz"};
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;

@@ -9,8 +9,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -20,16 +18,12 @@
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
 #include "sharding/placement.h"
+#include "sharding/testing/fuzz_check.h"
 
 namespace shardcoord {
 namespace {
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "placement_fuzz: %s\n", what);
-    std::abort();
-  }
-}
+constexpr sharding_testing::FuzzCheck Check{"placement_fuzz"};
 
 struct Reader {
   const uint8_t* data;

@@ -6,24 +6,14 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "sharding/safetensors.h"
+#include "sharding/testing/fuzz_check.h"
 
-namespace {
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors_fuzz: %s\n", what);
-    std::abort();
-  }
-}
-
-}  // namespace
+constexpr shardcoord::sharding_testing::FuzzCheck Check{"safetensors_fuzz"};
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardcoord;
