@@ -8,7 +8,6 @@
 #include "sharding/cast.h"
 
 namespace shardcoord {
-namespace {
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -16,6 +15,8 @@ uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
+
+namespace {
 
 template <typename T>
 T Load(const void* data, int64_t i) {

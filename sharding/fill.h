@@ -15,6 +15,10 @@ namespace shardcoord {
 // check a downloaded tensor without holding a copy.
 enum class FillKind : int { kZeros = 1, kArange = 2, kRandom = 3 };
 
+// The splitmix64 finalizer: a well-mixed 64-bit hash of `x` (FillValue's random values, and
+// the reference executor's test values).
+uint64_t SplitMix64(uint64_t x);
+
 // The value of element `flat_index` as a double: 0; the index; uniform in [0, 1) from
 // splitmix64(seed, index) with 24 random bits (exact in f32, f16 rounds it).
 double FillValue(FillKind kind, uint64_t seed, int64_t flat_index);

@@ -11,17 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
+#include "sharding/fill.h"
 #include "sharding/layout.h"
 
 namespace shardcoord {
 namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Calls f(local index within the box, flat index in the tensor) for every element; stops at
 // the first error f returns.
@@ -84,13 +78,13 @@ class Simulation {
   }
 
   int64_t Value(int64_t e) const {
-    return static_cast<int64_t>(Mix(seed_ * 1000003 + e) % 2000001) - 1000000;
+    return static_cast<int64_t>(SplitMix64(seed_ * 1000003 + e) % 2000001) - 1000000;
   }
   // Contribution p of element e: the contributions reduce to Value(e) (avg: after division).
   int64_t Contribution(int64_t p, int64_t e) const {
     const Layout& s = plan_.source;
     if (!s.is_partial()) return Value(e);
-    const uint64_t h = Mix(seed_ ^ Mix(e * 131 + p));
+    const uint64_t h = SplitMix64(seed_ ^ SplitMix64(e * 131 + p));
     const int64_t small = static_cast<int64_t>(h % 1000) - 500;
     const int64_t v = Value(e);
     switch (s.partial_op()) {
@@ -104,7 +98,7 @@ class Simulation {
       }
       case ReduceOp::kMin:
       case ReduceOp::kMax: {
-        const int64_t exact = static_cast<int64_t>(Mix(e + seed_) % np_);
+        const int64_t exact = static_cast<int64_t>(SplitMix64(e + seed_) % np_);
         if (p == exact) return v;
         const int64_t off = static_cast<int64_t>(h % 100) + 1;
         return s.partial_op() == ReduceOp::kMin ? v + off : v - off;
