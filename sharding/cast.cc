@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "sharding/box_copy.h"
+#include "sharding/enum_names.h"
 #include "sharding/float16.h"
 
 namespace shardcoord {
@@ -282,15 +283,9 @@ CastSide CastSideOf(DType from, DType to) {
 }
 
 std::string CastSideName(CastSide side) {
-  switch (side) {
-    case CastSide::kNone:
-      return "none";
-    case CastSide::kSender:
-      return "sender";
-    case CastSide::kReceiver:
-      return "receiver";
-  }
-  return "unknown";
+  static constexpr EnumName<CastSide> kNames[] = {
+      {CastSide::kNone, "none"}, {CastSide::kSender, "sender"}, {CastSide::kReceiver, "receiver"}};
+  return NameOf(kNames, side);
 }
 
 absl::Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {

@@ -1,18 +1,33 @@
 #include "sharding/dtype.h"
 
+#include <array>
+#include <iterator>
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "sharding/enum_names.h"
 
 namespace shardcoord {
 namespace {
 
-constexpr DType kAll[] = {
-    DType::kF32, DType::kF64,    DType::kF16,    DType::kBF16,   DType::kI8,  DType::kU8,
-    DType::kI32, DType::kI64,    DType::kBool,   DType::kI16,    DType::kU16, DType::kU32,
-    DType::kU64, DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0,
+// Every dtype and its name, in the order AllDTypes and the list in errors give them.
+constexpr EnumName<DType> kNames[] = {
+    {DType::kF32, "f32"},        {DType::kF64, "f64"},        {DType::kF16, "f16"},
+    {DType::kBF16, "bf16"},      {DType::kI8, "i8"},          {DType::kU8, "u8"},
+    {DType::kI32, "i32"},        {DType::kI64, "i64"},        {DType::kBool, "bool"},
+    {DType::kI16, "i16"},        {DType::kU16, "u16"},        {DType::kU32, "u32"},
+    {DType::kU64, "u64"},        {DType::kF8E4M3, "f8_e4m3"}, {DType::kF8E5M2, "f8_e5m2"},
+    {DType::kF8E8M0, "f8_e8m0"},
 };
+
+constexpr std::array<DType, std::size(kNames)> kAll = [] {
+  std::array<DType, std::size(kNames)> all{};
+  for (size_t i = 0; i < all.size(); ++i) all[i] = kNames[i].value;
+  return all;
+}();
 
 }  // namespace
 
@@ -44,43 +59,7 @@ int64_t ElementSize(DType dtype) {
   return 0;
 }
 
-std::string DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI8:
-      return "i8";
-    case DType::kU8:
-      return "u8";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kBool:
-      return "bool";
-    case DType::kI16:
-      return "i16";
-    case DType::kU16:
-      return "u16";
-    case DType::kU32:
-      return "u32";
-    case DType::kU64:
-      return "u64";
-    case DType::kF8E4M3:
-      return "f8_e4m3";
-    case DType::kF8E5M2:
-      return "f8_e5m2";
-    case DType::kF8E8M0:
-      return "f8_e8m0";
-  }
-  return "unknown";
-}
+std::string DTypeName(DType dtype) { return NameOf(kNames, dtype); }
 
 std::string DTypeNameList() {
   return absl::StrJoin(kAll, ", ", [](std::string* out, DType d) { out->append(DTypeName(d)); });
@@ -88,31 +67,23 @@ std::string DTypeNameList() {
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   const std::string n = absl::AsciiStrToLower(name);
-  for (DType d : kAll) {
-    if (n == DTypeName(d)) return d;
-  }
-  struct Alias {
-    const char* name;
-    DType dtype;
+  if (std::optional<DType> d = ValueOf(kNames, n)) return *d;
+  static constexpr EnumName<DType> kAliases[] = {
+      {DType::kF32, "float32"},        {DType::kF32, "float"},
+      {DType::kF64, "float64"},        {DType::kF64, "double"},
+      {DType::kF16, "float16"},        {DType::kF16, "half"},
+      {DType::kBF16, "bfloat16"},      {DType::kI8, "int8"},
+      {DType::kU8, "uint8"},           {DType::kI32, "int32"},
+      {DType::kI64, "int64"},          {DType::kI16, "int16"},
+      {DType::kU16, "uint16"},         {DType::kU32, "uint32"},
+      {DType::kU64, "uint64"},         {DType::kBool, "bool_"},
+      {DType::kF8E4M3, "f8_e4m3fn"},   {DType::kF8E4M3, "float8_e4m3fn"},
+      {DType::kF8E4M3, "float8_e4m3"}, {DType::kF8E4M3, "e4m3"},
+      {DType::kF8E5M2, "float8_e5m2"}, {DType::kF8E5M2, "e5m2"},
+      {DType::kF8E8M0, "f8_e8m0fnu"},  {DType::kF8E8M0, "float8_e8m0fnu"},
+      {DType::kF8E8M0, "float8_e8m0"}, {DType::kF8E8M0, "e8m0"},
   };
-  static constexpr Alias kAliases[] = {
-      {"float32", DType::kF32},        {"float", DType::kF32},
-      {"float64", DType::kF64},        {"double", DType::kF64},
-      {"float16", DType::kF16},        {"half", DType::kF16},
-      {"bfloat16", DType::kBF16},      {"int8", DType::kI8},
-      {"uint8", DType::kU8},           {"int32", DType::kI32},
-      {"int64", DType::kI64},          {"int16", DType::kI16},
-      {"uint16", DType::kU16},         {"uint32", DType::kU32},
-      {"uint64", DType::kU64},         {"bool_", DType::kBool},
-      {"f8_e4m3fn", DType::kF8E4M3},   {"float8_e4m3fn", DType::kF8E4M3},
-      {"float8_e4m3", DType::kF8E4M3}, {"e4m3", DType::kF8E4M3},
-      {"float8_e5m2", DType::kF8E5M2}, {"e5m2", DType::kF8E5M2},
-      {"f8_e8m0fnu", DType::kF8E8M0},  {"float8_e8m0fnu", DType::kF8E8M0},
-      {"float8_e8m0", DType::kF8E8M0}, {"e8m0", DType::kF8E8M0},
-  };
-  for (const Alias& a : kAliases) {
-    if (n == a.name) return a.dtype;
-  }
+  if (std::optional<DType> d = ValueOf(kAliases, n)) return *d;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype '", name, "' (want one of ", DTypeNameList(), ")"));
 }

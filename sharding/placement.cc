@@ -1,5 +1,7 @@
 #include "sharding/placement.h"
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -7,9 +9,15 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "sharding/enum_names.h"
 
 namespace shardcoord {
 namespace {
+
+constexpr EnumName<ReduceOp> kReduceOpNames[] = {{ReduceOp::kSum, "sum"},
+                                                 {ReduceOp::kAvg, "avg"},
+                                                 {ReduceOp::kMin, "min"},
+                                                 {ReduceOp::kMax, "max"}};
 
 absl::Status Bad(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("placement '", text, "': ", why));
@@ -36,26 +44,12 @@ std::vector<std::string> SplitTopLevel(absl::string_view text, char sep) {
 
 }  // namespace
 
-std::string ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMin:
-      return "min";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "unknown";
-}
+std::string ReduceOpName(ReduceOp op) { return NameOf(kReduceOpNames, op); }
 
 absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name) {
   const std::string n = absl::AsciiStrToLower(absl::StripAsciiWhitespace(name));
-  if (n == "sum") return ReduceOp::kSum;
-  if (n == "avg" || n == "mean") return ReduceOp::kAvg;
-  if (n == "min") return ReduceOp::kMin;
-  if (n == "max") return ReduceOp::kMax;
+  if (std::optional<ReduceOp> op = ValueOf(kReduceOpNames, n)) return *op;
+  if (n == "mean") return ReduceOp::kAvg;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown reduce op '", name, "' (want sum, avg, min or max)"));
 }

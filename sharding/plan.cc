@@ -1,23 +1,15 @@
 #include "sharding/plan.h"
 
+#include "sharding/enum_names.h"
+
 namespace shardcoord {
 
 std::string StepOpName(StepOp op) {
-  switch (op) {
-    case StepOp::kAllGather:
-      return "all_gather";
-    case StepOp::kReduceScatter:
-      return "reduce_scatter";
-    case StepOp::kAllReduce:
-      return "all_reduce";
-    case StepOp::kAllToAll:
-      return "all_to_all";
-    case StepOp::kBroadcast:
-      return "broadcast";
-    case StepOp::kPointToPoint:
-      return "p2p";
-  }
-  return "unknown";
+  static constexpr EnumName<StepOp> kNames[] = {
+      {StepOp::kAllGather, "all_gather"}, {StepOp::kReduceScatter, "reduce_scatter"},
+      {StepOp::kAllReduce, "all_reduce"}, {StepOp::kAllToAll, "all_to_all"},
+      {StepOp::kBroadcast, "broadcast"},  {StepOp::kPointToPoint, "p2p"}};
+  return NameOf(kNames, op);
 }
 
 std::vector<Transfer> Plan::AllTransfers() const {
