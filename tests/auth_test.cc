@@ -30,6 +30,7 @@
 #include "proto/shardcoord.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
+#include "tests/daemon.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
 #include "tests/test_files.h"
@@ -486,8 +487,6 @@ TEST(AuthClusterTest, WorkersRegisteredWithTheWorkerToken) {
 TEST(AuthClusterTest, WorkerWithoutTheWorkerTokenCannotRegister) {
   Cluster* cluster = ClusterEnvironment::Get();
   ASSERT_NE(cluster, nullptr);
-  absl::StatusOr<std::string> worker_bin = RunfilePath("worker/worker");
-  ASSERT_TRUE(worker_bin.ok()) << worker_bin.status();
   struct Case {
     std::string label;
     std::string token;  // Empty: no --token-file.
@@ -501,29 +500,18 @@ TEST(AuthClusterTest, WorkerWithoutTheWorkerTokenCannotRegister) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.label);
     const std::string name = absl::StrCat("rogue_", c.label);
-    std::vector<std::string> argv = {*worker_bin,
-                                     absl::StrCat("--coordinator=", cluster->coordinator_address()),
-                                     "--listen=127.0.0.1:0",
-                                     absl::StrCat("--name=", name),
-                                     "--backend=gloo",
-                                     "--local-socket=off",
-                                     "--register-timeout=60s"};
+    std::vector<std::string> flags = {"--register-timeout=60s"};
     if (!c.token.empty()) {
       const std::string file = absl::StrCat(TmpDir(), "/", name, ".token");
       WriteFile(file, c.token + "\n");
-      argv.push_back(absl::StrCat("--token-file=", file));
+      flags.push_back(absl::StrCat("--token-file=", file));
     }
-    ProcessOptions po;
-    po.name = name;
-    po.stderr_path = absl::StrCat(TmpDir(), "/", name, ".log");
-    absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(argv, po);
-    ASSERT_TRUE(worker.ok()) << worker.status();
     // Refusals are not retried: the worker exits at once (the bound is only a safety net).
-    absl::StatusOr<int> status = (*worker)->Wait(absl::Seconds(50));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0)
-        << Process::DescribeWaitStatus(*status);
-    EXPECT_THAT(ReadFile(po.stderr_path), HasSubstr(c.code));
+    absl::StatusOr<Exited> worker = RunWorkerToExit(name, cluster->coordinator_address(), flags);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    EXPECT_TRUE(WIFEXITED(worker->wait_status) && WEXITSTATUS(worker->wait_status) != 0)
+        << Process::DescribeWaitStatus(worker->wait_status);
+    EXPECT_THAT(worker->log, HasSubstr(c.code));
     absl::StatusOr<std::vector<v1::WorkerInfo>> workers = cluster->client().ListWorkers();
     ASSERT_TRUE(workers.ok());
     for (const v1::WorkerInfo& w : *workers) EXPECT_NE(w.name(), name);
@@ -558,20 +546,13 @@ TEST(AuthClusterTest, BadTokensFileFailsStartup) {
   const std::string file = absl::StrCat(TmpDir(), "/bad_tokens");
   WriteFile(file,
             absl::StrCat("# ok\nadmin a ", Sha256Hex("x"), "\nsuperuser b ", Sha256Hex("y"), "\n"));
-  ProcessOptions po;
-  po.name = "bad_coordinator";
-  po.stderr_path = absl::StrCat(TmpDir(), "/bad_coordinator.log");
-  absl::StatusOr<std::unique_ptr<Process>> coordinator =
-      Process::Start({*coordinator_bin, "--listen=127.0.0.1:0", "--http-listen=off",
-                      absl::StrCat("--auth-tokens=", file)},
-                     po);
+  absl::StatusOr<Exited> coordinator =
+      RunToExit("bad_coordinator", {*coordinator_bin, "--listen=127.0.0.1:0", "--http-listen=off",
+                                    absl::StrCat("--auth-tokens=", file)});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  absl::StatusOr<int> status = (*coordinator)->Wait(absl::Seconds(50));
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
-      << Process::DescribeWaitStatus(*status);
-  EXPECT_THAT(ReadFile(po.stderr_path),
-              HasSubstr(absl::StrCat(file, ":3: unknown role 'superuser'")));
+  EXPECT_TRUE(WIFEXITED(coordinator->wait_status) && WEXITSTATUS(coordinator->wait_status) == 2)
+      << Process::DescribeWaitStatus(coordinator->wait_status);
+  EXPECT_THAT(coordinator->log, HasSubstr(absl::StrCat(file, ":3: unknown role 'superuser'")));
 }
 
 }  // namespace

@@ -48,6 +48,22 @@ absl::StatusOr<Daemon> StartWorker(const std::string& name, const std::string& c
 absl::Status SignalAndExpectExitZero(Daemon& d, int sig,
                                      absl::Duration timeout = kDaemonExitTimeout);
 
+// How a process that was to stop by itself (e.g. refused at startup) ended.
+struct Exited {
+  int wait_status = 0;  // As Process::Wait gives it.
+  std::string log;      // Its stderr.
+};
+
+// Runs `argv` as process `name`, its stderr in TmpDir()/<name>.log, until it exits (at most
+// `timeout`): an error if it cannot start or is still running then.
+absl::StatusOr<Exited> RunToExit(const std::string& name, const std::vector<std::string>& argv,
+                                 absl::Duration timeout = absl::Seconds(50));
+
+// As RunToExit, a Gloo worker as StartWorker starts it (for workers that must be refused).
+absl::StatusOr<Exited> RunWorkerToExit(const std::string& name, const std::string& coordinator,
+                                       const std::vector<std::string>& flags,
+                                       absl::Duration timeout = absl::Seconds(50));
+
 // Whether the process still runs (it has not exited, e.g. of a SIGSEGV).
 bool StillRunning(Daemon& d);
 

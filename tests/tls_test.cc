@@ -25,6 +25,7 @@
 #include "proto/shardcoord.grpc.pb.h"
 #include "tests/cluster.h"
 #include "tests/cluster_environment.h"
+#include "tests/daemon.h"
 #include "tests/process.h"
 #include "tests/tensor_check.h"
 #include "tests/test_files.h"
@@ -102,8 +103,6 @@ TEST(TlsClusterTest, ClientsWithoutTheRightTlsCannotConnect) {
 TEST(TlsClusterTest, WorkersWithoutTheirCertificateAreRefused) {
   Cluster* cluster = ClusterEnvironment::Get();
   ASSERT_NE(cluster, nullptr);
-  absl::StatusOr<std::string> worker_bin = RunfilePath("worker/worker");
-  ASSERT_TRUE(worker_bin.ok()) << worker_bin.status();
   const std::string token_file = absl::StrCat(TmpDir(), "/worker.token");
   struct Case {
     std::string label;
@@ -121,29 +120,18 @@ TEST(TlsClusterTest, WorkersWithoutTheirCertificateAreRefused) {
     SCOPED_TRACE(c.label);
     // dev_certs.sh made "rogue" the first name: other.pem (from the other CA) names it.
     const std::string name = c.label == "other_ca" ? "rogue" : absl::StrCat("rogue_", c.label);
-    std::vector<std::string> argv = {*worker_bin,
-                                     absl::StrCat("--coordinator=", cluster->coordinator_address()),
-                                     "--listen=127.0.0.1:0",
-                                     absl::StrCat("--name=", name),
-                                     "--backend=gloo",
-                                     "--local-socket=off",
-                                     "--register-timeout=3s",
-                                     absl::StrCat("--token-file=", token_file)};
+    std::vector<std::string> flags = {"--register-timeout=3s",
+                                      absl::StrCat("--token-file=", token_file)};
     if (!c.cert.empty()) {
-      argv.push_back(absl::StrCat("--tls-cert=", Cert(c.cert)));
-      argv.push_back(absl::StrCat("--tls-key=", Key(c.cert)));
-      argv.push_back(absl::StrCat("--tls-ca=", Cert("ca")));
+      flags.push_back(absl::StrCat("--tls-cert=", Cert(c.cert)));
+      flags.push_back(absl::StrCat("--tls-key=", Key(c.cert)));
+      flags.push_back(absl::StrCat("--tls-ca=", Cert("ca")));
     }
-    ProcessOptions po;
-    po.name = name;
-    po.stderr_path = absl::StrCat(TmpDir(), "/", name, ".log");
-    absl::StatusOr<std::unique_ptr<Process>> worker = Process::Start(argv, po);
+    absl::StatusOr<Exited> worker = RunWorkerToExit(name, cluster->coordinator_address(), flags);
     ASSERT_TRUE(worker.ok()) << worker.status();
-    absl::StatusOr<int> status = (*worker)->Wait(absl::Seconds(50));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0)
-        << Process::DescribeWaitStatus(*status);
-    const std::string log = ReadFile(po.stderr_path);
+    EXPECT_TRUE(WIFEXITED(worker->wait_status) && WEXITSTATUS(worker->wait_status) != 0)
+        << Process::DescribeWaitStatus(worker->wait_status);
+    const std::string& log = worker->log;
     EXPECT_THAT(log, HasSubstr(c.code));
     if (c.code == "PERMISSION_DENIED") {
       EXPECT_THAT(log, HasSubstr(absl::StrCat("worker name '", name,
@@ -215,16 +203,11 @@ TEST(TlsStartupTest, BadFlagsStopTheCoordinator) {
     SCOPED_TRACE(c.label);
     std::vector<std::string> argv = {*coordinator_bin};
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
-    ProcessOptions po;
-    po.name = c.label;
-    po.stderr_path = absl::StrCat(TmpDir(), "/", c.label, ".log");
-    absl::StatusOr<std::unique_ptr<Process>> coordinator = Process::Start(argv, po);
+    absl::StatusOr<Exited> coordinator = RunToExit(c.label, argv);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-    absl::StatusOr<int> status = (*coordinator)->Wait(absl::Seconds(50));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2)
-        << Process::DescribeWaitStatus(*status);
-    EXPECT_THAT(ReadFile(po.stderr_path), HasSubstr(c.message));
+    EXPECT_TRUE(WIFEXITED(coordinator->wait_status) && WEXITSTATUS(coordinator->wait_status) == 2)
+        << Process::DescribeWaitStatus(coordinator->wait_status);
+    EXPECT_THAT(coordinator->log, HasSubstr(c.message));
   }
 }
 
