@@ -27,6 +27,35 @@ absl::Status FlagError(absl::string_view flag, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(flag, ": ", message));
 }
 
+// Parses `json` into `request`, refusing unknown fields; the error says "not a <form>: " and
+// the parser's message.
+absl::Status ParseJsonRequest(absl::string_view json, absl::string_view form,
+                              google::protobuf::Message* request) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), request, options);
+  if (parsed.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "not a ", form, ": ", std::string(parsed.message().data(), parsed.message().size())));
+}
+
+// Whether a streaming download or upload failed on this side (the .npy file), not the
+// coordinator's: a local error is reported without the coordinator's address.
+struct LocalFailure {
+  bool failed = false;
+
+  // `s`, noting whether it failed.
+  absl::Status Track(absl::Status s) {
+    failed = !s.ok();
+    return s;
+  }
+
+  int Report(std::ostream& err, const absl::Status& s, absl::string_view address) const {
+    return failed ? ReportStatus(err, s) : ReportStatus(err, s, address);
+  }
+};
+
 bool Terminal(v1::PlanState state) { return state == v1::COMMITTED || state == v1::ABORTED; }
 
 // Runs a plan to its end. With `progress`, starts it without waiting and follows WatchPlan,
@@ -231,14 +260,10 @@ int RunGatherCommand(CoordinatorClient& client, const GatherFlags& flags, bool j
 
 absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json) {
   v1::CopyGroupRequest request;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &request, options);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a copies file {\"copies\": [{\"src\": ..., \"dst\": ...}, ...]}: ",
-                     std::string(parsed.message().data(), parsed.message().size())));
+  if (absl::Status s = ParseJsonRequest(
+          json, "copies file {\"copies\": [{\"src\": ..., \"dst\": ...}, ...]}", &request);
+      !s.ok()) {
+    return s;
   }
   if (request.copies_size() == 0) return absl::InvalidArgumentError("\"copies\": empty");
   request.set_wait(true);
@@ -323,15 +348,13 @@ absl::StatusOr<v1::RedistributeGroupRequest> ParseRedistributesJson(absl::string
     return ParseMovesJson(doc);
   }
   v1::RedistributeGroupRequest request;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  const auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(json.data(), json.size()), &request, options);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a redistributes file {\"redistributes\": [{\"tensor\": ..., "
-                     "\"target\": {\"mesh\": ..., \"placements_text\": ...}}, ...]}: ",
-                     std::string(parsed.message().data(), parsed.message().size())));
+  if (absl::Status s = ParseJsonRequest(json,
+                                        "redistributes file {\"redistributes\": [{\"tensor\": ..., "
+                                        "\"target\": {\"mesh\": ..., \"placements_text\": ...}}, "
+                                        "...]}",
+                                        &request);
+      !s.ok()) {
+    return s;
   }
   if (request.redistributes_size() == 0) {
     return absl::InvalidArgumentError("\"redistributes\": empty");
@@ -392,14 +415,14 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
   std::unique_ptr<NpyFileWriter> file;
   DType dtype = DType::kF32;
   Shape shape;
-  bool local_error = false;
+  LocalFailure local;
   absl::StatusOr<v1::TensorHeader> header;
   {
     ProgressBar bar(err, progress, absl::StrCat("download ", flags.name));
     header = client.DownloadTo(
         flags.name,
         [&](const v1::TensorHeader& h) -> absl::Status {
-          local_error = true;
+          local.failed = true;
           absl::StatusOr<DType> d = DTypeFromProto(h.dtype(), "header.dtype");
           if (!d.ok()) return absl::InternalError(d.status().message());
           absl::StatusOr<Shape> s = ShapeFromProto(h.shape(), "header.shape");
@@ -410,20 +433,13 @@ int RunDownloadCommand(CoordinatorClient& client, const DownloadFlags& flags, bo
               NpyFileWriter::Create(flags.out_path, dtype, shape, flags.raw);
           if (!w.ok()) return w.status();
           file = *std::move(w);
-          local_error = false;
+          local.failed = false;
           return absl::OkStatus();
         },
-        [&](absl::string_view data) -> absl::Status {
-          absl::Status s = file->Append(data);
-          local_error = !s.ok();
-          return s;
-        },
+        [&](absl::string_view data) { return local.Track(file->Append(data)); },
         [&](int64_t done, int64_t total) { bar.Update(done, total); });
   }
-  if (!header.ok()) {
-    if (local_error) return ReportStatus(err, header.status());
-    return ReportStatus(err, header.status(), client.address());
-  }
+  if (!header.ok()) return local.Report(err, header.status(), client.address());
   if (absl::Status s = file->Commit(); !s.ok()) return ReportStatus(err, s);
   const int64_t bytes = header->total_bytes();
   if (!flags.raw && !NpyHasDType(dtype)) {
@@ -506,7 +522,7 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
   *header.mutable_spec() = *std::move(spec);
   header.set_total_bytes(npy.data_bytes);
   absl::StatusOr<v1::TensorInfo> tensor;
-  bool read_failed = false;
+  LocalFailure local;
   {
     ProgressBar bar(err, progress, absl::StrCat("upload ", flags.name));
     // Each attempt reads the file from its first data byte: an upload restarted after a
@@ -515,22 +531,14 @@ int RunUploadCommand(CoordinatorClient& client, const UploadFlags& flags, bool j
     tensor = client.UploadFrom(
         header,
         [&]() -> absl::StatusOr<CoordinatorClient::ReadFn> {
-          if (absl::Status s = reader->Rewind(); !s.ok()) {
-            read_failed = true;
-            return s;
-          }
+          if (absl::Status s = reader->Rewind(); !s.ok()) return local.Track(s);
           return CoordinatorClient::ReadFn([&](size_t max_bytes, std::string* piece) {
-            absl::Status s = reader->Read(max_bytes, piece);
-            read_failed = !s.ok();
-            return s;
+            return local.Track(reader->Read(max_bytes, piece));
           });
         },
         [&](int64_t done, int64_t total) { bar.Update(done, total); });
   }
-  if (!tensor.ok()) {
-    if (read_failed) return ReportStatus(err, tensor.status());
-    return ReportStatus(err, tensor.status(), client.address());
-  }
+  if (!tensor.ok()) return local.Report(err, tensor.status(), client.address());
   return ReportJsonOrText(
       out, json, TensorJson(*tensor),
       absl::StrCat("uploaded ", flags.from_path, " as tensor ", TensorLine(*tensor), "\n"));
