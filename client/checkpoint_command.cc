@@ -5,6 +5,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -40,25 +41,40 @@ std::string Rate(int64_t bytes, double seconds) {
   return absl::StrFormat(" (%.0f MB/s)", static_cast<double>(bytes) / seconds / 1e6);
 }
 
-// Runs `call` while drawing the operation's progress (polled by request id) on `err`.
-template <typename T>
-absl::StatusOr<T> WithProgress(CoordinatorClient& client, const std::string& request_id,
-                               const std::string& label, bool progress, std::ostream& err,
-                               const std::function<absl::StatusOr<T>()>& call) {
-  if (!progress) return call();
+// Sends `request` (built from the flags of `command`: an error is a flag error) with `send`,
+// drawing its progress (polled by request id) as `label` on `err` with `progress`. Returns
+// the exit code where the command ends here: an error, or --json with the response printed;
+// else nullopt and the response in `response`, for the caller to print as text.
+template <typename Request, typename Response>
+std::optional<int> SendWithProgress(
+    CoordinatorClient& client, const absl::StatusOr<Request>& request, absl::string_view command,
+    const std::string& label, absl::StatusOr<Response> (CoordinatorClient::*send)(const Request&),
+    bool json, bool progress, std::ostream& out, std::ostream& err,
+    std::optional<Response>& response) {
+  if (!request.ok()) return ReportFlagError(err, command, request.status().message());
   absl::Notification finished;
-  std::thread poller([&] {
-    ProgressBar bar(err, true, label);
-    while (!finished.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
-      absl::StatusOr<v1::CheckpointProgress> p = client.GetCheckpointProgress(request_id);
-      if (p.ok()) bar.Update(p->bytes_done(), p->bytes_total());
-    }
-    bar.Finish();
-  });
-  absl::StatusOr<T> r = call();
+  std::optional<std::thread> poller;
+  if (progress) {
+    poller.emplace([&] {
+      ProgressBar bar(err, true, label);
+      while (!finished.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+        absl::StatusOr<v1::CheckpointProgress> p =
+            client.GetCheckpointProgress(request->request_id());
+        if (p.ok()) bar.Update(p->bytes_done(), p->bytes_total());
+      }
+      bar.Finish();
+    });
+  }
+  absl::StatusOr<Response> r = (client.*send)(*request);
   finished.Notify();
-  poller.join();
-  return r;
+  if (poller.has_value()) poller->join();
+  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+  if (json) {
+    out << ProtoJson(*r) << "\n";
+    return 0;
+  }
+  response = *std::move(r);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -90,15 +106,11 @@ absl::StatusOr<v1::SaveCheckpointRequest> BuildSaveCheckpointRequest(
 
 int RunCheckpointSaveCommand(CoordinatorClient& client, const CheckpointSaveFlags& flags, bool json,
                              bool progress, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<v1::SaveCheckpointRequest> request = BuildSaveCheckpointRequest(flags);
-  if (!request.ok()) return ReportFlagError(err, "checkpoint save", request.status().message());
-  absl::StatusOr<v1::SaveCheckpointResponse> r =
-      WithProgress<v1::SaveCheckpointResponse>(client, request->request_id(), "save", progress, err,
-                                               [&] { return client.SaveCheckpoint(*request); });
-  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
-  if (json) {
-    out << ProtoJson(*r) << "\n";
-    return 0;
+  std::optional<v1::SaveCheckpointResponse> r;
+  if (std::optional<int> rc =
+          SendWithProgress(client, BuildSaveCheckpointRequest(flags), "checkpoint save", "save",
+                           &CoordinatorClient::SaveCheckpoint, json, progress, out, err, r)) {
+    return *rc;
   }
   out << "saved " << r->tensors() << " tensor" << (r->tensors() == 1 ? "" : "s") << " to "
       << r->dir() << ": " << HumanBytes(r->bytes()) << " in " << r->files_size() << " file"
@@ -193,15 +205,11 @@ int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlag
     ss << in.rdbuf();
     text = ss.str();
   }
-  absl::StatusOr<v1::LoadCheckpointRequest> request = BuildLoadCheckpointRequest(flags, text);
-  if (!request.ok()) return ReportFlagError(err, "checkpoint load", request.status().message());
-  absl::StatusOr<v1::LoadCheckpointResponse> r =
-      WithProgress<v1::LoadCheckpointResponse>(client, request->request_id(), "load", progress, err,
-                                               [&] { return client.LoadCheckpoint(*request); });
-  if (!r.ok()) return ReportStatus(err, r.status(), client.address());
-  if (json) {
-    out << ProtoJson(*r) << "\n";
-    return 0;
+  std::optional<v1::LoadCheckpointResponse> r;
+  if (std::optional<int> rc = SendWithProgress(
+          client, BuildLoadCheckpointRequest(flags, text), "checkpoint load", "load",
+          &CoordinatorClient::LoadCheckpoint, json, progress, out, err, r)) {
+    return *rc;
   }
   out << "loaded " << r->tensors_size() << " tensor" << (r->tensors_size() == 1 ? "" : "s")
       << (flags.into ? " into existing tensors" : "") << ": " << HumanBytes(r->bytes()) << " in "
