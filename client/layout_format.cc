@@ -93,6 +93,14 @@ absl::StatusOr<Shape> ParseMeshShape(absl::string_view text) {
   return shape;
 }
 
+absl::StatusOr<SizedMeshShape> ParseSizedMeshShape(absl::string_view text) {
+  absl::StatusOr<Shape> shape = ParseMeshShape(text);
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<int64_t> size = CheckedProduct(*shape);
+  if (!size.ok()) return size.status();
+  return SizedMeshShape{*std::move(shape), *size};
+}
+
 absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text) {
   std::vector<int64_t> out;
   if (absl::StripAsciiWhitespace(text).empty()) return out;
@@ -117,28 +125,26 @@ std::vector<std::string> ParseNameList(absl::string_view text) {
 }
 
 absl::StatusOr<DeviceMesh> BuildMesh(const LayoutFlags& flags) {
-  absl::StatusOr<Shape> shape = ParseMeshShape(flags.mesh);
+  absl::StatusOr<SizedMeshShape> shape = ParseSizedMeshShape(flags.mesh);
   if (!shape.ok()) return FlagError("--mesh", shape.status().message());
-  absl::StatusOr<int64_t> size = CheckedProduct(*shape);
-  if (!size.ok()) return FlagError("--mesh", size.status().message());
-  if (*size > kMaxCliRanks) {
+  if (shape->size > kMaxCliRanks) {
     return FlagError("--mesh",
-                     absl::StrCat("mesh ", absl::StrJoin(*shape, "x"), " has ", *size,
+                     absl::StrCat("mesh ", absl::StrJoin(shape->shape, "x"), " has ", shape->size,
                                   " positions; at most ", kMaxCliRanks, " are supported here"));
   }
-  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(*shape);
+  absl::StatusOr<DeviceMesh> mesh = DeviceMesh::Create(shape->shape);
   if (!mesh.ok()) return FlagError("--mesh", mesh.status().message());
 
   // Build in steps so that each error is charged to the flag that caused it.
   absl::StatusOr<std::vector<int64_t>> ranks = ParseIntList(flags.ranks);
   if (!ranks.ok()) return FlagError("--ranks", ranks.status().message());
   if (!ranks->empty()) {
-    mesh = DeviceMesh::Create(*shape, *ranks);
+    mesh = DeviceMesh::Create(shape->shape, *ranks);
     if (!mesh.ok()) return FlagError("--ranks", mesh.status().message());
   }
   std::vector<std::string> names = ParseNameList(flags.dims);
   if (!names.empty()) {
-    mesh = DeviceMesh::Create(*shape, mesh->ranks(), std::move(names));
+    mesh = DeviceMesh::Create(shape->shape, mesh->ranks(), std::move(names));
     if (!mesh.ok()) return FlagError("--dims", mesh.status().message());
   }
   return mesh;

@@ -37,6 +37,12 @@ struct LayoutRequest {
 
 // "2x4" -> {2, 4}; "8" -> {8}. Every dim a positive integer.
 absl::StatusOr<Shape> ParseMeshShape(absl::string_view text);
+// ParseMeshShape's shape and its number of positions; an error too where that overflows.
+struct SizedMeshShape {
+  Shape shape;
+  int64_t size = 0;
+};
+absl::StatusOr<SizedMeshShape> ParseSizedMeshShape(absl::string_view text);
 // "8,4" -> {8, 4}; "" -> {}. Spaces around items are allowed.
 absl::StatusOr<std::vector<int64_t>> ParseIntList(absl::string_view text);
 // "dp,tp" -> {"dp", "tp"}; "" -> {}.

@@ -17,24 +17,21 @@ absl::StatusOr<v1::CreateMeshRequest> BuildCreateMeshRequest(const MeshCreateFla
   v1::CreateMeshRequest request;
   if (flags.name.empty()) return absl::InvalidArgumentError("NAME: the mesh needs a name");
   request.set_name(flags.name);
-  absl::StatusOr<Shape> shape = ParseMeshShape(flags.shape);
-  if (!shape.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--shape: ", shape.status().message()));
-  absl::StatusOr<int64_t> size = CheckedProduct(*shape);
-  if (!size.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--shape: ", size.status().message()));
-  for (int64_t d : *shape) request.add_shape(d);
+  absl::StatusOr<SizedMeshShape> mesh = ParseSizedMeshShape(flags.shape);
+  if (!mesh.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--shape: ", mesh.status().message()));
+  for (int64_t d : mesh->shape) request.add_shape(d);
   const std::vector<std::string> dims = ParseNameList(flags.dims);
-  if (!dims.empty() && dims.size() != shape->size()) {
+  if (!dims.empty() && dims.size() != mesh->shape.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--dims: ", dims.size(), " names for a ", shape->size(), "-d mesh"));
+        absl::StrCat("--dims: ", dims.size(), " names for a ", mesh->shape.size(), "-d mesh"));
   }
   for (const std::string& d : dims) request.add_dim_names(d);
   if (absl::StripAsciiWhitespace(flags.workers) != "all") {
     const std::vector<std::string> workers = ParseNameList(flags.workers);
-    if (static_cast<int64_t>(workers.size()) != *size) {
+    if (static_cast<int64_t>(workers.size()) != mesh->size) {
       return absl::InvalidArgumentError(absl::StrCat("--workers: ", workers.size(),
-                                                     " workers for a mesh of ", *size,
+                                                     " workers for a mesh of ", mesh->size,
                                                      " positions (or give 'all')"));
     }
     for (const std::string& w : workers) {

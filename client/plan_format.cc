@@ -73,15 +73,12 @@ absl::StatusOr<PlanInput> BuildPlanInput(const PlanFlags& flags) {
   LayoutFlags target = flags.source;
   if (flags.to_mesh.has_value()) {
     target.mesh = *flags.to_mesh;
-    absl::StatusOr<Shape> shape = ParseMeshShape(target.mesh);
-    if (!shape.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", shape.status().message()));
-    absl::StatusOr<int64_t> size = CheckedProduct(*shape);
-    if (!size.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", size.status().message()));
+    absl::StatusOr<SizedMeshShape> mesh = ParseSizedMeshShape(target.mesh);
+    if (!mesh.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--to-mesh: ", mesh.status().message()));
     // The source's ranks and dim names carry over only where they fit the new mesh.
-    if (*size != source_mesh.size()) target.ranks = "";
-    if (static_cast<int>(shape->size()) != source_mesh.ndim()) target.dims = "";
+    if (mesh->size != source_mesh.size()) target.ranks = "";
+    if (static_cast<int>(mesh->shape.size()) != source_mesh.ndim()) target.dims = "";
   }
   if (flags.to_ranks.has_value()) target.ranks = *flags.to_ranks;
   if (flags.to_dims.has_value()) target.dims = *flags.to_dims;
