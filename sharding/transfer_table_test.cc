@@ -1,5 +1,6 @@
 #include "sharding/transfer_table.h"
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -257,35 +258,27 @@ TEST(TransferTableTest, ExpansionIsDeterministic) {
 }
 
 TEST(TransferTableTest, BadTablesNameTheMemberAndField) {
-  {
+  struct Case {
+    std::function<void(TransferTable&)> edit;
+    std::string error;
+  };
+  const Case cases[] = {
+      {[](TransferTable& t) { t.members[1].dst_layout = 9; },
+       "members[1].dst_layout: 9 (the table has 5 layouts)"},
+      {[](TransferTable& t) { t.members[2].dst = "a.src"; },
+       "members[2].dst: 'a.src' is also named by members[0]"},
+      {[](TransferTable& t) { t.members[2].dst_layout = 1; },  // [6] -> [8, 4]
+       "members[2].dst_layout: layout 1 is of another global shape"},
+      {[](TransferTable& t) { t.members[0].src_version = 0; },
+       "members[0].src_version: 0 (must be positive)"},
+      {[](TransferTable& t) { t.members[3].src = "d.dst"; },
+       "members[3].dst: 'd.dst' is also the member's src"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
     TransferTable t = Table();
-    t.members[1].dst_layout = 9;
-    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())),
-                HasSubstr("members[1].dst_layout: 9 (the table has 5 layouts)"));
-  }
-  {
-    TransferTable t = Table();
-    t.members[2].dst = "a.src";
-    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())),
-                HasSubstr("members[2].dst: 'a.src' is also named by members[0]"));
-  }
-  {
-    TransferTable t = Table();
-    t.members[2].dst_layout = 1;  // [6] -> [8, 4]
-    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())),
-                HasSubstr("members[2].dst_layout: layout 1 is of another global shape"));
-  }
-  {
-    TransferTable t = Table();
-    t.members[0].src_version = 0;
-    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())),
-                HasSubstr("members[0].src_version: 0 (must be positive)"));
-  }
-  {
-    TransferTable t = Table();
-    t.members[3].src = "d.dst";
-    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())),
-                HasSubstr("members[3].dst: 'd.dst' is also the member's src"));
+    c.edit(t);
+    EXPECT_THAT(ErrorOf(ExpandTransfer(t, 0, Options())), HasSubstr(c.error));
   }
 }
 
