@@ -31,6 +31,19 @@ std::vector<int64_t> Ints(const google::protobuf::RepeatedField<int64_t>& values
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
+// A transfer's or local copy's box: "offset" and "shape".
+void BoxFields(JsonWriter& w, const v1::Box& box) {
+  w.Key("offset").IntArray(Ints(box.offset()));
+  w.Key("shape").IntArray(Ints(box.shape()));
+}
+
+// "reduce" and "partial_index", only for a reducing transfer or local copy.
+void ReduceFields(JsonWriter& w, bool reduce, int64_t partial_index) {
+  if (!reduce) return;
+  w.Key("reduce").Bool(true);
+  w.Key("partial_index").Int(partial_index);
+}
+
 std::string StepOpText(v1::StepOp op) {
   absl::StatusOr<StepOp> parsed = StepOpFromProto(op, "op");
   return parsed.ok() ? StepOpName(*parsed) : v1::StepOp_Name(op);
@@ -149,13 +162,9 @@ std::string PlanJson(const v1::Plan& plan) {
       w.Key("step").Int(i);
       w.Key("src").Int(t.src());
       w.Key("dst").Int(t.dst());
-      w.Key("offset").IntArray(Ints(t.box().offset()));
-      w.Key("shape").IntArray(Ints(t.box().shape()));
+      BoxFields(w, t.box());
       w.Key("bytes").Int(t.bytes());
-      if (t.reduce()) {
-        w.Key("reduce").Bool(true);
-        w.Key("partial_index").Int(t.partial_index());
-      }
+      ReduceFields(w, t.reduce(), t.partial_index());
       w.EndObject();
     }
   }
@@ -164,12 +173,8 @@ std::string PlanJson(const v1::Plan& plan) {
   for (const v1::LocalCopy& c : plan.local_copies()) {
     w.BeginObject();
     w.Key("rank").Int(c.rank());
-    w.Key("offset").IntArray(Ints(c.box().offset()));
-    w.Key("shape").IntArray(Ints(c.box().shape()));
-    if (c.reduce()) {
-      w.Key("reduce").Bool(true);
-      w.Key("partial_index").Int(c.partial_index());
-    }
+    BoxFields(w, c.box());
+    ReduceFields(w, c.reduce(), c.partial_index());
     w.EndObject();
   }
   w.EndArray();
