@@ -80,41 +80,32 @@ JsonWriter& JsonWriter::Scalar(absl::string_view text) {
   return *this;
 }
 
-JsonWriter& JsonWriter::BeginObject() {
+JsonWriter& JsonWriter::Open(bool is_object) {
   if (!BeforeValue()) return *this;
-  out_.push_back('{');
-  stack_.push_back(Frame{true, 0, false});
+  out_.push_back(is_object ? '{' : '[');
+  stack_.push_back(Frame{is_object, 0, false});
   return *this;
 }
 
-JsonWriter& JsonWriter::EndObject() {
-  if (!ok_ || stack_.empty() || !stack_.back().is_object || stack_.back().have_key) {
+JsonWriter& JsonWriter::Close(bool is_object) {
+  // An array's frame never has a key waiting.
+  if (!ok_ || stack_.empty() || stack_.back().is_object != is_object || stack_.back().have_key) {
     ok_ = false;
     return *this;
   }
-  out_.push_back('}');
+  out_.push_back(is_object ? '}' : ']');
   stack_.pop_back();
   AfterValue();
   return *this;
 }
 
-JsonWriter& JsonWriter::BeginArray() {
-  if (!BeforeValue()) return *this;
-  out_.push_back('[');
-  stack_.push_back(Frame{false, 0, false});
-  return *this;
-}
+JsonWriter& JsonWriter::BeginObject() { return Open(/*is_object=*/true); }
 
-JsonWriter& JsonWriter::EndArray() {
-  if (!ok_ || stack_.empty() || stack_.back().is_object) {
-    ok_ = false;
-    return *this;
-  }
-  out_.push_back(']');
-  stack_.pop_back();
-  AfterValue();
-  return *this;
-}
+JsonWriter& JsonWriter::EndObject() { return Close(/*is_object=*/true); }
+
+JsonWriter& JsonWriter::BeginArray() { return Open(/*is_object=*/false); }
+
+JsonWriter& JsonWriter::EndArray() { return Close(/*is_object=*/false); }
 
 JsonWriter& JsonWriter::Key(absl::string_view key) {
   if (!ok_ || stack_.empty() || !stack_.back().is_object || stack_.back().have_key) {

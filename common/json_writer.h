@@ -63,6 +63,9 @@ class JsonWriter {
   // Marks the value just written as finished (top level: the document is done).
   void AfterValue();
   JsonWriter& Scalar(absl::string_view text);
+  // Begin/End of an object (else an array); End checks it closes the innermost one.
+  JsonWriter& Open(bool is_object);
+  JsonWriter& Close(bool is_object);
 
   std::string out_;
   std::vector<Frame> stack_;

@@ -18,11 +18,15 @@ void AtomicAdd(std::atomic<double>& a, double v) {
   }
 }
 
-std::string EscapeHelp(const std::string& v) {
+// Backslash and newline escaped, and with `quote` the double quote too: HELP text escapes
+// the first two, label values all three.
+std::string Escape(const std::string& v, bool quote) {
   std::string out;
   for (char c : v) {
     if (c == '\\') {
       out += "\\\\";
+    } else if (quote && c == '"') {
+      out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
     } else {
@@ -31,6 +35,8 @@ std::string EscapeHelp(const std::string& v) {
   }
   return out;
 }
+
+std::string EscapeHelp(const std::string& v) { return Escape(v, /*quote=*/false); }
 
 // `{a="x",b="y"}` from names and values plus an optional extra pair (a histogram's le); empty
 // when there are no labels at all.
@@ -101,39 +107,37 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return out;
 }
 
-CounterFamily* Registry::AddCounter(const std::string& name, const std::string& help,
-                                    std::vector<std::string> label_names) {
+template <typename F>
+F* Registry::Keep(std::unique_ptr<F> Entry::*slot, std::unique_ptr<F> family) {
+  F* out = family.get();
   Entry e;
-  e.counter = std::make_unique<CounterFamily>(name, help, std::move(label_names),
-                                              [] { return std::make_unique<Counter>(); });
-  CounterFamily* out = e.counter.get();
+  e.*slot = std::move(family);
   absl::MutexLock lock(&mu_);
   families_.push_back(std::move(e));
   return out;
 }
 
+CounterFamily* Registry::AddCounter(const std::string& name, const std::string& help,
+                                    std::vector<std::string> label_names) {
+  return Keep(&Entry::counter,
+              std::make_unique<CounterFamily>(name, help, std::move(label_names),
+                                              [] { return std::make_unique<Counter>(); }));
+}
+
 GaugeFamily* Registry::AddGauge(const std::string& name, const std::string& help,
                                 std::vector<std::string> label_names) {
-  Entry e;
-  e.gauge = std::make_unique<GaugeFamily>(name, help, std::move(label_names),
-                                          [] { return std::make_unique<Gauge>(); });
-  GaugeFamily* out = e.gauge.get();
-  absl::MutexLock lock(&mu_);
-  families_.push_back(std::move(e));
-  return out;
+  return Keep(&Entry::gauge, std::make_unique<GaugeFamily>(name, help, std::move(label_names), [] {
+    return std::make_unique<Gauge>();
+  }));
 }
 
 HistogramFamily* Registry::AddHistogram(const std::string& name, const std::string& help,
                                         std::vector<std::string> label_names,
                                         std::vector<double> bounds) {
-  Entry e;
-  e.histogram = std::make_unique<HistogramFamily>(
-      name, help, std::move(label_names),
-      [bounds = std::move(bounds)] { return std::make_unique<Histogram>(bounds); });
-  HistogramFamily* out = e.histogram.get();
-  absl::MutexLock lock(&mu_);
-  families_.push_back(std::move(e));
-  return out;
+  return Keep(&Entry::histogram,
+              std::make_unique<HistogramFamily>(
+                  name, help, std::move(label_names),
+                  [bounds = std::move(bounds)] { return std::make_unique<Histogram>(bounds); }));
 }
 
 void Registry::AddCollector(std::function<void()> fn) {
@@ -202,20 +206,6 @@ std::string FormatMetricValue(double v) {
   return buf;
 }
 
-std::string EscapeLabelValue(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+std::string EscapeLabelValue(const std::string& v) { return Escape(v, /*quote=*/true); }
 
 }  // namespace shardcoord

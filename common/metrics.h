@@ -141,6 +141,9 @@ class Registry {
     std::unique_ptr<GaugeFamily> gauge;
     std::unique_ptr<HistogramFamily> histogram;
   };
+  // Adds `family` as the entry's `slot`, in the order of the calls.
+  template <typename F>
+  F* Keep(std::unique_ptr<F> Entry::*slot, std::unique_ptr<F> family);
 
   mutable absl::Mutex mu_;
   std::vector<Entry> families_ ABSL_GUARDED_BY(mu_);
