@@ -42,6 +42,17 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& p
   return pem;
 }
 
+// --tls-cert and --tls-key read into `out` (the certificate's error first).
+absl::Status ReadCertificate(const TlsFlags& flags, TlsOptions& out) {
+  absl::StatusOr<std::string> cert = ReadPem("tls-cert", flags.cert, "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls-key", flags.key, "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  out.cert_pem = *std::move(cert);
+  out.key_pem = *std::move(key);
+  return absl::OkStatus();
+}
+
 // The host of "HOST:PORT" or "[V6]:PORT" (a bare IPv6 address, with more than one colon and
 // no port, is its own host); nullopt for an unclosed '['.
 std::optional<absl::string_view> HostOf(absl::string_view address) {
@@ -107,14 +118,9 @@ absl::StatusOr<TlsOptions> LoadDaemonTls(const TlsFlags& flags) {
         absl::StrCat("TLS needs --tls-cert, --tls-key and --tls-ca together; missing ",
                      absl::StrJoin(missing, ", ")));
   }
-  absl::StatusOr<std::string> cert = ReadPem("tls-cert", flags.cert, "CERTIFICATE");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem("tls-key", flags.key, "PRIVATE KEY");
-  if (!key.ok()) return key.status();
+  if (absl::Status s = ReadCertificate(flags, out); !s.ok()) return s;
   absl::StatusOr<std::string> ca = ReadPem("tls-ca", flags.ca, "CERTIFICATE");
   if (!ca.ok()) return ca.status();
-  out.cert_pem = *std::move(cert);
-  out.key_pem = *std::move(key);
   out.ca_pem = *std::move(ca);
   return out;
 }
@@ -136,12 +142,7 @@ absl::StatusOr<TlsOptions> LoadClientTls(const TlsFlags& flags) {
   if (!ca.ok()) return ca.status();
   out.ca_pem = *std::move(ca);
   if (!flags.cert.empty()) {
-    absl::StatusOr<std::string> cert = ReadPem("tls-cert", flags.cert, "CERTIFICATE");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPem("tls-key", flags.key, "PRIVATE KEY");
-    if (!key.ok()) return key.status();
-    out.cert_pem = *std::move(cert);
-    out.key_pem = *std::move(key);
+    if (absl::Status s = ReadCertificate(flags, out); !s.ok()) return s;
   }
   return out;
 }

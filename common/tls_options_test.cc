@@ -29,6 +29,13 @@ TlsFlags AllFlags() {
   return f;
 }
 
+// LoadDaemonTls(f) fails with `code`, and its message holds `message`.
+void ExpectDaemonRefuses(const TlsFlags& f, absl::StatusCode code, const std::string& message) {
+  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(f);
+  EXPECT_EQ(tls.status().code(), code);
+  EXPECT_THAT(tls.status().message(), HasSubstr(message));
+}
+
 TEST(TlsClientAuthTest, ParsesTheThreeModes) {
   EXPECT_EQ(*ParseTlsClientAuth("none"), TlsClientAuth::kNone);
   EXPECT_EQ(*ParseTlsClientAuth("request"), TlsClientAuth::kRequest);
@@ -39,10 +46,13 @@ TEST(TlsClientAuthTest, ParsesTheThreeModes) {
   EXPECT_EQ(TlsClientAuthName(TlsClientAuth::kRequire), "require");
 }
 
-TEST(LoadDaemonTlsTest, NoFlagsIsPlaintext) {
-  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(TlsFlags{});
-  ASSERT_TRUE(tls.ok()) << tls.status();
-  EXPECT_FALSE(tls->enabled());
+// Both loaders: no flags at all is plaintext.
+TEST(LoadTlsTest, NoFlagsIsPlaintext) {
+  for (auto* load : {&LoadDaemonTls, &LoadClientTls}) {
+    absl::StatusOr<TlsOptions> tls = load(TlsFlags{});
+    ASSERT_TRUE(tls.ok()) << tls.status();
+    EXPECT_FALSE(tls->enabled());
+  }
 }
 
 TEST(LoadDaemonTlsTest, ReadsAllThreeFiles) {
@@ -62,17 +72,14 @@ TEST(LoadDaemonTlsTest, PartialFlagsNameWhatIsMissing) {
   TlsFlags f = AllFlags();
   f.key.clear();
   f.ca.clear();
-  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(f);
-  EXPECT_EQ(tls.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(tls.status().message(), HasSubstr("missing --tls-key, --tls-ca"));
+  ExpectDaemonRefuses(f, absl::StatusCode::kInvalidArgument, "missing --tls-key, --tls-ca");
 }
 
 TEST(LoadDaemonTlsTest, ClientAuthNeedsTls) {
   TlsFlags f;
   f.client_auth = "request";
-  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(f);
-  EXPECT_EQ(tls.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(tls.status().message(), HasSubstr("--tls-client-auth=request needs --tls-cert"));
+  ExpectDaemonRefuses(f, absl::StatusCode::kInvalidArgument,
+                      "--tls-client-auth=request needs --tls-cert");
 }
 
 TEST(LoadDaemonTlsTest, BadModeIsRefused) {
@@ -84,18 +91,14 @@ TEST(LoadDaemonTlsTest, BadModeIsRefused) {
 TEST(LoadDaemonTlsTest, MissingFileNamesFlagAndPath) {
   TlsFlags f = AllFlags();
   f.ca = "/nonexistent/ca.pem";
-  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(f);
-  EXPECT_EQ(tls.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(tls.status().message(), HasSubstr("--tls-ca: cannot read /nonexistent/ca.pem"));
+  ExpectDaemonRefuses(f, absl::StatusCode::kNotFound, "--tls-ca: cannot read /nonexistent/ca.pem");
 }
 
 TEST(LoadDaemonTlsTest, NonPemFileNamesFlagAndPath) {
   TlsFlags f = AllFlags();
   f.key = WriteFile("not-a-key.pem", kCert);  // A certificate where the key should be.
-  absl::StatusOr<TlsOptions> tls = LoadDaemonTls(f);
-  EXPECT_EQ(tls.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(tls.status().message(),
-              HasSubstr("--tls-key: " + f.key + " is not a PEM file holding a PRIVATE KEY"));
+  ExpectDaemonRefuses(f, absl::StatusCode::kInvalidArgument,
+                      "--tls-key: " + f.key + " is not a PEM file holding a PRIVATE KEY");
 }
 
 TEST(LoadClientTlsTest, CaAloneIsServerVerificationOnly) {
@@ -112,12 +115,6 @@ TEST(LoadClientTlsTest, ClientCertificate) {
   absl::StatusOr<TlsOptions> tls = LoadClientTls(AllFlags());
   ASSERT_TRUE(tls.ok()) << tls.status();
   EXPECT_TRUE(tls->has_certificate());
-}
-
-TEST(LoadClientTlsTest, NothingIsPlaintext) {
-  absl::StatusOr<TlsOptions> tls = LoadClientTls(TlsFlags{});
-  ASSERT_TRUE(tls.ok()) << tls.status();
-  EXPECT_FALSE(tls->enabled());
 }
 
 TEST(LoadClientTlsTest, CertWithoutKeyOrCaIsRefused) {
