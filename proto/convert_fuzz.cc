@@ -102,9 +102,11 @@ void CheckStep(const v1::Step& proto) {
         "step round trip");
 }
 
-template <typename M>
-bool Parse(const uint8_t* data, size_t size, M* m) {
-  return m->ParseFromArray(data, static_cast<int>(size));
+// The input parsed as an M, handed to `check` when it parses.
+template <typename M, typename Check>
+void Fuzz(const uint8_t* data, size_t size, Check check) {
+  M m;
+  if (m.ParseFromArray(data, static_cast<int>(size))) check(m);
 }
 
 }  // namespace
@@ -125,96 +127,81 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   data += 2;
   size -= 2;
   switch (kind % 12) {
-    case 0: {  // Coordinator.CreateTensor
-      v1::CreateTensorRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      absl::StatusOr<Shape> shape = ShapeFromProto(r.shape(), "shape");
-      (void)DTypeFromProto(r.dtype(), "dtype");
-      CheckSpec(r.spec(), shape, mesh);
+    case 0:  // Coordinator.CreateTensor
+      Fuzz<v1::CreateTensorRequest>(data, size, [&](const v1::CreateTensorRequest& r) {
+        absl::StatusOr<Shape> shape = ShapeFromProto(r.shape(), "shape");
+        (void)DTypeFromProto(r.dtype(), "dtype");
+        CheckSpec(r.spec(), shape, mesh);
+      });
       break;
-    }
-    case 1: {  // Coordinator.Redistribute (the tensor's shape comes from the coordinator).
-      v1::RedistributeRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckSpec(r.target(), Shape{4, 6}, mesh);
+    case 1:  // Coordinator.Redistribute (the tensor's shape comes from the coordinator).
+      Fuzz<v1::RedistributeRequest>(data, size, [&](const v1::RedistributeRequest& r) {
+        CheckSpec(r.target(), Shape{4, 6}, mesh);
+      });
       break;
-    }
-    case 2: {  // Coordinator.PlanRedistribute
-      v1::PlanRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckSpec(r.target(), Shape{3, 0, 5}, mesh);
+    case 2:  // Coordinator.PlanRedistribute
+      Fuzz<v1::PlanRequest>(data, size, [&](const v1::PlanRequest& r) {
+        CheckSpec(r.target(), Shape{3, 0, 5}, mesh);
+      });
       break;
-    }
-    case 3: {  // Coordinator.Upload header
-      v1::TensorData r;
-      if (!Parse(data, size, &r)) return 0;
-      const v1::TensorHeader& h = r.header();
-      absl::StatusOr<Shape> shape = ShapeFromProto(h.shape(), "header.shape");
-      absl::StatusOr<DType> dtype = DTypeFromProto(h.dtype(), "header.dtype");
-      if (shape.ok() && dtype.ok()) (void)CheckedBytes(*shape, ElementSize(*dtype));
-      if (h.has_spec()) CheckSpec(h.spec(), shape, mesh);
+    case 3:  // Coordinator.Upload header
+      Fuzz<v1::TensorData>(data, size, [&](const v1::TensorData& r) {
+        const v1::TensorHeader& h = r.header();
+        absl::StatusOr<Shape> shape = ShapeFromProto(h.shape(), "header.shape");
+        absl::StatusOr<DType> dtype = DTypeFromProto(h.dtype(), "header.dtype");
+        if (shape.ok() && dtype.ok()) (void)CheckedBytes(*shape, ElementSize(*dtype));
+        if (h.has_spec()) CheckSpec(h.spec(), shape, mesh);
+      });
       break;
-    }
-    case 4: {  // CoordinatorWorkers.ReportChunks
-      v1::ReportChunksRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckRankChunks(r.chunks());
+    case 4:  // CoordinatorWorkers.ReportChunks
+      Fuzz<v1::ReportChunksRequest>(
+          data, size, [](const v1::ReportChunksRequest& r) { CheckRankChunks(r.chunks()); });
       break;
-    }
-    case 5: {  // Worker.Fill
-      v1::FillRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      (void)DTypeFromProto(r.dtype(), "dtype");
-      absl::StatusOr<Shape> shape = ShapeFromProto(r.global_shape(), "global_shape");
-      (void)ReduceOpFromProto(r.partial_op(), "partial_op");
-      CheckRankChunks(r.chunks());
-      absl::StatusOr<RankChunks> rc = RankChunksFromProto(r.chunks(), "chunks");
-      if (shape.ok() && rc.ok()) (void)ValidateLayout(*shape, {*rc});
+    case 5:  // Worker.Fill
+      Fuzz<v1::FillRequest>(data, size, [](const v1::FillRequest& r) {
+        (void)DTypeFromProto(r.dtype(), "dtype");
+        absl::StatusOr<Shape> shape = ShapeFromProto(r.global_shape(), "global_shape");
+        (void)ReduceOpFromProto(r.partial_op(), "partial_op");
+        CheckRankChunks(r.chunks());
+        absl::StatusOr<RankChunks> rc = RankChunksFromProto(r.chunks(), "chunks");
+        if (shape.ok() && rc.ok()) (void)ValidateLayout(*shape, {*rc});
+      });
       break;
-    }
-    case 6: {  // Worker.ReadChunk
-      v1::ReadChunkRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckBox(r.box());
+    case 6:  // Worker.ReadChunk
+      Fuzz<v1::ReadChunkRequest>(data, size,
+                                 [](const v1::ReadChunkRequest& r) { CheckBox(r.box()); });
       break;
-    }
-    case 7: {  // Worker.WriteChunk header
-      v1::ChunkData r;
-      if (!Parse(data, size, &r)) return 0;
-      (void)DTypeFromProto(r.dtype(), "dtype");
-      CheckRankChunks(r.chunks());
+    case 7:  // Worker.WriteChunk header
+      Fuzz<v1::ChunkData>(data, size, [](const v1::ChunkData& r) {
+        (void)DTypeFromProto(r.dtype(), "dtype");
+        CheckRankChunks(r.chunks());
+      });
       break;
-    }
-    case 8: {  // Worker.Execute
-      v1::PlanFragment r;
-      if (!Parse(data, size, &r)) return 0;
-      (void)FragmentFromProto(r);
+    case 8:  // Worker.Execute
+      Fuzz<v1::PlanFragment>(data, size,
+                             [](const v1::PlanFragment& r) { (void)FragmentFromProto(r); });
       break;
-    }
-    case 9: {  // Layouts in responses (shardctl shows them).
-      v1::Layout r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckLayout(r);
+    case 9:  // Layouts in responses (shardctl shows them).
+      Fuzz<v1::Layout>(data, size, [](const v1::Layout& r) { CheckLayout(r); });
       break;
-    }
-    case 10: {  // Plans in responses (shardctl shows them).
-      v1::Plan r;
-      if (!Parse(data, size, &r)) return 0;
-      CheckLayout(r.source());
-      CheckLayout(r.target());
-      for (const v1::Step& s : r.steps()) CheckStep(s);
-      for (const v1::LocalCopy& c : r.local_copies()) {
-        absl::StatusOr<LocalCopy> lc = LocalCopyFromProto(c, "local_copy");
-        if (lc.ok()) Check(LocalCopyFromProto(LocalCopyToProto(*lc), "c").ok(), "copy round trip");
-      }
+    case 10:  // Plans in responses (shardctl shows them).
+      Fuzz<v1::Plan>(data, size, [](const v1::Plan& r) {
+        CheckLayout(r.source());
+        CheckLayout(r.target());
+        for (const v1::Step& s : r.steps()) CheckStep(s);
+        for (const v1::LocalCopy& c : r.local_copies()) {
+          absl::StatusOr<LocalCopy> lc = LocalCopyFromProto(c, "local_copy");
+          if (lc.ok()) {
+            Check(LocalCopyFromProto(LocalCopyToProto(*lc), "c").ok(), "copy round trip");
+          }
+        }
+      });
       break;
-    }
-    case 11: {  // Coordinator.CreateMesh
-      v1::CreateMeshRequest r;
-      if (!Parse(data, size, &r)) return 0;
-      (void)ShapeFromProto(r.shape(), "shape");
+    case 11:  // Coordinator.CreateMesh
+      Fuzz<v1::CreateMeshRequest>(data, size, [](const v1::CreateMeshRequest& r) {
+        (void)ShapeFromProto(r.shape(), "shape");
+      });
       break;
-    }
   }
   return 0;
 }

@@ -17,6 +17,14 @@ using sharding_testing::TwoStepPlan;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// `spec` to proto and back in through the structured form only (the text forms cleared).
+absl::StatusOr<Spec> ViaStructuredForm(const Spec& spec) {
+  v1::ShardingSpec p = SpecToProto(spec);
+  p.clear_placements_text();
+  p.clear_flat_text();
+  return SpecFromProto(p);
+}
+
 TEST(ConvertTest, DTypeRoundTripsAndRejectsUnspecified) {
   for (DType d : AllDTypes()) {
     absl::StatusOr<DType> back = DTypeFromProto(DTypeToProto(d));
@@ -113,9 +121,7 @@ TEST(ConvertTest, SpecFromTextAndStructured) {
   EXPECT_EQ(spec->ToString(), "S(0),R");
 
   // Back to proto and in again: the structured form gives the same spec.
-  v1::ShardingSpec structured = SpecToProto(*spec);
-  structured.clear_placements_text();
-  absl::StatusOr<Spec> again = SpecFromProto(structured);
+  absl::StatusOr<Spec> again = ViaStructuredForm(*spec);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->placements, spec->placements);
 
@@ -127,9 +133,7 @@ TEST(ConvertTest, SpecFromTextAndStructured) {
   ASSERT_EQ(f->flat.size(), 2u);
   EXPECT_EQ(f->flat[1][0], (FlatRange{4, 8}));
   EXPECT_EQ(f->ToString(), "flat 0:4;4:8");
-  v1::ShardingSpec flat2 = SpecToProto(*f);
-  flat2.clear_flat_text();
-  absl::StatusOr<Spec> f2 = SpecFromProto(flat2);
+  absl::StatusOr<Spec> f2 = ViaStructuredForm(*f);
   ASSERT_TRUE(f2.ok());
   EXPECT_EQ(f2->flat, f->flat);
 }
