@@ -76,22 +76,31 @@ etcdv3::RequestOp RangeOp(std::string key) {
   return op;
 }
 
-etcdv3::Compare CreateRevisionIs(std::string key, int64_t revision) {
+namespace {
+
+// `key`'s CREATE or MOD revision equals `revision`.
+etcdv3::Compare RevisionIs(std::string key, etcdv3::Compare::CompareTarget target,
+                           int64_t revision) {
   etcdv3::Compare c;
   c.set_key(std::move(key));
-  c.set_target(etcdv3::Compare::CREATE);
+  c.set_target(target);
   c.set_result(etcdv3::Compare::EQUAL);
-  c.set_create_revision(revision);
+  if (target == etcdv3::Compare::CREATE) {
+    c.set_create_revision(revision);
+  } else {
+    c.set_mod_revision(revision);
+  }
   return c;
 }
 
+}  // namespace
+
+etcdv3::Compare CreateRevisionIs(std::string key, int64_t revision) {
+  return RevisionIs(std::move(key), etcdv3::Compare::CREATE, revision);
+}
+
 etcdv3::Compare ModRevisionIs(std::string key, int64_t revision) {
-  etcdv3::Compare c;
-  c.set_key(std::move(key));
-  c.set_target(etcdv3::Compare::MOD);
-  c.set_result(etcdv3::Compare::EQUAL);
-  c.set_mod_revision(revision);
-  return c;
+  return RevisionIs(std::move(key), etcdv3::Compare::MOD, revision);
 }
 
 }  // namespace shardcoord

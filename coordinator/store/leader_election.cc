@@ -109,11 +109,7 @@ bool LeaderElection::RenewLease(absl::Time now) {
 }
 
 void LeaderElection::Campaign() {
-  int64_t lease;
-  {
-    absl::MutexLock lock(&mu_);
-    lease = lease_id_;
-  }
+  const int64_t lease = lease_id();
   // Reading first: a transaction is a Raft write (a disk sync in etcd) even when its compare
   // fails, and a standby polls.
   std::optional<etcdv3::KeyValue> current;
@@ -160,11 +156,7 @@ void LeaderElection::Campaign() {
 }
 
 void LeaderElection::CheckKey() {
-  int64_t mine;
-  {
-    absl::MutexLock lock(&mu_);
-    mine = create_revision_;
-  }
+  const int64_t mine = create_revision();
   std::optional<etcdv3::KeyValue> key;
   if (!ReadKey(&key)) return;
   absl::MutexLock lock(&mu_);
