@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -215,14 +214,8 @@ absl::Status TensorManager::CheckVisible(const TensorRecord* t, absl::string_vie
 absl::Status TensorManager::Load(const LivenessFn& was_live) {
   if (store_ == nullptr) return absl::OkStatus();
   // The version counter, then the tensors: only this manager's kinds are read.
-  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kCounterKind);
+  absl::StatusOr<std::vector<StateRecord>> records = store_->LoadKinds({kCounterKind, kTensorKind});
   if (!records.ok()) return records.status();
-  {
-    absl::StatusOr<std::vector<StateRecord>> tensors = store_->Load(kTensorKind);
-    if (!tensors.ok()) return tensors.status();
-    records->reserve(records->size() + tensors->size());
-    std::move(tensors->begin(), tensors->end(), std::back_inserter(*records));
-  }
   std::vector<std::pair<std::string, std::string>> users;  // (mesh, tensor)
   LayoutInterner layouts;
   {

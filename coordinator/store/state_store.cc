@@ -1,5 +1,6 @@
 #include "coordinator/store/state_store.h"
 
+#include <iterator>
 #include <utility>
 
 namespace shardcoord {
@@ -22,6 +23,18 @@ absl::StatusOr<std::vector<StateRecord>> StateStore::Load(absl::string_view kind
   std::vector<StateRecord> out;
   for (StateRecord& r : *all) {
     if (r.kind == kind) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<StateRecord>> StateStore::LoadKinds(
+    std::initializer_list<absl::string_view> kinds) const {
+  std::vector<StateRecord> out;
+  for (absl::string_view kind : kinds) {
+    absl::StatusOr<std::vector<StateRecord>> records = Load(kind);
+    if (!records.ok()) return records.status();
+    out.reserve(out.size() + records->size());
+    std::move(records->begin(), records->end(), std::back_inserter(out));
   }
   return out;
 }

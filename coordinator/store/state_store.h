@@ -1,6 +1,7 @@
 #ifndef SHARDCOORD_COORDINATOR_STORE_STATE_STORE_H_
 #define SHARDCOORD_COORDINATOR_STORE_STATE_STORE_H_
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -75,6 +76,10 @@ class StateStore {
   // kind alone do (a restart's managers each load their own kinds: a model's 10^5 tensor
   // records are read once, not once per manager).
   virtual absl::StatusOr<std::vector<StateRecord>> Load(absl::string_view kind) const;
+
+  // The records of `kinds`, one kind after the other (each as Load gives them).
+  absl::StatusOr<std::vector<StateRecord>> LoadKinds(
+      std::initializer_list<absl::string_view> kinds) const;
 };
 
 // Today's behaviour: state lives as long as the process. Also the store of unit tests.

@@ -4,7 +4,6 @@
 #include "coordinator/transfers/transfer_manager.h"
 
 #include <algorithm>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -87,14 +86,9 @@ TransferManager::~TransferManager() {
 absl::Status TransferManager::Load() {
   if (store_ == nullptr) return absl::OkStatus();
   // Headers, then pages of copies: only this manager's kinds are read.
-  absl::StatusOr<std::vector<StateRecord>> records = store_->Load(kTransferKind);
+  absl::StatusOr<std::vector<StateRecord>> records =
+      store_->LoadKinds({kTransferKind, kCopiesKind});
   if (!records.ok()) return records.status();
-  {
-    absl::StatusOr<std::vector<StateRecord>> pages = store_->Load(kCopiesKind);
-    if (!pages.ok()) return pages.status();
-    records->reserve(records->size() + pages->size());
-    std::move(pages->begin(), pages->end(), std::back_inserter(*records));
-  }
   std::map<std::string, std::vector<TransferCopy>> copies;
   std::map<std::string, int64_t> pages;
   std::vector<v1::TransferInfo> headers;
