@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,21 +14,27 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Scheme = StateStoreUri::Scheme;
 
-TEST(StateStoreUriTest, Memory) {
-  absl::StatusOr<StateStoreUri> u = ParseStateStoreUri("state", "memory", "./d");
+// --state=`value` (--state-dir `state_dir`) parses as `scheme`, durable or not, and prints as
+// `text`; the URI in `out` where given.
+void ExpectParses(const std::string& value, const std::string& state_dir, Scheme scheme,
+                  bool durable, const std::string& text, StateStoreUri* out = nullptr) {
+  absl::StatusOr<StateStoreUri> u = ParseStateStoreUri("state", value, state_dir);
   ASSERT_TRUE(u.ok()) << u.status();
-  EXPECT_EQ(u->scheme, Scheme::kMemory);
-  EXPECT_FALSE(u->durable());
-  EXPECT_EQ(u->ToString(), "memory");
+  EXPECT_EQ(u->scheme, scheme);
+  EXPECT_EQ(u->durable(), durable);
+  EXPECT_EQ(u->ToString(), text);
+  if (out != nullptr) *out = *std::move(u);
+}
+
+TEST(StateStoreUriTest, Memory) {
+  ExpectParses("memory", "./d", Scheme::kMemory, /*durable=*/false, "memory");
 }
 
 TEST(StateStoreUriTest, BareSqliteTakesTheStateDir) {
-  absl::StatusOr<StateStoreUri> u = ParseStateStoreUri("state", "sqlite", "/var/lib/s");
-  ASSERT_TRUE(u.ok()) << u.status();
-  EXPECT_EQ(u->scheme, Scheme::kSqlite);
-  EXPECT_EQ(u->dir, "/var/lib/s");
-  EXPECT_TRUE(u->durable());
-  EXPECT_EQ(u->ToString(), "sqlite:/var/lib/s");
+  StateStoreUri u;
+  ASSERT_NO_FATAL_FAILURE(ExpectParses("sqlite", "/var/lib/s", Scheme::kSqlite, /*durable=*/true,
+                                       "sqlite:/var/lib/s", &u));
+  EXPECT_EQ(u.dir, "/var/lib/s");
 }
 
 TEST(StateStoreUriTest, SqliteWithItsDirectory) {
@@ -42,13 +49,10 @@ TEST(StateStoreUriTest, SqliteWithItsDirectory) {
 }
 
 TEST(StateStoreUriTest, Etcd) {
-  absl::StatusOr<StateStoreUri> u =
-      ParseStateStoreUri("state", "etcd://127.0.0.1:2379,h2:22379", "./d");
-  ASSERT_TRUE(u.ok()) << u.status();
-  EXPECT_EQ(u->scheme, Scheme::kEtcd);
-  EXPECT_THAT(u->endpoints, ElementsAre("127.0.0.1:2379", "h2:22379"));
-  EXPECT_TRUE(u->durable());
-  EXPECT_EQ(u->ToString(), "etcd://127.0.0.1:2379,h2:22379");
+  StateStoreUri u;
+  ASSERT_NO_FATAL_FAILURE(ExpectParses("etcd://127.0.0.1:2379,h2:22379", "./d", Scheme::kEtcd,
+                                       /*durable=*/true, "etcd://127.0.0.1:2379,h2:22379", &u));
+  EXPECT_THAT(u.endpoints, ElementsAre("127.0.0.1:2379", "h2:22379"));
 }
 
 TEST(StateStoreUriTest, ErrorsNameTheFlagAndTheValue) {
