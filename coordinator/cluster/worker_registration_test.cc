@@ -4,20 +4,11 @@
 #include <vector>
 
 #include "coordinator/store/state_store.h"
+#include "coordinator/testing/flaky_store.h"
 #include "gtest/gtest.h"
 
 namespace shardcoord {
 namespace {
-
-// A store that refuses every write while down.
-class FlakyStore : public MemoryStateStore {
- public:
-  absl::Status Apply(const StateBatch& batch) override {
-    if (down) return absl::UnavailableError("store down");
-    return MemoryStateStore::Apply(batch);
-  }
-  bool down = false;
-};
 
 class Listener : public WorkerListener {
  public:

@@ -9,6 +9,8 @@
 #include "coordinator/store/state_store.h"
 #include "coordinator/testing/cluster_fixture.h"
 #include "coordinator/testing/fake_worker_client.h"
+#include "coordinator/testing/flaky_store.h"
+#include "coordinator/testing/float_data.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sharding/fill.h"
@@ -34,9 +36,19 @@ class TensorIoTest : public ClusterFixture {
     return TestSpec(placements, mesh);
   }
 
-  absl::StatusOr<TensorRecord> Create(const std::string& name, const std::string& placements,
-                                      v1::InitKind init = v1::ARANGE,
-                                      const std::string& mesh = "M") {
+  // What an asynchronous call answered: `call` starts it with the callback (the fake answers
+  // inline, so it has when `call` returns).
+  template <typename T, typename Call>
+  static T Answer(Call call) {
+    std::optional<T> out;
+    call([&](T r) { out = std::move(r); });
+    EXPECT_TRUE(out.has_value());
+    return *std::move(out);
+  }
+
+  // An [8, 4] f32 tensor `placements` on `mesh`, seed 7.
+  static CreateTensorArgs Args(const std::string& name, const std::string& placements,
+                               v1::InitKind init = v1::ARANGE, const std::string& mesh = "M") {
     CreateTensorArgs args;
     args.name = name;
     args.shape = {8, 4};
@@ -44,43 +56,39 @@ class TensorIoTest : public ClusterFixture {
     args.spec = MakeSpec(mesh, placements);
     args.init = init;
     args.seed = 7;
-    std::optional<absl::StatusOr<TensorRecord>> out;
-    io_.Create(args, [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
-    EXPECT_TRUE(out.has_value());
-    return *out;
+    return args;
+  }
+
+  // An upload of an [8, 4] f32 tensor `name` (no spec: the tensor's own).
+  static UploadArgs UploadOf(const std::string& name) {
+    UploadArgs args;
+    args.name = name;
+    args.shape = {8, 4};
+    args.dtype = DType::kF32;
+    return args;
+  }
+
+  absl::StatusOr<TensorRecord> Create(const std::string& name, const std::string& placements,
+                                      v1::InitKind init = v1::ARANGE,
+                                      const std::string& mesh = "M") {
+    return Answer<absl::StatusOr<TensorRecord>>(
+        [&](auto done) { io_.Create(Args(name, placements, init, mesh), done); });
   }
 
   absl::StatusOr<std::string> Download(const std::string& name) { return Download(io_, name); }
   absl::StatusOr<std::string> Download(TensorIo& io, const std::string& name) {
-    std::optional<absl::StatusOr<DownloadedTensor>> out;
-    io.Download(name, [&](absl::StatusOr<DownloadedTensor> r) { out = std::move(r); });
-    EXPECT_TRUE(out.has_value());
-    if (!out->ok()) return out->status();
-    return (*out)->data;
+    absl::StatusOr<DownloadedTensor> out =
+        Answer<absl::StatusOr<DownloadedTensor>>([&](auto done) { io.Download(name, done); });
+    if (!out.ok()) return out.status();
+    return out->data;
   }
 
   absl::StatusOr<TensorRecord> Upload(UploadArgs args, std::string data) {
     return Upload(io_, std::move(args), std::move(data));
   }
   absl::StatusOr<TensorRecord> Upload(TensorIo& io, UploadArgs args, std::string data) {
-    std::optional<absl::StatusOr<TensorRecord>> out;
-    io.Upload(args, std::move(data), [&](absl::StatusOr<TensorRecord> r) { out = std::move(r); });
-    EXPECT_TRUE(out.has_value());
-    return *out;
-  }
-
-  static std::string Floats(int n, float base) {
-    std::string out(n * sizeof(float), '\0');
-    for (int i = 0; i < n; ++i) {
-      const float v = base + i;
-      std::memcpy(&out[i * sizeof(float)], &v, sizeof(float));
-    }
-    return out;
-  }
-  static float At(const std::string& data, int i) {
-    float v;
-    std::memcpy(&v, &data[i * sizeof(float)], sizeof(float));
-    return v;
+    return Answer<absl::StatusOr<TensorRecord>>(
+        [&](auto done) { io.Upload(args, std::move(data), done); });
   }
 
   TensorIo io_;
@@ -99,7 +107,7 @@ TEST_F(TensorIoTest, CreateFillsEveryRankAndDownloadAssembles) {
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok()) << data.status();
   ASSERT_EQ(data->size(), 32 * sizeof(float));
-  for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << i;
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(FloatAt(*data, i), static_cast<float>(i)) << i;
   // Each row block was read once.
   EXPECT_EQ(client_.calls("ReadChunk"), 2);
 }
@@ -111,7 +119,7 @@ TEST_F(TensorIoTest, RandomInitIsTheSameFunctionOfTheIndexInAnyLayout) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
   for (int i = 0; i < 32; ++i) {
-    EXPECT_EQ(At(*a, i), static_cast<float>(FillValue(FillKind::kRandom, 7, i)));
+    EXPECT_EQ(FloatAt(*a, i), static_cast<float>(FillValue(FillKind::kRandom, 7, i)));
   }
 }
 
@@ -122,7 +130,7 @@ TEST_F(TensorIoTest, PartialTensorsDownloadReduced) {
   for (const char* name : {"S", "X"}) {
     absl::StatusOr<std::string> data = Download(name);
     ASSERT_TRUE(data.ok()) << data.status();
-    for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << name << i;
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(FloatAt(*data, i), static_cast<float>(i)) << name << i;
   }
 }
 
@@ -168,10 +176,7 @@ TEST_F(TensorIoTest, TensorsOverTheByteLimitAreRefused) {
   EXPECT_EQ(out->status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(out->status().message(),
             "shape: [8, 4] of f32 is 128 bytes, more than the limit of 100 (--max-tensor-bytes)");
-  UploadArgs up;
-  up.name = "U";
-  up.shape = {8, 4};
-  up.dtype = DType::kF32;
+  UploadArgs up = UploadOf("U");
   up.spec = MakeSpec("N", "S(1)");
   absl::Status refused = Upload(small, up, Floats(32, 0)).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
@@ -183,10 +188,7 @@ TEST_F(TensorIoTest, TensorsOverTheByteLimitAreRefused) {
 }
 
 TEST_F(TensorIoTest, WholeUploadCreatesThenReplacesAsANewVersion) {
-  UploadArgs args;
-  args.name = "U";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("U");
   args.spec = MakeSpec("N", "S(1)");
   absl::StatusOr<TensorRecord> first = Upload(args, Floats(32, 100));
   ASSERT_TRUE(first.ok()) << first.status();
@@ -219,10 +221,8 @@ TEST_F(TensorIoTest, WholeUploadCreatesThenReplacesAsANewVersion) {
 
 TEST_F(TensorIoTest, UploadValidationChangesNothing) {
   ASSERT_TRUE(Create("T", "S(0),R").ok());
-  UploadArgs args;
-  args.name = "T";
+  UploadArgs args = UploadOf("T");
   args.shape = {4, 8};
-  args.dtype = DType::kF32;
   EXPECT_EQ(Upload(args, Floats(32, 0)).status().code(), absl::StatusCode::kAlreadyExists);
   args.shape = {8, 4};
   absl::Status short_data = Upload(args, Floats(31, 0)).status();
@@ -239,17 +239,14 @@ TEST_F(TensorIoTest, UploadValidationChangesNothing) {
   EXPECT_TRUE(client_.drops().empty());
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok());
-  EXPECT_EQ(At(*data, 31), 31.0f);
+  EXPECT_EQ(FloatAt(*data, 31), 31.0f);
 }
 
 TEST_F(TensorIoTest, FailedWriteRollsBackToTheOldVersion) {
   absl::StatusOr<TensorRecord> t = Create("T", "S(0),R");
   ASSERT_TRUE(t.ok());
   client_.Fail("WriteChunk", 1, absl::UnavailableError("connection reset"));
-  UploadArgs args;
-  args.name = "T";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("T");
   absl::Status s = Upload(args, Floats(32, 50)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("worker w1 (rank 1)"));
@@ -259,23 +256,20 @@ TEST_F(TensorIoTest, FailedWriteRollsBackToTheOldVersion) {
   for (int64_t r = 0; r < 4; ++r) EXPECT_FALSE(client_.HasBuffer(r, "T", t->version + 1));
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok());
-  EXPECT_EQ(At(*data, 5), 5.0f);
+  EXPECT_EQ(FloatAt(*data, 5), 5.0f);
 }
 
 TEST_F(TensorIoTest, RankUploadReplacesOneLocalBuffer) {
   ASSERT_TRUE(Create("T", "S(0),S(1)").ok());
-  UploadArgs args;
-  args.name = "T";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("T");
   args.rank = 3;  // Rows [4:8), columns [2:4): 8 elements.
   absl::StatusOr<TensorRecord> t = Upload(args, Floats(8, 1000));
   ASSERT_TRUE(t.ok()) << t.status();
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok());
-  EXPECT_EQ(At(*data, 4 * 4 + 2), 1000.0f);
-  EXPECT_EQ(At(*data, 7 * 4 + 3), 1007.0f);
-  EXPECT_EQ(At(*data, 4 * 4 + 1), 17.0f);  // Rank 2's part is untouched.
+  EXPECT_EQ(FloatAt(*data, 4 * 4 + 2), 1000.0f);
+  EXPECT_EQ(FloatAt(*data, 7 * 4 + 3), 1007.0f);
+  EXPECT_EQ(FloatAt(*data, 4 * 4 + 1), 17.0f);  // Rank 2's part is untouched.
   EXPECT_EQ(Upload(args, Floats(7, 0)).status().code(), absl::StatusCode::kInvalidArgument);
   args.rank = 9;
   EXPECT_EQ(Upload(args, Floats(8, 0)).status().code(), absl::StatusCode::kInvalidArgument);
@@ -288,7 +282,7 @@ TEST_F(TensorIoTest, DownloadUsesLiveReplicasAndNamesLostChunks) {
   Kill(0);
   absl::StatusOr<std::string> data = Download("T");
   ASSERT_TRUE(data.ok()) << data.status();
-  EXPECT_EQ(At(*data, 3), 3.0f);
+  EXPECT_EQ(FloatAt(*data, 3), 3.0f);
   Kill(1);
   absl::Status lost = Download("T").status();
   EXPECT_EQ(lost.code(), absl::StatusCode::kFailedPrecondition);
@@ -323,7 +317,7 @@ TEST_F(TensorIoTest, BandedDownloadReadsEachBandsPartOfEveryChunk) {
     absl::StatusOr<std::string> data = Download(banded_, name);
     ASSERT_TRUE(data.ok()) << name << ": " << data.status();
     ASSERT_EQ(data->size(), 32 * sizeof(float));
-    for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << name << i;
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(FloatAt(*data, i), static_cast<float>(i)) << name << i;
   }
   // 8 one-row bands: T reads one row from one replica per band (8); P reads a half row of
   // both contributions' two column halves (32); X one row of each contribution (16).
@@ -331,10 +325,7 @@ TEST_F(TensorIoTest, BandedDownloadReadsEachBandsPartOfEveryChunk) {
 }
 
 TEST_F(TensorIoTest, BandedUploadWritesTheLocalBuffersChunkUnshardedBuilds) {
-  UploadArgs args;
-  args.name = "U";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("U");
   for (const char* placements : {"S(1),S(0)", "P(sum),S(0)", "R,S(1)"}) {
     SCOPED_TRACE(placements);
     args.spec = MakeSpec("M", placements);
@@ -367,10 +358,7 @@ TEST_F(TensorIoTest, DownloadMeetingANewVersionIsAbortedNotMixed) {
   EXPECT_EQ(**band, Floats(4, 0));
 
   // A whole upload commits a new version and drops the one being downloaded.
-  UploadArgs args;
-  args.name = "T";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("T");
   ASSERT_TRUE(Upload(args, Floats(32, 100)).ok());
   band.reset();
   (*d)->FetchBand(1, [&](absl::StatusOr<std::string> r) { band = std::move(r); });
@@ -396,10 +384,7 @@ TEST_F(TensorIoTest, AWorkerDeathFailsItsUploadsAndDownloadsNamingIt) {
   ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
   absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = banded_.OpenDownload("T");
   ASSERT_TRUE(d.ok()) << d.status();
-  UploadArgs args;
-  args.name = "U";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("U");
   args.spec = MakeSpec("N", "S(0)");
   absl::StatusOr<std::shared_ptr<TensorIo::UploadStream>> up = banded_.StartUpload(args);
   ASSERT_TRUE(up.ok()) << up.status();
@@ -437,10 +422,7 @@ TEST_F(TensorIoTest, AWorkerDeathFailsItsUploadsAndDownloadsNamingIt) {
 
 TEST_F(TensorIoTest, RankUploadsWaitForDownloadsToEnd) {
   ASSERT_TRUE(Create("T", "S(0)", v1::ARANGE, "N").ok());
-  UploadArgs args;
-  args.name = "T";
-  args.shape = {8, 4};
-  args.dtype = DType::kF32;
+  UploadArgs args = UploadOf("T");
   args.rank = 1;
   absl::StatusOr<std::shared_ptr<TensorIo::DownloadStream>> d = banded_.OpenDownload("T");
   ASSERT_TRUE(d.ok());
@@ -452,20 +434,10 @@ TEST_F(TensorIoTest, RankUploadsWaitForDownloadsToEnd) {
   EXPECT_TRUE(Upload(banded_, args, Floats(8, 0)).ok());
 }
 
-// A state store whose writes fail while `down` (etcd away).
-class FlakyStore : public MemoryStateStore {
- public:
-  absl::Status Apply(const StateBatch& batch) override {
-    if (down) return absl::UnavailableError("etcd unreachable");
-    return MemoryStateStore::Apply(batch);
-  }
-  bool down = false;
-};
-
 // A create whose record cannot be stored is undone, so that its retry creates the tensor
 // (and does not find a half-created one: ALREADY_EXISTS for a tensor nobody can see).
 TEST_F(TensorIoTest, ACreateThatCannotBeStoredLeavesNothing) {
-  FlakyStore store;
+  FlakyStore store("etcd unreachable");
   TensorManager stored(&meshes_, &store);
   TensorIo io(&workers_, &meshes_, &stored, &client_);
   CreateTensorArgs args;
@@ -491,24 +463,10 @@ TEST_F(TensorIoTest, ACreateThatCannotBeStoredLeavesNothing) {
 
 class TensorIoBulkTest : public TensorIoTest {
  protected:
-  static CreateTensorArgs Args(const std::string& name, const std::string& placements,
-                               v1::InitKind init = v1::ARANGE, const std::string& mesh = "M") {
-    CreateTensorArgs args;
-    args.name = name;
-    args.shape = {8, 4};
-    args.dtype = DType::kF32;
-    args.spec = MakeSpec(mesh, placements);
-    args.init = init;
-    args.seed = 7;
-    return args;
-  }
   static absl::StatusOr<TensorIo::CreatedMany> CreateMany(TensorIo& io,
                                                           std::vector<CreateTensorArgs> args) {
-    std::optional<absl::StatusOr<TensorIo::CreatedMany>> out;
-    io.CreateMany(std::move(args),
-                  [&](absl::StatusOr<TensorIo::CreatedMany> r) { out = std::move(r); });
-    EXPECT_TRUE(out.has_value());
-    return *out;
+    return Answer<absl::StatusOr<TensorIo::CreatedMany>>(
+        [&](auto done) { io.CreateMany(std::move(args), done); });
   }
   absl::StatusOr<TensorIo::CreatedMany> CreateMany(std::vector<CreateTensorArgs> args) {
     return CreateMany(io_, std::move(args));
@@ -528,7 +486,7 @@ TEST_F(TensorIoBulkTest, CreateManyFillsOncePerWorker) {
   for (const char* name : {"a", "b", "c"}) {
     absl::StatusOr<std::string> data = Download(name);
     ASSERT_TRUE(data.ok()) << name << ": " << data.status();
-    for (int i = 0; i < 32; ++i) EXPECT_EQ(At(*data, i), static_cast<float>(i)) << name << i;
+    for (int i = 0; i < 32; ++i) EXPECT_EQ(FloatAt(*data, i), static_cast<float>(i)) << name << i;
   }
   absl::StatusOr<TensorRecord> a = tensors_.Get("a");
   ASSERT_TRUE(a.ok());
@@ -599,7 +557,7 @@ TEST_F(TensorIoBulkTest, AFailedFillUndoesEveryMember) {
 
 // The members become visible in one store batch; a store that refuses it leaves nothing.
 TEST_F(TensorIoBulkTest, CreateManyIsOneStoreBatch) {
-  FlakyStore store;
+  FlakyStore store("etcd unreachable");
   TensorManager stored(&meshes_, &store);
   TensorIo io(&workers_, &meshes_, &stored, &client_);
   std::vector<CreateTensorArgs> args;

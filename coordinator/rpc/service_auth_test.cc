@@ -11,6 +11,7 @@
 #include "coordinator/rpc/service_test_util.h"
 #include "coordinator/rpc/worker_facing_service.h"
 #include "coordinator/state/tensor_bands.h"
+#include "coordinator/testing/call_helpers.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -30,23 +31,14 @@ Authenticator MakeAuth() {
   return *std::move(a);
 }
 
-class ServiceAuthTest : public ::testing::Test, protected ServiceStack {
+class ServiceAuthTest : public ::testing::Test, protected ServedStack {
  protected:
   ServiceAuthTest()
-      : ServiceStack(64, kDefaultBandBytes, /*per_caller=*/0, &auth_), auth_(MakeAuth()) {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(&service_);
-    builder.RegisterService(&worker_service_);
-    server_ = builder.BuildAndStart();
-    std::shared_ptr<grpc::Channel> channel = server_->InProcessChannel(grpc::ChannelArguments());
-    coordinator_ = v1::Coordinator::NewStub(channel);
-    workers_stub_ = v1::CoordinatorWorkers::NewStub(channel);
+      : ServedStack(64, kDefaultBandBytes, /*per_caller=*/0, &auth_), auth_(MakeAuth()) {
+    Serve();
   }
 
-  ~ServiceAuthTest() override {
-    server_->Shutdown();
-    timer_.Stop();
-  }
+  ~ServiceAuthTest() override { StopServing(); }
 
   // A context carrying `token` ("" = no metadata).
   static std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token) {
@@ -61,9 +53,6 @@ class ServiceAuthTest : public ::testing::Test, protected ServiceStack {
   }
 
   Authenticator auth_;  // The services keep its address: it is built after them.
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
-  std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;
 };
 
 TEST_F(ServiceAuthTest, WorkerServiceNeedsTheWorkerRole) {
@@ -134,13 +123,7 @@ TEST_F(ServiceAuthTest, StreamsAreRefusedBeforeTheyStart) {
   }
   // A client stream: a reader may not upload; no tensor appears.
   auto ctx = Ctx("R");
-  v1::UploadResponse resp;
-  auto writer = coordinator_->Upload(ctx.get(), &resp);
-  v1::TensorData header;
-  header.mutable_header()->set_name("t");
-  writer->Write(header);
-  writer->WritesDone();
-  grpc::Status s = writer->Finish();
+  grpc::Status s = UploadHeaderOnly(coordinator_.get(), ctx.get(), "t");
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(s.error_message(), HasSubstr("Upload"));
   EXPECT_TRUE(tensors_.List().empty());

@@ -19,6 +19,7 @@
 #include "coordinator/state/tensor_bands.h"
 #include "coordinator/store/state_store.h"
 #include "coordinator/testing/fake_worker_client.h"
+#include "coordinator/testing/float_data.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -32,25 +33,15 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kSlice = 64;  // Streamed data messages carry at most this many bytes.
 
-class ServiceTest : public ::testing::Test, protected ServiceStack {
+class ServiceTest : public ::testing::Test, protected ServedStack {
  protected:
   explicit ServiceTest(int64_t band_bytes = kDefaultBandBytes, int64_t per_caller = 1000)
-      : ServiceStack(kSlice, band_bytes, per_caller) {
-    grpc::ServerBuilder builder;
-    builder.RegisterService(&service_);
-    builder.RegisterService(&worker_service_);
+      : ServedStack(kSlice, band_bytes, per_caller) {
     // Loopback too, for what the in-process transport does not do as a network does.
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &tcp_port_);
-    server_ = builder.BuildAndStart();
-    std::shared_ptr<grpc::Channel> channel = server_->InProcessChannel(grpc::ChannelArguments());
-    coordinator_ = v1::Coordinator::NewStub(channel);
-    workers_stub_ = v1::CoordinatorWorkers::NewStub(channel);
+    Serve(&tcp_port_);
   }
 
-  ~ServiceTest() override {
-    server_->Shutdown();
-    timer_.Stop();
-  }
+  ~ServiceTest() override { StopServing(); }
 
   void RegisterFour() {
     for (int i = 0; i < 4; ++i) {
@@ -134,19 +125,7 @@ class ServiceTest : public ::testing::Test, protected ServiceStack {
     return w;
   }
 
-  static std::string Floats(int n, float base) {
-    std::string out(n * sizeof(float), '\0');
-    for (int i = 0; i < n; ++i) {
-      const float v = base + i;
-      std::memcpy(&out[i * sizeof(float)], &v, sizeof(float));
-    }
-    return out;
-  }
-
   int tcp_port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
-  std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;
   std::vector<int64_t> incarnations_;
 };
 

@@ -36,4 +36,22 @@ ServiceStack::ServiceStack(int64_t max_message_bytes, int64_t band_bytes, int64_
   workers_.AddListener(&plans_);
 }
 
+void ServedStack::Serve(int* tcp_port) {
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service_);
+  builder.RegisterService(&worker_service_);
+  if (tcp_port != nullptr) {
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), tcp_port);
+  }
+  server_ = builder.BuildAndStart();
+  std::shared_ptr<grpc::Channel> channel = server_->InProcessChannel(grpc::ChannelArguments());
+  coordinator_ = v1::Coordinator::NewStub(channel);
+  workers_stub_ = v1::CoordinatorWorkers::NewStub(channel);
+}
+
+void ServedStack::StopServing() {
+  server_->Shutdown();
+  timer_.Stop();
+}
+
 }  // namespace shardcoord

@@ -6,6 +6,7 @@
 // a thread timer and no state store, for the tests (and rpc_fuzz) that serve them in process.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "common/clock.h"
@@ -26,6 +27,8 @@
 #include "coordinator/state/tensor_manager.h"
 #include "coordinator/store/state_store.h"
 #include "coordinator/testing/fake_worker_client.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/shardcoord.grpc.pb.h"
 #include "proto/shardcoord.pb.h"
 
 namespace shardcoord {
@@ -61,6 +64,23 @@ class ServiceStack {
   WorkerRegistration registration_;
   AttachManager attach_;
   WorkerFacingService worker_service_;
+};
+
+// The stack served in process, for the service tests: a fixture calls Serve once what the
+// services use is built (its constructor), and StopServing in its destructor.
+class ServedStack : protected ServiceStack {
+ protected:
+  using ServiceStack::ServiceStack;
+
+  // Serves both services, also on a loopback TCP port when `tcp_port` is given (it gets the
+  // port), with `coordinator_` and `workers_stub_` on the in-process channel.
+  void Serve(int* tcp_port = nullptr);
+  // Shuts the server down, then the timer.
+  void StopServing();
+
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_stub_;
 };
 
 }  // namespace shardcoord

@@ -5,6 +5,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/coordinator_addresses.h"
+#include "coordinator/testing/call_helpers.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -14,12 +15,6 @@ namespace shardcoord {
 namespace {
 
 using grpc::health::v1::HealthCheckResponse;
-
-std::string Trailer(const grpc::ClientContext& ctx) {
-  auto it = ctx.GetServerTrailingMetadata().find(kLeaderMetadataKey);
-  if (it == ctx.GetServerTrailingMetadata().end()) return "";
-  return std::string(it->second.data(), it->second.size());
-}
 
 class StandbyServiceTest : public ::testing::Test {
  protected:
@@ -67,20 +62,14 @@ TEST_F(StandbyServiceTest, EveryCallIsUnavailableNamingTheLeader) {
     EXPECT_NE(s.error_message().find("the leader is 10.1.2.3:7400"), std::string::npos)
         << s.error_message();
     EXPECT_NE(s.error_message().find("ListWorkers"), std::string::npos) << s.error_message();
-    EXPECT_EQ(Trailer(ctx), "10.1.2.3:7400");
+    EXPECT_EQ(LeaderTrailer(ctx), "10.1.2.3:7400");
   }
   {
     // A client stream ends before its data is read.
     grpc::ClientContext ctx;
-    v1::UploadResponse resp;
-    auto writer = coordinator->Upload(&ctx, &resp);
-    v1::TensorData data;
-    data.mutable_header()->set_name("t");
-    writer->Write(data);
-    writer->WritesDone();
-    grpc::Status s = writer->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
-    EXPECT_EQ(Trailer(ctx), "10.1.2.3:7400");
+    EXPECT_EQ(UploadHeaderOnly(coordinator.get(), &ctx, "t").error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(LeaderTrailer(ctx), "10.1.2.3:7400");
   }
   {
     grpc::ClientContext ctx;
@@ -97,7 +86,7 @@ TEST_F(StandbyServiceTest, EveryCallIsUnavailableNamingTheLeader) {
   req.set_name("w0");
   v1::RegisterWorkerResponse resp;
   EXPECT_EQ(workers->RegisterWorker(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(Trailer(ctx), "10.1.2.3:7400");
+  EXPECT_EQ(LeaderTrailer(ctx), "10.1.2.3:7400");
 }
 
 TEST_F(StandbyServiceTest, NoLeaderYetSaysSoWithoutAHint) {
@@ -107,7 +96,7 @@ TEST_F(StandbyServiceTest, NoLeaderYetSaysSoWithoutAHint) {
   grpc::Status s = coordinator->ListTensors(&ctx, v1::ListTensorsRequest(), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("no leader serves yet"), std::string::npos) << s.error_message();
-  EXPECT_EQ(Trailer(ctx), "");
+  EXPECT_EQ(LeaderTrailer(ctx), "");
 }
 
 TEST_F(StandbyServiceTest, NotReadyButAliveAndShutdownFreesThePorts) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coordinator/store/sqlite_state_store.h"
+#include "coordinator/testing/flaky_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/shardcoord.pb.h"
@@ -441,20 +442,10 @@ TEST(TensorManagerStoreTest, LoadSharesLayoutsAndKeepsEachTensorsChecksums) {
   EXPECT_FALSE(tensors.Get("A")->layout == tensors.Get("C")->layout);
 }
 
-// A store that refuses every batch once told to, like a full disk.
-class FailingStateStore : public MemoryStateStore {
- public:
-  absl::Status Apply(const StateBatch& batch) override {
-    if (fail_) return absl::UnavailableError("disk full");
-    return MemoryStateStore::Apply(batch);
-  }
-  bool fail_ = false;
-};
-
 // A group's commit (CopyGroup, RedistributeGroup) is one durable batch: after a restart every
 // member's tensor is at its new version, and when the store refuses, none moves.
 TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
-  FailingStateStore store;
+  FlakyStore store("disk full");
   FakeClock clock;
   WorkerManager workers(&clock, absl::Seconds(5), &store);
   MeshManager meshes(&workers, &store);
@@ -493,11 +484,11 @@ TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
       tensors.Release(name, "c");
       ASSERT_TRUE(tensors.Acquire(name, std::string("p-") + name).ok());
     }
-    store.fail_ = true;
+    store.down = true;
     absl::Status refused = commit_both(tensors, tensors.NewVersion());
     EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
     EXPECT_EQ(tensors.Get("T")->busy_plan, "p-T");  // Still held: its plan aborts and releases.
-    store.fail_ = false;
+    store.down = false;
     const int64_t applies = store.applies();
     new_version = tensors.NewVersion();
     ASSERT_TRUE(commit_both(tensors, new_version).ok());
@@ -522,7 +513,7 @@ TEST(TensorManagerStoreTest, CommitAllStoresEveryTensorInOneBatch) {
 // before anything changes, the first refusal naming it, nothing changed after any error
 // (the store's too), one store batch for all, and the layouts answered to the worker.
 TEST(TensorManagerAttachManyTest, AllOrNothingInOneStoreBatch) {
-  FailingStateStore store;
+  FlakyStore store("disk full");
   FakeClock clock;
   WorkerManager workers(&clock, absl::Seconds(5), &store);
   MeshManager meshes(&workers, &store);
@@ -600,9 +591,9 @@ TEST(TensorManagerAttachManyTest, AllOrNothingInOneStoreBatch) {
   refused({item("own")}, absl::StatusCode::kFailedPrecondition, "buffers[0] 'own': tensor 'own'");
   refused({item("A"), item("")}, absl::StatusCode::kInvalidArgument, "buffers[1]: tensor: empty");
   refused({}, absl::StatusCode::kInvalidArgument, "buffers: none given");
-  store.fail_ = true;
+  store.down = true;
   refused(good, absl::StatusCode::kUnavailable, "disk full");
-  store.fail_ = false;
+  store.down = false;
 
   // Validation answers every member's version and the rank's chunks, changing nothing.
   int64_t applies = store.applies();

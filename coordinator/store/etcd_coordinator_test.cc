@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/coordinator_addresses.h"
+#include "coordinator/testing/call_helpers.h"
 #include "coordinator/testing/fake_etcd.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -26,12 +27,6 @@ CoordinatorOptions Options() {
   // The endpoints are unused: the test's etcd is in memory (EtcdCoordinatorOptions::etcd).
   o.state = *ParseStateStoreUri("state", "etcd://127.0.0.1:2379", "");
   return o;
-}
-
-std::string Trailer(const grpc::ClientContext& ctx) {
-  auto it = ctx.GetServerTrailingMetadata().find(kLeaderMetadataKey);
-  if (it == ctx.GetServerTrailingMetadata().end()) return "";
-  return std::string(it->second.data(), it->second.size());
 }
 
 class EtcdCoordinatorTest : public ::testing::Test {
@@ -52,7 +47,7 @@ class EtcdCoordinatorTest : public ::testing::Test {
         v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     grpc::Status s = stub->ListWorkers(&ctx, v1::ListWorkersRequest(), resp);
-    *trailer = Trailer(ctx);
+    *trailer = LeaderTrailer(ctx);
     return s;
   }
 
@@ -84,7 +79,7 @@ TEST_F(EtcdCoordinatorTest, OneLeadsTheOtherStandsByAndTakesOverOnResign) {
     grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(resp.rank(), 0);
-    EXPECT_EQ(Trailer(ctx), *a_address);  // The leader names itself.
+    EXPECT_EQ(LeaderTrailer(ctx), *a_address);  // The leader names itself.
   }
   EXPECT_TRUE(etcd_.Get("/t/records/worker/w0").has_value());
 

@@ -16,11 +16,7 @@ namespace {
 constexpr char kPrefix[] = "/t";
 
 LeaderElectionOptions ElectionOptions(const std::string& address) {
-  LeaderElectionOptions o;
-  o.key = absl::StrCat(kPrefix, "/leader");
-  o.value = LeaderValue(address, address);
-  o.ttl = absl::Seconds(3);
-  return o;
+  return TestElectionOptions(absl::StrCat(kPrefix, "/leader"), address);
 }
 
 class EtcdStateStoreTest : public ::testing::Test {

@@ -15,10 +15,7 @@ using State = LeaderElection::State;
 constexpr char kKey[] = "/t/leader";
 
 LeaderElectionOptions Options(const std::string& address) {
-  LeaderElectionOptions o;
-  o.key = kKey;
-  o.value = LeaderValue(address, address);
-  o.ttl = absl::Seconds(3);
+  LeaderElectionOptions o = TestElectionOptions(kKey, address);
   o.poll = absl::Milliseconds(200);
   return o;
 }

@@ -7,6 +7,14 @@
 
 namespace shardcoord {
 
+LeaderElectionOptions TestElectionOptions(const std::string& key, const std::string& address) {
+  LeaderElectionOptions o;
+  o.key = key;
+  o.value = LeaderValue(address, address);
+  o.ttl = absl::Seconds(3);
+  return o;
+}
+
 class FakeEtcdClient : public EtcdClient {
  public:
   explicit FakeEtcdClient(FakeEtcd* etcd) : etcd_(etcd) {}

@@ -20,8 +20,13 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/store/etcd_client.h"
+#include "coordinator/store/leader_election.h"
 
 namespace shardcoord {
+
+// A campaign for `key` by the coordinator at `address` (also its advertised address), its
+// lease 3 s.
+LeaderElectionOptions TestElectionOptions(const std::string& key, const std::string& address);
 
 class FakeEtcd {
  public:
