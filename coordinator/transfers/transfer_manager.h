@@ -247,6 +247,17 @@ class TransferManager : public WorkerListener {
   using WatchCalls = std::vector<std::pair<WatchFn, PlanProgress>>;
   WatchCalls ChangedLocked(RunRecord& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireRunLocked(const std::string& run_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A started run's end (CommitRun, AbortRun), in two steps under mu_: EndRunLocked closes
+  // `r` in `state` and records it as `t`'s last run (`error`: "" when none), taking its timers
+  // and ticket; once the caller changed `t` and `r` for its kind of end, RetireEndedRunLocked
+  // takes the watchers' calls, the final progress and the join, answers `state`, and retires
+  // it (`r` may be erased then). After mu_, CancelTimers(end.timers).
+  struct RunEnd;
+  RunEnd EndRunLocked(RunRecord& r, Transfer& t, PlanState state, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireEndedRunLocked(RunRecord& r, const Transfer& t, v1::PlanState state, RunEnd& end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelTimers(const std::vector<Timer::Id>& timers);
   std::string CommPrefixLocked(const Transfer& t, const Prepared& p) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Tell(const WatchCalls& calls);

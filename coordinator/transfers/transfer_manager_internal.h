@@ -55,6 +55,16 @@ struct TransferManager::RunRecord {
   bool open() const { return started && !closing && !over; }
 };
 
+// What a started run's end hands on once mu_ is released (TransferManager::EndRunLocked).
+struct TransferManager::RunEnd {
+  std::vector<Timer::Id> timers;
+  int64_t ticket = 0;
+  WatchCalls calls;
+  PlanProgress progress;  // The final one.
+  v1::RunTransferResponse response;
+  std::shared_ptr<StartEndJoin<std::pair<absl::Status, v1::RunTransferResponse>>> join;
+};
+
 namespace internal_transfers {
 
 // Store kinds: the header (a v1::TransferInfo with name, members, runs, replans, version),

@@ -418,58 +418,34 @@ void TransferManager::ValidateRun(const std::string& run_id) {
                     s.code() == absl::StatusCode::kUnavailable ? absl::StatusCode::kUnavailable
                                                                : absl::StatusCode::kAborted);
   }
-  std::vector<Timer::Id> timers;
   std::vector<WorkerEndpoint> participants;
-  int64_t ticket = 0;
-  WatchCalls calls;
-  PlanProgress final;
-  v1::RunTransferResponse response;
-  std::shared_ptr<StartEndJoin<std::pair<absl::Status, v1::RunTransferResponse>>> join;
+  RunEnd end;
   {
     absl::MutexLock lock(&mu_);
     RunRecord& r = *runs_.at(run_id);
     Transfer& t = transfers_.at(name);
-    r.state = PlanState::kCommitted;
-    r.end = clock_->Now();
-    r.over = true;
-    timers = {std::exchange(r.timer, 0), std::exchange(r.grace_timer, 0)};
+    // Still busy until every participant has the FinishPlan (below).
+    end = EndRunLocked(r, t, PlanState::kCommitted, "");
     participants = r.prepared->participants;
-    ticket = std::exchange(r.ticket, 0);
     t.version = version;
     ++t.runs;
-    // Still busy until every participant has the FinishPlan (below).
-    t.last_run_id = run_id;
-    t.last_run_state = PlanState::kCommitted;
-    t.last_run_seconds = absl::ToDoubleSeconds(r.end - r.start);
-    t.last_error.clear();
-    calls = ChangedLocked(r);
-    final = ProgressLocked(r);
-    response.set_name(name);
-    response.set_run_id(run_id);
-    response.set_state(v1::COMMITTED);
-    response.set_seconds(absl::ToDoubleSeconds(r.end - r.start) - r.prepare_seconds);
-    response.set_bytes_moved(r.prepared->bytes_moved);
-    response.set_lower_bound_bytes(r.prepared->lower_bound_bytes);
-    response.set_members(static_cast<int64_t>(t.copies->size()));
-    response.set_replanned(r.preparations > 0);
-    response.set_version(version);
-    response.set_prepare_seconds(r.prepare_seconds);
-    join = r.join;
-    r.watchers.clear();
-    RetireRunLocked(run_id);
+    end.response.set_seconds(absl::ToDoubleSeconds(r.end - r.start) - r.prepare_seconds);
+    end.response.set_bytes_moved(r.prepared->bytes_moved);
+    end.response.set_lower_bound_bytes(r.prepared->lower_bound_bytes);
+    end.response.set_version(version);
+    RetireEndedRunLocked(r, t, v1::COMMITTED, end);  // `r` may be gone after.
   }
-  for (Timer::Id id : timers) {
-    if (id != 0) timer_->Cancel(id);
-  }
+  CancelTimers(end.timers);
   if (options_.metrics != nullptr) {
     options_.metrics->transfer_runs->WithLabels({"committed"})->Increment();
-    options_.metrics->transfer_run_seconds->Observe(response.seconds());
+    options_.metrics->transfer_run_seconds->Observe(end.response.seconds());
   }
   // A worker holds its part of the run until the FinishPlan: the caller hears of the commit,
   // and the transfer is free for its next run, once every participant has it, so that a next
   // run never finds a worker still holding this one (it would refuse it). One round trip.
-  FinishOnWorkers(participants, run_id, /*commit=*/true, ticket,
-                  [this, name, run_id, final, response, join, calls]() mutable {
+  FinishOnWorkers(participants, run_id, /*commit=*/true, end.ticket,
+                  [this, name, run_id, final = end.progress, response = end.response,
+                   join = end.join, calls = end.calls]() mutable {
                     {
                       absl::MutexLock lock(&mu_);
                       auto t = transfers_.find(name);
@@ -484,13 +460,8 @@ void TransferManager::ValidateRun(const std::string& run_id) {
 void TransferManager::AbortRun(const std::string& run_id, const std::string& reason,
                                absl::StatusCode code) {
   std::string name, retired;
-  std::vector<Timer::Id> timers;
   std::vector<WorkerEndpoint> participants;
-  int64_t ticket = 0;
-  WatchCalls calls;
-  PlanProgress final;
-  v1::RunTransferResponse response;
-  std::shared_ptr<StartEndJoin<std::pair<absl::Status, v1::RunTransferResponse>>> join;
+  RunEnd end;
   {
     absl::MutexLock lock(&mu_);
     auto it = runs_.find(run_id);
@@ -498,12 +469,8 @@ void TransferManager::AbortRun(const std::string& run_id, const std::string& rea
     RunRecord& r = *it->second;
     Transfer& t = transfers_.at(r.transfer);
     name = r.transfer;
-    r.state = PlanState::kAborted;
     r.error = reason;
-    r.end = clock_->Now();
-    r.over = true;
-    timers = {std::exchange(r.timer, 0), std::exchange(r.grace_timer, 0)};
-    ticket = std::exchange(r.ticket, 0);
+    end = EndRunLocked(r, t, PlanState::kAborted, reason);
     if (r.sent) {
       // Workers may hold broken communicators and half-run parts: new rendezvous keys, and a
       // new preparation before the next run.
@@ -513,38 +480,59 @@ void TransferManager::AbortRun(const std::string& run_id, const std::string& rea
       if (t.invalid.empty()) t.invalid = absl::StrCat("its last run (", run_id, ") aborted");
     }
     t.busy.clear();
-    t.last_run_id = run_id;
-    t.last_run_state = PlanState::kAborted;
-    t.last_run_seconds = absl::ToDoubleSeconds(r.end - r.start);
-    t.last_error = reason;
-    calls = ChangedLocked(r);
-    final = ProgressLocked(r);
-    response.set_name(name);
-    response.set_run_id(run_id);
-    response.set_state(v1::ABORTED);
-    response.set_members(static_cast<int64_t>(t.copies->size()));
-    response.set_replanned(r.preparations > 0);
-    response.set_prepare_seconds(r.prepare_seconds);
-    join = r.join;
-    r.watchers.clear();
-    RetireRunLocked(run_id);
+    RetireEndedRunLocked(r, t, v1::ABORTED, end);  // `r` may be gone after.
   }
-  for (Timer::Id id : timers) {
-    if (id != 0) timer_->Cancel(id);
-  }
+  CancelTimers(end.timers);
   // Free before the caller hears of it, so that a retry finds the members idle.
   tensors_->EndTransferRun(name, run_id);
   if (options_.metrics != nullptr) {
     options_.metrics->transfer_runs->WithLabels({"aborted"})->Increment();
   }
-  if (options_.on_run_end) options_.on_run_end(final);
+  if (options_.on_run_end) options_.on_run_end(end.progress);
   if (!retired.empty() && options_.on_prefix_retired) options_.on_prefix_retired(retired);
-  join->Ended(
+  end.join->Ended(
       {absl::Status(code, absl::StrCat("run ", run_id, " of transfer '", name,
                                        "' aborted (every dst keeps its version): ", reason)),
-       response});
-  Tell(calls);
-  FinishOnWorkers(participants, run_id, /*commit=*/false, ticket);
+       end.response});
+  Tell(end.calls);
+  FinishOnWorkers(participants, run_id, /*commit=*/false, end.ticket);
+}
+
+TransferManager::RunEnd TransferManager::EndRunLocked(RunRecord& r, Transfer& t, PlanState state,
+                                                      const std::string& error) {
+  RunEnd end;
+  r.state = state;
+  r.end = clock_->Now();
+  r.over = true;
+  end.timers = {std::exchange(r.timer, 0), std::exchange(r.grace_timer, 0)};
+  end.ticket = std::exchange(r.ticket, 0);
+  t.last_run_id = r.id;
+  t.last_run_state = state;
+  t.last_run_seconds = absl::ToDoubleSeconds(r.end - r.start);
+  t.last_error = error;
+  return end;
+}
+
+void TransferManager::RetireEndedRunLocked(RunRecord& r, const Transfer& t, v1::PlanState state,
+                                           RunEnd& end) {
+  end.calls = ChangedLocked(r);
+  end.progress = ProgressLocked(r);
+  end.response.set_name(r.transfer);
+  end.response.set_run_id(r.id);
+  end.response.set_state(state);
+  end.response.set_members(static_cast<int64_t>(t.copies->size()));
+  end.response.set_replanned(r.preparations > 0);
+  end.response.set_prepare_seconds(r.prepare_seconds);
+  end.join = r.join;
+  r.watchers.clear();
+  const std::string run_id = r.id;  // Retiring may erase `r`.
+  RetireRunLocked(run_id);
+}
+
+void TransferManager::CancelTimers(const std::vector<Timer::Id>& timers) {
+  for (Timer::Id id : timers) {
+    if (id != 0) timer_->Cancel(id);
+  }
 }
 
 void TransferManager::FinishOnWorkers(const std::vector<WorkerEndpoint>& workers,
