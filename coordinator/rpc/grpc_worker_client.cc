@@ -79,9 +79,26 @@ void GrpcWorkerClient::End(grpc::ClientContext* ctx) {
   in_flight_.erase(ctx);
 }
 
+template <typename Call, typename Resp>
+void GrpcWorkerClient::Complete(Call* call, grpc::ClientContext* ctx, const grpc::Status& s,
+                                Resp& response, const Callback<Resp>& done) {
+  if (s.ok()) {
+    done(std::move(response));
+  } else {
+    done(FromGrpcStatus(s));
+  }
+  End(ctx);
+  delete call;
+}
+
+template <typename Resp>
+GrpcWorkerClient::Callback<Resp> GrpcWorkerClient::StatusOnly(StatusCallback done) {
+  return [done = std::move(done)](absl::StatusOr<Resp> r) { done(r.status()); };
+}
+
 template <typename Req, typename Resp>
 void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeout, Req request,
-                             StartFn<Req, Resp> start, Callback<Resp> done) {
+                             AsyncMethod<Req, Resp> method, Callback<Resp> done) {
   struct Call {
     grpc::ClientContext ctx;
     Req request;
@@ -92,97 +109,63 @@ void GrpcWorkerClient::Unary(const WorkerEndpoint& worker, absl::Duration timeou
   call->ctx.set_deadline(DeadlineIn(timeout));
   v1::Worker::Stub* stub = StubFor(worker);
   Begin(&call->ctx);
-  start(stub->async(), &call->ctx, &call->request, &call->response,
-        [this, call, done = std::move(done)](grpc::Status s) {
-          if (s.ok()) {
-            done(std::move(call->response));
-          } else {
-            done(FromGrpcStatus(s));
-          }
-          grpc::ClientContext* ctx = &call->ctx;
-          End(ctx);
-          delete call;
-        });
+  (stub->async()->*method)(&call->ctx, &call->request, &call->response,
+                           [this, call, done = std::move(done)](grpc::Status s) {
+                             Complete(call, &call->ctx, s, call->response, done);
+                           });
 }
 
 void GrpcWorkerClient::Execute(const WorkerEndpoint& worker, v1::PlanFragment fragment,
                                StatusCallback done) {
-  Unary<v1::PlanFragment, v1::ExecuteResponse>(
-      worker, options_.rpc_timeout, std::move(fragment),
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::PlanFragment* q,
-         v1::ExecuteResponse* p,
-         std::function<void(grpc::Status)> f) { a->Execute(c, q, p, std::move(f)); },
-      [done = std::move(done)](absl::StatusOr<v1::ExecuteResponse> r) { done(r.status()); });
+  Unary<v1::PlanFragment, v1::ExecuteResponse>(worker, options_.rpc_timeout, std::move(fragment),
+                                               &v1::Worker::Stub::async::Execute,
+                                               StatusOnly<v1::ExecuteResponse>(std::move(done)));
 }
 
 void GrpcWorkerClient::ReadBoxes(const WorkerEndpoint& worker, const v1::ReadBoxesRequest& request,
                                  Callback<v1::ReadBoxesResponse> done) {
   Unary<v1::ReadBoxesRequest, v1::ReadBoxesResponse>(
-      worker, options_.rpc_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::ReadBoxesRequest* q,
-         v1::ReadBoxesResponse* p,
-         std::function<void(grpc::Status)> f) { a->ReadBoxes(c, q, p, std::move(f)); },
-      std::move(done));
+      worker, options_.rpc_timeout, request, &v1::Worker::Stub::async::ReadBoxes, std::move(done));
 }
 
 void GrpcWorkerClient::WriteBuffer(const WorkerEndpoint& worker, v1::ChunkData message,
                                    Callback<v1::WriteChunkResponse> done) {
-  Unary<v1::ChunkData, v1::WriteChunkResponse>(
-      worker, options_.rpc_timeout, std::move(message),
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::ChunkData* q,
-         v1::WriteChunkResponse* p,
-         std::function<void(grpc::Status)> f) { a->WriteBuffer(c, q, p, std::move(f)); },
-      std::move(done));
+  Unary<v1::ChunkData, v1::WriteChunkResponse>(worker, options_.rpc_timeout, std::move(message),
+                                               &v1::Worker::Stub::async::WriteBuffer,
+                                               std::move(done));
 }
 
 void GrpcWorkerClient::FinishPlan(const WorkerEndpoint& worker, v1::FinishPlanRequest request,
                                   StatusCallback done) {
   Unary<v1::FinishPlanRequest, v1::FinishPlanResponse>(
-      worker, options_.rpc_timeout, std::move(request),
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FinishPlanRequest* q,
-         v1::FinishPlanResponse* p,
-         std::function<void(grpc::Status)> f) { a->FinishPlan(c, q, p, std::move(f)); },
-      [done = std::move(done)](absl::StatusOr<v1::FinishPlanResponse> r) { done(r.status()); });
+      worker, options_.rpc_timeout, std::move(request), &v1::Worker::Stub::async::FinishPlan,
+      StatusOnly<v1::FinishPlanResponse>(std::move(done)));
 }
 
 void GrpcWorkerClient::Fill(const WorkerEndpoint& worker, const v1::FillRequest& request,
                             Callback<v1::FillResponse> done) {
-  Unary<v1::FillRequest, v1::FillResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FillRequest* q,
-         v1::FillResponse* p,
-         std::function<void(grpc::Status)> f) { a->Fill(c, q, p, std::move(f)); },
-      std::move(done));
+  Unary<v1::FillRequest, v1::FillResponse>(worker, options_.data_timeout, request,
+                                           &v1::Worker::Stub::async::Fill, std::move(done));
 }
 
 void GrpcWorkerClient::FillMany(const WorkerEndpoint& worker, const v1::FillManyRequest& request,
                                 Callback<v1::FillManyResponse> done) {
   Unary<v1::FillManyRequest, v1::FillManyResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::FillManyRequest* q,
-         v1::FillManyResponse* p,
-         std::function<void(grpc::Status)> f) { a->FillMany(c, q, p, std::move(f)); },
-      std::move(done));
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::FillMany, std::move(done));
 }
 
 void GrpcWorkerClient::DropTensor(const WorkerEndpoint& worker,
                                   const v1::DropTensorRequest& request, StatusCallback done) {
   Unary<v1::DropTensorRequest, v1::DropTensorResponse>(
-      worker, options_.rpc_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::DropTensorRequest* q,
-         v1::DropTensorResponse* p,
-         std::function<void(grpc::Status)> f) { a->DropTensor(c, q, p, std::move(f)); },
-      [done = std::move(done)](absl::StatusOr<v1::DropTensorResponse> r) { done(r.status()); });
+      worker, options_.rpc_timeout, request, &v1::Worker::Stub::async::DropTensor,
+      StatusOnly<v1::DropTensorResponse>(std::move(done)));
 }
 
 void GrpcWorkerClient::WriteCheckpoint(const WorkerEndpoint& worker,
                                        const v1::WriteCheckpointRequest& request,
                                        Callback<v1::WriteCheckpointResponse> done) {
   Unary<v1::WriteCheckpointRequest, v1::WriteCheckpointResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
-         const v1::WriteCheckpointRequest* q, v1::WriteCheckpointResponse* p,
-         std::function<void(grpc::Status)> f) { a->WriteCheckpoint(c, q, p, std::move(f)); },
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::WriteCheckpoint,
       std::move(done));
 }
 
@@ -190,10 +173,7 @@ void GrpcWorkerClient::ReadCheckpoint(const WorkerEndpoint& worker,
                                       const v1::ReadCheckpointRequest& request,
                                       Callback<v1::ReadCheckpointResponse> done) {
   Unary<v1::ReadCheckpointRequest, v1::ReadCheckpointResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
-         const v1::ReadCheckpointRequest* q, v1::ReadCheckpointResponse* p,
-         std::function<void(grpc::Status)> f) { a->ReadCheckpoint(c, q, p, std::move(f)); },
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::ReadCheckpoint,
       std::move(done));
 }
 
@@ -201,21 +181,15 @@ void GrpcWorkerClient::ReadCheckpointIndex(const WorkerEndpoint& worker,
                                            const v1::ReadCheckpointIndexRequest& request,
                                            Callback<v1::ReadCheckpointIndexResponse> done) {
   Unary<v1::ReadCheckpointIndexRequest, v1::ReadCheckpointIndexResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
-         const v1::ReadCheckpointIndexRequest* q, v1::ReadCheckpointIndexResponse* p,
-         std::function<void(grpc::Status)> f) { a->ReadCheckpointIndex(c, q, p, std::move(f)); },
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::ReadCheckpointIndex,
       std::move(done));
 }
 
 void GrpcWorkerClient::CheckpointDir(const WorkerEndpoint& worker,
                                      const v1::CheckpointDirRequest& request, StatusCallback done) {
   Unary<v1::CheckpointDirRequest, v1::CheckpointDirResponse>(
-      worker, options_.data_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
-         const v1::CheckpointDirRequest* q, v1::CheckpointDirResponse* p,
-         std::function<void(grpc::Status)> f) { a->CheckpointDir(c, q, p, std::move(f)); },
-      [done = std::move(done)](absl::StatusOr<v1::CheckpointDirResponse> r) { done(r.status()); });
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::CheckpointDir,
+      StatusOnly<v1::CheckpointDirResponse>(std::move(done)));
 }
 
 std::shared_ptr<const grpc::ByteBuffer> GrpcWorkerClient::Serialized(
@@ -250,14 +224,7 @@ void GrpcWorkerClient::PrepareTransfer(const WorkerEndpoint& worker,
   stub->UnaryCall(&call->ctx, "/shardcoord.v1.Worker/PrepareTransfer", grpc::StubOptions(),
                   call->request.get(), &call->response,
                   [this, call, done = std::move(done)](grpc::Status s) {
-                    if (s.ok()) {
-                      done(std::move(call->response));
-                    } else {
-                      done(FromGrpcStatus(s));
-                    }
-                    grpc::ClientContext* ctx = &call->ctx;
-                    End(ctx);
-                    delete call;
+                    Complete(call, &call->ctx, s, call->response, done);
                   });
 }
 
@@ -266,21 +233,14 @@ void GrpcWorkerClient::RunTransfer(const WorkerEndpoint& worker,
                                    absl::Duration timeout,
                                    Callback<v1::RunTransferWorkerResponse> done) {
   Unary<v1::RunTransferWorkerRequest, v1::RunTransferWorkerResponse>(
-      worker, timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c,
-         const v1::RunTransferWorkerRequest* q, v1::RunTransferWorkerResponse* p,
-         std::function<void(grpc::Status)> f) { a->RunTransfer(c, q, p, std::move(f)); },
-      std::move(done));
+      worker, timeout, request, &v1::Worker::Stub::async::RunTransfer, std::move(done));
 }
 
 void GrpcWorkerClient::DropTransfer(const WorkerEndpoint& worker,
                                     const v1::DropTransferRequest& request, StatusCallback done) {
   Unary<v1::DropTransferRequest, v1::DropTransferResponse>(
-      worker, options_.rpc_timeout, request,
-      [](class v1::Worker::Stub::async* a, grpc::ClientContext* c, const v1::DropTransferRequest* q,
-         v1::DropTransferResponse* p,
-         std::function<void(grpc::Status)> f) { a->DropTransfer(c, q, p, std::move(f)); },
-      [done = std::move(done)](absl::StatusOr<v1::DropTransferResponse> r) { done(r.status()); });
+      worker, options_.rpc_timeout, request, &v1::Worker::Stub::async::DropTransfer,
+      StatusOnly<v1::DropTransferResponse>(std::move(done)));
 }
 
 // Collects a streamed box into one buffer.
@@ -309,17 +269,7 @@ class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData>
     StartRead(&message_);
   }
 
-  void OnDone(const grpc::Status& s) override {
-    if (s.ok()) {
-      done_(std::move(data_));
-    } else {
-      done_(FromGrpcStatus(s));
-    }
-    GrpcWorkerClient* owner = owner_;
-    grpc::ClientContext* ctx = &ctx_;
-    owner->End(ctx);
-    delete this;
-  }
+  void OnDone(const grpc::Status& s) override { owner_->Complete(this, &ctx_, s, data_, done_); }
 
  private:
   GrpcWorkerClient* const owner_;

@@ -114,12 +114,21 @@ class GrpcWorkerClient : public WorkerClient {
   void Begin(grpc::ClientContext* ctx);
   void End(grpc::ClientContext* ctx);
 
+  // A unary call's method on the stub's callback API, e.g. &v1::Worker::Stub::async::Fill.
   template <typename Req, typename Resp>
-  using StartFn = std::function<void(class v1::Worker::Stub::async*, grpc::ClientContext*,
-                                     const Req*, Resp*, std::function<void(grpc::Status)>)>;
+  using AsyncMethod = void (v1::Worker::Stub::async::*)(grpc::ClientContext*, const Req*, Resp*,
+                                                        std::function<void(grpc::Status)>);
   template <typename Req, typename Resp>
   void Unary(const WorkerEndpoint& worker, absl::Duration timeout, Req request,
-             StartFn<Req, Resp> start, Callback<Resp> done);
+             AsyncMethod<Req, Resp> method, Callback<Resp> done);
+  // A call's end: `done` hears `response` or the failure `s`, then the call (with context
+  // `ctx`) stops being in flight and is deleted.
+  template <typename Call, typename Resp>
+  void Complete(Call* call, grpc::ClientContext* ctx, const grpc::Status& s, Resp& response,
+                const Callback<Resp>& done);
+  // `done` as a callback for a call whose response only matters as a status.
+  template <typename Resp>
+  static Callback<Resp> StatusOnly(StatusCallback done);
 
   const GrpcWorkerClientOptions options_;
   absl::Mutex mu_;
