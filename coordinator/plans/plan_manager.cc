@@ -272,9 +272,7 @@ absl::StatusOr<PlanManager::StartedMember> PlanManager::StartMember(
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    id = options_.id_namespace.empty()
-             ? absl::StrCat("p-", next_plan_++)
-             : absl::StrCat("p-", options_.id_namespace, ".", next_plan_++);
+    id = Namespaced("p-", next_plan_++);
     prefix = member ? input.communicator_prefix : CommPrefixLocked();
   }
   // The target tensor counts as a user of the target mesh; a Copy's source only reads.
@@ -579,9 +577,13 @@ void PlanManager::Tell(const WatchCalls& calls) {
   }
 }
 
+std::string PlanManager::Namespaced(absl::string_view prefix, int64_t n) const {
+  if (options_.id_namespace.empty()) return absl::StrCat(prefix, n);
+  return absl::StrCat(prefix, options_.id_namespace, ".", n);
+}
+
 std::string PlanManager::CommPrefixLocked() const {
-  if (options_.id_namespace.empty()) return absl::StrCat("shardcoord/comm/", comm_epoch_, "/");
-  return absl::StrCat("shardcoord/comm/", options_.id_namespace, ".", comm_epoch_, "/");
+  return absl::StrCat(Namespaced("shardcoord/comm/", comm_epoch_), "/");
 }
 
 void PlanManager::RetireLocked(const std::string& id) {
@@ -595,28 +597,46 @@ void PlanManager::RetireLocked(const std::string& id) {
   }
 }
 
+namespace {
+
+// A trace's plan part, from a plan's record or a fused group's transaction: `state`, and the
+// id, error and times the record holds.
+template <typename Record>
+v1::PlanTrace TraceHeader(const Record& r, const std::string& tensor, const std::string& op,
+                          PlanState state) {
+  v1::PlanTrace out;
+  out.set_plan_id(r.id);
+  out.set_tensor(tensor);
+  out.set_op(op);
+  out.set_state(static_cast<v1::PlanState>(static_cast<int>(state)));
+  out.set_error(r.error);
+  out.set_start_unix_us(absl::ToUnixMicros(r.start));
+  if (r.transferred != absl::InfinitePast()) {
+    out.set_transferred_unix_us(absl::ToUnixMicros(r.transferred));
+  }
+  if (r.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(r.end));
+  return out;
+}
+
+void AddRankTrace(int64_t rank, const v1::RankTrace& timing, const std::string& worker,
+                  v1::PlanTrace& out) {
+  v1::RankTrace* r = out.add_ranks();
+  *r = timing;
+  r->set_rank(rank);
+  r->set_worker(worker);
+}
+
+}  // namespace
+
 absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) const {
   absl::MutexLock lock(&mu_);
   if (auto tt = transactions_.find(plan_id); tt != transactions_.end() && tt->second.fused()) {
     // The fused plan: the group's phases and each worker's exchange rounds.
     const Transaction& t = tt->second;
-    v1::PlanTrace out;
-    out.set_plan_id(t.id);
-    out.set_tensor(absl::StrCat(t.members.size(), t.members.size() == 1 ? " tensor" : " tensors"));
-    out.set_op("group");
-    out.set_state(static_cast<v1::PlanState>(static_cast<int>(t.state)));
-    out.set_error(t.error);
-    out.set_start_unix_us(absl::ToUnixMicros(t.start));
-    if (t.transferred != absl::InfinitePast()) {
-      out.set_transferred_unix_us(absl::ToUnixMicros(t.transferred));
-    }
-    if (t.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(t.end));
-    for (const auto& [rank, p] : t.participants) {
-      v1::RankTrace* r = out.add_ranks();
-      *r = p.timing;
-      r->set_rank(rank);
-      r->set_worker(p.endpoint.name);
-    }
+    v1::PlanTrace out = TraceHeader(
+        t, absl::StrCat(t.members.size(), t.members.size() == 1 ? " tensor" : " tensors"), "group",
+        t.state);
+    for (const auto& [rank, p] : t.participants) AddRankTrace(rank, p.timing, p.endpoint.name, out);
     return out;
   }
   auto it = plans_.find(plan_id);
@@ -627,26 +647,14 @@ absl::StatusOr<v1::PlanTrace> PlanManager::Trace(const std::string& plan_id) con
   // that is kept.
   const Transaction* txn = nullptr;
   if (auto t = transactions_.find(e.txn); t != transactions_.end()) txn = &t->second;
-  v1::PlanTrace out;
-  out.set_plan_id(e.id);
-  out.set_tensor(e.target_tensor);
-  out.set_op(e.op);
-  out.set_state(static_cast<v1::PlanState>(static_cast<int>(progress.state)));
-  out.set_error(e.error);
-  out.set_start_unix_us(absl::ToUnixMicros(e.start));
-  if (e.transferred != absl::InfinitePast()) {
-    out.set_transferred_unix_us(absl::ToUnixMicros(e.transferred));
-  }
-  if (e.end != absl::InfiniteFuture()) out.set_end_unix_us(absl::ToUnixMicros(e.end));
+  v1::PlanTrace out = TraceHeader(e, e.target_tensor, e.op, progress.state);
   for (const auto& [rank, p] : e.participants) {
-    v1::RankTrace* r = out.add_ranks();
-    *r = p.timing;
+    const v1::RankTrace* timing = &p.timing;
     if (txn != nullptr) {
       auto tp = txn->participants.find(rank);
-      if (tp != txn->participants.end()) *r = tp->second.timing;
+      if (tp != txn->participants.end()) timing = &tp->second.timing;
     }
-    r->set_rank(rank);
-    r->set_worker(p.endpoint.name);
+    AddRankTrace(rank, *timing, p.endpoint.name, out);
   }
   return out;
 }

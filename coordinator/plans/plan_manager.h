@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -644,6 +645,9 @@ class PlanManager : public WorkerListener {
   void RetireLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A plan that has not completed meets under rendezvous `prefix`.
   bool EpochInUseLocked(const std::string& prefix) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `prefix` then `n`, with the id namespace and a '.' between when there is one ("p-3",
+  // "p-<ns>.3").
+  std::string Namespaced(absl::string_view prefix, int64_t n) const;
   std::string CommPrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Tell(const WatchCalls& calls);
 

@@ -215,9 +215,7 @@ absl::StatusOr<StartedGroup> PlanManager::StartGroup(const std::vector<GroupItem
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.empty()) return absl::UnavailableError(closed_);
-    gid = options_.id_namespace.empty()
-              ? absl::StrCat("g-", next_group_++)
-              : absl::StrCat("g-", options_.id_namespace, ".", next_group_++);
+    gid = Namespaced("g-", next_group_++);
     prefix = CommPrefixLocked();
     Transaction& t = transactions_[gid];
     t.id = gid;
