@@ -86,6 +86,22 @@ class AdmissionTest : public ::testing::Test {
         [out](const absl::Status& s) { out->refused = s; });
   }
 
+  // Plan p-1 holds 60 of rank `rank`'s 100 MiB (admitted, `first`) and plan p-2 asks for 50
+  // more (`second`), which must wait: their grants in `a` and `b`.
+  void Contend(int64_t rank, Outcome* first, Outcome* second, AdmissionController::Grant* a,
+               AdmissionController::Grant* b) {
+    view_.Set(rank, 100 * kMiB);
+    absl::StatusOr<AdmissionController::Grant> ga =
+        Ask("plan p-1", Demand({{rank, 60 * kMiB}}), first);
+    ASSERT_TRUE(ga.ok() && ga->admitted);
+    absl::StatusOr<AdmissionController::Grant> gb =
+        Ask("plan p-2", Demand({{rank, 50 * kMiB}}), second);
+    ASSERT_TRUE(gb.ok()) << gb.status();
+    ASSERT_FALSE(gb->admitted);
+    *a = *ga;
+    *b = *gb;
+  }
+
   FakeClock clock_;
   FakeTimer timer_;
   FakeView view_;
@@ -175,19 +191,15 @@ TEST_F(AdmissionTest, RefusesAtOnceWhatCannotFitEvenWhenEverythingEnds) {
 }
 
 TEST_F(AdmissionTest, WaitsForAReleaseThenAdmits) {
-  view_.Set(0, 100 * kMiB);
   Outcome first, second;
-  auto a = Ask("plan p-1", Demand({{0, 60 * kMiB}}), &first);
-  ASSERT_TRUE(a.ok() && a->admitted);
-  auto b = Ask("plan p-2", Demand({{0, 50 * kMiB}}), &second);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_FALSE(b->admitted);
-  EXPECT_THAT(b->waiting, HasSubstr("worker w0 (rank 0) needs"));
+  AdmissionController::Grant a, b;
+  ASSERT_NO_FATAL_FAILURE(Contend(0, &first, &second, &a, &b));
+  EXPECT_THAT(b.waiting, HasSubstr("worker w0 (rank 0) needs"));
   EXPECT_EQ(controller().waiting(), 1u);
   controller().Recheck();  // Nothing changed: still waiting.
   EXPECT_FALSE(second.bucket);
   clock_.Advance(absl::Seconds(2));
-  controller().Release(a->ticket);
+  controller().Release(a.ticket);
   ASSERT_TRUE(second.bucket.has_value());
   EXPECT_EQ(*second.bucket, kDefaultBucketBytes);
   EXPECT_FALSE(second.refused);
@@ -202,12 +214,9 @@ TEST_F(AdmissionTest, WaitsForAReleaseThenAdmits) {
 }
 
 TEST_F(AdmissionTest, TimesOutWithResourceExhaustedNamingTheWorker) {
-  view_.Set(3, 100 * kMiB);
   Outcome first, second;
-  auto a = Ask("plan p-1", Demand({{3, 60 * kMiB}}), &first);
-  ASSERT_TRUE(a.ok() && a->admitted);
-  auto b = Ask("plan p-2", Demand({{3, 50 * kMiB}}), &second);
-  ASSERT_TRUE(b.ok() && !b->admitted);
+  AdmissionController::Grant a, b;
+  ASSERT_NO_FATAL_FAILURE(Contend(3, &first, &second, &a, &b));
   timer_.Advance(absl::Seconds(29));
   EXPECT_FALSE(second.refused);
   timer_.Advance(absl::Seconds(1));
@@ -220,8 +229,8 @@ TEST_F(AdmissionTest, TimesOutWithResourceExhaustedNamingTheWorker) {
             HasSubstr(absl::StrCat("has ", 40 * kMiB, " bytes"))));
   EXPECT_FALSE(second.bucket);
   EXPECT_EQ(controller().waiting(), 0u);
-  controller().Release(b->ticket);  // Gone already: ignored.
-  controller().Release(a->ticket);
+  controller().Release(b.ticket);  // Gone already: ignored.
+  controller().Release(a.ticket);
   EXPECT_FALSE(second.bucket);
   EXPECT_THAT(registry_.Render(), HasSubstr("wait_count{result=\"timed_out\"} 1"));
 }

@@ -82,6 +82,16 @@ class PlanRelayTest : public ::testing::Test {
     return out;
   }
 
+  // An [8, 2] tensor relayed from S(0) to S(1) on 4 ranks while `method` fails on `rank`,
+  // UNAVAILABLE with `message`.
+  RelayResult RunFailing(const std::string& method, int64_t rank, const std::string& message) {
+    const Shape shape = {8, 2};
+    const Layout source = Placed({4}, {}, shape, "S(0)");
+    Store(source, shape);
+    workers_.Fail(method, rank, absl::UnavailableError(message));
+    return Run(source, Placed({4}, {}, shape, "S(1)"));
+  }
+
   void ExpectTargetValues(const Layout& target, const Shape& shape) {
     const std::string global = Global(shape);
     for (const RankChunks& rc : target.ranks()) {
@@ -126,12 +136,7 @@ TEST_F(PlanRelayTest, ReadsEachReplicatedChunkOnceAndWritesAnotherMesh) {
 }
 
 TEST_F(PlanRelayTest, AFailedReadWritesNothing) {
-  const Shape shape = {8, 2};
-  const Layout source = Placed({4}, {}, shape, "S(0)");
-  const Layout target = Placed({4}, {}, shape, "S(1)");
-  Store(source, shape);
-  workers_.Fail("ReadChunk", 2, absl::UnavailableError("connection refused"));
-  RelayResult r = Run(source, target);
+  RelayResult r = RunFailing("ReadChunk", 2, "connection refused");
   EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(r.status.message().find("rank 2"), std::string::npos) << r.status;
   EXPECT_TRUE(r.attempted.empty());
@@ -140,12 +145,7 @@ TEST_F(PlanRelayTest, AFailedReadWritesNothing) {
 }
 
 TEST_F(PlanRelayTest, AFailedWriteNamesTheWorkerAndListsEveryAttempt) {
-  const Shape shape = {8, 2};
-  const Layout source = Placed({4}, {}, shape, "S(0)");
-  const Layout target = Placed({4}, {}, shape, "S(1)");
-  Store(source, shape);
-  workers_.Fail("WriteChunk", 1, absl::UnavailableError("gone"));
-  RelayResult r = Run(source, target);
+  RelayResult r = RunFailing("WriteChunk", 1, "gone");
   EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(r.status.message().find("worker w1 (rank 1)"), std::string::npos) << r.status;
   EXPECT_EQ(r.attempted.size(), 4u);  // The caller drops the new version on all of them.
