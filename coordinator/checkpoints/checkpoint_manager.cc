@@ -131,6 +131,17 @@ std::string CheckpointManager::NewOp(const char* kind) {
   return absl::StrCat(kind, "-", next_op_++, "-", RandomHex().substr(0, 8));
 }
 
+template <typename State, typename Args, typename Callback>
+std::shared_ptr<State> CheckpointManager::NewState(const char* kind, Args args, Callback done) {
+  auto st = std::make_shared<State>();
+  st->args = std::move(args);
+  st->done = std::move(done);
+  st->op = NewOp(kind);
+  st->start = clock_->Now();
+  if (st->args.id.empty()) st->args.id = st->op;
+  return st;
+}
+
 absl::StatusOr<WorkerEndpoint> CheckpointManager::Endpoint(int64_t rank) const {
   absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
   if (!w.ok()) return w.status();
@@ -298,12 +309,7 @@ void CheckpointManager::Save(SaveCheckpointArgs args, SaveCallback done) {
       }
     }
   }
-  auto st = std::make_shared<SaveState>();
-  st->args = std::move(args);
-  st->done = std::move(done);
-  st->op = NewOp("save");
-  st->start = clock_->Now();
-  if (st->args.id.empty()) st->args.id = st->op;
+  std::shared_ptr<SaveState> st = NewState<SaveState>("save", std::move(args), std::move(done));
   auto release = [this, st] {
     for (const TensorRecord& t : st->tensors) tensors_->Release(t.name, st->op);
   };
@@ -575,12 +581,7 @@ void CheckpointManager::Load(LoadCheckpointArgs args, LoadCallback done) {
   if (!args.all && args.targets.empty()) {
     return done(absl::InvalidArgumentError("targets: empty (or pass all)"));
   }
-  auto st = std::make_shared<LoadState>();
-  st->args = std::move(args);
-  st->done = std::move(done);
-  st->op = NewOp("load");
-  st->start = clock_->Now();
-  if (st->args.id.empty()) st->args.id = st->op;
+  std::shared_ptr<LoadState> st = NewState<LoadState>("load", std::move(args), std::move(done));
   absl::StatusOr<WorkerEndpoint> reader = AnyLiveWorker();
   if (!reader.ok()) return st->done(reader.status());
   {

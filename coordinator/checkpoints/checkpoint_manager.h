@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -130,6 +131,10 @@ class CheckpointManager {
   struct LoadState;
 
   std::string NewOp(const char* kind);
+  // A save's or load's state: its arguments and callback, a new op of `kind` started now,
+  // which is also its id when the arguments have none.
+  template <typename State, typename Args, typename Callback>
+  std::shared_ptr<State> NewState(const char* kind, Args args, Callback done);
   // A live worker to read or manage a directory: the lowest live rank among `prefer`, else
   // the lowest live rank. FAILED_PRECONDITION when no worker is alive.
   absl::StatusOr<WorkerEndpoint> AnyLiveWorker(const std::vector<int64_t>& prefer = {}) const;

@@ -111,15 +111,23 @@ class CheckpointManagerTest : public ClusterFixture {
     args.dir = dir;
     args.tensors = std::move(names);
     args.overwrite = overwrite;
-    std::optional<absl::StatusOr<v1::SaveCheckpointResponse>> out;
-    checkpoints_.Save(args, [&](absl::StatusOr<v1::SaveCheckpointResponse> r) { out = r; });
-    EXPECT_TRUE(out.has_value()) << "the fake answers inline";
-    return out.value_or(absl::InternalError("no answer"));
+    return Answer<v1::SaveCheckpointResponse>([&](auto done) { checkpoints_.Save(args, done); });
   }
 
   absl::StatusOr<v1::LoadCheckpointResponse> Load(LoadCheckpointArgs args) {
-    std::optional<absl::StatusOr<v1::LoadCheckpointResponse>> out;
-    checkpoints_.Load(args, [&](absl::StatusOr<v1::LoadCheckpointResponse> r) { out = r; });
+    return Answer<v1::LoadCheckpointResponse>([&](auto done) { checkpoints_.Load(args, done); });
+  }
+
+  absl::StatusOr<v1::InspectCheckpointResponse> Inspect(const std::string& dir) {
+    return Answer<v1::InspectCheckpointResponse>(
+        [&](auto done) { checkpoints_.Inspect(dir, done); });
+  }
+
+  // What the call `start` starts with its callback answered (the fake answers inline).
+  template <typename Resp, typename Start>
+  static absl::StatusOr<Resp> Answer(Start start) {
+    std::optional<absl::StatusOr<Resp>> out;
+    start([&](absl::StatusOr<Resp> r) { out = r; });
     EXPECT_TRUE(out.has_value()) << "the fake answers inline";
     return out.value_or(absl::InternalError("no answer"));
   }
@@ -384,31 +392,27 @@ TEST_F(CheckpointManagerTest, LoadsAPlainSafetensorsFileAndInspects) {
   EXPECT_EQ(TensorNames(), (std::set<std::string>{"hf.bias", "hf.emb"}));
   EXPECT_EQ(r->bytes_read(), 24 * 4 + 3 * 8);
 
-  std::optional<absl::StatusOr<v1::InspectCheckpointResponse>> info;
-  checkpoints_.Inspect("/data/hf",
-                       [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
-  ASSERT_TRUE(info.has_value() && info->ok()) << info->status();
-  EXPECT_TRUE((*info)->plain());
-  ASSERT_EQ((*info)->tensors_size(), 2);
-  EXPECT_EQ((*info)->tensors(1).name(), "emb");
-  EXPECT_EQ((*info)->tensors(1).pieces(0).xxh64(), "");
+  absl::StatusOr<v1::InspectCheckpointResponse> info = Inspect("/data/hf");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->plain());
+  ASSERT_EQ(info->tensors_size(), 2);
+  EXPECT_EQ(info->tensors(1).name(), "emb");
+  EXPECT_EQ(info->tensors(1).pieces(0).xxh64(), "");
 }
 
 TEST_F(CheckpointManagerTest, InspectShowsPiecesAndWriters) {
   Create("a", "S(0),R", "M", {64, 32});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
-  std::optional<absl::StatusOr<v1::InspectCheckpointResponse>> info;
-  checkpoints_.Inspect("/data/ck/",
-                       [&](absl::StatusOr<v1::InspectCheckpointResponse> i) { info = i; });
-  ASSERT_TRUE(info.has_value() && info->ok()) << info->status();
-  EXPECT_FALSE((*info)->plain());
-  ASSERT_EQ((*info)->tensors_size(), 1);
-  EXPECT_EQ((*info)->tensors(0).pieces_size(), 4);  // Two halves, each split over its 2 holders.
-  EXPECT_EQ((*info)->files_size(), 4);
+  absl::StatusOr<v1::InspectCheckpointResponse> info = Inspect("/data/ck/");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->plain());
+  ASSERT_EQ(info->tensors_size(), 1);
+  EXPECT_EQ(info->tensors(0).pieces_size(), 4);  // Two halves, each split over its 2 holders.
+  EXPECT_EQ(info->files_size(), 4);
   std::set<std::string> writers;
-  for (const v1::CheckpointFileInfo& f : (*info)->files()) writers.insert(f.worker());
+  for (const v1::CheckpointFileInfo& f : info->files()) writers.insert(f.worker());
   EXPECT_EQ(writers, (std::set<std::string>{"w0", "w1", "w2", "w3"}));
-  EXPECT_EQ((*info)->tensors(0).pieces(0).xxh64().size(), 16u);
+  EXPECT_EQ(info->tensors(0).pieces(0).xxh64().size(), 16u);
 }
 
 }  // namespace
