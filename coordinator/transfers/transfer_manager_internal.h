@@ -77,10 +77,6 @@ std::string PageName(const std::string& transfer, int64_t page);
 std::string RunId(const std::string& ns, int64_t n);
 std::string TransferId(const std::string& name, const std::string& ns, int64_t n);
 
-// The response a run's callbacks get.
-v1::RunTransferResponse RunResponse(const std::string& transfer, const TransferCopies& copies,
-                                    const std::string& run_id);
-
 }  // namespace internal_transfers
 }  // namespace shardcoord
 
