@@ -1,18 +1,17 @@
 #include "sharding/block_quant.h"
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "sharding/cast.h"
+#include "sharding/cast_bits.h"
 
 namespace shardcoord {
 namespace {
 
-constexpr float kE4M3Max = 448.0f;
 constexpr int64_t kMaxBlock = 65536;
 
 absl::Status CheckQuantizable(DType dtype, const Shape& shape, const char* what) {
@@ -41,12 +40,6 @@ struct Geometry {
     block_cols = (n + b.cols - 1) / b.cols;
   }
 };
-
-// s for a block whose finite magnitudes peak at `amax` (the header's rule).
-float ScaleOf(float amax) {
-  const float s = amax / kE4M3Max;
-  return s > 0.0f ? s : 1.0f;
-}
 
 }  // namespace
 
@@ -92,7 +85,7 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape
   auto* out = static_cast<unsigned char*>(dst);
   // One block row band at a time in f32: the whole band's values, then per block its amax.
   std::vector<float> band(static_cast<size_t>(std::min(block.rows, g.m) * g.n));
-  std::vector<float> amax(static_cast<size_t>(g.block_cols));
+  std::vector<uint32_t> amax(static_cast<size_t>(g.block_cols));  // f32 bits
   for (int64_t o = 0; o < g.outer; ++o) {
     for (int64_t br = 0; br < g.block_rows; ++br) {
       const int64_t r0 = br * block.rows;
@@ -102,23 +95,22 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape
           !s.ok()) {
         return s;
       }
-      std::fill(amax.begin(), amax.end(), 0.0f);
+      // The per-element steps are cast_bits.h's, which the GPU kernels run too.
+      std::fill(amax.begin(), amax.end(), 0u);
       for (int64_t r = 0; r < rows; ++r) {
         const float* row = band.data() + r * g.n;
         for (int64_t c = 0; c < g.n; ++c) {
-          const float a = std::fabs(row[c]);
-          if (std::isfinite(a)) amax[c / block.cols] = std::max(amax[c / block.cols], a);
+          amax[c / block.cols] = cast_bits::AmaxWith(amax[c / block.cols], row[c]);
         }
       }
       float* scale_row = scales + (o * g.block_rows + br) * g.block_cols;
-      for (int64_t bc = 0; bc < g.block_cols; ++bc) scale_row[bc] = ScaleOf(amax[bc]);
+      for (int64_t bc = 0; bc < g.block_cols; ++bc) scale_row[bc] = cast_bits::BlockScale(amax[bc]);
       for (int64_t r = 0; r < rows; ++r) {
-        float* row = band.data() + r * g.n;
-        for (int64_t c = 0; c < g.n; ++c) row[c] /= scale_row[c / block.cols];
-      }
-      if (absl::Status s = Cast(band.data(), DType::kF32, out + first, DType::kF8E4M3, rows * g.n);
-          !s.ok()) {
-        return s;
+        const float* row = band.data() + r * g.n;
+        unsigned char* q = out + first + r * g.n;
+        for (int64_t c = 0; c < g.n; ++c) {
+          q[c] = cast_bits::QuantizeE4M3(row[c], scale_row[c / block.cols]);
+        }
       }
     }
   }
@@ -141,7 +133,9 @@ absl::Status DequantizeBlocks(const void* src, const float* scales, const Shape&
         return s;
       }
       const float* scale_row = scales + (o * g.block_rows + r / block.rows) * g.block_cols;
-      for (int64_t c = 0; c < g.n; ++c) row[c] *= scale_row[c / block.cols];
+      for (int64_t c = 0; c < g.n; ++c) {
+        row[c] = cast_bits::MulF32(row[c], scale_row[c / block.cols]);  // DequantizeE4M3's step
+      }
       if (absl::Status s = Cast(row.data(), DType::kF32, out + first * es, dst_dtype, g.n);
           !s.ok()) {
         return s;

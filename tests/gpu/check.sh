@@ -3,9 +3,10 @@
 #
 #   tests/gpu/check.sh [--json] [nccl_bench flags: --ranks N --min-bytes B --max-bytes B ...]
 #
-# 1. every test tagged "gpu" (single-rank communicators, kernels vs host code, device
-#    checksum == host checksum, and multi-rank collectives when 2+ GPUs are visible), with
-#    their output, failing if any of them skipped;
+# 1. every test tagged "gpu" (single-rank communicators, kernels vs host code: copies,
+#    reductions, casts and block quantization bitwise, device checksum == host checksum, and
+#    multi-rank collectives when 2+ GPUs are visible), with their output, failing if any of
+#    them skipped;
 # 2. nccl_bench: each op's time, algbw and busbw (nccl-tests formulas), plus the pack and
 #    checksum kernels; a table, or one JSON object with --json (on stdout; all else on stderr);
 # 3. when nccl-tests' binaries are on PATH (or in $NCCL_TESTS_DIR), their all_gather,

@@ -67,5 +67,31 @@ absl::StatusOr<BoxCopyGeometry> MakeUnpackGeometry(const Box& region, const Box&
   return MakeBoxCopyGeometry(region, region, chunk_box, element_size);
 }
 
+absl::StatusOr<BlockQuantGeometry> MakeBlockQuantGeometry(DType dtype, const Shape& shape,
+                                                          const BlockSize& block,
+                                                          absl::string_view what) {
+  if (!IsFloat(dtype) || dtype == DType::kF8E8M0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " dtype ", DTypeName(dtype),
+                     " cannot be block-quantized (a float dtype other than f8_e8m0 is needed)"));
+  }
+  if (block.rows < 1 || block.cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block quantization with block ", BlockQuantizationText(block)));
+  }
+  absl::StatusOr<Shape> scale_shape = BlockScaleShape(shape, block);
+  if (!scale_shape.ok()) return scale_shape.status();
+  BlockQuantGeometry g;
+  g.outer = 1;
+  for (size_t d = 0; d + 2 < shape.size(); ++d) g.outer *= shape[d];
+  g.m = shape[shape.size() - 2];
+  g.n = shape[shape.size() - 1];
+  g.rows = block.rows;
+  g.cols = block.cols;
+  g.row_blocks = (*scale_shape)[shape.size() - 2];
+  g.col_blocks = (*scale_shape)[shape.size() - 1];
+  return g;
+}
+
 }  // namespace nccl
 }  // namespace shardcoord

@@ -4,7 +4,11 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "sharding/block_quant.h"
 #include "sharding/box.h"
+#include "sharding/dtype.h"
+#include "worker/comm/nccl/block_quant_geometry.h"
 #include "worker/comm/nccl/box_geometry.h"
 
 namespace shardcoord {
@@ -25,6 +29,13 @@ absl::StatusOr<BoxCopyGeometry> MakePackGeometry(const Box& region, const Box& c
                                                  int64_t element_size);
 absl::StatusOr<BoxCopyGeometry> MakeUnpackGeometry(const Box& region, const Box& chunk_box,
                                                    int64_t element_size);
+
+// The geometry of block quantizing a buffer of `shape` holding (or receiving) `dtype`, with
+// QuantizeBlocks' checks: INVALID_ARGUMENT naming `what` ("src", "dst") and the dtype unless it
+// is a float dtype other than f8_e8m0; fewer than two dims or a block under 1x1.
+absl::StatusOr<BlockQuantGeometry> MakeBlockQuantGeometry(DType dtype, const Shape& shape,
+                                                          const BlockSize& block,
+                                                          absl::string_view what);
 
 }  // namespace nccl
 }  // namespace shardcoord

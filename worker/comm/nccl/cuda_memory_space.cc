@@ -131,6 +131,13 @@ absl::Status CudaMemorySpace::CopyBox(const Box& region, const void* src, const 
   return DeviceCopyBox(region, src, src_box, dst, dst_box, element_size, stream_);
 }
 
+absl::Status CudaMemorySpace::CastBox(const Box& region, const void* src, const Box& src_box,
+                                      DType src_dtype, void* dst, const Box& dst_box,
+                                      DType dst_dtype) {
+  if (absl::Status s = Enter(); !s.ok()) return s;
+  return DeviceCastBox(region, src, src_box, src_dtype, dst, dst_box, dst_dtype, stream_);
+}
+
 absl::Status CudaMemorySpace::ReduceIntoBox(const Box& region, const void* src, const Box& src_box,
                                             void* dst, const Box& dst_box, DType dtype,
                                             ReduceOp op) {

@@ -21,7 +21,8 @@ namespace nccl {
 // cudaMalloc'd blocks (plain device pointers, as NCCL and the kernels need), and the operations as
 // work on one CUDA stream per worker: box copies and reductions are the kernels of device_ops.h,
 // the checksum is computed on the device, fills are cudaMemsetAsync (a reduce identity other than
-// zero: one element copied in, then doubled by device-to-device copies). DivideBox (only
+// zero: one element copied in, then doubled by device-to-device copies), casts are the cast
+// kernel (bitwise equal to sharding/cast.h). DivideBox (only
 // P(avg) targets) has no kernel yet: it synchronizes, divides on the host and copies back.
 //
 // Every call first makes `device` the calling thread's current device, so any thread may use
@@ -53,6 +54,9 @@ class CudaMemorySpace final : public MemorySpace {
   absl::Status ReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                              const Box& dst_box, DType dtype, ReduceOp op) override;
   absl::Status DivideBox(void* data, int64_t count, DType dtype, int64_t divisor) override;
+  // The cast kernel (device_ops.h's DeviceCastBox) on the stream: no staging through the host.
+  absl::Status CastBox(const Box& region, const void* src, const Box& src_box, DType src_dtype,
+                       void* dst, const Box& dst_box, DType dst_dtype) override;
   absl::StatusOr<uint64_t> ChunkChecksum(const void* data, int64_t bytes) override;
   absl::StatusOr<std::vector<uint64_t>> ChunkChecksums(
       absl::Span<const ChecksumRegion> regions) override;

@@ -3,6 +3,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "sharding/cast.h"
 #include "worker/comm/nccl/box_geometry_builder.h"
 #include "worker/comm/nccl/cuda_status.h"
 #include "worker/comm/nccl/device_buffer.h"
@@ -68,6 +69,53 @@ absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& 
                        return LaunchReduceBox(g, static_cast<int>(dtype), static_cast<int>(op), src,
                                               dst, stream);
                      });
+}
+
+absl::Status DeviceCastBox(const Box& region, const void* src, const Box& src_box, DType src_dtype,
+                           void* dst, const Box& dst_box, DType dst_dtype, cudaStream_t stream) {
+  if (src_dtype == dst_dtype) {
+    return DeviceCopyBox(region, src, src_box, dst, dst_box, ElementSize(src_dtype), stream);
+  }
+  if (absl::Status s = CheckCast(src_dtype, dst_dtype); !s.ok()) return s;
+  // The geometry in elements; the kernel scales each side by its own element size.
+  return LaunchBoxOp(region, src, src_box, dst, dst_box, 1, "cast", [&](const BoxCopyGeometry& g) {
+    return LaunchCastBox(g, static_cast<int>(src_dtype), static_cast<int>(dst_dtype), src, dst,
+                         stream);
+  });
+}
+
+namespace {
+
+// A kernel would fault on a null buffer; an empty tensor needs none.
+absl::Status CheckQuantBuffers(const BlockQuantGeometry& g, const void* src, const void* dst,
+                               const void* scales) {
+  if (g.outer * g.m * g.n == 0 || (src != nullptr && dst != nullptr && scales != nullptr)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("null buffer for a block quantization on the device");
+}
+
+}  // namespace
+
+absl::Status DeviceQuantizeBlocks(const void* src, DType src_dtype, const Shape& shape,
+                                  const BlockSize& block, void* dst, float* scales,
+                                  cudaStream_t stream) {
+  absl::StatusOr<BlockQuantGeometry> g = MakeBlockQuantGeometry(src_dtype, shape, block, "src");
+  if (!g.ok()) return g.status();
+  if (absl::Status s = CheckQuantBuffers(*g, src, dst, scales); !s.ok()) return s;
+  return CudaStatus(LaunchQuantizeBlocks(*g, static_cast<int>(src_dtype), src, dst, scales, stream),
+                    "block quantization on the device");
+}
+
+absl::Status DeviceDequantizeBlocks(const void* src, const float* scales, const Shape& shape,
+                                    const BlockSize& block, void* dst, DType dst_dtype,
+                                    cudaStream_t stream) {
+  absl::StatusOr<BlockQuantGeometry> g = MakeBlockQuantGeometry(dst_dtype, shape, block, "dst");
+  if (!g.ok()) return g.status();
+  if (absl::Status s = CheckQuantBuffers(*g, src, dst, scales); !s.ok()) return s;
+  return CudaStatus(
+      LaunchDequantizeBlocks(*g, src, scales, static_cast<int>(dst_dtype), dst, stream),
+      "block dequantization on the device");
 }
 
 absl::StatusOr<uint64_t> DeviceChunkChecksum(const void* data, int64_t bytes, cudaStream_t stream) {

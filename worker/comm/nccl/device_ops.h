@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "sharding/block_quant.h"
 #include "sharding/box.h"
 #include "sharding/dtype.h"
 #include "sharding/placement.h"
@@ -31,6 +32,21 @@ absl::Status DeviceUnpackBox(const Box& region, const void* packed, void* chunk,
 // kSum, kMin, kMax on f32, f64, f16, bf16, i8, u8, i32, i64, bitwise equal to ReduceIntoBox.
 absl::Status DeviceReduceIntoBox(const Box& region, const void* src, const Box& src_box, void* dst,
                                  const Box& dst_box, DType dtype, ReduceOp op, cudaStream_t stream);
+
+// sharding/cast.h's CastBox on device memory, bitwise equal (the element conversion is
+// sharding/cast_bits.h's, which the host runs too). Equal dtypes are DeviceCopyBox; errors as
+// CastBox's (CheckCast's INVALID_ARGUMENT for a cast that is not allowed).
+absl::Status DeviceCastBox(const Box& region, const void* src, const Box& src_box, DType src_dtype,
+                           void* dst, const Box& dst_box, DType dst_dtype, cudaStream_t stream);
+
+// sharding/block_quant.h's QuantizeBlocks and DequantizeBlocks on device memory (`scales`
+// too), bitwise equal to them; same arguments and errors.
+absl::Status DeviceQuantizeBlocks(const void* src, DType src_dtype, const Shape& shape,
+                                  const BlockSize& block, void* dst, float* scales,
+                                  cudaStream_t stream);
+absl::Status DeviceDequantizeBlocks(const void* src, const float* scales, const Shape& shape,
+                                    const BlockSize& block, void* dst, DType dst_dtype,
+                                    cudaStream_t stream);
 
 // ChunkChecksum of `bytes` of device memory at `data` (on the calling thread's current
 // device), computed on the device; waits for `stream`, so work already on it that writes

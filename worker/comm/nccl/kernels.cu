@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include "sharding/cast_bits.h"
 #include "worker/comm/nccl/box_geometry.h"
 #include "worker/comm/nccl/kernels.h"
 #include "worker/comm/nccl/reduce_ops.h"
@@ -57,6 +58,65 @@ cudaError_t LaunchReduce(const BoxCopyGeometry& g, int op, const void* src, void
   ReduceKernel<kDType><<<Blocks(elements, kThreads), kThreads, 0, stream>>>(
       g, op, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst), elements);
   return cudaGetLastError();
+}
+
+// Element e of the region at element offsets from ElementOffsets (g has element_size 1).
+__global__ void CastKernel(BoxCopyGeometry g, int from, int to,
+                           const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+                           int64_t elements) {
+  const int is = cast_bits::ElementBytes(from), os = cast_bits::ElementBytes(to);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < elements;
+       e += stride) {
+    int64_t s, d;
+    ElementOffsets(g, e, &s, &d);
+    cast_bits::StoreElement(
+        dst + d * os, os,
+        cast_bits::CastElement(cast_bits::LoadElement(src + s * is, is), from, to));
+  }
+}
+
+__global__ void QuantizeKernel(BlockQuantGeometry g, int from,
+                               const unsigned char* __restrict__ src,
+                               unsigned char* __restrict__ dst, float* __restrict__ scales,
+                               int64_t blocks) {
+  __shared__ unsigned int amax;  // The bits of a non-negative f32: integer order is value order.
+  const int es = cast_bits::ElementBytes(from);
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const QuantBlock qb = QuantBlockAt(g, b);
+    if (threadIdx.x == 0) amax = 0;
+    __syncthreads();
+    uint32_t local = 0;
+    for (int64_t i = threadIdx.x; i < qb.count; i += blockDim.x) {
+      const int64_t e = QuantBlockElement(g, qb, i);
+      local = cast_bits::AmaxWith(local,
+                                  cast_bits::ToF32(cast_bits::LoadElement(src + e * es, es), from));
+    }
+    atomicMax(&amax, local);
+    __syncthreads();
+    const float s = cast_bits::BlockScale(amax);
+    if (threadIdx.x == 0) scales[b] = s;
+    for (int64_t i = threadIdx.x; i < qb.count; i += blockDim.x) {
+      const int64_t e = QuantBlockElement(g, qb, i);
+      dst[e] = cast_bits::QuantizeE4M3(
+          cast_bits::ToF32(cast_bits::LoadElement(src + e * es, es), from), s);
+    }
+    __syncthreads();  // Every thread has read amax before the next block resets it.
+  }
+}
+
+__global__ void DequantizeKernel(BlockQuantGeometry g, const unsigned char* __restrict__ src,
+                                 const float* __restrict__ scales, int to,
+                                 unsigned char* __restrict__ dst, int64_t elements) {
+  const int es = cast_bits::ElementBytes(to);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < elements;
+       e += stride) {
+    const float s = scales[ScaleIndexOf(g, e)];
+    const float y = cast_bits::DequantizeE4M3(src[e], s);
+    cast_bits::StoreElement(dst + e * es, es,
+                            cast_bits::CastElement(cast_bits::F32Bits(y), cast_bits::kF32, to));
+  }
 }
 
 // XXH64 of one checksum block by one thread, as Xxh64 computes it, with the loads issued a
@@ -190,6 +250,36 @@ cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const v
       return LaunchReduce<kDevU64>(g, op, src, dst, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchCastBox(const BoxCopyGeometry& g, int from, int to, const void* src, void* dst,
+                          cudaStream_t stream) {
+  const int64_t elements = ElementCount(g);
+  if (elements == 0) return cudaSuccess;
+  CastKernel<<<Blocks(elements, kThreads), kThreads, 0, stream>>>(
+      g, from, to, static_cast<const unsigned char*>(src), static_cast<unsigned char*>(dst),
+      elements);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQuantizeBlocks(const BlockQuantGeometry& g, int from, const void* src, void* dst,
+                                 float* scales, cudaStream_t stream) {
+  const int64_t blocks = ScaleBlockCount(g);
+  if (blocks == 0) return cudaSuccess;
+  QuantizeKernel<<<static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads, 0,
+                   stream>>>(g, from, static_cast<const unsigned char*>(src),
+                             static_cast<unsigned char*>(dst), scales, blocks);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantizeBlocks(const BlockQuantGeometry& g, const void* src,
+                                   const float* scales, int to, void* dst, cudaStream_t stream) {
+  const int64_t elements = g.outer * g.m * g.n;
+  if (elements == 0) return cudaSuccess;
+  DequantizeKernel<<<Blocks(elements, kThreads), kThreads, 0, stream>>>(
+      g, static_cast<const unsigned char*>(src), scales, to, static_cast<unsigned char*>(dst),
+      elements);
+  return cudaGetLastError();
 }
 
 cudaError_t LaunchChunkChecksums(const HashRegion* regions, int64_t count, int64_t blocks,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "worker/comm/nccl/block_quant_geometry.h"
 #include "worker/comm/nccl/box_geometry.h"
 
 namespace shardcoord {
@@ -23,6 +24,23 @@ cudaError_t LaunchCopyBox(const BoxCopyGeometry& g, const void* src, void* dst,
 // DeviceReduceOp values (reduce_ops.h).
 cudaError_t LaunchReduceBox(const BoxCopyGeometry& g, int dtype, int op, const void* src, void* dst,
                             cudaStream_t stream);
+
+// Converts the region `g` describes from dtype `from` at `src` to dtype `to` at `dst` (DType
+// values; a cast sharding/cast.h allows), each element by sharding/cast_bits.h's CastElement.
+// `g` is built with element_size 1: its offsets, strides and runs count elements, which each
+// side scales by its own element size.
+cudaError_t LaunchCastBox(const BoxCopyGeometry& g, int from, int to, const void* src, void* dst,
+                          cudaStream_t stream);
+
+// QuantizeBlocks on the device: `src` holds float dtype `from`, `dst` gets the f8_e4m3 bytes and
+// `scales` the f32 scales in block order. One thread block per scale block: the amax of its
+// finite elements, then its elements quantized, with cast_bits.h's per-element steps.
+cudaError_t LaunchQuantizeBlocks(const BlockQuantGeometry& g, int from, const void* src, void* dst,
+                                 float* scales, cudaStream_t stream);
+
+// DequantizeBlocks on the device: one thread per element of `dst` (float dtype `to`).
+cudaError_t LaunchDequantizeBlocks(const BlockQuantGeometry& g, const void* src,
+                                   const float* scales, int to, void* dst, cudaStream_t stream);
 
 // One chunk of a batched checksum: `bytes` at `data`, whose 1 MiB blocks are blocks
 // [first_block, first_block + ChecksumBlockCount(bytes)) of the batch.
