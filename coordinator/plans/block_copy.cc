@@ -135,10 +135,15 @@ absl::Status BlockCopy::Start(const BlockCopyArgs& args, Done done) {
   auto op = std::make_shared<Op>();
   op->args = args;
   op->done = std::move(done);
+  // The counter and a version no buffer has used (also before a restart): buffers a worker
+  // kept from an earlier incarnation's block copy never share a name with this one's.
+  const int64_t unique = tensors_->NewVersion();
+  int64_t n = 0;
   {
     absl::MutexLock lock(&mu_);
-    op->owner = absl::StrCat("blockcopy-", ++next_id_);
+    n = ++next_id_;
   }
+  op->owner = absl::StrCat("blockcopy-", n, ".", unique);
   op->shape = src->shape;
   op->src_dtype = src->dtype;
   op->out_dtype = args.dequantize ? dst->dtype : DType::kF8E4M3;
