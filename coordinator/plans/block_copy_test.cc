@@ -1,7 +1,11 @@
 #include "coordinator/plans/block_copy.h"
 
+#include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "coordinator/testing/cluster_fixture.h"
+#include "coordinator/testing/fake_reports.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -61,6 +65,68 @@ TEST(CheckBlockCopyTest, DequantizeChecksTheOtherWay) {
       HasSubstr("src: 'q' is bf16; dequantize reads f8_e4m3"));
   EXPECT_THAT(Refusal(d, src, Rec("y", DType::kI8, {2, 9, 17}), scale),
               HasSubstr("dst: 'y' is i8"));
+}
+
+// Over the plan manager with fake workers that run every fragment correctly but do not know
+// BlockQuantize: staging commits, the compute step fails, and then nothing is left: dst and
+// the scale keep their versions, every tensor is idle, the hidden tensors' buffers are dropped.
+class BlockCopyFailureTest : public ClusterFixture {
+ protected:
+  BlockCopyFailureTest()
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
+        copies_(&tensors_, &plans_, &workers_, &client_) {
+    workers_.AddListener(&plans_);
+    RegisterWorkers(4);
+    EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
+    client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+      const std::string worker = workers_.GetByRank(f.rank())->spec.name;
+      const int64_t incarnation = workers_.GetByRank(f.rank())->incarnation;
+      WorkerReport r = f.members_size() > 0 ? FakeFusedFinalReport(f, worker, incarnation)
+                                            : FakeFinalReport(f, worker, incarnation);
+      plans_.Report(r).IgnoreError();
+    });
+  }
+
+  PlanManager plans_;
+  BlockCopy copies_;
+};
+
+TEST_F(BlockCopyFailureTest, AFailedStepChangesNothingAndDropsTheHiddenTensors) {
+  // 8 rows on 4 ranks (2 each): 4-row blocks are cut.
+  CreateTestTensor(workers_, meshes_, &tensors_, "w", "S(0)", "N", {8, 8});
+  CreateTestTensor(workers_, meshes_, &tensors_, "q", "S(1)", "N", {8, 8}, DType::kF8E4M3);
+  CreateTestTensor(workers_, meshes_, &tensors_, "s", "R", "N", {2, 2});
+  const int64_t vq = tensors_.Get("q")->version, vs = tensors_.Get("s")->version;
+  std::optional<absl::Status> done;
+  absl::Status started =
+      copies_.Start(BlockCopyArgs{"w", "q", "s", BlockSize{4, 4}, false},
+                    [&](absl::StatusOr<BlockCopyResult> r) { done = r.status(); });
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->code(), absl::StatusCode::kUnimplemented) << *done;
+  EXPECT_THAT(std::string(done->message()), HasSubstr("BlockQuantize on "));
+  EXPECT_EQ(tensors_.Get("q")->version, vq);
+  EXPECT_EQ(tensors_.Get("s")->version, vs);
+  EXPECT_EQ(plans_.RunningPlansCount(), 0u);
+  for (const char* t : {"w", "q", "s"}) {
+    absl::StatusOr<TensorRecord> held = tensors_.Acquire(t, "check");
+    EXPECT_TRUE(held.ok()) << t << ": " << held.status();
+    tensors_.Release(t, "check");
+  }
+  // The staged tensor's buffers (every version) go on each of its ranks.
+  int staged_drops = 0;
+  for (const auto& [rank, drop] : client_.drops()) {
+    if (absl::EndsWith(drop.tensor(), "/stage") && drop.version() == -1) ++staged_drops;
+  }
+  EXPECT_EQ(staged_drops, 4);
+
+  // A refusal before anything starts never calls `done`.
+  done.reset();
+  absl::Status refused =
+      copies_.Start(BlockCopyArgs{"w", "q", "missing", BlockSize{4, 4}, false},
+                    [&](absl::StatusOr<BlockCopyResult> r) { done = r.status(); });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(done.has_value());
 }
 
 }  // namespace
