@@ -136,14 +136,22 @@ std::string Bytes(const void* p, size_t n) { return std::string(static_cast<cons
 
 class BlockQuantCopyTest : public MeshTest {
  protected:
-  absl::Status UploadF32(const std::string& name, const std::vector<float>& x, const Shape& shape,
-                         const std::string& mesh, const std::string& spec) {
+  // Uploads `x` as `dtype` (converted by sharding/cast.h) and replaces `x` with the values
+  // the tensor then holds, in f32 (exact from bf16).
+  absl::Status Upload(const std::string& name, std::vector<float>* x, const Shape& shape,
+                      const std::string& mesh, const std::string& spec, DType dtype = DType::kF32) {
     v1::TensorHeader header;
     header.set_name(name);
     for (int64_t d : shape) header.add_shape(d);
-    header.set_dtype(v1::F32);
+    header.set_dtype(DTypeToProto(dtype));
     *header.mutable_spec() = SpecFromText(mesh, spec);
-    return client().Upload(header, Bytes(x.data(), x.size() * 4)).status();
+    const int64_t es = ElementSize(dtype);
+    std::string bytes(x->size() * es, '\0');
+    for (size_t i = 0; i < x->size(); ++i) {
+      EXPECT_TRUE(Cast(&(*x)[i], DType::kF32, &bytes[i * es], dtype, 1).ok());
+      (*x)[i] = ToF32(&bytes[i * es], dtype);
+    }
+    return client().Upload(header, bytes).status();
   }
 
   std::string Download(const std::string& name) {
@@ -176,13 +184,15 @@ class BlockQuantCopyTest : public MeshTest {
   // "trio"; compares; dequantizes into bf16 and f32 on other layouts and compares.
   void RoundTrip(const std::string& name, int64_t m, int64_t n, int64_t br, int64_t bc,
                  const std::string& src_mesh, const std::string& src_spec,
-                 const std::string& dst_mesh, const std::string& dst_spec, bool cut = true) {
-    SCOPED_TRACE(absl::StrCat(name, ": ", m, "x", n, " blocks ", br, "x", bc));
-    const std::vector<float> x = Source(m, n, br, bc);
+                 const std::string& dst_mesh, const std::string& dst_spec, bool cut = true,
+                 DType src_dtype = DType::kF32) {
+    SCOPED_TRACE(
+        absl::StrCat(name, ": ", DTypeName(src_dtype), " ", m, "x", n, " blocks ", br, "x", bc));
+    std::vector<float> x = Source(m, n, br, bc);
     const Shape shape{m, n};
     const Shape scale_shape{(m + br - 1) / br, (n + bc - 1) / bc};
     const std::string src = name + "_src", dst = name + "_q", scale = name + "_s";
-    ASSERT_TRUE(UploadF32(src, x, shape, src_mesh, src_spec).ok());
+    ASSERT_TRUE(Upload(src, &x, shape, src_mesh, src_spec, src_dtype).ok());
     ASSERT_TRUE(
         CreateFilled(client(), dst, shape, DType::kF8E4M3, dst_mesh, dst_spec, false, v1::ZEROS)
             .ok());
@@ -237,13 +247,15 @@ TEST_F(BlockQuantCopyTest, SmallBlocksManyOfThem) {
   RoundTrip("small", 38, 45, 4, 8, "grid", "S(0),S(1)", "line", "S(1)");
   // A replicated source holds every block whole: nothing is staged.
   RoundTrip("repl", 21, 19, 4, 8, "pair", "R", "trio", "S(0)", /*cut=*/false);
+  // A bf16 source: taken to f32 (exactly) before the block's amax and the division.
+  RoundTrip("bf16", 38, 45, 4, 8, "line", "S(0)", "grid", "S(1),R", /*cut=*/true, DType::kBF16);
 }
 
 TEST_F(BlockQuantCopyTest, WholeBlocksStageNothingAndMoveOneBytePerElement) {
   // 512 rows on 4 ranks: 128 each, every block whole where it is.
   const Shape shape{512, 256};
   std::vector<float> x = Source(512, 256, 128, 128);
-  ASSERT_TRUE(UploadF32("whole_src", x, shape, "line", "S(0)").ok());
+  ASSERT_TRUE(Upload("whole_src", &x, shape, "line", "S(0)").ok());
   ASSERT_TRUE(
       CreateFilled(client(), "whole_q", shape, DType::kF8E4M3, "line", "S(1)", false, v1::ZEROS)
           .ok());
