@@ -327,6 +327,13 @@ TEST_F(BlockQuantCopyTest, RefusalsChangeNothing) {
   absl::StatusOr<v1::CopyGroupResponse> g = client().CopyGroup(group);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
   EXPECT_THAT(std::string(g.status().message()), HasSubstr("copies[0].quantize"));
+  // And so do prepared transfers.
+  v1::CreateTransferRequest transfer;
+  transfer.set_name("r_transfer");
+  *transfer.add_copies() = *pair;
+  absl::StatusOr<v1::TransferInfo> t = client().CreateTransfer(transfer);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("copies[0].quantize"));
   EXPECT_EQ(Version("r_q"), vq);
   EXPECT_EQ(Version("r_bf"), vbf);
   EXPECT_EQ(Version("r_s"), vs);
