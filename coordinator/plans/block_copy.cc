@@ -1,11 +1,9 @@
 #include "coordinator/plans/block_copy.h"
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
 #include "proto/convert.h"
