@@ -160,6 +160,15 @@ class FakeCoordinator final : public v1::Coordinator::Service {
     *response->mutable_progress() = r.progress();
     *response->mutable_plan() = r.plan();
     response->set_dst_version(7);
+    if (!request->scale().empty()) {
+      v1::BlockCopyInfo* b = response->mutable_block_copy();
+      b->set_scale_version(8);
+      b->set_blocks(9);
+      b->set_cut_blocks(6);
+      b->set_staged_bytes(1024);
+      b->set_bytes_moved(4096);
+      b->add_staging("rank 0: 3 blocks in 1 boxes");
+    }
     return grpc::Status::OK;
   }
 
@@ -486,6 +495,32 @@ TEST_F(CommandsTest, CopyPrintsThePlanAndDstsNewVersion) {
   EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 1);
   EXPECT_THAT(err_.str(), HasSubstr("shardctl: ABORTED: worker w3 (rank 3) died in step 0\n"));
   EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(CommandsTest, BlockCopySendsQuantizeAndPrintsWhereBlocksWereMadeWhole) {
+  CopyFlags flags;
+  flags.src = "w";
+  flags.dst = "q";
+  flags.quantize = "block:128x128";
+  flags.scale = "s";
+  ASSERT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.copy_.wait());
+  EXPECT_EQ(fake_.copy_.quantize(), "block:128x128");
+  EXPECT_FALSE(fake_.copy_.dequantize());
+  EXPECT_EQ(fake_.copy_.scale(), "s");
+  EXPECT_EQ(out_.str(),
+            "quantized w -> q (version 7), scales s (version 8)\n"
+            "  blocks: 9, cut across source ranks: 6, staged: 1024 bytes, moved in all: 4096 "
+            "bytes\n"
+            "  made whole on rank 0: 3 blocks in 1 boxes\n");
+  out_.str("");
+  flags.quantize.clear();
+  flags.dequantize = true;
+  ASSERT_EQ(RunCopyCommand(*client_, flags, true, false, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.copy_.dequantize());
+  EXPECT_THAT(out_.str(), HasSubstr("\"dst_version\": 7, \"scale_version\": 8, \"blocks\": 9, "
+                                    "\"cut_blocks\": 6, \"staged_bytes\": 1024, "
+                                    "\"bytes_moved\": 4096}"));
 }
 
 TEST_F(CommandsTest, CopyFromFileRunsOneGroup) {

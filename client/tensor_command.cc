@@ -386,6 +386,33 @@ int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
   v1::CopyRequest request;
   request.set_src(flags.src);
   request.set_dst(flags.dst);
+  if (!flags.quantize.empty() || flags.dequantize || !flags.scale.empty()) {
+    // A block copy: several steps, answered when all ended (no plan to follow).
+    request.set_quantize(flags.quantize);
+    request.set_dequantize(flags.dequantize);
+    request.set_scale(flags.scale);
+    request.set_wait(true);
+    absl::StatusOr<v1::CopyResponse> r = client.Copy(request);
+    if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+    const v1::BlockCopyInfo& b = r->block_copy();
+    if (json) {
+      out << "{\"src\": \"" << flags.src << "\", \"dst\": \"" << flags.dst << "\", \"scale\": \""
+          << flags.scale << "\", \"dst_version\": " << r->dst_version()
+          << ", \"scale_version\": " << b.scale_version() << ", \"blocks\": " << b.blocks()
+          << ", \"cut_blocks\": " << b.cut_blocks() << ", \"staged_bytes\": " << b.staged_bytes()
+          << ", \"bytes_moved\": " << b.bytes_moved() << "}\n";
+      return 0;
+    }
+    out << (flags.dequantize ? "dequantized " : "quantized ") << flags.src << " -> " << flags.dst
+        << " (version " << r->dst_version() << ")";
+    if (!flags.dequantize)
+      out << ", scales " << flags.scale << " (version " << b.scale_version() << ")";
+    out << "\n  blocks: " << b.blocks() << ", cut across source ranks: " << b.cut_blocks()
+        << ", staged: " << b.staged_bytes() << " bytes, moved in all: " << b.bytes_moved()
+        << " bytes\n";
+    for (const std::string& where : b.staging()) out << "  made whole on " << where << "\n";
+    return 0;
+  }
   v1::CopyResponse copied;
   // RunPlan follows any plan through its progress and plan; dst_version rides alongside.
   absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
@@ -710,6 +737,18 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
                     "Copy many as one transaction (all or nothing): a JSON file "
                     "{\"copies\": [{\"src\": \"a\", \"dst\": \"b\"}, ...]}")
         ->type_name("PATH");
+    cmd->add_option("--quantize", flags->quantize,
+                    "Block-scaled FP8: block:ROWSxCOLS (e.g. block:128x128). DST (f8_e4m3) gets "
+                    "e4m3(SRC / s), --scale (f32, [..., ceil(M/ROWS), ceil(N/COLS)]) each "
+                    "block's s = amax / 448 (1 for an all-zero block); blocks cut between ranks "
+                    "are made whole first")
+        ->type_name("BLOCK");
+    cmd->add_flag("--dequantize", flags->dequantize,
+                  "The inverse: DST = dtype(f32(SRC) * s) with s from --scale (block: "
+                  "--quantize's, else block:128x128)");
+    cmd->add_option("--scale", flags->scale,
+                    "The scale tensor: written by --quantize, read by --dequantize")
+        ->type_name("TENSOR");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       FinishCommand(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));

@@ -81,6 +81,12 @@ struct CopyFlags {
   // A JSON file {"copies": [{"src": "a", "dst": "b"}, ...]}: one CopyGroup (all or nothing)
   // instead of src and dst.
   std::string from_file;
+  // Block-scaled FP8 (issue 28): --quantize block:RxC writes dst (f8_e4m3) and --scale (f32
+  // scales); --dequantize reads dst's values back with --scale's scales (block: --quantize's
+  // when given, else block:128x128).
+  std::string quantize;
+  bool dequantize = false;
+  std::string scale;
 };
 // The CopyGroupRequest (wait set) of a copies file's text; INVALID_ARGUMENT naming what is
 // wrong (not JSON, unknown fields, no copies).

@@ -24,6 +24,7 @@
 #include "coordinator/http/dashboard.h"
 #include "coordinator/io/tensor_io.h"
 #include "coordinator/plans/admission.h"
+#include "coordinator/plans/block_copy.h"
 #include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/plans/plan_relay.h"
@@ -161,6 +162,7 @@ class Coordinator {
   std::unique_ptr<TensorIo> io_;
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<TransferManager> transfers_;  // Prepared transfers (issue 27).
+  std::unique_ptr<BlockCopy> block_copy_;       // Block-scaled FP8 copies (issue 28).
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<AttachManager> attach_;  // Buffers lent by user processes.

@@ -379,6 +379,13 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.dst_version, 9)
         c = self.fake.requests["copy"]
         self.assertEqual((c.src, c.dst, c.wait), ("a", "b", True))
+        self.assertEqual((c.quantize, c.dequantize, c.scale), ("", False, ""))
+        self.client.copy("w", "q", quantize="block:128x128", scale="q_scale")
+        c = self.fake.requests["copy"]
+        self.assertEqual((c.quantize, c.dequantize, c.scale), ("block:128x128", False, "q_scale"))
+        self.client.copy("q", "y", dequantize=True, scale="q_scale")
+        c = self.fake.requests["copy"]
+        self.assertEqual((c.quantize, c.dequantize, c.scale), ("", True, "q_scale"))
         self.fake.abort = True
         with self.assertRaises(sc.Error) as e:
             self.client.copy("a", "b")

@@ -144,6 +144,13 @@ class WorkerClient {
                             StatusCallback done) {
     done(absl::UnimplementedError("DropTransfer"));
   }
+
+  // Block-scaled FP8 of a staged buffer (issue 28; coordinator/plans/block_copy.h). The default
+  // answers UNIMPLEMENTED, for fakes that never run block copies.
+  virtual void BlockQuantize(const WorkerEndpoint& worker, const v1::BlockQuantizeRequest& request,
+                             Callback<v1::BlockQuantizeResponse> done) {
+    done(absl::UnimplementedError("BlockQuantize"));
+  }
 };
 
 namespace internal_worker_client {

@@ -23,6 +23,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "sharding/block_quant.h"
 #include "sharding/limits.h"
 #include "sharding/names.h"
 #include "sharding/planner.h"
@@ -405,6 +406,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
   if (absl::Status a = Authorize(ctx, "Copy"); !a.ok()) return Done(ctx, a);
   if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
+  if (!req->quantize().empty() || req->dequantize() || !req->scale().empty()) {
+    return BlockCopyCall(ctx, req, resp);
+  }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
   return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
                  resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
@@ -415,6 +419,59 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
                    if (started.ok()) resp->set_dst_version(started->target_version);
                    return started;
                  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::BlockCopyCall(grpc::CallbackServerContext* ctx,
+                                                            const v1::CopyRequest* req,
+                                                            v1::CopyResponse* resp) {
+  BlockCopyArgs args;
+  args.src = req->src();
+  args.dst = req->dst();
+  args.scale = req->scale();
+  args.dequantize = req->dequantize();
+  if (args.scale.empty()) {
+    return Done(ctx, absl::InvalidArgumentError(
+                         absl::StrCat("scale: empty; ", args.dequantize ? "dequantize" : "quantize",
+                                      " needs the scale tensor")));
+  }
+  if (req->quantize().empty() && !args.dequantize) {
+    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                         "scale: '", args.scale, "' given without quantize or dequantize")));
+  }
+  if (!req->quantize().empty()) {
+    absl::StatusOr<BlockSize> block = ParseBlockQuantization(req->quantize());
+    if (!block.ok()) {
+      return Done(ctx,
+                  absl::InvalidArgumentError(absl::StrCat("quantize: ", block.status().message())));
+    }
+    args.block = *block;
+  }
+  if (block_copy_ == nullptr) {
+    return Done(ctx, absl::UnimplementedError("block copies are not served here"));
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const std::string request_id = req->request_id();
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
+  // The copy may end before Start returns; a refusal never calls `done`.
+  absl::Status started = block_copy_->Start(args, [reply, resp](absl::StatusOr<BlockCopyResult> r) {
+    if (!r.ok()) return reply(r.status());
+    resp->set_dst_version(r->dst_version);
+    v1::BlockCopyInfo* info = resp->mutable_block_copy();
+    info->set_scale_version(r->scale_version);
+    info->set_blocks(r->blocks);
+    info->set_cut_blocks(r->cut_blocks);
+    info->set_staged_bytes(r->staged_bytes);
+    info->set_bytes_moved(r->bytes_moved);
+    for (const std::string& where : r->staging) info->add_staging(where);
+    info->set_stage_group(r->stage_group);
+    info->set_commit_group(r->commit_group);
+    reply(absl::OkStatus());
+  });
+  if (!started.ok()) reply(started);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RunGroup(
@@ -472,7 +529,16 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
                                                         v1::CopyGroupResponse* resp) {
   if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
   std::vector<CopyMember> copies;
-  for (const v1::CopyPair& c : req->copies()) copies.push_back(CopyMember{c.src(), c.dst()});
+  for (const v1::CopyPair& c : req->copies()) {
+    if (!c.quantize().empty() || c.dequantize() || !c.scale().empty()) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "copies[", copies.size(),
+                           "].quantize: block copies (quantize, "
+                           "dequantize, scale) are not supported in groups yet; run each as "
+                           "its own Copy")));
+    }
+    copies.push_back(CopyMember{c.src(), c.dst()});
+  }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
   return RunGroup(
       ctx, req->wait(), req->request_id(), resp,

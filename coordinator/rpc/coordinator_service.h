@@ -9,6 +9,7 @@
 #include "coordinator/cluster/mesh_manager.h"
 #include "coordinator/cluster/worker_manager.h"
 #include "coordinator/io/tensor_io.h"
+#include "coordinator/plans/block_copy.h"
 #include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/rpc/auth.h"
@@ -37,7 +38,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
                      RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
                      CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr,
-                     TransferManager* transfers = nullptr)
+                     TransferManager* transfers = nullptr, BlockCopy* block_copy = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -51,7 +52,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         watches_(watches),
         running_plans_(running_plans),
         checkpoints_(checkpoints),
-        transfers_(transfers) {}
+        transfers_(transfers),
+        block_copy_(block_copy) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -182,6 +184,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                    const Request& req, google::protobuf::Message* resp);
   void Reply(grpc::ServerUnaryReactor* reactor, const std::string& request_id,
              const absl::Status& s, const google::protobuf::Message& resp);
+  // Copy with quantize / dequantize (coordinator/plans/block_copy.h): answers when it ended.
+  grpc::ServerUnaryReactor* BlockCopyCall(grpc::CallbackServerContext* ctx,
+                                          const v1::CopyRequest* req, v1::CopyResponse* resp);
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const std::string& request_id,
                                   const absl::Status& s, const google::protobuf::Message& resp);
 
@@ -201,6 +206,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CallerQuota* const running_plans_;
   CheckpointManager* const checkpoints_;
   TransferManager* const transfers_;
+  BlockCopy* const block_copy_;  // Null: block copies answer UNIMPLEMENTED.
 };
 
 }  // namespace shardcoord

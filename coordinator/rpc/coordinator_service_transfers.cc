@@ -29,10 +29,18 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTransfer(grpc::CallbackServe
                                                              v1::TransferInfo* resp) {
   if (absl::Status a = Authorize(ctx, "CreateTransfer"); !a.ok()) return Done(ctx, a);
   if (transfers_ == nullptr) return Done(ctx, NoTransfers());
-  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTransfer", *req, resp)) return r;
   std::vector<TransferCopy> copies;
   copies.reserve(req->copies_size());
-  for (const v1::CopyPair& c : req->copies()) copies.push_back(TransferCopy{c.src(), c.dst()});
+  for (const v1::CopyPair& c : req->copies()) {
+    if (!c.quantize().empty() || c.dequantize() || !c.scale().empty()) {
+      return Done(ctx, absl::InvalidArgumentError(
+                           absl::StrCat("copies[", copies.size(),
+                                        "].quantize: block copies (quantize, "
+                                        "dequantize, scale) are not supported in transfers yet")));
+    }
+    copies.push_back(TransferCopy{c.src(), c.dst()});
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CreateTransfer", *req, resp)) return r;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   transfers_->Create(
       req->name(), std::move(copies),

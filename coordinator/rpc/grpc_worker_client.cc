@@ -243,6 +243,15 @@ void GrpcWorkerClient::DropTransfer(const WorkerEndpoint& worker,
       StatusOnly<v1::DropTransferResponse>(std::move(done)));
 }
 
+void GrpcWorkerClient::BlockQuantize(const WorkerEndpoint& worker,
+                                     const v1::BlockQuantizeRequest& request,
+                                     Callback<v1::BlockQuantizeResponse> done) {
+  // Reads and writes whole buffers on the worker: a data call's deadline.
+  Unary<v1::BlockQuantizeRequest, v1::BlockQuantizeResponse>(
+      worker, options_.data_timeout, request, &v1::Worker::Stub::async::BlockQuantize,
+      std::move(done));
+}
+
 // Collects a streamed box into one buffer.
 class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData> {
  public:

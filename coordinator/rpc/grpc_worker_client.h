@@ -90,6 +90,8 @@ class GrpcWorkerClient : public WorkerClient {
                    absl::Duration timeout, Callback<v1::RunTransferWorkerResponse> done) override;
   void DropTransfer(const WorkerEndpoint& worker, const v1::DropTransferRequest& request,
                     StatusCallback done) override;
+  void BlockQuantize(const WorkerEndpoint& worker, const v1::BlockQuantizeRequest& request,
+                     Callback<v1::BlockQuantizeResponse> done) override;
 
  private:
   class ReadCall;

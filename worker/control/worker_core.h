@@ -125,6 +125,11 @@ class WorkerCore {
   // (the buffers filled before it stay: the coordinator drops what it does not commit).
   absl::StatusOr<v1::FillManyResponse> FillMany(const v1::FillManyRequest& request);
   absl::Status DropTensor(const v1::DropTensorRequest& request);
+  // Block-scaled FP8 of one staged buffer (Worker.BlockQuantize, issue 28): every chunk of
+  // (tensor, version) quantized into new buffers out (f8_e4m3) and scales (f32, scale_chunks),
+  // or dequantized with the scales into out (out_dtype). Long: call it off the reactor.
+  // Errors as the RPC's; a failure stores nothing.
+  absl::StatusOr<v1::BlockQuantizeResponse> BlockQuantize(const v1::BlockQuantizeRequest& request);
 
   // Streams one box of one buffer, row-major, in pieces.
   class ChunkReader {

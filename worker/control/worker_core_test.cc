@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "sharding/block_quant.h"
 #include "sharding/fill.h"
 #include "sharding/layout.h"
 #include "sharding/mesh.h"
@@ -96,6 +97,108 @@ TEST(WorkerCoreTest, FillManyFillsEachInOrderAndNamesTheBadOne) {
   ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   EXPECT_NE(bad.status().message().find("fills[1] ('T1')"), absl::string_view::npos)
       << bad.status();
+}
+
+// Block-scaled FP8 of a buffer holding two block-aligned chunks: each chunk quantized as
+// sharding/block_quant does for its box, then dequantized back; refusals store nothing.
+TEST(WorkerCoreTest, BlockQuantizeChunksAndBack) {
+  InMemoryKvClient kv;
+  RecordingReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  // A 6 x 8 tensor, blocks of 2 x 4: rows 0:2 and 4:6, each two blocks wide.
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {2, 8}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({4, 0}, {2, 8}), 16, 0});
+  rc.local_elements = 32;
+  v1::FillRequest fill;
+  fill.set_tensor("X");
+  fill.set_version(1);
+  fill.set_dtype(v1::F32);
+  *fill.mutable_chunks() = RankChunksToProto(rc);
+  fill.add_global_shape(6);
+  fill.add_global_shape(8);
+  fill.set_init(v1::ARANGE);
+  ASSERT_TRUE(w.core.Fill(fill).ok());
+  RankChunks sc;
+  sc.chunks.push_back(Chunk{Box({0, 0}, {1, 2}), 0, 0});
+  sc.chunks.push_back(Chunk{Box({2, 0}, {1, 2}), 2, 0});
+  sc.local_elements = 4;
+  v1::BlockQuantizeRequest req;
+  req.set_tensor("X");
+  req.set_version(1);
+  req.add_global_shape(6);
+  req.add_global_shape(8);
+  req.set_block("block:2x4");
+  req.set_scales_tensor("S");
+  req.set_scales_version(1);
+  *req.mutable_scale_chunks() = RankChunksToProto(sc);
+  req.set_out_tensor("Q");
+  req.set_out_version(1);
+  absl::StatusOr<v1::BlockQuantizeResponse> q = w.core.BlockQuantize(req);
+  ASSERT_TRUE(q.ok()) << q.status();
+
+  // The expected values: each chunk's box (arange values) quantized on its own.
+  std::vector<float> x(32);
+  for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i);
+  for (int i = 0; i < 16; ++i) x[16 + i] = static_cast<float>(32 + i);
+  std::vector<uint8_t> want_q(32);
+  std::vector<float> want_s(4);
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_TRUE(QuantizeBlocks(x.data() + 16 * c, DType::kF32, {2, 8}, BlockSize{2, 4},
+                               want_q.data() + 16 * c, want_s.data() + 2 * c)
+                    .ok());
+  }
+  auto bytes_of = [&](const std::string& t, const Box& box) {
+    return worker_testing::ReadAllBytes(w.core, t, 1, box, 1 << 20, nullptr);
+  };
+  std::string got_q = bytes_of("Q", Box({0, 0}, {2, 8})) + bytes_of("Q", Box({4, 0}, {2, 8}));
+  EXPECT_EQ(got_q, std::string(want_q.begin(), want_q.end()));
+  std::string got_s = bytes_of("S", Box({0, 0}, {1, 2})) + bytes_of("S", Box({2, 0}, {1, 2}));
+  EXPECT_EQ(got_s, std::string(reinterpret_cast<const char*>(want_s.data()), 16));
+  EXPECT_EQ(q->chunks().chunks_size(), 2);
+  EXPECT_EQ(q->scale_chunks().chunks_size(), 2);
+
+  // Back to f32 with the scales.
+  v1::BlockQuantizeRequest back = req;
+  back.set_tensor("Q");
+  back.set_dequantize(true);
+  back.set_out_tensor("Y");
+  back.set_out_dtype(v1::F32);
+  ASSERT_TRUE(w.core.BlockQuantize(back).ok());
+  std::vector<float> want_y(32);
+  for (int c = 0; c < 2; ++c) {
+    ASSERT_TRUE(DequantizeBlocks(want_q.data() + 16 * c, want_s.data() + 2 * c, {2, 8},
+                                 BlockSize{2, 4}, want_y.data() + 16 * c, DType::kF32)
+                    .ok());
+  }
+  std::string got_y = bytes_of("Y", Box({0, 0}, {2, 8})) + bytes_of("Y", Box({4, 0}, {2, 8}));
+  EXPECT_EQ(got_y, std::string(reinterpret_cast<const char*>(want_y.data()), 128));
+
+  // Refusals name the field; nothing is stored.
+  v1::BlockQuantizeRequest bad = req;
+  bad.set_out_tensor("Q2");
+  bad.set_scales_tensor("S2");
+  bad.set_block("block:3x4");  // Chunk rows 4:6 do not start on a 3-row block.
+  absl::StatusOr<v1::BlockQuantizeResponse> r = w.core.BlockQuantize(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  bad.set_block("block:2x4x");
+  r = w.core.BlockQuantize(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("block: "), absl::string_view::npos) << r.status();
+  bad.set_block("block:2x4");
+  bad.set_version(9);
+  EXPECT_EQ(w.core.BlockQuantize(bad).status().code(), absl::StatusCode::kNotFound);
+  bad.set_version(1);
+  bad.set_out_tensor("Q");  // Exists.
+  EXPECT_EQ(w.core.BlockQuantize(bad).status().code(), absl::StatusCode::kAlreadyExists);
+  v1::ReadChunkRequest read;
+  read.set_tensor("Q2");
+  read.set_version(1);
+  *read.mutable_box() = BoxToProto(Box({0, 0}, {2, 8}));
+  EXPECT_EQ(w.core.OpenRead(read).status().code(), absl::StatusCode::kNotFound);
+  read.set_tensor("S2");
+  *read.mutable_box() = BoxToProto(Box({0, 0}, {1, 2}));
+  EXPECT_EQ(w.core.OpenRead(read).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(WorkerCoreTest, FillThenReadSubBoxInPieces) {

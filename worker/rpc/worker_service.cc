@@ -65,6 +65,13 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Fill(grpc::CallbackServerContext* c
   return OnPool<v1::FillResponse>(ctx, response, [this, request] { return core_->Fill(*request); });
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::BlockQuantize(grpc::CallbackServerContext* ctx,
+                                                           const v1::BlockQuantizeRequest* request,
+                                                           v1::BlockQuantizeResponse* response) {
+  return OnPool<v1::BlockQuantizeResponse>(
+      ctx, response, [this, request] { return core_->BlockQuantize(*request); });
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::FillMany(grpc::CallbackServerContext* ctx,
                                                       const v1::FillManyRequest* request,
                                                       v1::FillManyResponse* response) {

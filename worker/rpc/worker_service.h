@@ -65,6 +65,10 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* DropTransfer(grpc::CallbackServerContext* ctx,
                                          const v1::DropTransferRequest* request,
                                          v1::DropTransferResponse* response) override;
+  // Block-scaled FP8 of a staged buffer (issue 28): on the pool.
+  grpc::ServerUnaryReactor* BlockQuantize(grpc::CallbackServerContext* ctx,
+                                          const v1::BlockQuantizeRequest* request,
+                                          v1::BlockQuantizeResponse* response) override;
 
  private:
   // Runs `work` on the pool and finishes with its outcome (its value in `*response`).

@@ -659,11 +659,15 @@ class Client:
             request.has_to_rank = True
         return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
-    def copy(self, src, dst):
+    def copy(self, src, dst, quantize="", dequantize=False, scale=""):
         """Writes src's values into dst (same shape, any mesh and layout; in place when dst
         is attached; cast to dst's dtype where the dtypes differ, see README "Dtypes and
-        casts") and waits; returns the CopyResponse."""
-        request = pb.CopyRequest(src=src, dst=dst, wait=True)
+        casts") and waits; returns the CopyResponse. Block-scaled FP8: quantize="block:128x128"
+        with scale=NAME writes dst (f8_e4m3) and the f32 scales; dequantize=True with
+        scale=NAME reads them back into dst's dtype (block: `quantize` when given, else
+        block:128x128); the response's block_copy says where blocks were made whole."""
+        request = pb.CopyRequest(src=src, dst=dst, wait=True, quantize=quantize,
+                                 dequantize=dequantize, scale=scale)
         return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
     def copy_many(self, pairs):
