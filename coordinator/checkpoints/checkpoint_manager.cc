@@ -141,7 +141,7 @@ void AddReadRun(const CheckpointFiles& files, const CheckpointPiece& piece, int6
 // The scale rows a reader of `run` (rows of a dequantized tensor) reads: the f32 scales of its
 // blocks, which must be one contiguous row range of one piece of the scale tensor.
 struct ScaleRead {
-  Box box;  // In the scale tensor.
+  Box box;  // In the scale tensor: rows [row_begin, row_end) of the piece.
   size_t piece = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
@@ -162,10 +162,25 @@ absl::StatusOr<ScaleRead> ScaleReadOf(const CheckpointTensor& tensor, const Chec
     }
     if (!rows) break;
     ScaleRead out;
-    out.box = *box;
     out.piece = p;
     out.row_begin = box->offset(0) - pb.offset(0);
     out.row_end = out.row_begin + box->shape(0);
+    // Whole checksum blocks of the piece (or the whole piece, checked by its xxh64), so that
+    // the reader checks its scales as every run: a few more scale rows, which are small.
+    const CheckpointPiece& piece = scale.pieces[p];
+    const int64_t piece_rows = BoxRows(pb);
+    if (piece.rows_per_block > 0) {
+      out.row_begin = out.row_begin / piece.rows_per_block * piece.rows_per_block;
+      out.row_end = std::min(piece_rows, (out.row_end + piece.rows_per_block - 1) /
+                                             piece.rows_per_block * piece.rows_per_block);
+    } else if (piece.has_xxh64) {
+      out.row_begin = 0;
+      out.row_end = piece_rows;
+    }
+    Shape offset = pb.offset(), shape = pb.shape();
+    offset[0] += out.row_begin;
+    shape[0] = out.row_end - out.row_begin;
+    out.box = Box(std::move(offset), std::move(shape));
     return out;
   }
   return absl::FailedPreconditionError(

@@ -375,6 +375,38 @@ class CheckpointTest(unittest.TestCase):
         np.testing.assert_array_equal(self.c.download("into_down").view("<u4"),
                                       dequantize_reference(down, down_s, "f32"))
 
+    def test_fp8_shardcoord_checkpoint_dequantizes_when_cut_on_blocks(self):
+        # A shardcoord checkpoint (index.json, XXH64 of every block) of an FP8 tensor and its
+        # scales: pieces of 128 rows start on block boundaries and load dequantized, every run
+        # (scales included) checked; pieces of 75 rows cut blocks: FAILED_PRECONDITION naming
+        # the piece, nothing created.
+        rng = np.random.default_rng(281)
+        w = rng.integers(0, 256, size=(256, 260), dtype=np.uint8)
+        w_s = rng.uniform(1e-3, 4.0, size=(2, 3)).astype("<f4")
+        self.c.upload("sv.w", w, "g", placements="S(0),R", dtype="f8_e4m3")
+        self.c.upload("sv.w_scale_inv", w_s, "m4", placements="R")
+        d = os.path.join(self.tmp, "fp8-saved")
+        self.c.save_checkpoint(d, ["sv.w", "sv.w_scale_inv"])
+        r = self.c.load_checkpoint(d, mesh="m4", placements="S(0)", prefix="svl.",
+                                   dequantize=True)
+        self.assertEqual([t.tensor for t in r.tensors], ["sv.w"])
+        np.testing.assert_array_equal(self.c.download("svl.sv.w").view("<u2"),
+                                      dequantize_reference(w, w_s, "bf16"))
+
+        cut = rng.integers(0, 256, size=(300, 260), dtype=np.uint8)
+        self.c.upload("cut.w", cut, "m4", placements="S(0)", dtype="f8_e4m3")
+        self.c.upload("cut.w_scale_inv", rng.uniform(1, 2, size=(3, 3)).astype("<f4"), "m4",
+                      placements="R")
+        d = os.path.join(self.tmp, "fp8-cut")
+        self.c.save_checkpoint(d, ["cut.w", "cut.w_scale_inv"])
+        before = {t.name: t.version for t in self.c.tensors()}
+        with self.assertRaises(shardcoord.Error) as e:
+            self.c.load_checkpoint(d, mesh="m4", placements="S(0)", prefix="cutl.",
+                                   dequantize=True)
+        self.assertEqual(e.exception.code, "FAILED_PRECONDITION", e.exception.message)
+        self.assertIn("block boundary", e.exception.message)
+        self.assertEqual({t.name: t.version for t in self.c.tensors()}, before)
+
 
 if __name__ == "__main__":
     ARGS, argv = parse_test_args()

@@ -703,12 +703,15 @@ struct Dequantizing {
   DType dtype = DType::kBF16;  // Of the buffer stored.
   RankChunks chunks;
   std::shared_ptr<HostBuffer> values;  // f8_e4m3, `chunks`.
-  std::shared_ptr<HostBuffer> scales;  // f32, chunk i the scales of the values' chunk i.
+  std::shared_ptr<HostBuffer> scales;  // f32, chunk i holds the scales of the values' chunk i,
+  std::vector<int64_t> scale_offsets;  // from this element on.
 };
 
 // Checks a buffer's dequantize field against its chunks: every chunk starts on a block
-// boundary of the last two dims (so its blocks are the tensor's), and its scales are the
-// f32 scales of exactly its blocks. Creates the scales' host buffer (`values` is left empty).
+// boundary of the last two dims (so its blocks are the tensor's), and its scale box holds the
+// f32 scales of its blocks as a contiguous range (the box's full extent in all dims but the
+// first: a reader may read more scale rows, whole checksum blocks). Creates the scales' host
+// buffer (`values` is left empty).
 absl::StatusOr<Dequantizing> CheckDequantize(const v1::CheckpointReadBuffer& rb, DType dtype,
                                              const RankChunks& chunks, const std::string& bf) {
   const v1::CheckpointDequantize& dq = rb.dequantize();
@@ -753,17 +756,22 @@ absl::StatusOr<Dequantizing> CheckDequantize(const v1::CheckpointReadBuffer& rb,
     const Box want(std::move(offset), std::move(shape));
     absl::StatusOr<Box> got = BoxFromProto(dq.scale_boxes(i), where);
     if (!got.ok()) return got.status();
-    if (*got != want) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", got->ToString(), " but chunk ",
-                                                     box.ToString(), " has the blocks ",
-                                                     want.ToString()));
+    bool rows = got->Contains(want);
+    for (size_t d = 1; rows && d < want.ndim(); ++d) {
+      rows = want.offset(d) == got->offset(d) && want.shape(d) == got->shape(d);
     }
+    if (!rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", got->ToString(), " does not hold chunk ", box.ToString(),
+                       "'s block scales ", want.ToString(), " as whole rows"));
+    }
+    out.scale_offsets.push_back((want.offset(0) - got->offset(0)) * BoxRowElements(*got));
     const v1::CheckpointReadRun& run = dq.scale_runs(i);
     const std::string rf = absl::StrCat(field, ".scale_runs[", i, "]");
     if (absl::Status s = CheckCheckpointFileName(absl::StrCat(rf, ".file"), run.file()); !s.ok()) {
       return s;
     }
-    const int64_t bytes = want.Volume() * int64_t{4};
+    const int64_t bytes = got->Volume() * int64_t{4};
     if (run.bytes() != bytes || run.offset() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(rf, ": ", run.bytes(), " bytes at offset ",
                                                      run.offset(), " for ", bytes,
@@ -776,8 +784,9 @@ absl::StatusOr<Dequantizing> CheckDequantize(const v1::CheckpointReadBuffer& rb,
                                                      " block checksums for ", run.bytes(),
                                                      " bytes in blocks of ", run.block_bytes()));
     }
-    scales.chunks.push_back(Chunk{want, scales.local_elements, 0});
-    scales.local_elements += want.Volume();
+    const int64_t at = scales.local_elements;
+    scales.local_elements += got->Volume();
+    scales.chunks.push_back(Chunk{*std::move(got), at, 0});
   }
   absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
       HostBuffer::Create(DType::kF32, std::move(scales), nullptr);
@@ -803,9 +812,10 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> Dequantize(const Dequantizing& dq,
       host.resize(static_cast<size_t>(b.chunk_bytes(i)));
       dst = host.data();
     }
-    if (absl::Status s = DequantizeBlocks(dq.values->chunk_data(i),
-                                          reinterpret_cast<const float*>(dq.scales->chunk_data(i)),
-                                          box.shape(), dq.block, dst, dq.dtype);
+    if (absl::Status s = DequantizeBlocks(
+            dq.values->chunk_data(i),
+            reinterpret_cast<const float*>(dq.scales->chunk_data(i)) + dq.scale_offsets[i],
+            box.shape(), dq.block, dst, dq.dtype);
         !s.ok()) {
       return field_status::Prefixed(
           absl::StrCat("dequantizing tensor '", tensor, "' chunk ", box.ToString(), ": "), s);

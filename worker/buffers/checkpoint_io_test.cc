@@ -304,6 +304,26 @@ TEST_P(CheckpointIoTest, DequantizesF8RunsWithTheirScales) {
   EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
   buffers_.DropTensor("r");
 
+  // Each chunk's scales read as the whole scale entry (rows it does not need too, as a reader
+  // reads whole checksum blocks): the same values.
+  v1::ReadCheckpointRequest whole = req;
+  for (int i = 0; i < 2; ++i) {
+    v1::CheckpointDequantize* wd = whole.mutable_buffers(0)->mutable_dequantize();
+    *wd->mutable_scale_boxes(i) = BoxToProto(Box({0, 0}, {3, 3}));
+    wd->mutable_scale_runs(i)->set_offset(scales_at);
+    wd->mutable_scale_runs(i)->set_bytes(36);
+    wd->mutable_scale_runs(i)->set_has_xxh64(true);
+    wd->mutable_scale_runs(i)->set_xxh64(XXH64(scale_bytes.data(), 36, 0));
+  }
+  r = io_->Read(whole);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_read(), 172 * 260 + 72);
+  got = buffers_.Find("r", 9);
+  ASSERT_NE(got, nullptr);
+  ASSERT_TRUE(space_->CopyToHost(host.data(), got->data(), got->bytes()).ok());
+  EXPECT_TRUE(host == want.substr(0, 128 * 260 * 2) + want.substr(256 * 260 * 2));
+  buffers_.DropTensor("r");
+
   // A scale that does not match its checksum: DATA_LOSS naming the scale entry, nothing stored.
   b->mutable_dequantize()->mutable_scale_runs(0)->set_xxh64(1);
   absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
