@@ -13,6 +13,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -20,6 +21,7 @@
 #include "client/tensor_command.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/convert.h"
+#include "sharding/block_quant.h"
 
 namespace shardcoord {
 namespace {
@@ -145,6 +147,17 @@ absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
     }
     request.set_dtype(DTypeToProto(*dtype));
   }
+  request.set_dequantize(flags.dequantize);
+  if (!flags.block.empty()) {
+    if (!flags.dequantize) return absl::InvalidArgumentError("--block: only with --dequantize");
+    std::string block(absl::StripAsciiWhitespace(flags.block));
+    if (!absl::StartsWith(block, "block:")) block = absl::StrCat("block:", block);
+    absl::StatusOr<BlockSize> parsed = ParseBlockQuantization(block);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--block: ", parsed.status().message()));
+    }
+    request.set_block(BlockQuantizationText(*parsed));
+  }
   request.set_request_id(NewRequestId());
   const bool has_spec = flags.placements.has_value() || flags.flat.has_value();
   if (!flags.from_file.empty()) {
@@ -229,7 +242,9 @@ int RunCheckpointLoadCommand(CoordinatorClient& client, const CheckpointLoadFlag
   if (r->tensors_size() <= 20) {
     for (const v1::LoadedTensor& t : r->tensors()) {
       out << "  " << t.name() << (t.name() == t.tensor() ? "" : absl::StrCat(" (", t.tensor(), ")"))
-          << ": version " << t.version() << "\n";
+          << ": version " << t.version()
+          << (t.scale_tensor().empty() ? "" : absl::StrCat(", dequantized with ", t.scale_tensor()))
+          << "\n";
     }
   }
   return 0;
@@ -362,6 +377,15 @@ void AddCheckpointCommand(CLI::App& app, const ConnectionFlags* conn) {
                                   "of Copy; with --into it must be the tensors' dtype): ",
                                   DTypeNameList()))
         ->type_name("TYPE");
+    load->add_flag(
+        "--dequantize", flags->dequantize,
+        "Dequantize block-scaled FP8 (DeepSeek-V3 / Hugging Face): every F8_E4M3 entry N with "
+        "an F32 entry N_scale_inv (one scale per block of the last two dims) loads as "
+        "f32(q) * scale cast to --dtype (default bf16; with --into, the tensor's dtype); the "
+        "_scale_inv entries are consumed, not loaded. Without it FP8 entries load unchanged");
+    load->add_option("--block", flags->block,
+                     "Block size of --dequantize, rows x cols (default 128x128)")
+        ->type_name("RxC");
     load->callback([conn, flags, placements, flat]() {
       if (placements->count() > 0) flags->placements = placements->as<std::string>();
       if (flat->count() > 0) flags->flat = flat->as<std::string>();

@@ -45,7 +45,9 @@ struct CheckpointLoadFlags {
   std::string prefix;
   std::string from_file;  // {"moves": [{"tensor": "a", "mesh": "m", "placements": "S(0)"}]}.
   bool into = false;
-  std::string dtype;  // Cast every tensor to it as it loads; empty: the checkpoint's.
+  std::string dtype;        // Cast every tensor to it as it loads; empty: the checkpoint's.
+  bool dequantize = false;  // Block-scaled FP8 entries with their _scale_inv (issue 28).
+  std::string block;        // "128x128" or "block:128x128"; empty: 128x128.
 };
 absl::StatusOr<v1::LoadCheckpointRequest> BuildLoadCheckpointRequest(
     const CheckpointLoadFlags& flags, const std::string& from_file_text = "");

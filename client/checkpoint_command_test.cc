@@ -61,6 +61,30 @@ TEST(CheckpointCommandTest, LoadTargets) {
   EXPECT_THAT(BuildLoadCheckpointRequest(flags).status().message(), HasSubstr("--into"));
 }
 
+TEST(CheckpointCommandTest, LoadDequantizeAndBlock) {
+  CheckpointLoadFlags flags;
+  flags.dir = "/c";
+  flags.mesh = "m";
+  flags.placements = "S(0)";
+  flags.block = "64x32";
+  EXPECT_THAT(BuildLoadCheckpointRequest(flags).status().message(), HasSubstr("--dequantize"));
+  flags.dequantize = true;
+  absl::StatusOr<v1::LoadCheckpointRequest> r = BuildLoadCheckpointRequest(flags);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->dequantize());
+  EXPECT_EQ(r->block(), "block:64x32");
+  flags.block = "block:128x128";
+  r = BuildLoadCheckpointRequest(flags);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->block(), "block:128x128");
+  flags.block = "0x5";
+  EXPECT_THAT(BuildLoadCheckpointRequest(flags).status().message(), HasSubstr("--block"));
+  flags.block.clear();
+  r = BuildLoadCheckpointRequest(flags);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->block().empty());  // The coordinator's default, 128x128.
+}
+
 TEST(CheckpointCommandTest, LoadFromFile) {
   CheckpointLoadFlags flags;
   flags.dir = "/c";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -191,7 +192,10 @@ absl::StatusOr<LoadPlan> PlanLoad(absl::Span<const LoadTensor> tensors,
       // The piece's rows cut where the set of ranks needing them changes: at every chunk
       // boundary, or (with block checksums, which a reader checks whole) at block
       // boundaries, a block needed by the ranks needing any of its rows.
-      const int64_t grain = piece.rows_per_block > 0 ? piece.rows_per_block : 1;
+      // A LoadTensor::row_align as well: the least common multiple of both.
+      const int64_t check_grain = piece.rows_per_block > 0 ? piece.rows_per_block : 1;
+      const int64_t align = std::max<int64_t>(1, tensors[t].row_align);
+      const int64_t grain = check_grain / std::gcd(check_grain, align) * align;
       std::vector<int64_t> cuts = {0, rows};
       for (const auto& [range, rank] : wants) {
         cuts.push_back(range.first / grain * grain);

@@ -75,6 +75,11 @@ struct LoadTensor {
   // its tensors in batches (CutLoadBatches) gives each batch its own group, so that no reader
   // of a batch holds up the others.
   int64_t group = 0;
+  // > 1: every run starts on a multiple of row_align rows from its piece's first row (and ends
+  // on one, or at the piece's end), so that a reader holds whole blocks of rows: a dequantizing
+  // load (issue 28) reads an F8 entry's 128-row scale blocks whole. With block checksums, runs
+  // are cut on multiples of both.
+  int64_t row_align = 1;
 };
 
 // A contiguous range of rows (along dim 0 of the piece's box) of one piece, read by one rank

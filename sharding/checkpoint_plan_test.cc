@@ -1,7 +1,9 @@
 #include "sharding/checkpoint_plan.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -231,6 +233,47 @@ TEST(PlanLoadTest, ShardedTargetReadsOnlyItsRows) {
     EXPECT_TRUE(target.Find(r.rank)->chunks[0].box.Contains(r.box)) << r.box.ToString();
   }
   CheckLoad(t, target, plan->tensors[0]);
+}
+
+TEST(PlanLoadTest, RowAlignReadsWholeBlocksOfRows) {
+  // A 300-row entry (as a Hugging Face file holds it: one piece) loaded S(0) on 4 ranks of 75
+  // rows: with row_align 128 every run starts on a multiple of 128 rows and ends on one or at
+  // row 300, so each reader holds whole 128-row blocks (a dequantizing load); the exchange
+  // still delivers every value. With block checksums of 48 rows, runs cut on multiples of 384.
+  const Shape shape = {300, 260};
+  const CheckpointTensor t = Saved("w", DType::kF8E4M3, Placed({1}, shape, "R"));
+  const Layout target = Placed({4}, shape, "S(0)");
+  LoadTensor lt{&t, target};
+  lt.row_align = 128;
+  absl::StatusOr<LoadPlan> plan = PlanLoad({lt});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const ReadRun& r : plan->tensors[0].runs) {
+    EXPECT_EQ(r.row_begin % 128, 0) << r.box.ToString();
+    EXPECT_TRUE(r.row_end % 128 == 0 || r.row_end == 300) << r.box.ToString();
+    rows.push_back({r.row_begin, r.row_end});
+  }
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(rows, (std::vector<std::pair<int64_t, int64_t>>{{0, 128}, {128, 256}, {256, 300}}));
+  EXPECT_EQ(plan->total_bytes, 300 * 260);
+  CheckLoad(t, target, plan->tensors[0]);
+
+  const CheckpointTensor checked = Saved("w", DType::kF8E4M3, Placed({1}, shape, "R"), 48);
+  LoadTensor lc{&checked, target};
+  lc.row_align = 128;
+  plan = PlanLoad({lc});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const ReadRun& r : plan->tensors[0].runs) {
+    EXPECT_EQ(r.row_begin % 384, 0) << r.box.ToString();
+  }
+  CheckLoad(checked, target, plan->tensors[0]);
+
+  // Without it, the readers' rows follow the target's 75-row chunks.
+  plan = PlanLoad({LoadTensor{&t, target}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  bool unaligned = false;
+  for (const ReadRun& r : plan->tensors[0].runs) unaligned = unaligned || r.row_begin % 128 != 0;
+  EXPECT_TRUE(unaligned);
 }
 
 TEST(PlanLoadTest, EveryLayoutKind) {

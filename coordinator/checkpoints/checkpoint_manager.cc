@@ -6,11 +6,13 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
+#include "sharding/block_quant.h"
 #include "sharding/cast.h"
 #include "sharding/checkpoint_plan.h"
 #include "sharding/names.h"
@@ -40,6 +42,151 @@ absl::StatusOr<std::string> CleanDir(const std::string& dir) {
 
 absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
+constexpr absl::string_view kScaleSuffix = "_scale_inv";
+
+// With dequantize: whether `name` is the scale of an f8_e4m3 tensor of the index (consumed,
+// never loaded).
+bool ConsumedScale(const CheckpointIndex& index, const std::string& name) {
+  if (!absl::EndsWith(name, kScaleSuffix)) return false;
+  const CheckpointTensor* base = index.Find(name.substr(0, name.size() - kScaleSuffix.size()));
+  return base != nullptr && base->dtype == DType::kF8E4M3;
+}
+
+// A dtype block-scaled FP8 dequantizes into (sharding/block_quant.h).
+bool DequantizesInto(DType dtype) { return IsFloat(dtype) && dtype != DType::kF8E8M0; }
+
+// The scales of the blocks of `box` (a box of a tensor cut into `block`s over its last two
+// dims): INVALID_ARGUMENT for fewer than two dims or a box that does not start on a block
+// boundary.
+absl::StatusOr<Box> BlockScaleBox(const Box& box, const BlockSize& block) {
+  if (box.ndim() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(box.ToString(), " has fewer than two dims (blocks need two)"));
+  }
+  const size_t r = box.ndim() - 2, c = box.ndim() - 1;
+  if (box.offset(r) % block.rows != 0 || box.offset(c) % block.cols != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        box.ToString(), " does not start on a ", BlockQuantizationText(block), " block boundary"));
+  }
+  Shape offset = box.offset(), shape = box.shape();
+  offset[r] /= block.rows;
+  offset[c] /= block.cols;
+  shape[r] = (shape[r] + block.rows - 1) / block.rows;
+  shape[c] = (shape[c] + block.cols - 1) / block.cols;
+  return Box(std::move(offset), std::move(shape));
+}
+
+// Checks that f8_e4m3 `t` can be dequantized: its scale tensor (t + "_scale_inv", f32 of
+// BlockScaleShape) is in the index (INVALID_ARGUMENT naming what was expected and found) and
+// every piece of t starts on a block boundary (FAILED_PRECONDITION naming it).
+absl::Status CheckDequantizable(const CheckpointTensor& t, const CheckpointIndex& index,
+                                const BlockSize& block, const CheckpointTensor** scale) {
+  const std::string name = absl::StrCat(t.name, kScaleSuffix);
+  absl::StatusOr<Shape> want = BlockScaleShape(t.shape, block);
+  if (!want.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("f8_e4m3 '", t.name, "' of shape ", ShapeToString(t.shape),
+                     " cannot be dequantized: ", want.status().message()));
+  }
+  const CheckpointTensor* s = index.Find(name);
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "f8_e4m3 '", t.name, "' has no scale tensor '", name, "' in the checkpoint (expected f32 ",
+        ShapeToString(*want), " for blocks ", BlockQuantizationText(block), ")"));
+  }
+  if (s->dtype != DType::kF32 || s->shape != *want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the scale '", name, "' of f8_e4m3 '", t.name, "' ", ShapeToString(t.shape),
+                     " is ", DTypeName(s->dtype), " ", ShapeToString(s->shape), " but blocks ",
+                     BlockQuantizationText(block), " need f32 ", ShapeToString(*want)));
+  }
+  for (const CheckpointPiece& piece : t.pieces) {
+    if (piece.box.Empty()) continue;
+    if (absl::StatusOr<Box> b = BlockScaleBox(piece.box, block); !b.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("f8_e4m3 '", t.name, "': its piece '", piece.entry, "' ",
+                       b.status().message(), " (a dequantizing load reads whole blocks)"));
+    }
+  }
+  *scale = s;
+  return absl::OkStatus();
+}
+
+// A run reading rows [row_begin, row_end) of `piece`, checked by the index's checksums where
+// it covers them whole.
+void AddReadRun(const CheckpointFiles& files, const CheckpointPiece& piece, int64_t row_begin,
+                int64_t row_end, int64_t esize, v1::CheckpointReadRun* out) {
+  const SafetensorsHeader& h = files.headers.at(piece.file);
+  const SafetensorsEntry* e = h.Find(piece.entry);
+  const int64_t row_bytes = BoxRowElements(piece.box) * esize;
+  out->set_file(piece.file);
+  out->set_entry(piece.entry);
+  out->set_offset(h.data_start() + e->begin + row_begin * row_bytes);
+  out->set_bytes((row_end - row_begin) * row_bytes);
+  const int64_t rows = BoxRows(piece.box);
+  const int64_t per = piece.rows_per_block;
+  if (per > 0 && row_begin % per == 0 && (row_end % per == 0 || row_end == rows)) {
+    out->set_block_bytes(per * row_bytes);
+    for (int64_t k = row_begin / per; k < (row_end + per - 1) / per; ++k) {
+      out->add_blocks(piece.blocks[static_cast<size_t>(k)]);
+    }
+  } else if (piece.has_xxh64 && row_begin == 0 && row_end == rows) {
+    out->set_has_xxh64(true);
+    out->set_xxh64(piece.xxh64);
+  }
+}
+
+// The scale rows a reader of `run` (rows of a dequantized tensor) reads: the f32 scales of its
+// blocks, which must be one contiguous row range of one piece of the scale tensor.
+struct ScaleRead {
+  Box box;  // In the scale tensor: rows [row_begin, row_end) of the piece.
+  size_t piece = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+};
+absl::StatusOr<ScaleRead> ScaleReadOf(const CheckpointTensor& tensor, const CheckpointTensor& scale,
+                                      const Box& run, const BlockSize& block) {
+  absl::StatusOr<Box> box = BlockScaleBox(run, block);
+  if (!box.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", tensor.name, "': ", box.status().message()));
+  }
+  for (size_t p = 0; p < scale.pieces.size(); ++p) {
+    const Box& pb = scale.pieces[p].box;
+    if (!pb.Contains(*box)) continue;
+    bool rows = true;
+    for (size_t d = 1; d < pb.ndim(); ++d) {
+      rows = rows && box->offset(d) == pb.offset(d) && box->shape(d) == pb.shape(d);
+    }
+    if (!rows) break;
+    ScaleRead out;
+    out.piece = p;
+    out.row_begin = box->offset(0) - pb.offset(0);
+    out.row_end = out.row_begin + box->shape(0);
+    // Whole checksum blocks of the piece (or the whole piece, checked by its xxh64), so that
+    // the reader checks its scales as every run: a few more scale rows, which are small.
+    const CheckpointPiece& piece = scale.pieces[p];
+    const int64_t piece_rows = BoxRows(pb);
+    if (piece.rows_per_block > 0) {
+      out.row_begin = out.row_begin / piece.rows_per_block * piece.rows_per_block;
+      out.row_end = std::min(piece_rows, (out.row_end + piece.rows_per_block - 1) /
+                                             piece.rows_per_block * piece.rows_per_block);
+    } else if (piece.has_xxh64) {
+      out.row_begin = 0;
+      out.row_end = piece_rows;
+    }
+    Shape offset = pb.offset(), shape = pb.shape();
+    offset[0] += out.row_begin;
+    shape[0] = out.row_end - out.row_begin;
+    out.box = Box(std::move(offset), std::move(shape));
+    return out;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("tensor '", tensor.name, "': the scales ", box->ToString(), " of rows ",
+                   run.ToString(), " are not whole rows of one piece of '", scale.name,
+                   "' (a dequantizing load reads each reader's scales in one run)"));
 }
 
 }  // namespace
@@ -541,6 +688,12 @@ struct CheckpointManager::LoadState {
     std::optional<Spec> spec;
     int64_t version = 0;  // The staging tensor's (the read buffers').
     bool reserved = false;
+    // The staging tensor's dtype: the checkpoint's, or (dequantized) the one it becomes.
+    DType dtype = DType::kF32;
+    const CheckpointTensor* scale = nullptr;  // Dequantized with these scales.
+    std::vector<ScaleRead> scale_reads;       // Per run of its TensorRead.
+    int64_t scale_bytes = 0;
+    DType result_dtype = DType::kF32;  // What the loaded tensor holds.
   };
   std::vector<Item> items;
   LoadPlan plan;
@@ -610,6 +763,7 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   std::vector<LoadTargetArgs> targets = args.targets;
   if (args.all) {
     for (const CheckpointTensor& t : index.tensors) {
+      if (args.dequantize && ConsumedScale(index, t.name)) continue;
       targets.push_back(LoadTargetArgs{t.name, "", args.spec});
     }
   }
@@ -633,8 +787,27 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
                                 absl::StrCat(where, ".name: '", item.name, "' is loaded twice")));
     }
     const CheckpointTensor& ct = *item.tensor;
+    item.dtype = ct.dtype;
+    if (args.dequantize && ConsumedScale(index, ct.name)) {
+      return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
+                                where, ".tensor: '", ct.name, "' is the scale of f8_e4m3 '",
+                                ct.name.substr(0, ct.name.size() - kScaleSuffix.size()),
+                                "', which a load with dequantize consumes (load that tensor)")));
+    }
+    const bool dequantized = args.dequantize && ct.dtype == DType::kF8E4M3;
+    if (dequantized) {
+      if (absl::Status s = CheckDequantizable(ct, index, args.block, &item.scale); !s.ok()) {
+        return LoadFailed(st, Prefixed(absl::StrCat(where, ".tensor: "), s));
+      }
+      item.dtype = args.dtype.value_or(DType::kBF16);
+      if (!DequantizesInto(item.dtype)) {
+        return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
+                                  "dtype: ", DTypeName(item.dtype), ": f8_e4m3 '", ct.name,
+                                  "' dequantizes only into a float dtype other than f8_e8m0")));
+      }
+    }
     // The dtype the tensor ends with: the existing one's (into), the asked one, or the file's.
-    if (args.dtype.has_value() && !CastAllowed(ct.dtype, *args.dtype)) {
+    if (!dequantized && args.dtype.has_value() && !CastAllowed(ct.dtype, *args.dtype)) {
       return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
                                 "dtype: the checkpoint's '", ct.name, "' is ", DTypeName(ct.dtype),
                                 ", which cannot be cast to ", DTypeName(*args.dtype), ": ",
@@ -643,7 +816,13 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
     if (args.into) {
       absl::StatusOr<TensorRecord> rec = tensors_->Get(item.name);
       if (!rec.ok()) return LoadFailed(st, Prefixed(absl::StrCat(where, ".name: "), rec.status()));
-      if (rec->shape != ct.shape || !CastAllowed(ct.dtype, rec->dtype)) {
+      if (dequantized && rec->shape == ct.shape && !DequantizesInto(rec->dtype)) {
+        return LoadFailed(st, absl::InvalidArgumentError(absl::StrCat(
+                                  where, ".name: tensor '", item.name, "' is ",
+                                  DTypeName(rec->dtype), ", which f8_e4m3 '", ct.name,
+                                  "' cannot dequantize into (a float dtype other than f8_e8m0)")));
+      }
+      if (rec->shape != ct.shape || (!dequantized && !CastAllowed(ct.dtype, rec->dtype))) {
         return LoadFailed(
             st, absl::InvalidArgumentError(absl::StrCat(
                     where, ".name: tensor '", item.name, "' is ", ShapeToString(rec->shape), " ",
@@ -661,6 +840,8 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
       }
       item.target = rec->layout;
       item.staging = absl::StrCat("~", st->op, "/", item.name);
+      if (dequantized) item.dtype = rec->dtype;
+      item.result_dtype = rec->dtype;
     } else {
       if (!t.spec.has_value() || t.spec->mesh.empty()) {
         return LoadFailed(st, absl::InvalidArgumentError(
@@ -679,12 +860,16 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
       item.target = *std::move(layout);
       item.spec = t.spec;
       item.staging = item.name;
+      item.result_dtype = args.dtype.value_or(item.dtype);
     }
     for (const RankChunks& rc : item.target.ranks()) {
       absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
       if (!e.ok()) return LoadFailed(st, Prefixed(absl::StrCat(where, ": "), e.status()));
     }
     LoadTensor lt{item.tensor, item.target};
+    // Readers of a dequantized tensor hold whole blocks: of rows for a matrix (a tensor of
+    // more dims is cut along its first, outside the blocks).
+    if (dequantized && ct.shape.size() == 2) lt.row_align = args.block.rows;
     // Where each piece starts in its file, so that large runs can be read with O_DIRECT.
     for (const CheckpointPiece& piece : ct.pieces) {
       const SafetensorsHeader& h = st->files.headers.at(piece.file);
@@ -719,6 +904,19 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   absl::StatusOr<LoadPlan> plan = PlanLoad(load, LoadPlanOptions{kDirectIoAlignment});
   if (!plan.ok()) return LoadFailed(st, plan.status());
   st->plan = *std::move(plan);
+  // Each reader of a dequantized tensor reads its blocks' scales too.
+  int64_t scale_bytes = 0;
+  for (size_t i = 0; i < st->items.size(); ++i) {
+    LoadState::Item& item = st->items[i];
+    if (item.scale == nullptr) continue;
+    for (const ReadRun& run : st->plan.tensors[i].runs) {
+      absl::StatusOr<ScaleRead> sr = ScaleReadOf(*item.tensor, *item.scale, run.box, args.block);
+      if (!sr.ok()) return LoadFailed(st, sr.status());
+      item.scale_bytes += sr->box.Volume() * ElementSize(DType::kF32);
+      item.scale_reads.push_back(*std::move(sr));
+    }
+    scale_bytes += item.scale_bytes;
+  }
 
   // Hidden staging tensors, one per item, laid out as the readers will hold them.
   for (size_t i = 0; i < st->items.size(); ++i) {
@@ -726,7 +924,7 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
     TensorRecord rec;
     rec.name = item.staging;
     rec.shape = item.tensor->shape;
-    rec.dtype = item.tensor->dtype;
+    rec.dtype = item.dtype;
     rec.spec = "checkpoint read layout";
     rec.layout = st->plan.tensors[i].read_layout;
     rec.version = tensors_->NewVersion();
@@ -761,29 +959,24 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
         v1::CheckpointReadBuffer* b = r.request.add_buffers();
         b->set_tensor(item.staging);
         b->set_version(item.version);
-        b->set_dtype(DTypeToProto(ct.dtype));
+        b->set_dtype(DTypeToProto(item.dtype));
         *b->mutable_chunks() = RankChunksToProto(rc);
+        if (item.scale != nullptr) {
+          b->mutable_dequantize()->set_block(BlockQuantizationText(st->args.block));
+        }
         r.item_of.push_back(i);
         buffer_of[rc.rank] = b;
       }
-      for (const ReadRun& run : tr.runs) {
-        const CheckpointPiece& piece = ct.pieces[run.piece];
-        const SafetensorsHeader& h = st->files.headers.at(piece.file);
-        const SafetensorsEntry* e = h.Find(piece.entry);
-        const int64_t row_bytes = BoxRowElements(piece.box) * esize;
-        v1::CheckpointReadRun* out = buffer_of.at(run.rank)->add_runs();
-        out->set_file(piece.file);
-        out->set_entry(piece.entry);
-        out->set_offset(h.data_start() + e->begin + run.row_begin * row_bytes);
-        out->set_bytes(run.box.Volume() * esize);
-        if (piece.rows_per_block > 0) {
-          out->set_block_bytes(piece.rows_per_block * row_bytes);
-          const int64_t k0 = run.row_begin / piece.rows_per_block;
-          const int64_t k1 = (run.row_end + piece.rows_per_block - 1) / piece.rows_per_block;
-          for (int64_t k = k0; k < k1; ++k) out->add_blocks(piece.blocks[static_cast<size_t>(k)]);
-        } else if (piece.has_xxh64 && run.row_begin == 0 && run.row_end == BoxRows(piece.box)) {
-          out->set_has_xxh64(true);
-          out->set_xxh64(piece.xxh64);
+      for (size_t k = 0; k < tr.runs.size(); ++k) {
+        const ReadRun& run = tr.runs[k];
+        v1::CheckpointReadBuffer* b = buffer_of.at(run.rank);
+        AddReadRun(st->files, ct.pieces[run.piece], run.row_begin, run.row_end, esize,
+                   b->add_runs());
+        if (item.scale != nullptr) {
+          const ScaleRead& sr = item.scale_reads[k];
+          *b->mutable_dequantize()->add_scale_boxes() = BoxToProto(sr.box);
+          AddReadRun(st->files, item.scale->pieces[sr.piece], sr.row_begin, sr.row_end,
+                     ElementSize(DType::kF32), b->mutable_dequantize()->add_scale_runs());
         }
       }
     }
@@ -791,7 +984,7 @@ void CheckpointManager::LoadIndexRead(const std::shared_ptr<LoadState>& st,
   {
     absl::MutexLock lock(&mu_);
     auto it = progress_.find(st->args.id);
-    if (it != progress_.end()) it->second.set_bytes_total(st->plan.total_bytes);
+    if (it != progress_.end()) it->second.set_bytes_total(st->plan.total_bytes + scale_bytes);
   }
   UpdateProgress(st->args.id, "reading", 0);
   {
@@ -895,7 +1088,7 @@ void CheckpointManager::BatchRead(const std::shared_ptr<LoadState>& st, size_t b
       m.into = item.name;
     } else {
       m.target = *item.spec;
-      if (st->args.dtype.has_value() && *st->args.dtype != item.tensor->dtype) {
+      if (st->args.dtype.has_value() && *st->args.dtype != item.dtype) {
         m.dtype = st->args.dtype;
       }
       // Published with every other batch's tensors once all committed.
@@ -973,8 +1166,11 @@ void CheckpointManager::LoadExchanged(const std::shared_ptr<LoadState>& st) {
     t->set_tensor(item.tensor->name);
     t->set_name(item.name);
     t->set_version(target_version.count(i) ? target_version.at(i) : 0);
-    const int64_t b = Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype);
+    const int64_t b = Box::Whole(item.tensor->shape).Volume() * ElementSize(item.tensor->dtype) +
+                      item.scale_bytes;
     t->set_bytes(b);
+    if (item.scale != nullptr) t->set_scale_tensor(item.scale->name);
+    t->set_dtype(DTypeToProto(item.result_dtype));
     bytes += b;
   }
   // Per reading rank, over every batch.

@@ -23,6 +23,7 @@
 #include "coordinator/state/tensor_manager.h"
 #include "proto/convert.h"
 #include "proto/shardcoord.pb.h"
+#include "sharding/block_quant.h"
 #include "sharding/checkpoint_index.h"
 #include "sharding/safetensors.h"
 
@@ -53,6 +54,15 @@ struct LoadCheckpointArgs {
   // Cast every tensor to this dtype as it loads (sharding/cast.h); empty: the checkpoint's.
   // With `into` the copies cast to each existing tensor's dtype, which this must then be.
   std::optional<DType> dtype;
+  // Dequantize block-scaled FP8 (issue 28): every f8_e4m3 tensor N with a tensor N_scale_inv
+  // (f32 of BlockScaleShape(N's shape, block)) loads as its dequantized value in `dtype`
+  // (bf16 when empty; with into, the existing tensor's), read with its scales by the workers;
+  // the N_scale_inv tensors are consumed, never loaded (all skips them, naming one is
+  // INVALID_ARGUMENT). INVALID_ARGUMENT for an f8_e4m3 tensor without its scale or with a
+  // scale of another shape or dtype; FAILED_PRECONDITION for a piece of N (or its scale rows)
+  // that does not start on a block boundary (a shardcoord checkpoint cut inside blocks).
+  bool dequantize = false;
+  BlockSize block;
 };
 
 // A checkpoint directory as a worker read it: the index (from index.json, or made from the

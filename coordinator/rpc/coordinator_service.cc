@@ -24,6 +24,7 @@
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "sharding/block_quant.h"
+#include "sharding/field_status.h"
 #include "sharding/limits.h"
 #include "sharding/names.h"
 #include "sharding/planner.h"
@@ -870,6 +871,16 @@ grpc::ServerUnaryReactor* CoordinatorService::LoadCheckpoint(grpc::CallbackServe
     absl::StatusOr<DType> dtype = DTypeFromProto(req->dtype(), "dtype");
     if (!dtype.ok()) return Done(ctx, dtype.status());
     args.dtype = *dtype;
+  }
+  args.dequantize = req->dequantize();
+  if (!req->block().empty()) {
+    if (!req->dequantize()) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "block: '", req->block(), "' is only for a load with dequantize")));
+    }
+    absl::StatusOr<BlockSize> block = ParseBlockQuantization(req->block());
+    if (!block.ok()) return Done(ctx, field_status::Prefixed("block: ", block.status()));
+    args.block = *block;
   }
   absl::StatusOr<std::optional<Spec>> spec = OptionalSpec(req->spec(), "spec");
   if (!spec.ok()) return Done(ctx, spec.status());

@@ -118,6 +118,43 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(parts))
 
 
+# ---- Block-scaled FP8 (issue 28), a NumPy reference ------------------------------------------
+
+
+def e4m3_to_f32(bits):
+    """f8_e4m3fn bit patterns (uint8) as float32 values, exactly: bias 7, subnormals at
+    exponent 0, S.1111.111 the only NaN (no infinities). NaN here is positive; the caller
+    handles NaN bits by the cast rules."""
+    b = bits.astype(np.int64)
+    e = (b >> 3) & 0xF
+    m = (b & 7).astype(np.float64)
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1.0 + m / 8.0) * np.exp2(e - 7.0))
+    v = np.where(b & 0x80, -v, v)
+    v = np.where((b & 0x7F) == 0x7F, np.nan, v)
+    return v.astype(np.float32)  # Every e4m3 value is exact in f32.
+
+
+def expand_scales(scales, shape, block=(128, 128)):
+    """Each element's block scale: scales [..., ceil(M/r), ceil(N/c)] repeated over blocks."""
+    s = np.repeat(np.repeat(scales, block[0], axis=-2), block[1], axis=-1)
+    return s[..., :shape[-2], :shape[-1]]
+
+
+def dequantize_reference(q, scales, dtype):
+    """y = dtype(f32(q) * s): the product in f32 (IEEE, ties to even), then f32 -> bf16 with
+    ties to even, or kept as f32. NaN (S.1111.111) becomes the cast rules' quiet NaN, sign and
+    payload kept: f32 S.11111111.1110000..., bf16 S.11111111.1110000. Returns bit patterns."""
+    with np.errstate(all="ignore"):
+        x = e4m3_to_f32(q) * expand_scales(scales.astype(np.float32), q.shape)
+    u = x.astype(np.float32).view("<u4").astype(np.uint64)
+    sign = (q.astype(np.uint64) >> 7) & 1
+    nan = (q & 0x7F) == 0x7F
+    if dtype == "f32":
+        return np.where(nan, (sign << 31) | 0x7FF00000, u).astype("<u4")
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return np.where(nan, (sign << 15) | 0x7FF0, rounded).astype("<u2")
+
+
 class CheckpointTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -244,6 +281,131 @@ class CheckpointTest(unittest.TestCase):
         self.assertEqual(e.exception.code, "DATA_LOSS")
         self.assertIn("cut.safetensors: entry", e.exception.message)
         self.assertEqual({t.name for t in self.c.tensors()}, before)
+
+    def test_fp8_checkpoint_loads_dequantized(self):
+        # A DeepSeek-V3 style file written with NumPy: F8_E4M3 weights (bit patterns) with F32
+        # *_scale_inv block scales, a 3-d expert weight, a plain BF16 entry.
+        rng = np.random.default_rng(28)
+        down = rng.integers(0, 256, size=(300, 260), dtype=np.uint8)
+        # NaN, -NaN, 0, -0, the smallest subnormals, the largest, a normal.
+        down[0, :10] = [0x7F, 0xFF, 0x00, 0x80, 0x01, 0x81, 0x07, 0x7E, 0xFE, 0x38]
+        down[299, 259] = 0x7F  # In the edge block.
+        down_s = np.array([[1.0, 0.5, 3e-8], [1.5e30, 1e-3, 7.0],
+                           [2.0 ** -20, 0.25, 1e-40]], dtype="<f4")  # 1e-40: subnormal.
+        experts = rng.integers(0, 256, size=(4, 130, 200), dtype=np.uint8)
+        experts_s = rng.uniform(1e-4, 10.0, size=(4, 2, 2)).astype("<f4")
+        norm = rng.integers(0, 1 << 16, size=(64,), dtype="<u2")
+        down_n = "model.layers.0.mlp.down_proj.weight"
+        experts_n = "model.layers.0.mlp.experts.w"
+        d = os.path.join(self.tmp, "fp8")
+        os.mkdir(d)
+        path = os.path.join(d, "model.safetensors")
+        write_safetensors(path, {down_n: ("F8_E4M3", down),
+                                 down_n + "_scale_inv": ("F32", down_s),
+                                 experts_n: ("F8_E4M3", experts),
+                                 experts_n + "_scale_inv": ("F32", experts_s),
+                                 "model.norm.weight": ("BF16", norm)})
+
+        # Into a BF16 S(0) layout on 4 workers: 75 rows each cut the 128-row blocks, so the
+        # readers (whole blocks) differ from the targets and the exchange moves rows.
+        r = self.c.load_checkpoint(path, targets=[down_n, experts_n, "model.norm.weight"],
+                                   mesh="m4", placements="S(0)", prefix="dq.", dequantize=True)
+        self.assertEqual(r.bytes_read, down.nbytes + down_s.nbytes + experts.nbytes +
+                         experts_s.nbytes + norm.nbytes)
+        self.assertGreater(r.exchange_bytes_moved, 0)
+        info = {t.tensor: t for t in r.tensors}
+        self.assertEqual(info[down_n].scale_tensor, down_n + "_scale_inv")
+        self.assertEqual(info[down_n].dtype, shardcoord.pb.BF16)
+        self.assertEqual(info["model.norm.weight"].scale_tensor, "")
+        self.assertEqual(self.c.tensor("dq." + down_n).spec, "S(0)")
+        got = self.c.download("dq." + down_n).view("<u2")
+        np.testing.assert_array_equal(got, dequantize_reference(down, down_s, "bf16"))
+        np.testing.assert_array_equal(self.c.download("dq." + experts_n).view("<u2"),
+                                      dequantize_reference(experts, experts_s, "bf16"))
+        np.testing.assert_array_equal(self.c.download("dq.model.norm.weight").view("<u2"), norm)
+
+        # Every tensor (all): the scales are consumed, not created.
+        before = {t.name for t in self.c.tensors()}
+        r = self.c.load_checkpoint(path, mesh="m4", placements="R", prefix="all.",
+                                   dequantize=True, dtype="f32")
+        self.assertEqual(sorted(t.tensor for t in r.tensors),
+                         sorted([down_n, experts_n, "model.norm.weight"]))
+        self.assertEqual({t.name for t in self.c.tensors()} - before,
+                         {"all." + down_n, "all." + experts_n, "all.model.norm.weight"})
+        np.testing.assert_array_equal(self.c.download("all." + down_n).view("<u4"),
+                                      dequantize_reference(down, down_s, "f32"))
+
+        # Into an existing f32 tensor of another layout: its dtype.
+        self.c.create_tensor("into_down", [300, 260], dtype="f32", mesh="g",
+                             placements="S(1),S(0)")
+        r = self.c.load_checkpoint(path, targets={down_n: {"name": "into_down"}}, into=True,
+                                   dequantize=True)
+        self.assertEqual(r.tensors[0].dtype, shardcoord.pb.F32)
+        np.testing.assert_array_equal(self.c.download("into_down").view("<u4"),
+                                      dequantize_reference(down, down_s, "f32"))
+
+        # Without --dequantize the FP8 entry loads unchanged.
+        self.c.load_checkpoint(path, targets=[down_n], mesh="m4", placements="S(0)", prefix="raw.")
+        np.testing.assert_array_equal(self.c.download("raw." + down_n).view(np.uint8), down)
+
+        # Refusals: INVALID_ARGUMENT naming the entry, nothing created or changed.
+        noscale = os.path.join(self.tmp, "noscale.safetensors")
+        write_safetensors(noscale, {"x": ("F8_E4M3", down[:16, :16]), "y": ("F32", down_s)})
+        badscale = os.path.join(self.tmp, "badscale.safetensors")
+        write_safetensors(badscale, {"x": ("F8_E4M3", down), "x_scale_inv": ("F32", down_s[:2])})
+        badtype = os.path.join(self.tmp, "badtype.safetensors")
+        write_safetensors(badtype, {"x": ("F8_E4M3", down),
+                                    "x_scale_inv": ("F16", np.ones((3, 3), dtype="<f2"))})
+        before = {t.name: t.version for t in self.c.tensors()}
+        for file, targets, want in [
+                (noscale, None, "'x_scale_inv'"),
+                (badscale, ["x"], "f32 [3, 3]"),
+                (badtype, ["x"], "f16"),
+                (path, [down_n + "_scale_inv"], "consumes")]:
+            with self.assertRaises(shardcoord.Error) as e:
+                self.c.load_checkpoint(file, targets=targets, mesh="m4", placements="S(0)",
+                                       prefix="bad.", dequantize=True)
+            self.assertEqual(e.exception.code, "INVALID_ARGUMENT", e.exception.message)
+            self.assertIn(want, e.exception.message)
+        with self.assertRaises(shardcoord.Error) as e:
+            self.c.load_checkpoint(path, targets={down_n: {"name": "into_down"}}, into=True,
+                                   dequantize=True, dtype="bf16")
+        self.assertEqual(e.exception.code, "INVALID_ARGUMENT", e.exception.message)
+        self.assertEqual({t.name: t.version for t in self.c.tensors()}, before)
+        np.testing.assert_array_equal(self.c.download("into_down").view("<u4"),
+                                      dequantize_reference(down, down_s, "f32"))
+
+    def test_fp8_shardcoord_checkpoint_dequantizes_when_cut_on_blocks(self):
+        # A shardcoord checkpoint (index.json, XXH64 of every block) of an FP8 tensor and its
+        # scales: pieces of 128 rows start on block boundaries and load dequantized, every run
+        # (scales included) checked; pieces of 75 rows cut blocks: FAILED_PRECONDITION naming
+        # the piece, nothing created.
+        rng = np.random.default_rng(281)
+        w = rng.integers(0, 256, size=(256, 260), dtype=np.uint8)
+        w_s = rng.uniform(1e-3, 4.0, size=(2, 3)).astype("<f4")
+        self.c.upload("sv.w", w, "g", placements="S(0),R", dtype="f8_e4m3")
+        self.c.upload("sv.w_scale_inv", w_s, "m4", placements="R")
+        d = os.path.join(self.tmp, "fp8-saved")
+        self.c.save_checkpoint(d, ["sv.w", "sv.w_scale_inv"])
+        r = self.c.load_checkpoint(d, mesh="m4", placements="S(0)", prefix="svl.",
+                                   dequantize=True)
+        self.assertEqual([t.tensor for t in r.tensors], ["sv.w"])
+        np.testing.assert_array_equal(self.c.download("svl.sv.w").view("<u2"),
+                                      dequantize_reference(w, w_s, "bf16"))
+
+        cut = rng.integers(0, 256, size=(300, 260), dtype=np.uint8)
+        self.c.upload("cut.w", cut, "m4", placements="S(0)", dtype="f8_e4m3")
+        self.c.upload("cut.w_scale_inv", rng.uniform(1, 2, size=(3, 3)).astype("<f4"), "m4",
+                      placements="R")
+        d = os.path.join(self.tmp, "fp8-cut")
+        self.c.save_checkpoint(d, ["cut.w", "cut.w_scale_inv"])
+        before = {t.name: t.version for t in self.c.tensors()}
+        with self.assertRaises(shardcoord.Error) as e:
+            self.c.load_checkpoint(d, mesh="m4", placements="S(0)", prefix="cutl.",
+                                   dequantize=True)
+        self.assertEqual(e.exception.code, "FAILED_PRECONDITION", e.exception.message)
+        self.assertIn("block boundary", e.exception.message)
+        self.assertEqual({t.name: t.version for t in self.c.tensors()}, before)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/convert.h"
+#include "sharding/block_quant.h"
 #include "sharding/checkpoint_index.h"
 #include "sharding/checkpoint_plan.h"
+#include "sharding/field_status.h"
 #include "sharding/safetensors.h"
 #include "worker/buffers/checksum.h"
 #include "worker/plans/fragment.h"
@@ -691,6 +693,145 @@ absl::StatusOr<v1::WriteCheckpointResponse> CheckpointIo::Write(
   return response;
 }
 
+namespace {
+
+// A dequantizing buffer of a read (issue 28): its f8_e4m3 values and f32 scales are read into
+// host buffers, then dequantized into the buffer stored.
+struct Dequantizing {
+  size_t buffer = 0;  // Index into the request's buffers.
+  BlockSize block;
+  DType dtype = DType::kBF16;  // Of the buffer stored.
+  RankChunks chunks;
+  std::shared_ptr<HostBuffer> values;  // f8_e4m3, `chunks`.
+  std::shared_ptr<HostBuffer> scales;  // f32, chunk i holds the scales of the values' chunk i,
+  std::vector<int64_t> scale_offsets;  // from this element on.
+};
+
+// Checks a buffer's dequantize field against its chunks: every chunk starts on a block
+// boundary of the last two dims (so its blocks are the tensor's), and its scale box holds the
+// f32 scales of its blocks as a contiguous range (the box's full extent in all dims but the
+// first: a reader may read more scale rows, whole checksum blocks). Creates the scales' host
+// buffer (`values` is left empty).
+absl::StatusOr<Dequantizing> CheckDequantize(const v1::CheckpointReadBuffer& rb, DType dtype,
+                                             const RankChunks& chunks, const std::string& bf) {
+  const v1::CheckpointDequantize& dq = rb.dequantize();
+  const std::string field = absl::StrCat(bf, ".dequantize");
+  Dequantizing out;
+  absl::StatusOr<BlockSize> block =
+      ParseBlockQuantization(dq.block().empty() ? "block:128x128" : dq.block());
+  if (!block.ok()) return field_status::Prefixed(absl::StrCat(field, ".block: "), block.status());
+  out.block = *block;
+  out.dtype = dtype;
+  out.chunks = chunks;
+  if (!IsFloat(dtype) || dtype == DType::kF8E8M0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(bf, ".dtype: ", DTypeName(dtype), " is not a dtype to dequantize into"));
+  }
+  const int n = static_cast<int>(chunks.chunks.size());
+  if (dq.scale_boxes_size() != n || dq.scale_runs_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", dq.scale_boxes_size(),
+                                                   " scale boxes and ", dq.scale_runs_size(),
+                                                   " scale runs for ", n, " chunks"));
+  }
+  RankChunks scales;
+  scales.rank = chunks.rank;
+  for (int i = 0; i < n; ++i) {
+    const Box& box = chunks.chunks[static_cast<size_t>(i)].box;
+    const std::string where = absl::StrCat(field, ".scale_boxes[", i, "]");
+    if (box.ndim() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(bf, ".chunks[", i, "]: ", box.ToString(), " has fewer than two dims"));
+    }
+    const size_t r = box.ndim() - 2, c = box.ndim() - 1;
+    if (box.offset(r) % out.block.rows != 0 || box.offset(c) % out.block.cols != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(bf, ".chunks[", i, "]: ", box.ToString(), " does not start on a ",
+                       BlockQuantizationText(out.block), " block boundary"));
+    }
+    Shape offset = box.offset(), shape = box.shape();
+    offset[r] = box.offset(r) / out.block.rows;
+    offset[c] = box.offset(c) / out.block.cols;
+    shape[r] = (box.shape(r) + out.block.rows - 1) / out.block.rows;
+    shape[c] = (box.shape(c) + out.block.cols - 1) / out.block.cols;
+    const Box want(std::move(offset), std::move(shape));
+    absl::StatusOr<Box> got = BoxFromProto(dq.scale_boxes(i), where);
+    if (!got.ok()) return got.status();
+    bool rows = got->Contains(want);
+    for (size_t d = 1; rows && d < want.ndim(); ++d) {
+      rows = want.offset(d) == got->offset(d) && want.shape(d) == got->shape(d);
+    }
+    if (!rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", got->ToString(), " does not hold chunk ", box.ToString(),
+                       "'s block scales ", want.ToString(), " as whole rows"));
+    }
+    out.scale_offsets.push_back((want.offset(0) - got->offset(0)) * BoxRowElements(*got));
+    const v1::CheckpointReadRun& run = dq.scale_runs(i);
+    const std::string rf = absl::StrCat(field, ".scale_runs[", i, "]");
+    if (absl::Status s = CheckCheckpointFileName(absl::StrCat(rf, ".file"), run.file()); !s.ok()) {
+      return s;
+    }
+    const int64_t bytes = got->Volume() * int64_t{4};
+    if (run.bytes() != bytes || run.offset() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(rf, ": ", run.bytes(), " bytes at offset ",
+                                                     run.offset(), " for ", bytes,
+                                                     " bytes of scales"));
+    }
+    if (run.blocks_size() > 0 &&
+        (run.block_bytes() <= 0 ||
+         run.blocks_size() != (run.bytes() + run.block_bytes() - 1) / run.block_bytes())) {
+      return absl::InvalidArgumentError(absl::StrCat(rf, ": ", run.blocks_size(),
+                                                     " block checksums for ", run.bytes(),
+                                                     " bytes in blocks of ", run.block_bytes()));
+    }
+    const int64_t at = scales.local_elements;
+    scales.local_elements += got->Volume();
+    scales.chunks.push_back(Chunk{*std::move(got), at, 0});
+  }
+  absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
+      HostBuffer::Create(DType::kF32, std::move(scales), nullptr);
+  if (!buffer.ok()) return buffer.status();
+  out.scales = *std::move(buffer);
+  return out;
+}
+
+// The stored buffer of a dequantizing one: every chunk dequantized (sharding/block_quant.h)
+// into `space` (through host memory when it is a device's).
+absl::StatusOr<std::shared_ptr<HostBuffer>> Dequantize(const Dequantizing& dq,
+                                                       const std::string& tensor,
+                                                       MemorySpace* space) {
+  absl::StatusOr<std::shared_ptr<HostBuffer>> out = HostBuffer::Create(dq.dtype, dq.chunks, space);
+  if (!out.ok()) return out.status();
+  HostBuffer& b = **out;
+  std::vector<char> host;
+  for (size_t i = 0; i < dq.chunks.chunks.size(); ++i) {
+    const Box& box = dq.chunks.chunks[i].box;
+    if (box.Volume() == 0) continue;
+    char* dst = b.chunk_data(i);
+    if (!b.space().is_host()) {
+      host.resize(static_cast<size_t>(b.chunk_bytes(i)));
+      dst = host.data();
+    }
+    if (absl::Status s = DequantizeBlocks(
+            dq.values->chunk_data(i),
+            reinterpret_cast<const float*>(dq.scales->chunk_data(i)) + dq.scale_offsets[i],
+            box.shape(), dq.block, dst, dq.dtype);
+        !s.ok()) {
+      return field_status::Prefixed(
+          absl::StrCat("dequantizing tensor '", tensor, "' chunk ", box.ToString(), ": "), s);
+    }
+    if (!b.space().is_host()) {
+      if (absl::Status s = b.space().CopyFromHost(b.chunk_data(i), host.data(), b.chunk_bytes(i));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
     const v1::ReadCheckpointRequest& request) {
   const absl::Time start = absl::Now();
@@ -703,6 +844,7 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
   };
   std::vector<std::shared_ptr<HostBuffer>> buffers;
   std::vector<Run> runs;
+  std::vector<Dequantizing> dequantizing;
   absl::flat_hash_set<std::pair<std::string, int64_t>> names;
   for (int j = 0; j < request.buffers_size(); ++j) {
     const v1::CheckpointReadBuffer& rb = request.buffers(j);
@@ -722,7 +864,15 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
       return absl::InvalidArgumentError(absl::StrCat(bf, ".runs: ", rb.runs_size(), " runs for ",
                                                      chunks->chunks.size(), " chunks"));
     }
-    const int64_t esize = ElementSize(*dtype);
+    // A dequantizing buffer's runs hold f8_e4m3 values (read into host memory with its
+    // scales, then dequantized into a buffer of `dtype`).
+    std::optional<Dequantizing> dq;
+    if (rb.has_dequantize()) {
+      absl::StatusOr<Dequantizing> made = CheckDequantize(rb, *dtype, *chunks, bf);
+      if (!made.ok()) return made.status();
+      dq = *std::move(made);
+    }
+    const int64_t esize = dq.has_value() ? ElementSize(DType::kF8E4M3) : ElementSize(*dtype);
     for (int i = 0; i < rb.runs_size(); ++i) {
       const v1::CheckpointReadRun& run = rb.runs(i);
       const std::string field = absl::StrCat(bf, ".runs[", i, "]");
@@ -744,11 +894,22 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
       }
     }
     absl::StatusOr<std::shared_ptr<HostBuffer>> buffer =
-        HostBuffer::Create(*dtype, *std::move(chunks), space_);
+        dq.has_value() ? HostBuffer::Create(DType::kF8E4M3, *chunks, nullptr)
+                       : HostBuffer::Create(*dtype, *std::move(chunks), space_);
     if (!buffer.ok()) return buffer.status();
     const std::vector<bool> whole_pages = ChunksWithPagesToThemselves(**buffer);
     for (int i = 0; i < rb.runs_size(); ++i) {
       runs.push_back(Run{buffer->get(), static_cast<size_t>(i), &rb.runs(i), whole_pages[i]});
+    }
+    if (dq.has_value()) {
+      dq->buffer = static_cast<size_t>(j);
+      dq->values = *buffer;
+      const std::vector<bool> scale_pages = ChunksWithPagesToThemselves(*dq->scales);
+      for (int i = 0; i < rb.dequantize().scale_runs_size(); ++i) {
+        runs.push_back(Run{dq->scales.get(), static_cast<size_t>(i), &rb.dequantize().scale_runs(i),
+                           scale_pages[i]});
+      }
+      dequantizing.push_back(*std::move(dq));
     }
     buffers.push_back(*std::move(buffer));
   }
@@ -800,6 +961,14 @@ absl::StatusOr<v1::ReadCheckpointResponse> CheckpointIo::Read(
   for (const RunReader& reader : readers) {
     bytes_read += reader.bytes_read;
     for (const auto& [name, file] : reader.files) bytes_direct += file->direct_bytes();
+  }
+  // Dequantizing buffers: the values and scales read (and checked), each chunk dequantized
+  // into the stored buffer of the asked dtype (its checksums are computed below).
+  for (Dequantizing& dq : dequantizing) {
+    absl::StatusOr<std::shared_ptr<HostBuffer>> out =
+        Dequantize(dq, request.buffers(static_cast<int>(dq.buffer)).tensor(), space_);
+    if (!out.ok()) return out.status();
+    buffers[dq.buffer] = *std::move(out);
   }
   // Host buffers: each chunk's checksum was built as its bytes arrived (while they were in
   // cache), instead of in a pass over every buffer at the end.

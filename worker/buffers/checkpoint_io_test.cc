@@ -9,14 +9,17 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
+#include "sharding/block_quant.h"
 #include "sharding/checkpoint_index.h"
 #include "sharding/checkpoint_plan.h"
 #include "sharding/fill.h"
@@ -232,6 +235,115 @@ TEST_P(CheckpointIoTest, ReadsRunsIntoANewBufferAndChecksThem) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(bad.status().message(), HasSubstr("f.safetensors: entry \"rows\""));
   EXPECT_THAT(bad.status().message(), HasSubstr("truncated"));
+  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+}
+
+// A dequantizing read (issue 28): rows [0, 128) and [256, 300) of a 300x260 f8_e4m3 entry
+// (every bit pattern, NaN included) with its 3x3 f32 scales, read and dequantized into bf16:
+// the bytes are the reference DequantizeBlocks' of the whole tensor, in the device space too.
+TEST_P(CheckpointIoTest, DequantizesF8RunsWithTheirScales) {
+  const Shape shape = {300, 260};
+  const BlockSize block;
+  std::string q(300 * 260, '\0');
+  std::mt19937 rng(28);
+  for (char& c : q) c = static_cast<char>(rng() & 0xff);
+  std::vector<float> scales = {1.0f, 0.5f, 3.0e-8f, 1.5e30f, 1e-3f, 7.0f, 2.0f, 0.25f, 1e-40f};
+  const std::string scale_bytes(reinterpret_cast<const char*>(scales.data()), scales.size() * 4);
+  absl::StatusOr<std::string> header =
+      BuildSafetensorsHeader({{"q", DType::kF8E4M3, shape}, {"q_scale_inv", DType::kF32, {3, 3}}});
+  ASSERT_TRUE(header.ok()) << header.status();
+  {
+    std::ofstream out(dir_ + "/m.safetensors", std::ios::binary);
+    out << *header << q << scale_bytes;
+  }
+  const SafetensorsHeader h = HeaderOf(dir_ + "/m.safetensors");
+  std::string want(300 * 260 * 2, '\0');
+  ASSERT_TRUE(
+      DequantizeBlocks(q.data(), scales.data(), shape, block, want.data(), DType::kBF16).ok());
+
+  v1::ReadCheckpointRequest req;
+  v1::CheckpointReadBuffer* b = ReadIntoR(dir_, &req);
+  b->set_dtype(v1::BF16);
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{Box({0, 0}, {128, 260}), 0, 0});
+  rc.chunks.push_back(Chunk{Box({256, 0}, {44, 260}), 128 * 260, 0});
+  rc.local_elements = 172 * 260;
+  *b->mutable_chunks() = RankChunksToProto(rc);
+  v1::CheckpointDequantize* dq = b->mutable_dequantize();
+  dq->set_block("block:128x128");
+  const int64_t values = h.data_start() + h.Find("q")->begin;
+  const int64_t scales_at = h.data_start() + h.Find("q_scale_inv")->begin;
+  for (const auto& [row, rows] : std::vector<std::pair<int64_t, int64_t>>{{0, 128}, {256, 44}}) {
+    v1::CheckpointReadRun* run = b->add_runs();
+    run->set_file("m.safetensors");
+    run->set_entry("q");
+    run->set_offset(values + row * 260);
+    run->set_bytes(rows * 260);
+    *dq->add_scale_boxes() = BoxToProto(Box({row / 128, 0}, {1, 3}));
+    run = dq->add_scale_runs();
+    run->set_file("m.safetensors");
+    run->set_entry("q_scale_inv");
+    run->set_offset(scales_at + row / 128 * 12);
+    run->set_bytes(12);
+    run->set_has_xxh64(row == 0);  // Checked as a whole run.
+    run->set_xxh64(XXH64(scale_bytes.data(), 12, 0));
+  }
+  absl::StatusOr<v1::ReadCheckpointResponse> r = io_->Read(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_read(), 172 * 260 + 24);
+  std::shared_ptr<HostBuffer> got = buffers_.Find("r", 9);
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->dtype(), DType::kBF16);
+  EXPECT_EQ(&got->space(), space_);
+  std::string host(static_cast<size_t>(got->bytes()), '\0');
+  ASSERT_TRUE(space_->CopyToHost(host.data(), got->data(), got->bytes()).ok());
+  EXPECT_TRUE(host == want.substr(0, 128 * 260 * 2) + want.substr(256 * 260 * 2));
+  absl::StatusOr<std::vector<uint64_t>> sums = got->Checksums();
+  ASSERT_TRUE(sums.ok());
+  ASSERT_EQ(r->chunks(0).chunks_size(), 2);
+  EXPECT_EQ(r->chunks(0).chunks(1).checksum(), (*sums)[1]);
+  buffers_.DropTensor("r");
+
+  // Each chunk's scales read as the whole scale entry (rows it does not need too, as a reader
+  // reads whole checksum blocks): the same values.
+  v1::ReadCheckpointRequest whole = req;
+  for (int i = 0; i < 2; ++i) {
+    v1::CheckpointDequantize* wd = whole.mutable_buffers(0)->mutable_dequantize();
+    *wd->mutable_scale_boxes(i) = BoxToProto(Box({0, 0}, {3, 3}));
+    wd->mutable_scale_runs(i)->set_offset(scales_at);
+    wd->mutable_scale_runs(i)->set_bytes(36);
+    wd->mutable_scale_runs(i)->set_has_xxh64(true);
+    wd->mutable_scale_runs(i)->set_xxh64(XXH64(scale_bytes.data(), 36, 0));
+  }
+  r = io_->Read(whole);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bytes_read(), 172 * 260 + 72);
+  got = buffers_.Find("r", 9);
+  ASSERT_NE(got, nullptr);
+  ASSERT_TRUE(space_->CopyToHost(host.data(), got->data(), got->bytes()).ok());
+  EXPECT_TRUE(host == want.substr(0, 128 * 260 * 2) + want.substr(256 * 260 * 2));
+  buffers_.DropTensor("r");
+
+  // A scale that does not match its checksum: DATA_LOSS naming the scale entry, nothing stored.
+  b->mutable_dequantize()->mutable_scale_runs(0)->set_xxh64(1);
+  absl::StatusOr<v1::ReadCheckpointResponse> bad = io_->Read(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("q_scale_inv"));
+  EXPECT_EQ(buffers_.Find("r", 9), nullptr);
+
+  // Scale boxes that are not the chunk's blocks, a chunk that does not start on a block
+  // boundary: INVALID_ARGUMENT, nothing stored.
+  b->mutable_dequantize()->mutable_scale_runs(0)->set_xxh64(XXH64(scale_bytes.data(), 12, 0));
+  *b->mutable_dequantize()->mutable_scale_boxes(1) = BoxToProto(Box({1, 0}, {1, 3}));
+  bad = io_->Read(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("scale_boxes[1]"));
+  rc.chunks[1].box = Box({250, 0}, {50, 260});
+  *b->mutable_chunks() = RankChunksToProto(rc);
+  b->mutable_runs(1)->set_bytes(50 * 260);
+  bad = io_->Read(req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("block boundary"));
   EXPECT_EQ(buffers_.Find("r", 9), nullptr);
 }
 

@@ -768,14 +768,22 @@ class Client:
         return self._mutate(self._stub.SaveCheckpoint, request, self.data_timeout)
 
     def load_checkpoint(self, dir, targets=None, mesh=None, placements=None, flat=None,
-                        prefix="", into=False):
+                        prefix="", into=False, dtype=None, dequantize=False, block=""):
         """Loads tensors of checkpoint `dir` (or a .safetensors file, or a directory of them).
         `targets`: a dict {tensor: {"mesh", "placements" | "flat", optional "name"}}, or a list
         of tensor names all laid out by `mesh` and `placements` / `flat`; None: every tensor,
         laid out so. Created as `prefix` + name (or the target's "name"); with `into`, copied
-        into those existing tensors (no layout needed). All or nothing. Waits; returns the
-        LoadCheckpointResponse."""
-        request = pb.LoadCheckpointRequest(dir=os.path.abspath(dir), prefix=prefix, into=into)
+        into those existing tensors (no layout needed). `dtype`: cast every tensor to it as it
+        loads. `dequantize`: every F8_E4M3 entry N with an F32 entry N_scale_inv (block-scaled
+        FP8, DeepSeek-V3 / Hugging Face) loads dequantized, into `dtype` (default bf16; with
+        `into`, the tensor's), the scales consumed; `block`: "block:RxC" (default 128x128).
+        All or nothing. Waits; returns the LoadCheckpointResponse."""
+        request = pb.LoadCheckpointRequest(dir=os.path.abspath(dir), prefix=prefix, into=into,
+                                           dequantize=dequantize, block=block)
+        if dtype is not None:
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+            request.dtype = DTYPES[dtype][0]
         default = None
         if not into and not isinstance(targets, dict):
             default = spec(mesh, placements, flat)
