@@ -181,11 +181,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
   // Before any worker registers: their reconcile reads the dsts' versions through the
   // transfers' bindings.
   if (init_status_.ok() && options_.state.durable()) init_status_ = transfers_->Load();
+  slices_ = std::make_unique<SliceCopier>(&workers_, &tensors_, client_.get());
   service_ = std::make_unique<CoordinatorService>(
       &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
       options_.worker_client.chunk_message_bytes, &metrics_,
       options_.auth ? &*options_.auth : nullptr, &requests_, &watches_, &running_plans_,
-      checkpoints_.get(), transfers_.get());
+      checkpoints_.get(), transfers_.get(), slices_.get());
   attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &registration_, &kv_, plans_.get(), attach_.get(),

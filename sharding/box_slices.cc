@@ -173,4 +173,19 @@ absl::StatusOr<Layout> RestrictLayout(const Layout& layout, const Box& box,
                             layout.partial_op());
 }
 
+Box MapBox(const Box& region, const Box& from, const Box& to) {
+  Shape rel = region.offset();
+  for (size_t d = 0; d < rel.size(); ++d) rel[d] -= from.offset(d);
+  const size_t rank = to.ndim();
+  Shape offset;
+  if (rel.size() > rank) {
+    offset.assign(rel.end() - rank, rel.end());
+  } else {
+    offset.assign(rank - rel.size(), 0);
+    offset.insert(offset.end(), rel.begin(), rel.end());
+  }
+  for (size_t d = 0; d < rank; ++d) offset[d] += to.offset(d);
+  return Box(std::move(offset), *AtRank(region.shape(), rank));
+}
+
 }  // namespace shardcoord

@@ -72,6 +72,12 @@ absl::StatusOr<std::vector<SliceBoxes>> ResolveSlices(const std::vector<SliceMem
 absl::StatusOr<Layout> RestrictLayout(const Layout& layout, const Box& box,
                                       const Shape& view_shape);
 
+// The box of `to` that corresponds to `region` (inside `from`): `from` and `to` have the same
+// elements in the same order (shapes equal under the rank rule), so a region of one is a region
+// of the other, at `to`'s rank and offset. Used to map a member's piece between src and dst
+// coordinates.
+Box MapBox(const Box& region, const Box& from, const Box& to);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_SHARDING_BOX_SLICES_H_

@@ -166,5 +166,14 @@ TEST(RestrictLayoutTest, SeveralChunksPerRankArePacked) {
   EXPECT_EQ(v->ranks()[3].local_elements, 4);
 }
 
+TEST(MapBoxTest, BetweenAnExpertAndItsStackedBox) {
+  const Box expert({0, 0}, {8, 4});
+  const Box stacked({3, 0, 0}, {1, 8, 4});
+  EXPECT_EQ(MapBox(Box({4, 0}, {4, 4}), expert, stacked), Box({3, 4, 0}, {1, 4, 4}));
+  EXPECT_EQ(MapBox(Box({3, 4, 0}, {1, 4, 4}), stacked, expert), Box({4, 0}, {4, 4}));
+  EXPECT_EQ(MapBox(Box({70, 2}, {2, 3}), Box({64, 0}, {16, 32}), Box({0, 0}, {16, 32})),
+            Box({6, 2}, {2, 3}));
+}
+
 }  // namespace
 }  // namespace shardcoord

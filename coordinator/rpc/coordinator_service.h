@@ -11,6 +11,7 @@
 #include "coordinator/io/tensor_io.h"
 #include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
+#include "coordinator/plans/slice_copy.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/caller_quota.h"
 #include "coordinator/rpc/coordinator_convert.h"
@@ -37,7 +38,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
                      RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
                      CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr,
-                     TransferManager* transfers = nullptr)
+                     TransferManager* transfers = nullptr, SliceCopier* slices = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -51,7 +52,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         watches_(watches),
         running_plans_(running_plans),
         checkpoints_(checkpoints),
-        transfers_(transfers) {}
+        transfers_(transfers),
+        slices_(slices) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -173,6 +175,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       const std::function<void(const StartedGroup&)>& on_started,
       std::function<void(const GroupProgress&)> on_committed);
 
+  // A Copy or CopyGroup with slices (SliceCopier::Start, errors naming "copies[i]").
+  absl::StatusOr<StartedGroup> StartSliced(const std::vector<SliceCopyMember>& members,
+                                           PlanManager::GroupDoneCallback done);
+
   // Idempotent retries. A mutating handler, once its request is valid, calls Replay: a
   // non-null reactor (the first outcome replayed into `resp`, or an error) is returned as is;
   // null means act, and the outcome then goes through Reply, which records it under the
@@ -201,6 +207,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CallerQuota* const running_plans_;
   CheckpointManager* const checkpoints_;
   TransferManager* const transfers_;
+  // Copies with slices of fused tensors (null: refused with UNIMPLEMENTED).
+  SliceCopier* const slices_;
 };
 
 }  // namespace shardcoord
