@@ -390,6 +390,15 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
           for (const BandSource& from : sources[src.name]) {
             const Box piece = want.Intersect(from.box);
             if (piece.Empty()) continue;
+            // A wider src dtype reads more bytes than the dst buffer holds: a worker answers
+            // ReadBoxes of at most kMaxRelayMaxBytes.
+            if (piece.Volume() * ElementSize(src.dtype) > kMaxRelayMaxBytes) {
+              return refuse(absl::UnimplementedError(absl::StrCat(
+                  Sub(Index(field, static_cast<int64_t>(i)), "src"), ": a piece ", piece.ToString(),
+                  " of tensor '", src.name, "' holds ", piece.Volume() * ElementSize(src.dtype),
+                  " bytes; slice copies move at most ", kMaxRelayMaxBytes,
+                  " bytes per piece yet")));
+            }
             absl::StatusOr<WorkerEndpoint> holder = endpoint(from.rank);
             if (!holder.ok()) {
               return refuse(
