@@ -1,10 +1,12 @@
 #include "sharding/box_slices.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "sharding/field_status.h"
+#include "sharding/spatial_index.h"
 
 namespace shardcoord {
 namespace {
@@ -107,24 +109,47 @@ absl::StatusOr<std::vector<SliceBoxes>> ResolveSlices(const std::vector<SliceMem
                                                       const std::string& field) {
   std::vector<SliceBoxes> out;
   out.reserve(members.size());
-  // dst -> indices of the members writing it, in order. Quadratic in the members of one dst
-  // (hundreds of experts at most), linear across dsts.
+  // dst -> the members writing it, in order.
   std::map<std::string, std::vector<size_t>> by_dst;
   for (size_t i = 0; i < members.size(); ++i) {
-    const std::string fi = field_status::Index(field, static_cast<int64_t>(i));
-    absl::StatusOr<SliceBoxes> boxes = ResolveSlice(members[i], fi);
+    absl::StatusOr<SliceBoxes> boxes =
+        ResolveSlice(members[i], field_status::Index(field, static_cast<int64_t>(i)));
     if (!boxes.ok()) return boxes.status();
-    std::vector<size_t>& same = by_dst[members[i].dst];
-    for (size_t j : same) {
-      const Box& a = out[j].dst;
-      if (!a.Overlaps(boxes->dst)) continue;
-      return Bad(boxes->sliced_dst ? Sub(fi, "dst_offset") : Sub(fi, "dst"), "box ",
-                 boxes->dst.ToString(), " overlaps ",
-                 field_status::Index(field, static_cast<int64_t>(j)), "'s ", a.ToString(),
-                 " of dst '", members[i].dst, "'");
-    }
-    same.push_back(i);
     out.push_back(*std::move(boxes));
+    by_dst[members[i].dst].push_back(i);
+  }
+  // Overlaps within each dst through a BoxIndex (sharding/spatial_index.h): a grid of experts
+  // costs O(n log n), not n^2. The pair reported is the one whose later member comes first, as
+  // checking the members one by one against those before would find.
+  std::optional<std::pair<size_t, size_t>> worst;  // (later, earlier)
+  for (const auto& [dst, writers] : by_dst) {
+    if (writers.size() < 2) continue;
+    std::vector<SourceBox> all;
+    for (size_t i : writers) {
+      if (out[i].dst.Empty()) continue;
+      SourceBox b;
+      b.box = &out[i].dst;
+      b.holders_begin = i;  // The member.
+      all.push_back(b);
+    }
+    BoxIndex index;
+    index.Build(all, 0, all.size(), out[writers[0]].dst.ndim());
+    for (size_t k = 0; k < all.size(); ++k) {
+      index.ForEachOverlap(*all[k].box, [&](size_t hit) {
+        if (hit == k) return;
+        const size_t a = all[k].holders_begin, b = all[hit].holders_begin;
+        const std::pair<size_t, size_t> pair(std::max(a, b), std::min(a, b));
+        if (!worst.has_value() || pair < *worst) worst = pair;
+      });
+    }
+  }
+  if (worst.has_value()) {
+    const auto [i, j] = *worst;
+    const std::string fi = field_status::Index(field, static_cast<int64_t>(i));
+    return Bad(out[i].sliced_dst ? Sub(fi, "dst_offset") : Sub(fi, "dst"), "box ",
+               out[i].dst.ToString(), " overlaps ",
+               field_status::Index(field, static_cast<int64_t>(j)), "'s ", out[j].dst.ToString(),
+               " of dst '", members[i].dst, "'");
   }
   return out;
 }

@@ -56,7 +56,9 @@ struct SliceBoxes {
 absl::StatusOr<SliceBoxes> ResolveSlice(const SliceMember& member, const std::string& field);
 
 // Every member's boxes, in order, and no two members of the same dst writing overlapping boxes
-// (a member without dst_offset writes the whole dst). INVALID_ARGUMENT naming the later member
+// (a member without dst_offset writes the whole dst): ResolveSlice's errors (the first member
+// in order), then overlaps, O(n log n) for a grid of boxes. INVALID_ARGUMENT naming the later
+// member
 // ("copies[2].dst_offset: box [64:80, 0:32] overlaps copies[1]'s [48:72, 0:32] of dst 'qkv'").
 // `field` is the list's name ("copies").
 absl::StatusOr<std::vector<SliceBoxes>> ResolveSlices(const std::vector<SliceMember>& members,

@@ -95,6 +95,20 @@ TEST(ResolveSlicesTest, Refusals) {
   ExpectInvalid(ResolveSlice(half, "copies[0]").status(), "copies[0].src_offset: missing");
 }
 
+TEST(ResolveSlicesTest, ManyExpertsAndTheFirstOverlapInMemberOrder) {
+  std::vector<SliceMember> m;
+  for (int64_t e = 0; e < 256; ++e)
+    m.push_back(Into("e", {6, 4}, "stacked", {256, 6, 4}, {e, 0, 0}));
+  ASSERT_TRUE(ResolveSlices(m, "copies").ok());
+  // Member 200 repeats expert 7 and member 100 half-covers expert 9's rows: 100 comes first.
+  m[200].dst_offset = Shape{7, 0, 0};
+  m.push_back(Into("x", {2, 6, 4}, "stacked", {256, 6, 4}, {9, 0, 0}));
+  m[100] = Into("y", {1, 3, 4}, "stacked", {256, 6, 4}, {9, 3, 0});
+  ExpectInvalid(
+      ResolveSlices(m, "copies").status(),
+      "copies[100].dst_offset: box [9:10, 3:6, 0:4] overlaps copies[9]'s [9:10, 0:6, 0:4]");
+}
+
 TEST(ResolveSlicesTest, DisjointBoxesOfDifferentDstsMayOverlapInCoordinates) {
   EXPECT_TRUE(
       ResolveSlices({Into("a", {4}, "x", {8}, {0}), Into("b", {4}, "y", {8}, {0})}, "copies").ok());
