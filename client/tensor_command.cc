@@ -741,7 +741,9 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         "copy",
         "Write one tensor's values into another of the same shape (any mesh and layout); the "
         "destination keeps its layout and dtype (values are cast to it: f64/f32/bf16/f16/"
-        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version");
+        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version; with "
+        "--dst-offset (or --src-offset/--src-shape) into (or out of) a box of a larger, "
+        "fused tensor");
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->type_name("DST");
