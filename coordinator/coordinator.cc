@@ -321,8 +321,11 @@ int Coordinator::Drain(absl::Duration timeout) {
   grpc_health_.SetReady(false);
   plans_->Close("coordinator is draining (shutting down); retry against its replacement");
   transfers_->Close("coordinator is draining (shutting down); retry against its replacement");
-  if (plans_->AwaitIdle(absl::Now() + timeout)) return 0;
-  return static_cast<int>(plans_->RunningPlansCount() + transfers_->RunningCount());
+  slices_->Close("coordinator is draining (shutting down); retry against its replacement");
+  const absl::Time deadline = absl::Now() + timeout;
+  if (plans_->AwaitIdle(deadline) && slices_->AwaitIdle(deadline)) return 0;
+  return static_cast<int>(plans_->RunningPlansCount() + transfers_->RunningCount() +
+                          slices_->RunningCount());
 }
 
 void Coordinator::Shutdown() {

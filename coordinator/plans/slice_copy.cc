@@ -272,13 +272,19 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
   auto op = std::make_shared<SliceOp>();
   {
     absl::MutexLock lock(&mu_);
+    if (!closed_.empty()) return absl::UnavailableError(closed_);
     op->id = absl::StrCat("slice-copy-", next_id_++);
   }
   op->start = absl::Now();
   op->client = client_;
   op->tensors = tensors_;
   op->members = members;
-  op->done = std::move(done);
+  // Counted as running from its first call out (below) until `done` returned.
+  op->done = [this, done = std::move(done)](const absl::Status& s, const GroupProgress& p) {
+    done(s, p);
+    absl::MutexLock lock(&mu_);
+    --running_;
+  };
   std::map<std::string, TensorRecord> recs;
   for (const std::string& name : order) {
     absl::StatusOr<TensorRecord> rec = tensors_->Acquire(name, op->id);
@@ -454,6 +460,10 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
     started.bytes_moved += r.box.Volume() * ElementSize(r.dtype);
   }
   {
+    absl::MutexLock lock(&mu_);
+    ++running_;
+  }
+  {
     absl::MutexLock lock(&op->mu);
     op->pending = calls.size();
   }
@@ -467,6 +477,22 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
         [op, i](absl::StatusOr<v1::ReadBoxesResponse> got) { OnRead(op, i, std::move(got)); });
   }
   return started;
+}
+
+void SliceCopier::Close(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  closed_ = reason.empty() ? "closed" : reason;
+}
+
+bool SliceCopier::AwaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return running_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+int64_t SliceCopier::RunningCount() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
 }
 
 }  // namespace shardcoord

@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/cluster/worker_client.h"
 #include "coordinator/cluster/worker_manager.h"
 #include "coordinator/plans/plan_manager.h"
@@ -75,13 +76,23 @@ class SliceCopier {
   absl::StatusOr<StartedGroup> Start(const std::vector<SliceCopyMember>& members,
                                      const std::string& field, PlanManager::GroupDoneCallback done);
 
+  // Refuses new slice copies with UNAVAILABLE `reason` and lets running ones end (a draining
+  // coordinator, as PlanManager::Close).
+  void Close(const std::string& reason);
+  // Blocks until none runs or `deadline` passes; true when none runs. For the daemon's main
+  // thread, never a reactor.
+  bool AwaitIdle(absl::Time deadline);
+  int64_t RunningCount() const;
+
  private:
   WorkerManager* const workers_;
   TensorManager* const tensors_;
   WorkerClient* const client_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string closed_ ABSL_GUARDED_BY(mu_);  // Non-empty: why new ones are refused.
 };
 
 }  // namespace shardcoord

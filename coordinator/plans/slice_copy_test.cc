@@ -165,5 +165,18 @@ TEST_F(SliceCopyTest, RefusalsReleaseEverything) {
   for (const char* t : {"k", "qkv", "big"}) ExpectIdle(t);
 }
 
+TEST_F(SliceCopyTest, ClosedRefusesNewOnesAndIsIdle) {
+  Create("k", "R", "N", {2, 4});
+  Create("qkv", "S(0)", "N", {8, 4});
+  std::optional<GroupOutcome> out;
+  ASSERT_TRUE(Start({{"k", "qkv", Shape{6, 0}, {}, {}}}, &out).ok());
+  EXPECT_EQ(slices_.RunningCount(), 0);  // The fake answers inline: it ended already.
+  slices_.Close("draining");
+  absl::StatusOr<StartedGroup> s = Start({{"k", "qkv", Shape{4, 0}, {}, {}}}, &out);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_TRUE(slices_.AwaitIdle(absl::InfinitePast()));
+  ExpectIdle("qkv");
+}
+
 }  // namespace
 }  // namespace shardcoord
