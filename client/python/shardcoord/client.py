@@ -659,15 +659,19 @@ class Client:
             request.has_to_rank = True
         return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
-    def copy(self, src, dst):
+    def copy(self, src, dst, dst_offset=None, src_offset=None, src_shape=None):
         """Writes src's values into dst (same shape, any mesh and layout; in place when dst
         is attached; cast to dst's dtype where the dtypes differ, see README "Dtypes and
-        casts") and waits; returns the CopyResponse."""
-        request = pb.CopyRequest(src=src, dst=dst, wait=True)
+        casts") and waits; returns the CopyResponse. With `dst_offset` (a list of ints) src
+        lands in the box of dst starting there (k into a fused qkv); with `src_offset` and
+        `src_shape` only that box of src is read (README "Slices of fused tensors")."""
+        request = pb.CopyRequest(src=src, dst=dst, wait=True, dst_offset=dst_offset or [],
+                                 src_offset=src_offset or [], src_shape=src_shape or [])
         return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
     def copy_many(self, pairs):
-        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
+        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts; a dict may
+        name boxes: "dst_offset", "src_offset" and "src_shape", lists of ints) as one
         transaction: every dst gets its new version together, or none does. Waits; returns
         the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
         bucket_bytes, seconds, members)."""
@@ -886,11 +890,15 @@ class Client:
 
 
 def _copy_pairs(pairs):
-    """CopyPairs of (src, dst) tuples and {"src", "dst"} dicts."""
+    """CopyPairs of (src, dst) tuples and {"src", "dst"[, "dst_offset", "src_offset",
+    "src_shape"]} dicts."""
     copies = []
     for pair in pairs:
         if isinstance(pair, dict):
-            copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+            copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"],
+                                      dst_offset=pair.get("dst_offset") or [],
+                                      src_offset=pair.get("src_offset") or [],
+                                      src_shape=pair.get("src_shape") or []))
         else:
             src, dst = pair
             copies.append(pb.CopyPair(src=src, dst=dst))
