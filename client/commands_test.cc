@@ -469,6 +469,39 @@ TEST_F(CommandsTest, AbortedPlanIsAnError) {
   EXPECT_EQ(out_.str(), "");
 }
 
+TEST_F(CommandsTest, CopyWithSlicesSendsTheBoxesAndWaits) {
+  CopyFlags flags;
+  flags.src = "k";
+  flags.dst = "qkv";
+  flags.dst_offset = "4096,0";
+  // With --progress too: a slice copy has no plan to follow, so the call waits.
+  ASSERT_EQ(RunCopyCommand(*client_, flags, false, true, out_, err_), 0) << err_.str();
+  EXPECT_TRUE(fake_.copy_.wait());
+  EXPECT_THAT(fake_.copy_.dst_offset(), ElementsAre(4096, 0));
+  EXPECT_TRUE(fake_.copy_.src_offset().empty());
+  EXPECT_THAT(out_.str(), HasSubstr("qkv is now version 7"));
+  flags = CopyFlags{};
+  flags.src = "qkv";
+  flags.dst = "k";
+  flags.src_offset = "4096,0";
+  flags.src_shape = "1024,4096";
+  ASSERT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 0) << err_.str();
+  EXPECT_THAT(fake_.copy_.src_offset(), ElementsAre(4096, 0));
+  EXPECT_THAT(fake_.copy_.src_shape(), ElementsAre(1024, 4096));
+  EXPECT_TRUE(fake_.copy_.dst_offset().empty());
+  flags.src_shape = "1024,x";
+  EXPECT_EQ(RunCopyCommand(*client_, flags, false, false, out_, err_), 2);
+  EXPECT_THAT(err_.str(), HasSubstr("--src-shape: '1024,x' is not a comma-separated list"));
+
+  absl::StatusOr<v1::CopyGroupRequest> group = ParseCopiesJson(
+      R"({"copies": [{"src": "q", "dst": "qkv", "dst_offset": [0, 0]},
+                     {"src": "qkv", "dst": "k", "src_offset": [64, 0], "src_shape": [16, 32]}]})");
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_THAT(group->copies(0).dst_offset(), ElementsAre(0, 0));
+  EXPECT_THAT(group->copies(1).src_offset(), ElementsAre(64, 0));
+  EXPECT_THAT(group->copies(1).src_shape(), ElementsAre(16, 32));
+}
+
 TEST_F(CommandsTest, CopyPrintsThePlanAndDstsNewVersion) {
   CopyFlags flags;
   flags.src = "a";

@@ -5,11 +5,14 @@
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/command_util.h"
 #include "client/coordinator_format.h"
 #include "client/layout_format.h"
@@ -270,6 +273,21 @@ absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json) {
   return request;
 }
 
+absl::Status ParseOffsetsFlag(absl::string_view flag, absl::string_view text,
+                              google::protobuf::RepeatedField<int64_t>* out) {
+  out->Clear();
+  if (text.empty()) return absl::OkStatus();
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(item, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": '", text, "' is not a comma-separated list of integers (\"0,4096\")"));
+    }
+    out->Add(v);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 int RunCopyGroupCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
@@ -386,6 +404,14 @@ int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
   v1::CopyRequest request;
   request.set_src(flags.src);
   request.set_dst(flags.dst);
+  for (const auto& [flag, text, field] :
+       {std::make_tuple("--dst-offset", &flags.dst_offset, request.mutable_dst_offset()),
+        std::make_tuple("--src-offset", &flags.src_offset, request.mutable_src_offset()),
+        std::make_tuple("--src-shape", &flags.src_shape, request.mutable_src_shape())}) {
+    if (absl::Status s = ParseOffsetsFlag(flag, *text, field); !s.ok()) {
+      return ReportFlagError(err, "tensor copy", s.message());
+    }
+  }
   if (!flags.quantize.empty() || flags.dequantize || !flags.scale.empty()) {
     // A block copy: several steps, answered when all ended (no plan to follow).
     request.set_quantize(flags.quantize);
@@ -414,6 +440,19 @@ int RunCopyCommand(CoordinatorClient& client, const CopyFlags& flags, bool json,
     return 0;
   }
   v1::CopyResponse copied;
+  if (!request.dst_offset().empty() || !request.src_offset().empty() ||
+      !request.src_shape().empty()) {
+    // A slice copy runs through the coordinator (no plan to follow): wait for it.
+    request.set_wait(true);
+    absl::StatusOr<v1::CopyResponse> r = client.Copy(request);
+    if (!r.ok()) return ReportStatus(err, r.status(), client.address());
+    if (r->progress().state() != v1::COMMITTED) {
+      err << "tensor copy: " << r->progress().error() << "\n";
+      return 1;
+    }
+    out << (json ? CopyOutcomeJson(request, *r) + "\n" : CopyOutcomeText(request, *r));
+    return 0;
+  }
   // RunPlan follows any plan through its progress and plan; dst_version rides alongside.
   absl::StatusOr<v1::RedistributeResponse> response = RunPlan(
       client,
@@ -729,13 +768,18 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
         "copy",
         "Write one tensor's values into another of the same shape (any mesh and layout); the "
         "destination keeps its layout and dtype (values are cast to it: f64/f32/bf16/f16/"
-        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version");
+        "f8_e4m3/f8_e5m2 among themselves, integer widening) and gets a new version; with "
+        "--dst-offset (or --src-offset/--src-shape) into (or out of) a box of a larger, "
+        "fused tensor");
     auto flags = std::make_shared<CopyFlags>();
     cmd->add_option("src", flags->src, "Source tensor (read only)")->type_name("SRC");
     cmd->add_option("dst", flags->dst, "Destination tensor")->type_name("DST");
     cmd->add_option("--from-file", flags->from_file,
                     "Copy many as one transaction (all or nothing): a JSON file "
-                    "{\"copies\": [{\"src\": \"a\", \"dst\": \"b\"}, ...]}")
+                    "{\"copies\": [{\"src\": \"a\", \"dst\": \"b\"}, ...]}; a member may "
+                    "name boxes: \"dst_offset\": [64, 0] (many srcs into one fused dst, boxes "
+                    "of one dst must not overlap), \"src_offset\" with \"src_shape\" (a box "
+                    "of src)")
         ->type_name("PATH");
     cmd->add_option("--quantize", flags->quantize,
                     "Block-scaled FP8: block:ROWSxCOLS (e.g. block:128x128). DST (f8_e4m3) gets "
@@ -749,6 +793,19 @@ void AddTensorCommand(CLI::App& app, const ConnectionFlags* conn) {
     cmd->add_option("--scale", flags->scale,
                     "The scale tensor: written by --quantize, read by --dequantize")
         ->type_name("TENSOR");
+    cmd->add_option("--dst-offset", flags->dst_offset,
+                    "Write SRC into the box of DST starting here (q into a fused qkv: 0,0; k: "
+                    "4096,0); the box has SRC's shape, with leading dims of 1 added to DST's rank "
+                    "(an expert [2I,H] into [E,2I,H] at e,0,0); the rest of DST keeps its values")
+        ->type_name("I,J,...");
+    cmd->add_option("--src-offset", flags->src_offset,
+                    "Read only the box of SRC starting here (with --src-shape): k out of a fused "
+                    "qkv")
+        ->type_name("I,J,...");
+    cmd->add_option("--src-shape", flags->src_shape,
+                    "The shape of the box of SRC read (with --src-offset); DST's shape, with "
+                    "leading dims of 1 added or dropped")
+        ->type_name("N,M,...");
     cmd->callback([conn, flags, progress]() {
       CoordinatorClient client(CoordinatorAddress(*conn), ClientOptions(*conn));
       FinishCommand(RunCopyCommand(client, *flags, conn->json, progress, std::cout, std::cerr));

@@ -87,7 +87,16 @@ struct CopyFlags {
   std::string quantize;
   bool dequantize = false;
   std::string scale;
+  // Slices of fused tensors, comma-separated ("0,4096"; empty: the whole tensor): write src
+  // into the box of dst at dst_offset; read only the box src_offset + src_shape of src.
+  std::string dst_offset;
+  std::string src_offset;
+  std::string src_shape;
 };
+// A comma-separated list of integers ("0,4096") as a CopyRequest's slice field; INVALID_ARGUMENT
+// naming `flag` and the value.
+absl::Status ParseOffsetsFlag(absl::string_view flag, absl::string_view text,
+                              google::protobuf::RepeatedField<int64_t>* out);
 // The CopyGroupRequest (wait set) of a copies file's text; INVALID_ARGUMENT naming what is
 // wrong (not JSON, unknown fields, no copies).
 absl::StatusOr<v1::CopyGroupRequest> ParseCopiesJson(absl::string_view json);

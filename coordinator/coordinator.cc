@@ -182,11 +182,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
   // transfers' bindings.
   if (init_status_.ok() && options_.state.durable()) init_status_ = transfers_->Load();
   block_copy_ = std::make_unique<BlockCopy>(&tensors_, plans_.get(), &workers_, client_.get());
+  slices_ = std::make_unique<SliceCopier>(&workers_, &tensors_, client_.get());
   service_ = std::make_unique<CoordinatorService>(
       &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
       options_.worker_client.chunk_message_bytes, &metrics_,
       options_.auth ? &*options_.auth : nullptr, &requests_, &watches_, &running_plans_,
-      checkpoints_.get(), transfers_.get(), block_copy_.get());
+      checkpoints_.get(), transfers_.get(), block_copy_.get(), slices_.get());
   attach_ = std::make_unique<AttachManager>(&workers_, &tensors_, plans_.get());
   worker_service_ = std::make_unique<WorkerFacingService>(
       &clock_, &workers_, &registration_, &kv_, plans_.get(), attach_.get(),
@@ -321,8 +322,11 @@ int Coordinator::Drain(absl::Duration timeout) {
   grpc_health_.SetReady(false);
   plans_->Close("coordinator is draining (shutting down); retry against its replacement");
   transfers_->Close("coordinator is draining (shutting down); retry against its replacement");
-  if (plans_->AwaitIdle(absl::Now() + timeout)) return 0;
-  return static_cast<int>(plans_->RunningPlansCount() + transfers_->RunningCount());
+  slices_->Close("coordinator is draining (shutting down); retry against its replacement");
+  const absl::Time deadline = absl::Now() + timeout;
+  if (plans_->AwaitIdle(deadline) && slices_->AwaitIdle(deadline)) return 0;
+  return static_cast<int>(plans_->RunningPlansCount() + transfers_->RunningCount() +
+                          slices_->RunningCount());
 }
 
 void Coordinator::Shutdown() {

@@ -28,6 +28,7 @@
 #include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
 #include "coordinator/plans/plan_relay.h"
+#include "coordinator/plans/slice_copy.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/caller_quota.h"
 #include "coordinator/rpc/coordinator_service.h"
@@ -163,6 +164,7 @@ class Coordinator {
   std::unique_ptr<CheckpointManager> checkpoints_;
   std::unique_ptr<TransferManager> transfers_;  // Prepared transfers (issue 27).
   std::unique_ptr<BlockCopy> block_copy_;       // Block-scaled FP8 copies (issue 28).
+  std::unique_ptr<SliceCopier> slices_;         // Copies with slices (issue 28 item 4).
   std::unique_ptr<Dashboard> dashboard_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<AttachManager> attach_;  // Buffers lent by user processes.

@@ -399,6 +399,17 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(c.wait)
         self.assertEqual([(p.src, p.dst) for p in c.copies],
                          [("a", "a_infer"), ("b", "b_infer")])
+        self.assertEqual(list(c.copies[1].dst_offset), [])
+        # Slices of fused tensors: boxes in dicts, and in a single copy.
+        self.client.copy_many([{"src": "k", "dst": "qkv", "dst_offset": [64, 0]},
+                               {"src": "qkv", "dst": "v", "src_offset": [80, 0],
+                                "src_shape": [16, 32]}])
+        c = self.fake.requests["copy_group"]
+        self.assertEqual(list(c.copies[0].dst_offset), [64, 0])
+        self.assertEqual((list(c.copies[1].src_offset), list(c.copies[1].src_shape)),
+                         ([80, 0], [16, 32]))
+        self.client.copy("k", "qkv", dst_offset=[64, 0])
+        self.assertEqual(list(self.fake.requests["copy"].dst_offset), [64, 0])
         self.fake.abort = True
         with self.assertRaises(sc.Error) as e:
             self.client.copy_many([("a", "a_infer")])

@@ -77,6 +77,12 @@ std::string Fingerprint(const google::protobuf::Message& m) {
   return Sha256Hex(bytes);
 }
 
+// A repeated int64 field of a slice (dst_offset, src_offset, src_shape): empty is "not given".
+std::optional<Shape> OptionalShape(const google::protobuf::RepeatedField<int64_t>& dims) {
+  if (dims.empty()) return std::nullopt;
+  return Shape(dims.begin(), dims.end());
+}
+
 }  // namespace
 
 namespace internal_coordinator_service {
@@ -401,6 +407,15 @@ grpc::ServerUnaryReactor* CoordinatorService::Gather(grpc::CallbackServerContext
                  });
 }
 
+absl::StatusOr<StartedGroup> CoordinatorService::StartSliced(
+    const std::vector<SliceCopyMember>& members, PlanManager::GroupDoneCallback done) {
+  if (slices_ == nullptr) {
+    return absl::UnimplementedError(
+        "copies with slices (dst_offset, src_offset) are not served here");
+  }
+  return slices_->Start(members, "copies", std::move(done));
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* ctx,
                                                    const v1::CopyRequest* req,
                                                    v1::CopyResponse* resp) {
@@ -408,9 +423,30 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
   if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
   if (!req->quantize().empty() || req->dequantize() || !req->scale().empty()) {
+    if (!req->dst_offset().empty() || !req->src_offset().empty() || !req->src_shape().empty()) {
+      return Done(ctx, absl::InvalidArgumentError(
+                           "dst_offset/src_offset/src_shape: a block copy (quantize, dequantize) "
+                           "takes whole tensors; slices of fused tensors are not supported with "
+                           "it yet"));
+    }
     return BlockCopyCall(ctx, req, resp);
   }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
+  SliceCopyMember sliced{req->src(), req->dst(), OptionalShape(req->dst_offset()),
+                         OptionalShape(req->src_offset()), OptionalShape(req->src_shape())};
+  if (sliced.sliced()) {
+    // A CopyGroup of one member (errors name "copies[0]"); no plan runs on the workers.
+    return RunGroup(
+        ctx, req->wait(), req->request_id(), resp,
+        [&](PlanManager::GroupDoneCallback done) { return StartSliced({sliced}, std::move(done)); },
+        [resp](const StartedGroup& started) {
+          resp->set_dst_version(started.members[0].target_version);
+          *resp->mutable_progress() = PlanProgressToProto(started.members[0].progress);
+        },
+        [resp](const GroupProgress& p) {
+          if (!p.members.empty()) *resp->mutable_progress() = PlanProgressToProto(p.members[0]);
+        });
+  }
   return RunPlan(ctx, req->wait(), req->request_id(), resp, resp->mutable_plan(),
                  resp->mutable_progress(), [&](PlanManager::DoneCallback done) {
                    absl::StatusOr<StartedPlan> started =
@@ -530,6 +566,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
                                                         v1::CopyGroupResponse* resp) {
   if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
   std::vector<CopyMember> copies;
+  std::vector<SliceCopyMember> sliced;
   for (const v1::CopyPair& c : req->copies()) {
     if (!c.quantize().empty() || c.dequantize() || !c.scale().empty()) {
       return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
@@ -539,8 +576,35 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
                            "its own Copy")));
     }
     copies.push_back(CopyMember{c.src(), c.dst()});
+    sliced.push_back(SliceCopyMember{c.src(), c.dst(), OptionalShape(c.dst_offset()),
+                                     OptionalShape(c.src_offset()), OptionalShape(c.src_shape())});
   }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
+  if (AnySliced(sliced)) {
+    return RunGroup(
+        ctx, req->wait(), req->request_id(), resp,
+        [&](PlanManager::GroupDoneCallback done) { return StartSliced(sliced, std::move(done)); },
+        [&](const StartedGroup& started) {
+          resp->set_group_id(started.id);
+          resp->set_state(v1::PENDING);
+          resp->set_bytes_moved(started.bytes_moved);
+          for (size_t i = 0; i < started.members.size(); ++i) {
+            v1::CopyGroupMember* out = resp->add_members();
+            out->set_src(copies[i].src);
+            out->set_dst(copies[i].dst);
+            out->set_dst_version(started.members[i].target_version);
+            *out->mutable_progress() = PlanProgressToProto(started.members[i].progress);
+          }
+        },
+        [resp](const GroupProgress& p) {
+          resp->set_state(static_cast<v1::PlanState>(p.state));
+          resp->set_seconds(p.seconds);
+          for (size_t i = 0; i < p.members.size() && static_cast<int>(i) < resp->members_size();
+               ++i) {
+            *resp->mutable_members(i)->mutable_progress() = PlanProgressToProto(p.members[i]);
+          }
+        });
+  }
   return RunGroup(
       ctx, req->wait(), req->request_id(), resp,
       [&](PlanManager::GroupDoneCallback done) {

@@ -12,6 +12,7 @@
 #include "coordinator/plans/block_copy.h"
 #include "coordinator/plans/coordinator_metrics.h"
 #include "coordinator/plans/plan_manager.h"
+#include "coordinator/plans/slice_copy.h"
 #include "coordinator/rpc/auth.h"
 #include "coordinator/rpc/caller_quota.h"
 #include "coordinator/rpc/coordinator_convert.h"
@@ -38,7 +39,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                      CoordinatorMetrics* metrics = nullptr, const Authenticator* auth = nullptr,
                      RequestLog* requests = nullptr, CallerQuota* watches = nullptr,
                      CallerQuota* running_plans = nullptr, CheckpointManager* checkpoints = nullptr,
-                     TransferManager* transfers = nullptr, BlockCopy* block_copy = nullptr)
+                     TransferManager* transfers = nullptr, BlockCopy* block_copy = nullptr,
+                     SliceCopier* slices = nullptr)
       : workers_(workers),
         meshes_(meshes),
         tensors_(tensors),
@@ -53,7 +55,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
         running_plans_(running_plans),
         checkpoints_(checkpoints),
         transfers_(transfers),
-        block_copy_(block_copy) {}
+        block_copy_(block_copy),
+        slices_(slices) {}
 
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* req,
@@ -175,6 +178,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
       const std::function<void(const StartedGroup&)>& on_started,
       std::function<void(const GroupProgress&)> on_committed);
 
+  // A Copy or CopyGroup with slices (SliceCopier::Start, errors naming "copies[i]").
+  absl::StatusOr<StartedGroup> StartSliced(const std::vector<SliceCopyMember>& members,
+                                           PlanManager::GroupDoneCallback done);
+
   // Idempotent retries. A mutating handler, once its request is valid, calls Replay: a
   // non-null reactor (the first outcome replayed into `resp`, or an error) is returned as is;
   // null means act, and the outcome then goes through Reply, which records it under the
@@ -207,6 +214,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   CheckpointManager* const checkpoints_;
   TransferManager* const transfers_;
   BlockCopy* const block_copy_;  // Null: block copies answer UNIMPLEMENTED.
+  // Copies with slices of fused tensors (null: refused with UNIMPLEMENTED).
+  SliceCopier* const slices_;
 };
 
 }  // namespace shardcoord

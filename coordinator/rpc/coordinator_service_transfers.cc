@@ -29,6 +29,19 @@ grpc::ServerUnaryReactor* CoordinatorService::CreateTransfer(grpc::CallbackServe
                                                              v1::TransferInfo* resp) {
   if (absl::Status a = Authorize(ctx, "CreateTransfer"); !a.ok()) return Done(ctx, a);
   if (transfers_ == nullptr) return Done(ctx, NoTransfers());
+  for (int i = 0; i < req->copies_size(); ++i) {
+    const v1::CopyPair& c = req->copies(i);
+    const char* slice = !c.dst_offset().empty()   ? "dst_offset"
+                        : !c.src_offset().empty() ? "src_offset"
+                        : !c.src_shape().empty()  ? "src_shape"
+                                                  : nullptr;
+    if (slice != nullptr) {
+      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                           "copies[", i, "].", slice,
+                           ": prepared transfers do not take slices of fused tensors yet; "
+                           "run it as a CopyGroup")));
+    }
+  }
   std::vector<TransferCopy> copies;
   copies.reserve(req->copies_size());
   for (const v1::CopyPair& c : req->copies()) {

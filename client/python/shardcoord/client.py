@@ -659,19 +659,25 @@ class Client:
             request.has_to_rank = True
         return self._finished(self._mutate(self._stub.Gather, request, self.data_timeout))
 
-    def copy(self, src, dst, quantize="", dequantize=False, scale=""):
+    def copy(self, src, dst, quantize="", dequantize=False, scale="", dst_offset=None,
+             src_offset=None, src_shape=None):
         """Writes src's values into dst (same shape, any mesh and layout; in place when dst
         is attached; cast to dst's dtype where the dtypes differ, see README "Dtypes and
         casts") and waits; returns the CopyResponse. Block-scaled FP8: quantize="block:128x128"
         with scale=NAME writes dst (f8_e4m3) and the f32 scales; dequantize=True with
         scale=NAME reads them back into dst's dtype (block: `quantize` when given, else
-        block:128x128); the response's block_copy says where blocks were made whole."""
+        block:128x128); the response's block_copy says where blocks were made whole. With
+        `dst_offset` (a list of ints) src lands in the box of dst starting there (k into a
+        fused qkv); with `src_offset` and `src_shape` only that box of src is read (README
+        "Slices of fused tensors")."""
         request = pb.CopyRequest(src=src, dst=dst, wait=True, quantize=quantize,
-                                 dequantize=dequantize, scale=scale)
+                                 dequantize=dequantize, scale=scale, dst_offset=dst_offset or [],
+                                 src_offset=src_offset or [], src_shape=src_shape or [])
         return self._finished(self._mutate(self._stub.Copy, request, self.data_timeout))
 
     def copy_many(self, pairs):
-        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts) as one
+        """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts; a dict may
+        name boxes: "dst_offset", "src_offset" and "src_shape", lists of ints) as one
         transaction: every dst gets its new version together, or none does. Waits; returns
         the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
         bucket_bytes, seconds, members)."""
@@ -898,11 +904,15 @@ class Client:
 
 
 def _copy_pairs(pairs):
-    """CopyPairs of (src, dst) tuples and {"src", "dst"} dicts."""
+    """CopyPairs of (src, dst) tuples and {"src", "dst"[, "dst_offset", "src_offset",
+    "src_shape"]} dicts."""
     copies = []
     for pair in pairs:
         if isinstance(pair, dict):
-            copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"]))
+            copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"],
+                                      dst_offset=pair.get("dst_offset") or [],
+                                      src_offset=pair.get("src_offset") or [],
+                                      src_shape=pair.get("src_shape") or []))
         else:
             src, dst = pair
             copies.append(pb.CopyPair(src=src, dst=dst))
