@@ -1,6 +1,7 @@
 #include "sharding/block_quant.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -74,6 +75,24 @@ absl::StatusOr<Shape> BlockScaleShape(const Shape& shape, const BlockSize& block
   out[out.size() - 2] = (shape[shape.size() - 2] + block.rows - 1) / block.rows;
   out[out.size() - 1] = (shape[shape.size() - 1] + block.cols - 1) / block.cols;
   return out;
+}
+
+absl::StatusOr<Box> BlockScaleBox(const Box& box, const BlockSize& block) {
+  if (box.ndim() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(box.ToString(), " has fewer than two dims (blocks need two)"));
+  }
+  const size_t r = box.ndim() - 2, c = box.ndim() - 1;
+  if (box.offset(r) % block.rows != 0 || box.offset(c) % block.cols != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        box.ToString(), " does not start on a ", BlockQuantizationText(block), " block boundary"));
+  }
+  Shape offset = box.offset(), shape = box.shape();
+  offset[r] /= block.rows;
+  offset[c] /= block.cols;
+  shape[r] = (shape[r] + block.rows - 1) / block.rows;
+  shape[c] = (shape[c] + block.cols - 1) / block.cols;
+  return Box(std::move(offset), std::move(shape));
 }
 
 absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape,

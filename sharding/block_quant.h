@@ -44,6 +44,11 @@ std::string BlockQuantizationText(const BlockSize& block);  // "block:128x128"
 // The scale tensor's shape for a tensor of `shape`: INVALID_ARGUMENT for fewer than two dims.
 absl::StatusOr<Shape> BlockScaleShape(const Shape& shape, const BlockSize& block);
 
+// The scales of the blocks of `box` (a box of a tensor cut into `block`s over its last two
+// dims) as a box of the scale tensor. INVALID_ARGUMENT for fewer than two dims or a box that
+// does not start on a block boundary.
+absl::StatusOr<Box> BlockScaleBox(const Box& box, const BlockSize& block);
+
 // Quantizes a whole C-order buffer of `shape` (blocks aligned at its origin): `src` holds
 // `src_dtype` (a float dtype other than f8_e8m0), `dst` gets the f8_e4m3 values (one byte
 // each) and `scales` the f32 scales in BlockScaleShape order. INVALID_ARGUMENT for another

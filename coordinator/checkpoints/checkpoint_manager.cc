@@ -57,27 +57,6 @@ bool ConsumedScale(const CheckpointIndex& index, const std::string& name) {
 // A dtype block-scaled FP8 dequantizes into (sharding/block_quant.h).
 bool DequantizesInto(DType dtype) { return IsFloat(dtype) && dtype != DType::kF8E8M0; }
 
-// The scales of the blocks of `box` (a box of a tensor cut into `block`s over its last two
-// dims): INVALID_ARGUMENT for fewer than two dims or a box that does not start on a block
-// boundary.
-absl::StatusOr<Box> BlockScaleBox(const Box& box, const BlockSize& block) {
-  if (box.ndim() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(box.ToString(), " has fewer than two dims (blocks need two)"));
-  }
-  const size_t r = box.ndim() - 2, c = box.ndim() - 1;
-  if (box.offset(r) % block.rows != 0 || box.offset(c) % block.cols != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        box.ToString(), " does not start on a ", BlockQuantizationText(block), " block boundary"));
-  }
-  Shape offset = box.offset(), shape = box.shape();
-  offset[r] /= block.rows;
-  offset[c] /= block.cols;
-  shape[r] = (shape[r] + block.rows - 1) / block.rows;
-  shape[c] = (shape[c] + block.cols - 1) / block.cols;
-  return Box(std::move(offset), std::move(shape));
-}
-
 // Checks that f8_e4m3 `t` can be dequantized: its scale tensor (t + "_scale_inv", f32 of
 // BlockScaleShape) is in the index (INVALID_ARGUMENT naming what was expected and found) and
 // every piece of t starts on a block boundary (FAILED_PRECONDITION naming it).

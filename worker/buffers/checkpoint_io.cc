@@ -738,22 +738,12 @@ absl::StatusOr<Dequantizing> CheckDequantize(const v1::CheckpointReadBuffer& rb,
   for (int i = 0; i < n; ++i) {
     const Box& box = chunks.chunks[static_cast<size_t>(i)].box;
     const std::string where = absl::StrCat(field, ".scale_boxes[", i, "]");
-    if (box.ndim() < 2) {
+    absl::StatusOr<Box> scale_box = BlockScaleBox(box, out.block);
+    if (!scale_box.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(bf, ".chunks[", i, "]: ", box.ToString(), " has fewer than two dims"));
+          absl::StrCat(bf, ".chunks[", i, "]: ", scale_box.status().message()));
     }
-    const size_t r = box.ndim() - 2, c = box.ndim() - 1;
-    if (box.offset(r) % out.block.rows != 0 || box.offset(c) % out.block.cols != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(bf, ".chunks[", i, "]: ", box.ToString(), " does not start on a ",
-                       BlockQuantizationText(out.block), " block boundary"));
-    }
-    Shape offset = box.offset(), shape = box.shape();
-    offset[r] = box.offset(r) / out.block.rows;
-    offset[c] = box.offset(c) / out.block.cols;
-    shape[r] = (box.shape(r) + out.block.rows - 1) / out.block.rows;
-    shape[c] = (box.shape(c) + out.block.cols - 1) / out.block.cols;
-    const Box want(std::move(offset), std::move(shape));
+    const Box& want = *scale_box;
     absl::StatusOr<Box> got = BoxFromProto(dq.scale_boxes(i), where);
     if (!got.ok()) return got.status();
     bool rows = got->Contains(want);
