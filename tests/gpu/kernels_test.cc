@@ -17,16 +17,16 @@
 #include "worker/comm/nccl/device_buffer.h"
 #include "worker/comm/nccl/device_ops.h"
 #include "worker/comm/nccl/reduce_ops.h"
+#include "worker/testing/cast_test_data.h"
+#include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
 namespace nccl {
 namespace {
 
-std::vector<unsigned char> RandomBytes(size_t n, std::mt19937& rng) {
-  std::vector<unsigned char> v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
+using testing_util::RandomBox;
+using testing_util::RandomBytes;
+using testing_util::RandomSubBox;
 
 DeviceBuffer Upload(const std::vector<unsigned char>& host) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(static_cast<int64_t>(host.size()), 0);
@@ -40,26 +40,6 @@ std::vector<unsigned char> Download(const DeviceBuffer& b) {
   std::vector<unsigned char> host(static_cast<size_t>(b.bytes()));
   EXPECT_TRUE(b.CopyToHost(host.data(), b.bytes()).ok());
   return host;
-}
-
-Box RandomBox(int ndim, std::mt19937& rng, int64_t max_extent) {
-  Shape off(ndim), shape(ndim);
-  for (int d = 0; d < ndim; ++d) {
-    off[d] = static_cast<int64_t>(rng() % 4);
-    shape[d] = 1 + static_cast<int64_t>(rng() % max_extent);
-  }
-  return Box(off, shape);
-}
-
-Box RandomSubBox(const Box& box, std::mt19937& rng) {
-  Shape off(box.ndim()), shape(box.ndim());
-  for (int d = 0; d < box.ndim(); ++d) {
-    const int64_t n = box.shape(d);
-    const int64_t begin = static_cast<int64_t>(rng() % n);
-    off[d] = box.offset(d) + begin;
-    shape[d] = (rng() % 3 == 0) ? n - begin : 1 + static_cast<int64_t>(rng() % (n - begin));
-  }
-  return Box(off, shape);
 }
 
 class KernelsTest : public ::testing::Test {

@@ -10,6 +10,7 @@
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
 #include "worker/comm/nccl/box_geometry_builder.h"
+#include "worker/testing/cast_test_data.h"
 #include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
@@ -26,37 +27,16 @@ void EmulateCopy(const BoxCopyGeometry& g, int unit, const void* src, void* dst)
   }
 }
 
+using testing_util::RandomBox;
 using testing_util::RandomBytes;
-
-Box RandomBox(int ndim, std::mt19937& rng) {
-  Shape off(ndim), shape(ndim);
-  for (int d = 0; d < ndim; ++d) {
-    off[d] = static_cast<int64_t>(rng() % 5);
-    shape[d] = 1 + static_cast<int64_t>(rng() % 5);
-  }
-  return Box(off, shape);
-}
-
-// A random sub-box of `box` (sometimes all of a dim, sometimes one element of it).
-Box RandomSubBox(const Box& box, std::mt19937& rng) {
-  Shape off(box.ndim()), shape(box.ndim());
-  for (int d = 0; d < box.ndim(); ++d) {
-    const int64_t n = box.shape(d);
-    const int64_t begin = static_cast<int64_t>(rng() % n);
-    const int64_t len =
-        (rng() % 3 == 0) ? n - begin : 1 + static_cast<int64_t>(rng() % (n - begin));
-    off[d] = box.offset(d) + begin;
-    shape[d] = len;
-  }
-  return Box(off, shape);
-}
+using testing_util::RandomSubBox;
 
 TEST(BoxGeometryTest, RandomPacksAndUnpacksMatchHostCopies) {
   std::mt19937 rng(20240611);
   for (int iter = 0; iter < 3000; ++iter) {
     const int ndim = 1 + static_cast<int>(rng() % 4);
     const int64_t esize = std::vector<int64_t>{1, 2, 3, 4, 8}[rng() % 5];
-    const Box chunk_box = RandomBox(ndim, rng);
+    const Box chunk_box = RandomBox(ndim, rng, /*max_extent=*/5, /*max_offset=*/5);
     const Box region = RandomSubBox(chunk_box, rng);
     const size_t chunk_bytes = static_cast<size_t>(chunk_box.Volume() * esize);
     const size_t region_bytes = static_cast<size_t>(region.Volume() * esize);
@@ -104,8 +84,8 @@ TEST(BoxGeometryTest, RandomChunkToChunkCopiesMatchCopyBox) {
   int checked = 0;
   for (int iter = 0; iter < 3000; ++iter) {
     const int ndim = 1 + static_cast<int>(rng() % 4);
-    const Box a = RandomBox(ndim, rng);
-    const Box b = RandomBox(ndim, rng);
+    const Box a = RandomBox(ndim, rng, /*max_extent=*/5, /*max_offset=*/5);
+    const Box b = RandomBox(ndim, rng, /*max_extent=*/5, /*max_offset=*/5);
     const Box common = a.Intersect(b);
     if (common.Empty()) continue;
     const Box region = RandomSubBox(common, rng);

@@ -20,38 +20,18 @@
 #include "worker/comm/nccl/block_quant_geometry.h"
 #include "worker/comm/nccl/box_geometry.h"
 #include "worker/comm/nccl/box_geometry_builder.h"
+#include "worker/testing/cast_test_data.h"
+#include "worker/testing/random_bytes.h"
 
 namespace shardcoord {
 namespace nccl {
 namespace {
 
 using Bytes = std::vector<unsigned char>;
-
-Bytes RandomBytes(size_t n, std::mt19937& rng) {
-  Bytes v(n);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
-Box RandomBox(int ndim, std::mt19937& rng, int64_t max_extent) {
-  Shape off(ndim), shape(ndim);
-  for (int d = 0; d < ndim; ++d) {
-    off[d] = static_cast<int64_t>(rng() % 4);
-    shape[d] = 1 + static_cast<int64_t>(rng() % max_extent);
-  }
-  return Box(off, shape);
-}
-
-Box RandomSubBox(const Box& box, std::mt19937& rng) {
-  Shape off(box.ndim()), shape(box.ndim());
-  for (int d = 0; d < box.ndim(); ++d) {
-    const int64_t n = box.shape(d);
-    const int64_t begin = static_cast<int64_t>(rng() % n);
-    off[d] = box.offset(d) + begin;
-    shape[d] = (rng() % 3 == 0) ? n - begin : 1 + static_cast<int64_t>(rng() % (n - begin));
-  }
-  return Box(off, shape);
-}
+using testing_util::QuantSource;
+using testing_util::RandomBox;
+using testing_util::RandomBytes;
+using testing_util::RandomSubBox;
 
 // CastKernel's loop, one iteration per element.
 void EmulateCastKernel(const BoxCopyGeometry& g, DType from, DType to, const unsigned char* src,
@@ -130,37 +110,6 @@ void EmulateDequantizeKernel(const BlockQuantGeometry& g, const unsigned char* s
     cast_bits::StoreElement(dst + e * es, es,
                             cast_bits::CastElement(cast_bits::F32Bits(y), cast_bits::kF32, t));
   }
-}
-
-// Values of `dtype`: magnitudes spread over many binades, special values sprinkled in, the
-// first block all zeros and the second with no finite value.
-Bytes QuantSource(DType dtype, const Shape& shape, const BlockSize& block, std::mt19937& rng) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const int64_t cols = shape.back(), rows = shape[shape.size() - 2];
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> v(static_cast<size_t>(n));
-  const double specials[] = {std::nan(""), -std::nan(""), HUGE_VAL, -HUGE_VAL, -0.0,  0.0,
-                             1e-40,        -3e-45,        1e30,     -7e38,     448.0, 1e-310};
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t r = (i / cols) % rows;
-    v[static_cast<size_t>(i)] = normal(rng) * std::ldexp(1.0, static_cast<int>(r % 40) - 20);
-    if (rng() % 50 == 0) v[static_cast<size_t>(i)] = specials[rng() % 12];
-  }
-  for (int64_t r = 0; r < std::min(block.rows, rows); ++r) {
-    for (int64_t c = 0; c < std::min(block.cols, cols); ++c)
-      v[static_cast<size_t>(r * cols + c)] = 0;
-    for (int64_t c = block.cols; c < std::min(2 * block.cols, cols); ++c) {
-      v[static_cast<size_t>(r * cols + c)] = (r + c) % 2 == 0 ? -HUGE_VAL : std::nan("");
-    }
-  }
-  Bytes out(static_cast<size_t>(n * ElementSize(dtype)));
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t bits = DoubleToFloatBits(v[static_cast<size_t>(i)], dtype);
-    std::memcpy(&out[static_cast<size_t>(i * ElementSize(dtype))], &bits,
-                static_cast<size_t>(ElementSize(dtype)));
-  }
-  return out;
 }
 
 TEST(CastKernelMathTest, BlockQuantizationMatchesTheHost) {
