@@ -67,42 +67,6 @@ class CheckpointManagerTest : public ClusterFixture {
     return TestSpec(placements, mesh);
   }
 
-  // A ready tensor whose fake buffers hold arange values.
-  void Create(const std::string& name, const std::string& placements, const std::string& mesh,
-              Shape shape, DType dtype = DType::kF32) {
-    TensorRecord t;
-    t.name = name;
-    t.shape = shape;
-    t.dtype = dtype;
-    t.mesh = mesh;
-    t.spec = placements;
-    t.layout =
-        *Layout::FromPlacements(meshes_.Get(mesh)->mesh, shape, *ParsePlacements(placements));
-    t.version = tensors_.NewVersion();
-    ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
-    LayoutChecksums sums;
-    absl::flat_hash_map<int64_t, int64_t> inc;
-    for (const RankChunks& rc : t.layout.ranks()) {
-      v1::FillRequest fill;
-      fill.set_tensor(name);
-      fill.set_version(t.version);
-      fill.set_dtype(DTypeToProto(dtype));
-      *fill.mutable_chunks() = RankChunksToProto(rc);
-      ShapeToProto(shape, fill.mutable_global_shape());
-      fill.set_init(v1::ARANGE);
-      const WorkerRecord w = *workers_.GetByRank(rc.rank);
-      client_.Fill(WorkerEndpoint{w.spec.name, w.rank, w.spec.address, w.incarnation}, fill,
-                   [&](absl::StatusOr<v1::FillResponse> r) {
-                     ASSERT_TRUE(r.ok());
-                     ChunkChecksums c;
-                     ASSERT_TRUE(RankChunksFromProto(r->chunks(), "chunks", &c).ok());
-                     sums.push_back(c);
-                   });
-      inc[rc.rank] = w.incarnation;
-    }
-    ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
-  }
-
   absl::StatusOr<v1::SaveCheckpointResponse> Save(const std::string& dir,
                                                   std::vector<std::string> names,
                                                   bool overwrite = false) {
@@ -156,9 +120,9 @@ class CheckpointManagerTest : public ClusterFixture {
 };
 
 TEST_F(CheckpointManagerTest, SaveWritesEveryPieceOnceThenCommits) {
-  Create("a", "S(0),R", "M", {64, 32});  // Replicated over dp: each half written once.
-  Create("b", "R", "N", {40, 8});        // Replicated everywhere.
-  Create("c", "S(1)", "N", {6, 10});     // Uneven columns.
+  CreateFilled("a", "S(0),R", "M", {64, 32});  // Replicated over dp: each half written once.
+  CreateFilled("b", "R", "N", {40, 8});        // Replicated everywhere.
+  CreateFilled("c", "S(1)", "N", {6, 10});     // Uneven columns.
   absl::StatusOr<v1::SaveCheckpointResponse> r = Save("/data/ck", {"a", "b", "c"});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bytes(), (64 * 32 + 40 * 8 + 6 * 10) * 4);
@@ -197,7 +161,7 @@ TEST_F(CheckpointManagerTest, SaveWritesEveryPieceOnceThenCommits) {
 }
 
 TEST_F(CheckpointManagerTest, SaveRefusalsChangeNothing) {
-  Create("a", "S(0)", "N", {8, 4});
+  CreateFilled("a", "S(0)", "N", {8, 4});
   EXPECT_EQ(Save("relative", {"a"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Save("/data/ck", {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Save("/data/ck", {"a", "a"}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -211,7 +175,7 @@ TEST_F(CheckpointManagerTest, SaveRefusalsChangeNothing) {
 }
 
 TEST_F(CheckpointManagerTest, AFailedSaveLeavesThePreviousCheckpoint) {
-  Create("a", "S(0),R", "M", {64, 32});
+  CreateFilled("a", "S(0),R", "M", {64, 32});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
   const std::string index = client_.File("/data/ck/index.json");
   // Without overwrite: refused before anything is written.
@@ -231,8 +195,8 @@ TEST_F(CheckpointManagerTest, AFailedSaveLeavesThePreviousCheckpoint) {
 }
 
 TEST_F(CheckpointManagerTest, LoadCreatesEveryTensorTogether) {
-  Create("a", "S(0),R", "M", {64, 32});
-  Create("b", "R", "N", {40, 8});
+  CreateFilled("a", "S(0),R", "M", {64, 32});
+  CreateFilled("b", "R", "N", {40, 8});
   ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
   absl::StatusOr<v1::LoadCheckpointResponse> r = Load(LoadAll("/data/ck", "R", "N", "x_"));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -254,7 +218,7 @@ TEST_F(CheckpointManagerTest, LoadCreatesEveryTensorTogether) {
 }
 
 TEST_F(CheckpointManagerTest, LoadIntoCopiesAndDropsTheStaging) {
-  Create("a", "S(0)", "N", {16, 4});
+  CreateFilled("a", "S(0)", "N", {16, 4});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
   const int64_t before = tensors_.Get("a")->version;
   LoadCheckpointArgs args = LoadAll("/data/ck", "R", "N", "");
@@ -272,14 +236,14 @@ TEST_F(CheckpointManagerTest, LoadIntoCopiesAndDropsTheStaging) {
   EXPECT_TRUE(dropped);
   for (const TensorRecord& t : tensors_.List()) EXPECT_FALSE(absl::StartsWith(t.name, "~"));
   // Into a tensor of another shape: refused, naming both.
-  Create("small", "S(0)", "N", {8, 4});
+  CreateFilled("small", "S(0)", "N", {8, 4});
   args.all = false;
   args.targets = {LoadTargetArgs{"a", "small", std::nullopt}};
   EXPECT_THAT(Load(args).status().message(), HasSubstr("tensor 'small' is [8, 4] f32"));
 }
 
 TEST_F(CheckpointManagerTest, CorruptedAndTruncatedFilesAreRefusedCreatingNothing) {
-  Create("a", "S(0)", "N", {64, 32});
+  CreateFilled("a", "S(0)", "N", {64, 32});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
   const CheckpointIndex index = *ParseCheckpointIndex(client_.File("/data/ck/index.json"));
   const CheckpointPiece& p = index.Find("a")->pieces[1];
@@ -305,8 +269,8 @@ TEST_F(CheckpointManagerTest, CorruptedAndTruncatedFilesAreRefusedCreatingNothin
 }
 
 TEST_F(CheckpointManagerTest, AFailedExchangeCreatesNothing) {
-  Create("a", "S(0)", "N", {64, 32});
-  Create("b", "S(1)", "N", {8, 32});
+  CreateFilled("a", "S(0)", "N", {64, 32});
+  CreateFilled("b", "S(1)", "N", {8, 32});
   ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
   fail_exchange_rank_ = 3;
   absl::StatusOr<v1::LoadCheckpointResponse> r = Load(LoadAll("/data/ck", "R,R", "M", "x_"));
@@ -326,8 +290,8 @@ TEST_F(CheckpointManagerTest, AFailedExchangeCreatesNothing) {
 // its tensors hidden: a later batch's failure removes what earlier batches committed, with
 // their target buffers.
 TEST_F(CheckpointManagerTest, ALaterBatchFailingRemovesWhatEarlierBatchesCommitted) {
-  Create("a", "S(0)", "N", {64, 32});
-  Create("b", "S(1)", "N", {8, 32});
+  CreateFilled("a", "S(0)", "N", {64, 32});
+  CreateFilled("b", "S(1)", "N", {8, 32});
   ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
   fail_exchange_rank_ = 3;
   // One batch's group commits (hidden), the other one's aborts (the fake answers inline, so
@@ -352,8 +316,8 @@ TEST_F(CheckpointManagerTest, ALaterBatchFailingRemovesWhatEarlierBatchesCommitt
 // The composition root tells the manager of a worker's death: a load that reads through it
 // (rank 0 reads the index) fails naming it, starts no further exchange, and leaves nothing.
 TEST_F(CheckpointManagerTest, AWorkerDeathFailsTheLoadUsingItNamingIt) {
-  Create("a", "S(0)", "N", {64, 32});
-  Create("b", "S(1)", "N", {8, 32});
+  CreateFilled("a", "S(0)", "N", {64, 32});
+  CreateFilled("b", "S(1)", "N", {8, 32});
   ASSERT_TRUE(Save("/data/ck", {"a", "b"}).ok());
   bool told = false;
   client_.SetExecuteHook([&](const WorkerEndpoint&, const v1::PlanFragment& f) {
@@ -401,7 +365,7 @@ TEST_F(CheckpointManagerTest, LoadsAPlainSafetensorsFileAndInspects) {
 }
 
 TEST_F(CheckpointManagerTest, InspectShowsPiecesAndWriters) {
-  Create("a", "S(0),R", "M", {64, 32});
+  CreateFilled("a", "S(0),R", "M", {64, 32});
   ASSERT_TRUE(Save("/data/ck", {"a"}).ok());
   absl::StatusOr<v1::InspectCheckpointResponse> info = Inspect("/data/ck/");
   ASSERT_TRUE(info.ok()) << info.status();

@@ -31,41 +31,6 @@ class SliceCopyTest : public ClusterFixture {
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
   }
 
-  // A ready tensor whose fake buffers hold arange values.
-  void Create(const std::string& name, const std::string& placements, const std::string& mesh,
-              Shape shape) {
-    TensorRecord t;
-    t.name = name;
-    t.shape = shape;
-    t.dtype = DType::kF32;
-    t.mesh = mesh;
-    t.spec = placements;
-    t.layout =
-        *Layout::FromPlacements(meshes_.Get(mesh)->mesh, shape, *ParsePlacements(placements));
-    t.version = tensors_.NewVersion();
-    ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
-    LayoutChecksums sums;
-    absl::flat_hash_map<int64_t, int64_t> inc;
-    for (const RankChunks& rc : t.layout.ranks()) {
-      v1::FillRequest fill;
-      fill.set_tensor(name);
-      fill.set_version(t.version);
-      fill.set_dtype(DTypeToProto(t.dtype));
-      *fill.mutable_chunks() = RankChunksToProto(rc);
-      ShapeToProto(shape, fill.mutable_global_shape());
-      fill.set_init(v1::ARANGE);
-      const WorkerRecord w = *workers_.GetByRank(rc.rank);
-      client_.Fill(w.Endpoint(), fill, [&](absl::StatusOr<v1::FillResponse> r) {
-        ASSERT_TRUE(r.ok());
-        ChunkChecksums c;
-        ASSERT_TRUE(RankChunksFromProto(r->chunks(), "chunks", &c).ok());
-        sums.push_back(c);
-      });
-      inc[rc.rank] = w.incarnation;
-    }
-    ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
-  }
-
   absl::StatusOr<StartedGroup> Start(const std::vector<SliceCopyMember>& members,
                                      std::optional<GroupOutcome>* out) {
     return slices_.Start(members, "copies", [out](const absl::Status& s, const GroupProgress& p) {
@@ -90,9 +55,9 @@ class SliceCopyTest : public ClusterFixture {
 };
 
 TEST_F(SliceCopyTest, ComposesEachDstRankFromThePiecesAndItsOldValues) {
-  Create("q", "S(0),S(1)", "M", {4, 4});  // arange 0..15: rows 0-3 of qkv.
-  Create("k", "R", "N", {2, 4});          // arange 0..7: rows 6-7; rows 4-5 keep 16..23.
-  Create("qkv", "S(0)", "N", {8, 4});     // rank r holds rows 2r, 2r+1.
+  CreateFilled("q", "S(0),S(1)", "M", {4, 4});  // arange 0..15: rows 0-3 of qkv.
+  CreateFilled("k", "R", "N", {2, 4});          // arange 0..7: rows 6-7; rows 4-5 keep 16..23.
+  CreateFilled("qkv", "S(0)", "N", {8, 4});     // rank r holds rows 2r, 2r+1.
   const int64_t old_version = tensors_.Get("qkv")->version;
   std::optional<GroupOutcome> out;
   absl::StatusOr<StartedGroup> started =
@@ -120,8 +85,8 @@ TEST_F(SliceCopyTest, ComposesEachDstRankFromThePiecesAndItsOldValues) {
 }
 
 TEST_F(SliceCopyTest, AFailedWriteChangesNothing) {
-  Create("k", "R", "N", {2, 4});
-  Create("qkv", "S(0)", "N", {8, 4});
+  CreateFilled("k", "R", "N", {2, 4});
+  CreateFilled("qkv", "S(0)", "N", {8, 4});
   const TensorRecord before = *tensors_.Get("qkv");
   client_.Fail("WriteChunk", 2, absl::UnavailableError("injected"));
   std::optional<GroupOutcome> out;
@@ -142,9 +107,9 @@ TEST_F(SliceCopyTest, AFailedWriteChangesNothing) {
 }
 
 TEST_F(SliceCopyTest, RefusalsReleaseEverything) {
-  Create("k", "R", "N", {2, 4});
-  Create("qkv", "S(0)", "N", {8, 4});
-  Create("big", "R", "N", {512, 1024});  // 2 MiB on every rank.
+  CreateFilled("k", "R", "N", {2, 4});
+  CreateFilled("qkv", "S(0)", "N", {8, 4});
+  CreateFilled("big", "R", "N", {512, 1024});  // 2 MiB on every rank.
   std::optional<GroupOutcome> out;
   absl::StatusOr<StartedGroup> s = Start({{"k", "qkv", Shape{7, 0}, {}, {}}}, &out);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
@@ -166,8 +131,8 @@ TEST_F(SliceCopyTest, RefusalsReleaseEverything) {
 }
 
 TEST_F(SliceCopyTest, ClosedRefusesNewOnesAndIsIdle) {
-  Create("k", "R", "N", {2, 4});
-  Create("qkv", "S(0)", "N", {8, 4});
+  CreateFilled("k", "R", "N", {2, 4});
+  CreateFilled("qkv", "S(0)", "N", {8, 4});
   std::optional<GroupOutcome> out;
   ASSERT_TRUE(Start({{"k", "qkv", Shape{6, 0}, {}, {}}}, &out).ok());
   EXPECT_EQ(slices_.RunningCount(), 0);  // The fake answers inline: it ended already.

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "proto/convert.h"
 #include "sharding/layout.h"
 #include "sharding/placement.h"
 
@@ -53,6 +54,40 @@ ClusterFixture::ClusterFixture()
       workers_(&clock_, absl::Seconds(5)),
       meshes_(&workers_),
       tensors_(&meshes_) {}
+
+void ClusterFixture::CreateFilled(const std::string& name, const std::string& placements,
+                                  const std::string& mesh, Shape shape, DType dtype) {
+  TensorRecord t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.mesh = mesh;
+  t.spec = placements;
+  t.layout =
+      *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
+  t.version = tensors_.NewVersion();
+  ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
+  LayoutChecksums sums;
+  absl::flat_hash_map<int64_t, int64_t> inc;
+  for (const RankChunks& rc : t.layout.ranks()) {
+    v1::FillRequest fill;
+    fill.set_tensor(name);
+    fill.set_version(t.version);
+    fill.set_dtype(DTypeToProto(dtype));
+    *fill.mutable_chunks() = RankChunksToProto(rc);
+    ShapeToProto(t.shape, fill.mutable_global_shape());
+    fill.set_init(v1::ARANGE);
+    const WorkerRecord w = *workers_.GetByRank(rc.rank);
+    client_.Fill(w.Endpoint(), fill, [&](absl::StatusOr<v1::FillResponse> r) {
+      ASSERT_TRUE(r.ok());
+      ChunkChecksums c;
+      ASSERT_TRUE(RankChunksFromProto(r->chunks(), "chunks", &c).ok());
+      sums.push_back(c);
+    });
+    inc[rc.rank] = w.incarnation;
+  }
+  ASSERT_TRUE(tensors_.FinishCreate(name, "create", sums, inc).ok());
+}
 
 std::map<int64_t, v1::PlanFragment> ClusterFixture::Fragments(const std::string& plan_id) {
   std::map<int64_t, v1::PlanFragment> out;

@@ -71,6 +71,12 @@ class ClusterFixture : public ::testing::Test {
                  const FakeChecksumFn& checksum = DefaultFakeChecksum,
                  const std::set<int64_t>& skip = {});
 
+  // Creates tensor `name` (`placements` on `mesh`) with real buffers on the fake workers:
+  // each rank's chunks filled with arange through client_.Fill, finished with the checksums
+  // the fills answered (unlike CreateTestTensor's made-up ones).
+  void CreateFilled(const std::string& name, const std::string& placements, const std::string& mesh,
+                    Shape shape, DType dtype = DType::kF32);
+
   // Everyone but `rank` heartbeats past the timeout; then the health check runs.
   void Kill(int64_t rank);
 
