@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "sharding/box.h"
 #include "sharding/box_copy.h"
+#include "sharding/box_slices.h"
 
 namespace shardcoord {
 namespace {
@@ -127,31 +128,9 @@ absl::StatusOr<std::vector<Layout>> SplitLayout(const Layout& layout, int dim,
   for (int64_t size : sections) {
     Shape piece_shape = shape;
     piece_shape[dim] = size;
-    Box piece = Box::Whole(shape);
-    Shape off = piece.offset(), shp = piece.shape();
-    off[dim] = start;
-    shp[dim] = size;
-    piece = Box(std::move(off), std::move(shp));
-    std::vector<RankChunks> ranks;
-    ranks.reserve(layout.ranks().size());
-    for (const RankChunks& rc : layout.ranks()) {
-      RankChunks out;
-      out.rank = rc.rank;
-      out.coord = rc.coord;
-      for (const Chunk& c : rc.chunks) {
-        Box inter = c.box.Intersect(piece);
-        if (inter.Empty()) continue;
-        Shape inter_off = inter.offset();
-        inter_off[dim] -= start;
-        const int64_t volume = inter.Volume();
-        out.chunks.push_back(
-            Chunk{Box(std::move(inter_off), inter.shape()), out.local_elements, c.partial_index});
-        out.local_elements += volume;
-      }
-      ranks.push_back(std::move(out));
-    }
-    absl::StatusOr<Layout> l = Layout::FromChunks(piece_shape, std::move(ranks),
-                                                  layout.num_partials(), layout.partial_op());
+    Shape piece_offset(shape.size(), 0);
+    piece_offset[dim] = start;
+    absl::StatusOr<Layout> l = RestrictLayout(layout, Box(piece_offset, piece_shape), piece_shape);
     if (!l.ok()) return l.status();
     pieces.push_back(*std::move(l));
     start += size;
