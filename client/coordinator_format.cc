@@ -519,9 +519,22 @@ std::string GroupOutcomeJson(const Response& response, MemberFields member_field
 }  // namespace
 
 std::string CopyGroupOutcomeText(const v1::CopyGroupResponse& response) {
-  return GroupOutcomeText(response, "copied", [](const v1::CopyGroupMember& m) {
-    return absl::StrCat(m.src(), " -> ", m.dst(), ": version ", m.dst_version());
+  std::string out = GroupOutcomeText(response, "copied", [](const v1::CopyGroupMember& m) {
+    std::string label = absl::StrCat(m.src(), " -> ", m.dst(), ": version ", m.dst_version());
+    if (m.has_block_copy()) {
+      const v1::BlockCopyInfo& b = m.block_copy();
+      if (b.scale_version() > 0) absl::StrAppend(&label, ", scales version ", b.scale_version());
+      absl::StrAppend(&label, "; ", b.blocks(), " blocks, ", b.cut_blocks(),
+                      " cut across source ranks, ", HumanBytes(b.staged_bytes()), " staged, ",
+                      HumanBytes(b.bytes_moved()), " moved in all");
+    }
+    return label;
   });
+  if (!response.stage_group().empty()) {
+    absl::StrAppend(&out, "  blocks made whole by group ", response.stage_group(), ": ",
+                    HumanBytes(response.staged_bytes()), " staged (in the bytes above)\n");
+  }
+  return out;
 }
 
 std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
@@ -529,6 +542,16 @@ std::string CopyGroupOutcomeJson(const v1::CopyGroupResponse& response) {
     w.Key("src").String(m.src());
     w.Key("dst").String(m.dst());
     w.Key("dst_version").Int(m.dst_version());
+    if (m.has_block_copy()) {
+      const v1::BlockCopyInfo& b = m.block_copy();
+      w.Key("block_copy").BeginObject();
+      w.Key("scale_version").Int(b.scale_version());
+      w.Key("blocks").Int(b.blocks());
+      w.Key("cut_blocks").Int(b.cut_blocks());
+      w.Key("staged_bytes").Int(b.staged_bytes());
+      w.Key("bytes_moved").Int(b.bytes_moved());
+      w.EndObject();
+    }
   });
 }
 

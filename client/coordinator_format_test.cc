@@ -193,5 +193,36 @@ TEST(PlanOutcomeFormatTest, TextAndJson) {
   EXPECT_THAT(PlanOutcomeText("redistributed", r), HasSubstr("  error: rank 3 died\n"));
 }
 
+TEST(CopyGroupFormatTest, BlockMembersSayWhatTheyStaged) {
+  v1::CopyGroupResponse r;
+  r.set_group_id("g-2");
+  r.set_stage_group("g-1");
+  r.set_state(v1::COMMITTED);
+  r.set_bytes_moved(3000);
+  r.set_staged_bytes(1024);
+  v1::CopyGroupMember* plain = r.add_members();
+  plain->set_src("n");
+  plain->set_dst("n_h");
+  plain->set_dst_version(7);
+  v1::CopyGroupMember* block = r.add_members();
+  block->set_src("w");
+  block->set_dst("wq");
+  block->set_dst_version(8);
+  block->mutable_block_copy()->set_scale_version(9);
+  block->mutable_block_copy()->set_blocks(6);
+  block->mutable_block_copy()->set_cut_blocks(2);
+  block->mutable_block_copy()->set_staged_bytes(1024);
+  block->mutable_block_copy()->set_bytes_moved(2048);
+  const std::string text = CopyGroupOutcomeText(r);
+  EXPECT_THAT(text, HasSubstr("  n -> n_h: version 7 (plan )\n"));
+  EXPECT_THAT(text, HasSubstr("  w -> wq: version 8, scales version 9; 6 blocks, 2 cut across "
+                              "source ranks, 1.0 KiB staged, 2.0 KiB moved in all"));
+  EXPECT_THAT(text, HasSubstr("blocks made whole by group g-1: 1.0 KiB staged"));
+  const std::string json = CopyGroupOutcomeJson(r);
+  EXPECT_THAT(json, HasSubstr("\"block_copy\": {\"scale_version\": 9, \"blocks\": 6, "
+                              "\"cut_blocks\": 2, \"staged_bytes\": 1024, \"bytes_moved\": "
+                              "2048}"));
+}
+
 }  // namespace
 }  // namespace shardcoord

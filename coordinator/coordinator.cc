@@ -181,7 +181,8 @@ Coordinator::Coordinator(CoordinatorOptions options)
   // Before any worker registers: their reconcile reads the dsts' versions through the
   // transfers' bindings.
   if (init_status_.ok() && options_.state.durable()) init_status_ = transfers_->Load();
-  block_copy_ = std::make_unique<BlockCopy>(&tensors_, plans_.get(), &workers_, client_.get());
+  block_copy_ =
+      std::make_unique<BlockCopy>(&clock_, &tensors_, plans_.get(), &workers_, client_.get());
   slices_ = std::make_unique<SliceCopier>(&workers_, &tensors_, client_.get());
   service_ = std::make_unique<CoordinatorService>(
       &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),

@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -285,6 +286,93 @@ TEST_F(BlockQuantCopyTest, WholeBlocksStageNothingAndMoveOneBytePerElement) {
   }
 }
 
+// A model's weight sync to FP8 as one CopyGroup: two block members (one cut across ranks, one
+// whole), a plain member with a cast (a 1-d norm, which has no blocks), all committed together;
+// then one group dequantizes both back.
+TEST_F(BlockQuantCopyTest, GroupQuantizesWithPlainMembersAndDequantizesBack) {
+  std::vector<float> a = Source(300, 260, 128, 128), b = Source(64, 48, 16, 16);
+  ASSERT_TRUE(Upload("ga", &a, {300, 260}, "line", "S(0)", DType::kBF16).ok());
+  ASSERT_TRUE(Upload("gb", &b, {64, 48}, "line", "S(0)", DType::kBF16).ok());
+  std::vector<float> norm(96);
+  for (size_t i = 0; i < norm.size(); ++i) norm[i] = 0.5f + 0.125f * static_cast<float>(i);
+  ASSERT_TRUE(Upload("gn", &norm, {96}, "line", "S(0)").ok());
+  for (const auto& [name, shape, dtype, mesh, spec] :
+       std::vector<std::tuple<std::string, Shape, DType, std::string, std::string>>{
+           {"ga_q", {300, 260}, DType::kF8E4M3, "grid", "R,S(1)"},
+           {"ga_s", {3, 3}, DType::kF32, "trio", "R"},
+           {"gb_q", {64, 48}, DType::kF8E4M3, "line", "S(1)"},
+           {"gb_s", {4, 3}, DType::kF32, "pair", "S(0)"},
+           {"gn_h", {96}, DType::kBF16, "grid", "R,R"},
+       }) {
+    ASSERT_TRUE(CreateFilled(client(), name, shape, dtype, mesh, spec, false, v1::ZEROS).ok())
+        << name;
+  }
+  v1::CopyGroupRequest group;
+  auto add = [&group](const std::string& src, const std::string& dst, const std::string& block,
+                      const std::string& scale, bool dequantize) {
+    v1::CopyPair* p = group.add_copies();
+    p->set_src(src);
+    p->set_dst(dst);
+    p->set_quantize(block);
+    p->set_scale(scale);
+    p->set_dequantize(dequantize);
+  };
+  add("ga", "ga_q", "block:128x128", "ga_s", false);
+  add("gn", "gn_h", "", "", false);
+  add("gb", "gb_q", "block:16x16", "gb_s", false);
+  absl::StatusOr<v1::CopyGroupResponse> r = client().CopyGroup(group);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::COMMITTED);
+  ASSERT_EQ(r->members_size(), 3);
+  EXPECT_FALSE(r->stage_group().empty());
+  EXPECT_GT(r->staged_bytes(), 0);  // ga's 128-row blocks are cut by 75-row shards.
+  EXPECT_GE(r->bytes_moved(), r->staged_bytes());
+  const v1::BlockCopyInfo& ia = r->members(0).block_copy();
+  const v1::BlockCopyInfo& ib = r->members(2).block_copy();
+  EXPECT_GT(ia.cut_blocks(), 0);
+  EXPECT_EQ(ib.cut_blocks(), 0);  // 16-row blocks in 16-row shards.
+  EXPECT_EQ(ib.staged_bytes(), 0);
+  EXPECT_FALSE(r->members(1).has_block_copy());
+  EXPECT_EQ(ia.bytes_moved() + ib.bytes_moved() + r->members(1).plan().bytes_moved(),
+            r->bytes_moved());
+  EXPECT_EQ(Version("ga_q"), r->members(0).dst_version());
+  EXPECT_EQ(Version("ga_s"), ia.scale_version());
+  EXPECT_EQ(Version("gn_h"), r->members(1).dst_version());
+  EXPECT_EQ(Version("gb_q"), r->members(2).dst_version());
+  EXPECT_EQ(Version("gb_s"), ib.scale_version());
+
+  const Reference ra = Quantize(a, 300, 260, 128, 128), rb = Quantize(b, 64, 48, 16, 16);
+  EXPECT_TRUE(Download("ga_q") == Bytes(ra.q.data(), ra.q.size()));
+  EXPECT_EQ(Download("ga_s"), Bytes(ra.s.data(), ra.s.size() * 4));
+  EXPECT_TRUE(Download("gb_q") == Bytes(rb.q.data(), rb.q.size()));
+  EXPECT_EQ(Download("gb_s"), Bytes(rb.s.data(), rb.s.size() * 4));
+  std::string norm_bf16(norm.size() * 2, '\0');
+  ASSERT_TRUE(Cast(norm.data(), DType::kF32, norm_bf16.data(), DType::kBF16, norm.size()).ok());
+  EXPECT_EQ(Download("gn_h"), norm_bf16);
+
+  // Back to bf16 as one group, on other layouts.
+  ASSERT_TRUE(
+      CreateFilled(client(), "ga_y", {300, 260}, DType::kBF16, "line_rev", "S(1)", false, v1::ZEROS)
+          .ok());
+  ASSERT_TRUE(
+      CreateFilled(client(), "gb_y", {64, 48}, DType::kBF16, "grid", "S(0),S(1)", false, v1::ZEROS)
+          .ok());
+  v1::CopyGroupRequest back;
+  group.Swap(&back);
+  add("ga_q", "ga_y", "", "ga_s", true);
+  add("gb_q", "gb_y", "block:16x16", "gb_s", true);
+  group.Swap(&back);
+  absl::StatusOr<v1::CopyGroupResponse> d = client().CopyGroup(back);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(Version("ga_y"), d->members(0).dst_version());
+  EXPECT_EQ(Version("gb_y"), d->members(1).dst_version());
+  EXPECT_TRUE(Download("ga_y") == Dequantize(ra, 300, 260, 128, 128, DType::kBF16));
+  EXPECT_TRUE(Download("gb_y") == Dequantize(rb, 64, 48, 16, 16, DType::kBF16));
+  for (const char* t : {"ga", "gb", "gn", "ga_q", "ga_s", "gb_q", "gb_s", "gn_h", "ga_y", "gb_y"}) {
+    EXPECT_TRUE(client().DeleteTensor(t).ok()) << t;
+  }
+}
+
 TEST_F(BlockQuantCopyTest, RefusalsChangeNothing) {
   const Shape shape{20, 24};
   ASSERT_TRUE(CreateFilled(client(), "r_src", shape, DType::kF32, "line", "S(0)").ok());
@@ -317,16 +405,35 @@ TEST_F(BlockQuantCopyTest, RefusalsChangeNothing) {
   }
   absl::StatusOr<v1::CopyResponse> missing = BlockCopy("r_src", "r_q", "nope", "block:4x8", false);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
-  // Groups refuse block copies for now, naming the member.
+  // In a group, refusals name the member, and a refused group changes nothing either.
   v1::CopyGroupRequest group;
+  v1::CopyPair* plain = group.add_copies();
+  plain->set_src("r_bf");
+  plain->set_dst("r_plain");
   v1::CopyPair* pair = group.add_copies();
   pair->set_src("r_src");
   pair->set_dst("r_q");
   pair->set_quantize("block:4x8");
-  pair->set_scale("r_s");
+  pair->set_scale("r_s_bad");
+  ASSERT_TRUE(CreateFilled(client(), "r_plain", shape, DType::kF32, "line", "S(1)").ok());
+  const int64_t vplain = Version("r_plain");
   absl::StatusOr<v1::CopyGroupResponse> g = client().CopyGroup(group);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
-  EXPECT_THAT(std::string(g.status().message()), HasSubstr("copies[0].quantize"));
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("copies[1].scale: 'r_s_bad'"));
+  pair->set_scale("r_bf");  // Also copies[0]'s src.
+  g = client().CopyGroup(group);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("copies[1].scale: tensor 'r_bf' is also copies[0].src"));
+  pair->set_scale("r_s");
+  pair->add_dst_offset(0);
+  pair->add_dst_offset(0);
+  g = client().CopyGroup(group);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << g.status();
+  EXPECT_THAT(std::string(g.status().message()), HasSubstr("copies[1].dst_offset"));
+  pair->clear_dst_offset();
+  EXPECT_EQ(Version("r_plain"), vplain);
+  // Prepared transfers refuse block members.
   // And so do prepared transfers.
   v1::CreateTransferRequest transfer;
   transfer.set_name("r_transfer");
@@ -337,7 +444,7 @@ TEST_F(BlockQuantCopyTest, RefusalsChangeNothing) {
   EXPECT_EQ(Version("r_q"), vq);
   EXPECT_EQ(Version("r_bf"), vbf);
   EXPECT_EQ(Version("r_s"), vs);
-  for (const char* t : {"r_src", "r_q", "r_bf", "r_s", "r_s_bad"}) {
+  for (const char* t : {"r_src", "r_q", "r_bf", "r_s", "r_s_bad", "r_plain"}) {
     EXPECT_TRUE(client().DeleteTensor(t).ok());
   }
 }

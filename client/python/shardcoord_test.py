@@ -410,6 +410,15 @@ class ClientTest(unittest.TestCase):
                          ([80, 0], [16, 32]))
         self.client.copy("k", "qkv", dst_offset=[64, 0])
         self.assertEqual(list(self.fake.requests["copy"].dst_offset), [64, 0])
+        # Block-scaled FP8 members.
+        self.client.copy_many([{"src": "w", "dst": "wq", "quantize": "block:128x128",
+                                "scale": "ws"},
+                               {"src": "wq2", "dst": "w2", "dequantize": True, "scale": "ws2"}])
+        c = self.fake.requests["copy_group"]
+        self.assertEqual((c.copies[0].quantize, c.copies[0].dequantize, c.copies[0].scale),
+                         ("block:128x128", False, "ws"))
+        self.assertEqual((c.copies[1].quantize, c.copies[1].dequantize, c.copies[1].scale),
+                         ("", True, "ws2"))
         self.fake.abort = True
         with self.assertRaises(sc.Error) as e:
             self.client.copy_many([("a", "a_infer")])

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
 #include "proto/convert.h"
+#include "sharding/cast.h"
 
 namespace shardcoord {
 namespace {
@@ -68,23 +70,34 @@ absl::Status CheckBlockCopy(const BlockCopyArgs& args, const TensorRecord& src,
   return absl::OkStatus();
 }
 
-struct BlockCopy::Op {
+struct BlockCopy::Member {
   BlockCopyArgs args;
-  Done done;
-  std::string owner;  // Holder and owner of the hidden tensors.
+  std::string where;  // Prefix of its errors: "" (a single Copy) or "copies[i].".
+  // Block members only.
   Shape shape;
   DType src_dtype = DType::kF32;
   DType out_dtype = DType::kF32;
   BlockStagingPlan staging;
   // Hidden tensors: the staged src (and src scale), the computed values (and scales).
   std::string stage, stage_scale, out, out_scale;
+  int64_t stage_version = 0, stage_scale_version = 0;
   int64_t out_version = 0, out_scale_version = 0;
-  std::vector<std::string> hidden;  // Reserved so far, dropped at the end.
   // Step 2: one call per staging rank that holds chunks.
   std::vector<int64_t> ranks;  // Index into staging.staging.ranks().
   std::vector<WorkerEndpoint> endpoints;
   std::vector<v1::BlockQuantizeResponse> responses;
-  BlockCopyResult result;
+  // Step 3: the indices of its dst (and scale) in the commit group.
+  size_t commit_dst = 0;
+  size_t commit_scale = 0;
+};
+
+struct BlockCopy::Op {
+  GroupDone done;
+  std::string owner;  // Holder and owner of the hidden tensors.
+  std::vector<Member> members;
+  std::vector<std::string> hidden;  // Reserved so far, dropped at the end.
+  absl::Time started;
+  BlockGroupResult result;
 };
 
 absl::StatusOr<WorkerEndpoint> BlockCopy::Endpoint(int64_t rank) const {
@@ -94,8 +107,8 @@ absl::StatusOr<WorkerEndpoint> BlockCopy::Endpoint(int64_t rank) const {
   return w->Endpoint();
 }
 
-absl::Status BlockCopy::AddHidden(const std::shared_ptr<Op>& op, const std::string& name,
-                                  DType dtype, const Layout& layout, int64_t version,
+absl::Status BlockCopy::AddHidden(Op& op, const std::string& name, DType dtype,
+                                  const Layout& layout, int64_t version,
                                   LayoutChecksums checksums) {
   TensorRecord rec;
   rec.name = name;
@@ -104,7 +117,7 @@ absl::Status BlockCopy::AddHidden(const std::shared_ptr<Op>& op, const std::stri
   rec.spec = "block staging layout";
   rec.layout = layout;
   rec.version = version;
-  rec.owner = op->owner;
+  rec.owner = op.owner;
   absl::flat_hash_map<int64_t, int64_t> holders;
   for (const RankChunks& rc : layout.ranks()) {
     absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
@@ -114,25 +127,93 @@ absl::Status BlockCopy::AddHidden(const std::shared_ptr<Op>& op, const std::stri
   if (checksums.empty()) {
     for (const RankChunks& rc : layout.ranks()) checksums.emplace_back(rc.chunks.size(), 0);
   }
-  if (absl::Status s = tensors_->Reserve(std::move(rec), op->owner); !s.ok()) return s;
-  op->hidden.push_back(name);
-  return tensors_->FinishCreate(name, op->owner, std::move(checksums), std::move(holders));
+  if (absl::Status s = tensors_->Reserve(std::move(rec), op.owner); !s.ok()) return s;
+  op.hidden.push_back(name);
+  return tensors_->FinishCreate(name, op.owner, std::move(checksums), std::move(holders));
 }
 
 absl::Status BlockCopy::Start(const BlockCopyArgs& args, Done done) {
-  absl::StatusOr<TensorRecord> src = tensors_->Get(args.src);
-  if (!src.ok()) return src.status();
-  absl::StatusOr<TensorRecord> dst = tensors_->Get(args.dst);
-  if (!dst.ok()) return dst.status();
-  absl::StatusOr<TensorRecord> scale = tensors_->Get(args.scale);
-  if (!scale.ok()) return scale.status();
-  if (absl::Status s = CheckBlockCopy(args, *src, *dst, *scale); !s.ok()) return s;
-  absl::StatusOr<BlockStagingPlan> staging = PlanBlockStaging(src->layout, args.block);
-  if (!staging.ok()) return staging.status();
-
+  if (args.plain()) return absl::InvalidArgumentError("scale: empty; a block copy needs it");
   auto op = std::make_shared<Op>();
-  op->args = args;
+  Member m;
+  m.args = args;
+  op->members.push_back(std::move(m));
+  op->done = [done = std::move(done)](absl::StatusOr<BlockGroupResult> r) {
+    if (!r.ok()) return done(r.status());
+    done(std::move(r->members[0]));
+  };
+  return Begin(op);
+}
+
+absl::Status BlockCopy::StartGroup(const std::vector<BlockCopyArgs>& members, GroupDone done) {
+  std::vector<CopyMember> names;
+  for (const BlockCopyArgs& a : members) names.push_back(CopyMember{a.src, a.dst});
+  if (absl::Status s = CheckCopyGroup(names); !s.ok()) return s;
+  // CheckCopyGroup saw src and dst; a scale is a third tensor of the group.
+  absl::flat_hash_map<std::string, std::string> seen;
+  for (size_t i = 0; i < members.size(); ++i) {
+    seen.emplace(members[i].src, absl::StrCat("copies[", i, "].src"));
+    seen.emplace(members[i].dst, absl::StrCat("copies[", i, "].dst"));
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].plain()) continue;
+    const std::string where = absl::StrCat("copies[", i, "].scale");
+    auto [it, inserted] = seen.emplace(members[i].scale, where);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tensor '", members[i].scale,
+                                                     "' is also ", it->second,
+                                                     "; a group names each tensor once"));
+    }
+  }
+  auto op = std::make_shared<Op>();
+  for (size_t i = 0; i < members.size(); ++i) {
+    Member m;
+    m.args = members[i];
+    m.where = absl::StrCat("copies[", i, "].");
+    op->members.push_back(std::move(m));
+  }
   op->done = std::move(done);
+  return Begin(op);
+}
+
+absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
+  // Every refusal before anything is created.
+  auto prefixed = [](const Member& m, const absl::Status& s) {
+    return m.where.empty() ? s : absl::Status(s.code(), absl::StrCat(m.where, s.message()));
+  };
+  auto get = [&](const Member& m, const char* field,
+                 const std::string& name) -> absl::StatusOr<TensorRecord> {
+    absl::StatusOr<TensorRecord> r = tensors_->Get(name);
+    if (!r.ok() && !m.where.empty()) {
+      return absl::Status(r.status().code(),
+                          absl::StrCat(m.where, field, ": ", r.status().message()));
+    }
+    return r;
+  };
+  for (Member& m : op->members) {
+    absl::StatusOr<TensorRecord> src = get(m, "src", m.args.src);
+    if (!src.ok()) return src.status();
+    absl::StatusOr<TensorRecord> dst = get(m, "dst", m.args.dst);
+    if (!dst.ok()) return dst.status();
+    if (m.args.plain()) {
+      absl::Status s =
+          CheckCopyPair(src->name, src->shape, src->dtype, dst->name, dst->shape, dst->dtype);
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(m.where, "dst: ", s.message()));
+      continue;
+    }
+    absl::StatusOr<TensorRecord> scale = get(m, "scale", m.args.scale);
+    if (!scale.ok()) return scale.status();
+    if (absl::Status s = CheckBlockCopy(m.args, *src, *dst, *scale); !s.ok()) {
+      return prefixed(m, s);
+    }
+    absl::StatusOr<BlockStagingPlan> staging = PlanBlockStaging(src->layout, m.args.block);
+    if (!staging.ok()) return prefixed(m, staging.status());
+    m.shape = src->shape;
+    m.src_dtype = src->dtype;
+    m.out_dtype = m.args.dequantize ? dst->dtype : DType::kF8E4M3;
+    m.staging = *std::move(staging);
+  }
+
   // The counter and a version no buffer has used (also before a restart): buffers a worker
   // kept from an earlier incarnation's block copy never share a name with this one's.
   const int64_t unique = tensors_->NewVersion();
@@ -142,50 +223,60 @@ absl::Status BlockCopy::Start(const BlockCopyArgs& args, Done done) {
     n = ++next_id_;
   }
   op->owner = absl::StrCat("blockcopy-", n, ".", unique);
-  op->shape = src->shape;
-  op->src_dtype = src->dtype;
-  op->out_dtype = args.dequantize ? dst->dtype : DType::kF8E4M3;
-  op->staging = *std::move(staging);
-  op->stage = absl::StrCat("~", op->owner, "/stage");
-  op->stage_scale = absl::StrCat("~", op->owner, "/stage-scale");
-  op->out = absl::StrCat("~", op->owner, "/out");
-  op->out_scale = absl::StrCat("~", op->owner, "/out-scale");
-  op->result.blocks = op->staging.blocks;
-  op->result.cut_blocks = op->staging.cut_blocks;
-  for (size_t j = 0; j < op->staging.staging.ranks().size(); ++j) {
-    const RankChunks& rc = op->staging.staging.ranks()[j];
-    if (rc.chunks.empty()) continue;
-    op->result.staging.push_back(absl::StrCat("rank ", rc.rank, ": ",
-                                              op->staging.scales.ranks()[j].local_elements,
-                                              " blocks in ", rc.chunks.size(), " boxes"));
-  }
+  op->started = clock_->Now();
+  op->result.members.resize(op->members.size());
 
   // Step 1: the staging tensors (empty first versions) and the group that fills them.
-  std::vector<LoadMember> members;
-  absl::Status s =
-      AddHidden(op, op->stage, src->dtype, op->staging.staging, tensors_->NewVersion(), {});
-  LoadMember m;
-  m.staging = args.src;
-  m.into = op->stage;
-  m.keep_hidden = true;
-  members.push_back(m);
-  if (s.ok() && args.dequantize) {
-    s = AddHidden(op, op->stage_scale, DType::kF32, op->staging.scales, tensors_->NewVersion(), {});
-    m.staging = args.scale;
-    m.into = op->stage_scale;
-    members.push_back(m);
+  std::vector<LoadMember> stage_members;
+  absl::Status s;
+  for (size_t i = 0; i < op->members.size() && s.ok(); ++i) {
+    Member& m = op->members[i];
+    if (m.args.plain()) continue;
+    const std::string base = absl::StrCat("~", op->owner, "/", i);
+    m.stage = base + "/stage";
+    m.stage_scale = base + "/stage-scale";
+    m.out = base + "/out";
+    m.out_scale = base + "/out-scale";
+    BlockCopyResult& r = op->result.members[i];
+    r.blocks = m.staging.blocks;
+    r.cut_blocks = m.staging.cut_blocks;
+    for (size_t j = 0; j < m.staging.staging.ranks().size(); ++j) {
+      const RankChunks& rc = m.staging.staging.ranks()[j];
+      if (rc.chunks.empty()) continue;
+      r.staging.push_back(absl::StrCat("rank ", rc.rank, ": ",
+                                       m.staging.scales.ranks()[j].local_elements, " blocks in ",
+                                       rc.chunks.size(), " boxes"));
+    }
+    s = AddHidden(*op, m.stage, m.src_dtype, m.staging.staging, tensors_->NewVersion(), {});
+    LoadMember lm;
+    lm.staging = m.args.src;
+    lm.into = m.stage;
+    lm.keep_hidden = true;
+    lm.where = m.where + "src";
+    stage_members.push_back(lm);
+    if (s.ok() && m.args.dequantize) {
+      s = AddHidden(*op, m.stage_scale, DType::kF32, m.staging.scales, tensors_->NewVersion(), {});
+      lm.staging = m.args.scale;
+      lm.into = m.stage_scale;
+      lm.where = m.where + "scale";
+      stage_members.push_back(lm);
+    }
   }
   if (!s.ok()) {
     op->done = nullptr;  // Refused: the caller hears it from the return value.
     Finish(op, s);
     return s;
   }
+  if (stage_members.empty()) {
+    Staged(op);
+    return absl::OkStatus();
+  }
   auto join = std::make_shared<StartEndJoin<absl::Status>>([this, op](absl::Status end) {
     if (!end.ok()) return Finish(op, end);
     Staged(op);
   });
   absl::StatusOr<StartedGroup> group =
-      plans_->LoadGroup(op->owner, members,
+      plans_->LoadGroup(op->owner, stage_members,
                         [join](const absl::Status& st, const GroupProgress&) { join->Ended(st); });
   if (!group.ok()) {
     op->done = nullptr;
@@ -195,120 +286,178 @@ absl::Status BlockCopy::Start(const BlockCopyArgs& args, Done done) {
   op->result.stage_group = group->id;
   op->result.staged_bytes = group->bytes_moved;
   op->result.bytes_moved = group->bytes_moved;
+  // Per member: its src's (and src scale's) staging plans, in stage_members' order.
+  size_t k = 0;
+  for (size_t i = 0; i < op->members.size(); ++i) {
+    const Member& m = op->members[i];
+    if (m.args.plain()) continue;
+    BlockCopyResult& r = op->result.members[i];
+    r.stage_group = group->id;
+    const int parts = m.args.dequantize ? 2 : 1;
+    for (int p = 0; p < parts; ++p, ++k) {
+      r.staged_bytes += group->members[k].plan->bytes_moved;
+    }
+    r.bytes_moved = r.staged_bytes;
+  }
   join->Started();
   return absl::OkStatus();
 }
 
 void BlockCopy::Staged(const std::shared_ptr<Op>& op) {
-  // Step 2: every staging rank with chunks computes its part into new buffers.
-  absl::StatusOr<TensorRecord> stage = tensors_->Get(op->stage, op->owner);
-  if (!stage.ok()) return Finish(op, stage.status());
-  int64_t scale_version = 0;
-  if (op->args.dequantize) {
-    absl::StatusOr<TensorRecord> st = tensors_->Get(op->stage_scale, op->owner);
-    if (!st.ok()) return Finish(op, st.status());
-    scale_version = st->version;
+  // Step 2: every staging rank with chunks computes its part of every member into new buffers.
+  size_t calls = 0;
+  for (Member& m : op->members) {
+    if (m.args.plain()) continue;
+    absl::StatusOr<TensorRecord> stage = tensors_->Get(m.stage, op->owner);
+    if (!stage.ok()) return Finish(op, stage.status());
+    m.stage_version = stage->version;
+    if (m.args.dequantize) {
+      absl::StatusOr<TensorRecord> st = tensors_->Get(m.stage_scale, op->owner);
+      if (!st.ok()) return Finish(op, st.status());
+      m.stage_scale_version = st->version;
+    }
+    m.out_version = tensors_->NewVersion();
+    if (!m.args.dequantize) m.out_scale_version = tensors_->NewVersion();
+    const Layout& layout = m.staging.staging;
+    for (size_t j = 0; j < layout.ranks().size(); ++j) {
+      if (layout.ranks()[j].chunks.empty()) continue;
+      absl::StatusOr<WorkerEndpoint> e = Endpoint(layout.ranks()[j].rank);
+      if (!e.ok()) return Finish(op, e.status());
+      m.ranks.push_back(static_cast<int64_t>(j));
+      m.endpoints.push_back(*e);
+    }
+    m.responses.resize(m.ranks.size());
+    calls += m.ranks.size();
   }
-  op->out_version = tensors_->NewVersion();
-  if (!op->args.dequantize) op->out_scale_version = tensors_->NewVersion();
-  const Layout& layout = op->staging.staging;
-  for (size_t j = 0; j < layout.ranks().size(); ++j) {
-    if (layout.ranks()[j].chunks.empty()) continue;
-    absl::StatusOr<WorkerEndpoint> e = Endpoint(layout.ranks()[j].rank);
-    if (!e.ok()) return Finish(op, e.status());
-    op->ranks.push_back(static_cast<int64_t>(j));
-    op->endpoints.push_back(*e);
-  }
-  op->responses.resize(op->ranks.size());
-  auto fan = FanIn::Start(op->ranks.size(), [this, op](absl::Status s) {
+  auto fan = FanIn::Start(calls, [this, op](absl::Status s) {
     if (!s.ok()) return Finish(op, s);
     Computed(op);
   });
-  for (size_t k = 0; k < op->ranks.size(); ++k) {
-    const size_t j = static_cast<size_t>(op->ranks[k]);
-    v1::BlockQuantizeRequest req;
-    req.set_tensor(op->stage);
-    req.set_version(stage->version);
-    for (int64_t d : op->shape) req.add_global_shape(d);
-    req.set_block(BlockQuantizationText(op->args.block));
-    req.set_dequantize(op->args.dequantize);
-    req.set_scales_tensor(op->args.dequantize ? op->stage_scale : op->out_scale);
-    req.set_scales_version(op->args.dequantize ? scale_version : op->out_scale_version);
-    *req.mutable_scale_chunks() = RankChunksToProto(op->staging.scales.ranks()[j]);
-    req.set_out_tensor(op->out);
-    req.set_out_version(op->out_version);
-    req.set_out_dtype(DTypeToProto(op->out_dtype));
-    client_->BlockQuantize(
-        op->endpoints[k], req, [fan, op, k](absl::StatusOr<v1::BlockQuantizeResponse> r) {
-          if (r.ok()) op->responses[k] = *std::move(r);
-          fan->Report(r.ok() ? absl::OkStatus()
-                             : absl::Status(r.status().code(),
-                                            absl::StrCat("BlockQuantize on ", op->endpoints[k].name,
-                                                         " (rank ", op->endpoints[k].rank,
-                                                         "): ", r.status().message())));
-        });
+  for (Member& m : op->members) {
+    for (size_t k = 0; k < m.ranks.size(); ++k) {
+      const size_t j = static_cast<size_t>(m.ranks[k]);
+      v1::BlockQuantizeRequest req;
+      req.set_tensor(m.stage);
+      req.set_version(m.stage_version);
+      for (int64_t d : m.shape) req.add_global_shape(d);
+      req.set_block(BlockQuantizationText(m.args.block));
+      req.set_dequantize(m.args.dequantize);
+      req.set_scales_tensor(m.args.dequantize ? m.stage_scale : m.out_scale);
+      req.set_scales_version(m.args.dequantize ? m.stage_scale_version : m.out_scale_version);
+      *req.mutable_scale_chunks() = RankChunksToProto(m.staging.scales.ranks()[j]);
+      req.set_out_tensor(m.out);
+      req.set_out_version(m.out_version);
+      req.set_out_dtype(DTypeToProto(m.out_dtype));
+      Member* member = &m;  // op owns the members and outlives every call.
+      client_->BlockQuantize(
+          m.endpoints[k], req, [fan, op, member, k](absl::StatusOr<v1::BlockQuantizeResponse> r) {
+            if (r.ok()) member->responses[k] = *std::move(r);
+            fan->Report(r.ok() ? absl::OkStatus()
+                               : absl::Status(r.status().code(),
+                                              absl::StrCat(member->where, "BlockQuantize on ",
+                                                           member->endpoints[k].name, " (rank ",
+                                                           member->endpoints[k].rank,
+                                                           "): ", r.status().message())));
+          });
+    }
   }
 }
 
-void BlockCopy::Computed(const std::shared_ptr<Op>& op) {
+absl::Status BlockCopy::RegisterComputed(Op& op, Member& m) {
   // The computed buffers as hidden tensors, with the checksums the workers reported.
-  const Layout& layout = op->staging.staging;
+  const Layout& layout = m.staging.staging;
   LayoutChecksums sums(layout.ranks().size()), scale_sums(layout.ranks().size());
   for (size_t j = 0; j < layout.ranks().size(); ++j) {
     sums[j].assign(layout.ranks()[j].chunks.size(), 0);
-    scale_sums[j].assign(op->staging.scales.ranks()[j].chunks.size(), 0);
+    scale_sums[j].assign(m.staging.scales.ranks()[j].chunks.size(), 0);
   }
-  for (size_t k = 0; k < op->ranks.size(); ++k) {
-    const size_t j = static_cast<size_t>(op->ranks[k]);
+  for (size_t k = 0; k < m.ranks.size(); ++k) {
+    const size_t j = static_cast<size_t>(m.ranks[k]);
     ChunkChecksums got;
     absl::StatusOr<RankChunks> chunks =
-        RankChunksFromProto(op->responses[k].chunks(), "chunks", &got);
+        RankChunksFromProto(m.responses[k].chunks(), "chunks", &got);
     if (!chunks.ok() || chunks->chunks != layout.ranks()[j].chunks) {
-      return Finish(op, absl::InternalError(absl::StrCat(
-                            "rank ", op->endpoints[k].rank,
-                            " answered BlockQuantize with other chunks than it was given")));
+      return absl::InternalError(
+          absl::StrCat(m.where, "rank ", m.endpoints[k].rank,
+                       " answered BlockQuantize with other chunks than it was given"));
     }
     sums[j] = got;
-    if (!op->args.dequantize) {
+    if (!m.args.dequantize) {
       ChunkChecksums got_scales;
       absl::StatusOr<RankChunks> sc =
-          RankChunksFromProto(op->responses[k].scale_chunks(), "scale_chunks", &got_scales);
-      if (!sc.ok() || sc->chunks != op->staging.scales.ranks()[j].chunks) {
-        return Finish(op, absl::InternalError(
-                              absl::StrCat("rank ", op->endpoints[k].rank,
-                                           " answered BlockQuantize with other scale chunks")));
+          RankChunksFromProto(m.responses[k].scale_chunks(), "scale_chunks", &got_scales);
+      if (!sc.ok() || sc->chunks != m.staging.scales.ranks()[j].chunks) {
+        return absl::InternalError(absl::StrCat(m.where, "rank ", m.endpoints[k].rank,
+                                                " answered BlockQuantize with other scale chunks"));
       }
       scale_sums[j] = got_scales;
     }
   }
-  absl::Status s = AddHidden(op, op->out, op->out_dtype, layout, op->out_version, std::move(sums));
-  if (s.ok() && !op->args.dequantize) {
-    s = AddHidden(op, op->out_scale, DType::kF32, op->staging.scales, op->out_scale_version,
+  absl::Status s = AddHidden(op, m.out, m.out_dtype, layout, m.out_version, std::move(sums));
+  if (s.ok() && !m.args.dequantize) {
+    s = AddHidden(op, m.out_scale, DType::kF32, m.staging.scales, m.out_scale_version,
                   std::move(scale_sums));
   }
-  if (!s.ok()) return Finish(op, s);
+  return s;
+}
 
-  // Step 3: DST (and DST_SCALE) get their new versions together.
-  std::vector<LoadMember> members;
-  LoadMember m;
-  m.staging = op->out;
-  m.into = op->args.dst;
-  members.push_back(m);
-  if (!op->args.dequantize) {
-    m.staging = op->out_scale;
-    m.into = op->args.scale;
-    members.push_back(m);
+void BlockCopy::Computed(const std::shared_ptr<Op>& op) {
+  for (Member& m : op->members) {
+    if (m.args.plain()) continue;
+    if (absl::Status s = RegisterComputed(*op, m); !s.ok()) return Finish(op, s);
   }
-  auto join = std::make_shared<StartEndJoin<absl::Status>>(
-      [this, op](absl::Status end) { Finish(op, end); });
+
+  // Step 3: every dst (and scale) gets its new version together.
+  std::vector<LoadMember> members;
+  for (Member& m : op->members) {
+    LoadMember lm;
+    lm.staging = m.args.plain() ? m.args.src : m.out;
+    lm.into = m.args.dst;
+    lm.where = m.where.empty()
+                   ? "dst"
+                   : (m.args.plain() ? m.where.substr(0, m.where.size() - 1) : m.where + "dst");
+    m.commit_dst = members.size();
+    members.push_back(lm);
+    if (!m.args.plain() && !m.args.dequantize) {
+      lm.staging = m.out_scale;
+      lm.into = m.args.scale;
+      lm.where = m.where + "scale";
+      m.commit_scale = members.size();
+      members.push_back(lm);
+    }
+  }
+  auto join = std::make_shared<StartEndJoin<std::pair<absl::Status, GroupProgress>>>(
+      [this, op](std::pair<absl::Status, GroupProgress> end) {
+        if (end.first.ok()) {
+          for (const Member& m : op->members) {
+            op->result.progress.push_back(m.commit_dst < end.second.members.size()
+                                              ? end.second.members[m.commit_dst]
+                                              : PlanProgress{});
+          }
+        }
+        Finish(op, end.first);
+      });
   absl::StatusOr<StartedGroup> group =
-      plans_->LoadGroup(op->owner, members,
-                        [join](const absl::Status& st, const GroupProgress&) { join->Ended(st); });
+      plans_->LoadGroup(op->owner, members, [join](const absl::Status& st, const GroupProgress& p) {
+        join->Ended({st, p});
+      });
   if (!group.ok()) return Finish(op, group.status());
   op->result.commit_group = group->id;
   op->result.bytes_moved += group->bytes_moved;
-  op->result.dst_version = group->members[0].target_version;
-  if (!op->args.dequantize) op->result.scale_version = group->members[1].target_version;
+  for (size_t i = 0; i < op->members.size(); ++i) {
+    const Member& m = op->members[i];
+    BlockCopyResult& r = op->result.members[i];
+    const StartedPlan& dst = group->members[m.commit_dst];
+    op->result.commits.push_back(dst);
+    r.commit_group = group->id;
+    r.dst_version = dst.target_version;
+    r.bytes_moved += dst.plan->bytes_moved;
+    if (!m.args.plain() && !m.args.dequantize) {
+      const StartedPlan& scale = group->members[m.commit_scale];
+      r.scale_version = scale.target_version;
+      r.bytes_moved += scale.plan->bytes_moved;
+    }
+  }
   join->Started();
 }
 
@@ -327,19 +476,22 @@ void BlockCopy::Finish(const std::shared_ptr<Op>& op, absl::Status s) {
       client_->DropTensor(*e, drop, [](absl::Status) {});
     }
   }
-  // Buffers computed by step 2 before its hidden tensors were registered.
-  if (std::find(op->hidden.begin(), op->hidden.end(), op->out) == op->hidden.end()) {
-    for (const WorkerEndpoint& e : op->endpoints) {
+  // Buffers step 2 computed that were never registered as hidden tensors (it failed, or
+  // registering did): dropped by name on the ranks that computed them.
+  for (const Member& m : op->members) {
+    if (std::find(op->hidden.begin(), op->hidden.end(), m.out) != op->hidden.end()) continue;
+    for (const WorkerEndpoint& e : m.endpoints) {
       v1::DropTensorRequest drop;
-      drop.add_tensors(op->out);
-      drop.add_tensors(op->out_scale);
+      drop.add_tensors(m.out);
+      drop.add_tensors(m.out_scale);
       drop.set_version(-1);
       client_->DropTensor(e, drop, [](absl::Status) {});
     }
   }
   if (op->done == nullptr) return;
   if (!s.ok()) return op->done(s);
-  op->done(op->result);
+  op->result.seconds = absl::ToDoubleSeconds(clock_->Now() - op->started);
+  op->done(std::move(op->result));
 }
 
 }  // namespace shardcoord

@@ -16,6 +16,11 @@
 //      together or not at all.
 // Whatever the outcome, the hidden tensors and their buffers are dropped; on failure DST and
 // DST_SCALE keep their versions. SRC is read at the version step 1 saw.
+//
+// A CopyGroup with block members runs as one such operation (StartGroup): step 1 stages every
+// block member's sources in one group, step 2 computes them all, and step 3 is one group of
+// every member's outputs and scales plus the group's plain members (ordinary copies, casts
+// allowed), so every dst and scale of the request commits together or none does.
 
 #include <cstdint>
 #include <functional>
@@ -27,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "coordinator/cluster/worker_client.h"
 #include "coordinator/cluster/worker_manager.h"
 #include "coordinator/plans/plan_manager.h"
@@ -39,9 +45,13 @@ namespace shardcoord {
 struct BlockCopyArgs {
   std::string src;
   std::string dst;
-  std::string scale;  // Quantize: written (DST_SCALE); dequantize: read (SRC_SCALE).
+  // Quantize: written (DST_SCALE); dequantize: read (SRC_SCALE). Empty in a group: a plain
+  // copy member (src into dst as CopyGroup copies it).
+  std::string scale;
   BlockSize block;
   bool dequantize = false;
+
+  bool plain() const { return scale.empty(); }
 };
 
 struct BlockCopyResult {
@@ -57,6 +67,19 @@ struct BlockCopyResult {
   std::string commit_group;  // Step 3's group id.
 };
 
+// A group's outcome: per member (in the request's order) its BlockCopyResult (a plain member:
+// dst_version and bytes_moved only), its commit plan and final progress; totals over all.
+struct BlockGroupResult {
+  std::vector<BlockCopyResult> members;
+  std::vector<StartedPlan> commits;    // Step 3's plan of each member's dst.
+  std::vector<PlanProgress> progress;  // Their final progress.
+  std::string stage_group;             // Empty when no member needed staging.
+  std::string commit_group;
+  int64_t staged_bytes = 0;
+  int64_t bytes_moved = 0;
+  double seconds = 0;  // All three steps.
+};
+
 // The refusals of a block copy that need only the three tensors' records (pure): dtypes
 // (quantize: dst f8_e4m3, src a float dtype but f8_e8m0; dequantize: src f8_e4m3, dst such a
 // float), equal shapes of at least two dims, the scale tensor f32 of BlockScaleShape, and
@@ -69,27 +92,37 @@ absl::Status CheckBlockCopy(const BlockCopyArgs& args, const TensorRecord& src,
 class BlockCopy {
  public:
   using Done = std::function<void(absl::StatusOr<BlockCopyResult>)>;
+  using GroupDone = std::function<void(absl::StatusOr<BlockGroupResult>)>;
 
-  BlockCopy(TensorManager* tensors, PlanManager* plans, WorkerManager* workers,
+  BlockCopy(const Clock* clock, TensorManager* tensors, PlanManager* plans, WorkerManager* workers,
             WorkerClient* client)
-      : tensors_(tensors), plans_(plans), workers_(workers), client_(client) {}
+      : clock_(clock), tensors_(tensors), plans_(plans), workers_(workers), client_(client) {}
 
   // Checks the request (NOT_FOUND a tensor; CheckBlockCopy's refusals) and starts it; `done`
   // gets the outcome once, on any thread (possibly before Start returns). A refusal returns
   // its error and never calls `done`; nothing changed then.
   absl::Status Start(const BlockCopyArgs& args, Done done);
+  // Many copies, some of them block copies, as one transaction (CopyGroup). Refusals as
+  // Start's and CheckCopyGroup's (each tensor once in the group: src, dst or scale), plain
+  // members' as CheckCopyPair's, all prefixed with "copies[i]." and checked before anything
+  // runs.
+  absl::Status StartGroup(const std::vector<BlockCopyArgs>& members, GroupDone done);
 
  private:
+  struct Member;
   struct Op;
+  absl::Status Begin(const std::shared_ptr<Op>& op);
   void Staged(const std::shared_ptr<Op>& op);
   void Computed(const std::shared_ptr<Op>& op);
+  absl::Status RegisterComputed(Op& op, Member& m);
   void Finish(const std::shared_ptr<Op>& op, absl::Status s);
   absl::StatusOr<WorkerEndpoint> Endpoint(int64_t rank) const;
   // A hidden tensor of `layout` made ready without buffers (its first version is never read:
   // step 1 writes its next one) or, with `checksums`, over buffers the workers just made.
-  absl::Status AddHidden(const std::shared_ptr<Op>& op, const std::string& name, DType dtype,
-                         const Layout& layout, int64_t version, LayoutChecksums checksums);
+  absl::Status AddHidden(Op& op, const std::string& name, DType dtype, const Layout& layout,
+                         int64_t version, LayoutChecksums checksums);
 
+  const Clock* const clock_;
   TensorManager* const tensors_;
   PlanManager* const plans_;
   WorkerManager* const workers_;

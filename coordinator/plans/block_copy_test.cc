@@ -74,7 +74,7 @@ class BlockCopyFailureTest : public ClusterFixture {
  protected:
   BlockCopyFailureTest()
       : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
-        copies_(&tensors_, &plans_, &workers_, &client_) {
+        copies_(&clock_, &tensors_, &plans_, &workers_, &client_) {
     workers_.AddListener(&plans_);
     RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
@@ -127,6 +127,39 @@ TEST_F(BlockCopyFailureTest, AFailedStepChangesNothingAndDropsTheHiddenTensors) 
                     [&](absl::StatusOr<BlockCopyResult> r) { done = r.status(); });
   EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(done.has_value());
+}
+
+TEST_F(BlockCopyFailureTest, AFailedGroupKeepsItsPlainMembersToo) {
+  CreateTestTensor(workers_, meshes_, &tensors_, "w", "S(0)", "N", {8, 8});
+  CreateTestTensor(workers_, meshes_, &tensors_, "q", "S(1)", "N", {8, 8}, DType::kF8E4M3);
+  CreateTestTensor(workers_, meshes_, &tensors_, "s", "R", "N", {2, 2});
+  CreateTestTensor(workers_, meshes_, &tensors_, "a", "S(0)", "N", {8});
+  CreateTestTensor(workers_, meshes_, &tensors_, "b", "R", "N", {8}, DType::kBF16);
+  const int64_t vq = tensors_.Get("q")->version, vb = tensors_.Get("b")->version;
+  std::optional<absl::Status> done;
+  const std::vector<BlockCopyArgs> group = {BlockCopyArgs{"a", "b", "", {}, false},
+                                            BlockCopyArgs{"w", "q", "s", BlockSize{4, 4}, false}};
+  absl::Status started =
+      copies_.StartGroup(group, [&](absl::StatusOr<BlockGroupResult> r) { done = r.status(); });
+  ASSERT_TRUE(started.ok()) << started;
+  ASSERT_TRUE(done.has_value());
+  EXPECT_THAT(std::string(done->message()), HasSubstr("copies[1].BlockQuantize on "));
+  EXPECT_EQ(tensors_.Get("q")->version, vq);
+  EXPECT_EQ(tensors_.Get("b")->version, vb);
+  EXPECT_EQ(plans_.RunningPlansCount(), 0u);
+
+  // Refusals name the member: a plain pair of other shapes, a scale named twice.
+  std::vector<BlockCopyArgs> bad = group;
+  bad[0].src = "w";
+  bad[1].src = "a";
+  absl::Status refused = copies_.StartGroup(bad, [](absl::StatusOr<BlockGroupResult>) {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("copies[0].dst: "));
+  bad = group;
+  bad[1].scale = "b";
+  refused = copies_.StartGroup(bad, [](absl::StatusOr<BlockGroupResult>) {});
+  EXPECT_THAT(std::string(refused.message()),
+              HasSubstr("copies[1].scale: tensor 'b' is also copies[0].dst"));
 }
 
 }  // namespace

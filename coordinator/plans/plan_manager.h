@@ -139,6 +139,9 @@ struct LoadMember {
   // Without `into`: the dtype the tensor is cast to as it moves to `target` (empty: the
   // checkpoint's). With `into`, the copy casts to the existing tensor's dtype.
   std::optional<DType> dtype;
+  // Names the member in errors and labels (a block copy's "copies[2].dst"); empty:
+  // "tensors[i]".
+  std::string where;
 };
 
 // A group of plans that commit together (or none does).

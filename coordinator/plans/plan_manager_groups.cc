@@ -141,7 +141,7 @@ absl::StatusOr<StartedGroup> PlanManager::LoadGroup(const std::string& owner,
     GroupItem item;
     item.op = "load";
     item.tensor = m.staging;
-    item.where = absl::StrCat("tensors[", i, "]");
+    item.where = m.where.empty() ? absl::StrCat("tensors[", i, "]") : m.where;
     item.owner = owner;
     item.keep_hidden = m.keep_hidden;
     if (!m.into.empty()) {

@@ -56,6 +56,53 @@ absl::StatusOr<CreateTensorArgs> CreateArgsFromProto(const v1::CreateTensorReque
   return args;
 }
 
+// A Copy's or CopyPair's block-copy fields (quantize, dequantize, scale) as BlockCopyArgs;
+// none of them: a plain copy (scale empty). `where` prefixes the fields in errors.
+template <typename Pair>
+absl::StatusOr<BlockCopyArgs> BlockArgsFromProto(const Pair& req, const std::string& where) {
+  BlockCopyArgs args;
+  args.src = req.src();
+  args.dst = req.dst();
+  args.scale = req.scale();
+  args.dequantize = req.dequantize();
+  if (req.quantize().empty() && !args.dequantize && args.scale.empty()) return args;
+  if (args.scale.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "scale: empty; ",
+                                                   args.dequantize ? "dequantize" : "quantize",
+                                                   " needs the scale tensor"));
+  }
+  if (req.quantize().empty() && !args.dequantize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "scale: '", args.scale, "' given without quantize or dequantize"));
+  }
+  if (!req.quantize().empty()) {
+    absl::StatusOr<BlockSize> block = ParseBlockQuantization(req.quantize());
+    if (!block.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "quantize: ", block.status().message()));
+    }
+    args.block = *block;
+  }
+  if (!req.dst_offset().empty() || !req.src_offset().empty() || !req.src_shape().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where,
+        "dst_offset/src_offset/src_shape: a block copy (quantize, dequantize) takes whole "
+        "tensors; slices of fused tensors are not supported with it yet"));
+  }
+  return args;
+}
+
+void BlockCopyInfoToProto(const BlockCopyResult& r, v1::BlockCopyInfo* info) {
+  info->set_scale_version(r.scale_version);
+  info->set_blocks(r.blocks);
+  info->set_cut_blocks(r.cut_blocks);
+  info->set_staged_bytes(r.staged_bytes);
+  info->set_bytes_moved(r.bytes_moved);
+  for (const std::string& where : r.staging) info->add_staging(where);
+  info->set_stage_group(r.stage_group);
+  info->set_commit_group(r.commit_group);
+}
+
 // A gather's one destination rank, when given: INVALID_ARGUMENT when negative.
 absl::StatusOr<std::optional<int64_t>> ToRank(bool has_to_rank, int64_t to_rank) {
   if (!has_to_rank) return std::optional<int64_t>();
@@ -422,15 +469,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
   if (absl::Status a = Authorize(ctx, "Copy"); !a.ok()) return Done(ctx, a);
   if (req->src().empty()) return Done(ctx, absl::InvalidArgumentError("src: empty"));
   if (req->dst().empty()) return Done(ctx, absl::InvalidArgumentError("dst: empty"));
-  if (!req->quantize().empty() || req->dequantize() || !req->scale().empty()) {
-    if (!req->dst_offset().empty() || !req->src_offset().empty() || !req->src_shape().empty()) {
-      return Done(ctx, absl::InvalidArgumentError(
-                           "dst_offset/src_offset/src_shape: a block copy (quantize, dequantize) "
-                           "takes whole tensors; slices of fused tensors are not supported with "
-                           "it yet"));
-    }
-    return BlockCopyCall(ctx, req, resp);
-  }
+  absl::StatusOr<BlockCopyArgs> block = BlockArgsFromProto(*req, "");
+  if (!block.ok()) return Done(ctx, block.status());
+  if (!block->plain()) return BlockCopyCall(ctx, *block, req, resp);
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "Copy", *req, resp)) return r;
   SliceCopyMember sliced{req->src(), req->dst(), OptionalShape(req->dst_offset()),
                          OptionalShape(req->src_offset()), OptionalShape(req->src_shape())};
@@ -459,30 +500,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::BlockCopyCall(grpc::CallbackServerContext* ctx,
+                                                            const BlockCopyArgs& args,
                                                             const v1::CopyRequest* req,
                                                             v1::CopyResponse* resp) {
-  BlockCopyArgs args;
-  args.src = req->src();
-  args.dst = req->dst();
-  args.scale = req->scale();
-  args.dequantize = req->dequantize();
-  if (args.scale.empty()) {
-    return Done(ctx, absl::InvalidArgumentError(
-                         absl::StrCat("scale: empty; ", args.dequantize ? "dequantize" : "quantize",
-                                      " needs the scale tensor")));
-  }
-  if (req->quantize().empty() && !args.dequantize) {
-    return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                         "scale: '", args.scale, "' given without quantize or dequantize")));
-  }
-  if (!req->quantize().empty()) {
-    absl::StatusOr<BlockSize> block = ParseBlockQuantization(req->quantize());
-    if (!block.ok()) {
-      return Done(ctx,
-                  absl::InvalidArgumentError(absl::StrCat("quantize: ", block.status().message())));
-    }
-    args.block = *block;
-  }
   if (block_copy_ == nullptr) {
     return Done(ctx, absl::UnimplementedError("block copies are not served here"));
   }
@@ -496,17 +516,47 @@ grpc::ServerUnaryReactor* CoordinatorService::BlockCopyCall(grpc::CallbackServer
   absl::Status started = block_copy_->Start(args, [reply, resp](absl::StatusOr<BlockCopyResult> r) {
     if (!r.ok()) return reply(r.status());
     resp->set_dst_version(r->dst_version);
-    v1::BlockCopyInfo* info = resp->mutable_block_copy();
-    info->set_scale_version(r->scale_version);
-    info->set_blocks(r->blocks);
-    info->set_cut_blocks(r->cut_blocks);
-    info->set_staged_bytes(r->staged_bytes);
-    info->set_bytes_moved(r->bytes_moved);
-    for (const std::string& where : r->staging) info->add_staging(where);
-    info->set_stage_group(r->stage_group);
-    info->set_commit_group(r->commit_group);
+    BlockCopyInfoToProto(*r, resp->mutable_block_copy());
     reply(absl::OkStatus());
   });
+  if (!started.ok()) reply(started);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::BlockCopyGroupCall(
+    grpc::CallbackServerContext* ctx, const std::vector<BlockCopyArgs>& members,
+    const v1::CopyGroupRequest* req, v1::CopyGroupResponse* resp) {
+  if (block_copy_ == nullptr) {
+    return Done(ctx, absl::UnimplementedError("block copies are not served here"));
+  }
+  if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const std::string request_id = req->request_id();
+  auto reply = [this, reactor, request_id, resp](const absl::Status& s) {
+    Reply(reactor, request_id, s, *resp);
+  };
+  absl::Status started =
+      block_copy_->StartGroup(members, [reply, resp, members](absl::StatusOr<BlockGroupResult> r) {
+        if (!r.ok()) return reply(r.status());
+        resp->set_group_id(r->commit_group);
+        resp->set_stage_group(r->stage_group);
+        resp->set_state(v1::COMMITTED);
+        resp->set_bytes_moved(r->bytes_moved);
+        resp->set_staged_bytes(r->staged_bytes);
+        resp->set_seconds(r->seconds);
+        for (size_t i = 0; i < members.size(); ++i) {
+          v1::CopyGroupMember* out = resp->add_members();
+          out->set_src(members[i].src);
+          out->set_dst(members[i].dst);
+          out->set_dst_version(r->members[i].dst_version);
+          if (i < r->progress.size())
+            *out->mutable_progress() = PlanProgressToProto(r->progress[i]);
+          const StartedPlan& commit = r->commits[i];
+          *out->mutable_plan() = PlanSummaryToProto(*commit.plan, commit.id, commit.tensor);
+          if (!members[i].plain()) BlockCopyInfoToProto(r->members[i], out->mutable_block_copy());
+        }
+        reply(absl::OkStatus());
+      });
   if (!started.ok()) reply(started);
   return reactor;
 }
@@ -567,17 +617,29 @@ grpc::ServerUnaryReactor* CoordinatorService::CopyGroup(grpc::CallbackServerCont
   if (absl::Status a = Authorize(ctx, "CopyGroup"); !a.ok()) return Done(ctx, a);
   std::vector<CopyMember> copies;
   std::vector<SliceCopyMember> sliced;
+  std::vector<BlockCopyArgs> blocks;
+  bool any_block = false;
   for (const v1::CopyPair& c : req->copies()) {
-    if (!c.quantize().empty() || c.dequantize() || !c.scale().empty()) {
-      return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
-                           "copies[", copies.size(),
-                           "].quantize: block copies (quantize, "
-                           "dequantize, scale) are not supported in groups yet; run each as "
-                           "its own Copy")));
-    }
+    absl::StatusOr<BlockCopyArgs> block =
+        BlockArgsFromProto(c, absl::StrCat("copies[", blocks.size(), "]."));
+    if (!block.ok()) return Done(ctx, block.status());
+    any_block = any_block || !block->plain();
+    blocks.push_back(*std::move(block));
     copies.push_back(CopyMember{c.src(), c.dst()});
     sliced.push_back(SliceCopyMember{c.src(), c.dst(), OptionalShape(c.dst_offset()),
                                      OptionalShape(c.src_offset()), OptionalShape(c.src_shape())});
+  }
+  if (any_block) {
+    if (AnySliced(sliced)) {
+      for (size_t i = 0; i < sliced.size(); ++i) {
+        if (!sliced[i].sliced()) continue;
+        return Done(ctx, absl::InvalidArgumentError(absl::StrCat(
+                             "copies[", i,
+                             "].dst_offset: a group with block copies (quantize, dequantize) "
+                             "takes whole tensors; run the slices as a group of their own")));
+      }
+    }
+    return BlockCopyGroupCall(ctx, blocks, req, resp);
   }
   if (grpc::ServerUnaryReactor* r = Replay(ctx, "CopyGroup", *req, resp)) return r;
   if (AnySliced(sliced)) {

@@ -193,7 +193,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
              const absl::Status& s, const google::protobuf::Message& resp);
   // Copy with quantize / dequantize (coordinator/plans/block_copy.h): answers when it ended.
   grpc::ServerUnaryReactor* BlockCopyCall(grpc::CallbackServerContext* ctx,
-                                          const v1::CopyRequest* req, v1::CopyResponse* resp);
+                                          const BlockCopyArgs& args, const v1::CopyRequest* req,
+                                          v1::CopyResponse* resp);
+  // A CopyGroup with block members (BlockCopy::StartGroup): answers when it ended.
+  grpc::ServerUnaryReactor* BlockCopyGroupCall(grpc::CallbackServerContext* ctx,
+                                               const std::vector<BlockCopyArgs>& members,
+                                               const v1::CopyGroupRequest* req,
+                                               v1::CopyGroupResponse* resp);
   grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const std::string& request_id,
                                   const absl::Status& s, const google::protobuf::Message& resp);
 

@@ -677,8 +677,10 @@ class Client:
 
     def copy_many(self, pairs):
         """Copies every (src, dst) of `pairs` (tuples or {"src", "dst"} dicts; a dict may
-        name boxes: "dst_offset", "src_offset" and "src_shape", lists of ints) as one
-        transaction: every dst gets its new version together, or none does. Waits; returns
+        name boxes: "dst_offset", "src_offset" and "src_shape", lists of ints, or be a
+        block-scaled FP8 member: "quantize": "block:128x128" or "dequantize": True, with
+        "scale": NAME) as one transaction: every dst (and scale) gets its new version
+        together, or none does. Waits; returns
         the CopyGroupResponse (group_id, state, bytes_moved, lower_bound_bytes, buckets,
         bucket_bytes, seconds, members)."""
         request = pb.CopyGroupRequest(copies=_copy_pairs(pairs), wait=True)
@@ -905,14 +907,17 @@ class Client:
 
 def _copy_pairs(pairs):
     """CopyPairs of (src, dst) tuples and {"src", "dst"[, "dst_offset", "src_offset",
-    "src_shape"]} dicts."""
+    "src_shape", "quantize", "dequantize", "scale"]} dicts."""
     copies = []
     for pair in pairs:
         if isinstance(pair, dict):
             copies.append(pb.CopyPair(src=pair["src"], dst=pair["dst"],
                                       dst_offset=pair.get("dst_offset") or [],
                                       src_offset=pair.get("src_offset") or [],
-                                      src_shape=pair.get("src_shape") or []))
+                                      src_shape=pair.get("src_shape") or [],
+                                      quantize=pair.get("quantize", ""),
+                                      dequantize=bool(pair.get("dequantize", False)),
+                                      scale=pair.get("scale", "")))
         else:
             src, dst = pair
             copies.append(pb.CopyPair(src=src, dst=dst))
