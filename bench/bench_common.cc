@@ -1,6 +1,9 @@
 #include "bench/bench_common.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -62,6 +66,50 @@ std::string LogDir(const std::string& log_dir, const std::string& tmp) {
   const std::string dir = log_dir.empty() ? tmp : log_dir;
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+void EvictFromPageCache(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
+int64_t ResidentBytes(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  struct stat st;
+  fstat(fd, &st);
+  int64_t resident = 0;
+  if (st.st_size > 0) {
+    void* map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    if (map != MAP_FAILED) {
+      const int64_t page = sysconf(_SC_PAGESIZE);
+      std::vector<unsigned char> vec(static_cast<size_t>((st.st_size + page - 1) / page));
+      if (mincore(map, static_cast<size_t>(st.st_size), vec.data()) == 0) {
+        for (unsigned char v : vec) resident += (v & 1) ? page : 0;
+      }
+      munmap(map, static_cast<size_t>(st.st_size));
+    }
+  }
+  close(fd);
+  return resident;
+}
+
+int64_t ReadSequentially(const std::string& path, int64_t piece_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::string in(static_cast<size_t>(piece_bytes), '\0');
+  int64_t got = 0;
+  while (true) {
+    const ssize_t r = read(fd, in.data(), in.size());
+    if (r <= 0) break;
+    got += r;
+  }
+  close(fd);
+  return got;
 }
 
 double ProcessCpuSeconds(const std::vector<pid_t>& pids) {

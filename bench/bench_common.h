@@ -56,6 +56,16 @@ std::string ScratchDir(const std::string& bench);
 // Where a bench's daemons log: `log_dir` (its --log_dir) when set, else `tmp`; created.
 std::string LogDir(const std::string& log_dir, const std::string& tmp);
 
+// Drops a file's pages from the page cache: fdatasync, then posix_fadvise(POSIX_FADV_DONTNEED)
+// (clean pages go). Needs no root and touches only this file, unlike
+// /proc/sys/vm/drop_caches on a machine shared with other builds. Dies when it cannot open it.
+void EvictFromPageCache(const std::string& path);
+// Bytes of `path` resident in the page cache now (mincore over a mapping; 0 for a missing file).
+int64_t ResidentBytes(const std::string& path);
+// Reads the whole file sequentially (POSIX_FADV_SEQUENTIAL, reads of `piece_bytes`) and
+// returns the bytes read (dies when it cannot open it).
+int64_t ReadSequentially(const std::string& path, int64_t piece_bytes = int64_t{64} << 20);
+
 // User + system CPU seconds the processes have used so far (/proc/PID/stat).
 double ProcessCpuSeconds(const std::vector<pid_t>& pids);
 // The calling thread's CPU seconds so far (CLOCK_THREAD_CPUTIME_ID).

@@ -27,8 +27,6 @@
 // formula once, at the end.
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,8 +79,10 @@ constexpr int kWorkers = 4;
 constexpr int64_t kIoPiece = int64_t{64} << 20;
 
 using bench::Die;
+using bench::EvictFromPageCache;
 using bench::GBps;
 using bench::OrDie;
+using bench::ResidentBytes;
 using bench::Stats;
 
 // Sends `command` to perf through --perf_control's FIFO and waits for its ack (no-op without).
@@ -92,37 +92,6 @@ void PerfControl(const char* command) {
   std::ofstream(fifo) << command << "\n" << std::flush;
   std::string ack;
   std::ifstream(fifo + ".ack") >> ack;
-}
-
-// Drops a (fsynced) file's pages from the page cache.
-void Evict(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Die(absl::StrCat("open ", path, ": ", std::strerror(errno)));
-  fdatasync(fd);
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
-}
-
-// Bytes of `path` resident in the page cache (mincore over a mapping).
-int64_t ResidentBytes(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  struct stat st;
-  fstat(fd, &st);
-  int64_t resident = 0;
-  if (st.st_size > 0) {
-    void* map = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-    if (map != MAP_FAILED) {
-      const int64_t page = sysconf(_SC_PAGESIZE);
-      std::vector<unsigned char> vec(static_cast<size_t>((st.st_size + page - 1) / page));
-      if (mincore(map, static_cast<size_t>(st.st_size), vec.data()) == 0) {
-        for (unsigned char v : vec) resident += (v & 1) ? page : 0;
-      }
-      munmap(map, static_cast<size_t>(st.st_size));
-    }
-  }
-  close(fd);
-  return resident;
 }
 
 std::vector<std::string> FilesIn(const std::string& dir) {
@@ -158,22 +127,10 @@ std::pair<double, double> DiskBaseline(const std::string& path, int64_t bytes,
     close(fd);
   }
   const double write_s = absl::ToDoubleSeconds(absl::Now() - t0);
-  Evict(path);
+  EvictFromPageCache(path);
   *resident = ResidentBytes(path);
-  std::string in(static_cast<size_t>(kIoPiece), '\0');
   t0 = absl::Now();
-  {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    int64_t got = 0;
-    while (true) {
-      const ssize_t r = read(fd, in.data(), in.size());
-      if (r <= 0) break;
-      got += r;
-    }
-    close(fd);
-    if (got != bytes) Die("short read of the baseline file");
-  }
+  if (bench::ReadSequentially(path, kIoPiece) != bytes) Die("short read of the baseline file");
   const double read_s = absl::ToDoubleSeconds(absl::Now() - t0);
   std::filesystem::remove(path);
   return {write_s, read_s};
@@ -205,7 +162,7 @@ std::pair<double, double> ParallelDiskBaseline(const std::string& dir, int files
     if (fsync(fd) != 0) Die("fsync");
     close(fd);
   });
-  for (const std::string& p : paths) Evict(p);
+  for (const std::string& p : paths) EvictFromPageCache(p);
   for (const std::string& p : paths) *resident += ResidentBytes(p);
   const double read_s = run([&](int i) {
     std::string in(static_cast<size_t>(kIoPiece), '\0');
@@ -374,7 +331,7 @@ int Run() {
     save.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     balance = saved.max_writer_bytes() / std::max(1.0, saved.ideal_writer_bytes());
 
-    for (const std::string& f : FilesIn(ckpt)) Evict(f);
+    for (const std::string& f : FilesIn(ckpt)) EvictFromPageCache(f);
     int64_t resident_ckpt = 0;
     for (const std::string& f : FilesIn(ckpt)) resident_ckpt += ResidentBytes(f);
     max_resident = std::max(max_resident, resident_ckpt);
