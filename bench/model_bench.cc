@@ -18,6 +18,10 @@
 //   group_budget    the same group on a second cluster whose workers run with --memory-budget
 //                   = their committed bytes + --budget_slack_mib (skipped, saying so, when the
 //                   worker binary has no --memory-budget)
+//   group_fp8       the same group into FP8 inference weights (issue 28): every 2-d tensor
+//                   quantized to f8_e4m3 with 128x128 block scales (f32 `<name>_scale_inv`,
+//                   replicated), the 1-d norms copied as bf16, one transaction; its bytes moved
+//                   against group's (the narrowing is done before sending) and its time
 // then, after the clusters stop, torch: bench/torch_fsdp_reshard.py (all-gather the flat
 // shards with torch.distributed Gloo, each rank copies out its Megatron shards).
 // Latency: p50/p99 of a 4 KiB redistribute and of a bare unary RPC (GetMesh), in blocks of 20
@@ -59,6 +63,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "proto/convert.h"
+#include "sharding/block_quant.h"
 #include "sharding/fill.h"
 #include "tests/cluster.h"
 #include "tests/process.h"
@@ -78,6 +83,8 @@ ABSL_FLAG(bool, attached, true, "Time the group between attached tensors (user p
 ABSL_FLAG(bool, transfer, true,
           "Time a prepared transfer of the group's copies (warm runs) and of the small group's "
           "4 KiB tensors.");
+ABSL_FLAG(bool, fp8, true,
+          "Time the group into FP8 block-quantized (block:128x128) destinations (group_fp8).");
 ABSL_FLAG(bool, budget, true, "Time the group under --memory-budget when workers support it.");
 ABSL_FLAG(int64_t, budget_slack_mib, 64, "Budget above each worker's committed bytes.");
 ABSL_FLAG(bool, torch, true, "Run the torch.distributed peer when available.");
@@ -112,6 +119,8 @@ constexpr char kSrc[] = "fsdp/";         // Flat sources (worker-owned).
 constexpr char kDst[] = "tp/";           // The group's Megatron destinations.
 constexpr char kPerTensorDst[] = "pt/";  // The per-tensor copies' destinations.
 constexpr char kTransferDst[] = "xtp/";  // The prepared transfer's Megatron destinations.
+constexpr char kFp8Dst[] = "fp8/";       // group_fp8's destinations and scales.
+constexpr BlockSize kFp8Block{128, 128};
 constexpr char kAttachedSrc[] = "afsdp/";
 constexpr char kAttachedDst[] = "atp/";
 constexpr absl::Duration kChildTimeout = absl::Minutes(10);
@@ -172,6 +181,80 @@ void CreateModel(CoordinatorClient& c, const Workload& w, const char* src,
             "create " + Name(dst, p));
     }
   }
+}
+
+// group_fp8's destinations: 2-d tensors f8_e4m3 in their Megatron layout with replicated f32
+// block scales ("<name>_scale_inv"), 1-d ones in the model's dtype.
+bool Quantized(const LlamaParam& p) { return p.shape.size() >= 2; }
+std::string ScaleName(const LlamaParam& p) { return Name(kFp8Dst, p) + "_scale_inv"; }
+
+void CreateFp8Model(CoordinatorClient& c, const Workload& w) {
+  for (const LlamaParam& p : w.params) {
+    const DType dtype = Quantized(p) ? DType::kF8E4M3 : w.config.dtype;
+    OrDie(c.CreateTensor(CreateRequest(Name(kFp8Dst, p), p.shape, dtype, kTpMesh, p.megatron, false,
+                                       v1::ZEROS, 0)),
+          "create " + Name(kFp8Dst, p));
+    if (!Quantized(p)) continue;
+    const Shape scales = OrDie(BlockScaleShape(p.shape, kFp8Block), "scale shape");
+    OrDie(c.CreateTensor(CreateRequest(ScaleName(p), scales, DType::kF32, kTpMesh, "R,R", false,
+                                       v1::ZEROS, 0)),
+          "create " + ScaleName(p));
+  }
+}
+
+v1::CopyGroupRequest Fp8GroupRequest(const Workload& w) {
+  v1::CopyGroupRequest r;
+  for (const LlamaParam& p : w.params) {
+    v1::CopyPair* pair = r.add_copies();
+    pair->set_src(Name(kSrc, p));
+    pair->set_dst(Name(kFp8Dst, p));
+    if (Quantized(p)) {
+      pair->set_quantize(BlockQuantizationText(kFp8Block));
+      pair->set_scale(ScaleName(p));
+    }
+  }
+  r.set_wait(true);
+  return r;
+}
+
+// The FP8 destinations against the sources' fill quantized here (sharding/block_quant.h).
+absl::Status CheckFp8Model(CoordinatorClient& c, const Workload& w, int64_t* checked) {
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    const LlamaParam& p = w.params[i];
+    if (!Quantized(p)) {
+      absl::Status s = DownloadAndCheck(c, Name(kFp8Dst, p), w.config.dtype, p.shape,
+                                        FillKind::kRandom, SeedOf(i));
+      if (!s.ok()) return s;
+      ++*checked;
+      continue;
+    }
+    const Box whole = Box::Whole(p.shape);
+    const int64_t n = whole.Volume();
+    std::string src(static_cast<size_t>(n * ElementSize(w.config.dtype)), '\0');
+    if (absl::Status s =
+            FillBox(FillKind::kRandom, SeedOf(i), p.shape, whole, w.config.dtype, src.data());
+        !s.ok()) {
+      return s;
+    }
+    const Shape scale_shape = OrDie(BlockScaleShape(p.shape, kFp8Block), "scale shape");
+    std::string want_q(static_cast<size_t>(n), '\0');
+    std::vector<float> want_s(static_cast<size_t>(Box::Whole(scale_shape).Volume()));
+    if (absl::Status s = QuantizeBlocks(src.data(), w.config.dtype, p.shape, kFp8Block,
+                                        want_q.data(), want_s.data());
+        !s.ok()) {
+      return s;
+    }
+    std::string got_q, got_s;
+    if (auto h = c.Download(Name(kFp8Dst, p), &got_q); !h.ok()) return h.status();
+    if (auto h = c.Download(ScaleName(p), &got_s); !h.ok()) return h.status();
+    if (got_q != want_q) return absl::DataLossError(Name(kFp8Dst, p) + ": values differ");
+    if (got_s.size() != want_s.size() * sizeof(float) ||
+        std::memcmp(got_s.data(), want_s.data(), got_s.size()) != 0) {
+      return absl::DataLossError(ScaleName(p) + ": scales differ");
+    }
+    *checked += 2;
+  }
+  return absl::OkStatus();
 }
 
 v1::CopyGroupRequest GroupRequest(const Workload& w, const char* src, const char* dst) {
@@ -514,7 +597,9 @@ int Run() {
   if (mkdtemp(sockets) == nullptr) Die("mkdtemp");
 
   Kind group{"group"}, per_tensor{"per_tensor"}, gloo{"gloo_floor"}, attached{"group_attached"},
-      budget{"group_budget"}, torch{"torch"}, transfer{"transfer"};
+      budget{"group_budget"}, torch{"torch"}, transfer{"transfer"}, fp8{"group_fp8"};
+  const bool run_fp8 = absl::GetFlag(FLAGS_fp8);
+  if (!run_fp8) fp8.skipped = "--nofp8";
   const bool run_budget = absl::GetFlag(FLAGS_budget) && WorkerHasMemoryBudget();
   if (!absl::GetFlag(FLAGS_budget)) {
     budget.skipped = "--nobudget";
@@ -552,6 +637,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_per_tensor)) dsts.push_back(kPerTensorDst);
   if (run_transfer) dsts.push_back(kTransferDst);
   CreateModel(client, w, kSrc, dsts, /*attached=*/false);
+  if (run_fp8) CreateFp8Model(client, w);
   const std::vector<int64_t> committed = HeldBytes(client, w, {kSrc, kDst}, ranks);
 
   std::unique_ptr<AttachedUsers> users;
@@ -633,6 +719,14 @@ int Run() {
     }
   }
   if (budget_cluster) TimeGroup(budget_cluster->client(), group_request, "warm-up budget group");
+  const v1::CopyGroupRequest fp8_request = Fp8GroupRequest(w);
+  int64_t fp8_moved = 0, fp8_staged = 0;
+  if (run_fp8) {
+    say("warm-up fp8 group");
+    v1::CopyGroupResponse r = TimeGroup(client, fp8_request, "warm-up fp8 group").second;
+    fp8_moved = r.bytes_moved();
+    fp8_staged = r.staged_bytes();
+  }
 
   std::vector<double> paired_gloo, paired_attached;  // Per rep: other's seconds / group's.
   const std::vector<pid_t> pids = WorkerPids(*cluster);
@@ -643,6 +737,14 @@ int Run() {
     if (r.bytes_moved() != moved) Die("a repetition moved a different byte count");
     group.stats.seconds.push_back(seconds);
     std::string line = absl::StrCat("  rep ", i, ": group ", seconds, " s");
+    if (run_fp8) {
+      cpu = bench::ProcessCpuSeconds(pids);
+      auto [f, fr] = TimeGroup(client, fp8_request, "fp8 group");
+      fp8.worker_cpu.seconds.push_back(bench::ProcessCpuSeconds(pids) - cpu);
+      if (fr.bytes_moved() != fp8_moved) Die("an fp8 repetition moved a different byte count");
+      fp8.stats.seconds.push_back(f);
+      absl::StrAppend(&line, ", group_fp8 ", f, " s");
+    }
     if (absl::GetFlag(FLAGS_per_tensor)) {
       cpu = bench::ProcessCpuSeconds(pids);
       per_tensor.stats.seconds.push_back(TimePerTensor(client, w, kSrc, kPerTensorDst));
@@ -692,6 +794,7 @@ int Run() {
   attached.ran = users != nullptr;
   budget.ran = budget_cluster != nullptr;
   transfer.ran = run_transfer && !transfer.stats.seconds.empty();
+  fp8.ran = run_fp8;
   if (run_transfer && !transfer.ran) transfer.skipped = transfer_error;
 
   // What the budget workers report about their memory.
@@ -724,6 +827,9 @@ int Run() {
     if (per_tensor.ran) check_model(client, kPerTensorDst);
     if (transfer.ran && transfer_error.empty()) check_model(client, kTransferDst);
     if (budget_cluster) check_model(budget_cluster->client(), kDst);
+    if (fp8.ran) {
+      if (absl::Status s = CheckFp8Model(client, w, &checked); !s.ok()) Die(s.ToString());
+    }
     if (users) checked += users->Check();
   }
   budget_cluster.reset();
@@ -889,7 +995,8 @@ int Run() {
     j.Key("pair_bytes").IntArray(matrix);
     j.Key("reps").Int(reps);
     j.Key("first_group_seconds").Double(first_seconds);
-    for (const Kind* k : {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget}) {
+    for (const Kind* k :
+         {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget, &fp8}) {
       WriteKind(j, *k, moved);
     }
     if (run_transfer) {
@@ -922,6 +1029,11 @@ int Run() {
     j.Key("transfer_vs_gloo_floor").Double(Ratio(transfer, gloo));
     j.Key("transfer_vs_group").Double(Ratio(transfer, group));
     j.Key("group_attached_vs_group").Double(Ratio(attached, group));
+    j.Key("group_fp8_vs_group").Double(Ratio(fp8, group));
+    j.Key("group_fp8_bytes_moved").Int(fp8_moved);
+    j.Key("group_fp8_staged_bytes").Int(fp8_staged);
+    j.Key("group_fp8_bytes_vs_group")
+        .Double(moved > 0 ? static_cast<double>(fp8_moved) / moved : 0);
     if (attached.ran) {
       j.Key("group_attached_vs_group_worker_cpu")
           .Double(group.worker_cpu.Median() / attached.worker_cpu.Median());
@@ -966,7 +1078,7 @@ int Run() {
       static_cast<long long>(moved), static_cast<long long>(first.lower_bound_bytes()), reps,
       first_seconds);
   std::printf("%-16s %10s %10s %10s %16s\n", "", "best s", "median s", "GB/s", "workers' CPU s");
-  for (const Kind* k : {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget}) {
+  for (const Kind* k : {&group, &transfer, &per_tensor, &gloo, &torch, &attached, &budget, &fp8}) {
     if (k->ran) {
       std::printf("%-16s %10.4f %10.4f %10.3f %16s\n", k->name.c_str(), k->stats.Best(),
                   k->stats.Median(), GBps(moved, k->stats.Best()),
@@ -1006,6 +1118,14 @@ int Run() {
                                     group.worker_cpu.Median() / attached.worker_cpu.Median())
                         .c_str()
                   : "");
+  if (fp8.ran) {
+    std::printf(
+        "  group_fp8 / group         %6.3f  (bytes moved %.3f of group's: %lld of %lld, %lld of "
+        "them staging cut blocks; goal about 0.5)\n",
+        Ratio(fp8, group), moved > 0 ? static_cast<double>(fp8_moved) / moved : 0.0,
+        static_cast<long long>(fp8_moved), static_cast<long long>(moved),
+        static_cast<long long>(fp8_staged));
+  }
   std::printf(
       "latency: 4 KiB redistribute p50 %.3f ms p99 %.3f ms; bare RPC p50 %.3f ms p99 %.3f ms\n",
       lat_p50 * 1e3, latency.Percentile(99) * 1e3, rpc_p50 * 1e3, bare_rpc.Percentile(99) * 1e3);
