@@ -269,6 +269,7 @@ TEST_F(BlockQuantCopyTest, WholeBlocksStageNothingAndMoveOneBytePerElement) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->block_copy().cut_blocks(), 0);
   EXPECT_EQ(r->block_copy().staged_bytes(), 0);
+  EXPECT_TRUE(r->block_copy().stage_group().empty());  // Read in place: no staging group.
   // The same move of an f8_e4m3 tensor: one byte per element that changes rank.
   ASSERT_TRUE(
       CreateFilled(client(), "whole_e4", shape, DType::kF8E4M3, "line", "S(0)", false, v1::ZEROS)
@@ -330,8 +331,10 @@ TEST_F(BlockQuantCopyTest, GroupQuantizesWithPlainMembersAndDequantizesBack) {
   const v1::BlockCopyInfo& ia = r->members(0).block_copy();
   const v1::BlockCopyInfo& ib = r->members(2).block_copy();
   EXPECT_GT(ia.cut_blocks(), 0);
-  EXPECT_EQ(ib.cut_blocks(), 0);  // 16-row blocks in 16-row shards.
+  EXPECT_EQ(ib.cut_blocks(), 0);  // 16-row blocks in 16-row shards: read in place.
   EXPECT_EQ(ib.staged_bytes(), 0);
+  EXPECT_TRUE(ib.stage_group().empty());
+  EXPECT_EQ(ia.stage_group(), r->stage_group());
   EXPECT_FALSE(r->members(1).has_block_copy());
   EXPECT_EQ(ia.bytes_moved() + ib.bytes_moved() + r->members(1).plan().bytes_moved(),
             r->bytes_moved());

@@ -81,6 +81,9 @@ struct BlockCopy::Member {
   // Hidden tensors: the staged src (and src scale), the computed values (and scales).
   std::string stage, stage_scale, out, out_scale;
   int64_t stage_version = 0, stage_scale_version = 0;
+  // Their indices in step 1's group; -1: read in place (stage, stage_scale name the source).
+  int stage_index = -1;
+  int stage_scale_index = -1;
   int64_t out_version = 0, out_scale_version = 0;
   // Step 2: one call per staging rank that holds chunks.
   std::vector<int64_t> ranks;  // Index into staging.staging.ranks().
@@ -96,6 +99,7 @@ struct BlockCopy::Op {
   std::string owner;  // Holder and owner of the hidden tensors.
   std::vector<Member> members;
   std::vector<std::string> hidden;  // Reserved so far, dropped at the end.
+  std::vector<std::string> held;    // Sources read in place, held busy until the end.
   absl::Time started;
   BlockGroupResult result;
 };
@@ -247,18 +251,36 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
                                        m.staging.scales.ranks()[j].local_elements, " blocks in ",
                                        rc.chunks.size(), " boxes"));
     }
-    s = AddHidden(*op, m.stage, m.src_dtype, m.staging.staging, tensors_->NewVersion(), {});
+    // A source whose layout is the staging layout (its shards hold whole blocks, no
+    // replicas) is read in place: held busy until the end instead of copied.
+    auto hold = [&](const std::string& name, const Layout& want, std::string* read_as) {
+      absl::StatusOr<TensorRecord> rec = tensors_->Get(name);
+      if (!rec.ok() || !(rec->layout == want)) return false;
+      absl::StatusOr<TensorRecord> held = tensors_->Acquire(name, op->owner);
+      if (!held.ok()) {
+        s = absl::Status(held.status().code(), absl::StrCat(m.where, held.status().message()));
+        return true;  // Refused: nothing else starts.
+      }
+      op->held.push_back(name);
+      *read_as = name;
+      return true;
+    };
     LoadMember lm;
-    lm.staging = m.args.src;
-    lm.into = m.stage;
     lm.keep_hidden = true;
-    lm.where = m.where + "src";
-    stage_members.push_back(lm);
-    if (s.ok() && m.args.dequantize) {
+    if (!hold(m.args.src, m.staging.staging, &m.stage)) {
+      s = AddHidden(*op, m.stage, m.src_dtype, m.staging.staging, tensors_->NewVersion(), {});
+      lm.staging = m.args.src;
+      lm.into = m.stage;
+      lm.where = m.where + "src";
+      m.stage_index = static_cast<int>(stage_members.size());
+      stage_members.push_back(lm);
+    }
+    if (s.ok() && m.args.dequantize && !hold(m.args.scale, m.staging.scales, &m.stage_scale)) {
       s = AddHidden(*op, m.stage_scale, DType::kF32, m.staging.scales, tensors_->NewVersion(), {});
       lm.staging = m.args.scale;
       lm.into = m.stage_scale;
       lm.where = m.where + "scale";
+      m.stage_scale_index = static_cast<int>(stage_members.size());
       stage_members.push_back(lm);
     }
   }
@@ -286,15 +308,13 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
   op->result.stage_group = group->id;
   op->result.staged_bytes = group->bytes_moved;
   op->result.bytes_moved = group->bytes_moved;
-  // Per member: its src's (and src scale's) staging plans, in stage_members' order.
-  size_t k = 0;
+  // Per member: its src's (and src scale's) staging plans.
   for (size_t i = 0; i < op->members.size(); ++i) {
     const Member& m = op->members[i];
-    if (m.args.plain()) continue;
     BlockCopyResult& r = op->result.members[i];
-    r.stage_group = group->id;
-    const int parts = m.args.dequantize ? 2 : 1;
-    for (int p = 0; p < parts; ++p, ++k) {
+    for (int k : {m.stage_index, m.stage_scale_index}) {
+      if (k < 0) continue;
+      r.stage_group = group->id;
       r.staged_bytes += group->members[k].plan->bytes_moved;
     }
     r.bytes_moved = r.staged_bytes;
@@ -462,6 +482,7 @@ void BlockCopy::Computed(const std::shared_ptr<Op>& op) {
 }
 
 void BlockCopy::Finish(const std::shared_ptr<Op>& op, absl::Status s) {
+  for (const std::string& name : op->held) tensors_->Release(name, op->owner);
   // Every hidden tensor goes, with every version of its buffers on its ranks.
   for (const std::string& name : op->hidden) {
     tensors_->CancelCreate(name, op->owner);

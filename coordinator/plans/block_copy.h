@@ -9,13 +9,14 @@
 //   1. stage: one group copies SRC (and, dequantizing, SRC_SCALE) into hidden tensors laid
 //      out as sharding/block_staging.h's PlanBlockStaging chose: on SRC's own ranks, every
 //      block whole on one rank (where a source chunk already holds a block whole it stays
-//      there and nothing moves for it);
+//      there and nothing moves for it). When that layout is SRC's own (shards of whole
+//      blocks, no replicas), SRC is not copied: it is held busy and step 2 reads it in place;
 //   2. compute: Worker.BlockQuantize on every staging rank turns its chunks into new buffers,
 //      registered as hidden tensors (values, and scales when quantizing);
 //   3. commit: one group copies them into DST (and DST_SCALE), which get their new versions
 //      together or not at all.
 // Whatever the outcome, the hidden tensors and their buffers are dropped; on failure DST and
-// DST_SCALE keep their versions. SRC is read at the version step 1 saw.
+// DST_SCALE keep their versions. SRC is read at the version step 1 saw (or held).
 //
 // A CopyGroup with block members runs as one such operation (StartGroup): step 1 stages every
 // block member's sources in one group, step 2 computes them all, and step 3 is one group of

@@ -130,9 +130,11 @@ TEST_F(BlockCopyFailureTest, AFailedStepChangesNothingAndDropsTheHiddenTensors) 
 }
 
 TEST_F(BlockCopyFailureTest, AFailedGroupKeepsItsPlainMembersToo) {
-  CreateTestTensor(workers_, meshes_, &tensors_, "w", "S(0)", "N", {8, 8});
-  CreateTestTensor(workers_, meshes_, &tensors_, "q", "S(1)", "N", {8, 8}, DType::kF8E4M3);
-  CreateTestTensor(workers_, meshes_, &tensors_, "s", "R", "N", {2, 2});
+  // 16 rows on 4 ranks (4 each): every 4x4 block is whole where it is, so w is read in place
+  // (held busy) instead of staged.
+  CreateTestTensor(workers_, meshes_, &tensors_, "w", "S(0)", "N", {16, 8});
+  CreateTestTensor(workers_, meshes_, &tensors_, "q", "S(1)", "N", {16, 8}, DType::kF8E4M3);
+  CreateTestTensor(workers_, meshes_, &tensors_, "s", "R", "N", {4, 2});
   CreateTestTensor(workers_, meshes_, &tensors_, "a", "S(0)", "N", {8});
   CreateTestTensor(workers_, meshes_, &tensors_, "b", "R", "N", {8}, DType::kBF16);
   const int64_t vq = tensors_.Get("q")->version, vb = tensors_.Get("b")->version;
@@ -147,6 +149,21 @@ TEST_F(BlockCopyFailureTest, AFailedGroupKeepsItsPlainMembersToo) {
   EXPECT_EQ(tensors_.Get("q")->version, vq);
   EXPECT_EQ(tensors_.Get("b")->version, vb);
   EXPECT_EQ(plans_.RunningPlansCount(), 0u);
+  // Nothing was staged for w, and it is no longer held.
+  for (const auto& [rank, drop] : client_.drops()) {
+    EXPECT_FALSE(absl::EndsWith(drop.tensor(), "/stage")) << drop.tensor();
+  }
+  for (const char* t : {"w", "q", "s", "a", "b"}) {
+    absl::StatusOr<TensorRecord> held = tensors_.Acquire(t, "check");
+    EXPECT_TRUE(held.ok()) << t << ": " << held.status();
+    tensors_.Release(t, "check");
+  }
+  // A source busy with another holder refuses the group before anything starts.
+  ASSERT_TRUE(tensors_.Acquire("w", "other").ok());
+  absl::Status busy = copies_.StartGroup(group, [](absl::StatusOr<BlockGroupResult>) {});
+  EXPECT_EQ(busy.code(), absl::StatusCode::kAborted) << busy;
+  EXPECT_THAT(std::string(busy.message()), HasSubstr("copies[1]."));
+  tensors_.Release("w", "other");
 
   // Refusals name the member: a plain pair of other shapes, a scale named twice.
   std::vector<BlockCopyArgs> bad = group;
