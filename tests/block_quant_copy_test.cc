@@ -328,6 +328,8 @@ TEST_F(BlockQuantCopyTest, GroupQuantizesWithPlainMembersAndDequantizesBack) {
   EXPECT_FALSE(r->stage_group().empty());
   EXPECT_GT(r->staged_bytes(), 0);  // ga's 128-row blocks are cut by 75-row shards.
   EXPECT_GE(r->bytes_moved(), r->staged_bytes());
+  EXPECT_GT(r->lower_bound_bytes(), 0);  // The final group's.
+  EXPECT_LE(r->lower_bound_bytes(), r->bytes_moved() - r->staged_bytes());
   const v1::BlockCopyInfo& ia = r->members(0).block_copy();
   const v1::BlockCopyInfo& ib = r->members(2).block_copy();
   EXPECT_GT(ia.cut_blocks(), 0);

@@ -464,6 +464,7 @@ void BlockCopy::Computed(const std::shared_ptr<Op>& op) {
   if (!group.ok()) return Finish(op, group.status());
   op->result.commit_group = group->id;
   op->result.bytes_moved += group->bytes_moved;
+  op->result.lower_bound_bytes = group->lower_bound_bytes;
   for (size_t i = 0; i < op->members.size(); ++i) {
     const Member& m = op->members[i];
     BlockCopyResult& r = op->result.members[i];

@@ -78,7 +78,8 @@ struct BlockGroupResult {
   std::string commit_group;
   int64_t staged_bytes = 0;
   int64_t bytes_moved = 0;
-  double seconds = 0;  // All three steps.
+  int64_t lower_bound_bytes = 0;  // The final group's (what moving the results must cost).
+  double seconds = 0;             // All three steps.
 };
 
 // The refusals of a block copy that need only the three tensors' records (pure): dtypes

@@ -543,6 +543,7 @@ grpc::ServerUnaryReactor* CoordinatorService::BlockCopyGroupCall(
         resp->set_state(v1::COMMITTED);
         resp->set_bytes_moved(r->bytes_moved);
         resp->set_staged_bytes(r->staged_bytes);
+        resp->set_lower_bound_bytes(r->lower_bound_bytes);
         resp->set_seconds(r->seconds);
         for (size_t i = 0; i < members.size(); ++i) {
           v1::CopyGroupMember* out = resp->add_members();
