@@ -1,6 +1,7 @@
 #include "sharding/block_quant.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "sharding/cast.h"
 #include "sharding/cast_bits.h"
+#include "sharding/fast_cast.h"
 
 namespace shardcoord {
 namespace {
@@ -102,7 +104,10 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape
   const int64_t es = ElementSize(src_dtype);
   const auto* in = static_cast<const unsigned char*>(src);
   auto* out = static_cast<unsigned char*>(dst);
-  // One block row band at a time in f32: the whole band's values, then per block its amax.
+  // One block row band at a time in f32: the whole band's values (Cast's fast paths), then per
+  // block its amax, then each element divided by its block's scale and rounded to e4m3. The
+  // per-element steps are cast_bits.h's (which the GPU kernels run too); the f32 -> e4m3
+  // rounding is fast_cast.h's form of it, equal for every f32.
   std::vector<float> band(static_cast<size_t>(std::min(block.rows, g.m) * g.n));
   std::vector<uint32_t> amax(static_cast<size_t>(g.block_cols));  // f32 bits
   for (int64_t o = 0; o < g.outer; ++o) {
@@ -114,12 +119,14 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape
           !s.ok()) {
         return s;
       }
-      // The per-element steps are cast_bits.h's, which the GPU kernels run too.
       std::fill(amax.begin(), amax.end(), 0u);
       for (int64_t r = 0; r < rows; ++r) {
         const float* row = band.data() + r * g.n;
-        for (int64_t c = 0; c < g.n; ++c) {
-          amax[c / block.cols] = cast_bits::AmaxWith(amax[c / block.cols], row[c]);
+        for (int64_t bc = 0; bc < g.block_cols; ++bc) {
+          const int64_t c1 = std::min(g.n, (bc + 1) * block.cols);
+          uint32_t a = amax[bc];
+          for (int64_t c = bc * block.cols; c < c1; ++c) a = cast_bits::AmaxWith(a, row[c]);
+          amax[bc] = a;
         }
       }
       float* scale_row = scales + (o * g.block_rows + br) * g.block_cols;
@@ -127,8 +134,13 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype, const Shape& shape
       for (int64_t r = 0; r < rows; ++r) {
         const float* row = band.data() + r * g.n;
         unsigned char* q = out + first + r * g.n;
-        for (int64_t c = 0; c < g.n; ++c) {
-          q[c] = cast_bits::QuantizeE4M3(row[c], scale_row[c / block.cols]);
+        for (int64_t bc = 0; bc < g.block_cols; ++bc) {
+          const float s = scale_row[bc];
+          const int64_t c1 = std::min(g.n, (bc + 1) * block.cols);
+          for (int64_t c = bc * block.cols; c < c1; ++c) {
+            // cast_bits::QuantizeE4M3: e4m3(x / s), the division in f32.
+            q[c] = fast_cast::F32ToE4M3(cast_bits::F32Bits(cast_bits::DivF32(row[c], s)));
+          }
         }
       }
     }
@@ -143,21 +155,36 @@ absl::Status DequantizeBlocks(const void* src, const float* scales, const Shape&
   const int64_t es = ElementSize(dst_dtype);
   const auto* in = static_cast<const unsigned char*>(src);
   auto* out = static_cast<unsigned char*>(dst);
-  std::vector<float> row(static_cast<size_t>(g.n));
+  // cast_bits::DequantizeE4M3 per element: f32(q) (a table of cast_bits' values) times the
+  // block's scale in f32; then to the target, fused for bf16 and f32 (fast_cast.h's f32 ->
+  // bf16), through a row of f32 and Cast for the other dtypes.
+  const uint32_t* table = fast_cast::F8ToF32Table(cast_bits::kF8E4M3);
+  std::vector<float> row(dst_dtype == DType::kBF16 ? 0 : static_cast<size_t>(g.n));
   for (int64_t o = 0; o < g.outer; ++o) {
     for (int64_t r = 0; r < g.m; ++r) {
       const int64_t first = (o * g.m + r) * g.n;
-      if (absl::Status s = Cast(in + first, DType::kF8E4M3, row.data(), DType::kF32, g.n);
-          !s.ok()) {
-        return s;
-      }
+      const unsigned char* q = in + first;
       const float* scale_row = scales + (o * g.block_rows + r / block.rows) * g.block_cols;
-      for (int64_t c = 0; c < g.n; ++c) {
-        row[c] = cast_bits::MulF32(row[c], scale_row[c / block.cols]);  // DequantizeE4M3's step
+      unsigned char* y = out + first * es;
+      for (int64_t bc = 0; bc < g.block_cols; ++bc) {
+        const float s = scale_row[bc];
+        const int64_t c0 = bc * block.cols, c1 = std::min(g.n, (bc + 1) * block.cols);
+        if (dst_dtype == DType::kBF16) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const float v = cast_bits::MulF32(cast_bits::BitsF32(table[q[c]]), s);
+            const uint16_t b = fast_cast::F32ToBF16(cast_bits::F32Bits(v));
+            std::memcpy(y + c * 2, &b, 2);
+          }
+        } else {
+          for (int64_t c = c0; c < c1; ++c) {
+            row[c] = cast_bits::MulF32(cast_bits::BitsF32(table[q[c]]), s);
+          }
+        }
       }
-      if (absl::Status s = Cast(row.data(), DType::kF32, out + first * es, dst_dtype, g.n);
-          !s.ok()) {
-        return s;
+      if (dst_dtype == DType::kF32) {
+        std::memcpy(y, row.data(), static_cast<size_t>(g.n) * 4);
+      } else if (dst_dtype != DType::kBF16) {
+        if (absl::Status s = Cast(row.data(), DType::kF32, y, dst_dtype, g.n); !s.ok()) return s;
       }
     }
   }

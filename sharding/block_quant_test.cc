@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sharding/cast.h"
+#include "sharding/cast_bits.h"
 #include "sharding/testing/test_util.h"
 
 namespace shardcoord {
@@ -20,10 +21,10 @@ using sharding_testing::ErrorOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
+// cast_bits' generic per-element conversion (not Cast's fast loops, which the quantizer uses).
 uint8_t E4M3(float v) {
-  uint8_t out = 0;
-  EXPECT_TRUE(Cast(&v, DType::kF32, &out, DType::kF8E4M3, 1).ok());
-  return out;
+  return static_cast<uint8_t>(
+      cast_bits::CastElement(cast_bits::F32Bits(v), cast_bits::kF32, cast_bits::kF8E4M3));
 }
 
 // An independent reading of the header's rules, element by element: find the element's block
@@ -145,6 +146,100 @@ TEST(BlockQuantTest, AgreesWithAnElementwiseReferenceOnUnevenBlocks) {
         EXPECT_LE(std::fabs(y[i] - x[i]), std::max(std::fabs(x[i]) / 16, scale / 512)) << i;
       }
     }
+  }
+}
+
+// Every e4m3 pattern under scales that reach every corner of the targets (f32 subnormal
+// products, bf16/f16 overflow to infinity, e5m2 saturation, ties after the product) and
+// every target dtype: dequantizing equals cast_bits' element steps, f32(q) * s in f32 then
+// the generic f32 -> dtype conversion.
+TEST(BlockQuantTest, DequantizeEveryPatternToEveryDtypeAsTheElementRule) {
+  const std::vector<float> block_scales = {1.0f,
+                                           2.0f / 448.0f,
+                                           std::ldexp(1.0f, -140),
+                                           std::ldexp(1.7f, -130),
+                                           1.0f / 3.0f,
+                                           std::ldexp(1.0f, 120),
+                                           300.0f,
+                                           1.0078125f,
+                                           std::ldexp(1.0f, -20)};
+  const int64_t bc = static_cast<int64_t>(block_scales.size());
+  const BlockSize b{2, 256};
+  const Shape shape = {3, 2 * 2, 256 * bc};  // Two block rows; each row holds every pattern.
+  const int64_t n = 3 * 4 * 256 * bc;
+  std::vector<uint8_t> q(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<uint8_t>((i * 7 + i / (256 * bc)) & 0xFF);
+  std::vector<float> s(static_cast<size_t>(3 * 2 * bc));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = block_scales[(i + i / bc) % bc];
+  for (DType to :
+       {DType::kBF16, DType::kF32, DType::kF16, DType::kF64, DType::kF8E5M2, DType::kF8E4M3}) {
+    std::vector<unsigned char> y(static_cast<size_t>(n * ElementSize(to)));
+    ASSERT_TRUE(DequantizeBlocks(q.data(), s.data(), shape, b, y.data(), to).ok());
+    int failures = 0;
+    for (int64_t i = 0; i < n && failures < 5; ++i) {
+      const int64_t c = i % (256 * bc), r = (i / (256 * bc)) % 4, o = i / (256 * bc * 4);
+      const float scale = s[(o * 2 + r / 2) * bc + c / 256];
+      const float v = cast_bits::DequantizeE4M3(q[i], scale);
+      const uint64_t want =
+          cast_bits::CastElement(cast_bits::F32Bits(v), cast_bits::kF32, static_cast<int>(to));
+      uint64_t got = 0;
+      std::memcpy(&got, &y[i * ElementSize(to)], ElementSize(to));
+      if (got != want) {
+        ++failures;
+        ADD_FAILURE() << DTypeName(to) << " element " << i << " q 0x" << std::hex << int{q[i]}
+                      << " scale " << scale << ": got 0x" << got << ", want 0x" << want;
+      }
+    }
+  }
+}
+
+// Quantizing from every source dtype with every special value (NaN, +-inf, -0, subnormals of
+// f32 and of the source, values whose x / s ties in e4m3, the largest finite) equals
+// cast_bits' element steps: amax, BlockScale, QuantizeE4M3 with the generic conversion.
+TEST(BlockQuantTest, QuantizeSpecialValuesFromEveryDtypeAsTheElementRule) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> specials = {0.0f,
+                                 -0.0f,
+                                 inf,
+                                 -inf,
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 -std::numeric_limits<float>::quiet_NaN(),
+                                 std::numeric_limits<float>::denorm_min(),
+                                 std::numeric_limits<float>::min(),
+                                 1.0625f,
+                                 -1.1875f,
+                                 464.0f,
+                                 -480.0f,
+                                 std::ldexp(1.0f, -10),
+                                 std::ldexp(3.0f, -10),
+                                 65504.0f,
+                                 1e30f,
+                                 -3.0e38f,
+                                 std::ldexp(1.0f, -24),
+                                 0.3f,
+                                 -7.75f};
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-30, 30);
+  while (specials.size() < 8 * 24) specials.push_back(std::ldexp(normal(rng), exponent(rng)));
+  const BlockSize b{3, 5};
+  const Shape shape = {8, 24};
+  for (DType from :
+       {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kF8E4M3, DType::kF8E5M2}) {
+    std::vector<unsigned char> x(specials.size() * ElementSize(from));
+    ASSERT_TRUE(
+        Cast(specials.data(), DType::kF32, x.data(), from, static_cast<int64_t>(specials.size()))
+            .ok());
+    std::vector<float> xf(specials.size());  // The source as f32 (cast.h's, exact or rounded).
+    ASSERT_TRUE(
+        Cast(x.data(), from, xf.data(), DType::kF32, static_cast<int64_t>(specials.size())).ok());
+    std::vector<uint8_t> want_q, got_q(specials.size());
+    std::vector<float> want_s;
+    Reference(xf, shape, b, &want_q, &want_s);
+    std::vector<float> got_s(want_s.size());
+    ASSERT_TRUE(QuantizeBlocks(x.data(), from, shape, b, got_q.data(), got_s.data()).ok());
+    EXPECT_EQ(got_q, want_q) << DTypeName(from);
+    EXPECT_EQ(got_s, want_s) << DTypeName(from);
   }
 }
 

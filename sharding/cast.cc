@@ -11,6 +11,7 @@
 #include "sharding/box_copy.h"
 #include "sharding/cast_bits.h"
 #include "sharding/enum_names.h"
+#include "sharding/fast_cast.h"
 
 namespace shardcoord {
 namespace {
@@ -76,13 +77,18 @@ std::string RefusalReason(DType from, DType to) {
 
 // ---------------------------------------------------------------------------------------
 // Lookup tables for float sources of one and two bytes: the conversion of every bit pattern,
-// computed once (EncodeFromDouble per element costs a few ns; a table load less than one).
+// computed once (EncodeFromDouble per element costs a few ns; a table load less than one),
+// stored as unsigned integers of the target's width so that the loops below load and store
+// whole elements.
 
 constexpr int kNumDTypes = 17;  // Enum values 1..16.
 
 struct Table {
   absl::once_flag once;
-  std::vector<unsigned char> bytes;  // Entry i at i * ElementSize(to).
+  std::vector<uint8_t> u8;  // The one of these of the target's width.
+  std::vector<uint16_t> u16;
+  std::vector<uint32_t> u32;
+  std::vector<uint64_t> u64;
 };
 
 Table& TableFor(DType from, DType to) {
@@ -90,18 +96,111 @@ Table& TableFor(DType from, DType to) {
   return tables[static_cast<int>(from) * kNumDTypes + static_cast<int>(to)];
 }
 
-const unsigned char* TableData(DType from, DType to) {
+template <typename T>
+void FillTable(DType from, DType to, std::vector<T>* out) {
+  const uint64_t count = uint64_t{1} << (8 * ElementSize(from));
+  out->resize(static_cast<size_t>(count));
+  const int f = static_cast<int>(from), t = static_cast<int>(to);
+  for (uint64_t i = 0; i < count; ++i) (*out)[i] = static_cast<T>(cast_bits::CastElement(i, f, t));
+}
+
+const Table& TableData(DType from, DType to) {
   Table& t = TableFor(from, to);
   absl::call_once(t.once, [&] {
-    const int64_t in = ElementSize(from), out = ElementSize(to);
-    const uint64_t count = uint64_t{1} << (8 * in);
-    t.bytes.resize(static_cast<size_t>(count * out));
-    const int f = static_cast<int>(from), to_code = static_cast<int>(to);
-    for (uint64_t i = 0; i < count; ++i) {
-      StoreBits(&t.bytes[i * out], out, cast_bits::CastElement(i, f, to_code));
+    switch (ElementSize(to)) {
+      case 1:
+        FillTable(from, to, &t.u8);
+        break;
+      case 2:
+        FillTable(from, to, &t.u16);
+        break;
+      case 4:
+        FillTable(from, to, &t.u32);
+        break;
+      default:
+        FillTable(from, to, &t.u64);
+        break;
     }
   });
-  return t.bytes.data();
+  return t;
+}
+
+// out[i] = table[in[i]] for sources of `In` (uint8_t or uint16_t) and targets of `Out`, at any
+// alignment (fixed-size memcpy compiles to plain loads and stores).
+template <typename In, typename Out>
+void TableLoop(const unsigned char* in, unsigned char* out, const Out* table, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    In x;
+    std::memcpy(&x, in + i * sizeof(In), sizeof(In));
+    std::memcpy(out + i * sizeof(Out), &table[x], sizeof(Out));
+  }
+}
+
+template <typename In>
+void CastByTable(const unsigned char* in, DType from, unsigned char* out, DType to, int64_t n) {
+  const Table& t = TableData(from, to);
+  switch (ElementSize(to)) {
+    case 1:
+      return TableLoop<In>(in, out, t.u8.data(), n);
+    case 2:
+      return TableLoop<In>(in, out, t.u16.data(), n);
+    case 4:
+      return TableLoop<In>(in, out, t.u32.data(), n);
+    default:
+      return TableLoop<In>(in, out, t.u64.data(), n);
+  }
+}
+
+// Elementwise loops over whole 16- and 32-bit elements with a fast_cast.h conversion: simple
+// enough for the compiler to vectorise where the conversion allows.
+template <typename Out, Out (*kFn)(uint32_t)>
+void FromF32Loop(const unsigned char* in, unsigned char* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Out y = kFn(fast_cast::LoadU32(in + i * 4));
+    std::memcpy(out + i * sizeof(Out), &y, sizeof(Out));
+  }
+}
+
+void BF16ToF32Loop(const unsigned char* in, unsigned char* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, in + i * 2, 2);
+    const uint32_t y = fast_cast::BF16ToF32(b);
+    std::memcpy(out + i * 4, &y, 4);
+  }
+}
+
+// The specialised loops of the hot float pairs; false for a pair that has none.
+bool FastFloatCast(const unsigned char* in, DType from, unsigned char* out, DType to, int64_t n) {
+  if (from == DType::kBF16 && to == DType::kF32) {
+    BF16ToF32Loop(in, out, n);
+    return true;
+  }
+  if (ElementSize(from) == 1) {
+    CastByTable<uint8_t>(in, from, out, to, n);
+    return true;
+  }
+  if (ElementSize(from) == 2) {
+    CastByTable<uint16_t>(in, from, out, to, n);
+    return true;
+  }
+  if (from != DType::kF32) return false;
+  switch (to) {
+    case DType::kBF16:
+      FromF32Loop<uint16_t, fast_cast::F32ToBF16>(in, out, n);
+      return true;
+    case DType::kF16:
+      FromF32Loop<uint16_t, fast_cast::F32ToF16>(in, out, n);
+      return true;
+    case DType::kF8E4M3:
+      FromF32Loop<uint8_t, fast_cast::F32ToE4M3>(in, out, n);
+      return true;
+    case DType::kF8E5M2:
+      FromF32Loop<uint8_t, fast_cast::F32ToE5M2>(in, out, n);
+      return true;
+    default:
+      return false;
+  }
 }
 
 // bool and integer widening: cast_bits' element rule (sign- or zero-extension).
@@ -183,25 +282,9 @@ absl::Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, 
     CastInts(in, src_dtype, out, dst_dtype, n);
     return absl::OkStatus();
   }
+  if (FastFloatCast(in, src_dtype, out, dst_dtype, n)) return absl::OkStatus();
+  // f64 sources and f32 -> f64: cast_bits' exact conversion element by element.
   const int64_t is = ElementSize(src_dtype), os = ElementSize(dst_dtype);
-  if (is <= 2) {
-    const unsigned char* table = TableData(src_dtype, dst_dtype);
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(out + i * os, table + LoadBits(in + i * is, is) * os, static_cast<size_t>(os));
-    }
-    return absl::OkStatus();
-  }
-  if (src_dtype == DType::kF32 && (dst_dtype == DType::kBF16 || dst_dtype == DType::kF16)) {
-    // The direct 32-bit conversions (cast_bits' CastElement takes them too).
-    const bool bf16 = dst_dtype == DType::kBF16;
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t x;
-      std::memcpy(&x, in + i * 4, 4);
-      const uint16_t h = bf16 ? cast_bits::F32ToBF16(x) : cast_bits::F32ToF16(x);
-      std::memcpy(out + i * 2, &h, 2);
-    }
-    return absl::OkStatus();
-  }
   const Format ff = FormatOf(src_dtype);
   const Format tf = FormatOf(dst_dtype);
   for (int64_t i = 0; i < n; ++i) {

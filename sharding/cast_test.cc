@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "sharding/box_copy.h"
+#include "sharding/cast_bits.h"
 #include "sharding/float16.h"
 
 namespace shardcoord {
@@ -486,6 +488,220 @@ TEST(CastTest, CastDoesNotDependOnTheRoundingMode) {
   const uint64_t got = CastOne(0x3F880000u, DType::kF32, DType::kF8E4M3);  // 1.0625: a tie.
   std::fesetround(saved);
   EXPECT_EQ(got, 0x38u);
+}
+
+// ---- The fast paths (fast_cast.h) against cast_bits' generic conversion ---------------------
+
+// cast_bits' exact per-element path (DecodeToDouble + EncodeFromDouble), which the fast loops
+// of Cast must equal bit for bit.
+uint64_t Generic(uint64_t bits, DType from, DType to) {
+  return cast_bits::ConvertFloat(bits, cast_bits::FormatOf(static_cast<int>(from)),
+                                 cast_bits::FormatOf(static_cast<int>(to)));
+}
+
+const DType kFastF32Targets[] = {DType::kF8E4M3, DType::kF8E5M2, DType::kF16, DType::kBF16};
+
+// Cast of `in` (f32 patterns) to `to`, each result widened to 64 bits.
+std::vector<uint64_t> CastAll(const std::vector<uint32_t>& in, DType to) {
+  std::vector<unsigned char> out(in.size() * ElementSize(to));
+  EXPECT_TRUE(Cast(in.data(), DType::kF32, out.data(), to, static_cast<int64_t>(in.size())).ok());
+  std::vector<uint64_t> got(in.size(), 0);
+  for (size_t i = 0; i < in.size(); ++i) {
+    std::memcpy(&got[i], &out[i * ElementSize(to)], ElementSize(to));
+  }
+  return got;
+}
+
+// Every rounding boundary of every f32 exponent: for each position k of the rounding point
+// (0..23 kept mantissa bits, which covers every target and every subnormal shift), kept bits
+// (all of them for k <= 4, else a spread) followed by dropped bits of 0, 1, just under half,
+// half (the tie), just over half and all ones; both signs. Plus zeros, the extremes,
+// infinities and NaNs with assorted payloads.
+std::vector<uint32_t> RoundingBoundaries() {
+  std::vector<uint32_t> out;
+  std::mt19937 rng(32);
+  for (uint32_t exp = 0; exp < 256; ++exp) {
+    for (int k = 0; k <= 23; ++k) {
+      const int drop = 23 - k;
+      std::vector<uint32_t> kept;
+      if (k <= 4) {
+        for (uint32_t h = 0; h < (1u << k); ++h) kept.push_back(h);
+      } else {
+        const uint32_t all = (1u << k) - 1;
+        kept = {0, 1, 2, all - 1, all, all >> 1, (all >> 1) + 1};
+        for (int i = 0; i < 6; ++i) kept.push_back(rng() & all);
+      }
+      std::vector<uint32_t> low = {0};
+      if (drop > 0) {
+        const uint32_t half = 1u << (drop - 1);
+        low = {0, 1, half - 1, half, half + 1, (half << 1) - 1};
+      }
+      for (uint32_t h : kept) {
+        for (uint32_t l : low) {
+          const uint32_t x = (exp << 23) | (h << drop) | (l & ((1u << drop) - 1));
+          out.push_back(x);
+          out.push_back(x | 0x80000000u);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(CastTest, FastF32PathsEqualTheGenericPathAtEveryRoundingBoundary) {
+  const std::vector<uint32_t> probes = RoundingBoundaries();
+  for (DType to : kFastF32Targets) {
+    const std::vector<uint64_t> got = CastAll(probes, to);
+    int failures = 0;
+    for (size_t i = 0; i < probes.size() && failures < 5; ++i) {
+      const uint64_t want = Generic(probes[i], DType::kF32, to);
+      if (got[i] != want) {
+        ++failures;
+        ADD_FAILURE() << "f32 " << Hex(probes[i]) << " -> " << DTypeName(to) << ": got "
+                      << Hex(got[i]) << ", want " << Hex(want);
+      }
+    }
+  }
+}
+
+TEST(CastTest, FastF32PathsSpecialCases) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  // e4m3: saturation (448, the tie 464, 480, f32 max, inf), ties in the normal and subnormal
+  // range, the subnormal that rounds up to the smallest normal, f32 subnormals, -0, NaN.
+  EXPECT_EQ(FromF32(std::nextafter(464.0f, 0.0f), DType::kF8E4M3), 0x7Eu);
+  EXPECT_EQ(FromF32(std::nextafter(464.0f, inf), DType::kF8E4M3), 0x7Eu);
+  EXPECT_EQ(FromF32(std::numeric_limits<float>::max(), DType::kF8E4M3), 0x7Eu);
+  EXPECT_EQ(FromF32(-std::numeric_limits<float>::max(), DType::kF8E4M3), 0xFEu);
+  EXPECT_EQ(FromF32(std::ldexp(15.0f, -10), DType::kF8E4M3), 0x08u);  // 7.5 units: to 8.
+  EXPECT_EQ(FromF32(std::ldexp(13.0f, -10), DType::kF8E4M3), 0x06u);  // 6.5 units: to even 6.
+  EXPECT_EQ(FromF32(std::nextafter(std::ldexp(1.0f, -10), inf), DType::kF8E4M3), 0x01u);
+  EXPECT_EQ(FromF32(tiny, DType::kF8E4M3), 0x00u);
+  EXPECT_EQ(FromF32(-tiny, DType::kF8E4M3), 0x80u);
+  EXPECT_EQ(FromF32(std::numeric_limits<float>::min(), DType::kF8E4M3), 0x00u);
+  EXPECT_EQ(CastOne(0x7F800001u, DType::kF32, DType::kF8E4M3), 0x7Fu);  // Signalling NaN.
+  EXPECT_EQ(CastOne(0xFFFFFFFFu, DType::kF32, DType::kF8E4M3), 0xFFu);
+  // e5m2: the tie past the largest saturates, infinities stay, NaN payloads.
+  EXPECT_EQ(FromF32(61440, DType::kF8E5M2), 0x7Bu);
+  EXPECT_EQ(FromF32(std::numeric_limits<float>::max(), DType::kF8E5M2), 0x7Bu);
+  EXPECT_EQ(FromF32(-0.0f, DType::kF8E5M2), 0x80u);
+  EXPECT_EQ(CastOne(0x7FA00000u, DType::kF32, DType::kF8E5M2), 0x7Fu);  // Payload 01 -> 11.
+  EXPECT_EQ(CastOne(0xFF800001u, DType::kF32, DType::kF8E5M2), 0xFEu);
+  EXPECT_EQ(FromF32(std::ldexp(1.0f, -17), DType::kF8E5M2), 0x00u);  // Tie: to even 0.
+  EXPECT_EQ(FromF32(std::ldexp(3.0f, -17), DType::kF8E5M2), 0x02u);  // Tie: to even 2.
+  // f16: overflow to infinity, the subnormal ties, NaN payload.
+  EXPECT_EQ(FromF32(std::nextafter(65520.0f, 0.0f), DType::kF16), 0x7BFFu);
+  EXPECT_EQ(FromF32(-inf, DType::kF16), 0xFC00u);
+  EXPECT_EQ(FromF32(std::ldexp(1.0f, -25), DType::kF16), 0x0000u);
+  EXPECT_EQ(FromF32(std::ldexp(3.0f, -25), DType::kF16), 0x0002u);
+  EXPECT_EQ(FromF32(std::nextafter(std::ldexp(1.0f, -25), inf), DType::kF16), 0x0001u);
+  EXPECT_EQ(CastOne(0x7F802000u, DType::kF32, DType::kF16), 0x7E01u);
+  // bf16: ties both ways, overflow to infinity, NaN quieted with its payload.
+  EXPECT_EQ(CastOne(0x3F808000u, DType::kF32, DType::kBF16), 0x3F80u);
+  EXPECT_EQ(CastOne(0x3F818000u, DType::kF32, DType::kBF16), 0x3F82u);
+  EXPECT_EQ(CastOne(0x7F7FFFFFu, DType::kF32, DType::kBF16), 0x7F80u);
+  EXPECT_EQ(CastOne(0xFF810000u, DType::kF32, DType::kBF16), 0xFFC1u);
+  // bf16 -> f32 quiets a signalling NaN and keeps its payload, like the generic path.
+  EXPECT_EQ(CastOne(0x7F81u, DType::kBF16, DType::kF32), 0x7FC10000u);
+  EXPECT_EQ(CastOne(0x8001u, DType::kBF16, DType::kF32), 0x80010000u);
+  for (uint32_t x : {0x7F800001u, 0x00000000u, 0x80000000u, 0x43E80000u, 0x3A800000u}) {
+    for (DType to : kFastF32Targets) {
+      EXPECT_EQ(CastOne(x, DType::kF32, to), Generic(x, DType::kF32, to))
+          << Hex(x) << " -> " << DTypeName(to);
+    }
+  }
+}
+
+// Every f32 pattern through Cast's fast loops against the generic path. The generic path is
+// too slow to run 2^32 times (~30 ns each), but it is monotone in the magnitude: for every
+// non-negative code c of the target, binary search finds the smallest f32 magnitude that the
+// generic path takes to c, and the sweep expects the code whose interval holds the magnitude
+// (with the sign bit for the negative pattern). NaNs are compared with the generic path
+// directly. Optimized builds sweep every 7th pattern for f8_e4m3 (the block quantizer's
+// target) and every 29th for the others (a few seconds); unoptimized builds, whose loops are
+// many times slower, every 61st and 127th (the rounding boundaries above cover every exponent
+// either way). SHARDCOORD_CAST_SWEEP_STRIDE=1 sweeps every one of the 2^32 patterns for every
+// target (minutes): bazel test -c opt //sharding:cast_test
+// --test_env=SHARDCOORD_CAST_SWEEP_STRIDE=1 --test_filter='*DenseSweep*' (passed, 2^32 each).
+#if defined(__OPTIMIZE__)
+constexpr uint32_t kE4M3Stride = 7, kOtherStride = 29;
+#else
+constexpr uint32_t kE4M3Stride = 61, kOtherStride = 127;
+#endif
+
+uint32_t SweepStride(uint32_t default_stride) {
+  const char* env = std::getenv("SHARDCOORD_CAST_SWEEP_STRIDE");
+  const int v = env == nullptr ? 0 : std::atoi(env);
+  return v > 0 ? static_cast<uint32_t>(v) : default_stride;
+}
+
+template <typename Out>
+void SweepF32(DType to, uint32_t stride) {
+  SCOPED_TRACE(DTypeName(to));
+  const Out sign_bit = static_cast<Out>(uint64_t{1} << (8 * sizeof(Out) - 1));
+  const uint64_t top = Generic(0x7F800000u, DType::kF32, to);  // +inf's code.
+  std::vector<uint32_t> lo(static_cast<size_t>(top) + 2, 0xFFFFFFFFu);
+  for (uint64_t c = 1; c <= top; ++c) {
+    uint32_t a = 0, b = 0x7F800000u;  // generic(b) >= c > generic(a).
+    while (b - a > 1) {
+      const uint32_t mid = a + (b - a) / 2;
+      (Generic(mid, DType::kF32, to) >= c ? b : a) = mid;
+    }
+    lo[c] = b;
+    ASSERT_EQ(Generic(b, DType::kF32, to), c) << "the generic path skips code " << Hex(c);
+  }
+  constexpr uint32_t kChunk = 1 << 16;
+  std::vector<uint32_t> pos(kChunk), neg(kChunk);
+  std::vector<Out> got_pos(kChunk), got_neg(kChunk);
+  uint64_t code = 0;
+  int failures = 0;
+  for (uint64_t start = 0; start <= 0x7F800000u && failures < 5;
+       start += uint64_t{kChunk} * stride) {
+    const uint64_t left = (0x7F800000u - start) / stride + 1;
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(kChunk, left));
+    for (uint32_t i = 0; i < n; ++i) {
+      pos[i] = static_cast<uint32_t>(start) + i * stride;
+      neg[i] = pos[i] | 0x80000000u;
+    }
+    ASSERT_TRUE(Cast(pos.data(), DType::kF32, got_pos.data(), to, n).ok());
+    ASSERT_TRUE(Cast(neg.data(), DType::kF32, got_neg.data(), to, n).ok());
+    for (uint32_t i = 0; i < n; ++i) {
+      while (code < top && pos[i] >= lo[code + 1]) ++code;
+      if (got_pos[i] != code || got_neg[i] != (code | sign_bit)) {
+        if (++failures > 5) break;
+        ADD_FAILURE() << "f32 " << Hex(pos[i]) << ": got " << Hex(got_pos[i]) << " / "
+                      << Hex(got_neg[i]) << " (negative), want " << Hex(code) << " / "
+                      << Hex(code | sign_bit);
+      }
+    }
+  }
+  for (uint32_t x : {0x7F800000u, 0xFF800000u}) {  // The infinities, whatever the stride.
+    Out got;
+    ASSERT_TRUE(Cast(&x, DType::kF32, &got, to, 1).ok());
+    EXPECT_EQ(got, x == 0x7F800000u ? top : (top | sign_bit)) << Hex(x);
+  }
+  for (uint64_t a = 0x7F800001u; a <= 0x7FFFFFFFu && failures < 5; a += stride) {
+    for (uint32_t x : {static_cast<uint32_t>(a), static_cast<uint32_t>(a) | 0x80000000u}) {
+      Out got;
+      ASSERT_TRUE(Cast(&x, DType::kF32, &got, to, 1).ok());
+      const uint64_t want = Generic(x, DType::kF32, to);
+      if (got != want) {
+        ++failures;
+        ADD_FAILURE() << "f32 NaN " << Hex(x) << ": got " << Hex(got) << ", want " << Hex(want);
+      }
+    }
+  }
+}
+
+TEST(CastTest, FastF32ToE4M3EqualsTheGenericPathOnADenseSweep) {
+  SweepF32<uint8_t>(DType::kF8E4M3, SweepStride(kE4M3Stride));
+}
+
+TEST(CastTest, FastF32ToOtherFloatsEqualsTheGenericPathOnADenseSweep) {
+  const uint32_t stride = SweepStride(kOtherStride);
+  SweepF32<uint8_t>(DType::kF8E5M2, stride);
+  SweepF32<uint16_t>(DType::kF16, stride);
+  SweepF32<uint16_t>(DType::kBF16, stride);
 }
 
 // ---- Integers -------------------------------------------------------------------------------
