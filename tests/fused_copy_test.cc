@@ -241,6 +241,23 @@ TEST_F(FusedCopyTest, LargeExpertsIntoOneStackedTensor) {
   CopyAndCheck("bstacked_cols", {8, 384, 512}, DType::kF32, pieces);
 }
 
+// Large dsts whose layouts are not plain cuts: 3 experts [512, 1024] f32 into [3, 512, 1024]
+// S(0) on 4 ranks (2 MiB on ranks 0-2, none on rank 3) and replicated on 2 ranks (6 MiB each,
+// every replica composes its own buffer).
+TEST_F(FusedCopyTest, LargeStackedWithAnEmptyRankAndReplicas) {
+  std::vector<Piece> pieces;
+  for (int e = 0; e < 3; ++e) {
+    const std::string name = absl::StrCat("cexpert", e);
+    Create(name, {512, 1024}, DType::kF32, e == 1 ? "pair" : "line", e == 1 ? "R" : "S(1)",
+           v1::RANDOM);
+    pieces.push_back({name, {e, 0, 0}, {}, {}});
+  }
+  Create("cstacked_rows", {3, 512, 1024}, DType::kF32, "line", "S(0)", v1::ZEROS);
+  CopyAndCheck("cstacked_rows", {3, 512, 1024}, DType::kF32, pieces);
+  Create("cstacked_replicas", {3, 512, 1024}, DType::kF32, "pair", "R", v1::RANDOM);
+  CopyAndCheck("cstacked_replicas", {3, 512, 1024}, DType::kF32, {pieces[0], pieces[2]});
+}
+
 // The reverse on large tensors, in one group with a whole member: k out of qkv [3072, 1024]
 // (S(0), 3 MiB per rank), expert 5 out of a stacked [8, 384, 512] (S(1),S(2)) narrowed to
 // bf16, and a whole tensor copied alongside; every dst commits together.
