@@ -242,7 +242,8 @@ void OnRead(const std::shared_ptr<SliceOp>& op, size_t i,
 
 // One member of a composed slice copy.
 struct ComposeMember {
-  size_t dst = 0;  // Index into ComposeOp::dsts.
+  size_t dst = 0;     // Index into ComposeOp::dsts.
+  std::string where;  // "copies[i]", for errors.
   SliceBoxes boxes;
   Shape piece;  // The staged piece's shape: the src box's (src's rank).
   std::string src;
@@ -556,7 +557,7 @@ void ExtractPieces(const std::shared_ptr<ComposeOp>& op) {
             if (r.ok()) member->extracted[k] = *std::move(r);
             fan->Report(r.ok() ? absl::OkStatus()
                                : absl::Status(r.status().code(),
-                                              absl::StrCat("ComposeBoxes on ",
+                                              absl::StrCat(member->where, ".src: ComposeBoxes on ",
                                                            Describe(member->extract_to[k]), ": ",
                                                            r.status().message())));
           });
@@ -812,6 +813,7 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
       const std::string fi = Index(field, static_cast<int64_t>(i));
       ComposeMember m;
       m.dst = dst_index[members[i].dst];
+      m.where = fi;
       m.boxes = (*boxes)[i];
       m.piece = m.boxes.src.shape();
       const TensorRecord& src = recs[members[i].src];

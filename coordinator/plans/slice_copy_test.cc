@@ -220,6 +220,7 @@ TEST_F(SliceComposeFailureTest, AFailedComposeChangesNothingAndDropsEverythingNe
   ASSERT_TRUE(out.has_value());
   EXPECT_EQ(out->status.code(), absl::StatusCode::kAborted) << out->status;
   EXPECT_THAT(std::string(out->status.message()), HasSubstr("ComposeBoxes on "));
+  EXPECT_THAT(std::string(out->status.message()), HasSubstr("copies[0].src: ComposeBoxes on "));
   EXPECT_EQ(tensors_.Get("k")->version, vk);
   for (const char* t : {"k", "big"}) ExpectIdle(t);
   EXPECT_EQ(Drops("/extract", -1), 4);  // Never registered: dropped by name where it ran.
