@@ -183,7 +183,7 @@ Coordinator::Coordinator(CoordinatorOptions options)
   if (init_status_.ok() && options_.state.durable()) init_status_ = transfers_->Load();
   block_copy_ =
       std::make_unique<BlockCopy>(&clock_, &tensors_, plans_.get(), &workers_, client_.get());
-  slices_ = std::make_unique<SliceCopier>(&workers_, &tensors_, client_.get());
+  slices_ = std::make_unique<SliceCopier>(&workers_, &tensors_, client_.get(), plans_.get());
   service_ = std::make_unique<CoordinatorService>(
       &workers_, &meshes_, &tensors_, plans_.get(), io_.get(),
       options_.worker_client.chunk_message_bytes, &metrics_,

@@ -213,4 +213,64 @@ Box MapBox(const Box& region, const Box& from, const Box& to) {
   return Box(std::move(offset), *AtRank(region.shape(), rank));
 }
 
+absl::StatusOr<Box> PlaceBox(const Box& box, const Shape& offset) {
+  if (static_cast<size_t>(box.ndim()) > offset.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("box ", box.ToString(), " has more dims than offset ", ShapeToString(offset)));
+  }
+  const size_t pad = offset.size() - box.ndim();
+  Shape o(offset.size(), 0), sh(offset.size(), 1);
+  for (size_t d = 0; d < static_cast<size_t>(box.ndim()); ++d) {
+    o[pad + d] = box.offset(d);
+    sh[pad + d] = box.shape(d);
+  }
+  for (size_t d = 0; d < offset.size(); ++d) {
+    absl::StatusOr<int64_t> at = CheckedAdd(o[d], offset[d]);
+    if (!at.ok()) return at.status();
+    o[d] = *at;
+    if (absl::StatusOr<int64_t> end = CheckedAdd(*at, sh[d]); !end.ok()) return end.status();
+  }
+  // Coordinates may be negative: the parts there lie outside every chunk of the frame.
+  return Box(std::move(o), std::move(sh));
+}
+
+std::vector<Box> SubtractBoxes(const Box& box, const std::vector<Box>& cuts) {
+  std::vector<Box> left;
+  if (!box.Empty()) left.push_back(box);
+  for (const Box& cut : cuts) {
+    if (cut.ndim() != box.ndim() || cut.Empty()) continue;
+    std::vector<Box> next;
+    for (const Box& b : left) {
+      const Box in = b.Intersect(cut);
+      if (in.Empty()) {
+        next.push_back(b);
+        continue;
+      }
+      // Peel the slabs of b below and above `in` dim by dim; what remains is `in`.
+      Box rest = b;
+      for (int d = 0; d < b.ndim(); ++d) {
+        if (rest.offset(d) < in.offset(d)) {
+          Shape sh = rest.shape();
+          sh[d] = in.offset(d) - rest.offset(d);
+          next.emplace_back(rest.offset(), sh);
+        }
+        if (in.end(d) < rest.end(d)) {
+          Shape o = rest.offset();
+          Shape sh = rest.shape();
+          o[d] = in.end(d);
+          sh[d] = rest.end(d) - in.end(d);
+          next.emplace_back(o, sh);
+        }
+        Shape o = rest.offset();
+        Shape sh = rest.shape();
+        o[d] = in.offset(d);
+        sh[d] = in.shape(d);
+        rest = Box(o, sh);
+      }
+    }
+    left = std::move(next);
+  }
+  return left;
+}
+
 }  // namespace shardcoord

@@ -80,6 +80,18 @@ absl::StatusOr<Layout> RestrictLayout(const Layout& layout, const Box& box,
 // coordinates.
 Box MapBox(const Box& region, const Box& from, const Box& to);
 
+// Worker-side compose (Worker.ComposeBoxes): `box` placed in a frame of rank offset.size():
+// leading dims of offset 0 and extent 1 are added up to that rank, then `offset` is added.
+// The result may have negative coordinates (a chunk partly before a box read out of a larger
+// tensor); nothing of the frame lies there. INVALID_ARGUMENT a box of higher rank than
+// `offset`, or coordinates that overflow.
+absl::StatusOr<Box> PlaceBox(const Box& box, const Shape& offset);
+
+// The parts of `box` that none of `cuts` covers, as disjoint boxes (empty when the cuts cover
+// it). Each cut splits the remaining boxes into at most 2 * rank pieces; for the handful of
+// inputs a compose has this is cheap. Cuts of another rank cover nothing.
+std::vector<Box> SubtractBoxes(const Box& box, const std::vector<Box>& cuts);
+
 }  // namespace shardcoord
 
 #endif  // SHARDCOORD_SHARDING_BOX_SLICES_H_

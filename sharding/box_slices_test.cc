@@ -189,5 +189,47 @@ TEST(MapBoxTest, BetweenAnExpertAndItsStackedBox) {
             Box({6, 2}, {2, 3}));
 }
 
+TEST(PlaceBoxTest, AddsLeadingDimsThenTheOffset) {
+  // An expert's chunk [0:4, 2:6] of a [2I, H] placed at [3, 0, 0] of a stacked [E, 2I, H].
+  absl::StatusOr<Box> at = PlaceBox(Box({0, 2}, {4, 4}), {3, 0, 0});
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, Box({3, 0, 2}, {1, 4, 4}));
+  // The reverse: a chunk of the stacked tensor moved to the box's origin.
+  at = PlaceBox(Box({3, 0, 2}, {1, 4, 4}), {-3, 0, 0});
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, Box({0, 0, 2}, {1, 4, 4}));
+  EXPECT_EQ(PlaceBox(Box({0, 0, 0}, {1, 2, 2}), {0, 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Partly before the frame's origin: the part at negative coordinates matches no chunk.
+  at = PlaceBox(Box({0, 0}, {2, 2}), {-1, 0});
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(*at, Box({-1, 0}, {2, 2}));
+  EXPECT_EQ(at->Intersect(Box({0, 0}, {4, 4})), Box({0, 0}, {1, 2}));
+}
+
+int64_t VolumeOf(const std::vector<Box>& boxes) {
+  int64_t v = 0;
+  for (const Box& b : boxes) v += b.Volume();
+  return v;
+}
+
+TEST(SubtractBoxesTest, LeavesExactlyWhatNoCutCovers) {
+  const Box chunk({0, 0}, {8, 4});
+  EXPECT_TRUE(SubtractBoxes(chunk, {Box({0, 0}, {8, 4})}).empty());
+  EXPECT_TRUE(SubtractBoxes(chunk, {Box({0, 0}, {5, 4}), Box({4, 0}, {4, 4})}).empty());
+  // A hole in the middle: the rest is 32 - 4 elements in disjoint boxes around it.
+  std::vector<Box> left = SubtractBoxes(chunk, {Box({2, 1}, {2, 2})});
+  EXPECT_EQ(VolumeOf(left), 28);
+  for (size_t i = 0; i < left.size(); ++i) {
+    EXPECT_FALSE(left[i].Overlaps(Box({2, 1}, {2, 2})));
+    for (size_t j = i + 1; j < left.size(); ++j) EXPECT_FALSE(left[i].Overlaps(left[j]));
+  }
+  // Rows 0:3 and 6:8 cut: rows 3:6 are left, as one box.
+  left = SubtractBoxes(chunk, {Box({0, 0}, {3, 4}), Box({6, 0}, {2, 4}), Box({0, 0}, {1, 1})});
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0], Box({3, 0}, {3, 4}));
+  EXPECT_EQ(SubtractBoxes(chunk, {Box({9, 0}, {1, 4})}), std::vector<Box>{chunk});
+}
+
 }  // namespace
 }  // namespace shardcoord

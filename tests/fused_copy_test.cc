@@ -165,6 +165,7 @@ TEST_F(FusedCopyTest, OneCopyIntoABoxKeepsTheRestOfDst) {
   EXPECT_EQ(r->progress().state(), v1::COMMITTED) << r->progress().error();
   Held after = Get("qkv1");
   EXPECT_EQ(after.info.version(), r->dst_version());
+  EXPECT_GT(r->plan().bytes_moved(), 0) << "the relayed bytes are counted";
   std::string want = before.data;
   want.replace(64 * 32 * 4, k.data.size(), k.data);
   EXPECT_TRUE(after.data == want);
@@ -201,6 +202,119 @@ TEST_F(FusedCopyTest, SlicesOutOfFusedTensors) {
                   .ok());
   EXPECT_TRUE(Get("e2").data == want);
   EXPECT_EQ(Get("qkv2").info.version(), qkv.info.version());
+}
+
+// Large fused tensors run on the workers (stage each member on dst's ranks, compose each dst
+// rank's buffer there): q, k [1024, 1024] bf16 widened and v f32 into qkv [3072, 1024] f32,
+// 3 MiB per rank on 4 ranks S(0) and 4 MiB per rank on 3 ranks S(1), values checked exactly.
+TEST_F(FusedCopyTest, LargeQkvIntoOneFusedTensor) {
+  Create("bq", {1024, 1024}, DType::kBF16, "grid", "S(0),S(1)", v1::RANDOM);
+  Create("bk", {1024, 1024}, DType::kBF16, "pair", "R", v1::RANDOM);
+  Create("bv", {1024, 1024}, DType::kF32, "trio", "S(1)", v1::ARANGE);
+  for (const auto& [name, mesh, spec] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"bqkv_rows", "line", "S(0)"}, {"bqkv_cols", "trio", "S(1)"}}) {
+    Create(name, {3072, 1024}, DType::kF32, mesh, spec, v1::RANDOM);
+    CopyAndCheck(name, {3072, 1024}, DType::kF32,
+                 {{"bq", {0, 0}, {}, {}}, {"bk", {1024, 0}, {}, {}}, {"bv", {2048, 0}, {}, {}}});
+  }
+  // Only part of dst written: the rest keeps its old values (composed from the old buffer).
+  CopyAndCheck("bqkv_rows", {3072, 1024}, DType::kF32, {{"bk", {1536, 0}, {}, {}}});
+}
+
+// 8 experts [384, 512] f32 (768 KiB each, on their own layouts) into a stacked [8, 384, 512]:
+// 1.5 MiB per rank on 4 ranks S(0), 2 MiB on 3 ranks S(1).
+TEST_F(FusedCopyTest, LargeExpertsIntoOneStackedTensor) {
+  const std::vector<std::pair<std::string, std::string>> at = {
+      {"line", "S(0)"},     {"grid", "S(1),R"}, {"pair", "R"}, {"trio", "S(0)"},
+      {"line_rev", "S(1)"}, {"grid", "R,R"},    {"line", "R"}, {"trio", "S(1)"}};
+  std::vector<Piece> pieces;
+  for (int e = 0; e < 8; ++e) {
+    const std::string name = absl::StrCat("bexpert", e);
+    Create(name, {384, 512}, DType::kF32, at[e].first, at[e].second,
+           e % 2 == 0 ? v1::ARANGE : v1::RANDOM);
+    pieces.push_back({name, {e, 0, 0}, {}, {}});
+  }
+  Create("bstacked_rows", {8, 384, 512}, DType::kF32, "line", "S(0)", v1::ZEROS);
+  CopyAndCheck("bstacked_rows", {8, 384, 512}, DType::kF32, pieces);
+  Create("bstacked_cols", {8, 384, 512}, DType::kF32, "trio", "S(1)", v1::RANDOM);
+  CopyAndCheck("bstacked_cols", {8, 384, 512}, DType::kF32, pieces);
+}
+
+// Large dsts whose layouts are not plain cuts: 3 experts [512, 1024] f32 into [3, 512, 1024]
+// S(0) on 4 ranks (2 MiB on ranks 0-2, none on rank 3) and replicated on 2 ranks (6 MiB each,
+// every replica composes its own buffer).
+TEST_F(FusedCopyTest, LargeStackedWithAnEmptyRankAndReplicas) {
+  std::vector<Piece> pieces;
+  for (int e = 0; e < 3; ++e) {
+    const std::string name = absl::StrCat("cexpert", e);
+    Create(name, {512, 1024}, DType::kF32, e == 1 ? "pair" : "line", e == 1 ? "R" : "S(1)",
+           v1::RANDOM);
+    pieces.push_back({name, {e, 0, 0}, {}, {}});
+  }
+  Create("cstacked_rows", {3, 512, 1024}, DType::kF32, "line", "S(0)", v1::ZEROS);
+  CopyAndCheck("cstacked_rows", {3, 512, 1024}, DType::kF32, pieces);
+  Create("cstacked_replicas", {3, 512, 1024}, DType::kF32, "pair", "R", v1::RANDOM);
+  CopyAndCheck("cstacked_replicas", {3, 512, 1024}, DType::kF32, {pieces[0], pieces[2]});
+}
+
+// The reverse on large tensors, in one group with a whole member: k out of qkv [3072, 1024]
+// (S(0), 3 MiB per rank), expert 5 out of a stacked [8, 384, 512] (S(1),S(2)) narrowed to
+// bf16, and a whole tensor copied alongside; every dst commits together.
+TEST_F(FusedCopyTest, LargeSlicesOutOfFusedTensors) {
+  Create("bqkv2", {3072, 1024}, DType::kF32, "line", "S(0)", v1::RANDOM);
+  Create("bk2", {1024, 1024}, DType::kF32, "trio", "S(1)", v1::ZEROS);
+  Create("bstacked2", {8, 384, 512}, DType::kF32, "grid", "S(1),S(2)", v1::RANDOM);
+  Create("be2", {384, 512}, DType::kBF16, "pair", "S(0)", v1::ZEROS);
+  Create("bw", {512, 512}, DType::kF32, "line", "S(1)", v1::ARANGE);
+  Create("bw2", {512, 512}, DType::kF32, "trio", "S(0)", v1::ZEROS);
+  v1::CopyGroupRequest group;
+  v1::CopyPair* k = group.add_copies();
+  k->set_src("bqkv2");
+  k->set_dst("bk2");
+  for (int64_t d : {1024, 0}) k->add_src_offset(d);
+  for (int64_t d : {1024, 1024}) k->add_src_shape(d);
+  v1::CopyPair* e = group.add_copies();
+  e->set_src("bstacked2");
+  e->set_dst("be2");
+  for (int64_t d : {5, 0, 0}) e->add_src_offset(d);
+  for (int64_t d : {1, 384, 512}) e->add_src_shape(d);
+  v1::CopyPair* w = group.add_copies();
+  w->set_src("bw");
+  w->set_dst("bw2");
+  group.set_wait(true);
+  Held qkv = Get("bqkv2"), stacked = Get("bstacked2"), whole = Get("bw");
+  const int64_t k_version = Get("bk2").info.version();
+  absl::StatusOr<v1::CopyGroupResponse> r = client().CopyGroup(group);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::COMMITTED);
+  EXPECT_GT(r->bytes_moved(), 0);
+  Held k2 = Get("bk2");
+  EXPECT_GT(k2.info.version(), k_version);
+  EXPECT_TRUE(k2.data == qkv.data.substr(1024 * 1024 * 4, 1024 * 1024 * 4));
+  std::string want(384 * 512 * 2, '\0');
+  const Box box({5, 0, 0}, {1, 384, 512});
+  ASSERT_TRUE(CastBox(box, stacked.data.data(), Box::Whole({8, 384, 512}), DType::kF32, want.data(),
+                      box, DType::kBF16)
+                  .ok());
+  EXPECT_TRUE(Get("be2").data == want);
+  EXPECT_TRUE(Get("bw2").data == whole.data);
+  Held qkv_after = Get("bqkv2");
+  EXPECT_EQ(qkv_after.info.version(), qkv.info.version());
+  EXPECT_TRUE(qkv_after.info.busy_plan().empty());
+  EXPECT_TRUE(qkv_after.data == qkv.data);
+  // A single large Copy out of a box, which reports the bytes it moved.
+  v1::CopyRequest copy;
+  copy.set_src("bqkv2");
+  copy.set_dst("bk2");
+  for (int64_t d : {2048, 0}) copy.add_src_offset(d);
+  for (int64_t d : {1024, 1024}) copy.add_src_shape(d);
+  copy.set_wait(true);
+  absl::StatusOr<v1::CopyResponse> one = client().Copy(copy);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->progress().state(), v1::COMMITTED) << one->progress().error();
+  EXPECT_GT(one->plan().bytes_moved(), 0);
+  EXPECT_TRUE(Get("bk2").data == qkv.data.substr(2048 * 1024 * 4, 1024 * 1024 * 4));
 }
 
 // Bad boxes answer INVALID_ARGUMENT naming the member and field, and change nothing.

@@ -151,6 +151,13 @@ class WorkerClient {
                              Callback<v1::BlockQuantizeResponse> done) {
     done(absl::UnimplementedError("BlockQuantize"));
   }
+  // A fused tensor's buffer composed from stored boxes (issue 28 item 4;
+  // coordinator/plans/slice_copy.h). The default answers UNIMPLEMENTED, for fakes that never
+  // run large slice copies.
+  virtual void ComposeBoxes(const WorkerEndpoint& worker, const v1::ComposeBoxesRequest& request,
+                            Callback<v1::ComposeBoxesResponse> done) {
+    done(absl::UnimplementedError("ComposeBoxes"));
+  }
 };
 
 namespace internal_worker_client {

@@ -1,12 +1,16 @@
 #include "coordinator/plans/slice_copy.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fan_in.h"
+#include "common/start_end_join.h"
 #include "coordinator/plans/plan_relay.h"
 #include "coordinator/state/tensor_bands.h"
 #include "proto/convert.h"
@@ -234,6 +238,333 @@ void OnRead(const std::shared_ptr<SliceOp>& op, size_t i,
   Write(op);
 }
 
+// ---- The worker-side path for large slices (see slice_copy.h).
+
+// One member of a composed slice copy.
+struct ComposeMember {
+  size_t dst = 0;     // Index into ComposeOp::dsts.
+  std::string where;  // "copies[i]", for errors.
+  SliceBoxes boxes;
+  Shape piece;  // The staged piece's shape: the src box's (src's rank).
+  std::string src;
+  int64_t src_version = 0;
+  DType src_dtype = DType::kF32;
+  // Hidden tensors: the piece read out of src on src's ranks (empty: src is staged whole), and
+  // the piece on dst's ranks in dst's dtype.
+  std::string extract, stage;
+  Layout extract_layout, stage_layout;
+  int64_t extract_version = 0, stage_version = 0;
+  std::vector<size_t> extract_ranks;  // Indices into extract_layout.ranks() with chunks.
+  std::vector<WorkerEndpoint> extract_to;
+  std::vector<v1::ComposeBoxesResponse> extracted;
+};
+
+// One dst rank's new buffer, composed on its worker.
+struct ComposeOut {
+  size_t dst = 0;
+  size_t rank_index = 0;
+  RankChunks rc;
+  WorkerEndpoint to;
+  v1::ComposeBoxesRequest request;
+  v1::ComposeBoxesResponse response;
+};
+
+struct ComposeOp {
+  std::string id;  // Holder of every tensor and owner of the hidden ones.
+  absl::Time start;
+  WorkerClient* client = nullptr;
+  TensorManager* tensors = nullptr;
+  WorkerManager* workers = nullptr;
+  PlanManager* plans = nullptr;
+  std::vector<SliceCopyMember> members;
+  std::vector<std::string> srcs;  // Held until every extract ran.
+  std::vector<std::string> dsts_held;
+  std::vector<ComposeMember> cms;
+  std::vector<Dst> dsts;
+  std::vector<ComposeOut> outs;
+  std::vector<std::string> hidden;  // Registered so far, dropped at the end.
+  PlanManager::GroupDoneCallback done;
+  bool composing = false;  // Set before the dst composes go out: their buffers are dropped.
+};
+
+GroupProgress ProgressOfMembers(const std::string& id, absl::Time start,
+                                const std::vector<SliceCopyMember>& members, PlanState state,
+                                const std::string& error) {
+  GroupProgress p;
+  p.group_id = id;
+  p.state = state;
+  p.error = error;
+  p.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (const SliceCopyMember& m : members) {
+    PlanProgress mp;
+    mp.plan_id = id;
+    mp.tensor = m.dst;
+    mp.state = state;
+    mp.error = error;
+    mp.seconds = p.seconds;
+    p.members.push_back(std::move(mp));
+  }
+  return p;
+}
+
+absl::StatusOr<WorkerEndpoint> LiveEndpoint(WorkerManager* workers, int64_t rank) {
+  absl::StatusOr<WorkerRecord> w = workers->GetByRank(rank);
+  if (!w.ok()) return w.status();
+  if (!w->alive) return w->DeadError("is dead");
+  return w->Endpoint();
+}
+
+// A hidden tensor of `layout` owned by the op: made ready without buffers (its first version is
+// never read) or, with `checksums`, over buffers the workers just made.
+absl::Status AddHidden(ComposeOp& op, const std::string& name, DType dtype, const Layout& layout,
+                       int64_t version, LayoutChecksums checksums) {
+  TensorRecord rec;
+  rec.name = name;
+  rec.shape = layout.global_shape();
+  rec.dtype = dtype;
+  rec.spec = "slice staging layout";
+  rec.layout = layout;
+  rec.version = version;
+  rec.owner = op.id;
+  absl::flat_hash_map<int64_t, int64_t> holders;
+  for (const RankChunks& rc : layout.ranks()) {
+    absl::StatusOr<WorkerEndpoint> e = LiveEndpoint(op.workers, rc.rank);
+    if (!e.ok()) return e.status();
+    holders[rc.rank] = e->incarnation;
+  }
+  if (checksums.empty()) {
+    for (const RankChunks& rc : layout.ranks()) checksums.emplace_back(rc.chunks.size(), 0);
+  }
+  if (absl::Status s = op.tensors->Reserve(std::move(rec), op.id); !s.ok()) return s;
+  op.hidden.push_back(name);
+  return op.tensors->FinishCreate(name, op.id, std::move(checksums), std::move(holders));
+}
+
+// Ends the op: drops every hidden tensor (every version on every rank), extracts never
+// registered, and on failure the dsts' new buffers; releases what is still held; reports.
+void FinishCompose(const std::shared_ptr<ComposeOp>& op, const absl::Status& s) {
+  for (const std::string& name : op->hidden) {
+    op->tensors->CancelCreate(name, op->id);
+    absl::StatusOr<TensorRecord> rec = op->tensors->Remove(name, op->id);
+    if (!rec.ok()) continue;
+    for (const RankChunks& rc : rec->layout.ranks()) {
+      absl::StatusOr<WorkerEndpoint> e = LiveEndpoint(op->workers, rc.rank);
+      if (!e.ok()) continue;
+      v1::DropTensorRequest drop;
+      drop.set_tensor(name);
+      drop.set_version(-1);
+      op->client->DropTensor(*e, drop, [](const absl::Status&) {});
+    }
+  }
+  for (const ComposeMember& m : op->cms) {
+    if (m.extract.empty() ||
+        std::find(op->hidden.begin(), op->hidden.end(), m.extract) != op->hidden.end()) {
+      continue;
+    }
+    for (const WorkerEndpoint& e : m.extract_to) {
+      v1::DropTensorRequest drop;
+      drop.set_tensor(m.extract);
+      drop.set_version(-1);
+      op->client->DropTensor(e, drop, [](const absl::Status&) {});
+    }
+  }
+  if (!s.ok() && op->composing) {
+    for (const ComposeOut& o : op->outs) {
+      v1::DropTensorRequest drop;
+      drop.set_tensor(op->dsts[o.dst].rec.name);
+      drop.set_version(op->dsts[o.dst].version);
+      op->client->DropTensor(o.to, drop, [](const absl::Status&) {});
+    }
+  }
+  Release(op->tensors, op->srcs, op->id);
+  Release(op->tensors, op->dsts_held, op->id);
+  if (op->done == nullptr) return;  // Refused in Start: the caller hears it from the return.
+  if (!s.ok()) {
+    const std::string error = absl::StrCat("slice copy ", op->id, ": ", s.message());
+    return op->done(absl::AbortedError(error),
+                    ProgressOfMembers(op->id, op->start, op->members, PlanState::kAborted, error));
+  }
+  op->done(absl::OkStatus(),
+           ProgressOfMembers(op->id, op->start, op->members, PlanState::kCommitted, ""));
+}
+
+// Step 4: every dst rank composed; all dsts commit together, then their old versions go.
+void CommitComposed(const std::shared_ptr<ComposeOp>& op) {
+  for (ComposeOut& o : op->outs) {
+    ChunkChecksums sums;
+    absl::StatusOr<RankChunks> got = RankChunksFromProto(o.response.chunks(), "chunks", &sums);
+    if (!got.ok() || got->chunks != o.rc.chunks || sums.size() != o.rc.chunks.size()) {
+      return FinishCompose(op, absl::InternalError(absl::StrCat(
+                                   Describe(o.to), " answered ComposeBoxes with other chunks")));
+    }
+    op->dsts[o.dst].checksums[o.rank_index] = std::move(sums);
+  }
+  std::vector<TensorManager::CommitItem> items;
+  for (const Dst& d : op->dsts) {
+    TensorManager::CommitItem item;
+    item.name = d.rec.name;
+    item.holder = op->id;
+    item.state.mesh = d.rec.mesh;
+    item.state.spec = d.rec.spec;
+    item.state.layout = d.rec.layout;
+    item.state.checksums = d.checksums;
+    item.state.version = d.version;
+    item.state.incarnations = d.rec.incarnations;
+    items.push_back(std::move(item));
+  }
+  if (absl::Status s = op->tensors->CommitAll(std::move(items)); !s.ok()) {
+    return FinishCompose(op, s);
+  }
+  op->dsts_held.clear();  // Ended by the commit.
+  for (const ComposeOut& o : op->outs) {
+    v1::DropTensorRequest drop;
+    drop.set_tensor(op->dsts[o.dst].rec.name);
+    drop.set_version(op->dsts[o.dst].rec.version);
+    op->client->DropTensor(o.to, drop, [](const absl::Status&) {});
+  }
+  FinishCompose(op, absl::OkStatus());
+}
+
+// Step 3: the pieces are staged on dst's ranks; every dst rank composes its new buffer from its
+// old one (where the members leave parts of it) and the staged pieces at their offsets.
+void ComposeDsts(const std::shared_ptr<ComposeOp>& op) {
+  for (ComposeMember& m : op->cms) {
+    absl::StatusOr<TensorRecord> stage = op->tensors->Get(m.stage, op->id);
+    if (!stage.ok()) return FinishCompose(op, stage.status());
+    m.stage_version = stage->version;
+  }
+  for (ComposeOut& o : op->outs) {
+    const Dst& d = op->dsts[o.dst];
+    v1::ComposeBoxesRequest& req = o.request;
+    req.set_out_tensor(d.rec.name);
+    req.set_out_version(d.version);
+    req.set_out_dtype(DTypeToProto(d.rec.dtype));
+    *req.mutable_out_chunks() = RankChunksToProto(o.rc);
+    // The old buffer only where the members leave part of a chunk (their boxes never overlap).
+    bool base = false;
+    for (const Chunk& c : o.rc.chunks) {
+      int64_t covered = 0;
+      for (const ComposeMember& m : op->cms) {
+        if (m.dst == o.dst) covered += c.box.Intersect(m.boxes.dst).Volume();
+      }
+      base = base || covered < c.box.Volume();
+    }
+    if (base) {
+      v1::ComposeInput* in = req.add_inputs();
+      in->set_tensor(d.rec.name);
+      in->set_version(d.rec.version);
+      for (size_t k = 0; k < d.rec.shape.size(); ++k) in->add_offset(0);
+    }
+    for (const ComposeMember& m : op->cms) {
+      if (m.dst != o.dst || m.stage_layout.ranks()[o.rank_index].chunks.empty()) continue;
+      v1::ComposeInput* in = req.add_inputs();
+      in->set_tensor(m.stage);
+      in->set_version(m.stage_version);
+      const Shape& at = m.boxes.dst.offset();
+      for (size_t k = at.size(); k < m.piece.size(); ++k) in->add_offset(0);
+      for (int64_t x : at) in->add_offset(x);
+    }
+  }
+  op->composing = true;
+  auto fan = FanIn::Start(op->outs.size(), [op](absl::Status s) {
+    if (!s.ok()) return FinishCompose(op, s);
+    CommitComposed(op);
+  });
+  for (size_t i = 0; i < op->outs.size(); ++i) {
+    ComposeOut* o = &op->outs[i];  // op owns the outs and outlives every call.
+    op->client->ComposeBoxes(
+        o->to, o->request, [fan, o](absl::StatusOr<v1::ComposeBoxesResponse> r) {
+          if (r.ok()) o->response = *std::move(r);
+          fan->Report(r.ok() ? absl::OkStatus()
+                             : absl::Status(r.status().code(),
+                                            absl::StrCat("ComposeBoxes on ", Describe(o->to), ": ",
+                                                         r.status().message())));
+        });
+  }
+}
+
+// Step 2: every member's piece (src, or its extract) copied into its staging tensor on dst's
+// ranks, cast to dst's dtype, as one group.
+void StagePieces(const std::shared_ptr<ComposeOp>& op) {
+  for (ComposeMember& m : op->cms) {
+    if (m.extract.empty()) continue;
+    LayoutChecksums sums(m.extract_layout.ranks().size());
+    for (size_t j = 0; j < sums.size(); ++j)
+      sums[j].assign(m.extract_layout.ranks()[j].chunks.size(), 0);
+    for (size_t k = 0; k < m.extract_ranks.size(); ++k) {
+      const size_t j = m.extract_ranks[k];
+      ChunkChecksums got;
+      absl::StatusOr<RankChunks> chunks =
+          RankChunksFromProto(m.extracted[k].chunks(), "chunks", &got);
+      if (!chunks.ok() || chunks->chunks != m.extract_layout.ranks()[j].chunks) {
+        return FinishCompose(
+            op, absl::InternalError(absl::StrCat(Describe(m.extract_to[k]),
+                                                 " answered ComposeBoxes with other chunks")));
+      }
+      sums[j] = std::move(got);
+    }
+    absl::Status s = AddHidden(*op, m.extract, m.src_dtype, m.extract_layout, m.extract_version,
+                               std::move(sums));
+    if (!s.ok()) return FinishCompose(op, s);
+  }
+  // The group acquires what it reads: the srcs are no longer held here.
+  Release(op->tensors, op->srcs, op->id);
+  op->srcs.clear();
+  std::vector<LoadMember> members;
+  for (size_t i = 0; i < op->cms.size(); ++i) {
+    const ComposeMember& m = op->cms[i];
+    LoadMember lm;
+    lm.staging = m.extract.empty() ? m.src : m.extract;
+    lm.into = m.stage;
+    lm.keep_hidden = true;
+    lm.where = absl::StrCat("copies[", i, "].src");
+    members.push_back(std::move(lm));
+  }
+  auto join = std::make_shared<StartEndJoin<absl::Status>>([op](absl::Status end) {
+    if (!end.ok()) return FinishCompose(op, end);
+    ComposeDsts(op);
+  });
+  absl::StatusOr<StartedGroup> group = op->plans->LoadGroup(
+      op->id, members, [join](const absl::Status& st, const GroupProgress&) { join->Ended(st); });
+  if (!group.ok()) return FinishCompose(op, group.status());
+  join->Started();
+}
+
+// Step 1: every member that reads a box of src (or shares its src with an earlier member) has
+// the box read out on src's ranks into a hidden tensor of its own.
+void ExtractPieces(const std::shared_ptr<ComposeOp>& op) {
+  size_t calls = 0;
+  for (ComposeMember& m : op->cms) calls += m.extract_ranks.size();
+  auto fan = FanIn::Start(calls, [op](absl::Status s) {
+    if (!s.ok()) return FinishCompose(op, s);
+    StagePieces(op);
+  });
+  for (ComposeMember& m : op->cms) {
+    m.extracted.resize(m.extract_ranks.size());
+    for (size_t k = 0; k < m.extract_ranks.size(); ++k) {
+      v1::ComposeBoxesRequest req;
+      req.set_out_tensor(m.extract);
+      req.set_out_version(m.extract_version);
+      req.set_out_dtype(DTypeToProto(m.src_dtype));
+      *req.mutable_out_chunks() = RankChunksToProto(m.extract_layout.ranks()[m.extract_ranks[k]]);
+      v1::ComposeInput* in = req.add_inputs();
+      in->set_tensor(m.src);
+      in->set_version(m.src_version);
+      for (int64_t x : m.boxes.src.offset()) in->add_offset(-x);
+      ComposeMember* member = &m;  // op owns the members and outlives every call.
+      op->client->ComposeBoxes(
+          m.extract_to[k], req, [fan, member, k](absl::StatusOr<v1::ComposeBoxesResponse> r) {
+            if (r.ok()) member->extracted[k] = *std::move(r);
+            fan->Report(r.ok() ? absl::OkStatus()
+                               : absl::Status(r.status().code(),
+                                              absl::StrCat(member->where, ".src: ComposeBoxes on ",
+                                                           Describe(member->extract_to[k]), ": ",
+                                                           r.status().message())));
+          });
+    }
+  }
+}
+
 }  // namespace
 
 bool AnySliced(const std::vector<SliceCopyMember>& members) {
@@ -319,6 +650,7 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
   };
   // Live src layouts and the replica to read each chunk from.
   std::map<std::string, std::vector<BandSource>> sources;
+  std::map<std::string, Layout> live_layouts;
   for (size_t i = 0; i < members.size(); ++i) {
     const std::string fi = Index(field, static_cast<int64_t>(i));
     const TensorRecord& src = recs[members[i].src];
@@ -337,7 +669,16 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
     absl::StatusOr<Layout> l = LiveLayout(src, live);
     if (!l.ok()) return refuse(Prefixed(Sub(fi, "src"), l.status()));
     sources[src.name] = ChooseSources(*l, [](int64_t) { return true; });
+    live_layouts[src.name] = *std::move(l);
   }
+  // Any rank buffer over the relay's bound: the worker-side path (with a plan manager).
+  bool large = false;
+  for (const auto& [name, rec] : recs) {
+    for (const RankChunks& rc : rec.layout.ranks()) {
+      large = large || rc.local_elements * ElementSize(rec.dtype) > kMaxRelayMaxBytes;
+    }
+  }
+  large = large && plans_ != nullptr;
   // Every dst, in first-appearance order, with its members.
   std::map<std::string, size_t> dst_index;
   std::vector<std::vector<size_t>> writers;
@@ -373,7 +714,7 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
             absl::StrCat(Sub(fi, "dst"), ": rank ", rc.rank, " of tensor '", d.name,
                          "' holds no live buffer; repair or recreate it first")));
       }
-      if (rc.local_elements * es > kMaxRelayMaxBytes) {
+      if (!large && rc.local_elements * es > kMaxRelayMaxBytes) {
         return refuse(absl::UnimplementedError(
             absl::StrCat(Sub(fi, "dst"), ": rank ", rc.rank, " of tensor '", d.name, "' holds ",
                          rc.local_elements * es, " bytes; slice copies move at most ",
@@ -398,7 +739,7 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
             if (piece.Empty()) continue;
             // A wider src dtype reads more bytes than the dst buffer holds: a worker answers
             // ReadBoxes of at most kMaxRelayMaxBytes.
-            if (piece.Volume() * ElementSize(src.dtype) > kMaxRelayMaxBytes) {
+            if (!large && piece.Volume() * ElementSize(src.dtype) > kMaxRelayMaxBytes) {
               return refuse(absl::UnimplementedError(absl::StrCat(
                   Sub(Index(field, static_cast<int64_t>(i)), "src"), ": a piece ", piece.ToString(),
                   " of tensor '", src.name, "' holds ", piece.Volume() * ElementSize(src.dtype),
@@ -449,6 +790,112 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
     p.progress.plan_id = op->id;
     p.progress.tensor = m.dst;
     started.members.push_back(std::move(p));
+  }
+  if (large) {
+    auto cop = std::make_shared<ComposeOp>();
+    cop->id = op->id;
+    cop->start = op->start;
+    cop->client = client_;
+    cop->tensors = tensors_;
+    cop->workers = workers_;
+    cop->plans = plans_;
+    cop->members = members;
+    for (const std::string& name : op->acquired) {
+      (dsts.count(name) > 0 ? cop->dsts_held : cop->srcs).push_back(name);
+    }
+    cop->dsts = op->dsts;
+    for (const Out& o : op->outs) cop->outs.push_back(ComposeOut{o.dst, o.rank_index, o.rc, o.to});
+    // Hidden tensors' names never meet buffers an earlier coordinator left on a worker.
+    const std::string prefix = absl::StrCat("~", op->id, ".", tensors_->NewVersion(), "/");
+    std::set<std::string> staged_whole;
+    absl::Status s;
+    for (size_t i = 0; i < members.size() && s.ok(); ++i) {
+      const std::string fi = Index(field, static_cast<int64_t>(i));
+      ComposeMember m;
+      m.dst = dst_index[members[i].dst];
+      m.where = fi;
+      m.boxes = (*boxes)[i];
+      m.piece = m.boxes.src.shape();
+      const TensorRecord& src = recs[members[i].src];
+      m.src = src.name;
+      m.src_version = src.version;
+      m.src_dtype = src.dtype;
+      m.stage = absl::StrCat(prefix, i, "/stage");
+      absl::StatusOr<Layout> stage =
+          RestrictLayout(cop->dsts[m.dst].rec.layout, m.boxes.dst, m.piece);
+      if (!stage.ok()) {
+        s = Prefixed(Sub(fi, "dst"), stage.status());
+        break;
+      }
+      m.stage_layout = *std::move(stage);
+      // A box of src, or a src an earlier member stages already (a group reads each tensor
+      // once): read out on src's ranks first.
+      if (m.boxes.sliced_src || !staged_whole.insert(src.name).second) {
+        m.extract = absl::StrCat(prefix, i, "/extract");
+        m.extract_version = tensors_->NewVersion();
+        absl::StatusOr<Layout> ex = RestrictLayout(live_layouts[src.name], m.boxes.src, m.piece);
+        if (!ex.ok()) {
+          s = Prefixed(Sub(fi, "src"), ex.status());
+          break;
+        }
+        m.extract_layout = *std::move(ex);
+        for (size_t j = 0; j < m.extract_layout.ranks().size() && s.ok(); ++j) {
+          if (m.extract_layout.ranks()[j].chunks.empty()) continue;
+          absl::StatusOr<WorkerEndpoint> e = endpoint(m.extract_layout.ranks()[j].rank);
+          if (!e.ok()) {
+            s = Prefixed(Sub(fi, "src"), e.status());
+            break;
+          }
+          m.extract_ranks.push_back(j);
+          m.extract_to.push_back(*e);
+        }
+      }
+      cop->cms.push_back(std::move(m));
+    }
+    for (size_t i = 0; i < cop->cms.size() && s.ok(); ++i) {
+      const ComposeMember& m = cop->cms[i];
+      s = AddHidden(*cop, m.stage, cop->dsts[m.dst].rec.dtype, m.stage_layout,
+                    tensors_->NewVersion(), {});
+    }
+    if (!s.ok()) {
+      FinishCompose(cop, s);  // `done` is not set yet: drops and releases only.
+      return s;
+    }
+    cop->done = std::move(op->done);
+    // What the staging moves between ranks: the staged pieces less what a rank already holds
+    // of its piece (src's own chunks, or the box read out on that rank).
+    StartedGroup started;
+    started.id = cop->id;
+    for (const ComposeMember& m : cop->cms) {
+      const Layout& from = m.extract.empty() ? live_layouts[m.src] : m.extract_layout;
+      std::map<int64_t, std::vector<Box>> held;
+      for (const RankChunks& rc : from.ranks()) {
+        for (const Chunk& c : rc.chunks) held[rc.rank].push_back(c.box);
+      }
+      for (const RankChunks& rc : m.stage_layout.ranks()) {
+        for (const Chunk& c : rc.chunks) {
+          int64_t moved = c.box.Volume();
+          for (const Box& h : held[rc.rank]) moved -= c.box.Intersect(h).Volume();
+          started.bytes_moved += moved * ElementSize(m.src_dtype);
+        }
+      }
+    }
+    for (const SliceCopyMember& m : members) {
+      const Dst& d = cop->dsts[dst_index[m.dst]];
+      StartedPlan p;
+      p.id = cop->id;
+      p.tensor = m.dst;
+      p.target_version = d.version;
+      p.progress.plan_id = cop->id;
+      p.progress.tensor = m.dst;
+      started.members.push_back(std::move(p));
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      ++running_;
+    }
+    ExtractPieces(cop);
+    return started;
   }
   std::vector<std::pair<WorkerEndpoint, v1::ReadBoxesRequest>> calls;
   for (const Read& r : op->reads) {

@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "coordinator/plans/plan_manager.h"
 #include "coordinator/testing/cluster_fixture.h"
+#include "coordinator/testing/fake_reports.h"
 #include "coordinator/testing/fake_worker_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -141,6 +144,87 @@ TEST_F(SliceCopyTest, ClosedRefusesNewOnesAndIsIdle) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_TRUE(slices_.AwaitIdle(absl::InfinitePast()));
   ExpectIdle("qkv");
+}
+
+// The worker-side path (rank buffers over 1 MiB, with a plan manager) over fake workers that
+// run every plan fragment but do not know ComposeBoxes: the step that composes fails, and then
+// nothing is left: every tensor keeps its version and is idle, the hidden tensors' buffers and
+// the dsts' new buffers are dropped.
+class SliceComposeFailureTest : public ClusterFixture {
+ protected:
+  SliceComposeFailureTest()
+      : plans_(&clock_, &timer_, &workers_, &meshes_, &tensors_, &client_, PlanManagerOptions()),
+        slices_(&workers_, &tensors_, &client_, &plans_) {
+    workers_.AddListener(&plans_);
+    RegisterWorkers(4);
+    EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
+    client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
+      const std::string worker = workers_.GetByRank(f.rank())->spec.name;
+      const int64_t incarnation = workers_.GetByRank(f.rank())->incarnation;
+      WorkerReport r = f.members_size() > 0 ? FakeFusedFinalReport(f, worker, incarnation)
+                                            : FakeFinalReport(f, worker, incarnation);
+      plans_.Report(r).IgnoreError();
+    });
+  }
+
+  std::optional<GroupOutcome> Run(const std::vector<SliceCopyMember>& members) {
+    std::optional<GroupOutcome> out;
+    absl::StatusOr<StartedGroup> started =
+        slices_.Start(members, "copies", [&out](const absl::Status& s, const GroupProgress& p) {
+          out = GroupOutcome{s, p};
+        });
+    EXPECT_TRUE(started.ok()) << started.status();
+    return out;
+  }
+
+  void ExpectIdle(const std::string& name) {
+    EXPECT_TRUE(tensors_.Acquire(name, "probe").ok()) << name;
+    tensors_.Release(name, "probe");
+  }
+
+  int Drops(const std::string& suffix, int64_t version) {
+    int n = 0;
+    for (const auto& [rank, drop] : client_.drops()) {
+      if (absl::EndsWith(drop.tensor(), suffix) && drop.version() == version) ++n;
+    }
+    return n;
+  }
+
+  PlanManager plans_;
+  SliceCopier slices_;
+};
+
+TEST_F(SliceComposeFailureTest, AFailedComposeChangesNothingAndDropsEverythingNew) {
+  CreateFilled("k", "R", "N", {2, 1024});
+  CreateFilled("big", "R", "N", {512, 1024});  // 2 MiB on every rank: over the relay's bound.
+  const int64_t vbig = tensors_.Get("big")->version, vk = tensors_.Get("k")->version;
+  // Into a box: k is staged on big's ranks, then composing big's new buffers fails.
+  std::optional<GroupOutcome> out = Run({{"k", "big", Shape{8, 0}, {}, {}}});
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->status.code(), absl::StatusCode::kAborted) << out->status;
+  EXPECT_THAT(std::string(out->status.message()), HasSubstr("ComposeBoxes on "));
+  EXPECT_EQ(out->progress.state, PlanState::kAborted);
+  EXPECT_EQ(tensors_.Get("big")->version, vbig);
+  EXPECT_EQ(plans_.RunningPlansCount(), 0u);
+  EXPECT_EQ(slices_.RunningCount(), 0);
+  for (const char* t : {"k", "big"}) ExpectIdle(t);
+  EXPECT_EQ(Drops("/stage", -1), 4);  // The staging tensor, on each of big's ranks.
+  int new_big = 0;
+  for (const auto& [rank, drop] : client_.drops()) {
+    if (drop.tensor() == "big" && drop.version() > vbig) ++new_big;
+  }
+  EXPECT_EQ(new_big, 4);  // Each rank's new buffer (none was made; dropping is harmless).
+
+  // Out of a box: reading the box out of big on its ranks fails first.
+  out = Run({{"big", "k", {}, Shape{4, 0}, Shape{2, 1024}}});
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->status.code(), absl::StatusCode::kAborted) << out->status;
+  EXPECT_THAT(std::string(out->status.message()), HasSubstr("ComposeBoxes on "));
+  EXPECT_THAT(std::string(out->status.message()), HasSubstr("copies[0].src: ComposeBoxes on "));
+  EXPECT_EQ(tensors_.Get("k")->version, vk);
+  for (const char* t : {"k", "big"}) ExpectIdle(t);
+  EXPECT_EQ(Drops("/extract", -1), 4);  // Never registered: dropped by name where it ran.
+  EXPECT_TRUE(tensors_.List().size() == 2u) << "no hidden tensor is left";
 }
 
 }  // namespace

@@ -483,6 +483,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Copy(grpc::CallbackServerContext* 
         [resp](const StartedGroup& started) {
           resp->set_dst_version(started.members[0].target_version);
           *resp->mutable_progress() = PlanProgressToProto(started.members[0].progress);
+          // No plan runs on the workers; its summary says what the slice copy moves.
+          resp->mutable_plan()->set_id(started.id);
+          resp->mutable_plan()->set_tensor(started.members[0].tensor);
+          resp->mutable_plan()->set_bytes_moved(started.bytes_moved);
         },
         [resp](const GroupProgress& p) {
           if (!p.members.empty()) *resp->mutable_progress() = PlanProgressToProto(p.members[0]);

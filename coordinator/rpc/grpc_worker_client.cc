@@ -252,6 +252,15 @@ void GrpcWorkerClient::BlockQuantize(const WorkerEndpoint& worker,
       std::move(done));
 }
 
+void GrpcWorkerClient::ComposeBoxes(const WorkerEndpoint& worker,
+                                    const v1::ComposeBoxesRequest& request,
+                                    Callback<v1::ComposeBoxesResponse> done) {
+  // Reads and writes whole buffers on the worker: a data call's deadline.
+  Unary<v1::ComposeBoxesRequest, v1::ComposeBoxesResponse>(worker, options_.data_timeout, request,
+                                                           &v1::Worker::Stub::async::ComposeBoxes,
+                                                           std::move(done));
+}
+
 // Collects a streamed box into one buffer.
 class GrpcWorkerClient::ReadCall : public grpc::ClientReadReactor<v1::ChunkData> {
  public:

@@ -92,6 +92,8 @@ class GrpcWorkerClient : public WorkerClient {
                     StatusCallback done) override;
   void BlockQuantize(const WorkerEndpoint& worker, const v1::BlockQuantizeRequest& request,
                      Callback<v1::BlockQuantizeResponse> done) override;
+  void ComposeBoxes(const WorkerEndpoint& worker, const v1::ComposeBoxesRequest& request,
+                    Callback<v1::ComposeBoxesResponse> done) override;
 
  private:
   class ReadCall;

@@ -130,6 +130,11 @@ class WorkerCore {
   // or dequantized with the scales into out (out_dtype). Long: call it off the reactor.
   // Errors as the RPC's; a failure stores nothing.
   absl::StatusOr<v1::BlockQuantizeResponse> BlockQuantize(const v1::BlockQuantizeRequest& request);
+  // A new buffer (out_tensor, out_version) composed from stored buffers' boxes
+  // (Worker.ComposeBoxes, issue 28 item 4): each input's chunks placed at its offset, later
+  // inputs over earlier ones, every element of out_chunks covered. Long: call it off the
+  // reactor. Errors as the RPC's; a failure stores nothing.
+  absl::StatusOr<v1::ComposeBoxesResponse> ComposeBoxes(const v1::ComposeBoxesRequest& request);
 
   // Streams one box of one buffer, row-major, in pieces.
   class ChunkReader {

@@ -1,6 +1,9 @@
-// WorkerCore::BlockQuantize (issue 28): block-scaled FP8 of one staged buffer, chunk by chunk,
-// with sharding/block_staging.h. Runs on the service's pool, never on a reactor.
+// Host-only worker RPCs of issue 28 that compute new buffers from stored ones, on the
+// service's pool, never on a reactor: WorkerCore::BlockQuantize (block-scaled FP8 of one staged
+// buffer, chunk by chunk, with sharding/block_staging.h) and WorkerCore::ComposeBoxes (a buffer
+// of a fused tensor's new version from several buffers' boxes, sharding/box_slices.h).
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +14,8 @@
 #include "proto/convert.h"
 #include "sharding/block_quant.h"
 #include "sharding/block_staging.h"
+#include "sharding/box_copy.h"
+#include "sharding/box_slices.h"
 #include "worker/control/worker_core.h"
 
 namespace shardcoord {
@@ -153,6 +158,102 @@ absl::StatusOr<v1::BlockQuantizeResponse> WorkerCore::BlockQuantize(
       buffers_->Drop(request.out_tensor(), request.out_version());
       return s;
     }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ComposeBoxesResponse> WorkerCore::ComposeBoxes(
+    const v1::ComposeBoxesRequest& request) {
+  if (request.out_tensor().empty()) return absl::InvalidArgumentError("out_tensor: empty");
+  absl::StatusOr<DType> dtype = DTypeFromProto(request.out_dtype(), "out_dtype");
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<RankChunks> out_chunks = RankChunksFromProto(request.out_chunks(), "out_chunks");
+  if (!out_chunks.ok()) return out_chunks.status();
+  if (buffers_->Find(request.out_tensor(), request.out_version()) != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat("out_tensor: buffer '", request.out_tensor(),
+                                                 "' version ", request.out_version(), " exists"));
+  }
+  const int64_t es = ElementSize(*dtype);
+  int out_rank = 0;
+  for (const Chunk& c : out_chunks->chunks) out_rank = std::max(out_rank, c.box.ndim());
+  // Every input in host memory, with its offset.
+  struct Input {
+    std::shared_ptr<HostBuffer> host;
+    Shape offset;
+  };
+  std::vector<Input> inputs;
+  for (int i = 0; i < request.inputs_size(); ++i) {
+    const v1::ComposeInput& in = request.inputs(i);
+    const std::string field = absl::StrCat("inputs[", i, "]");
+    if (in.tensor().empty()) return absl::InvalidArgumentError(field + ".tensor: empty");
+    absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = buffers_->Get(in.tensor(), in.version());
+    if (!buffer.ok()) return buffer.status();
+    if ((*buffer)->dtype() != *dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".tensor: buffer '", in.tensor(), "' version ", in.version(), " holds ",
+          DTypeName((*buffer)->dtype()), ", out_dtype is ", DTypeName(*dtype)));
+    }
+    Input input;
+    input.offset.assign(in.offset().begin(), in.offset().end());
+    int in_rank = 0;
+    for (const Chunk& c : (*buffer)->chunks().chunks) in_rank = std::max(in_rank, c.box.ndim());
+    if (input.offset.size() != static_cast<size_t>(std::max(in_rank, out_rank))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".offset: ", ShapeToString(input.offset), " has ", input.offset.size(),
+          " dims; input '", in.tensor(), "' has ", in_rank, " and out_chunks ", out_rank));
+    }
+    absl::StatusOr<std::shared_ptr<HostBuffer>> host = OnHost(*buffer);
+    if (!host.ok()) return host.status();
+    input.host = *std::move(host);
+    inputs.push_back(std::move(input));
+  }
+
+  MemorySpace* const host_space = space_->is_host() ? space_ : nullptr;
+  absl::StatusOr<std::shared_ptr<HostBuffer>> out =
+      HostBuffer::Create(*dtype, *out_chunks, host_space);
+  if (!out.ok()) return out.status();
+  for (size_t ci = 0; ci < out_chunks->chunks.size(); ++ci) {
+    const Chunk& oc = out_chunks->chunks[ci];
+    // The out chunk and every input chunk in a frame of the input's offset's rank.
+    std::vector<Box> covered;
+    Box whole;
+    for (const Input& in : inputs) {
+      absl::StatusOr<Box> at = PlaceBox(oc.box, Shape(in.offset.size(), 0));
+      if (!at.ok())
+        return absl::InvalidArgumentError(absl::StrCat("out_chunks: ", at.status().message()));
+      if (whole.ndim() == 0) whole = *at;
+      char* to = (*out)->data() + oc.local_offset * es;
+      for (const Chunk& c : in.host->chunks().chunks) {
+        absl::StatusOr<Box> from = PlaceBox(c.box, in.offset);
+        if (!from.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("inputs[", &in - inputs.data(), "].offset: ", from.status().message()));
+        }
+        const Box region = at->Intersect(*from);
+        if (region.Empty()) continue;
+        const char* src = in.host->data() + c.local_offset * es;
+        if (absl::Status s = CopyBox(region, src, *from, to, *at, es); !s.ok()) return s;
+        // Kept at the out chunk's own rank (the leading dims added are [0:1]).
+        covered.push_back(Box(Shape(region.offset().end() - oc.box.ndim(), region.offset().end()),
+                              Shape(region.shape().end() - oc.box.ndim(), region.shape().end())));
+      }
+    }
+    std::vector<Box> left = SubtractBoxes(oc.box, covered);
+    if (!left.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("out_chunks: chunk ", ci, " ",
+                                                     oc.box.ToString(), ": no input covers ",
+                                                     left[0].ToString()));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<HostBuffer>> stored = InSpace(*std::move(out), space_);
+  if (!stored.ok()) return stored.status();
+  absl::StatusOr<std::vector<uint64_t>> sums = (*stored)->Checksums();
+  if (!sums.ok()) return sums.status();
+  v1::ComposeBoxesResponse response;
+  *response.mutable_chunks() = RankChunksToProto((*stored)->chunks(), *sums);
+  if (absl::Status s = buffers_->Insert(request.out_tensor(), request.out_version(), *stored);
+      !s.ok()) {
+    return s;
   }
   return response;
 }

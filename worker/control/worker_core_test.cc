@@ -1,5 +1,6 @@
 #include "worker/control/worker_core.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -360,6 +361,130 @@ TEST(WorkerCoreTest, WriteBufferThenReadBoxesRoundTripsAndRefusesLargeCalls) {
 
 // Four workers run a planner-made S(0) -> S(1) plan end to end: fill, execute, report,
 // commit, read back.
+// Fills (tensor, 1) of `shape` on this worker with its global arange over `chunks`.
+void FillArange(TestWorker& w, const std::string& tensor, const Shape& shape,
+                const RankChunks& rc) {
+  v1::FillRequest fill;
+  fill.set_tensor(tensor);
+  fill.set_version(1);
+  fill.set_dtype(v1::F32);
+  *fill.mutable_chunks() = RankChunksToProto(rc);
+  for (int64_t d : shape) fill.add_global_shape(d);
+  fill.set_init(v1::ARANGE);
+  ASSERT_TRUE(w.core.Fill(fill).ok());
+}
+
+RankChunks OneChunk(const Box& box) {
+  RankChunks rc;
+  rc.chunks.push_back(Chunk{box, 0, 0});
+  rc.local_elements = box.Volume();
+  return rc;
+}
+
+std::vector<float> FloatsOf(const std::string& bytes) {
+  std::vector<float> f(bytes.size() / 4);
+  std::memcpy(f.data(), bytes.data(), f.size() * 4);
+  return f;
+}
+
+// Worker.ComposeBoxes: a fused tensor's rank buffer from its old buffer and staged members at
+// their offsets (later inputs over earlier ones), an expert into a stacked tensor (an input of
+// lower rank), an expert read back out (out of lower rank); refusals store nothing.
+TEST(WorkerCoreTest, ComposeBoxesPlacesInputsAtTheirOffsets) {
+  InMemoryKvClient kv;
+  RecordingReporter reporter;
+  TestWorker w(&kv, &reporter, 0);
+  auto read = [&](const std::string& t, const Box& box) {
+    return FloatsOf(worker_testing::ReadAllBytes(w.core, t, 2, box, 1 << 20, nullptr));
+  };
+  // Old: rows 0:4 of an [8, 4] fused tensor (values 0..15); k [2, 4] (0..7) goes to rows 2:4.
+  FillArange(w, "F", {8, 4}, OneChunk(Box({0, 0}, {4, 4})));
+  FillArange(w, "K", {2, 4}, OneChunk(Box({0, 0}, {2, 4})));
+  v1::ComposeBoxesRequest req;
+  req.set_out_tensor("F");
+  req.set_out_version(2);
+  req.set_out_dtype(v1::F32);
+  *req.mutable_out_chunks() = RankChunksToProto(OneChunk(Box({0, 0}, {4, 4})));
+  v1::ComposeInput* old = req.add_inputs();
+  old->set_tensor("F");
+  old->set_version(1);
+  old->add_offset(0);
+  old->add_offset(0);
+  v1::ComposeInput* k = req.add_inputs();
+  k->set_tensor("K");
+  k->set_version(1);
+  k->add_offset(2);
+  k->add_offset(0);
+  absl::StatusOr<v1::ComposeBoxesResponse> got = w.core.ComposeBoxes(req);
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::vector<float> want = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(read("F", Box({0, 0}, {4, 4})), want);
+  ASSERT_EQ(got->chunks().chunks_size(), 1);
+  EXPECT_EQ(got->chunks().chunks(0).checksum(), ChunkChecksum(want.data(), 64));
+
+  // Two [2, 4] experts (E0 0..7 as [2, 4], E1 as [1, 2, 4]) into a stacked [2, 2, 4].
+  FillArange(w, "E0", {2, 4}, OneChunk(Box({0, 0}, {2, 4})));
+  FillArange(w, "E1", {1, 2, 4}, OneChunk(Box({0, 0, 0}, {1, 2, 4})));
+  v1::ComposeBoxesRequest stack;
+  stack.set_out_tensor("S");
+  stack.set_out_version(2);
+  stack.set_out_dtype(v1::F32);
+  *stack.mutable_out_chunks() = RankChunksToProto(OneChunk(Box({0, 0, 0}, {2, 2, 4})));
+  for (int e = 0; e < 2; ++e) {
+    v1::ComposeInput* in = stack.add_inputs();
+    in->set_tensor(absl::StrCat("E", e));
+    in->set_version(1);
+    for (int64_t d : {e, 0, 0}) in->add_offset(d);
+  }
+  ASSERT_TRUE(w.core.ComposeBoxes(stack).ok());
+  EXPECT_EQ(read("S", Box({0, 0, 0}, {2, 2, 4})),
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}));
+  // The reverse: expert 1 of the stacked tensor out as a [2, 4].
+  v1::ComposeBoxesRequest out;
+  out.set_out_tensor("X");
+  out.set_out_version(2);
+  out.set_out_dtype(v1::F32);
+  *out.mutable_out_chunks() = RankChunksToProto(OneChunk(Box({0, 1}, {2, 3})));
+  v1::ComposeInput* from = out.add_inputs();
+  from->set_tensor("S");
+  from->set_version(2);
+  for (int64_t d : {-1, 0, 0}) from->add_offset(d);
+  ASSERT_TRUE(w.core.ComposeBoxes(out).ok());
+  EXPECT_EQ(read("X", Box({0, 1}, {2, 3})), (std::vector<float>{1, 2, 3, 5, 6, 7}));
+
+  // Refusals: a part no input covers, another dtype, an offset of another rank, a missing
+  // input, an existing out buffer. None stores anything.
+  v1::ComposeBoxesRequest bad = req;
+  bad.set_out_version(3);
+  bad.mutable_inputs()->DeleteSubrange(0, 1);  // Only K: rows 0:2 are uncovered.
+  absl::StatusOr<v1::ComposeBoxesResponse> r = w.core.ComposeBoxes(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("no input covers [0:2, 0:4]"), absl::string_view::npos)
+      << r.status();
+  bad = req;
+  bad.set_out_version(3);
+  bad.set_out_dtype(v1::BF16);
+  r = w.core.ComposeBoxes(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("inputs[0].tensor"), absl::string_view::npos) << r.status();
+  bad = req;
+  bad.set_out_version(3);
+  bad.mutable_inputs(1)->add_offset(0);
+  r = w.core.ComposeBoxes(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("inputs[1].offset"), absl::string_view::npos) << r.status();
+  bad = req;
+  bad.set_out_version(3);
+  bad.mutable_inputs(1)->set_version(7);
+  EXPECT_EQ(w.core.ComposeBoxes(bad).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(w.core.ComposeBoxes(req).status().code(), absl::StatusCode::kAlreadyExists);
+  v1::ReadChunkRequest probe;
+  probe.set_tensor("F");
+  probe.set_version(3);
+  *probe.mutable_box() = BoxToProto(Box({0, 0}, {4, 4}));
+  EXPECT_EQ(w.core.OpenRead(probe).status().code(), absl::StatusCode::kNotFound);
+}
+
 class LifecycleTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -288,7 +288,9 @@ absl::StatusOr<GroupExecuteResult> ExecuteGroup(const GroupExecuteInput& input) 
               p.via = Via::kInPlace;
               continue;
             }
-            if (space->is_host() && comm->SendsFromRuns(round.send.peer, m.bytes)) {
+            // Runs are the source's own bytes: not when the sender converts them first.
+            if (space->is_host() && !mover.SenderConverts() &&
+                comm->SendsFromRuns(round.send.peer, m.bytes)) {
               p.via = Via::kRuns;
               continue;
             }

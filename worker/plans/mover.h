@@ -97,6 +97,10 @@ class Mover {
                           esize_);
   }
 
+  // Whether the sender converts (the wire dtype is not the source's): then every message is
+  // packed (converted) before it is sent, never sent from the source's own memory.
+  bool SenderConverts() const { return f_.dtype != wire_; }
+
   // Where `box` lies contiguously in a source chunk, or null (then it must be packed, also
   // when the sender converts).
   const char* DirectSource(const Box& box, int64_t partial) const {

@@ -72,6 +72,13 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::BlockQuantize(grpc::CallbackServerC
       ctx, response, [this, request] { return core_->BlockQuantize(*request); });
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::ComposeBoxes(grpc::CallbackServerContext* ctx,
+                                                          const v1::ComposeBoxesRequest* request,
+                                                          v1::ComposeBoxesResponse* response) {
+  return OnPool<v1::ComposeBoxesResponse>(
+      ctx, response, [this, request] { return core_->ComposeBoxes(*request); });
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::FillMany(grpc::CallbackServerContext* ctx,
                                                       const v1::FillManyRequest* request,
                                                       v1::FillManyResponse* response) {

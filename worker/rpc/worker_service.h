@@ -69,6 +69,10 @@ class WorkerServiceImpl final : public v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* BlockQuantize(grpc::CallbackServerContext* ctx,
                                           const v1::BlockQuantizeRequest* request,
                                           v1::BlockQuantizeResponse* response) override;
+  // A fused tensor's buffer composed from stored boxes (issue 28 item 4): on the pool.
+  grpc::ServerUnaryReactor* ComposeBoxes(grpc::CallbackServerContext* ctx,
+                                         const v1::ComposeBoxesRequest* request,
+                                         v1::ComposeBoxesResponse* response) override;
 
  private:
   // Runs `work` on the pool and finishes with its outcome (its value in `*response`).
