@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
+#include "coordinator/plans/hidden_tensor.h"
 #include "proto/convert.h"
 #include "sharding/cast.h"
 
@@ -105,35 +106,14 @@ struct BlockCopy::Op {
 };
 
 absl::StatusOr<WorkerEndpoint> BlockCopy::Endpoint(int64_t rank) const {
-  absl::StatusOr<WorkerRecord> w = workers_->GetByRank(rank);
-  if (!w.ok()) return w.status();
-  if (!w->alive) return w->DeadError("is dead");
-  return w->Endpoint();
+  return LiveEndpoint(*workers_, rank);
 }
 
 absl::Status BlockCopy::AddHidden(Op& op, const std::string& name, DType dtype,
                                   const Layout& layout, int64_t version,
                                   LayoutChecksums checksums) {
-  TensorRecord rec;
-  rec.name = name;
-  rec.shape = layout.global_shape();
-  rec.dtype = dtype;
-  rec.spec = "block staging layout";
-  rec.layout = layout;
-  rec.version = version;
-  rec.owner = op.owner;
-  absl::flat_hash_map<int64_t, int64_t> holders;
-  for (const RankChunks& rc : layout.ranks()) {
-    absl::StatusOr<WorkerEndpoint> e = Endpoint(rc.rank);
-    if (!e.ok()) return e.status();
-    holders[rc.rank] = e->incarnation;
-  }
-  if (checksums.empty()) {
-    for (const RankChunks& rc : layout.ranks()) checksums.emplace_back(rc.chunks.size(), 0);
-  }
-  if (absl::Status s = tensors_->Reserve(std::move(rec), op.owner); !s.ok()) return s;
-  op.hidden.push_back(name);
-  return tensors_->FinishCreate(name, op.owner, std::move(checksums), std::move(holders));
+  return AddHiddenTensor(tensors_, *workers_, op.owner, name, dtype, layout, version,
+                         "block staging layout", std::move(checksums), &op.hidden);
 }
 
 absl::Status BlockCopy::Start(const BlockCopyArgs& args, Done done) {

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/fan_in.h"
 #include "common/start_end_join.h"
+#include "coordinator/plans/hidden_tensor.h"
 #include "coordinator/plans/plan_relay.h"
 #include "coordinator/state/tensor_bands.h"
 #include "proto/convert.h"
@@ -56,6 +57,25 @@ struct Dst {
 
 // One running slice copy. Its fields are set before the first call goes out; afterwards
 // only `mu` guards what the answers change.
+// Every dst at its new version with the checksums its workers answered, held by `holder`.
+std::vector<TensorManager::CommitItem> CommitItems(const std::vector<Dst>& dsts,
+                                                   const std::string& holder) {
+  std::vector<TensorManager::CommitItem> items;
+  for (const Dst& d : dsts) {
+    TensorManager::CommitItem item;
+    item.name = d.rec.name;
+    item.holder = holder;
+    item.state.mesh = d.rec.mesh;
+    item.state.spec = d.rec.spec;
+    item.state.layout = d.rec.layout;
+    item.state.checksums = d.checksums;
+    item.state.version = d.version;
+    item.state.incarnations = d.rec.incarnations;
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
 struct SliceOp {
   std::string id;
   absl::Time start;
@@ -119,19 +139,7 @@ void Abort(const std::shared_ptr<SliceOp>& op, const absl::Status& cause) {
 
 // Every write answered: commits every dst together, then drops their old versions.
 void Commit(const std::shared_ptr<SliceOp>& op) {
-  std::vector<TensorManager::CommitItem> items;
-  for (const Dst& d : op->dsts) {
-    TensorManager::CommitItem item;
-    item.name = d.rec.name;
-    item.holder = op->id;
-    item.state.mesh = d.rec.mesh;
-    item.state.spec = d.rec.spec;
-    item.state.layout = d.rec.layout;
-    item.state.checksums = d.checksums;
-    item.state.version = d.version;
-    item.state.incarnations = d.rec.incarnations;
-    items.push_back(std::move(item));
-  }
+  std::vector<TensorManager::CommitItem> items = CommitItems(op->dsts, op->id);
   if (absl::Status s = op->tensors->CommitAll(std::move(items)); !s.ok()) return Abort(op, s);
   Release(op->tensors, op->acquired, op->id);  // The srcs; the dsts were ended by the commit.
   for (const Out& o : op->outs) {
@@ -307,37 +315,12 @@ GroupProgress ProgressOfMembers(const std::string& id, absl::Time start,
   return p;
 }
 
-absl::StatusOr<WorkerEndpoint> LiveEndpoint(WorkerManager* workers, int64_t rank) {
-  absl::StatusOr<WorkerRecord> w = workers->GetByRank(rank);
-  if (!w.ok()) return w.status();
-  if (!w->alive) return w->DeadError("is dead");
-  return w->Endpoint();
-}
-
 // A hidden tensor of `layout` owned by the op: made ready without buffers (its first version is
 // never read) or, with `checksums`, over buffers the workers just made.
 absl::Status AddHidden(ComposeOp& op, const std::string& name, DType dtype, const Layout& layout,
                        int64_t version, LayoutChecksums checksums) {
-  TensorRecord rec;
-  rec.name = name;
-  rec.shape = layout.global_shape();
-  rec.dtype = dtype;
-  rec.spec = "slice staging layout";
-  rec.layout = layout;
-  rec.version = version;
-  rec.owner = op.id;
-  absl::flat_hash_map<int64_t, int64_t> holders;
-  for (const RankChunks& rc : layout.ranks()) {
-    absl::StatusOr<WorkerEndpoint> e = LiveEndpoint(op.workers, rc.rank);
-    if (!e.ok()) return e.status();
-    holders[rc.rank] = e->incarnation;
-  }
-  if (checksums.empty()) {
-    for (const RankChunks& rc : layout.ranks()) checksums.emplace_back(rc.chunks.size(), 0);
-  }
-  if (absl::Status s = op.tensors->Reserve(std::move(rec), op.id); !s.ok()) return s;
-  op.hidden.push_back(name);
-  return op.tensors->FinishCreate(name, op.id, std::move(checksums), std::move(holders));
+  return AddHiddenTensor(op.tensors, *op.workers, op.id, name, dtype, layout, version,
+                         "slice staging layout", std::move(checksums), &op.hidden);
 }
 
 // Ends the op: drops every hidden tensor (every version on every rank), extracts never
@@ -348,7 +331,7 @@ void FinishCompose(const std::shared_ptr<ComposeOp>& op, const absl::Status& s) 
     absl::StatusOr<TensorRecord> rec = op->tensors->Remove(name, op->id);
     if (!rec.ok()) continue;
     for (const RankChunks& rc : rec->layout.ranks()) {
-      absl::StatusOr<WorkerEndpoint> e = LiveEndpoint(op->workers, rc.rank);
+      absl::StatusOr<WorkerEndpoint> e = LiveEndpoint(*op->workers, rc.rank);
       if (!e.ok()) continue;
       v1::DropTensorRequest drop;
       drop.set_tensor(name);
@@ -399,19 +382,7 @@ void CommitComposed(const std::shared_ptr<ComposeOp>& op) {
     }
     op->dsts[o.dst].checksums[o.rank_index] = std::move(sums);
   }
-  std::vector<TensorManager::CommitItem> items;
-  for (const Dst& d : op->dsts) {
-    TensorManager::CommitItem item;
-    item.name = d.rec.name;
-    item.holder = op->id;
-    item.state.mesh = d.rec.mesh;
-    item.state.spec = d.rec.spec;
-    item.state.layout = d.rec.layout;
-    item.state.checksums = d.checksums;
-    item.state.version = d.version;
-    item.state.incarnations = d.rec.incarnations;
-    items.push_back(std::move(item));
-  }
+  std::vector<TensorManager::CommitItem> items = CommitItems(op->dsts, op->id);
   if (absl::Status s = op->tensors->CommitAll(std::move(items)); !s.ok()) {
     return FinishCompose(op, s);
   }
