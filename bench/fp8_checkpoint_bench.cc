@@ -380,8 +380,9 @@ int64_t CheckValues(CoordinatorClient& client, const v1::MeshInfo& mesh,
                     const std::string& prefix) {
   int64_t compared = 0;
   for (const auto& [name, want] : c.reference) {
-    const Param& p =
-        *std::find_if(params.begin(), params.end(), [&](const Param& q) { return q.name == name; });
+    const std::string& wanted = name;  // Lambdas may not capture structured bindings (C++17).
+    const Param& p = *std::find_if(params.begin(), params.end(),
+                                   [&](const Param& q) { return q.name == wanted; });
     std::string got;
     const v1::TensorHeader header = OrDie(client.Download(prefix + name, &got), "download");
     if (header.dtype() != v1::BF16) Die(absl::StrCat(prefix, name, ": not bf16"));
