@@ -4,7 +4,6 @@
 // of a fused tensor's new version from several buffers' boxes, sharding/box_slices.h).
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -95,8 +94,8 @@ absl::StatusOr<v1::BlockQuantizeResponse> WorkerCore::BlockQuantize(
     absl::StatusOr<std::shared_ptr<HostBuffer>> s =
         HostBuffer::Create(DType::kF32, *scale_chunks, host_space);
     if (!s.ok()) return s.status();
-    std::memset((*q)->data(), 0, static_cast<size_t>((*q)->bytes()));
-    std::memset((*s)->data(), 0, static_cast<size_t>((*s)->bytes()));
+    // No memset: QuantizeChunks writes every element of every chunk (the chunks tile the
+    // buffer), and a failed call stores nothing.
     absl::Status st =
         QuantizeChunks((*in_host)->data(), (*input)->dtype(), *shape, chunks, *block, *scale_chunks,
                        (*q)->data(), reinterpret_cast<float*>((*s)->data()));
@@ -123,7 +122,6 @@ absl::StatusOr<v1::BlockQuantizeResponse> WorkerCore::BlockQuantize(
     if (!s_host.ok()) return s_host.status();
     absl::StatusOr<std::shared_ptr<HostBuffer>> y = HostBuffer::Create(*dtype, chunks, host_space);
     if (!y.ok()) return y.status();
-    std::memset((*y)->data(), 0, static_cast<size_t>((*y)->bytes()));
     absl::Status st =
         DequantizeChunks((*in_host)->data(), reinterpret_cast<const float*>((*s_host)->data()),
                          *shape, chunks, *block, (*s)->chunks(), (*y)->data(), *dtype);
