@@ -82,6 +82,9 @@ struct BlockCopy::Member {
   // Hidden tensors: the staged src (and src scale), the computed values (and scales).
   std::string stage, stage_scale, out, out_scale;
   int64_t stage_version = 0, stage_scale_version = 0;
+  // Whether the source (scale) layout, as checked, is the staging one: then read in place.
+  bool src_in_place = false;
+  bool scale_in_place = false;
   // Their indices in step 1's group; -1: read in place (stage, stage_scale name the source).
   int stage_index = -1;
   int stage_scale_index = -1;
@@ -196,6 +199,8 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
     m.src_dtype = src->dtype;
     m.out_dtype = m.args.dequantize ? dst->dtype : DType::kF8E4M3;
     m.staging = *std::move(staging);
+    m.src_in_place = src->layout == m.staging.staging;
+    m.scale_in_place = m.args.dequantize && scale->layout == m.staging.scales;
   }
 
   // The counter and a version no buffer has used (also before a restart): buffers a worker
@@ -233,13 +238,17 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
     }
     // A source whose layout is the staging layout (its shards hold whole blocks, no
     // replicas) is read in place: held busy until the end instead of copied.
-    auto hold = [&](const std::string& name, const Layout& want, std::string* read_as) {
-      absl::StatusOr<TensorRecord> rec = tensors_->Get(name);
-      if (!rec.ok() || !(rec->layout == want)) return false;
+    auto hold = [&](bool candidate, const std::string& name, const Layout& want,
+                    std::string* read_as) {
+      if (!candidate) return false;
       absl::StatusOr<TensorRecord> held = tensors_->Acquire(name, op->owner);
       if (!held.ok()) {
         s = absl::Status(held.status().code(), absl::StrCat(m.where, held.status().message()));
         return true;  // Refused: nothing else starts.
+      }
+      if (!(held->layout == want)) {  // Moved since the checks: staged after all.
+        tensors_->Release(name, op->owner);
+        return false;
       }
       op->held.push_back(name);
       *read_as = name;
@@ -247,7 +256,7 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
     };
     LoadMember lm;
     lm.keep_hidden = true;
-    if (!hold(m.args.src, m.staging.staging, &m.stage)) {
+    if (!hold(m.src_in_place, m.args.src, m.staging.staging, &m.stage)) {
       s = AddHidden(*op, m.stage, m.src_dtype, m.staging.staging, tensors_->NewVersion(), {});
       lm.staging = m.args.src;
       lm.into = m.stage;
@@ -255,7 +264,8 @@ absl::Status BlockCopy::Begin(const std::shared_ptr<Op>& op) {
       m.stage_index = static_cast<int>(stage_members.size());
       stage_members.push_back(lm);
     }
-    if (s.ok() && m.args.dequantize && !hold(m.args.scale, m.staging.scales, &m.stage_scale)) {
+    if (s.ok() && m.args.dequantize &&
+        !hold(m.scale_in_place, m.args.scale, m.staging.scales, &m.stage_scale)) {
       s = AddHidden(*op, m.stage_scale, DType::kF32, m.staging.scales, tensors_->NewVersion(), {});
       lm.staging = m.args.scale;
       lm.into = m.stage_scale;
