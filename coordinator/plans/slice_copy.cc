@@ -834,9 +834,8 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
     }
     cop->done = std::move(op->done);
     // What the staging moves between ranks: the staged pieces less what a rank already holds
-    // of its piece (src's own chunks, or the box read out on that rank).
-    StartedGroup started;
-    started.id = cop->id;
+    // of its piece (src's own chunks, or the box read out on that rank). `started`'s members
+    // are as above: the same id and dst versions.
     for (const ComposeMember& m : cop->cms) {
       const Layout& from = m.extract.empty() ? live_layouts[m.src] : m.extract_layout;
       std::map<int64_t, std::vector<Box>> held;
@@ -850,16 +849,6 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
           started.bytes_moved += moved * ElementSize(m.src_dtype);
         }
       }
-    }
-    for (const SliceCopyMember& m : members) {
-      const Dst& d = cop->dsts[dst_index[m.dst]];
-      StartedPlan p;
-      p.id = cop->id;
-      p.tensor = m.dst;
-      p.target_version = d.version;
-      p.progress.plan_id = cop->id;
-      p.progress.tensor = m.dst;
-      started.members.push_back(std::move(p));
     }
     {
       absl::MutexLock lock(&mu_);

@@ -214,13 +214,11 @@ absl::StatusOr<v1::ComposeBoxesResponse> WorkerCore::ComposeBoxes(
     const Chunk& oc = out_chunks->chunks[ci];
     // The out chunk and every input chunk in a frame of the input's offset's rank.
     std::vector<Box> covered;
-    Box whole;
+    char* const to = (*out)->data() + oc.local_offset * es;
     for (const Input& in : inputs) {
       absl::StatusOr<Box> at = PlaceBox(oc.box, Shape(in.offset.size(), 0));
       if (!at.ok())
         return absl::InvalidArgumentError(absl::StrCat("out_chunks: ", at.status().message()));
-      if (whole.ndim() == 0) whole = *at;
-      char* to = (*out)->data() + oc.local_offset * es;
       for (const Chunk& c : in.host->chunks().chunks) {
         absl::StatusOr<Box> from = PlaceBox(c.box, in.offset);
         if (!from.ok()) {
