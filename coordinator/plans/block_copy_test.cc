@@ -5,7 +5,6 @@
 
 #include "absl/strings/match.h"
 #include "coordinator/testing/cluster_fixture.h"
-#include "coordinator/testing/fake_reports.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -78,13 +77,7 @@ class BlockCopyFailureTest : public ClusterFixture {
     workers_.AddListener(&plans_);
     RegisterWorkers(4);
     EXPECT_TRUE(meshes_.Create("N", {4}, {}, {}).ok());
-    client_.SetExecuteHook([this](const WorkerEndpoint&, const v1::PlanFragment& f) {
-      const std::string worker = workers_.GetByRank(f.rank())->spec.name;
-      const int64_t incarnation = workers_.GetByRank(f.rank())->incarnation;
-      WorkerReport r = f.members_size() > 0 ? FakeFusedFinalReport(f, worker, incarnation)
-                                            : FakeFinalReport(f, worker, incarnation);
-      plans_.Report(r).IgnoreError();
-    });
+    AnswerEveryFragment(&plans_);
   }
 
   PlanManager plans_;

@@ -20,10 +20,12 @@ void RegisterTestWorkers(WorkerManager* workers, int n,
   }
 }
 
-void CreateTestTensor(const WorkerManager& workers, const MeshManager& meshes,
-                      TensorManager* tensors, const std::string& name,
-                      const std::string& placements, const std::string& mesh, Shape shape,
-                      DType dtype) {
+namespace {
+
+// The record of a test tensor: `placements` on `mesh`, at a new version.
+TensorRecord TestRecord(const MeshManager& meshes, TensorManager* tensors, const std::string& name,
+                        const std::string& placements, const std::string& mesh, Shape shape,
+                        DType dtype) {
   TensorRecord t;
   t.name = name;
   t.shape = std::move(shape);
@@ -32,6 +34,16 @@ void CreateTestTensor(const WorkerManager& workers, const MeshManager& meshes,
   t.spec = placements;
   t.layout = *Layout::FromPlacements(meshes.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
   t.version = tensors->NewVersion();
+  return t;
+}
+
+}  // namespace
+
+void CreateTestTensor(const WorkerManager& workers, const MeshManager& meshes,
+                      TensorManager* tensors, const std::string& name,
+                      const std::string& placements, const std::string& mesh, Shape shape,
+                      DType dtype) {
+  TensorRecord t = TestRecord(meshes, tensors, name, placements, mesh, std::move(shape), dtype);
   ASSERT_TRUE(tensors->Reserve(t, "create").ok());
   LayoutChecksums sums;
   absl::flat_hash_map<int64_t, int64_t> inc;
@@ -57,15 +69,7 @@ ClusterFixture::ClusterFixture()
 
 void ClusterFixture::CreateFilled(const std::string& name, const std::string& placements,
                                   const std::string& mesh, Shape shape, DType dtype) {
-  TensorRecord t;
-  t.name = name;
-  t.shape = std::move(shape);
-  t.dtype = dtype;
-  t.mesh = mesh;
-  t.spec = placements;
-  t.layout =
-      *Layout::FromPlacements(meshes_.Get(mesh)->mesh, t.shape, *ParsePlacements(placements));
-  t.version = tensors_.NewVersion();
+  TensorRecord t = TestRecord(meshes_, &tensors_, name, placements, mesh, std::move(shape), dtype);
   ASSERT_TRUE(tensors_.Reserve(t, "create").ok());
   LayoutChecksums sums;
   absl::flat_hash_map<int64_t, int64_t> inc;
@@ -101,6 +105,16 @@ WorkerReport ClusterFixture::FinalReport(const v1::PlanFragment& f,
                                          const FakeChecksumFn& checksum) {
   return FakeFinalReport(f, workers_.GetByRank(f.rank())->spec.name, Incarnation(f.rank()),
                          checksum);
+}
+
+void ClusterFixture::AnswerEveryFragment(PlanManager* plans) {
+  client_.SetExecuteHook([this, plans](const WorkerEndpoint&, const v1::PlanFragment& f) {
+    const std::string worker = workers_.GetByRank(f.rank())->spec.name;
+    const int64_t incarnation = workers_.GetByRank(f.rank())->incarnation;
+    WorkerReport r = f.members_size() > 0 ? FakeFusedFinalReport(f, worker, incarnation)
+                                          : FakeFinalReport(f, worker, incarnation);
+    plans->Report(r).IgnoreError();
+  });
 }
 
 void ClusterFixture::ReportAll(PlanManager* plans, const std::string& plan_id,

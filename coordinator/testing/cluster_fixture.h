@@ -66,6 +66,9 @@ class ClusterFixture : public ::testing::Test {
   // What the worker at `f`'s rank reports once it has run `f` correctly (fake_reports.h).
   WorkerReport FinalReport(const v1::PlanFragment& f,
                            const FakeChecksumFn& checksum = DefaultFakeChecksum);
+  // From now on every fragment sent is run correctly at once: its rank reports to `plans` what
+  // FinalReport (or, for a fused group's fragment, FakeFusedFinalReport) says.
+  void AnswerEveryFragment(PlanManager* plans);
   // Every rank of `plan_id` but those in `skip` reports FinalReport to `plans`.
   void ReportAll(PlanManager* plans, const std::string& plan_id,
                  const FakeChecksumFn& checksum = DefaultFakeChecksum,
