@@ -158,7 +158,7 @@ absl::Status DequantizeBlocks(const void* src, const float* scales, const Shape&
   // cast_bits::DequantizeE4M3 per element: f32(q) (a table of cast_bits' values) times the
   // block's scale in f32; then to the target, fused for bf16 and f32 (fast_cast.h's f32 ->
   // bf16), through a row of f32 and Cast for the other dtypes.
-  const uint32_t* table = fast_cast::F8ToF32Table(cast_bits::kF8E4M3);
+  const uint32_t* table = F32BitsTable(DType::kF8E4M3);
   std::vector<float> row(dst_dtype == DType::kBF16 ? 0 : static_cast<size_t>(g.n));
   for (int64_t o = 0; o < g.outer; ++o) {
     for (int64_t r = 0; r < g.m; ++r) {

@@ -268,6 +268,10 @@ std::string CastSideName(CastSide side) {
   return NameOf(kNames, side);
 }
 
+const uint32_t* F32BitsTable(DType one_byte_float) {
+  return TableData(one_byte_float, DType::kF32).u32.data();
+}
+
 absl::Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
   if (absl::Status s = CheckCast(src_dtype, dst_dtype); !s.ok()) return s;
   if (n < 0) return absl::InvalidArgumentError(absl::StrCat("cast of ", n, " elements"));

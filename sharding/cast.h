@@ -73,6 +73,10 @@ std::string CastSideName(CastSide side);  // "none", "sender", "receiver"
 // (CheckCast's) for a cast that is not allowed, or a negative n.
 absl::Status Cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
 
+// The f32 bits of every pattern of f8_e4m3 or f8_e5m2, by
+// the rules above: the table Cast uses for those sources, computed once (thread-safe).
+const uint32_t* F32BitsTable(DType one_byte_float);
+
 // As sharding/box_copy.h's CopyBox, converting: the elements of `region` from `src` (a
 // buffer of `src_dtype` for `src_box`) to `dst` (of `dst_dtype` for `dst_box`). A cast of a
 // dtype to itself is CopyBox. Errors as CopyBox's and Cast's.

@@ -89,10 +89,6 @@ inline uint32_t BF16ToF32(uint16_t b) {
   return (x & 0x7FFFFFFF) > 0x7F800000 ? x | 0x400000 : x;
 }
 
-// The f32 bits of each f8_e4m3 (`code` kF8E4M3) or f8_e5m2 (kF8E5M2) pattern: cast_bits'
-// CastElement, computed once (thread-safe).
-const uint32_t* F8ToF32Table(int code);
-
 inline uint32_t LoadU32(const unsigned char* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
