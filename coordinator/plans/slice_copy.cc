@@ -834,7 +834,8 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
     }
     cop->done = std::move(op->done);
     // What the staging moves between ranks: the staged pieces less what a rank already holds
-    // of its piece (src's own chunks, or the box read out on that rank). `started`'s members
+    // of its piece (src's own chunks, or the box read out on that rank), in the dtype the
+    // staging plan sends (the narrower of src's and dst's). `started`'s members
     // are as above: the same id and dst versions.
     for (const ComposeMember& m : cop->cms) {
       const Layout& from = m.extract.empty() ? live_layouts[m.src] : m.extract_layout;
@@ -846,7 +847,8 @@ absl::StatusOr<StartedGroup> SliceCopier::Start(const std::vector<SliceCopyMembe
         for (const Chunk& c : rc.chunks) {
           int64_t moved = c.box.Volume();
           for (const Box& h : held[rc.rank]) moved -= c.box.Intersect(h).Volume();
-          started.bytes_moved += moved * ElementSize(m.src_dtype);
+          started.bytes_moved +=
+              moved * ElementSize(WireDType(m.src_dtype, cop->dsts[m.dst].rec.dtype));
         }
       }
     }
